@@ -1,0 +1,683 @@
+//! Type promotion and shape inference: the only place that decides an op's output dtype and
+//! shape, and so the only place that raises "bad op" errors. Runs at record time in every mode.
+
+use super::dtype::{Category, DType, DEFAULT_FLOAT};
+use super::error::{OpError, OpResult};
+use super::layout::{broadcast_shapes, checked_numel, fmt_dims, wrap_dim, Dims};
+use super::op::{BinaryOp, Op, ReduceOp, Scalar, UnaryOp};
+use smallvec::{smallvec, SmallVec};
+
+/// What inference needs to know of one operand.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ArgMeta {
+    Tensor {
+        dtype: DType,
+        sizes: Dims,
+    },
+    Scalar(Scalar),
+    /// An optional operand left out (a missing clamp bound).
+    Absent,
+}
+
+impl ArgMeta {
+    pub fn tensor(dtype: DType, sizes: &[usize]) -> ArgMeta {
+        ArgMeta::Tensor {
+            dtype,
+            sizes: SmallVec::from_slice(sizes),
+        }
+    }
+}
+
+/// The dtype and shape an op produces, and the dtype its operands are converted to before the
+/// arithmetic (e.g. `eq(int32, float32)` compares in float32 and yields bool).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Inferred {
+    pub dtype: DType,
+    pub sizes: Dims,
+    pub compute: DType,
+}
+
+/// PyTorch's `result_type`: tensors with dims win over zero-dim tensors, which win over Python
+/// scalars, unless the lower-priority operand is of a higher category (int tensor + 2.5 -> float).
+pub fn result_type(args: &[ArgMeta]) -> DType {
+    let mut dim: Option<DType> = None;
+    let mut zero: Option<DType> = None;
+    let mut wrapped: Option<DType> = None;
+    let merge = |slot: &mut Option<DType>, d: DType| {
+        *slot = Some(slot.map_or(d, |s| DType::promote(s, d)));
+    };
+    for a in args {
+        match a {
+            ArgMeta::Tensor { dtype, sizes } if sizes.is_empty() => merge(&mut zero, *dtype),
+            ArgMeta::Tensor { dtype, .. } => merge(&mut dim, *dtype),
+            ArgMeta::Scalar(s) => merge(
+                &mut wrapped,
+                match s.category() {
+                    Category::Float => DEFAULT_FLOAT,
+                    Category::Integer => DType::I64,
+                    Category::Bool => DType::Bool,
+                },
+            ),
+            ArgMeta::Absent => {}
+        }
+    }
+    fn combine(higher: Option<DType>, lower: Option<DType>) -> Option<DType> {
+        match (higher, lower) {
+            (Some(h), _) if h.is_float() => Some(h),
+            (Some(h), Some(l)) if h == DType::Bool || l.is_float() => Some(DType::promote(h, l)),
+            (Some(h), _) => Some(h),
+            (None, l) => l,
+        }
+    }
+    combine(dim, combine(zero, wrapped)).unwrap_or(DEFAULT_FLOAT)
+}
+
+/// PyTorch's `can_cast`: may a result of `from` be written into an `out` of dtype `to`?
+pub fn can_cast(from: DType, to: DType) -> bool {
+    from.category() <= to.category()
+}
+
+fn tensor_sizes(args: &[ArgMeta]) -> impl Iterator<Item = (usize, &Dims)> {
+    args.iter().enumerate().filter_map(|(i, a)| match a {
+        ArgMeta::Tensor { sizes, .. } => Some((i, sizes)),
+        _ => None,
+    })
+}
+
+fn broadcast_all(op: &str, args: &[ArgMeta]) -> OpResult<Dims> {
+    let mut out: Dims = SmallVec::new();
+    for (i, sizes) in tensor_sizes(args) {
+        out = broadcast_shapes(op, &out, sizes, &format!("input {i}"))?;
+    }
+    Ok(out)
+}
+
+fn float_of(d: DType) -> DType {
+    if d.is_float() {
+        d
+    } else {
+        DEFAULT_FLOAT
+    }
+}
+
+fn expect_args(op: &Op, args: &[ArgMeta], n: usize) -> OpResult<()> {
+    if args.len() != n {
+        return Err(OpError::new(
+            op.name(),
+            "inputs",
+            format!("{n} operands"),
+            format!("{}", args.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn expect_tensor<'a>(op: &Op, args: &'a [ArgMeta], i: usize) -> OpResult<(DType, &'a Dims)> {
+    match &args[i] {
+        ArgMeta::Tensor { dtype, sizes } => Ok((*dtype, sizes)),
+        other => Err(OpError::new(
+            op.name(),
+            format!("input {i}"),
+            "a tensor",
+            format!("{other:?}"),
+        )),
+    }
+}
+
+/// Infers the output of `op` applied to `args`, or explains why the op is invalid.
+pub fn infer(op: &Op, args: &[ArgMeta]) -> OpResult<Inferred> {
+    let name = op.name();
+    match op {
+        Op::Unary(u) => {
+            expect_args(op, args, 1)?;
+            let (dt, sizes) = expect_tensor(op, args, 0)?;
+            let sizes = sizes.clone();
+            let bad = |what: &str| {
+                Err(
+                    OpError::new(name, "input 0", what.to_string(), format!("dtype {dt}"))
+                        .hint("cast the input with .to(dtype) first"),
+                )
+            };
+            let out = match u {
+                UnaryOp::LogicalNot | UnaryOp::IsNan => {
+                    return Ok(Inferred {
+                        dtype: DType::Bool,
+                        sizes,
+                        compute: dt,
+                    })
+                }
+                UnaryOp::GeluErf | UnaryOp::GeluTanh | UnaryOp::Silu if !dt.is_float() => {
+                    return bad("a floating dtype")
+                }
+                UnaryOp::Neg if dt == DType::Bool => {
+                    return bad("a numeric dtype (use logical_not for bool)")
+                }
+                UnaryOp::Relu | UnaryOp::Abs if dt == DType::Bool => return bad("a numeric dtype"),
+                u if u.is_float_op() => float_of(dt),
+                _ => dt,
+            };
+            Ok(Inferred {
+                dtype: out,
+                sizes,
+                compute: out,
+            })
+        }
+        Op::Binary(b) => {
+            expect_args(op, args, 2)?;
+            if !args.iter().any(|a| matches!(a, ArgMeta::Tensor { .. })) {
+                return Err(OpError::new(
+                    name,
+                    "inputs",
+                    "at least one tensor",
+                    "two scalars",
+                ));
+            }
+            let sizes = broadcast_all(name, args)?;
+            let common = result_type(args);
+            if *b == BinaryOp::Sub && common == DType::Bool {
+                return Err(
+                    OpError::new(name, "inputs", "numeric tensors", "two bool operands")
+                        .hint("use logical_xor or ~ for bool tensors"),
+                );
+            }
+            let (dtype, compute) = match b {
+                BinaryOp::Div => (float_of(common), float_of(common)),
+                BinaryOp::LogicalAnd | BinaryOp::LogicalOr => (DType::Bool, common),
+                b if b.gives_bool() => (DType::Bool, common),
+                _ => (common, common),
+            };
+            Ok(Inferred {
+                dtype,
+                sizes,
+                compute,
+            })
+        }
+        Op::Where => {
+            expect_args(op, args, 3)?;
+            let (cd, _) = expect_tensor(op, args, 0)?;
+            if cd != DType::Bool {
+                return Err(OpError::new(
+                    name,
+                    "condition",
+                    "a bool tensor",
+                    format!("dtype {cd}"),
+                )
+                .hint("compare first, e.g. x > 0"));
+            }
+            let sizes = broadcast_all(name, args)?;
+            let dtype = result_type(&args[1..]);
+            Ok(Inferred {
+                dtype,
+                sizes,
+                compute: dtype,
+            })
+        }
+        Op::Clamp => {
+            expect_args(op, args, 3)?;
+            let (xd, _) = expect_tensor(op, args, 0)?;
+            if matches!(args[1], ArgMeta::Absent) && matches!(args[2], ArgMeta::Absent) {
+                return Err(OpError::new(
+                    name,
+                    "min/max",
+                    "at least one bound",
+                    "neither",
+                ));
+            }
+            if xd == DType::Bool {
+                return Err(OpError::new(
+                    name,
+                    "input 0",
+                    "a numeric dtype",
+                    "dtype bool",
+                ));
+            }
+            let sizes = broadcast_all(name, args)?;
+            let dtype = result_type(args);
+            Ok(Inferred {
+                dtype,
+                sizes,
+                compute: dtype,
+            })
+        }
+        Op::Cast(to) => {
+            expect_args(op, args, 1)?;
+            let (_, sizes) = expect_tensor(op, args, 0)?;
+            Ok(Inferred {
+                dtype: *to,
+                sizes: sizes.clone(),
+                compute: to.compute(),
+            })
+        }
+        Op::Copy => {
+            expect_args(op, args, 1)?;
+            let (dt, sizes) = expect_tensor(op, args, 0)?;
+            Ok(Inferred {
+                dtype: dt,
+                sizes: sizes.clone(),
+                compute: dt,
+            })
+        }
+        Op::Reduce {
+            op: r,
+            dims,
+            keepdim,
+        } => {
+            expect_args(op, args, 1)?;
+            let (dt, sizes) = expect_tensor(op, args, 0)?;
+            infer_reduce(*r, dt, sizes, dims, *keepdim)
+        }
+        Op::Cat { dim } => infer_cat(args, *dim),
+        Op::Full { sizes, dtype } => {
+            expect_args(op, args, 1)?;
+            check_numel(name, sizes)?;
+            Ok(Inferred {
+                dtype: *dtype,
+                sizes: sizes.clone(),
+                compute: dtype.compute(),
+            })
+        }
+        Op::Arange { dtype } => infer_arange(args, *dtype),
+        Op::Matmul => {
+            expect_args(op, args, 2)?;
+            let (ad, a) = expect_tensor(op, args, 0)?;
+            let (bd, b) = expect_tensor(op, args, 1)?;
+            check_matmul_dtypes(name, ad, bd)?;
+            let sizes = matmul_shape(name, a, b)?;
+            Ok(Inferred {
+                dtype: ad,
+                sizes,
+                compute: ad,
+            })
+        }
+        Op::Addmm => {
+            expect_args(op, args, 5)?;
+            let (cd, c) = expect_tensor(op, args, 0)?;
+            let (ad, a) = expect_tensor(op, args, 1)?;
+            let (bd, b) = expect_tensor(op, args, 2)?;
+            check_matmul_dtypes(name, ad, bd)?;
+            if cd != ad {
+                return Err(OpError::new(
+                    name,
+                    "input 0",
+                    format!("dtype {ad}"),
+                    format!("{cd}"),
+                ));
+            }
+            for (i, s) in [(1, a), (2, b)] {
+                if s.len() != 2 {
+                    return Err(OpError::new(
+                        name,
+                        format!("input {i}"),
+                        "a 2-D matrix",
+                        format!("shape {}", fmt_dims(s)),
+                    ));
+                }
+            }
+            let sizes = matmul_shape(name, a, b)?;
+            let bc = broadcast_shapes(name, &sizes, c, "input 0")?;
+            if bc != sizes {
+                return Err(OpError::new(
+                    name,
+                    "input 0",
+                    format!("a shape broadcastable to {}", fmt_dims(&sizes)),
+                    fmt_dims(c),
+                ));
+            }
+            Ok(Inferred {
+                dtype: ad,
+                sizes,
+                compute: ad,
+            })
+        }
+    }
+}
+
+fn check_numel(op: &str, sizes: &[usize]) -> OpResult<usize> {
+    checked_numel(sizes)
+        .filter(|&n| n.checked_mul(8).is_some_and(|b| b <= isize::MAX as usize))
+        .ok_or_else(|| {
+            OpError::new(
+                op,
+                "sizes",
+                "an element count that fits in memory",
+                fmt_dims(sizes),
+            )
+        })
+}
+
+fn check_matmul_dtypes(op: &str, a: DType, b: DType) -> OpResult<()> {
+    if a != b {
+        return Err(OpError::new(
+            op,
+            "input 1",
+            format!("dtype {a} (same as input 0)"),
+            format!("{b}"),
+        )
+        .hint("matmul does not promote; cast one operand"));
+    }
+    if a == DType::Bool {
+        return Err(OpError::new(op, "input 0", "a numeric dtype", "bool"));
+    }
+    Ok(())
+}
+
+/// `torch.matmul` output shape.
+pub fn matmul_shape(op: &str, a: &[usize], b: &[usize]) -> OpResult<Dims> {
+    if a.is_empty() || b.is_empty() {
+        return Err(OpError::new(
+            op,
+            "inputs",
+            "tensors with at least 1 dim",
+            "a 0-dim tensor",
+        ));
+    }
+    let k_a = *a.last().unwrap();
+    let k_b = if b.len() == 1 { b[0] } else { b[b.len() - 2] };
+    if k_a != k_b {
+        return Err(OpError::new(
+            op,
+            "input 1",
+            format!("{k_a} rows to match input 0's {k_a} columns"),
+            format!("shape {} (inner size {k_b})", fmt_dims(b)),
+        )
+        .hint(format!("input 0 has shape {}", fmt_dims(a))));
+    }
+    let batch_a = if a.len() > 2 {
+        &a[..a.len() - 2]
+    } else {
+        &[][..]
+    };
+    let batch_b = if b.len() > 2 {
+        &b[..b.len() - 2]
+    } else {
+        &[][..]
+    };
+    let mut out = broadcast_shapes(op, batch_a, batch_b, "input 1 (batch dims)")?;
+    if a.len() >= 2 {
+        out.push(a[a.len() - 2]);
+    }
+    if b.len() >= 2 {
+        out.push(b[b.len() - 1]);
+    }
+    Ok(out)
+}
+
+fn infer_reduce(
+    r: ReduceOp,
+    dt: DType,
+    sizes: &[usize],
+    dims: &[usize],
+    keepdim: bool,
+) -> OpResult<Inferred> {
+    let name = r.name();
+    for &d in dims {
+        wrap_dim(name, d as i64, sizes.len())?;
+    }
+    if r.is_arg() && dims.len() > 1 {
+        return Err(OpError::new(
+            name,
+            "dim",
+            "at most one dim",
+            format!("{dims:?}"),
+        ));
+    }
+    let all = dims.is_empty();
+    let reduced = |i: usize| all || dims.contains(&i);
+    let count: usize = (0..sizes.len())
+        .filter(|&i| reduced(i))
+        .map(|i| sizes[i])
+        .product();
+    if count == 0
+        && matches!(
+            r,
+            ReduceOp::Amax | ReduceOp::Amin | ReduceOp::Argmax | ReduceOp::Argmin
+        )
+    {
+        return Err(OpError::new(
+            name,
+            "input 0",
+            "a non-empty reduced dim",
+            format!("shape {}", fmt_dims(sizes)),
+        )
+        .hint("max/min of nothing is undefined; pass a dim with elements"));
+    }
+    let mut out: Dims = SmallVec::new();
+    for (i, &s) in sizes.iter().enumerate() {
+        if !reduced(i) {
+            out.push(s);
+        } else if keepdim {
+            out.push(1);
+        }
+    }
+    let (dtype, compute) = match r {
+        ReduceOp::Sum | ReduceOp::Prod if !dt.is_float() => (DType::I64, DType::I64),
+        ReduceOp::Mean if !dt.is_float() => {
+            return Err(
+                OpError::new(name, "input 0", "a floating dtype", format!("dtype {dt}"))
+                    .hint("cast to float first, e.g. x.float().mean()"),
+            )
+        }
+        ReduceOp::Argmax | ReduceOp::Argmin => (DType::I64, dt),
+        ReduceOp::Amax | ReduceOp::Amin if dt == DType::Bool => {
+            return Err(OpError::new(
+                name,
+                "input 0",
+                "a numeric dtype",
+                "dtype bool",
+            ))
+        }
+        _ => (dt, dt),
+    };
+    Ok(Inferred {
+        dtype,
+        sizes: out,
+        compute,
+    })
+}
+
+fn infer_cat(args: &[ArgMeta], dim: usize) -> OpResult<Inferred> {
+    if args.is_empty() {
+        return Err(OpError::new("cat", "inputs", "at least one tensor", "none"));
+    }
+    let (_, first) = expect_tensor(&Op::Cat { dim }, args, 0)?;
+    let rank = first.len();
+    if rank == 0 {
+        return Err(OpError::new(
+            "cat",
+            "input 0",
+            "a tensor with at least 1 dim",
+            "a 0-dim tensor",
+        ));
+    }
+    wrap_dim("cat", dim as i64, rank)?;
+    let mut out = first.clone();
+    out[dim] = 0;
+    for i in 0..args.len() {
+        let (_, s) = expect_tensor(&Op::Cat { dim }, args, i)?;
+        let same = s.len() == rank && (0..rank).all(|d| d == dim || s[d] == first[d]);
+        if !same {
+            return Err(OpError::new(
+                "cat",
+                format!("input {i}"),
+                format!("sizes {} except in dim {dim}", fmt_dims(first)),
+                fmt_dims(s),
+            ));
+        }
+        out[dim] += s[dim];
+    }
+    let dtype = result_type(args);
+    Ok(Inferred {
+        dtype,
+        sizes: out,
+        compute: dtype,
+    })
+}
+
+/// Number of elements `arange(start, end, step)` makes, with PyTorch's rules.
+pub fn arange_len(start: f64, end: f64, step: f64) -> OpResult<usize> {
+    if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
+        return Err(OpError::new(
+            "arange",
+            "step",
+            "a finite non-zero step",
+            format!("{step}"),
+        ));
+    }
+    if (end - start) * step < 0.0 {
+        return Err(OpError::new(
+            "arange",
+            "end",
+            "a bound consistent with the step's sign",
+            format!("start={start}, end={end}, step={step}"),
+        ));
+    }
+    let n = ((end - start) / step).ceil();
+    if n > (1u64 << 40) as f64 {
+        return Err(OpError::new(
+            "arange",
+            "end",
+            "fewer than 2^40 elements",
+            format!("{n}"),
+        ));
+    }
+    Ok(n as usize)
+}
+
+fn infer_arange(args: &[ArgMeta], dtype: DType) -> OpResult<Inferred> {
+    let v: SmallVec<[f64; 3]> = args
+        .iter()
+        .map(|a| match a {
+            ArgMeta::Scalar(s) => Ok(s.as_f64()),
+            other => Err(OpError::new(
+                "arange",
+                "start/end/step",
+                "three scalars",
+                format!("{other:?}"),
+            )),
+        })
+        .collect::<OpResult<_>>()?;
+    if v.len() != 3 {
+        return Err(OpError::new(
+            "arange",
+            "inputs",
+            "start, end and step",
+            format!("{} operands", v.len()),
+        ));
+    }
+    if dtype == DType::Bool {
+        return Err(OpError::new("arange", "dtype", "a numeric dtype", "bool"));
+    }
+    let n = arange_len(v[0], v[1], v[2])?;
+    Ok(Inferred {
+        dtype,
+        sizes: smallvec![n],
+        compute: dtype.compute(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(d: DType, s: &[usize]) -> ArgMeta {
+        ArgMeta::tensor(d, s)
+    }
+
+    #[test]
+    fn int_tensor_plus_float_scalar_is_float32() {
+        let r = infer(
+            &Op::Binary(BinaryOp::Add),
+            &[t(DType::I64, &[2]), ArgMeta::Scalar(Scalar::Float(0.5))],
+        );
+        assert_eq!(r.unwrap().dtype, DType::F32);
+    }
+
+    #[test]
+    fn half_tensor_plus_float_scalar_stays_half() {
+        let r = infer(
+            &Op::Binary(BinaryOp::Mul),
+            &[t(DType::F16, &[2]), ArgMeta::Scalar(Scalar::Float(0.5))],
+        );
+        assert_eq!(r.unwrap().dtype, DType::F16);
+    }
+
+    #[test]
+    fn zero_dim_double_does_not_promote_float_tensor() {
+        let r = infer(
+            &Op::Binary(BinaryOp::Add),
+            &[t(DType::F32, &[3]), t(DType::F64, &[])],
+        );
+        assert_eq!(r.unwrap().dtype, DType::F32);
+    }
+
+    #[test]
+    fn int_division_gives_float() {
+        let r = infer(
+            &Op::Binary(BinaryOp::Div),
+            &[t(DType::I32, &[3]), t(DType::I32, &[3])],
+        )
+        .unwrap();
+        assert_eq!((r.dtype, r.compute), (DType::F32, DType::F32));
+    }
+
+    #[test]
+    fn comparison_computes_in_common_type() {
+        let r = infer(
+            &Op::Binary(BinaryOp::Lt),
+            &[t(DType::I32, &[3]), t(DType::F64, &[3])],
+        )
+        .unwrap();
+        assert_eq!((r.dtype, r.compute), (DType::Bool, DType::F64));
+    }
+
+    #[test]
+    fn bad_broadcast_names_op_and_operand() {
+        let e = infer(
+            &Op::Binary(BinaryOp::Add),
+            &[t(DType::F32, &[2, 3]), t(DType::F32, &[4])],
+        )
+        .unwrap_err();
+        assert_eq!(e.op, "add");
+        assert_eq!(e.operand, "input 1");
+    }
+
+    #[test]
+    fn reduce_keepdim_shapes() {
+        let op = Op::Reduce {
+            op: ReduceOp::Sum,
+            dims: smallvec![1],
+            keepdim: true,
+        };
+        assert_eq!(
+            infer(&op, &[t(DType::F32, &[2, 3, 4])])
+                .unwrap()
+                .sizes
+                .as_slice(),
+            &[2, 1, 4]
+        );
+    }
+
+    #[test]
+    fn mean_of_int_is_rejected() {
+        let op = Op::Reduce {
+            op: ReduceOp::Mean,
+            dims: smallvec![],
+            keepdim: false,
+        };
+        assert!(infer(&op, &[t(DType::I64, &[2])]).is_err());
+    }
+
+    #[test]
+    fn batched_matmul_broadcasts_batch_dims() {
+        let s = matmul_shape("matmul", &[2, 1, 3, 4], &[5, 4, 6]).unwrap();
+        assert_eq!(s.as_slice(), &[2, 5, 3, 6]);
+        assert!(matmul_shape("matmul", &[3, 4], &[5, 6]).is_err());
+    }
+
+    #[test]
+    fn arange_length_matches_pytorch() {
+        assert_eq!(arange_len(0.0, 10.0, 3.0).unwrap(), 4);
+        assert_eq!(arange_len(1.0, 0.0, -0.25).unwrap(), 4);
+        assert!(arange_len(0.0, 1.0, 0.0).is_err());
+    }
+}

@@ -1,0 +1,13 @@
+//! The IR: dtypes, layouts, ops, and the inference rules that give every op its output.
+
+pub mod dtype;
+pub mod error;
+pub mod infer;
+pub mod layout;
+pub mod op;
+
+pub use dtype::{Category, DType, DEFAULT_FLOAT};
+pub use error::{OpError, OpResult};
+pub use infer::{infer, result_type, ArgMeta, Inferred};
+pub use layout::{Dims, Layout, Strides};
+pub use op::{BinaryOp, Op, ReduceOp, Scalar, UnaryOp};

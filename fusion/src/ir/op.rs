@@ -1,0 +1,391 @@
+//! The ops deferfuse records: their kinds, attributes and scalar operands.
+//!
+//! Op kinds are `repr(u32)` with explicit numbers because the C ABI passes them; append new ones,
+//! never renumber.
+
+use super::dtype::{Category, DType};
+use super::layout::Dims;
+use std::fmt;
+
+/// Elementwise ops of one operand.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg = 0,
+    Abs = 1,
+    Exp = 2,
+    Log = 3,
+    Log1p = 4,
+    Expm1 = 5,
+    Sqrt = 6,
+    Rsqrt = 7,
+    Sin = 8,
+    Cos = 9,
+    Tanh = 10,
+    Sigmoid = 11,
+    Relu = 12,
+    /// `gelu(x, approximate="none")`: 0.5 x (1 + erf(x / sqrt 2)).
+    GeluErf = 13,
+    /// `gelu(x, approximate="tanh")`.
+    GeluTanh = 14,
+    Silu = 15,
+    Erf = 16,
+    Floor = 17,
+    Ceil = 18,
+    /// Round half to even, like `torch.round`.
+    Round = 19,
+    Sign = 20,
+    Reciprocal = 21,
+    LogicalNot = 22,
+    IsNan = 23,
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 24] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Log1p,
+        UnaryOp::Expm1,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::GeluErf,
+        UnaryOp::GeluTanh,
+        UnaryOp::Silu,
+        UnaryOp::Erf,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Round,
+        UnaryOp::Sign,
+        UnaryOp::Reciprocal,
+        UnaryOp::LogicalNot,
+        UnaryOp::IsNan,
+    ];
+
+    pub fn from_u32(v: u32) -> Option<UnaryOp> {
+        UnaryOp::ALL.get(v as usize).copied()
+    }
+
+    pub fn name(self) -> &'static str {
+        use UnaryOp::*;
+        match self {
+            Neg => "neg",
+            Abs => "abs",
+            Exp => "exp",
+            Log => "log",
+            Log1p => "log1p",
+            Expm1 => "expm1",
+            Sqrt => "sqrt",
+            Rsqrt => "rsqrt",
+            Sin => "sin",
+            Cos => "cos",
+            Tanh => "tanh",
+            Sigmoid => "sigmoid",
+            Relu => "relu",
+            GeluErf => "gelu",
+            GeluTanh => "gelu_tanh",
+            Silu => "silu",
+            Erf => "erf",
+            Floor => "floor",
+            Ceil => "ceil",
+            Round => "round",
+            Sign => "sign",
+            Reciprocal => "reciprocal",
+            LogicalNot => "logical_not",
+            IsNan => "isnan",
+        }
+    }
+
+    /// Ops whose result is always floating (an integer input is promoted to float32 first).
+    pub fn is_float_op(self) -> bool {
+        use UnaryOp::*;
+        matches!(
+            self,
+            Exp | Log
+                | Log1p
+                | Expm1
+                | Sqrt
+                | Rsqrt
+                | Sin
+                | Cos
+                | Tanh
+                | Sigmoid
+                | GeluErf
+                | GeluTanh
+                | Silu
+                | Erf
+                | Reciprocal
+        )
+    }
+}
+
+/// Elementwise ops of two operands (tensor or scalar).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add = 0,
+    Sub = 1,
+    Mul = 2,
+    /// True division: integer inputs give float32, like `torch.div`.
+    Div = 3,
+    Pow = 4,
+    /// Propagates NaN, like `torch.maximum`.
+    Maximum = 5,
+    Minimum = 6,
+    /// Python-style modulo: the result takes the divisor's sign, like `torch.remainder`.
+    Remainder = 7,
+    Eq = 8,
+    Ne = 9,
+    Lt = 10,
+    Le = 11,
+    Gt = 12,
+    Ge = 13,
+    LogicalAnd = 14,
+    LogicalOr = 15,
+}
+
+impl BinaryOp {
+    pub const ALL: [BinaryOp; 16] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Maximum,
+        BinaryOp::Minimum,
+        BinaryOp::Remainder,
+        BinaryOp::Eq,
+        BinaryOp::Ne,
+        BinaryOp::Lt,
+        BinaryOp::Le,
+        BinaryOp::Gt,
+        BinaryOp::Ge,
+        BinaryOp::LogicalAnd,
+        BinaryOp::LogicalOr,
+    ];
+
+    pub fn from_u32(v: u32) -> Option<BinaryOp> {
+        BinaryOp::ALL.get(v as usize).copied()
+    }
+
+    pub fn name(self) -> &'static str {
+        use BinaryOp::*;
+        match self {
+            Add => "add",
+            Sub => "sub",
+            Mul => "mul",
+            Div => "div",
+            Pow => "pow",
+            Maximum => "maximum",
+            Minimum => "minimum",
+            Remainder => "remainder",
+            Eq => "eq",
+            Ne => "ne",
+            Lt => "lt",
+            Le => "le",
+            Gt => "gt",
+            Ge => "ge",
+            LogicalAnd => "logical_and",
+            LogicalOr => "logical_or",
+        }
+    }
+
+    /// Comparisons and logical ops produce bool.
+    pub fn gives_bool(self) -> bool {
+        use BinaryOp::*;
+        matches!(self, Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr)
+    }
+}
+
+/// Reductions over a set of dims.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum = 0,
+    Mean = 1,
+    Prod = 2,
+    /// Propagates NaN, like `torch.amax`.
+    Amax = 3,
+    Amin = 4,
+    /// Index of the first maximum (NaN counts as the maximum), as int64.
+    Argmax = 5,
+    Argmin = 6,
+}
+
+impl ReduceOp {
+    pub const ALL: [ReduceOp; 7] = [
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::Prod,
+        ReduceOp::Amax,
+        ReduceOp::Amin,
+        ReduceOp::Argmax,
+        ReduceOp::Argmin,
+    ];
+
+    pub fn from_u32(v: u32) -> Option<ReduceOp> {
+        ReduceOp::ALL.get(v as usize).copied()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Amax => "amax",
+            ReduceOp::Amin => "amin",
+            ReduceOp::Argmax => "argmax",
+            ReduceOp::Argmin => "argmin",
+        }
+    }
+
+    pub fn is_arg(self) -> bool {
+        matches!(self, ReduceOp::Argmax | ReduceOp::Argmin)
+    }
+}
+
+/// A Python number passed where a tensor could be. Its value is a run-time parameter of the
+/// compiled program, never part of the program's identity.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scalar {
+    Float(f64),
+    Int(i64),
+    Bool(bool),
+}
+
+impl Scalar {
+    pub fn category(self) -> Category {
+        match self {
+            Scalar::Float(_) => Category::Float,
+            Scalar::Int(_) => Category::Integer,
+            Scalar::Bool(_) => Category::Bool,
+        }
+    }
+
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Scalar::Float(v) => v,
+            Scalar::Int(v) => v as f64,
+            Scalar::Bool(v) => v as i64 as f64,
+        }
+    }
+
+    pub fn as_i64(self) -> i64 {
+        match self {
+            Scalar::Float(v) => v as i64,
+            Scalar::Int(v) => v,
+            Scalar::Bool(v) => v as i64,
+        }
+    }
+
+    /// The 64 bits a kernel reads for this scalar when it computes in `compute`: f64 bits for
+    /// float compute types, two's complement i64 otherwise.
+    pub fn bits_for(self, compute: DType) -> u64 {
+        if compute.is_float() {
+            self.as_f64().to_bits()
+        } else {
+            self.as_i64() as u64
+        }
+    }
+}
+
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scalar::Float(v) => write!(f, "{v:?}"),
+            Scalar::Int(v) => write!(f, "{v}"),
+            Scalar::Bool(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+/// One recorded op with its attributes. Views are not ops: they only change a handle's layout.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    /// `where(cond, a, b)`.
+    Where,
+    /// `clamp(x, min, max)`; absent bounds are `None` operands.
+    Clamp,
+    /// Conversion to another dtype (`.to(dtype)`, and `copy_` across dtypes).
+    Cast(DType),
+    /// Dense copy (`contiguous`, `clone`, `copy_`).
+    Copy,
+    /// Reduction over `dims` (empty = all dims).
+    Reduce {
+        op: ReduceOp,
+        dims: Dims,
+        keepdim: bool,
+    },
+    /// Concatenation along `dim`.
+    Cat {
+        dim: usize,
+    },
+    /// A tensor of `sizes` filled with one scalar.
+    Full {
+        sizes: Dims,
+        dtype: DType,
+    },
+    /// `arange(start, end, step)`; operands are the three scalars.
+    Arange {
+        dtype: DType,
+    },
+    /// `torch.matmul` semantics (1-D, 2-D, batched with broadcasting).
+    Matmul,
+    /// `beta * input + alpha * (m1 @ m2)`; operands are input, m1, m2, beta, alpha.
+    Addmm,
+}
+
+impl Op {
+    /// The PyTorch-style name used in errors, logs and dumps.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Where => "where",
+            Op::Clamp => "clamp",
+            Op::Cast(_) => "to",
+            Op::Copy => "copy",
+            Op::Reduce { op, .. } => op.name(),
+            Op::Cat { .. } => "cat",
+            Op::Full { .. } => "full",
+            Op::Arange { .. } => "arange",
+            Op::Matmul => "matmul",
+            Op::Addmm => "addmm",
+        }
+    }
+
+    /// Elementwise ops: one output element depends on the same-index input elements only.
+    pub fn is_elementwise(&self) -> bool {
+        matches!(
+            self,
+            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clamp | Op::Cast(_) | Op::Copy
+        ) || matches!(self, Op::Full { .. })
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Op::Cast(d) => write!(f, "to.{d}"),
+            Op::Reduce { op, dims, keepdim } => {
+                write!(f, "{}{:?}", op.name(), dims.as_slice())?;
+                if *keepdim {
+                    f.write_str(".keepdim")?;
+                }
+                Ok(())
+            }
+            Op::Cat { dim } => write!(f, "cat.{dim}"),
+            Op::Full { sizes, dtype } => write!(f, "full.{dtype}{:?}", sizes.as_slice()),
+            Op::Arange { dtype } => write!(f, "arange.{dtype}"),
+            other => f.write_str(other.name()),
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! deferfuse-fusion: the IR, the per-stream trace buffer and the fusion planner.
+//!
+//! This crate knows nothing of backends or buffers' storage: it sees tensors as
+//! (buffer id, layout, dtype) and decides what work exists and how it is cut into regions.
+
+pub mod ir;
+pub mod iter;
+pub mod lower;
+pub mod plan;
+pub mod region;
+pub mod trace;
+
+pub use iter::{IterSpace, StrideKind};
+pub use region::{Binding, Region, Step};
+pub use trace::{BufferId, Node, Operand, TensorRef, Trace};

@@ -1,0 +1,378 @@
+//! Lowering: turns recorded nodes into regions plus bindings. A single node lowers to one step
+//! (addmm to two); the fusing planner builds bigger loop regions with the same [`LoopBuilder`].
+
+use crate::ir::layout::wrap_dim;
+use crate::ir::{BinaryOp, DType, Dims, Layout, Op, ReduceOp, Strides, UnaryOp};
+use crate::iter::IterSpace;
+use crate::region::{
+    Binding, Instr, InstrKind, LoopOperand, LoopReduce, LoopRegion, Region, Step, ValueIdx,
+};
+use crate::trace::{Node, Operand, TensorRef};
+use smallvec::SmallVec;
+
+/// Builds a loop body in SSA form, deduplicating loads of the same operand.
+#[derive(Default)]
+pub struct LoopBuilder {
+    pub body: Vec<Instr>,
+    pub inputs: Vec<TensorRef>,
+    pub params: Vec<DType>,
+    pub scalars: Vec<u64>,
+}
+
+impl LoopBuilder {
+    pub fn push(&mut self, kind: InstrKind, dtype: DType) -> ValueIdx {
+        if let Some(i) = self
+            .body
+            .iter()
+            .position(|x| x.kind == kind && x.dtype == dtype)
+        {
+            // Pure instructions: identical ones compute identical values.
+            return i as ValueIdx;
+        }
+        self.body.push(Instr { kind, dtype });
+        (self.body.len() - 1) as ValueIdx
+    }
+
+    pub fn dtype(&self, v: ValueIdx) -> DType {
+        self.body[v as usize].dtype
+    }
+
+    /// Loads a tensor view (already expanded to the iteration shape).
+    pub fn load(&mut self, t: &TensorRef) -> ValueIdx {
+        let pos = match self.inputs.iter().position(|x| x == t) {
+            Some(p) => p,
+            None => {
+                self.inputs.push(t.clone());
+                self.inputs.len() - 1
+            }
+        };
+        self.push(InstrKind::Load(pos as u32), t.dtype)
+    }
+
+    pub fn param(&mut self, bits: u64, dtype: DType) -> ValueIdx {
+        self.params.push(dtype);
+        self.scalars.push(bits);
+        self.body.push(Instr {
+            kind: InstrKind::Param((self.params.len() - 1) as u32),
+            dtype,
+        });
+        (self.body.len() - 1) as ValueIdx
+    }
+
+    pub fn cast(&mut self, v: ValueIdx, to: DType) -> ValueIdx {
+        if self.dtype(v) == to {
+            v
+        } else {
+            self.push(InstrKind::Cast(v), to)
+        }
+    }
+
+    /// An operand of an elementwise node, expanded to `sizes` and converted to `to`.
+    pub fn operand(&mut self, o: &Operand, sizes: &[usize], to: DType) -> ValueIdx {
+        match o {
+            Operand::Tensor(t) => {
+                let t = TensorRef {
+                    layout: t.layout.expand(sizes),
+                    ..t.clone()
+                };
+                let v = self.load(&t);
+                self.cast(v, to)
+            }
+            Operand::Scalar(s) => self.param(s.bits_for(to.compute()), to),
+            Operand::Absent => unreachable!("absent operands are filtered by the caller"),
+        }
+    }
+
+    pub fn unary(&mut self, u: UnaryOp, a: ValueIdx, dtype: DType) -> ValueIdx {
+        self.push(InstrKind::Unary(u, a), dtype)
+    }
+
+    pub fn binary(&mut self, b: BinaryOp, x: ValueIdx, y: ValueIdx, dtype: DType) -> ValueIdx {
+        self.push(InstrKind::Binary(b, x, y), dtype)
+    }
+}
+
+/// Emits the body of one elementwise node and returns the value it produces (in the node's
+/// output dtype).
+pub fn emit_elementwise(b: &mut LoopBuilder, node: &Node) -> ValueIdx {
+    let sizes = node.output.layout.sizes.clone();
+    let c = node.compute;
+    let v = match &node.op {
+        Op::Unary(u) => {
+            let a = b.operand(&node.inputs[0], &sizes, c);
+            let dt = if matches!(u, UnaryOp::LogicalNot | UnaryOp::IsNan) {
+                DType::Bool
+            } else {
+                c
+            };
+            b.unary(*u, a, dt)
+        }
+        Op::Binary(op) => {
+            let x = b.operand(&node.inputs[0], &sizes, c);
+            let y = b.operand(&node.inputs[1], &sizes, c);
+            let dt = if op.gives_bool() { DType::Bool } else { c };
+            b.binary(*op, x, y, dt)
+        }
+        Op::Where => {
+            let cond = b.operand(&node.inputs[0], &sizes, DType::Bool);
+            let x = b.operand(&node.inputs[1], &sizes, c);
+            let y = b.operand(&node.inputs[2], &sizes, c);
+            b.push(InstrKind::Where(cond, x, y), c)
+        }
+        Op::Clamp => {
+            let mut x = b.operand(&node.inputs[0], &sizes, c);
+            if !matches!(node.inputs[1], Operand::Absent) {
+                let lo = b.operand(&node.inputs[1], &sizes, c);
+                x = b.binary(BinaryOp::Maximum, x, lo, c);
+            }
+            if !matches!(node.inputs[2], Operand::Absent) {
+                let hi = b.operand(&node.inputs[2], &sizes, c);
+                x = b.binary(BinaryOp::Minimum, x, hi, c);
+            }
+            x
+        }
+        Op::Cast(_) | Op::Copy => b.operand(
+            &node.inputs[0],
+            &sizes,
+            node.inputs[0].tensor().unwrap().dtype,
+        ),
+        Op::Full { dtype, .. } => b.operand(&node.inputs[0], &sizes, *dtype),
+        other => unreachable!("{other} is not elementwise"),
+    };
+    b.cast(v, node.output.dtype)
+}
+
+/// Dims of `rank` a reduction folds (`dims` empty means all), sorted and deduplicated.
+pub fn reduced_dims(dims: &[usize], rank: usize) -> Dims {
+    let mut r: Dims = if dims.is_empty() {
+        (0..rank).collect()
+    } else {
+        dims.iter()
+            .map(|&d| wrap_dim("reduce", d as i64, rank).unwrap_or(d))
+            .collect()
+    };
+    r.sort_unstable();
+    r.dedup();
+    r
+}
+
+/// The iteration space of a reduction of `input` into `output` over `dims`.
+pub fn reduce_space(input: &Layout, output: &Layout, dims: &[usize], keepdim: bool) -> IterSpace {
+    let rank = input.rank();
+    let red = reduced_dims(dims, rank);
+    let kept: Dims = (0..rank).filter(|d| !red.contains(d)).collect();
+    let mut sizes: Dims = SmallVec::new();
+    let mut in_st: Strides = SmallVec::new();
+    let mut out_st: Strides = SmallVec::new();
+    for (j, &d) in kept.iter().enumerate() {
+        sizes.push(input.sizes[d]);
+        in_st.push(input.strides[d]);
+        out_st.push(output.strides[if keepdim { d } else { j }]);
+    }
+    for &d in &red {
+        sizes.push(input.sizes[d]);
+        in_st.push(input.strides[d]);
+        out_st.push(0);
+    }
+    // A trailing unit dim makes a reduction over nothing (a 0-dim input) still one inner dim.
+    sizes.push(1);
+    in_st.push(0);
+    out_st.push(0);
+    IterSpace::coalesce(&sizes, &[in_st, out_st], red.len() + 1)
+}
+
+/// True when the reduced dims of `input` cannot be walked as one strided dim, so the runtime
+/// must first copy the input into a buffer with the reduced dims last.
+pub fn reduce_needs_copy(input: &Layout, dims: &[usize]) -> bool {
+    let out = Layout::contiguous(&[]);
+    let rank = input.rank();
+    let red = reduced_dims(dims, rank);
+    let kept = rank - red.len();
+    let fake_out = Layout {
+        sizes: SmallVec::from_elem(1, kept),
+        strides: SmallVec::from_elem(0, kept),
+        offset: out.offset,
+    };
+    reduce_space(input, &fake_out, dims, false).reduced > 1
+}
+
+fn loop_step(
+    b: LoopBuilder,
+    outputs: Vec<(ValueIdx, TensorRef)>,
+    iter: IterSpace,
+    reduce: Option<LoopReduce>,
+    nodes: Vec<usize>,
+) -> Step {
+    let n_in = b.inputs.len();
+    let operand = |i: usize, t: &TensorRef| LoopOperand {
+        dtype: t.dtype,
+        inner: iter.inner_kind(i),
+    };
+    let region = LoopRegion {
+        inputs: b
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| operand(i, t))
+            .collect(),
+        params: b.params.clone(),
+        body: b.body,
+        outputs: outputs
+            .iter()
+            .enumerate()
+            .map(|(i, (v, t))| (*v, operand(n_in + i, t)))
+            .collect(),
+        reduce,
+    };
+    let mut operands = b.inputs;
+    operands.extend(outputs.into_iter().map(|(_, t)| t));
+    Step {
+        region: Region::Loop(region),
+        binding: Binding {
+            operands,
+            iter: Some(iter),
+            scalars: b.scalars,
+            n_inputs: n_in,
+        },
+        nodes,
+    }
+}
+
+/// Builds the loop step of an elementwise body writing `outputs` (all of the same shape).
+pub fn elementwise_step(
+    b: LoopBuilder,
+    outputs: Vec<(ValueIdx, TensorRef)>,
+    nodes: Vec<usize>,
+) -> Step {
+    let sizes = outputs[0].1.layout.sizes.clone();
+    let strides: Vec<Strides> = b
+        .inputs
+        .iter()
+        .chain(outputs.iter().map(|(_, t)| t))
+        .map(|t| t.layout.strides.clone())
+        .collect();
+    let iter = IterSpace::coalesce(&sizes, &strides, 0);
+    loop_step(b, outputs, iter, None, nodes)
+}
+
+/// Lowers one recorded node to the steps that execute it.
+pub fn lower_node(node: &Node, index: usize) -> Vec<Step> {
+    let out = &node.output;
+    match &node.op {
+        op if op.is_elementwise() => {
+            let mut b = LoopBuilder::default();
+            let v = emit_elementwise(&mut b, node);
+            vec![elementwise_step(b, vec![(v, out.clone())], vec![index])]
+        }
+        Op::Reduce { op, dims, keepdim } => {
+            let t = node.inputs[0].tensor().expect("reduce input is a tensor");
+            let mut b = LoopBuilder::default();
+            let v = b.load(t);
+            let acc = match op {
+                ReduceOp::Sum | ReduceOp::Prod if !t.dtype.is_float() => DType::I64,
+                _ => t.dtype,
+            };
+            let v = b.cast(v, acc);
+            let iter = reduce_space(&t.layout, &out.layout, dims, *keepdim);
+            assert!(
+                iter.reduced <= 1,
+                "runtime must copy before a non-coalescing reduce"
+            );
+            let reduce = Some(LoopReduce { op: *op, value: v });
+            let result = v; // the store converts the folded value to the output dtype
+            vec![loop_step(
+                b,
+                vec![(result, out.clone())],
+                iter,
+                reduce,
+                vec![index],
+            )]
+        }
+        Op::Matmul | Op::Addmm => lower_matmul(node, index),
+        Op::Arange { dtype } => {
+            let s = |i: usize| match &node.inputs[i] {
+                Operand::Scalar(s) => s.as_f64().to_bits(),
+                _ => 0,
+            };
+            vec![Step {
+                region: Region::Arange { dtype: *dtype },
+                binding: Binding {
+                    operands: vec![out.clone()],
+                    iter: None,
+                    scalars: vec![s(0), s(2)],
+                    n_inputs: 0,
+                },
+                nodes: vec![index],
+            }]
+        }
+        Op::Cat { .. } => unreachable!("the runtime records cat as copies into slices"),
+        other => unreachable!("no lowering for {other}"),
+    }
+}
+
+fn lower_matmul(node: &Node, index: usize) -> Vec<Step> {
+    let out = &node.output;
+    let (a, bm, bias, alpha, beta) = match node.op {
+        Op::Matmul => (&node.inputs[0], &node.inputs[1], None, 1.0, 0.0),
+        _ => {
+            let s = |i: usize| match &node.inputs[i] {
+                Operand::Scalar(s) => s.as_f64(),
+                _ => 1.0,
+            };
+            (
+                &node.inputs[1],
+                &node.inputs[2],
+                Some(&node.inputs[0]),
+                s(4),
+                s(3),
+            )
+        }
+    };
+    let a = a.tensor().unwrap();
+    let bm = bm.tensor().unwrap();
+    let mut al = a.layout.clone();
+    let mut bl = bm.layout.clone();
+    let mut ol = out.layout.clone();
+    if al.rank() == 1 {
+        al = al.unsqueeze(0);
+        ol = ol.unsqueeze(ol.rank().saturating_sub(if bl.rank() == 1 { 0 } else { 1 }));
+    }
+    if bl.rank() == 1 {
+        bl = bl.unsqueeze(1);
+        ol = ol.unsqueeze(ol.rank());
+    }
+    let batch: Dims = ol.sizes[..ol.rank() - 2].into();
+    let with_batch = |l: &Layout| {
+        let mut s = batch.clone();
+        s.extend_from_slice(&l.sizes[l.rank() - 2..]);
+        l.expand(&s)
+    };
+    let al = with_batch(&al);
+    let bl = with_batch(&bl);
+    let mut steps = Vec::new();
+    let mut beta = beta;
+    if let Some(Operand::Tensor(c)) = bias {
+        if beta != 0.0 {
+            let mut b = LoopBuilder::default();
+            let v = b.operand(&Operand::Tensor(c.clone()), &out.layout.sizes, out.dtype);
+            steps.push(elementwise_step(b, vec![(v, out.clone())], vec![index]));
+        } else {
+            beta = 0.0;
+        }
+    }
+    let t = |t: &TensorRef, l: Layout| TensorRef {
+        layout: l,
+        ..t.clone()
+    };
+    steps.push(Step {
+        region: Region::Matmul { dtype: out.dtype },
+        binding: Binding {
+            operands: vec![t(a, al), t(bm, bl), t(out, ol)],
+            iter: None,
+            scalars: vec![alpha.to_bits(), beta.to_bits()],
+            n_inputs: 2,
+        },
+        nodes: vec![index],
+    });
+    steps
+}

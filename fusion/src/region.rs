@@ -1,0 +1,140 @@
+//! Regions: buffer-free, canonical pieces of work that a backend compiles once and runs many
+//! times. Buffers, sizes, strides and scalar values are not part of a region; they arrive at run
+//! time in a [`Binding`].
+
+use crate::ir::{BinaryOp, DType, ReduceOp, UnaryOp};
+use crate::iter::{IterSpace, StrideKind};
+use crate::trace::TensorRef;
+use std::fmt;
+
+/// Index of a value computed inside a loop body.
+pub type ValueIdx = u32;
+
+/// One SSA instruction of a loop body.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum InstrKind {
+    /// Element of input operand `n`, converted to the instruction's dtype.
+    Load(u32),
+    /// Scalar parameter slot `n` (its value is bound at run time).
+    Param(u32),
+    Unary(UnaryOp, ValueIdx),
+    Binary(BinaryOp, ValueIdx, ValueIdx),
+    Where(ValueIdx, ValueIdx, ValueIdx),
+    /// Conversion of a value to the instruction's dtype.
+    Cast(ValueIdx),
+}
+
+/// An instruction and the dtype of the value it yields.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Instr {
+    pub kind: InstrKind,
+    pub dtype: DType,
+}
+
+/// An operand of a loop: its stored dtype and how it steps along the innermost dim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LoopOperand {
+    pub dtype: DType,
+    pub inner: StrideKind,
+}
+
+/// A reduction closing a loop: `value` is folded over the innermost dim with `op`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LoopReduce {
+    pub op: ReduceOp,
+    pub value: ValueIdx,
+}
+
+/// An elementwise loop nest over one iteration space, optionally ending in a reduction over the
+/// innermost dim. Operands are inputs then outputs, in binding order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LoopRegion {
+    pub inputs: Vec<LoopOperand>,
+    /// Compute dtype of each scalar parameter slot.
+    pub params: Vec<DType>,
+    pub body: Vec<Instr>,
+    /// Each output stores one body value (for a reduction: exactly one output, the result).
+    pub outputs: Vec<(ValueIdx, LoopOperand)>,
+    pub reduce: Option<LoopReduce>,
+}
+
+/// What a backend compiles. The planner produces these; it never names a backend.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Region {
+    Loop(LoopRegion),
+    /// `out = alpha * (a @ b) + beta * out` over batch dims; operands a, b, out with layouts
+    /// `[batch.., m, k]`, `[batch.., k, n]`, `[batch.., m, n]`; scalars alpha, beta (f64 bits).
+    Matmul {
+        dtype: DType,
+    },
+    /// `out[i] = start + i * step`; scalars start, step (f64 bits).
+    Arange {
+        dtype: DType,
+    },
+}
+
+/// The run-time half of a step: which buffer views and scalar values a region runs on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Binding {
+    /// Inputs then outputs, in the region's operand order.
+    pub operands: Vec<TensorRef>,
+    /// For loops: the coalesced iteration space (strides per operand, in elements).
+    pub iter: Option<IterSpace>,
+    /// 64-bit scalar slots (see `Scalar::bits_for`).
+    pub scalars: Vec<u64>,
+    /// How many leading operands are inputs.
+    pub n_inputs: usize,
+}
+
+/// One unit of execution: a region and what it runs on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    pub region: Region,
+    pub binding: Binding,
+    /// Trace node indices this step executes (for logs, dumps and stats).
+    pub nodes: Vec<usize>,
+}
+
+impl fmt::Display for LoopRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "loop(")?;
+        for (i, inp) in self.inputs.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "in{i}:{}:{:?}", inp.dtype, inp.inner)?;
+        }
+        for (i, p) in self.params.iter().enumerate() {
+            write!(f, ", p{i}:{p}")?;
+        }
+        writeln!(f, ") {{")?;
+        for (i, ins) in self.body.iter().enumerate() {
+            write!(f, "  v{i}:{} = ", ins.dtype)?;
+            match &ins.kind {
+                InstrKind::Load(n) => writeln!(f, "load in{n}")?,
+                InstrKind::Param(n) => writeln!(f, "param p{n}")?,
+                InstrKind::Unary(u, a) => writeln!(f, "{} v{a}", u.name())?,
+                InstrKind::Binary(b, x, y) => writeln!(f, "{} v{x}, v{y}", b.name())?,
+                InstrKind::Where(c, x, y) => writeln!(f, "where v{c}, v{x}, v{y}")?,
+                InstrKind::Cast(a) => writeln!(f, "cast v{a}")?,
+            }
+        }
+        if let Some(r) = &self.reduce {
+            writeln!(f, "  reduce {} v{} over inner dim", r.op.name(), r.value)?;
+        }
+        for (i, (v, o)) in self.outputs.iter().enumerate() {
+            writeln!(f, "  store out{i}:{}:{:?} <- v{v}", o.dtype, o.inner)?;
+        }
+        f.write_str("}")
+    }
+}
+
+impl fmt::Display for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Region::Loop(l) => l.fmt(f),
+            Region::Matmul { dtype } => write!(f, "matmul.{dtype}(a, b, out; alpha, beta)"),
+            Region::Arange { dtype } => write!(f, "arange.{dtype}(out; start, step)"),
+        }
+    }
+}

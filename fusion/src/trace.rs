@@ -1,0 +1,126 @@
+//! The per-stream trace buffer: an append-only list of recorded ops over buffer views.
+//!
+//! The trace sees tensors as `(buffer id, layout, dtype)`: it never holds storage, so it cannot
+//! keep memory alive by itself, and an in-place write is simply a node whose output names an
+//! existing buffer.
+
+use crate::ir::{DType, Layout, Op, Scalar};
+use smallvec::SmallVec;
+use std::fmt;
+
+/// Identifies a buffer in the runtime's store; the trace only compares these.
+pub type BufferId = u64;
+
+/// A tensor as an op sees it: a view of a buffer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorRef {
+    pub buffer: BufferId,
+    pub layout: Layout,
+    pub dtype: DType,
+}
+
+/// One operand of a recorded op.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Operand {
+    Tensor(TensorRef),
+    Scalar(Scalar),
+    /// An optional operand left out (a missing clamp bound).
+    Absent,
+}
+
+impl Operand {
+    pub fn tensor(&self) -> Option<&TensorRef> {
+        match self {
+            Operand::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// One recorded op: inputs are read, `output` is written (a fresh buffer or, for in-place ops, a
+/// view of an existing one).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub op: Op,
+    pub inputs: SmallVec<[Operand; 3]>,
+    pub output: TensorRef,
+    /// The dtype the op's arithmetic runs in (see `ir::infer::Inferred::compute`).
+    pub compute: DType,
+}
+
+impl Node {
+    /// Buffers this node reads.
+    pub fn reads(&self) -> impl Iterator<Item = BufferId> + '_ {
+        self.inputs
+            .iter()
+            .filter_map(|o| o.tensor().map(|t| t.buffer))
+    }
+}
+
+impl fmt::Display for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "b{}{}:{} = {}(",
+            self.output.buffer, self.output.layout, self.output.dtype, self.op
+        )?;
+        for (i, o) in self.inputs.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            match o {
+                Operand::Tensor(t) => write!(f, "b{}{}:{}", t.buffer, t.layout, t.dtype)?,
+                Operand::Scalar(s) => write!(f, "{s}")?,
+                Operand::Absent => f.write_str("_")?,
+            }
+        }
+        f.write_str(")")
+    }
+}
+
+/// A stream's pending ops, in program order.
+#[derive(Default, Debug)]
+pub struct Trace {
+    nodes: Vec<Node>,
+}
+
+impl Trace {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn push(&mut self, node: Node) {
+        self.nodes.push(node);
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// True when a pending op writes `buffer` (so reading it requires a flush first).
+    pub fn writes(&self, buffer: BufferId) -> bool {
+        self.nodes.iter().any(|n| n.output.buffer == buffer)
+    }
+
+    /// Takes every pending node, leaving the trace empty (the flush owns them now).
+    pub fn take(&mut self) -> Vec<Node> {
+        std::mem::take(&mut self.nodes)
+    }
+}
+
+impl fmt::Display for Trace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, n) in self.nodes.iter().enumerate() {
+            writeln!(f, "%{i}: {n}")?;
+        }
+        Ok(())
+    }
+}

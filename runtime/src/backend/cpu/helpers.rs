@@ -1,0 +1,181 @@
+//! Scalar functions the generated code calls per element where inlining does not pay: f64
+//! transcendentals, f32 functions with no inline polynomial (sin, cos, pow, fmod, log1p, expm1),
+//! integer pow and f16 conversions. Registered by name with the JIT.
+
+use half::f16;
+
+macro_rules! f64_unary {
+    ($($name:ident => $f:expr),* $(,)?) => {
+        $(extern "C" fn $name(x: f64) -> f64 { ($f)(x) })*
+    };
+}
+
+f64_unary! {
+    df_exp_f64 => f64::exp,
+    df_log_f64 => f64::ln,
+    df_log1p_f64 => f64::ln_1p,
+    df_expm1_f64 => f64::exp_m1,
+    df_sin_f64 => f64::sin,
+    df_cos_f64 => f64::cos,
+    df_tanh_f64 => f64::tanh,
+    df_erf_f64 => erf64,
+}
+
+extern "C" fn df_sin_f32(x: f32) -> f32 {
+    x.sin()
+}
+extern "C" fn df_cos_f32(x: f32) -> f32 {
+    x.cos()
+}
+extern "C" fn df_log1p_f32(x: f32) -> f32 {
+    x.ln_1p()
+}
+extern "C" fn df_expm1_f32(x: f32) -> f32 {
+    x.exp_m1()
+}
+extern "C" fn df_pow_f32(x: f32, y: f32) -> f32 {
+    x.powf(y)
+}
+extern "C" fn df_pow_f64(x: f64, y: f64) -> f64 {
+    x.powf(y)
+}
+extern "C" fn df_fmod_f32(x: f32, y: f32) -> f32 {
+    x % y
+}
+extern "C" fn df_fmod_f64(x: f64, y: f64) -> f64 {
+    x % y
+}
+
+/// Integer power by squaring with wrapping, like PyTorch's integral pow. Negative exponents give
+/// 0 except for bases 1 and -1 (PyTorch's rule for integer tensors).
+pub extern "C" fn df_pow_i64(base: i64, exp: i64) -> i64 {
+    if exp < 0 {
+        return match base {
+            1 => 1,
+            -1 => {
+                if exp % 2 == 0 {
+                    1
+                } else {
+                    -1
+                }
+            }
+            _ => 0,
+        };
+    }
+    let (mut b, mut e, mut r) = (base, exp as u64, 1i64);
+    while e > 0 {
+        if e & 1 == 1 {
+            r = r.wrapping_mul(b);
+        }
+        b = b.wrapping_mul(b);
+        e >>= 1;
+    }
+    r
+}
+
+extern "C" fn df_f16_to_f32(bits: u32) -> f32 {
+    f16::from_bits(bits as u16).to_f32()
+}
+extern "C" fn df_f32_to_f16(x: f32) -> u32 {
+    f16::from_f32(x).to_bits() as u32
+}
+/// Rounds an f32 to the nearest f16 and back (casts to float16 inside a region).
+extern "C" fn df_round_f16(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
+}
+
+/// erf for f64: `libm`'s is not in Rust's std, so use the relation with the regularized gamma
+/// function via a high-precision series/continued fraction (max abs error ~1e-15).
+pub fn erf64(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    let ax = x.abs();
+    let r = if ax < 2.5 {
+        // Maclaurin series: erf(x) = 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1))
+        let mut sum = ax;
+        let mut term = ax;
+        let x2 = ax * ax;
+        let mut n = 0.0;
+        loop {
+            n += 1.0;
+            term *= -x2 / n;
+            let add = term / (2.0 * n + 1.0);
+            sum += add;
+            if add.abs() < 1e-17 * sum.abs() {
+                break;
+            }
+        }
+        sum * std::f64::consts::FRAC_2_SQRT_PI
+    } else if ax < 6.0 {
+        // Continued fraction for erfc (Lentz), converges fast for x >= 2.5.
+        let x2 = ax * ax;
+        let mut f = ax;
+        let mut c = ax;
+        let mut d = 0.0;
+        let tiny = 1e-300;
+        for i in 1..200 {
+            let a = i as f64 / 2.0;
+            d = ax + a * d;
+            d = if d.abs() < tiny { tiny } else { d };
+            c = ax + a / c;
+            c = if c.abs() < tiny { tiny } else { c };
+            d = 1.0 / d;
+            let delta = c * d;
+            f *= delta;
+            if (delta - 1.0).abs() < 1e-16 {
+                break;
+            }
+        }
+        1.0 - (-x2).exp() / (f * std::f64::consts::PI.sqrt())
+    } else {
+        1.0
+    };
+    r.copysign(x)
+}
+
+/// Every helper with the symbol name the generated code imports.
+pub fn symbols() -> Vec<(&'static str, *const u8)> {
+    vec![
+        ("df_exp_f64", df_exp_f64 as *const u8),
+        ("df_log_f64", df_log_f64 as *const u8),
+        ("df_log1p_f64", df_log1p_f64 as *const u8),
+        ("df_expm1_f64", df_expm1_f64 as *const u8),
+        ("df_sin_f64", df_sin_f64 as *const u8),
+        ("df_cos_f64", df_cos_f64 as *const u8),
+        ("df_tanh_f64", df_tanh_f64 as *const u8),
+        ("df_erf_f64", df_erf_f64 as *const u8),
+        ("df_sin_f32", df_sin_f32 as *const u8),
+        ("df_cos_f32", df_cos_f32 as *const u8),
+        ("df_log1p_f32", df_log1p_f32 as *const u8),
+        ("df_expm1_f32", df_expm1_f32 as *const u8),
+        ("df_pow_f32", df_pow_f32 as *const u8),
+        ("df_pow_f64", df_pow_f64 as *const u8),
+        ("df_fmod_f32", df_fmod_f32 as *const u8),
+        ("df_fmod_f64", df_fmod_f64 as *const u8),
+        ("df_pow_i64", df_pow_i64 as *const u8),
+        ("df_f16_to_f32", df_f16_to_f32 as *const u8),
+        ("df_f32_to_f16", df_f32_to_f16 as *const u8),
+        ("df_round_f16", df_round_f16 as *const u8),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf64_matches_known_values() {
+        assert!((erf64(0.5) - 0.520_499_877_813_046_5).abs() < 1e-15);
+        assert!((erf64(-3.0) + 0.999_977_909_503_001_4).abs() < 1e-15);
+        assert_eq!(erf64(10.0), 1.0);
+    }
+
+    #[test]
+    fn integer_pow_wraps_and_handles_negative_exponents() {
+        assert_eq!(df_pow_i64(3, 4), 81);
+        assert_eq!(df_pow_i64(-1, -3), -1);
+        assert_eq!(df_pow_i64(2, -1), 0);
+        assert_eq!(df_pow_i64(2, 64), 0);
+    }
+}

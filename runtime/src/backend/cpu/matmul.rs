@@ -1,0 +1,193 @@
+//! Matmul on the host: f32/f64 through `matrixmultiply` (strided, so views need no copy), f16
+//! and bf16 through f32, integers through a plain wrapping loop (rare in practice).
+
+use deferfuse_fusion::ir::{DType, Layout};
+use half::{bf16, f16};
+
+/// One matrix operand: its first element and its layout `[batch.., rows, cols]`.
+pub struct Mat<'a> {
+    pub ptr: *mut u8,
+    pub layout: &'a Layout,
+}
+
+/// Calls `f(a_off, b_off, c_off)` (element offsets) for every batch index.
+fn for_each_batch(a: &Layout, b: &Layout, c: &Layout, mut f: impl FnMut(isize, isize, isize)) {
+    let nb = c.rank() - 2;
+    let mut idx = vec![0usize; nb];
+    loop {
+        let off = |l: &Layout| {
+            l.offset as isize
+                + idx
+                    .iter()
+                    .zip(&l.strides)
+                    .map(|(&i, &s)| i as isize * s)
+                    .sum::<isize>()
+        };
+        f(off(a), off(b), off(c));
+        let mut d = nb;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < c.sizes[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// `c = alpha * a @ b + beta * c` over batch dims.
+///
+/// # Safety
+/// The pointers must be valid for every element their layouts address.
+pub unsafe fn matmul(dtype: DType, a: Mat, b: Mat, c: Mat, alpha: f64, beta: f64) {
+    let r = c.layout.rank();
+    let (m, k, n) = (
+        a.layout.sizes[r - 2],
+        a.layout.sizes[r - 1],
+        b.layout.sizes[r - 1],
+    );
+    if m == 0 || n == 0 || c.layout.numel() == 0 {
+        return;
+    }
+    let st = |l: &Layout| (l.strides[r - 2], l.strides[r - 1]);
+    let (rsa, csa) = st(a.layout);
+    let (rsb, csb) = st(b.layout);
+    let (rsc, csc) = st(c.layout);
+    for_each_batch(a.layout, b.layout, c.layout, |ao, bo, co| match dtype {
+        DType::F32 => matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            alpha as f32,
+            (a.ptr as *const f32).offset(ao),
+            rsa,
+            csa,
+            (b.ptr as *const f32).offset(bo),
+            rsb,
+            csb,
+            beta as f32,
+            (c.ptr as *mut f32).offset(co),
+            rsc,
+            csc,
+        ),
+        DType::F64 => matrixmultiply::dgemm(
+            m,
+            k,
+            n,
+            alpha,
+            (a.ptr as *const f64).offset(ao),
+            rsa,
+            csa,
+            (b.ptr as *const f64).offset(bo),
+            rsb,
+            csb,
+            beta,
+            (c.ptr as *mut f64).offset(co),
+            rsc,
+            csc,
+        ),
+        DType::F16 | DType::BF16 => {
+            let get = |p: *mut u8, off: isize| -> f32 {
+                let bits = *(p as *const u16).offset(off);
+                if dtype == DType::F16 {
+                    f16::from_bits(bits).to_f32()
+                } else {
+                    bf16::from_bits(bits).to_f32()
+                }
+            };
+            let gather = |p: *mut u8, o: isize, rows: usize, cols: usize, rs: isize, cs: isize| {
+                let mut v = Vec::with_capacity(rows * cols);
+                for i in 0..rows {
+                    for j in 0..cols {
+                        v.push(get(p, o + i as isize * rs + j as isize * cs));
+                    }
+                }
+                v
+            };
+            let av = gather(a.ptr, ao, m, k, rsa, csa);
+            let bv = gather(b.ptr, bo, k, n, rsb, csb);
+            let mut cv = gather(c.ptr, co, m, n, rsc, csc);
+            matrixmultiply::sgemm(
+                m,
+                k,
+                n,
+                alpha as f32,
+                av.as_ptr(),
+                k as isize,
+                1,
+                bv.as_ptr(),
+                n as isize,
+                1,
+                if beta == 0.0 { 0.0 } else { beta as f32 },
+                cv.as_mut_ptr(),
+                n as isize,
+                1,
+            );
+            for i in 0..m {
+                for j in 0..n {
+                    let x = cv[i * n + j];
+                    let bits = if dtype == DType::F16 {
+                        f16::from_f32(x).to_bits()
+                    } else {
+                        bf16::from_f32(x).to_bits()
+                    };
+                    *(c.ptr as *mut u16).offset(co + i as isize * rsc + j as isize * csc) = bits;
+                }
+            }
+        }
+        _ => int_matmul(
+            dtype,
+            &a,
+            &b,
+            &c,
+            (ao, bo, co),
+            (m, k, n),
+            alpha as i64,
+            beta as i64,
+        ),
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn int_matmul(
+    dtype: DType,
+    a: &Mat,
+    b: &Mat,
+    c: &Mat,
+    (ao, bo, co): (isize, isize, isize),
+    (m, k, n): (usize, usize, usize),
+    alpha: i64,
+    beta: i64,
+) {
+    let r = c.layout.rank();
+    let read = |p: *mut u8, off: isize| -> i64 {
+        match dtype {
+            DType::I32 => *(p as *const i32).offset(off) as i64,
+            DType::I64 => *(p as *const i64).offset(off),
+            _ => *p.offset(off) as i64,
+        }
+    };
+    let (sa, sb, sc) = (&a.layout.strides, &b.layout.strides, &c.layout.strides);
+    for i in 0..m as isize {
+        for j in 0..n as isize {
+            let mut acc = 0i64;
+            for p in 0..k as isize {
+                let x = read(a.ptr, ao + i * sa[r - 2] + p * sa[r - 1]);
+                let y = read(b.ptr, bo + p * sb[r - 2] + j * sb[r - 1]);
+                acc = acc.wrapping_add(x.wrapping_mul(y));
+            }
+            let off = co + i * sc[r - 2] + j * sc[r - 1];
+            let old = if beta == 0 { 0 } else { read(c.ptr, off) };
+            let v = alpha.wrapping_mul(acc).wrapping_add(beta.wrapping_mul(old));
+            match dtype {
+                DType::I32 => *(c.ptr as *mut i32).offset(off) = v as i32,
+                DType::I64 => *(c.ptr as *mut i64).offset(off) = v,
+                _ => *c.ptr.offset(off) = v as u8,
+            }
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! Runtime configuration: the config struct, and the environment variables read once at
+//! runtime creation.
+
+use crate::error::Result;
+use crate::mode::{mode_from_env, Mode};
+
+/// How a runtime is set up. `Default` reads the mode from the environment.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The default eager mode; `None` reads `TORCH_TPU_DEFER_AND_FUSE` and
+    /// `TORCH_TPU_LAUNCH_BLOCKING`.
+    pub mode: Option<Mode>,
+    /// Deferred ops a stream may hold before it flushes by itself (bounds trace memory).
+    pub max_pending_ops: usize,
+    /// Compiled programs kept in memory (least recently used are dropped beyond this).
+    pub cache_capacity: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            mode: None,
+            max_pending_ops: 4096,
+            cache_capacity: 1024,
+        }
+    }
+}
+
+/// The mode to start in, and whether both env flags were on (worth a warning).
+pub fn resolve_mode(config: &Config) -> Result<(Mode, bool)> {
+    match config.mode {
+        Some(m) => Ok((m, false)),
+        None => {
+            let d = std::env::var("TORCH_TPU_DEFER_AND_FUSE").ok();
+            let b = std::env::var("TORCH_TPU_LAUNCH_BLOCKING").ok();
+            mode_from_env(d.as_deref(), b.as_deref())
+        }
+    }
+}

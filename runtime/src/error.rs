@@ -1,0 +1,58 @@
+//! The runtime's error type and the status codes the C ABI maps it to.
+
+use deferfuse_fusion::ir::OpError;
+
+/// Status codes; `repr(i32)` because the C ABI returns them. Never renumber.
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Ok = 0,
+    /// A null pointer, bad enum value, bad length or malformed argument.
+    InvalidArgument = 1,
+    /// A tensor, stream or event handle that is null, stale, released or from another runtime.
+    InvalidHandle = 2,
+    /// An op rejected at record time (shapes, dtypes, dims).
+    BadOp = 3,
+    OutOfMemory = 4,
+    /// The backend failed to compile or run a program.
+    Backend = 5,
+    /// Invalid configuration (env vars, config struct).
+    Config = 6,
+    /// A panic was caught at the boundary; the runtime stays usable.
+    Internal = 7,
+}
+
+/// Everything that can go wrong in the runtime. Messages say what was expected and what to do.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Op(#[from] OpError),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("invalid handle: {0}")]
+    InvalidHandle(String),
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
+    #[error("backend error: {0}")]
+    Backend(String),
+    #[error("configuration error: {0}")]
+    Config(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn status(&self) -> Status {
+        match self {
+            Error::Op(_) => Status::BadOp,
+            Error::InvalidArgument(_) => Status::InvalidArgument,
+            Error::InvalidHandle(_) => Status::InvalidHandle,
+            Error::OutOfMemory(_) => Status::OutOfMemory,
+            Error::Backend(_) => Status::Backend,
+            Error::Config(_) => Status::Config,
+            Error::Internal(_) => Status::Internal,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

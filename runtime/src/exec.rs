@@ -1,0 +1,147 @@
+//! Execution: turns a stream's pending trace into steps (through the planner), finds or compiles
+//! each step's program, and launches it on the stream's worker.
+
+use crate::buffer::{Buffer, Writer};
+use crate::error::{Error, Result};
+use crate::mode::Mode;
+use crate::runtime::Runtime;
+use crate::stats::SyncReason;
+use crate::stream::Stream;
+use deferfuse_cache::fingerprint;
+use deferfuse_fusion::plan::plan;
+use deferfuse_fusion::{BufferId, Node, Step};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+impl Runtime {
+    /// Runs every op pending on `stream`; counts the sync point when there was work.
+    pub(crate) fn flush(&self, stream: &Stream, reason: SyncReason) -> Result<()> {
+        let mut pending = stream.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if pending.trace.is_empty() {
+            return Ok(());
+        }
+        let nodes = pending.trace.take();
+        let buffers = std::mem::take(&mut pending.buffers);
+        self.counters.sync(reason);
+        tracing::debug!(
+            stream = stream.id,
+            ops = nodes.len(),
+            reason = reason.name(),
+            "flush"
+        );
+        let steps = plan(&nodes);
+        let result = self.launch_steps(stream, steps, &buffers, Mode::Defer);
+        for n in &nodes {
+            if let Some(b) = buffers.get(&n.output.buffer) {
+                b.mark_flushed();
+            }
+        }
+        result
+    }
+
+    /// Runs one node now (strict and debug modes).
+    pub(crate) fn run_now(
+        &self,
+        stream: &Stream,
+        node: Node,
+        buffers: HashMap<BufferId, Arc<Buffer>>,
+        mode: Mode,
+    ) -> Result<()> {
+        let steps = plan(std::slice::from_ref(&node));
+        self.launch_steps(stream, steps, &buffers, mode)?;
+        if mode == Mode::Debug {
+            stream.synchronize()?;
+        }
+        Ok(())
+    }
+
+    fn launch_steps(
+        &self,
+        stream: &Stream,
+        steps: Vec<Step>,
+        buffers: &HashMap<BufferId, Arc<Buffer>>,
+        mode: Mode,
+    ) -> Result<()> {
+        for step in steps {
+            let bufs: Vec<Arc<Buffer>> = step
+                .binding
+                .operands
+                .iter()
+                .map(|t| {
+                    buffers.get(&t.buffer).cloned().ok_or_else(|| {
+                        Error::Internal(format!("buffer b{} of a step is not tracked", t.buffer))
+                    })
+                })
+                .collect::<Result<_>>()?;
+            if mode == Mode::Debug {
+                check_bounds(&step, &bufs)?;
+            }
+            let program = self.program(&step)?;
+            for b in &bufs {
+                if !b.is_allocated() {
+                    b.storage()?;
+                    self.counters
+                        .bytes_allocated
+                        .fetch_add(b.len as u64, Ordering::Relaxed);
+                }
+            }
+            let n_in = step.binding.n_inputs;
+            let outputs: Vec<Arc<Buffer>> = bufs[n_in..].to_vec();
+            for b in &outputs {
+                b.mark_launched();
+            }
+            let binding = step.binding;
+            let seq = stream.launch(Box::new(move || {
+                let bases: Vec<*mut u8> = bufs
+                    .iter()
+                    .map(|b| b.storage().map(|s| s.ptr()))
+                    .collect::<Result<_>>()?;
+                // SAFETY: every buffer is allocated, kept alive by `bufs`, large enough for its
+                // layout (checked when views are made), and ordered by the stream.
+                let r = unsafe { program.run(&binding, &bases) };
+                for b in &bufs[binding.n_inputs..] {
+                    b.mark_done();
+                }
+                r
+            }));
+            self.counters.programs_run.fetch_add(1, Ordering::Relaxed);
+            for b in &outputs {
+                b.set_writer(Writer {
+                    stream: stream.id,
+                    done: Some((stream.progress.clone(), seq)),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn program(&self, step: &Step) -> Result<Arc<dyn crate::backend::Program>> {
+        let key = fingerprint(&step.region, self.backend.identity());
+        let backend = &self.backend;
+        let dump = self.dump_dir.clone();
+        self.cache
+            .get_or_compile(key, || {
+                let p = backend.compile(&step.region).map_err(|e| e.to_string())?;
+                if let Some(dir) = dump {
+                    crate::dump::write_region(&dir, key, &step.region, &p.listing());
+                }
+                Ok(p)
+            })
+            .map_err(Error::Backend)
+    }
+}
+
+/// Debug-mode check: every operand's view lies inside its buffer.
+fn check_bounds(step: &Step, bufs: &[Arc<Buffer>]) -> Result<()> {
+    for (t, b) in step.binding.operands.iter().zip(bufs) {
+        let need = t.layout.extent() * t.dtype.size();
+        if need > b.len {
+            return Err(Error::Internal(format!(
+                "debug check: a view of buffer b{} needs {need} bytes but the buffer has {}",
+                t.buffer, b.len
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,30 @@
+//! deferfuse-runtime: the runtime, streams, buffers and their lifecycle, modes, execution and
+//! backends.
+//!
+//! Data flows one way: an op call is checked and recorded ([`record`]), a sync point flushes the
+//! stream's trace through the planner ([`exec`]), each step's program comes from the cache or
+//! the backend, and the stream's worker runs it on the buffers.
+
+pub mod backend;
+pub mod buffer;
+pub mod config;
+mod dump;
+pub mod error;
+mod exec;
+pub mod handle;
+pub mod mode;
+pub mod record;
+pub mod runtime;
+pub mod stats;
+pub mod stream;
+pub mod views;
+
+pub use buffer::BufferState;
+pub use config::Config;
+pub use error::{Error, Result, Status};
+pub use handle::Handle;
+pub use mode::Mode;
+pub use record::Input;
+pub use runtime::Runtime;
+pub use stats::{Stats, SyncReason};
+pub use views::View;

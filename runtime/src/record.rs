@@ -1,0 +1,379 @@
+//! Recording: checks an op at its own call (shapes, dtypes, handles), makes its output, and
+//! hands the node to the stream: run now (strict, debug) or append to the trace (defer).
+
+use crate::buffer::{Buffer, BufferState, Writer};
+use crate::error::{Error, Result};
+use crate::handle::Handle;
+use crate::mode::Mode;
+use crate::runtime::{Runtime, Tensor};
+use crate::stats::SyncReason;
+use crate::stream::Stream;
+use deferfuse_fusion::ir::infer::can_cast;
+use deferfuse_fusion::ir::layout::fmt_dims;
+use deferfuse_fusion::ir::{infer, ArgMeta, Layout, Op, OpError, Scalar};
+use deferfuse_fusion::lower::{reduce_needs_copy, reduced_dims};
+use deferfuse_fusion::{BufferId, Node, Operand, TensorRef};
+use smallvec::SmallVec;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// One operand of an op call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Input {
+    Tensor(Handle),
+    Scalar(Scalar),
+    /// An optional operand left out (a clamp bound).
+    Absent,
+}
+
+type Buffers = HashMap<BufferId, Arc<Buffer>>;
+
+fn tref(t: &Tensor) -> TensorRef {
+    TensorRef {
+        buffer: t.buffer.id,
+        layout: t.layout.clone(),
+        dtype: t.dtype,
+    }
+}
+
+impl Runtime {
+    /// Records `op` on `stream` (0 = default). Without `out` the result is a new tensor handle;
+    /// with `out` the result is written into that tensor (an in-place op) and `out` is returned.
+    pub fn op(
+        &self,
+        stream: Handle,
+        op: Op,
+        inputs: &[Input],
+        out: Option<Handle>,
+    ) -> Result<Handle> {
+        let s = self.stream(stream)?;
+        let mut buffers = Buffers::new();
+        let mut operands: SmallVec<[Operand; 3]> = SmallVec::new();
+        let mut metas: Vec<ArgMeta> = Vec::with_capacity(inputs.len());
+        for (i, inp) in inputs.iter().enumerate() {
+            match *inp {
+                Input::Tensor(h) => {
+                    let t = self.tensor(h).map_err(|e| match e {
+                        Error::InvalidHandle(m) => {
+                            Error::InvalidHandle(format!("{}: input {i}: {m}", op.name()))
+                        }
+                        e => e,
+                    })?;
+                    metas.push(ArgMeta::tensor(t.dtype, &t.layout.sizes));
+                    operands.push(Operand::Tensor(tref(&t)));
+                    buffers.insert(t.buffer.id, t.buffer);
+                }
+                Input::Scalar(v) => {
+                    metas.push(ArgMeta::Scalar(v));
+                    operands.push(Operand::Scalar(v));
+                }
+                Input::Absent => {
+                    metas.push(ArgMeta::Absent);
+                    operands.push(Operand::Absent);
+                }
+            }
+        }
+        let inf = infer(&op, &metas)?;
+        let (output, result) = match out {
+            Some(h) => {
+                let t = self.tensor(h).map_err(|e| match e {
+                    Error::InvalidHandle(m) => {
+                        Error::InvalidHandle(format!("{}: out: {m}", op.name()))
+                    }
+                    e => e,
+                })?;
+                check_out(&op, &inf.sizes, inf.dtype, &t)?;
+                buffers.insert(t.buffer.id, t.buffer.clone());
+                (tref(&t), h)
+            }
+            None => {
+                let buffer = self.new_buffer(inf.dtype, &inf.sizes, op.name())?;
+                let t = Tensor {
+                    buffer,
+                    layout: Layout::contiguous(&inf.sizes),
+                    dtype: inf.dtype,
+                };
+                buffers.insert(t.buffer.id, t.buffer.clone());
+                let r = tref(&t);
+                (r, 0)
+            }
+        };
+        self.snapshot_overlapping_inputs(&s, &mut operands, &output, &mut buffers)?;
+        match &op {
+            Op::Cat { dim } => self.record_cat(&s, *dim, &operands, &output, &buffers)?,
+            Op::Reduce {
+                dims,
+                keepdim,
+                op: r,
+            } if reduce_needs_copy(
+                &operands[0].tensor().expect("checked by infer").layout,
+                dims,
+            ) =>
+            {
+                self.record_reduce_via_copy(
+                    &s,
+                    *r,
+                    dims,
+                    *keepdim,
+                    &operands[0],
+                    &output,
+                    inf.compute,
+                    &mut buffers,
+                )?
+            }
+            _ => self.record(
+                &s,
+                Node {
+                    op: op.clone(),
+                    inputs: operands,
+                    output: output.clone(),
+                    compute: inf.compute,
+                },
+                buffers.clone(),
+            )?,
+        }
+        if result != 0 {
+            return Ok(result);
+        }
+        let buffer = buffers
+            .remove(&output.buffer)
+            .expect("output buffer is tracked");
+        Ok(self.tensors.insert(Tensor {
+            buffer,
+            layout: output.layout,
+            dtype: output.dtype,
+        }))
+    }
+
+    /// An input that is a different view of the buffer being written (`x[1:] += x[:-1]`) is
+    /// copied first, so every element reads the old contents, as in eager PyTorch.
+    fn snapshot_overlapping_inputs(
+        &self,
+        s: &Arc<Stream>,
+        operands: &mut [Operand],
+        out: &TensorRef,
+        buffers: &mut Buffers,
+    ) -> Result<()> {
+        for o in operands.iter_mut() {
+            let Operand::Tensor(t) = o else { continue };
+            if t.buffer != out.buffer || t.layout == out.layout {
+                continue;
+            }
+            let tmp = self.new_buffer(t.dtype, &t.layout.sizes, "copy")?;
+            let tmp_ref = TensorRef {
+                buffer: tmp.id,
+                layout: Layout::contiguous(&t.layout.sizes),
+                dtype: t.dtype,
+            };
+            buffers.insert(tmp.id, tmp);
+            let node = Node {
+                op: Op::Copy,
+                inputs: SmallVec::from_elem(Operand::Tensor(t.clone()), 1),
+                output: tmp_ref.clone(),
+                compute: t.dtype,
+            };
+            self.record(s, node, buffers.clone())?;
+            *t = tmp_ref;
+        }
+        Ok(())
+    }
+
+    /// cat = one copy per input into a slice of the output.
+    fn record_cat(
+        &self,
+        s: &Arc<Stream>,
+        dim: usize,
+        inputs: &[Operand],
+        out: &TensorRef,
+        buffers: &Buffers,
+    ) -> Result<()> {
+        let mut at = 0;
+        for inp in inputs {
+            let t = inp.tensor().expect("cat inputs are tensors");
+            let len = t.layout.sizes[dim];
+            let dst = TensorRef {
+                layout: out.layout.slice(dim, at, len, 1),
+                ..out.clone()
+            };
+            at += len;
+            let op = if t.dtype == out.dtype {
+                Op::Copy
+            } else {
+                Op::Cast(out.dtype)
+            };
+            let node = Node {
+                op,
+                inputs: SmallVec::from_elem(inp.clone(), 1),
+                output: dst,
+                compute: out.dtype.compute(),
+            };
+            self.record(s, node, buffers.clone())?;
+        }
+        Ok(())
+    }
+
+    /// A reduction whose reduced dims cannot be walked as one: copy them last first.
+    #[allow(clippy::too_many_arguments)]
+    fn record_reduce_via_copy(
+        &self,
+        s: &Arc<Stream>,
+        r: deferfuse_fusion::ir::ReduceOp,
+        dims: &[usize],
+        keepdim: bool,
+        input: &Operand,
+        out: &TensorRef,
+        compute: deferfuse_fusion::ir::DType,
+        buffers: &mut Buffers,
+    ) -> Result<()> {
+        let t = input.tensor().expect("reduce input is a tensor");
+        let rank = t.layout.rank();
+        let red = reduced_dims(dims, rank);
+        let order: Vec<usize> = (0..rank)
+            .filter(|d| !red.contains(d))
+            .chain(red.iter().copied())
+            .collect();
+        let permuted = t.layout.permute(&order);
+        let tmp = self.new_buffer(t.dtype, &permuted.sizes, "reduce")?;
+        let tmp_ref = TensorRef {
+            buffer: tmp.id,
+            layout: Layout::contiguous(&permuted.sizes),
+            dtype: t.dtype,
+        };
+        buffers.insert(tmp.id, tmp);
+        let copy = Node {
+            op: Op::Copy,
+            inputs: SmallVec::from_elem(
+                Operand::Tensor(TensorRef {
+                    layout: permuted,
+                    ..t.clone()
+                }),
+                1,
+            ),
+            output: tmp_ref.clone(),
+            compute: t.dtype,
+        };
+        self.record(s, copy, buffers.clone())?;
+        let kept = rank - red.len();
+        let out_view = if keepdim {
+            out.layout.squeeze(&red)
+        } else {
+            out.layout.clone()
+        };
+        let node = Node {
+            op: Op::Reduce {
+                op: r,
+                dims: (kept..rank).collect(),
+                keepdim: false,
+            },
+            inputs: SmallVec::from_elem(Operand::Tensor(tmp_ref), 1),
+            output: TensorRef {
+                layout: out_view,
+                ..out.clone()
+            },
+            compute,
+        };
+        self.record(s, node, buffers.clone())
+    }
+
+    /// Hands a checked node to its stream according to the calling thread's mode.
+    pub(crate) fn record(&self, s: &Arc<Stream>, node: Node, buffers: Buffers) -> Result<()> {
+        self.counters.ops_recorded.fetch_add(1, Ordering::Relaxed);
+        self.order_after_other_streams(s, &buffers)?;
+        let mode = self.mode();
+        let out = buffers
+            .get(&node.output.buffer)
+            .cloned()
+            .expect("output buffer is tracked");
+        if mode == Mode::Defer {
+            let mut p = s.pending.lock().unwrap_or_else(|p| p.into_inner());
+            out.mark_recorded();
+            out.set_writer(Writer {
+                stream: s.id,
+                done: None,
+            });
+            p.trace.push(node);
+            p.buffers.extend(buffers);
+            let full = p.trace.len() >= self.config.max_pending_ops;
+            drop(p);
+            if full {
+                self.flush(s, SyncReason::MaxPending)?;
+            }
+            return Ok(());
+        }
+        self.flush(s, SyncReason::ModeSwitch)?;
+        self.run_now(s, node, buffers, mode)?;
+        if mode == Mode::Debug && out.state() != BufferState::Materialized {
+            return Err(Error::Internal(
+                "debug check: an op's output is not materialized after it ran".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reading (or writing) a buffer another stream produces: run that stream's pending work and
+    /// make this stream wait for it on its worker.
+    fn order_after_other_streams(&self, s: &Arc<Stream>, buffers: &Buffers) -> Result<()> {
+        for b in buffers.values() {
+            let Some(w) = b.writer() else { continue };
+            if w.stream == s.id {
+                continue;
+            }
+            if w.done.is_none() {
+                if let Some(other) = self.streams.values().into_iter().find(|x| x.id == w.stream) {
+                    self.flush(&other, SyncReason::CrossStream)?;
+                }
+            }
+            if let Some(Some((p, seq))) = b.writer().map(|w| w.done) {
+                if p.completed() < seq {
+                    s.wait_for(&p, seq);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An in-place op's result must have the out tensor's shape and be castable to its dtype, and
+/// the out tensor must not be an expanded view (two indices, one element).
+fn check_out(
+    op: &Op,
+    sizes: &[usize],
+    dtype: deferfuse_fusion::ir::DType,
+    out: &Tensor,
+) -> Result<()> {
+    if out.layout.sizes.as_slice() != sizes {
+        return Err(OpError::new(
+            op.name(),
+            "out",
+            format!("shape {} (the result's shape)", fmt_dims(sizes)),
+            fmt_dims(&out.layout.sizes),
+        )
+        .hint("in-place ops cannot change the shape of their output")
+        .into());
+    }
+    if !can_cast(dtype, out.dtype) {
+        return Err(OpError::new(
+            op.name(),
+            "out",
+            format!("a dtype that {dtype} can be cast to"),
+            out.dtype.to_string(),
+        )
+        .hint(format!(
+            "result type {dtype} can't be cast to the desired output type {}",
+            out.dtype
+        ))
+        .into());
+    }
+    if out.layout.has_overlap() {
+        return Err(OpError::new(
+            op.name(),
+            "out",
+            "a view without repeated elements",
+            "an expanded view",
+        )
+        .hint("write into a contiguous tensor, or clone() the view first")
+        .into());
+    }
+    Ok(())
+}

@@ -1,0 +1,369 @@
+//! The runtime: owns the backend, the program cache, the handle tables and the streams, and is
+//! the one entry point the C ABI calls.
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, Program};
+use crate::buffer::{Buffer, BufferState};
+use crate::config::{resolve_mode, Config};
+use crate::error::{Error, Result};
+use crate::handle::{Handle, HandleTable};
+use crate::mode::{self, Mode};
+use crate::stats::{Counters, Stats, SyncReason};
+use crate::stream::{EventPoint, Stream};
+use deferfuse_cache::ProgramCache;
+use deferfuse_fusion::ir::layout::checked_numel;
+use deferfuse_fusion::ir::{DType, Dims, Layout};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Once};
+
+/// What a tensor handle names: a view of a buffer.
+#[derive(Clone)]
+pub struct Tensor {
+    pub buffer: Arc<Buffer>,
+    pub layout: Layout,
+    pub dtype: DType,
+}
+
+/// A deferfuse runtime. Safe to share between threads.
+pub struct Runtime {
+    pub(crate) backend: Box<dyn Backend>,
+    pub(crate) cache: ProgramCache<Arc<dyn Program>>,
+    pub(crate) tensors: HandleTable<Tensor>,
+    pub(crate) streams: HandleTable<Arc<Stream>>,
+    pub(crate) events: HandleTable<Option<EventPoint>>,
+    pub(crate) counters: Counters,
+    pub(crate) config: Config,
+    pub(crate) dump_dir: Option<PathBuf>,
+    default_mode: Mode,
+    default_stream: Handle,
+    next_buffer: AtomicU64,
+}
+
+static BOTH_FLAGS_WARNING: Once = Once::new();
+
+impl Runtime {
+    /// Creates a runtime with the CPU backend. Invalid env values are an error here.
+    pub fn new(config: Config) -> Result<Runtime> {
+        let (default_mode, both) = resolve_mode(&config)?;
+        if both {
+            BOTH_FLAGS_WARNING.call_once(|| {
+                tracing::warn!("TORCH_TPU_DEFER_AND_FUSE and TORCH_TPU_LAUNCH_BLOCKING are both on; debug mode wins")
+            });
+        }
+        if config.max_pending_ops == 0 {
+            return Err(Error::Config("max_pending_ops must be at least 1".into()));
+        }
+        let tag = HandleTable::<()>::new_tag();
+        let streams = HandleTable::new("stream", tag);
+        let default_stream = streams.insert(Arc::new(Stream::new(0)?));
+        Ok(Runtime {
+            backend: Box::new(CpuBackend::new()?),
+            cache: ProgramCache::new(config.cache_capacity),
+            tensors: HandleTable::new("tensor", tag),
+            streams,
+            events: HandleTable::new("event", tag),
+            counters: Counters::default(),
+            dump_dir: std::env::var_os("DEFERFUSE_DUMP_DIR").map(PathBuf::from),
+            config,
+            default_mode,
+            default_stream,
+            next_buffer: AtomicU64::new(1),
+        })
+    }
+
+    /// The mode threads start in (from the config or the environment).
+    pub fn default_mode(&self) -> Mode {
+        self.default_mode
+    }
+
+    /// The calling thread's mode.
+    pub fn mode(&self) -> Mode {
+        mode::current(self.default_mode)
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    // ---- streams and events ----
+
+    /// The stream ops go to when the caller passes 0.
+    pub fn default_stream(&self) -> Handle {
+        self.default_stream
+    }
+
+    pub(crate) fn stream(&self, h: Handle) -> Result<Arc<Stream>> {
+        self.streams
+            .get(if h == 0 { self.default_stream } else { h })
+    }
+
+    pub fn create_stream(&self) -> Result<Handle> {
+        let id = self.next_buffer.fetch_add(1, Ordering::Relaxed);
+        Ok(self.streams.insert(Arc::new(Stream::new(id)?)))
+    }
+
+    /// Flushes and waits for the stream's work, then forgets it.
+    pub fn destroy_stream(&self, h: Handle) -> Result<()> {
+        if h == 0 || h == self.default_stream {
+            return Err(Error::InvalidArgument(
+                "the default stream cannot be destroyed".into(),
+            ));
+        }
+        let s = self.streams.get(h)?;
+        self.flush(&s, SyncReason::Synchronize)?;
+        let r = s.synchronize();
+        self.streams.release(h)?;
+        r
+    }
+
+    /// Runs everything pending on the stream and waits for it; reports the first async error.
+    pub fn synchronize(&self, stream: Handle) -> Result<()> {
+        let s = self.stream(stream)?;
+        self.flush(&s, SyncReason::Synchronize)?;
+        s.synchronize()
+    }
+
+    /// Synchronizes every stream.
+    pub fn synchronize_all(&self) -> Result<()> {
+        let mut first = Ok(());
+        for s in self.streams.values() {
+            let r = self
+                .flush(&s, SyncReason::Synchronize)
+                .and_then(|_| s.synchronize());
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
+    pub fn create_event(&self) -> Handle {
+        self.events.insert(None)
+    }
+
+    pub fn destroy_event(&self, e: Handle) -> Result<()> {
+        self.events.release(e)
+    }
+
+    /// Marks the point after everything issued to `stream` so far (flushing its trace).
+    pub fn record_event(&self, e: Handle, stream: Handle) -> Result<()> {
+        let s = self.stream(stream)?;
+        self.events.get(e)?;
+        self.flush(&s, SyncReason::Event)?;
+        let point = EventPoint {
+            stream: s.id,
+            progress: s.progress.clone(),
+            seq: s.last_seq(),
+        };
+        self.events.update(e, |p| *p = Some(point))
+    }
+
+    /// Makes `stream` wait (on its worker, not the host) until the event's point is reached.
+    pub fn wait_event(&self, stream: Handle, e: Handle) -> Result<()> {
+        let s = self.stream(stream)?;
+        if let Some(p) = self.events.get(e)? {
+            self.flush(&s, SyncReason::Event)?;
+            s.wait_for(&p.progress, p.seq);
+        }
+        Ok(())
+    }
+
+    /// True once the event's point is reached (an unrecorded event counts as reached).
+    pub fn query_event(&self, e: Handle) -> Result<bool> {
+        Ok(self
+            .events
+            .get(e)?
+            .is_none_or(|p| p.progress.completed() >= p.seq))
+    }
+
+    /// Blocks the host until the event's point is reached.
+    pub fn synchronize_event(&self, e: Handle) -> Result<()> {
+        if let Some(p) = self.events.get(e)? {
+            p.progress.wait(p.seq);
+        }
+        Ok(())
+    }
+
+    // ---- tensors ----
+
+    pub(crate) fn new_buffer(
+        &self,
+        dtype: DType,
+        sizes: &[usize],
+        op: &str,
+    ) -> Result<Arc<Buffer>> {
+        let bytes = checked_numel(sizes)
+            .and_then(|n| n.checked_mul(dtype.size()))
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{op}: sizes {sizes:?} of {dtype} overflow the address space"
+                ))
+            })?;
+        Ok(Arc::new(Buffer::new(
+            self.next_buffer.fetch_add(1, Ordering::Relaxed),
+            bytes,
+        )))
+    }
+
+    pub(crate) fn tensor(&self, h: Handle) -> Result<Tensor> {
+        self.tensors.get(h)
+    }
+
+    /// A new tensor holding a copy of `data` (row-major, `dtype`, `sizes`).
+    pub fn from_host(&self, data: &[u8], dtype: DType, sizes: &[usize]) -> Result<Handle> {
+        let buffer = self.new_buffer(dtype, sizes, "from_host")?;
+        if data.len() != buffer.len {
+            return Err(Error::InvalidArgument(format!(
+                "from_host: data has {} bytes but {sizes:?} of {dtype} needs {}; pass exactly numel * element size bytes",
+                data.len(),
+                buffer.len
+            )));
+        }
+        let s = buffer.storage()?;
+        self.counters
+            .bytes_allocated
+            .fetch_add(buffer.len as u64, Ordering::Relaxed);
+        // SAFETY: the storage was just allocated with exactly `data.len()` bytes (or 1 if 0).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.ptr(), data.len()) };
+        Ok(self.tensors.insert(Tensor {
+            buffer,
+            layout: Layout::contiguous(sizes),
+            dtype,
+        }))
+    }
+
+    /// A new tensor of zeros... once written: its storage is allocated (zeroed) on first use.
+    pub fn empty(&self, dtype: DType, sizes: &[usize]) -> Result<Handle> {
+        let buffer = self.new_buffer(dtype, sizes, "empty")?;
+        Ok(self.tensors.insert(Tensor {
+            buffer,
+            layout: Layout::contiguous(sizes),
+            dtype,
+        }))
+    }
+
+    pub fn sizes(&self, h: Handle) -> Result<Dims> {
+        Ok(self.tensor(h)?.layout.sizes)
+    }
+
+    pub fn strides(&self, h: Handle) -> Result<Vec<isize>> {
+        Ok(self.tensor(h)?.layout.strides.to_vec())
+    }
+
+    pub fn dtype(&self, h: Handle) -> Result<DType> {
+        Ok(self.tensor(h)?.dtype)
+    }
+
+    /// Where the tensor's buffer is in its lifecycle.
+    pub fn state(&self, h: Handle) -> Result<BufferState> {
+        Ok(self.tensor(h)?.buffer.state())
+    }
+
+    pub fn retain(&self, h: Handle) -> Result<()> {
+        self.tensors.retain(h)
+    }
+
+    /// Drops one reference; pending work that reads the buffer keeps it alive.
+    pub fn release(&self, h: Handle) -> Result<()> {
+        self.tensors.release(h)
+    }
+
+    /// Live tensor handles (for leak checks).
+    pub fn live_tensors(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Makes sure everything that writes `buffer` has run, flushing its stream if needed.
+    pub(crate) fn wait_written(&self, buffer: &Buffer, reason: SyncReason) -> Result<()> {
+        let Some(w) = buffer.writer() else {
+            return Ok(());
+        };
+        if w.done.is_none() {
+            let s = self.streams.values().into_iter().find(|s| s.id == w.stream);
+            if let Some(s) = s {
+                self.flush(&s, reason)?;
+            }
+        }
+        if let Some(Some((progress, seq))) = buffer.writer().map(|w| w.done) {
+            progress.wait(seq);
+            if let Some(e) = progress.take_error() {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the tensor (any view) to `out` in row-major order; waits for its producer.
+    pub fn to_host(&self, h: Handle, out: &mut [u8]) -> Result<()> {
+        let t = self.tensor(h)?;
+        let es = t.dtype.size();
+        let n = t.layout.numel();
+        if out.len() != n * es {
+            return Err(Error::InvalidArgument(format!(
+                "to_host: tensor {:?} of {} has {} bytes but the destination has {}; size it numel * element size",
+                t.layout.sizes.as_slice(),
+                t.dtype,
+                n * es,
+                out.len()
+            )));
+        }
+        self.wait_written(&t.buffer, SyncReason::HostRead)?;
+        self.counters.sync(SyncReason::HostRead);
+        let base = t.buffer.storage()?.ptr();
+        let l = &t.layout;
+        let mut idx = vec![0usize; l.rank()];
+        for k in 0..n {
+            let off = l.offset as isize
+                + idx
+                    .iter()
+                    .zip(&l.strides)
+                    .map(|(&i, &s)| i as isize * s)
+                    .sum::<isize>();
+            // SAFETY: views are bounds-checked against their buffer when made.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    base.offset(off * es as isize),
+                    out.as_mut_ptr().add(k * es),
+                    es,
+                )
+            };
+            for d in (0..l.rank()).rev() {
+                idx[d] += 1;
+                if idx[d] < l.sizes[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        let c = self.cache.stats();
+        let mut sync_points = [0; SyncReason::COUNT];
+        for (i, s) in self.counters.sync_points.iter().enumerate() {
+            sync_points[i] = s.load(Ordering::Relaxed);
+        }
+        Stats {
+            ops_recorded: self.counters.ops_recorded.load(Ordering::Relaxed),
+            programs_compiled: c.compiles,
+            programs_run: self.counters.programs_run.load(Ordering::Relaxed),
+            cache_hits: c.hits,
+            cache_misses: c.misses,
+            cache_evictions: c.evictions,
+            compile_ns: c.compile_ns,
+            sync_points,
+            bytes_allocated: self.counters.bytes_allocated.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for Runtime {
+    /// Pending work is run (nothing a user wrote is lost), then the workers stop.
+    fn drop(&mut self) {
+        let _ = self.synchronize_all();
+    }
+}

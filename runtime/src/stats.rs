@@ -1,0 +1,66 @@
+//! Counters the stats call reports: what was recorded, compiled and run, and why work ran.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why pending work was flushed or waited for.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncReason {
+    /// A host read (copy to host, item).
+    HostRead = 0,
+    /// An explicit stream or device synchronize.
+    Synchronize = 1,
+    /// An event was recorded on the stream.
+    Event = 2,
+    /// The trace reached the configured maximum of pending ops.
+    MaxPending = 3,
+    /// Another stream read a value this stream had not produced yet.
+    CrossStream = 4,
+    /// A non-deferred op was issued while deferred ops were pending.
+    ModeSwitch = 5,
+}
+
+impl SyncReason {
+    pub const COUNT: usize = 6;
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SyncReason::HostRead => "host_read",
+            SyncReason::Synchronize => "synchronize",
+            SyncReason::Event => "event",
+            SyncReason::MaxPending => "max_pending",
+            SyncReason::CrossStream => "cross_stream",
+            SyncReason::ModeSwitch => "mode_switch",
+        }
+    }
+}
+
+/// A snapshot of the runtime's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub ops_recorded: u64,
+    pub programs_compiled: u64,
+    pub programs_run: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub cache_evictions: u64,
+    pub compile_ns: u64,
+    /// Flushes of a non-empty trace plus waits, indexed by `SyncReason as usize`.
+    pub sync_points: [u64; SyncReason::COUNT],
+    pub bytes_allocated: u64,
+}
+
+/// The live counters.
+#[derive(Default)]
+pub struct Counters {
+    pub ops_recorded: AtomicU64,
+    pub programs_run: AtomicU64,
+    pub sync_points: [AtomicU64; SyncReason::COUNT],
+    pub bytes_allocated: AtomicU64,
+}
+
+impl Counters {
+    pub fn sync(&self, r: SyncReason) {
+        self.sync_points[r as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}

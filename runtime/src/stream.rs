@@ -1,0 +1,180 @@
+//! Streams: each owns a trace buffer and a worker thread that runs launched programs in order,
+//! so the host returns from a launch before the work is done (like a CUDA stream). Events order
+//! streams against each other.
+
+use crate::buffer::Buffer;
+use crate::error::{Error, Result};
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use deferfuse_fusion::{BufferId, Trace};
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+/// Work a stream's worker runs.
+pub type Work = Box<dyn FnOnce() -> Result<()> + Send>;
+
+enum Job {
+    Run(Work),
+    /// Block until `stream` has completed `seq` jobs (a cross-stream event wait).
+    Wait(Arc<Progress>, u64),
+    Stop,
+}
+
+/// How far a stream's worker has come, and its first asynchronous error.
+#[derive(Default)]
+pub struct Progress {
+    state: Mutex<ProgressState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct ProgressState {
+    completed: u64,
+    error: Option<Error>,
+}
+
+impl Progress {
+    fn complete(&self, err: Option<Error>) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.completed += 1;
+        if s.error.is_none() {
+            s.error = err;
+        }
+        self.cv.notify_all();
+    }
+
+    /// Waits until `seq` jobs have completed.
+    pub fn wait(&self, seq: u64) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while s.completed < seq {
+            s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    pub fn completed(&self) -> u64 {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .completed
+    }
+
+    /// Takes the first error a job reported since the last call (errors surface at syncs).
+    pub fn take_error(&self) -> Option<Error> {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .error
+            .take()
+    }
+}
+
+/// What a stream records while in defer mode: the trace, and the buffers it names (kept alive
+/// until the flush so a handle released meanwhile cannot free them).
+#[derive(Default)]
+pub struct Pending {
+    pub trace: Trace,
+    pub buffers: HashMap<BufferId, Arc<Buffer>>,
+}
+
+/// One stream: its pending trace, its queue and its worker.
+pub struct Stream {
+    pub id: u64,
+    pub pending: Mutex<Pending>,
+    sender: Sender<Job>,
+    /// Jobs submitted so far (the sequence number of the last one).
+    submitted: Mutex<u64>,
+    pub progress: Arc<Progress>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Stream {
+    pub fn new(id: u64) -> Result<Stream> {
+        let (sender, receiver) = unbounded();
+        let progress = Arc::new(Progress::default());
+        let p = progress.clone();
+        let worker = std::thread::Builder::new()
+            .name(format!("deferfuse-stream-{id}"))
+            .spawn(move || worker_loop(receiver, p))
+            .map_err(|e| Error::Internal(format!("spawning stream worker: {e}")))?;
+        Ok(Stream {
+            id,
+            pending: Mutex::new(Pending::default()),
+            sender,
+            submitted: Mutex::new(0),
+            progress,
+            worker: Mutex::new(Some(worker)),
+        })
+    }
+
+    fn submit(&self, job: Job) -> u64 {
+        let mut n = self.submitted.lock().unwrap_or_else(|p| p.into_inner());
+        *n += 1;
+        // The worker only exits after Stop, which is sent from Drop; sending cannot fail before.
+        let _ = self.sender.send(job);
+        *n
+    }
+
+    /// Queues `work`; returns its sequence number.
+    pub fn launch(&self, work: Work) -> u64 {
+        self.submit(Job::Run(work))
+    }
+
+    /// Makes this stream wait until `other` has completed `seq` jobs.
+    pub fn wait_for(&self, other: &Arc<Progress>, seq: u64) {
+        self.submit(Job::Wait(other.clone(), seq));
+    }
+
+    /// Sequence number of the last submitted job.
+    pub fn last_seq(&self) -> u64 {
+        *self.submitted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for every submitted job and returns the first error any of them reported.
+    pub fn synchronize(&self) -> Result<()> {
+        self.progress.wait(self.last_seq());
+        match self.progress.take_error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = self.sender.send(Job::Stop);
+        if let Some(w) = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = w.join();
+        }
+    }
+}
+
+fn worker_loop(rx: Receiver<Job>, progress: Arc<Progress>) {
+    while let Ok(job) = rx.recv() {
+        match job {
+            Job::Run(work) => {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+                let err = match r {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e),
+                    Err(_) => Some(Error::Internal(
+                        "a program panicked on the stream worker".into(),
+                    )),
+                };
+                progress.complete(err);
+            }
+            Job::Wait(other, seq) => {
+                other.wait(seq);
+                progress.complete(None);
+            }
+            Job::Stop => return,
+        }
+    }
+}
+
+/// A recorded point in a stream: "the first `seq` jobs of that stream".
+#[derive(Clone)]
+pub struct EventPoint {
+    pub stream: u64,
+    pub progress: Arc<Progress>,
+    pub seq: u64,
+}
