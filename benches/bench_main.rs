@@ -1,1 +1,130 @@
-fn main() {}
+//! deferfuse-bench: the README's main job. Runs the workloads of shared/notes/workloads.md on
+//! the CPU backend in strict and defer mode, side by side in one run, and prints medians,
+//! effective GB/s and defer/strict ratios. `--json` prints one JSON object per line instead.
+//! `--quick` uses smaller sizes and fewer repetitions (for CI smoke runs).
+
+#[path = "workloads.rs"]
+mod workloads;
+
+use deferfuse::{BinaryOp, Config, DType, Input, Mode, Op, Runtime, Scalar};
+use std::time::Instant;
+use workloads::Workload;
+
+struct Args {
+    json: bool,
+    quick: bool,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn runtime(mode: Mode) -> Runtime {
+    Runtime::new(Config { mode: Some(mode), ..Default::default() }).expect("runtime")
+}
+
+/// Median milliseconds of one iteration, after one warm-up (which compiles).
+fn time(rt: &Runtime, w: &Workload, reps: usize) -> f64 {
+    w.run(rt);
+    median(
+        (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                w.run(rt);
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect(),
+    )
+}
+
+fn emit(args: &Args, w: &Workload, mode: &str, ms: f64, ratio: Option<f64>) {
+    let gbps = if w.bytes > 0 { w.bytes as f64 / (ms * 1e-3) / 1e9 } else { 0.0 };
+    if args.json {
+        println!(
+            "{{\"workload\":\"{}\",\"mode\":\"{mode}\",\"backend\":\"cpu\",\"size\":\"{}\",\"threads\":1,\"median_ms\":{ms:.4},\"gbps\":{gbps:.3}}}",
+            w.name, w.size_label
+        );
+    } else {
+        let r = ratio.map(|r| format!("{r:.2}x")).unwrap_or_default();
+        let g = if w.bytes > 0 { format!("{gbps:.2}") } else { "-".into() };
+        println!("{:<10} {:<12} {:<7} {:>10.3} {:>8} {:>14}", w.name, w.size_label, mode, ms, g, r);
+    }
+}
+
+/// Nanoseconds to record one op in defer mode (nothing runs while recording).
+fn record_ns_per_op() -> f64 {
+    let rt = Runtime::new(Config { mode: Some(Mode::Defer), max_pending_ops: 1 << 20, ..Default::default() }).expect("rt");
+    let x = rt.from_host(&workloads::data(8, 1), DType::F32, &[8]).expect("x");
+    let n = 100_000;
+    let mut hs = Vec::with_capacity(n);
+    let t = Instant::now();
+    let mut cur = x;
+    for _ in 0..n {
+        cur = rt.op(0, Op::Binary(BinaryOp::Add), &[Input::Tensor(cur), Input::Scalar(Scalar::Float(1.0))], None).expect("op");
+        hs.push(cur);
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    rt.synchronize(0).expect("sync");
+    ns
+}
+
+/// Milliseconds to compile one single-op program (a fresh runtime, first add).
+fn single_op_compile_ms() -> f64 {
+    let rt = runtime(Mode::Strict);
+    let x = rt.from_host(&workloads::data(8, 1), DType::F32, &[8]).expect("x");
+    let y = rt.op(0, Op::Binary(BinaryOp::Add), &[Input::Tensor(x), Input::Tensor(x)], None).expect("op");
+    rt.synchronize(0).expect("sync");
+    let _ = y;
+    let s = rt.stats();
+    s.compile_ns as f64 / s.programs_compiled.max(1) as f64 / 1e6
+}
+
+fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let args = Args {
+        json: argv.iter().any(|a| a == "--json"),
+        quick: argv.iter().any(|a| a == "--quick"),
+    };
+    if let Some(bad) = argv.iter().find(|a| !matches!(a.as_str(), "--json" | "--quick")) {
+        eprintln!("unknown argument {bad:?}; usage: deferfuse-bench [--json] [--quick]");
+        std::process::exit(2);
+    }
+    let strict = runtime(Mode::Strict);
+    let defer = runtime(Mode::Defer);
+    let (elem_sizes, rows): (Vec<usize>, usize) = if args.quick { (vec![1 << 16, 1 << 20], 512) } else { (vec![1 << 16, 1 << 20, 1 << 24], 4096) };
+    if !args.json {
+        println!("deferfuse-bench: CPU backend (Cranelift), 1 thread, medians of one run");
+        println!("{:<10} {:<12} {:<7} {:>10} {:>8} {:>14}", "workload", "size", "mode", "median ms", "GB/s", "defer/strict");
+    }
+    type Make = fn(&Runtime, usize) -> Workload;
+    let mut cases: Vec<(Make, usize)> = Vec::new();
+    for &n in &elem_sizes {
+        cases.push((Workload::chain10, n));
+    }
+    for &n in &elem_sizes {
+        cases.push((Workload::gelu, n));
+    }
+    cases.push((|rt, r| Workload::softmax(rt, r, 1024), rows));
+    cases.push((|rt, r| Workload::layernorm(rt, r, 1024), rows));
+    cases.push((|rt, _| Workload::tiny(rt), 0));
+    for (make, n) in cases {
+        let reps = if n >= 1 << 24 { 3 } else if args.quick { 5 } else { 9 };
+        let ws = make(&strict, n);
+        let wd = make(&defer, n);
+        let ms_s = time(&strict, &ws, reps);
+        let ms_d = time(&defer, &wd, reps);
+        emit(&args, &ws, "strict", ms_s, None);
+        // Ratio = strict time / defer time: above 1 means defer is faster.
+        emit(&args, &wd, "defer", ms_d, Some(ms_s / ms_d));
+    }
+    let rec = record_ns_per_op();
+    let comp = single_op_compile_ms();
+    if args.json {
+        println!("{{\"workload\":\"record\",\"mode\":\"defer\",\"backend\":\"cpu\",\"size\":\"8\",\"threads\":1,\"ns_per_op\":{rec:.1}}}");
+        println!("{{\"workload\":\"compile_single_op\",\"mode\":\"strict\",\"backend\":\"cpu\",\"size\":\"8\",\"threads\":1,\"median_ms\":{comp:.4}}}");
+    } else {
+        println!("record cost per op (defer, Rust API): {rec:.0} ns");
+        println!("compile time of a single-op program: {comp:.3} ms");
+    }
+}

@@ -1,0 +1,172 @@
+//! The benchmark workloads of shared/notes/workloads.md, written against the runtime's Rust API
+//! so the bench binary and the criterion benches run the very same op sequences.
+
+use deferfuse::{BinaryOp, DType, Handle, Input, Op, ReduceOp, Runtime, Scalar, UnaryOp};
+
+/// A workload's inputs and how to run one iteration of it.
+pub struct Workload {
+    pub name: &'static str,
+    /// Elements (for elementwise) or rows x cols (for row workloads), as printed.
+    pub size_label: String,
+    /// Bytes an ideal single pass reads and writes (each input and output counted once).
+    pub bytes: usize,
+    inputs: Vec<Handle>,
+    kind: Kind,
+}
+
+enum Kind {
+    Chain10,
+    Gelu,
+    Softmax,
+    LayerNorm,
+    Tiny,
+}
+
+fn t(h: Handle) -> Input {
+    Input::Tensor(h)
+}
+fn f(v: f64) -> Input {
+    Input::Scalar(Scalar::Float(v))
+}
+
+/// Deterministic pseudo-random f32 data in [-2, 2).
+pub fn data(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .flat_map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0).to_le_bytes()
+        })
+        .collect()
+}
+
+fn input(rt: &Runtime, sizes: &[usize], seed: u64) -> Handle {
+    let n = sizes.iter().product();
+    rt.from_host(&data(n, seed), DType::F32, sizes).expect("input")
+}
+
+impl Workload {
+    pub fn chain10(rt: &Runtime, n: usize) -> Workload {
+        let inputs = (0..3).map(|i| input(rt, &[n], i)).collect();
+        Workload { name: "chain10", size_label: label(n), bytes: 4 * n * 4, inputs, kind: Kind::Chain10 }
+    }
+
+    pub fn gelu(rt: &Runtime, n: usize) -> Workload {
+        Workload { name: "gelu", size_label: label(n), bytes: 2 * n * 4, inputs: vec![input(rt, &[n], 7)], kind: Kind::Gelu }
+    }
+
+    pub fn softmax(rt: &Runtime, rows: usize, cols: usize) -> Workload {
+        let inputs = vec![input(rt, &[rows, cols], 3)];
+        Workload { name: "softmax", size_label: format!("{rows}x{cols}"), bytes: 2 * rows * cols * 4, inputs, kind: Kind::Softmax }
+    }
+
+    pub fn layernorm(rt: &Runtime, rows: usize, cols: usize) -> Workload {
+        let inputs = vec![input(rt, &[rows, cols], 4), input(rt, &[cols], 5), input(rt, &[cols], 6)];
+        Workload { name: "layernorm", size_label: format!("{rows}x{cols}"), bytes: 2 * rows * cols * 4, inputs, kind: Kind::LayerNorm }
+    }
+
+    pub fn tiny(rt: &Runtime) -> Workload {
+        Workload { name: "tiny", size_label: "1000 ops x 8".into(), bytes: 0, inputs: vec![input(rt, &[8], 9)], kind: Kind::Tiny }
+    }
+
+    /// Records one iteration and returns its output handle (the caller reads or releases it).
+    /// Intermediates are released as soon as they are consumed, as a PyTorch program would.
+    pub fn record(&self, rt: &Runtime) -> Handle {
+        let mut live: Vec<Handle> = Vec::new();
+        let mut op = |o: Op, ins: &[Input]| {
+            let h = rt.op(0, o, ins, None).expect("workload op");
+            live.push(h);
+            h
+        };
+        let bin = |b| Op::Binary(b);
+        let un = |u| Op::Unary(u);
+        let red = |r, keep| Op::Reduce { op: r, dims: [1usize].into_iter().collect(), keepdim: keep };
+        let out = match self.kind {
+            Kind::Chain10 => {
+                let (a, b, c) = (self.inputs[0], self.inputs[1], self.inputs[2]);
+                // max(((a*b + c)*0.5 - a) / (abs(b) + 1), 0) * c + a*a
+                let x = op(bin(BinaryOp::Mul), &[t(a), t(b)]);
+                let x = op(bin(BinaryOp::Add), &[t(x), t(c)]);
+                let x = op(bin(BinaryOp::Mul), &[t(x), f(0.5)]);
+                let x = op(bin(BinaryOp::Sub), &[t(x), t(a)]);
+                let y = op(un(UnaryOp::Abs), &[t(b)]);
+                let y = op(bin(BinaryOp::Add), &[t(y), f(1.0)]);
+                let x = op(bin(BinaryOp::Div), &[t(x), t(y)]);
+                let x = op(bin(BinaryOp::Maximum), &[t(x), f(0.0)]);
+                let x = op(bin(BinaryOp::Mul), &[t(x), t(c)]);
+                let z = op(bin(BinaryOp::Mul), &[t(a), t(a)]);
+                op(bin(BinaryOp::Add), &[t(x), t(z)])
+            }
+            Kind::Gelu => {
+                let a = self.inputs[0];
+                // 0.5*a*(1 + tanh(0.7978845608*(a + 0.044715*a^3)))
+                let a3 = op(bin(BinaryOp::Mul), &[t(a), t(a)]);
+                let a3 = op(bin(BinaryOp::Mul), &[t(a3), t(a)]);
+                let x = op(bin(BinaryOp::Mul), &[t(a3), f(0.044715)]);
+                let x = op(bin(BinaryOp::Add), &[t(a), t(x)]);
+                let x = op(bin(BinaryOp::Mul), &[t(x), f(0.7978845608)]);
+                let x = op(un(UnaryOp::Tanh), &[t(x)]);
+                let x = op(bin(BinaryOp::Add), &[t(x), f(1.0)]);
+                let h = op(bin(BinaryOp::Mul), &[t(a), f(0.5)]);
+                op(bin(BinaryOp::Mul), &[t(h), t(x)])
+            }
+            Kind::Softmax => {
+                let x = self.inputs[0];
+                let m = op(red(ReduceOp::Amax, true), &[t(x)]);
+                let e = op(bin(BinaryOp::Sub), &[t(x), t(m)]);
+                let e = op(un(UnaryOp::Exp), &[t(e)]);
+                let s = op(red(ReduceOp::Sum, true), &[t(e)]);
+                op(bin(BinaryOp::Div), &[t(e), t(s)])
+            }
+            Kind::LayerNorm => {
+                let (x, w, b) = (self.inputs[0], self.inputs[1], self.inputs[2]);
+                let mu = op(red(ReduceOp::Mean, true), &[t(x)]);
+                let d = op(bin(BinaryOp::Sub), &[t(x), t(mu)]);
+                let d2 = op(bin(BinaryOp::Mul), &[t(d), t(d)]);
+                let var = op(red(ReduceOp::Mean, true), &[t(d2)]);
+                let v = op(bin(BinaryOp::Add), &[t(var), f(1e-5)]);
+                let r = op(un(UnaryOp::Rsqrt), &[t(v)]);
+                let y = op(bin(BinaryOp::Mul), &[t(d), t(r)]);
+                let y = op(bin(BinaryOp::Mul), &[t(y), t(w)]);
+                op(bin(BinaryOp::Add), &[t(y), t(b)])
+            }
+            Kind::Tiny => {
+                let mut x = self.inputs[0];
+                for _ in 0..1000 {
+                    x = op(bin(BinaryOp::Add), &[t(x), f(1.0)]);
+                }
+                x
+            }
+        };
+        for h in live {
+            if h != out {
+                rt.release(h).expect("release");
+            }
+        }
+        out
+    }
+
+    /// One full iteration: record, run, wait for the output (a host read of one element would
+    /// also work; synchronize avoids timing a copy).
+    pub fn run(&self, rt: &Runtime) {
+        let out = self.record(rt);
+        let n: usize = rt.sizes(out).expect("sizes").iter().product();
+        if n <= 8 {
+            let mut buf = vec![0u8; n * 4];
+            rt.to_host(out, &mut buf).expect("read");
+        } else {
+            rt.synchronize(0).expect("sync");
+        }
+        rt.release(out).expect("release");
+    }
+}
+
+fn label(n: usize) -> String {
+    if n >= 1 << 20 {
+        format!("{}M", n >> 20)
+    } else {
+        format!("{}K", n >> 10)
+    }
+}
