@@ -361,6 +361,17 @@ impl Runtime {
     }
 }
 
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("backend", &self.backend.identity())
+            .field("default_mode", &self.default_mode)
+            .field("live_tensors", &self.tensors.len())
+            .field("streams", &self.streams.len())
+            .finish()
+    }
+}
+
 impl Drop for Runtime {
     /// Pending work is run (nothing a user wrote is lost), then the workers stop.
     fn drop(&mut self) {

@@ -96,7 +96,7 @@ fn infer_reshape(op: &str, numel: usize, sizes: &[i64]) -> Result<Dims> {
     };
     match infer_at {
         Some(i) => {
-            if known == 0 || numel % known != 0 {
+            if known == 0 || !numel.is_multiple_of(known) {
                 return Err(bad());
             }
             out[i] = numel / known;

@@ -410,8 +410,14 @@ fn infer_reduce(
     keepdim: bool,
 ) -> OpResult<Inferred> {
     let name = r.name();
+    let mut seen: SmallVec<[usize; 6]> = SmallVec::new();
     for &d in dims {
-        wrap_dim(name, d as i64, sizes.len())?;
+        let w = wrap_dim(name, d as i64, sizes.len())?;
+        if seen.contains(&w) {
+            return Err(OpError::new(name, "dim", "each dim at most once", format!("{dims:?}"))
+                .hint(format!("dim {w} appears multiple times in the list of dims")));
+        }
+        seen.push(w);
     }
     if r.is_arg() && dims.len() > 1 {
         return Err(OpError::new(
@@ -655,6 +661,12 @@ mod tests {
                 .as_slice(),
             &[2, 1, 4]
         );
+    }
+
+    #[test]
+    fn repeated_reduce_dim_is_rejected() {
+        let op = Op::Reduce { op: ReduceOp::Sum, dims: smallvec![1, 1], keepdim: false };
+        assert!(infer(&op, &[t(DType::F32, &[2, 3])]).is_err());
     }
 
     #[test]

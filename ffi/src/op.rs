@@ -1,0 +1,511 @@
+//! `dfuse_op`: one entry point for every recorded op. The op is a kind, attributes and operands;
+//! this module turns them into the runtime's `Op` and `Input`s, with PyTorch's conventions for
+//! negative dims, and leaves every shape and dtype check to the runtime (which reports them as
+//! `DFUSE_STATUS_BAD_OP` at the call).
+
+use crate::error::{guard, invalid, read_in, slice_in, write_out, DfuseStatus, Result};
+use crate::runtime_registry::{runtime, DfuseRuntime};
+use crate::types::{dtype_from, operand_from, DfuseOperand, DFUSE_MAX_REDUCE_DIMS};
+use deferfuse_fusion::ir::layout::wrap_dim;
+use deferfuse_fusion::ir::{BinaryOp, Dims, Op, ReduceOp, UnaryOp};
+use deferfuse_runtime::{Error, Input};
+
+/// `dfuse_op`'s `kind`: which op to record, which `DfuseAttrs` fields it reads, and its inputs.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DfuseOpKind {
+    /// `attrs->sub_op` is a `DfuseUnaryOp`; one tensor input.
+    Unary = 0,
+    /// `attrs->sub_op` is a `DfuseBinaryOp`; two inputs (tensors or scalars, at least one tensor).
+    Binary = 1,
+    /// `where(cond, a, b)`; no attrs; a bool tensor and two tensors or scalars.
+    Where = 2,
+    /// `clamp(x, min, max)`; no attrs; a tensor and two bounds (tensor, scalar or ABSENT).
+    Clamp = 3,
+    /// `x.to(dtype)`; `attrs->dtype` is the target `DfuseDtype`; one tensor input.
+    Cast = 4,
+    /// A dense copy (`clone`, `contiguous`, `copy_` with `out`); no attrs; one tensor input.
+    Copy = 5,
+    /// `attrs->sub_op` is a `DfuseReduceOp` over `attrs->dims[0..n_dims]` (0 dims = all dims;
+    /// negative dims count from the end), with `attrs->keepdim`; one tensor input.
+    Reduce = 6,
+    /// `cat(inputs, dim=attrs->dim)` (negative counts from the end); one or more tensor inputs.
+    Cat = 7,
+    /// `arange(start, end, step, dtype=attrs->dtype)`; three scalar inputs.
+    Arange = 8,
+    /// `matmul(a, b)` with `torch.matmul` semantics; no attrs; two tensor inputs.
+    Matmul = 9,
+    /// `addmm(input, m1, m2, beta=, alpha=)`; no attrs; inputs are input, m1, m2, then the
+    /// scalars beta and alpha.
+    Addmm = 10,
+}
+
+/// `attrs->sub_op` for `DFUSE_OP_KIND_UNARY`; the numbers are the runtime's.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DfuseUnaryOp {
+    /// `-x`
+    Neg = 0,
+    /// `abs(x)`
+    Abs = 1,
+    /// `exp(x)`
+    Exp = 2,
+    /// `log(x)`
+    Log = 3,
+    /// `log1p(x)`
+    Log1p = 4,
+    /// `expm1(x)`
+    Expm1 = 5,
+    /// `sqrt(x)`
+    Sqrt = 6,
+    /// `rsqrt(x)`
+    Rsqrt = 7,
+    /// `sin(x)`
+    Sin = 8,
+    /// `cos(x)`
+    Cos = 9,
+    /// `tanh(x)`
+    Tanh = 10,
+    /// `sigmoid(x)`
+    Sigmoid = 11,
+    /// `relu(x)`
+    Relu = 12,
+    /// `gelu(x, approximate="none")`
+    GeluErf = 13,
+    /// `gelu(x, approximate="tanh")`
+    GeluTanh = 14,
+    /// `silu(x)`
+    Silu = 15,
+    /// `erf(x)`
+    Erf = 16,
+    /// `floor(x)`
+    Floor = 17,
+    /// `ceil(x)`
+    Ceil = 18,
+    /// `round(x)`, half to even
+    Round = 19,
+    /// `sign(x)`
+    Sign = 20,
+    /// `reciprocal(x)`
+    Reciprocal = 21,
+    /// `logical_not(x)`
+    LogicalNot = 22,
+    /// `isnan(x)`
+    IsNan = 23,
+}
+
+/// `attrs->sub_op` for `DFUSE_OP_KIND_BINARY`; the numbers are the runtime's.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DfuseBinaryOp {
+    /// `a + b`
+    Add = 0,
+    /// `a - b`
+    Sub = 1,
+    /// `a * b`
+    Mul = 2,
+    /// `a / b` (true division; integer inputs give float32)
+    Div = 3,
+    /// `pow(a, b)`
+    Pow = 4,
+    /// `maximum(a, b)` (propagates NaN)
+    Maximum = 5,
+    /// `minimum(a, b)` (propagates NaN)
+    Minimum = 6,
+    /// `remainder(a, b)` (takes the divisor's sign)
+    Remainder = 7,
+    /// `a == b`
+    Eq = 8,
+    /// `a != b`
+    Ne = 9,
+    /// `a < b`
+    Lt = 10,
+    /// `a <= b`
+    Le = 11,
+    /// `a > b`
+    Gt = 12,
+    /// `a >= b`
+    Ge = 13,
+    /// `logical_and(a, b)`
+    LogicalAnd = 14,
+    /// `logical_or(a, b)`
+    LogicalOr = 15,
+}
+
+/// `attrs->sub_op` for `DFUSE_OP_KIND_REDUCE`; the numbers are the runtime's.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DfuseReduceOp {
+    /// `sum` (integer inputs give int64)
+    Sum = 0,
+    /// `mean` (floating inputs only)
+    Mean = 1,
+    /// `prod` (integer inputs give int64)
+    Prod = 2,
+    /// `amax` (propagates NaN)
+    Amax = 3,
+    /// `amin` (propagates NaN)
+    Amin = 4,
+    /// `argmax` (int64; at most one dim)
+    Argmax = 5,
+    /// `argmin` (int64; at most one dim)
+    Argmin = 6,
+}
+
+/// The attributes of a `dfuse_op` call; which fields are read depends on the `DfuseOpKind`, the
+/// others are ignored. May be NULL for kinds that read none.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DfuseAttrs {
+    /// A `DfuseUnaryOp`, `DfuseBinaryOp` or `DfuseReduceOp` (UNARY, BINARY, REDUCE).
+    pub sub_op: u32,
+    /// A `DfuseDtype`: the target of CAST, the dtype of ARANGE.
+    pub dtype: u32,
+    /// REDUCE: the dims to reduce; negative dims count from the end.
+    pub dims: [i64; DFUSE_MAX_REDUCE_DIMS],
+    /// REDUCE: how many of `dims` are used; 0 reduces over all dims.
+    pub n_dims: usize,
+    /// REDUCE: keep reduced dims as size 1.
+    pub keepdim: bool,
+    /// CAT: the dim to concatenate along; negative counts from the end.
+    pub dim: i64,
+}
+
+/// The op kind number's name, for messages.
+fn kind_name(kind: u32) -> &'static str {
+    [
+        "UNARY", "BINARY", "WHERE", "CLAMP", "CAST", "COPY", "REDUCE", "CAT", "ARANGE", "MATMUL",
+        "ADDMM",
+    ]
+    .get(kind as usize)
+    .copied()
+    .unwrap_or("?")
+}
+
+/// Builds the runtime op for `kind` and `attrs`. `rank` gives the rank of the first tensor
+/// input (`None` if there is none); it is called only by kinds with dims to wrap.
+pub(crate) fn build_op(
+    kind: u32,
+    attrs: Option<&DfuseAttrs>,
+    rank: impl FnOnce() -> Result<Option<usize>>,
+) -> Result<Op> {
+    let need = |what: &str| {
+        attrs.ok_or_else(|| {
+            invalid(format!(
+                "attrs is NULL; op kind {} ({kind}) needs {what}",
+                kind_name(kind)
+            ))
+        })
+    };
+    let sub = |a: &DfuseAttrs, enum_name: &str, max: usize| {
+        invalid(format!(
+            "attrs->sub_op = {} is not a {enum_name}; expected 0..={max}",
+            a.sub_op
+        ))
+    };
+    Ok(match kind {
+        0 => {
+            let a = need("attrs->sub_op (a DfuseUnaryOp)")?;
+            Op::Unary(
+                UnaryOp::from_u32(a.sub_op)
+                    .ok_or_else(|| sub(a, "DfuseUnaryOp", UnaryOp::ALL.len() - 1))?,
+            )
+        }
+        1 => {
+            let a = need("attrs->sub_op (a DfuseBinaryOp)")?;
+            Op::Binary(
+                BinaryOp::from_u32(a.sub_op)
+                    .ok_or_else(|| sub(a, "DfuseBinaryOp", BinaryOp::ALL.len() - 1))?,
+            )
+        }
+        2 => Op::Where,
+        3 => Op::Clamp,
+        4 => Op::Cast(dtype_from(need("attrs->dtype")?.dtype, "attrs->dtype")?),
+        5 => Op::Copy,
+        6 => {
+            let a = need("attrs->sub_op (a DfuseReduceOp), attrs->dims and attrs->keepdim")?;
+            let r = ReduceOp::from_u32(a.sub_op)
+                .ok_or_else(|| sub(a, "DfuseReduceOp", ReduceOp::ALL.len() - 1))?;
+            if a.n_dims > DFUSE_MAX_REDUCE_DIMS {
+                return Err(invalid(format!(
+                    "attrs->n_dims = {} is more than the {DFUSE_MAX_REDUCE_DIMS} dims attrs->dims \
+                     holds",
+                    a.n_dims
+                )));
+            }
+            let dims = wrap_dims(r.name(), &a.dims[..a.n_dims], rank()?)?;
+            Op::Reduce {
+                op: r,
+                dims,
+                keepdim: a.keepdim,
+            }
+        }
+        7 => {
+            let a = need("attrs->dim")?;
+            let dim = wrap_dims("cat", &[a.dim], rank()?)?[0];
+            Op::Cat { dim }
+        }
+        8 => Op::Arange {
+            dtype: dtype_from(need("attrs->dtype")?.dtype, "attrs->dtype")?,
+        },
+        9 => Op::Matmul,
+        10 => Op::Addmm,
+        k => {
+            return Err(invalid(format!(
+                "kind = {k} is not a DfuseOpKind; expected 0..=10 (UNARY, BINARY, WHERE, CLAMP, \
+                 CAST, COPY, REDUCE, CAT, ARANGE, MATMUL, ADDMM)"
+            )))
+        }
+    })
+}
+
+/// Wraps negative dims against `rank` (PyTorch's rule). Without a tensor input (`rank` is
+/// `None`) the dims are passed on as they are: the runtime rejects such an op for its missing
+/// tensor before it looks at dims.
+pub(crate) fn wrap_dims(op: &str, dims: &[i64], rank: Option<usize>) -> Result<Dims> {
+    dims.iter()
+        .map(|&d| match rank {
+            Some(r) => wrap_dim(op, d, r).map_err(Error::from),
+            None => Ok(usize::try_from(d).unwrap_or(0)),
+        })
+        .collect()
+}
+
+/// The rank of the first tensor input (`None` without one).
+fn first_rank(
+    rt: &deferfuse_runtime::Runtime,
+    inputs: &[Input],
+    op: &str,
+) -> Result<Option<usize>> {
+    let Some((i, h)) = inputs.iter().enumerate().find_map(|(i, x)| match x {
+        Input::Tensor(h) => Some((i, *h)),
+        _ => None,
+    }) else {
+        return Ok(None);
+    };
+    match rt.sizes(h) {
+        Ok(s) => Ok(Some(s.len())),
+        Err(Error::InvalidHandle(m)) => Err(Error::InvalidHandle(format!("{op}: input {i}: {m}"))),
+        Err(e) => Err(e),
+    }
+}
+
+/// Records an op on `stream` (0 = default stream) according to the calling thread's mode.
+///
+/// `kind` is a `DfuseOpKind`; `attrs` holds its attributes (NULL for kinds without any);
+/// `inputs[0..n_inputs]` are its operands. With `out` = 0 the result is a new tensor whose
+/// handle is written to `*result` (the caller must release it). With `out` != 0 the result is
+/// written into that tensor in place (its shape must match and the result dtype must cast to
+/// its dtype), and `*result` is `out` itself, with no new reference.
+///
+/// An op that is invalid for its inputs fails here with `DFUSE_STATUS_BAD_OP`, in every mode.
+///
+/// # Safety
+/// `attrs` must be NULL or point to a `DfuseAttrs`; `inputs` must be NULL or readable for
+/// `n_inputs` operands (NULL only when `n_inputs` is 0); `result` must be NULL or point to a
+/// writable `uint64_t`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn dfuse_op(
+    rt: *const DfuseRuntime,
+    stream: u64,
+    kind: u32,
+    attrs: *const DfuseAttrs,
+    inputs: *const DfuseOperand,
+    n_inputs: usize,
+    out: u64,
+    result: *mut u64,
+) -> DfuseStatus {
+    guard("dfuse_op", || {
+        // SAFETY: the caller's contract, for each pointer.
+        let (attrs, operands) = unsafe {
+            write_out(result, "result", 0)?;
+            let a = if attrs.is_null() {
+                None
+            } else {
+                Some(read_in(attrs, "attrs")?)
+            };
+            (a, slice_in(inputs, n_inputs, "inputs")?)
+        };
+        let rt = runtime(rt)?;
+        let inputs: Vec<Input> = operands
+            .iter()
+            .enumerate()
+            .map(|(i, o)| operand_from(o, i))
+            .collect::<Result<_>>()?;
+        let op = build_op(kind, attrs, || first_rank(&rt, &inputs, kind_name(kind)))?;
+        let h = rt.op(stream, op, &inputs, (out != 0).then_some(out))?;
+        // SAFETY: the caller's contract.
+        unsafe { write_out(result, "result", h) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(sub_op: u32, dims: &[i64], keepdim: bool) -> DfuseAttrs {
+        let mut a = DfuseAttrs {
+            sub_op,
+            dtype: 0,
+            dims: [0; DFUSE_MAX_REDUCE_DIMS],
+            n_dims: dims.len(),
+            keepdim,
+            dim: 0,
+        };
+        a.dims[..dims.len()].copy_from_slice(dims);
+        a
+    }
+
+    #[test]
+    fn sub_op_numbers_match_fusion() {
+        use DfuseUnaryOp as U;
+        let u = [
+            U::Neg,
+            U::Abs,
+            U::Exp,
+            U::Log,
+            U::Log1p,
+            U::Expm1,
+            U::Sqrt,
+            U::Rsqrt,
+            U::Sin,
+            U::Cos,
+            U::Tanh,
+            U::Sigmoid,
+            U::Relu,
+            U::GeluErf,
+            U::GeluTanh,
+            U::Silu,
+            U::Erf,
+            U::Floor,
+            U::Ceil,
+            U::Round,
+            U::Sign,
+            U::Reciprocal,
+            U::LogicalNot,
+            U::IsNan,
+        ];
+        assert_eq!(u.len(), UnaryOp::ALL.len());
+        for (a, b) in u.iter().zip(UnaryOp::ALL) {
+            assert_eq!((*a as u32, format!("{a:?}")), (b as u32, format!("{b:?}")));
+        }
+        use DfuseBinaryOp as B;
+        let b = [
+            B::Add,
+            B::Sub,
+            B::Mul,
+            B::Div,
+            B::Pow,
+            B::Maximum,
+            B::Minimum,
+            B::Remainder,
+            B::Eq,
+            B::Ne,
+            B::Lt,
+            B::Le,
+            B::Gt,
+            B::Ge,
+            B::LogicalAnd,
+            B::LogicalOr,
+        ];
+        assert_eq!(b.len(), BinaryOp::ALL.len());
+        for (x, y) in b.iter().zip(BinaryOp::ALL) {
+            assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
+        }
+        use DfuseReduceOp as R;
+        let r = [
+            R::Sum,
+            R::Mean,
+            R::Prod,
+            R::Amax,
+            R::Amin,
+            R::Argmax,
+            R::Argmin,
+        ];
+        assert_eq!(r.len(), ReduceOp::ALL.len());
+        for (x, y) in r.iter().zip(ReduceOp::ALL) {
+            assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
+        }
+        for (i, k) in [
+            DfuseOpKind::Unary,
+            DfuseOpKind::Binary,
+            DfuseOpKind::Where,
+            DfuseOpKind::Clamp,
+            DfuseOpKind::Cast,
+            DfuseOpKind::Copy,
+            DfuseOpKind::Reduce,
+            DfuseOpKind::Cat,
+            DfuseOpKind::Arange,
+            DfuseOpKind::Matmul,
+            DfuseOpKind::Addmm,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            assert_eq!(k as usize, i);
+            assert_eq!(kind_name(i as u32), format!("{k:?}").to_uppercase());
+        }
+    }
+
+    #[test]
+    fn reduce_dims_wrap_against_the_first_tensor() {
+        let a = attrs(ReduceOp::Sum as u32, &[-1, 0], true);
+        let op = build_op(6, Some(&a), || Ok(Some(3))).unwrap();
+        assert_eq!(
+            op,
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                dims: Dims::from_slice(&[2, 0]),
+                keepdim: true
+            }
+        );
+        let e = build_op(6, Some(&attrs(0, &[3], false)), || Ok(Some(3))).unwrap_err();
+        assert_eq!(e.status(), deferfuse_runtime::Status::BadOp);
+        assert!(e.to_string().contains("sum: dim"), "{e}");
+        // All dims, and a 0-dim tensor accepting dim -1 like PyTorch.
+        let op = build_op(6, Some(&attrs(1, &[], false)), || Ok(Some(2))).unwrap();
+        assert!(matches!(op, Op::Reduce { ref dims, .. } if dims.is_empty()));
+        assert!(build_op(6, Some(&attrs(0, &[-1], false)), || Ok(Some(0))).is_ok());
+    }
+
+    #[test]
+    fn bad_attrs_are_invalid_arguments() {
+        let mut a = attrs(0, &[], false);
+        a.n_dims = 9;
+        let e = build_op(6, Some(&a), || Ok(Some(2))).unwrap_err();
+        assert!(e.to_string().contains("attrs->n_dims = 9"), "{e}");
+        let e = build_op(0, None, || Ok(None)).unwrap_err();
+        assert!(
+            e.to_string().contains("attrs is NULL; op kind UNARY"),
+            "{e}"
+        );
+        let e = build_op(1, Some(&attrs(16, &[], false)), || Ok(None)).unwrap_err();
+        assert!(e
+            .to_string()
+            .contains("sub_op = 16 is not a DfuseBinaryOp; expected 0..=15"));
+        let e = build_op(11, None, || Ok(None)).unwrap_err();
+        assert!(
+            e.to_string().contains("kind = 11 is not a DfuseOpKind"),
+            "{e}"
+        );
+        let mut c = attrs(0, &[], false);
+        c.dtype = 8;
+        let e = build_op(4, Some(&c), || Ok(None)).unwrap_err();
+        assert_eq!(e.status(), deferfuse_runtime::Status::InvalidArgument);
+        // Kinds without attrs accept NULL and never ask for the rank.
+        assert_eq!(build_op(9, None, || unreachable!()).unwrap(), Op::Matmul);
+    }
+
+    #[test]
+    fn cat_dim_wraps() {
+        let mut a = attrs(0, &[], false);
+        a.dim = -2;
+        assert_eq!(
+            build_op(7, Some(&a), || Ok(Some(2))).unwrap(),
+            Op::Cat { dim: 0 }
+        );
+        a.dim = 2;
+        assert!(build_op(7, Some(&a), || Ok(Some(2))).is_err());
+    }
+}

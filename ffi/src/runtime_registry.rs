@@ -1,0 +1,302 @@
+//! Runtime pointers: creation, destruction, and the registry that makes a destroyed or bogus
+//! `DfuseRuntime*` an `INVALID_HANDLE` error instead of undefined behaviour. Also the calls that
+//! act on a runtime as a whole: configuration, modes and stats.
+//!
+//! A `DfuseRuntime*` is an opaque token, never dereferenced: the registry maps it to an
+//! `Arc<Runtime>`. Tokens come from a counter and are never reused, so a destroyed pointer can
+//! never alias a newer runtime. A call clones the `Arc` and drops the registry lock before doing
+//! any work, so a call in flight keeps its runtime alive while another thread destroys it; the
+//! runtime is dropped (after running its pending work) when the last such call returns.
+
+use crate::error::{guard, invalid, read_in, write_out, DfuseStatus, Result};
+use crate::types::{
+    mode_from, DfuseBackend, DfuseStats, DFUSE_MODE_FROM_ENV, DFUSE_SYNC_REASON_COUNT,
+};
+use deferfuse_runtime::{mode, Config, Error, Runtime, SyncReason};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// An opaque deferfuse runtime. Create one with `dfuse_runtime_create`, pass it to every call,
+/// destroy it with `dfuse_runtime_destroy`. It is safe to use from several threads at once.
+pub struct DfuseRuntime {
+    _opaque: [u8; 0],
+}
+
+/// How a runtime is set up (`dfuse_runtime_create`). Start from `dfuse_config_default`, which
+/// fills in the defaults, and change the fields you need.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DfuseConfig {
+    /// A `DfuseMode`, or `DFUSE_MODE_FROM_ENV` to read `TORCH_TPU_DEFER_AND_FUSE` and
+    /// `TORCH_TPU_LAUNCH_BLOCKING`.
+    pub mode: u32,
+    /// Deferred ops a stream may hold before it runs them by itself (bounds trace memory);
+    /// 0 means the default.
+    pub max_pending_ops: u64,
+    /// Compiled programs kept in memory (least recently used are dropped beyond this);
+    /// 0 means the default.
+    pub cache_capacity: u64,
+    /// A `DfuseBackend`; only `DFUSE_BACKEND_CPU` is available.
+    pub backend: u32,
+}
+
+/// Live runtimes by token.
+static REGISTRY: Mutex<BTreeMap<usize, Arc<Runtime>>> = Mutex::new(BTreeMap::new());
+/// The next token's serial; tokens are never reused.
+static NEXT_SERIAL: AtomicUsize = AtomicUsize::new(1);
+/// High bits of every token: an address no allocation has, so a caller that dereferences a
+/// runtime pointer by mistake faults at once, and a stray pointer is never mistaken for one.
+const TOKEN_BASE: usize = if usize::BITS >= 64 {
+    0xDF5E_0000_0000_0000_u64 as usize
+} else {
+    0xDF00_0000
+};
+
+fn registry() -> MutexGuard<'static, BTreeMap<usize, Arc<Runtime>>> {
+    // The map is only inserted into and removed from; a panic elsewhere cannot corrupt it.
+    REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn not_live(rt: *const DfuseRuntime) -> Error {
+    Error::InvalidHandle(format!(
+        "runtime pointer {rt:p} is not live: it was destroyed or never created; pass a pointer \
+         from dfuse_runtime_create that has not been destroyed"
+    ))
+}
+
+/// The runtime behind `rt`, kept alive for as long as the caller holds the `Arc`.
+pub(crate) fn runtime(rt: *const DfuseRuntime) -> Result<Arc<Runtime>> {
+    if rt.is_null() {
+        return Err(invalid(
+            "rt is NULL; pass the pointer dfuse_runtime_create returned",
+        ));
+    }
+    registry()
+        .get(&rt.addr())
+        .cloned()
+        .ok_or_else(|| not_live(rt))
+}
+
+/// The runtime config a C config describes.
+pub(crate) fn config_from(c: &DfuseConfig) -> Result<Config> {
+    let d = Config::default();
+    let mode = match c.mode {
+        DFUSE_MODE_FROM_ENV => None,
+        m => Some(mode_from(m, "cfg->mode").map_err(|e| Error::Config(e.to_string()))?),
+    };
+    if c.backend != DfuseBackend::Cpu as u32 {
+        return Err(Error::Config(format!(
+            "cfg->backend = {}: only the cpu backend is available; pass DFUSE_BACKEND_CPU (0)",
+            c.backend
+        )));
+    }
+    let count = |v: u64, default: usize, name: &str| -> Result<usize> {
+        match v {
+            0 => Ok(default),
+            v => usize::try_from(v)
+                .map_err(|_| Error::Config(format!("{name} = {v} does not fit in size_t"))),
+        }
+    };
+    Ok(Config {
+        mode,
+        max_pending_ops: count(c.max_pending_ops, d.max_pending_ops, "cfg->max_pending_ops")?,
+        cache_capacity: count(c.cache_capacity, d.cache_capacity, "cfg->cache_capacity")?,
+    })
+}
+
+/// Fills `*out` with the default config: mode from the environment, the default limits, the
+/// CPU backend.
+///
+/// # Safety
+/// `out` must be NULL or point to writable memory for a `DfuseConfig`.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_config_default(out: *mut DfuseConfig) -> DfuseStatus {
+    guard("dfuse_config_default", || {
+        let d = Config::default();
+        let c = DfuseConfig {
+            mode: DFUSE_MODE_FROM_ENV,
+            max_pending_ops: d.max_pending_ops as u64,
+            cache_capacity: d.cache_capacity as u64,
+            backend: DfuseBackend::Cpu as u32,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { write_out(out, "out", c) }
+    })
+}
+
+/// Creates a runtime and writes its pointer to `*out` (NULL on failure). `cfg` may be NULL for
+/// the defaults. Fails with `DFUSE_STATUS_CONFIG` on a bad config or environment variable.
+///
+/// # Safety
+/// `cfg` must be NULL or point to a `DfuseConfig`; `out` must be NULL or point to writable
+/// memory for a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_runtime_create(
+    cfg: *const DfuseConfig,
+    out: *mut *mut DfuseRuntime,
+) -> DfuseStatus {
+    guard("dfuse_runtime_create", || {
+        // SAFETY: the caller's contract.
+        unsafe { write_out(out, "out", std::ptr::null_mut())? };
+        let config = if cfg.is_null() {
+            Config::default()
+        } else {
+            // SAFETY: the caller's contract.
+            config_from(unsafe { read_in(cfg, "cfg")? })?
+        };
+        let rt = Arc::new(Runtime::new(config)?);
+        let token = TOKEN_BASE | (NEXT_SERIAL.fetch_add(1, Ordering::Relaxed) << 4);
+        registry().insert(token, rt);
+        // SAFETY: checked writable above.
+        unsafe { out.write(std::ptr::without_provenance_mut(token)) };
+        Ok(())
+    })
+}
+
+/// Destroys a runtime: runs its pending work, then frees it and every tensor, stream and event
+/// it owns. The pointer is dead afterwards (any use is `DFUSE_STATUS_INVALID_HANDLE`). Calls
+/// already running on other threads finish first. Returns the first error the pending work
+/// reported, if any; the runtime is destroyed either way.
+///
+/// # Safety
+/// Always safe to call; `rt` is only compared against live runtimes, never dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_runtime_destroy(rt: *mut DfuseRuntime) -> DfuseStatus {
+    guard("dfuse_runtime_destroy", || {
+        if rt.is_null() {
+            return Err(invalid(
+                "rt is NULL; pass the pointer dfuse_runtime_create returned",
+            ));
+        }
+        let arc = registry().remove(&rt.addr()).ok_or_else(|| not_live(rt))?;
+        // Run pending work now so its errors can be reported; Drop (here, or when the last call
+        // in flight returns) would run it too but has to ignore them.
+        let r = arc.synchronize_all();
+        drop(arc);
+        r
+    })
+}
+
+/// Writes the calling thread's mode (a `DfuseMode`) to `*out`: the last one it set or pushed,
+/// else the runtime's default mode.
+///
+/// # Safety
+/// `out` must be NULL or point to a writable `uint32_t`.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_mode_get(rt: *const DfuseRuntime, out: *mut u32) -> DfuseStatus {
+    guard("dfuse_mode_get", || {
+        let rt = runtime(rt)?;
+        // SAFETY: the caller's contract.
+        unsafe { write_out(out, "out", rt.mode() as u32) }
+    })
+}
+
+/// Sets the calling thread's mode (replacing the top of its mode stack). Pending deferred ops
+/// run when the next non-deferred op is issued.
+///
+/// # Safety
+/// Always safe to call; `rt` is checked against live runtimes.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_mode_set(rt: *const DfuseRuntime, mode: u32) -> DfuseStatus {
+    guard("dfuse_mode_set", || {
+        runtime(rt)?;
+        mode::set(mode_from(mode, "mode")?);
+        Ok(())
+    })
+}
+
+/// Pushes a mode on the calling thread's mode stack (for a scoped mode switch); undo it with
+/// `dfuse_mode_pop`.
+///
+/// # Safety
+/// Always safe to call; `rt` is checked against live runtimes.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_mode_push(rt: *const DfuseRuntime, mode: u32) -> DfuseStatus {
+    guard("dfuse_mode_push", || {
+        runtime(rt)?;
+        mode::push(mode_from(mode, "mode")?);
+        Ok(())
+    })
+}
+
+/// Pops the calling thread's mode stack, restoring the mode before the matching push.
+/// `DFUSE_STATUS_INVALID_ARGUMENT` when nothing was pushed on this thread.
+///
+/// # Safety
+/// Always safe to call; `rt` is checked against live runtimes.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_mode_pop(rt: *const DfuseRuntime) -> DfuseStatus {
+    guard("dfuse_mode_pop", || {
+        runtime(rt)?;
+        mode::pop()?;
+        Ok(())
+    })
+}
+
+/// Writes a snapshot of the runtime's counters to `*out`.
+///
+/// # Safety
+/// `out` must be NULL or point to writable memory for a `DfuseStats`.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_stats(rt: *const DfuseRuntime, out: *mut DfuseStats) -> DfuseStatus {
+    guard("dfuse_stats", || {
+        let s = runtime(rt)?.stats();
+        const _: () = assert!(SyncReason::COUNT == DFUSE_SYNC_REASON_COUNT);
+        let stats = DfuseStats {
+            ops_recorded: s.ops_recorded,
+            programs_compiled: s.programs_compiled,
+            programs_run: s.programs_run,
+            cache_hits: s.cache_hits,
+            cache_misses: s.cache_misses,
+            cache_evictions: s.cache_evictions,
+            compile_ns: s.compile_ns,
+            bytes_allocated: s.bytes_allocated,
+            sync_points: s.sync_points,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { write_out(out, "out", stats) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deferfuse_runtime::Mode;
+
+    fn cfg(mode: u32, backend: u32) -> DfuseConfig {
+        DfuseConfig {
+            mode,
+            max_pending_ops: 0,
+            cache_capacity: 7,
+            backend,
+        }
+    }
+
+    #[test]
+    fn config_converts_and_validates() {
+        let c = config_from(&cfg(2, 0)).unwrap();
+        assert_eq!(c.mode, Some(Mode::Defer));
+        assert_eq!(c.max_pending_ops, Config::default().max_pending_ops);
+        assert_eq!(c.cache_capacity, 7);
+        assert_eq!(
+            config_from(&cfg(DFUSE_MODE_FROM_ENV, 0)).unwrap().mode,
+            None
+        );
+        let e = config_from(&cfg(0, 1)).unwrap_err();
+        assert!(e.to_string().contains("only the cpu backend"), "{e}");
+        assert_eq!(e.status(), deferfuse_runtime::Status::Config);
+        let e = config_from(&cfg(9, 0)).unwrap_err();
+        assert_eq!(e.status(), deferfuse_runtime::Status::Config);
+    }
+
+    #[test]
+    fn tokens_are_never_null_and_not_live_until_created() {
+        let p = std::ptr::without_provenance::<DfuseRuntime>(TOKEN_BASE | (1 << 40));
+        let e = runtime(p)
+            .err()
+            .expect("a token that was never created is not live");
+        assert!(e.to_string().contains("is not live"), "{e}");
+        assert!(runtime(std::ptr::null()).is_err());
+    }
+}

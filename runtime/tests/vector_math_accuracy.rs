@@ -1,0 +1,82 @@
+//! The inline f32x4 polynomials meet the accuracy `backend/cpu/vmath.rs` states, over dense
+//! sweeps of their input range, compared with f64 math.
+
+use deferfuse_fusion::ir::{DType, Op, UnaryOp};
+use deferfuse_runtime::backend::cpu::erf64;
+use deferfuse_runtime::{Config, Input, Mode, Runtime};
+
+fn run(op: UnaryOp, xs: &[f32]) -> Vec<f32> {
+    let rt = Runtime::new(Config { mode: Some(Mode::Strict), ..Default::default() }).unwrap();
+    let bytes: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let x = rt.from_host(&bytes, DType::F32, &[xs.len()]).unwrap();
+    let y = rt.op(0, Op::Unary(op), &[Input::Tensor(x)], None).unwrap();
+    let mut out = vec![0u8; bytes.len()];
+    rt.to_host(y, &mut out).unwrap();
+    out.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+fn sweep(lo: f32, hi: f32, n: usize) -> Vec<f32> {
+    (0..n).map(|i| lo + (hi - lo) * i as f32 / (n - 1) as f32).collect()
+}
+
+/// Largest error in units of `scale(x, exact)`.
+fn max_err(op: UnaryOp, xs: &[f32], exact: impl Fn(f64) -> f64, scale: impl Fn(f64) -> f64) -> f64 {
+    let got = run(op, xs);
+    xs.iter()
+        .zip(&got)
+        .map(|(&x, &g)| {
+            let e = exact(x as f64);
+            (g as f64 - e).abs() / scale(e)
+        })
+        .fold(0.0, f64::max)
+}
+
+fn ulp(e: f64) -> f64 {
+    let f = e.abs() as f32;
+    ((f32::from_bits(f.to_bits() + 1) - f) as f64).max(f32::MIN_POSITIVE as f64)
+}
+
+#[test]
+fn exp_is_within_2_ulp_over_normal_range() {
+    let e = max_err(UnaryOp::Exp, &sweep(-87.0, 88.0, 200_001), f64::exp, ulp);
+    assert!(e <= 2.0, "exp max error {e} ulp");
+}
+
+#[test]
+fn log_is_within_2_ulp_over_positive_floats() {
+    let mut xs = sweep(1e-6, 10.0, 100_001);
+    xs.extend(sweep(10.0, 1e30, 100_001));
+    xs.extend([1e-40f32, 1e-39, f32::MIN_POSITIVE]);
+    let e = max_err(UnaryOp::Log, &xs, f64::ln, ulp);
+    assert!(e <= 2.0, "log max error {e} ulp");
+}
+
+#[test]
+fn tanh_and_sigmoid_are_within_3e_7_relative() {
+    let xs = sweep(-12.0, 12.0, 200_001);
+    let rel = |e: f64| e.abs().max(1e-30);
+    let t = max_err(UnaryOp::Tanh, &xs, f64::tanh, |e| rel(e).max(1e-3));
+    assert!(t <= 3e-7, "tanh max rel error {t}");
+    let s = max_err(UnaryOp::Sigmoid, &xs, |x| 1.0 / (1.0 + (-x).exp()), rel);
+    assert!(s <= 3e-7, "sigmoid max rel error {s}");
+}
+
+#[test]
+fn erf_is_within_2e_7_absolute() {
+    let e = max_err(UnaryOp::Erf, &sweep(-6.0, 6.0, 200_001), erf64, |_| 1.0);
+    assert!(e <= 2e-7, "erf max abs error {e}");
+}
+
+#[test]
+fn special_values_follow_ieee() {
+    let xs = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, -1.0];
+    let exp = run(UnaryOp::Exp, &xs);
+    assert!(exp[0].is_nan() && exp[1] == f32::INFINITY && exp[2] == 0.0 && exp[3] == 1.0);
+    let log = run(UnaryOp::Log, &xs);
+    assert!(log[0].is_nan() && log[1] == f32::INFINITY && log[2].is_nan());
+    assert!(log[3] == f32::NEG_INFINITY && log[4] == f32::NEG_INFINITY && log[5].is_nan());
+    let tanh = run(UnaryOp::Tanh, &xs);
+    assert!(tanh[0].is_nan() && tanh[1] == 1.0 && tanh[2] == -1.0);
+    let erf = run(UnaryOp::Erf, &xs);
+    assert!(erf[0].is_nan() && erf[1] == 1.0 && erf[2] == -1.0 && erf[3] == 0.0);
+}
