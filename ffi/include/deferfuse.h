@@ -34,7 +34,12 @@
 /**
  * How many entries `DfuseStats.sync_points` has (one per `DfuseSyncReason`).
  */
-#define DFUSE_SYNC_REASON_COUNT 6
+#define DFUSE_SYNC_REASON_COUNT 7
+
+/**
+ * How many entries `DfuseStats.cuts` has (one per `DfuseCutReason`).
+ */
+#define DFUSE_CUT_REASON_COUNT 5
 
 /**
  * What every `dfuse_*` call returns (except `dfuse_last_error` and `dfuse_version`).
@@ -252,6 +257,10 @@ enum DfuseSyncReason
    * A non-deferred op was issued while deferred ops were pending.
    */
   DFUSE_SYNC_REASON_MODE_SWITCH = 5,
+  /**
+   * Deferred ops created more bytes of buffers than `max_pending_bytes`.
+   */
+  DFUSE_SYNC_REASON_MEMORY_BOUND = 6,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -760,6 +769,15 @@ typedef struct DfuseConfig {
    */
   uint64_t cache_capacity;
   /**
+   * Bytes of new buffers deferred ops may create before the stream runs them (bounds
+   * memory held by deferred values); 0 means the default.
+   */
+  uint64_t max_pending_bytes;
+  /**
+   * Most ops the planner fuses into one loop region; 0 means the default.
+   */
+  uint64_t max_ops_per_region;
+  /**
    * A `DfuseBackend`; only `DFUSE_BACKEND_CPU` is available.
    */
   uint32_t backend;
@@ -801,6 +819,18 @@ typedef struct DfuseStats {
    * Bytes of buffers allocated so far.
    */
   uint64_t bytes_allocated;
+  /**
+   * Deferred ops dropped because nothing could observe their result.
+   */
+  uint64_t dead_nodes;
+  /**
+   * Deferred values computed in registers and never written to memory.
+   */
+  uint64_t unmaterialized;
+  /**
+   * Planner cuts, indexed by `DfuseCutReason`.
+   */
+  uint64_t cuts[DFUSE_CUT_REASON_COUNT];
   /**
    * Sync points, indexed by `DfuseSyncReason`.
    */

@@ -48,9 +48,9 @@ pub use tensor::{
     dfuse_tensor_shape, dfuse_tensor_state, dfuse_tensor_strides, dfuse_tensor_to_host,
 };
 pub use types::{
-    DfuseBackend, DfuseBufferState, DfuseDtype, DfuseMode, DfuseOperand, DfuseOperandKind,
-    DfuseScalar, DfuseScalarKind, DfuseStats, DfuseSyncReason, DFUSE_MAX_REDUCE_DIMS,
-    DFUSE_MODE_FROM_ENV, DFUSE_SYNC_REASON_COUNT,
+    DfuseBackend, DfuseBufferState, DfuseCutReason, DfuseDtype, DfuseMode, DfuseOperand,
+    DfuseOperandKind, DfuseScalar, DfuseScalarKind, DfuseStats, DfuseSyncReason,
+    DFUSE_CUT_REASON_COUNT, DFUSE_MAX_REDUCE_DIMS, DFUSE_MODE_FROM_ENV, DFUSE_SYNC_REASON_COUNT,
 };
 pub use view::{dfuse_as_strided, dfuse_view, DfuseViewKind};
 

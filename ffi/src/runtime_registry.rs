@@ -10,8 +10,10 @@
 
 use crate::error::{guard, invalid, read_in, write_out, DfuseStatus, Result};
 use crate::types::{
-    mode_from, DfuseBackend, DfuseStats, DFUSE_MODE_FROM_ENV, DFUSE_SYNC_REASON_COUNT,
+    mode_from, DfuseBackend, DfuseStats, DFUSE_CUT_REASON_COUNT, DFUSE_MODE_FROM_ENV,
+    DFUSE_SYNC_REASON_COUNT,
 };
+use deferfuse_runtime::stats::CutReason;
 use deferfuse_runtime::{mode, Config, Error, Runtime, SyncReason};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,6 +39,11 @@ pub struct DfuseConfig {
     /// Compiled programs kept in memory (least recently used are dropped beyond this);
     /// 0 means the default.
     pub cache_capacity: u64,
+    /// Bytes of new buffers deferred ops may create before the stream runs them (bounds
+    /// memory held by deferred values); 0 means the default.
+    pub max_pending_bytes: u64,
+    /// Most ops the planner fuses into one loop region; 0 means the default.
+    pub max_ops_per_region: u64,
     /// A `DfuseBackend`; only `DFUSE_BACKEND_CPU` is available.
     pub backend: u32,
 }
@@ -102,6 +109,16 @@ pub(crate) fn config_from(c: &DfuseConfig) -> Result<Config> {
         mode,
         max_pending_ops: count(c.max_pending_ops, d.max_pending_ops, "cfg->max_pending_ops")?,
         cache_capacity: count(c.cache_capacity, d.cache_capacity, "cfg->cache_capacity")?,
+        max_pending_bytes: count(
+            c.max_pending_bytes,
+            d.max_pending_bytes,
+            "cfg->max_pending_bytes",
+        )?,
+        max_ops_per_region: count(
+            c.max_ops_per_region,
+            d.max_ops_per_region,
+            "cfg->max_ops_per_region",
+        )?,
     })
 }
 
@@ -118,6 +135,8 @@ pub unsafe extern "C" fn dfuse_config_default(out: *mut DfuseConfig) -> DfuseSta
             mode: DFUSE_MODE_FROM_ENV,
             max_pending_ops: d.max_pending_ops as u64,
             cache_capacity: d.cache_capacity as u64,
+            max_pending_bytes: d.max_pending_bytes as u64,
+            max_ops_per_region: d.max_ops_per_region as u64,
             backend: DfuseBackend::Cpu as u32,
         };
         // SAFETY: the caller's contract.
@@ -243,6 +262,7 @@ pub unsafe extern "C" fn dfuse_stats(rt: *const DfuseRuntime, out: *mut DfuseSta
     guard("dfuse_stats", || {
         let s = runtime(rt)?.stats();
         const _: () = assert!(SyncReason::COUNT == DFUSE_SYNC_REASON_COUNT);
+        const _: () = assert!(CutReason::COUNT == DFUSE_CUT_REASON_COUNT);
         let stats = DfuseStats {
             ops_recorded: s.ops_recorded,
             programs_compiled: s.programs_compiled,
@@ -252,6 +272,9 @@ pub unsafe extern "C" fn dfuse_stats(rt: *const DfuseRuntime, out: *mut DfuseSta
             cache_evictions: s.cache_evictions,
             compile_ns: s.compile_ns,
             bytes_allocated: s.bytes_allocated,
+            dead_nodes: s.dead_nodes,
+            unmaterialized: s.unmaterialized,
+            cuts: s.cuts,
             sync_points: s.sync_points,
         };
         // SAFETY: the caller's contract.
@@ -269,6 +292,8 @@ mod tests {
             mode,
             max_pending_ops: 0,
             cache_capacity: 7,
+            max_pending_bytes: 0,
+            max_ops_per_region: 0,
             backend,
         }
     }

@@ -16,7 +16,10 @@ pub const DFUSE_MODE_FROM_ENV: u32 = 0xFFFF_FFFF;
 pub const DFUSE_MAX_REDUCE_DIMS: usize = 8;
 
 /// How many entries `DfuseStats.sync_points` has (one per `DfuseSyncReason`).
-pub const DFUSE_SYNC_REASON_COUNT: usize = 6;
+pub const DFUSE_SYNC_REASON_COUNT: usize = 7;
+
+/// How many entries `DfuseStats.cuts` has (one per `DfuseCutReason`).
+pub const DFUSE_CUT_REASON_COUNT: usize = 5;
 
 /// Eager modes, passed as `uint32_t`. The mode is per thread: `dfuse_mode_set`/`push`/`pop`
 /// change the calling thread's mode only, and that mode applies to every runtime the thread
@@ -90,6 +93,24 @@ pub enum DfuseSyncReason {
     CrossStream = 4,
     /// A non-deferred op was issued while deferred ops were pending.
     ModeSwitch = 5,
+    /// Deferred ops created more bytes of buffers than `max_pending_bytes`.
+    MemoryBound = 6,
+}
+
+/// Why the planner ended a fused loop region; indexes `DfuseStats.cuts`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DfuseCutReason {
+    /// The next op is not a loop op (matmul, arange) and runs as its own program.
+    Unfusable = 0,
+    /// The next op iterates over another shape.
+    Shape = 1,
+    /// The next op reads or writes a buffer of the loop through another view.
+    Layout = 2,
+    /// A reduction ended the loop.
+    Reduction = 3,
+    /// The loop reached `max_ops_per_region`.
+    MaxOps = 4,
 }
 
 /// `DfuseScalar.kind`: which field of the scalar holds its value.
@@ -166,6 +187,12 @@ pub struct DfuseStats {
     pub compile_ns: u64,
     /// Bytes of buffers allocated so far.
     pub bytes_allocated: u64,
+    /// Deferred ops dropped because nothing could observe their result.
+    pub dead_nodes: u64,
+    /// Deferred values computed in registers and never written to memory.
+    pub unmaterialized: u64,
+    /// Planner cuts, indexed by `DfuseCutReason`.
+    pub cuts: [u64; DFUSE_CUT_REASON_COUNT],
     /// Sync points, indexed by `DfuseSyncReason`.
     pub sync_points: [u64; DFUSE_SYNC_REASON_COUNT],
 }
@@ -301,6 +328,7 @@ mod tests {
             (DfuseSyncReason::MaxPending, SyncReason::MaxPending),
             (DfuseSyncReason::CrossStream, SyncReason::CrossStream),
             (DfuseSyncReason::ModeSwitch, SyncReason::ModeSwitch),
+            (DfuseSyncReason::MemoryBound, SyncReason::MemoryBound),
         ];
         assert_eq!(reasons.len(), SyncReason::COUNT);
         assert_eq!(DFUSE_SYNC_REASON_COUNT, SyncReason::COUNT);

@@ -17,6 +17,9 @@ pub struct LoopBuilder {
     pub inputs: Vec<TensorRef>,
     pub params: Vec<DType>,
     pub scalars: Vec<u64>,
+    /// Values this loop has computed for a buffer view: a later read of that exact view uses
+    /// the value instead of loading (the fusing planner fills this).
+    pub forwards: Vec<(TensorRef, ValueIdx)>,
 }
 
 impl LoopBuilder {
@@ -49,6 +52,24 @@ impl LoopBuilder {
         self.push(InstrKind::Load(pos as u32), t.dtype)
     }
 
+    /// The value last computed for exactly this view, if any. f16/bf16 values are rounded as a
+    /// store and reload would round them, so fused results equal unfused ones bit for bit.
+    pub fn forwarded(&mut self, t: &TensorRef) -> Option<ValueIdx> {
+        let v = self
+            .forwards
+            .iter()
+            .rev()
+            .find(|(f, _)| f == t)
+            .map(|(_, v)| *v)?;
+        Some(match t.dtype {
+            DType::F16 | DType::BF16 => {
+                let wide = self.push(InstrKind::Cast(v), DType::F32);
+                self.push(InstrKind::Cast(wide), t.dtype)
+            }
+            _ => v,
+        })
+    }
+
     pub fn param(&mut self, bits: u64, dtype: DType) -> ValueIdx {
         self.params.push(dtype);
         self.scalars.push(bits);
@@ -75,7 +96,10 @@ impl LoopBuilder {
                     layout: t.layout.expand(sizes),
                     ..t.clone()
                 };
-                let v = self.load(&t);
+                let v = match self.forwarded(&t) {
+                    Some(v) => v,
+                    None => self.load(&t),
+                };
                 self.cast(v, to)
             }
             Operand::Scalar(s) => self.param(s.bits_for(to.compute()), to),
@@ -156,51 +180,68 @@ pub fn reduced_dims(dims: &[usize], rank: usize) -> Dims {
     r
 }
 
+/// Strides over the reduce input's dims of a reduction output (`keepdim` or not): kept dims
+/// take the output's strides, reduced dims 0.
+pub fn reduce_out_strides(out: &Layout, rank: usize, dims: &[usize], keepdim: bool) -> Strides {
+    let red = reduced_dims(dims, rank);
+    let mut j = 0;
+    (0..rank)
+        .map(|d| {
+            if red.contains(&d) {
+                if keepdim {
+                    j += 1;
+                }
+                0
+            } else {
+                j += 1;
+                out.strides[j - 1]
+            }
+        })
+        .collect()
+}
+
+/// The iteration space of a reduction over `dims` of `sizes`, for operands given by their
+/// strides over those dims: kept dims first, reduced dims last (merged into one when possible).
+pub fn reduce_space_for(sizes: &[usize], dims: &[usize], strides: &[Strides]) -> IterSpace {
+    let rank = sizes.len();
+    let red = reduced_dims(dims, rank);
+    let order: Vec<usize> = (0..rank)
+        .filter(|d| !red.contains(d))
+        .chain(red.iter().copied())
+        .collect();
+    let mut s: Dims = order.iter().map(|&d| sizes[d]).collect();
+    // A trailing unit dim makes a reduction over nothing (a 0-dim input) still one inner dim.
+    s.push(1);
+    let st: Vec<Strides> = strides
+        .iter()
+        .map(|x| {
+            let mut v: Strides = order.iter().map(|&d| x[d]).collect();
+            v.push(0);
+            v
+        })
+        .collect();
+    IterSpace::coalesce(&s, &st, red.len() + 1)
+}
+
 /// The iteration space of a reduction of `input` into `output` over `dims`.
 pub fn reduce_space(input: &Layout, output: &Layout, dims: &[usize], keepdim: bool) -> IterSpace {
-    let rank = input.rank();
-    let red = reduced_dims(dims, rank);
-    let kept: Dims = (0..rank).filter(|d| !red.contains(d)).collect();
-    let mut sizes: Dims = SmallVec::new();
-    let mut in_st: Strides = SmallVec::new();
-    let mut out_st: Strides = SmallVec::new();
-    for (j, &d) in kept.iter().enumerate() {
-        sizes.push(input.sizes[d]);
-        in_st.push(input.strides[d]);
-        out_st.push(output.strides[if keepdim { d } else { j }]);
-    }
-    for &d in &red {
-        sizes.push(input.sizes[d]);
-        in_st.push(input.strides[d]);
-        out_st.push(0);
-    }
-    // A trailing unit dim makes a reduction over nothing (a 0-dim input) still one inner dim.
-    sizes.push(1);
-    in_st.push(0);
-    out_st.push(0);
-    IterSpace::coalesce(&sizes, &[in_st, out_st], red.len() + 1)
+    let out = reduce_out_strides(output, input.rank(), dims, keepdim);
+    reduce_space_for(&input.sizes, dims, &[input.strides.clone(), out])
 }
 
 /// True when the reduced dims of `input` cannot be walked as one strided dim, so the runtime
 /// must first copy the input into a buffer with the reduced dims last.
 pub fn reduce_needs_copy(input: &Layout, dims: &[usize]) -> bool {
-    let out = Layout::contiguous(&[]);
-    let rank = input.rank();
-    let red = reduced_dims(dims, rank);
-    let kept = rank - red.len();
-    let fake_out = Layout {
-        sizes: SmallVec::from_elem(1, kept),
-        strides: SmallVec::from_elem(0, kept),
-        offset: out.offset,
-    };
-    reduce_space(input, &fake_out, dims, false).reduced > 1
+    let zero: Strides = SmallVec::from_elem(0, input.rank());
+    reduce_space_for(&input.sizes, dims, &[input.strides.clone(), zero]).reduced > 1
 }
 
-fn loop_step(
+/// Builds a loop step: `outputs` are element outputs; `reduce` adds the per-row result.
+pub fn loop_step(
     b: LoopBuilder,
     outputs: Vec<(ValueIdx, TensorRef)>,
+    reduce: Option<(ReduceOp, ValueIdx, TensorRef)>,
     iter: IterSpace,
-    reduce: Option<LoopReduce>,
     nodes: Vec<usize>,
 ) -> Step {
     let n_in = b.inputs.len();
@@ -222,10 +263,15 @@ fn loop_step(
             .enumerate()
             .map(|(i, (v, t))| (*v, operand(n_in + i, t)))
             .collect(),
-        reduce,
+        reduce: reduce.as_ref().map(|(op, v, t)| LoopReduce {
+            op: *op,
+            value: *v,
+            output: operand(n_in + outputs.len(), t),
+        }),
     };
     let mut operands = b.inputs;
     operands.extend(outputs.into_iter().map(|(_, t)| t));
+    operands.extend(reduce.map(|(_, _, t)| t));
     Step {
         region: Region::Loop(region),
         binding: Binding {
@@ -252,7 +298,15 @@ pub fn elementwise_step(
         .map(|t| t.layout.strides.clone())
         .collect();
     let iter = IterSpace::coalesce(&sizes, &strides, 0);
-    loop_step(b, outputs, iter, None, nodes)
+    loop_step(b, outputs, None, iter, nodes)
+}
+
+/// The dtype a reduction folds in: integer sums and products accumulate in int64.
+pub fn reduce_acc_dtype(op: ReduceOp, input: DType) -> DType {
+    match op {
+        ReduceOp::Sum | ReduceOp::Prod if !input.is_float() => DType::I64,
+        _ => input,
+    }
 }
 
 /// Lowers one recorded node to the steps that execute it.
@@ -268,23 +322,18 @@ pub fn lower_node(node: &Node, index: usize) -> Vec<Step> {
             let t = node.inputs[0].tensor().expect("reduce input is a tensor");
             let mut b = LoopBuilder::default();
             let v = b.load(t);
-            let acc = match op {
-                ReduceOp::Sum | ReduceOp::Prod if !t.dtype.is_float() => DType::I64,
-                _ => t.dtype,
-            };
-            let v = b.cast(v, acc);
+            let v = b.cast(v, reduce_acc_dtype(*op, t.dtype));
             let iter = reduce_space(&t.layout, &out.layout, dims, *keepdim);
             assert!(
                 iter.reduced <= 1,
                 "runtime must copy before a non-coalescing reduce"
             );
-            let reduce = Some(LoopReduce { op: *op, value: v });
-            let result = v; // the store converts the folded value to the output dtype
+            // The store converts the folded value to the output dtype.
             vec![loop_step(
                 b,
-                vec![(result, out.clone())],
+                vec![],
+                Some((*op, v, out.clone())),
                 iter,
-                reduce,
                 vec![index],
             )]
         }

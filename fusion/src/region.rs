@@ -38,22 +38,24 @@ pub struct LoopOperand {
     pub inner: StrideKind,
 }
 
-/// A reduction closing a loop: `value` is folded over the innermost dim with `op`.
+/// A reduction closing a loop: `value` is folded over the innermost dim with `op` and the
+/// result of each row is stored to `output` (the last operand of the binding).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LoopReduce {
     pub op: ReduceOp,
     pub value: ValueIdx,
+    pub output: LoopOperand,
 }
 
 /// An elementwise loop nest over one iteration space, optionally ending in a reduction over the
-/// innermost dim. Operands are inputs then outputs, in binding order.
+/// innermost dim. Operands are inputs, then element outputs, then the reduction's output.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LoopRegion {
     pub inputs: Vec<LoopOperand>,
     /// Compute dtype of each scalar parameter slot.
     pub params: Vec<DType>,
     pub body: Vec<Instr>,
-    /// Each output stores one body value (for a reduction: exactly one output, the result).
+    /// Element outputs: each stores one body value at every element.
     pub outputs: Vec<(ValueIdx, LoopOperand)>,
     pub reduce: Option<LoopReduce>,
 }
@@ -124,6 +126,16 @@ impl fmt::Display for LoopRegion {
         }
         for (i, (v, o)) in self.outputs.iter().enumerate() {
             writeln!(f, "  store out{i}:{}:{:?} <- v{v}", o.dtype, o.inner)?;
+        }
+        if let Some(r) = &self.reduce {
+            writeln!(
+                f,
+                "  store out{}:{} <- {}(v{}) per row",
+                self.outputs.len(),
+                r.output.dtype,
+                r.op.name(),
+                r.value
+            )?;
         }
         f.write_str("}")
     }

@@ -12,6 +12,11 @@ pub struct Config {
     pub mode: Option<Mode>,
     /// Deferred ops a stream may hold before it flushes by itself (bounds trace memory).
     pub max_pending_ops: usize,
+    /// Bytes of new buffers deferred ops may create before the stream flushes by itself
+    /// (bounds memory held by deferred values).
+    pub max_pending_bytes: usize,
+    /// Most ops the planner puts in one loop region.
+    pub max_ops_per_region: usize,
     /// Compiled programs kept in memory (least recently used are dropped beyond this).
     pub cache_capacity: usize,
 }
@@ -21,6 +26,8 @@ impl Default for Config {
         Config {
             mode: None,
             max_pending_ops: 4096,
+            max_pending_bytes: 1 << 30,
+            max_ops_per_region: 64,
             cache_capacity: 1024,
         }
     }

@@ -8,7 +8,8 @@ use crate::runtime::Runtime;
 use crate::stats::SyncReason;
 use crate::stream::Stream;
 use deferfuse_cache::fingerprint;
-use deferfuse_fusion::plan::plan;
+use deferfuse_fusion::lower::lower_node;
+use deferfuse_fusion::plan::{plan, PlanOptions};
 use deferfuse_fusion::{BufferId, Node, Step};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -23,15 +24,37 @@ impl Runtime {
         }
         let nodes = pending.trace.take();
         let buffers = std::mem::take(&mut pending.buffers);
+        pending.bytes = 0;
         self.counters.sync(reason);
+        // A buffer is live when something besides this flush holds it (a tensor handle).
+        let live = |b: BufferId| buffers.get(&b).is_none_or(|x| Arc::strong_count(x) > 1);
+        let opts = PlanOptions {
+            fuse: true,
+            max_ops_per_region: self.config.max_ops_per_region,
+        };
+        let p = plan(&nodes, &live, &opts);
         tracing::debug!(
             stream = stream.id,
             ops = nodes.len(),
+            steps = p.steps.len(),
+            dead = p.dead_nodes,
+            unmaterialized = p.unmaterialized,
             reason = reason.name(),
             "flush"
         );
-        let steps = plan(&nodes);
-        let result = self.launch_steps(stream, steps, &buffers, Mode::Defer);
+        for &(i, why) in &p.cut_log {
+            tracing::debug!(op = %nodes[i], reason = why.name(), "cut");
+        }
+        for (k, c) in p.cuts.iter().enumerate() {
+            self.counters.cuts[k].fetch_add(*c, Ordering::Relaxed);
+        }
+        self.counters
+            .dead_nodes
+            .fetch_add(p.dead_nodes as u64, Ordering::Relaxed);
+        self.counters
+            .unmaterialized
+            .fetch_add(p.unmaterialized as u64, Ordering::Relaxed);
+        let result = self.launch_steps(stream, p.steps, &buffers, Mode::Defer);
         for n in &nodes {
             if let Some(b) = buffers.get(&n.output.buffer) {
                 b.mark_flushed();
@@ -48,7 +71,7 @@ impl Runtime {
         buffers: HashMap<BufferId, Arc<Buffer>>,
         mode: Mode,
     ) -> Result<()> {
-        let steps = plan(std::slice::from_ref(&node));
+        let steps = lower_node(&node, 0);
         self.launch_steps(stream, steps, &buffers, mode)?;
         if mode == Mode::Debug {
             stream.synchronize()?;

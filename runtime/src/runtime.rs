@@ -343,10 +343,8 @@ impl Runtime {
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
         let c = self.cache.stats();
-        let mut sync_points = [0; SyncReason::COUNT];
-        for (i, s) in self.counters.sync_points.iter().enumerate() {
-            sync_points[i] = s.load(Ordering::Relaxed);
-        }
+        let sync_points =
+            std::array::from_fn(|k| self.counters.sync_points[k].load(Ordering::Relaxed));
         Stats {
             ops_recorded: self.counters.ops_recorded.load(Ordering::Relaxed),
             programs_compiled: c.compiles,
@@ -357,6 +355,9 @@ impl Runtime {
             compile_ns: c.compile_ns,
             sync_points,
             bytes_allocated: self.counters.bytes_allocated.load(Ordering::Relaxed),
+            cuts: std::array::from_fn(|k| self.counters.cuts[k].load(Ordering::Relaxed)),
+            dead_nodes: self.counters.dead_nodes.load(Ordering::Relaxed),
+            unmaterialized: self.counters.unmaterialized.load(Ordering::Relaxed),
         }
     }
 }

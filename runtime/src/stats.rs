@@ -1,5 +1,6 @@
 //! Counters the stats call reports: what was recorded, compiled and run, and why work ran.
 
+pub use deferfuse_fusion::plan::CutReason;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why pending work was flushed or waited for.
@@ -18,10 +19,12 @@ pub enum SyncReason {
     CrossStream = 4,
     /// A non-deferred op was issued while deferred ops were pending.
     ModeSwitch = 5,
+    /// Deferred ops created more bytes of buffers than `Config::max_pending_bytes`.
+    MemoryBound = 6,
 }
 
 impl SyncReason {
-    pub const COUNT: usize = 6;
+    pub const COUNT: usize = 7;
 
     pub fn name(self) -> &'static str {
         match self {
@@ -31,6 +34,7 @@ impl SyncReason {
             SyncReason::MaxPending => "max_pending",
             SyncReason::CrossStream => "cross_stream",
             SyncReason::ModeSwitch => "mode_switch",
+            SyncReason::MemoryBound => "memory_bound",
         }
     }
 }
@@ -48,6 +52,12 @@ pub struct Stats {
     /// Flushes of a non-empty trace plus waits, indexed by `SyncReason as usize`.
     pub sync_points: [u64; SyncReason::COUNT],
     pub bytes_allocated: u64,
+    /// Loop regions cut by the planner, indexed by `CutReason as usize`.
+    pub cuts: [u64; CutReason::COUNT],
+    /// Deferred ops dropped because nothing could observe their result.
+    pub dead_nodes: u64,
+    /// Deferred values computed in registers and never written to memory.
+    pub unmaterialized: u64,
 }
 
 /// The live counters.
@@ -57,6 +67,9 @@ pub struct Counters {
     pub programs_run: AtomicU64,
     pub sync_points: [AtomicU64; SyncReason::COUNT],
     pub bytes_allocated: AtomicU64,
+    pub cuts: [AtomicU64; CutReason::COUNT],
+    pub dead_nodes: AtomicU64,
+    pub unmaterialized: AtomicU64,
 }
 
 impl Counters {

@@ -74,6 +74,8 @@ impl Progress {
 pub struct Pending {
     pub trace: Trace,
     pub buffers: HashMap<BufferId, Arc<Buffer>>,
+    /// Bytes of the buffers deferred ops create (bounded by `Config::max_pending_bytes`).
+    pub bytes: usize,
 }
 
 /// One stream: its pending trace, its queue and its worker.

@@ -6,17 +6,25 @@ use deferfuse_runtime::backend::cpu::erf64;
 use deferfuse_runtime::{Config, Input, Mode, Runtime};
 
 fn run(op: UnaryOp, xs: &[f32]) -> Vec<f32> {
-    let rt = Runtime::new(Config { mode: Some(Mode::Strict), ..Default::default() }).unwrap();
+    let rt = Runtime::new(Config {
+        mode: Some(Mode::Strict),
+        ..Default::default()
+    })
+    .unwrap();
     let bytes: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
     let x = rt.from_host(&bytes, DType::F32, &[xs.len()]).unwrap();
     let y = rt.op(0, Op::Unary(op), &[Input::Tensor(x)], None).unwrap();
     let mut out = vec![0u8; bytes.len()];
     rt.to_host(y, &mut out).unwrap();
-    out.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    out.chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 fn sweep(lo: f32, hi: f32, n: usize) -> Vec<f32> {
-    (0..n).map(|i| lo + (hi - lo) * i as f32 / (n - 1) as f32).collect()
+    (0..n)
+        .map(|i| lo + (hi - lo) * i as f32 / (n - 1) as f32)
+        .collect()
 }
 
 /// Largest error in units of `scale(x, exact)`.

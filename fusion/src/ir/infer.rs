@@ -414,8 +414,11 @@ fn infer_reduce(
     for &d in dims {
         let w = wrap_dim(name, d as i64, sizes.len())?;
         if seen.contains(&w) {
-            return Err(OpError::new(name, "dim", "each dim at most once", format!("{dims:?}"))
-                .hint(format!("dim {w} appears multiple times in the list of dims")));
+            return Err(
+                OpError::new(name, "dim", "each dim at most once", format!("{dims:?}")).hint(
+                    format!("dim {w} appears multiple times in the list of dims"),
+                ),
+            );
         }
         seen.push(w);
     }
@@ -665,7 +668,11 @@ mod tests {
 
     #[test]
     fn repeated_reduce_dim_is_rejected() {
-        let op = Op::Reduce { op: ReduceOp::Sum, dims: smallvec![1, 1], keepdim: false };
+        let op = Op::Reduce {
+            op: ReduceOp::Sum,
+            dims: smallvec![1, 1],
+            keepdim: false,
+        };
         assert!(infer(&op, &[t(DType::F32, &[2, 3])]).is_err());
     }
 

@@ -168,6 +168,20 @@ impl Kernel<'_> {
         }
     }
 
+    /// Stores every element output at element `i`.
+    fn store_elements(&self, e: &mut Emitter, i: Value, vals: &[(V, DType)]) {
+        let n_in = self.region.inputs.len();
+        for (j, (v, _)) in self.region.outputs.iter().enumerate() {
+            let (val, vd) = &vals[*v as usize];
+            self.store(e, n_in + j, i, val, *vd);
+        }
+    }
+
+    /// Operand index of the reduction's per-row output.
+    fn reduce_out(&self) -> usize {
+        self.region.inputs.len() + self.region.outputs.len()
+    }
+
     /// Emits the body at element `i`; returns every value with its dtype.
     fn body(&self, e: &mut Emitter, i: Value) -> Vec<(V, DType)> {
         let mut vals: Vec<(V, DType)> = Vec::with_capacity(self.region.body.len());
@@ -258,6 +272,7 @@ pub fn build(region: &LoopRegion, b: &mut FunctionBuilder, module: &mut JITModul
         .iter()
         .copied()
         .chain(region.outputs.iter().map(|(_, o)| *o))
+        .chain(region.reduce.iter().map(|r| r.output))
         .collect();
     let bases: Vec<(Value, Value, Value)> = (0..descs.len())
         .map(|j| {
@@ -317,7 +332,6 @@ pub fn build(region: &LoopRegion, b: &mut FunctionBuilder, module: &mut JITModul
 
 /// Main loop of 4 elements, then a tail of 1, storing every output.
 fn elementwise_rows(k: &Kernel, e: &mut Emitter, n: Value, done: Block) {
-    let n_in = k.region.inputs.len();
     let vhead = e.b.create_block();
     let i = e.b.append_block_param(vhead, I64);
     let vbody = e.b.create_block();
@@ -343,10 +357,7 @@ fn elementwise_rows(k: &Kernel, e: &mut Emitter, n: Value, done: Block) {
         e.b.switch_to_block(body);
         e.width = width;
         let vals = k.body(e, idx);
-        for (j, (v, _)) in k.region.outputs.iter().enumerate() {
-            let (val, vd) = &vals[*v as usize];
-            k.store(e, n_in + j, idx, val, *vd);
-        }
+        k.store_elements(e, idx, &vals);
         e.b.ins().jump(head, &[BlockArg::Value(end)]);
     }
 }
@@ -398,7 +409,7 @@ fn init(e: &mut Emitter, op: ReduceOp, d: DType) -> V {
 /// combined pairwise and the tail folds into the result.
 fn reduce_rows(k: &Kernel, e: &mut Emitter, n: Value, done: Block, op: ReduceOp, value: u32) {
     let d = k.region.body[value as usize].dtype;
-    let out_j = k.region.inputs.len();
+    let out_j = k.reduce_out();
     e.width = 4;
     let acc0 = init(e, op, d);
     let vhead = e.b.create_block();
@@ -418,6 +429,7 @@ fn reduce_rows(k: &Kernel, e: &mut Emitter, n: Value, done: Block, op: ReduceOp,
 
     e.b.switch_to_block(vbody);
     let vals = k.body(e, i);
+    k.store_elements(e, i, &vals);
     let next = fold(e, op, &acc, &vals[value as usize].0, d);
     let mut a = vec![BlockArg::Value(end)];
     a.extend(block_args(&flatten(&next)));
@@ -446,6 +458,7 @@ fn reduce_rows(k: &Kernel, e: &mut Emitter, n: Value, done: Block, op: ReduceOp,
 
     e.b.switch_to_block(tbody);
     let vals = k.body(e, ti);
+    k.store_elements(e, ti, &vals);
     let next = fold(e, op, &tacc, &vals[value as usize].0, d);
     let ti1 = e.b.ins().iadd_imm_s(ti, 1);
     let mut a = vec![BlockArg::Value(ti1)];
@@ -469,10 +482,11 @@ fn reduce_rows(k: &Kernel, e: &mut Emitter, n: Value, done: Block, op: ReduceOp,
 /// extreme (PyTorch's rule).
 fn arg_reduce_rows(k: &Kernel, e: &mut Emitter, n: Value, done: Block, op: ReduceOp, value: u32) {
     let d = k.region.body[value as usize].dtype;
-    let out_j = k.region.inputs.len();
+    let out_j = k.reduce_out();
     e.width = 1;
     let zero = e.b.ins().iconst(I64, 0);
     let first = k.body(e, zero);
+    k.store_elements(e, zero, &first);
     let best0 = e.lanes(&first[value as usize].0)[0];
     let ty = lane_ty(d);
     let head = e.b.create_block();
@@ -490,6 +504,7 @@ fn arg_reduce_rows(k: &Kernel, e: &mut Emitter, n: Value, done: Block, op: Reduc
 
     e.b.switch_to_block(body);
     let vals = k.body(e, i);
+    k.store_elements(e, i, &vals);
     let v = e.lanes(&vals[value as usize].0)[0];
     let take = if d.is_float() {
         let cc = if op == ReduceOp::Argmax {
