@@ -292,12 +292,21 @@ impl Runtime {
                 stream: s.id,
                 done: None,
             });
+            if !p.buffers.contains_key(&out.id) && !out.is_allocated() {
+                p.bytes += out.len;
+            }
             p.trace.push(node);
             p.buffers.extend(buffers);
-            let full = p.trace.len() >= self.config.max_pending_ops;
+            let reason = if p.trace.len() >= self.config.max_pending_ops {
+                Some(SyncReason::MaxPending)
+            } else if p.bytes > self.config.max_pending_bytes {
+                Some(SyncReason::MemoryBound)
+            } else {
+                None
+            };
             drop(p);
-            if full {
-                self.flush(s, SyncReason::MaxPending)?;
+            if let Some(r) = reason {
+                self.flush(s, r)?;
             }
             return Ok(());
         }

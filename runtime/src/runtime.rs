@@ -57,14 +57,15 @@ impl Runtime {
         let tag = HandleTable::<()>::new_tag();
         let streams = HandleTable::new("stream", tag);
         let default_stream = streams.insert(Arc::new(Stream::new(0)?));
+        let dump_dir = std::env::var_os("DEFERFUSE_DUMP_DIR").map(PathBuf::from);
         Ok(Runtime {
-            backend: Box::new(CpuBackend::new()?),
+            backend: Box::new(CpuBackend::new(dump_dir.is_some())?),
             cache: ProgramCache::new(config.cache_capacity),
             tensors: HandleTable::new("tensor", tag),
             streams,
             events: HandleTable::new("event", tag),
             counters: Counters::default(),
-            dump_dir: std::env::var_os("DEFERFUSE_DUMP_DIR").map(PathBuf::from),
+            dump_dir,
             config,
             default_mode,
             default_stream,

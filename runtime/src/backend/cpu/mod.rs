@@ -30,12 +30,15 @@ type KernelFn = unsafe extern "C" fn(*const *mut u8, *const i64, *const u64, i64
 pub struct CpuBackend {
     isa: OwnedTargetIsa,
     identity: String,
+    /// Keep each program's Cranelift IR for dumps (`DEFERFUSE_DUMP_DIR`).
+    keep_listing: bool,
     /// Reused across compiles to avoid reallocating the builder's tables.
     builder_ctx: Mutex<cranelift_frontend::FunctionBuilderContext>,
 }
 
 impl CpuBackend {
-    pub fn new() -> Result<CpuBackend> {
+    /// A backend for the host CPU; `keep_listing` keeps each program's IR for dumps.
+    pub fn new(keep_listing: bool) -> Result<CpuBackend> {
         let mut flags = settings::builder();
         let set = |f: &mut settings::Builder, k: &str, v: &str| {
             f.set(k, v)
@@ -69,6 +72,7 @@ impl CpuBackend {
         Ok(CpuBackend {
             isa,
             identity,
+            keep_listing,
             builder_ctx: Mutex::new(codegen::new_builder_context()),
         })
     }
@@ -92,7 +96,7 @@ impl CpuBackend {
             codegen::build(region, &mut b, &mut module);
             b.finalize(self.isa.frontend_config());
         }
-        let listing = if std::env::var_os("DEFERFUSE_DUMP_DIR").is_some() {
+        let listing = if self.keep_listing {
             ctx.func.display().to_string()
         } else {
             String::new()

@@ -1,0 +1,390 @@
+//! The DeferAndFuse planner and program cache, specified by their observable effects: results
+//! equal strict mode bit for bit (no reassociation happens in these graphs), and the stats show
+//! what was fused, dropped, cut and compiled.
+
+use deferfuse::fusion::plan::CutReason;
+use deferfuse::*;
+use std::sync::Arc;
+
+fn rt(mode: Mode) -> Runtime {
+    Runtime::new(Config {
+        mode: Some(mode),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+        })
+        .collect()
+}
+
+fn read(rt: &Runtime, h: Handle) -> Vec<u32> {
+    let n: usize = rt.sizes(h).unwrap().iter().product();
+    let mut b = vec![0u8; n * 4];
+    rt.to_host(h, &mut b).unwrap();
+    b.chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn t(h: Handle) -> Input {
+    Input::Tensor(h)
+}
+fn s(v: f64) -> Input {
+    Input::Scalar(Scalar::Float(v))
+}
+fn bin(rt: &Runtime, b: BinaryOp, x: Input, y: Input) -> Handle {
+    rt.op(0, Op::Binary(b), &[x, y], None).unwrap()
+}
+
+/// chain10 of shared/notes/workloads.md; intermediates released as PyTorch would.
+fn chain10(rt: &Runtime, a: Handle, b: Handle, c: Handle) -> Handle {
+    let mut tmp = vec![];
+    let mut k = |h: Handle| {
+        tmp.push(h);
+        h
+    };
+    let x = k(bin(rt, BinaryOp::Mul, t(a), t(b)));
+    let x = k(bin(rt, BinaryOp::Add, t(x), t(c)));
+    let x = k(bin(rt, BinaryOp::Mul, t(x), s(0.5)));
+    let x = k(bin(rt, BinaryOp::Sub, t(x), t(a)));
+    let y = k(rt.op(0, Op::Unary(UnaryOp::Abs), &[t(b)], None).unwrap());
+    let y = k(bin(rt, BinaryOp::Add, t(y), s(1.0)));
+    let x = k(bin(rt, BinaryOp::Div, t(x), t(y)));
+    let x = k(bin(rt, BinaryOp::Maximum, t(x), s(0.0)));
+    let x = k(bin(rt, BinaryOp::Mul, t(x), t(c)));
+    let z = k(bin(rt, BinaryOp::Mul, t(a), t(a)));
+    let out = bin(rt, BinaryOp::Add, t(x), t(z));
+    for h in tmp {
+        rt.release(h).unwrap();
+    }
+    out
+}
+
+fn chain10_result(mode: Mode, n: usize) -> (Vec<u32>, Stats) {
+    let r = rt(mode);
+    let a = r.from_host(&f32s(&data(n, 1)), DType::F32, &[n]).unwrap();
+    let b = r.from_host(&f32s(&data(n, 2)), DType::F32, &[n]).unwrap();
+    let c = r.from_host(&f32s(&data(n, 3)), DType::F32, &[n]).unwrap();
+    let before = r.stats();
+    let out = chain10(&r, a, b, c);
+    let v = read(&r, out);
+    let mut st = r.stats();
+    st.programs_run -= before.programs_run;
+    st.bytes_allocated -= before.bytes_allocated;
+    (v, st)
+}
+
+#[test]
+fn elementwise_chain_runs_as_one_program_and_equals_strict() {
+    let (strict, ss) = chain10_result(Mode::Strict, 1003);
+    let (defer, ds) = chain10_result(Mode::Defer, 1003);
+    assert_eq!(strict, defer, "defer must equal strict bit for bit");
+    assert_eq!(ss.programs_run, 11);
+    assert_eq!(ds.programs_run, 1);
+}
+
+#[test]
+fn released_intermediates_are_never_materialized() {
+    let (_, ds) = chain10_result(Mode::Defer, 1000);
+    // Only the output buffer is allocated; the 10 intermediates live in registers.
+    assert_eq!(ds.bytes_allocated, 1000 * 4);
+    assert_eq!(ds.unmaterialized, 10);
+}
+
+#[test]
+fn ops_nobody_can_observe_are_dropped() {
+    let r = rt(Mode::Defer);
+    let x = r.from_host(&f32s(&[1.0; 8]), DType::F32, &[8]).unwrap();
+    let y = r.op(0, Op::Unary(UnaryOp::Exp), &[t(x)], None).unwrap();
+    r.release(y).unwrap();
+    r.synchronize(0).unwrap();
+    let st = r.stats();
+    assert_eq!((st.dead_nodes, st.programs_run), (1, 0));
+}
+
+#[test]
+fn reduction_absorbs_its_elementwise_producers() {
+    let r = rt(Mode::Defer);
+    let x = r
+        .from_host(&f32s(&data(64, 4)), DType::F32, &[4, 16])
+        .unwrap();
+    let sq = bin(&r, BinaryOp::Mul, t(x), t(x));
+    let sum = r
+        .op(
+            0,
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                dims: [1usize].into_iter().collect(),
+                keepdim: false,
+            },
+            &[t(sq)],
+            None,
+        )
+        .unwrap();
+    r.release(sq).unwrap();
+    let got = read(&r, sum);
+    assert_eq!(r.stats().programs_run, 1);
+    let s2 = rt(Mode::Strict);
+    let x2 = s2
+        .from_host(&f32s(&data(64, 4)), DType::F32, &[4, 16])
+        .unwrap();
+    let sq2 = bin(&s2, BinaryOp::Mul, t(x2), t(x2));
+    let sum2 = s2
+        .op(
+            0,
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                dims: [1usize].into_iter().collect(),
+                keepdim: false,
+            },
+            &[t(sq2)],
+            None,
+        )
+        .unwrap();
+    assert_eq!(got, read(&s2, sum2));
+}
+
+fn softmax(r: &Runtime, x: Handle) -> Handle {
+    let red = |op| Op::Reduce {
+        op,
+        dims: [1usize].into_iter().collect(),
+        keepdim: true,
+    };
+    let m = r.op(0, red(ReduceOp::Amax), &[t(x)], None).unwrap();
+    let d = bin(r, BinaryOp::Sub, t(x), t(m));
+    let e = r.op(0, Op::Unary(UnaryOp::Exp), &[t(d)], None).unwrap();
+    let sm = r.op(0, red(ReduceOp::Sum), &[t(e)], None).unwrap();
+    let y = bin(r, BinaryOp::Div, t(e), t(sm));
+    for h in [m, d, e, sm] {
+        r.release(h).unwrap();
+    }
+    y
+}
+
+#[test]
+fn softmax_runs_in_three_passes_and_equals_strict() {
+    let mut results = vec![];
+    for mode in [Mode::Strict, Mode::Defer] {
+        let r = rt(mode);
+        let x = r
+            .from_host(&f32s(&data(37 * 70, 5)), DType::F32, &[37, 70])
+            .unwrap();
+        let y = softmax(&r, x);
+        results.push((read(&r, y), r.stats().programs_run));
+    }
+    assert_eq!(results[0].0, results[1].0);
+    assert_eq!((results[0].1, results[1].1), (5, 3));
+}
+
+/// One AdamW-style update, written with in-place ops as an optimizer does.
+fn adamw_step(r: &Runtime, p: Handle, g: Handle, m: Handle, v: Handle, lr: f64) {
+    let inplace = |b, x: Input, y: Input, out: Handle| {
+        r.op(0, Op::Binary(b), &[x, y], Some(out)).unwrap();
+    };
+    inplace(BinaryOp::Mul, t(p), s(1.0 - lr * 0.01), p);
+    inplace(BinaryOp::Mul, t(m), s(0.9), m);
+    let g1 = bin(r, BinaryOp::Mul, t(g), s(0.1));
+    inplace(BinaryOp::Add, t(m), t(g1), m);
+    inplace(BinaryOp::Mul, t(v), s(0.999), v);
+    let g2 = bin(r, BinaryOp::Mul, t(g), t(g));
+    let g2s = bin(r, BinaryOp::Mul, t(g2), s(0.001));
+    inplace(BinaryOp::Add, t(v), t(g2s), v);
+    let den = r.op(0, Op::Unary(UnaryOp::Sqrt), &[t(v)], None).unwrap();
+    let den2 = bin(r, BinaryOp::Add, t(den), s(1e-8));
+    let upd = bin(r, BinaryOp::Div, t(m), t(den2));
+    let upd2 = bin(r, BinaryOp::Mul, t(upd), s(lr));
+    inplace(BinaryOp::Sub, t(p), t(upd2), p);
+    for h in [g1, g2, g2s, den, den2, upd, upd2] {
+        r.release(h).unwrap();
+    }
+}
+
+#[test]
+fn in_place_optimizer_update_fuses_and_equals_strict() {
+    let mut out = vec![];
+    for mode in [Mode::Strict, Mode::Defer] {
+        let r = rt(mode);
+        let mk = |seed| {
+            r.from_host(&f32s(&data(301, seed)), DType::F32, &[301])
+                .unwrap()
+        };
+        let (p, g, m, v) = (mk(6), mk(7), mk(8), mk(9));
+        let v0 = r.op(0, Op::Unary(UnaryOp::Abs), &[t(v)], None).unwrap();
+        for step in 0..3 {
+            adamw_step(&r, p, g, m, v0, 1e-3 * (step + 1) as f64);
+        }
+        let before = r.stats().programs_run;
+        adamw_step(&r, p, g, m, v0, 1e-3);
+        let res = (read(&r, p), read(&r, m), read(&r, v0));
+        out.push((res, r.stats().programs_run - before));
+    }
+    assert_eq!(out[0].0, out[1].0, "defer must equal strict bit for bit");
+    assert_eq!(out[1].1, 1, "one AdamW step is one fused program");
+}
+
+#[test]
+fn changing_scalars_and_batch_sizes_compile_nothing_after_the_first_iteration() {
+    let r = rt(Mode::Defer);
+    let w = r
+        .from_host(&f32s(&data(16, 10)), DType::F32, &[16])
+        .unwrap();
+    let mut compiled_after_first = None;
+    for (i, batch) in [8usize, 13, 64, 1000, 3, 77].into_iter().enumerate() {
+        let x = r
+            .from_host(&f32s(&data(batch * 16, i as u32)), DType::F32, &[batch, 16])
+            .unwrap();
+        let y = bin(&r, BinaryOp::Mul, t(x), t(w));
+        let y2 = bin(&r, BinaryOp::Add, t(y), s(0.1 * i as f64));
+        let act = r.op(0, Op::Unary(UnaryOp::Tanh), &[t(y2)], None).unwrap();
+        let loss = r
+            .op(
+                0,
+                Op::Reduce {
+                    op: ReduceOp::Mean,
+                    dims: Default::default(),
+                    keepdim: false,
+                },
+                &[t(act)],
+                None,
+            )
+            .unwrap();
+        read(&r, loss);
+        for h in [x, y, y2, act, loss] {
+            r.release(h).unwrap();
+        }
+        let c = r.stats().programs_compiled;
+        match compiled_after_first {
+            None => compiled_after_first = Some(c),
+            Some(c0) => assert_eq!(
+                c, c0,
+                "iteration {i} (batch {batch}) compiled a new program"
+            ),
+        }
+    }
+}
+
+#[test]
+fn loop_carried_chain_does_not_grow() {
+    let r = rt(Mode::Defer);
+    let mut x = r.from_host(&f32s(&[0.0; 4]), DType::F32, &[4]).unwrap();
+    let mut runs = vec![];
+    for _ in 0..20 {
+        let before = r.stats();
+        let y = bin(&r, BinaryOp::Mul, t(x), s(0.5));
+        let z = bin(&r, BinaryOp::Add, t(y), s(1.0));
+        r.release(y).unwrap();
+        r.release(x).unwrap();
+        x = z;
+        read(&r, x);
+        let after = r.stats();
+        runs.push((
+            after.programs_run - before.programs_run,
+            after.ops_recorded - before.ops_recorded,
+        ));
+    }
+    // Each iteration records 2 ops and runs 1 program: executed values are inputs, never
+    // recomputed.
+    assert!(runs.iter().all(|&r| r == (1, 2)), "{runs:?}");
+    let v = f32::from_bits(read(&r, x)[0]);
+    assert!((v - 2.0).abs() < 1e-4, "x converges to 2, got {v}");
+}
+
+#[test]
+fn max_ops_per_region_cuts_long_chains() {
+    let r = Runtime::new(Config {
+        mode: Some(Mode::Defer),
+        max_ops_per_region: 4,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut x = r.from_host(&f32s(&[1.0; 8]), DType::F32, &[8]).unwrap();
+    for _ in 0..10 {
+        let y = bin(&r, BinaryOp::Add, t(x), s(1.0));
+        r.release(x).unwrap();
+        x = y;
+    }
+    assert_eq!(
+        read(&r, x)
+            .iter()
+            .map(|&b| f32::from_bits(b))
+            .collect::<Vec<_>>(),
+        vec![11.0; 8]
+    );
+    let st = r.stats();
+    assert_eq!(st.cuts[CutReason::MaxOps as usize], 2);
+    assert_eq!(st.programs_run, 3);
+}
+
+#[test]
+fn memory_bound_forces_a_flush() {
+    let r = Runtime::new(Config {
+        mode: Some(Mode::Defer),
+        max_pending_bytes: 1000,
+        ..Default::default()
+    })
+    .unwrap();
+    let x = r.from_host(&f32s(&[1.0; 128]), DType::F32, &[128]).unwrap();
+    let mut keep = vec![];
+    for _ in 0..3 {
+        keep.push(bin(&r, BinaryOp::Add, t(x), s(1.0)));
+    }
+    let st = r.stats();
+    assert_eq!(st.sync_points[SyncReason::MemoryBound as usize], 1);
+    assert_eq!(r.state(keep[0]).unwrap() == BufferState::Deferred, false);
+}
+
+#[test]
+fn two_threads_missing_the_same_program_compile_it_once() {
+    let r = Arc::new(rt(Mode::Strict));
+    let x = r.from_host(&f32s(&[1.0; 8]), DType::F32, &[8]).unwrap();
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                let y = r.op(0, Op::Unary(UnaryOp::Sin), &[t(x)], None).unwrap();
+                r.synchronize(0).unwrap();
+                y
+            })
+        })
+        .collect();
+    for th in threads {
+        th.join().unwrap();
+    }
+    assert_eq!(r.stats().programs_compiled, 1);
+}
+
+#[test]
+fn dump_dir_gets_region_text_and_graphviz() {
+    let dir = std::env::temp_dir().join(format!("deferfuse-dump-{}", std::process::id()));
+    std::env::set_var("DEFERFUSE_DUMP_DIR", &dir);
+    let r = rt(Mode::Defer);
+    std::env::remove_var("DEFERFUSE_DUMP_DIR");
+    let x = r.from_host(&f32s(&[1.0; 8]), DType::F32, &[8]).unwrap();
+    let y = bin(&r, BinaryOp::Mul, t(x), s(3.0));
+    read(&r, y);
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    let txt = names
+        .iter()
+        .find(|n| n.ends_with(".txt"))
+        .expect("a .txt dump");
+    assert!(names.iter().any(|n| n.ends_with(".dot")));
+    let body = std::fs::read_to_string(dir.join(txt)).unwrap();
+    assert!(body.contains("mul") && body.contains("function"), "{body}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
