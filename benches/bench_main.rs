@@ -21,7 +21,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn runtime(mode: Mode) -> Runtime {
-    Runtime::new(Config { mode: Some(mode), ..Default::default() }).expect("runtime")
+    Runtime::new(Config {
+        mode: Some(mode),
+        ..Default::default()
+    })
+    .expect("runtime")
 }
 
 /// Median milliseconds of one iteration, after one warm-up (which compiles).
@@ -39,7 +43,11 @@ fn time(rt: &Runtime, w: &Workload, reps: usize) -> f64 {
 }
 
 fn emit(args: &Args, w: &Workload, mode: &str, ms: f64, ratio: Option<f64>) {
-    let gbps = if w.bytes > 0 { w.bytes as f64 / (ms * 1e-3) / 1e9 } else { 0.0 };
+    let gbps = if w.bytes > 0 {
+        w.bytes as f64 / (ms * 1e-3) / 1e9
+    } else {
+        0.0
+    };
     if args.json {
         println!(
             "{{\"workload\":\"{}\",\"mode\":\"{mode}\",\"backend\":\"cpu\",\"size\":\"{}\",\"threads\":1,\"median_ms\":{ms:.4},\"gbps\":{gbps:.3}}}",
@@ -47,21 +55,42 @@ fn emit(args: &Args, w: &Workload, mode: &str, ms: f64, ratio: Option<f64>) {
         );
     } else {
         let r = ratio.map(|r| format!("{r:.2}x")).unwrap_or_default();
-        let g = if w.bytes > 0 { format!("{gbps:.2}") } else { "-".into() };
-        println!("{:<10} {:<12} {:<7} {:>10.3} {:>8} {:>14}", w.name, w.size_label, mode, ms, g, r);
+        let g = if w.bytes > 0 {
+            format!("{gbps:.2}")
+        } else {
+            "-".into()
+        };
+        println!(
+            "{:<10} {:<12} {:<7} {:>10.3} {:>8} {:>14}",
+            w.name, w.size_label, mode, ms, g, r
+        );
     }
 }
 
 /// Nanoseconds to record one op in defer mode (nothing runs while recording).
 fn record_ns_per_op() -> f64 {
-    let rt = Runtime::new(Config { mode: Some(Mode::Defer), max_pending_ops: 1 << 20, ..Default::default() }).expect("rt");
-    let x = rt.from_host(&workloads::data(8, 1), DType::F32, &[8]).expect("x");
+    let rt = Runtime::new(Config {
+        mode: Some(Mode::Defer),
+        max_pending_ops: 1 << 20,
+        ..Default::default()
+    })
+    .expect("rt");
+    let x = rt
+        .from_host(&workloads::data(8, 1), DType::F32, &[8])
+        .expect("x");
     let n = 100_000;
     let mut hs = Vec::with_capacity(n);
     let t = Instant::now();
     let mut cur = x;
     for _ in 0..n {
-        cur = rt.op(0, Op::Binary(BinaryOp::Add), &[Input::Tensor(cur), Input::Scalar(Scalar::Float(1.0))], None).expect("op");
+        cur = rt
+            .op(
+                0,
+                Op::Binary(BinaryOp::Add),
+                &[Input::Tensor(cur), Input::Scalar(Scalar::Float(1.0))],
+                None,
+            )
+            .expect("op");
         hs.push(cur);
     }
     let ns = t.elapsed().as_nanos() as f64 / n as f64;
@@ -69,11 +98,53 @@ fn record_ns_per_op() -> f64 {
     ns
 }
 
+/// Microseconds for a flush of 10 recorded ops whose fused program is cached, and run of it
+/// on 8 elements (record time excluded by subtracting a record-only measurement).
+fn flush_hit_us(record_ns: f64) -> f64 {
+    let rt = runtime(Mode::Defer);
+    let mut x = rt
+        .from_host(&workloads::data(8, 1), DType::F32, &[8])
+        .expect("x");
+    let iter = |x: &mut deferfuse::Handle| {
+        for _ in 0..10 {
+            let y = rt
+                .op(
+                    0,
+                    Op::Binary(BinaryOp::Add),
+                    &[Input::Tensor(*x), Input::Scalar(Scalar::Float(1.0))],
+                    None,
+                )
+                .expect("op");
+            rt.release(*x).expect("release");
+            *x = y;
+        }
+        rt.synchronize(0).expect("sync");
+    };
+    iter(&mut x);
+    let times: Vec<f64> = (0..2000)
+        .map(|_| {
+            let t = Instant::now();
+            iter(&mut x);
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    median(times) - 10.0 * record_ns / 1e3
+}
+
 /// Milliseconds to compile one single-op program (a fresh runtime, first add).
 fn single_op_compile_ms() -> f64 {
     let rt = runtime(Mode::Strict);
-    let x = rt.from_host(&workloads::data(8, 1), DType::F32, &[8]).expect("x");
-    let y = rt.op(0, Op::Binary(BinaryOp::Add), &[Input::Tensor(x), Input::Tensor(x)], None).expect("op");
+    let x = rt
+        .from_host(&workloads::data(8, 1), DType::F32, &[8])
+        .expect("x");
+    let y = rt
+        .op(
+            0,
+            Op::Binary(BinaryOp::Add),
+            &[Input::Tensor(x), Input::Tensor(x)],
+            None,
+        )
+        .expect("op");
     rt.synchronize(0).expect("sync");
     let _ = y;
     let s = rt.stats();
@@ -86,16 +157,26 @@ fn main() {
         json: argv.iter().any(|a| a == "--json"),
         quick: argv.iter().any(|a| a == "--quick"),
     };
-    if let Some(bad) = argv.iter().find(|a| !matches!(a.as_str(), "--json" | "--quick")) {
+    if let Some(bad) = argv
+        .iter()
+        .find(|a| !matches!(a.as_str(), "--json" | "--quick"))
+    {
         eprintln!("unknown argument {bad:?}; usage: deferfuse-bench [--json] [--quick]");
         std::process::exit(2);
     }
     let strict = runtime(Mode::Strict);
     let defer = runtime(Mode::Defer);
-    let (elem_sizes, rows): (Vec<usize>, usize) = if args.quick { (vec![1 << 16, 1 << 20], 512) } else { (vec![1 << 16, 1 << 20, 1 << 24], 4096) };
+    let (elem_sizes, rows): (Vec<usize>, usize) = if args.quick {
+        (vec![1 << 16, 1 << 20], 512)
+    } else {
+        (vec![1 << 16, 1 << 20, 1 << 24], 4096)
+    };
     if !args.json {
         println!("deferfuse-bench: CPU backend (Cranelift), 1 thread, medians of one run");
-        println!("{:<10} {:<12} {:<7} {:>10} {:>8} {:>14}", "workload", "size", "mode", "median ms", "GB/s", "defer/strict");
+        println!(
+            "{:<10} {:<12} {:<7} {:>10} {:>8} {:>14}",
+            "workload", "size", "mode", "median ms", "GB/s", "defer/strict"
+        );
     }
     type Make = fn(&Runtime, usize) -> Workload;
     let mut cases: Vec<(Make, usize)> = Vec::new();
@@ -107,9 +188,16 @@ fn main() {
     }
     cases.push((|rt, r| Workload::softmax(rt, r, 1024), rows));
     cases.push((|rt, r| Workload::layernorm(rt, r, 1024), rows));
+    cases.push((|rt, _| Workload::adamw(rt), 0));
     cases.push((|rt, _| Workload::tiny(rt), 0));
     for (make, n) in cases {
-        let reps = if n >= 1 << 24 { 3 } else if args.quick { 5 } else { 9 };
+        let reps = if n >= 1 << 24 {
+            3
+        } else if args.quick {
+            5
+        } else {
+            9
+        };
         let ws = make(&strict, n);
         let wd = make(&defer, n);
         let ms_s = time(&strict, &ws, reps);
@@ -120,11 +208,14 @@ fn main() {
     }
     let rec = record_ns_per_op();
     let comp = single_op_compile_ms();
+    let flush = flush_hit_us(rec);
     if args.json {
         println!("{{\"workload\":\"record\",\"mode\":\"defer\",\"backend\":\"cpu\",\"size\":\"8\",\"threads\":1,\"ns_per_op\":{rec:.1}}}");
         println!("{{\"workload\":\"compile_single_op\",\"mode\":\"strict\",\"backend\":\"cpu\",\"size\":\"8\",\"threads\":1,\"median_ms\":{comp:.4}}}");
+        println!("{{\"workload\":\"flush_cache_hit_10_ops\",\"mode\":\"defer\",\"backend\":\"cpu\",\"size\":\"8\",\"threads\":1,\"median_ms\":{:.5}}}", flush / 1e3);
     } else {
         println!("record cost per op (defer, Rust API): {rec:.0} ns");
         println!("compile time of a single-op program: {comp:.3} ms");
+        println!("flush + run of a cached 10-op fused program (8 elements): {flush:.1} us");
     }
 }

@@ -9,15 +9,29 @@ use deferfuse::{BinaryOp, Config, DType, Input, Mode, Op, Runtime, Scalar};
 use workloads::Workload;
 
 fn rt(mode: Mode) -> Runtime {
-    Runtime::new(Config { mode: Some(mode), max_pending_ops: 1 << 20, ..Default::default() }).expect("runtime")
+    Runtime::new(Config {
+        mode: Some(mode),
+        max_pending_ops: 1 << 20,
+        ..Default::default()
+    })
+    .expect("runtime")
 }
 
 fn record(c: &mut Criterion) {
     let rt = rt(Mode::Defer);
-    let x = rt.from_host(&workloads::data(8, 1), DType::F32, &[8]).expect("x");
+    let x = rt
+        .from_host(&workloads::data(8, 1), DType::F32, &[8])
+        .expect("x");
     c.bench_function("record_op_defer", |b| {
         b.iter(|| {
-            let h = rt.op(0, Op::Binary(BinaryOp::Add), &[Input::Tensor(x), Input::Scalar(Scalar::Float(1.0))], None).expect("op");
+            let h = rt
+                .op(
+                    0,
+                    Op::Binary(BinaryOp::Add),
+                    &[Input::Tensor(x), Input::Scalar(Scalar::Float(1.0))],
+                    None,
+                )
+                .expect("op");
             rt.release(h).expect("release");
         })
     });
@@ -28,8 +42,17 @@ fn compile(c: &mut Criterion) {
     c.bench_function("compile_single_op", |b| {
         b.iter(|| {
             let rt = rt(Mode::Strict);
-            let x = rt.from_host(&workloads::data(8, 1), DType::F32, &[8]).expect("x");
-            let y = rt.op(0, Op::Binary(BinaryOp::Add), &[Input::Tensor(x), Input::Tensor(x)], None).expect("op");
+            let x = rt
+                .from_host(&workloads::data(8, 1), DType::F32, &[8])
+                .expect("x");
+            let y = rt
+                .op(
+                    0,
+                    Op::Binary(BinaryOp::Add),
+                    &[Input::Tensor(x), Input::Tensor(x)],
+                    None,
+                )
+                .expect("op");
             rt.synchronize(0).expect("sync");
             y
         })

@@ -19,6 +19,7 @@ enum Kind {
     Gelu,
     Softmax,
     LayerNorm,
+    AdamW,
     Tiny,
 }
 
@@ -44,31 +45,89 @@ pub fn data(n: usize, seed: u64) -> Vec<u8> {
 
 fn input(rt: &Runtime, sizes: &[usize], seed: u64) -> Handle {
     let n = sizes.iter().product();
-    rt.from_host(&data(n, seed), DType::F32, sizes).expect("input")
+    rt.from_host(&data(n, seed), DType::F32, sizes)
+        .expect("input")
 }
 
 impl Workload {
     pub fn chain10(rt: &Runtime, n: usize) -> Workload {
         let inputs = (0..3).map(|i| input(rt, &[n], i)).collect();
-        Workload { name: "chain10", size_label: label(n), bytes: 4 * n * 4, inputs, kind: Kind::Chain10 }
+        Workload {
+            name: "chain10",
+            size_label: label(n),
+            bytes: 4 * n * 4,
+            inputs,
+            kind: Kind::Chain10,
+        }
     }
 
     pub fn gelu(rt: &Runtime, n: usize) -> Workload {
-        Workload { name: "gelu", size_label: label(n), bytes: 2 * n * 4, inputs: vec![input(rt, &[n], 7)], kind: Kind::Gelu }
+        Workload {
+            name: "gelu",
+            size_label: label(n),
+            bytes: 2 * n * 4,
+            inputs: vec![input(rt, &[n], 7)],
+            kind: Kind::Gelu,
+        }
     }
 
     pub fn softmax(rt: &Runtime, rows: usize, cols: usize) -> Workload {
         let inputs = vec![input(rt, &[rows, cols], 3)];
-        Workload { name: "softmax", size_label: format!("{rows}x{cols}"), bytes: 2 * rows * cols * 4, inputs, kind: Kind::Softmax }
+        Workload {
+            name: "softmax",
+            size_label: format!("{rows}x{cols}"),
+            bytes: 2 * rows * cols * 4,
+            inputs,
+            kind: Kind::Softmax,
+        }
     }
 
     pub fn layernorm(rt: &Runtime, rows: usize, cols: usize) -> Workload {
-        let inputs = vec![input(rt, &[rows, cols], 4), input(rt, &[cols], 5), input(rt, &[cols], 6)];
-        Workload { name: "layernorm", size_label: format!("{rows}x{cols}"), bytes: 2 * rows * cols * 4, inputs, kind: Kind::LayerNorm }
+        let inputs = vec![
+            input(rt, &[rows, cols], 4),
+            input(rt, &[cols], 5),
+            input(rt, &[cols], 6),
+        ];
+        Workload {
+            name: "layernorm",
+            size_label: format!("{rows}x{cols}"),
+            bytes: 2 * rows * cols * 4,
+            inputs,
+            kind: Kind::LayerNorm,
+        }
+    }
+
+    /// One AdamW step over 100 parameters of 2^8..2^17 elements (10 of each): p, g, m, v each.
+    pub fn adamw(rt: &Runtime) -> Workload {
+        let mut inputs = Vec::new();
+        let mut elems = 0;
+        for k in 8..18 {
+            for j in 0..10 {
+                let n = 1usize << k;
+                elems += n;
+                for part in 0..4 {
+                    inputs.push(input(rt, &[n], (k * 100 + j * 4 + part) as u64));
+                }
+            }
+        }
+        // One pass reads p, g, m, v and writes p, m, v.
+        Workload {
+            name: "adamw",
+            size_label: "100 params".into(),
+            bytes: elems * 4 * 7,
+            inputs,
+            kind: Kind::AdamW,
+        }
     }
 
     pub fn tiny(rt: &Runtime) -> Workload {
-        Workload { name: "tiny", size_label: "1000 ops x 8".into(), bytes: 0, inputs: vec![input(rt, &[8], 9)], kind: Kind::Tiny }
+        Workload {
+            name: "tiny",
+            size_label: "1000 ops x 8".into(),
+            bytes: 0,
+            inputs: vec![input(rt, &[8], 9)],
+            kind: Kind::Tiny,
+        }
     }
 
     /// Records one iteration and returns its output handle (the caller reads or releases it).
@@ -82,7 +141,11 @@ impl Workload {
         };
         let bin = |b| Op::Binary(b);
         let un = |u| Op::Unary(u);
-        let red = |r, keep| Op::Reduce { op: r, dims: [1usize].into_iter().collect(), keepdim: keep };
+        let red = |r, keep| Op::Reduce {
+            op: r,
+            dims: [1usize].into_iter().collect(),
+            keepdim: keep,
+        };
         let out = match self.kind {
             Kind::Chain10 => {
                 let (a, b, c) = (self.inputs[0], self.inputs[1], self.inputs[2]);
@@ -131,6 +194,33 @@ impl Workload {
                 let y = op(bin(BinaryOp::Mul), &[t(d), t(r)]);
                 let y = op(bin(BinaryOp::Mul), &[t(y), t(w)]);
                 op(bin(BinaryOp::Add), &[t(y), t(b)])
+            }
+            Kind::AdamW => {
+                let (lr, b1, b2, eps, wd) = (1e-3, 0.9, 0.999, 1e-8, 0.01);
+                let inplace = |b, x: Input, y: Input, out: Handle| {
+                    rt.op(0, Op::Binary(b), &[x, y], Some(out))
+                        .expect("in-place op");
+                };
+                let mut last = 0;
+                for q in self.inputs.chunks(4) {
+                    let (p, g, m, v) = (q[0], q[1], q[2], q[3]);
+                    inplace(BinaryOp::Mul, t(p), f(1.0 - lr * wd), p);
+                    inplace(BinaryOp::Mul, t(m), f(b1), m);
+                    let g1 = op(bin(BinaryOp::Mul), &[t(g), f(1.0 - b1)]);
+                    inplace(BinaryOp::Add, t(m), t(g1), m);
+                    inplace(BinaryOp::Mul, t(v), f(b2), v);
+                    let g2 = op(bin(BinaryOp::Mul), &[t(g), t(g)]);
+                    let g2 = op(bin(BinaryOp::Mul), &[t(g2), f(1.0 - b2)]);
+                    inplace(BinaryOp::Add, t(v), t(g2), v);
+                    let d = op(un(UnaryOp::Sqrt), &[t(v)]);
+                    let d = op(bin(BinaryOp::Add), &[t(d), f(eps)]);
+                    let u = op(bin(BinaryOp::Div), &[t(m), t(d)]);
+                    let u = op(bin(BinaryOp::Mul), &[t(u), f(lr)]);
+                    inplace(BinaryOp::Sub, t(p), t(u), p);
+                    last = p;
+                }
+                rt.retain(last).expect("retain");
+                last
             }
             Kind::Tiny => {
                 let mut x = self.inputs[0];
