@@ -100,6 +100,10 @@ impl Runtime {
             }
         };
         self.snapshot_overlapping_inputs(&s, &mut operands, &output, &mut buffers)?;
+        let out_buffer = buffers
+            .get(&output.buffer)
+            .cloned()
+            .expect("output buffer is tracked");
         match &op {
             Op::Cat { dim } => self.record_cat(&s, *dim, &operands, &output, &buffers)?,
             Op::Reduce {
@@ -130,17 +134,14 @@ impl Runtime {
                     output: output.clone(),
                     compute: inf.compute,
                 },
-                buffers.clone(),
+                buffers,
             )?,
         }
         if result != 0 {
             return Ok(result);
         }
-        let buffer = buffers
-            .remove(&output.buffer)
-            .expect("output buffer is tracked");
         Ok(self.tensors.insert(Tensor {
-            buffer,
+            buffer: out_buffer,
             layout: output.layout,
             dtype: output.dtype,
         }))
