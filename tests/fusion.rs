@@ -388,3 +388,56 @@ fn dump_dir_gets_region_text_and_graphviz() {
     assert!(body.contains("mul") && body.contains("function"), "{body}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn layernorm(r: &Runtime, x: Handle, w: Handle, b: Handle) -> Handle {
+    let mean = |h| {
+        r.op(
+            0,
+            Op::Reduce {
+                op: ReduceOp::Mean,
+                dims: [1usize].into_iter().collect(),
+                keepdim: true,
+            },
+            &[t(h)],
+            None,
+        )
+        .unwrap()
+    };
+    let mu = mean(x);
+    let d = bin(r, BinaryOp::Sub, t(x), t(mu));
+    let d2 = bin(r, BinaryOp::Mul, t(d), t(d));
+    let var = mean(d2);
+    let ve = bin(r, BinaryOp::Add, t(var), s(1e-5));
+    let rs = r.op(0, Op::Unary(UnaryOp::Rsqrt), &[t(ve)], None).unwrap();
+    let y = bin(r, BinaryOp::Mul, t(d), t(rs));
+    let yw = bin(r, BinaryOp::Mul, t(y), t(w));
+    let out = bin(r, BinaryOp::Add, t(yw), t(b));
+    for h in [mu, d, d2, var, ve, rs, y, yw] {
+        r.release(h).unwrap();
+    }
+    out
+}
+
+#[test]
+fn layernorm_runs_in_four_programs_and_equals_strict() {
+    let mut results = vec![];
+    for mode in [Mode::Strict, Mode::Defer] {
+        let r = rt(mode);
+        let x = r
+            .from_host(&f32s(&data(33 * 64, 11)), DType::F32, &[33, 64])
+            .unwrap();
+        let w = r
+            .from_host(&f32s(&data(64, 12)), DType::F32, &[64])
+            .unwrap();
+        let b = r
+            .from_host(&f32s(&data(64, 13)), DType::F32, &[64])
+            .unwrap();
+        let before = r.stats().programs_run;
+        let y = layernorm(&r, x, w, b);
+        results.push((read(&r, y), r.stats().programs_run - before));
+    }
+    assert_eq!(results[0].0, results[1].0);
+    // Strict: 9 programs. Defer: mean | sub+square+mean (stores x-mean) | add+rsqrt (per row) |
+    // normalize+scale+shift.
+    assert_eq!((results[0].1, results[1].1), (9, 4));
+}
