@@ -102,6 +102,8 @@ impl LoopBuilder {
                 };
                 self.cast(v, to)
             }
+            // A scalar becomes a bool by truthiness (0.5 -> true), like torch.full(.., dtype=bool).
+            Operand::Scalar(s) if to == DType::Bool => self.param((s.as_f64() != 0.0) as u64, to),
             Operand::Scalar(s) => self.param(s.bits_for(to.compute()), to),
             Operand::Absent => unreachable!("absent operands are filtered by the caller"),
         }

@@ -191,7 +191,9 @@ impl Kernel<'_> {
                 InstrKind::Load(n) => self.load(e, *n as usize, i),
                 InstrKind::Param(p) => {
                     let x = self.params[*p as usize];
-                    e.broadcast(x, ins.dtype)
+                    // u8 scalars wrap, like a store would; bools arrive as 0/1 already.
+                    let v = e.broadcast(x, ins.dtype);
+                    e.normalize(v, ins.dtype)
                 }
                 InstrKind::Unary(u, a) => {
                     let (a, ad) = get(*a);
@@ -412,31 +414,62 @@ fn reduce_rows(k: &Kernel, e: &mut Emitter, n: Value, done: Block, op: ReduceOp,
     let out_j = k.reduce_out();
     e.width = 4;
     let acc0 = init(e, op, d);
-    let vhead = e.b.create_block();
-    let i = e.b.append_block_param(vhead, I64);
-    let acc = params_like(e.b, vhead, &acc0);
-    let vbody = e.b.create_block();
+    // Main loop: 8 elements, two independent 4-lane accumulators (hides the fold's latency).
+    let v8head = e.b.create_block();
+    let i = e.b.append_block_param(v8head, I64);
+    let acc_a = params_like(e.b, v8head, &acc0);
+    let acc_b = params_like(e.b, v8head, &acc0);
+    let v8body = e.b.create_block();
+    let v4check = e.b.create_block();
+    let i4 = e.b.append_block_param(v4check, I64);
+    let a4 = params_like(e.b, v4check, &acc0);
+    let b4 = params_like(e.b, v4check, &acc0);
+    let v4body = e.b.create_block();
     let hsum = e.b.create_block();
+    let hi = e.b.append_block_param(hsum, I64);
+    let ha = params_like(e.b, hsum, &acc0);
+    let hb = params_like(e.b, hsum, &acc0);
+    let args = |i: Value, x: &V, y: &V| {
+        let mut a = vec![BlockArg::Value(i)];
+        a.extend(block_args(&flatten(x)));
+        a.extend(block_args(&flatten(y)));
+        a
+    };
     let zero = e.b.ins().iconst(I64, 0);
-    let mut a = vec![BlockArg::Value(zero)];
-    a.extend(block_args(&flatten(&acc0)));
-    e.b.ins().jump(vhead, &a);
+    e.b.ins().jump(v8head, &args(zero, &acc0, &acc0));
 
-    e.b.switch_to_block(vhead);
-    let end = e.b.ins().iadd_imm_s(i, 4);
-    let fits = e.b.ins().icmp(IntCC::SignedLessThanOrEqual, end, n);
-    e.b.ins().brif(fits, vbody, &[], hsum, &[]);
+    e.b.switch_to_block(v8head);
+    let end8 = e.b.ins().iadd_imm_s(i, 8);
+    let fits = e.b.ins().icmp(IntCC::SignedLessThanOrEqual, end8, n);
+    e.b.ins()
+        .brif(fits, v8body, &[], v4check, &args(i, &acc_a, &acc_b));
 
-    e.b.switch_to_block(vbody);
+    e.b.switch_to_block(v8body);
     let vals = k.body(e, i);
     k.store_elements(e, i, &vals);
-    let next = fold(e, op, &acc, &vals[value as usize].0, d);
-    let mut a = vec![BlockArg::Value(end)];
-    a.extend(block_args(&flatten(&next)));
-    e.b.ins().jump(vhead, &a);
+    let na = fold(e, op, &acc_a, &vals[value as usize].0, d);
+    let j = e.b.ins().iadd_imm_s(i, 4);
+    let vals = k.body(e, j);
+    k.store_elements(e, j, &vals);
+    let nb = fold(e, op, &acc_b, &vals[value as usize].0, d);
+    e.b.ins().jump(v8head, &args(end8, &na, &nb));
 
-    // Combine the 4 lanes: (l0 + l1) + (l2 + l3), computed with width-1 values.
+    // At most one more chunk of 4.
+    e.b.switch_to_block(v4check);
+    let end4 = e.b.ins().iadd_imm_s(i4, 4);
+    let fits = e.b.ins().icmp(IntCC::SignedLessThanOrEqual, end4, n);
+    e.b.ins().brif(fits, v4body, &[], hsum, &args(i4, &a4, &b4));
+
+    e.b.switch_to_block(v4body);
+    let vals = k.body(e, i4);
+    k.store_elements(e, i4, &vals);
+    let na = fold(e, op, &a4, &vals[value as usize].0, d);
+    e.b.ins().jump(hsum, &args(end4, &na, &b4));
+
+    // Combine the accumulators, then the 4 lanes: (l0 + l1) + (l2 + l3), as width-1 values.
     e.b.switch_to_block(hsum);
+    let acc = fold(e, op, &ha, &hb, d);
+    let i = hi;
     let lanes = e.lanes(&acc);
     e.width = 1;
     let l: Vec<V> = lanes.iter().map(|&x| e.broadcast(x, d)).collect();

@@ -79,14 +79,20 @@ impl VMath<'_, '_> {
         let one = self.splat(1.0);
         let y = self.b.ins().fma(p, r2, r);
         let y = self.b.ins().fadd(y, one);
-        // 2^n: (n + 127) << 23 in the exponent field.
-        let ni = self.b.ins().fcvt_to_sint_sat(I32X4, n);
+        // 2^n: (n + 127) << 23 in the exponent field. n reaches 128 just below the overflow
+        // bound, which has no exponent field: use 2^127 and double the result instead.
+        let max_n = self.splat(127.0);
+        let n1 = self.b.ins().fmin(n, max_n);
+        let ni = self.b.ins().fcvt_to_sint_sat(I32X4, n1);
         let bias = self.b.ins().iconst(cranelift_codegen::ir::types::I32, 127);
         let bias = self.b.ins().splat(I32X4, bias);
         let e = self.b.ins().iadd(ni, bias);
         let e = self.b.ins().ishl_imm_s(e, 23);
         let pow2 = self.as_f(e);
         let y = self.b.ins().fmul(y, pow2);
+        let big_n = self.b.ins().fcmp(FloatCC::GreaterThan, n, max_n);
+        let y2 = self.b.ins().fadd(y, y);
+        let y = self.select(big_n, y2, y);
         let over = self.b.ins().fcmp(FloatCC::GreaterThan, x, hi);
         let inf = self.splat(f32::INFINITY);
         let y = self.select(over, inf, y);
@@ -285,7 +291,15 @@ impl VMath<'_, '_> {
         let hi = self.b.ins().splat(I32X4, hi);
         let r = self.b.ins().band(r, hi);
         let r = self.as_f(r);
+        // A NaN stays a NaN: set the quiet bit, which survives dropping the low 16 bits.
+        let quiet = self
+            .b
+            .ins()
+            .iconst(cranelift_codegen::ir::types::I32, 0x0040_0000);
+        let quiet = self.b.ins().splat(I32X4, quiet);
+        let q = self.b.ins().bor(bits, quiet);
+        let q = self.as_f(q);
         let is_nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
-        self.select(is_nan, x, r)
+        self.select(is_nan, q, r)
     }
 }
