@@ -39,7 +39,7 @@
 /**
  * How many entries `DfuseStats.cuts` has (one per `DfuseCutReason`).
  */
-#define DFUSE_CUT_REASON_COUNT 5
+#define DFUSE_CUT_REASON_COUNT 6
 
 /**
  * What every `dfuse_*` call returns (except `dfuse_last_error` and `dfuse_version`).

@@ -121,7 +121,13 @@ impl LoopBuilder {
 /// Emits the body of one elementwise node and returns the value it produces (in the node's
 /// output dtype).
 pub fn emit_elementwise(b: &mut LoopBuilder, node: &Node) -> ValueIdx {
-    let sizes = node.output.layout.sizes.clone();
+    emit_elementwise_over(b, node, &node.output.layout.sizes.clone())
+}
+
+/// Like [`emit_elementwise`], iterating over `sizes` (the node's shape or a shape it broadcasts
+/// to, e.g. a per-row op inside a row kernel).
+pub fn emit_elementwise_over(b: &mut LoopBuilder, node: &Node, sizes: &[usize]) -> ValueIdx {
+    let sizes: Dims = sizes.into();
     let c = node.compute;
     let v = match &node.op {
         Op::Unary(u) => {
@@ -238,11 +244,15 @@ pub fn reduce_needs_copy(input: &Layout, dims: &[usize]) -> bool {
     reduce_space_for(&input.sizes, dims, &[input.strides.clone(), zero]).reduced > 1
 }
 
-/// Builds a loop step: `outputs` are element outputs; `reduce` adds the per-row result.
+/// A reduction of a loop step: its op, the folded value, and where its per-row result goes
+/// (`None` when nothing needs it in memory).
+pub type StepReduce = (ReduceOp, ValueIdx, Option<TensorRef>);
+
+/// Builds a loop step: `outputs` are element outputs; `reduces` are the row kernel's phases.
 pub fn loop_step(
     b: LoopBuilder,
     outputs: Vec<(ValueIdx, TensorRef)>,
-    reduce: Option<(ReduceOp, ValueIdx, TensorRef)>,
+    reduces: Vec<StepReduce>,
     iter: IterSpace,
     nodes: Vec<usize>,
 ) -> Step {
@@ -251,6 +261,7 @@ pub fn loop_step(
         dtype: t.dtype,
         inner: iter.inner_kind(i),
     };
+    let mut next = n_in + outputs.len();
     let region = LoopRegion {
         inputs: b
             .inputs
@@ -265,15 +276,21 @@ pub fn loop_step(
             .enumerate()
             .map(|(i, (v, t))| (*v, operand(n_in + i, t)))
             .collect(),
-        reduce: reduce.as_ref().map(|(op, v, t)| LoopReduce {
-            op: *op,
-            value: *v,
-            output: operand(n_in + outputs.len(), t),
-        }),
+        reduces: reduces
+            .iter()
+            .map(|(op, v, t)| LoopReduce {
+                op: *op,
+                value: *v,
+                output: t.as_ref().map(|t| {
+                    next += 1;
+                    operand(next - 1, t)
+                }),
+            })
+            .collect(),
     };
     let mut operands = b.inputs;
     operands.extend(outputs.into_iter().map(|(_, t)| t));
-    operands.extend(reduce.map(|(_, _, t)| t));
+    operands.extend(reduces.into_iter().filter_map(|(_, _, t)| t));
     Step {
         region: Region::Loop(region),
         binding: Binding {
@@ -300,7 +317,7 @@ pub fn elementwise_step(
         .map(|t| t.layout.strides.clone())
         .collect();
     let iter = IterSpace::coalesce(&sizes, &strides, 0);
-    loop_step(b, outputs, None, iter, nodes)
+    loop_step(b, outputs, vec![], iter, nodes)
 }
 
 /// The dtype a reduction folds in: integer sums and products accumulate in int64.
@@ -334,7 +351,7 @@ pub fn lower_node(node: &Node, index: usize) -> Vec<Step> {
             vec![loop_step(
                 b,
                 vec![],
-                Some((*op, v, out.clone())),
+                vec![(*op, v, Some(out.clone()))],
                 iter,
                 vec![index],
             )]

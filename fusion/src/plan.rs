@@ -2,16 +2,18 @@
 //!
 //! Greedy and linear in the trace: nodes nobody can observe are dropped; consecutive elementwise
 //! nodes over one iteration shape become one loop region, reading each other's values from
-//! registers; a reduction closes the loop it ends (its elementwise producers run inside it).
-//! A value is written to memory only if a live handle, a later step or an in-place write needs
-//! it. Every cut has a reason, counted in [`Plan::cuts`].
+//! registers. A reduction turns its loop into a row kernel: later reductions over the same dims
+//! and elementwise consumers of the results (over the rows, or per row) join it as further
+//! sweeps over each row, so softmax and layernorm read their input from memory once. A value is
+//! written to memory only if a live handle, a later step or an in-place write needs it. Every cut
+//! has a reason, counted in [`Plan::cuts`].
 
-use crate::ir::{Dims, Layout, Op, Strides};
+use crate::ir::{BinaryOp, Dims, Layout, Op, ReduceOp, Strides, UnaryOp};
 use crate::lower::{
-    elementwise_step, emit_elementwise, loop_step, lower_node, reduce_acc_dtype,
-    reduce_out_strides, reduce_space_for, LoopBuilder,
+    elementwise_step, emit_elementwise_over, loop_step, lower_node, reduce_acc_dtype,
+    reduce_out_strides, reduce_space_for, reduced_dims, LoopBuilder, StepReduce,
 };
-use crate::region::{Step, ValueIdx};
+use crate::region::{InstrKind, Step, ValueIdx};
 use crate::trace::{BufferId, Node, TensorRef};
 use std::collections::{HashMap, HashSet};
 
@@ -21,18 +23,21 @@ use std::collections::{HashMap, HashSet};
 pub enum CutReason {
     /// The next op is not a loop op (matmul, arange): it runs as its own step.
     Unfusable = 0,
-    /// The next op iterates over another shape.
+    /// The next op iterates over another shape (or reduces over other dims).
     Shape = 1,
     /// The next op reads or writes a buffer of this loop through another view.
     Layout = 2,
-    /// A reduction ended the loop (its consumers start the next one).
+    /// A reduction could not join the loop before it.
     Reduction = 3,
     /// The loop reached the configured maximum of ops per region.
     MaxOps = 4,
+    /// Joining would recompute a transcendental in a later sweep of a row kernel; the value
+    /// is stored once instead (softmax's exp).
+    Recompute = 5,
 }
 
 impl CutReason {
-    pub const COUNT: usize = 5;
+    pub const COUNT: usize = 6;
 
     pub fn name(self) -> &'static str {
         match self {
@@ -41,6 +46,7 @@ impl CutReason {
             CutReason::Layout => "layout",
             CutReason::Reduction => "reduction",
             CutReason::MaxOps => "max_ops",
+            CutReason::Recompute => "recompute",
         }
     }
 }
@@ -77,16 +83,42 @@ pub struct Plan {
     pub cut_log: Vec<(usize, CutReason)>,
 }
 
+/// A reduction inside a row kernel.
+struct GroupReduce {
+    op: ReduceOp,
+    value: ValueIdx,
+    output: TensorRef,
+    node: usize,
+    /// The output's strides over the loop's dims (0 along reduced dims).
+    strides: Strides,
+}
+
 /// A loop region being built.
 struct Group {
     b: LoopBuilder,
+    /// The iteration shape: the elementwise shape, or the reduced input's shape.
     sizes: Dims,
-    /// Values written to buffer views, in order: (view, value, node index).
+    /// Values written to buffer views (as seen over `sizes`), in order: (view, value, node).
     written: Vec<(TensorRef, ValueIdx, usize)>,
-    /// Views of buffers this loop loads.
+    /// Views (over `sizes`) of buffers this loop loads.
     reads: HashMap<BufferId, Vec<Layout>>,
     nodes: Vec<usize>,
     ops: usize,
+    /// Once a reduction joined: the reduced dims, shared by every reduction of the loop.
+    red_dims: Option<Dims>,
+    reduces: Vec<GroupReduce>,
+    /// Body length when the last reduction joined: values before it are recomputed by later
+    /// sweeps.
+    phase_start: usize,
+}
+
+/// `sizes` with the reduced dims set to 1: the shape of a keepdim reduction's result.
+fn row_shape(sizes: &[usize], red: &[usize]) -> Dims {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(d, &s)| if red.contains(&d) { 1 } else { s })
+        .collect()
 }
 
 impl Group {
@@ -98,45 +130,123 @@ impl Group {
             reads: HashMap::new(),
             nodes: Vec::new(),
             ops: 0,
+            red_dims: None,
+            reduces: Vec::new(),
+            phase_start: 0,
         }
     }
 
-    /// Why `node` cannot join, if it cannot.
-    fn conflict(&self, node: &Node, sizes: &[usize], max_ops: usize) -> Option<CutReason> {
-        if self.sizes.as_slice() != sizes {
-            return Some(CutReason::Shape);
+    /// True when reading `v` in the current sweep would recompute a transcendental (or another
+    /// costly op) that an earlier sweep already computed.
+    fn costly_to_recompute(&self, v: ValueIdx) -> bool {
+        if self.reduces.is_empty() || v as usize >= self.phase_start {
+            return false;
         }
+        let mut stack = vec![v];
+        let mut seen = HashSet::new();
+        while let Some(x) = stack.pop() {
+            if !seen.insert(x) {
+                continue;
+            }
+            match &self.b.body[x as usize].kind {
+                InstrKind::Unary(u, a) => {
+                    if !matches!(
+                        u,
+                        UnaryOp::Neg
+                            | UnaryOp::Abs
+                            | UnaryOp::Relu
+                            | UnaryOp::Floor
+                            | UnaryOp::Ceil
+                            | UnaryOp::Round
+                            | UnaryOp::Sign
+                            | UnaryOp::LogicalNot
+                            | UnaryOp::IsNan
+                    ) {
+                        return true;
+                    }
+                    stack.push(*a);
+                }
+                InstrKind::Binary(b, a, c) => {
+                    if matches!(b, BinaryOp::Pow | BinaryOp::Remainder | BinaryOp::Div) {
+                        return true;
+                    }
+                    stack.extend([*a, *c]);
+                }
+                InstrKind::Where(c, a, b) => stack.extend([*c, *a, *b]),
+                InstrKind::Cast(a) => stack.push(*a),
+                InstrKind::Load(_) | InstrKind::Param(_) | InstrKind::Reduced(_) => {}
+            }
+        }
+        false
+    }
+
+    /// Would `node` recompute a costly value of an earlier sweep?
+    fn recomputes(&self, node: &Node) -> bool {
+        node.inputs.iter().filter_map(|o| o.tensor()).any(|t| {
+            let view = t.layout.expand(&self.sizes);
+            self.b
+                .forwards
+                .iter()
+                .rev()
+                .find(|(f, _)| f.buffer == t.buffer && f.layout == view)
+                .is_some_and(|&(_, v)| self.costly_to_recompute(v))
+        })
+    }
+
+    /// How an elementwise node of shape `out` iterates in this loop, if it can.
+    fn fits_shape(&self, out: &[usize]) -> bool {
+        out == self.sizes.as_slice()
+            || self
+                .red_dims
+                .as_ref()
+                .is_some_and(|r| out == row_shape(&self.sizes, r).as_slice())
+    }
+
+    /// Why `node` (iterating over this loop's shape) cannot join, if it cannot.
+    fn conflict(&self, node: &Node, max_ops: usize) -> Option<CutReason> {
         if self.ops >= max_ops {
             return Some(CutReason::MaxOps);
         }
+        if self.recomputes(node) {
+            return Some(CutReason::Recompute);
+        }
         for t in node.inputs.iter().filter_map(|o| o.tensor()) {
-            let view = t.layout.expand(sizes);
-            let written: Vec<&TensorRef> = self
+            let view = t.layout.expand(&self.sizes);
+            let written = self
                 .written
                 .iter()
                 .map(|(w, _, _)| w)
-                .filter(|w| w.buffer == t.buffer)
-                .collect();
-            if !written.is_empty()
-                && !written
+                .filter(|w| w.buffer == t.buffer);
+            let reduced = self
+                .reduces
+                .iter()
+                .map(|r| &r.output)
+                .filter(|o| o.buffer == t.buffer);
+            let mut writes = written.chain(reduced).peekable();
+            if writes.peek().is_some()
+                && !self
+                    .b
+                    .forwards
                     .iter()
-                    .any(|w| w.layout == view && w.dtype == t.dtype)
+                    .any(|(f, _)| f.buffer == t.buffer && f.layout == view && f.dtype == t.dtype)
             {
                 return Some(CutReason::Layout);
             }
         }
-        let out = &node.output;
+        let out = node.output.layout.expand(&self.sizes);
+        let b = node.output.buffer;
         if self
             .reads
-            .get(&out.buffer)
-            .is_some_and(|ls| ls.iter().any(|l| *l != out.layout))
+            .get(&b)
+            .is_some_and(|ls| ls.iter().any(|l| *l != out))
         {
             return Some(CutReason::Layout);
         }
         if self
             .written
             .iter()
-            .any(|(w, _, _)| w.buffer == out.buffer && w.layout != out.layout)
+            .any(|(w, _, _)| w.buffer == b && w.layout != out)
+            || self.reduces.iter().any(|r| r.output.buffer == b)
         {
             return Some(CutReason::Layout);
         }
@@ -154,11 +264,42 @@ impl Group {
 
     fn add_elementwise(&mut self, i: usize, node: &Node) {
         self.note_reads(node);
-        let v = emit_elementwise(&mut self.b, node);
-        self.b.forwards.push((node.output.clone(), v));
-        self.written.push((node.output.clone(), v, i));
+        let sizes = self.sizes.clone();
+        let v = emit_elementwise_over(&mut self.b, node, &sizes);
+        let view = TensorRef {
+            layout: node.output.layout.expand(&sizes),
+            ..node.output.clone()
+        };
+        self.b.forwards.push((view.clone(), v));
+        self.written.push((view, v, i));
         self.nodes.push(i);
         self.ops += 1;
+    }
+
+    /// Strides (over `sizes`) of every operand the loop may end up with.
+    fn operand_strides(&self, extra: &[&TensorRef]) -> Vec<Strides> {
+        let mut s: Vec<Strides> = self
+            .b
+            .inputs
+            .iter()
+            .map(|t| t.layout.strides.clone())
+            .collect();
+        s.extend(extra.iter().map(|t| t.layout.expand(&self.sizes).strides));
+        s.extend(
+            self.written
+                .iter()
+                .map(|(t, _, _)| t.layout.strides.clone()),
+        );
+        s.extend(self.reduces.iter().map(|r| r.strides.clone()));
+        s
+    }
+
+    /// True when a row kernel over these operands still walks each row as one strided dim.
+    fn rows_coalesce(&self, strides: &[Strides]) -> bool {
+        match &self.red_dims {
+            Some(r) => reduce_space_for(&self.sizes, r, strides).reduced <= 1,
+            None => true,
+        }
     }
 }
 
@@ -168,7 +309,7 @@ struct Facts<'a> {
     live: &'a dyn Fn(BufferId) -> bool,
     /// For each buffer, the indices of the nodes that read it.
     readers: HashMap<BufferId, Vec<usize>>,
-    /// Buffers first seen as the full, contiguous output of a node (a fresh tensor).
+    /// (buffer, node) pairs where the node's output is a fresh, full, contiguous tensor.
     fresh: HashSet<(BufferId, usize)>,
 }
 
@@ -184,95 +325,95 @@ impl Facts<'_> {
     }
 }
 
-fn stored_outputs(
-    g: &Group,
-    facts: &Facts,
-    end: usize,
-    plan: &mut Plan,
-) -> Vec<(ValueIdx, TensorRef)> {
-    let mut out: Vec<(ValueIdx, TensorRef)> = Vec::new();
+fn close(g: Group, facts: &Facts, plan: &mut Plan) {
+    let end = *g.nodes.last().expect("groups are never empty");
+    let mut outputs: Vec<(ValueIdx, TensorRef)> = Vec::new();
     for (k, (t, v, node)) in g.written.iter().enumerate() {
         // Only the last write to a view reaches memory.
         let overwritten = g.written[k + 1..].iter().any(|(w, _, _)| w == t);
         if !overwritten && facts.must_store(t, *node, end) {
-            out.push((*v, t.clone()));
+            outputs.push((*v, t.clone()));
         } else {
             plan.unmaterialized += 1;
         }
     }
-    out
-}
-
-fn close(g: Group, facts: &Facts, plan: &mut Plan) {
-    let end = *g.nodes.last().expect("groups are never empty");
-    let outputs = stored_outputs(&g, facts, end, plan);
-    if !outputs.is_empty() {
-        plan.steps.push(elementwise_step(g.b, outputs, g.nodes));
+    let Some(red) = g.red_dims.clone() else {
+        if !outputs.is_empty() {
+            plan.steps.push(elementwise_step(g.b, outputs, g.nodes));
+        }
+        return;
+    };
+    let mut strides: Vec<Strides> =
+        g.b.inputs
+            .iter()
+            .map(|t| t.layout.strides.clone())
+            .collect();
+    strides.extend(outputs.iter().map(|(_, t)| t.layout.strides.clone()));
+    let mut reduces: Vec<StepReduce> = Vec::new();
+    for r in &g.reduces {
+        let store = facts.must_store(&r.output, r.node, end);
+        if store {
+            strides.push(r.strides.clone());
+        } else {
+            plan.unmaterialized += 1;
+        }
+        reduces.push((r.op, r.value, store.then(|| r.output.clone())));
     }
+    let iter = reduce_space_for(&g.sizes, &red, &strides);
+    debug_assert!(iter.reduced <= 1, "checked when each node joined");
+    plan.steps
+        .push(loop_step(g.b, outputs, reduces, iter, g.nodes));
 }
 
-/// Tries to end group `g` with reduction node `i`; gives the group back if it cannot.
-fn close_with_reduce(mut g: Group, i: usize, facts: &Facts, plan: &mut Plan) -> Result<(), Group> {
+/// Adds reduction node `i` to `g` as its next row sweep; gives the group back if it cannot.
+fn join_reduce(mut g: Group, i: usize, facts: &Facts) -> Result<Group, Group> {
     let node = &facts.nodes[i];
     let Op::Reduce { op, dims, keepdim } = &node.op else {
         unreachable!()
     };
     let t = node.inputs[0].tensor().expect("reduce input is a tensor");
+    let rank = t.layout.rank();
+    let red = reduced_dims(dims, rank);
     if g.sizes.as_slice() != t.layout.sizes.as_slice()
-        || g.conflict(node, &t.layout.sizes, usize::MAX).is_some()
+        || g.red_dims.as_ref().is_some_and(|r| *r != red)
+        || g.conflict(node, usize::MAX).is_some()
     {
         return Err(g);
     }
-    let outputs = stored_outputs(&g, facts, i, &mut Plan::default());
-    let rank = t.layout.rank();
-    let mut strides: Vec<Strides> =
-        g.b.inputs
-            .iter()
-            .map(|x| x.layout.strides.clone())
-            .collect();
-    let forwarded = g.b.forwarded(t).is_some();
-    if !forwarded && !g.b.inputs.iter().any(|x| x == t) {
-        strides.push(t.layout.strides.clone());
-    }
-    strides.extend(outputs.iter().map(|(_, o)| o.layout.strides.clone()));
-    strides.push(reduce_out_strides(
-        &node.output.layout,
-        rank,
-        dims,
-        *keepdim,
-    ));
+    let out_strides = reduce_out_strides(&node.output.layout, rank, dims, *keepdim);
+    let mut strides = g.operand_strides(&[t]);
+    strides.push(out_strides.clone());
     if reduce_space_for(&t.layout.sizes, dims, &strides).reduced > 1 {
         return Err(g);
     }
+    g.red_dims = Some(red.clone());
     g.note_reads(node);
     let v = match g.b.forwarded(t) {
         Some(v) => v,
         None => g.b.load(t),
     };
     let v = g.b.cast(v, reduce_acc_dtype(*op, t.dtype));
+    let k = g.reduces.len() as u32;
+    let r = g.b.push(InstrKind::Reduced(k), node.output.dtype);
+    g.phase_start = g.b.body.len() - 1;
+    if *keepdim {
+        // Later ops read the [.., 1, ..] result broadcast along the row: forward the value.
+        let view = TensorRef {
+            layout: node.output.layout.expand(&g.sizes),
+            ..node.output.clone()
+        };
+        g.b.forwards.push((view, r));
+    }
+    g.reduces.push(GroupReduce {
+        op: *op,
+        value: v,
+        output: node.output.clone(),
+        node: i,
+        strides: out_strides,
+    });
     g.nodes.push(i);
-    let outputs = stored_outputs(&g, facts, i, plan);
-    let mut strides: Vec<Strides> =
-        g.b.inputs
-            .iter()
-            .map(|x| x.layout.strides.clone())
-            .collect();
-    strides.extend(outputs.iter().map(|(_, o)| o.layout.strides.clone()));
-    strides.push(reduce_out_strides(
-        &node.output.layout,
-        rank,
-        dims,
-        *keepdim,
-    ));
-    let iter = reduce_space_for(&t.layout.sizes, dims, &strides);
-    plan.steps.push(loop_step(
-        g.b,
-        outputs,
-        Some((*op, v, node.output.clone())),
-        iter,
-        g.nodes,
-    ));
-    Ok(())
+    g.ops += 1;
+    Ok(g)
 }
 
 /// Plans `nodes` (in program order) into steps that run in order. `live(b)` says whether
@@ -318,23 +459,39 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
         fresh,
     };
     let mut group: Option<Group> = None;
+    let cut = |g: Group, i: usize, why: CutReason, plan: &mut Plan| {
+        plan.cuts[why as usize] += 1;
+        plan.cut_log.push((i, why));
+        close(g, &facts, plan);
+    };
     for (i, node) in nodes.iter().enumerate().filter(|(i, _)| needed[*i]) {
-        let cut = |g: Group, why: CutReason, plan: &mut Plan| {
-            plan.cuts[why as usize] += 1;
-            plan.cut_log.push((i, why));
-            close(g, &facts, plan);
-        };
         match &node.op {
             op if op.is_elementwise() => {
                 let sizes = node.output.layout.sizes.clone();
                 let mut g = match group.take() {
-                    Some(g) => match g.conflict(node, &sizes, opts.max_ops_per_region) {
-                        None => g,
-                        Some(why) => {
-                            cut(g, why, &mut plan);
-                            Group::new(sizes)
+                    Some(g) => {
+                        let why = if !g.fits_shape(&sizes) {
+                            Some(CutReason::Shape)
+                        } else {
+                            g.conflict(node, opts.max_ops_per_region).or_else(|| {
+                                let extra: Vec<&TensorRef> = node
+                                    .inputs
+                                    .iter()
+                                    .filter_map(|o| o.tensor())
+                                    .chain([&node.output])
+                                    .collect();
+                                (!g.rows_coalesce(&g.operand_strides(&extra)))
+                                    .then_some(CutReason::Layout)
+                            })
+                        };
+                        match why {
+                            None => g,
+                            Some(why) => {
+                                cut(g, i, why, &mut plan);
+                                Group::new(sizes)
+                            }
                         }
-                    },
+                    }
                     None => Group::new(sizes),
                 };
                 g.add_elementwise(i, node);
@@ -345,26 +502,27 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
                 let g = group
                     .take()
                     .unwrap_or_else(|| Group::new(t.layout.sizes.clone()));
-                match close_with_reduce(g, i, &facts, &mut plan) {
-                    Ok(()) => {}
+                group = Some(match join_reduce(g, i, &facts) {
+                    Ok(g) => g,
                     Err(g) => {
                         let why = if g.sizes.as_slice() != t.layout.sizes.as_slice() {
                             CutReason::Shape
                         } else {
-                            CutReason::Layout
+                            CutReason::Reduction
                         };
-                        if !g.nodes.is_empty() {
-                            cut(g, why, &mut plan);
+                        cut(g, i, why, &mut plan);
+                        match join_reduce(Group::new(t.layout.sizes.clone()), i, &facts) {
+                            Ok(g) => g,
+                            Err(_) => unreachable!(
+                                "the runtime copies inputs whose reduced dims do not coalesce"
+                            ),
                         }
-                        close_with_reduce(Group::new(t.layout.sizes.clone()), i, &facts, &mut plan)
-                            .unwrap_or_else(|_| plan.steps.extend(lower_node(node, i)));
                     }
-                }
-                plan.cuts[CutReason::Reduction as usize] += 1;
+                });
             }
             _ => {
                 if let Some(g) = group.take() {
-                    cut(g, CutReason::Unfusable, &mut plan);
+                    cut(g, i, CutReason::Unfusable, &mut plan);
                 }
                 plan.steps.extend(lower_node(node, i));
             }

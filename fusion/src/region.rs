@@ -22,6 +22,9 @@ pub enum InstrKind {
     Where(ValueIdx, ValueIdx, ValueIdx),
     /// Conversion of a value to the instruction's dtype.
     Cast(ValueIdx),
+    /// The current row's result of reduction `n` of the loop (a row kernel's later phases
+    /// read it as a value broadcast along the row).
+    Reduced(u32),
 }
 
 /// An instruction and the dtype of the value it yields.
@@ -38,17 +41,19 @@ pub struct LoopOperand {
     pub inner: StrideKind,
 }
 
-/// A reduction closing a loop: `value` is folded over the innermost dim with `op` and the
-/// result of each row is stored to `output` (the last operand of the binding).
+/// A reduction of a loop: `value` is folded over the innermost dim with `op`; each row's result
+/// is stored to `output` when something needs it in memory.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LoopReduce {
     pub op: ReduceOp,
     pub value: ValueIdx,
-    pub output: LoopOperand,
+    pub output: Option<LoopOperand>,
 }
 
-/// An elementwise loop nest over one iteration space, optionally ending in a reduction over the
-/// innermost dim. Operands are inputs, then element outputs, then the reduction's output.
+/// An elementwise loop nest over one iteration space. With reductions it is a row kernel: for
+/// each row, one sweep per reduction (in order; later sweeps read earlier results through
+/// `InstrKind::Reduced`), then one sweep that stores the element outputs depending on them.
+/// Operands are inputs, then element outputs, then the stored reduction outputs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LoopRegion {
     pub inputs: Vec<LoopOperand>,
@@ -57,7 +62,7 @@ pub struct LoopRegion {
     pub body: Vec<Instr>,
     /// Element outputs: each stores one body value at every element.
     pub outputs: Vec<(ValueIdx, LoopOperand)>,
-    pub reduce: Option<LoopReduce>,
+    pub reduces: Vec<LoopReduce>,
 }
 
 /// What a backend compiles. The planner produces these; it never names a backend.
@@ -119,23 +124,18 @@ impl fmt::Display for LoopRegion {
                 InstrKind::Binary(b, x, y) => writeln!(f, "{} v{x}, v{y}", b.name())?,
                 InstrKind::Where(c, x, y) => writeln!(f, "where v{c}, v{x}, v{y}")?,
                 InstrKind::Cast(a) => writeln!(f, "cast v{a}")?,
+                InstrKind::Reduced(n) => writeln!(f, "reduced r{n}")?,
             }
         }
-        if let Some(r) = &self.reduce {
-            writeln!(f, "  reduce {} v{} over inner dim", r.op.name(), r.value)?;
+        for (k, r) in self.reduces.iter().enumerate() {
+            write!(f, "  r{k} = {}(v{}) over inner dim", r.op.name(), r.value)?;
+            match &r.output {
+                Some(o) => writeln!(f, ", stored per row as {}", o.dtype)?,
+                None => writeln!(f)?,
+            }
         }
         for (i, (v, o)) in self.outputs.iter().enumerate() {
             writeln!(f, "  store out{i}:{}:{:?} <- v{v}", o.dtype, o.inner)?;
-        }
-        if let Some(r) = &self.reduce {
-            writeln!(
-                f,
-                "  store out{}:{} <- {}(v{}) per row",
-                self.outputs.len(),
-                r.output.dtype,
-                r.op.name(),
-                r.value
-            )?;
         }
         f.write_str("}")
     }

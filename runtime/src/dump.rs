@@ -29,6 +29,10 @@ pub fn loop_dot(key: Fingerprint, l: &LoopRegion) -> String {
             InstrKind::Binary(b, x, y) => (b.name().into(), vec![*x, *y]),
             InstrKind::Where(c, x, y) => ("where".into(), vec![*c, *x, *y]),
             InstrKind::Cast(a) => ("cast".into(), vec![*a]),
+            InstrKind::Reduced(k) => {
+                let _ = writeln!(s, "  r{k} -> v{i} [style=dashed];");
+                (format!("row result r{k}"), vec![])
+            }
         };
         let _ = writeln!(s, "  v{i} [label=\"v{i} {label}\\n{}\"];", ins.dtype);
         for a in args {
@@ -42,13 +46,15 @@ pub fn loop_dot(key: Fingerprint, l: &LoopRegion) -> String {
             o.dtype, o.inner
         );
     }
-    if let Some(r) = &l.reduce {
-        let j = l.outputs.len();
+    for (k, r) in l.reduces.iter().enumerate() {
+        let store = r
+            .output
+            .map(|o| format!(", stored as {}", o.dtype))
+            .unwrap_or_default();
         let _ = writeln!(
             s,
-            "  out{j} [shape=box, style=bold, label=\"out{j}: {}(rows) {}\"];\n  v{} -> out{j};",
+            "  r{k} [shape=box, style=bold, label=\"r{k}: {} per row{store}\"];\n  v{} -> r{k};",
             r.op.name(),
-            r.output.dtype,
             r.value
         );
     }

@@ -5,6 +5,7 @@ mod codegen;
 mod helpers;
 mod lanes;
 mod matmul;
+mod sweep;
 mod vmath;
 
 pub use helpers::erf64;

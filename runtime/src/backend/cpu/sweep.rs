@@ -1,0 +1,369 @@
+//! The loops of a kernel row: sweeps over the `n` elements of one row.
+//!
+//! An elementwise region is one sweep that stores its outputs. A row kernel (a region with
+//! reductions) runs, per row, one sweep per reduction, in order, each folding its value while
+//! later sweeps read earlier results as row constants; element outputs that need no reduction
+//! are stored during the first sweep, the others in a final sweep. Every sweep is a main loop
+//! over chunks of 4 elements and a tail of single elements running the same instructions.
+
+use super::codegen::{block_args, flatten, params_like, Kernel};
+use super::lanes::{lane_ty, Emitter, V};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::types::{F32, F64, I64};
+use cranelift_codegen::ir::{BlockArg, InstBuilder, Value};
+use deferfuse_fusion::ir::{BinaryOp, DType, ReduceOp};
+use deferfuse_fusion::region::{InstrKind, LoopRegion};
+use smallvec::SmallVec;
+
+/// Instructions `roots` depend on (themselves included).
+fn closure(region: &LoopRegion, roots: impl IntoIterator<Item = u32>) -> Vec<bool> {
+    let mut mask = vec![false; region.body.len()];
+    let mut stack: Vec<u32> = roots.into_iter().collect();
+    while let Some(v) = stack.pop() {
+        if std::mem::replace(&mut mask[v as usize], true) {
+            continue;
+        }
+        match &region.body[v as usize].kind {
+            InstrKind::Unary(_, a) | InstrKind::Cast(a) => stack.push(*a),
+            InstrKind::Binary(_, a, b) => stack.extend([*a, *b]),
+            InstrKind::Where(c, a, b) => stack.extend([*c, *a, *b]),
+            InstrKind::Load(_) | InstrKind::Param(_) | InstrKind::Reduced(_) => {}
+        }
+    }
+    mask
+}
+
+/// For each instruction, the first sweep that can compute it: one past the highest reduction
+/// whose result it reads (0 if none).
+fn sweep_of(region: &LoopRegion) -> Vec<usize> {
+    let mut sw: Vec<usize> = Vec::with_capacity(region.body.len());
+    for ins in &region.body {
+        let s = match &ins.kind {
+            InstrKind::Reduced(k) => *k as usize + 1,
+            InstrKind::Unary(_, a) | InstrKind::Cast(a) => sw[*a as usize],
+            InstrKind::Binary(_, a, b) => sw[*a as usize].max(sw[*b as usize]),
+            InstrKind::Where(c, a, b) => sw[*c as usize].max(sw[*a as usize]).max(sw[*b as usize]),
+            InstrKind::Load(_) | InstrKind::Param(_) => 0,
+        };
+        sw.push(s);
+    }
+    sw
+}
+
+/// Emits the code for one row; returns in the block where the row is done. Each element output
+/// is stored in the first sweep that can compute it.
+pub fn row(k: &Kernel, e: &mut Emitter, n: Value) {
+    let region = k.region;
+    let all: Vec<usize> = (0..region.outputs.len()).collect();
+    if region.reduces.is_empty() {
+        let mask = vec![true; region.body.len()];
+        elementwise_sweep(k, e, n, &mask, &[], &all);
+        return;
+    }
+    let sw = sweep_of(region);
+    let stores_in = |p: usize| -> Vec<usize> {
+        all.iter()
+            .copied()
+            .filter(|&j| sw[region.outputs[j].0 as usize] == p)
+            .collect()
+    };
+    let mut reduced: Vec<(Value, DType)> = Vec::new();
+    let mut out_j = region.inputs.len() + region.outputs.len();
+    for (p, r) in region.reduces.iter().enumerate() {
+        let stores = stores_in(p);
+        let roots = std::iter::once(r.value).chain(stores.iter().map(|&j| region.outputs[j].0));
+        let mask = closure(region, roots);
+        let d = region.body[r.value as usize].dtype;
+        let (result, rd) = if r.op.is_arg() {
+            (
+                arg_sweep(k, e, n, &mask, &reduced, &stores, r.op, r.value),
+                DType::I64,
+            )
+        } else {
+            (
+                reduce_sweep(k, e, n, &mask, &reduced, &stores, r.op, r.value),
+                d,
+            )
+        };
+        if r.output.is_some() {
+            let z = e.b.ins().iconst(I64, 0);
+            k.store(e, out_j, z, &result, rd);
+            out_j += 1;
+        }
+        e.width = 1;
+        reduced.push((e.lanes(&result)[0], rd));
+    }
+    let late = stores_in(region.reduces.len());
+    if !late.is_empty() {
+        let mask = closure(region, late.iter().map(|&j| region.outputs[j].0));
+        elementwise_sweep(k, e, n, &mask, &reduced, &late);
+    }
+}
+
+/// Main loop of 4 elements, then a tail of 1, storing the outputs `stores`.
+fn elementwise_sweep(
+    k: &Kernel,
+    e: &mut Emitter,
+    n: Value,
+    mask: &[bool],
+    reduced: &[(Value, DType)],
+    stores: &[usize],
+) {
+    let vhead = e.b.create_block();
+    let i = e.b.append_block_param(vhead, I64);
+    let vbody = e.b.create_block();
+    let thead = e.b.create_block();
+    let ti = e.b.append_block_param(thead, I64);
+    let tbody = e.b.create_block();
+    let after = e.b.create_block();
+    let zero = e.b.ins().iconst(I64, 0);
+    e.b.ins().jump(vhead, &[BlockArg::Value(zero)]);
+
+    for (head, idx, body, step, width) in
+        [(vhead, i, vbody, 4i64, 4usize), (thead, ti, tbody, 1, 1)]
+    {
+        e.b.switch_to_block(head);
+        let end = e.b.ins().iadd_imm_s(idx, step);
+        let fits = e.b.ins().icmp(IntCC::SignedLessThanOrEqual, end, n);
+        let next = if width == 4 { thead } else { after };
+        let next_args = if width == 4 {
+            vec![BlockArg::Value(idx)]
+        } else {
+            vec![]
+        };
+        e.b.ins().brif(fits, body, &[], next, &next_args);
+        e.b.switch_to_block(body);
+        e.width = width;
+        let vals = k.body(e, idx, mask, reduced);
+        k.store_elements(e, idx, &vals, stores);
+        e.b.ins().jump(head, &[BlockArg::Value(end)]);
+    }
+    e.b.switch_to_block(after);
+}
+
+fn fold(e: &mut Emitter, op: ReduceOp, acc: &V, v: &V, d: DType) -> V {
+    let b = match op {
+        ReduceOp::Sum | ReduceOp::Mean => BinaryOp::Add,
+        ReduceOp::Prod => BinaryOp::Mul,
+        ReduceOp::Amax => BinaryOp::Maximum,
+        ReduceOp::Amin => BinaryOp::Minimum,
+        _ => unreachable!("arg reductions fold in arg_sweep"),
+    };
+    e.binary(b, acc, v, d, d)
+}
+
+fn init(e: &mut Emitter, op: ReduceOp, d: DType) -> V {
+    let ty = lane_ty(d);
+    let x = if ty == F32 || ty == F64 {
+        let c = match op {
+            ReduceOp::Sum | ReduceOp::Mean => 0.0,
+            ReduceOp::Prod => 1.0,
+            ReduceOp::Amax => f64::NEG_INFINITY,
+            _ => f64::INFINITY,
+        };
+        if ty == F32 {
+            e.b.ins().f32const(c as f32)
+        } else {
+            e.b.ins().f64const(c)
+        }
+    } else {
+        let (min, max) = if ty == I64 {
+            (i64::MIN, i64::MAX)
+        } else {
+            (i32::MIN as i64, i32::MAX as i64)
+        };
+        let c = match op {
+            ReduceOp::Sum | ReduceOp::Mean => 0,
+            ReduceOp::Prod => 1,
+            ReduceOp::Amax => min,
+            _ => max,
+        };
+        e.b.ins().iconst(ty, c)
+    };
+    e.broadcast(x, d)
+}
+
+/// Folds `value` over the row: 8 elements a step into two 4-lane accumulators (hiding the
+/// fold's latency), one more chunk of 4, the lanes combined as (l0 + l1) + (l2 + l3), then the
+/// tail element by element. Returns the (width-1) result, divided by `n` for a mean.
+#[allow(clippy::too_many_arguments)]
+fn reduce_sweep(
+    k: &Kernel,
+    e: &mut Emitter,
+    n: Value,
+    mask: &[bool],
+    reduced: &[(Value, DType)],
+    stores: &[usize],
+    op: ReduceOp,
+    value: u32,
+) -> V {
+    let d = k.region.body[value as usize].dtype;
+    let fetch = |vals: &[Option<(V, DType)>]| {
+        vals[value as usize]
+            .as_ref()
+            .expect("folded value is emitted")
+            .0
+            .clone()
+    };
+    e.width = 4;
+    let acc0 = init(e, op, d);
+    let v8head = e.b.create_block();
+    let i = e.b.append_block_param(v8head, I64);
+    let acc_a = params_like(e.b, v8head, &acc0);
+    let acc_b = params_like(e.b, v8head, &acc0);
+    let v8body = e.b.create_block();
+    let v4check = e.b.create_block();
+    let i4 = e.b.append_block_param(v4check, I64);
+    let a4 = params_like(e.b, v4check, &acc0);
+    let b4 = params_like(e.b, v4check, &acc0);
+    let v4body = e.b.create_block();
+    let hsum = e.b.create_block();
+    let hi = e.b.append_block_param(hsum, I64);
+    let ha = params_like(e.b, hsum, &acc0);
+    let hb = params_like(e.b, hsum, &acc0);
+    let args = |i: Value, x: &V, y: &V| {
+        let mut a = vec![BlockArg::Value(i)];
+        a.extend(block_args(&flatten(x)));
+        a.extend(block_args(&flatten(y)));
+        a
+    };
+    let zero = e.b.ins().iconst(I64, 0);
+    e.b.ins().jump(v8head, &args(zero, &acc0, &acc0));
+
+    e.b.switch_to_block(v8head);
+    let end8 = e.b.ins().iadd_imm_s(i, 8);
+    let fits = e.b.ins().icmp(IntCC::SignedLessThanOrEqual, end8, n);
+    e.b.ins()
+        .brif(fits, v8body, &[], v4check, &args(i, &acc_a, &acc_b));
+
+    e.b.switch_to_block(v8body);
+    let vals = k.body(e, i, mask, reduced);
+    k.store_elements(e, i, &vals, stores);
+    let na = fold(e, op, &acc_a, &fetch(&vals), d);
+    let j = e.b.ins().iadd_imm_s(i, 4);
+    let vals = k.body(e, j, mask, reduced);
+    k.store_elements(e, j, &vals, stores);
+    let nb = fold(e, op, &acc_b, &fetch(&vals), d);
+    e.b.ins().jump(v8head, &args(end8, &na, &nb));
+
+    e.b.switch_to_block(v4check);
+    let end4 = e.b.ins().iadd_imm_s(i4, 4);
+    let fits = e.b.ins().icmp(IntCC::SignedLessThanOrEqual, end4, n);
+    e.b.ins().brif(fits, v4body, &[], hsum, &args(i4, &a4, &b4));
+
+    e.b.switch_to_block(v4body);
+    let vals = k.body(e, i4, mask, reduced);
+    k.store_elements(e, i4, &vals, stores);
+    let na = fold(e, op, &a4, &fetch(&vals), d);
+    e.b.ins().jump(hsum, &args(end4, &na, &b4));
+
+    e.b.switch_to_block(hsum);
+    let acc = fold(e, op, &ha, &hb, d);
+    let lanes = e.lanes(&acc);
+    e.width = 1;
+    let l: Vec<V> = lanes.iter().map(|&x| e.broadcast(x, d)).collect();
+    let p01 = fold(e, op, &l[0], &l[1], d);
+    let p23 = fold(e, op, &l[2], &l[3], d);
+    let total = fold(e, op, &p01, &p23, d);
+    let thead = e.b.create_block();
+    let ti = e.b.append_block_param(thead, I64);
+    let tacc = params_like(e.b, thead, &total);
+    let tbody = e.b.create_block();
+    let finish = e.b.create_block();
+    let mut a = vec![BlockArg::Value(hi)];
+    a.extend(block_args(&flatten(&total)));
+    e.b.ins().jump(thead, &a);
+
+    e.b.switch_to_block(thead);
+    let more = e.b.ins().icmp(IntCC::SignedLessThan, ti, n);
+    e.b.ins().brif(more, tbody, &[], finish, &[]);
+
+    e.b.switch_to_block(tbody);
+    let vals = k.body(e, ti, mask, reduced);
+    k.store_elements(e, ti, &vals, stores);
+    let next = fold(e, op, &tacc, &fetch(&vals), d);
+    let ti1 = e.b.ins().iadd_imm_s(ti, 1);
+    let mut a = vec![BlockArg::Value(ti1)];
+    a.extend(block_args(&flatten(&next)));
+    e.b.ins().jump(thead, &a);
+
+    e.b.switch_to_block(finish);
+    if op == ReduceOp::Mean {
+        let nf = e.b.ins().fcvt_from_sint(lane_ty(d), n);
+        let nv = e.broadcast(nf, d);
+        return e.binary(BinaryOp::Div, &tacc, &nv, d, d);
+    }
+    tacc
+}
+
+/// argmax/argmin of the row, element by element: the first extreme wins and NaN counts as the
+/// extreme (PyTorch's rule). Returns the index as a width-1 int64 value.
+#[allow(clippy::too_many_arguments)]
+fn arg_sweep(
+    k: &Kernel,
+    e: &mut Emitter,
+    n: Value,
+    mask: &[bool],
+    reduced: &[(Value, DType)],
+    stores: &[usize],
+    op: ReduceOp,
+    value: u32,
+) -> V {
+    let d = k.region.body[value as usize].dtype;
+    let fetch = |vals: &[Option<(V, DType)>]| {
+        vals[value as usize]
+            .as_ref()
+            .expect("folded value is emitted")
+            .0
+            .clone()
+    };
+    e.width = 1;
+    let zero = e.b.ins().iconst(I64, 0);
+    let first = k.body(e, zero, mask, reduced);
+    k.store_elements(e, zero, &first, stores);
+    let best0 = e.lanes(&fetch(&first))[0];
+    let ty = lane_ty(d);
+    let head = e.b.create_block();
+    let i = e.b.append_block_param(head, I64);
+    let best = e.b.append_block_param(head, ty);
+    let idx = e.b.append_block_param(head, I64);
+    let body = e.b.create_block();
+    let finish = e.b.create_block();
+    let one = e.b.ins().iconst(I64, 1);
+    e.b.ins().jump(head, &block_args(&[one, best0, zero]));
+
+    e.b.switch_to_block(head);
+    let more = e.b.ins().icmp(IntCC::SignedLessThan, i, n);
+    e.b.ins().brif(more, body, &[], finish, &[]);
+
+    e.b.switch_to_block(body);
+    let vals = k.body(e, i, mask, reduced);
+    k.store_elements(e, i, &vals, stores);
+    let v = e.lanes(&fetch(&vals))[0];
+    let take = if d.is_float() {
+        let cc = if op == ReduceOp::Argmax {
+            FloatCC::GreaterThan
+        } else {
+            FloatCC::LessThan
+        };
+        let better = e.b.ins().fcmp(cc, v, best);
+        let v_nan = e.b.ins().fcmp(FloatCC::Unordered, v, v);
+        let b_num = e.b.ins().fcmp(FloatCC::Ordered, best, best);
+        let nan_wins = e.b.ins().band(v_nan, b_num);
+        e.b.ins().bor(better, nan_wins)
+    } else {
+        let cc = if op == ReduceOp::Argmax {
+            IntCC::SignedGreaterThan
+        } else {
+            IntCC::SignedLessThan
+        };
+        e.b.ins().icmp(cc, v, best)
+    };
+    let nb = e.b.ins().select(take, v, best);
+    let ni = e.b.ins().select(take, i, idx);
+    let i1 = e.b.ins().iadd_imm_s(i, 1);
+    e.b.ins().jump(head, &block_args(&[i1, nb, ni]));
+
+    e.b.switch_to_block(finish);
+    V::L(SmallVec::from_elem(idx, 1))
+}
