@@ -1,10 +1,12 @@
-//! Criterion benches: record cost per op, single-op compile time, and chain10 at 1M in strict
-//! and defer mode, measured side by side.
+//! Criterion benches: every workload of shared/notes/workloads.md in strict and defer mode side
+//! by side (criterion prints both; the bench binary prints their ratio), record cost per op,
+//! and single-op compile time. Sizes are the small ones so `cargo bench` stays short; the bench
+//! binary runs the full sizes.
 
 #[path = "workloads.rs"]
 mod workloads;
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use deferfuse::{BinaryOp, Config, DType, Input, Mode, Op, Runtime, Scalar};
 use workloads::Workload;
 
@@ -59,16 +61,36 @@ fn compile(c: &mut Criterion) {
     });
 }
 
-fn chain10(c: &mut Criterion) {
-    let mut g = c.benchmark_group("chain10_1M");
-    g.sample_size(20);
-    for mode in [Mode::Strict, Mode::Defer] {
-        let r = rt(mode);
-        let w = Workload::chain10(&r, 1 << 20);
-        g.bench_function(mode.name(), |b| b.iter(|| w.run(&r)));
+type Make = fn(&Runtime) -> Workload;
+
+fn workloads(c: &mut Criterion) {
+    let makes: [Make; 6] = [
+        |r| Workload::chain10(r, 1 << 20),
+        |r| Workload::gelu(r, 1 << 20),
+        |r| Workload::softmax(r, 512, 1024),
+        |r| Workload::layernorm(r, 512, 1024),
+        Workload::adamw,
+        Workload::tiny,
+    ];
+    for make in makes {
+        let probe = make(&rt(Mode::Strict));
+        let mut g = c.benchmark_group(format!(
+            "{}_{}",
+            probe.name,
+            probe.size_label.replace(' ', "_")
+        ));
+        g.sample_size(10);
+        if probe.bytes > 0 {
+            g.throughput(Throughput::Bytes(probe.bytes as u64));
+        }
+        for mode in [Mode::Strict, Mode::Defer] {
+            let r = rt(mode);
+            let w = make(&r);
+            g.bench_function(mode.name(), |b| b.iter(|| w.run(&r)));
+        }
+        g.finish();
     }
-    g.finish();
 }
 
-criterion_group!(benches, record, compile, chain10);
+criterion_group!(benches, record, compile, workloads);
 criterion_main!(benches);

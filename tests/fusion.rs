@@ -345,7 +345,7 @@ fn memory_bound_forces_a_flush() {
     }
     let st = r.stats();
     assert_eq!(st.sync_points[SyncReason::MemoryBound as usize], 1);
-    assert_eq!(r.state(keep[0]).unwrap() == BufferState::Deferred, false);
+    assert_ne!(r.state(keep[0]).unwrap(), BufferState::Deferred);
 }
 
 #[test]

@@ -97,7 +97,7 @@ mod tests {
                 },
             ],
             outputs: vec![(2, op(StrideKind::Contig))],
-            reduce: None,
+            reduces: vec![],
         })
     }
 

@@ -318,9 +318,7 @@ mod tests {
     #[test]
     fn tokens_are_never_null_and_not_live_until_created() {
         let p = std::ptr::without_provenance::<DfuseRuntime>(TOKEN_BASE | (1 << 40));
-        let e = runtime(p)
-            .err()
-            .expect("a token that was never created is not live");
+        let e = runtime(p).expect_err("a token that was never created is not live");
         assert!(e.to_string().contains("is not live"), "{e}");
         assert!(runtime(std::ptr::null()).is_err());
     }

@@ -365,8 +365,8 @@ fn close(g: Group, facts: &Facts, plan: &mut Plan) {
         .push(loop_step(g.b, outputs, reduces, iter, g.nodes));
 }
 
-/// Adds reduction node `i` to `g` as its next row sweep; gives the group back if it cannot.
-fn join_reduce(mut g: Group, i: usize, facts: &Facts) -> Result<Group, Group> {
+/// Adds reduction node `i` to `g` as its next row sweep; false (and `g` unchanged) if it cannot.
+fn join_reduce(g: &mut Group, i: usize, facts: &Facts) -> bool {
     let node = &facts.nodes[i];
     let Op::Reduce { op, dims, keepdim } = &node.op else {
         unreachable!()
@@ -378,13 +378,13 @@ fn join_reduce(mut g: Group, i: usize, facts: &Facts) -> Result<Group, Group> {
         || g.red_dims.as_ref().is_some_and(|r| *r != red)
         || g.conflict(node, usize::MAX).is_some()
     {
-        return Err(g);
+        return false;
     }
     let out_strides = reduce_out_strides(&node.output.layout, rank, dims, *keepdim);
     let mut strides = g.operand_strides(&[t]);
     strides.push(out_strides.clone());
     if reduce_space_for(&t.layout.sizes, dims, &strides).reduced > 1 {
-        return Err(g);
+        return false;
     }
     g.red_dims = Some(red.clone());
     g.note_reads(node);
@@ -413,7 +413,7 @@ fn join_reduce(mut g: Group, i: usize, facts: &Facts) -> Result<Group, Group> {
     });
     g.nodes.push(i);
     g.ops += 1;
-    Ok(g)
+    true
 }
 
 /// Plans `nodes` (in program order) into steps that run in order. `live(b)` says whether
@@ -499,26 +499,24 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
             }
             Op::Reduce { .. } => {
                 let t = node.inputs[0].tensor().expect("reduce input is a tensor");
-                let g = group
+                let mut g = group
                     .take()
                     .unwrap_or_else(|| Group::new(t.layout.sizes.clone()));
-                group = Some(match join_reduce(g, i, &facts) {
-                    Ok(g) => g,
-                    Err(g) => {
-                        let why = if g.sizes.as_slice() != t.layout.sizes.as_slice() {
-                            CutReason::Shape
-                        } else {
-                            CutReason::Reduction
-                        };
-                        cut(g, i, why, &mut plan);
-                        match join_reduce(Group::new(t.layout.sizes.clone()), i, &facts) {
-                            Ok(g) => g,
-                            Err(_) => unreachable!(
-                                "the runtime copies inputs whose reduced dims do not coalesce"
-                            ),
-                        }
-                    }
-                });
+                if !join_reduce(&mut g, i, &facts) {
+                    let why = if g.sizes.as_slice() != t.layout.sizes.as_slice() {
+                        CutReason::Shape
+                    } else {
+                        CutReason::Reduction
+                    };
+                    cut(g, i, why, &mut plan);
+                    g = Group::new(t.layout.sizes.clone());
+                    let joined = join_reduce(&mut g, i, &facts);
+                    assert!(
+                        joined,
+                        "the runtime copies inputs whose reduced dims do not coalesce"
+                    );
+                }
+                group = Some(g);
             }
             _ => {
                 if let Some(g) = group.take() {
