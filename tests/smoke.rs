@@ -1,3 +1,5 @@
+//! A first end-to-end check: a few ops in every mode give the known answers.
+
 use deferfuse::*;
 
 fn f32s(rt: &Runtime, h: Handle) -> Vec<f32> {
@@ -8,6 +10,7 @@ fn f32s(rt: &Runtime, h: Handle) -> Vec<f32> {
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect()
 }
+
 fn tensor(rt: &Runtime, v: &[f32], s: &[usize]) -> Handle {
     let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
     rt.from_host(&b, DType::F32, s).unwrap()
@@ -34,44 +37,38 @@ fn smoke() {
         let e = rt
             .op(0, Op::Unary(UnaryOp::Exp), &[Input::Tensor(c)], None)
             .unwrap();
-        let s = rt
-            .op(
-                0,
-                Op::Reduce {
-                    op: ReduceOp::Sum,
-                    dims: Default::default(),
-                    keepdim: false,
-                },
-                &[Input::Tensor(c)],
-                None,
-            )
-            .unwrap();
-        println!(
-            "{mode:?} {:?} {:?} {:?}",
-            f32s(&rt, c),
-            f32s(&rt, e),
-            f32s(&rt, s)
-        );
+        let sum = Op::Reduce {
+            op: ReduceOp::Sum,
+            dims: Default::default(),
+            keepdim: false,
+        };
+        let s = rt.op(0, sum, &[Input::Tensor(c)], None).unwrap();
+        assert_eq!(f32s(&rt, c), [2., 3., 4., 5., 6., 7., 9.], "{mode:?}");
+        for (got, x) in f32s(&rt, e).iter().zip([2f32, 3., 4., 5., 6., 7., 9.]) {
+            assert!(
+                (got - x.exp()).abs() <= 5e-7 * x.exp(),
+                "{mode:?}: exp({x}) = {got}"
+            );
+        }
+        assert_eq!(f32s(&rt, s), [36.], "{mode:?}");
         let m = tensor(&rt, &[1., 2., 3., 4., 5., 6.], &[2, 3]);
         let mt = rt.view(0, m, &View::Transpose(0, 1)).unwrap();
         let mm = rt
             .op(0, Op::Matmul, &[Input::Tensor(m), Input::Tensor(mt)], None)
             .unwrap();
-        println!("{:?} {:?}", f32s(&rt, mm), rt.stats());
-        let am = rt
-            .op(
-                0,
-                Op::Reduce {
-                    op: ReduceOp::Argmax,
-                    dims: [1].into_iter().collect(),
-                    keepdim: false,
-                },
-                &[Input::Tensor(m)],
-                None,
-            )
-            .unwrap();
+        assert_eq!(f32s(&rt, mm), [14., 32., 32., 77.], "{mode:?}");
+        let am = Op::Reduce {
+            op: ReduceOp::Argmax,
+            dims: [1].into_iter().collect(),
+            keepdim: false,
+        };
+        let am = rt.op(0, am, &[Input::Tensor(m)], None).unwrap();
         let mut o = vec![0u8; 16];
         rt.to_host(am, &mut o).unwrap();
-        println!("{o:?}");
+        assert_eq!(
+            o,
+            [2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0],
+            "{mode:?}"
+        );
     }
 }

@@ -81,11 +81,22 @@ impl LoopBuilder {
     }
 
     pub fn cast(&mut self, v: ValueIdx, to: DType) -> ValueIdx {
-        if self.dtype(v) == to {
-            v
-        } else {
-            self.push(InstrKind::Cast(v), to)
+        let from = self.dtype(v);
+        if from == to {
+            return v;
         }
+        let computed = !matches!(
+            self.body[v as usize].kind,
+            InstrKind::Load(_) | InstrKind::Param(_)
+        );
+        if computed && matches!(from, DType::F16 | DType::BF16) {
+            // An f16/bf16 result is computed in f32; PyTorch rounds it to its dtype before any
+            // conversion (add(f16, f16, out=f32) is an f16 sum, widened).
+            let wide = self.push(InstrKind::Cast(v), DType::F32);
+            let rounded = self.push(InstrKind::Cast(wide), from);
+            return self.push(InstrKind::Cast(rounded), to);
+        }
+        self.push(InstrKind::Cast(v), to)
     }
 
     /// An operand of an elementwise node, expanded to `sizes` and converted to `to`.

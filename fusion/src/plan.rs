@@ -210,6 +210,21 @@ impl Group {
         if self.recomputes(node) {
             return Some(CutReason::Recompute);
         }
+        let b = node.output.buffer;
+        let self_load = node.inputs.iter().filter_map(|o| o.tensor()).any(|t| {
+            let view = t.layout.expand(&self.sizes);
+            t.buffer == b
+                && !self
+                    .b
+                    .forwards
+                    .iter()
+                    .any(|(f, _)| f.buffer == b && f.layout == view)
+        });
+        if !self.reduces.is_empty() && (self.loads_buffer(b) || self_load) {
+            // A row kernel sweeps each row several times: a buffer it loads must not change
+            // under it (an in-place update would be seen by later sweeps).
+            return Some(CutReason::Layout);
+        }
         for t in node.inputs.iter().filter_map(|o| o.tensor()) {
             let view = t.layout.expand(&self.sizes);
             let written = self
@@ -251,6 +266,18 @@ impl Group {
             return Some(CutReason::Layout);
         }
         None
+    }
+
+    /// True when the loop loads `buffer` from memory (rather than forwarding a value).
+    fn loads_buffer(&self, buffer: BufferId) -> bool {
+        self.b.inputs.iter().any(|t| t.buffer == buffer)
+    }
+
+    /// True when the loop writes a buffer it also loads: it cannot become a row kernel.
+    fn updates_in_place(&self) -> bool {
+        self.written
+            .iter()
+            .any(|(w, _, _)| self.loads_buffer(w.buffer))
     }
 
     fn note_reads(&mut self, node: &Node) {
@@ -377,6 +404,7 @@ fn join_reduce(g: &mut Group, i: usize, facts: &Facts) -> bool {
     if g.sizes.as_slice() != t.layout.sizes.as_slice()
         || g.red_dims.as_ref().is_some_and(|r| *r != red)
         || g.conflict(node, usize::MAX).is_some()
+        || g.updates_in_place()
     {
         return false;
     }

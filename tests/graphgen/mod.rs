@@ -1,0 +1,443 @@
+//! Random op programs for `random_graphs.rs`: a few f32/i32 inputs of broadcast-compatible
+//! shapes (every dim is 1 or n, rank <= 2), then ops chosen from raw proptest choices against
+//! the program's state so that every op is valid.
+#![allow(dead_code)]
+// `x % k == 0` reads best here; `is_multiple_of` needs Rust 1.87 and the workspace targets 1.85.
+#![allow(unknown_lints, clippy::manual_is_multiple_of)]
+
+use crate::harness::Rng;
+use crate::reference::views::RefLayout;
+use crate::reference::{broadcast_shapes, RefTensor};
+use deferfuse::fusion::ir::{infer, ArgMeta};
+use deferfuse::{BinaryOp, DType, Op, ReduceOp, Scalar, UnaryOp};
+
+/// The second operand of a binary op.
+#[derive(Clone, Copy, Debug)]
+pub enum Other {
+    Slot(usize),
+    Scalar(Scalar),
+}
+
+/// A view of a slot, with the runtime's arguments.
+#[derive(Clone, Debug)]
+pub enum ViewKind {
+    Transpose,
+    Select {
+        dim: usize,
+        index: usize,
+    },
+    Unsqueeze(usize),
+    SqueezeAll,
+    /// Expand every size-1 dim (and a 0-dim tensor) to n.
+    ExpandToN,
+    /// `[k:k+1]` along `dim`.
+    Narrow {
+        dim: usize,
+        start: usize,
+    },
+    /// `[:]` along dim 0: a new handle aliasing the same elements.
+    Alias,
+}
+
+#[derive(Clone, Debug)]
+pub enum Ins {
+    /// `out` = op(...): a new slot; `target` = Some(slot) writes in place instead.
+    Unary(UnaryOp, usize, Option<usize>),
+    Binary(BinaryOp, usize, Other, Option<usize>),
+    Where(usize, usize, Other),
+    Clamp(usize, Option<f64>, Option<f64>),
+    Cast(usize, DType),
+    Reduce(ReduceOp, usize, Vec<usize>, bool),
+    View(usize, ViewKind),
+    /// Read a slot to the host mid-program.
+    Sync(usize),
+    /// `synchronize` the stream: everything pending runs.
+    Flush,
+    /// Release a slot's handle; it is never used again.
+    Release(usize),
+}
+
+/// A program: the inputs (values, strided?) and the instructions.
+#[derive(Clone, Debug)]
+pub struct Program {
+    pub n: usize,
+    pub inputs: Vec<(RefTensor, bool)>,
+    pub ins: Vec<Ins>,
+}
+
+/// What generation (and execution) knows of a slot.
+#[derive(Clone, Debug)]
+pub struct SlotInfo {
+    pub dtype: DType,
+    pub layout: RefLayout,
+    pub storage: usize,
+    pub alive: bool,
+}
+
+impl SlotInfo {
+    pub fn sizes(&self) -> &[usize] {
+        &self.layout.sizes
+    }
+
+    /// Two indices name one element (an expanded view): not writable.
+    pub fn overlaps(&self) -> bool {
+        self.layout
+            .sizes
+            .iter()
+            .zip(&self.layout.strides)
+            .any(|(&s, &st)| s > 1 && st == 0)
+    }
+}
+
+/// PyTorch's can_cast: a result may be written into a tensor of the same or a higher category.
+pub fn can_cast(from: DType, to: DType) -> bool {
+    let cat = |d: DType| match d {
+        DType::Bool => 0,
+        d if d.is_float() => 2,
+        _ => 1,
+    };
+    cat(from) <= cat(to)
+}
+
+/// The storage layout of input `i` and the view the program sees (every other element of a
+/// buffer twice as wide when `strided`).
+pub fn input_layouts(t: &RefTensor, strided: bool) -> (Vec<usize>, RefLayout) {
+    if strided && t.rank() >= 1 {
+        let mut big = t.sizes.clone();
+        *big.last_mut().unwrap() *= 2;
+        let l = RefLayout::contiguous(&big).slice(-1, 0, 2 * t.sizes[t.rank() - 1] as i64, 2);
+        (big, l)
+    } else {
+        (t.sizes.clone(), RefLayout::contiguous(&t.sizes))
+    }
+}
+
+/// Builds a valid program from raw choices.
+pub fn build(
+    n: usize,
+    seed: u64,
+    specs: &[(u8, bool, bool)],
+    raw: &[(u8, u32, u32, u32)],
+) -> Program {
+    let mut rng = Rng::new(seed);
+    let shape_of = |k: u8| -> Vec<usize> {
+        match k % 5 {
+            0 => vec![n, n],
+            1 => vec![1, n],
+            2 => vec![n, 1],
+            3 => vec![n],
+            _ => vec![],
+        }
+    };
+    let mut inputs = Vec::new();
+    let mut slots: Vec<SlotInfo> = Vec::new();
+    for (i, &(k, int, strided)) in specs.iter().enumerate() {
+        let sizes = shape_of(k);
+        let dtype = if int { DType::I32 } else { DType::F32 };
+        let specials = seed % 4 == 0;
+        let t = rng.tensor(dtype, &sizes, 6.0, 9, specials);
+        let (_, layout) = input_layouts(&t, strided);
+        slots.push(SlotInfo {
+            dtype,
+            layout,
+            storage: i,
+            alive: true,
+        });
+        inputs.push((t, strided));
+    }
+    let mut storages = specs.len();
+    let mut ins = Vec::new();
+    for &(kind, a, b, c) in raw {
+        let alive: Vec<usize> = (0..slots.len()).filter(|&s| slots[s].alive).collect();
+        if alive.is_empty() {
+            break;
+        }
+        let pick = |x: u32, from: &[usize]| from[x as usize % from.len()];
+        let s = pick(a, &alive);
+        let si = slots[s].clone();
+        let new_slot = |dtype: DType, sizes: &[usize], storages: &mut usize| {
+            *storages += 1;
+            SlotInfo {
+                dtype,
+                layout: RefLayout::contiguous(sizes),
+                storage: *storages - 1,
+                alive: true,
+            }
+        };
+        let next: Option<(Ins, Option<SlotInfo>)> = match kind % 16 {
+            0..=2 => {
+                let ops: Vec<UnaryOp> = UnaryOp::ALL
+                    .into_iter()
+                    .filter(|&u| infer(&Op::Unary(u), &[meta_arg(&si)]).is_ok())
+                    .collect();
+                let u = ops[b as usize % ops.len()];
+                let dtype = infer(&Op::Unary(u), &[meta_arg(&si)]).unwrap().dtype;
+                Some((
+                    Ins::Unary(u, s, None),
+                    Some(new_slot(dtype, si.sizes(), &mut storages)),
+                ))
+            }
+            3..=5 => binary(&slots, s, &alive, b, c, None).map(|(op, o, dtype, sizes)| {
+                (
+                    Ins::Binary(op, s, o, None),
+                    Some(new_slot(dtype, &sizes, &mut storages)),
+                )
+            }),
+            6 => {
+                let bools: Vec<usize> = alive
+                    .iter()
+                    .copied()
+                    .filter(|&x| slots[x].dtype == DType::Bool)
+                    .collect();
+                if bools.is_empty() {
+                    let dtype = DType::Bool;
+                    Some((
+                        Ins::Binary(BinaryOp::Gt, s, Other::Scalar(Scalar::Float(0.0)), None),
+                        Some(new_slot(dtype, si.sizes(), &mut storages)),
+                    ))
+                } else {
+                    let cond = pick(b, &bools);
+                    let y = if c % 3 == 0 {
+                        Other::Scalar(Scalar::Float(-0.5))
+                    } else {
+                        Other::Slot(pick(c, &alive))
+                    };
+                    let args = [meta_arg(&slots[cond]), meta_arg(&si), other_arg(&slots, y)];
+                    infer(&Op::Where, &args).ok().map(|inf| {
+                        (
+                            Ins::Where(cond, s, y),
+                            Some(new_slot(inf.dtype, &inf.sizes, &mut storages)),
+                        )
+                    })
+                }
+            }
+            7 => {
+                let lo = [Some(-1.5), None, Some(0.0)][b as usize % 3];
+                let hi = [Some(2.0), Some(0.5), None][c as usize % 3];
+                let (lo, hi) = if lo.is_none() && hi.is_none() {
+                    (Some(-1.0), None)
+                } else {
+                    (lo, hi)
+                };
+                let f = |v: Option<f64>| {
+                    v.map_or(ArgMeta::Absent, |v| ArgMeta::Scalar(Scalar::Float(v)))
+                };
+                infer(&Op::Clamp, &[meta_arg(&si), f(lo), f(hi)])
+                    .ok()
+                    .map(|inf| {
+                        (
+                            Ins::Clamp(s, lo, hi),
+                            Some(new_slot(inf.dtype, &inf.sizes, &mut storages)),
+                        )
+                    })
+            }
+            8 => {
+                let to =
+                    [DType::F32, DType::I32, DType::Bool, DType::F16, DType::I64][b as usize % 5];
+                Some((
+                    Ins::Cast(s, to),
+                    Some(new_slot(to, si.sizes(), &mut storages)),
+                ))
+            }
+            9 | 10 => {
+                let rank = si.sizes().len();
+                let dims = match (b % 3, rank) {
+                    (0, _) | (_, 0) => vec![],
+                    (1, _) => vec![0],
+                    _ => vec![rank - 1],
+                };
+                let keepdim = c % 2 == 0;
+                let ops: Vec<ReduceOp> = ReduceOp::ALL
+                    .into_iter()
+                    .filter(|&r| {
+                        let ok_int =
+                            si.dtype.is_float() || si.dtype == DType::Bool || r != ReduceOp::Prod;
+                        ok_int && infer(&red_op(r, &dims, keepdim), &[meta_arg(&si)]).is_ok()
+                    })
+                    .collect();
+                let r = ops[(b / 3) as usize % ops.len()];
+                let inf = infer(&red_op(r, &dims, keepdim), &[meta_arg(&si)]).unwrap();
+                Some((
+                    Ins::Reduce(r, s, dims, keepdim),
+                    Some(new_slot(inf.dtype, &inf.sizes, &mut storages)),
+                ))
+            }
+            11 | 12 => view_kind(&si, n, b, c).map(|v| {
+                let layout = apply_view(&si.layout, &v, n);
+                let slot = SlotInfo {
+                    layout,
+                    ..si.clone()
+                };
+                (Ins::View(s, v), Some(slot))
+            }),
+            13 => {
+                // In place: a unary op or a binary op with an operand that broadcasts into it.
+                let writable: Vec<usize> = alive
+                    .iter()
+                    .copied()
+                    .filter(|&x| !slots[x].overlaps())
+                    .collect();
+                if writable.is_empty() {
+                    None
+                } else {
+                    let t = pick(b, &writable);
+                    let ti = &slots[t];
+                    if c % 2 == 0 {
+                        let ops: Vec<UnaryOp> = UnaryOp::ALL
+                            .into_iter()
+                            .filter(|&u| {
+                                infer(&Op::Unary(u), &[meta_arg(ti)])
+                                    .is_ok_and(|inf| can_cast(inf.dtype, ti.dtype))
+                            })
+                            .collect();
+                        (!ops.is_empty()).then(|| {
+                            (
+                                Ins::Unary(ops[(c / 2) as usize % ops.len()], t, Some(t)),
+                                None,
+                            )
+                        })
+                    } else {
+                        binary(&slots, t, &alive, a, c / 2, Some(t))
+                            .map(|(op, o, _, _)| (Ins::Binary(op, t, o, Some(t)), None))
+                    }
+                }
+            }
+            14 if b % 4 == 0 => Some((Ins::Flush, None)),
+            14 => Some((Ins::Sync(s), None)),
+            _ => (alive.len() > 2).then_some((Ins::Release(s), None)),
+        };
+        if let Some((i, slot)) = next {
+            if let Ins::Release(r) = i {
+                slots[r].alive = false;
+            }
+            if let Some(sl) = slot {
+                slots.push(sl);
+            }
+            ins.push(i);
+        }
+    }
+    Program { n, inputs, ins }
+}
+
+pub fn red_op(r: ReduceOp, dims: &[usize], keepdim: bool) -> Op {
+    Op::Reduce {
+        op: r,
+        dims: dims.iter().copied().collect(),
+        keepdim,
+    }
+}
+
+/// What the record-time checker needs of a slot.
+fn meta_arg(s: &SlotInfo) -> ArgMeta {
+    ArgMeta::tensor(s.dtype, s.sizes())
+}
+
+fn other_arg(slots: &[SlotInfo], o: Other) -> ArgMeta {
+    match o {
+        Other::Slot(x) => meta_arg(&slots[x]),
+        Other::Scalar(v) => ArgMeta::Scalar(v),
+    }
+}
+
+/// A valid binary op of slot `s` with another slot or a scalar; with `into`, the result must
+/// have that slot's shape and be castable to its dtype.
+fn binary(
+    slots: &[SlotInfo],
+    s: usize,
+    alive: &[usize],
+    b: u32,
+    c: u32,
+    into: Option<usize>,
+) -> Option<(BinaryOp, Other, DType, Vec<usize>)> {
+    let scalars = [
+        Scalar::Float(1.5),
+        Scalar::Float(-0.25),
+        Scalar::Int(2),
+        Scalar::Int(-3),
+        Scalar::Bool(true),
+    ];
+    let other = if c % 4 == 0 {
+        Other::Scalar(scalars[(c / 4) as usize % scalars.len()])
+    } else {
+        let fits: Vec<usize> = alive
+            .iter()
+            .copied()
+            .filter(|&x| {
+                into.is_none_or(|t| {
+                    broadcast_shapes(&[slots[t].sizes(), slots[x].sizes()]).as_deref()
+                        == Some(slots[t].sizes())
+                })
+            })
+            .collect();
+        Other::Slot(fits[(c / 4) as usize % fits.len()])
+    };
+    let args = [meta_arg(&slots[s]), other_arg(slots, other)];
+    let ops: Vec<(BinaryOp, DType, Vec<usize>)> = BinaryOp::ALL
+        .into_iter()
+        .filter_map(|op| {
+            let inf = infer(&Op::Binary(op), &args).ok()?;
+            // Integer products and powers outgrow what an f64 holds exactly in int64.
+            let int_growth = !inf.compute.is_float() && matches!(op, BinaryOp::Pow)
+                || inf.compute == DType::I64 && op == BinaryOp::Mul;
+            let fits = into.is_none_or(|t| can_cast(inf.dtype, slots[t].dtype));
+            (!int_growth && fits).then(|| (op, inf.dtype, inf.sizes.to_vec()))
+        })
+        .collect();
+    if ops.is_empty() {
+        return None;
+    }
+    let (op, dtype, sizes) = ops[b as usize % ops.len()].clone();
+    Some((op, other, dtype, sizes))
+}
+
+fn view_kind(si: &SlotInfo, n: usize, b: u32, c: u32) -> Option<ViewKind> {
+    let sizes = si.sizes();
+    let rank = sizes.len();
+    let options: Vec<ViewKind> = [
+        (rank == 2).then_some(ViewKind::Transpose),
+        (rank >= 1).then(|| {
+            let dim = c as usize % rank;
+            ViewKind::Select {
+                dim,
+                index: (c as usize / 2) % sizes[dim],
+            }
+        }),
+        (rank <= 1).then_some(ViewKind::Unsqueeze(c as usize % (rank + 1))),
+        (sizes.contains(&1)).then_some(ViewKind::SqueezeAll),
+        (n > 1 && (rank == 0 || sizes.contains(&1))).then_some(ViewKind::ExpandToN),
+        (rank >= 1 && sizes[c as usize % rank] > 1).then(|| {
+            let dim = c as usize % rank;
+            ViewKind::Narrow {
+                dim,
+                start: (c as usize / 3) % sizes[dim],
+            }
+        }),
+        (rank >= 1).then_some(ViewKind::Alias),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!options.is_empty()).then(|| options[b as usize % options.len()].clone())
+}
+
+/// The reference layout of a view (independent of the runtime's layout code).
+pub fn apply_view(l: &RefLayout, v: &ViewKind, n: usize) -> RefLayout {
+    match v {
+        ViewKind::Transpose => l.transpose(0, 1),
+        ViewKind::Select { dim, index } => l.select(*dim as i64, *index as i64),
+        ViewKind::Unsqueeze(d) => l.unsqueeze(*d),
+        ViewKind::SqueezeAll => l.squeeze(None),
+        ViewKind::ExpandToN => {
+            let target: Vec<usize> = if l.rank() == 0 {
+                vec![n]
+            } else {
+                l.sizes.iter().map(|_| n).collect()
+            };
+            l.expand(&target)
+        }
+        ViewKind::Narrow { dim, start } => {
+            l.slice(*dim as i64, *start as i64, *start as i64 + 1, 1)
+        }
+        ViewKind::Alias => l.slice(0, 0, l.sizes[0] as i64, 1),
+    }
+}
