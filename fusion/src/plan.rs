@@ -508,8 +508,9 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
                                     .filter_map(|o| o.tensor())
                                     .chain([&node.output])
                                     .collect();
-                                (!g.rows_coalesce(&g.operand_strides(&extra)))
-                                    .then_some(CutReason::Layout)
+                                (g.red_dims.is_some()
+                                    && !g.rows_coalesce(&g.operand_strides(&extra)))
+                                .then_some(CutReason::Layout)
                             })
                         };
                         match why {
