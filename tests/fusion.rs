@@ -443,3 +443,81 @@ fn layernorm_is_one_row_kernel_and_equals_strict() {
     // normalize + scale + shift); x - mean is recomputed in registers, never stored.
     assert_eq!((results[0].1, results[1].1), (9, 1));
 }
+
+#[test]
+fn steady_state_loop_reuses_its_plan_with_new_scalars_and_buffers() {
+    let mut results = vec![];
+    for mode in [Mode::Strict, Mode::Defer] {
+        let r = rt(mode);
+        let mk = |seed| {
+            r.from_host(&f32s(&data(64, seed)), DType::F32, &[64])
+                .unwrap()
+        };
+        let (p, g, m, v) = (mk(20), mk(21), mk(22), mk(23));
+        let v = r.op(0, Op::Unary(UnaryOp::Abs), &[t(v)], None).unwrap();
+        read(&r, v);
+        for step in 0..6 {
+            // A fresh gradient buffer each step, like a real training loop.
+            let g2 = bin(&r, BinaryOp::Mul, t(g), s(1.0 + step as f64));
+            adamw_step(&r, p, g2, m, v, 1e-3 / (step + 1) as f64);
+            r.release(g2).unwrap();
+            read(&r, p);
+        }
+        results.push((read(&r, p), read(&r, m), r.stats().plans_reused));
+    }
+    assert_eq!(
+        results[0].0, results[1].0,
+        "reused plans must bind this step's scalars and buffers"
+    );
+    assert_eq!(results[0].1, results[1].1);
+    // The first step plans; each later one reuses that plan.
+    assert_eq!(results[1].2, 5);
+}
+
+#[test]
+fn reused_plans_give_the_same_results_as_fresh_ones() {
+    // Copy-then-reduce (a lowered-and-fused mix), softmax and layernorm, each run three times on
+    // one runtime: the second and third runs reuse the first run's plan.
+    let run = |mode: Mode| {
+        let r = rt(mode);
+        let x = r
+            .from_host(&f32s(&data(24 * 40, 30)), DType::F32, &[24, 40])
+            .unwrap();
+        let x3 = r.view(0, x, &View::Reshape(vec![6, 4, 40])).unwrap();
+        let w = r
+            .from_host(&f32s(&data(40, 31)), DType::F32, &[40])
+            .unwrap();
+        let b = r
+            .from_host(&f32s(&data(40, 32)), DType::F32, &[40])
+            .unwrap();
+        let mut out = vec![];
+        for _ in 0..3 {
+            let dims = [2usize, 0].into_iter().collect();
+            let s = r
+                .op(
+                    0,
+                    Op::Reduce {
+                        op: ReduceOp::Sum,
+                        dims,
+                        keepdim: true,
+                    },
+                    &[t(x3)],
+                    None,
+                )
+                .unwrap();
+            out.push(read(&r, s));
+            let y = softmax(&r, x);
+            out.push(read(&r, y));
+            let z = layernorm(&r, x, w, b);
+            out.push(read(&r, z));
+            for h in [s, y, z] {
+                r.release(h).unwrap();
+            }
+        }
+        (out, r.stats().plans_reused)
+    };
+    let (strict, _) = run(Mode::Strict);
+    let (defer, reused) = run(Mode::Defer);
+    assert_eq!(strict, defer);
+    assert!(reused >= 6, "the last two rounds reuse plans, got {reused}");
+}

@@ -828,6 +828,10 @@ typedef struct DfuseStats {
    */
   uint64_t unmaterialized;
   /**
+   * Flushes whose plan was reused from an earlier trace of the same structure.
+   */
+  uint64_t plans_reused;
+  /**
    * Planner cuts, indexed by `DfuseCutReason`.
    */
   uint64_t cuts[DFUSE_CUT_REASON_COUNT];

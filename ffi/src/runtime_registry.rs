@@ -274,6 +274,7 @@ pub unsafe extern "C" fn dfuse_stats(rt: *const DfuseRuntime, out: *mut DfuseSta
             bytes_allocated: s.bytes_allocated,
             dead_nodes: s.dead_nodes,
             unmaterialized: s.unmaterialized,
+            plans_reused: s.plans_reused,
             cuts: s.cuts,
             sync_points: s.sync_points,
         };

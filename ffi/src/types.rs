@@ -193,6 +193,8 @@ pub struct DfuseStats {
     pub dead_nodes: u64,
     /// Deferred values computed in registers and never written to memory.
     pub unmaterialized: u64,
+    /// Flushes whose plan was reused from an earlier trace of the same structure.
+    pub plans_reused: u64,
     /// Planner cuts, indexed by `DfuseCutReason`.
     pub cuts: [u64; DFUSE_CUT_REASON_COUNT],
     /// Sync points, indexed by `DfuseSyncReason`.

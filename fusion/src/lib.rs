@@ -7,6 +7,7 @@ pub mod ir;
 pub mod iter;
 pub mod lower;
 pub mod plan;
+pub mod plan_cache;
 pub mod region;
 pub mod trace;
 

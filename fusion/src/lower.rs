@@ -2,7 +2,7 @@
 //! (addmm to two); the fusing planner builds bigger loop regions with the same [`LoopBuilder`].
 
 use crate::ir::layout::wrap_dim;
-use crate::ir::{BinaryOp, DType, Dims, Layout, Op, ReduceOp, Strides, UnaryOp};
+use crate::ir::{BinaryOp, DType, Dims, Layout, Op, ReduceOp, Scalar, Strides, UnaryOp};
 use crate::iter::IterSpace;
 use crate::region::{
     Binding, Instr, InstrKind, LoopOperand, LoopReduce, LoopRegion, Region, Step, ValueIdx,
@@ -20,6 +20,27 @@ pub struct LoopBuilder {
     /// Values this loop has computed for a buffer view: a later read of that exact view uses
     /// the value instead of loading (the fusing planner fills this).
     pub forwards: Vec<(TensorRef, ValueIdx)>,
+    /// Where each scalar slot's value came from, so a cached plan can be re-bound to the
+    /// scalars of a later, identical trace.
+    pub scalar_src: Vec<ScalarSrc>,
+}
+
+/// The origin of a scalar parameter slot: input `input` of trace node `node`, converted to `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScalarSrc {
+    pub node: usize,
+    pub input: usize,
+    pub to: DType,
+}
+
+/// The 64 bits a kernel reads for scalar `s` used as a value of dtype `to`. A scalar becomes a
+/// bool by truthiness (0.5 -> true), like `torch.full(.., dtype=bool)`.
+pub fn scalar_bits(s: Scalar, to: DType) -> u64 {
+    if to == DType::Bool {
+        (s.as_f64() != 0.0) as u64
+    } else {
+        s.bits_for(to.compute())
+    }
 }
 
 impl LoopBuilder {
@@ -113,11 +134,28 @@ impl LoopBuilder {
                 };
                 self.cast(v, to)
             }
-            // A scalar becomes a bool by truthiness (0.5 -> true), like torch.full(.., dtype=bool).
-            Operand::Scalar(s) if to == DType::Bool => self.param((s.as_f64() != 0.0) as u64, to),
-            Operand::Scalar(s) => self.param(s.bits_for(to.compute()), to),
+            Operand::Scalar(s) => self.param(scalar_bits(*s, to), to),
             Operand::Absent => unreachable!("absent operands are filtered by the caller"),
         }
+    }
+
+    /// Input `k` of trace node `idx`, expanded to `sizes` and converted to `to`.
+    pub fn input(
+        &mut self,
+        idx: usize,
+        node: &Node,
+        k: usize,
+        sizes: &[usize],
+        to: DType,
+    ) -> ValueIdx {
+        if let Operand::Scalar(_) = node.inputs[k] {
+            self.scalar_src.push(ScalarSrc {
+                node: idx,
+                input: k,
+                to,
+            });
+        }
+        self.operand(&node.inputs[k], sizes, to)
     }
 
     pub fn unary(&mut self, u: UnaryOp, a: ValueIdx, dtype: DType) -> ValueIdx {
@@ -131,18 +169,23 @@ impl LoopBuilder {
 
 /// Emits the body of one elementwise node and returns the value it produces (in the node's
 /// output dtype).
-pub fn emit_elementwise(b: &mut LoopBuilder, node: &Node) -> ValueIdx {
-    emit_elementwise_over(b, node, &node.output.layout.sizes.clone())
+pub fn emit_elementwise(b: &mut LoopBuilder, idx: usize, node: &Node) -> ValueIdx {
+    emit_elementwise_over(b, idx, node, &node.output.layout.sizes.clone())
 }
 
 /// Like [`emit_elementwise`], iterating over `sizes` (the node's shape or a shape it broadcasts
 /// to, e.g. a per-row op inside a row kernel).
-pub fn emit_elementwise_over(b: &mut LoopBuilder, node: &Node, sizes: &[usize]) -> ValueIdx {
+pub fn emit_elementwise_over(
+    b: &mut LoopBuilder,
+    idx: usize,
+    node: &Node,
+    sizes: &[usize],
+) -> ValueIdx {
     let sizes: Dims = sizes.into();
     let c = node.compute;
     let v = match &node.op {
         Op::Unary(u) => {
-            let a = b.operand(&node.inputs[0], &sizes, c);
+            let a = b.input(idx, node, 0, &sizes, c);
             let dt = if matches!(u, UnaryOp::LogicalNot | UnaryOp::IsNan) {
                 DType::Bool
             } else {
@@ -151,35 +194,33 @@ pub fn emit_elementwise_over(b: &mut LoopBuilder, node: &Node, sizes: &[usize]) 
             b.unary(*u, a, dt)
         }
         Op::Binary(op) => {
-            let x = b.operand(&node.inputs[0], &sizes, c);
-            let y = b.operand(&node.inputs[1], &sizes, c);
+            let x = b.input(idx, node, 0, &sizes, c);
+            let y = b.input(idx, node, 1, &sizes, c);
             let dt = if op.gives_bool() { DType::Bool } else { c };
             b.binary(*op, x, y, dt)
         }
         Op::Where => {
-            let cond = b.operand(&node.inputs[0], &sizes, DType::Bool);
-            let x = b.operand(&node.inputs[1], &sizes, c);
-            let y = b.operand(&node.inputs[2], &sizes, c);
+            let cond = b.input(idx, node, 0, &sizes, DType::Bool);
+            let x = b.input(idx, node, 1, &sizes, c);
+            let y = b.input(idx, node, 2, &sizes, c);
             b.push(InstrKind::Where(cond, x, y), c)
         }
         Op::Clamp => {
-            let mut x = b.operand(&node.inputs[0], &sizes, c);
+            let mut x = b.input(idx, node, 0, &sizes, c);
             if !matches!(node.inputs[1], Operand::Absent) {
-                let lo = b.operand(&node.inputs[1], &sizes, c);
+                let lo = b.input(idx, node, 1, &sizes, c);
                 x = b.binary(BinaryOp::Maximum, x, lo, c);
             }
             if !matches!(node.inputs[2], Operand::Absent) {
-                let hi = b.operand(&node.inputs[2], &sizes, c);
+                let hi = b.input(idx, node, 2, &sizes, c);
                 x = b.binary(BinaryOp::Minimum, x, hi, c);
             }
             x
         }
-        Op::Cast(_) | Op::Copy => b.operand(
-            &node.inputs[0],
-            &sizes,
-            node.inputs[0].tensor().unwrap().dtype,
-        ),
-        Op::Full { dtype, .. } => b.operand(&node.inputs[0], &sizes, *dtype),
+        Op::Cast(_) | Op::Copy => {
+            b.input(idx, node, 0, &sizes, node.inputs[0].tensor().unwrap().dtype)
+        }
+        Op::Full { dtype, .. } => b.input(idx, node, 0, &sizes, *dtype),
         other => unreachable!("{other} is not elementwise"),
     };
     b.cast(v, node.output.dtype)
@@ -345,7 +386,7 @@ pub fn lower_node(node: &Node, index: usize) -> Vec<Step> {
     match &node.op {
         op if op.is_elementwise() => {
             let mut b = LoopBuilder::default();
-            let v = emit_elementwise(&mut b, node);
+            let v = emit_elementwise(&mut b, index, node);
             vec![elementwise_step(b, vec![(v, out.clone())], vec![index])]
         }
         Op::Reduce { op, dims, keepdim } => {

@@ -11,7 +11,7 @@
 use crate::ir::{BinaryOp, Dims, Layout, Op, ReduceOp, Strides, UnaryOp};
 use crate::lower::{
     elementwise_step, emit_elementwise_over, loop_step, lower_node, reduce_acc_dtype,
-    reduce_out_strides, reduce_space_for, reduced_dims, LoopBuilder, StepReduce,
+    reduce_out_strides, reduce_space_for, reduced_dims, LoopBuilder, ScalarSrc, StepReduce,
 };
 use crate::region::{InstrKind, Step, ValueIdx};
 use crate::trace::{BufferId, Node, TensorRef};
@@ -81,6 +81,33 @@ pub struct Plan {
     pub unmaterialized: usize,
     /// For each cut, the node that triggered it and why (for logs).
     pub cut_log: Vec<(usize, CutReason)>,
+    /// Where `steps` came from, in order (what a cached plan needs to re-bind them).
+    pub origins: Vec<StepOrigin>,
+}
+
+/// How a run of steps was made.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepOrigin {
+    /// One fused loop step; its scalar slots come from these node inputs.
+    Fused(Vec<ScalarSrc>),
+    /// `steps` steps lowered from trace node `node` alone (matmul, arange).
+    Lowered { node: usize, steps: usize },
+}
+
+impl Plan {
+    fn push_lowered(&mut self, node: &Node, i: usize) {
+        let steps = lower_node(node, i);
+        self.origins.push(StepOrigin::Lowered {
+            node: i,
+            steps: steps.len(),
+        });
+        self.steps.extend(steps);
+    }
+
+    fn push_fused(&mut self, step: Step, src: Vec<ScalarSrc>) {
+        self.origins.push(StepOrigin::Fused(src));
+        self.steps.push(step);
+    }
 }
 
 /// A reduction inside a row kernel.
@@ -292,7 +319,7 @@ impl Group {
     fn add_elementwise(&mut self, i: usize, node: &Node) {
         self.note_reads(node);
         let sizes = self.sizes.clone();
-        let v = emit_elementwise_over(&mut self.b, node, &sizes);
+        let v = emit_elementwise_over(&mut self.b, i, node, &sizes);
         let view = TensorRef {
             layout: node.output.layout.expand(&sizes),
             ..node.output.clone()
@@ -364,9 +391,10 @@ fn close(g: Group, facts: &Facts, plan: &mut Plan) {
             plan.unmaterialized += 1;
         }
     }
+    let src = g.b.scalar_src.clone();
     let Some(red) = g.red_dims.clone() else {
         if !outputs.is_empty() {
-            plan.steps.push(elementwise_step(g.b, outputs, g.nodes));
+            plan.push_fused(elementwise_step(g.b, outputs, g.nodes), src);
         }
         return;
     };
@@ -388,8 +416,7 @@ fn close(g: Group, facts: &Facts, plan: &mut Plan) {
     }
     let iter = reduce_space_for(&g.sizes, &red, &strides);
     debug_assert!(iter.reduced <= 1, "checked when each node joined");
-    plan.steps
-        .push(loop_step(g.b, outputs, reduces, iter, g.nodes));
+    plan.push_fused(loop_step(g.b, outputs, reduces, iter, g.nodes), src);
 }
 
 /// Adds reduction node `i` to `g` as its next row sweep; false (and `g` unchanged) if it cannot.
@@ -449,11 +476,9 @@ fn join_reduce(g: &mut Group, i: usize, facts: &Facts) -> bool {
 pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions) -> Plan {
     let mut plan = Plan::default();
     if !opts.fuse {
-        plan.steps = nodes
-            .iter()
-            .enumerate()
-            .flat_map(|(i, n)| lower_node(n, i))
-            .collect();
+        for (i, n) in nodes.iter().enumerate() {
+            plan.push_lowered(n, i);
+        }
         return plan;
     }
     // Backward pass: a node is needed if its output is live or read by a needed later node.
@@ -551,7 +576,7 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
                 if let Some(g) = group.take() {
                     cut(g, i, CutReason::Unfusable, &mut plan);
                 }
-                plan.steps.extend(lower_node(node, i));
+                plan.push_lowered(node, i);
             }
         }
     }

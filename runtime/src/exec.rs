@@ -9,7 +9,7 @@ use crate::stats::SyncReason;
 use crate::stream::Stream;
 use deferfuse_cache::fingerprint;
 use deferfuse_fusion::lower::lower_node;
-use deferfuse_fusion::plan::{plan, PlanOptions};
+use deferfuse_fusion::plan::PlanOptions;
 use deferfuse_fusion::{BufferId, Node, Step};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -32,7 +32,10 @@ impl Runtime {
             fuse: true,
             max_ops_per_region: self.config.max_ops_per_region,
         };
-        let p = plan(&nodes, &live, &opts);
+        let (p, reused) = pending.plans.plan(&nodes, &live, &opts);
+        if reused {
+            self.counters.plans_reused.fetch_add(1, Ordering::Relaxed);
+        }
         tracing::debug!(
             stream = stream.id,
             ops = nodes.len(),

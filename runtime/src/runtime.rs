@@ -359,6 +359,7 @@ impl Runtime {
             cuts: std::array::from_fn(|k| self.counters.cuts[k].load(Ordering::Relaxed)),
             dead_nodes: self.counters.dead_nodes.load(Ordering::Relaxed),
             unmaterialized: self.counters.unmaterialized.load(Ordering::Relaxed),
+            plans_reused: self.counters.plans_reused.load(Ordering::Relaxed),
         }
     }
 }

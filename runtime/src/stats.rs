@@ -58,6 +58,8 @@ pub struct Stats {
     pub dead_nodes: u64,
     /// Deferred values computed in registers and never written to memory.
     pub unmaterialized: u64,
+    /// Flushes whose plan was reused from an earlier trace of the same structure.
+    pub plans_reused: u64,
 }
 
 /// The live counters.
@@ -70,6 +72,7 @@ pub struct Counters {
     pub cuts: [AtomicU64; CutReason::COUNT],
     pub dead_nodes: AtomicU64,
     pub unmaterialized: AtomicU64,
+    pub plans_reused: AtomicU64,
 }
 
 impl Counters {

@@ -5,6 +5,7 @@
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
 use crossbeam_channel::{unbounded, Receiver, Sender};
+use deferfuse_fusion::plan_cache::PlanCache;
 use deferfuse_fusion::{BufferId, Trace};
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -76,6 +77,8 @@ pub struct Pending {
     pub buffers: HashMap<BufferId, Arc<Buffer>>,
     /// Bytes of the buffers deferred ops create (bounded by `Config::max_pending_bytes`).
     pub bytes: usize,
+    /// Plans of this stream's recent trace structures (steady-state loops reuse them).
+    pub plans: PlanCache,
 }
 
 /// One stream: its pending trace, its queue and its worker.

@@ -306,7 +306,7 @@ impl fmt::Display for Scalar {
 }
 
 /// One recorded op with its attributes. Views are not ops: they only change a handle's layout.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
     Unary(UnaryOp),
     Binary(BinaryOp),
