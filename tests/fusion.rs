@@ -521,3 +521,55 @@ fn reused_plans_give_the_same_results_as_fresh_ones() {
     assert_eq!(strict, defer);
     assert!(reused >= 6, "the last two rounds reuse plans, got {reused}");
 }
+
+/// relu(x @ w + b), then the same through addmm, three times (the last two reuse plans).
+fn linear_relu(r: &Runtime, x: Handle, w: Handle, b: Handle) -> (Handle, Handle) {
+    let mm = r.op(0, Op::Matmul, &[t(x), t(w)], None).unwrap();
+    let z = bin(r, BinaryOp::Add, t(mm), t(b));
+    let y = r.op(0, Op::Unary(UnaryOp::Relu), &[t(z)], None).unwrap();
+    let am = r
+        .op(0, Op::Addmm, &[t(b), t(x), t(w), s(1.0), s(0.5)], None)
+        .unwrap();
+    let y2 = r
+        .op(0, Op::Unary(UnaryOp::GeluTanh), &[t(am)], None)
+        .unwrap();
+    for h in [mm, z, am] {
+        r.release(h).unwrap();
+    }
+    (y, y2)
+}
+
+#[test]
+fn matmul_epilogue_runs_inside_the_matmul_program_and_equals_strict() {
+    // 300 x 100 outputs: several blocks of rows, the last one partial.
+    let (m, k, n) = (300, 37, 100);
+    let mut results = vec![];
+    for mode in [Mode::Strict, Mode::Defer] {
+        let r = rt(mode);
+        let x = r
+            .from_host(&f32s(&data(m * k, 40)), DType::F32, &[m, k])
+            .unwrap();
+        let w = r
+            .from_host(&f32s(&data(k * n, 41)), DType::F32, &[k, n])
+            .unwrap();
+        let b = r.from_host(&f32s(&data(n, 42)), DType::F32, &[n]).unwrap();
+        let mut out = vec![];
+        let mut runs = vec![];
+        for _ in 0..3 {
+            let before = r.stats().programs_run;
+            let (y, y2) = linear_relu(&r, x, w, b);
+            out.push((read(&r, y), read(&r, y2)));
+            runs.push(r.stats().programs_run - before);
+        }
+        results.push((out, runs, r.stats().plans_reused));
+    }
+    assert_eq!(
+        results[0].0, results[1].0,
+        "defer must equal strict bit for bit"
+    );
+    // Strict: matmul, add, relu, then addmm's bias copy and GEMM, gelu = 6 programs.
+    // Defer: GEMM+add+relu, then the bias copy and GEMM+gelu = 3 programs.
+    assert_eq!(results[0].1, vec![6, 6, 6]);
+    assert_eq!(results[1].1, vec![3, 3, 3]);
+    assert!(results[1].2 >= 2);
+}

@@ -3,6 +3,7 @@
 //! This crate knows nothing of backends or buffers' storage: it sees tensors as
 //! (buffer id, layout, dtype) and decides what work exists and how it is cut into regions.
 
+pub mod epilogue;
 pub mod ir;
 pub mod iter;
 pub mod lower;

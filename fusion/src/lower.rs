@@ -485,7 +485,10 @@ fn lower_matmul(node: &Node, index: usize) -> Vec<Step> {
         ..t.clone()
     };
     steps.push(Step {
-        region: Region::Matmul { dtype: out.dtype },
+        region: Region::Matmul {
+            dtype: out.dtype,
+            epilogue: None,
+        },
         binding: Binding {
             operands: vec![t(a, al), t(bm, bl), t(out, ol)],
             iter: None,

@@ -8,6 +8,7 @@
 //! written to memory only if a live handle, a later step or an in-place write needs it. Every cut
 //! has a reason, counted in [`Plan::cuts`].
 
+use crate::epilogue::{combine, PendingMatmul};
 use crate::ir::{BinaryOp, Dims, Layout, Op, ReduceOp, Strides, UnaryOp};
 use crate::lower::{
     elementwise_step, emit_elementwise_over, loop_step, lower_node, reduce_acc_dtype,
@@ -92,6 +93,13 @@ pub enum StepOrigin {
     Fused(Vec<ScalarSrc>),
     /// `steps` steps lowered from trace node `node` alone (matmul, arange).
     Lowered { node: usize, steps: usize },
+    /// Matmul node `node`'s `prefix` lowered steps (a bias copy), then its GEMM combined with
+    /// a fused epilogue whose scalar slots (after alpha and beta) come from `src`.
+    MatmulEpilogue {
+        node: usize,
+        prefix: usize,
+        src: Vec<ScalarSrc>,
+    },
 }
 
 impl Plan {
@@ -102,6 +110,15 @@ impl Plan {
             steps: steps.len(),
         });
         self.steps.extend(steps);
+    }
+
+    /// Emits a matmul nobody fused an epilogue into.
+    fn push_matmul(&mut self, mm: PendingMatmul) {
+        self.origins.push(StepOrigin::Lowered {
+            node: mm.node,
+            steps: mm.steps.len(),
+        });
+        self.steps.extend(mm.steps);
     }
 
     fn push_fused(&mut self, step: Step, src: Vec<ScalarSrc>) {
@@ -137,6 +154,8 @@ struct Group {
     /// Body length when the last reduction joined: values before it are recomputed by later
     /// sweeps.
     phase_start: usize,
+    /// The matmul this loop is the epilogue of.
+    mm: Option<PendingMatmul>,
 }
 
 /// `sizes` with the reduced dims set to 1: the shape of a keepdim reduction's result.
@@ -160,6 +179,7 @@ impl Group {
             red_dims: None,
             reduces: Vec::new(),
             phase_start: 0,
+            mm: None,
         }
     }
 
@@ -233,6 +253,12 @@ impl Group {
     fn conflict(&self, node: &Node, max_ops: usize) -> Option<CutReason> {
         if self.ops >= max_ops {
             return Some(CutReason::MaxOps);
+        }
+        if let Some(mm) = &self.mm {
+            let reads: Vec<&TensorRef> = node.inputs.iter().filter_map(|o| o.tensor()).collect();
+            if mm.conflicts(&reads, &node.output) {
+                return Some(CutReason::Layout);
+            }
         }
         if self.recomputes(node) {
             return Some(CutReason::Recompute);
@@ -392,6 +418,22 @@ fn close(g: Group, facts: &Facts, plan: &mut Plan) {
         }
     }
     let src = g.b.scalar_src.clone();
+    if let Some(mut mm) = g.mm {
+        if outputs.is_empty() {
+            plan.push_matmul(mm);
+            return;
+        }
+        let gemm = mm.steps.pop().expect("a matmul lowers to its GEMM");
+        plan.origins.push(StepOrigin::MatmulEpilogue {
+            node: mm.node,
+            prefix: mm.steps.len(),
+            src,
+        });
+        plan.steps.extend(mm.steps);
+        plan.steps
+            .push(combine(gemm, elementwise_step(g.b, outputs, g.nodes)));
+        return;
+    }
     let Some(red) = g.red_dims.clone() else {
         if !outputs.is_empty() {
             plan.push_fused(elementwise_step(g.b, outputs, g.nodes), src);
@@ -432,6 +474,7 @@ fn join_reduce(g: &mut Group, i: usize, facts: &Facts) -> bool {
         || g.red_dims.as_ref().is_some_and(|r| *r != red)
         || g.conflict(node, usize::MAX).is_some()
         || g.updates_in_place()
+        || g.mm.is_some()
     {
         return false;
     }
@@ -512,6 +555,7 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
         fresh,
     };
     let mut group: Option<Group> = None;
+    let mut pending_mm: Option<PendingMatmul> = None;
     let cut = |g: Group, i: usize, why: CutReason, plan: &mut Plan| {
         plan.cuts[why as usize] += 1;
         plan.cut_log.push((i, why));
@@ -521,6 +565,16 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
         match &node.op {
             op if op.is_elementwise() => {
                 let sizes = node.output.layout.sizes.clone();
+                if let Some(mm) = pending_mm.take() {
+                    if mm.accepts(&nodes[mm.node], node) {
+                        let mut g = Group::new(sizes);
+                        g.mm = Some(mm);
+                        g.add_elementwise(i, node);
+                        group = Some(g);
+                        continue;
+                    }
+                    plan.push_matmul(mm);
+                }
                 let mut g = match group.take() {
                     Some(g) => {
                         let why = if !g.fits_shape(&sizes) {
@@ -552,6 +606,9 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
                 group = Some(g);
             }
             Op::Reduce { .. } => {
+                if let Some(mm) = pending_mm.take() {
+                    plan.push_matmul(mm);
+                }
                 let t = node.inputs[0].tensor().expect("reduce input is a tensor");
                 let mut g = group
                     .take()
@@ -573,15 +630,29 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
                 group = Some(g);
             }
             _ => {
+                if let Some(mm) = pending_mm.take() {
+                    plan.push_matmul(mm);
+                }
                 if let Some(g) = group.take() {
                     cut(g, i, CutReason::Unfusable, &mut plan);
                 }
-                plan.push_lowered(node, i);
+                if matches!(node.op, Op::Matmul | Op::Addmm) {
+                    // Held back: the next op may become its epilogue.
+                    pending_mm = Some(PendingMatmul {
+                        node: i,
+                        steps: lower_node(node, i),
+                    });
+                } else {
+                    plan.push_lowered(node, i);
+                }
             }
         }
     }
     if let Some(g) = group {
         close(g, &facts, &mut plan);
+    }
+    if let Some(mm) = pending_mm {
+        plan.push_matmul(mm);
     }
     plan
 }

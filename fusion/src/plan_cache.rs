@@ -7,6 +7,7 @@
 //! appearance), which buffers are live, and scalar kinds (not values). Keys are compared word
 //! for word on a hit, so a hash collision can never hand back a wrong plan.
 
+use crate::epilogue::rebind_gemm;
 use crate::ir::Scalar;
 use crate::lower::{lower_node, scalar_bits};
 use crate::plan::{plan, CutReason, Plan, PlanOptions, StepOrigin};
@@ -175,6 +176,23 @@ impl Template {
                     steps.extend(lower_node(&nodes[*node], *node));
                     k += n;
                 }
+                StepOrigin::MatmulEpilogue { node, prefix, src } => {
+                    let mut lowered = lower_node(&nodes[*node], *node);
+                    let gemm = lowered.pop().expect("a matmul lowers to its GEMM");
+                    steps.extend(lowered);
+                    let mut s = self.steps[k + prefix].clone();
+                    k += prefix + 1;
+                    for t in &mut s.binding.operands {
+                        t.buffer = buffers[t.buffer as usize];
+                    }
+                    rebind_gemm(&mut s, &gemm);
+                    for (slot, sc) in s.binding.scalars[2..].iter_mut().zip(src) {
+                        if let Operand::Scalar(v) = nodes[sc.node].inputs[sc.input] {
+                            *slot = scalar_bits(v, sc.to);
+                        }
+                    }
+                    steps.push(s);
+                }
             }
         }
         Plan {
@@ -228,6 +246,7 @@ impl PlanCache {
             .map(|o| match o {
                 StepOrigin::Fused(_) => 1,
                 StepOrigin::Lowered { steps, .. } => *steps,
+                StepOrigin::MatmulEpilogue { prefix, .. } => prefix + 1,
             })
             .sum();
         debug_assert_eq!(covered, p.steps.len(), "every step has an origin");

@@ -71,8 +71,13 @@ pub enum Region {
     Loop(LoopRegion),
     /// `out = alpha * (a @ b) + beta * out` over batch dims; operands a, b, out with layouts
     /// `[batch.., m, k]`, `[batch.., k, n]`, `[batch.., m, n]`; scalars alpha, beta (f64 bits).
+    /// With an `epilogue` (2-D outputs only) the loop region runs on each block of output rows
+    /// right after the GEMM wrote it, while it is in cache: the binding is then a, b, the
+    /// epilogue's inputs, out, the epilogue's outputs; scalars alpha, beta, then the
+    /// epilogue's; `iter` is the epilogue's.
     Matmul {
         dtype: DType,
+        epilogue: Option<Box<LoopRegion>>,
     },
     /// `out[i] = start + i * step`; scalars start, step (f64 bits).
     Arange {
@@ -145,7 +150,13 @@ impl fmt::Display for Region {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Region::Loop(l) => l.fmt(f),
-            Region::Matmul { dtype } => write!(f, "matmul.{dtype}(a, b, out; alpha, beta)"),
+            Region::Matmul { dtype, epilogue } => {
+                write!(f, "matmul.{dtype}(a, b, out; alpha, beta)")?;
+                if let Some(e) = epilogue {
+                    write!(f, " then per block of rows: {e}")?;
+                }
+                Ok(())
+            }
             Region::Arange { dtype } => write!(f, "arange.{dtype}(out; start, step)"),
         }
     }

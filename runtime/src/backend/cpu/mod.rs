@@ -20,7 +20,7 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{Linkage, Module};
 use deferfuse_fusion::ir::DType;
 use deferfuse_fusion::region::LoopRegion;
-use deferfuse_fusion::{Binding, Region};
+use deferfuse_fusion::{Binding, IterSpace, Region, StrideKind, TensorRef};
 use half::{bf16, f16};
 use std::sync::{Arc, Mutex};
 
@@ -131,7 +131,22 @@ impl Backend for CpuBackend {
     fn compile(&self, region: &Region) -> Result<Arc<dyn Program>> {
         Ok(match region {
             Region::Loop(l) => Arc::new(self.compile_loop(l)?),
-            Region::Matmul { dtype } => Arc::new(MatmulProgram(*dtype)),
+            Region::Matmul { dtype, epilogue } => Arc::new(MatmulProgram {
+                dtype: *dtype,
+                epilogue: match epilogue {
+                    Some(l) => Some(Epilogue {
+                        program: self.compile_loop(l)?,
+                        kinds: l
+                            .inputs
+                            .iter()
+                            .chain(l.outputs.iter().map(|(_, o)| o))
+                            .map(|o| o.inner)
+                            .collect(),
+                        inputs: l.inputs.len(),
+                    }),
+                    None => None,
+                },
+            }),
             Region::Arange { dtype } => Arc::new(ArangeProgram(*dtype)),
         })
     }
@@ -228,17 +243,106 @@ impl Program for LoopProgram {
     }
 }
 
-struct MatmulProgram(DType);
+/// A GEMM, optionally followed by a fused epilogue loop run block of rows by block of rows.
+struct MatmulProgram {
+    dtype: DType,
+    epilogue: Option<Epilogue>,
+}
+
+struct Epilogue {
+    program: LoopProgram,
+    /// The stride kinds the epilogue was compiled for (inputs then outputs).
+    kinds: Vec<StrideKind>,
+    inputs: usize,
+}
+
+/// Output elements per block: the block's rows stay in L2 between the GEMM and the epilogue.
+const EPILOGUE_BLOCK_ELEMS: usize = 16 * 1024;
+
+impl MatmulProgram {
+    unsafe fn gemm(
+        &self,
+        binding: &Binding,
+        bases: &[*mut u8],
+        out: usize,
+        rows: Option<(usize, usize)>,
+    ) {
+        let ops = &binding.operands;
+        let s = |i: usize| f64::from_bits(binding.scalars[i]);
+        let (al, ol) = match rows {
+            Some((r0, n)) => (
+                ops[0].layout.slice(0, r0, n, 1),
+                ops[out].layout.slice(0, r0, n, 1),
+            ),
+            None => (ops[0].layout.clone(), ops[out].layout.clone()),
+        };
+        let a = matmul::Mat {
+            ptr: bases[0],
+            layout: &al,
+        };
+        let b = matmul::Mat {
+            ptr: bases[1],
+            layout: &ops[1].layout,
+        };
+        let c = matmul::Mat {
+            ptr: bases[out],
+            layout: &ol,
+        };
+        matmul::matmul(self.dtype, a, b, c, s(0), s(1));
+    }
+}
 
 impl Program for MatmulProgram {
     unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
-        let ops = &binding.operands;
-        let m = |i: usize| matmul::Mat {
-            ptr: bases[i],
-            layout: &ops[i].layout,
+        let Some(e) = &self.epilogue else {
+            self.gemm(binding, bases, 2, None);
+            return Ok(());
         };
-        let s = |i: usize| f64::from_bits(binding.scalars[i]);
-        matmul::matmul(self.0, m(0), m(1), m(2), s(0), s(1));
+        let ops = &binding.operands;
+        let out = 2 + e.inputs;
+        let idx: Vec<usize> = (2..out).chain(out + 1..ops.len()).collect();
+        let e_bases: Vec<*mut u8> = idx.iter().map(|&j| bases[j]).collect();
+        let (m, n) = (ops[out].layout.sizes[0], ops[out].layout.sizes[1]);
+        let block_rows = (EPILOGUE_BLOCK_ELEMS / n.max(1)).max(1);
+        let block = |r0: usize| {
+            let rows = block_rows.min(m - r0);
+            let operands: Vec<TensorRef> = idx
+                .iter()
+                .map(|&j| TensorRef {
+                    layout: ops[j].layout.slice(0, r0, rows, 1),
+                    ..ops[j].clone()
+                })
+                .collect();
+            let strides: Vec<_> = operands.iter().map(|t| t.layout.strides.clone()).collect();
+            let iter = IterSpace::coalesce(&[rows, n], &strides, 0);
+            Binding {
+                operands,
+                iter: Some(iter),
+                scalars: binding.scalars[2..].to_vec(),
+                n_inputs: e.inputs,
+            }
+        };
+        // Blocks must walk their rows like the compiled epilogue expects; otherwise run the
+        // whole GEMM, then the whole epilogue (same results, less cache reuse).
+        let fits = |b: &Binding| {
+            let it = b.iter.as_ref().expect("blocks have an iteration space");
+            (0..e.kinds.len()).all(|j| it.inner_kind(j) == e.kinds[j])
+        };
+        let last = m.saturating_sub(1) / block_rows * block_rows;
+        if m == 0 || n <= 1 || !fits(&block(0)) || !fits(&block(last)) {
+            self.gemm(binding, bases, out, None);
+            let whole = Binding {
+                operands: idx.iter().map(|&j| ops[j].clone()).collect(),
+                iter: binding.iter.clone(),
+                scalars: binding.scalars[2..].to_vec(),
+                n_inputs: e.inputs,
+            };
+            return e.program.run(&whole, &e_bases);
+        }
+        for r0 in (0..m).step_by(block_rows) {
+            self.gemm(binding, bases, out, Some((r0, block_rows.min(m - r0))));
+            e.program.run(&block(r0), &e_bases)?;
+        }
         Ok(())
     }
 }
