@@ -43,6 +43,7 @@ impl Runtime {
             dead = p.dead_nodes,
             unmaterialized = p.unmaterialized,
             reason = reason.name(),
+            last_op = %nodes.last().expect("a flushed trace is not empty"),
             "flush"
         );
         for &(i, why) in &p.cut_log {

@@ -12,6 +12,7 @@ mod dump;
 pub mod error;
 mod exec;
 pub mod handle;
+mod log;
 pub mod mode;
 pub mod record;
 pub mod runtime;

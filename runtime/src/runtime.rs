@@ -45,6 +45,7 @@ static BOTH_FLAGS_WARNING: Once = Once::new();
 impl Runtime {
     /// Creates a runtime with the CPU backend. Invalid env values are an error here.
     pub fn new(config: Config) -> Result<Runtime> {
+        crate::log::init_from_env();
         let (default_mode, both) = resolve_mode(&config)?;
         if both {
             BOTH_FLAGS_WARNING.call_once(|| {
