@@ -187,16 +187,22 @@ impl Kernel<'_> {
     }
 
     /// Emits the instructions `mask` selects at element `i`. `reduced[k]` is the current row's
-    /// result of reduction k (a scalar lane value and its dtype), for `InstrKind::Reduced`.
+    /// result of reduction k (a scalar lane value and its dtype), for `InstrKind::Reduced`;
+    /// `hoisted` holds values computed once before the loop (see `sweep::hoist`).
     pub fn body(
         &self,
         e: &mut Emitter,
         i: Value,
         mask: &[bool],
         reduced: &[(Value, DType)],
+        hoisted: &[Option<(V, DType)>],
     ) -> Vec<Option<(V, DType)>> {
         let mut vals: Vec<Option<(V, DType)>> = Vec::with_capacity(self.region.body.len());
         for (n, ins) in self.region.body.iter().enumerate() {
+            if let Some(Some(v)) = hoisted.get(n) {
+                vals.push(Some(v.clone()));
+                continue;
+            }
             if !mask[n] {
                 vals.push(None);
                 continue;

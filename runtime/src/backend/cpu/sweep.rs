@@ -50,6 +50,46 @@ fn sweep_of(region: &LoopRegion) -> Vec<usize> {
     sw
 }
 
+/// Values computed once per row, before a sweep's loop, at widths 4 and 1: the instructions
+/// `mask` selects that depend only on scalar parameters and earlier reductions' results
+/// (layernorm's `rsqrt(var + eps)`), so the loop does not recompute them per element.
+struct Hoisted {
+    wide: Vec<Option<(V, DType)>>,
+    narrow: Vec<Option<(V, DType)>>,
+}
+
+impl Hoisted {
+    fn for_width(&self, w: usize) -> &[Option<(V, DType)>] {
+        if w == 4 {
+            &self.wide
+        } else {
+            &self.narrow
+        }
+    }
+}
+
+fn hoist(k: &Kernel, e: &mut Emitter, mask: &[bool], reduced: &[(Value, DType)]) -> Hoisted {
+    let mut inv: Vec<bool> = Vec::with_capacity(mask.len());
+    for (n, ins) in k.region.body.iter().enumerate() {
+        let i = |v: &u32| inv[*v as usize];
+        let ok = mask[n]
+            && match &ins.kind {
+                InstrKind::Param(_) | InstrKind::Reduced(_) => true,
+                InstrKind::Load(_) => false,
+                InstrKind::Unary(_, a) | InstrKind::Cast(a) => i(a),
+                InstrKind::Binary(_, a, b) => i(a) && i(b),
+                InstrKind::Where(c, a, b) => i(c) && i(a) && i(b),
+            };
+        inv.push(ok);
+    }
+    let zero = e.b.ins().iconst(I64, 0);
+    e.width = 4;
+    let wide = k.body(e, zero, &inv, reduced, &[]);
+    e.width = 1;
+    let narrow = k.body(e, zero, &inv, reduced, &[]);
+    Hoisted { wide, narrow }
+}
+
 /// Emits the code for one row; returns in the block where the row is done. Each element output
 /// is stored in the first sweep that can compute it.
 pub fn row(k: &Kernel, e: &mut Emitter, n: Value) {
@@ -116,6 +156,7 @@ fn elementwise_sweep(
     let ti = e.b.append_block_param(thead, I64);
     let tbody = e.b.create_block();
     let after = e.b.create_block();
+    let pre = hoist(k, e, mask, reduced);
     let zero = e.b.ins().iconst(I64, 0);
     e.b.ins().jump(vhead, &[BlockArg::Value(zero)]);
 
@@ -134,7 +175,7 @@ fn elementwise_sweep(
         e.b.ins().brif(fits, body, &[], next, &next_args);
         e.b.switch_to_block(body);
         e.width = width;
-        let vals = k.body(e, idx, mask, reduced);
+        let vals = k.body(e, idx, mask, reduced, pre.for_width(width));
         k.store_elements(e, idx, &vals, stores);
         e.b.ins().jump(head, &[BlockArg::Value(end)]);
     }
@@ -205,6 +246,7 @@ fn reduce_sweep(
             .0
             .clone()
     };
+    let pre = hoist(k, e, mask, reduced);
     e.width = 4;
     let acc0 = init(e, op, d);
     let v8head = e.b.create_block();
@@ -237,11 +279,11 @@ fn reduce_sweep(
         .brif(fits, v8body, &[], v4check, &args(i, &acc_a, &acc_b));
 
     e.b.switch_to_block(v8body);
-    let vals = k.body(e, i, mask, reduced);
+    let vals = k.body(e, i, mask, reduced, &pre.wide);
     k.store_elements(e, i, &vals, stores);
     let na = fold(e, op, &acc_a, &fetch(&vals), d);
     let j = e.b.ins().iadd_imm_s(i, 4);
-    let vals = k.body(e, j, mask, reduced);
+    let vals = k.body(e, j, mask, reduced, &pre.wide);
     k.store_elements(e, j, &vals, stores);
     let nb = fold(e, op, &acc_b, &fetch(&vals), d);
     e.b.ins().jump(v8head, &args(end8, &na, &nb));
@@ -252,7 +294,7 @@ fn reduce_sweep(
     e.b.ins().brif(fits, v4body, &[], hsum, &args(i4, &a4, &b4));
 
     e.b.switch_to_block(v4body);
-    let vals = k.body(e, i4, mask, reduced);
+    let vals = k.body(e, i4, mask, reduced, &pre.wide);
     k.store_elements(e, i4, &vals, stores);
     let na = fold(e, op, &a4, &fetch(&vals), d);
     e.b.ins().jump(hsum, &args(end4, &na, &b4));
@@ -279,7 +321,7 @@ fn reduce_sweep(
     e.b.ins().brif(more, tbody, &[], finish, &[]);
 
     e.b.switch_to_block(tbody);
-    let vals = k.body(e, ti, mask, reduced);
+    let vals = k.body(e, ti, mask, reduced, &pre.narrow);
     k.store_elements(e, ti, &vals, stores);
     let next = fold(e, op, &tacc, &fetch(&vals), d);
     let ti1 = e.b.ins().iadd_imm_s(ti, 1);
@@ -317,9 +359,10 @@ fn arg_sweep(
             .0
             .clone()
     };
+    let pre = hoist(k, e, mask, reduced);
     e.width = 1;
     let zero = e.b.ins().iconst(I64, 0);
-    let first = k.body(e, zero, mask, reduced);
+    let first = k.body(e, zero, mask, reduced, &pre.narrow);
     k.store_elements(e, zero, &first, stores);
     let best0 = e.lanes(&fetch(&first))[0];
     let ty = lane_ty(d);
@@ -337,7 +380,7 @@ fn arg_sweep(
     e.b.ins().brif(more, body, &[], finish, &[]);
 
     e.b.switch_to_block(body);
-    let vals = k.body(e, i, mask, reduced);
+    let vals = k.body(e, i, mask, reduced, &pre.narrow);
     k.store_elements(e, i, &vals, stores);
     let v = e.lanes(&fetch(&vals))[0];
     let take = if d.is_float() {
