@@ -68,26 +68,55 @@ impl Hoisted {
     }
 }
 
-fn hoist(k: &Kernel, e: &mut Emitter, mask: &[bool], reduced: &[(Value, DType)]) -> Hoisted {
-    let mut inv: Vec<bool> = Vec::with_capacity(mask.len());
-    for (n, ins) in k.region.body.iter().enumerate() {
-        let i = |v: &u32| inv[*v as usize];
-        let ok = mask[n]
-            && match &ins.kind {
-                InstrKind::Param(_) | InstrKind::Reduced(_) => true,
-                InstrKind::Load(_) => false,
-                InstrKind::Unary(_, a) | InstrKind::Cast(a) => i(a),
-                InstrKind::Binary(_, a, b) => i(a) && i(b),
-                InstrKind::Where(c, a, b) => i(c) && i(a) && i(b),
-            };
-        inv.push(ok);
+/// One sweep over a row: the instructions `mask` selects, with earlier reductions' results
+/// `reduced`, storing the element outputs `stores`.
+struct Sweep<'a, 'r> {
+    k: &'a Kernel<'r>,
+    n: Value,
+    mask: &'a [bool],
+    reduced: &'a [(Value, DType)],
+    stores: &'a [usize],
+}
+
+impl Sweep<'_, '_> {
+    /// Computes the row-invariant instructions once, before the sweep's loop.
+    fn hoist(&self, e: &mut Emitter) -> Hoisted {
+        let mut inv: Vec<bool> = Vec::with_capacity(self.mask.len());
+        for (n, ins) in self.k.region.body.iter().enumerate() {
+            let i = |v: &u32| inv[*v as usize];
+            let ok = self.mask[n]
+                && match &ins.kind {
+                    InstrKind::Param(_) | InstrKind::Reduced(_) => true,
+                    InstrKind::Load(_) => false,
+                    InstrKind::Unary(_, a) | InstrKind::Cast(a) => i(a),
+                    InstrKind::Binary(_, a, b) => i(a) && i(b),
+                    InstrKind::Where(c, a, b) => i(c) && i(a) && i(b),
+                };
+            inv.push(ok);
+        }
+        let zero = e.b.ins().iconst(I64, 0);
+        e.width = 4;
+        let wide = self.k.body(e, zero, &inv, self.reduced, &[]);
+        e.width = 1;
+        let narrow = self.k.body(e, zero, &inv, self.reduced, &[]);
+        Hoisted { wide, narrow }
     }
-    let zero = e.b.ins().iconst(I64, 0);
-    e.width = 4;
-    let wide = k.body(e, zero, &inv, reduced, &[]);
-    e.width = 1;
-    let narrow = k.body(e, zero, &inv, reduced, &[]);
-    Hoisted { wide, narrow }
+
+    /// Emits the body at element `i` (at the emitter's width), stores the sweep's outputs, and
+    /// returns body value `value`.
+    fn step(&self, e: &mut Emitter, i: Value, pre: &Hoisted, value: Option<u32>) -> Option<V> {
+        let vals = self
+            .k
+            .body(e, i, self.mask, self.reduced, pre.for_width(e.width));
+        self.k.store_elements(e, i, &vals, self.stores);
+        value.map(|v| {
+            vals[v as usize]
+                .as_ref()
+                .expect("folded value is emitted")
+                .0
+                .clone()
+        })
+    }
 }
 
 /// Emits the code for one row; returns in the block where the row is done. Each element output
@@ -97,7 +126,14 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value) {
     let all: Vec<usize> = (0..region.outputs.len()).collect();
     if region.reduces.is_empty() {
         let mask = vec![true; region.body.len()];
-        elementwise_sweep(k, e, n, &mask, &[], &all);
+        let sweep = Sweep {
+            k,
+            n,
+            mask: &mask,
+            reduced: &[],
+            stores: &all,
+        };
+        elementwise_sweep(&sweep, e);
         return;
     }
     let sw = sweep_of(region);
@@ -114,16 +150,17 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value) {
         let roots = std::iter::once(r.value).chain(stores.iter().map(|&j| region.outputs[j].0));
         let mask = closure(region, roots);
         let d = region.body[r.value as usize].dtype;
+        let sweep = Sweep {
+            k,
+            n,
+            mask: &mask,
+            reduced: &reduced,
+            stores: &stores,
+        };
         let (result, rd) = if r.op.is_arg() {
-            (
-                arg_sweep(k, e, n, &mask, &reduced, &stores, r.op, r.value),
-                DType::I64,
-            )
+            (arg_sweep(&sweep, e, r.op, r.value), DType::I64)
         } else {
-            (
-                reduce_sweep(k, e, n, &mask, &reduced, &stores, r.op, r.value),
-                d,
-            )
+            (reduce_sweep(&sweep, e, r.op, r.value), d)
         };
         if r.output.is_some() {
             let z = e.b.ins().iconst(I64, 0);
@@ -136,19 +173,20 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value) {
     let late = stores_in(region.reduces.len());
     if !late.is_empty() {
         let mask = closure(region, late.iter().map(|&j| region.outputs[j].0));
-        elementwise_sweep(k, e, n, &mask, &reduced, &late);
+        let sweep = Sweep {
+            k,
+            n,
+            mask: &mask,
+            reduced: &reduced,
+            stores: &late,
+        };
+        elementwise_sweep(&sweep, e);
     }
 }
 
 /// Main loop of 4 elements, then a tail of 1, storing the outputs `stores`.
-fn elementwise_sweep(
-    k: &Kernel,
-    e: &mut Emitter,
-    n: Value,
-    mask: &[bool],
-    reduced: &[(Value, DType)],
-    stores: &[usize],
-) {
+fn elementwise_sweep(s: &Sweep, e: &mut Emitter) {
+    let n = s.n;
     let vhead = e.b.create_block();
     let i = e.b.append_block_param(vhead, I64);
     let vbody = e.b.create_block();
@@ -156,7 +194,7 @@ fn elementwise_sweep(
     let ti = e.b.append_block_param(thead, I64);
     let tbody = e.b.create_block();
     let after = e.b.create_block();
-    let pre = hoist(k, e, mask, reduced);
+    let pre = s.hoist(e);
     let zero = e.b.ins().iconst(I64, 0);
     e.b.ins().jump(vhead, &[BlockArg::Value(zero)]);
 
@@ -175,8 +213,7 @@ fn elementwise_sweep(
         e.b.ins().brif(fits, body, &[], next, &next_args);
         e.b.switch_to_block(body);
         e.width = width;
-        let vals = k.body(e, idx, mask, reduced, pre.for_width(width));
-        k.store_elements(e, idx, &vals, stores);
+        s.step(e, idx, &pre, None);
         e.b.ins().jump(head, &[BlockArg::Value(end)]);
     }
     e.b.switch_to_block(after);
@@ -227,26 +264,10 @@ fn init(e: &mut Emitter, op: ReduceOp, d: DType) -> V {
 /// Folds `value` over the row: 8 elements a step into two 4-lane accumulators (hiding the
 /// fold's latency), one more chunk of 4, the lanes combined as (l0 + l1) + (l2 + l3), then the
 /// tail element by element. Returns the (width-1) result, divided by `n` for a mean.
-#[allow(clippy::too_many_arguments)]
-fn reduce_sweep(
-    k: &Kernel,
-    e: &mut Emitter,
-    n: Value,
-    mask: &[bool],
-    reduced: &[(Value, DType)],
-    stores: &[usize],
-    op: ReduceOp,
-    value: u32,
-) -> V {
+fn reduce_sweep(s: &Sweep, e: &mut Emitter, op: ReduceOp, value: u32) -> V {
+    let (k, n) = (s.k, s.n);
     let d = k.region.body[value as usize].dtype;
-    let fetch = |vals: &[Option<(V, DType)>]| {
-        vals[value as usize]
-            .as_ref()
-            .expect("folded value is emitted")
-            .0
-            .clone()
-    };
-    let pre = hoist(k, e, mask, reduced);
+    let pre = s.hoist(e);
     e.width = 4;
     let acc0 = init(e, op, d);
     let v8head = e.b.create_block();
@@ -279,13 +300,11 @@ fn reduce_sweep(
         .brif(fits, v8body, &[], v4check, &args(i, &acc_a, &acc_b));
 
     e.b.switch_to_block(v8body);
-    let vals = k.body(e, i, mask, reduced, &pre.wide);
-    k.store_elements(e, i, &vals, stores);
-    let na = fold(e, op, &acc_a, &fetch(&vals), d);
+    let v = s.step(e, i, &pre, Some(value)).expect("folded value");
+    let na = fold(e, op, &acc_a, &v, d);
     let j = e.b.ins().iadd_imm_s(i, 4);
-    let vals = k.body(e, j, mask, reduced, &pre.wide);
-    k.store_elements(e, j, &vals, stores);
-    let nb = fold(e, op, &acc_b, &fetch(&vals), d);
+    let v = s.step(e, j, &pre, Some(value)).expect("folded value");
+    let nb = fold(e, op, &acc_b, &v, d);
     e.b.ins().jump(v8head, &args(end8, &na, &nb));
 
     e.b.switch_to_block(v4check);
@@ -294,9 +313,8 @@ fn reduce_sweep(
     e.b.ins().brif(fits, v4body, &[], hsum, &args(i4, &a4, &b4));
 
     e.b.switch_to_block(v4body);
-    let vals = k.body(e, i4, mask, reduced, &pre.wide);
-    k.store_elements(e, i4, &vals, stores);
-    let na = fold(e, op, &a4, &fetch(&vals), d);
+    let v = s.step(e, i4, &pre, Some(value)).expect("folded value");
+    let na = fold(e, op, &a4, &v, d);
     e.b.ins().jump(hsum, &args(end4, &na, &b4));
 
     e.b.switch_to_block(hsum);
@@ -321,9 +339,8 @@ fn reduce_sweep(
     e.b.ins().brif(more, tbody, &[], finish, &[]);
 
     e.b.switch_to_block(tbody);
-    let vals = k.body(e, ti, mask, reduced, &pre.narrow);
-    k.store_elements(e, ti, &vals, stores);
-    let next = fold(e, op, &tacc, &fetch(&vals), d);
+    let v = s.step(e, ti, &pre, Some(value)).expect("folded value");
+    let next = fold(e, op, &tacc, &v, d);
     let ti1 = e.b.ins().iadd_imm_s(ti, 1);
     let mut a = vec![BlockArg::Value(ti1)];
     a.extend(block_args(&flatten(&next)));
@@ -340,31 +357,14 @@ fn reduce_sweep(
 
 /// argmax/argmin of the row, element by element: the first extreme wins and NaN counts as the
 /// extreme (PyTorch's rule). Returns the index as a width-1 int64 value.
-#[allow(clippy::too_many_arguments)]
-fn arg_sweep(
-    k: &Kernel,
-    e: &mut Emitter,
-    n: Value,
-    mask: &[bool],
-    reduced: &[(Value, DType)],
-    stores: &[usize],
-    op: ReduceOp,
-    value: u32,
-) -> V {
+fn arg_sweep(s: &Sweep, e: &mut Emitter, op: ReduceOp, value: u32) -> V {
+    let (k, n) = (s.k, s.n);
     let d = k.region.body[value as usize].dtype;
-    let fetch = |vals: &[Option<(V, DType)>]| {
-        vals[value as usize]
-            .as_ref()
-            .expect("folded value is emitted")
-            .0
-            .clone()
-    };
-    let pre = hoist(k, e, mask, reduced);
+    let pre = s.hoist(e);
     e.width = 1;
     let zero = e.b.ins().iconst(I64, 0);
-    let first = k.body(e, zero, mask, reduced, &pre.narrow);
-    k.store_elements(e, zero, &first, stores);
-    let best0 = e.lanes(&fetch(&first))[0];
+    let first = s.step(e, zero, &pre, Some(value)).expect("folded value");
+    let best0 = e.lanes(&first)[0];
     let ty = lane_ty(d);
     let head = e.b.create_block();
     let i = e.b.append_block_param(head, I64);
@@ -380,9 +380,8 @@ fn arg_sweep(
     e.b.ins().brif(more, body, &[], finish, &[]);
 
     e.b.switch_to_block(body);
-    let vals = k.body(e, i, mask, reduced, &pre.narrow);
-    k.store_elements(e, i, &vals, stores);
-    let v = e.lanes(&fetch(&vals))[0];
+    let v = s.step(e, i, &pre, Some(value)).expect("folded value");
+    let v = e.lanes(&v)[0];
     let take = if d.is_float() {
         let cc = if op == ReduceOp::Argmax {
             FloatCC::GreaterThan
