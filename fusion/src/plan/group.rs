@@ -1,0 +1,266 @@
+//! The loop region a planner builds while it walks the trace: its body, what it writes and
+//! reads, and the rules for whether the next node may join it.
+
+use super::CutReason;
+use crate::epilogue::PendingMatmul;
+use crate::ir::{BinaryOp, Dims, Layout, ReduceOp, Strides, UnaryOp};
+use crate::lower::{emit_elementwise_over, reduce_space_for, LoopBuilder};
+use crate::region::{InstrKind, ValueIdx};
+use crate::trace::{BufferId, Node, TensorRef};
+use std::collections::{HashMap, HashSet};
+
+/// A reduction inside a row kernel.
+pub(super) struct GroupReduce {
+    pub(super) op: ReduceOp,
+    pub(super) value: ValueIdx,
+    pub(super) output: TensorRef,
+    pub(super) node: usize,
+    /// The output's strides over the loop's dims (0 along reduced dims).
+    pub(super) strides: Strides,
+}
+
+/// A loop region being built.
+pub(super) struct Group {
+    pub(super) b: LoopBuilder,
+    /// The iteration shape: the elementwise shape, or the reduced input's shape.
+    pub(super) sizes: Dims,
+    /// Values written to buffer views (as seen over `sizes`), in order: (view, value, node).
+    pub(super) written: Vec<(TensorRef, ValueIdx, usize)>,
+    /// Views (over `sizes`) of buffers this loop loads.
+    pub(super) reads: HashMap<BufferId, Vec<Layout>>,
+    pub(super) nodes: Vec<usize>,
+    pub(super) ops: usize,
+    /// Once a reduction joined: the reduced dims, shared by every reduction of the loop.
+    pub(super) red_dims: Option<Dims>,
+    pub(super) reduces: Vec<GroupReduce>,
+    /// Body length when the last reduction joined: values before it are recomputed by later
+    /// sweeps.
+    pub(super) phase_start: usize,
+    /// The matmul this loop is the epilogue of.
+    pub(super) mm: Option<PendingMatmul>,
+}
+
+/// `sizes` with the reduced dims set to 1: the shape of a keepdim reduction's result.
+pub(super) fn row_shape(sizes: &[usize], red: &[usize]) -> Dims {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(d, &s)| if red.contains(&d) { 1 } else { s })
+        .collect()
+}
+
+impl Group {
+    pub(super) fn new(sizes: Dims) -> Group {
+        Group {
+            b: LoopBuilder::default(),
+            sizes,
+            written: Vec::new(),
+            reads: HashMap::new(),
+            nodes: Vec::new(),
+            ops: 0,
+            red_dims: None,
+            reduces: Vec::new(),
+            phase_start: 0,
+            mm: None,
+        }
+    }
+
+    /// True when reading `v` in the current sweep would recompute a transcendental (or another
+    /// costly op) that an earlier sweep already computed.
+    pub(super) fn costly_to_recompute(&self, v: ValueIdx) -> bool {
+        if self.reduces.is_empty() || v as usize >= self.phase_start {
+            return false;
+        }
+        let mut stack = vec![v];
+        let mut seen = HashSet::new();
+        while let Some(x) = stack.pop() {
+            if !seen.insert(x) {
+                continue;
+            }
+            match &self.b.body[x as usize].kind {
+                InstrKind::Unary(u, a) => {
+                    if !matches!(
+                        u,
+                        UnaryOp::Neg
+                            | UnaryOp::Abs
+                            | UnaryOp::Relu
+                            | UnaryOp::Floor
+                            | UnaryOp::Ceil
+                            | UnaryOp::Round
+                            | UnaryOp::Sign
+                            | UnaryOp::LogicalNot
+                            | UnaryOp::IsNan
+                    ) {
+                        return true;
+                    }
+                    stack.push(*a);
+                }
+                InstrKind::Binary(b, a, c) => {
+                    if matches!(b, BinaryOp::Pow | BinaryOp::Remainder | BinaryOp::Div) {
+                        return true;
+                    }
+                    stack.extend([*a, *c]);
+                }
+                InstrKind::Where(c, a, b) => stack.extend([*c, *a, *b]),
+                InstrKind::Cast(a) => stack.push(*a),
+                InstrKind::Load(_) | InstrKind::Param(_) | InstrKind::Reduced(_) => {}
+            }
+        }
+        false
+    }
+
+    /// Would `node` recompute a costly value of an earlier sweep?
+    pub(super) fn recomputes(&self, node: &Node) -> bool {
+        node.inputs.iter().filter_map(|o| o.tensor()).any(|t| {
+            let view = t.layout.expand(&self.sizes);
+            self.b
+                .forwards
+                .iter()
+                .rev()
+                .find(|(f, _)| f.buffer == t.buffer && f.layout == view)
+                .is_some_and(|&(_, v)| self.costly_to_recompute(v))
+        })
+    }
+
+    /// How an elementwise node of shape `out` iterates in this loop, if it can.
+    pub(super) fn fits_shape(&self, out: &[usize]) -> bool {
+        out == self.sizes.as_slice()
+            || self
+                .red_dims
+                .as_ref()
+                .is_some_and(|r| out == row_shape(&self.sizes, r).as_slice())
+    }
+
+    /// Why `node` (iterating over this loop's shape) cannot join, if it cannot.
+    pub(super) fn conflict(&self, node: &Node, max_ops: usize) -> Option<CutReason> {
+        if self.ops >= max_ops {
+            return Some(CutReason::MaxOps);
+        }
+        if let Some(mm) = &self.mm {
+            let reads: Vec<&TensorRef> = node.inputs.iter().filter_map(|o| o.tensor()).collect();
+            if mm.conflicts(&reads, &node.output) {
+                return Some(CutReason::Layout);
+            }
+        }
+        if self.recomputes(node) {
+            return Some(CutReason::Recompute);
+        }
+        let b = node.output.buffer;
+        let self_load = node.inputs.iter().filter_map(|o| o.tensor()).any(|t| {
+            let view = t.layout.expand(&self.sizes);
+            t.buffer == b
+                && !self
+                    .b
+                    .forwards
+                    .iter()
+                    .any(|(f, _)| f.buffer == b && f.layout == view)
+        });
+        if !self.reduces.is_empty() && (self.loads_buffer(b) || self_load) {
+            // A row kernel sweeps each row several times: a buffer it loads must not change
+            // under it (an in-place update would be seen by later sweeps).
+            return Some(CutReason::Layout);
+        }
+        for t in node.inputs.iter().filter_map(|o| o.tensor()) {
+            let view = t.layout.expand(&self.sizes);
+            let written = self
+                .written
+                .iter()
+                .map(|(w, _, _)| w)
+                .filter(|w| w.buffer == t.buffer);
+            let reduced = self
+                .reduces
+                .iter()
+                .map(|r| &r.output)
+                .filter(|o| o.buffer == t.buffer);
+            let mut writes = written.chain(reduced).peekable();
+            if writes.peek().is_some()
+                && !self
+                    .b
+                    .forwards
+                    .iter()
+                    .any(|(f, _)| f.buffer == t.buffer && f.layout == view && f.dtype == t.dtype)
+            {
+                return Some(CutReason::Layout);
+            }
+        }
+        let out = node.output.layout.expand(&self.sizes);
+        let b = node.output.buffer;
+        if self
+            .reads
+            .get(&b)
+            .is_some_and(|ls| ls.iter().any(|l| *l != out))
+        {
+            return Some(CutReason::Layout);
+        }
+        if self
+            .written
+            .iter()
+            .any(|(w, _, _)| w.buffer == b && w.layout != out)
+            || self.reduces.iter().any(|r| r.output.buffer == b)
+        {
+            return Some(CutReason::Layout);
+        }
+        None
+    }
+
+    /// True when the loop loads `buffer` from memory (rather than forwarding a value).
+    pub(super) fn loads_buffer(&self, buffer: BufferId) -> bool {
+        self.b.inputs.iter().any(|t| t.buffer == buffer)
+    }
+
+    /// True when the loop writes a buffer it also loads: it cannot become a row kernel.
+    pub(super) fn updates_in_place(&self) -> bool {
+        self.written
+            .iter()
+            .any(|(w, _, _)| self.loads_buffer(w.buffer))
+    }
+
+    pub(super) fn note_reads(&mut self, node: &Node) {
+        for t in node.inputs.iter().filter_map(|o| o.tensor()) {
+            self.reads
+                .entry(t.buffer)
+                .or_default()
+                .push(t.layout.expand(&self.sizes));
+        }
+    }
+
+    pub(super) fn add_elementwise(&mut self, i: usize, node: &Node) {
+        self.note_reads(node);
+        let sizes = self.sizes.clone();
+        let v = emit_elementwise_over(&mut self.b, i, node, &sizes);
+        let view = TensorRef {
+            layout: node.output.layout.expand(&sizes),
+            ..node.output.clone()
+        };
+        self.b.forwards.push((view.clone(), v));
+        self.written.push((view, v, i));
+        self.nodes.push(i);
+        self.ops += 1;
+    }
+
+    /// Strides (over `sizes`) of every operand the loop may end up with.
+    pub(super) fn operand_strides(&self, extra: &[&TensorRef]) -> Vec<Strides> {
+        let mut s: Vec<Strides> = self
+            .b
+            .inputs
+            .iter()
+            .map(|t| t.layout.strides.clone())
+            .collect();
+        s.extend(extra.iter().map(|t| t.layout.expand(&self.sizes).strides));
+        s.extend(
+            self.written
+                .iter()
+                .map(|(t, _, _)| t.layout.strides.clone()),
+        );
+        s.extend(self.reduces.iter().map(|r| r.strides.clone()));
+        s
+    }
+
+    /// True when a row kernel over these operands still walks each row as one strided dim.
+    pub(super) fn rows_coalesce(&self, strides: &[Strides]) -> bool {
+        match &self.red_dims {
+            Some(r) => reduce_space_for(&self.sizes, r, strides).reduced <= 1,
+            None => true,
+        }
+    }
+}
