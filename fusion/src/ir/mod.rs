@@ -5,6 +5,7 @@ pub mod error;
 pub mod infer;
 pub mod layout;
 pub mod op;
+mod shapes;
 
 pub use dtype::{Category, DType, DEFAULT_FLOAT};
 pub use error::{OpError, OpResult};
