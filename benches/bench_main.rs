@@ -67,35 +67,37 @@ fn emit(args: &Args, w: &Workload, mode: &str, ms: f64, ratio: Option<f64>) {
     }
 }
 
-/// Nanoseconds to record one op in defer mode (nothing runs while recording).
+/// Nanoseconds to record one op in defer mode (nothing runs while recording): batches of 1000
+/// adds are timed, each followed by an untimed synchronize, as a front end would see it.
 fn record_ns_per_op() -> f64 {
-    let rt = Runtime::new(Config {
-        mode: Some(Mode::Defer),
-        max_pending_ops: 1 << 20,
-        ..Default::default()
-    })
-    .expect("rt");
+    let rt = runtime(Mode::Defer);
     let x = rt
         .from_host(&workloads::data(8, 1), DType::F32, &[8])
         .expect("x");
-    let n = 100_000;
-    let mut hs = Vec::with_capacity(n);
-    let t = Instant::now();
-    let mut cur = x;
-    for _ in 0..n {
-        cur = rt
-            .op(
-                0,
-                Op::Binary(BinaryOp::Add),
-                &[Input::Tensor(cur), Input::Scalar(Scalar::Float(1.0))],
-                None,
-            )
-            .expect("op");
-        hs.push(cur);
+    let batch = 1000;
+    let mut times = Vec::new();
+    for _ in 0..50 {
+        let mut hs = Vec::with_capacity(batch);
+        let t = Instant::now();
+        let mut cur = x;
+        for _ in 0..batch {
+            cur = rt
+                .op(
+                    0,
+                    Op::Binary(BinaryOp::Add),
+                    &[Input::Tensor(cur), Input::Scalar(Scalar::Float(1.0))],
+                    None,
+                )
+                .expect("op");
+            hs.push(cur);
+        }
+        times.push(t.elapsed().as_nanos() as f64 / batch as f64);
+        for h in hs {
+            rt.release(h).expect("release");
+        }
+        rt.synchronize(0).expect("sync");
     }
-    let ns = t.elapsed().as_nanos() as f64 / n as f64;
-    rt.synchronize(0).expect("sync");
-    ns
+    median(times)
 }
 
 /// Microseconds for a flush of 10 recorded ops whose fused program is cached, and run of it

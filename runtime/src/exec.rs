@@ -6,12 +6,11 @@ use crate::error::{Error, Result};
 use crate::mode::Mode;
 use crate::runtime::Runtime;
 use crate::stats::SyncReason;
-use crate::stream::Stream;
+use crate::stream::{BufferMap, Stream};
 use deferfuse_cache::fingerprint;
 use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::plan::PlanOptions;
 use deferfuse_fusion::{BufferId, Node, Step};
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -72,7 +71,7 @@ impl Runtime {
         &self,
         stream: &Stream,
         node: Node,
-        buffers: HashMap<BufferId, Arc<Buffer>>,
+        buffers: BufferMap,
         mode: Mode,
     ) -> Result<()> {
         let steps = lower_node(&node, 0);
@@ -87,7 +86,7 @@ impl Runtime {
         &self,
         stream: &Stream,
         steps: Vec<Step>,
-        buffers: &HashMap<BufferId, Arc<Buffer>>,
+        buffers: &BufferMap,
         mode: Mode,
     ) -> Result<()> {
         for step in steps {

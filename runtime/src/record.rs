@@ -1,20 +1,19 @@
 //! Recording: checks an op at its own call (shapes, dtypes, handles), makes its output, and
 //! hands the node to the stream: run now (strict, debug) or append to the trace (defer).
 
-use crate::buffer::{Buffer, BufferState, Writer};
+use crate::buffer::{BufferState, Writer};
 use crate::error::{Error, Result};
 use crate::handle::Handle;
 use crate::mode::Mode;
 use crate::runtime::{Runtime, Tensor};
 use crate::stats::SyncReason;
-use crate::stream::Stream;
+use crate::stream::{BufferMap, Stream};
 use deferfuse_fusion::ir::infer::can_cast;
 use deferfuse_fusion::ir::layout::fmt_dims;
 use deferfuse_fusion::ir::{infer, ArgMeta, Layout, Op, OpError, Scalar};
 use deferfuse_fusion::lower::{reduce_needs_copy, reduced_dims};
-use deferfuse_fusion::{BufferId, Node, Operand, TensorRef};
+use deferfuse_fusion::{Node, Operand, TensorRef};
 use smallvec::SmallVec;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -27,7 +26,7 @@ pub enum Input {
     Absent,
 }
 
-type Buffers = HashMap<BufferId, Arc<Buffer>>;
+type Buffers = BufferMap;
 
 fn tref(t: &Tensor) -> TensorRef {
     TensorRef {
@@ -48,7 +47,7 @@ impl Runtime {
         out: Option<Handle>,
     ) -> Result<Handle> {
         let s = self.stream(stream)?;
-        let mut buffers = Buffers::new();
+        let mut buffers = Buffers::default();
         let mut operands: SmallVec<[Operand; 3]> = SmallVec::new();
         let mut metas: Vec<ArgMeta> = Vec::with_capacity(inputs.len());
         for (i, inp) in inputs.iter().enumerate() {

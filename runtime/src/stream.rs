@@ -69,12 +69,16 @@ impl Progress {
     }
 }
 
+/// Buffers by id. ahash: these maps are touched on every recorded op, and SipHash's DoS
+/// resistance buys nothing for runtime-generated ids.
+pub type BufferMap = HashMap<BufferId, Arc<Buffer>, ahash::RandomState>;
+
 /// What a stream records while in defer mode: the trace, and the buffers it names (kept alive
 /// until the flush so a handle released meanwhile cannot free them).
 #[derive(Default)]
 pub struct Pending {
     pub trace: Trace,
-    pub buffers: HashMap<BufferId, Arc<Buffer>>,
+    pub buffers: BufferMap,
     /// Bytes of the buffers deferred ops create (bounded by `Config::max_pending_bytes`).
     pub bytes: usize,
     /// Plans of this stream's recent trace structures (steady-state loops reuse them).
