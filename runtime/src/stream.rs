@@ -4,12 +4,14 @@
 
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
-use crossbeam_channel::{unbounded, Receiver, Sender};
+use crossbeam_channel::{unbounded, Receiver, Sender, TryRecvError};
 use deferfuse_fusion::plan_cache::PlanCache;
 use deferfuse_fusion::{BufferId, Trace};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// Work a stream's worker runs.
 pub type Work = Box<dyn FnOnce() -> Result<()> + Send>;
@@ -26,7 +28,13 @@ enum Job {
 pub struct Progress {
     state: Mutex<ProgressState>,
     cv: Condvar,
+    /// Mirror of `state.completed` for lock-free polling while spinning.
+    done: AtomicU64,
 }
+
+/// How long a waiter (or an idle worker) spins before it sleeps: waking a sleeping thread costs
+/// tens of microseconds here, more than most small programs take to run.
+const SPIN: Duration = Duration::from_micros(50);
 
 #[derive(Default)]
 struct ProgressState {
@@ -41,11 +49,16 @@ impl Progress {
         if s.error.is_none() {
             s.error = err;
         }
+        self.done.store(s.completed, Ordering::Release);
         self.cv.notify_all();
     }
 
-    /// Waits until `seq` jobs have completed.
+    /// Waits until `seq` jobs have completed (spinning briefly first).
     pub fn wait(&self, seq: u64) {
+        let start = Instant::now();
+        while self.done.load(Ordering::Acquire) < seq && start.elapsed() < SPIN {
+            std::hint::spin_loop();
+        }
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         while s.completed < seq {
             s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
@@ -157,8 +170,22 @@ impl Drop for Stream {
     }
 }
 
+/// The next job: polled for a short while after the last one (a launch usually follows soon),
+/// then waited for.
+fn next_job(rx: &Receiver<Job>) -> Option<Job> {
+    let start = Instant::now();
+    while start.elapsed() < SPIN {
+        match rx.try_recv() {
+            Ok(job) => return Some(job),
+            Err(TryRecvError::Empty) => std::hint::spin_loop(),
+            Err(TryRecvError::Disconnected) => return None,
+        }
+    }
+    rx.recv().ok()
+}
+
 fn worker_loop(rx: Receiver<Job>, progress: Arc<Progress>) {
-    while let Ok(job) = rx.recv() {
+    while let Some(job) = next_job(&rx) {
         match job {
             Job::Run(work) => {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
