@@ -172,8 +172,11 @@ impl<'a> Exec<'a> {
 
 /// Runs `p` in `mode`: the host reads, then every live slot.
 fn run_mode(p: &Program, mode: Mode) -> (Vec<Raw>, Vec<(usize, Raw)>) {
-    let rt = runtime(mode);
-    let (mut e, _) = Exec::new(&rt, p, true);
+    run_on(&runtime(mode), p)
+}
+
+fn run_on(rt: &Runtime, p: &Program) -> (Vec<Raw>, Vec<(usize, Raw)>) {
+    let (mut e, _) = Exec::new(rt, p, true);
     let syncs = p.ins.iter().filter_map(|i| e.step(i)).collect();
     let finals = e.finals();
     (syncs, finals)
@@ -401,6 +404,15 @@ fn check_program(p: &Program) {
         }
         assert_eq!(f.len(), finals.len());
     }
+    // The same program again on one defer runtime: the second run's flushes reuse the first
+    // run's plans (new buffers, same structure) and must give the same bytes.
+    let rt = runtime(Mode::Defer);
+    let first = run_on(&rt, p);
+    let second = run_on(&rt, p);
+    assert!(
+        first == second,
+        "a reused plan changed the results of {p:#?}"
+    );
 }
 
 /// 64 cases from a fixed seed (reproducible); `PROPTEST_CASES` and `PROPTEST_RNG_SEED` override.
