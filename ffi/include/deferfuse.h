@@ -778,6 +778,10 @@ typedef struct DfuseConfig {
    */
   uint64_t max_ops_per_region;
   /**
+   * Bytes of freed host blocks kept for reuse; 0 means the default (1 GiB).
+   */
+  uint64_t host_cache_bytes;
+  /**
    * A `DfuseBackend`; only `DFUSE_BACKEND_CPU` is available.
    */
   uint32_t backend;
@@ -831,6 +835,18 @@ typedef struct DfuseStats {
    * Flushes whose plan was reused from an earlier trace of the same structure.
    */
   uint64_t plans_reused;
+  /**
+   * Host allocations served from the cache of freed blocks.
+   */
+  uint64_t host_cache_hits;
+  /**
+   * Host allocations that went to the system allocator.
+   */
+  uint64_t host_cache_misses;
+  /**
+   * Bytes of freed host blocks held for reuse.
+   */
+  uint64_t host_cached_bytes;
   /**
    * Planner cuts, indexed by `DfuseCutReason`.
    */
@@ -965,6 +981,15 @@ DfuseStatus dfuse_mode_push(const struct DfuseRuntime *rt, uint32_t mode);
  * Always safe to call; `rt` is checked against live runtimes.
  */
 DfuseStatus dfuse_mode_pop(const struct DfuseRuntime *rt);
+
+/**
+ * Returns the runtime's cached free host blocks to the system (live tensors keep their
+ * memory) and writes the bytes freed to `*freed`, like `torch.cuda.empty_cache()`.
+ *
+ * # Safety
+ * `freed` must be NULL or point to a writable `uint64_t`.
+ */
+DfuseStatus dfuse_release_cached_memory(const struct DfuseRuntime *rt, uint64_t *freed);
 
 /**
  * Writes a snapshot of the runtime's counters to `*out`.

@@ -35,7 +35,8 @@ pub use error::DfuseStatus;
 pub use op::{dfuse_op, DfuseAttrs, DfuseBinaryOp, DfuseOpKind, DfuseReduceOp, DfuseUnaryOp};
 pub use runtime_registry::{
     dfuse_config_default, dfuse_mode_get, dfuse_mode_pop, dfuse_mode_push, dfuse_mode_set,
-    dfuse_runtime_create, dfuse_runtime_destroy, dfuse_stats, DfuseConfig, DfuseRuntime,
+    dfuse_release_cached_memory, dfuse_runtime_create, dfuse_runtime_destroy, dfuse_stats,
+    DfuseConfig, DfuseRuntime,
 };
 pub use stream::{
     dfuse_device_synchronize, dfuse_event_create, dfuse_event_destroy, dfuse_event_query,

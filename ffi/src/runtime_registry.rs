@@ -44,6 +44,8 @@ pub struct DfuseConfig {
     pub max_pending_bytes: u64,
     /// Most ops the planner fuses into one loop region; 0 means the default.
     pub max_ops_per_region: u64,
+    /// Bytes of freed host blocks kept for reuse; 0 means the default (1 GiB).
+    pub host_cache_bytes: u64,
     /// A `DfuseBackend`; only `DFUSE_BACKEND_CPU` is available.
     pub backend: u32,
 }
@@ -119,6 +121,11 @@ pub(crate) fn config_from(c: &DfuseConfig) -> Result<Config> {
             d.max_ops_per_region,
             "cfg->max_ops_per_region",
         )?,
+        host_cache_bytes: count(
+            c.host_cache_bytes,
+            d.host_cache_bytes,
+            "cfg->host_cache_bytes",
+        )?,
     })
 }
 
@@ -137,6 +144,7 @@ pub unsafe extern "C" fn dfuse_config_default(out: *mut DfuseConfig) -> DfuseSta
             cache_capacity: d.cache_capacity as u64,
             max_pending_bytes: d.max_pending_bytes as u64,
             max_ops_per_region: d.max_ops_per_region as u64,
+            host_cache_bytes: d.host_cache_bytes as u64,
             backend: DfuseBackend::Cpu as u32,
         };
         // SAFETY: the caller's contract.
@@ -253,6 +261,23 @@ pub unsafe extern "C" fn dfuse_mode_pop(rt: *const DfuseRuntime) -> DfuseStatus 
     })
 }
 
+/// Returns the runtime's cached free host blocks to the system (live tensors keep their
+/// memory) and writes the bytes freed to `*freed`, like `torch.cuda.empty_cache()`.
+///
+/// # Safety
+/// `freed` must be NULL or point to a writable `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_release_cached_memory(
+    rt: *const DfuseRuntime,
+    freed: *mut u64,
+) -> DfuseStatus {
+    guard("dfuse_release_cached_memory", || {
+        let n = runtime(rt)?.release_cached_memory();
+        // SAFETY: the caller's contract.
+        unsafe { write_out(freed, "freed", n) }
+    })
+}
+
 /// Writes a snapshot of the runtime's counters to `*out`.
 ///
 /// # Safety
@@ -275,6 +300,9 @@ pub unsafe extern "C" fn dfuse_stats(rt: *const DfuseRuntime, out: *mut DfuseSta
             dead_nodes: s.dead_nodes,
             unmaterialized: s.unmaterialized,
             plans_reused: s.plans_reused,
+            host_cache_hits: s.host_cache_hits,
+            host_cache_misses: s.host_cache_misses,
+            host_cached_bytes: s.host_cached_bytes,
             cuts: s.cuts,
             sync_points: s.sync_points,
         };
@@ -295,6 +323,7 @@ mod tests {
             cache_capacity: 7,
             max_pending_bytes: 0,
             max_ops_per_region: 0,
+            host_cache_bytes: 0,
             backend,
         }
     }

@@ -2,10 +2,10 @@
 //! materialized). Storage is allocated when the first program that writes the buffer is
 //! launched, so a value that is never written never costs memory.
 
-use crate::error::{Error, Result};
+use crate::alloc::{HostAllocator, Storage};
+use crate::error::Result;
 use crate::stream::Progress;
 use deferfuse_fusion::BufferId;
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -16,9 +16,6 @@ pub struct Writer {
     /// `None` while the write is still recorded in the stream's trace.
     pub done: Option<(Arc<Progress>, u64)>,
 }
-
-/// Alignment of every host buffer: a cache line, and enough for any vector load.
-pub const ALIGN: usize = 64;
 
 /// Where a buffer is in its life.
 #[repr(u32)]
@@ -32,62 +29,13 @@ pub enum BufferState {
     Materialized = 2,
 }
 
-/// Aligned, zeroed host memory.
-pub struct Storage {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the memory is plain bytes; who may touch it when is ordered by streams and events.
-unsafe impl Send for Storage {}
-unsafe impl Sync for Storage {}
-
-impl Storage {
-    /// Allocates `len` zeroed bytes; an allocation failure is an error, never an abort.
-    pub fn new(len: usize) -> Result<Storage> {
-        let layout = Layout::from_size_align(len.max(1), ALIGN)
-            .map_err(|_| Error::OutOfMemory(format!("{len} bytes cannot be laid out")))?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(Error::OutOfMemory(format!(
-                "allocating {len} bytes failed; free tensors or lower the batch size"
-            )));
-        }
-        Ok(Storage { ptr, len })
-    }
-
-    pub fn ptr(&self) -> *mut u8 {
-        self.ptr
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-impl Drop for Storage {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe {
-            dealloc(
-                self.ptr,
-                Layout::from_size_align_unchecked(self.len.max(1), ALIGN),
-            )
-        }
-    }
-}
-
 /// A buffer shared by every view of it and by the work that reads or writes it.
 pub struct Buffer {
     pub id: BufferId,
     /// Size in bytes.
     pub len: usize,
     storage: OnceLock<Storage>,
+    pool: Arc<HostAllocator>,
     /// Recorded-but-not-flushed ops writing this buffer.
     deferred_writes: AtomicU32,
     /// Launched-but-not-finished programs writing this buffer.
@@ -96,23 +44,35 @@ pub struct Buffer {
 }
 
 impl Buffer {
-    pub fn new(id: BufferId, len: usize) -> Buffer {
+    pub fn new(id: BufferId, len: usize, pool: Arc<HostAllocator>) -> Buffer {
         Buffer {
             id,
             len,
             storage: OnceLock::new(),
+            pool,
             deferred_writes: AtomicU32::new(0),
             inflight_writes: AtomicU32::new(0),
             writer: Mutex::new(None),
         }
     }
 
-    /// The storage, allocating it on first use.
+    /// The storage, allocating it zero-filled on first use (a tensor never written reads as
+    /// zeros).
     pub fn storage(&self) -> Result<&Storage> {
+        self.storage_init(true)
+    }
+
+    /// The storage, allocating it with any contents on first use: for a first writer that
+    /// overwrites every byte.
+    pub fn storage_for_overwrite(&self) -> Result<&Storage> {
+        self.storage_init(false)
+    }
+
+    fn storage_init(&self, zeroed: bool) -> Result<&Storage> {
         if let Some(s) = self.storage.get() {
             return Ok(s);
         }
-        let s = Storage::new(self.len)?;
+        let s = self.pool.allocate(self.len, zeroed)?;
         Ok(self.storage.get_or_init(|| s))
     }
 

@@ -19,6 +19,8 @@ pub struct Config {
     pub max_ops_per_region: usize,
     /// Compiled programs kept in memory (least recently used are dropped beyond this).
     pub cache_capacity: usize,
+    /// Bytes of freed host blocks kept for reuse (0 disables the cache).
+    pub host_cache_bytes: usize,
 }
 
 impl Default for Config {
@@ -29,6 +31,7 @@ impl Default for Config {
             max_pending_bytes: 1 << 30,
             max_ops_per_region: 64,
             cache_capacity: 1024,
+            host_cache_bytes: 1 << 30,
         }
     }
 }

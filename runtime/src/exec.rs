@@ -104,9 +104,19 @@ impl Runtime {
                 check_bounds(&step, &bufs)?;
             }
             let program = self.program(&step)?;
-            for b in &bufs {
+            for (j, b) in bufs.iter().enumerate() {
                 if !b.is_allocated() {
-                    b.storage()?;
+                    // A first writer that covers every byte needs no zero-fill.
+                    let t = &step.binding.operands[j];
+                    let covers = j >= step.binding.n_inputs
+                        && t.layout.is_contiguous()
+                        && t.layout.offset == 0
+                        && t.layout.numel() * t.dtype.size() == b.len;
+                    if covers {
+                        b.storage_for_overwrite()?;
+                    } else {
+                        b.storage()?;
+                    }
                     self.counters
                         .bytes_allocated
                         .fetch_add(b.len as u64, Ordering::Relaxed);

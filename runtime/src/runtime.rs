@@ -1,6 +1,7 @@
 //! The runtime: owns the backend, the program cache, the handle tables and the streams, and is
 //! the one entry point the C ABI calls.
 
+use crate::alloc::HostAllocator;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Program};
 use crate::buffer::{Buffer, BufferState};
@@ -35,6 +36,8 @@ pub struct Runtime {
     pub(crate) counters: Counters,
     pub(crate) config: Config,
     pub(crate) dump_dir: Option<PathBuf>,
+    /// Host memory, with the cache of freed blocks.
+    pub(crate) host: Arc<HostAllocator>,
     default_mode: Mode,
     default_stream: Handle,
     next_buffer: AtomicU64,
@@ -67,6 +70,7 @@ impl Runtime {
             events: HandleTable::new("event", tag),
             counters: Counters::default(),
             dump_dir,
+            host: HostAllocator::new(config.host_cache_bytes),
             config,
             default_mode,
             default_stream,
@@ -206,6 +210,7 @@ impl Runtime {
         Ok(Arc::new(Buffer::new(
             self.next_buffer.fetch_add(1, Ordering::Relaxed),
             bytes,
+            self.host.clone(),
         )))
     }
 
@@ -223,7 +228,7 @@ impl Runtime {
                 buffer.len
             )));
         }
-        let s = buffer.storage()?;
+        let s = buffer.storage_for_overwrite()?;
         self.counters
             .bytes_allocated
             .fetch_add(buffer.len as u64, Ordering::Relaxed);
@@ -342,8 +347,15 @@ impl Runtime {
         Ok(())
     }
 
+    /// Returns every cached free host block to the system; the bytes freed. Live tensors keep
+    /// their memory.
+    pub fn release_cached_memory(&self) -> u64 {
+        self.host.release_cached() as u64
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
+        let host = self.host.stats();
         let c = self.cache.stats();
         let sync_points =
             std::array::from_fn(|k| self.counters.sync_points[k].load(Ordering::Relaxed));
@@ -361,6 +373,9 @@ impl Runtime {
             dead_nodes: self.counters.dead_nodes.load(Ordering::Relaxed),
             unmaterialized: self.counters.unmaterialized.load(Ordering::Relaxed),
             plans_reused: self.counters.plans_reused.load(Ordering::Relaxed),
+            host_cache_hits: host.hits,
+            host_cache_misses: host.misses,
+            host_cached_bytes: host.cached_bytes,
         }
     }
 }

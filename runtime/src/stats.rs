@@ -60,6 +60,12 @@ pub struct Stats {
     pub unmaterialized: u64,
     /// Flushes whose plan was reused from an earlier trace of the same structure.
     pub plans_reused: u64,
+    /// Host allocations served from the cache of freed blocks.
+    pub host_cache_hits: u64,
+    /// Host allocations that went to the system allocator.
+    pub host_cache_misses: u64,
+    /// Bytes of freed host blocks held for reuse.
+    pub host_cached_bytes: u64,
 }
 
 /// The live counters.
