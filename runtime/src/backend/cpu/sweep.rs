@@ -186,34 +186,43 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value) {
 
 /// Main loop of 4 elements, then a tail of 1, storing the outputs `stores`.
 fn elementwise_sweep(s: &Sweep, e: &mut Emitter) {
-    let n = s.n;
-    let vhead = e.b.create_block();
-    let i = e.b.append_block_param(vhead, I64);
-    let vbody = e.b.create_block();
-    let thead = e.b.create_block();
-    let ti = e.b.append_block_param(thead, I64);
-    let tbody = e.b.create_block();
+    // Stages: 8 elements as two independent chunks of 4 (instruction-level parallelism for
+    // long dependent chains), then one chunk of 4, then single elements.
+    let stages: [(i64, usize, usize); 3] = [(8, 4, 2), (4, 4, 1), (1, 1, 1)];
+    let heads: Vec<_> = stages
+        .iter()
+        .map(|_| {
+            let h = e.b.create_block();
+            let i = e.b.append_block_param(h, I64);
+            (h, i, e.b.create_block())
+        })
+        .collect();
     let after = e.b.create_block();
     let pre = s.hoist(e);
     let zero = e.b.ins().iconst(I64, 0);
-    e.b.ins().jump(vhead, &[BlockArg::Value(zero)]);
-
-    for (head, idx, body, step, width) in
-        [(vhead, i, vbody, 4i64, 4usize), (thead, ti, tbody, 1, 1)]
-    {
+    e.b.ins().jump(heads[0].0, &[BlockArg::Value(zero)]);
+    for (k, &(step, width, copies)) in stages.iter().enumerate() {
+        let (head, idx, body) = heads[k];
         e.b.switch_to_block(head);
         let end = e.b.ins().iadd_imm_s(idx, step);
-        let fits = e.b.ins().icmp(IntCC::SignedLessThanOrEqual, end, n);
-        let next = if width == 4 { thead } else { after };
-        let next_args = if width == 4 {
+        let fits = e.b.ins().icmp(IntCC::SignedLessThanOrEqual, end, s.n);
+        let next_args = if k + 1 < stages.len() {
             vec![BlockArg::Value(idx)]
         } else {
             vec![]
         };
+        let next = heads.get(k + 1).map_or(after, |h| h.0);
         e.b.ins().brif(fits, body, &[], next, &next_args);
         e.b.switch_to_block(body);
         e.width = width;
-        s.step(e, idx, &pre, None);
+        for c in 0..copies {
+            let at = if c == 0 {
+                idx
+            } else {
+                e.b.ins().iadd_imm_s(idx, (c * width) as i64)
+            };
+            s.step(e, at, &pre, None);
+        }
         e.b.ins().jump(head, &[BlockArg::Value(end)]);
     }
     e.b.switch_to_block(after);
