@@ -136,19 +136,7 @@ fn flush_hit_us(record_ns: f64) -> f64 {
 /// Milliseconds to compile one single-op program (a fresh runtime, first add).
 fn single_op_compile_ms() -> f64 {
     let rt = runtime(Mode::Strict);
-    let x = rt
-        .from_host(&workloads::data(8, 1), DType::F32, &[8])
-        .expect("x");
-    let y = rt
-        .op(
-            0,
-            Op::Binary(BinaryOp::Add),
-            &[Input::Tensor(x), Input::Tensor(x)],
-            None,
-        )
-        .expect("op");
-    rt.synchronize(0).expect("sync");
-    let _ = y;
+    workloads::single_add(&rt);
     let s = rt.stats();
     s.compile_ns as f64 / s.programs_compiled.max(1) as f64 / 1e6
 }

@@ -55,19 +55,7 @@ fn compile(c: &mut Criterion) {
     c.bench_function("compile_single_op", |b| {
         b.iter(|| {
             let rt = rt(Mode::Strict);
-            let x = rt
-                .from_host(&workloads::data(8, 1), DType::F32, &[8])
-                .expect("x");
-            let y = rt
-                .op(
-                    0,
-                    Op::Binary(BinaryOp::Add),
-                    &[Input::Tensor(x), Input::Tensor(x)],
-                    None,
-                )
-                .expect("op");
-            rt.synchronize(0).expect("sync");
-            y
+            workloads::single_add(&rt)
         })
     });
 }

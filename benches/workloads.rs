@@ -43,6 +43,16 @@ pub fn data(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// One add on 8 elements, run to completion: on a fresh runtime it measures one compile.
+pub fn single_add(rt: &Runtime) -> Handle {
+    let x = input(rt, &[8], 1);
+    let y = rt
+        .op(0, Op::Binary(BinaryOp::Add), &[t(x), t(x)], None)
+        .expect("op");
+    rt.synchronize(0).expect("sync");
+    y
+}
+
 fn input(rt: &Runtime, sizes: &[usize], seed: u64) -> Handle {
     let n = sizes.iter().product();
     rt.from_host(&data(n, seed), DType::F32, sizes)
