@@ -13,6 +13,31 @@ use workloads::Workload;
 struct Args {
     json: bool,
     quick: bool,
+    /// STREAM triad bandwidth measured at start (GB/s, 1 thread): the machine's practical
+    /// limit that effective GB/s is compared with.
+    triad: f64,
+}
+
+/// STREAM triad `a = b + s * c` over 3 x 16M f32 on this thread, median of 5 (GB/s, 3 arrays
+/// counted once each, as STREAM does).
+fn stream_triad() -> f64 {
+    let n = 1 << 24;
+    let b = vec![1.0f32; n];
+    let c = vec![2.0f32; n];
+    let mut a = vec![0.0f32; n];
+    let s = std::hint::black_box(3.0f32);
+    let times: Vec<f64> = (0..6)
+        .map(|_| {
+            let t = Instant::now();
+            for ((a, b), c) in a.iter_mut().zip(&b).zip(&c) {
+                *a = b + s * c;
+            }
+            std::hint::black_box(&a);
+            t.elapsed().as_secs_f64()
+        })
+        .skip(1)
+        .collect();
+    (3 * n * 4) as f64 / median(times) / 1e9
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -50,19 +75,22 @@ fn emit(args: &Args, w: &Workload, mode: &str, ms: f64, ratio: Option<f64>) {
     };
     if args.json {
         println!(
-            "{{\"workload\":\"{}\",\"mode\":\"{mode}\",\"backend\":\"cpu\",\"size\":\"{}\",\"threads\":1,\"median_ms\":{ms:.4},\"gbps\":{gbps:.3}}}",
-            w.name, w.size_label
+            "{{\"workload\":\"{}\",\"mode\":\"{mode}\",\"backend\":\"cpu\",\"size\":\"{}\",\"threads\":1,\"median_ms\":{ms:.4},\"gbps\":{gbps:.3},\"pct_of_triad\":{:.1}}}",
+            w.name, w.size_label, 100.0 * gbps / args.triad
         );
     } else {
         let r = ratio.map(|r| format!("{r:.2}x")).unwrap_or_default();
-        let g = if w.bytes > 0 {
-            format!("{gbps:.2}")
+        let (g, pct) = if w.bytes > 0 {
+            (
+                format!("{gbps:.2}"),
+                format!("{:.0}%", 100.0 * gbps / args.triad),
+            )
         } else {
-            "-".into()
+            ("-".into(), "-".into())
         };
         println!(
-            "{:<10} {:<12} {:<7} {:>10.3} {:>8} {:>14}",
-            w.name, w.size_label, mode, ms, g, r
+            "{:<10} {:<12} {:<7} {:>10.3} {:>8} {:>8} {:>14}",
+            w.name, w.size_label, mode, ms, g, pct, r
         );
     }
 }
@@ -146,6 +174,7 @@ fn main() {
     let args = Args {
         json: argv.iter().any(|a| a == "--json"),
         quick: argv.iter().any(|a| a == "--quick"),
+        triad: stream_triad(),
     };
     if let Some(bad) = argv
         .iter()
@@ -164,8 +193,12 @@ fn main() {
     if !args.json {
         println!("deferfuse-bench: CPU backend (Cranelift), 1 thread, medians of one run");
         println!(
-            "{:<10} {:<12} {:<7} {:>10} {:>8} {:>14}",
-            "workload", "size", "mode", "median ms", "GB/s", "defer/strict"
+            "STREAM triad on this machine, 1 thread: {:.1} GB/s",
+            args.triad
+        );
+        println!(
+            "{:<10} {:<12} {:<7} {:>10} {:>8} {:>8} {:>14}",
+            "workload", "size", "mode", "median ms", "GB/s", "%triad", "defer/strict"
         );
     }
     type Make = fn(&Runtime, usize) -> Workload;
