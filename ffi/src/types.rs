@@ -101,13 +101,13 @@ pub enum DfuseSyncReason {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DfuseCutReason {
-    /// The next op is not a loop op (matmul, arange) and runs as its own program.
+    /// The next op is not a loop op (arange, a batched matmul) and runs as its own program.
     Unfusable = 0,
-    /// The next op iterates over another shape.
+    /// The next op iterates over another shape (or reduces over other dims).
     Shape = 1,
     /// The next op reads or writes a buffer of the loop through another view.
     Layout = 2,
-    /// A reduction ended the loop.
+    /// A reduction could not join the loop before it.
     Reduction = 3,
     /// The loop reached `max_ops_per_region`.
     MaxOps = 4,

@@ -105,11 +105,6 @@ impl Trace {
         &self.nodes
     }
 
-    /// True when a pending op writes `buffer` (so reading it requires a flush first).
-    pub fn writes(&self, buffer: BufferId) -> bool {
-        self.nodes.iter().any(|n| n.output.buffer == buffer)
-    }
-
     /// Takes every pending node, leaving the trace empty (the flush owns them now).
     pub fn take(&mut self) -> Vec<Node> {
         std::mem::take(&mut self.nodes)

@@ -53,12 +53,7 @@ impl Runtime {
         for (i, inp) in inputs.iter().enumerate() {
             match *inp {
                 Input::Tensor(h) => {
-                    let t = self.tensor(h).map_err(|e| match e {
-                        Error::InvalidHandle(m) => {
-                            Error::InvalidHandle(format!("{}: input {i}: {m}", op.name()))
-                        }
-                        e => e,
-                    })?;
+                    let t = self.operand_tensor(h, &op, &format!("input {i}"))?;
                     metas.push(ArgMeta::tensor(t.dtype, &t.layout.sizes));
                     operands.push(Operand::Tensor(tref(&t)));
                     buffers.insert(t.buffer.id, t.buffer);
@@ -76,12 +71,7 @@ impl Runtime {
         let inf = infer(&op, &metas)?;
         let (output, result) = match out {
             Some(h) => {
-                let t = self.tensor(h).map_err(|e| match e {
-                    Error::InvalidHandle(m) => {
-                        Error::InvalidHandle(format!("{}: out: {m}", op.name()))
-                    }
-                    e => e,
-                })?;
+                let t = self.operand_tensor(h, &op, "out")?;
                 check_out(&op, &inf.sizes, inf.dtype, &t)?;
                 buffers.insert(t.buffer.id, t.buffer.clone());
                 (tref(&t), h)
@@ -144,6 +134,16 @@ impl Runtime {
             layout: output.layout,
             dtype: output.dtype,
         }))
+    }
+
+    /// The tensor behind an op's operand; a bad handle's message names the op and operand.
+    fn operand_tensor(&self, h: Handle, op: &Op, operand: &str) -> Result<Tensor> {
+        self.tensor(h).map_err(|e| match e {
+            Error::InvalidHandle(m) => {
+                Error::InvalidHandle(format!("{}: {operand}: {m}", op.name()))
+            }
+            e => e,
+        })
     }
 
     /// An input that is a different view of the buffer being written (`x[1:] += x[:-1]`) is
@@ -329,7 +329,7 @@ impl Runtime {
                 continue;
             }
             if w.done.is_none() {
-                if let Some(other) = self.streams.values().into_iter().find(|x| x.id == w.stream) {
+                if let Some(other) = self.stream_by_id(w.stream) {
                     self.flush(&other, SyncReason::CrossStream)?;
                 }
             }

@@ -104,6 +104,11 @@ impl Runtime {
             .get(if h == 0 { self.default_stream } else { h })
     }
 
+    /// The live stream with internal id `id` (a buffer's writer), if it still exists.
+    pub(crate) fn stream_by_id(&self, id: u64) -> Option<Arc<Stream>> {
+        self.streams.values().into_iter().find(|s| s.id == id)
+    }
+
     pub fn create_stream(&self) -> Result<Handle> {
         let id = self.next_buffer.fetch_add(1, Ordering::Relaxed);
         Ok(self.streams.insert(Arc::new(Stream::new(id)?)))
@@ -241,7 +246,8 @@ impl Runtime {
         }))
     }
 
-    /// A new tensor of zeros... once written: its storage is allocated (zeroed) on first use.
+    /// A new tensor, like `torch.empty`: storage is allocated on first use, and what nothing
+    /// wrote reads as zeros.
     pub fn empty(&self, dtype: DType, sizes: &[usize]) -> Result<Handle> {
         let buffer = self.new_buffer(dtype, sizes, "empty")?;
         Ok(self.tensors.insert(Tensor {
@@ -288,7 +294,7 @@ impl Runtime {
             return Ok(());
         };
         if w.done.is_none() {
-            let s = self.streams.values().into_iter().find(|s| s.id == w.stream);
+            let s = self.stream_by_id(w.stream);
             if let Some(s) = s {
                 self.flush(&s, reason)?;
             }
