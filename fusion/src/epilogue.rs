@@ -95,6 +95,7 @@ pub fn combine(gemm: Step, e: Step) -> Step {
             n_inputs: 2 + n_in,
         },
         nodes,
+        key: Default::default(),
     }
 }
 

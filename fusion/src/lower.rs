@@ -352,6 +352,7 @@ pub fn loop_step(
             n_inputs: n_in,
         },
         nodes,
+        key: Default::default(),
     }
 }
 
@@ -423,6 +424,7 @@ pub fn lower_node(node: &Node, index: usize) -> Vec<Step> {
                     n_inputs: 0,
                 },
                 nodes: vec![index],
+                key: Default::default(),
             }]
         }
         Op::Cat { .. } => unreachable!("the runtime records cat as copies into slices"),
@@ -496,6 +498,7 @@ fn lower_matmul(node: &Node, index: usize) -> Vec<Step> {
             n_inputs: 2,
         },
         nodes: vec![index],
+        key: Default::default(),
     });
     steps
 }

@@ -105,6 +105,27 @@ pub struct Step {
     pub binding: Binding,
     /// Trace node indices this step executes (for logs, dumps and stats).
     pub nodes: Vec<usize>,
+    /// The executor's key for `region`, computed once: clones share it, so a reused plan does
+    /// not hash its regions again on every flush.
+    pub key: KeyMemo,
+}
+
+/// A lazily computed 128-bit key shared by every clone of a step (the region it keys is the
+/// same in all of them). Never part of a step's identity: all memos compare equal.
+#[derive(Clone, Debug, Default)]
+pub struct KeyMemo(std::sync::Arc<std::sync::OnceLock<u128>>);
+
+impl KeyMemo {
+    /// The key, computing it with `f` the first time.
+    pub fn get_or_init(&self, f: impl FnOnce() -> u128) -> u128 {
+        *self.0.get_or_init(f)
+    }
+}
+
+impl PartialEq for KeyMemo {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl fmt::Display for LoopRegion {

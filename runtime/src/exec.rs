@@ -7,7 +7,7 @@ use crate::mode::Mode;
 use crate::runtime::Runtime;
 use crate::stats::SyncReason;
 use crate::stream::{BufferMap, Stream};
-use deferfuse_cache::fingerprint;
+use deferfuse_cache::{fingerprint, Fingerprint};
 use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::plan::PlanOptions;
 use deferfuse_fusion::{BufferId, Node, Step};
@@ -153,7 +153,10 @@ impl Runtime {
     }
 
     fn program(&self, step: &Step) -> Result<Arc<dyn crate::backend::Program>> {
-        let key = fingerprint(&step.region, self.backend.identity());
+        let key = Fingerprint(
+            step.key
+                .get_or_init(|| fingerprint(&step.region, self.backend.identity()).0),
+        );
         let backend = &self.backend;
         let dump = self.dump_dir.clone();
         self.cache
