@@ -1,8 +1,18 @@
 //! Runtime configuration: the config struct, and the environment variables read once at
 //! runtime creation.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::mode::{mode_from_env, Mode};
+use std::path::PathBuf;
+
+/// Which backend compiles and runs programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// Cranelift JIT on the host CPU (the default).
+    Cpu,
+    /// StableHLO compiled by a PJRT plugin (`pjrt_plugin`).
+    Pjrt,
+}
 
 /// How a runtime is set up. `Default` reads the mode from the environment.
 #[derive(Clone, Debug)]
@@ -21,6 +31,10 @@ pub struct Config {
     pub cache_capacity: usize,
     /// Bytes of freed host blocks kept for reuse (0 disables the cache).
     pub host_cache_bytes: usize,
+    /// The backend; `None` reads `DEFERFUSE_BACKEND` (`cpu` or `pjrt`; unset means cpu).
+    pub backend: Option<BackendKind>,
+    /// The PJRT plugin (.so) the pjrt backend loads; `None` reads `DEFERFUSE_PJRT_PLUGIN`.
+    pub pjrt_plugin: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -32,6 +46,8 @@ impl Default for Config {
             max_ops_per_region: 64,
             cache_capacity: 1024,
             host_cache_bytes: 1 << 30,
+            backend: None,
+            pjrt_plugin: None,
         }
     }
 }
@@ -45,5 +61,35 @@ pub fn resolve_mode(config: &Config) -> Result<(Mode, bool)> {
             let b = std::env::var("TORCH_TPU_LAUNCH_BLOCKING").ok();
             mode_from_env(d.as_deref(), b.as_deref())
         }
+    }
+}
+
+/// The backend to create, from the config or `DEFERFUSE_BACKEND`.
+pub fn resolve_backend(config: &Config) -> Result<BackendKind> {
+    if let Some(b) = config.backend {
+        return Ok(b);
+    }
+    match std::env::var("DEFERFUSE_BACKEND").ok().as_deref() {
+        None | Some("") | Some("cpu") => Ok(BackendKind::Cpu),
+        Some("pjrt") => Ok(BackendKind::Pjrt),
+        Some(other) => Err(Error::Config(format!(
+            "DEFERFUSE_BACKEND={other:?}: expected cpu or pjrt"
+        ))),
+    }
+}
+
+/// The PJRT plugin path, from the config or `DEFERFUSE_PJRT_PLUGIN`.
+pub fn resolve_pjrt_plugin(config: &Config) -> Result<PathBuf> {
+    if let Some(p) = &config.pjrt_plugin {
+        return Ok(p.clone());
+    }
+    match std::env::var_os("DEFERFUSE_PJRT_PLUGIN") {
+        Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
+        _ => Err(Error::Config(
+            "the pjrt backend needs a plugin: set DEFERFUSE_PJRT_PLUGIN (or Config::pjrt_plugin) \
+             to a PJRT plugin .so, e.g. site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so \
+             from `pip install --no-deps xla-cpu-pjrt`"
+                .into(),
+        )),
     }
 }

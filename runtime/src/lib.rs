@@ -22,7 +22,7 @@ pub mod stream;
 pub mod views;
 
 pub use buffer::BufferState;
-pub use config::Config;
+pub use config::{BackendKind, Config};
 pub use error::{Error, Result, Status};
 pub use handle::Handle;
 pub use mode::Mode;

@@ -2,7 +2,6 @@
 //! the one entry point the C ABI calls.
 
 use crate::alloc::HostAllocator;
-use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Program};
 use crate::buffer::{Buffer, BufferState};
 use crate::config::{resolve_mode, Config};
@@ -46,7 +45,7 @@ pub struct Runtime {
 static BOTH_FLAGS_WARNING: Once = Once::new();
 
 impl Runtime {
-    /// Creates a runtime with the CPU backend. Invalid env values are an error here.
+    /// Creates a runtime with the backend the config or environment selects. Invalid env values are an error here.
     pub fn new(config: Config) -> Result<Runtime> {
         crate::log::init_from_env();
         let (default_mode, both) = resolve_mode(&config)?;
@@ -63,7 +62,7 @@ impl Runtime {
         let default_stream = streams.insert(Arc::new(Stream::new(0)?));
         let dump_dir = std::env::var_os("DEFERFUSE_DUMP_DIR").map(PathBuf::from);
         Ok(Runtime {
-            backend: Box::new(CpuBackend::new(dump_dir.is_some())?),
+            backend: crate::backend::create(&config, dump_dir.clone())?,
             cache: ProgramCache::new(config.cache_capacity),
             tensors: HandleTable::new("tensor", tag),
             streams,
@@ -382,6 +381,7 @@ impl Runtime {
             host_cache_hits: host.hits,
             host_cache_misses: host.misses,
             host_cached_bytes: host.cached_bytes,
+            shape_compiles: self.backend.shape_compiles(),
         }
     }
 }

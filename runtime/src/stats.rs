@@ -66,6 +66,9 @@ pub struct Stats {
     pub host_cache_misses: u64,
     /// Bytes of freed host blocks held for reuse.
     pub host_cached_bytes: u64,
+    /// Executables compiled for concrete (bucketed) shapes: the PJRT backend compiles one per
+    /// region and shape bucket; 0 on the CPU backend, whose programs serve every shape.
+    pub shape_compiles: u64,
 }
 
 /// The live counters.

@@ -2,10 +2,25 @@
 //! [`Region`] into a [`Program`]; the executor runs programs on resolved buffers.
 
 pub mod cpu;
+pub mod pjrt;
 
+use crate::config::{resolve_backend, resolve_pjrt_plugin, BackendKind, Config};
 use crate::error::Result;
 use deferfuse_fusion::{Binding, Region};
+use std::path::PathBuf;
 use std::sync::Arc;
+
+/// Creates the backend `config` (or the environment) selects; `dump_dir` is
+/// `DEFERFUSE_DUMP_DIR`.
+pub fn create(config: &Config, dump_dir: Option<PathBuf>) -> Result<Box<dyn Backend>> {
+    Ok(match resolve_backend(config)? {
+        BackendKind::Cpu => Box::new(cpu::CpuBackend::new(dump_dir.is_some())?),
+        BackendKind::Pjrt => {
+            let plugin = resolve_pjrt_plugin(config)?;
+            Box::new(pjrt::PjrtBackend::new(&plugin, dump_dir)?)
+        }
+    })
+}
 
 /// A compiled region, runnable many times with different bindings.
 pub trait Program: Send + Sync {
@@ -29,4 +44,10 @@ pub trait Backend: Send + Sync {
     /// Identity that goes into program fingerprints: name plus target features.
     fn identity(&self) -> &str;
     fn compile(&self, region: &Region) -> Result<Arc<dyn Program>>;
+
+    /// Executables compiled for concrete (bucketed) shapes. Backends whose programs serve every
+    /// shape (the CPU JIT) compile none beyond their programs and report 0.
+    fn shape_compiles(&self) -> u64 {
+        0
+    }
 }

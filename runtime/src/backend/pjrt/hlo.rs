@@ -1,0 +1,403 @@
+//! A tiny writer of StableHLO MLIR text in the generic op form (`"stablehlo.add"(%a, %b) :
+//! (..) -> ..`): one syntax for every op, so each emitter is one line and the parser never has to
+//! guess a pretty form. One op per line; the entry function is `@main`.
+
+use deferfuse_fusion::ir::DType;
+use std::fmt::Write;
+
+/// An element type in the program. Values are kept in their dtype's compute type, like the CPU
+/// backend's registers: f16/bf16 as f32, u8/bool/i32 as i32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Elem {
+    F32,
+    F64,
+    I32,
+    I64,
+    I1,
+}
+
+impl Elem {
+    /// The compute element of `d`.
+    pub fn of(d: DType) -> Elem {
+        match d.compute() {
+            DType::F32 => Elem::F32,
+            DType::F64 => Elem::F64,
+            DType::I64 => Elem::I64,
+            _ => Elem::I32,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Elem::F32 => "f32",
+            Elem::F64 => "f64",
+            Elem::I32 => "i32",
+            Elem::I64 => "i64",
+            Elem::I1 => "i1",
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, Elem::F32 | Elem::F64)
+    }
+
+    /// Bytes per element in staging buffers.
+    pub fn size(self) -> usize {
+        match self {
+            Elem::F64 | Elem::I64 => 8,
+            _ => 4,
+        }
+    }
+}
+
+/// A tensor type: element and static dims.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ty {
+    pub elem: Elem,
+    pub dims: Vec<usize>,
+}
+
+impl Ty {
+    pub fn new(elem: Elem, dims: &[usize]) -> Ty {
+        Ty {
+            elem,
+            dims: dims.to_vec(),
+        }
+    }
+
+    pub fn with(&self, elem: Elem) -> Ty {
+        Ty {
+            elem,
+            dims: self.dims.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for Ty {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("tensor<")?;
+        for d in &self.dims {
+            write!(f, "{d}x")?;
+        }
+        write!(f, "{}>", self.elem.name())
+    }
+}
+
+/// An SSA value and its type.
+#[derive(Clone, Debug)]
+pub struct Val {
+    pub name: String,
+    pub ty: Ty,
+}
+
+/// Builds the body of `@main`.
+#[derive(Default)]
+pub struct Func {
+    text: String,
+    next: usize,
+    pub args: Vec<Ty>,
+    indent: usize,
+}
+
+/// An MLIR dense i64 array attribute (`array<i64>` when empty: `array<i64: >` does not parse).
+fn arr(v: &[usize]) -> String {
+    if v.is_empty() {
+        return "array<i64>".into();
+    }
+    let items: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+    format!("array<i64: {}>", items.join(", "))
+}
+
+impl Func {
+    /// Declares the next argument of `@main`.
+    pub fn arg(&mut self, ty: Ty) -> Val {
+        self.args.push(ty.clone());
+        Val {
+            name: format!("%arg{}", self.args.len() - 1),
+            ty,
+        }
+    }
+
+    fn fresh(&mut self) -> String {
+        self.next += 1;
+        format!("%v{}", self.next)
+    }
+
+    /// Emits `op` on `operands` with attributes `attrs` (may be empty) yielding `ty`.
+    pub fn op(&mut self, op: &str, operands: &[&Val], attrs: &str, ty: Ty) -> Val {
+        let name = self.fresh();
+        let names: Vec<&str> = operands.iter().map(|v| v.name.as_str()).collect();
+        // `chlo.erf` and friends name their dialect; everything else is StableHLO.
+        let dialect = if op.contains('.') { "" } else { "stablehlo." };
+        let tys: Vec<String> = operands.iter().map(|v| v.ty.to_string()).collect();
+        let attrs = if attrs.is_empty() {
+            String::new()
+        } else {
+            format!(" {{{attrs}}}")
+        };
+        let _ = writeln!(
+            self.text,
+            "{:w$}{name} = \"{dialect}{op}\"({}){attrs} : ({}) -> {ty}",
+            "",
+            names.join(", "),
+            tys.join(", "),
+            w = 4 + self.indent
+        );
+        Val { name, ty }
+    }
+
+    /// An elementwise op whose result has the type of its first operand.
+    pub fn ew(&mut self, op: &str, operands: &[&Val]) -> Val {
+        let ty = operands[0].ty.clone();
+        self.op(op, operands, "", ty)
+    }
+
+    /// A splat constant of `ty` from its literal (`0x..` bits for floats, decimal for ints).
+    pub fn constant(&mut self, lit: &str, ty: Ty) -> Val {
+        let name = self.fresh();
+        let _ = writeln!(
+            self.text,
+            "{:w$}{name} = \"stablehlo.constant\"() {{value = dense<{lit}> : {ty}}} : () -> {ty}",
+            "",
+            w = 4 + self.indent
+        );
+        Val { name, ty }
+    }
+
+    /// A float constant `x` of element `e` (exact bits, so inf and NaN survive the text).
+    pub fn fconst(&mut self, x: f64, ty: Ty) -> Val {
+        let lit = match ty.elem {
+            Elem::F32 => format!("0x{:08X}", (x as f32).to_bits()),
+            Elem::F64 => format!("0x{:016X}", x.to_bits()),
+            Elem::I1 => (x != 0.0).to_string(),
+            _ => (x as i64).to_string(),
+        };
+        self.constant(&lit, ty)
+    }
+
+    pub fn iconst(&mut self, x: i64, ty: Ty) -> Val {
+        self.constant(&x.to_string(), ty)
+    }
+
+    pub fn convert(&mut self, v: &Val, e: Elem) -> Val {
+        if v.ty.elem == e {
+            return v.clone();
+        }
+        let ty = v.ty.with(e);
+        self.op("convert", &[v], "", ty)
+    }
+
+    pub fn compare(&mut self, dir: &str, a: &Val, b: &Val) -> Val {
+        let kind = if a.ty.elem.is_float() {
+            "FLOAT"
+        } else {
+            "SIGNED"
+        };
+        let attrs = format!(
+            "comparison_direction = #stablehlo<comparison_direction {dir}>, \
+             compare_type = #stablehlo<comparison_type {kind}>"
+        );
+        let ty = a.ty.with(Elem::I1);
+        self.op("compare", &[a, b], &attrs, ty)
+    }
+
+    pub fn select(&mut self, p: &Val, a: &Val, b: &Val) -> Val {
+        let ty = a.ty.clone();
+        self.op("select", &[p, a, b], "", ty)
+    }
+
+    /// `v` broadcast to `dims`, its dims landing on `map`.
+    pub fn broadcast(&mut self, v: &Val, dims: &[usize], map: &[usize]) -> Val {
+        if v.ty.dims == dims {
+            return v.clone();
+        }
+        let ty = Ty::new(v.ty.elem, dims);
+        let attrs = format!("broadcast_dimensions = {}", arr(map));
+        self.op("broadcast_in_dim", &[v], &attrs, ty)
+    }
+
+    pub fn iota(&mut self, dim: usize, ty: Ty) -> Val {
+        let name = self.fresh();
+        let _ = writeln!(
+            self.text,
+            "{:w$}{name} = \"stablehlo.iota\"() {{iota_dimension = {dim} : i64}} : () -> {ty}",
+            "",
+            w = 4 + self.indent
+        );
+        Val { name, ty }
+    }
+
+    pub fn reshape(&mut self, v: &Val, dims: &[usize]) -> Val {
+        if v.ty.dims == dims {
+            return v.clone();
+        }
+        let ty = Ty::new(v.ty.elem, dims);
+        self.op("reshape", &[v], "", ty)
+    }
+
+    /// `v[start..start+1]` along each dim in `at`, other dims whole.
+    pub fn slice_first(&mut self, v: &Val, at: &[usize]) -> Val {
+        let limit: Vec<usize> =
+            v.ty.dims
+                .iter()
+                .enumerate()
+                .map(|(d, &s)| if at.contains(&d) { 1.min(s) } else { s })
+                .collect();
+        let zeros = vec![0; limit.len()];
+        let ones = vec![1; limit.len()];
+        let attrs = format!(
+            "start_indices = {}, limit_indices = {}, strides = {}",
+            arr(&zeros),
+            arr(&limit),
+            arr(&ones)
+        );
+        let ty = Ty::new(v.ty.elem, &limit);
+        self.op("slice", &[v], &attrs, ty)
+    }
+
+    /// A reduce of `inputs` (with `inits`) over `dims`; `body` builds the combiner from the
+    /// block arguments (accumulators first, then elements) and returns its results.
+    pub fn reduce(
+        &mut self,
+        inputs: &[&Val],
+        inits: &[&Val],
+        dims: &[usize],
+        body: impl FnOnce(&mut Func, &[Val]) -> Vec<Val>,
+    ) -> Vec<Val> {
+        let out_dims: Vec<usize> = inputs[0]
+            .ty
+            .dims
+            .iter()
+            .enumerate()
+            .filter(|(d, _)| !dims.contains(d))
+            .map(|(_, &s)| s)
+            .collect();
+        let results: Vec<Val> = inputs
+            .iter()
+            .map(|v| Val {
+                name: String::new(),
+                ty: Ty::new(v.ty.elem, &out_dims),
+            })
+            .collect();
+        let base = self.fresh();
+        let n = inputs.len();
+        let w = 4 + self.indent;
+        let block_args: Vec<Val> = (0..2 * n)
+            .map(|i| Val {
+                name: format!("{base}_b{i}"),
+                ty: Ty::new(inputs[i % n].ty.elem, &[]),
+            })
+            .collect();
+        let operands: Vec<&Val> = inputs.iter().chain(inits.iter()).copied().collect();
+        let _ = writeln!(
+            self.text,
+            "{:w$}{base}:{n} = \"stablehlo.reduce\"({}) ({{",
+            "",
+            operands
+                .iter()
+                .map(|v| v.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let _ = writeln!(
+            self.text,
+            "{:w$}^bb0({}):",
+            "",
+            block_args
+                .iter()
+                .map(|a| format!("{}: {}", a.name, a.ty))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        self.indent += 2;
+        let rets = body(self, &block_args);
+        self.ret("stablehlo.return", &rets);
+        self.indent -= 2;
+        let _ = writeln!(
+            self.text,
+            "{:w$}}}) {{dimensions = {}}} : ({}) -> ({})",
+            "",
+            arr(dims),
+            operands
+                .iter()
+                .map(|v| v.ty.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            results
+                .iter()
+                .map(|v| v.ty.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        results
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| Val {
+                name: format!("{base}#{i}"),
+                ..v
+            })
+            .collect()
+    }
+
+    fn ret(&mut self, op: &str, vals: &[Val]) {
+        let _ = writeln!(
+            self.text,
+            "{:w$}\"{op}\"({}) : ({}) -> ()",
+            "",
+            vals.iter()
+                .map(|v| v.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            vals.iter()
+                .map(|v| v.ty.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            w = 4 + self.indent
+        );
+    }
+
+    /// The whole module, returning `results` from `@main`.
+    pub fn finish(mut self, results: &[Val]) -> String {
+        self.ret("func.return", results);
+        let args: Vec<String> = self
+            .args
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("%arg{i}: {t}"))
+            .collect();
+        let rets: Vec<String> = results.iter().map(|v| v.ty.to_string()).collect();
+        format!(
+            "module {{\n  func.func @main({}) -> ({}) {{\n{}  }}\n}}\n",
+            args.join(", "),
+            rets.join(", "),
+            self.text
+        )
+    }
+}
+
+impl Func {
+    /// Converts f32 `v` to the tensor type `narrow` and back (rounds to a narrow float).
+    pub fn raw_convert_through(&mut self, v: &Val, narrow: &str) -> Val {
+        let mid = self.fresh();
+        let _ = writeln!(
+            self.text,
+            "{:w$}{mid} = \"stablehlo.convert\"({}) : ({}) -> {narrow}",
+            "",
+            v.name,
+            v.ty,
+            w = 4 + self.indent
+        );
+        let name = self.fresh();
+        let _ = writeln!(
+            self.text,
+            "{:w$}{name} = \"stablehlo.convert\"({mid}) : ({narrow}) -> {}",
+            "",
+            v.ty,
+            w = 4 + self.indent
+        );
+        Val {
+            name,
+            ty: v.ty.clone(),
+        }
+    }
+}
