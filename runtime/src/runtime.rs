@@ -362,6 +362,7 @@ impl Runtime {
     pub fn stats(&self) -> Stats {
         let host = self.host.stats();
         let c = self.cache.stats();
+        let backend = self.backend.counters();
         let sync_points =
             std::array::from_fn(|k| self.counters.sync_points[k].load(Ordering::Relaxed));
         Stats {
@@ -381,7 +382,9 @@ impl Runtime {
             host_cache_hits: host.hits,
             host_cache_misses: host.misses,
             host_cached_bytes: host.cached_bytes,
-            shape_compiles: self.backend.shape_compiles(),
+            shape_compiles: backend.shape_compiles,
+            disk_cache_hits: backend.disk_cache_hits,
+            disk_cache_corrupt: backend.disk_cache_corrupt,
         }
     }
 }

@@ -69,6 +69,10 @@ pub struct Stats {
     /// Executables compiled for concrete (bucketed) shapes: the PJRT backend compiles one per
     /// region and shape bucket; 0 on the CPU backend, whose programs serve every shape.
     pub shape_compiles: u64,
+    /// PJRT executables loaded from the disk cache (`DEFERFUSE_CACHE_DIR`) instead of compiled.
+    pub disk_cache_hits: u64,
+    /// Damaged disk-cache entries found, removed and recompiled (each also logs a warning).
+    pub disk_cache_corrupt: u64,
 }
 
 /// The live counters.

@@ -22,6 +22,17 @@ pub fn create(config: &Config, dump_dir: Option<PathBuf>) -> Result<Box<dyn Back
     })
 }
 
+/// What a backend counts itself (see `Stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendCounters {
+    /// Executables compiled for concrete (bucketed) shapes.
+    pub shape_compiles: u64,
+    /// Executables loaded from the disk cache instead of compiled.
+    pub disk_cache_hits: u64,
+    /// Damaged disk-cache entries found, removed and recompiled.
+    pub disk_cache_corrupt: u64,
+}
+
 /// A compiled region, runnable many times with different bindings.
 pub trait Program: Send + Sync {
     /// Runs on `bases`: each binding operand's buffer start, in binding order.
@@ -45,9 +56,9 @@ pub trait Backend: Send + Sync {
     fn identity(&self) -> &str;
     fn compile(&self, region: &Region) -> Result<Arc<dyn Program>>;
 
-    /// Executables compiled for concrete (bucketed) shapes. Backends whose programs serve every
-    /// shape (the CPU JIT) compile none beyond their programs and report 0.
-    fn shape_compiles(&self) -> u64 {
-        0
+    /// Counters beyond the program cache's. Backends whose programs serve every shape and
+    /// that keep no disk cache (the CPU JIT) report zeros.
+    fn counters(&self) -> BackendCounters {
+        BackendCounters::default()
     }
 }

@@ -15,15 +15,17 @@
 mod client;
 mod ffi;
 mod hlo;
+mod identity;
 mod lower;
 mod ops;
 mod stage;
 
 pub use client::{Client, Plugin};
 
-use super::{Backend, Program};
+use super::{Backend, BackendCounters, Program};
 use crate::error::{Error, Result};
 use client::Executable;
+use deferfuse_cache::DiskCache;
 use deferfuse_fusion::{Binding, Region};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -37,13 +39,61 @@ pub struct PjrtCounters {
     pub compiles: AtomicU64,
     /// Executables loaded from the disk cache instead.
     pub disk_hits: AtomicU64,
+    /// Disk entries that were damaged or failed to load (removed, recompiled).
+    pub disk_corrupt: AtomicU64,
+}
+
+/// The default bound of `DEFERFUSE_CACHE_DIR` (`DEFERFUSE_CACHE_MAX_BYTES` overrides it).
+const DEFAULT_DISK_BYTES: u64 = 1 << 30;
+
+struct Disk {
+    cache: DiskCache,
+    /// Everything besides the program an executable is valid for (see `identity`).
+    salt: String,
 }
 
 struct Shared {
     client: Arc<Client>,
     identity: String,
     dump_dir: Option<PathBuf>,
+    disk: Option<Disk>,
     counters: PjrtCounters,
+}
+
+fn open_disk(plugin: &Path, client: &Client) -> Result<Option<Disk>> {
+    let Some(dir) = std::env::var_os("DEFERFUSE_CACHE_DIR").filter(|d| !d.is_empty()) else {
+        return Ok(None);
+    };
+    let max = match std::env::var("DEFERFUSE_CACHE_MAX_BYTES") {
+        Ok(v) => v.parse::<u64>().map_err(|_| {
+            Error::Config(format!(
+                "DEFERFUSE_CACHE_MAX_BYTES={v:?}: expected a number of bytes"
+            ))
+        })?,
+        Err(_) => DEFAULT_DISK_BYTES,
+    };
+    let dir = PathBuf::from(dir);
+    let cache = DiskCache::open(&dir, max).map_err(|e| {
+        Error::Config(format!(
+            "DEFERFUSE_CACHE_DIR={}: cannot create the directory: {e}",
+            dir.display()
+        ))
+    })?;
+    let so = identity::file_hash(plugin).map_err(|e| {
+        Error::Config(format!(
+            "PJRT plugin {}: cannot read it: {e}",
+            plugin.display()
+        ))
+    })?;
+    let salt = format!(
+        "{so:032x}:{}.{}:{}:{}:{}",
+        client.plugin.version.0,
+        client.plugin.version.1,
+        client.platform_name,
+        client.platform_version,
+        identity::cpu_features()
+    );
+    Ok(Some(Disk { cache, salt }))
 }
 
 /// Compiles regions with a PJRT plugin.
@@ -65,11 +115,13 @@ impl PjrtBackend {
             "pjrt:{}:{}:{}.{}",
             client.platform_name, client.platform_version, plugin.version.0, plugin.version.1
         );
+        let disk = open_disk(&plugin.path, &client)?;
         Ok(PjrtBackend {
             shared: Arc::new(Shared {
                 client,
                 identity,
                 dump_dir,
+                disk,
                 counters: PjrtCounters::default(),
             }),
         })
@@ -99,8 +151,18 @@ impl Backend for PjrtBackend {
         }))
     }
 
-    fn shape_compiles(&self) -> u64 {
-        self.shared.counters.compiles.load(Ordering::Relaxed)
+    fn counters(&self) -> BackendCounters {
+        let c = &self.shared.counters;
+        BackendCounters {
+            shape_compiles: c.compiles.load(Ordering::Relaxed),
+            disk_cache_hits: c.disk_hits.load(Ordering::Relaxed),
+            disk_cache_corrupt: c.disk_corrupt.load(Ordering::Relaxed)
+                + self
+                    .shared
+                    .disk
+                    .as_ref()
+                    .map_or(0, |d| d.cache.stats().corrupt),
+        }
     }
 }
 
@@ -119,13 +181,43 @@ impl PjrtProgram {
         if let Some(e) = exes.get(&key) {
             return Ok(e.clone());
         }
+        let key_bytes: Vec<u8> = key.iter().flat_map(|k| k.to_le_bytes()).collect();
+        let disk_key = self.shared.disk.as_ref().map(|d| {
+            let mut b = b"deferfuse-pjrt-executable\0".to_vec();
+            b.extend_from_slice(&self.fingerprint.0.to_le_bytes());
+            b.extend_from_slice(&key_bytes);
+            b.extend_from_slice(d.salt.as_bytes());
+            xxhash_rust::xxh3::xxh3_128(&b)
+        });
+        if let (Some(d), Some(k)) = (&self.shared.disk, disk_key) {
+            if let Some(bytes) = d.cache.get(k) {
+                match self.shared.client.deserialize(&bytes) {
+                    Ok(exe) => {
+                        self.shared
+                            .counters
+                            .disk_hits
+                            .fetch_add(1, Ordering::Relaxed);
+                        let exe = Arc::new(exe);
+                        exes.insert(key, exe.clone());
+                        return Ok(exe);
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            path = %d.cache.path(k).display(),
+                            "disk cache entry does not load ({e}); removing it and recompiling"
+                        );
+                        let _ = std::fs::remove_file(d.cache.path(k));
+                        self.shared
+                            .counters
+                            .disk_corrupt
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
         let mlir = lower::module(&self.region, sig);
         if let Some(dir) = &self.shared.dump_dir {
-            let sig_hash = xxhash_rust::xxh3::xxh3_64(
-                &key.iter()
-                    .flat_map(|k| k.to_le_bytes())
-                    .collect::<Vec<u8>>(),
-            );
+            let sig_hash = xxhash_rust::xxh3::xxh3_64(&key_bytes);
             let _ = std::fs::create_dir_all(dir);
             let _ = std::fs::write(
                 dir.join(format!("{}-{sig_hash:016x}.mlir", self.fingerprint)),
@@ -142,6 +234,17 @@ impl PjrtProgram {
             .counters
             .compiles
             .fetch_add(1, Ordering::Relaxed);
+        if let (Some(d), Some(k)) = (&self.shared.disk, disk_key) {
+            // A cache that cannot be written only costs a recompile next time.
+            match exe.serialize() {
+                Ok(bytes) => {
+                    if let Err(e) = d.cache.put(k, &bytes) {
+                        tracing::warn!(dir = %d.cache.dir().display(), "disk cache write failed: {e}");
+                    }
+                }
+                Err(e) => tracing::warn!("PJRT executable cannot be serialized: {e}"),
+            }
+        }
         let exe = Arc::new(exe);
         exes.insert(key, exe.clone());
         Ok(exe)
