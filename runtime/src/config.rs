@@ -69,12 +69,36 @@ pub fn resolve_backend(config: &Config) -> Result<BackendKind> {
     if let Some(b) = config.backend {
         return Ok(b);
     }
-    match std::env::var("DEFERFUSE_BACKEND").ok().as_deref() {
+    parse_backend(std::env::var("DEFERFUSE_BACKEND").ok().as_deref())
+}
+
+/// The backend a `DEFERFUSE_BACKEND` value names (unset or empty means cpu).
+pub fn parse_backend(v: Option<&str>) -> Result<BackendKind> {
+    match v {
         None | Some("") | Some("cpu") => Ok(BackendKind::Cpu),
         Some("pjrt") => Ok(BackendKind::Pjrt),
         Some(other) => Err(Error::Config(format!(
             "DEFERFUSE_BACKEND={other:?}: expected cpu or pjrt"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_names_parse_and_cpu_is_the_default() {
+        assert_eq!(parse_backend(None), Ok(BackendKind::Cpu));
+        assert_eq!(parse_backend(Some("cpu")), Ok(BackendKind::Cpu));
+        assert_eq!(parse_backend(Some("pjrt")), Ok(BackendKind::Pjrt));
+    }
+
+    #[test]
+    fn an_unknown_backend_name_is_a_configuration_error() {
+        let e = parse_backend(Some("tpu")).unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{e}");
+        assert!(e.to_string().contains("expected cpu or pjrt"), "{e}");
     }
 }
 

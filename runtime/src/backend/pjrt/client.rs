@@ -18,7 +18,9 @@ pub struct Plugin {
     pub path: PathBuf,
     /// (major, minor) C API version the plugin reports.
     pub version: (i32, i32),
-    _lib: libloading::Library,
+    /// Never unloaded: plugins register process-exit handlers (a deserialized executable
+    /// does), and calling them after dlclose crashes the process at exit.
+    _lib: std::mem::ManuallyDrop<libloading::Library>,
 }
 
 // SAFETY: the PJRT C API is thread-safe; the function table is immutable after load.
@@ -74,7 +76,7 @@ impl Plugin {
             api,
             path: path.to_path_buf(),
             version,
-            _lib: lib,
+            _lib: std::mem::ManuallyDrop::new(lib),
         };
         let mut init = ffi::PJRT_Plugin_Initialize_Args::new();
         plugin
