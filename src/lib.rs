@@ -8,5 +8,6 @@ pub use deferfuse_runtime as runtime;
 
 pub use deferfuse_fusion::ir::{BinaryOp, DType, Op, ReduceOp, Scalar, UnaryOp};
 pub use deferfuse_runtime::{
-    BufferState, Config, Error, Handle, Input, Mode, Runtime, Stats, Status, SyncReason, View,
+    BackendKind, BufferState, Config, Error, Handle, Input, Mode, Runtime, Stats, Status,
+    SyncReason, View,
 };

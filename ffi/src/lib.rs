@@ -51,7 +51,8 @@ pub use tensor::{
 pub use types::{
     DfuseBackend, DfuseBufferState, DfuseCutReason, DfuseDtype, DfuseMode, DfuseOperand,
     DfuseOperandKind, DfuseScalar, DfuseScalarKind, DfuseStats, DfuseSyncReason,
-    DFUSE_CUT_REASON_COUNT, DFUSE_MAX_REDUCE_DIMS, DFUSE_MODE_FROM_ENV, DFUSE_SYNC_REASON_COUNT,
+    DFUSE_BACKEND_FROM_ENV, DFUSE_CUT_REASON_COUNT, DFUSE_MAX_REDUCE_DIMS, DFUSE_MODE_FROM_ENV,
+    DFUSE_SYNC_REASON_COUNT,
 };
 pub use view::{dfuse_as_strided, dfuse_view, DfuseViewKind};
 

@@ -10,11 +10,11 @@
 
 use crate::error::{guard, invalid, read_in, write_out, DfuseStatus, Result};
 use crate::types::{
-    mode_from, DfuseBackend, DfuseStats, DFUSE_CUT_REASON_COUNT, DFUSE_MODE_FROM_ENV,
-    DFUSE_SYNC_REASON_COUNT,
+    mode_from, DfuseBackend, DfuseStats, DFUSE_BACKEND_FROM_ENV, DFUSE_CUT_REASON_COUNT,
+    DFUSE_MODE_FROM_ENV, DFUSE_SYNC_REASON_COUNT,
 };
 use deferfuse_runtime::stats::CutReason;
-use deferfuse_runtime::{mode, Config, Error, Runtime, SyncReason};
+use deferfuse_runtime::{mode, BackendKind, Config, Error, Runtime, SyncReason};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -46,8 +46,11 @@ pub struct DfuseConfig {
     pub max_ops_per_region: u64,
     /// Bytes of freed host blocks kept for reuse; 0 means the default (1 GiB).
     pub host_cache_bytes: u64,
-    /// A `DfuseBackend`; only `DFUSE_BACKEND_CPU` is available.
+    /// A `DfuseBackend`, or `DFUSE_BACKEND_FROM_ENV` (the default) to read `DEFERFUSE_BACKEND`.
     pub backend: u32,
+    /// Path of the PJRT plugin (.so) for the pjrt backend, NUL-terminated; NULL reads
+    /// `DEFERFUSE_PJRT_PLUGIN`.
+    pub pjrt_plugin: *const std::ffi::c_char,
 }
 
 /// Live runtimes by token.
@@ -94,12 +97,27 @@ pub(crate) fn config_from(c: &DfuseConfig) -> Result<Config> {
         DFUSE_MODE_FROM_ENV => None,
         m => Some(mode_from(m, "cfg->mode").map_err(|e| Error::Config(e.to_string()))?),
     };
-    if c.backend != DfuseBackend::Cpu as u32 {
-        return Err(Error::Config(format!(
-            "cfg->backend = {}: only the cpu backend is available; pass DFUSE_BACKEND_CPU (0)",
-            c.backend
-        )));
-    }
+    let backend = match c.backend {
+        DFUSE_BACKEND_FROM_ENV => None,
+        b if b == DfuseBackend::Cpu as u32 => Some(BackendKind::Cpu),
+        b if b == DfuseBackend::Pjrt as u32 => Some(BackendKind::Pjrt),
+        b => {
+            return Err(Error::Config(format!(
+                "cfg->backend = {b}: expected DFUSE_BACKEND_CPU (0), DFUSE_BACKEND_PJRT (1) or \
+                 DFUSE_BACKEND_FROM_ENV"
+            )))
+        }
+    };
+    let pjrt_plugin = if c.pjrt_plugin.is_null() {
+        None
+    } else {
+        // SAFETY: the caller's contract for `DfuseConfig.pjrt_plugin` (a C string).
+        let s = unsafe { std::ffi::CStr::from_ptr(c.pjrt_plugin) };
+        let s = s.to_str().map_err(|_| {
+            Error::Config("cfg->pjrt_plugin is not valid UTF-8; pass the path as UTF-8".into())
+        })?;
+        Some(std::path::PathBuf::from(s))
+    };
     let count = |v: u64, default: usize, name: &str| -> Result<usize> {
         match v {
             0 => Ok(default),
@@ -126,6 +144,8 @@ pub(crate) fn config_from(c: &DfuseConfig) -> Result<Config> {
             d.host_cache_bytes,
             "cfg->host_cache_bytes",
         )?,
+        backend,
+        pjrt_plugin,
     })
 }
 
@@ -145,7 +165,8 @@ pub unsafe extern "C" fn dfuse_config_default(out: *mut DfuseConfig) -> DfuseSta
             max_pending_bytes: d.max_pending_bytes as u64,
             max_ops_per_region: d.max_ops_per_region as u64,
             host_cache_bytes: d.host_cache_bytes as u64,
-            backend: DfuseBackend::Cpu as u32,
+            backend: DFUSE_BACKEND_FROM_ENV,
+            pjrt_plugin: std::ptr::null(),
         };
         // SAFETY: the caller's contract.
         unsafe { write_out(out, "out", c) }
@@ -325,6 +346,7 @@ mod tests {
             max_ops_per_region: 0,
             host_cache_bytes: 0,
             backend,
+            pjrt_plugin: std::ptr::null(),
         }
     }
 
@@ -338,8 +360,18 @@ mod tests {
             config_from(&cfg(DFUSE_MODE_FROM_ENV, 0)).unwrap().mode,
             None
         );
-        let e = config_from(&cfg(0, 1)).unwrap_err();
-        assert!(e.to_string().contains("only the cpu backend"), "{e}");
+        assert_eq!(
+            config_from(&cfg(0, 1)).unwrap().backend,
+            Some(BackendKind::Pjrt)
+        );
+        assert_eq!(
+            config_from(&cfg(0, DFUSE_BACKEND_FROM_ENV))
+                .unwrap()
+                .backend,
+            None
+        );
+        let e = config_from(&cfg(0, 7)).unwrap_err();
+        assert!(e.to_string().contains("expected DFUSE_BACKEND_CPU"), "{e}");
         assert_eq!(e.status(), deferfuse_runtime::Status::Config);
         let e = config_from(&cfg(9, 0)).unwrap_err();
         assert_eq!(e.status(), deferfuse_runtime::Status::Config);

@@ -12,6 +12,10 @@ use deferfuse_runtime::{Input, Mode};
 /// `TORCH_TPU_LAUNCH_BLOCKING`" (what a runtime created with a NULL config does).
 pub const DFUSE_MODE_FROM_ENV: u32 = 0xFFFF_FFFF;
 
+/// `DfuseConfig.backend` value meaning "read `DEFERFUSE_BACKEND`" (`cpu` or `pjrt`; unset means
+/// cpu). What `dfuse_config_default` fills in.
+pub const DFUSE_BACKEND_FROM_ENV: u32 = 0xFFFF_FFFF;
+
 /// How many dims `DfuseAttrs.dims` holds (reductions over more dims are not supported).
 pub const DFUSE_MAX_REDUCE_DIMS: usize = 8;
 
@@ -35,12 +39,15 @@ pub enum DfuseMode {
     Defer = 2,
 }
 
-/// Backends, passed as `DfuseConfig.backend`. Only the CPU backend exists today.
+/// Backends, passed as `DfuseConfig.backend` (or `DFUSE_BACKEND_FROM_ENV`).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DfuseBackend {
     /// The Cranelift-compiled CPU backend.
     Cpu = 0,
+    /// StableHLO compiled by a PJRT plugin (`DfuseConfig.pjrt_plugin` or
+    /// `DEFERFUSE_PJRT_PLUGIN`): XLA on CPU, TPU or GPU.
+    Pjrt = 1,
 }
 
 /// Element types, passed as `uint32_t`; the numbers are the runtime's dtype numbers.

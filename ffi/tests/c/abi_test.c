@@ -94,7 +94,7 @@ static void run_mode(uint32_t mode) {
     printf("-- mode %s\n", mode_name(mode));
     DfuseConfig cfg;
     OK(dfuse_config_default(&cfg));
-    CHECK(cfg.mode == DFUSE_MODE_FROM_ENV && cfg.backend == DFUSE_BACKEND_CPU);
+    CHECK(cfg.mode == DFUSE_MODE_FROM_ENV && cfg.backend == DFUSE_BACKEND_FROM_ENV);
     cfg.mode = mode;
     DfuseRuntime *rt = NULL;
     OK(dfuse_runtime_create(&cfg, &rt));
@@ -263,11 +263,18 @@ static void error_paths(void) {
 
     DfuseConfig cfg;
     OK(dfuse_config_default(&cfg));
-    cfg.backend = 1;
+    cfg.backend = 7;
     DfuseRuntime *bad = (DfuseRuntime *)1;
     EXPECT(DFUSE_STATUS_CONFIG, dfuse_runtime_create(&cfg, &bad));
     CHECK(bad == NULL);
-    CHECK(strstr(dfuse_last_error(), "only the cpu backend is available") != NULL);
+    CHECK(strstr(dfuse_last_error(), "expected DFUSE_BACKEND_CPU") != NULL);
+    /* A PJRT plugin that is not there: a config error naming the path. */
+    cfg.backend = DFUSE_BACKEND_PJRT;
+    cfg.pjrt_plugin = "/nonexistent/pjrt_plugin.so";
+    EXPECT(DFUSE_STATUS_CONFIG, dfuse_runtime_create(&cfg, &bad));
+    CHECK(strstr(dfuse_last_error(), "/nonexistent/pjrt_plugin.so") != NULL);
+    cfg.backend = DFUSE_BACKEND_CPU;
+    cfg.pjrt_plugin = NULL;
 
     const int64_t s23[2] = {2, 3};
     const int64_t s4[1] = {4};

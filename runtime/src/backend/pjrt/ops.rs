@@ -124,6 +124,23 @@ fn sigmoid(f: &mut Func, x: &Val) -> Val {
     f.ew("divide", &[&one, &den])
 }
 
+/// erf, exactly +-1 where the true value rounds to it (|x| >= 4 in f32, 6 in f64): XLA's
+/// approximation leaves it a few ulp short there, so gelu(-inf) gave -inf instead of NaN and
+/// gelu of large negative x a tiny negative number instead of -0.
+fn erf(f: &mut Func, x: &Val) -> Val {
+    let e = f.ew("chlo.erf", &[x]);
+    let big = if x.ty.elem == Elem::F64 { 6.0 } else { 4.0 };
+    let ax = f.ew("abs", &[x]);
+    let lim = splat(f, big, x);
+    let sat = f.compare("GE", &ax, &lim);
+    let one = splat(f, 1.0, x);
+    let m1 = splat(f, -1.0, x);
+    let zero = splat(f, 0.0, x);
+    let neg = f.compare("LT", x, &zero);
+    let s = f.select(&neg, &m1, &one);
+    f.select(&sat, &s, &e)
+}
+
 fn gelu_tail(f: &mut Func, x: &Val, t: &Val) -> Val {
     let one = splat(f, 1.0, x);
     let half = splat(f, 0.5, x);
@@ -146,7 +163,7 @@ fn funary(f: &mut Func, op: UnaryOp, a: &Val) -> Val {
         Sin => simple("sine"),
         Cos => simple("cosine"),
         Tanh => simple("tanh"),
-        Erf => simple("chlo.erf"),
+        Erf => return erf(f, a),
         Floor => simple("floor"),
         Ceil => simple("ceil"),
         Round => simple("round_nearest_even"),
@@ -181,7 +198,7 @@ fn funary(f: &mut Func, op: UnaryOp, a: &Val) -> Val {
         GeluErf => {
             let k = splat(f, std::f64::consts::FRAC_1_SQRT_2, a);
             let t = f.ew("multiply", &[a, &k]);
-            let e = f.ew("chlo.erf", &[&t]);
+            let e = erf(f, &t);
             return gelu_tail(f, a, &e);
         }
         GeluTanh => {
@@ -259,7 +276,6 @@ fn remainder_fix(f: &mut Func, r: &Val, y: &Val) -> Val {
 /// `op` on `x`, `y` (dtype `src`) giving dtype `dst`.
 pub fn binary(f: &mut Func, op: BinaryOp, x: &Val, y: &Val, src: DType, dst: DType) -> Val {
     use BinaryOp::*;
-    let _ = dst;
     if matches!(op, LogicalAnd | LogicalOr) {
         let a = truthy(f, x);
         let b = truthy(f, y);
@@ -278,7 +294,7 @@ pub fn binary(f: &mut Func, op: BinaryOp, x: &Val, y: &Val, src: DType, dst: DTy
         return to_bool(f, &p);
     }
     let float = src.is_float();
-    match op {
+    let r = match op {
         Add => f.ew("add", &[x, y]),
         Sub => f.ew("subtract", &[x, y]),
         Mul => f.ew("multiply", &[x, y]),
@@ -289,12 +305,25 @@ pub fn binary(f: &mut Func, op: BinaryOp, x: &Val, y: &Val, src: DType, dst: DTy
         Minimum => f.ew("minimum", &[x, y]),
         Pow if float => f.ew("power", &[x, y]),
         Pow => {
-            // Non-negative exponents wrap like repeated multiplication; negative ones give
-            // 0 except for bases 1 and -1 (the CPU backend's df_pow_i64).
+            // Exponentiation by squaring with wrapping products (XLA's integer power does not
+            // wrap like this); negative exponents give 0 except for bases 1 and -1 (the CPU
+            // backend's df_pow_i64).
             let zero_e = isplat(f, 0, y);
             let nonneg = f.compare("GE", y, &zero_e);
-            let safe_e = f.select(&nonneg, y, &zero_e);
-            let p = f.ew("power", &[x, &safe_e]);
+            let e = f.select(&nonneg, y, &zero_e);
+            let bits = if x.ty.elem == Elem::I64 { 63 } else { 31 };
+            let mut acc = isplat(f, 1, x);
+            let mut base = x.clone();
+            for bit in 0..bits {
+                let m = isplat(f, 1i64 << bit, y);
+                let set = f.ew("and", &[&e, &m]);
+                let on = f.compare("NE", &set, &zero_e);
+                let prod = f.ew("multiply", &[&acc, &base]);
+                acc = f.select(&on, &prod, &acc);
+                if bit + 1 < bits {
+                    base = f.ew("multiply", &[&base, &base]);
+                }
+            }
             let one = isplat(f, 1, x);
             let m1 = isplat(f, -1, x);
             let two = isplat(f, 2, y);
@@ -306,7 +335,7 @@ pub fn binary(f: &mut Func, op: BinaryOp, x: &Val, y: &Val, src: DType, dst: DTy
             let m1pow = f.select(&odd, &m1, &one);
             let neg = f.select(&ism1, &m1pow, &zero);
             let neg = f.select(&is1, &one, &neg);
-            f.select(&nonneg, &p, &neg)
+            f.select(&nonneg, &acc, &neg)
         }
         Remainder if float => {
             let r = f.ew("remainder", &[x, y]);
@@ -324,5 +353,11 @@ pub fn binary(f: &mut Func, op: BinaryOp, x: &Val, y: &Val, src: DType, dst: DTy
             remainder_fix(f, &r, y)
         }
         LogicalAnd | LogicalOr | Eq | Ne | Lt | Le | Gt | Ge => unreachable!(),
+    };
+    // Integer results wrap to u8 and become 0/1 bools (bool + bool is true, not 2).
+    if float {
+        r
+    } else {
+        normalize(f, r, dst)
     }
 }
