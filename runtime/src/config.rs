@@ -83,6 +83,22 @@ pub fn parse_backend(v: Option<&str>) -> Result<BackendKind> {
     }
 }
 
+/// The PJRT plugin path, from the config or `DEFERFUSE_PJRT_PLUGIN`.
+pub fn resolve_pjrt_plugin(config: &Config) -> Result<PathBuf> {
+    if let Some(p) = &config.pjrt_plugin {
+        return Ok(p.clone());
+    }
+    match std::env::var_os("DEFERFUSE_PJRT_PLUGIN") {
+        Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
+        _ => Err(Error::Config(
+            "the pjrt backend needs a plugin: set DEFERFUSE_PJRT_PLUGIN (or Config::pjrt_plugin) \
+             to a PJRT plugin .so, e.g. site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so \
+             from `pip install --no-deps xla-cpu-pjrt`"
+                .into(),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,21 +115,5 @@ mod tests {
         let e = parse_backend(Some("tpu")).unwrap_err();
         assert!(matches!(e, Error::Config(_)), "{e}");
         assert!(e.to_string().contains("expected cpu or pjrt"), "{e}");
-    }
-}
-
-/// The PJRT plugin path, from the config or `DEFERFUSE_PJRT_PLUGIN`.
-pub fn resolve_pjrt_plugin(config: &Config) -> Result<PathBuf> {
-    if let Some(p) = &config.pjrt_plugin {
-        return Ok(p.clone());
-    }
-    match std::env::var_os("DEFERFUSE_PJRT_PLUGIN") {
-        Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
-        _ => Err(Error::Config(
-            "the pjrt backend needs a plugin: set DEFERFUSE_PJRT_PLUGIN (or Config::pjrt_plugin) \
-             to a PJRT plugin .so, e.g. site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so \
-             from `pip install --no-deps xla-cpu-pjrt`"
-                .into(),
-        )),
     }
 }

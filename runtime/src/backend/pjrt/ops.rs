@@ -230,10 +230,7 @@ pub fn unary(f: &mut Func, op: UnaryOp, a: &Val, src: DType, dst: DType) -> Val 
             let p = f.compare("NE", a, a);
             to_bool(f, &p)
         }
-        IsNan => {
-            let z = f.iconst(0, a.ty.with(Elem::I32));
-            z
-        }
+        IsNan => f.iconst(0, a.ty.with(Elem::I32)),
         _ if src.is_float() => funary(f, op, a),
         Neg => {
             let v = f.ew("negate", &[a]);

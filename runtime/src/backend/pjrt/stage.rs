@@ -183,8 +183,8 @@ pub fn plan(region: &Region, b: &Binding) -> Plan {
     } = region
     {
         let out_j = b.n_inputs;
-        for j in 2..out_j {
-            operands[j].view = Some(b.operands[j] == b.operands[out_j]);
+        for (o, t) in operands[2..out_j].iter_mut().zip(&b.operands[2..out_j]) {
+            o.view = Some(*t == b.operands[out_j]);
         }
     }
     Plan {
