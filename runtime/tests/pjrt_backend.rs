@@ -214,22 +214,29 @@ fn child_runs_a_program_and_prints_stats() {
     );
 }
 
-/// (compiles, hits, corrupt) of one child run sharing the cache directory `dir`.
+/// One child run sharing the cache directory `dir` (read its stats with `stats_of`).
 fn child(dir: &Path, plugin: &Path) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_runs_a_program_and_prints_stats",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("DEFERFUSE_CACHE_DIR", dir)
-        .env("DEFERFUSE_PJRT_PLUGIN", plugin)
-        .env_remove("DEFERFUSE_BACKEND")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn the test binary")
+    child_with(dir, plugin, &[])
+}
+
+fn child_with(dir: &Path, plugin: &Path, env: &[(&str, &Path)]) -> std::process::Child {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.args([
+        "--exact",
+        "child_runs_a_program_and_prints_stats",
+        "--ignored",
+        "--nocapture",
+    ])
+    .env("DEFERFUSE_CACHE_DIR", dir)
+    .env("DEFERFUSE_PJRT_PLUGIN", plugin)
+    .env_remove("DEFERFUSE_BACKEND")
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("spawn the test binary")
 }
 
 fn stats_of(c: std::process::Child) -> (u64, u64, u64) {
@@ -309,4 +316,24 @@ fn concurrent_processes_share_one_cache_directory() {
         c, 0,
         "after the race every executable is on disk ({h} hits)"
     );
+}
+
+#[test]
+fn the_dump_dir_receives_each_compiled_module_as_stablehlo_text() {
+    let Some(p) = plugin() else { return };
+    let dump = fresh_dir("dump");
+    stats_of(child_with(
+        &fresh_dir("dump-cache"),
+        &p,
+        &[("DEFERFUSE_DUMP_DIR", &dump)],
+    ));
+    let modules: Vec<String> = std::fs::read_dir(&dump)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "mlir"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect();
+    assert!(!modules.is_empty(), "no .mlir file in {}", dump.display());
+    assert!(modules.iter().all(|m| m.contains("func.func @main(")));
+    assert!(modules.iter().any(|m| m.contains("stablehlo.reduce")));
 }
