@@ -10,6 +10,12 @@ use deferfuse::{
 
 pub const MODES: [Mode; 3] = [Mode::Strict, Mode::Debug, Mode::Defer];
 
+/// True when `DEFERFUSE_BACKEND=pjrt` runs the suites on the PJRT backend (for the few inputs
+/// whose results XLA defines differently; each use says why).
+pub fn on_pjrt() -> bool {
+    std::env::var("DEFERFUSE_BACKEND").is_ok_and(|b| b == "pjrt")
+}
+
 pub fn runtime(mode: Mode) -> Runtime {
     Runtime::new(Config {
         mode: Some(mode),
