@@ -785,6 +785,11 @@ typedef struct DfuseConfig {
    * A `DfuseBackend`; only `DFUSE_BACKEND_CPU` is available.
    */
   uint32_t backend;
+  /**
+   * Threads one program may split its loops over; 0 reads `DEFERFUSE_NUM_THREADS`, and
+   * without it uses every core.
+   */
+  uint64_t num_threads;
 } DfuseConfig;
 
 /**

@@ -5,7 +5,7 @@ use crate::alloc::HostAllocator;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Program};
 use crate::buffer::{Buffer, BufferState};
-use crate::config::{resolve_mode, Config};
+use crate::config::{resolve_mode, resolve_threads, Config};
 use crate::error::{Error, Result};
 use crate::handle::{Handle, HandleTable};
 use crate::mode::{self, Mode};
@@ -41,6 +41,7 @@ pub struct Runtime {
     default_mode: Mode,
     default_stream: Handle,
     next_buffer: AtomicU64,
+    threads: usize,
 }
 
 static BOTH_FLAGS_WARNING: Once = Once::new();
@@ -62,8 +63,9 @@ impl Runtime {
         let streams = HandleTable::new("stream", tag);
         let default_stream = streams.insert(Arc::new(Stream::new(0)?));
         let dump_dir = std::env::var_os("DEFERFUSE_DUMP_DIR").map(PathBuf::from);
+        let threads = resolve_threads(&config)?;
         Ok(Runtime {
-            backend: Box::new(CpuBackend::new(dump_dir.is_some())?),
+            backend: Box::new(CpuBackend::new(dump_dir.is_some(), threads)?),
             cache: ProgramCache::new(config.cache_capacity),
             tensors: HandleTable::new("tensor", tag),
             streams,
@@ -75,6 +77,7 @@ impl Runtime {
             default_mode,
             default_stream,
             next_buffer: AtomicU64::new(1),
+            threads,
         })
     }
 
@@ -86,6 +89,11 @@ impl Runtime {
     /// The calling thread's mode.
     pub fn mode(&self) -> Mode {
         mode::current(self.default_mode)
+    }
+
+    /// Threads one program may split its loops over (`Config::num_threads`).
+    pub fn threads(&self) -> usize {
+        self.threads
     }
 
     pub fn backend_name(&self) -> &'static str {
