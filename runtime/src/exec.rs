@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::mode::Mode;
 use crate::runtime::Runtime;
 use crate::stats::SyncReason;
-use crate::stream::{BufferMap, Stream};
+use crate::stream::{BufferLookup, OpBuffers, Stream};
 use deferfuse_cache::{fingerprint, Fingerprint};
 use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::plan::PlanOptions;
@@ -71,7 +71,7 @@ impl Runtime {
         &self,
         stream: &Stream,
         node: Node,
-        buffers: BufferMap,
+        buffers: OpBuffers,
         mode: Mode,
     ) -> Result<()> {
         let steps = lower_node(&node, 0);
@@ -86,7 +86,7 @@ impl Runtime {
         &self,
         stream: &Stream,
         steps: Vec<Step>,
-        buffers: &BufferMap,
+        buffers: &impl BufferLookup,
         mode: Mode,
     ) -> Result<()> {
         for step in steps {
@@ -95,7 +95,7 @@ impl Runtime {
                 .operands
                 .iter()
                 .map(|t| {
-                    buffers.get(&t.buffer).cloned().ok_or_else(|| {
+                    buffers.find(t.buffer).cloned().ok_or_else(|| {
                         Error::Internal(format!("buffer b{} of a step is not tracked", t.buffer))
                     })
                 })
