@@ -110,7 +110,8 @@ impl CpuBackend {
             codegen::build(region, &mut b, &mut module);
             b.finalize(self.isa.frontend_config());
         }
-        let listing = if self.keep_listing {
+        let mut listing = if self.keep_listing {
+            ctx.set_disasm(true);
             ctx.func.display().to_string()
         } else {
             String::new()
@@ -118,6 +119,11 @@ impl CpuBackend {
         module
             .define_function(id, &mut ctx)
             .map_err(|e| Error::Backend(format!("compiling loop region: {e:?}\n{region}")))?;
+        if let Some(asm) = ctx.compiled_code().and_then(|c| c.vcode.as_ref()) {
+            // The machine code as Cranelift emitted it: what to read when a loop is slow.
+            listing.push_str("\n; ---- machine code ----\n");
+            listing.push_str(asm);
+        }
         module
             .finalize_definitions()
             .map_err(|e| Error::Backend(format!("finalizing kernel: {e}")))?;
