@@ -330,8 +330,8 @@ impl Runtime {
                 out.len()
             )));
         }
+        // Counted by the flush, if there was deferred work: a sync point is one flush.
         self.wait_written(&t.buffer, SyncReason::HostRead)?;
-        self.counters.sync(SyncReason::HostRead);
         let base = t.buffer.storage()?.ptr();
         let l = &t.layout;
         let mut idx = vec![0usize; l.rank()];
