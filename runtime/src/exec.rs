@@ -82,12 +82,42 @@ impl Runtime {
         Ok(())
     }
 
+    /// Launches `steps` in order. In defer mode a failure (an allocation, a compile) marks the
+    /// outputs of the failing and every later step as failed, so reading them later reports
+    /// the error instead of stale memory; strict and debug report it at the op itself.
     fn launch_steps(
         &self,
         stream: &Stream,
         steps: Vec<Step>,
         buffers: &BufferMap,
         mode: Mode,
+    ) -> Result<()> {
+        let outputs: Vec<Vec<BufferId>> = steps
+            .iter()
+            .map(|s| {
+                let b = &s.binding;
+                b.operands[b.n_inputs..].iter().map(|t| t.buffer).collect()
+            })
+            .collect();
+        let mut launched = 0;
+        let r = self.launch_each(stream, steps, buffers, mode, &mut launched);
+        if let (Err(e), Mode::Defer) = (&r, mode) {
+            for id in outputs[launched..].iter().flatten() {
+                if let Some(b) = buffers.get(id) {
+                    b.fail(e);
+                }
+            }
+        }
+        r
+    }
+
+    fn launch_each(
+        &self,
+        stream: &Stream,
+        steps: Vec<Step>,
+        buffers: &BufferMap,
+        mode: Mode,
+        launched: &mut usize,
     ) -> Result<()> {
         for step in steps {
             let bufs: Vec<Arc<Buffer>> = step
@@ -148,6 +178,7 @@ impl Runtime {
                     done: Some((stream.progress.clone(), seq)),
                 });
             }
+            *launched += 1;
         }
         Ok(())
     }

@@ -290,6 +290,7 @@ impl Runtime {
 
     /// Makes sure everything that writes `buffer` has run, flushing its stream if needed.
     pub(crate) fn wait_written(&self, buffer: &Buffer, reason: SyncReason) -> Result<()> {
+        buffer.failure()?;
         let Some(w) = buffer.writer() else {
             return Ok(());
         };
@@ -305,7 +306,8 @@ impl Runtime {
                 return Err(e);
             }
         }
-        Ok(())
+        // The flush run above may have failed before launching this buffer's writer.
+        buffer.failure()
     }
 
     /// Copies the tensor (any view) to `out` in row-major order; waits for its producer.
