@@ -261,6 +261,9 @@ pub fn scalar_value(s: Scalar, compute: DType) -> f64 {
         DType::F64 => s.as_f64(),
         c if c.is_float() => s.as_f64() as f32 as f64,
         DType::I64 => s.as_i64() as f64,
+        // Like PyTorch, a scalar takes the computation's dtype: `u8_tensor < -3` compares
+        // with 253.
+        DType::U8 => s.as_i64() as u8 as f64,
         _ => s.as_i64() as i32 as f64,
     }
 }
