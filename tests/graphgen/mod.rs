@@ -357,7 +357,19 @@ pub fn build(
             if let Some(sl) = slot {
                 slots.push(sl);
             }
-            ins.push(i);
+            // An in-place write is often read through another alive view of its buffer, right
+            // before or right after it: the reads must see the old and the new values.
+            let alias = match i {
+                Ins::Unary(_, _, Some(t)) | Ins::Binary(_, _, _, Some(t)) => (0..slots.len())
+                    .filter(|&x| x != t && slots[x].alive && slots[x].storage == slots[t].storage)
+                    .nth(c as usize % 4),
+                _ => None,
+            };
+            match (alias, a % 3) {
+                (Some(x), 0) => ins.extend([Ins::Sync(x), i]),
+                (Some(x), 1) => ins.extend([i, Ins::Sync(x)]),
+                _ => ins.push(i),
+            }
         }
     }
     Program { n, inputs, ins }
