@@ -176,23 +176,15 @@ pub fn store(v: f64, dtype: DType) -> f64 {
     cast_value(v, from, dtype)
 }
 
-/// 2^63, exactly.
-const TWO_63: f64 = (1u64 << 63) as f64;
-
 /// Converts a value of dtype `from` to dtype `to` with PyTorch's cast rules: float to int
 /// truncates toward zero and saturates (NaN gives 0; to uint8 saturates to int32 first and keeps
-/// the low 8 bits); int to int wraps (also an int64 result past the int64 range); anything to
-/// bool is `!= 0` (NaN is true).
+/// the low 8 bits); int to int wraps; anything to bool is `!= 0` (NaN is true).
 pub fn cast_value(v: f64, from: DType, to: DType) -> f64 {
     let from_float = from.is_float();
     match to {
         DType::Bool => (v != 0.0) as u8 as f64,
         DType::F64 | DType::F32 | DType::F16 | DType::BF16 => round_float(v, to),
         DType::I64 if from_float => v as i64 as f64,
-        // Integer results are exact f64s here; one that left the int64 range (-INT64_MIN,
-        // INT64_MAX + 1) wraps like the int64 arithmetic of PyTorch and the runtime.
-        DType::I64 if v >= TWO_63 => v - 2.0 * TWO_63,
-        DType::I64 if v < -TWO_63 => v + 2.0 * TWO_63,
         DType::I64 => v,
         DType::I32 if from_float => v as i32 as f64,
         DType::I32 => v as i64 as i32 as f64,
@@ -321,9 +313,11 @@ pub fn unary_value(op: UnaryOp, x: f64, compute: DType) -> f64 {
         return x.is_nan() as u8 as f64;
     }
     if !compute.is_float() {
+        // In int64, -INT64_MIN and abs(INT64_MIN) wrap to INT64_MIN (PyTorch and the runtime);
+        // narrower results wrap when they are stored.
         return match op {
-            Neg => -x,
-            Abs => x.abs(),
+            Neg => (x as i64).wrapping_neg() as f64,
+            Abs => (x as i64).wrapping_abs() as f64,
             Relu => x.max(0.0),
             Sign => x.signum() * (x != 0.0) as u8 as f64,
             Floor | Ceil | Round => x,
