@@ -98,10 +98,18 @@ fn every_misuse_gets_its_status_and_a_message() {
 fn the_misuse_program_covers_every_entry_point() {
     let header = std::fs::read_to_string(dir().join("include/deferfuse.h")).unwrap();
     let program = std::fs::read_to_string(dir().join("tests/c/misuse_test.c")).unwrap();
-    let declared: Vec<&str> = header
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .filter(|w| w.starts_with("dfuse_"))
+    // Declarations are `dfuse_name(` at the start of a line, after the return type.
+    let mut declared: Vec<&str> = header
+        .lines()
+        .filter_map(|l| {
+            let start = l.find("dfuse_")?;
+            let name = &l[start..l[start..].find('(')? + start];
+            let is_decl = !l.trim_start().starts_with(['*', '/'])
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            is_decl.then_some(name)
+        })
         .collect();
+    declared.dedup();
     assert!(
         declared.len() >= 30,
         "found only {declared:?} in the header"
