@@ -146,7 +146,7 @@ impl Runtime {
 
     /// The tensor behind an op's operand; a bad handle's message names the op and operand.
     fn operand_tensor(&self, h: Handle, op: &Op, operand: OperandName) -> Result<Tensor> {
-        self.tensor(h).map_err(|e| match e {
+        let t = self.tensor(h).map_err(|e| match e {
             Error::InvalidHandle(m) => {
                 let operand = match operand {
                     OperandName::Input(i) => format!("input {i}"),
@@ -155,7 +155,10 @@ impl Runtime {
                 Error::InvalidHandle(format!("{}: {operand}: {m}", op.name()))
             }
             e => e,
-        })
+        })?;
+        // Its value was lost to a failed flush: computing from it would use stale memory.
+        t.buffer.failure()?;
+        Ok(t)
     }
 
     /// An input that is a different view of the buffer being written (`x[1:] += x[:-1]`) is

@@ -297,14 +297,17 @@ impl Runtime {
     }
 
     /// Makes sure everything that writes `buffer` has run, flushing its stream if needed.
-    pub(crate) fn wait_written(&self, buffer: &Buffer, reason: SyncReason) -> Result<()> {
+    /// Returns whether it ran deferred work (a sync point, counted under `reason`).
+    pub(crate) fn wait_written(&self, buffer: &Buffer, reason: SyncReason) -> Result<bool> {
+        buffer.failure()?;
         let Some(w) = buffer.writer() else {
-            return Ok(());
+            return Ok(false);
         };
+        let mut flushed = false;
         if w.done.is_none() {
             let s = self.stream_by_id(w.stream);
             if let Some(s) = s {
-                self.flush(&s, reason)?;
+                flushed = self.flush(&s, reason)?;
             }
         }
         if let Some(Some((progress, seq))) = buffer.writer().map(|w| w.done) {
@@ -313,7 +316,9 @@ impl Runtime {
                 return Err(e);
             }
         }
-        Ok(())
+        // The flush run above may have failed before launching this buffer's writer.
+        buffer.failure()?;
+        Ok(flushed)
     }
 
     /// Copies the tensor (any view) to `out` in row-major order; waits for its producer.
@@ -330,8 +335,10 @@ impl Runtime {
                 out.len()
             )));
         }
-        // Counted by the flush, if there was deferred work: a sync point is one flush.
-        self.wait_written(&t.buffer, SyncReason::HostRead)?;
+        // Every host read is a sync point, counted once: by the flush if it ran deferred work.
+        if !self.wait_written(&t.buffer, SyncReason::HostRead)? {
+            self.counters.sync(SyncReason::HostRead);
+        }
         let base = t.buffer.storage()?.ptr();
         let l = &t.layout;
         let mut idx = vec![0usize; l.rank()];
