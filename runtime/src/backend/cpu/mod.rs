@@ -303,6 +303,14 @@ struct Epilogue {
 /// Output elements per block: the block's rows stay in L2 between the GEMM and the epilogue.
 const EPILOGUE_BLOCK_ELEMS: usize = 16 * 1024;
 
+/// Fewest output rows per GEMM call: each call packs all of B again, which costs as much as
+/// the arithmetic of a few rows (a 64-row batch cut into 16-row blocks ran 3.6x slower).
+const GEMM_MIN_ROWS: usize = 128;
+
+/// Fewest output rows a thread takes: below this, a second thread's own packing of B costs
+/// more than the rows it computes.
+const GEMM_MIN_ROWS_PER_THREAD: usize = 16;
+
 impl MatmulProgram {
     /// The GEMM for output rows `rows` of every batch (all rows when `None`). Splitting rows
     /// does not change any element's sum: each is still one dot product in the same order.
@@ -338,13 +346,28 @@ impl MatmulProgram {
         matmul::matmul(self.dtype, a, b, c, s(0), s(1));
     }
 
-    /// The GEMM with its output rows split over the pool.
-    unsafe fn parallel_gemm(&self, binding: &Binding, bases: &[usize], out: usize) {
+    /// Runs `f` over the output rows in one chunk per thread (each chunk's GEMM packs B once),
+    /// serially when the product is small.
+    fn for_row_chunks(
+        &self,
+        binding: &Binding,
+        out: usize,
+        f: &(dyn Fn(std::ops::Range<usize>) -> Result<()> + Sync),
+    ) -> Result<()> {
         let ops = &binding.operands;
         let d = ops[out].layout.rank() - 2;
-        let (m, n) = (ops[out].layout.sizes[d], ops[out].layout.sizes[d + 1]);
-        let work = n * ops[0].layout.sizes[d + 1] * ops[out].layout.numel() / (m * n).max(1);
-        let _ = self.pool.for_chunks::<()>(m, work, 1, &|r| {
+        let m = ops[out].layout.sizes[d];
+        let flops = ops[out].layout.numel() * ops[0].layout.sizes[d + 1];
+        if flops < 64 * SERIAL_BELOW {
+            return f(0..m);
+        }
+        self.pool
+            .split(m, GEMM_MIN_ROWS_PER_THREAD, self.pool.threads(), 1, f)
+    }
+
+    /// The GEMM with its output rows split over the pool.
+    unsafe fn parallel_gemm(&self, binding: &Binding, bases: &[usize], out: usize) {
+        let _ = self.for_row_chunks(binding, out, &|r| {
             self.gemm(binding, bases, out, Some(r));
             Ok(())
         });
@@ -363,10 +386,8 @@ impl Program for MatmulProgram {
         let idx: Vec<usize> = (2..out).chain(out + 1..ops.len()).collect();
         let e_bases: Vec<*mut u8> = idx.iter().map(|&j| bases[j]).collect();
         let (m, n) = (ops[out].layout.sizes[0], ops[out].layout.sizes[1]);
-        let k = ops[0].layout.sizes[1];
-        let block_rows = (EPILOGUE_BLOCK_ELEMS / n.max(1)).max(1);
-        let block = |r0: usize| {
-            let rows = block_rows.min(m - r0);
+        let block_rows = (EPILOGUE_BLOCK_ELEMS / n.max(1)).max(GEMM_MIN_ROWS);
+        let block = |r0: usize, rows: usize| {
             let operands: Vec<TensorRef> = idx
                 .iter()
                 .map(|&j| TensorRef {
@@ -389,8 +410,7 @@ impl Program for MatmulProgram {
             let it = b.iter.as_ref().expect("blocks have an iteration space");
             (0..e.kinds.len()).all(|j| it.inner_kind(j) == e.kinds[j])
         };
-        let last = m.saturating_sub(1) / block_rows * block_rows;
-        if m == 0 || n <= 1 || !fits(&block(0)) || !fits(&block(last)) {
+        if m == 0 || n <= 1 || !fits(&block(0, block_rows.min(m))) || !fits(&block(m - 1, 1)) {
             self.parallel_gemm(binding, &addrs, out);
             let whole = Binding {
                 operands: idx.iter().map(|&j| ops[j].clone()).collect(),
@@ -401,13 +421,16 @@ impl Program for MatmulProgram {
             return e.program.run(&whole, &e_bases);
         }
         let e_addrs: Vec<usize> = e_bases.iter().map(|&p| p as usize).collect();
-        let blocks = m.div_ceil(block_rows);
-        self.pool.for_chunks(blocks, block_rows * n * k, 1, &|c| {
-            for bi in c {
-                let r0 = bi * block_rows;
-                self.gemm(binding, &addrs, out, Some(r0..(r0 + block_rows).min(m)));
+        // Each thread takes a run of rows and walks it block by block: GEMM, then the
+        // epilogue on the block's rows while they are still in cache.
+        self.for_row_chunks(binding, out, &|c| {
+            let mut r0 = c.start;
+            while r0 < c.end {
+                let rows = block_rows.min(c.end - r0);
+                self.gemm(binding, &addrs, out, Some(r0..r0 + rows));
                 let ptrs: Vec<*mut u8> = e_addrs.iter().map(|&a| a as *mut u8).collect();
-                e.program.run(&block(r0), &ptrs)?;
+                e.program.run(&block(r0, rows), &ptrs)?;
+                r0 += rows;
             }
             Ok(())
         })

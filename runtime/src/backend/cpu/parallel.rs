@@ -59,17 +59,32 @@ impl Pool {
         f: &(dyn Fn(Range<usize>) -> Result<(), E> + Sync),
     ) -> Result<(), E> {
         let work = units.saturating_mul(elems_per_unit);
-        let pool = match &self.pool {
-            Some(p) if work >= SERIAL_BELOW && units >= 2 * align => p,
-            _ => return f(0..units),
-        };
-        let chunks = self.threads * CHUNKS_PER_THREAD;
+        if work < SERIAL_BELOW || units < 2 * align {
+            return f(0..units);
+        }
         // Each chunk keeps at least half the serial threshold of work.
         let min_units = (SERIAL_BELOW / 2).div_ceil(elems_per_unit.max(1)).max(1);
+        self.split(units, min_units, self.threads * CHUNKS_PER_THREAD, align, f)
+    }
+
+    /// Runs `f` over `0..units` in at most `chunks` contiguous chunks of at least `min_units`
+    /// units each (bounds multiples of `align`), on the pool when there are two or more.
+    pub fn split<E: Send>(
+        &self,
+        units: usize,
+        min_units: usize,
+        chunks: usize,
+        align: usize,
+        f: &(dyn Fn(Range<usize>) -> Result<(), E> + Sync),
+    ) -> Result<(), E> {
         let per = units
-            .div_ceil(chunks)
+            .div_ceil(chunks.max(1))
             .max(min_units)
             .next_multiple_of(align);
+        let pool = match &self.pool {
+            Some(p) if per < units => p,
+            _ => return f(0..units),
+        };
         let first_error = std::sync::Mutex::new(None);
         let run = |r: Range<usize>| {
             if let Err(e) = f(r) {
