@@ -48,6 +48,9 @@ pub struct DfuseConfig {
     pub host_cache_bytes: u64,
     /// A `DfuseBackend`, or `DFUSE_BACKEND_FROM_ENV` (the default) to read `DEFERFUSE_BACKEND`.
     pub backend: u32,
+    /// Threads one program may split its loops over; 0 reads `DEFERFUSE_NUM_THREADS`, and
+    /// without it uses every core.
+    pub num_threads: u64,
     /// Path of the PJRT plugin (.so) for the pjrt backend, NUL-terminated; NULL reads
     /// `DEFERFUSE_PJRT_PLUGIN`.
     pub pjrt_plugin: *const std::ffi::c_char,
@@ -145,6 +148,7 @@ pub(crate) fn config_from(c: &DfuseConfig) -> Result<Config> {
             "cfg->host_cache_bytes",
         )?,
         backend,
+        num_threads: count(c.num_threads, 0, "cfg->num_threads")?,
         pjrt_plugin,
     })
 }
@@ -166,6 +170,7 @@ pub unsafe extern "C" fn dfuse_config_default(out: *mut DfuseConfig) -> DfuseSta
             max_ops_per_region: d.max_ops_per_region as u64,
             host_cache_bytes: d.host_cache_bytes as u64,
             backend: DFUSE_BACKEND_FROM_ENV,
+            num_threads: 0,
             pjrt_plugin: std::ptr::null(),
         };
         // SAFETY: the caller's contract.
@@ -345,6 +350,7 @@ mod tests {
             max_pending_bytes: 0,
             max_ops_per_region: 0,
             host_cache_bytes: 0,
+            num_threads: 0,
             backend,
             pjrt_plugin: std::ptr::null(),
         }

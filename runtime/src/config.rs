@@ -35,6 +35,9 @@ pub struct Config {
     pub backend: Option<BackendKind>,
     /// The PJRT plugin (.so) the pjrt backend loads; `None` reads `DEFERFUSE_PJRT_PLUGIN`.
     pub pjrt_plugin: Option<PathBuf>,
+    /// Threads one program may split its loops over; 0 reads `DEFERFUSE_NUM_THREADS`, and
+    /// without it uses every core.
+    pub num_threads: usize,
 }
 
 impl Default for Config {
@@ -48,6 +51,7 @@ impl Default for Config {
             host_cache_bytes: 1 << 30,
             backend: None,
             pjrt_plugin: None,
+            num_threads: 0,
         }
     }
 }
@@ -79,6 +83,29 @@ pub fn parse_backend(v: Option<&str>) -> Result<BackendKind> {
         Some("pjrt") => Ok(BackendKind::Pjrt),
         Some(other) => Err(Error::Config(format!(
             "DEFERFUSE_BACKEND={other:?}: expected cpu or pjrt"
+        ))),
+    }
+}
+
+/// The threads programs use: the config's count, else `DEFERFUSE_NUM_THREADS`, else every core.
+pub fn resolve_threads(config: &Config) -> Result<usize> {
+    if config.num_threads > 0 {
+        return Ok(config.num_threads);
+    }
+    let cores = || std::thread::available_parallelism().map_or(1, |n| n.get());
+    match std::env::var("DEFERFUSE_NUM_THREADS") {
+        Err(_) => Ok(cores()),
+        Ok(v) => parse_threads(&v),
+    }
+}
+
+/// Parses a `DEFERFUSE_NUM_THREADS` value: a positive integer.
+fn parse_threads(v: &str) -> Result<usize> {
+    match v.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(Error::Config(format!(
+            "DEFERFUSE_NUM_THREADS = {v:?}: expected a positive integer (the threads one \
+             program may use); unset it to use every core"
         ))),
     }
 }
@@ -115,5 +142,28 @@ mod tests {
         let e = parse_backend(Some("tpu")).unwrap_err();
         assert!(matches!(e, Error::Config(_)), "{e}");
         assert!(e.to_string().contains("expected cpu or pjrt"), "{e}");
+    }
+
+    #[test]
+    fn thread_counts_parse_as_positive_integers() {
+        assert_eq!(parse_threads("3").unwrap(), 3);
+        assert_eq!(parse_threads(" 1 ").unwrap(), 1);
+    }
+
+    #[test]
+    fn zero_or_garbage_thread_counts_are_config_errors() {
+        for v in ["0", "-2", "all", ""] {
+            let e = parse_threads(v).unwrap_err().to_string();
+            assert!(e.contains("DEFERFUSE_NUM_THREADS"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_configured_thread_count_wins_over_the_environment() {
+        let c = Config {
+            num_threads: 5,
+            ..Config::default()
+        };
+        assert_eq!(resolve_threads(&c).unwrap(), 5);
     }
 }

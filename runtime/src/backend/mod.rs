@@ -11,10 +11,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Creates the backend `config` (or the environment) selects; `dump_dir` is
-/// `DEFERFUSE_DUMP_DIR`.
-pub fn create(config: &Config, dump_dir: Option<PathBuf>) -> Result<Box<dyn Backend>> {
+/// `DEFERFUSE_DUMP_DIR`; `threads` is how many threads a CPU program may use.
+pub fn create(
+    config: &Config,
+    dump_dir: Option<PathBuf>,
+    threads: usize,
+) -> Result<Box<dyn Backend>> {
     Ok(match resolve_backend(config)? {
-        BackendKind::Cpu => Box::new(cpu::CpuBackend::new(dump_dir.is_some())?),
+        BackendKind::Cpu => Box::new(cpu::CpuBackend::new(dump_dir.is_some(), threads)?),
         BackendKind::Pjrt => {
             let plugin = resolve_pjrt_plugin(config)?;
             Box::new(pjrt::PjrtBackend::new(&plugin, dump_dir)?)
