@@ -503,7 +503,7 @@ static void bad_configs_and_env(void) {
     DfuseRuntime *rt = (DfuseRuntime *)(uintptr_t)0x40;
     DfuseConfig cfg;
     OK(dfuse_config_default(&cfg));
-    cfg.backend = 1;
+    cfg.backend = 7; /* no such backend */
     MISUSE(CONFIG, dfuse_runtime_create(&cfg, &rt));
     CHECK(rt == NULL);
     OK(dfuse_config_default(&cfg));
