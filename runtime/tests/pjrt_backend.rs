@@ -337,3 +337,18 @@ fn the_dump_dir_receives_each_compiled_module_as_stablehlo_text() {
     assert!(modules.iter().all(|m| m.contains("func.func @main(")));
     assert!(modules.iter().any(|m| m.contains("stablehlo.reduce")));
 }
+
+/// A matmul over k = 0 writes zeros (an empty sum), in every mode, even into fresh memory.
+#[test]
+fn a_matmul_with_an_empty_inner_dim_writes_zeros() {
+    let Some(p) = plugin() else { return };
+    for mode in [Mode::Strict, Mode::Debug, Mode::Defer] {
+        let rt = runtime(BackendKind::Pjrt, Some(&p), mode).unwrap();
+        let a = rt.from_host(&[], DType::F32, &[3, 0]).unwrap();
+        let b = rt.from_host(&[], DType::F32, &[0, 4]).unwrap();
+        let m = rt
+            .op(0, Op::Matmul, &[Input::Tensor(a), Input::Tensor(b)], None)
+            .unwrap();
+        assert_eq!(read_f32(&rt, m, 12), vec![0.0; 12], "{mode:?}");
+    }
+}

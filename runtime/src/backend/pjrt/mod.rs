@@ -2,7 +2,7 @@
 //! from the `xla-cpu-pjrt` wheel, or libtpu / jax-cuda12-pjrt on hardware).
 //!
 //! One module per region and bucketed signature (`stage`); XLA fuses inside it. Executables are
-//! kept per program in memory and, with `DEFERFUSE_CACHE_DIR`, on disk (`deferfuse_cache::disk`)
+//! kept per program and per process in memory (`process`: one client per plugin) and, with `DEFERFUSE_CACHE_DIR`, on disk (`deferfuse_cache::disk`)
 //! keyed by the region fingerprint, the signature and the plugin's identity.
 //!
 //! Execution is host-staged: each launch copies its operands' views into dense arrays, uploads
@@ -18,6 +18,7 @@ mod hlo;
 mod identity;
 mod lower;
 mod ops;
+mod process;
 mod stage;
 
 pub use client::{Client, Plugin};
@@ -53,6 +54,7 @@ struct Disk {
 }
 
 struct Shared {
+    device: Arc<process::Device>,
     client: Arc<Client>,
     identity: String,
     dump_dir: Option<PathBuf>,
@@ -109,8 +111,9 @@ impl PjrtBackend {
             // XLA logs INFO lines on stderr for every client and compile otherwise.
             std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "2");
         }
-        let plugin = Plugin::load(plugin)?;
-        let client = Arc::new(Client::new(plugin.clone())?);
+        let device = process::device(plugin)?;
+        let client = device.client.clone();
+        let plugin = client.plugin.clone();
         let identity = format!(
             "pjrt:{}:{}:{}.{}",
             client.platform_name, client.platform_version, plugin.version.0, plugin.version.1
@@ -118,6 +121,7 @@ impl PjrtBackend {
         let disk = open_disk(&plugin.path, &client)?;
         Ok(PjrtBackend {
             shared: Arc::new(Shared {
+                device,
                 client,
                 identity,
                 dump_dir,
@@ -181,6 +185,10 @@ impl PjrtProgram {
         if let Some(e) = exes.get(&key) {
             return Ok(e.clone());
         }
+        if let Some(e) = self.shared.device.get(self.fingerprint.0, &key) {
+            exes.insert(key, e.clone());
+            return Ok(e);
+        }
         let key_bytes: Vec<u8> = key.iter().flat_map(|k| k.to_le_bytes()).collect();
         let disk_key = self.shared.disk.as_ref().map(|d| {
             let mut b = b"deferfuse-pjrt-executable\0".to_vec();
@@ -198,6 +206,9 @@ impl PjrtProgram {
                             .disk_hits
                             .fetch_add(1, Ordering::Relaxed);
                         let exe = Arc::new(exe);
+                        self.shared
+                            .device
+                            .insert(self.fingerprint.0, key.clone(), exe.clone());
                         exes.insert(key, exe.clone());
                         return Ok(exe);
                     }
@@ -246,6 +257,9 @@ impl PjrtProgram {
             }
         }
         let exe = Arc::new(exe);
+        self.shared
+            .device
+            .insert(self.fingerprint.0, key.clone(), exe.clone());
         exes.insert(key, exe.clone());
         Ok(exe)
     }

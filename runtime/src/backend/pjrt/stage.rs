@@ -216,7 +216,9 @@ fn walk(p: &Plan, j: usize, offset: isize, mut f: impl FnMut(isize, usize)) {
     let sizes: Vec<usize> = dims.iter().map(|&d| p.valid[o.map[d]]).collect();
     let buckets: Vec<usize> = dims.iter().map(|&d| p.sig.space[o.map[d]]).collect();
     let strides: Vec<isize> = dims.iter().map(|&d| p.strides[j][d]).collect();
-    if sizes.contains(&0) {
+    // An operand with an empty dim (present or broadcast) has no elements: nothing to read,
+    // and its buffer may be empty.
+    if o.map.iter().any(|&d| p.valid[d] == 0) {
         return;
     }
     let k = dims.len();
