@@ -27,6 +27,12 @@
 #define DFUSE_MODE_FROM_ENV 4294967295
 
 /**
+ * `DfuseConfig.backend` value meaning "read `DEFERFUSE_BACKEND`" (`cpu` or `pjrt`; unset means
+ * cpu). What `dfuse_config_default` fills in.
+ */
+#define DFUSE_BACKEND_FROM_ENV 4294967295
+
+/**
  * How many dims `DfuseAttrs.dims` holds (reductions over more dims are not supported).
  */
 #define DFUSE_MAX_REDUCE_DIMS 8
@@ -127,7 +133,7 @@ typedef uint32_t DfuseMode;
 #endif // __cplusplus
 
 /**
- * Backends, passed as `DfuseConfig.backend`. Only the CPU backend exists today.
+ * Backends, passed as `DfuseConfig.backend` (or `DFUSE_BACKEND_FROM_ENV`).
  */
 enum DfuseBackend
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
@@ -138,6 +144,11 @@ enum DfuseBackend
    * The Cranelift-compiled CPU backend.
    */
   DFUSE_BACKEND_CPU = 0,
+  /**
+   * StableHLO compiled by a PJRT plugin (`DfuseConfig.pjrt_plugin` or
+   * `DEFERFUSE_PJRT_PLUGIN`): XLA on CPU, TPU or GPU.
+   */
+  DFUSE_BACKEND_PJRT = 1,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -782,7 +793,7 @@ typedef struct DfuseConfig {
    */
   uint64_t host_cache_bytes;
   /**
-   * A `DfuseBackend`; only `DFUSE_BACKEND_CPU` is available.
+   * A `DfuseBackend`, or `DFUSE_BACKEND_FROM_ENV` (the default) to read `DEFERFUSE_BACKEND`.
    */
   uint32_t backend;
   /**
@@ -790,6 +801,11 @@ typedef struct DfuseConfig {
    * without it uses every core.
    */
   uint64_t num_threads;
+  /**
+   * Path of the PJRT plugin (.so) for the pjrt backend, NUL-terminated; NULL reads
+   * `DEFERFUSE_PJRT_PLUGIN`.
+   */
+  const char *pjrt_plugin;
 } DfuseConfig;
 
 /**
