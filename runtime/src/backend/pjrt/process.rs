@@ -14,11 +14,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 const MAX_SHARED: usize = 4096;
 
 type Key = (u128, Vec<u64>);
+/// The executables, and their keys oldest first (for the bound).
+type Memo = (HashMap<Key, Arc<Executable>>, VecDeque<Key>);
 
 /// A plugin's process-wide client and its compiled executables.
 pub struct Device {
     pub client: Arc<Client>,
-    exes: Mutex<(HashMap<Key, Arc<Executable>>, VecDeque<Key>)>,
+    exes: Mutex<Memo>,
 }
 
 impl Device {
