@@ -216,9 +216,14 @@ fn walk(p: &Plan, j: usize, offset: isize, mut f: impl FnMut(isize, usize)) {
     let sizes: Vec<usize> = dims.iter().map(|&d| p.valid[o.map[d]]).collect();
     let buckets: Vec<usize> = dims.iter().map(|&d| p.sig.space[o.map[d]]).collect();
     let strides: Vec<isize> = dims.iter().map(|&d| p.strides[j][d]).collect();
-    // An operand with an empty dim (present or broadcast) has no elements: nothing to read,
-    // and its buffer may be empty.
-    if o.map.iter().any(|&d| p.valid[d] == 0) {
+    // An operand that steps along an empty dim has no elements (its buffer may be empty, and
+    // its stride along another dim 0). One that is broadcast along it, like a row result over
+    // an empty row, still has its elements.
+    if o.map
+        .iter()
+        .zip(&p.strides[j])
+        .any(|(&d, &st)| p.valid[d] == 0 && st != 0)
+    {
         return;
     }
     let k = dims.len();
