@@ -25,6 +25,7 @@
 
 mod error;
 mod op;
+mod pending;
 mod runtime_registry;
 mod stream;
 mod tensor;
@@ -32,6 +33,7 @@ mod types;
 mod view;
 
 pub use error::DfuseStatus;
+pub use pending::dfuse_pending_dump;
 pub use op::{dfuse_op, DfuseAttrs, DfuseBinaryOp, DfuseOpKind, DfuseReduceOp, DfuseUnaryOp};
 pub use runtime_registry::{
     dfuse_config_default, dfuse_mode_get, dfuse_mode_pop, dfuse_mode_push, dfuse_mode_set,
