@@ -1,6 +1,7 @@
 // Copies between host and device and within the device, item(), fill_ and zero_.
 #include "common.h"
 
+#include <ATen/ops/_to_copy_native.h>
 #include <torch/library.h>
 
 namespace dft {
@@ -30,6 +31,9 @@ void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
     return;
   }
   if (!s.sizes().equals(dst.sizes())) s = s.expand(dst.sizes());
+  // copy_ converts between any dtypes; the runtime's in-place write only takes safe casts,
+  // so an unsafe one (float -> int, -> bool) is an explicit cast first.
+  if (s.scalar_type() != dst.scalar_type()) s = cast(s, dst.scalar_type());
   run_into(DFUSE_OP_KIND_COPY, nullptr, Operands().t(s), dst, "copy_");
 }
 
@@ -67,6 +71,23 @@ at::Tensor _copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) 
   at::Tensor d = dst;
   copy_(d, self, false);
   return dst;
+}
+
+// tpu -> tpu dtype conversion is one cast op; every other conversion (to or from the host,
+// layouts) takes PyTorch's generic path (empty + copy_).
+at::Tensor _to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
+                    std::optional<at::Layout> layout, std::optional<at::Device> device,
+                    std::optional<bool> pin_memory, bool non_blocking,
+                    std::optional<at::MemoryFormat> memory_format) {
+  bool same_device = !device || device->type() == c10::DeviceType::PrivateUse1;
+  bool plain = (!layout || *layout == at::kStrided) && !pin_memory.value_or(false) &&
+               (!memory_format || *memory_format == at::MemoryFormat::Preserve ||
+                *memory_format == at::MemoryFormat::Contiguous);
+  if (is_tpu(self) && same_device && plain && dtype && *dtype != self.scalar_type()) {
+    return cast(self, *dtype);
+  }
+  return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking,
+                              memory_format);
 }
 
 at::Scalar _local_scalar_dense(const at::Tensor& self) {
@@ -128,6 +149,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("copy_", TORCH_FN(dft::copy_));
   m.impl("_copy_from", TORCH_FN(dft::_copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(dft::_copy_from_and_resize));
+  m.impl("_to_copy", TORCH_FN(dft::_to_copy));
   m.impl("_local_scalar_dense", TORCH_FN(dft::_local_scalar_dense));
   m.impl("fill_.Scalar", TORCH_FN(dft::fill_scalar_));
   m.impl("fill_.Tensor", TORCH_FN(dft::fill_tensor_));

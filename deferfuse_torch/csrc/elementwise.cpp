@@ -3,6 +3,7 @@
 // in-place variants pass the destination as the op's `out`, so every alias sees the write.
 #include "common.h"
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/ScalarOps.h>
 #include <torch/library.h>
 
@@ -91,6 +92,27 @@ at::Tensor b_alpha(const at::Tensor& x, const at::Tensor& y, const at::Scalar& a
 template <uint32_t OP>
 at::Tensor& b_alpha_(at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
   return b_<OP>(x, scaled(y, alpha));
+}
+
+// out= variants (the optimizers' foreach fallbacks and user code call them): written straight
+// into `out` when it already has the broadcast shape, else PyTorch's resize-then-write.
+void prepare_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  auto shape = at::infer_size(a.sizes(), b.sizes());
+  if (!out.sizes().equals(shape)) out.resize_(shape);
+}
+
+template <uint32_t OP>
+at::Tensor& b_out(const at::Tensor& x, const at::Tensor& y, at::Tensor& out) {
+  prepare_out(x, y, out);
+  auto a = attrs_sub(OP);
+  run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), out, "binary op (out=)");
+  return out;
+}
+
+template <uint32_t OP>
+at::Tensor& b_alpha_out(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha,
+                        at::Tensor& out) {
+  return b_out<OP>(x, scaled(y, alpha), out);
 }
 
 // rsub(self, other, alpha) = other - alpha * self
@@ -238,6 +260,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("sub_.Tensor", TORCH_FN(dft::b_alpha_<DFUSE_BINARY_OP_SUB>));
   m.impl("rsub.Tensor", TORCH_FN(dft::rsub));
   DF_BINARY(mul, MUL) DF_BINARY(div, DIV)
+  m.impl("add.out", TORCH_FN(dft::b_alpha_out<DFUSE_BINARY_OP_ADD>));
+  m.impl("sub.out", TORCH_FN(dft::b_alpha_out<DFUSE_BINARY_OP_SUB>));
+  m.impl("mul.out", TORCH_FN(dft::b_out<DFUSE_BINARY_OP_MUL>));
+  m.impl("div.out", TORCH_FN(dft::b_out<DFUSE_BINARY_OP_DIV>));
   m.impl("pow.Tensor_Tensor", TORCH_FN(dft::b<DFUSE_BINARY_OP_POW>));
   m.impl("pow_.Tensor", TORCH_FN(dft::b_<DFUSE_BINARY_OP_POW>));
   m.impl("pow.Tensor_Scalar", TORCH_FN(dft::bs<DFUSE_BINARY_OP_POW>));

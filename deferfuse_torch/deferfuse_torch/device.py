@@ -38,6 +38,15 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
+def manual_seed_all(seed: int) -> None:
+    """Random ops on tpu run through the CPU fallback with the CPU generator, which
+    torch.manual_seed already seeds; there is no separate tpu generator."""
+
+
+def manual_seed(seed: int) -> None:
+    manual_seed_all(seed)
+
+
 def synchronize(device=None) -> None:
     """Runs all pending work and waits for it; raises the first asynchronous error."""
     _ops.synchronize()

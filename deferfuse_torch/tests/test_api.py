@@ -56,7 +56,9 @@ def test_fallback_counter_names_ops_without_a_kernel():
     x = torch.arange(6.0).to("tpu")
     got = torch.cumsum(x, 0)  # no tpu kernel: runs on CPU through the fallback
     torch.testing.assert_close(got.cpu(), torch.cumsum(torch.arange(6.0), 0))
-    assert deferfuse_torch.fallback_counts() == {"aten::cumsum": 1}
+    counts = deferfuse_torch.fallback_counts()
+    # cumsum reaches the fallback as its out= overload (the functional one is composite).
+    assert list(counts) == ["aten::cumsum.out"] and counts["aten::cumsum.out"] == 1
 
 
 @pytest.mark.parametrize("mode", ["strict", "debug", "defer"])
@@ -64,7 +66,7 @@ def test_runtime_error_is_a_python_exception_with_its_message(mode):
     with deferfuse_torch.mode(mode):
         a = torch.randn(3, 4).to("tpu")
         b = torch.randn(5, 6).to("tpu")
-        with pytest.raises(RuntimeError, match=r"deferfuse \(matmul\): matmul"):
+        with pytest.raises(RuntimeError, match=r"deferfuse \(matmul\): dfuse_op: matmul: input 1: expected 4 rows"):
             torch.mm(a, b)
         with pytest.raises(RuntimeError, match="deferfuse"):
             torch.add(a, b)
