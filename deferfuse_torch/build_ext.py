@@ -50,7 +50,7 @@ def main():
               "-I", os.path.join(tdir, "include"),
               "-I", os.path.join(tdir, "include", "torch", "csrc", "api", "include"),
               "-I", os.path.join(ROOT, "ffi", "include")]
-    build = os.path.join(HERE, "build")
+    build = os.path.join(HERE, "build", "objs")
     os.makedirs(build, exist_ok=True)
     headers = glob.glob(os.path.join(HERE, "csrc", "*.h")) + [
         os.path.join(ROOT, "ffi", "include", "deferfuse.h")]
