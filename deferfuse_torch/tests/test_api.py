@@ -82,3 +82,34 @@ def test_tensor_freed_by_torch_is_released():
     x = torch.randn(1000).to("tpu")
     del x  # the storage deleter releases the handle; nothing to assert but no crash/leak
     torch.tpu.synchronize()
+
+
+def test_mode_reaches_autograds_backward_thread():
+    # deferfuse's mode is per thread and autograd runs backward on its own device thread: the
+    # block's mode must still apply there, so backward's ops are deferred too.
+    x = torch.ones(4, device="tpu", requires_grad=True)
+    torch.tpu.synchronize()
+    with deferfuse_torch.mode("defer"):
+        (x * x).sum().backward()
+        assert "mul" in deferfuse_torch.dump_pending()
+        torch.tpu.synchronize()
+    torch.testing.assert_close(x.grad.cpu(), torch.full((4,), 2.0))
+
+
+def test_bad_device_index_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="device index 1 does not exist"):
+        torch.empty(2, device="tpu:1")
+
+
+def test_reinterpreting_view_is_a_clear_error():
+    t = torch.ones(4, device="tpu")
+    with pytest.raises(RuntimeError, match="reinterpreting views"):
+        t.view(torch.int32) + 1
+
+
+def test_nll_loss_out_of_bounds_target_is_an_error_in_debug_mode():
+    logits = torch.randn(3, 5).to("tpu")
+    target = torch.tensor([0, 7, 1]).to("tpu")
+    with deferfuse_torch.mode("debug"):
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            torch.nn.functional.cross_entropy(logits, target)
