@@ -142,3 +142,32 @@ def test_creation(mode):
     check(torch.ones(2, 3, device="tpu", dtype=torch.int64), torch.ones(2, 3, dtype=torch.int64))
     check(torch.full((2, 2), 7.5, device="tpu"), torch.full((2, 2), 7.5))
     check(torch.arange(0, 10, 3, device="tpu"), torch.arange(0, 10, 3))
+
+
+def test_all_any_and_infinities(mode):
+    m = torch.tensor([[1.0, 0.0, 2.0], [3.0, 4.0, 5.0]])
+    t = m.to("tpu")
+    check(t.all(), m.all())
+    check(t.any(), m.any())
+    check(t.all(dim=1), m.all(dim=1))
+    check((t > 10).any(dim=0, keepdim=True), (m > 10).any(dim=0, keepdim=True))
+    inf = torch.tensor([float("-inf"), 1.0, float("inf")])
+    check(torch.isneginf(inf.to("tpu")), torch.isneginf(inf))
+    check(torch.isposinf(inf.to("tpu")), torch.isposinf(inf))
+
+
+def test_where_out(mode):
+    c = M > 0
+    out = torch.empty(0, device="tpu")
+    torch.where(c.to("tpu"), M.to("tpu"), -M.to("tpu"), out=out)
+    check(out, torch.where(c, M, -M))
+
+
+@pytest.mark.parametrize("diagonal", [-1, 0, 2])
+def test_tril_triu(mode, diagonal):
+    x = torch.randn(2, 4, 6)
+    check(torch.tril(x.to("tpu"), diagonal), torch.tril(x, diagonal))
+    check(torch.triu(x.to("tpu"), diagonal), torch.triu(x, diagonal))
+    for dtype in (torch.bool, torch.int32):
+        m = torch.ones(5, 5, dtype=dtype)
+        check(m.to("tpu").tril(diagonal), m.tril(diagonal))

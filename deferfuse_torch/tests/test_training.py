@@ -126,3 +126,13 @@ def test_transformer_block_backward_matches_cpu(mode):
     dev(x.to("tpu")).square().mean().backward()
     for (name, p), q in zip(block.named_parameters(), dev.parameters()):
         check(q.grad, p.grad, atol=1e-4, rtol=1e-3)
+
+
+def test_scaled_dot_product_attention_matches_cpu_without_fallbacks(mode):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    deferfuse_torch.reset_fallback_counts()
+    got = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"), is_causal=True)
+    check(got, want, atol=1e-5, rtol=1e-4)
+    assert deferfuse_torch.fallback_counts() == {}
