@@ -127,10 +127,8 @@ const StorageCtx& storage_ctx(const at::Tensor& t) {
 }
 
 Ref ref(const at::Tensor& t) {
+  if (storage_ctx(t).dtype != to_dtype(t.scalar_type())) retype_byte_storage(t);
   const StorageCtx& c = storage_ctx(t);
-  TORCH_CHECK(c.dtype == to_dtype(t.scalar_type()), "tpu: a ", t.scalar_type(),
-              " tensor views a storage of another dtype; reinterpreting views (Tensor.view(dtype)) "
-              "are not supported on tpu");
   if (t.storage_offset() == 0 && t.sizes().equals(c.sizes) && t.strides().equals(c.strides)) {
     return Ref(c.handle, false);
   }

@@ -108,6 +108,16 @@ at::Tensor reduce(const at::Tensor& x, uint32_t op, at::IntArrayRef dims, bool k
 at::Tensor cast(const at::Tensor& x, at::ScalarType to);
 at::Tensor where(const at::Tensor& c, const at::Tensor& a, const at::Scalar& b);
 
+// A uint8 view of a storage of another dtype (how PyTorch copies raw storages): true when `t`
+// is one; byte_view_ref then gives a handle to the same bytes as the storage's own elements
+// (and their dtype in *elem), or raises a clear error when the view splits elements.
+bool is_byte_view(const at::Tensor& t);
+Ref byte_view_ref(const at::Tensor& t, at::ScalarType* elem);
+
+// Raw byte storages (torch.UntypedStorage on tpu, which torch.load fills) are retyped to the
+// element dtype of the first typed tensor used on them.
+void retype_byte_storage(const at::Tensor& t);
+
 // The device's counters of ops that went to the CPU fallback.
 void count_fallback(const std::string& name);
 

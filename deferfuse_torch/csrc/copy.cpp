@@ -13,6 +13,23 @@ bool is_tpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::
 void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
   if (dst.numel() == 0) return;
   at::Tensor s = src;
+  if (!is_tpu(s) && is_byte_view(dst)) {
+    // Raw storage bytes from the host: upload them as the storage's own elements.
+    at::ScalarType elem;
+    Ref d = byte_view_ref(dst, &elem);
+    auto host = s.to(at::kByte).expand(dst.sizes()).contiguous();
+    int64_t n = host.numel() / int64_t(c10::elementSize(elem));
+    uint64_t h = 0;
+    check(dfuse_tensor_from_host(rt(), host.data_ptr(), host.nbytes(), to_dtype(elem), &n, 1, &h),
+          "copy_ of storage bytes from host");
+    Ref up(h, true);
+    DfuseOperand in{};
+    in.kind = DFUSE_OPERAND_KIND_TENSOR;
+    in.tensor = h;
+    uint64_t res = 0;
+    check(dfuse_op(rt(), 0, DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "copy_");
+    return;
+  }
   if (!is_tpu(s)) {
     // Upload the CPU values as one dense block of dst's dtype; the device copy then scatters
     // it into dst's layout.
@@ -41,7 +58,9 @@ void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
 // copy handle dst's dtype, layout and broadcasting.
 void copy_to_host(const at::Tensor& dst, const at::Tensor& src) {
   if (dst.numel() == 0) return;
-  Ref r = ref(src);
+  at::ScalarType elem;
+  // Raw storage bytes (UntypedStorage.cpu(), torch.save): read the elements as bytes.
+  Ref r = is_byte_view(src) ? byte_view_ref(src, &elem) : ref(src);
   bool direct = dst.is_contiguous() && dst.scalar_type() == src.scalar_type() &&
                 dst.sizes().equals(src.sizes());
   at::Tensor host = direct ? dst : at::empty(src.sizes(), src.options().device(at::kCPU));

@@ -34,6 +34,27 @@ def current_device() -> int:
     return 0
 
 
+class device:
+    """`with torch.tpu.device(0):` (PyTorch's storage and serialization code uses it); there
+    is one tpu device, so it only checks the index."""
+
+    def __init__(self, dev):
+        idx = torch.device(dev).index if isinstance(dev, (str, torch.device)) else dev
+        if idx not in (None, -1, 0):
+            raise RuntimeError(f"tpu: device index {idx} does not exist (there is one tpu "
+                               "device, index 0)")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def set_device(dev) -> None:
+    device(dev)
+
+
 def _is_in_bad_fork() -> bool:
     return False
 

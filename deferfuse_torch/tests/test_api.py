@@ -113,3 +113,19 @@ def test_nll_loss_out_of_bounds_target_is_an_error_in_debug_mode():
     with deferfuse_torch.mode("debug"):
         with pytest.raises(RuntimeError, match="out of bounds"):
             torch.nn.functional.cross_entropy(logits, target)
+
+
+def test_save_and_load_keep_values_and_aliasing():
+    import io
+    t = torch.randn(3, 4).to("tpu")
+    buf = io.BytesIO()
+    torch.save({"t": t, "row": t[1]}, buf)
+    buf.seek(0)
+    on_cpu = torch.load(buf, map_location="cpu")
+    torch.testing.assert_close(on_cpu["t"], t.cpu())
+    buf.seek(0)
+    back = torch.load(buf)  # onto tpu: raw byte storages, retyped at first use
+    assert back["t"].device.type == "tpu"
+    torch.testing.assert_close((back["t"] * 1).cpu(), t.cpu())
+    back["t"].add_(1.0)  # the row still aliases the loaded tensor
+    torch.testing.assert_close(back["row"].cpu(), t[1].cpu() + 1.0)
