@@ -92,7 +92,11 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
     return done;
   }
   void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
-    if (event) dfuse_event_destroy(rt(), reinterpret_cast<uint64_t>(event));
+    // noexcept: a failure to destroy (e.g. during shutdown) is ignored, never thrown.
+    try {
+      if (event) dfuse_event_destroy(rt(), reinterpret_cast<uint64_t>(event));
+    } catch (...) {
+    }
   }
   void synchronizeEvent(void* event) const override {
     if (event) check(dfuse_event_synchronize(rt(), reinterpret_cast<uint64_t>(event)), "event sync");

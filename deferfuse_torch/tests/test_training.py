@@ -11,9 +11,10 @@ import deferfuse_torch
 from conftest import check
 
 STEPS = 20
-# f32 training on two backends diverges slowly through rounding (different sum orders, the
-# runtime's ~2 ulp exp/tanh): after 20 AdamW steps the losses agree to 1e-4 relative.
-LOSS_RTOL = 1e-4
+# f32 training on two backends drifts apart slowly through rounding (different sum orders, the
+# runtime's ~2 ulp exp/tanh); measured: the MLP's 20 AdamW losses differ by < 2e-7 relative.
+# The bound leaves room for other CPUs' GEMM blocking.
+LOSS_RTOL = 1e-5
 
 
 def mlp(sizes=(784, 256, 256, 10)):
