@@ -1,7 +1,8 @@
 //! deferfuse-bench: the README's main job. Runs the workloads of shared/notes/workloads.md on
-//! the CPU backend in strict and defer mode, side by side in one run, and prints medians,
-//! effective GB/s and defer/strict ratios. `--json` prints one JSON object per line instead.
-//! `--quick` uses smaller sizes and fewer repetitions (for CI smoke runs).
+//! the CPU backend in strict and defer mode, on 1 thread and on every core, side by side in one
+//! run, and prints medians, effective GB/s, the share of a STREAM triad measured in the same
+//! run on as many threads, and defer/strict ratios. `--json` prints one JSON object per line
+//! instead. `--quick` uses smaller sizes and fewer repetitions (for CI smoke runs).
 
 #[path = "workloads.rs"]
 mod workloads;
@@ -13,25 +14,36 @@ use workloads::Workload;
 struct Args {
     json: bool,
     quick: bool,
-    /// STREAM triad bandwidth measured at start (GB/s, 1 thread): the machine's practical
-    /// limit that effective GB/s is compared with.
+    /// Threads of this table's rows and % columns.
+    threads: usize,
+    /// STREAM triad bandwidth on `threads` threads (GB/s), measured in this run: the machine's
+    /// practical limit that effective GB/s is compared with.
     triad: f64,
+    /// Run only these workloads (`--only`).
+    only: Option<Vec<String>>,
 }
 
-/// STREAM triad `a = b + s * c` over 3 x 16M f32 on this thread, median of 5 (GB/s, 3 arrays
-/// counted once each, as STREAM does).
-fn stream_triad() -> f64 {
+/// STREAM triad `a = b + s * c` over 3 x 16M f32 split over `threads` threads, median of 5
+/// (GB/s, 3 arrays counted once each, as STREAM does).
+fn stream_triad(threads: usize) -> f64 {
     let n = 1 << 24;
     let b = vec![1.0f32; n];
     let c = vec![2.0f32; n];
     let mut a = vec![0.0f32; n];
     let s = std::hint::black_box(3.0f32);
+    let part = n.div_ceil(threads);
     let times: Vec<f64> = (0..6)
         .map(|_| {
             let t = Instant::now();
-            for ((a, b), c) in a.iter_mut().zip(&b).zip(&c) {
-                *a = b + s * c;
-            }
+            std::thread::scope(|sc| {
+                for ((a, b), c) in a.chunks_mut(part).zip(b.chunks(part)).zip(c.chunks(part)) {
+                    sc.spawn(move || {
+                        for ((a, b), c) in a.iter_mut().zip(b).zip(c) {
+                            *a = b + s * c;
+                        }
+                    });
+                }
+            });
             std::hint::black_box(&a);
             t.elapsed().as_secs_f64()
         })
@@ -45,9 +57,10 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn runtime(mode: Mode) -> Runtime {
+fn runtime(mode: Mode, threads: usize) -> Runtime {
     Runtime::new(Config {
         mode: Some(mode),
+        num_threads: threads,
         ..Default::default()
     })
     .expect("runtime")
@@ -75,8 +88,8 @@ fn emit(args: &Args, w: &Workload, mode: &str, ms: f64, ratio: Option<f64>) {
     };
     if args.json {
         println!(
-            "{{\"workload\":\"{}\",\"mode\":\"{mode}\",\"backend\":\"cpu\",\"size\":\"{}\",\"threads\":1,\"median_ms\":{ms:.4},\"gbps\":{gbps:.3},\"pct_of_triad\":{:.1}}}",
-            w.name, w.size_label, 100.0 * gbps / args.triad
+            "{{\"workload\":\"{}\",\"mode\":\"{mode}\",\"backend\":\"cpu\",\"size\":\"{}\",\"threads\":{},\"median_ms\":{ms:.4},\"gbps\":{gbps:.3},\"pct_of_triad\":{:.1}}}",
+            w.name, w.size_label, args.threads, 100.0 * gbps / args.triad
         );
     } else {
         let r = ratio.map(|r| format!("{r:.2}x")).unwrap_or_default();
@@ -89,8 +102,8 @@ fn emit(args: &Args, w: &Workload, mode: &str, ms: f64, ratio: Option<f64>) {
             ("-".into(), "-".into())
         };
         println!(
-            "{:<10} {:<12} {:<7} {:>10.3} {:>8} {:>8} {:>14}",
-            w.name, w.size_label, mode, ms, g, pct, r
+            "{:<10} {:<12} {:>7} {:<7} {:>10.3} {:>8} {:>8} {:>14}",
+            w.name, w.size_label, args.threads, mode, ms, g, pct, r
         );
     }
 }
@@ -98,7 +111,7 @@ fn emit(args: &Args, w: &Workload, mode: &str, ms: f64, ratio: Option<f64>) {
 /// Nanoseconds to record one op in defer mode (nothing runs while recording): batches of 1000
 /// adds are timed, each followed by an untimed synchronize, as a front end would see it.
 fn record_ns_per_op() -> f64 {
-    let rt = runtime(Mode::Defer);
+    let rt = runtime(Mode::Defer, 1);
     let x = rt
         .from_host(&workloads::data(8, 1), DType::F32, &[8])
         .expect("x");
@@ -131,7 +144,7 @@ fn record_ns_per_op() -> f64 {
 /// Microseconds for a flush of 10 recorded ops whose fused program is cached, and run of it
 /// on 8 elements (record time excluded by subtracting a record-only measurement).
 fn flush_hit_us(record_ns: f64) -> f64 {
-    let rt = runtime(Mode::Defer);
+    let rt = runtime(Mode::Defer, 1);
     let mut x = rt
         .from_host(&workloads::data(8, 1), DType::F32, &[8])
         .expect("x");
@@ -163,44 +176,88 @@ fn flush_hit_us(record_ns: f64) -> f64 {
 
 /// Milliseconds to compile one single-op program (a fresh runtime, first add).
 fn single_op_compile_ms() -> f64 {
-    let rt = runtime(Mode::Strict);
+    let rt = runtime(Mode::Strict, 1);
     workloads::single_add(&rt);
     let s = rt.stats();
     s.compile_ns as f64 / s.programs_compiled.max(1) as f64 / 1e6
 }
 
 fn main() {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let args = Args {
-        json: argv.iter().any(|a| a == "--json"),
-        quick: argv.iter().any(|a| a == "--quick"),
-        triad: stream_triad(),
-    };
-    if let Some(bad) = argv
-        .iter()
-        .find(|a| !matches!(a.as_str(), "--json" | "--quick"))
-    {
-        eprintln!("unknown argument {bad:?}; usage: deferfuse-bench [--json] [--quick]");
-        std::process::exit(2);
+    let mut argv = std::env::args().skip(1);
+    let (mut json, mut quick, mut only, mut max_threads) = (false, false, None, None);
+    let usage = "usage: deferfuse-bench [--json] [--quick] [--only WORKLOAD[,WORKLOAD..]] \
+                 [--threads N]";
+    while let Some(a) = argv.next() {
+        match a.as_str() {
+            "--json" => json = true,
+            "--quick" => quick = true,
+            "--only" => only = argv.next(),
+            "--threads" => max_threads = argv.next().and_then(|n| n.parse::<usize>().ok()),
+            _ => {
+                eprintln!("unknown argument {a:?}; {usage}");
+                std::process::exit(2);
+            }
+        }
     }
-    let strict = runtime(Mode::Strict);
-    let defer = runtime(Mode::Defer);
+    let only: Option<Vec<String>> = only.map(|o| o.split(',').map(str::to_string).collect());
+    let cores =
+        max_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let thread_counts: Vec<usize> = if cores > 1 { vec![1, cores] } else { vec![1] };
+    let triads: Vec<Args> = thread_counts
+        .iter()
+        .map(|&threads| Args {
+            json,
+            quick,
+            threads,
+            triad: stream_triad(threads),
+            only: only.clone(),
+        })
+        .collect();
+    if !json {
+        println!("deferfuse-bench: CPU backend (Cranelift), medians of one run");
+        for a in &triads {
+            println!(
+                "STREAM triad on this machine, {} thread(s): {:.1} GB/s",
+                a.threads, a.triad
+            );
+        }
+        println!(
+            "{:<10} {:<12} {:>7} {:<7} {:>10} {:>8} {:>8} {:>14}",
+            "workload", "size", "threads", "mode", "median ms", "GB/s", "%triad", "defer/strict"
+        );
+    }
+    for args in &triads {
+        table(args);
+    }
+    if only
+        .as_ref()
+        .is_some_and(|o| !o.iter().any(|w| w == "record"))
+    {
+        return;
+    }
+    let rec = record_ns_per_op();
+    let comp = single_op_compile_ms();
+    let flush = flush_hit_us(rec);
+    if json {
+        println!("{{\"workload\":\"record\",\"mode\":\"defer\",\"backend\":\"cpu\",\"size\":\"8\",\"threads\":1,\"ns_per_op\":{rec:.1}}}");
+        println!("{{\"workload\":\"compile_single_op\",\"mode\":\"strict\",\"backend\":\"cpu\",\"size\":\"8\",\"threads\":1,\"median_ms\":{comp:.4}}}");
+        println!("{{\"workload\":\"flush_cache_hit_10_ops\",\"mode\":\"defer\",\"backend\":\"cpu\",\"size\":\"8\",\"threads\":1,\"median_ms\":{:.5}}}", flush / 1e3);
+    } else {
+        println!("record cost per op (defer, Rust API): {rec:.0} ns");
+        println!("compile time of a single-op program: {comp:.3} ms");
+        println!("flush + run of a cached 10-op fused program (8 elements): {flush:.1} us");
+    }
+}
+
+/// Every workload in strict and defer mode on `args.threads` threads.
+fn table(args: &Args) {
+    let strict = runtime(Mode::Strict, args.threads);
+    let defer = runtime(Mode::Defer, args.threads);
     let (elem_sizes, rows): (Vec<usize>, usize) = if args.quick {
         (vec![1 << 16, 1 << 20], 512)
     } else {
         (vec![1 << 16, 1 << 20, 1 << 24], 4096)
     };
-    if !args.json {
-        println!("deferfuse-bench: CPU backend (Cranelift), 1 thread, medians of one run");
-        println!(
-            "STREAM triad on this machine, 1 thread: {:.1} GB/s",
-            args.triad
-        );
-        println!(
-            "{:<10} {:<12} {:<7} {:>10} {:>8} {:>8} {:>14}",
-            "workload", "size", "mode", "median ms", "GB/s", "%triad", "defer/strict"
-        );
-    }
     type Make = fn(&Runtime, usize) -> Workload;
     let mut cases: Vec<(Make, usize)> = Vec::new();
     for &n in &elem_sizes {
@@ -222,23 +279,18 @@ fn main() {
             9
         };
         let ws = make(&strict, n);
+        if args
+            .only
+            .as_ref()
+            .is_some_and(|o| !o.iter().any(|w| w == ws.name))
+        {
+            continue;
+        }
         let wd = make(&defer, n);
         let ms_s = time(&strict, &ws, reps);
         let ms_d = time(&defer, &wd, reps);
-        emit(&args, &ws, "strict", ms_s, None);
+        emit(args, &ws, "strict", ms_s, None);
         // Ratio = strict time / defer time: above 1 means defer is faster.
-        emit(&args, &wd, "defer", ms_d, Some(ms_s / ms_d));
-    }
-    let rec = record_ns_per_op();
-    let comp = single_op_compile_ms();
-    let flush = flush_hit_us(rec);
-    if args.json {
-        println!("{{\"workload\":\"record\",\"mode\":\"defer\",\"backend\":\"cpu\",\"size\":\"8\",\"threads\":1,\"ns_per_op\":{rec:.1}}}");
-        println!("{{\"workload\":\"compile_single_op\",\"mode\":\"strict\",\"backend\":\"cpu\",\"size\":\"8\",\"threads\":1,\"median_ms\":{comp:.4}}}");
-        println!("{{\"workload\":\"flush_cache_hit_10_ops\",\"mode\":\"defer\",\"backend\":\"cpu\",\"size\":\"8\",\"threads\":1,\"median_ms\":{:.5}}}", flush / 1e3);
-    } else {
-        println!("record cost per op (defer, Rust API): {rec:.0} ns");
-        println!("compile time of a single-op program: {comp:.3} ms");
-        println!("flush + run of a cached 10-op fused program (8 elements): {flush:.1} us");
+        emit(args, &wd, "defer", ms_d, Some(ms_s / ms_d));
     }
 }

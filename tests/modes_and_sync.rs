@@ -147,7 +147,11 @@ fn every_sync_reason_is_counted() {
     let y = setup(&rt);
     let before = syncs(&rt, HostRead);
     assert_eq!(vals(&rt, y), [2.0, 3.0, 4.0, 5.0]);
-    assert!(syncs(&rt, HostRead) > before);
+    assert_eq!(
+        syncs(&rt, HostRead),
+        before + 1,
+        "one host read is one sync point"
+    );
     // Sync points with nothing pending are not counted as flushes.
     let rt = runtime(Mode::Defer);
     rt.synchronize(0).unwrap();

@@ -1,435 +1,42 @@
 //! Random op programs (see `graphgen`) run in strict, debug and defer mode and checked against
-//! the reference interpreter.
+//! the reference interpreter (`graphgen::check` says how).
 //!
-//! * A fourth, strict-mode "trace" run reads every buffer after every instruction. Each op's
-//!   result is compared with the reference applied to the values its inputs had just before
-//!   (so a transcendental's ulp never snowballs through later ops), with the tolerances of
-//!   `ops_vs_reference.rs`; every byte the op must not write is checked unchanged (aliases,
-//!   garbage between strided elements, other buffers), and every view reads what the reference
-//!   layout says.
-//! * Strict, debug and defer (with random host reads and releases mid-program) must then read
-//!   exactly the trace run's bytes at every sync point and for every live tensor at the end.
-//!
-//! 64 cases by default; set `PROPTEST_CASES` for more.
+//! 64 cases by default; `PROPTEST_CASES` (or `DEFERFUSE_FUZZ_CASES`, see `fuzz_config`) for
+//! more.
 
 mod graphgen;
 mod harness;
 mod reference;
 
-use deferfuse::{DType, Handle, Input, Mode, Op, ReduceOp, Runtime, Scalar, UnaryOp, View};
+use deferfuse::{DType, Op, ReduceOp, UnaryOp};
+use graphgen::check::check_program;
 use graphgen::*;
 use harness::*;
 use proptest::prelude::*;
-use reference::reduce::reduce;
-use reference::views::RefLayout;
-use reference::{apply, Arg, RefTensor};
 
-/// A program running on one runtime: handles per slot, a full-buffer handle per storage.
-struct Exec<'a> {
-    rt: &'a Runtime,
-    n: usize,
-    slots: Vec<SlotInfo>,
-    handles: Vec<Handle>,
-    bases: Vec<Handle>,
-    /// Release handles on `Release` (the trace run keeps them to read everything).
-    release: bool,
-}
-
-impl<'a> Exec<'a> {
-    fn new(rt: &'a Runtime, p: &Program, release: bool) -> (Exec<'a>, Vec<RefTensor>) {
-        let mut e = Exec {
-            rt,
-            n: p.n,
-            slots: vec![],
-            handles: vec![],
-            bases: vec![],
-            release,
-        };
-        let mut storages = Vec::new();
-        for (i, (t, strided)) in p.inputs.iter().enumerate() {
-            let (big, layout) = input_layouts(t, *strided);
-            let mut st = RefTensor::new(t.dtype, &big, vec![-777.0; big.iter().product()]);
-            layout.scatter(&mut st, t);
-            let base = upload(rt, &st);
-            let h = if big == t.sizes {
-                base
-            } else {
-                let end = 2 * t.sizes[t.rank() - 1] as i64;
-                view(
-                    rt,
-                    base,
-                    View::Slice {
-                        dim: -1,
-                        start: 0,
-                        end,
-                        step: 2,
-                    },
-                )
-            };
-            e.slots.push(SlotInfo {
-                dtype: t.dtype,
-                layout,
-                storage: i,
-                alive: true,
-            });
-            e.handles.push(h);
-            e.bases.push(base);
-            storages.push(st);
-        }
-        (e, storages)
-    }
-
-    fn input(&self, o: Other) -> Input {
-        match o {
-            Other::Slot(s) => Input::Tensor(self.handles[s]),
-            Other::Scalar(v) => Input::Scalar(v),
-        }
-    }
-
-    fn op(&mut self, op: Op, ins: &[Input], into: Option<usize>) {
-        let out = into.map(|t| self.handles[t]);
-        let h = self
-            .rt
-            .op(0, op.clone(), ins, out)
-            .unwrap_or_else(|e| panic!("{op}: {e}"));
-        if into.is_none() {
-            let sizes = self.rt.sizes(h).unwrap().to_vec();
-            self.slots.push(SlotInfo {
-                dtype: self.rt.dtype(h).unwrap(),
-                layout: RefLayout::contiguous(&sizes),
-                storage: self.bases.len(),
-                alive: true,
-            });
-            self.handles.push(h);
-            self.bases.push(h);
-        }
-    }
-
-    /// Runs one instruction; returns the bytes of a host read.
-    fn step(&mut self, ins: &Ins) -> Option<Raw> {
-        let t = |s: usize| Input::Tensor(self.handles[s]);
-        let f = |v: Option<f64>| v.map_or(Input::Absent, |v| Input::Scalar(Scalar::Float(v)));
-        match ins {
-            Ins::Unary(u, s, into) => self.op(Op::Unary(*u), &[t(*s)], *into),
-            Ins::Binary(b, s, o, into) => self.op(Op::Binary(*b), &[t(*s), self.input(*o)], *into),
-            Ins::Where(c, x, y) => self.op(Op::Where, &[t(*c), t(*x), self.input(*y)], None),
-            Ins::Clamp(s, lo, hi) => self.op(Op::Clamp, &[t(*s), f(*lo), f(*hi)], None),
-            Ins::Cast(s, d) => self.op(Op::Cast(*d), &[t(*s)], None),
-            Ins::Reduce(r, s, dims, k) => self.op(red_op(*r, dims, *k), &[t(*s)], None),
-            Ins::View(s, v) => {
-                let rv = match v {
-                    ViewKind::Transpose => View::Transpose(0, 1),
-                    ViewKind::Select { dim, index } => View::Select {
-                        dim: *dim as i64,
-                        index: *index as i64,
-                    },
-                    ViewKind::Unsqueeze(d) => View::Unsqueeze(*d as i64),
-                    ViewKind::SqueezeAll => View::Squeeze(None),
-                    ViewKind::ExpandToN => {
-                        let rank = self.slots[*s].layout.rank().max(1);
-                        View::Expand(vec![self.n as i64; rank])
-                    }
-                    ViewKind::Narrow { dim, start } => View::Slice {
-                        dim: *dim as i64,
-                        start: *start as i64,
-                        end: *start as i64 + 1,
-                        step: 1,
-                    },
-                    ViewKind::Alias => View::Slice {
-                        dim: 0,
-                        start: 0,
-                        end: i64::MAX,
-                        step: 1,
-                    },
-                };
-                let h = view(self.rt, self.handles[*s], rv);
-                let layout = apply_view(&self.slots[*s].layout, v, self.n);
-                self.slots.push(SlotInfo {
-                    layout,
-                    ..self.slots[*s].clone()
-                });
-                self.handles.push(h);
-            }
-            Ins::Sync(s) => return Some(read_raw(self.rt, self.handles[*s])),
-            Ins::Flush => self.rt.synchronize(0).unwrap(),
-            Ins::Release(s) => {
-                self.slots[*s].alive = false;
-                if self.release {
-                    self.rt.release(self.handles[*s]).unwrap();
-                }
-            }
-        }
-        None
-    }
-
-    fn finals(&self) -> Vec<(usize, Raw)> {
-        (0..self.slots.len())
-            .filter(|&s| self.slots[s].alive)
-            .map(|s| (s, read_raw(self.rt, self.handles[s])))
-            .collect()
-    }
-}
-
-/// Runs `p` in `mode`: the host reads, then every live slot.
-fn run_mode(p: &Program, mode: Mode) -> (Vec<Raw>, Vec<(usize, Raw)>) {
-    run_on(&runtime(mode), p)
-}
-
-fn run_on(rt: &Runtime, p: &Program) -> (Vec<Raw>, Vec<(usize, Raw)>) {
-    let (mut e, _) = Exec::new(rt, p, true);
-    let syncs = p.ins.iter().filter_map(|i| e.step(i)).collect();
-    let finals = e.finals();
-    (syncs, finals)
-}
-
-const PROD: Tol = Tol {
-    rel: 1e-4,
-    abs: 1e-30,
-    scaled: 0.0,
-};
-
-fn max_tol(a: Tol, b: Tol) -> Tol {
-    Tol {
-        rel: a.rel.max(b.rel),
-        abs: a.abs.max(b.abs),
-        scaled: a.scaled.max(b.scaled),
-    }
-}
-
-/// Rounding twice (int -> f32 -> f16/bf16) can land one ulp away.
-fn cast_tol(from: DType, to: DType) -> Tol {
-    let twice = matches!(to, DType::F16 | DType::BF16)
-        && matches!(from, DType::I32 | DType::I64 | DType::F64);
-    float_tol(to, !twice)
-}
-
-fn exact_unary(u: UnaryOp) -> bool {
-    use UnaryOp::*;
-    matches!(
-        u,
-        Neg | Abs | Sqrt | Floor | Ceil | Round | Relu | Sign | Reciprocal | LogicalNot | IsNan
-    )
-}
-
-/// The reference result of an op instruction, its tolerance and accumulation scale, and where
-/// it is written (`None`: a new buffer).
-fn expected(
-    ins: &Ins,
-    slots: &[SlotInfo],
-    model: &[RefTensor],
-) -> Option<(RefTensor, Tol, Option<RefTensor>, Option<usize>)> {
-    let val = |s: usize| slots[s].layout.gather(&model[slots[s].storage]);
-    let vals: Vec<RefTensor>;
-    let (r, tol, scale, into) = match ins {
-        Ins::Unary(u, s, into) => {
-            let r = apply(&Op::Unary(*u), &[Arg::T(&val(*s))]);
-            let tol = float_tol(r.dtype, exact_unary(*u));
-            (r, tol, None, *into)
-        }
-        Ins::Binary(b, s, o, into) => {
-            vals = vec![
-                val(*s),
-                if let Other::Slot(x) = o {
-                    val(*x)
-                } else {
-                    val(*s)
-                },
-            ];
-            let y = match o {
-                Other::Slot(_) => Arg::T(&vals[1]),
-                Other::Scalar(v) => Arg::S(*v),
-            };
-            let r = apply(&Op::Binary(*b), &[Arg::T(&vals[0]), y]);
-            let tol = float_tol(r.dtype, *b != deferfuse::BinaryOp::Pow);
-            (r, tol, None, *into)
-        }
-        Ins::Where(c, x, o) => {
-            vals = vec![
-                val(*c),
-                val(*x),
-                if let Other::Slot(y) = o {
-                    val(*y)
-                } else {
-                    val(*x)
-                },
-            ];
-            let y = match o {
-                Other::Slot(_) => Arg::T(&vals[2]),
-                Other::Scalar(v) => Arg::S(*v),
-            };
-            (
-                apply(&Op::Where, &[Arg::T(&vals[0]), Arg::T(&vals[1]), y]),
-                EXACT,
-                None,
-                None,
-            )
-        }
-        Ins::Clamp(s, lo, hi) => {
-            let f = |v: &Option<f64>| v.map_or(Arg::Absent, |v| Arg::S(Scalar::Float(v)));
-            (
-                apply(&Op::Clamp, &[Arg::T(&val(*s)), f(lo), f(hi)]),
-                EXACT,
-                None,
-                None,
-            )
-        }
-        Ins::Cast(s, d) => {
-            let x = val(*s);
-            (
-                apply(&Op::Cast(*d), &[Arg::T(&x)]),
-                cast_tol(x.dtype, *d),
-                None,
-                None,
-            )
-        }
-        Ins::Reduce(op, s, dims, k) => {
-            let x = val(*s);
-            let r = reduce(*op, &x, dims, *k);
-            let float = x.dtype.is_float();
-            let (tol, scale) = match op {
-                ReduceOp::Sum | ReduceOp::Mean if float => (
-                    accum_tol(x.dtype),
-                    Some(reduce(*op, &x.abs_f64(), dims, *k)),
-                ),
-                ReduceOp::Prod if float => (max_tol(PROD, float_tol(x.dtype, true)), None),
-                _ => (EXACT, None),
-            };
-            (r, tol, scale, None)
-        }
-        _ => return None,
-    };
-    match into {
-        Some(t) => {
-            let d = slots[t].dtype;
-            let tol = max_tol(tol, cast_tol(r.dtype, d));
-            let tol = if tol == EXACT {
-                tol
-            } else {
-                max_tol(tol, float_tol(d, false))
-            };
-            Some((r.cast(d), tol, scale, Some(t)))
-        }
-        None => Some((r, tol, scale, None)),
-    }
-}
-
-/// The strict-mode trace run: checks every instruction against the reference; returns the
-/// mismatches, the host reads and the final live slots.
-fn trace_run(p: &Program) -> (Vec<String>, Vec<Raw>, Vec<(usize, Raw)>) {
-    let rt = runtime(Mode::Strict);
-    let (mut e, mut model) = Exec::new(&rt, p, false);
-    let mut fails = Vec::new();
-    let mut syncs = Vec::new();
-    for (k, ins) in p.ins.iter().enumerate() {
-        let want = expected(ins, &e.slots, &model);
-        let n_storages = e.bases.len();
-        if let Some(r) = e.step(ins) {
-            syncs.push(r);
-        }
-        let ctx = format!("#{k} {ins:?}");
-        let storages: Vec<RefTensor> = e.bases.iter().map(|&b| download(&rt, b)).collect();
-        if let Some((r, tol, scale, into)) = &want {
-            let (slot, storage) = match *into {
-                Some(t) => (t, e.slots[t].storage),
-                None => (e.slots.len() - 1, n_storages),
-            };
-            let l = &e.slots[slot].layout;
-            if let Err(m) = compare(&ctx, &l.gather(&storages[storage]), r, *tol, scale.as_ref()) {
-                fails.push(m);
-            }
-            // The op wrote its view and nothing else.
-            let mut untouched = storages[storage].clone();
-            if storage < n_storages {
-                l.scatter(&mut untouched, &l.gather(&model[storage]));
-                if let Err(m) = compare(
-                    &format!("{ctx}: outside the written view"),
-                    &untouched,
-                    &model[storage],
-                    EXACT,
-                    None,
-                ) {
-                    fails.push(m);
-                }
-            }
-        }
-        for (s, (got, old)) in storages.iter().zip(&model).enumerate() {
-            let written = matches!(&want, Some((_, _, _, Some(t))) if e.slots[*t].storage == s);
-            if !written {
-                if let Err(m) =
-                    compare(&format!("{ctx}: buffer {s} changed"), got, old, EXACT, None)
-                {
-                    fails.push(m);
-                }
-            }
-        }
-        if let Ins::View(..) = ins {
-            let v = e.slots.last().unwrap();
-            let got = download(&rt, *e.handles.last().unwrap());
-            if let Err(m) = compare(
-                &format!("{ctx}: view reads"),
-                &got,
-                &v.layout.gather(&storages[v.storage]),
-                EXACT,
-                None,
-            ) {
-                fails.push(m);
-            }
-        }
-        model = storages;
-    }
-    let finals = e.finals();
-    (fails, syncs, finals)
-}
-
-fn check_program(p: &Program) {
-    let (fails, syncs, finals) = trace_run(p);
-    assert!(
-        fails.is_empty(),
-        "reference mismatches in {p:#?}:\n{}",
-        fails.join("\n")
-    );
-    for mode in MODES {
-        let (s, f) = run_mode(p, mode);
-        assert!(
-            s == syncs,
-            "{mode:?}: host reads differ from the trace run in {p:#?}\n{s:?}\nvs\n{syncs:?}"
-        );
-        for ((slot, a), (_, b)) in f.iter().zip(&finals) {
-            assert!(
-                a == b,
-                "{mode:?}: slot {slot} differs at the end of {p:#?}:\n{:?}\nvs\n{:?}",
-                RefTensor::from_bytes(a.0, &a.1, &a.2),
-                RefTensor::from_bytes(b.0, &b.1, &b.2)
-            );
-        }
-        assert_eq!(f.len(), finals.len());
-    }
-    // The same program again on one defer runtime: the second run's flushes reuse the first
-    // run's plans (new buffers, same structure) and must give the same bytes.
-    let rt = runtime(Mode::Defer);
-    let first = run_on(&rt, p);
-    let second = run_on(&rt, p);
-    assert!(
-        first == second,
-        "a reused plan changed the results of {p:#?}"
-    );
-}
-
-/// 64 cases from a fixed seed (reproducible); `PROPTEST_CASES` and `PROPTEST_RNG_SEED` override.
+/// The short profile (CI): 64 cases from a fixed seed, reproducible. The long one:
+/// `DEFERFUSE_FUZZ_CASES=100000` runs that many from a fresh random seed, printed first so a
+/// failure can be replayed with `DEFERFUSE_FUZZ_SEED`. `PROPTEST_CASES` also sets the count.
 fn config() -> ProptestConfig {
-    let default = ProptestConfig::default();
-    let env = |k: &str| std::env::var(k).ok();
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    let long = env("DEFERFUSE_FUZZ_CASES");
+    let seed = env("DEFERFUSE_FUZZ_SEED").unwrap_or_else(|| match long {
+        Some(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64),
+        None => 0x5eed_df05,
+    });
+    if long.is_some() {
+        eprintln!("random_graphs: DEFERFUSE_FUZZ_SEED={seed}");
+    }
     ProptestConfig {
-        cases: env("PROPTEST_CASES")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(64),
-        rng_seed: match env("PROPTEST_RNG_SEED") {
-            Some(_) => default.rng_seed,
-            None => proptest::test_runner::RngSeed::Fixed(0x5eed_df05),
-        },
+        cases: long
+            .or(env("PROPTEST_CASES"))
+            .map_or(64, |c| c.min(u32::MAX as u64) as u32),
+        rng_seed: proptest::test_runner::RngSeed::Fixed(seed),
         failure_persistence: None,
-        max_shrink_iters: 512,
-        ..default
+        max_shrink_iters: 1024,
+        ..ProptestConfig::default()
     }
 }
 
@@ -440,8 +47,8 @@ proptest! {
     fn random_programs_agree_across_modes_and_with_reference(
         n in prop::sample::select(vec![1usize, 2, 3, 4, 5, 7, 9]),
         seed in any::<u64>(),
-        specs in prop::collection::vec((0u8..5, any::<bool>(), any::<bool>()), 1..=4),
-        raw in prop::collection::vec((any::<u8>(), any::<u32>(), any::<u32>(), any::<u32>()), 2..=14),
+        specs in prop::collection::vec((any::<u8>(), any::<bool>(), any::<bool>()), 1..=4),
+        raw in prop::collection::vec((any::<u8>(), any::<u32>(), any::<u32>(), any::<u32>()), 2..=24),
     ) {
         let p = build(n, seed, &specs, &raw);
         check_program(&p);
@@ -472,6 +79,7 @@ fn a_fixed_program_with_every_instruction_kind_runs() {
             Ins::Reduce(..) => "reduce",
             Ins::View(..) => "view",
             Ins::Sync(_) | Ins::Flush => "sync",
+            Ins::Mode(_) => "mode",
             Ins::Release(_) => "release",
         })
         .collect();

@@ -40,7 +40,7 @@ std::string dump_pending() {
   size_t need = 0;
   check(dfuse_pending_dump(rt(), 0, nullptr, 0, &need), "dump_pending");
   std::string buf(need, '\0');
-  check(dfuse_pending_dump(rt(), 0, reinterpret_cast<uint8_t*>(buf.data()), need, &need),
+  check(dfuse_pending_dump(rt(), 0, buf.data(), need, &need),
         "dump_pending");
   buf.resize(need > 0 ? need - 1 : 0);
   return buf;

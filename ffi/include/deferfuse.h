@@ -785,6 +785,11 @@ typedef struct DfuseConfig {
    * A `DfuseBackend`; only `DFUSE_BACKEND_CPU` is available.
    */
   uint32_t backend;
+  /**
+   * Threads one program may split its loops over; 0 reads `DEFERFUSE_NUM_THREADS`, and
+   * without it uses every core.
+   */
+  uint64_t num_threads;
 } DfuseConfig;
 
 /**
@@ -901,6 +906,10 @@ const char *dfuse_version(void);
  * its dtype), and `*result` is `out` itself, with no new reference.
  *
  * An op that is invalid for its inputs fails here with `DFUSE_STATUS_BAD_OP`, in every mode.
+ * An unknown `kind`, `sub_op`, dtype or operand kind, NULL `attrs` for a kind that reads them,
+ * or `n_dims` > `DFUSE_MAX_REDUCE_DIMS` is `DFUSE_STATUS_INVALID_ARGUMENT`; a stale or foreign
+ * input, `out` or `stream` handle is `DFUSE_STATUS_INVALID_HANDLE`; memory that cannot be
+ * allocated is `DFUSE_STATUS_OUT_OF_MEMORY` (in defer mode, from the sync point that runs it).
  *
  * # Safety
  * `attrs` must be NULL or point to a `DfuseAttrs`; `inputs` must be NULL or readable for
@@ -929,7 +938,7 @@ DfuseStatus dfuse_op(const struct DfuseRuntime *rt,
  */
 DfuseStatus dfuse_pending_dump(const struct DfuseRuntime *rt,
                                uint64_t stream,
-                               uint8_t *buf,
+                               char *buf,
                                size_t capacity,
                                size_t *needed);
 
@@ -1027,7 +1036,8 @@ DfuseStatus dfuse_stream_create(const struct DfuseRuntime *rt, uint64_t *out);
 
 /**
  * Runs and waits for the stream's pending work, then destroys it. The default stream (0)
- * cannot be destroyed.
+ * cannot be destroyed (`DFUSE_STATUS_INVALID_ARGUMENT`); a destroyed stream is
+ * `DFUSE_STATUS_INVALID_HANDLE`.
  *
  * # Safety
  * Always safe to call; `rt` is checked against live runtimes.
@@ -1124,6 +1134,11 @@ DfuseStatus dfuse_tensor_from_host(const struct DfuseRuntime *rt,
  * Creates a contiguous tensor of `dtype` and `sizes`, like `torch.empty` (its contents read as
  * zeros; its memory is allocated when first used). Writes the handle to `*out`.
  *
+ * Sizes whose byte count overflows or exceeds `PTRDIFF_MAX` are `DFUSE_STATUS_INVALID_ARGUMENT`.
+ * Memory that cannot be allocated is `DFUSE_STATUS_OUT_OF_MEMORY` from the call that first
+ * needs it: an op writing or reading the tensor (in defer mode, the sync point that runs it)
+ * or a host read. The runtime stays usable.
+ *
  * # Safety
  * `sizes` must be NULL or readable for `ndim` values (NULL only when `ndim` is 0); `out` must be
  * NULL or point to a writable `uint64_t`.
@@ -1137,6 +1152,8 @@ DfuseStatus dfuse_tensor_empty(const struct DfuseRuntime *rt,
 /**
  * Records `torch.full(sizes, value, dtype=dtype)` on `stream` (0 = default) and writes the new
  * handle to `*out`. Like every op, it runs according to the calling thread's mode.
+ * Sizes with too many elements are `DFUSE_STATUS_BAD_OP`; memory that cannot be allocated is
+ * `DFUSE_STATUS_OUT_OF_MEMORY` (in defer mode, possibly from the sync point that runs it).
  *
  * # Safety
  * `sizes` must be NULL or readable for `ndim` values (NULL only when `ndim` is 0); `out` must be
@@ -1165,7 +1182,7 @@ DfuseStatus dfuse_tensor_to_host(const struct DfuseRuntime *rt,
 /**
  * `tensor.item()`: waits for the tensor and writes its one element to `*out` (float dtypes as
  * `DFUSE_SCALAR_KIND_FLOAT`, integers as `INT`, bool as `BOOL`). The tensor must have exactly
- * one element.
+ * one element (else `DFUSE_STATUS_INVALID_ARGUMENT`).
  *
  * # Safety
  * `out` must be NULL or point to writable memory for a `DfuseScalar`.
@@ -1184,7 +1201,8 @@ DfuseStatus dfuse_tensor_ndim(const struct DfuseRuntime *rt, uint64_t tensor, si
 
 /**
  * Writes the tensor's sizes to `sizes[0..ndim]`. `capacity` is the array's length and must be
- * at least the tensor's ndim (`sizes` may be NULL for a 0-dim tensor).
+ * at least the tensor's ndim (else `DFUSE_STATUS_INVALID_ARGUMENT`; `sizes` may be NULL for a
+ * 0-dim tensor).
  *
  * # Safety
  * `sizes` must be NULL or writable for `capacity` values.
@@ -1196,7 +1214,7 @@ DfuseStatus dfuse_tensor_shape(const struct DfuseRuntime *rt,
 
 /**
  * Writes the tensor's strides (in elements) to `strides[0..ndim]`. `capacity` is the array's
- * length and must be at least the tensor's ndim.
+ * length and must be at least the tensor's ndim (else `DFUSE_STATUS_INVALID_ARGUMENT`).
  *
  * # Safety
  * `strides` must be NULL or writable for `capacity` values.
@@ -1244,6 +1262,10 @@ DfuseStatus dfuse_tensor_release(const struct DfuseRuntime *rt, uint64_t tensor)
  * to `*out` (a new reference; 0 on failure). `stream` (0 = default) is used only when a
  * reshape must copy.
  *
+ * An unknown `kind` or the wrong number of args is `DFUSE_STATUS_INVALID_ARGUMENT`; args the
+ * tensor cannot take (a dim or index out of range, a size that does not match, a step <= 0,
+ * an element count that overflows) are `DFUSE_STATUS_BAD_OP`.
+ *
  * # Safety
  * `args` must be NULL or readable for `n_args` values (NULL only when `n_args` is 0); `out`
  * must be NULL or point to a writable `uint64_t`.
@@ -1260,6 +1282,9 @@ DfuseStatus dfuse_view(const struct DfuseRuntime *rt,
  * `as_strided(sizes, strides, offset)`: a view with an explicit layout (sizes and strides in
  * elements, `offset` in elements from the start of the buffer), checked to stay inside the
  * tensor's buffer. Writes the new handle to `*out`.
+ *
+ * A layout that reaches past the buffer (also one whose extent overflows), a negative size or
+ * offset is `DFUSE_STATUS_INVALID_ARGUMENT`; a negative stride is `DFUSE_STATUS_BAD_OP`.
  *
  * # Safety
  * `sizes` and `strides` must be NULL or readable for `ndim` values each (NULL only when `ndim`

@@ -299,6 +299,10 @@ fn first_rank(
 /// its dtype), and `*result` is `out` itself, with no new reference.
 ///
 /// An op that is invalid for its inputs fails here with `DFUSE_STATUS_BAD_OP`, in every mode.
+/// An unknown `kind`, `sub_op`, dtype or operand kind, NULL `attrs` for a kind that reads them,
+/// or `n_dims` > `DFUSE_MAX_REDUCE_DIMS` is `DFUSE_STATUS_INVALID_ARGUMENT`; a stale or foreign
+/// input, `out` or `stream` handle is `DFUSE_STATUS_INVALID_HANDLE`; memory that cannot be
+/// allocated is `DFUSE_STATUS_OUT_OF_MEMORY` (in defer mode, from the sync point that runs it).
 ///
 /// # Safety
 /// `attrs` must be NULL or point to a `DfuseAttrs`; `inputs` must be NULL or readable for

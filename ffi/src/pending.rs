@@ -3,6 +3,7 @@
 
 use crate::error::{guard, slice_out, write_out, DfuseStatus};
 use crate::runtime_registry::{runtime, DfuseRuntime};
+use std::ffi::c_char;
 
 /// Writes the pending (recorded, not yet run) ops of `stream` (0 = default) as NUL-terminated
 /// text, one op per line, to `buf[0..capacity]`, and the bytes the whole text needs (including
@@ -17,7 +18,7 @@ use crate::runtime_registry::{runtime, DfuseRuntime};
 pub unsafe extern "C" fn dfuse_pending_dump(
     rt: *const DfuseRuntime,
     stream: u64,
-    buf: *mut u8,
+    buf: *mut c_char,
     capacity: usize,
     needed: *mut usize,
 ) -> DfuseStatus {
@@ -37,7 +38,7 @@ pub unsafe extern "C" fn dfuse_pending_dump(
             )));
         }
         // SAFETY: the caller's contract.
-        let out = unsafe { slice_out(buf, n, "buf")? };
+        let out = unsafe { slice_out(buf.cast::<u8>(), n, "buf")? };
         out[..text.len()].copy_from_slice(text.as_bytes());
         out[text.len()] = 0;
         Ok(())
@@ -64,7 +65,7 @@ mod tests {
         assert_eq!(s, DfuseStatus::Ok);
         let mut buf = vec![0u8; need];
         // SAFETY: buf is writable for need bytes.
-        let s = unsafe { dfuse_pending_dump(rt, 0, buf.as_mut_ptr(), need, &mut need) };
+        let s = unsafe { dfuse_pending_dump(rt, 0, buf.as_mut_ptr().cast(), need, &mut need) };
         assert_eq!(s, DfuseStatus::Ok);
         assert_eq!(buf.pop(), Some(0), "NUL-terminated");
         String::from_utf8(buf).unwrap()
@@ -124,7 +125,7 @@ mod tests {
         let mut need = 0usize;
         let mut small = [0u8; 2];
         // SAFETY: small is writable for 2 bytes.
-        let s = unsafe { dfuse_pending_dump(rt, 0, small.as_mut_ptr(), 2, &mut need) };
+        let s = unsafe { dfuse_pending_dump(rt, 0, small.as_mut_ptr().cast(), 2, &mut need) };
         assert_eq!(s, DfuseStatus::InvalidArgument);
         assert_eq!(need, text.len() + 1);
         assert_eq!(small, [0, 0], "nothing written on failure");

@@ -48,6 +48,9 @@ pub struct DfuseConfig {
     pub host_cache_bytes: u64,
     /// A `DfuseBackend`; only `DFUSE_BACKEND_CPU` is available.
     pub backend: u32,
+    /// Threads one program may split its loops over; 0 reads `DEFERFUSE_NUM_THREADS`, and
+    /// without it uses every core.
+    pub num_threads: u64,
 }
 
 /// Live runtimes by token.
@@ -126,6 +129,7 @@ pub(crate) fn config_from(c: &DfuseConfig) -> Result<Config> {
             d.host_cache_bytes,
             "cfg->host_cache_bytes",
         )?,
+        num_threads: count(c.num_threads, 0, "cfg->num_threads")?,
     })
 }
 
@@ -146,6 +150,7 @@ pub unsafe extern "C" fn dfuse_config_default(out: *mut DfuseConfig) -> DfuseSta
             max_ops_per_region: d.max_ops_per_region as u64,
             host_cache_bytes: d.host_cache_bytes as u64,
             backend: DfuseBackend::Cpu as u32,
+            num_threads: 0,
         };
         // SAFETY: the caller's contract.
         unsafe { write_out(out, "out", c) }
@@ -324,6 +329,7 @@ mod tests {
             max_pending_bytes: 0,
             max_ops_per_region: 0,
             host_cache_bytes: 0,
+            num_threads: 0,
             backend,
         }
     }

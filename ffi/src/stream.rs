@@ -25,7 +25,8 @@ pub unsafe extern "C" fn dfuse_stream_create(
 }
 
 /// Runs and waits for the stream's pending work, then destroys it. The default stream (0)
-/// cannot be destroyed.
+/// cannot be destroyed (`DFUSE_STATUS_INVALID_ARGUMENT`); a destroyed stream is
+/// `DFUSE_STATUS_INVALID_HANDLE`.
 ///
 /// # Safety
 /// Always safe to call; `rt` is checked against live runtimes.

@@ -53,6 +53,11 @@ pub unsafe extern "C" fn dfuse_tensor_from_host(
 /// Creates a contiguous tensor of `dtype` and `sizes`, like `torch.empty` (its contents read as
 /// zeros; its memory is allocated when first used). Writes the handle to `*out`.
 ///
+/// Sizes whose byte count overflows or exceeds `PTRDIFF_MAX` are `DFUSE_STATUS_INVALID_ARGUMENT`.
+/// Memory that cannot be allocated is `DFUSE_STATUS_OUT_OF_MEMORY` from the call that first
+/// needs it: an op writing or reading the tensor (in defer mode, the sync point that runs it)
+/// or a host read. The runtime stays usable.
+///
 /// # Safety
 /// `sizes` must be NULL or readable for `ndim` values (NULL only when `ndim` is 0); `out` must be
 /// NULL or point to a writable `uint64_t`.
@@ -79,6 +84,8 @@ pub unsafe extern "C" fn dfuse_tensor_empty(
 
 /// Records `torch.full(sizes, value, dtype=dtype)` on `stream` (0 = default) and writes the new
 /// handle to `*out`. Like every op, it runs according to the calling thread's mode.
+/// Sizes with too many elements are `DFUSE_STATUS_BAD_OP`; memory that cannot be allocated is
+/// `DFUSE_STATUS_OUT_OF_MEMORY` (in defer mode, possibly from the sync point that runs it).
 ///
 /// # Safety
 /// `sizes` must be NULL or readable for `ndim` values (NULL only when `ndim` is 0); `out` must be
@@ -167,7 +174,7 @@ fn element_scalar(dtype: DType, b: [u8; 8]) -> Scalar {
 
 /// `tensor.item()`: waits for the tensor and writes its one element to `*out` (float dtypes as
 /// `DFUSE_SCALAR_KIND_FLOAT`, integers as `INT`, bool as `BOOL`). The tensor must have exactly
-/// one element.
+/// one element (else `DFUSE_STATUS_INVALID_ARGUMENT`).
 ///
 /// # Safety
 /// `out` must be NULL or point to writable memory for a `DfuseScalar`.
@@ -240,7 +247,8 @@ unsafe fn write_dims(
 }
 
 /// Writes the tensor's sizes to `sizes[0..ndim]`. `capacity` is the array's length and must be
-/// at least the tensor's ndim (`sizes` may be NULL for a 0-dim tensor).
+/// at least the tensor's ndim (else `DFUSE_STATUS_INVALID_ARGUMENT`; `sizes` may be NULL for a
+/// 0-dim tensor).
 ///
 /// # Safety
 /// `sizes` must be NULL or writable for `capacity` values.
@@ -259,7 +267,7 @@ pub unsafe extern "C" fn dfuse_tensor_shape(
 }
 
 /// Writes the tensor's strides (in elements) to `strides[0..ndim]`. `capacity` is the array's
-/// length and must be at least the tensor's ndim.
+/// length and must be at least the tensor's ndim (else `DFUSE_STATUS_INVALID_ARGUMENT`).
 ///
 /// # Safety
 /// `strides` must be NULL or writable for `capacity` values.

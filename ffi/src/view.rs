@@ -72,6 +72,10 @@ pub(crate) fn build_view(kind: u32, args: &[i64]) -> Result<View> {
 /// to `*out` (a new reference; 0 on failure). `stream` (0 = default) is used only when a
 /// reshape must copy.
 ///
+/// An unknown `kind` or the wrong number of args is `DFUSE_STATUS_INVALID_ARGUMENT`; args the
+/// tensor cannot take (a dim or index out of range, a size that does not match, a step <= 0,
+/// an element count that overflows) are `DFUSE_STATUS_BAD_OP`.
+///
 /// # Safety
 /// `args` must be NULL or readable for `n_args` values (NULL only when `n_args` is 0); `out`
 /// must be NULL or point to a writable `uint64_t`.
@@ -101,6 +105,9 @@ pub unsafe extern "C" fn dfuse_view(
 /// `as_strided(sizes, strides, offset)`: a view with an explicit layout (sizes and strides in
 /// elements, `offset` in elements from the start of the buffer), checked to stay inside the
 /// tensor's buffer. Writes the new handle to `*out`.
+///
+/// A layout that reaches past the buffer (also one whose extent overflows), a negative size or
+/// offset is `DFUSE_STATUS_INVALID_ARGUMENT`; a negative stride is `DFUSE_STATUS_BAD_OP`.
 ///
 /// # Safety
 /// `sizes` and `strides` must be NULL or readable for `ndim` values each (NULL only when `ndim`

@@ -13,7 +13,8 @@ use crate::lower::{lower_node, scalar_bits};
 use crate::plan::{plan, CutReason, Plan, PlanOptions, StepOrigin};
 use crate::region::Step;
 use crate::trace::{BufferId, Node, Operand};
-use std::collections::HashMap;
+/// The std map with a fast hasher: a steady-state flush builds these maps every time.
+type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 use std::hash::{Hash, Hasher};
 
 /// Collects `Hash` output as 64-bit words (the exact key) and a running hash of them.
@@ -71,7 +72,7 @@ impl Signature {
             words: Vec::with_capacity(nodes.len() * 24),
             hash: 0,
         };
-        let mut ids: HashMap<BufferId, u64> = HashMap::new();
+        let mut ids: HashMap<BufferId, u64> = HashMap::default();
         let mut buffers = Vec::new();
         let mut rel = |b: BufferId| {
             *ids.entry(b).or_insert_with(|| {
@@ -217,7 +218,7 @@ impl PlanCache {
     /// A cache of at most `capacity` plans.
     pub fn new(capacity: usize) -> PlanCache {
         PlanCache {
-            map: HashMap::new(),
+            map: HashMap::default(),
             len: 0,
             capacity: capacity.max(1),
         }

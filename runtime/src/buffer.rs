@@ -3,7 +3,7 @@
 //! launched, so a value that is never written never costs memory.
 
 use crate::alloc::{HostAllocator, Storage};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::stream::Progress;
 use deferfuse_fusion::BufferId;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -41,6 +41,9 @@ pub struct Buffer {
     /// Launched-but-not-finished programs writing this buffer.
     inflight_writes: AtomicU32,
     writer: Mutex<Option<Writer>>,
+    /// Why the deferred op that should have written this buffer never ran (a flush failed
+    /// before launching it): reported on every later use instead of reading stale memory.
+    failure: Mutex<Option<Error>>,
 }
 
 impl Buffer {
@@ -53,6 +56,28 @@ impl Buffer {
             deferred_writes: AtomicU32::new(0),
             inflight_writes: AtomicU32::new(0),
             writer: Mutex::new(None),
+            failure: Mutex::new(None),
+        }
+    }
+
+    /// Records that a write to this buffer was lost because its flush failed with `e`.
+    pub fn fail(&self, e: &Error) {
+        let why = |m: &String| format!("a deferred op writing this tensor never ran: {m}");
+        let e = match e {
+            Error::OutOfMemory(m) => Error::OutOfMemory(why(m)),
+            Error::Backend(m) => Error::Backend(why(m)),
+            Error::Internal(m) => Error::Internal(why(m)),
+            other => other.clone(),
+        };
+        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        f.get_or_insert(e);
+    }
+
+    /// The failure recorded by [`Buffer::fail`], if any.
+    pub fn failure(&self) -> Result<()> {
+        match &*self.failure.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
         }
     }
 

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::mode::Mode;
 use crate::runtime::Runtime;
 use crate::stats::SyncReason;
-use crate::stream::{BufferMap, Stream};
+use crate::stream::{BufferLookup, OpBuffers, Stream};
 use deferfuse_cache::{fingerprint, Fingerprint};
 use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::plan::PlanOptions;
@@ -16,10 +16,11 @@ use std::sync::Arc;
 
 impl Runtime {
     /// Runs every op pending on `stream`; counts the sync point when there was work.
-    pub(crate) fn flush(&self, stream: &Stream, reason: SyncReason) -> Result<()> {
+    /// Returns whether there was work (and so a sync point was counted).
+    pub(crate) fn flush(&self, stream: &Stream, reason: SyncReason) -> Result<bool> {
         let mut pending = stream.pending.lock().unwrap_or_else(|p| p.into_inner());
         if pending.trace.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let nodes = pending.trace.take();
         let buffers = std::mem::take(&mut pending.buffers);
@@ -63,7 +64,7 @@ impl Runtime {
                 b.mark_flushed();
             }
         }
-        result
+        result.map(|()| true)
     }
 
     /// Runs one node now (strict and debug modes).
@@ -71,7 +72,7 @@ impl Runtime {
         &self,
         stream: &Stream,
         node: Node,
-        buffers: BufferMap,
+        buffers: OpBuffers,
         mode: Mode,
     ) -> Result<()> {
         let steps = lower_node(&node, 0);
@@ -82,12 +83,47 @@ impl Runtime {
         Ok(())
     }
 
+    /// Launches `steps` in order. In defer mode a failure (an allocation, a compile) marks the
+    /// outputs of the failing and every later step as failed, so reading them later reports
+    /// the error instead of stale memory; strict and debug report it at the op itself.
     fn launch_steps(
         &self,
         stream: &Stream,
         steps: Vec<Step>,
-        buffers: &BufferMap,
+        buffers: &impl BufferLookup,
         mode: Mode,
+    ) -> Result<()> {
+        // Only a deferred flush needs them (strict and debug report at the op).
+        let outputs: Vec<Vec<BufferId>> = if mode == Mode::Defer {
+            steps
+                .iter()
+                .map(|s| {
+                    let b = &s.binding;
+                    b.operands[b.n_inputs..].iter().map(|t| t.buffer).collect()
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut launched = 0;
+        let r = self.launch_each(stream, steps, buffers, mode, &mut launched);
+        if let (Err(e), Mode::Defer) = (&r, mode) {
+            for id in outputs[launched..].iter().flatten() {
+                if let Some(b) = buffers.find(*id) {
+                    b.fail(e);
+                }
+            }
+        }
+        r
+    }
+
+    fn launch_each(
+        &self,
+        stream: &Stream,
+        steps: Vec<Step>,
+        buffers: &impl BufferLookup,
+        mode: Mode,
+        launched: &mut usize,
     ) -> Result<()> {
         for step in steps {
             let bufs: Vec<Arc<Buffer>> = step
@@ -95,7 +131,7 @@ impl Runtime {
                 .operands
                 .iter()
                 .map(|t| {
-                    buffers.get(&t.buffer).cloned().ok_or_else(|| {
+                    buffers.find(t.buffer).cloned().ok_or_else(|| {
                         Error::Internal(format!("buffer b{} of a step is not tracked", t.buffer))
                     })
                 })
@@ -148,6 +184,7 @@ impl Runtime {
                     done: Some((stream.progress.clone(), seq)),
                 });
             }
+            *launched += 1;
         }
         Ok(())
     }

@@ -7,7 +7,7 @@ use crate::handle::Handle;
 use crate::mode::Mode;
 use crate::runtime::{Runtime, Tensor};
 use crate::stats::SyncReason;
-use crate::stream::{BufferMap, Stream};
+use crate::stream::{OpBuffers, Stream};
 use deferfuse_fusion::ir::infer::can_cast;
 use deferfuse_fusion::ir::layout::fmt_dims;
 use deferfuse_fusion::ir::{infer, ArgMeta, Layout, Op, OpError, Scalar};
@@ -26,7 +26,15 @@ pub enum Input {
     Absent,
 }
 
-type Buffers = BufferMap;
+type Buffers = OpBuffers;
+
+/// Which operand of an op a handle was passed as; named only when an error message needs it
+/// (formatting it for every op would cost more than recording the op).
+#[derive(Clone, Copy)]
+enum OperandName {
+    Input(usize),
+    Out,
+}
 
 fn tref(t: &Tensor) -> TensorRef {
     TensorRef {
@@ -49,14 +57,14 @@ impl Runtime {
         let s = self.stream(stream)?;
         let mut buffers = Buffers::default();
         let mut operands: SmallVec<[Operand; 3]> = SmallVec::new();
-        let mut metas: Vec<ArgMeta> = Vec::with_capacity(inputs.len());
+        let mut metas: SmallVec<[ArgMeta; 3]> = SmallVec::new();
         for (i, inp) in inputs.iter().enumerate() {
             match *inp {
                 Input::Tensor(h) => {
-                    let t = self.operand_tensor(h, &op, &format!("input {i}"))?;
+                    let t = self.operand_tensor(h, &op, OperandName::Input(i))?;
                     metas.push(ArgMeta::tensor(t.dtype, &t.layout.sizes));
                     operands.push(Operand::Tensor(tref(&t)));
-                    buffers.insert(t.buffer.id, t.buffer);
+                    buffers.insert(t.buffer);
                 }
                 Input::Scalar(v) => {
                     metas.push(ArgMeta::Scalar(v));
@@ -71,9 +79,9 @@ impl Runtime {
         let inf = infer(&op, &metas)?;
         let (output, result) = match out {
             Some(h) => {
-                let t = self.operand_tensor(h, &op, "out")?;
+                let t = self.operand_tensor(h, &op, OperandName::Out)?;
                 check_out(&op, &inf.sizes, inf.dtype, &t)?;
-                buffers.insert(t.buffer.id, t.buffer.clone());
+                buffers.insert(t.buffer.clone());
                 (tref(&t), h)
             }
             None => {
@@ -83,14 +91,14 @@ impl Runtime {
                     layout: Layout::contiguous(&inf.sizes),
                     dtype: inf.dtype,
                 };
-                buffers.insert(t.buffer.id, t.buffer.clone());
+                buffers.insert(t.buffer.clone());
                 let r = tref(&t);
                 (r, 0)
             }
         };
         self.snapshot_overlapping_inputs(&s, &mut operands, &output, &mut buffers)?;
         let out_buffer = buffers
-            .get(&output.buffer)
+            .get(output.buffer)
             .cloned()
             .expect("output buffer is tracked");
         match &op {
@@ -137,13 +145,20 @@ impl Runtime {
     }
 
     /// The tensor behind an op's operand; a bad handle's message names the op and operand.
-    fn operand_tensor(&self, h: Handle, op: &Op, operand: &str) -> Result<Tensor> {
-        self.tensor(h).map_err(|e| match e {
+    fn operand_tensor(&self, h: Handle, op: &Op, operand: OperandName) -> Result<Tensor> {
+        let t = self.tensor(h).map_err(|e| match e {
             Error::InvalidHandle(m) => {
+                let operand = match operand {
+                    OperandName::Input(i) => format!("input {i}"),
+                    OperandName::Out => "out".into(),
+                };
                 Error::InvalidHandle(format!("{}: {operand}: {m}", op.name()))
             }
             e => e,
-        })
+        })?;
+        // Its value was lost to a failed flush: computing from it would use stale memory.
+        t.buffer.failure()?;
+        Ok(t)
     }
 
     /// An input that is a different view of the buffer being written (`x[1:] += x[:-1]`) is
@@ -166,7 +181,7 @@ impl Runtime {
                 layout: Layout::contiguous(&t.layout.sizes),
                 dtype: t.dtype,
             };
-            buffers.insert(tmp.id, tmp);
+            buffers.insert(tmp);
             let node = Node {
                 op: Op::Copy,
                 inputs: SmallVec::from_elem(Operand::Tensor(t.clone()), 1),
@@ -240,7 +255,7 @@ impl Runtime {
             layout: Layout::contiguous(&permuted.sizes),
             dtype: t.dtype,
         };
-        buffers.insert(tmp.id, tmp);
+        buffers.insert(tmp);
         let copy = Node {
             op: Op::Copy,
             inputs: SmallVec::from_elem(
@@ -282,7 +297,7 @@ impl Runtime {
         self.order_after_other_streams(s, &buffers)?;
         let mode = self.mode();
         let out = buffers
-            .get(&node.output.buffer)
+            .get(node.output.buffer)
             .cloned()
             .expect("output buffer is tracked");
         if mode == Mode::Defer {
@@ -296,7 +311,7 @@ impl Runtime {
                 p.bytes += out.len;
             }
             p.trace.push(node);
-            p.buffers.extend(buffers);
+            buffers.move_into(&mut p.buffers);
             let reason = if p.trace.len() >= self.config.max_pending_ops {
                 Some(SyncReason::MaxPending)
             } else if p.bytes > self.config.max_pending_bytes {
@@ -323,7 +338,7 @@ impl Runtime {
     /// Reading (or writing) a buffer another stream produces: run that stream's pending work and
     /// make this stream wait for it on its worker.
     fn order_after_other_streams(&self, s: &Arc<Stream>, buffers: &Buffers) -> Result<()> {
-        for b in buffers.values() {
+        for b in buffers.iter() {
             let Some(w) = b.writer() else { continue };
             if w.stream == s.id {
                 continue;

@@ -5,7 +5,7 @@ use crate::alloc::HostAllocator;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Program};
 use crate::buffer::{Buffer, BufferState};
-use crate::config::{resolve_mode, Config};
+use crate::config::{resolve_mode, resolve_threads, Config};
 use crate::error::{Error, Result};
 use crate::handle::{Handle, HandleTable};
 use crate::mode::{self, Mode};
@@ -41,6 +41,7 @@ pub struct Runtime {
     default_mode: Mode,
     default_stream: Handle,
     next_buffer: AtomicU64,
+    threads: usize,
 }
 
 static BOTH_FLAGS_WARNING: Once = Once::new();
@@ -62,8 +63,9 @@ impl Runtime {
         let streams = HandleTable::new("stream", tag);
         let default_stream = streams.insert(Arc::new(Stream::new(0)?));
         let dump_dir = std::env::var_os("DEFERFUSE_DUMP_DIR").map(PathBuf::from);
+        let threads = resolve_threads(&config)?;
         Ok(Runtime {
-            backend: Box::new(CpuBackend::new(dump_dir.is_some())?),
+            backend: Box::new(CpuBackend::new(dump_dir.is_some(), threads)?),
             cache: ProgramCache::new(config.cache_capacity),
             tensors: HandleTable::new("tensor", tag),
             streams,
@@ -75,6 +77,7 @@ impl Runtime {
             default_mode,
             default_stream,
             next_buffer: AtomicU64::new(1),
+            threads,
         })
     }
 
@@ -86,6 +89,11 @@ impl Runtime {
     /// The calling thread's mode.
     pub fn mode(&self) -> Mode {
         mode::current(self.default_mode)
+    }
+
+    /// Threads one program may split its loops over (`Config::num_threads`).
+    pub fn threads(&self) -> usize {
+        self.threads
     }
 
     pub fn backend_name(&self) -> &'static str {
@@ -289,14 +297,17 @@ impl Runtime {
     }
 
     /// Makes sure everything that writes `buffer` has run, flushing its stream if needed.
-    pub(crate) fn wait_written(&self, buffer: &Buffer, reason: SyncReason) -> Result<()> {
+    /// Returns whether it ran deferred work (a sync point, counted under `reason`).
+    pub(crate) fn wait_written(&self, buffer: &Buffer, reason: SyncReason) -> Result<bool> {
+        buffer.failure()?;
         let Some(w) = buffer.writer() else {
-            return Ok(());
+            return Ok(false);
         };
+        let mut flushed = false;
         if w.done.is_none() {
             let s = self.stream_by_id(w.stream);
             if let Some(s) = s {
-                self.flush(&s, reason)?;
+                flushed = self.flush(&s, reason)?;
             }
         }
         if let Some(Some((progress, seq))) = buffer.writer().map(|w| w.done) {
@@ -305,7 +316,9 @@ impl Runtime {
                 return Err(e);
             }
         }
-        Ok(())
+        // The flush run above may have failed before launching this buffer's writer.
+        buffer.failure()?;
+        Ok(flushed)
     }
 
     /// Copies the tensor (any view) to `out` in row-major order; waits for its producer.
@@ -322,8 +335,10 @@ impl Runtime {
                 out.len()
             )));
         }
-        self.wait_written(&t.buffer, SyncReason::HostRead)?;
-        self.counters.sync(SyncReason::HostRead);
+        // Every host read is a sync point, counted once: by the flush if it ran deferred work.
+        if !self.wait_written(&t.buffer, SyncReason::HostRead)? {
+            self.counters.sync(SyncReason::HostRead);
+        }
         let base = t.buffer.storage()?.ptr();
         let l = &t.layout;
         let mut idx = vec![0usize; l.rank()];

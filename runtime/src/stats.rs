@@ -49,7 +49,8 @@ pub struct Stats {
     pub cache_misses: u64,
     pub cache_evictions: u64,
     pub compile_ns: u64,
-    /// Flushes of a non-empty trace plus waits, indexed by `SyncReason as usize`.
+    /// Flushes of a non-empty trace, plus every host read, indexed by `SyncReason as usize`
+    /// (a synchronize or event with nothing deferred is not counted).
     pub sync_points: [u64; SyncReason::COUNT],
     pub bytes_allocated: u64,
     /// Loop regions cut by the planner, indexed by `CutReason as usize`.

@@ -86,6 +86,54 @@ impl Progress {
 /// resistance buys nothing for runtime-generated ids.
 pub type BufferMap = HashMap<BufferId, Arc<Buffer>, ahash::RandomState>;
 
+/// The few buffers one op touches (its inputs, its output, a snapshot copy): a small inline
+/// list, because building a hash map for every recorded op cost more than the rest of
+/// recording.
+#[derive(Clone, Default)]
+pub struct OpBuffers(smallvec::SmallVec<[Arc<Buffer>; 4]>);
+
+impl OpBuffers {
+    /// Adds `b` unless a buffer with its id is already listed.
+    pub fn insert(&mut self, b: Arc<Buffer>) {
+        if self.get(b.id).is_none() {
+            self.0.push(b);
+        }
+    }
+
+    pub fn get(&self, id: BufferId) -> Option<&Arc<Buffer>> {
+        self.0.iter().find(|b| b.id == id)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Buffer>> {
+        self.0.iter()
+    }
+
+    /// Moves every buffer into `map` (a stream's pending buffers).
+    pub fn move_into(self, map: &mut BufferMap) {
+        for b in self.0 {
+            map.entry(b.id).or_insert(b);
+        }
+    }
+}
+
+/// Finding the buffer behind a step operand: a flush looks in the stream's pending map, an op
+/// run at once in its own short list.
+pub trait BufferLookup {
+    fn find(&self, id: BufferId) -> Option<&Arc<Buffer>>;
+}
+
+impl BufferLookup for BufferMap {
+    fn find(&self, id: BufferId) -> Option<&Arc<Buffer>> {
+        self.get(&id)
+    }
+}
+
+impl BufferLookup for OpBuffers {
+    fn find(&self, id: BufferId) -> Option<&Arc<Buffer>> {
+        self.get(id)
+    }
+}
+
 /// What a stream records while in defer mode: the trace, and the buffers it names (kept alive
 /// until the flush so a handle released meanwhile cannot free them).
 #[derive(Default)]

@@ -1,15 +1,25 @@
-//! Random op programs for `random_graphs.rs`: a few f32/i32 inputs of broadcast-compatible
-//! shapes (every dim is 1 or n, rank <= 2), then ops chosen from raw proptest choices against
-//! the program's state so that every op is valid.
+//! Random op programs for `random_graphs.rs`, `fuzz_differential.rs` and the cargo-fuzz target
+//! (`fuzz/`): a few inputs of any dtype and broadcast-compatible shapes (every dim is 1 or n,
+//! rank <= 3, some strided), then ops chosen from raw choices against the program's state so
+//! that every op is valid: elementwise ops with tensor or scalar operands, reductions, views
+//! (transpose, permute, select, slice with a step, expand, squeeze, unsqueeze, as_strided),
+//! in-place writes (also through views and aliases, which later reads see), host reads and
+//! flushes mid-program, releases, and switches of the thread's mode.
+//!
+//! [`from_bytes`] decodes the same raw choices from arbitrary bytes (for cargo-fuzz); `check`
+//! runs a program in every mode against the reference.
 #![allow(dead_code)]
 // `x % k == 0` reads best here; `is_multiple_of` needs Rust 1.87 and the workspace targets 1.85.
 #![allow(unknown_lints, clippy::manual_is_multiple_of)]
+
+pub mod check;
+pub mod exec;
 
 use crate::harness::Rng;
 use crate::reference::views::RefLayout;
 use crate::reference::{broadcast_shapes, RefTensor};
 use deferfuse::fusion::ir::{infer, ArgMeta};
-use deferfuse::{BinaryOp, DType, Op, ReduceOp, Scalar, UnaryOp};
+use deferfuse::{BinaryOp, DType, Mode, Op, ReduceOp, Scalar, UnaryOp};
 
 /// The second operand of a binary op.
 #[derive(Clone, Copy, Debug)]
@@ -28,7 +38,7 @@ pub enum ViewKind {
     },
     Unsqueeze(usize),
     SqueezeAll,
-    /// Expand every size-1 dim (and a 0-dim tensor) to n.
+    /// Expand every size-1 dim (and a 0-dim tensor) to n; other sizes stay.
     ExpandToN,
     /// `[k:k+1]` along `dim`.
     Narrow {
@@ -37,6 +47,17 @@ pub enum ViewKind {
     },
     /// `[:]` along dim 0: a new handle aliasing the same elements.
     Alias,
+    /// `[start::2]` along `dim`.
+    SliceStep {
+        dim: usize,
+        start: usize,
+    },
+    /// `permute` reversing the dims (rank 3).
+    Reverse,
+    /// `as_strided` onto the main diagonal of a square 2-D slot (strides summed).
+    Diagonal,
+    /// `as_strided` flattening a contiguous slot to one dim.
+    Flatten,
 }
 
 #[derive(Clone, Debug)]
@@ -55,6 +76,8 @@ pub enum Ins {
     Flush,
     /// Release a slot's handle; it is never used again.
     Release(usize),
+    /// Switch the thread's mode (the trace run ignores it).
+    Mode(Mode),
 }
 
 /// A program: the inputs (values, strided?) and the instructions.
@@ -121,19 +144,36 @@ pub fn build(
 ) -> Program {
     let mut rng = Rng::new(seed);
     let shape_of = |k: u8| -> Vec<usize> {
-        match k % 5 {
+        match k % 9 {
             0 => vec![n, n],
             1 => vec![1, n],
             2 => vec![n, 1],
             3 => vec![n],
-            _ => vec![],
+            4 => vec![],
+            5 => vec![n, 1, n],
+            6 => vec![1, n, n],
+            7 => vec![n, n, 1],
+            _ => vec![n, n, n],
         }
+    };
+    // A quarter of the inputs are f32 or i32 (the `int` flag), the rest any other dtype.
+    let dtype_of = |k: u8, int: bool| match (k / 9) % 8 {
+        0 | 1 if int => DType::I32,
+        0 | 1 => DType::F32,
+        d => [
+            DType::F64,
+            DType::F16,
+            DType::BF16,
+            DType::I64,
+            DType::U8,
+            DType::Bool,
+        ][d as usize - 2],
     };
     let mut inputs = Vec::new();
     let mut slots: Vec<SlotInfo> = Vec::new();
     for (i, &(k, int, strided)) in specs.iter().enumerate() {
         let sizes = shape_of(k);
-        let dtype = if int { DType::I32 } else { DType::F32 };
+        let dtype = dtype_of(k, int);
         let specials = seed % 4 == 0;
         let t = rng.tensor(dtype, &sizes, 6.0, 9, specials);
         let (_, layout) = input_layouts(&t, strided);
@@ -164,7 +204,7 @@ pub fn build(
                 alive: true,
             }
         };
-        let next: Option<(Ins, Option<SlotInfo>)> = match kind % 16 {
+        let next: Option<(Ins, Option<SlotInfo>)> = match kind % 18 {
             0..=2 => {
                 let ops: Vec<UnaryOp> = UnaryOp::ALL
                     .into_iter()
@@ -270,7 +310,7 @@ pub fn build(
                 };
                 (Ins::View(s, v), Some(slot))
             }),
-            13 => {
+            13 | 16 => {
                 // In place: a unary op or a binary op with an operand that broadcasts into it.
                 let writable: Vec<usize> = alive
                     .iter()
@@ -304,6 +344,10 @@ pub fn build(
             }
             14 if b % 4 == 0 => Some((Ins::Flush, None)),
             14 => Some((Ins::Sync(s), None)),
+            17 => Some((
+                Ins::Mode([Mode::Strict, Mode::Debug, Mode::Defer][b as usize % 3]),
+                None,
+            )),
             _ => (alive.len() > 2).then_some((Ins::Release(s), None)),
         };
         if let Some((i, slot)) = next {
@@ -313,7 +357,19 @@ pub fn build(
             if let Some(sl) = slot {
                 slots.push(sl);
             }
-            ins.push(i);
+            // An in-place write is often read through another alive view of its buffer, right
+            // before or right after it: the reads must see the old and the new values.
+            let alias = match i {
+                Ins::Unary(_, _, Some(t)) | Ins::Binary(_, _, _, Some(t)) => (0..slots.len())
+                    .filter(|&x| x != t && slots[x].alive && slots[x].storage == slots[t].storage)
+                    .nth(c as usize % 4),
+                _ => None,
+            };
+            match (alias, a % 3) {
+                (Some(x), 0) => ins.extend([Ins::Sync(x), i]),
+                (Some(x), 1) => ins.extend([i, Ins::Sync(x)]),
+                _ => ins.push(i),
+            }
         }
     }
     Program { n, inputs, ins }
@@ -413,6 +469,16 @@ fn view_kind(si: &SlotInfo, n: usize, b: u32, c: u32) -> Option<ViewKind> {
             }
         }),
         (rank >= 1).then_some(ViewKind::Alias),
+        (rank >= 1 && sizes[c as usize % rank] > 2).then(|| {
+            let dim = c as usize % rank;
+            ViewKind::SliceStep {
+                dim,
+                start: (c as usize / 5) % 2,
+            }
+        }),
+        (rank == 3).then_some(ViewKind::Reverse),
+        (rank == 2 && sizes[0] == sizes[1] && !si.overlaps()).then_some(ViewKind::Diagonal),
+        (rank >= 2 && si.layout.is_contiguous()).then_some(ViewKind::Flatten),
     ]
     .into_iter()
     .flatten()
@@ -427,17 +493,59 @@ pub fn apply_view(l: &RefLayout, v: &ViewKind, n: usize) -> RefLayout {
         ViewKind::Select { dim, index } => l.select(*dim as i64, *index as i64),
         ViewKind::Unsqueeze(d) => l.unsqueeze(*d),
         ViewKind::SqueezeAll => l.squeeze(None),
-        ViewKind::ExpandToN => {
-            let target: Vec<usize> = if l.rank() == 0 {
-                vec![n]
-            } else {
-                l.sizes.iter().map(|_| n).collect()
-            };
-            l.expand(&target)
-        }
+        ViewKind::ExpandToN => l.expand(&expand_target(&l.sizes, n)),
         ViewKind::Narrow { dim, start } => {
             l.slice(*dim as i64, *start as i64, *start as i64 + 1, 1)
         }
         ViewKind::Alias => l.slice(0, 0, l.sizes[0] as i64, 1),
+        ViewKind::SliceStep { dim, start } => {
+            l.slice(*dim as i64, *start as i64, l.sizes[*dim] as i64, 2)
+        }
+        ViewKind::Reverse => l.permute(&[2, 1, 0]),
+        ViewKind::Diagonal => RefLayout {
+            sizes: vec![l.sizes[0]],
+            strides: vec![l.strides[0] + l.strides[1]],
+            offset: l.offset,
+        },
+        ViewKind::Flatten => RefLayout {
+            sizes: vec![l.sizes.iter().product()],
+            strides: vec![1],
+            offset: l.offset,
+        },
     }
+}
+
+/// What `ExpandToN` expands `sizes` to: every size-1 dim (or a 0-dim tensor) to n, the rest
+/// kept (slices and flattened views make sizes other than 1 and n).
+pub fn expand_target(sizes: &[usize], n: usize) -> Vec<usize> {
+    if sizes.is_empty() {
+        return vec![n];
+    }
+    sizes.iter().map(|&s| if s == 1 { n } else { s }).collect()
+}
+
+/// The `as_strided` arguments (sizes, strides, offset) of an as_strided view kind.
+pub fn as_strided_args(v: &ViewKind, l: &RefLayout, n: usize) -> (Vec<i64>, Vec<i64>, i64) {
+    let r = apply_view(l, v, n);
+    let i = |x: &[usize]| x.iter().map(|&v| v as i64).collect();
+    (i(&r.sizes), i(&r.strides), r.offset as i64)
+}
+
+/// Decodes a program from arbitrary bytes (cargo-fuzz input): n, a seed, 1 to 4 input specs,
+/// then 13 bytes per instruction choice (at most 32).
+pub fn from_bytes(data: &[u8]) -> Program {
+    let mut it = data.iter().copied();
+    let mut byte = || it.next().unwrap_or(0);
+    let n = [1usize, 2, 3, 4, 5, 7, 9][byte() as usize % 7];
+    let seed = u64::from_le_bytes(std::array::from_fn(|_| byte()));
+    let n_specs = 1 + byte() as usize % 4;
+    let specs: Vec<(u8, bool, bool)> = (0..n_specs)
+        .map(|_| (byte(), byte() % 2 == 1, byte() % 2 == 1))
+        .collect();
+    let rest = data.len().saturating_sub(10 + 3 * n_specs);
+    let word = |b: &mut dyn FnMut() -> u8| u32::from_le_bytes(std::array::from_fn(|_| b()));
+    let raw: Vec<(u8, u32, u32, u32)> = (0..(rest / 13).min(32))
+        .map(|_| (byte(), word(&mut byte), word(&mut byte), word(&mut byte)))
+        .collect();
+    build(n, seed, &specs, &raw)
 }

@@ -253,6 +253,9 @@ pub fn scalar_value(s: Scalar, compute: DType) -> f64 {
         DType::F64 => s.as_f64(),
         c if c.is_float() => s.as_f64() as f32 as f64,
         DType::I64 => s.as_i64() as f64,
+        // Like PyTorch, a scalar takes the computation's dtype: `u8_tensor < -3` compares
+        // with 253.
+        DType::U8 => s.as_i64() as u8 as f64,
         _ => s.as_i64() as i32 as f64,
     }
 }
@@ -310,9 +313,11 @@ pub fn unary_value(op: UnaryOp, x: f64, compute: DType) -> f64 {
         return x.is_nan() as u8 as f64;
     }
     if !compute.is_float() {
+        // In int64, -INT64_MIN and abs(INT64_MIN) wrap to INT64_MIN (PyTorch and the runtime);
+        // narrower results wrap when they are stored.
         return match op {
-            Neg => -x,
-            Abs => x.abs(),
+            Neg => (x as i64).wrapping_neg() as f64,
+            Abs => (x as i64).wrapping_abs() as f64,
             Relu => x.max(0.0),
             Sign => x.signum() * (x != 0.0) as u8 as f64,
             Floor | Ceil | Round => x,

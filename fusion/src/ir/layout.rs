@@ -87,18 +87,24 @@ impl Layout {
     }
 
     /// One past the highest element index this layout touches (0 for an empty tensor); used to
-    /// check a view stays inside its buffer.
+    /// check a view stays inside its buffer. Saturates at `usize::MAX`: `as_strided` takes
+    /// sizes, strides and offset from the caller, and a sum that wrapped could pass the bounds
+    /// check (or, with overflow checks on, panic).
     pub fn extent(&self) -> usize {
-        if self.numel() == 0 {
+        if self.sizes.contains(&0) {
             return 0;
         }
-        let mut hi = self.offset as isize;
-        for (&s, &st) in self.sizes.iter().zip(&self.strides) {
-            if st > 0 {
-                hi += (s as isize - 1) * st;
-            }
-        }
-        hi as usize + 1
+        self.sizes
+            .iter()
+            .zip(&self.strides)
+            .filter(|&(_, &st)| st > 0)
+            .try_fold(self.offset, |hi, (&s, &st)| {
+                (s - 1)
+                    .checked_mul(st as usize)
+                    .and_then(|d| hi.checked_add(d))
+            })
+            .and_then(|hi| hi.checked_add(1))
+            .unwrap_or(usize::MAX)
     }
 
     /// True when two distinct indices can name the same element (an expanded view); writing
@@ -298,6 +304,26 @@ pub fn broadcast_shapes(op: &str, a: &[usize], b: &[usize], operand: &str) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extent_saturates_instead_of_wrapping() {
+        let l = |sizes: &[usize], strides: &[isize], offset: usize| Layout {
+            sizes: SmallVec::from_slice(sizes),
+            strides: SmallVec::from_slice(strides),
+            offset,
+        };
+        // 4 * 2^62 wraps to 0 in isize: the view would look like it fits in one element.
+        assert_eq!(l(&[5], &[1 << 62], 0).extent(), usize::MAX);
+        assert_eq!(l(&[2], &[1], usize::MAX).extent(), usize::MAX);
+        assert_eq!(
+            l(&[2], &[1], isize::MAX as usize).extent(),
+            isize::MAX as usize + 2
+        );
+        assert_eq!(l(&[2, 2], &[1 << 62, 1 << 62], 0).extent(), (1 << 63) + 1);
+        assert_eq!(l(&[3, 3], &[1 << 62, 1 << 62], 0).extent(), usize::MAX);
+        assert_eq!(l(&[2, 3], &[3, 1], 1).extent(), 7);
+        assert_eq!(l(&[0, 3], &[1 << 62, 1], 9).extent(), 0);
+    }
 
     #[test]
     fn transpose_then_reshape_needs_a_copy() {

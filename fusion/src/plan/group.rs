@@ -7,7 +7,9 @@ use crate::ir::{BinaryOp, Dims, Layout, ReduceOp, Strides, UnaryOp};
 use crate::lower::{emit_elementwise_over, reduce_space_for, LoopBuilder};
 use crate::region::{InstrKind, ValueIdx};
 use crate::trace::{BufferId, Node, TensorRef};
-use std::collections::{HashMap, HashSet};
+/// Std maps with a fast hasher: keys are our own ids, and planning runs on every new trace.
+type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, ahash::RandomState>;
 
 /// A reduction inside a row kernel.
 pub(super) struct GroupReduce {
@@ -55,7 +57,7 @@ impl Group {
             b: LoopBuilder::default(),
             sizes,
             written: Vec::new(),
-            reads: HashMap::new(),
+            reads: HashMap::default(),
             nodes: Vec::new(),
             ops: 0,
             red_dims: None,
@@ -72,7 +74,7 @@ impl Group {
             return false;
         }
         let mut stack = vec![v];
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         while let Some(x) = stack.pop() {
             if !seen.insert(x) {
                 continue;

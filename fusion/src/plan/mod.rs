@@ -19,7 +19,9 @@ use crate::lower::{
 use crate::region::{InstrKind, Step, ValueIdx};
 use crate::trace::{BufferId, Node, TensorRef};
 use group::{Group, GroupReduce};
-use std::collections::{HashMap, HashSet};
+/// Std maps with a fast hasher: keys are our own ids, and planning runs on every new trace.
+type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, ahash::RandomState>;
 
 /// Why a loop region ended where it did.
 #[repr(u32)]
@@ -273,7 +275,7 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
     }
     // Backward pass: a node is needed if its output is live or read by a needed later node.
     let mut needed = vec![false; nodes.len()];
-    let mut wanted: HashSet<BufferId> = HashSet::new();
+    let mut wanted: HashSet<BufferId> = HashSet::default();
     for (i, n) in nodes.iter().enumerate().rev() {
         if live(n.output.buffer) || wanted.contains(&n.output.buffer) {
             needed[i] = true;
@@ -282,9 +284,9 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
             plan.dead_nodes += 1;
         }
     }
-    let mut readers: HashMap<BufferId, Vec<usize>> = HashMap::new();
-    let mut seen: HashSet<BufferId> = HashSet::new();
-    let mut fresh = HashSet::new();
+    let mut readers: HashMap<BufferId, Vec<usize>> = HashMap::default();
+    let mut seen: HashSet<BufferId> = HashSet::default();
+    let mut fresh = HashSet::default();
     for (i, n) in nodes.iter().enumerate().filter(|(i, _)| needed[*i]) {
         for b in n.reads() {
             readers.entry(b).or_default().push(i);

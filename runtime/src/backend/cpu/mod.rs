@@ -5,10 +5,14 @@ mod codegen;
 mod helpers;
 mod lanes;
 mod matmul;
+mod parallel;
 mod sweep;
 mod vmath;
 
 pub use helpers::erf64;
+pub use parallel::SERIAL_BELOW;
+
+use parallel::{Pool, CHUNK_ALIGN};
 
 use super::{Backend, Program};
 use crate::error::{Error, Result};
@@ -35,11 +39,14 @@ pub struct CpuBackend {
     keep_listing: bool,
     /// Reused across compiles to avoid reallocating the builder's tables.
     builder_ctx: Mutex<cranelift_frontend::FunctionBuilderContext>,
+    /// The threads every program of this backend splits its loops over.
+    pool: Arc<Pool>,
 }
 
 impl CpuBackend {
-    /// A backend for the host CPU; `keep_listing` keeps each program's IR for dumps.
-    pub fn new(keep_listing: bool) -> Result<CpuBackend> {
+    /// A backend for the host CPU whose programs use `threads` threads (the calling stream
+    /// worker included); `keep_listing` keeps each program's IR for dumps.
+    pub fn new(keep_listing: bool, threads: usize) -> Result<CpuBackend> {
         let mut flags = settings::builder();
         let set = |f: &mut settings::Builder, k: &str, v: &str| {
             f.set(k, v)
@@ -75,7 +82,13 @@ impl CpuBackend {
             identity,
             keep_listing,
             builder_ctx: Mutex::new(codegen::new_builder_context()),
+            pool: Arc::new(Pool::new(threads).map_err(Error::Backend)?),
         })
+    }
+
+    /// Threads each program may use.
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
     }
 
     fn compile_loop(&self, region: &LoopRegion) -> Result<LoopProgram> {
@@ -97,7 +110,8 @@ impl CpuBackend {
             codegen::build(region, &mut b, &mut module);
             b.finalize(self.isa.frontend_config());
         }
-        let listing = if self.keep_listing {
+        let mut listing = if self.keep_listing {
+            ctx.set_disasm(true);
             ctx.func.display().to_string()
         } else {
             String::new()
@@ -105,6 +119,11 @@ impl CpuBackend {
         module
             .define_function(id, &mut ctx)
             .map_err(|e| Error::Backend(format!("compiling loop region: {e:?}\n{region}")))?;
+        if let Some(asm) = ctx.compiled_code().and_then(|c| c.vcode.as_ref()) {
+            // The machine code as Cranelift emitted it: what to read when a loop is slow.
+            listing.push_str("\n; ---- machine code ----\n");
+            listing.push_str(asm);
+        }
         module
             .finalize_definitions()
             .map_err(|e| Error::Backend(format!("finalizing kernel: {e}")))?;
@@ -115,6 +134,7 @@ impl CpuBackend {
             func,
             module: Some(module),
             listing,
+            pool: self.pool.clone(),
         })
     }
 }
@@ -146,6 +166,7 @@ impl Backend for CpuBackend {
                     }),
                     None => None,
                 },
+                pool: self.pool.clone(),
             }),
             Region::Arange { dtype } => Arc::new(ArangeProgram(*dtype)),
         })
@@ -157,6 +178,7 @@ struct LoopProgram {
     func: KernelFn,
     module: Option<JITModule>,
     listing: String,
+    pool: Arc<Pool>,
 }
 
 // SAFETY: after finalization the module's code is immutable; it is only freed on drop.
@@ -187,55 +209,76 @@ impl Program for LoopProgram {
             return Ok(()); // nothing to write
         }
         let r = iter.rank();
-        let (n_outer, n_inner) = (iter.sizes[r - 2] as i64, iter.sizes[r - 1] as i64);
-        let sizes: Vec<isize> = binding
+        let (n_outer, n_inner) = (iter.sizes[r - 2], iter.sizes[r - 1]);
+        let elem: Vec<isize> = binding
             .operands
             .iter()
             .map(|t| t.dtype.size() as isize)
             .collect();
-        let mut strides = Vec::with_capacity(2 * sizes.len());
-        for (j, es) in sizes.iter().enumerate() {
+        let mut strides = Vec::with_capacity(2 * elem.len());
+        for (j, es) in elem.iter().enumerate() {
             strides.push((iter.strides[j][r - 2] * es) as i64);
             strides.push((iter.strides[j][r - 1] * es) as i64);
         }
-        let starts: Vec<*mut u8> = binding
+        // Addresses, not pointers, so that chunks on other threads can share them.
+        let starts: Vec<usize> = binding
             .operands
             .iter()
             .zip(bases)
-            .zip(&sizes)
-            .map(|((t, &b), &es)| b.offset(t.layout.offset as isize * es))
+            .zip(&elem)
+            .map(|((t, &b), &es)| b.offset(t.layout.offset as isize * es) as usize)
             .collect();
-        // Walk the dims the kernel does not (all but the last two).
         let outer_dims = r - 2;
-        let mut idx = vec![0usize; outer_dims];
-        let mut ptrs = starts.clone();
-        loop {
+        let walked: usize = iter.sizes[..outer_dims].iter().product();
+        let call = |at: &dyn Fn(usize) -> isize, rows: usize, len: usize| {
+            let ptrs: Vec<*mut u8> = starts
+                .iter()
+                .enumerate()
+                .map(|(j, &s)| (s as *mut u8).offset(at(j)))
+                .collect();
             (self.func)(
                 ptrs.as_ptr(),
                 strides.as_ptr(),
                 binding.scalars.as_ptr(),
-                n_outer,
-                n_inner,
+                rows as i64,
+                len as i64,
             );
-            let mut d = outer_dims;
-            loop {
-                if d == 0 {
-                    return Ok(());
-                }
-                d -= 1;
-                idx[d] += 1;
-                if idx[d] < iter.sizes[d] {
-                    break;
-                }
-                idx[d] = 0;
-            }
-            for (j, p) in ptrs.iter_mut().enumerate() {
-                let off: isize = (0..outer_dims)
-                    .map(|k| idx[k] as isize * iter.strides[j][k])
-                    .sum();
-                *p = starts[j].offset(off * sizes[j]);
-            }
+        };
+        if walked == 1 && n_outer == 1 && iter.reduced == 0 {
+            // One long elementwise row: split it into cache-line-aligned pieces.
+            return self.pool.for_chunks(n_inner, 1, CHUNK_ALIGN, &|c| {
+                call(
+                    &|j| c.start as isize * strides[2 * j + 1] as isize,
+                    1,
+                    c.len(),
+                );
+                Ok(())
+            });
         }
+        // Whole rows (a reduced row is never split); unit `u` is row `u % n_outer` of the
+        // `u / n_outer`-th index of the dims the kernel does not walk.
+        self.pool.for_chunks(walked * n_outer, n_inner, 1, &|c| {
+            let mut u = c.start;
+            while u < c.end {
+                let (mut o, row) = (u / n_outer, u % n_outer);
+                let rows = (n_outer - row).min(c.end - u);
+                let mut outer = vec![0isize; elem.len()];
+                for k in (0..outer_dims).rev() {
+                    let i = (o % iter.sizes[k]) as isize;
+                    o /= iter.sizes[k];
+                    for (j, off) in outer.iter_mut().enumerate() {
+                        *off += i * iter.strides[j][k] * elem[j];
+                    }
+                }
+                call(
+                    &|j| outer[j] + row as isize * strides[2 * j] as isize,
+                    rows,
+                    n_inner,
+                );
+                u += rows;
+            }
+            Ok(())
+        })
     }
 
     fn listing(&self) -> String {
@@ -247,6 +290,7 @@ impl Program for LoopProgram {
 struct MatmulProgram {
     dtype: DType,
     epilogue: Option<Epilogue>,
+    pool: Arc<Pool>,
 }
 
 struct Epilogue {
@@ -259,43 +303,82 @@ struct Epilogue {
 /// Output elements per block: the block's rows stay in L2 between the GEMM and the epilogue.
 const EPILOGUE_BLOCK_ELEMS: usize = 16 * 1024;
 
+/// Fewest output rows per GEMM call: each call packs all of B again, which costs as much as
+/// the arithmetic of a few rows (a 64-row batch cut into 16-row blocks ran 3.6x slower).
+const GEMM_MIN_ROWS: usize = 128;
+
+/// Fewest output rows a thread takes: below this, a second thread's own packing of B costs
+/// more than the rows it computes.
+const GEMM_MIN_ROWS_PER_THREAD: usize = 16;
+
 impl MatmulProgram {
+    /// The GEMM for output rows `rows` of every batch (all rows when `None`). Splitting rows
+    /// does not change any element's sum: each is still one dot product in the same order.
     unsafe fn gemm(
         &self,
         binding: &Binding,
-        bases: &[*mut u8],
+        bases: &[usize],
         out: usize,
-        rows: Option<(usize, usize)>,
+        rows: Option<std::ops::Range<usize>>,
     ) {
         let ops = &binding.operands;
         let s = |i: usize| f64::from_bits(binding.scalars[i]);
+        let d = ops[out].layout.rank() - 2;
         let (al, ol) = match rows {
-            Some((r0, n)) => (
-                ops[0].layout.slice(0, r0, n, 1),
-                ops[out].layout.slice(0, r0, n, 1),
+            Some(r) => (
+                ops[0].layout.slice(d, r.start, r.len(), 1),
+                ops[out].layout.slice(d, r.start, r.len(), 1),
             ),
             None => (ops[0].layout.clone(), ops[out].layout.clone()),
         };
         let a = matmul::Mat {
-            ptr: bases[0],
+            ptr: bases[0] as *mut u8,
             layout: &al,
         };
         let b = matmul::Mat {
-            ptr: bases[1],
+            ptr: bases[1] as *mut u8,
             layout: &ops[1].layout,
         };
         let c = matmul::Mat {
-            ptr: bases[out],
+            ptr: bases[out] as *mut u8,
             layout: &ol,
         };
         matmul::matmul(self.dtype, a, b, c, s(0), s(1));
+    }
+
+    /// Runs `f` over the output rows in one chunk per thread (each chunk's GEMM packs B once),
+    /// serially when the product is small.
+    fn for_row_chunks(
+        &self,
+        binding: &Binding,
+        out: usize,
+        f: &(dyn Fn(std::ops::Range<usize>) -> Result<()> + Sync),
+    ) -> Result<()> {
+        let ops = &binding.operands;
+        let d = ops[out].layout.rank() - 2;
+        let m = ops[out].layout.sizes[d];
+        let flops = ops[out].layout.numel() * ops[0].layout.sizes[d + 1];
+        if flops < 64 * SERIAL_BELOW {
+            return f(0..m);
+        }
+        self.pool
+            .split(m, GEMM_MIN_ROWS_PER_THREAD, self.pool.threads(), 1, f)
+    }
+
+    /// The GEMM with its output rows split over the pool.
+    unsafe fn parallel_gemm(&self, binding: &Binding, bases: &[usize], out: usize) {
+        let _ = self.for_row_chunks(binding, out, &|r| {
+            self.gemm(binding, bases, out, Some(r));
+            Ok(())
+        });
     }
 }
 
 impl Program for MatmulProgram {
     unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
+        let addrs: Vec<usize> = bases.iter().map(|&p| p as usize).collect();
         let Some(e) = &self.epilogue else {
-            self.gemm(binding, bases, 2, None);
+            self.parallel_gemm(binding, &addrs, 2);
             return Ok(());
         };
         let ops = &binding.operands;
@@ -303,9 +386,8 @@ impl Program for MatmulProgram {
         let idx: Vec<usize> = (2..out).chain(out + 1..ops.len()).collect();
         let e_bases: Vec<*mut u8> = idx.iter().map(|&j| bases[j]).collect();
         let (m, n) = (ops[out].layout.sizes[0], ops[out].layout.sizes[1]);
-        let block_rows = (EPILOGUE_BLOCK_ELEMS / n.max(1)).max(1);
-        let block = |r0: usize| {
-            let rows = block_rows.min(m - r0);
+        let block_rows = (EPILOGUE_BLOCK_ELEMS / n.max(1)).max(GEMM_MIN_ROWS);
+        let block = |r0: usize, rows: usize| {
             let operands: Vec<TensorRef> = idx
                 .iter()
                 .map(|&j| TensorRef {
@@ -328,9 +410,8 @@ impl Program for MatmulProgram {
             let it = b.iter.as_ref().expect("blocks have an iteration space");
             (0..e.kinds.len()).all(|j| it.inner_kind(j) == e.kinds[j])
         };
-        let last = m.saturating_sub(1) / block_rows * block_rows;
-        if m == 0 || n <= 1 || !fits(&block(0)) || !fits(&block(last)) {
-            self.gemm(binding, bases, out, None);
+        if m == 0 || n <= 1 || !fits(&block(0, block_rows.min(m))) || !fits(&block(m - 1, 1)) {
+            self.parallel_gemm(binding, &addrs, out);
             let whole = Binding {
                 operands: idx.iter().map(|&j| ops[j].clone()).collect(),
                 iter: binding.iter.clone(),
@@ -339,11 +420,20 @@ impl Program for MatmulProgram {
             };
             return e.program.run(&whole, &e_bases);
         }
-        for r0 in (0..m).step_by(block_rows) {
-            self.gemm(binding, bases, out, Some((r0, block_rows.min(m - r0))));
-            e.program.run(&block(r0), &e_bases)?;
-        }
-        Ok(())
+        let e_addrs: Vec<usize> = e_bases.iter().map(|&p| p as usize).collect();
+        // Each thread takes a run of rows and walks it block by block: GEMM, then the
+        // epilogue on the block's rows while they are still in cache.
+        self.for_row_chunks(binding, out, &|c| {
+            let mut r0 = c.start;
+            while r0 < c.end {
+                let rows = block_rows.min(c.end - r0);
+                self.gemm(binding, &addrs, out, Some(r0..r0 + rows));
+                let ptrs: Vec<*mut u8> = e_addrs.iter().map(|&a| a as *mut u8).collect();
+                e.program.run(&block(r0, rows), &ptrs)?;
+                r0 += rows;
+            }
+            Ok(())
+        })
     }
 }
 

@@ -34,10 +34,25 @@ impl VMath<'_, '_> {
         self.b.ins().bitcast(I32X4, vflags(), v)
     }
 
-    /// `mask ? a : b` lane by lane; `mask` is an fcmp result.
+    /// `mask ? a : b` lane by lane; `mask` is an fcmp result. The select happens on the
+    /// integer view so that Cranelift sees the compare as the mask and emits one blend.
     pub fn select(&mut self, mask: Value, a: Value, b: Value) -> Value {
-        let m = self.as_f(mask);
-        self.b.ins().bitselect(m, a, b)
+        let (ai, bi) = (self.as_i(a), self.as_i(b));
+        let r = self.b.ins().bitselect(mask, ai, bi);
+        self.as_f(r)
+    }
+
+    /// `x` clamped to at most `hi`: one compare and one blend. A NaN passes through (the
+    /// callers handle NaN last); Cranelift's `fmin` would spend ~7 instructions on NaN and -0.
+    fn at_most(&mut self, x: Value, hi: Value) -> Value {
+        let over = self.b.ins().fcmp(FloatCC::GreaterThan, x, hi);
+        self.select(over, hi, x)
+    }
+
+    /// `x` clamped to at least `lo`, like `at_most`.
+    fn at_least(&mut self, x: Value, lo: Value) -> Value {
+        let under = self.b.ins().fcmp(FloatCC::LessThan, x, lo);
+        self.select(under, lo, x)
     }
 
     fn horner(&mut self, x: Value, coeffs: &[f32]) -> Value {
@@ -54,8 +69,8 @@ impl VMath<'_, '_> {
     pub fn exp(&mut self, x: Value) -> Value {
         let hi = self.splat(88.722_83);
         let lo = self.splat(-87.336_54);
-        let xc = self.b.ins().fmin(x, hi);
-        let xc = self.b.ins().fmax(xc, lo);
+        let xc = self.at_most(x, hi);
+        let xc = self.at_least(xc, lo);
         let log2e = self.splat(std::f32::consts::LOG2_E);
         let half = self.splat(0.5);
         let t = self.b.ins().fma(xc, log2e, half);
@@ -81,12 +96,13 @@ impl VMath<'_, '_> {
         let y = self.b.ins().fadd(y, one);
         // 2^n: (n + 127) << 23 in the exponent field. n reaches 128 just below the overflow
         // bound, which has no exponent field: use 2^127 and double the result instead.
+        // n + 127 + 1.5 * 2^23 holds n + 127 (0..=254) in its low mantissa bits, and the shift
+        // drops everything above them: no float-to-int conversion needed.
         let max_n = self.splat(127.0);
-        let n1 = self.b.ins().fmin(n, max_n);
-        let ni = self.b.ins().fcvt_to_sint_sat(I32X4, n1);
-        let bias = self.b.ins().iconst(cranelift_codegen::ir::types::I32, 127);
-        let bias = self.b.ins().splat(I32X4, bias);
-        let e = self.b.ins().iadd(ni, bias);
+        let n1 = self.at_most(n, max_n);
+        let magic = self.splat(12_582_912.0 + 127.0);
+        let biased = self.b.ins().fadd(n1, magic);
+        let e = self.as_i(biased);
         let e = self.b.ins().ishl_imm_s(e, 23);
         let pow2 = self.as_f(e);
         let y = self.b.ins().fmul(y, pow2);

@@ -1,0 +1,159 @@
+//! Multithreaded execution: a program split over several threads computes exactly what one
+//! thread computes (bit for bit), in strict and defer mode, whatever the loop's shape: one long
+//! row cut into pieces, rows of strided or broadcast views, walked outer dims, row kernels,
+//! full reductions, matmul with and without a fused epilogue, in-place writes. Sizes are above
+//! the backend's serial threshold so the work really is split.
+
+mod harness;
+mod reference;
+
+use deferfuse::*;
+use harness::{bin, red, run, tensor, tt, un, view, Rng};
+
+const SPLIT: usize = deferfuse::runtime::backend::cpu::SERIAL_BELOW * 3 + 17;
+
+fn runtime(mode: Mode, threads: usize) -> Runtime {
+    Runtime::new(Config {
+        mode: Some(mode),
+        num_threads: threads,
+        ..Default::default()
+    })
+    .expect("runtime")
+}
+
+fn values(n: usize, seed: u64) -> Vec<f64> {
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| rng.float(3.0, false)).collect()
+}
+
+/// Runs `prog` with 1 and 3 threads in strict and defer mode; every output must be equal.
+fn same_on_any_thread_count(prog: impl Fn(&Runtime) -> Vec<Handle>) {
+    let mut runs = vec![];
+    for mode in [Mode::Strict, Mode::Defer] {
+        for threads in [1, 3] {
+            let rt = runtime(mode, threads);
+            assert_eq!(rt.threads(), threads);
+            let outs: Vec<_> = prog(&rt)
+                .into_iter()
+                .map(|h| harness::read_raw(&rt, h))
+                .collect();
+            runs.push((format!("{mode:?}, {threads} threads"), outs));
+        }
+    }
+    let (first, want) = &runs[0];
+    for (name, got) in &runs[1..] {
+        for (i, (w, g)) in want.iter().zip(got).enumerate() {
+            assert!(w == g, "output {i}: {name} differs from {first}");
+        }
+    }
+}
+
+#[test]
+fn one_long_row_split_into_pieces_equals_one_thread() {
+    same_on_any_thread_count(|rt| {
+        let a = tensor(rt, DType::F32, &[SPLIT], &values(SPLIT, 1));
+        let b = tensor(rt, DType::F32, &[SPLIT], &values(SPLIT, 2));
+        let x = bin(rt, BinaryOp::Mul, tt(a), tt(b));
+        let y = un(rt, UnaryOp::Tanh, x);
+        vec![bin(rt, BinaryOp::Add, tt(y), tt(a))]
+    });
+}
+
+#[test]
+fn one_long_row_matches_a_plain_loop() {
+    let rt = runtime(Mode::Defer, 3);
+    let (va, vb) = (values(SPLIT, 3), values(SPLIT, 4));
+    let a = tensor(&rt, DType::F32, &[SPLIT], &va);
+    let b = tensor(&rt, DType::F32, &[SPLIT], &vb);
+    let x = bin(&rt, BinaryOp::Mul, tt(a), tt(b));
+    let y = bin(&rt, BinaryOp::Sub, tt(x), tt(a));
+    let (_, _, bytes) = harness::read_raw(&rt, y);
+    for (i, c) in bytes.chunks(4).enumerate() {
+        let want = (va[i] as f32) * (vb[i] as f32) - va[i] as f32;
+        assert_eq!(
+            f32::from_le_bytes(c.try_into().unwrap()),
+            want,
+            "element {i}"
+        );
+    }
+}
+
+#[test]
+fn rows_of_transposed_views_equal_one_thread() {
+    same_on_any_thread_count(|rt| {
+        let a = tensor(rt, DType::F32, &[300, 600], &values(180_000, 5));
+        let at = view(rt, a, View::Transpose(0, 1));
+        let b = tensor(rt, DType::F32, &[600, 300], &values(180_000, 6));
+        let x = bin(rt, BinaryOp::Mul, tt(at), tt(b));
+        vec![un(rt, UnaryOp::Exp, x)]
+    });
+}
+
+#[test]
+fn walked_outer_dims_with_broadcasts_equal_one_thread() {
+    same_on_any_thread_count(|rt| {
+        let a = tensor(rt, DType::F32, &[40, 50, 70], &values(140_000, 7));
+        let a = view(
+            rt,
+            a,
+            View::Slice {
+                dim: 2,
+                start: 1,
+                end: 70,
+                step: 2,
+            },
+        );
+        let b = tensor(rt, DType::F32, &[50, 1], &values(50, 8));
+        vec![bin(rt, BinaryOp::Add, tt(a), tt(b))]
+    });
+}
+
+#[test]
+fn row_kernels_equal_one_thread() {
+    same_on_any_thread_count(|rt| {
+        let x = tensor(rt, DType::F32, &[700, 300], &values(210_000, 9));
+        let m = run(rt, red(ReduceOp::Amax, &[1], true), &[tt(x)]);
+        let d = bin(rt, BinaryOp::Sub, tt(x), tt(m));
+        let e = un(rt, UnaryOp::Exp, d);
+        let s = run(rt, red(ReduceOp::Sum, &[1], true), &[tt(e)]);
+        vec![bin(rt, BinaryOp::Div, tt(e), tt(s))]
+    });
+}
+
+#[test]
+fn reductions_over_leading_dims_and_everything_equal_one_thread() {
+    same_on_any_thread_count(|rt| {
+        let x = tensor(rt, DType::F32, &[400, 300], &values(120_000, 10));
+        let cols = run(rt, red(ReduceOp::Sum, &[0], false), &[tt(x)]);
+        let all = run(rt, red(ReduceOp::Mean, &[0, 1], false), &[tt(x)]);
+        vec![cols, all]
+    });
+}
+
+#[test]
+fn matmul_with_and_without_epilogue_equals_one_thread() {
+    same_on_any_thread_count(|rt| {
+        let x = tensor(rt, DType::F32, &[300, 200], &values(60_000, 11));
+        let w = tensor(rt, DType::F32, &[200, 150], &values(30_000, 12));
+        let bias = tensor(rt, DType::F32, &[150], &values(150, 13));
+        let plain = run(rt, Op::Matmul, &[tt(x), tt(w)]);
+        let y = run(rt, Op::Matmul, &[tt(x), tt(w)]);
+        let y = bin(rt, BinaryOp::Add, tt(y), tt(bias));
+        let y = un(rt, UnaryOp::Relu, y);
+        vec![plain, y]
+    });
+}
+
+#[test]
+fn in_place_updates_equal_one_thread() {
+    same_on_any_thread_count(|rt| {
+        let p = tensor(rt, DType::F32, &[SPLIT], &values(SPLIT, 14));
+        let g = tensor(rt, DType::F32, &[SPLIT], &values(SPLIT, 15));
+        for _ in 0..3 {
+            let step = bin(rt, BinaryOp::Mul, tt(g), Input::Scalar(Scalar::Float(0.01)));
+            rt.op(0, Op::Binary(BinaryOp::Sub), &[tt(p), tt(step)], Some(p))
+                .unwrap();
+        }
+        vec![p]
+    });
+}
