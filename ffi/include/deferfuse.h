@@ -942,6 +942,23 @@ DfuseStatus dfuse_op(const struct DfuseRuntime *rt,
                      uint64_t *result);
 
 /**
+ * Writes the pending (recorded, not yet run) ops of `stream` (0 = default) as NUL-terminated
+ * text, one op per line, to `buf[0..capacity]`, and the bytes the whole text needs (including
+ * the NUL) to `*needed`. Call it with `capacity` 0 (and `buf` NULL) to learn the size; a
+ * `capacity` smaller than needed is `DFUSE_STATUS_INVALID_ARGUMENT` and writes nothing to
+ * `buf`. Nothing is run: this is not a sync point.
+ *
+ * # Safety
+ * `buf` must be NULL or writable for `capacity` bytes (NULL only when `capacity` is 0);
+ * `needed` must be NULL or point to a writable `size_t`.
+ */
+DfuseStatus dfuse_pending_dump(const struct DfuseRuntime *rt,
+                               uint64_t stream,
+                               char *buf,
+                               size_t capacity,
+                               size_t *needed);
+
+/**
  * Fills `*out` with the default config: mode from the environment, the default limits, the
  * CPU backend.
  *

@@ -25,6 +25,7 @@
 
 mod error;
 mod op;
+mod pending;
 mod runtime_registry;
 mod stream;
 mod tensor;
@@ -33,6 +34,7 @@ mod view;
 
 pub use error::DfuseStatus;
 pub use op::{dfuse_op, DfuseAttrs, DfuseBinaryOp, DfuseOpKind, DfuseReduceOp, DfuseUnaryOp};
+pub use pending::dfuse_pending_dump;
 pub use runtime_registry::{
     dfuse_config_default, dfuse_mode_get, dfuse_mode_pop, dfuse_mode_push, dfuse_mode_set,
     dfuse_release_cached_memory, dfuse_runtime_create, dfuse_runtime_destroy, dfuse_stats,

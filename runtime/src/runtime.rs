@@ -402,6 +402,14 @@ impl Runtime {
             disk_cache_corrupt: backend.disk_cache_corrupt,
         }
     }
+
+    /// The stream's pending (deferred, not yet run) ops as text, one per line, for debugging
+    /// from a host backend (e.g. the PyTorch device's `dump_pending()`); "" when none are pending.
+    pub fn pending_text(&self, stream: Handle) -> Result<String> {
+        let s = self.stream(stream)?;
+        let pending = s.pending.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(pending.trace.to_string())
+    }
 }
 
 impl std::fmt::Debug for Runtime {

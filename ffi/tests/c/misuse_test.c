@@ -155,6 +155,7 @@ static void every_call_rejects_runtime(DfuseRuntime *rt, DfuseStatus want, uint6
     MISUSE(want, dfuse_view(rt, s, DFUSE_VIEW_KIND_TRANSPOSE, t, targs, 2, &h));
     MISUSE(want, dfuse_as_strided(rt, t, S23, st, 2, 0, &h));
     CHECK(h == 0);
+    MISUSE(want, dfuse_pending_dump(rt, s, NULL, 0, &n));
 }
 
 static void bad_runtime_pointers(void) {
@@ -211,6 +212,10 @@ static void null_and_misaligned_pointers(DfuseRuntime *rt) {
     MISUSE(INVALID_ARGUMENT, dfuse_as_strided(rt, t, S23, st, 2, 0, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_as_strided(rt, t, NULL, st, 2, 0, &h));
     MISUSE(INVALID_ARGUMENT, dfuse_as_strided(rt, t, S23, NULL, 2, 0, &h));
+    size_t need = 0;
+    MISUSE(INVALID_ARGUMENT, dfuse_pending_dump(rt, 0, NULL, 0, NULL));
+    MISUSE(INVALID_ARGUMENT, dfuse_pending_dump(rt, 0, NULL, 8, &need)); /* capacity, no buffer */
+    MISUSE(INVALID_HANDLE, dfuse_pending_dump(rt, 12345, NULL, 0, &need));
     /* Misaligned out-parameters and arrays: reported, never written through. */
     uint64_t words[4] = {0, 0, 0, 0};
     void *odd = (char *)words + 1;

@@ -1,0 +1,299 @@
+// Runtime access, mode propagation, handle <-> tensor conversion and op recording.
+#include "common.h"
+
+#include <ATen/EmptyTensor.h>
+#include <c10/core/TensorImpl.h>
+
+#include <atomic>
+#include <string>
+
+namespace dft {
+namespace {
+
+DfuseRuntime* create_runtime() {
+  DfuseRuntime* r = nullptr;
+  // NULL config: the mode comes from TORCH_TPU_DEFER_AND_FUSE / TORCH_TPU_LAUNCH_BLOCKING.
+  check(dfuse_runtime_create(nullptr, &r), "creating the runtime");
+  return r;
+}
+
+DfuseRuntime* raw_runtime() {
+  // Never destroyed: tensors may be freed during interpreter shutdown after any static
+  // destructor would have run, and releasing into a live runtime is always safe.
+  static DfuseRuntime* r = create_runtime();
+  return r;
+}
+
+std::atomic<uint32_t> g_mode{UINT32_MAX};
+std::atomic<uint64_t> g_mode_gen{0};
+thread_local uint64_t tl_mode_gen = 0;
+
+void delete_ctx(void* p) {
+  auto* c = static_cast<StorageCtx*>(p);
+  // A failure here (e.g. the handle is already gone) must not throw out of a deleter.
+  dfuse_tensor_release(raw_runtime(), c->handle);
+  delete c;
+}
+
+c10::DataPtr make_data_ptr(uint64_t handle, uint32_t dtype, std::vector<int64_t> sizes,
+                           std::vector<int64_t> strides) {
+  auto* ctx = new StorageCtx{handle, dtype, std::move(sizes), std::move(strides)};
+  return c10::DataPtr(reinterpret_cast<void*>(handle), ctx, &delete_ctx,
+                      c10::Device(c10::DeviceType::PrivateUse1, 0));
+}
+
+std::vector<int64_t> dense_strides(at::IntArrayRef sizes) {
+  std::vector<int64_t> st(sizes.size());
+  int64_t acc = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= std::max<int64_t>(sizes[i], 1);
+  }
+  return st;
+}
+
+}  // namespace
+
+extern c10::Allocator* tpu_allocator();
+
+DfuseRuntime* rt() {
+  DfuseRuntime* r = raw_runtime();
+  uint64_t gen = g_mode_gen.load(std::memory_order_acquire);
+  if (tl_mode_gen != gen) {
+    check(dfuse_mode_set(r, g_mode.load(std::memory_order_acquire)), "setting the mode");
+    tl_mode_gen = gen;
+  }
+  return r;
+}
+
+uint32_t get_mode() {
+  uint32_t m = g_mode.load();
+  if (m == UINT32_MAX) check(dfuse_mode_get(raw_runtime(), &m), "reading the mode");
+  return m;
+}
+
+uint32_t set_mode(uint32_t mode) {
+  TORCH_CHECK(mode <= DFUSE_MODE_DEFER, "tpu: unknown mode ", mode,
+              "; expected 0 (strict), 1 (debug) or 2 (defer)");
+  uint32_t prev = get_mode();
+  g_mode.store(mode, std::memory_order_release);
+  g_mode_gen.fetch_add(1, std::memory_order_acq_rel);
+  rt();  // apply it to this thread now, so pending work is flushed at the right op
+  return prev;
+}
+
+void check(DfuseStatus s, const char* what) {
+  if (s != DFUSE_STATUS_OK) {
+    // Copy first: the string lives only until the next dfuse_* call on this thread.
+    std::string msg = dfuse_last_error();
+    TORCH_CHECK(false, "deferfuse (", what, "): ", msg);
+  }
+}
+
+Ref::~Ref() {
+  if (owned_) dfuse_tensor_release(raw_runtime(), h_);
+}
+
+uint32_t to_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DFUSE_DTYPE_F32;
+    case at::kDouble: return DFUSE_DTYPE_F64;
+    case at::kHalf: return DFUSE_DTYPE_F16;
+    case at::kBFloat16: return DFUSE_DTYPE_BF16;
+    case at::kInt: return DFUSE_DTYPE_I32;
+    case at::kLong: return DFUSE_DTYPE_I64;
+    case at::kByte: return DFUSE_DTYPE_U8;
+    case at::kBool: return DFUSE_DTYPE_BOOL;
+    default:
+      TORCH_CHECK(false, "tpu: dtype ", t, " is not supported by deferfuse (supported: float32, "
+                  "float64, float16, bfloat16, int32, int64, uint8, bool)");
+  }
+}
+
+at::ScalarType from_dtype(uint32_t d) {
+  static const at::ScalarType map[] = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
+                                       at::kInt,   at::kLong,   at::kByte, at::kBool};
+  TORCH_CHECK(d < 8, "tpu: the runtime returned unknown dtype ", d);
+  return map[d];
+}
+
+const StorageCtx& storage_ctx(const at::Tensor& t) {
+  TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1,
+              "tpu: expected a tensor on device tpu, got one on ", t.device());
+  const c10::DataPtr& dp = t.storage().data_ptr();
+  TORCH_CHECK(dp.get_deleter() == &delete_ctx && dp.get_context() != nullptr,
+              "tpu: this tensor's storage was not created by the tpu device");
+  return *static_cast<const StorageCtx*>(dp.get_context());
+}
+
+Ref ref(const at::Tensor& t) {
+  if (storage_ctx(t).dtype != to_dtype(t.scalar_type())) retype_byte_storage(t);
+  const StorageCtx& c = storage_ctx(t);
+  if (t.storage_offset() == 0 && t.sizes().equals(c.sizes) && t.strides().equals(c.strides)) {
+    return Ref(c.handle, false);
+  }
+  uint64_t h = 0;
+  check(dfuse_as_strided(rt(), c.handle, t.sizes().data(), t.strides().data(), t.dim(),
+                         t.storage_offset(), &h),
+        "as_strided view of an operand");
+  return Ref(h, true);
+}
+
+c10::Storage make_storage(at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,
+                          size_t nbytes) {
+  uint32_t dt = to_dtype(dtype);
+  size_t item = c10::elementSize(dtype);
+  auto cont = dense_strides(sizes);
+  bool dense = strides.equals(cont) &&
+               static_cast<size_t>(c10::multiply_integers(sizes)) * item == nbytes;
+  std::vector<int64_t> hs = dense ? sizes.vec() : std::vector<int64_t>{int64_t(nbytes / item)};
+  std::vector<int64_t> hst = dense ? cont : std::vector<int64_t>{1};
+  uint64_t h = 0;
+  check(dfuse_tensor_empty(rt(), dt, hs.data(), hs.size(), &h), "allocating a tensor");
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
+                      make_data_ptr(h, dt, std::move(hs), std::move(hst)), tpu_allocator(),
+                      /*resizable=*/true);
+}
+
+c10::DataPtr data_ptr_for(uint64_t handle, uint32_t dtype, std::vector<int64_t> sizes,
+                          std::vector<int64_t> strides) {
+  return make_data_ptr(handle, dtype, std::move(sizes), std::move(strides));
+}
+
+at::Tensor wrap(uint64_t h) {
+  // Take ownership first so an error below still releases the handle.
+  uint32_t dt = 0;
+  size_t nd = 0;
+  DfuseRuntime* r = raw_runtime();
+  auto fail = [&](DfuseStatus s, const char* what) {
+    if (s != DFUSE_STATUS_OK) {
+      std::string msg = dfuse_last_error();
+      dfuse_tensor_release(r, h);
+      TORCH_CHECK(false, "deferfuse (", what, "): ", msg);
+    }
+  };
+  fail(dfuse_tensor_dtype(r, h, &dt), "result dtype");
+  fail(dfuse_tensor_ndim(r, h, &nd), "result ndim");
+  std::vector<int64_t> sizes(nd);
+  fail(dfuse_tensor_shape(r, h, sizes.data(), nd), "result shape");
+  at::ScalarType st = from_dtype(dt);
+  auto strides = dense_strides(sizes);
+  size_t nbytes = static_cast<size_t>(c10::multiply_integers(sizes)) * c10::elementSize(st);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
+                       make_data_ptr(h, dt, sizes, strides), tpu_allocator(), true);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      caffe2::TypeMeta::fromScalarType(st));
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  return t;
+}
+
+Operands& Operands::t(const at::Tensor& x) {
+  TORCH_CHECK(x.defined(), "tpu: an operand is an undefined tensor");
+  if (x.device().is_cpu()) {
+    TORCH_CHECK(x.dim() == 0, "tpu: expected all tensors on device tpu, got a CPU tensor of shape ",
+                x.sizes(), " (only 0-dim CPU tensors may mix with tpu tensors)");
+    if (x.unsafeGetTensorImpl()->is_wrapped_number()) return s(x.item());
+    auto c = x.contiguous();
+    uint64_t h = 0;
+    check(dfuse_tensor_from_host(rt(), c.data_ptr(), c.nbytes(), to_dtype(c.scalar_type()),
+                                 nullptr, 0, &h),
+          "uploading a 0-dim CPU operand");
+    keep_.emplace_back(h, true);
+  } else {
+    keep_.push_back(ref(x));
+  }
+  DfuseOperand o{};
+  o.kind = DFUSE_OPERAND_KIND_TENSOR;
+  o.tensor = keep_.back().get();
+  ops_.push_back(o);
+  return *this;
+}
+
+Operands& Operands::s(const at::Scalar& v) {
+  DfuseOperand o{};
+  if (v.isBoolean()) {
+    o.kind = DFUSE_OPERAND_KIND_BOOL;
+    o.i = v.toBool();
+  } else if (v.isIntegral(false)) {
+    o.kind = DFUSE_OPERAND_KIND_INT;
+    o.i = v.toLong();
+  } else {
+    TORCH_CHECK(v.isFloatingPoint(), "tpu: complex scalars are not supported");
+    o.kind = DFUSE_OPERAND_KIND_FLOAT;
+    o.f = v.toDouble();
+  }
+  ops_.push_back(o);
+  return *this;
+}
+
+Operands& Operands::f(double v) { return s(at::Scalar(v)); }
+
+Operands& Operands::absent() {
+  DfuseOperand o{};
+  o.kind = DFUSE_OPERAND_KIND_ABSENT;
+  ops_.push_back(o);
+  return *this;
+}
+
+DfuseAttrs attrs_sub(uint32_t sub_op) {
+  DfuseAttrs a{};
+  a.sub_op = sub_op;
+  return a;
+}
+
+at::Tensor run(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const char* name) {
+  uint64_t h = 0;
+  check(dfuse_op(rt(), 0, kind, attrs, in.data(), in.size(), 0, &h), name);
+  return wrap(h);
+}
+
+void run_into(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const at::Tensor& out,
+              const char* name) {
+  Ref o = ref(out);
+  uint64_t h = 0;
+  check(dfuse_op(rt(), 0, kind, attrs, in.data(), in.size(), o.get(), &h), name);
+}
+
+at::Tensor unary(const at::Tensor& x, uint32_t op) {
+  auto a = attrs_sub(op);
+  return run(DFUSE_OP_KIND_UNARY, &a, Operands().t(x), "unary op");
+}
+
+at::Tensor binary(const at::Tensor& x, const at::Tensor& y, uint32_t op) {
+  auto a = attrs_sub(op);
+  return run(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), "binary op");
+}
+
+at::Tensor binary(const at::Tensor& x, const at::Scalar& y, uint32_t op) {
+  auto a = attrs_sub(op);
+  return run(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).s(y), "binary op");
+}
+
+at::Tensor binary(const at::Scalar& x, const at::Tensor& y, uint32_t op) {
+  auto a = attrs_sub(op);
+  return run(DFUSE_OP_KIND_BINARY, &a, Operands().s(x).t(y), "binary op");
+}
+
+at::Tensor reduce(const at::Tensor& x, uint32_t op, at::IntArrayRef dims, bool keepdim) {
+  TORCH_CHECK(dims.size() <= DFUSE_MAX_REDUCE_DIMS, "tpu: a reduction over ", dims.size(),
+              " dims; at most ", DFUSE_MAX_REDUCE_DIMS, " are supported");
+  DfuseAttrs a = attrs_sub(op);
+  for (size_t i = 0; i < dims.size(); ++i) a.dims[i] = dims[i];
+  a.n_dims = dims.size();
+  a.keepdim = keepdim;
+  return run(DFUSE_OP_KIND_REDUCE, &a, Operands().t(x), "reduction");
+}
+
+at::Tensor cast(const at::Tensor& x, at::ScalarType to) {
+  if (x.scalar_type() == to) return x;
+  DfuseAttrs a{};
+  a.dtype = to_dtype(to);
+  return run(DFUSE_OP_KIND_CAST, &a, Operands().t(x), "cast");
+}
+
+at::Tensor where(const at::Tensor& c, const at::Tensor& x, const at::Scalar& y) {
+  return run(DFUSE_OP_KIND_WHERE, nullptr, Operands().t(c).t(x).s(y), "where");
+}
+
+}  // namespace dft

@@ -1,0 +1,124 @@
+// Shared plumbing of the "tpu" device: the one deferfuse runtime, error checks that turn a
+// runtime failure into a Python RuntimeError with the runtime's own message, tensor <-> handle
+// conversion, and the helpers every kernel file uses to record an op.
+//
+// A tpu tensor's storage DataPtr holds a deferfuse handle (data = the handle value, ctx = a
+// StorageCtx describing the layout that handle was created with). Views never get their own
+// handle from PyTorch: a kernel asks for a handle of exactly (sizes, strides, storage_offset)
+// with dfuse_as_strided on the storage's handle, so every alias reads and writes one buffer.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/Allocator.h>
+#include <cstdint>
+#include <vector>
+
+extern "C" {
+#include "deferfuse.h"
+}
+
+namespace dft {
+
+// The process's runtime (created on first use with the mode from the TORCH_TPU_* variables).
+// Every call also applies the process-wide mode to the calling thread: autograd runs backward
+// on its own device thread, and deferfuse's mode is per thread, so a mode chosen in Python must
+// follow the work onto that thread.
+DfuseRuntime* rt();
+
+// The process-wide mode (a DfuseMode); set_mode returns the previous one.
+uint32_t get_mode();
+uint32_t set_mode(uint32_t mode);
+
+// Raises a RuntimeError carrying dfuse_last_error() when `s` is not OK.
+void check(DfuseStatus s, const char* what);
+
+// The layout the storage's handle was created with: a handle whose tensor matches it exactly
+// is used as is, saving an as_strided call per operand.
+struct StorageCtx {
+  uint64_t handle;
+  uint32_t dtype;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+};
+
+// A handle for one kernel operand: borrowed (the storage's own) or owned (a view made for this
+// call, released when the Ref dies).
+class Ref {
+ public:
+  Ref() = default;
+  Ref(uint64_t h, bool owned) : h_(h), owned_(owned) {}
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  Ref(Ref&& o) noexcept : h_(o.h_), owned_(o.owned_) { o.owned_ = false; }
+  ~Ref();
+  uint64_t get() const { return h_; }
+
+ private:
+  uint64_t h_ = 0;
+  bool owned_ = false;
+};
+
+uint32_t to_dtype(at::ScalarType t);
+at::ScalarType from_dtype(uint32_t d);
+
+// The storage's context; raises a clear error for a tensor that is not on the tpu device.
+const StorageCtx& storage_ctx(const at::Tensor& t);
+
+// A handle addressing exactly t's elements (storage + storage_offset + strides).
+Ref ref(const at::Tensor& t);
+
+// Wraps a new handle (this function takes over its one reference) as a tpu tensor.
+at::Tensor wrap(uint64_t handle);
+
+// A new storage of `nbytes`-worth of elements of `dtype` laid out as `sizes`, empty.
+c10::Storage make_storage(at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,
+                          size_t nbytes);
+
+// Operands of one dfuse_op call, keeping the handles they name alive until the call is done.
+class Operands {
+ public:
+  // A tpu tensor; a CPU wrapped number (Python scalar) becomes a scalar operand; another CPU
+  // 0-dim tensor is uploaded (keeping PyTorch's zero-dim promotion priority).
+  Operands& t(const at::Tensor& t);
+  Operands& s(const at::Scalar& s);
+  Operands& f(double v);
+  Operands& absent();
+  const DfuseOperand* data() const { return ops_.data(); }
+  size_t size() const { return ops_.size(); }
+
+ private:
+  std::vector<DfuseOperand> ops_;
+  std::vector<Ref> keep_;
+};
+
+DfuseAttrs attrs_sub(uint32_t sub_op);
+
+// Records an op producing a new tensor.
+at::Tensor run(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const char* name);
+// Records an op writing its result into `out` (any view) in place.
+void run_into(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const at::Tensor& out,
+              const char* name);
+
+// Shorthands used by composite kernels (softmax, losses, backward formulas).
+at::Tensor unary(const at::Tensor& x, uint32_t op);
+at::Tensor binary(const at::Tensor& a, const at::Tensor& b, uint32_t op);
+at::Tensor binary(const at::Tensor& a, const at::Scalar& b, uint32_t op);
+at::Tensor binary(const at::Scalar& a, const at::Tensor& b, uint32_t op);
+at::Tensor reduce(const at::Tensor& x, uint32_t op, at::IntArrayRef dims, bool keepdim);
+at::Tensor cast(const at::Tensor& x, at::ScalarType to);
+at::Tensor where(const at::Tensor& c, const at::Tensor& a, const at::Scalar& b);
+
+// A uint8 view of a storage of another dtype (how PyTorch copies raw storages): true when `t`
+// is one; byte_view_ref then gives a handle to the same bytes as the storage's own elements
+// (and their dtype in *elem), or raises a clear error when the view splits elements.
+bool is_byte_view(const at::Tensor& t);
+Ref byte_view_ref(const at::Tensor& t, at::ScalarType* elem);
+
+// Raw byte storages (torch.UntypedStorage on tpu, which torch.load fills) are retyped to the
+// element dtype of the first typed tensor used on them.
+void retype_byte_storage(const at::Tensor& t);
+
+// The device's counters of ops that went to the CPU fallback.
+void count_fallback(const std::string& name);
+
+}  // namespace dft

@@ -1,0 +1,177 @@
+// Copies between host and device and within the device, item(), fill_ and zero_.
+#include "common.h"
+
+#include <ATen/ops/_to_copy_native.h>
+#include <torch/library.h>
+
+namespace dft {
+namespace {
+
+bool is_tpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
+
+// dst (tpu, any view) <- src (tpu or CPU), with PyTorch's broadcasting of src and dtype cast.
+void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
+  if (dst.numel() == 0) return;
+  at::Tensor s = src;
+  if (!is_tpu(s) && is_byte_view(dst)) {
+    // Raw storage bytes from the host: upload them as the storage's own elements.
+    at::ScalarType elem;
+    Ref d = byte_view_ref(dst, &elem);
+    auto host = s.to(at::kByte).expand(dst.sizes()).contiguous();
+    int64_t n = host.numel() / int64_t(c10::elementSize(elem));
+    uint64_t h = 0;
+    check(dfuse_tensor_from_host(rt(), host.data_ptr(), host.nbytes(), to_dtype(elem), &n, 1, &h),
+          "copy_ of storage bytes from host");
+    Ref up(h, true);
+    DfuseOperand in{};
+    in.kind = DFUSE_OPERAND_KIND_TENSOR;
+    in.tensor = h;
+    uint64_t res = 0;
+    check(dfuse_op(rt(), 0, DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "copy_");
+    return;
+  }
+  if (!is_tpu(s)) {
+    // Upload the CPU values as one dense block of dst's dtype; the device copy then scatters
+    // it into dst's layout.
+    auto host = s.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+    uint64_t h = 0;
+    check(dfuse_tensor_from_host(rt(), host.data_ptr(), host.nbytes(), to_dtype(host.scalar_type()),
+                                 host.sizes().data(), host.dim(), &h),
+          "copy_ from host");
+    Ref up(h, true);
+    Ref d = ref(dst);
+    DfuseOperand in{};
+    in.kind = DFUSE_OPERAND_KIND_TENSOR;
+    in.tensor = h;
+    uint64_t res = 0;
+    check(dfuse_op(rt(), 0, DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "copy_");
+    return;
+  }
+  if (!s.sizes().equals(dst.sizes())) s = s.expand(dst.sizes());
+  // copy_ converts between any dtypes; the runtime's in-place write only takes safe casts,
+  // so an unsafe one (float -> int, -> bool) is an explicit cast first.
+  if (s.scalar_type() != dst.scalar_type()) s = cast(s, dst.scalar_type());
+  run_into(DFUSE_OP_KIND_COPY, nullptr, Operands().t(s), dst, "copy_");
+}
+
+// dst (CPU) <- src (tpu): waits for src (a sync point), reads it row-major, then lets the CPU
+// copy handle dst's dtype, layout and broadcasting.
+void copy_to_host(const at::Tensor& dst, const at::Tensor& src) {
+  if (dst.numel() == 0) return;
+  at::ScalarType elem;
+  // Raw storage bytes (UntypedStorage.cpu(), torch.save): read the elements as bytes.
+  Ref r = is_byte_view(src) ? byte_view_ref(src, &elem) : ref(src);
+  bool direct = dst.is_contiguous() && dst.scalar_type() == src.scalar_type() &&
+                dst.sizes().equals(src.sizes());
+  at::Tensor host = direct ? dst : at::empty(src.sizes(), src.options().device(at::kCPU));
+  check(dfuse_tensor_to_host(rt(), r.get(), host.data_ptr(), host.nbytes()), "copy to host");
+  if (!direct) dst.copy_(host);
+}
+
+at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool) {
+  TORCH_CHECK(self.defined() && src.defined(), "tpu: copy_ of an undefined tensor");
+  if (is_tpu(self)) {
+    copy_to_device(self, src);
+  } else {
+    TORCH_CHECK(self.device().is_cpu(), "tpu: copy_ between tpu and ", self.device());
+    copy_to_host(self, src);
+  }
+  return self;
+}
+
+at::Tensor _copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  at::Tensor d = dst;
+  copy_(d, self, non_blocking);
+  return dst;
+}
+
+at::Tensor _copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (!dst.sizes().equals(self.sizes())) dst.resize_(self.sizes());
+  at::Tensor d = dst;
+  copy_(d, self, false);
+  return dst;
+}
+
+// tpu -> tpu dtype conversion is one cast op; every other conversion (to or from the host,
+// layouts) takes PyTorch's generic path (empty + copy_).
+at::Tensor _to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
+                    std::optional<at::Layout> layout, std::optional<at::Device> device,
+                    std::optional<bool> pin_memory, bool non_blocking,
+                    std::optional<at::MemoryFormat> memory_format) {
+  bool same_device = !device || device->type() == c10::DeviceType::PrivateUse1;
+  bool plain = (!layout || *layout == at::kStrided) && !pin_memory.value_or(false) &&
+               (!memory_format || *memory_format == at::MemoryFormat::Preserve ||
+                *memory_format == at::MemoryFormat::Contiguous);
+  if (is_tpu(self) && same_device && plain && dtype && *dtype != self.scalar_type()) {
+    return cast(self, *dtype);
+  }
+  return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking,
+                              memory_format);
+}
+
+at::Scalar _local_scalar_dense(const at::Tensor& self) {
+  Ref r = ref(self);
+  DfuseScalar v{};
+  check(dfuse_tensor_item(rt(), r.get(), &v), "item");
+  switch (v.kind) {
+    case DFUSE_SCALAR_KIND_FLOAT: return at::Scalar(v.f);
+    case DFUSE_SCALAR_KIND_BOOL: return at::Scalar(v.i != 0);
+    default: return at::Scalar(static_cast<int64_t>(v.i));
+  }
+}
+
+at::Tensor& fill_scalar_(at::Tensor& self, const at::Scalar& value) {
+  if (self.numel() == 0) return self;
+  DfuseScalar v{};
+  if (value.isBoolean()) {
+    v.kind = DFUSE_SCALAR_KIND_BOOL;
+    v.i = value.toBool();
+  } else if (value.isIntegral(false)) {
+    v.kind = DFUSE_SCALAR_KIND_INT;
+    v.i = value.toLong();
+  } else {
+    v.kind = DFUSE_SCALAR_KIND_FLOAT;
+    v.f = value.toDouble();
+  }
+  uint64_t h = 0;
+  check(dfuse_tensor_full(rt(), 0, self.sizes().data(), self.dim(), v,
+                          to_dtype(self.scalar_type()), &h),
+        "fill_");
+  Ref full(h, true);
+  Ref d = ref(self);
+  DfuseOperand in{};
+  in.kind = DFUSE_OPERAND_KIND_TENSOR;
+  in.tensor = h;
+  uint64_t res = 0;
+  check(dfuse_op(rt(), 0, DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "fill_");
+  return self;
+}
+
+at::Tensor& fill_tensor_(at::Tensor& self, const at::Tensor& value) {
+  TORCH_CHECK(value.dim() == 0, "tpu: fill_ expects a 0-dim value tensor, got shape ",
+              value.sizes());
+  if (!is_tpu(value)) return fill_scalar_(self, value.item());
+  copy_to_device(self, value);
+  return self;
+}
+
+at::Tensor& zero_(at::Tensor& self) { return fill_scalar_(self, at::Scalar(0)); }
+
+at::Tensor clone(const at::Tensor& self, std::optional<at::MemoryFormat>) {
+  return run(DFUSE_OP_KIND_COPY, nullptr, Operands().t(self), "clone");
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("copy_", TORCH_FN(dft::copy_));
+  m.impl("_copy_from", TORCH_FN(dft::_copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(dft::_copy_from_and_resize));
+  m.impl("_to_copy", TORCH_FN(dft::_to_copy));
+  m.impl("_local_scalar_dense", TORCH_FN(dft::_local_scalar_dense));
+  m.impl("fill_.Scalar", TORCH_FN(dft::fill_scalar_));
+  m.impl("fill_.Tensor", TORCH_FN(dft::fill_tensor_));
+  m.impl("zero_", TORCH_FN(dft::zero_));
+  m.impl("clone", TORCH_FN(dft::clone));
+}

@@ -1,0 +1,251 @@
+// The device itself: allocator, device guard, hooks (autograd needs them), tensor creation,
+// resize, and the metadata-only view kernels.
+#include "common.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_native.h>
+#include <ATen/ops/alias_native.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/strides.h>
+#include <torch/library.h>
+
+namespace dft {
+
+c10::DataPtr data_ptr_for(uint64_t handle, uint32_t dtype, std::vector<int64_t> sizes,
+                          std::vector<int64_t> strides);
+
+namespace {
+
+// Raw storages (torch.UntypedStorage(n, device="tpu")) are byte buffers. Tensors are made by
+// the empty kernels below instead, which give each storage its element dtype: the runtime's
+// buffers are typed, so a typed view of a byte storage is reported as an error at use.
+struct TpuAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    int64_t size = static_cast<int64_t>(n);
+    uint64_t h = 0;
+    check(dfuse_tensor_empty(rt(), DFUSE_DTYPE_U8, &size, 1, &h), "allocating a storage");
+    return data_ptr_for(h, DFUSE_DTYPE_U8, {size}, {1});
+  }
+  // Storage clones: a device-side copy of the first `count` bytes, as 1-D views of each
+  // buffer's own dtype (both must have the same dtype, which clones of one storage do).
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    uint64_t d = reinterpret_cast<uint64_t>(dest), s = reinterpret_cast<uint64_t>(src);
+    uint32_t dd = 0, sd = 0;
+    check(dfuse_tensor_dtype(rt(), d, &dd), "copy_data destination");
+    check(dfuse_tensor_dtype(rt(), s, &sd), "copy_data source");
+    TORCH_CHECK(dd == sd, "tpu: copying storage bytes between buffers of different dtypes");
+    int64_t n = static_cast<int64_t>(count / c10::elementSize(from_dtype(dd))), one = 1;
+    uint64_t dv = 0, sv = 0;
+    check(dfuse_as_strided(rt(), d, &n, &one, 1, 0, &dv), "copy_data destination view");
+    Ref dref(dv, true);
+    check(dfuse_as_strided(rt(), s, &n, &one, 1, 0, &sv), "copy_data source view");
+    Ref sref(sv, true);
+    DfuseOperand in{};
+    in.kind = DFUSE_OPERAND_KIND_TENSOR;
+    in.tensor = sv;
+    uint64_t res = 0;
+    check(dfuse_op(rt(), 0, DFUSE_OP_KIND_COPY, nullptr, &in, 1, dv, &res), "copy_data");
+  }
+};
+
+TpuAllocator g_allocator;
+
+struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType T = c10::DeviceType::PrivateUse1;
+  c10::DeviceType type() const override { return T; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    check_index(d);
+    return c10::Device(T, 0);
+  }
+  c10::Device getDevice() const override { return c10::Device(T, 0); }
+  void setDevice(c10::Device d) const override { check_index(d); }
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  // One device with its default stream: deferfuse streams are not exposed to torch yet.
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(T, 0));
+  }
+  c10::Stream exchangeStream(c10::Stream) const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(T, 0));
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void** event, const c10::Stream&, const c10::DeviceIndex,
+              const c10::EventFlag) const override {
+    uint64_t e = reinterpret_cast<uint64_t>(*event);
+    if (e == 0) {
+      check(dfuse_event_create(rt(), &e), "creating an event");
+      *event = reinterpret_cast<void*>(e);
+    }
+    check(dfuse_event_record(rt(), e, 0), "recording an event");
+  }
+  void block(void* event, const c10::Stream&) const override {
+    if (event) check(dfuse_event_wait(rt(), 0, reinterpret_cast<uint64_t>(event)), "event wait");
+  }
+  bool queryEvent(void* event) const override {
+    if (!event) return true;
+    bool done = false;
+    check(dfuse_event_query(rt(), reinterpret_cast<uint64_t>(event), &done), "event query");
+    return done;
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    // noexcept: a failure to destroy (e.g. during shutdown) is ignored, never thrown.
+    try {
+      if (event) dfuse_event_destroy(rt(), reinterpret_cast<uint64_t>(event));
+    } catch (...) {
+    }
+  }
+  void synchronizeEvent(void* event) const override {
+    if (event) check(dfuse_event_synchronize(rt(), reinterpret_cast<uint64_t>(event)), "event sync");
+  }
+  bool queryStream(const c10::Stream&) const override { return false; }
+  void synchronizeStream(const c10::Stream&) const override {
+    check(dfuse_stream_synchronize(rt(), 0), "stream synchronize");
+  }
+  void synchronizeDevice(const c10::DeviceIndex) const override {
+    check(dfuse_device_synchronize(rt()), "device synchronize");
+  }
+
+ private:
+  static void check_index(c10::Device d) {
+    TORCH_CHECK(d.index() <= 0, "tpu: device index ", int(d.index()),
+                " does not exist (there is one tpu device, index 0)");
+  }
+};
+
+struct TpuHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return 1; }
+  c10::DeviceIndex getCurrentDevice() const override { return 0; }
+  at::Device getDeviceFromPtr(void*) const override {
+    return at::Device(c10::DeviceType::PrivateUse1, 0);
+  }
+  // Random ops run through the CPU fallback with the CPU generator.
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
+    return at::detail::getDefaultCPUGenerator();
+  }
+  void resizePrivateUse1Bytes(const c10::Storage& s, size_t n) const override {
+    TORCH_CHECK(n <= s.nbytes(), "tpu: growing a raw storage is not supported");
+  }
+};
+
+at::Tensor make_tensor(c10::Storage storage, at::ScalarType dtype) {
+  return at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      caffe2::TypeMeta::fromScalarType(dtype));
+}
+
+void check_device(std::optional<at::Device> device, std::optional<at::Layout> layout) {
+  TORCH_CHECK(!device || device->type() == c10::DeviceType::PrivateUse1,
+              "tpu: empty called for device ", *device);
+  TORCH_CHECK(!device || device->index() <= 0, "tpu: device index ", int(device->index()),
+              " does not exist");
+  TORCH_CHECK(!layout || *layout == at::kStrided, "tpu: only strided tensors are supported");
+}
+
+at::Tensor empty_memory_format(at::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool>, std::optional<at::MemoryFormat> mf) {
+  check_device(device, layout);
+  auto st = dtype.value_or(at::get_default_dtype_as_scalartype());
+  auto fmt = mf.value_or(at::MemoryFormat::Contiguous);
+  TORCH_CHECK(fmt == at::MemoryFormat::Contiguous || fmt == at::MemoryFormat::Preserve,
+              "tpu: memory format ", fmt, " is not supported (only contiguous)");
+  for (auto s : size) TORCH_CHECK(s >= 0, "tpu: negative dimension ", s, " in size ", size);
+  auto strides = c10::contiguous_strides(size);
+  size_t nbytes = at::detail::computeStorageNbytesContiguous(size, c10::elementSize(st));
+  auto t = make_tensor(make_storage(st, size, strides, nbytes), st);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(size);
+  return t;
+}
+
+at::Tensor empty_strided(at::IntArrayRef size, at::IntArrayRef stride,
+                         std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                         std::optional<at::Device> device, std::optional<bool>) {
+  check_device(device, layout);
+  auto st = dtype.value_or(at::get_default_dtype_as_scalartype());
+  for (auto s : size) TORCH_CHECK(s >= 0, "tpu: negative dimension ", s, " in size ", size);
+  size_t nbytes = at::detail::computeStorageNbytes(size, stride, c10::elementSize(st));
+  auto t = make_tensor(make_storage(st, size, stride, nbytes), st);
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride);
+  return t;
+}
+
+// Grows the storage by swapping in a bigger buffer holding the old bytes (copied on the
+// device); every tensor sharing the storage sees the new buffer. at::native::resize_ would
+// memcpy through the handle, which is not a host pointer.
+const at::Tensor& resize_(const at::Tensor& self, at::IntArrayRef size,
+                          std::optional<at::MemoryFormat> mf) {
+  TORCH_CHECK(!mf || *mf == at::MemoryFormat::Contiguous || *mf == at::MemoryFormat::Preserve,
+              "tpu: resize_ supports only the contiguous memory format");
+  for (auto s : size) TORCH_CHECK(s >= 0, "tpu: negative dimension ", s, " in size ", size);
+  size_t item = self.element_size();
+  size_t need = (self.storage_offset() + c10::multiply_integers(size)) * item;
+  auto storage = self.storage();
+  if (need > storage.nbytes()) {
+    const StorageCtx& old = storage_ctx(self);
+    int64_t n_new = static_cast<int64_t>(need / item), n_old = storage.nbytes() / item, one = 1;
+    uint32_t dt = to_dtype(self.scalar_type());
+    TORCH_CHECK(old.dtype == dt, "tpu: resize_ of a tensor viewing a storage of another dtype");
+    uint64_t h = 0;
+    check(dfuse_tensor_empty(rt(), dt, &n_new, 1, &h), "resize_ allocation");
+    Ref fresh(h, true);
+    if (n_old > 0) {
+      uint64_t sv = 0, dv = 0;
+      check(dfuse_as_strided(rt(), old.handle, &n_old, &one, 1, 0, &sv), "resize_ source");
+      Ref s(sv, true);
+      check(dfuse_as_strided(rt(), h, &n_old, &one, 1, 0, &dv), "resize_ destination");
+      Ref d(dv, true);
+      DfuseOperand in{};
+      in.kind = DFUSE_OPERAND_KIND_TENSOR;
+      in.tensor = sv;
+      uint64_t res = 0;
+      check(dfuse_op(rt(), 0, DFUSE_OP_KIND_COPY, nullptr, &in, 1, dv, &res), "resize_ copy");
+    }
+    check(dfuse_tensor_retain(rt(), h), "resize_ retain");
+    storage.set_data_ptr_noswap(data_ptr_for(h, dt, {n_new}, {1}));
+    storage.set_nbytes(need);
+  }
+  self.unsafeGetTensorImpl()->set_sizes_contiguous(size);
+  return self;
+}
+
+}  // namespace
+
+c10::Allocator* tpu_allocator() { return &g_allocator; }
+
+void register_device_once() {
+  static bool done = [] {
+    at::RegisterPrivateUse1HooksInterface(new TpuHooks());
+    return true;
+  }();
+  (void)done;
+}
+
+}  // namespace dft
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, dft::TpuGuardImpl);
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &dft::g_allocator);
+
+namespace {
+struct HooksInit {
+  HooksInit() { dft::register_device_once(); }
+} hooks_init;
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(dft::empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(dft::empty_strided));
+  m.impl("resize_", TORCH_FN(dft::resize_));
+  // Views only change metadata over the shared storage; the CPU implementations touch no data,
+  // and kernels later address (storage, offset, strides) through dfuse_as_strided.
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("unfold", TORCH_FN(at::native::unfold));
+}

@@ -1,0 +1,295 @@
+// Elementwise kernels: unary, binary (tensor or scalar operands), where, clamp, and the fused
+// update ops optimizers use (lerp, addcmul, addcdiv). Each maps to one or two dfuse_op calls;
+// in-place variants pass the destination as the op's `out`, so every alias sees the write.
+#include "common.h"
+
+#include <ATen/ExpandUtils.h>
+#include <ATen/ScalarOps.h>
+#include <torch/library.h>
+
+namespace dft {
+namespace {
+
+template <uint32_t OP>
+at::Tensor u(const at::Tensor& x) {
+  return unary(x, OP);
+}
+
+template <uint32_t OP>
+at::Tensor& u_(at::Tensor& x) {
+  auto a = attrs_sub(OP);
+  run_into(DFUSE_OP_KIND_UNARY, &a, Operands().t(x), x, "in-place unary op");
+  return x;
+}
+
+uint32_t gelu_op(c10::string_view approximate) {
+  if (approximate == "none") return DFUSE_UNARY_OP_GELU_ERF;
+  TORCH_CHECK(approximate == "tanh", "tpu: gelu approximate must be 'none' or 'tanh', got '",
+              approximate, "'");
+  return DFUSE_UNARY_OP_GELU_TANH;
+}
+
+at::Tensor gelu(const at::Tensor& x, c10::string_view approximate) {
+  return unary(x, gelu_op(approximate));
+}
+
+at::Tensor& gelu_(at::Tensor& x, c10::string_view approximate) {
+  auto a = attrs_sub(gelu_op(approximate));
+  run_into(DFUSE_OP_KIND_UNARY, &a, Operands().t(x), x, "gelu_");
+  return x;
+}
+
+bool is_wrapped(const at::Tensor& t) {
+  return t.device().is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number();
+}
+
+// `other * alpha` for add/sub's alpha. A Python-scalar `other` stays a scalar (so type
+// promotion still sees a scalar); a tensor gets one extra multiply.
+at::Tensor scaled(const at::Tensor& other, const at::Scalar& alpha) {
+  if (alpha.equal(1)) return other;
+  if (is_wrapped(other)) {
+    at::Scalar v = other.item();
+    at::Scalar prod = (v.isIntegral(false) && alpha.isIntegral(false))
+                          ? at::Scalar(v.toLong() * alpha.toLong())
+                          : at::Scalar(v.toDouble() * alpha.toDouble());
+    auto t = at::scalar_to_tensor(prod);
+    t.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return t;
+  }
+  return binary(other, alpha, DFUSE_BINARY_OP_MUL);
+}
+
+template <uint32_t OP>
+at::Tensor b(const at::Tensor& x, const at::Tensor& y) {
+  auto a = attrs_sub(OP);
+  return run(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), "binary op");
+}
+
+template <uint32_t OP>
+at::Tensor& b_(at::Tensor& x, const at::Tensor& y) {
+  auto a = attrs_sub(OP);
+  run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), x, "in-place binary op");
+  return x;
+}
+
+template <uint32_t OP>
+at::Tensor bs(const at::Tensor& x, const at::Scalar& y) {
+  return binary(x, y, OP);
+}
+
+template <uint32_t OP>
+at::Tensor& bs_(at::Tensor& x, const at::Scalar& y) {
+  auto a = attrs_sub(OP);
+  run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).s(y), x, "in-place binary op");
+  return x;
+}
+
+template <uint32_t OP>
+at::Tensor b_alpha(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
+  return b<OP>(x, scaled(y, alpha));
+}
+
+template <uint32_t OP>
+at::Tensor& b_alpha_(at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
+  return b_<OP>(x, scaled(y, alpha));
+}
+
+// out= variants (the optimizers' foreach fallbacks and user code call them): written straight
+// into `out` when it already has the broadcast shape, else PyTorch's resize-then-write.
+void prepare_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  auto shape = at::infer_size(a.sizes(), b.sizes());
+  if (!out.sizes().equals(shape)) out.resize_(shape);
+}
+
+template <uint32_t OP>
+at::Tensor& b_out(const at::Tensor& x, const at::Tensor& y, at::Tensor& out) {
+  prepare_out(x, y, out);
+  auto a = attrs_sub(OP);
+  run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), out, "binary op (out=)");
+  return out;
+}
+
+template <uint32_t OP>
+at::Tensor& b_alpha_out(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha,
+                        at::Tensor& out) {
+  return b_out<OP>(x, scaled(y, alpha), out);
+}
+
+// rsub(self, other, alpha) = other - alpha * self
+at::Tensor rsub(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  return b<DFUSE_BINARY_OP_SUB>(other, scaled(self, alpha));
+}
+
+at::Tensor pow_scalar_base(const at::Scalar& base, const at::Tensor& exp) {
+  return binary(base, exp, DFUSE_BINARY_OP_POW);
+}
+
+at::Tensor where_self(const at::Tensor& c, const at::Tensor& x, const at::Tensor& y) {
+  return run(DFUSE_OP_KIND_WHERE, nullptr, Operands().t(c).t(x).t(y), "where");
+}
+
+Operands clamp_operands(const at::Tensor& x, const std::optional<at::Scalar>& lo,
+                        const std::optional<at::Scalar>& hi) {
+  TORCH_CHECK(lo || hi, "tpu: clamp needs at least one of min and max");
+  Operands o;
+  o.t(x);
+  if (lo) o.s(*lo); else o.absent();
+  if (hi) o.s(*hi); else o.absent();
+  return o;
+}
+
+at::Tensor clamp_s(const at::Tensor& x, const std::optional<at::Scalar>& lo,
+                 const std::optional<at::Scalar>& hi) {
+  return run(DFUSE_OP_KIND_CLAMP, nullptr, clamp_operands(x, lo, hi), "clamp");
+}
+
+at::Tensor& clamp_s_(at::Tensor& x, const std::optional<at::Scalar>& lo,
+                   const std::optional<at::Scalar>& hi) {
+  run_into(DFUSE_OP_KIND_CLAMP, nullptr, clamp_operands(x, lo, hi), x, "clamp_");
+  return x;
+}
+
+Operands clamp_t_operands(const at::Tensor& x, const std::optional<at::Tensor>& lo,
+                          const std::optional<at::Tensor>& hi) {
+  bool has_lo = lo && lo->defined(), has_hi = hi && hi->defined();
+  TORCH_CHECK(has_lo || has_hi, "tpu: clamp needs at least one of min and max");
+  Operands o;
+  o.t(x);
+  if (has_lo) o.t(*lo); else o.absent();
+  if (has_hi) o.t(*hi); else o.absent();
+  return o;
+}
+
+at::Tensor clamp_t(const at::Tensor& x, const std::optional<at::Tensor>& lo,
+                   const std::optional<at::Tensor>& hi) {
+  return run(DFUSE_OP_KIND_CLAMP, nullptr, clamp_t_operands(x, lo, hi), "clamp");
+}
+
+at::Tensor& clamp_t_(at::Tensor& x, const std::optional<at::Tensor>& lo,
+                     const std::optional<at::Tensor>& hi) {
+  run_into(DFUSE_OP_KIND_CLAMP, nullptr, clamp_t_operands(x, lo, hi), x, "clamp_");
+  return x;
+}
+
+at::Tensor clamp_min(const at::Tensor& x, const at::Scalar& lo) {
+  return clamp_s(x, lo, std::nullopt);
+}
+at::Tensor clamp_max(const at::Tensor& x, const at::Scalar& hi) {
+  return clamp_s(x, std::nullopt, hi);
+}
+at::Tensor& clamp_min_(at::Tensor& x, const at::Scalar& lo) {
+  return clamp_s_(x, lo, std::nullopt);
+}
+at::Tensor& clamp_max_(at::Tensor& x, const at::Scalar& hi) {
+  return clamp_s_(x, std::nullopt, hi);
+}
+
+// lerp: self + weight * (end - self), PyTorch's formula for |weight| < 0.5 (the optimizers'
+// case: 1 - beta1); for larger weights PyTorch uses end - (end - self) * (1 - weight).
+at::Tensor lerp_value(const at::Tensor& self, const at::Tensor& end, const at::Scalar& w) {
+  auto diff = b<DFUSE_BINARY_OP_SUB>(end, self);
+  double wd = w.toDouble();
+  if (std::abs(wd) < 0.5) {
+    return b<DFUSE_BINARY_OP_ADD>(self, binary(diff, w, DFUSE_BINARY_OP_MUL));
+  }
+  return b<DFUSE_BINARY_OP_SUB>(end, binary(diff, at::Scalar(1.0 - wd), DFUSE_BINARY_OP_MUL));
+}
+
+at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar& w) {
+  return lerp_value(self, end, w);
+}
+
+at::Tensor& lerp_(at::Tensor& self, const at::Tensor& end, const at::Scalar& w) {
+  return self.copy_(lerp_value(self, end, w));
+}
+
+// addcmul: self + value * t1 * t2; addcdiv: self + value * t1 / t2 (PyTorch's order).
+at::Tensor addcmul(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
+                   const at::Scalar& value) {
+  auto p = binary(b<DFUSE_BINARY_OP_MUL>(t1, t2), value, DFUSE_BINARY_OP_MUL);
+  return b<DFUSE_BINARY_OP_ADD>(self, p);
+}
+
+at::Tensor& addcmul_(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
+                     const at::Scalar& value) {
+  auto p = binary(b<DFUSE_BINARY_OP_MUL>(t1, t2), value, DFUSE_BINARY_OP_MUL);
+  return b_<DFUSE_BINARY_OP_ADD>(self, p);
+}
+
+at::Tensor addcdiv(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
+                   const at::Scalar& value) {
+  auto q = binary(b<DFUSE_BINARY_OP_DIV>(t1, t2), value, DFUSE_BINARY_OP_MUL);
+  return b<DFUSE_BINARY_OP_ADD>(self, q);
+}
+
+at::Tensor& addcdiv_(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
+                     const at::Scalar& value) {
+  auto q = binary(b<DFUSE_BINARY_OP_DIV>(t1, t2), value, DFUSE_BINARY_OP_MUL);
+  return b_<DFUSE_BINARY_OP_ADD>(self, q);
+}
+
+}  // namespace
+}  // namespace dft
+
+#define DF_UNARY(name, OP)                          \
+  m.impl(#name, TORCH_FN(dft::u<DFUSE_UNARY_OP_##OP>)); \
+  m.impl(#name "_", TORCH_FN(dft::u_<DFUSE_UNARY_OP_##OP>));
+
+#define DF_BINARY(name, OP)                                    \
+  m.impl(#name ".Tensor", TORCH_FN(dft::b<DFUSE_BINARY_OP_##OP>));   \
+  m.impl(#name "_.Tensor", TORCH_FN(dft::b_<DFUSE_BINARY_OP_##OP>));
+
+#define DF_COMPARE(name, OP)                                    \
+  m.impl(#name ".Tensor", TORCH_FN(dft::b<DFUSE_BINARY_OP_##OP>));    \
+  m.impl(#name ".Scalar", TORCH_FN(dft::bs<DFUSE_BINARY_OP_##OP>));
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  DF_UNARY(neg, NEG) DF_UNARY(abs, ABS) DF_UNARY(exp, EXP) DF_UNARY(log, LOG)
+  DF_UNARY(log1p, LOG1P) DF_UNARY(expm1, EXPM1) DF_UNARY(sqrt, SQRT) DF_UNARY(rsqrt, RSQRT)
+  DF_UNARY(sin, SIN) DF_UNARY(cos, COS) DF_UNARY(tanh, TANH) DF_UNARY(sigmoid, SIGMOID)
+  DF_UNARY(relu, RELU) DF_UNARY(silu, SILU) DF_UNARY(erf, ERF) DF_UNARY(floor, FLOOR)
+  DF_UNARY(ceil, CEIL) DF_UNARY(round, ROUND) DF_UNARY(sign, SIGN)
+  DF_UNARY(reciprocal, RECIPROCAL) DF_UNARY(logical_not, LOGICAL_NOT)
+  m.impl("isnan", TORCH_FN(dft::u<DFUSE_UNARY_OP_IS_NAN>));
+  m.impl("gelu", TORCH_FN(dft::gelu));
+  m.impl("gelu_", TORCH_FN(dft::gelu_));
+
+  m.impl("add.Tensor", TORCH_FN(dft::b_alpha<DFUSE_BINARY_OP_ADD>));
+  m.impl("add_.Tensor", TORCH_FN(dft::b_alpha_<DFUSE_BINARY_OP_ADD>));
+  m.impl("sub.Tensor", TORCH_FN(dft::b_alpha<DFUSE_BINARY_OP_SUB>));
+  m.impl("sub_.Tensor", TORCH_FN(dft::b_alpha_<DFUSE_BINARY_OP_SUB>));
+  m.impl("rsub.Tensor", TORCH_FN(dft::rsub));
+  DF_BINARY(mul, MUL) DF_BINARY(div, DIV)
+  m.impl("add.out", TORCH_FN(dft::b_alpha_out<DFUSE_BINARY_OP_ADD>));
+  m.impl("sub.out", TORCH_FN(dft::b_alpha_out<DFUSE_BINARY_OP_SUB>));
+  m.impl("mul.out", TORCH_FN(dft::b_out<DFUSE_BINARY_OP_MUL>));
+  m.impl("div.out", TORCH_FN(dft::b_out<DFUSE_BINARY_OP_DIV>));
+  m.impl("pow.Tensor_Tensor", TORCH_FN(dft::b<DFUSE_BINARY_OP_POW>));
+  m.impl("pow_.Tensor", TORCH_FN(dft::b_<DFUSE_BINARY_OP_POW>));
+  m.impl("pow.Tensor_Scalar", TORCH_FN(dft::bs<DFUSE_BINARY_OP_POW>));
+  m.impl("pow_.Scalar", TORCH_FN(dft::bs_<DFUSE_BINARY_OP_POW>));
+  m.impl("pow.Scalar", TORCH_FN(dft::pow_scalar_base));
+  m.impl("maximum", TORCH_FN(dft::b<DFUSE_BINARY_OP_MAXIMUM>));
+  m.impl("minimum", TORCH_FN(dft::b<DFUSE_BINARY_OP_MINIMUM>));
+  DF_BINARY(remainder, REMAINDER)
+  m.impl("logical_and", TORCH_FN(dft::b<DFUSE_BINARY_OP_LOGICAL_AND>));
+  m.impl("logical_or", TORCH_FN(dft::b<DFUSE_BINARY_OP_LOGICAL_OR>));
+  DF_COMPARE(eq, EQ) DF_COMPARE(ne, NE) DF_COMPARE(lt, LT) DF_COMPARE(le, LE)
+  DF_COMPARE(gt, GT) DF_COMPARE(ge, GE)
+
+  m.impl("where.self", TORCH_FN(dft::where_self));
+  m.impl("clamp", TORCH_FN(dft::clamp_s));
+  m.impl("clamp_", TORCH_FN(dft::clamp_s_));
+  m.impl("clamp.Tensor", TORCH_FN(dft::clamp_t));
+  m.impl("clamp_.Tensor", TORCH_FN(dft::clamp_t_));
+  m.impl("clamp_min", TORCH_FN(dft::clamp_min));
+  m.impl("clamp_max", TORCH_FN(dft::clamp_max));
+  m.impl("clamp_min_", TORCH_FN(dft::clamp_min_));
+  m.impl("clamp_max_", TORCH_FN(dft::clamp_max_));
+  m.impl("lerp.Scalar", TORCH_FN(dft::lerp));
+  m.impl("lerp_.Scalar", TORCH_FN(dft::lerp_));
+  m.impl("addcmul", TORCH_FN(dft::addcmul));
+  m.impl("addcmul_", TORCH_FN(dft::addcmul_));
+  m.impl("addcdiv", TORCH_FN(dft::addcdiv));
+  m.impl("addcdiv_", TORCH_FN(dft::addcdiv_));
+}

@@ -1,0 +1,132 @@
+// Boolean reductions (all/any), isneginf/isposinf, tril/triu and where's out= form: what the math path of
+// scaled_dot_product_attention and masking code call, kept off the CPU fallback.
+#include "common.h"
+
+#include <ATen/ExpandUtils.h>
+#include <limits>
+#include <torch/library.h>
+
+namespace dft {
+namespace {
+
+at::Tensor& assign_out(at::Tensor& out, const at::Tensor& r) {
+  if (!out.sizes().equals(r.sizes())) out.resize_(r.sizes());
+  return out.copy_(r);
+}
+
+// all(x) over dims: no element is zero, i.e. the count of zeros is 0 (counts are exact int64
+// sums, so this needs no bool min/max support).
+at::Tensor all_dims(const at::Tensor& x, at::IntArrayRef dims, bool keepdim) {
+  auto zeros = binary(x, at::Scalar(0), DFUSE_BINARY_OP_EQ);
+  auto n = reduce(cast(zeros, at::kLong), DFUSE_REDUCE_OP_SUM, dims, keepdim);
+  return binary(n, at::Scalar(int64_t(0)), DFUSE_BINARY_OP_EQ);
+}
+
+at::Tensor any_dims(const at::Tensor& x, at::IntArrayRef dims, bool keepdim) {
+  auto nonzero = binary(x, at::Scalar(0), DFUSE_BINARY_OP_NE);
+  auto n = reduce(cast(nonzero, at::kLong), DFUSE_REDUCE_OP_SUM, dims, keepdim);
+  return binary(n, at::Scalar(int64_t(0)), DFUSE_BINARY_OP_NE);
+}
+
+// A 0-dim input reduces over "no dims" in PyTorch (the value itself); the runtime's empty dim
+// list means all dims, which for a 0-dim tensor is the same thing.
+at::Tensor all_k(const at::Tensor& x) { return all_dims(x, {}, false); }
+at::Tensor any_k(const at::Tensor& x) { return any_dims(x, {}, false); }
+at::Tensor all_dim(const at::Tensor& x, int64_t dim, bool keepdim) {
+  return x.dim() == 0 ? all_k(x) : all_dims(x, {dim}, keepdim);
+}
+at::Tensor any_dim(const at::Tensor& x, int64_t dim, bool keepdim) {
+  return x.dim() == 0 ? any_k(x) : any_dims(x, {dim}, keepdim);
+}
+at::Tensor& all_out(const at::Tensor& x, int64_t dim, bool keepdim, at::Tensor& out) {
+  return assign_out(out, all_dim(x, dim, keepdim));
+}
+at::Tensor& any_out(const at::Tensor& x, int64_t dim, bool keepdim, at::Tensor& out) {
+  return assign_out(out, any_dim(x, dim, keepdim));
+}
+at::Tensor& all_all_out(const at::Tensor& x, at::Tensor& out) { return assign_out(out, all_k(x)); }
+at::Tensor& any_all_out(const at::Tensor& x, at::Tensor& out) { return assign_out(out, any_k(x)); }
+
+at::Tensor isneginf_k(const at::Tensor& x) {
+  return binary(x, at::Scalar(-std::numeric_limits<double>::infinity()), DFUSE_BINARY_OP_EQ);
+}
+at::Tensor isposinf_k(const at::Tensor& x) {
+  return binary(x, at::Scalar(std::numeric_limits<double>::infinity()), DFUSE_BINARY_OP_EQ);
+}
+at::Tensor& isneginf_out(const at::Tensor& x, at::Tensor& out) {
+  return assign_out(out, isneginf_k(x));
+}
+at::Tensor& isposinf_out(const at::Tensor& x, at::Tensor& out) {
+  return assign_out(out, isposinf_k(x));
+}
+
+at::Tensor& where_out(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
+                      at::Tensor& out) {
+  auto shape = at::infer_size(at::infer_size(c.sizes(), a.sizes()), b.sizes());
+  if (!out.sizes().equals(shape)) out.resize_(shape);
+  run_into(DFUSE_OP_KIND_WHERE, nullptr, Operands().t(c).t(a).t(b), out, "where (out=)");
+  return out;
+}
+
+// tril/triu: keep x[..., i, j] where j - i <= diagonal (tril) or >= diagonal (triu), else 0;
+// the mask comes from two aranges, so nothing leaves the device.
+at::Tensor tri_mask(const at::Tensor& x, int64_t diagonal, bool lower) {
+  TORCH_CHECK(x.dim() >= 2, lower ? "tril" : "triu", ": input tensor must have at least 2 dimensions");
+  DfuseAttrs a{};
+  a.dtype = DFUSE_DTYPE_I64;
+  auto ar = [&](int64_t n) {
+    return run(DFUSE_OP_KIND_ARANGE, &a,
+               Operands().s(at::Scalar(int64_t(0))).s(at::Scalar(n)).s(at::Scalar(int64_t(1))),
+               "tril/triu index");
+  };
+  auto rows = ar(x.size(-2)).unsqueeze(1);
+  auto cols = ar(x.size(-1));
+  auto d = cols - rows;
+  return binary(d, at::Scalar(diagonal), lower ? DFUSE_BINARY_OP_LE : DFUSE_BINARY_OP_GE);
+}
+
+at::Tensor tri(const at::Tensor& x, int64_t diagonal, bool lower) {
+  // The zero must be of x's kind: a Python int 0 would promote a bool x to int64.
+  at::ScalarType t = x.scalar_type();
+  at::Scalar zero = t == at::kBool                        ? at::Scalar(false)
+                    : at::isIntegralType(t, false)        ? at::Scalar(int64_t(0))
+                                                          : at::Scalar(0.0);
+  return run(DFUSE_OP_KIND_WHERE, nullptr,
+             Operands().t(tri_mask(x, diagonal, lower)).t(x).s(zero), "tril/triu");
+}
+
+at::Tensor tril(const at::Tensor& x, int64_t diagonal) { return tri(x, diagonal, true); }
+at::Tensor triu(const at::Tensor& x, int64_t diagonal) { return tri(x, diagonal, false); }
+at::Tensor& tril_(at::Tensor& x, int64_t diagonal) { return x.copy_(tri(x, diagonal, true)); }
+at::Tensor& triu_(at::Tensor& x, int64_t diagonal) { return x.copy_(tri(x, diagonal, false)); }
+at::Tensor& tril_out(const at::Tensor& x, int64_t diagonal, at::Tensor& out) {
+  return assign_out(out, tri(x, diagonal, true));
+}
+at::Tensor& triu_out(const at::Tensor& x, int64_t diagonal, at::Tensor& out) {
+  return assign_out(out, tri(x, diagonal, false));
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("all", TORCH_FN(dft::all_k));
+  m.impl("any", TORCH_FN(dft::any_k));
+  m.impl("all.dim", TORCH_FN(dft::all_dim));
+  m.impl("any.dim", TORCH_FN(dft::any_dim));
+  m.impl("all.out", TORCH_FN(dft::all_out));
+  m.impl("any.out", TORCH_FN(dft::any_out));
+  m.impl("all.all_out", TORCH_FN(dft::all_all_out));
+  m.impl("any.all_out", TORCH_FN(dft::any_all_out));
+  m.impl("isneginf", TORCH_FN(dft::isneginf_k));
+  m.impl("isposinf", TORCH_FN(dft::isposinf_k));
+  m.impl("isneginf.out", TORCH_FN(dft::isneginf_out));
+  m.impl("isposinf.out", TORCH_FN(dft::isposinf_out));
+  m.impl("where.self_out", TORCH_FN(dft::where_out));
+  m.impl("tril", TORCH_FN(dft::tril));
+  m.impl("triu", TORCH_FN(dft::triu));
+  m.impl("tril_", TORCH_FN(dft::tril_));
+  m.impl("triu_", TORCH_FN(dft::triu_));
+  m.impl("tril.out", TORCH_FN(dft::tril_out));
+  m.impl("triu.out", TORCH_FN(dft::triu_out));
+}

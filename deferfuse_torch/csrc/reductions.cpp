@@ -1,0 +1,129 @@
+// Reductions: sum, mean, prod, amax/amin, argmax/argmin, max/min (full and per dim), var/std.
+#include "common.h"
+
+#include <torch/library.h>
+
+namespace dft {
+namespace {
+
+std::vector<int64_t> dims_of(at::OptionalIntArrayRef dim) {
+  return dim ? dim->vec() : std::vector<int64_t>{};
+}
+
+at::Tensor sum(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
+               std::optional<at::ScalarType> dtype) {
+  // PyTorch sums integers and bools as int64 unless told otherwise.
+  at::ScalarType to = dtype.value_or(
+      at::isIntegralType(x.scalar_type(), /*includeBool=*/true) ? at::kLong : x.scalar_type());
+  return reduce(cast(x, to), DFUSE_REDUCE_OP_SUM, dims_of(dim), keepdim);
+}
+
+at::Tensor mean(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
+                std::optional<at::ScalarType> dtype) {
+  at::ScalarType to = dtype.value_or(x.scalar_type());
+  TORCH_CHECK(at::isFloatingType(to), "mean(): could not infer output dtype. Input dtype must be "
+              "either a floating point or complex dtype. Got: ", to);
+  return reduce(cast(x, to), DFUSE_REDUCE_OP_MEAN, dims_of(dim), keepdim);
+}
+
+at::Tensor prod_dim(const at::Tensor& x, int64_t dim, bool keepdim,
+                    std::optional<at::ScalarType> dtype) {
+  at::ScalarType to = dtype.value_or(
+      at::isIntegralType(x.scalar_type(), true) ? at::kLong : x.scalar_type());
+  return reduce(cast(x, to), DFUSE_REDUCE_OP_PROD, {dim}, keepdim);
+}
+
+at::Tensor prod(const at::Tensor& x, std::optional<at::ScalarType> dtype) {
+  at::ScalarType to = dtype.value_or(
+      at::isIntegralType(x.scalar_type(), true) ? at::kLong : x.scalar_type());
+  return reduce(cast(x, to), DFUSE_REDUCE_OP_PROD, {}, false);
+}
+
+void check_nonempty(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(x.numel() > 0, op, "(): Expected reduction dim to be specified for input.numel() "
+              "== 0. Specify the reduction dim with the 'dim' argument.");
+}
+
+at::Tensor amax(const at::Tensor& x, at::IntArrayRef dim, bool keepdim) {
+  return reduce(x, DFUSE_REDUCE_OP_AMAX, dim, keepdim);
+}
+
+at::Tensor amin(const at::Tensor& x, at::IntArrayRef dim, bool keepdim) {
+  return reduce(x, DFUSE_REDUCE_OP_AMIN, dim, keepdim);
+}
+
+at::Tensor argmax(const at::Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  if (!dim) check_nonempty(x, "argmax");
+  return reduce(x, DFUSE_REDUCE_OP_ARGMAX, dim ? std::vector<int64_t>{*dim} : std::vector<int64_t>{},
+                dim ? keepdim : false);
+}
+
+at::Tensor argmin(const at::Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  if (!dim) check_nonempty(x, "argmin");
+  return reduce(x, DFUSE_REDUCE_OP_ARGMIN, dim ? std::vector<int64_t>{*dim} : std::vector<int64_t>{},
+                dim ? keepdim : false);
+}
+
+at::Tensor max_all(const at::Tensor& x) {
+  check_nonempty(x, "max");
+  return reduce(x, DFUSE_REDUCE_OP_AMAX, {}, false);
+}
+
+at::Tensor min_all(const at::Tensor& x) {
+  check_nonempty(x, "min");
+  return reduce(x, DFUSE_REDUCE_OP_AMIN, {}, false);
+}
+
+std::tuple<at::Tensor, at::Tensor> max_dim(const at::Tensor& x, int64_t dim, bool keepdim) {
+  return {reduce(x, DFUSE_REDUCE_OP_AMAX, {dim}, keepdim),
+          reduce(x, DFUSE_REDUCE_OP_ARGMAX, {dim}, keepdim)};
+}
+
+std::tuple<at::Tensor, at::Tensor> min_dim(const at::Tensor& x, int64_t dim, bool keepdim) {
+  return {reduce(x, DFUSE_REDUCE_OP_AMIN, {dim}, keepdim),
+          reduce(x, DFUSE_REDUCE_OP_ARGMIN, {dim}, keepdim)};
+}
+
+// var = sum((x - mean)^2) / (n - correction), the two-pass formula PyTorch's CPU kernel matches.
+at::Tensor var_corr(const at::Tensor& x, at::OptionalIntArrayRef dim,
+               const std::optional<at::Scalar>& correction, bool keepdim) {
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "tpu: var/std need a floating point input, got ",
+              x.scalar_type());
+  auto dims = dims_of(dim);
+  int64_t n = 1;
+  if (dims.empty()) {
+    n = x.numel();
+  } else {
+    for (auto d : dims) n *= x.size(d);
+  }
+  double c = correction ? correction->toDouble() : 1.0;
+  auto m = reduce(x, DFUSE_REDUCE_OP_MEAN, dims, true);
+  auto d = x - m;
+  auto s = reduce(d * d, DFUSE_REDUCE_OP_SUM, dims, keepdim);
+  return s / std::max(double(n) - c, 0.0);
+}
+
+at::Tensor std_(const at::Tensor& x, at::OptionalIntArrayRef dim,
+                const std::optional<at::Scalar>& correction, bool keepdim) {
+  return unary(var_corr(x, dim, correction, keepdim), DFUSE_UNARY_OP_SQRT);
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("sum.dim_IntList", TORCH_FN(dft::sum));
+  m.impl("mean.dim", TORCH_FN(dft::mean));
+  m.impl("prod.dim_int", TORCH_FN(dft::prod_dim));
+  m.impl("prod", TORCH_FN(dft::prod));
+  m.impl("amax", TORCH_FN(dft::amax));
+  m.impl("amin", TORCH_FN(dft::amin));
+  m.impl("argmax", TORCH_FN(dft::argmax));
+  m.impl("argmin", TORCH_FN(dft::argmin));
+  m.impl("max", TORCH_FN(dft::max_all));
+  m.impl("min", TORCH_FN(dft::min_all));
+  m.impl("max.dim", TORCH_FN(dft::max_dim));
+  m.impl("min.dim", TORCH_FN(dft::min_dim));
+  m.impl("var.correction", TORCH_FN(dft::var_corr));
+  m.impl("std.correction", TORCH_FN(dft::std_));
+}

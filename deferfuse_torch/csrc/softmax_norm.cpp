@@ -1,0 +1,98 @@
+// softmax / log_softmax and layer_norm with their backward formulas, as recorded reductions and
+// elementwise ops (defer mode turns each into a row kernel).
+#include "common.h"
+
+#include <torch/library.h>
+
+namespace dft {
+namespace {
+
+at::Tensor in_float(const at::Tensor& x, bool half_to_float) {
+  return half_to_float ? cast(x, at::kFloat) : x;
+}
+
+at::Tensor softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
+  auto x = in_float(x0, half_to_float);
+  auto m = reduce(x, DFUSE_REDUCE_OP_AMAX, {dim}, true);
+  auto e = at::exp(x - m);
+  return e / reduce(e, DFUSE_REDUCE_OP_SUM, {dim}, true);
+}
+
+at::Tensor log_softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
+  auto x = in_float(x0, half_to_float);
+  auto m = reduce(x, DFUSE_REDUCE_OP_AMAX, {dim}, true);
+  auto shifted = x - m;
+  return shifted - at::log(reduce(at::exp(shifted), DFUSE_REDUCE_OP_SUM, {dim}, true));
+}
+
+at::Tensor softmax_backward(const at::Tensor& grad, const at::Tensor& out, int64_t dim,
+                            at::ScalarType input_dtype) {
+  auto dot = reduce(grad * out, DFUSE_REDUCE_OP_SUM, {dim}, true);
+  return cast(out * (grad - dot), input_dtype);
+}
+
+at::Tensor log_softmax_backward(const at::Tensor& grad, const at::Tensor& out, int64_t dim,
+                                at::ScalarType input_dtype) {
+  auto s = reduce(grad, DFUSE_REDUCE_OP_SUM, {dim}, true);
+  return cast(grad - at::exp(out) * s, input_dtype);
+}
+
+std::vector<int64_t> norm_dims(const at::Tensor& x, at::IntArrayRef normalized_shape) {
+  int64_t axis = x.dim() - static_cast<int64_t>(normalized_shape.size());
+  TORCH_CHECK(axis >= 0 && x.sizes().slice(axis).equals(normalized_shape),
+              "tpu: layer_norm: normalized_shape ", normalized_shape,
+              " does not match the trailing dims of an input of shape ", x.sizes());
+  std::vector<int64_t> dims;
+  for (int64_t d = axis; d < x.dim(); ++d) dims.push_back(d);
+  return dims;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm(
+    const at::Tensor& x, at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps) {
+  auto dims = norm_dims(x, normalized_shape);
+  auto mean = reduce(x, DFUSE_REDUCE_OP_MEAN, dims, true);
+  auto xc = x - mean;
+  auto var = reduce(xc * xc, DFUSE_REDUCE_OP_MEAN, dims, true);
+  auto rstd = at::rsqrt(var + eps);
+  auto out = xc * rstd;
+  if (weight && weight->defined()) out = out * *weight;
+  if (bias && bias->defined()) out = out + *bias;
+  return {out, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
+    const at::Tensor& grad, const at::Tensor& x, at::IntArrayRef normalized_shape,
+    const at::Tensor& mean, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, std::array<bool, 3> mask) {
+  auto dims = norm_dims(x, normalized_shape);
+  auto xhat = (x - mean) * rstd;
+  std::vector<int64_t> batch;
+  for (int64_t d = 0; d < dims.front(); ++d) batch.push_back(d);
+  // A reduction over no dims means "all dims" to the runtime; over no batch dims it is identity.
+  auto sum_batch = [&](const at::Tensor& t) {
+    return batch.empty() ? t : reduce(t, DFUSE_REDUCE_OP_SUM, batch, false);
+  };
+  at::Tensor dx, dw, db;
+  if (mask[0]) {
+    auto g = (weight && weight->defined()) ? grad * *weight : grad;
+    auto g_mean = reduce(g, DFUSE_REDUCE_OP_MEAN, dims, true);
+    auto gx_mean = reduce(g * xhat, DFUSE_REDUCE_OP_MEAN, dims, true);
+    dx = (g - g_mean - xhat * gx_mean) * rstd;
+  }
+  if (mask[1] && weight && weight->defined()) dw = sum_batch(grad * xhat);
+  if (mask[2] && bias && bias->defined()) db = sum_batch(grad);
+  return {dx, dw, db};
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_softmax", TORCH_FN(dft::softmax));
+  m.impl("_log_softmax", TORCH_FN(dft::log_softmax));
+  m.impl("_softmax_backward_data", TORCH_FN(dft::softmax_backward));
+  m.impl("_log_softmax_backward_data", TORCH_FN(dft::log_softmax_backward));
+  m.impl("native_layer_norm", TORCH_FN(dft::layer_norm));
+  m.impl("native_layer_norm_backward", TORCH_FN(dft::layer_norm_backward));
+}

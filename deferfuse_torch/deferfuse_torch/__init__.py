@@ -1,0 +1,44 @@
+"""PyTorch device "tpu" backed by deferfuse.
+
+Importing this package loads libdeferfuse and the device extension, renames PyTorch's
+PrivateUse1 backend to "tpu" and registers the `torch.tpu` module, so plain PyTorch code runs on
+deferfuse with `.to("tpu")`:
+
+    import torch, deferfuse_torch
+    x = torch.randn(4, 4).to("tpu")
+    with deferfuse_torch.mode("defer"):
+        y = (x * 2).relu().sum()
+    print(y.item())
+"""
+
+import os
+
+import torch
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# DEFERFUSE_TORCH_EXT points at another build of the extension (e.g. a development build).
+_EXT = os.environ.get("DEFERFUSE_TORCH_EXT", os.path.join(_HERE, "_C.so"))
+if not os.path.exists(_EXT):
+    raise ImportError(
+        f"deferfuse_torch: the device extension {_EXT} is missing; build it with "
+        "`deferfuse_torch/install.sh` (or `python deferfuse_torch/build_ext.py`)")
+torch.ops.load_library(_EXT)
+
+torch.utils.rename_privateuse1_backend("tpu")
+
+from . import device as _device  # noqa: E402
+
+torch._register_device_module("tpu", _device)
+torch.utils.generate_methods_for_privateuse1_backend(
+    for_tensor=True, for_module=True, for_storage=True)
+
+from .device import (  # noqa: E402,F401
+    MODES, device_count, dump_pending, fallback_counts, get_mode, is_available,
+    is_materialized, mode, release_cached_memory, reset_fallback_counts, set_mode, stats,
+    synchronize, current_device, version)
+
+__all__ = [
+    "MODES", "current_device", "device_count", "dump_pending", "fallback_counts", "get_mode",
+    "is_available", "is_materialized", "mode", "release_cached_memory", "reset_fallback_counts",
+    "set_mode", "stats", "synchronize", "version",
+]

@@ -1,0 +1,138 @@
+"""The `torch.tpu` device module: device queries, synchronization, eager modes, runtime
+counters, the pending-computation dump and the CPU-fallback counters."""
+
+import contextlib
+
+import torch
+
+_ops = torch.ops.deferfuse
+
+# Eager modes by name; the numbers are deferfuse's DfuseMode values.
+MODES = {"strict": 0, "debug": 1, "defer": 2}
+_MODE_NAMES = {v: k for k, v in MODES.items()}
+
+# DfuseStats fields in the order the extension returns them.
+_STAT_FIELDS = [
+    "ops_recorded", "programs_compiled", "programs_run", "cache_hits", "cache_misses",
+    "cache_evictions", "compile_ns", "bytes_allocated", "dead_nodes", "unmaterialized",
+    "plans_reused", "host_cache_hits", "host_cache_misses", "host_cached_bytes",
+]
+_CUT_REASONS = ["unfusable", "shape", "layout", "reduction", "max_ops", "recompute"]
+_SYNC_REASONS = ["host_read", "synchronize", "event", "max_pending", "cross_stream",
+                 "mode_switch", "memory_bound"]
+
+
+def is_available() -> bool:
+    return True
+
+
+def device_count() -> int:
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+class device:
+    """`with torch.tpu.device(0):` (PyTorch's storage and serialization code uses it); there
+    is one tpu device, so it only checks the index."""
+
+    def __init__(self, dev):
+        idx = torch.device(dev).index if isinstance(dev, (str, torch.device)) else dev
+        if idx not in (None, -1, 0):
+            raise RuntimeError(f"tpu: device index {idx} does not exist (there is one tpu "
+                               "device, index 0)")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def set_device(dev) -> None:
+    device(dev)
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def manual_seed_all(seed: int) -> None:
+    """Random ops on tpu run through the CPU fallback with the CPU generator, which
+    torch.manual_seed already seeds; there is no separate tpu generator."""
+
+
+def manual_seed(seed: int) -> None:
+    manual_seed_all(seed)
+
+
+def synchronize(device=None) -> None:
+    """Runs all pending work and waits for it; raises the first asynchronous error."""
+    _ops.synchronize()
+
+
+def get_mode() -> str:
+    return _MODE_NAMES[_ops.get_mode()]
+
+
+def set_mode(name: str) -> str:
+    """Sets the eager mode for every thread (autograd's backward thread included); returns the
+    previous mode's name."""
+    if name not in MODES:
+        raise ValueError(f"unknown mode {name!r}; expected one of {sorted(MODES)}")
+    return _MODE_NAMES[_ops.set_mode(MODES[name])]
+
+
+@contextlib.contextmanager
+def mode(name: str):
+    """`with deferfuse_torch.mode("defer"): ...` runs the block in that eager mode."""
+    prev = set_mode(name)
+    try:
+        yield
+    finally:
+        set_mode(prev)
+
+
+def stats() -> dict:
+    """The runtime's counters: ops, programs, cache, fusion, cuts and sync points by reason."""
+    v = list(_ops.stats())
+    n = len(_STAT_FIELDS)
+    out = dict(zip(_STAT_FIELDS, v[:n]))
+    out["cuts"] = dict(zip(_CUT_REASONS, v[n:n + len(_CUT_REASONS)]))
+    out["sync_points"] = dict(zip(_SYNC_REASONS, v[n + len(_CUT_REASONS):]))
+    return out
+
+
+def is_materialized(t: torch.Tensor) -> bool:
+    """Whether the tensor's buffer holds its values (False while its op is still deferred or
+    running)."""
+    return bool(_ops.is_materialized(t))
+
+
+def dump_pending() -> str:
+    """The deferred ops recorded and not yet run, one per line ("" when none)."""
+    return _ops.dump_pending()
+
+
+def fallback_counts() -> dict:
+    """How many times each ATen op ran through the CPU fallback (ops with no tpu kernel)."""
+    out = {}
+    for line in _ops.fallback_counts().splitlines():
+        name, count = line.rsplit(" ", 1)
+        out[name] = int(count)
+    return out
+
+
+def reset_fallback_counts() -> None:
+    _ops.reset_fallback_counts()
+
+
+def release_cached_memory() -> int:
+    """Returns the runtime's cached free buffers to the system; the bytes freed."""
+    return _ops.release_cached_memory()
+
+
+def version() -> str:
+    return _ops.version()

@@ -1,0 +1,131 @@
+"""The device's Python API: modes, synchronize, stats, dump_pending, is_materialized, fallback
+counters, and runtime errors arriving as Python exceptions with the runtime's message."""
+import pytest
+import torch
+
+import deferfuse_torch
+
+
+def test_device_module_is_registered():
+    assert torch.tpu.is_available() and torch.tpu.device_count() == 1
+    assert torch.tpu.current_device() == 0
+    t = torch.ones(2).tpu()
+    assert t.is_tpu and t.device == torch.device("tpu", 0)
+
+
+def test_mode_context_manager_sets_and_restores():
+    before = deferfuse_torch.get_mode()
+    with deferfuse_torch.mode("defer"):
+        assert deferfuse_torch.get_mode() == "defer"
+        with deferfuse_torch.mode("debug"):
+            assert deferfuse_torch.get_mode() == "debug"
+        assert deferfuse_torch.get_mode() == "defer"
+    assert deferfuse_torch.get_mode() == before
+    with pytest.raises(ValueError, match="unknown mode"):
+        deferfuse_torch.set_mode("fast")
+
+
+def test_defer_mode_records_until_a_sync_point():
+    x = torch.randn(100).to("tpu")
+    torch.tpu.synchronize()
+    with deferfuse_torch.mode("defer"):
+        y = (x * 2).exp() + 1
+        assert not deferfuse_torch.is_materialized(y)
+        text = deferfuse_torch.dump_pending()
+        assert "exp" in text and "mul" in text, text
+        torch.tpu.synchronize()
+        assert deferfuse_torch.is_materialized(y)
+        assert deferfuse_torch.dump_pending() == ""
+    torch.testing.assert_close(y.cpu(), (x.cpu() * 2).exp() + 1)
+
+
+def test_defer_mode_fuses_a_chain():
+    x = torch.randn(1000).to("tpu")
+    torch.tpu.synchronize()
+    before = deferfuse_torch.stats()
+    with deferfuse_torch.mode("defer"):
+        y = ((x * 2 + 1).tanh() - x).abs()
+        y.cpu()
+    after = deferfuse_torch.stats()
+    assert after["programs_run"] - before["programs_run"] == 1
+    assert after["sync_points"]["host_read"] > before["sync_points"]["host_read"]
+
+
+def test_fallback_counter_names_ops_without_a_kernel():
+    deferfuse_torch.reset_fallback_counts()
+    x = torch.arange(6.0).to("tpu")
+    got = torch.cumsum(x, 0)  # no tpu kernel: runs on CPU through the fallback
+    torch.testing.assert_close(got.cpu(), torch.cumsum(torch.arange(6.0), 0))
+    counts = deferfuse_torch.fallback_counts()
+    # cumsum reaches the fallback as its out= overload (the functional one is composite).
+    assert list(counts) == ["aten::cumsum.out"] and counts["aten::cumsum.out"] == 1
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer"])
+def test_runtime_error_is_a_python_exception_with_its_message(mode):
+    with deferfuse_torch.mode(mode):
+        a = torch.randn(3, 4).to("tpu")
+        b = torch.randn(5, 6).to("tpu")
+        with pytest.raises(RuntimeError, match=r"deferfuse \(matmul\): dfuse_op: matmul: input 1: expected 4 rows"):
+            torch.mm(a, b)
+        with pytest.raises(RuntimeError, match="deferfuse"):
+            torch.add(a, b)
+
+
+def test_unsupported_dtype_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="not supported by deferfuse"):
+        torch.zeros(3, dtype=torch.complex64, device="tpu")
+
+
+def test_tensor_freed_by_torch_is_released():
+    deferfuse_torch.synchronize()
+    x = torch.randn(1000).to("tpu")
+    del x  # the storage deleter releases the handle; nothing to assert but no crash/leak
+    torch.tpu.synchronize()
+
+
+def test_mode_reaches_autograds_backward_thread():
+    # deferfuse's mode is per thread and autograd runs backward on its own device thread: the
+    # block's mode must still apply there, so backward's ops are deferred too.
+    x = torch.ones(4, device="tpu", requires_grad=True)
+    torch.tpu.synchronize()
+    with deferfuse_torch.mode("defer"):
+        (x * x).sum().backward()
+        assert "mul" in deferfuse_torch.dump_pending()
+        torch.tpu.synchronize()
+    torch.testing.assert_close(x.grad.cpu(), torch.full((4,), 2.0))
+
+
+def test_bad_device_index_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="device index 1 does not exist"):
+        torch.empty(2, device="tpu:1")
+
+
+def test_reinterpreting_view_is_a_clear_error():
+    t = torch.ones(4, device="tpu")
+    with pytest.raises(RuntimeError, match="reinterpreting views"):
+        t.view(torch.int32) + 1
+
+
+def test_nll_loss_out_of_bounds_target_is_an_error_in_debug_mode():
+    logits = torch.randn(3, 5).to("tpu")
+    target = torch.tensor([0, 7, 1]).to("tpu")
+    with deferfuse_torch.mode("debug"):
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            torch.nn.functional.cross_entropy(logits, target)
+
+
+def test_save_and_load_keep_values_and_aliasing():
+    import io
+    t = torch.randn(3, 4).to("tpu")
+    buf = io.BytesIO()
+    torch.save({"t": t, "row": t[1]}, buf)
+    buf.seek(0)
+    on_cpu = torch.load(buf, map_location="cpu")
+    torch.testing.assert_close(on_cpu["t"], t.cpu())
+    buf.seek(0)
+    back = torch.load(buf)  # onto tpu: raw byte storages, retyped at first use
+    assert back["t"].device.type == "tpu"
+    torch.testing.assert_close((back["t"] * 1).cpu(), t.cpu())
+    back["t"].add_(1.0)  # the row still aliases the loaded tensor
+    torch.testing.assert_close(back["row"].cpu(), t[1].cpu() + 1.0)

@@ -1,0 +1,153 @@
+"""Elementwise ops on tpu against torch on CPU, in every eager mode."""
+import pytest
+import torch
+
+from conftest import check
+
+torch.manual_seed(0)
+X = torch.randn(33, 17)
+Y = torch.randn(33, 17)
+POS = torch.rand(33, 17) + 0.1
+
+UNARY = {
+    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid, "relu": torch.relu, "sin": torch.sin, "cos": torch.cos,
+    "erf": torch.erf, "floor": torch.floor, "ceil": torch.ceil, "round": torch.round,
+    "sign": torch.sign, "silu": torch.nn.functional.silu, "expm1": torch.expm1,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+}
+POSITIVE = {"log": torch.log, "log1p": torch.log1p, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
+            "reciprocal": torch.reciprocal}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary(mode, name):
+    f = UNARY[name]
+    check(f(X.to("tpu")), f(X), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(POSITIVE))
+def test_unary_positive_domain(mode, name):
+    f = POSITIVE[name]
+    check(f(POS.to("tpu")), f(POS), atol=1e-5, rtol=1e-5)
+
+
+BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "maximum": torch.maximum, "minimum": torch.minimum,
+    "add_alpha": lambda a, b: torch.add(a, b, alpha=-0.5),
+    "sub_alpha": lambda a, b: torch.sub(a, b, alpha=3),
+    "rsub": lambda a, b: torch.rsub(a, b),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_tensor_tensor(mode, name):
+    f = BINARY[name]
+    check(f(X.to("tpu"), Y.to("tpu")), f(X, Y))
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div"])
+def test_binary_broadcast(mode, name):
+    f = BINARY[name]
+    row = Y[0]
+    check(f(X.to("tpu"), row.to("tpu")), f(X, row))
+
+
+SCALAR_EXPRS = {
+    "add": lambda t, s: t + s, "mul": lambda t, s: t * s, "rsub": lambda t, s: s - t,
+    "div": lambda t, s: t / s, "pow": lambda t, s: t ** 2, "max": lambda t, s: t.clamp(max=s),
+}
+
+
+@pytest.mark.parametrize("scalar", [2, -1.5])
+@pytest.mark.parametrize("name", sorted(SCALAR_EXPRS))
+def test_binary_python_scalar(mode, name, scalar):
+    f = SCALAR_EXPRS[name]
+    check(f(X.to("tpu"), scalar), f(X, scalar))
+
+
+def test_scalar_base_pow(mode):
+    check(2.5 ** POS.to("tpu"), 2.5 ** POS)
+
+
+def test_int_tensor_with_float_scalar_promotes(mode):
+    i = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    check(i.to("tpu") * 0.5, i * 0.5)
+    check(i.to("tpu") + 1, i + 1)
+
+
+def test_pow_tensor_tensor(mode):
+    check(torch.pow(POS.to("tpu"), Y.to("tpu")), torch.pow(POS, Y), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["eq", "ne", "lt", "le", "gt", "ge"])
+def test_comparisons(mode, op):
+    a = torch.randint(0, 3, (5, 6)).float()
+    b = torch.randint(0, 3, (5, 6)).float()
+    f = getattr(torch, op)
+    check(f(a.to("tpu"), b.to("tpu")), f(a, b))
+    check(f(a.to("tpu"), 1.0), f(a, 1.0))
+
+
+def test_logical_ops(mode):
+    a, b = X > 0, Y > 0
+    check(torch.logical_and(a.to("tpu"), b.to("tpu")), torch.logical_and(a, b))
+    check(torch.logical_or(a.to("tpu"), b.to("tpu")), torch.logical_or(a, b))
+    check(torch.logical_not(a.to("tpu")), torch.logical_not(a))
+
+
+def test_isnan(mode):
+    t = torch.tensor([1.0, float("nan"), -2.0])
+    check(torch.isnan(t.to("tpu")), torch.isnan(t))
+
+
+def test_where(mode):
+    c = X > 0
+    check(torch.where(c.to("tpu"), X.to("tpu"), Y.to("tpu")), torch.where(c, X, Y))
+    check(torch.where(c.to("tpu"), X.to("tpu"), 0.0), torch.where(c, X, 0.0))
+
+
+def test_clamp(mode):
+    check(X.to("tpu").clamp(-0.5, 0.5), X.clamp(-0.5, 0.5))
+    check(X.to("tpu").clamp(min=0.1), X.clamp(min=0.1))
+    check(X.to("tpu").clamp(max=0.2), X.clamp(max=0.2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int32, torch.int64, torch.bool,
+                                   torch.float16, torch.bfloat16])
+def test_cast(mode, dtype):
+    check(X.to("tpu").to(dtype), X.to(dtype))
+
+
+def test_inplace_arithmetic(mode):
+    a = X.clone()
+    t = a.to("tpu")
+    for f in (lambda v: v.add_(1.5), lambda v: v.mul_(Y.to(v.device)), lambda v: v.sub_(0.25),
+              lambda v: v.div_(2.0), lambda v: v.relu_(), lambda v: v.exp_()):
+        f(a)
+        f(t)
+    check(t, a)
+
+
+def test_optimizer_update_ops(mode):
+    a, b, c = X.clone(), Y.clone(), POS.clone()
+    ta, tb, tc = a.to("tpu"), b.to("tpu"), c.to("tpu")
+    for t1, t2, t3 in ((a, b, c), (ta, tb, tc)):
+        t1.lerp_(t2, 0.1)
+        t1.addcmul_(t2, t3, value=0.3)
+        t1.addcdiv_(t2, t3, value=-0.2)
+    check(ta, a)
+    check(torch.lerp(tb, tc, 0.9), torch.lerp(b, c, 0.9))
+
+
+def test_activation_backward(mode):
+    for f in (torch.relu, torch.tanh, torch.sigmoid, torch.nn.functional.gelu,
+              lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+              torch.nn.functional.silu):
+        xc = X.clone().requires_grad_()
+        xt = X.to("tpu").requires_grad_()
+        f(xc).mul(Y).sum().backward()
+        f(xt).mul(Y.to("tpu")).sum().backward()
+        check(xt.grad, xc.grad, atol=1e-5, rtol=1e-4)

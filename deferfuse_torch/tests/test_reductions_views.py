@@ -1,0 +1,173 @@
+"""Reductions, views (aliasing), copies, cat and matrix products on tpu against CPU."""
+import pytest
+import torch
+
+from conftest import check
+
+torch.manual_seed(1)
+X = torch.randn(6, 5, 7)
+M = torch.randn(8, 16)
+
+
+@pytest.mark.parametrize("name,f", [
+    ("sum_all", lambda t: t.sum()),
+    ("sum_dim", lambda t: t.sum(1)),
+    ("sum_dims_keepdim", lambda t: t.sum((0, 2), keepdim=True)),
+    ("mean_dim", lambda t: t.mean(-1)),
+    ("mean_all", lambda t: t.mean()),
+    ("amax", lambda t: t.amax(1)),
+    ("amin", lambda t: t.amin((0, 1))),
+    ("max_all", lambda t: t.max()),
+    ("min_all", lambda t: t.min()),
+    ("prod", lambda t: t.prod(2)),
+    ("var", lambda t: t.var(1)),
+    ("std", lambda t: t.std(-1, keepdim=True)),
+])
+def test_float_reductions(mode, name, f):
+    check(f(X.to("tpu")), f(X), atol=1e-5, rtol=1e-4)
+
+
+def test_arg_reductions(mode):
+    t = X.to("tpu")
+    check(t.argmax(1), X.argmax(1))
+    check(t.argmin(-1), X.argmin(-1))
+    check(t.argmax(), X.argmax())
+    vals, idx = t.max(dim=2)
+    want_vals, want_idx = X.max(dim=2)
+    check(vals, want_vals)
+    check(idx, want_idx)
+
+
+def test_int_sum_is_int64(mode):
+    i = torch.arange(10, dtype=torch.int32)
+    check(i.to("tpu").sum(), i.sum())
+
+
+def test_view_shares_storage_and_sees_writes(mode):
+    base = torch.zeros(4, 6).to("tpu")
+    v = base.view(2, 12)
+    v.add_(1.0)
+    row = base[1]
+    row.mul_(3.0)
+    want = torch.ones(4, 6)
+    want[1] *= 3.0
+    check(base, want)
+    check(v, want.view(2, 12))
+    assert v.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("name,f", [
+    ("transpose", lambda t: t.transpose(0, 2)),
+    ("permute", lambda t: t.permute(2, 0, 1)),
+    ("slice_step", lambda t: t[1:5:2]),
+    ("select", lambda t: t[:, 3]),
+    ("expand", lambda t: t[:, :1].expand(6, 4, 7)),
+    ("unsqueeze", lambda t: t.unsqueeze(1)),
+    ("squeeze", lambda t: t[:, :1].squeeze(1)),
+    ("reshape_copy", lambda t: t.transpose(0, 1).reshape(-1)),
+    ("narrow_as_strided", lambda t: t.as_strided((3, 3), (5, 2), 4)),
+    ("t_contiguous", lambda t: t[0].t().contiguous()),
+])
+def test_views(mode, name, f):
+    check(f(X.to("tpu")), f(X))
+
+
+def test_ops_on_strided_views(mode):
+    t = X.to("tpu")
+    check(t.transpose(0, 2) * 2 + t.permute(2, 1, 0), X.transpose(0, 2) * 2 + X.permute(2, 1, 0))
+    check(t[:, 1:4].exp().sum(0), X[:, 1:4].exp().sum(0), atol=1e-5, rtol=1e-5)
+
+
+def test_inplace_on_strided_view_writes_base(mode):
+    a = X.clone()
+    t = a.to("tpu")
+    a.transpose(0, 1)[2].fill_(5.0)
+    t.transpose(0, 1)[2].fill_(5.0)
+    a[:, :, ::3].zero_()
+    t[:, :, ::3].zero_()
+    check(t, a)
+
+
+def test_copy_between_host_and_device(mode):
+    t = torch.empty(6, 5, 7, device="tpu")
+    t.copy_(X)
+    check(t, X)
+    dst = torch.empty(7, 5, 6)
+    dst.copy_(t.permute(2, 1, 0))
+    torch.testing.assert_close(dst, X.permute(2, 1, 0))
+    t[0].copy_(X[1])           # device <- host into a view
+    want = X.clone()
+    want[0] = X[1]
+    check(t, want)
+    d = torch.empty(5, 7, device="tpu", dtype=torch.float64)
+    d.copy_(t[2])              # device <- device with a cast
+    check(d, want[2].double())
+
+
+def test_item(mode):
+    t = X.to("tpu")
+    assert t[1, 2, 3].item() == pytest.approx(X[1, 2, 3].item())
+    assert (t > 0).sum().item() == (X > 0).sum().item()
+
+
+def test_cat(mode):
+    a, b = torch.randn(3, 4), torch.randn(2, 4)
+    check(torch.cat([a.to("tpu"), b.to("tpu")]), torch.cat([a, b]))
+    check(torch.cat([a.to("tpu"), a.to("tpu")], dim=1), torch.cat([a, a], dim=1))
+
+
+def test_matmul_family(mode):
+    a, b, bias = torch.randn(8, 16), torch.randn(16, 5), torch.randn(5)
+    check(a.to("tpu") @ b.to("tpu"), a @ b, atol=1e-4, rtol=1e-4)
+    check(torch.addmm(bias.to("tpu"), a.to("tpu"), b.to("tpu"), beta=0.5, alpha=2.0),
+          torch.addmm(bias, a, b, beta=0.5, alpha=2.0), atol=1e-4, rtol=1e-4)
+    check(a.to("tpu").t() @ a.to("tpu"), a.t() @ a, atol=1e-4, rtol=1e-4)
+    p, q = torch.randn(3, 4, 6), torch.randn(3, 6, 2)
+    check(torch.bmm(p.to("tpu"), q.to("tpu")), torch.bmm(p, q), atol=1e-4, rtol=1e-4)
+    check(torch.matmul(p.to("tpu"), b[:6].to("tpu")), torch.matmul(p, b[:6]), atol=1e-4,
+          rtol=1e-4)
+
+
+def test_softmax_and_layer_norm(mode):
+    f = torch.nn.functional
+    check(f.softmax(M.to("tpu"), -1), f.softmax(M, -1), atol=1e-6, rtol=1e-5)
+    check(f.log_softmax(M.to("tpu"), 0), f.log_softmax(M, 0), atol=1e-5, rtol=1e-5)
+    w, b = torch.randn(16), torch.randn(16)
+    check(f.layer_norm(M.to("tpu"), (16,), w.to("tpu"), b.to("tpu")), f.layer_norm(M, (16,), w, b),
+          atol=1e-5, rtol=1e-4)
+
+
+def test_creation(mode):
+    check(torch.zeros(3, 4, device="tpu"), torch.zeros(3, 4))
+    check(torch.ones(2, 3, device="tpu", dtype=torch.int64), torch.ones(2, 3, dtype=torch.int64))
+    check(torch.full((2, 2), 7.5, device="tpu"), torch.full((2, 2), 7.5))
+    check(torch.arange(0, 10, 3, device="tpu"), torch.arange(0, 10, 3))
+
+
+def test_all_any_and_infinities(mode):
+    m = torch.tensor([[1.0, 0.0, 2.0], [3.0, 4.0, 5.0]])
+    t = m.to("tpu")
+    check(t.all(), m.all())
+    check(t.any(), m.any())
+    check(t.all(dim=1), m.all(dim=1))
+    check((t > 10).any(dim=0, keepdim=True), (m > 10).any(dim=0, keepdim=True))
+    inf = torch.tensor([float("-inf"), 1.0, float("inf")])
+    check(torch.isneginf(inf.to("tpu")), torch.isneginf(inf))
+    check(torch.isposinf(inf.to("tpu")), torch.isposinf(inf))
+
+
+def test_where_out(mode):
+    c = M > 0
+    out = torch.empty(0, device="tpu")
+    torch.where(c.to("tpu"), M.to("tpu"), -M.to("tpu"), out=out)
+    check(out, torch.where(c, M, -M))
+
+
+@pytest.mark.parametrize("diagonal", [-1, 0, 2])
+def test_tril_triu(mode, diagonal):
+    x = torch.randn(2, 4, 6)
+    check(torch.tril(x.to("tpu"), diagonal), torch.tril(x, diagonal))
+    check(torch.triu(x.to("tpu"), diagonal), torch.triu(x, diagonal))
+    for dtype in (torch.bool, torch.int32):
+        m = torch.ones(5, 5, dtype=dtype)
+        check(m.to("tpu").tril(diagonal), m.tril(diagonal))
