@@ -178,3 +178,20 @@ fn a_negative_int_scalar_takes_a_uint8_computations_dtype() {
     let lt = agree_with_reference(Op::Binary(BinaryOp::Lt), x(), Some(Scalar::Int(-3)));
     assert_eq!(lt, [1.0, 0.0]);
 }
+
+#[test]
+fn f64_gelu_far_below_zero_is_within_1e_13_of_the_reference() {
+    // Found by the long fuzz profile at x = -3.527...: 1 + erf(x / sqrt 2) cancels there.
+    let x = reference::RefTensor::new(DType::F64, &[3], vec![-3.5274391338723725, -5.5, -2.0]);
+    let outs = run_in_every_mode(|rt| {
+        let h = upload(rt, &x);
+        vec![("gelu".into(), un(rt, UnaryOp::GeluErf, h))]
+    });
+    let want = reference::apply(&Op::Unary(UnaryOp::GeluErf), &[reference::Arg::T(&x)]);
+    let tol = Tol {
+        rel: 1e-13,
+        abs: 1e-13,
+        scaled: 0.0,
+    };
+    compare("gelu", &outs[0].1, &want, tol, None).unwrap();
+}
