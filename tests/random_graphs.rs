@@ -8,7 +8,7 @@ mod graphgen;
 mod harness;
 mod reference;
 
-use deferfuse::{DType, Op, ReduceOp, UnaryOp};
+use deferfuse::{BinaryOp, DType, Input, Op, ReduceOp, Scalar, UnaryOp};
 use graphgen::check::check_program;
 use graphgen::*;
 use harness::*;
@@ -91,7 +91,6 @@ fn a_fixed_program_with_every_instruction_kind_runs() {
 
 #[test]
 fn defer_row_kernel_recomputes_an_in_place_update() {
-    use deferfuse::BinaryOp;
     let outs = run_in_every_mode(|rt| {
         let x = tensor(rt, DType::F32, &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         rt.op(0, Op::Binary(BinaryOp::Add), &[tt(x), fs(1.0)], Some(x))
@@ -106,7 +105,6 @@ fn defer_row_kernel_recomputes_an_in_place_update() {
 
 #[test]
 fn defer_row_kernel_applies_an_in_place_op_once() {
-    use deferfuse::BinaryOp;
     let outs = run_in_every_mode(|rt| {
         let z = tensor(rt, DType::F32, &[2], &[1.0, 2.0]);
         let y = tensor(rt, DType::F32, &[1], &[-6.0]);
@@ -125,7 +123,6 @@ fn defer_row_kernel_applies_an_in_place_op_once() {
 
 #[test]
 fn defer_row_kernel_second_reduction_reads_old_values() {
-    use deferfuse::BinaryOp;
     let outs = run_in_every_mode(|rt| {
         let x0 = tensor(rt, DType::F32, &[6], &[10.0, 11.0, 12.0, 13.0, 14.0, 15.0]);
         let x1 = tensor(rt, DType::F32, &[6], &[-1.0, 2.0, -3.0, 4.0, -5.0, 6.0]);
@@ -146,4 +143,55 @@ fn defer_row_kernel_second_reduction_reads_old_values() {
         ]
     });
     assert_eq!(outs[0].1.data, [3.0]);
+}
+
+// ---- found by the long fuzz profile (the reference was wrong; these pin both sides) ----
+
+/// The runtime in every mode, and the reference, on one op of one input.
+fn agree_with_reference(op: Op, input: reference::RefTensor, other: Option<Scalar>) -> Vec<f64> {
+    let outs = run_in_every_mode(|rt| {
+        let x = upload(rt, &input);
+        let mut ins = vec![tt(x)];
+        ins.extend(other.map(Input::Scalar));
+        vec![("r".into(), run(rt, op.clone(), &ins))]
+    });
+    let mut args = vec![reference::Arg::T(&input)];
+    args.extend(other.map(reference::Arg::S));
+    let want = reference::apply(&op, &args);
+    compare("result", &outs[0].1, &want, EXACT, None).unwrap();
+    want.data
+}
+
+#[test]
+fn int64_neg_and_abs_of_int64_min_wrap() {
+    let x = || reference::RefTensor::new(DType::I64, &[2], vec![i64::MIN as f64, -5.0]);
+    let neg = agree_with_reference(Op::Unary(UnaryOp::Neg), x(), None);
+    assert_eq!(neg, [i64::MIN as f64, 5.0]);
+    let abs = agree_with_reference(Op::Unary(UnaryOp::Abs), x(), None);
+    assert_eq!(abs, [i64::MIN as f64, 5.0]);
+}
+
+#[test]
+fn a_negative_int_scalar_takes_a_uint8_computations_dtype() {
+    // PyTorch: `torch.tensor([5, 254], dtype=torch.uint8) < -3` is [True, False] (-3 is 253).
+    let x = || reference::RefTensor::new(DType::U8, &[2], vec![5.0, 254.0]);
+    let lt = agree_with_reference(Op::Binary(BinaryOp::Lt), x(), Some(Scalar::Int(-3)));
+    assert_eq!(lt, [1.0, 0.0]);
+}
+
+#[test]
+fn f64_gelu_far_below_zero_is_within_1e_13_of_the_reference() {
+    // Found by the long fuzz profile at x = -3.527...: 1 + erf(x / sqrt 2) cancels there.
+    let x = reference::RefTensor::new(DType::F64, &[3], vec![-3.5274391338723725, -5.5, -2.0]);
+    let outs = run_in_every_mode(|rt| {
+        let h = upload(rt, &x);
+        vec![("gelu".into(), un(rt, UnaryOp::GeluErf, h))]
+    });
+    let want = reference::apply(&Op::Unary(UnaryOp::GeluErf), &[reference::Arg::T(&x)]);
+    let tol = Tol {
+        rel: 1e-13,
+        abs: 1e-13,
+        scaled: 0.0,
+    };
+    compare("gelu", &outs[0].1, &want, tol, None).unwrap();
 }

@@ -43,7 +43,7 @@ class DfuseAttrs(ctypes.Structure):
         ("dtype", ctypes.c_uint32),
         ("dims", ctypes.c_int64 * DFUSE_MAX_REDUCE_DIMS),
         ("n_dims", ctypes.c_size_t),
-        ("keepdim", ctypes.c_bool),
+        ("keepdim", ctypes.c_uint8),
         ("dim", ctypes.c_int64),
     ]
 
@@ -267,11 +267,11 @@ class DfuseRuntime:
     def reduce_rows(self, sub: int, x: int) -> int:
         """Reduces dim 1 with keepdim, as workloads.rs's red(op, true) does."""
         a = self._attrs
-        a.sub_op, a.n_dims, a.keepdim = sub, 1, True
+        a.sub_op, a.n_dims, a.keepdim = sub, 1, 1
         a.dims[0] = 1
         self._set(0, x)
         h = self._call(OP_REDUCE, 1, 0)
-        a.n_dims, a.keepdim = 0, False
+        a.n_dims, a.keepdim = 0, 0
         return h
 
     # -- runtime ---------------------------------------------------------------------------

@@ -728,9 +728,11 @@ typedef struct DfuseAttrs {
    */
   size_t n_dims;
   /**
-   * REDUCE: keep reduced dims as size 1.
+   * REDUCE: keep reduced dims as size 1 when non-zero. A byte rather than a `bool`: a struct
+   * left uninitialized (or filled with memset) may hold any byte here, and reading a Rust
+   * `bool` that is not 0 or 1 is undefined behaviour, while every byte is a valid `u8`.
    */
-  bool keepdim;
+  uint8_t keepdim;
   /**
    * CAT: the dim to concatenate along; negative counts from the end.
    */

@@ -165,8 +165,10 @@ pub struct DfuseAttrs {
     pub dims: [i64; DFUSE_MAX_REDUCE_DIMS],
     /// REDUCE: how many of `dims` are used; 0 reduces over all dims.
     pub n_dims: usize,
-    /// REDUCE: keep reduced dims as size 1.
-    pub keepdim: bool,
+    /// REDUCE: keep reduced dims as size 1 when non-zero. A byte rather than a `bool`: a struct
+    /// left uninitialized (or filled with memset) may hold any byte here, and reading a Rust
+    /// `bool` that is not 0 or 1 is undefined behaviour, while every byte is a valid `u8`.
+    pub keepdim: u8,
     /// CAT: the dim to concatenate along; negative counts from the end.
     pub dim: i64,
 }
@@ -237,7 +239,7 @@ pub(crate) fn build_op(
             Op::Reduce {
                 op: r,
                 dims,
-                keepdim: a.keepdim,
+                keepdim: a.keepdim != 0,
             }
         }
         7 => {
@@ -354,7 +356,7 @@ mod tests {
             dtype: 0,
             dims: [0; DFUSE_MAX_REDUCE_DIMS],
             n_dims: dims.len(),
-            keepdim,
+            keepdim: keepdim.into(),
             dim: 0,
         };
         a.dims[..dims.len()].copy_from_slice(dims);

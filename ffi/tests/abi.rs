@@ -158,7 +158,7 @@ fn attrs(sub_op: u32) -> DfuseAttrs {
         dtype: 0,
         dims: [0; DFUSE_MAX_REDUCE_DIMS],
         n_dims: 0,
-        keepdim: false,
+        keepdim: 0,
         dim: 0,
     }
 }
@@ -174,7 +174,7 @@ fn reduce_dims_wrap_like_pytorch() {
         let mut a = attrs(DfuseReduceOp::Sum as u32);
         a.dims[..2].copy_from_slice(&[-1, 0]);
         a.n_dims = 2;
-        a.keepdim = true;
+        a.keepdim = 1;
         let s = rt.op(DfuseOpKind::Reduce, Some(&a), &[t(x)]);
         assert_eq!(rt.shape(s), [1, 3, 1]);
         let want: Vec<f32> = (0..3)

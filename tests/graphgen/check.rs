@@ -58,7 +58,13 @@ pub fn expected(
     let (r, tol, scale, into) = match ins {
         Ins::Unary(u, s, into) => {
             let r = apply(&Op::Unary(*u), &[Arg::T(&val(*s))]);
-            let tol = float_tol(r.dtype, exact_unary(*u));
+            let mut tol = float_tol(r.dtype, exact_unary(*u));
+            if *u == UnaryOp::GeluErf && r.dtype == DType::F64 {
+                // x * (1 + erf(x / sqrt 2)) / 2 cancels for x << 0: a few ulp of erf near -1
+                // (in the runtime's erf and in the reference's own series) become ~1e-11
+                // relative error of a ~1e-4 result. Bound it absolutely instead.
+                tol = max_tol(tol, Tol { abs: 1e-13, ..tol });
+            }
             (r, tol, None, *into)
         }
         Ins::Binary(b, s, o, into) => {

@@ -287,12 +287,20 @@ pub fn build(
                     _ => vec![rank - 1],
                 };
                 let keepdim = c % 2 == 0;
+                // A float product of many factors overflows (or underflows) the compute dtype
+                // part way, and then 0 * inf = NaN depends on the order of the factors, in
+                // PyTorch as here; the f64 reference never overflows. Keep products short.
+                let reduced: usize = match dims.first() {
+                    Some(&d) => si.sizes()[d],
+                    None => si.sizes().iter().product(),
+                };
                 let ops: Vec<ReduceOp> = ReduceOp::ALL
                     .into_iter()
                     .filter(|&r| {
-                        let ok_int =
-                            si.dtype.is_float() || si.dtype == DType::Bool || r != ReduceOp::Prod;
-                        ok_int && infer(&red_op(r, &dims, keepdim), &[meta_arg(&si)]).is_ok()
+                        let ok_prod = r != ReduceOp::Prod
+                            || si.dtype == DType::Bool
+                            || si.dtype.is_float() && reduced <= 16;
+                        ok_prod && infer(&red_op(r, &dims, keepdim), &[meta_arg(&si)]).is_ok()
                     })
                     .collect();
                 let r = ops[(b / 3) as usize % ops.len()];

@@ -333,6 +333,17 @@ static void bad_enums_and_attrs(DfuseRuntime *rt) {
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, DFUSE_OP_KIND_REDUCE, &a, in, 1, 0, &h));
     a.n_dims = (size_t)-1;
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, DFUSE_OP_KIND_REDUCE, &a, in, 1, 0, &h));
+    /* Attrs full of garbage (never initialized): every field is checked, none is UB. */
+    memset(&a, 0xA5, sizeof a);
+    MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, DFUSE_OP_KIND_REDUCE, &a, in, 1, 0, &h));
+    a.sub_op = DFUSE_REDUCE_OP_SUM;
+    a.n_dims = 0; /* keepdim is still 0xA5: "true" */
+    uint64_t s = 0;
+    size_t nd = 0;
+    OK(dfuse_op(rt, 0, DFUSE_OP_KIND_REDUCE, &a, in, 1, 0, &s));
+    OK(dfuse_tensor_ndim(rt, s, &nd));
+    CHECK(nd == 2);
+    OK(dfuse_tensor_release(rt, s));
     a = attrs(0);
     a.dtype = 8;
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, DFUSE_OP_KIND_CAST, &a, in, 1, 0, &h));
