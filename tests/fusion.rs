@@ -238,6 +238,44 @@ fn in_place_optimizer_update_fuses_and_equals_strict() {
 }
 
 #[test]
+fn independent_updates_of_one_shape_are_cut_by_their_memory_streams() {
+    // Three parameters of one size: fused together, one loop would stream 12 arrays.
+    let mut out = vec![];
+    for mode in [Mode::Strict, Mode::Defer] {
+        let r = rt(mode);
+        let mk = |seed| {
+            r.from_host(&f32s(&data(301, seed)), DType::F32, &[301])
+                .unwrap()
+        };
+        let params: Vec<[Handle; 4]> = (0..3)
+            .map(|k| {
+                let v = mk(40 + 4 * k);
+                let v0 = r.op(0, Op::Unary(UnaryOp::Abs), &[t(v)], None).unwrap();
+                [mk(41 + 4 * k), mk(42 + 4 * k), mk(43 + 4 * k), v0]
+            })
+            .collect();
+        r.synchronize(0).unwrap();
+        let before = r.stats();
+        for &[p, g, m, v] in &params {
+            adamw_step(&r, p, g, m, v, 1e-3);
+        }
+        r.synchronize(0).unwrap();
+        let st = r.stats();
+        let vals: Vec<Vec<u32>> = params.iter().map(|&[p, ..]| read(&r, p)).collect();
+        let cuts = st.cuts[CutReason::MaxOps as usize] - before.cuts[CutReason::MaxOps as usize];
+        out.push((vals, st.programs_run - before.programs_run, cuts));
+    }
+    assert_eq!(out[0].0, out[1].0, "defer must equal strict bit for bit");
+    let (programs, cuts) = (out[1].1, out[1].2);
+    assert_eq!(
+        (programs, cuts),
+        (2, 1),
+        "at most {} loaded buffers per loop: two parameters per program",
+        deferfuse::fusion::plan::MAX_LOADED_BUFFERS
+    );
+}
+
+#[test]
 fn changing_scalars_and_batch_sizes_compile_nothing_after_the_first_iteration() {
     let r = rt(Mode::Defer);
     let w = r

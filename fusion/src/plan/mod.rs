@@ -9,6 +9,7 @@
 //! has a reason, counted in [`Plan::cuts`].
 
 mod group;
+pub use group::MAX_LOADED_BUFFERS;
 
 use crate::epilogue::{combine, PendingMatmul};
 use crate::ir::{Op, Strides};
