@@ -5,6 +5,7 @@
 //! the number of threads.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Elements below which a loop runs on the calling thread: waking workers costs a few
 /// microseconds, about what one core needs to stream this many elements.
@@ -94,15 +95,23 @@ impl Pool {
                     .get_or_insert(e);
             }
         };
-        pool.in_place_scope(|s| {
-            let mut start = per.min(units);
-            while start < units {
-                let r = start..(start + per).min(units);
-                let run = &run;
-                s.spawn(move |_| run(r));
-                start += per;
+        // Every thread, the caller included, claims chunks from one counter until none are left:
+        // a caller outside the pool cannot steal rayon jobs, so handing it one fixed chunk
+        // left it idle while the workers ran the rest (two threads were no faster than one).
+        let chunks = units.div_ceil(per);
+        let next = AtomicUsize::new(0);
+        let claim = || loop {
+            let c = next.fetch_add(1, Ordering::Relaxed);
+            if c >= chunks {
+                break;
             }
-            run(0..per.min(units));
+            run(c * per..((c + 1) * per).min(units));
+        };
+        pool.in_place_scope(|s| {
+            for _ in 1..self.threads.min(chunks) {
+                s.spawn(|_| claim());
+            }
+            claim();
         });
         match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
             Some(e) => Err(e),
