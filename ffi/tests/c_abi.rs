@@ -2,35 +2,10 @@
 //! static library cargo builds for this crate, runs it, and requires it to pass: the ABI as a C
 //! (or C++) backend really sees it.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod c_program;
 
-/// The static library cargo built for this crate. Found from this test binary's path
-/// (`target/<profile>/deps/c_abi-<hash>`): cargo writes it next to the test binary
-/// (`deps/libdeferfuse.a`), and copies it up to `target/<profile>/` when the library itself is a
-/// build target.
-fn static_lib() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let deps = exe.parent().expect("the test binary's directory");
-    let name = if cfg!(windows) {
-        "deferfuse.lib"
-    } else {
-        "libdeferfuse.a"
-    };
-    let candidates = [deps.join(name), deps.parent().unwrap_or(deps).join(name)];
-    candidates
-        .iter()
-        .find(|p| p.exists())
-        .cloned()
-        .unwrap_or_else(|| {
-            panic!(
-                "the static library is missing (looked for {:?}): cargo builds it with the lib \
-                 target (crate-type staticlib in ffi/Cargo.toml); run `cargo test -p \
-                 deferfuse-ffi` so it is built in the same profile as this test",
-                candidates
-            )
-        })
-}
+use std::path::Path;
+use std::process::Command;
 
 fn compiler(var: &str, default: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| default.to_string())
@@ -55,32 +30,7 @@ fn run(cmd: &mut Command, what: &str) -> String {
 
 #[test]
 fn c_test_program_passes() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let lib = static_lib();
-    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join("deferfuse-ffi-c-abi");
-    std::fs::create_dir_all(&tmp).unwrap();
-    let exe = tmp.join("abi_test");
-
-    // Strict C99 with warnings as errors: the header must be clean for any C user.
-    let mut cc = Command::new(compiler("CC", "cc"));
-    cc.args([
-        "-std=c99",
-        "-pedantic",
-        "-Wall",
-        "-Wextra",
-        "-Werror",
-        "-O0",
-        "-g",
-    ])
-    .arg("-I")
-    .arg(dir.join("include"))
-    .arg(dir.join("tests/c/abi_test.c"))
-    .arg("-o")
-    .arg(&exe)
-    .arg(&lib)
-    .args(["-lpthread", "-ldl", "-lm"]);
-    run(&mut cc, "compiling and linking tests/c/abi_test.c");
-
+    let exe = c_program::build("abi_test");
     let output = run(
         Command::new(&exe)
             .env_remove("TORCH_TPU_DEFER_AND_FUSE")

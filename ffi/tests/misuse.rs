@@ -3,60 +3,11 @@
 //! header and the static library, and runs it. When valgrind is installed (CI installs it), both
 //! C programs also run under memcheck and must show no invalid access and no leak.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod c_program;
 
-fn dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The static library cargo built next to this test binary (see c_abi.rs for the layout).
-fn static_lib() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let deps = exe.parent().expect("the test binary's directory");
-    let name = "libdeferfuse.a";
-    [deps.join(name), deps.parent().unwrap_or(deps).join(name)]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect("libdeferfuse.a next to the test binary: run `cargo test -p deferfuse-ffi`")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// Compiles `tests/c/<name>.c` (strict C99, warnings are errors) and returns the executable.
-fn build(name: &str) -> PathBuf {
-    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join("deferfuse-ffi-misuse");
-    std::fs::create_dir_all(&tmp).unwrap();
-    let exe = tmp.join(name);
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let out = Command::new(&cc)
-        .args([
-            "-std=c99",
-            "-pedantic",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-O0",
-            "-g",
-        ])
-        .arg("-I")
-        .arg(dir().join("include"))
-        .arg(dir().join(format!("tests/c/{name}.c")))
-        .arg("-o")
-        .arg(&exe)
-        .arg(static_lib())
-        .args(["-lpthread", "-ldl", "-lm"])
-        .output()
-        .unwrap_or_else(|e| panic!("could not run {cc}: {e}"));
-    assert!(out.status.success(), "compiling {name}.c:\n{}", text(&out));
-    exe
-}
+use c_program::{build, dir, text};
+use std::path::Path;
+use std::process::Command;
 
 /// A command for `exe` with the mode variables cleared (the programs set them themselves).
 fn program(exe: &Path, wrapper: &[&str]) -> Command {
