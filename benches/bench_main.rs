@@ -9,7 +9,7 @@ mod workloads;
 
 use deferfuse::{BinaryOp, Config, DType, Input, Mode, Op, Runtime, Scalar};
 use std::time::Instant;
-use workloads::Workload;
+use workloads::{median, Workload};
 
 struct Args {
     json: bool,
@@ -52,11 +52,6 @@ fn stream_triad(threads: usize) -> f64 {
     (3 * n * 4) as f64 / median(times) / 1e9
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 fn runtime(mode: Mode, threads: usize) -> Runtime {
     Runtime::new(Config {
         mode: Some(mode),
@@ -64,20 +59,6 @@ fn runtime(mode: Mode, threads: usize) -> Runtime {
         ..Default::default()
     })
     .expect("runtime")
-}
-
-/// Median milliseconds of one iteration, after one warm-up (which compiles).
-fn time(rt: &Runtime, w: &Workload, reps: usize) -> f64 {
-    w.run(rt);
-    median(
-        (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                w.run(rt);
-                t.elapsed().as_secs_f64() * 1e3
-            })
-            .collect(),
-    )
 }
 
 fn emit(args: &Args, w: &Workload, mode: &str, ms: f64, ratio: Option<f64>) {
@@ -287,8 +268,8 @@ fn table(args: &Args) {
             continue;
         }
         let wd = make(&defer, n);
-        let ms_s = time(&strict, &ws, reps);
-        let ms_d = time(&defer, &wd, reps);
+        let ms_s = ws.median_ms(&strict, reps);
+        let ms_d = wd.median_ms(&defer, reps);
         emit(args, &ws, "strict", ms_s, None);
         // Ratio = strict time / defer time: above 1 means defer is faster.
         emit(args, &wd, "defer", ms_d, Some(ms_s / ms_d));

@@ -4,6 +4,7 @@
 //! binary runs the full sizes.
 
 #[path = "workloads.rs"]
+#[allow(dead_code)] // the timing helpers serve the bench binaries; criterion times itself
 mod workloads;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};

@@ -38,11 +38,6 @@ fn workloads(rt: &Runtime, quick: bool) -> Vec<Workload> {
     ]
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 /// Milliseconds of each workload's first iteration (compile or cache load included).
 fn first_runs(rt: &Runtime, quick: bool) -> Vec<(&'static str, f64)> {
     workloads(rt, quick)
@@ -130,19 +125,7 @@ fn main() {
     let wc = workloads(&cpu, quick);
     let wp = workloads(&warm, quick);
     for (a, b) in wc.iter().zip(&wp) {
-        let time = |rt: &Runtime, w: &Workload| {
-            w.run(rt);
-            median(
-                (0..reps)
-                    .map(|_| {
-                        let t = Instant::now();
-                        w.run(rt);
-                        t.elapsed().as_secs_f64() * 1e3
-                    })
-                    .collect(),
-            )
-        };
-        let (c, p) = (time(&cpu, a), time(&warm, b));
+        let (c, p) = (a.median_ms(&cpu, reps), b.median_ms(&warm, reps));
         println!(
             "{:<10} {c:>10.3} {p:>10.3} {:>8.2}  ({})",
             a.name,

@@ -2,6 +2,7 @@
 //! so the bench binary and the criterion benches run the very same op sequences.
 
 use deferfuse::{BinaryOp, DType, Handle, Input, Op, ReduceOp, Runtime, Scalar, UnaryOp};
+use std::time::Instant;
 
 /// A workload's inputs and how to run one iteration of it.
 pub struct Workload {
@@ -268,5 +269,27 @@ fn label(n: usize) -> String {
         format!("{}M", n >> 20)
     } else {
         format!("{}K", n >> 10)
+    }
+}
+
+/// The median of `v` (the upper one for an even count).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+impl Workload {
+    /// Median milliseconds of one iteration over `reps`, after one warm-up (which compiles).
+    pub fn median_ms(&self, rt: &Runtime, reps: usize) -> f64 {
+        self.run(rt);
+        median(
+            (0..reps)
+                .map(|_| {
+                    let t = Instant::now();
+                    self.run(rt);
+                    t.elapsed().as_secs_f64() * 1e3
+                })
+                .collect(),
+        )
     }
 }
