@@ -238,13 +238,23 @@ impl<'a, 'b> Emitter<'a, 'b> {
 
     /// NaN-propagating maximum (`lt == false`) or minimum (`lt == true`).
     fn fminmax(&mut self, x: &V, y: &V, min: bool) -> V {
-        let cc = if min {
-            FloatCC::LessThan
-        } else {
-            FloatCC::GreaterThan
+        let r = match (x, y) {
+            // One minps/maxps: `x < y ? x : y` (or `y < x`), which already returns a NaN `y`.
+            (V::F(a), V::F(b)) => V::F(if min {
+                self.vm().min_else_second(*a, *b)
+            } else {
+                self.vm().max_else_second(*a, *b)
+            }),
+            _ => {
+                let cc = if min {
+                    FloatCC::LessThan
+                } else {
+                    FloatCC::GreaterThan
+                };
+                let m = self.fcmp(cc, x, y);
+                self.fsel(&m, x, y)
+            }
         };
-        let m = self.fcmp(cc, x, y);
-        let r = self.fsel(&m, x, y);
         let nan = self.fcmp(FloatCC::Unordered, x, x);
         self.fsel(&nan, x, &r)
     }
@@ -273,8 +283,14 @@ impl<'a, 'b> Emitter<'a, 'b> {
             }
             Relu => {
                 let zero = self.fconst(0.0, d);
-                let m = self.fcmp(FloatCC::LessThan, a, &zero);
-                self.fsel(&m, &zero, a)
+                match (&zero, a) {
+                    // `x < 0 ? 0 : x` in one maxps; a NaN passes through.
+                    (V::F(z), V::F(x)) => V::F(self.vm().max_else_second(*z, *x)),
+                    _ => {
+                        let m = self.fcmp(FloatCC::LessThan, a, &zero);
+                        self.fsel(&m, &zero, a)
+                    }
+                }
             }
             Sign => {
                 let zero = self.fconst(0.0, d);

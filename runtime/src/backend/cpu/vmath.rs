@@ -42,17 +42,31 @@ impl VMath<'_, '_> {
         self.as_f(r)
     }
 
-    /// `x` clamped to at most `hi`: one compare and one blend. A NaN passes through (the
-    /// callers handle NaN last); Cranelift's `fmin` would spend ~7 instructions on NaN and -0.
-    fn at_most(&mut self, x: Value, hi: Value) -> Value {
-        let over = self.b.ins().fcmp(FloatCC::GreaterThan, x, hi);
-        self.select(over, hi, x)
+    /// `a < b ? a : b`: one `minps a, b`, which returns `b` when either is NaN. Cranelift
+    /// emits `minps` for exactly this bitselect-of-compare shape on f32x4 (its `fmin` spends
+    /// ~7 instructions on NaN and -0; a blend on the integer view costs a compare and a blend).
+    pub fn min_else_second(&mut self, a: Value, b: Value) -> Value {
+        let m = self.b.ins().fcmp(FloatCC::LessThan, a, b);
+        let m = self.as_f(m);
+        self.b.ins().bitselect(m, a, b)
     }
 
-    /// `x` clamped to at least `lo`, like `at_most`.
+    /// `b < a ? a : b`: one `maxps a, b` (returns `b` when either is NaN), like
+    /// [`VMath::min_else_second`].
+    pub fn max_else_second(&mut self, a: Value, b: Value) -> Value {
+        let m = self.b.ins().fcmp(FloatCC::LessThan, b, a);
+        let m = self.as_f(m);
+        self.b.ins().bitselect(m, a, b)
+    }
+
+    /// `x` clamped to at most `hi` in one instruction; a NaN `x` passes through.
+    fn at_most(&mut self, x: Value, hi: Value) -> Value {
+        self.min_else_second(hi, x)
+    }
+
+    /// `x` clamped to at least `lo` in one instruction; a NaN `x` passes through.
     fn at_least(&mut self, x: Value, lo: Value) -> Value {
-        let under = self.b.ins().fcmp(FloatCC::LessThan, x, lo);
-        self.select(under, lo, x)
+        self.max_else_second(lo, x)
     }
 
     fn horner(&mut self, x: Value, coeffs: &[f32]) -> Value {
@@ -114,9 +128,9 @@ impl VMath<'_, '_> {
         let y = self.select(over, inf, y);
         let under = self.b.ins().fcmp(FloatCC::LessThan, x, lo);
         let zero = self.splat(0.0);
-        let y = self.select(under, zero, y);
-        let nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
-        self.select(nan, x, y)
+        // A NaN needs no blend of its own: the clamps pass it on, every step keeps it NaN
+        // (2^NaN's bits make 0, and NaN * 0 is NaN), and both compares above are false.
+        self.select(under, zero, y)
     }
 
     /// ln x (Cephes logf): split mantissa and exponent, a degree-9 polynomial around 1.
@@ -223,9 +237,8 @@ impl VMath<'_, '_> {
         let small = self.b.ins().fma(p, x, x);
         let lim = self.splat(0.625);
         let is_small = self.b.ins().fcmp(FloatCC::LessThan, ax, lim);
-        let r = self.select(is_small, small, big);
-        let is_nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
-        self.select(is_nan, x, r)
+        // A NaN takes the `big` branch (the compare is false), which stays NaN.
+        self.select(is_small, small, big)
     }
 
     /// 1 / (1 + e^-x).
