@@ -109,6 +109,15 @@ impl Trace {
     pub fn take(&mut self) -> Vec<Node> {
         std::mem::take(&mut self.nodes)
     }
+
+    /// Gives back a flushed node list's allocation, so the next trace of similar length grows
+    /// without reallocating (and copying its nodes) a dozen times.
+    pub fn recycle(&mut self, mut nodes: Vec<Node>) {
+        if self.nodes.is_empty() && nodes.capacity() > self.nodes.capacity() {
+            nodes.clear();
+            self.nodes = nodes;
+        }
+    }
 }
 
 impl fmt::Display for Trace {

@@ -23,7 +23,7 @@ impl Runtime {
             return Ok(false);
         }
         let nodes = pending.trace.take();
-        let buffers = std::mem::take(&mut pending.buffers);
+        let mut buffers = std::mem::take(&mut pending.buffers);
         pending.bytes = 0;
         self.counters.sync(reason);
         // A buffer is live when something besides this flush holds it (a tensor handle).
@@ -63,6 +63,12 @@ impl Runtime {
             if let Some(b) = buffers.get(&n.output.buffer) {
                 b.mark_flushed();
             }
+        }
+        // The next trace reuses both allocations instead of growing them again op by op.
+        pending.trace.recycle(nodes);
+        buffers.clear();
+        if pending.buffers.is_empty() {
+            pending.buffers = buffers;
         }
         result.map(|()| true)
     }

@@ -89,7 +89,11 @@ fn tensor_sizes(args: &[ArgMeta]) -> impl Iterator<Item = (usize, &Dims)> {
 fn broadcast_all(op: &str, args: &[ArgMeta]) -> OpResult<Dims> {
     let mut out: Dims = SmallVec::new();
     for (i, sizes) in tensor_sizes(args) {
-        out = broadcast_shapes(op, &out, sizes, &format!("input {i}"))?;
+        // The operand's name is only formatted on error: this runs for every recorded op.
+        out = broadcast_shapes(op, &out, sizes, "").map_err(|mut e| {
+            e.operand = format!("input {i}");
+            e
+        })?;
     }
     Ok(out)
 }
