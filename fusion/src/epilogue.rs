@@ -5,6 +5,7 @@
 use crate::ir::Op;
 use crate::region::{Binding, Region, Step};
 use crate::trace::{Node, TensorRef};
+use std::sync::Arc;
 
 /// A lowered matmul waiting to see whether the next ops can be its epilogue.
 #[derive(Clone, Debug)]
@@ -65,10 +66,10 @@ impl PendingMatmul {
 /// Joins the GEMM step `gemm` and the epilogue loop step `e` into one step (see
 /// `Region::Matmul`).
 pub fn combine(gemm: Step, e: Step) -> Step {
-    let Region::Matmul { dtype, .. } = gemm.region else {
+    let Region::Matmul { dtype, .. } = *gemm.region else {
         unreachable!("the last lowered step of a matmul is its GEMM")
     };
-    let Region::Loop(l) = e.region else {
+    let Region::Loop(l) = Arc::unwrap_or_clone(e.region) else {
         unreachable!("an epilogue is a loop")
     };
     let mut g = gemm.binding.operands.into_iter();
@@ -84,10 +85,10 @@ pub fn combine(gemm: Step, e: Step) -> Step {
     let mut nodes = gemm.nodes;
     nodes.extend(e.nodes);
     Step {
-        region: Region::Matmul {
+        region: Arc::new(Region::Matmul {
             dtype,
             epilogue: Some(Box::new(l)),
-        },
+        }),
         binding: Binding {
             operands,
             iter: e.binding.iter,
@@ -103,7 +104,7 @@ pub fn combine(gemm: Step, e: Step) -> Step {
 pub fn rebind_gemm(combined: &mut Step, gemm: &Step) {
     let Region::Matmul {
         epilogue: Some(l), ..
-    } = &combined.region
+    } = &*combined.region
     else {
         unreachable!("a combined step has an epilogue")
     };

@@ -9,6 +9,7 @@ use crate::region::{
 };
 use crate::trace::{Node, Operand, TensorRef};
 use smallvec::SmallVec;
+use std::sync::Arc;
 
 /// Builds a loop body in SSA form, deduplicating loads of the same operand.
 #[derive(Default)]
@@ -344,7 +345,7 @@ pub fn loop_step(
     operands.extend(outputs.into_iter().map(|(_, t)| t));
     operands.extend(reduces.into_iter().filter_map(|(_, _, t)| t));
     Step {
-        region: Region::Loop(region),
+        region: Arc::new(Region::Loop(region)),
         binding: Binding {
             operands,
             iter: Some(iter),
@@ -416,7 +417,7 @@ pub fn lower_node(node: &Node, index: usize) -> Vec<Step> {
                 _ => 0,
             };
             vec![Step {
-                region: Region::Arange { dtype: *dtype },
+                region: Arc::new(Region::Arange { dtype: *dtype }),
                 binding: Binding {
                     operands: vec![out.clone()],
                     iter: None,
@@ -487,10 +488,10 @@ fn lower_matmul(node: &Node, index: usize) -> Vec<Step> {
         ..t.clone()
     };
     steps.push(Step {
-        region: Region::Matmul {
+        region: Arc::new(Region::Matmul {
             dtype: out.dtype,
             epilogue: None,
-        },
+        }),
         binding: Binding {
             operands: vec![t(a, al), t(bm, bl), t(out, ol)],
             iter: None,

@@ -72,14 +72,8 @@ impl Signature {
             words: Vec::with_capacity(nodes.len() * 24),
             hash: 0,
         };
-        let mut ids: HashMap<BufferId, u64> = HashMap::default();
-        let mut buffers = Vec::new();
-        let mut rel = |b: BufferId| {
-            *ids.entry(b).or_insert_with(|| {
-                buffers.push(b);
-                buffers.len() as u64 - 1
-            })
-        };
+        let mut ids = Renumber::default();
+        let mut rel = |b: BufferId| ids.number(b);
         for n in nodes {
             w.push(0xA11);
             n.op.hash(&mut w);
@@ -105,14 +99,48 @@ impl Signature {
             n.output.layout.hash(&mut w);
             n.output.dtype.hash(&mut w);
         }
-        for &b in &buffers {
+        for &b in &ids.buffers {
             w.push(live(b) as u64);
         }
         Signature {
             words: w.words,
             hash: w.hash,
-            buffers,
+            buffers: ids.buffers,
         }
+    }
+}
+
+/// Numbers buffers in order of first appearance. A short trace names a handful of buffers,
+/// where scanning a list beats hashing into a map built afresh every flush; long traces switch
+/// to the map.
+#[derive(Default)]
+struct Renumber {
+    buffers: Vec<BufferId>,
+    map: HashMap<BufferId, u64>,
+}
+
+impl Renumber {
+    const SCAN: usize = 32;
+
+    fn number(&mut self, b: BufferId) -> u64 {
+        if self.buffers.len() <= Self::SCAN {
+            if let Some(i) = self.buffers.iter().position(|&x| x == b) {
+                return i as u64;
+            }
+        } else if let Some(&i) = self.map.get(&b) {
+            return i;
+        }
+        let i = self.buffers.len() as u64;
+        self.buffers.push(b);
+        if self.buffers.len() > Self::SCAN {
+            if self.map.is_empty() {
+                self.map
+                    .extend(self.buffers.iter().enumerate().map(|(k, &x)| (x, k as u64)));
+            } else {
+                self.map.insert(b, i);
+            }
+        }
+        i
     }
 }
 
@@ -202,7 +230,8 @@ impl Template {
             dead_nodes: self.dead_nodes,
             unmaterialized: self.unmaterialized,
             cut_log: self.cut_log.clone(),
-            origins: self.origins.clone(),
+            // Only a fresh plan needs them (to become a template); the template keeps its own.
+            origins: Vec::new(),
         }
     }
 }

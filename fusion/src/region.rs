@@ -6,6 +6,7 @@ use crate::ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 use crate::iter::{IterSpace, StrideKind};
 use crate::trace::TensorRef;
 use std::fmt;
+use std::sync::Arc;
 
 /// Index of a value computed inside a loop body.
 pub type ValueIdx = u32;
@@ -101,7 +102,9 @@ pub struct Binding {
 /// One unit of execution: a region and what it runs on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Step {
-    pub region: Region,
+    /// Shared: a reused plan hands out the same regions every flush, and cloning a loop body
+    /// per step per flush cost more than the rest of a cache-hit flush.
+    pub region: Arc<Region>,
     pub binding: Binding,
     /// Trace node indices this step executes (for logs, dumps and stats).
     pub nodes: Vec<usize>,

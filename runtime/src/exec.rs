@@ -58,7 +58,9 @@ impl Runtime {
         self.counters
             .unmaterialized
             .fetch_add(p.unmaterialized as u64, Ordering::Relaxed);
-        let result = self.launch_steps(stream, p.steps, &buffers, Mode::Defer);
+        // The caller waits right after these: run on its thread if the stream is idle.
+        let inline = matches!(reason, SyncReason::Synchronize | SyncReason::HostRead);
+        let result = self.launch_steps(stream, p.steps, &buffers, Mode::Defer, inline);
         for n in &nodes {
             if let Some(b) = buffers.get(&n.output.buffer) {
                 b.mark_flushed();
@@ -82,7 +84,8 @@ impl Runtime {
         mode: Mode,
     ) -> Result<()> {
         let steps = lower_node(&node, 0);
-        self.launch_steps(stream, steps, &buffers, mode)?;
+        // Debug mode waits for every op: it may as well run it on this thread.
+        self.launch_steps(stream, steps, &buffers, mode, mode == Mode::Debug)?;
         if mode == Mode::Debug {
             stream.synchronize()?;
         }
@@ -92,12 +95,15 @@ impl Runtime {
     /// Launches `steps` in order. In defer mode a failure (an allocation, a compile) marks the
     /// outputs of the failing and every later step as failed, so reading them later reports
     /// the error instead of stale memory; strict and debug report it at the op itself.
+    /// `inline`: the caller waits for these steps next, so they run on its thread when the
+    /// stream is idle (see [`Stream::launch_or_run`]).
     fn launch_steps(
         &self,
         stream: &Stream,
         steps: Vec<Step>,
         buffers: &impl BufferLookup,
         mode: Mode,
+        inline: bool,
     ) -> Result<()> {
         // Only a deferred flush needs them (strict and debug report at the op).
         let outputs: Vec<Vec<BufferId>> = if mode == Mode::Defer {
@@ -112,7 +118,7 @@ impl Runtime {
             Vec::new()
         };
         let mut launched = 0;
-        let r = self.launch_each(stream, steps, buffers, mode, &mut launched);
+        let r = self.launch_each(stream, steps, buffers, mode, inline, &mut launched);
         if let (Err(e), Mode::Defer) = (&r, mode) {
             for id in outputs[launched..].iter().flatten() {
                 if let Some(b) = buffers.find(*id) {
@@ -129,6 +135,7 @@ impl Runtime {
         steps: Vec<Step>,
         buffers: &impl BufferLookup,
         mode: Mode,
+        inline: bool,
         launched: &mut usize,
     ) -> Result<()> {
         for step in steps {
@@ -170,7 +177,7 @@ impl Runtime {
                 b.mark_launched();
             }
             let binding = step.binding;
-            let seq = stream.launch(Box::new(move || {
+            let work: crate::stream::Work = Box::new(move || {
                 let bases: Vec<*mut u8> = bufs
                     .iter()
                     .map(|b| b.storage().map(|s| s.ptr()))
@@ -182,7 +189,12 @@ impl Runtime {
                     b.mark_done();
                 }
                 r
-            }));
+            });
+            let seq = if inline {
+                stream.launch_or_run(work)
+            } else {
+                stream.launch(work)
+            };
             self.counters.programs_run.fetch_add(1, Ordering::Relaxed);
             for b in &outputs {
                 b.set_writer(Writer {

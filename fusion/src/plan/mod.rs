@@ -88,7 +88,8 @@ pub struct Plan {
     pub unmaterialized: usize,
     /// For each cut, the node that triggered it and why (for logs).
     pub cut_log: Vec<(usize, CutReason)>,
-    /// Where `steps` came from, in order (what a cached plan needs to re-bind them).
+    /// Where `steps` came from, in order (what a cached plan needs to re-bind them). Empty in
+    /// a plan handed back by the plan cache, which keeps its own copy.
     pub origins: Vec<StepOrigin>,
 }
 
