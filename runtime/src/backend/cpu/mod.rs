@@ -119,6 +119,10 @@ impl CpuBackend {
         module
             .define_function(id, &mut ctx)
             .map_err(|e| Error::Backend(format!("compiling loop region: {e:?}\n{region}")))?;
+        if self.keep_listing {
+            listing.push_str("\n; ---- optimized IR ----\n");
+            listing.push_str(&ctx.func.display().to_string());
+        }
         if let Some(asm) = ctx.compiled_code().and_then(|c| c.vcode.as_ref()) {
             // The machine code as Cranelift emitted it: what to read when a loop is slow.
             listing.push_str("\n; ---- machine code ----\n");

@@ -6,7 +6,7 @@
 //! are stored during the first sweep, the others in a final sweep. Every sweep is a main loop
 //! over chunks of 4 elements and a tail of single elements running the same instructions.
 
-use super::codegen::{block_args, flatten, params_like, Kernel};
+use super::codegen::{block_args, flatten, loop_test, params_like, Kernel};
 use super::lanes::{lane_ty, Emitter, V};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F64, I64};
@@ -205,14 +205,21 @@ fn elementwise_sweep(s: &Sweep, e: &mut Emitter) {
         let (head, idx, body) = heads[k];
         e.b.switch_to_block(head);
         let end = e.b.ins().iadd_imm_s(idx, step);
-        let fits = e.b.ins().icmp(IntCC::SignedLessThanOrEqual, end, s.n);
         let next_args = if k + 1 < stages.len() {
             vec![BlockArg::Value(idx)]
         } else {
             vec![]
         };
         let next = heads.get(k + 1).map_or(after, |h| h.0);
-        e.b.ins().brif(fits, body, &[], next, &next_args);
+        loop_test(
+            e.b,
+            IntCC::SignedLessThanOrEqual,
+            end,
+            s.n,
+            body,
+            next,
+            &next_args,
+        );
         e.b.switch_to_block(body);
         e.width = width;
         for c in 0..copies {
@@ -304,9 +311,16 @@ fn reduce_sweep(s: &Sweep, e: &mut Emitter, op: ReduceOp, value: u32) -> V {
 
     e.b.switch_to_block(v8head);
     let end8 = e.b.ins().iadd_imm_s(i, 8);
-    let fits = e.b.ins().icmp(IntCC::SignedLessThanOrEqual, end8, n);
-    e.b.ins()
-        .brif(fits, v8body, &[], v4check, &args(i, &acc_a, &acc_b));
+    let rest = args(i, &acc_a, &acc_b);
+    loop_test(
+        e.b,
+        IntCC::SignedLessThanOrEqual,
+        end8,
+        n,
+        v8body,
+        v4check,
+        &rest,
+    );
 
     e.b.switch_to_block(v8body);
     let v = s.step(e, i, &pre, Some(value)).expect("folded value");
@@ -318,8 +332,16 @@ fn reduce_sweep(s: &Sweep, e: &mut Emitter, op: ReduceOp, value: u32) -> V {
 
     e.b.switch_to_block(v4check);
     let end4 = e.b.ins().iadd_imm_s(i4, 4);
-    let fits = e.b.ins().icmp(IntCC::SignedLessThanOrEqual, end4, n);
-    e.b.ins().brif(fits, v4body, &[], hsum, &args(i4, &a4, &b4));
+    let rest = args(i4, &a4, &b4);
+    loop_test(
+        e.b,
+        IntCC::SignedLessThanOrEqual,
+        end4,
+        n,
+        v4body,
+        hsum,
+        &rest,
+    );
 
     e.b.switch_to_block(v4body);
     let v = s.step(e, i4, &pre, Some(value)).expect("folded value");
@@ -344,8 +366,7 @@ fn reduce_sweep(s: &Sweep, e: &mut Emitter, op: ReduceOp, value: u32) -> V {
     e.b.ins().jump(thead, &a);
 
     e.b.switch_to_block(thead);
-    let more = e.b.ins().icmp(IntCC::SignedLessThan, ti, n);
-    e.b.ins().brif(more, tbody, &[], finish, &[]);
+    loop_test(e.b, IntCC::SignedLessThan, ti, n, tbody, finish, &[]);
 
     e.b.switch_to_block(tbody);
     let v = s.step(e, ti, &pre, Some(value)).expect("folded value");
@@ -385,8 +406,7 @@ fn arg_sweep(s: &Sweep, e: &mut Emitter, op: ReduceOp, value: u32) -> V {
     e.b.ins().jump(head, &block_args(&[one, best0, zero]));
 
     e.b.switch_to_block(head);
-    let more = e.b.ins().icmp(IntCC::SignedLessThan, i, n);
-    e.b.ins().brif(more, body, &[], finish, &[]);
+    loop_test(e.b, IntCC::SignedLessThan, i, n, body, finish, &[]);
 
     e.b.switch_to_block(body);
     let v = s.step(e, i, &pre, Some(value)).expect("folded value");
