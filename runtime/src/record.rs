@@ -63,7 +63,11 @@ impl Runtime {
                 Input::Tensor(h) => {
                     let t = self.operand_tensor(h, &op, OperandName::Input(i))?;
                     metas.push(ArgMeta::tensor(t.dtype, &t.layout.sizes));
-                    operands.push(Operand::Tensor(tref(&t)));
+                    operands.push(Operand::Tensor(TensorRef {
+                        buffer: t.buffer.id,
+                        layout: t.layout,
+                        dtype: t.dtype,
+                    }));
                     buffers.insert(t.buffer);
                 }
                 Input::Scalar(v) => {
