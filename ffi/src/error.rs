@@ -123,7 +123,8 @@ pub(crate) fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidArgument(msg.into())
 }
 
-fn check_ptr<T>(p: *const T, name: &str, what: &str) -> Result<()> {
+/// `what` is only formatted on error: these checks run on every call, the op path included.
+fn check_ptr<T>(p: *const T, name: &str, what: impl std::fmt::Display) -> Result<()> {
     if p.is_null() {
         return Err(invalid(format!("{name} is NULL; pass {what}")));
     }
@@ -177,7 +178,7 @@ pub(crate) unsafe fn slice_in<'a, T>(p: *const T, n: usize, name: &str) -> Resul
     check_ptr(
         p,
         name,
-        &format!("an array of {n} elements (or a count of 0)"),
+        format_args!("an array of {n} elements (or a count of 0)"),
     )?;
     check_len::<T>(n, name)?;
     // SAFETY: non-null, aligned, size fits isize (checked); readable per the caller's contract.
@@ -192,7 +193,7 @@ pub(crate) unsafe fn slice_out<'a, T>(p: *mut T, n: usize, name: &str) -> Result
     if n == 0 {
         return Ok(&mut []);
     }
-    check_ptr(p, name, &format!("writable memory for {n} elements"))?;
+    check_ptr(p, name, format_args!("writable memory for {n} elements"))?;
     check_len::<T>(n, name)?;
     // SAFETY: non-null, aligned, size fits isize (checked); writable per the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts_mut(p, n) })
