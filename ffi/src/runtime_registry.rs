@@ -298,7 +298,12 @@ pub unsafe extern "C" fn dfuse_release_cached_memory(
     freed: *mut u64,
 ) -> DfuseStatus {
     guard("dfuse_release_cached_memory", || {
-        let n = runtime(rt)?.release_cached_memory();
+        // The out-pointer is checked before anything is released: a call that fails has no
+        // effect.
+        // SAFETY: the caller's contract.
+        unsafe { write_out(freed, "freed", 0) }?;
+        let rt = runtime(rt)?;
+        let n = rt.release_cached_memory();
         // SAFETY: the caller's contract.
         unsafe { write_out(freed, "freed", n) }
     })

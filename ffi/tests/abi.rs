@@ -420,3 +420,28 @@ fn null_pointers_name_the_function_and_parameter() {
         ok(dfuse_tensor_shape(rt.0, h, ptr::null_mut(), 0));
     }
 }
+
+#[test]
+fn a_release_of_cached_memory_with_a_bad_out_pointer_releases_nothing() {
+    let rt = Rt::new(DfuseMode::Strict);
+    let x = rt.f32s(&[1.0; 1024], &[1024]);
+    // SAFETY: a live handle.
+    ok(unsafe { dfuse_tensor_release(rt.0, x) });
+    let cached = || {
+        let mut s = std::mem::MaybeUninit::<DfuseStats>::uninit();
+        // SAFETY: a valid out-pointer.
+        ok(unsafe { dfuse_stats(rt.0, s.as_mut_ptr()) });
+        // SAFETY: initialized by the successful call.
+        unsafe { s.assume_init() }.host_cached_bytes
+    };
+    assert!(cached() > 0, "the freed tensor's block is cached");
+    // SAFETY: NULL is a documented misuse, reported as an error.
+    let st = unsafe { dfuse_release_cached_memory(rt.0, ptr::null_mut()) };
+    assert_eq!(st, DfuseStatus::InvalidArgument);
+    assert!(cached() > 0, "a failed call has no effect");
+    let mut freed = 0;
+    // SAFETY: a valid out-pointer.
+    ok(unsafe { dfuse_release_cached_memory(rt.0, &mut freed) });
+    assert!(freed > 0);
+    assert_eq!(cached(), 0);
+}
