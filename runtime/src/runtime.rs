@@ -405,6 +405,7 @@ impl Runtime {
             device_uploads: backend.device_uploads,
             device_downloads: backend.device_downloads,
             device_resident_hits: backend.device_resident_hits,
+            device_resident_bytes: backend.device_resident_bytes,
         }
     }
 

@@ -82,6 +82,9 @@ pub struct Stats {
     pub device_downloads: u64,
     /// Operands a program took from the device copy of their buffer instead of an upload.
     pub device_resident_hits: u64,
+    /// Bytes of device memory holding buffers' values now (padded arrays); a buffer's device
+    /// copy is freed with the buffer.
+    pub device_resident_bytes: u64,
 }
 
 /// The live counters.

@@ -597,3 +597,63 @@ fn a_host_copy_into_a_resident_buffer_replaces_its_value() {
         assert_eq!(read_f32(&rt, b, 10), want, "{mode:?}");
     }
 }
+
+/// A host read of any view (here every third row, transposed) of a value that lives on the
+/// device writes the whole buffer back first; the device copy stays valid for the next program.
+#[test]
+fn a_host_read_of_a_view_of_a_resident_value_writes_it_back_first() {
+    let Some(p) = plugin() else { return };
+    let rt = runtime(BackendKind::Pjrt, Some(&p), Mode::Defer).unwrap();
+    let x: Vec<f32> = (0..9 * 4).map(|i| i as f32).collect();
+    let xh = rt.from_host(&f32_bytes(&x), DType::F32, &[9, 4]).unwrap();
+    let a = bin_s(&rt, BinaryOp::Add, xh, 0.5);
+    let rows = rt
+        .view(
+            0,
+            a,
+            &deferfuse_runtime::View::Slice {
+                dim: 0,
+                start: 1,
+                end: 9,
+                step: 3,
+            },
+        )
+        .unwrap();
+    let v = rt
+        .view(0, rows, &deferfuse_runtime::View::Transpose(0, 1))
+        .unwrap();
+    let want: Vec<f32> = (0..4)
+        .flat_map(|c| [1, 4, 7].map(|r| x[r * 4 + c] + 0.5))
+        .collect();
+    assert_eq!(read_f32(&rt, v, 12), want);
+    let before = rt.stats();
+    let b = bin_s(&rt, BinaryOp::Mul, a, 2.0);
+    rt.synchronize(0).unwrap();
+    assert_eq!(
+        transfers(&rt, before),
+        (0, 0, 1),
+        "a is still on the device"
+    );
+    assert_eq!(read_f32(&rt, b, 36)[5], (5.0 + 0.5) * 2.0);
+}
+
+/// A buffer's device copy is freed with the buffer: once every handle is released and the
+/// work that used them has run, no device memory holds a value.
+#[test]
+fn releasing_every_tensor_frees_their_device_copies() {
+    let Some(p) = plugin() else { return };
+    let rt = runtime(BackendKind::Pjrt, Some(&p), Mode::Defer).unwrap();
+    let x: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+    let xh = rt
+        .from_host(&f32_bytes(&x), DType::F32, &[10, 100])
+        .unwrap();
+    let a = un(&rt, UnaryOp::Sqrt, xh);
+    let s = row_sum(&rt, a, 1);
+    assert_eq!(read_f32(&rt, s, 10).len(), 10);
+    assert!(rt.stats().device_resident_bytes >= 4 * 1000);
+    for h in [xh, a, s] {
+        rt.release(h).unwrap();
+    }
+    rt.synchronize(0).unwrap();
+    assert_eq!(rt.stats().device_resident_bytes, 0);
+}

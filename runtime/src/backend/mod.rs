@@ -43,6 +43,8 @@ pub struct BackendCounters {
     pub device_downloads: u64,
     /// Operands a program took from their buffer's device copy instead of an upload.
     pub device_resident_hits: u64,
+    /// Bytes of device memory holding buffers' values now.
+    pub device_resident_bytes: u64,
 }
 
 /// A buffer's value kept in a backend's device memory (see `buffer`'s module doc): opaque to

@@ -57,6 +57,8 @@ pub struct PjrtCounters {
     pub downloads: AtomicU64,
     /// Operands taken from their buffer's device copy.
     pub resident_hits: AtomicU64,
+    /// Bytes of device arrays held as buffers' values now.
+    pub resident_bytes: AtomicU64,
 }
 
 /// The default bound of `DEFERFUSE_CACHE_DIR` (`DEFERFUSE_CACHE_MAX_BYTES` overrides it).
@@ -187,6 +189,7 @@ impl Backend for PjrtBackend {
             device_uploads: c.uploads.load(Ordering::Relaxed),
             device_downloads: c.downloads.load(Ordering::Relaxed),
             device_resident_hits: c.resident_hits.load(Ordering::Relaxed),
+            device_resident_bytes: c.resident_bytes.load(Ordering::Relaxed),
         }
     }
 }

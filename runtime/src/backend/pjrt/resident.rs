@@ -62,7 +62,18 @@ pub struct DeviceArray {
 
 impl DeviceArray {
     pub fn new(buf: DeviceBuffer, key: DenseKey, counters: Arc<PjrtCounters>) -> DeviceArray {
+        counters
+            .resident_bytes
+            .fetch_add(key.padded_len() as u64, Ordering::Relaxed);
         DeviceArray { buf, key, counters }
+    }
+}
+
+impl Drop for DeviceArray {
+    fn drop(&mut self) {
+        self.counters
+            .resident_bytes
+            .fetch_sub(self.key.padded_len() as u64, Ordering::Relaxed);
     }
 }
 

@@ -382,10 +382,10 @@ pub fn unpad(key: &DenseKey, src: &[u8], dst: &mut [u8]) {
     let rows: usize = key.valid[..k - 1].iter().product();
     let mut idx = vec![0usize; k - 1];
     for r in 0..rows {
-        let mut at = 0usize;
-        for d in 0..k - 1 {
-            at = (at + idx[d]) * key.padded[d + 1];
-        }
+        let at = idx
+            .iter()
+            .zip(&key.padded[1..])
+            .fold(0usize, |at, (&i, &n)| (at + i) * n);
         dst[r * row..(r + 1) * row].copy_from_slice(&src[at * es..at * es + row]);
         for d in (0..k - 1).rev() {
             idx[d] += 1;
