@@ -657,3 +657,29 @@ fn releasing_every_tensor_frees_their_device_copies() {
     rt.synchronize(0).unwrap();
     assert_eq!(rt.stats().device_resident_bytes, 0);
 }
+
+/// A matmul into a fresh tensor (beta 0) never reads the output's old contents, so nothing of
+/// it is uploaded; with its operands on the device, repeating it uploads nothing at all.
+#[test]
+fn a_repeated_matmul_uploads_nothing_after_its_first_launch() {
+    let Some(p) = plugin() else { return };
+    let rt = runtime(BackendKind::Pjrt, Some(&p), Mode::Defer).unwrap();
+    let a: Vec<f32> = (0..6 * 5).map(|i| (i as f32 * 0.2).sin()).collect();
+    let b: Vec<f32> = (0..5 * 3).map(|i| (i as f32 * 0.4).cos()).collect();
+    let ah = rt.from_host(&f32_bytes(&a), DType::F32, &[6, 5]).unwrap();
+    let bh = rt.from_host(&f32_bytes(&b), DType::F32, &[5, 3]).unwrap();
+    let want: Vec<f32> = (0..6 * 3)
+        .map(|i| (0..5).map(|k| a[i / 3 * 5 + k] * b[k * 3 + i % 3]).sum())
+        .collect();
+    for round in 0..3 {
+        let before = rt.stats();
+        let m = matmul(&rt, ah, bh);
+        rt.synchronize(0).unwrap();
+        let (up, _, _) = transfers(&rt, before);
+        if round > 0 {
+            assert_eq!(up, 0, "round {round} uploaded {up} arrays");
+        }
+        assert_close("a @ b", &want, &read_f32(&rt, m, 18));
+        rt.release(m).unwrap();
+    }
+}

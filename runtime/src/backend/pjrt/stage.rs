@@ -85,7 +85,7 @@ pub struct Plan {
     pub sig: Signature,
     pub valid: Vec<usize>,
     pub strides: Vec<Vec<isize>>,
-    /// Operands the program reads (staged and uploaded), in argument order.
+    /// Operands the program reads (staged: uploaded, or taken from the device), in argument order.
     pub inputs: Vec<usize>,
     /// Operands the program writes, in result order.
     pub outputs: Vec<usize>,
