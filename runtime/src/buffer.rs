@@ -1,13 +1,26 @@
 //! Buffers: 64-byte aligned host storage with a lifecycle (deferred -> executing ->
 //! materialized). Storage is allocated when the first program that writes the buffer is
 //! launched, so a value that is never written never costs memory.
+//!
+//! # Where a buffer's bytes live
+//!
+//! A buffer's value may also have a *device copy*: a backend (PJRT) keeps a program's result
+//! on its device so the next region takes it without a round trip through the host, and keeps
+//! an uploaded input so the next launch does not upload it again. The two copies form a
+//! write-back cache with one rule: when a device copy exists it holds the current value, and
+//! `host_stale` says whether the host bytes are older (a device program wrote the buffer last).
+//! So every path that reads host bytes calls [`Buffer::host_coherent`] first (it writes a stale
+//! value back), and every path that writes host bytes calls [`Buffer::host_written`] after
+//! making the host coherent (the device copy no longer matches and is dropped). The CPU backend
+//! never makes device copies; its launches only pay one atomic load per operand to see that.
 
 use crate::alloc::{HostAllocator, Storage};
+use crate::backend::DeviceValue;
 use crate::error::{Error, Result};
 use crate::stream::Progress;
 use deferfuse_fusion::BufferId;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// The last op that writes a buffer: which stream, and once launched, which job to wait for.
 #[derive(Clone)]
@@ -29,6 +42,13 @@ pub enum BufferState {
     Materialized = 2,
 }
 
+/// A buffer's device copy (see the module doc).
+struct Resident {
+    value: Arc<dyn DeviceValue>,
+    /// The device copy is newer than the host bytes: write it back before a host read.
+    host_stale: bool,
+}
+
 /// A buffer shared by every view of it and by the work that reads or writes it.
 pub struct Buffer {
     pub id: BufferId,
@@ -44,6 +64,11 @@ pub struct Buffer {
     /// Why the deferred op that should have written this buffer never ran (a flush failed
     /// before launching it): reported on every later use instead of reading stale memory.
     failure: Mutex<Option<Error>>,
+    /// The device copy, if any.
+    resident: Mutex<Option<Resident>>,
+    /// Whether `resident` may be `Some`: a lock-free answer for the common case of a buffer
+    /// that only lives on the host (every operand of every CPU launch asks).
+    has_resident: AtomicBool,
 }
 
 impl Buffer {
@@ -57,6 +82,8 @@ impl Buffer {
             inflight_writes: AtomicU32::new(0),
             writer: Mutex::new(None),
             failure: Mutex::new(None),
+            resident: Mutex::new(None),
+            has_resident: AtomicBool::new(false),
         }
     }
 
@@ -142,5 +169,76 @@ impl Buffer {
 
     pub fn mark_done(&self) {
         self.inflight_writes.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn resident_lock(&self) -> MutexGuard<'_, Option<Resident>> {
+        self.resident.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a device copy exists (it may or may not be newer than the host bytes).
+    pub fn is_resident(&self) -> bool {
+        self.has_resident.load(Ordering::Acquire)
+    }
+
+    /// The device copy, if any. It holds the buffer's current value.
+    pub fn device_copy(&self) -> Option<Arc<dyn DeviceValue>> {
+        if !self.is_resident() {
+            return None;
+        }
+        self.resident_lock().as_ref().map(|r| r.value.clone())
+    }
+
+    /// Makes `value` the buffer's device copy. `host_stale`: a device program just wrote the
+    /// buffer (the host bytes are old until written back); false for a copy of the host bytes
+    /// (an upload kept for the next launch).
+    pub fn set_device_copy(&self, value: Arc<dyn DeviceValue>, host_stale: bool) {
+        let mut r = self.resident_lock();
+        *r = Some(Resident { value, host_stale });
+        self.has_resident.store(true, Ordering::Release);
+    }
+
+    /// Replaces the device copy `old` by `new`, the same value in another form (a backend
+    /// restaged it); the host bytes stay as stale as they were. Does nothing if the copy is no
+    /// longer `old`.
+    pub fn replace_device_copy(&self, old: &Arc<dyn DeviceValue>, new: Arc<dyn DeviceValue>) {
+        let mut r = self.resident_lock();
+        if let Some(res) = r.as_mut().filter(|r| Arc::ptr_eq(&r.value, old)) {
+            res.value = new;
+        }
+    }
+
+    /// Makes the host bytes current: writes a stale device copy back (the copy stays, now
+    /// clean). Call before anything reads or partially writes the host storage; the buffer's
+    /// writer must have finished.
+    pub fn host_coherent(&self) -> Result<()> {
+        if !self.is_resident() {
+            return Ok(());
+        }
+        let mut r = self.resident_lock();
+        let Some(res) = r.as_mut().filter(|r| r.host_stale) else {
+            return Ok(());
+        };
+        let s = self.storage_for_overwrite()?;
+        // SAFETY: the storage holds `self.len` bytes, and the stale flag (held under the lock)
+        // means no one reads the host bytes until this write-back is done.
+        let host = unsafe { std::slice::from_raw_parts_mut(s.ptr(), self.len) };
+        res.value.copy_to_host(host)?;
+        res.host_stale = false;
+        Ok(())
+    }
+
+    /// The host bytes were (or are about to be) written: drops the device copy. The caller made
+    /// the host coherent first unless the write covers every byte.
+    pub fn host_written(&self) {
+        if !self.is_resident() {
+            return;
+        }
+        let old = {
+            let mut r = self.resident_lock();
+            self.has_resident.store(false, Ordering::Release);
+            r.take()
+        };
+        // Freed outside the lock (a device free may wait for the device).
+        drop(old);
     }
 }

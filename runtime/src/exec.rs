@@ -178,13 +178,9 @@ impl Runtime {
             }
             let binding = step.binding;
             let work: crate::stream::Work = Box::new(move || {
-                let bases: Vec<*mut u8> = bufs
-                    .iter()
-                    .map(|b| b.storage().map(|s| s.ptr()))
-                    .collect::<Result<_>>()?;
                 // SAFETY: every buffer is allocated, kept alive by `bufs`, large enough for its
                 // layout (checked when views are made), and ordered by the stream.
-                let r = unsafe { program.run(&binding, &bases) };
+                let r = unsafe { program.run_buffers(&binding, &bufs) };
                 for b in &bufs[binding.n_inputs..] {
                     b.mark_done();
                 }

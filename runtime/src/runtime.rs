@@ -338,6 +338,8 @@ impl Runtime {
         if !self.wait_written(&t.buffer, SyncReason::HostRead)? {
             self.counters.sync(SyncReason::HostRead);
         }
+        // The value may live on a device (its writer ran there): copy it out first.
+        t.buffer.host_coherent()?;
         let base = t.buffer.storage()?.ptr();
         let l = &t.layout;
         let mut idx = vec![0usize; l.rank()];
@@ -400,6 +402,10 @@ impl Runtime {
             shape_compiles: backend.shape_compiles,
             disk_cache_hits: backend.disk_cache_hits,
             disk_cache_corrupt: backend.disk_cache_corrupt,
+            device_uploads: backend.device_uploads,
+            device_downloads: backend.device_downloads,
+            device_resident_hits: backend.device_resident_hits,
+            device_resident_bytes: backend.device_resident_bytes,
         }
     }
 

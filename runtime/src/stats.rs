@@ -74,6 +74,17 @@ pub struct Stats {
     pub disk_cache_hits: u64,
     /// Damaged disk-cache entries found, removed and recompiled (each also logs a warning).
     pub disk_cache_corrupt: u64,
+    /// Operand arrays copied from host to device (PJRT; 0 on the CPU backend). Values a
+    /// program produced, and inputs uploaded once, stay on the device for later programs.
+    pub device_uploads: u64,
+    /// Arrays copied from device to host: a host read of a value that lives on the device, or
+    /// a result written through a partial view (PJRT; 0 on the CPU backend).
+    pub device_downloads: u64,
+    /// Operands a program took from the device copy of their buffer instead of an upload.
+    pub device_resident_hits: u64,
+    /// Bytes of device memory holding buffers' values now (padded arrays); a buffer's device
+    /// copy is freed with the buffer.
+    pub device_resident_bytes: u64,
 }
 
 /// The live counters.

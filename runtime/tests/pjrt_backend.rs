@@ -352,3 +352,334 @@ fn a_matmul_with_an_empty_inner_dim_writes_zeros() {
         assert_eq!(read_f32(&rt, m, 12), vec![0.0; 12], "{mode:?}");
     }
 }
+
+// ---- values stay on the device between programs ----
+
+fn un(rt: &Runtime, u: UnaryOp, x: deferfuse_runtime::Handle) -> deferfuse_runtime::Handle {
+    rt.op(0, Op::Unary(u), &[Input::Tensor(x)], None).unwrap()
+}
+
+fn bin_s(
+    rt: &Runtime,
+    b: BinaryOp,
+    x: deferfuse_runtime::Handle,
+    s: f64,
+) -> deferfuse_runtime::Handle {
+    rt.op(
+        0,
+        Op::Binary(b),
+        &[Input::Tensor(x), Input::Scalar(Scalar::Float(s))],
+        None,
+    )
+    .unwrap()
+}
+
+fn row_sum(rt: &Runtime, x: deferfuse_runtime::Handle, dim: usize) -> deferfuse_runtime::Handle {
+    let red = Op::Reduce {
+        op: ReduceOp::Sum,
+        dims: vec![dim].into(),
+        keepdim: false,
+    };
+    rt.op(0, red, &[Input::Tensor(x)], None).unwrap()
+}
+
+fn matmul(
+    rt: &Runtime,
+    a: deferfuse_runtime::Handle,
+    b: deferfuse_runtime::Handle,
+) -> deferfuse_runtime::Handle {
+    rt.op(0, Op::Matmul, &[Input::Tensor(a), Input::Tensor(b)], None)
+        .unwrap()
+}
+
+fn assert_close(what: &str, cpu: &[f32], pjrt: &[f32]) {
+    assert_eq!(cpu.len(), pjrt.len(), "{what}");
+    for (i, (a, b)) in cpu.iter().zip(pjrt).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + a.abs()),
+            "{what}[{i}]: cpu {a} vs pjrt {b}"
+        );
+    }
+}
+
+/// (uploads, downloads, resident hits) since `before`.
+fn transfers(rt: &Runtime, before: deferfuse_runtime::Stats) -> (u64, u64, u64) {
+    let s = rt.stats();
+    (
+        s.device_uploads - before.device_uploads,
+        s.device_downloads - before.device_downloads,
+        s.device_resident_hits - before.device_resident_hits,
+    )
+}
+
+/// exp(x / 2) | relu(. - 1) | row sums, one region each (a synchronize between them): the
+/// input is uploaded once, each intermediate is taken from the device, and only the host read
+/// of the result downloads anything. Dims 5 and 6 are padded (to 8), so this also runs through
+/// the zeroed padding of every result.
+#[test]
+fn a_chain_of_regions_uploads_its_input_once_and_downloads_only_the_host_read() {
+    let Some(p) = plugin() else { return };
+    let x: Vec<f32> = (0..5 * 6).map(|i| (i as f32 * 0.29).sin() * 3.0).collect();
+    let run = |rt: &Runtime| {
+        let xh = rt.from_host(&f32_bytes(&x), DType::F32, &[5, 6]).unwrap();
+        let before = rt.stats();
+        let a = un(rt, UnaryOp::Exp, bin_s(rt, BinaryOp::Mul, xh, 0.5));
+        rt.synchronize(0).unwrap();
+        let b = un(rt, UnaryOp::Relu, bin_s(rt, BinaryOp::Sub, a, 1.0));
+        rt.synchronize(0).unwrap();
+        let c = row_sum(rt, b, 1);
+        let runs = rt.stats().programs_run - before.programs_run;
+        let got = read_f32(rt, c, 5);
+        (got, transfers(rt, before), runs)
+    };
+    let (cpu, _, _) = run(&runtime(BackendKind::Cpu, None, Mode::Defer).unwrap());
+    let rt = runtime(BackendKind::Pjrt, Some(&p), Mode::Defer).unwrap();
+    let (pj, (up, down, hits), runs) = run(&rt);
+    assert_close("row sums", &cpu, &pj);
+    assert!(
+        runs >= 2,
+        "the synchronizes cut the chain ({runs} programs before the read)"
+    );
+    assert_eq!(
+        (up, down, hits),
+        (1, 1, 2),
+        "(uploads, downloads, resident hits) of a 3-region chain"
+    );
+}
+
+/// Strict mode runs every op as its own program; the values still stay on the device between
+/// them, and reading one does not evict it: a later op takes it from the device again.
+#[test]
+fn strict_mode_keeps_values_on_the_device_between_ops() {
+    let Some(p) = plugin() else { return };
+    let x: Vec<f32> = (0..3 * 7).map(|i| i as f32 * 0.1 - 1.0).collect();
+    let run = |rt: &Runtime| {
+        let xh = rt.from_host(&f32_bytes(&x), DType::F32, &[3, 7]).unwrap();
+        let before = rt.stats();
+        let a = bin_s(rt, BinaryOp::Mul, xh, 3.0);
+        let b = un(rt, UnaryOp::Tanh, a);
+        let c = bin_s(rt, BinaryOp::Add, b, 0.25);
+        let first = read_f32(rt, c, 21);
+        let d = bin_s(rt, BinaryOp::Mul, c, 2.0);
+        let second = read_f32(rt, d, 21);
+        (first, second, transfers(rt, before))
+    };
+    let cpu = run(&runtime(BackendKind::Cpu, None, Mode::Strict).unwrap());
+    let pj = run(&runtime(BackendKind::Pjrt, Some(&p), Mode::Strict).unwrap());
+    assert_close("tanh chain", &cpu.0, &pj.0);
+    assert_close("after the read", &cpu.1, &pj.1);
+    assert_eq!(pj.2, (1, 2, 3), "(uploads, downloads, resident hits)");
+}
+
+/// Results on the device carry zero padding, like an upload: a matmul contracting over a
+/// padded k (3, bucketed to 4) of two resident exp() results would add exp(0) * exp(0) = 1 per
+/// padded term, and one of a resident log() result would add log(0) * 0 = NaN. (Adding a row
+/// vector keeps each loop 2-D, so its result is staged with the matmul's own dims and passed
+/// as is.)
+#[test]
+fn resident_results_are_zero_padded_for_matmuls_over_a_padded_inner_dim() {
+    let Some(p) = plugin() else { return };
+    let x: Vec<f32> = (0..5 * 3)
+        .map(|i| 0.5 + (i as f32 * 0.7).sin().abs())
+        .collect();
+    let y: Vec<f32> = (0..3 * 7).map(|i| (i as f32 * 0.3).cos() * 0.5).collect();
+    let run = |rt: &Runtime| {
+        let xh = rt.from_host(&f32_bytes(&x), DType::F32, &[5, 3]).unwrap();
+        let yh = rt.from_host(&f32_bytes(&y), DType::F32, &[3, 7]).unwrap();
+        let r3 = rt
+            .from_host(&f32_bytes(&[0.0, 0.1, 0.2]), DType::F32, &[3])
+            .unwrap();
+        let r7 = rt
+            .from_host(&f32_bytes(&[0.0; 7]), DType::F32, &[7])
+            .unwrap();
+        let add = |a, b| {
+            rt.op(
+                0,
+                Op::Binary(BinaryOp::Add),
+                &[Input::Tensor(a), Input::Tensor(b)],
+                None,
+            )
+            .unwrap()
+        };
+        let ex = un(rt, UnaryOp::Exp, add(xh, r3));
+        let ey = un(rt, UnaryOp::Exp, add(yh, r7));
+        let lx = un(rt, UnaryOp::Log, add(xh, r3));
+        rt.synchronize(0).unwrap();
+        let before = rt.stats();
+        let m1 = matmul(rt, ex, ey);
+        let m2 = matmul(rt, lx, yh);
+        let s = row_sum(rt, ex, 0);
+        rt.synchronize(0).unwrap();
+        let hits = rt.stats().device_resident_hits - before.device_resident_hits;
+        (
+            read_f32(rt, m1, 35),
+            read_f32(rt, m2, 35),
+            read_f32(rt, s, 3),
+            hits,
+        )
+    };
+    let cpu = run(&runtime(BackendKind::Cpu, None, Mode::Defer).unwrap());
+    let pj = run(&runtime(BackendKind::Pjrt, Some(&p), Mode::Defer).unwrap());
+    assert_close("exp(x + r) @ exp(y + r)", &cpu.0, &pj.0);
+    assert_close("log(x + r) @ y", &cpu.1, &pj.1);
+    assert_close("column sums of exp(x + r)", &cpu.2, &pj.2);
+    assert!(
+        pj.3 >= 4,
+        "the matmuls took their operands from the device ({} hits)",
+        pj.3
+    );
+}
+
+/// A copy into a strided slice of a buffer whose value lives on the device: the rest of the
+/// buffer is written back first, so the host then holds both parts; a transposed read of the
+/// result (not a dense view: gathered on the host) and a dense one agree.
+#[test]
+fn a_write_through_a_partial_view_of_a_resident_buffer_keeps_the_rest() {
+    let Some(p) = plugin() else { return };
+    let x: Vec<f32> = (0..4 * 6).map(|i| i as f32 * 0.05).collect();
+    let run = |rt: &Runtime| {
+        let xh = rt.from_host(&f32_bytes(&x), DType::F32, &[4, 6]).unwrap();
+        let a = un(rt, UnaryOp::Exp, xh);
+        rt.synchronize(0).unwrap();
+        let cols = rt
+            .view(
+                0,
+                a,
+                &deferfuse_runtime::View::Slice {
+                    dim: 1,
+                    start: 1,
+                    end: 6,
+                    step: 2,
+                },
+            )
+            .unwrap();
+        let src = rt
+            .from_host(&f32_bytes(&[-1.0; 12]), DType::F32, &[4, 3])
+            .unwrap();
+        rt.op(0, Op::Copy, &[Input::Tensor(src)], Some(cols))
+            .unwrap();
+        let t = rt
+            .view(0, a, &deferfuse_runtime::View::Transpose(0, 1))
+            .unwrap();
+        let tt = bin_s(rt, BinaryOp::Add, t, 1.0);
+        let d = bin_s(rt, BinaryOp::Mul, a, 2.0);
+        (
+            read_f32(rt, a, 24),
+            read_f32(rt, tt, 24),
+            read_f32(rt, d, 24),
+        )
+    };
+    let cpu = run(&runtime(BackendKind::Cpu, None, Mode::Defer).unwrap());
+    let pj = run(&runtime(BackendKind::Pjrt, Some(&p), Mode::Defer).unwrap());
+    assert_eq!(cpu.0[1], -1.0);
+    assert_close("a after the partial copy", &cpu.0, &pj.0);
+    assert_close("a.T + 1", &cpu.1, &pj.1);
+    assert_close("a * 2", &cpu.2, &pj.2);
+}
+
+/// Data from the host copied over a buffer whose value lives on the device replaces it, and
+/// the buffer reads back as the copied data, on the host and in the next program.
+#[test]
+fn a_host_copy_into_a_resident_buffer_replaces_its_value() {
+    let Some(p) = plugin() else { return };
+    for mode in [Mode::Strict, Mode::Defer] {
+        let rt = runtime(BackendKind::Pjrt, Some(&p), mode).unwrap();
+        let x: Vec<f32> = (0..10).map(|i| i as f32).collect();
+        let xh = rt.from_host(&f32_bytes(&x), DType::F32, &[10]).unwrap();
+        let a = bin_s(&rt, BinaryOp::Add, xh, 100.0);
+        assert_eq!(read_f32(&rt, a, 10)[3], 103.0, "{mode:?}");
+        let fresh: Vec<f32> = (0..10).map(|i| -(i as f32)).collect();
+        let h = rt.from_host(&f32_bytes(&fresh), DType::F32, &[10]).unwrap();
+        rt.op(0, Op::Copy, &[Input::Tensor(h)], Some(a)).unwrap();
+        assert_eq!(read_f32(&rt, a, 10), fresh, "{mode:?}");
+        let b = bin_s(&rt, BinaryOp::Mul, a, 2.0);
+        let want: Vec<f32> = fresh.iter().map(|v| v * 2.0).collect();
+        assert_eq!(read_f32(&rt, b, 10), want, "{mode:?}");
+    }
+}
+
+/// A host read of any view (here every third row, transposed) of a value that lives on the
+/// device writes the whole buffer back first; the device copy stays valid for the next program.
+#[test]
+fn a_host_read_of_a_view_of_a_resident_value_writes_it_back_first() {
+    let Some(p) = plugin() else { return };
+    let rt = runtime(BackendKind::Pjrt, Some(&p), Mode::Defer).unwrap();
+    let x: Vec<f32> = (0..9 * 4).map(|i| i as f32).collect();
+    let xh = rt.from_host(&f32_bytes(&x), DType::F32, &[9, 4]).unwrap();
+    let a = bin_s(&rt, BinaryOp::Add, xh, 0.5);
+    let rows = rt
+        .view(
+            0,
+            a,
+            &deferfuse_runtime::View::Slice {
+                dim: 0,
+                start: 1,
+                end: 9,
+                step: 3,
+            },
+        )
+        .unwrap();
+    let v = rt
+        .view(0, rows, &deferfuse_runtime::View::Transpose(0, 1))
+        .unwrap();
+    let want: Vec<f32> = (0..4)
+        .flat_map(|c| [1, 4, 7].map(|r| x[r * 4 + c] + 0.5))
+        .collect();
+    assert_eq!(read_f32(&rt, v, 12), want);
+    let before = rt.stats();
+    let b = bin_s(&rt, BinaryOp::Mul, a, 2.0);
+    rt.synchronize(0).unwrap();
+    assert_eq!(
+        transfers(&rt, before),
+        (0, 0, 1),
+        "a is still on the device"
+    );
+    assert_eq!(read_f32(&rt, b, 36)[5], (5.0 + 0.5) * 2.0);
+}
+
+/// A buffer's device copy is freed with the buffer: once every handle is released and the
+/// work that used them has run, no device memory holds a value.
+#[test]
+fn releasing_every_tensor_frees_their_device_copies() {
+    let Some(p) = plugin() else { return };
+    let rt = runtime(BackendKind::Pjrt, Some(&p), Mode::Defer).unwrap();
+    let x: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+    let xh = rt
+        .from_host(&f32_bytes(&x), DType::F32, &[10, 100])
+        .unwrap();
+    let a = un(&rt, UnaryOp::Sqrt, xh);
+    let s = row_sum(&rt, a, 1);
+    assert_eq!(read_f32(&rt, s, 10).len(), 10);
+    assert!(rt.stats().device_resident_bytes >= 4 * 1000);
+    for h in [xh, a, s] {
+        rt.release(h).unwrap();
+    }
+    rt.synchronize(0).unwrap();
+    assert_eq!(rt.stats().device_resident_bytes, 0);
+}
+
+/// A matmul into a fresh tensor (beta 0) never reads the output's old contents, so nothing of
+/// it is uploaded; with its operands on the device, repeating it uploads nothing at all.
+#[test]
+fn a_repeated_matmul_uploads_nothing_after_its_first_launch() {
+    let Some(p) = plugin() else { return };
+    let rt = runtime(BackendKind::Pjrt, Some(&p), Mode::Defer).unwrap();
+    let a: Vec<f32> = (0..6 * 5).map(|i| (i as f32 * 0.2).sin()).collect();
+    let b: Vec<f32> = (0..5 * 3).map(|i| (i as f32 * 0.4).cos()).collect();
+    let ah = rt.from_host(&f32_bytes(&a), DType::F32, &[6, 5]).unwrap();
+    let bh = rt.from_host(&f32_bytes(&b), DType::F32, &[5, 3]).unwrap();
+    let want: Vec<f32> = (0..6 * 3)
+        .map(|i| (0..5).map(|k| a[i / 3 * 5 + k] * b[k * 3 + i % 3]).sum())
+        .collect();
+    for round in 0..3 {
+        let before = rt.stats();
+        let m = matmul(&rt, ah, bh);
+        rt.synchronize(0).unwrap();
+        let (up, _, _) = transfers(&rt, before);
+        if round > 0 {
+            assert_eq!(up, 0, "round {round} uploaded {up} arrays");
+        }
+        assert_close("a @ b", &want, &read_f32(&rt, m, 18));
+        rt.release(m).unwrap();
+    }
+}

@@ -4,9 +4,11 @@
 pub mod cpu;
 pub mod pjrt;
 
+use crate::buffer::Buffer;
 use crate::config::{resolve_backend, resolve_pjrt_plugin, BackendKind, Config};
 use crate::error::Result;
 use deferfuse_fusion::{Binding, Region};
+use std::any::Any;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -35,6 +37,23 @@ pub struct BackendCounters {
     pub disk_cache_hits: u64,
     /// Damaged disk-cache entries found, removed and recompiled.
     pub disk_cache_corrupt: u64,
+    /// Operand arrays copied from the host to the device.
+    pub device_uploads: u64,
+    /// Arrays copied from the device to the host (results of partial writes, write-backs).
+    pub device_downloads: u64,
+    /// Operands a program took from their buffer's device copy instead of an upload.
+    pub device_resident_hits: u64,
+    /// Bytes of device memory holding buffers' values now.
+    pub device_resident_bytes: u64,
+}
+
+/// A buffer's value kept in a backend's device memory (see `buffer`'s module doc): opaque to
+/// the runtime, which only asks it to write itself back into the host bytes.
+pub trait DeviceValue: Send + Sync {
+    /// For the backend that made it, to recognize its own type.
+    fn as_any(&self) -> &dyn Any;
+    /// Copies the value into `host`: the buffer's whole storage (every byte of it).
+    fn copy_to_host(&self, host: &mut [u8]) -> Result<()>;
 }
 
 /// A compiled region, runnable many times with different bindings.
@@ -45,6 +64,28 @@ pub trait Program: Send + Sync {
     /// Every base must point to a live buffer large enough for its operand's layout, and no
     /// other thread may write those buffers meanwhile (streams guarantee both).
     unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()>;
+
+    /// Runs on `bufs`: each binding operand's buffer, in binding order. A backend that keeps
+    /// values on a device overrides it; the default runs on the host bytes: it writes back
+    /// any newer device copy first and drops the device copies of the outputs (the host now
+    /// holds their value), which costs nothing when no buffer has a device copy.
+    ///
+    /// # Safety
+    /// As for [`Program::run`]: every buffer is allocated and large enough for its operand's
+    /// layout, and no other thread writes them meanwhile.
+    unsafe fn run_buffers(&self, binding: &Binding, bufs: &[Arc<Buffer>]) -> Result<()> {
+        for b in bufs {
+            b.host_coherent()?;
+        }
+        for b in &bufs[binding.n_inputs..] {
+            b.host_written();
+        }
+        let bases: Vec<*mut u8> = bufs
+            .iter()
+            .map(|b| b.storage().map(|s| s.ptr()))
+            .collect::<Result<_>>()?;
+        self.run(binding, &bases)
+    }
 
     /// Human-readable code for dumps (e.g. Cranelift IR); empty if the backend has none.
     fn listing(&self) -> String {

@@ -235,6 +235,50 @@ impl Func {
         self.op("reshape", &[v], "", ty)
     }
 
+    /// `v[start..limit]` of a 1-D `v`.
+    pub fn slice(&mut self, v: &Val, start: usize, limit: usize) -> Val {
+        let attrs = format!(
+            "start_indices = {}, limit_indices = {}, strides = {}",
+            arr(&[start]),
+            arr(&[limit]),
+            arr(&[1])
+        );
+        let ty = Ty::new(v.ty.elem, &[limit - start]);
+        self.op("slice", &[v], &attrs, ty)
+    }
+
+    /// The leading `limit[d]` elements of `v` along each dim `d`.
+    pub fn take(&mut self, v: &Val, limit: &[usize]) -> Val {
+        if v.ty.dims == limit {
+            return v.clone();
+        }
+        let attrs = format!(
+            "start_indices = {}, limit_indices = {}, strides = {}",
+            arr(&vec![0; limit.len()]),
+            arr(limit),
+            arr(&vec![1; limit.len()])
+        );
+        let ty = Ty::new(v.ty.elem, limit);
+        self.op("slice", &[v], &attrs, ty)
+    }
+
+    /// `v` padded with zeros at the end of each dim up to `dims`.
+    pub fn pad_zeros(&mut self, v: &Val, dims: &[usize]) -> Val {
+        if v.ty.dims == dims {
+            return v.clone();
+        }
+        let zero = self.fconst(0.0, Ty::new(v.ty.elem, &[]));
+        let high: Vec<usize> = dims.iter().zip(&v.ty.dims).map(|(a, b)| a - b).collect();
+        let attrs = format!(
+            "edge_padding_low = {}, edge_padding_high = {}, interior_padding = {}",
+            arr(&vec![0; dims.len()]),
+            arr(&high),
+            arr(&vec![0; dims.len()])
+        );
+        let ty = Ty::new(v.ty.elem, dims);
+        self.op("pad", &[v, &zero], &attrs, ty)
+    }
+
     /// `v[start..start+1]` along each dim in `at`, other dims whole.
     pub fn slice_first(&mut self, v: &Val, at: &[usize]) -> Val {
         let limit: Vec<usize> =

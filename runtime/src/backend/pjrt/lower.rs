@@ -3,12 +3,19 @@
 //!
 //! Arguments are the staged operands (each a dense array of its non-broadcast dims, see
 //! `stage`), then the scalar slots as 0-d tensors, then, for row kernels, the valid length of
-//! the reduced dim (so padding to the bucket is masked out of every reduction). Results are the
-//! outputs in operand order, each as a dense array of its own present dims.
+//! the reduced dim (so padding to the bucket is masked out of every reduction), then the valid
+//! size of every dim of the space (a 1-D i64 array). Results are the outputs in operand order,
+//! each as a dense array of its own present dims whose padding is zero.
+//!
+//! Zero padding on output is what lets a result stay on the device as its buffer's value: it
+//! is then exactly the array an upload of the host bytes would stage (`stage::gather` pads with
+//! zeros), so a later matmul contracting over a padded dim, or anything else that relies on the
+//! padding of an input being zero, sees the same thing either way. The select fuses into the
+//! producer and costs no extra pass.
 
 use super::hlo::{Elem, Func, Ty, Val};
 use super::ops::{binary, cast, pred, unary};
-use super::stage::Signature;
+use super::stage::{DenseKey, Signature};
 use deferfuse_fusion::ir::{DType, ReduceOp};
 use deferfuse_fusion::region::{InstrKind, LoopRegion};
 use deferfuse_fusion::Region;
@@ -33,6 +40,52 @@ fn operand_result(f: &mut Func, sig: &Signature, j: usize, v: &Val) -> Val {
         f.slice_first(v, &absent)
     };
     f.reshape(&v, &o.staged_dims(sig))
+}
+
+/// Zeroes the padding of result `v` of operand `j`: every element whose index along a staged
+/// dim is at or past that dim's valid size (an element of the `valid` argument).
+fn zero_padding(f: &mut Func, sig: &Signature, j: usize, v: &Val, valid: &Val) -> Val {
+    let o = &sig.operands[j];
+    let space_dims: Vec<usize> = (0..o.map.len())
+        .filter(|&d| o.present[d])
+        .map(|d| o.map[d])
+        .collect();
+    let dims = v.ty.dims.clone();
+    let mut keep: Option<Val> = None;
+    for (axis, &d) in space_dims.iter().enumerate() {
+        if dims[axis] <= 1 {
+            continue;
+        }
+        let n = f.slice(valid, d, d + 1);
+        let n = f.reshape(&n, &[]);
+        let n = f.broadcast(&n, &dims, &[]);
+        let idx = f.iota(axis, Ty::new(Elem::I64, &dims));
+        let inside = f.compare("LT", &idx, &n);
+        keep = Some(match keep {
+            None => inside,
+            Some(k) => f.ew("and", &[&k, &inside]),
+        });
+    }
+    match keep {
+        None => v.clone(),
+        Some(k) => {
+            let zero = f.fconst(0.0, v.ty.clone());
+            f.select(&k, v, &zero)
+        }
+    }
+}
+
+/// The module that turns the device array `from` into `to`: the same buffer value staged with
+/// other dims (e.g. a loop over the flat buffer produced it and a row kernel reads it as rows).
+/// Compiled for exact sizes: valid part, row-major reshape, zero padding.
+pub fn relayout(from: &DenseKey, to: &DenseKey) -> String {
+    let mut f = Func::default();
+    let e = Elem::of(from.dtype);
+    let x = f.arg(Ty::new(e, &from.padded));
+    let v = f.take(&x, &from.valid);
+    let v = f.reshape(&v, &to.valid);
+    let v = f.pad_zeros(&v, &to.padded);
+    f.finish(&[v])
 }
 
 /// The module for `region` at `sig`.
@@ -66,6 +119,14 @@ pub fn module(region: &Region, sig: &Signature) -> String {
             vec![operand_result(&mut f, sig, 0, &v)]
         }
     };
+    // Results are the last operands, in order (see `stage::plan`).
+    let valid = f.arg(Ty::new(Elem::I64, &[sig.space.len()]));
+    let first = sig.operands.len() - results.len();
+    let results: Vec<Val> = results
+        .iter()
+        .enumerate()
+        .map(|(i, v)| zero_padding(&mut f, sig, first + i, v, &valid))
+        .collect();
     f.finish(&results)
 }
 

@@ -5,9 +5,15 @@
 //! kept per program and per process in memory (`process`: one client per plugin) and, with `DEFERFUSE_CACHE_DIR`, on disk (`deferfuse_cache::disk`)
 //! keyed by the region fingerprint, the signature and the plugin's identity.
 //!
-//! Execution is host-staged: each launch copies its operands' views into dense arrays, uploads
-//! them, runs, and copies the results back into the runtime's host buffers, on the stream's
-//! worker like the CPU backend. Buffers do not yet stay on the device between regions.
+//! Values stay on the device between programs (`run_buffers`, `resident`): a result that is its
+//! buffer's whole value, densely, becomes the buffer's device copy and is not downloaded; a
+//! later program whose operand stages exactly that array (same dtype and dims, a dense view of
+//! the whole buffer) takes it without an upload, and an input uploaded whole is kept for the
+//! next launch. Only a host read (`to_host`, written back once), a result written through a
+//! partial view (downloaded and scattered into the host bytes) or an input read through any
+//! other view (gathered from the host bytes) copies. Every result's padding is zeroed in the
+//! program (`lower`), so a device value is exactly what an upload would stage. Launches run on
+//! the stream's worker like the CPU backend's, so they are asynchronous to the host.
 //!
 //! The binding to the C API is our own (`ffi`, `client`): pjrt-rs 0.2.0 targets C API 0.54,
 //! which current plugins reject (shared/notes/pjrt.md).
@@ -19,15 +25,18 @@ mod identity;
 mod lower;
 mod ops;
 mod process;
+mod resident;
 mod stage;
 
 pub use client::{Client, Plugin};
 
-use super::{Backend, BackendCounters, Program};
+use super::{Backend, BackendCounters, DeviceValue, Program};
+use crate::buffer::Buffer;
 use crate::error::{Error, Result};
-use client::Executable;
+use client::{DeviceBuffer, Executable};
 use deferfuse_cache::DiskCache;
 use deferfuse_fusion::{Binding, Region};
+use resident::DeviceArray;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,6 +51,14 @@ pub struct PjrtCounters {
     pub disk_hits: AtomicU64,
     /// Disk entries that were damaged or failed to load (removed, recompiled).
     pub disk_corrupt: AtomicU64,
+    /// Operand arrays uploaded (scalars, sizes and a matmul's unread stand-in not counted).
+    pub uploads: AtomicU64,
+    /// Arrays downloaded: results written through a partial view, and write-backs.
+    pub downloads: AtomicU64,
+    /// Operands taken from their buffer's device copy.
+    pub resident_hits: AtomicU64,
+    /// Bytes of device arrays held as buffers' values now.
+    pub resident_bytes: AtomicU64,
 }
 
 /// The default bound of `DEFERFUSE_CACHE_DIR` (`DEFERFUSE_CACHE_MAX_BYTES` overrides it).
@@ -59,7 +76,8 @@ struct Shared {
     identity: String,
     dump_dir: Option<PathBuf>,
     disk: Option<Disk>,
-    counters: PjrtCounters,
+    counters: Arc<PjrtCounters>,
+    relayouts: resident::Relayouts,
 }
 
 fn open_disk(plugin: &Path, client: &Client) -> Result<Option<Disk>> {
@@ -126,7 +144,8 @@ impl PjrtBackend {
                 identity,
                 dump_dir,
                 disk,
-                counters: PjrtCounters::default(),
+                counters: Arc::default(),
+                relayouts: Default::default(),
             }),
         })
     }
@@ -152,6 +171,8 @@ impl Backend for PjrtBackend {
             fingerprint: deferfuse_cache::fingerprint(region, &self.shared.identity),
             shared: self.shared.clone(),
             exes: Mutex::new(HashMap::new()),
+            sizes: Mutex::new(HashMap::new()),
+            unread: Mutex::new(None),
         }))
     }
 
@@ -166,6 +187,10 @@ impl Backend for PjrtBackend {
                     .disk
                     .as_ref()
                     .map_or(0, |d| d.cache.stats().corrupt),
+            device_uploads: c.uploads.load(Ordering::Relaxed),
+            device_downloads: c.downloads.load(Ordering::Relaxed),
+            device_resident_hits: c.resident_hits.load(Ordering::Relaxed),
+            device_resident_bytes: c.resident_bytes.load(Ordering::Relaxed),
         }
     }
 }
@@ -176,6 +201,11 @@ struct PjrtProgram {
     fingerprint: deferfuse_cache::Fingerprint,
     shared: Arc<Shared>,
     exes: Mutex<HashMap<Vec<u64>, Arc<Executable>>>,
+    /// The valid-sizes argument per space, uploaded once (see `tail_args`).
+    sizes: Mutex<HashMap<Vec<usize>, Arc<DeviceBuffer>>>,
+    /// A matmul's stand-in for the old output when beta is 0 (by staged dims): the program
+    /// never reads it, so a fresh output's host bytes need not be gathered and uploaded.
+    unread: Mutex<Option<(Vec<usize>, Arc<DeviceBuffer>)>>,
 }
 
 impl PjrtProgram {
@@ -191,7 +221,8 @@ impl PjrtProgram {
         }
         let key_bytes: Vec<u8> = key.iter().flat_map(|k| k.to_le_bytes()).collect();
         let disk_key = self.shared.disk.as_ref().map(|d| {
-            let mut b = b"deferfuse-pjrt-executable\0".to_vec();
+            // v2: modules take the valid sizes and zero their results' padding.
+            let mut b = b"deferfuse-pjrt-executable-v2\0".to_vec();
             b.extend_from_slice(&self.fingerprint.0.to_le_bytes());
             b.extend_from_slice(&key_bytes);
             b.extend_from_slice(d.salt.as_bytes());
@@ -265,28 +296,66 @@ impl PjrtProgram {
     }
 }
 
-impl Program for PjrtProgram {
-    unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
-        let plan = stage::plan(&self.region, binding);
-        if plan.empty {
-            return Ok(());
+/// An argument of one launch: uploaded for it, a buffer's device copy, or a cached size array.
+enum Arg {
+    Owned(DeviceBuffer),
+    Resident(Arc<dyn DeviceValue>),
+    Cached(Arc<DeviceBuffer>),
+}
+
+impl Arg {
+    fn buf(&self) -> &DeviceBuffer {
+        match self {
+            Arg::Owned(b) => b,
+            Arg::Cached(b) => b,
+            Arg::Resident(v) => {
+                &v.as_any()
+                    .downcast_ref::<DeviceArray>()
+                    .expect("only PJRT device arrays are passed as arguments")
+                    .buf
+            }
         }
-        let exe = self.executable(&plan.sig)?;
+    }
+}
+
+/// Size arrays kept per program: enough for the shapes a loop cycles through.
+const MAX_CACHED_SIZES: usize = 64;
+
+impl PjrtProgram {
+    /// Gathers operand `j`'s view from `base` and uploads it.
+    ///
+    /// # Safety
+    /// `base` holds the operand's whole view and no one writes it meanwhile.
+    unsafe fn upload_operand(
+        &self,
+        plan: &stage::Plan,
+        binding: &Binding,
+        j: usize,
+        base: *const u8,
+    ) -> Result<DeviceBuffer> {
+        let t = &binding.operands[j];
+        let data = stage::gather(plan, j, t.dtype, base, t.layout.offset as isize);
+        let dims: Vec<i64> = plan.sig.operands[j]
+            .staged_dims(&plan.sig)
+            .iter()
+            .map(|&d| d as i64)
+            .collect();
+        let ty = stage::pjrt_type(hlo::Elem::of(t.dtype));
+        let b = self.shared.client.upload(&data, ty, &dims)?;
+        self.shared.counters.uploads.fetch_add(1, Ordering::Relaxed);
+        Ok(b)
+    }
+
+    /// The arguments after the staged operands (see `lower`): the scalar slots, a row kernel's
+    /// valid row length, and the valid sizes of the space.
+    fn tail_args(&self, binding: &Binding, plan: &stage::Plan) -> Result<Vec<Arg>> {
         let client = &self.shared.client;
-        let ops = &binding.operands;
+        let scalar = |bytes: Vec<u8>, e: hlo::Elem| {
+            client
+                .upload(&bytes, stage::pjrt_type(e), &[])
+                .map(Arg::Owned)
+        };
         let mut args = Vec::new();
-        for &j in &plan.inputs {
-            let t = &ops[j];
-            let data = stage::gather(&plan, j, t.dtype, bases[j], t.layout.offset as isize);
-            let dims: Vec<i64> = plan.sig.operands[j]
-                .staged_dims(&plan.sig)
-                .iter()
-                .map(|&d| d as i64)
-                .collect();
-            let ty = stage::pjrt_type(hlo::Elem::of(t.dtype));
-            args.push(client.upload(&data, ty, &dims)?);
-        }
-        let scalar = |bytes: Vec<u8>, e: hlo::Elem| client.upload(&bytes, stage::pjrt_type(e), &[]);
         match &self.region {
             Region::Loop(l) => {
                 for (p, &d) in l.params.iter().enumerate() {
@@ -318,7 +387,57 @@ impl Program for PjrtProgram {
                 }
             }
         }
-        let arg_refs: Vec<&client::DeviceBuffer> = args.iter().collect();
+        let mut sizes = self.sizes.lock().unwrap_or_else(|p| p.into_inner());
+        let b = match sizes.get(&plan.valid) {
+            Some(b) => b.clone(),
+            None => {
+                let bytes: Vec<u8> = plan
+                    .valid
+                    .iter()
+                    .flat_map(|&n| (n as i64).to_ne_bytes())
+                    .collect();
+                let dims = [plan.valid.len() as i64];
+                let b = Arc::new(client.upload(&bytes, stage::pjrt_type(hlo::Elem::I64), &dims)?);
+                if sizes.len() >= MAX_CACHED_SIZES {
+                    sizes.clear();
+                }
+                sizes.insert(plan.valid.clone(), b.clone());
+                b
+            }
+        };
+        args.push(Arg::Cached(b));
+        Ok(args)
+    }
+
+    /// Whether input `j` is a matmul's old output that the program ignores (beta is 0).
+    fn ignores_input(&self, binding: &Binding, j: usize) -> bool {
+        matches!(self.region, Region::Matmul { .. })
+            && j == binding.n_inputs
+            && f64::from_bits(binding.scalars[1]) == 0.0
+    }
+
+    /// An array of operand `j`'s staged shape whose values do not matter (zeros), kept for the
+    /// next launch of the same shape.
+    fn unread_arg(&self, plan: &stage::Plan, binding: &Binding, j: usize) -> Result<Arg> {
+        let dims = plan.sig.operands[j].staged_dims(&plan.sig);
+        let mut slot = self.unread.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((d, b)) = slot.as_ref() {
+            if *d == dims {
+                return Ok(Arg::Cached(b.clone()));
+            }
+        }
+        let t = &binding.operands[j];
+        let zeros = vec![0u8; stage::staged_len(plan, j, t.dtype)];
+        let shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+        let ty = stage::pjrt_type(hlo::Elem::of(t.dtype));
+        let b = Arc::new(self.shared.client.upload(&zeros, ty, &shape)?);
+        *slot = Some((dims, b.clone()));
+        Ok(Arg::Cached(b))
+    }
+
+    /// Runs `exe` on `args`; one result per output of `plan`.
+    fn execute(exe: &Executable, args: &[Arg], plan: &stage::Plan) -> Result<Vec<DeviceBuffer>> {
+        let arg_refs: Vec<&DeviceBuffer> = args.iter().map(Arg::buf).collect();
         let outs = exe.execute(&arg_refs)?;
         if outs.len() != plan.outputs.len() {
             return Err(Error::Internal(format!(
@@ -327,11 +446,128 @@ impl Program for PjrtProgram {
                 plan.outputs.len()
             )));
         }
-        for (buf, &j) in outs.iter().zip(&plan.outputs) {
-            let t = &ops[j];
-            let mut host = vec![0u8; stage::staged_len(&plan, j, t.dtype)];
-            buf.download(&mut host)?;
-            stage::scatter(&plan, j, t.dtype, bases[j], t.layout.offset as isize, &host);
+        Ok(outs)
+    }
+
+    /// Downloads result `out` of operand `j` and stores its valid part into the view at `base`.
+    ///
+    /// # Safety
+    /// `base` holds the operand's whole view and no one else accesses it meanwhile.
+    unsafe fn download_operand(
+        &self,
+        plan: &stage::Plan,
+        binding: &Binding,
+        j: usize,
+        out: &DeviceBuffer,
+        base: *mut u8,
+    ) -> Result<()> {
+        let t = &binding.operands[j];
+        let mut host = vec![0u8; stage::staged_len(plan, j, t.dtype)];
+        out.download(&mut host)?;
+        self.shared
+            .counters
+            .downloads
+            .fetch_add(1, Ordering::Relaxed);
+        stage::scatter(plan, j, t.dtype, base, t.layout.offset as isize, &host);
+        Ok(())
+    }
+}
+
+impl Program for PjrtProgram {
+    /// Host-staged: every input is gathered and uploaded, every result downloaded and
+    /// scattered. The runtime calls [`Program::run_buffers`], which keeps values on the device.
+    unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
+        let plan = stage::plan(&self.region, binding);
+        if plan.empty {
+            return Ok(());
+        }
+        let exe = self.executable(&plan.sig)?;
+        let mut args = Vec::new();
+        for &j in &plan.inputs {
+            args.push(Arg::Owned(
+                self.upload_operand(&plan, binding, j, bases[j])?,
+            ));
+        }
+        args.extend(self.tail_args(binding, &plan)?);
+        let outs = Self::execute(&exe, &args, &plan)?;
+        for (out, &j) in outs.iter().zip(&plan.outputs) {
+            self.download_operand(&plan, binding, j, out, bases[j])?;
+        }
+        Ok(())
+    }
+
+    /// Keeps values on the device. An input whose buffer has a device copy of exactly the
+    /// array this program stages (`stage::dense_key`) is passed as is; any other input is
+    /// gathered from the host bytes (written back first if the device holds a newer value)
+    /// and uploaded, and when it is its buffer's whole value the upload is kept as the
+    /// buffer's (clean) device copy. A result that is its buffer's whole value becomes the
+    /// buffer's device copy, the host bytes stale until something reads them; a result
+    /// written through a partial view is downloaded into the host bytes as before.
+    unsafe fn run_buffers(&self, binding: &Binding, bufs: &[Arc<Buffer>]) -> Result<()> {
+        let plan = stage::plan(&self.region, binding);
+        if plan.empty {
+            return Ok(());
+        }
+        let exe = self.executable(&plan.sig)?;
+        let counters = &self.shared.counters;
+        let key = |j: usize| {
+            let t = &binding.operands[j];
+            stage::dense_key(&plan, j, t.dtype, t.layout.offset, bufs[j].len)
+        };
+        let mut args = Vec::new();
+        for &j in &plan.inputs {
+            let b = &bufs[j];
+            if self.ignores_input(binding, j) {
+                args.push(self.unread_arg(&plan, binding, j)?);
+                continue;
+            }
+            let key = key(j);
+            if let (Some(k), Some(v)) = (&key, b.device_copy()) {
+                if let Some(a) = v.as_any().downcast_ref::<DeviceArray>() {
+                    if a.key == *k {
+                        counters.resident_hits.fetch_add(1, Ordering::Relaxed);
+                        args.push(Arg::Resident(v));
+                        continue;
+                    }
+                    // The same value staged with other dims (a flat loop made it, a row kernel
+                    // reads rows): restaged on the device, and kept in the new layout.
+                    if let Some(r) = resident::relayout(&self.shared, a, k)? {
+                        let r: Arc<dyn DeviceValue> = Arc::new(r);
+                        b.replace_device_copy(&v, r.clone());
+                        counters.resident_hits.fetch_add(1, Ordering::Relaxed);
+                        args.push(Arg::Resident(r));
+                        continue;
+                    }
+                }
+            }
+            b.host_coherent()?;
+            let up = self.upload_operand(&plan, binding, j, b.storage()?.ptr())?;
+            args.push(match key {
+                Some(k) => {
+                    let v: Arc<dyn DeviceValue> =
+                        Arc::new(DeviceArray::new(up, k, counters.clone()));
+                    b.set_device_copy(v.clone(), false);
+                    Arg::Resident(v)
+                }
+                None => Arg::Owned(up),
+            });
+        }
+        args.extend(self.tail_args(binding, &plan)?);
+        let outs = Self::execute(&exe, &args, &plan)?;
+        drop(args);
+        for (out, &j) in outs.into_iter().zip(&plan.outputs) {
+            let b = &bufs[j];
+            match key(j) {
+                Some(k) => {
+                    b.set_device_copy(Arc::new(DeviceArray::new(out, k, counters.clone())), true)
+                }
+                None => {
+                    // Only part of the buffer is written: the rest must be current on the host.
+                    b.host_coherent()?;
+                    self.download_operand(&plan, binding, j, &out, b.storage()?.ptr())?;
+                    b.host_written();
+                }
+            }
         }
         Ok(())
     }

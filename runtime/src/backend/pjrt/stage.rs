@@ -3,8 +3,9 @@
 //!
 //! XLA needs static shapes, but regions leave sizes to run time. Every dim of a step's space is
 //! rounded up to a power of two (its bucket), so a loop over 100 batch sizes compiles at most
-//! 8 programs per region. Padding is zero on input, never stored on output, and masked out of
-//! reductions (the program takes the valid length of the reduced dim). An operand is staged as a
+//! 8 programs per region. Padding is zero on input and on output (so a result kept on the device
+//! is the array an upload would stage, see `dense_key`), never stored into a host buffer, and
+//! masked out of reductions (the program takes the valid length of the reduced dim). An operand is staged as a
 //! dense array of its present dims only (broadcast dims are re-broadcast inside the program), in
 //! its dtype's compute element (f16/bf16 as f32, u8/bool as i32), so casts behave exactly as in
 //! the CPU backend.
@@ -84,7 +85,7 @@ pub struct Plan {
     pub sig: Signature,
     pub valid: Vec<usize>,
     pub strides: Vec<Vec<isize>>,
-    /// Operands the program reads (staged and uploaded), in argument order.
+    /// Operands the program reads (staged: uploaded, or taken from the device), in argument order.
     pub inputs: Vec<usize>,
     /// Operands the program writes, in result order.
     pub outputs: Vec<usize>,
@@ -315,6 +316,87 @@ pub unsafe fn scatter(p: &Plan, j: usize, d: DType, base: *mut u8, offset: isize
     }
 }
 
+/// What a staged array is when it is its buffer's whole value, densely: the buffer's dtype and
+/// the array's valid and bucketed dims. Two operands with equal keys stage the same bytes into
+/// the same array (row-major over the valid dims, zero padding), so a device copy made for one
+/// serves the other.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DenseKey {
+    pub dtype: DType,
+    pub valid: Vec<usize>,
+    pub padded: Vec<usize>,
+}
+
+impl DenseKey {
+    /// Bytes of the (padded) device array.
+    pub fn padded_len(&self) -> usize {
+        self.padded.iter().product::<usize>() * self.dtype.size()
+    }
+}
+
+/// The key of operand `j` (dtype `d`, element `offset`, on a buffer of `len` bytes) if its
+/// staged array holds the whole buffer densely: offset 0, its staged dims walking the buffer
+/// row-major, every byte covered. Only dtypes stored as their compute element qualify (f16,
+/// bf16, u8 and bool are staged widened, and a device value of them would hold what the host
+/// store rounds or wraps).
+pub fn dense_key(p: &Plan, j: usize, d: DType, offset: usize, len: usize) -> Option<DenseKey> {
+    if offset != 0 || len == 0 || !matches!(d, DType::F32 | DType::F64 | DType::I32 | DType::I64) {
+        return None;
+    }
+    let o = &p.sig.operands[j];
+    let st = &p.strides[j];
+    // An operand that steps along an empty dim stages nothing (see `walk`).
+    if o.map
+        .iter()
+        .zip(st)
+        .any(|(&m, &s)| p.valid[m] == 0 && s != 0)
+    {
+        return None;
+    }
+    let dims: Vec<usize> = (0..o.map.len()).filter(|&k| o.present[k]).collect();
+    let valid: Vec<usize> = dims.iter().map(|&k| p.valid[o.map[k]]).collect();
+    let mut step = 1usize;
+    for (&k, &n) in dims.iter().zip(&valid).rev() {
+        if st[k] != step as isize {
+            return None;
+        }
+        step *= n;
+    }
+    (step * d.size() == len).then(|| DenseKey {
+        dtype: d,
+        valid,
+        padded: o.staged_dims(&p.sig),
+    })
+}
+
+/// Copies the valid part of a padded dense array (`key.padded`, row-major) into `dst`, the
+/// same array without padding.
+pub fn unpad(key: &DenseKey, src: &[u8], dst: &mut [u8]) {
+    let es = key.dtype.size();
+    let k = key.valid.len();
+    if k == 0 || key.valid == key.padded {
+        dst.copy_from_slice(&src[..dst.len()]);
+        return;
+    }
+    let row = key.valid[k - 1] * es;
+    let rows: usize = key.valid[..k - 1].iter().product();
+    let mut idx = vec![0usize; k - 1];
+    for r in 0..rows {
+        let at = idx
+            .iter()
+            .zip(&key.padded[1..])
+            .fold(0usize, |at, (&i, &n)| (at + i) * n);
+        dst[r * row..(r + 1) * row].copy_from_slice(&src[at * es..at * es + row]);
+        for d in (0..k - 1).rev() {
+            idx[d] += 1;
+            if idx[d] < key.valid[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
 /// A scalar slot's 64 bits as the program's 0-d argument of dtype `d` (the CPU backend's
 /// reading: floats arrive as f64 bits, integers as i64 bits; u8 wraps, bool is 0/1).
 pub fn scalar_bytes(bits: u64, d: DType) -> Vec<u8> {
@@ -355,6 +437,26 @@ mod tests {
             [0, 1, 2, 3, 5, 64, 65].map(bucket),
             [1, 1, 2, 4, 8, 64, 128]
         );
+    }
+
+    #[test]
+    fn unpad_keeps_the_valid_rows_of_a_padded_array() {
+        let key = DenseKey {
+            dtype: DType::I32,
+            valid: vec![2, 3],
+            padded: vec![2, 4],
+        };
+        let src: Vec<u8> = [1, 2, 3, 9, 4, 5, 6, 9]
+            .iter()
+            .flat_map(|x: &i32| x.to_ne_bytes())
+            .collect();
+        let mut dst = vec![0u8; 24];
+        unpad(&key, &src, &mut dst);
+        let got: Vec<i32> = dst
+            .chunks(4)
+            .map(|c| i32::from_ne_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(got, [1, 2, 3, 4, 5, 6]);
     }
 
     #[test]
