@@ -51,6 +51,19 @@ fn exp_is_within_2_ulp_over_normal_range() {
 }
 
 #[test]
+fn exp_is_within_2_ulp_up_to_both_ends_of_its_normal_results() {
+    // Where the exponent of 2^n is largest and smallest: n = 128 and n = -126.
+    let mut xs = sweep(88.3, 88.722_83, 20_001);
+    xs.extend(sweep(-87.336_54, -86.9, 20_001));
+    let e = max_err(UnaryOp::Exp, &xs, f64::exp, ulp);
+    assert!(e <= 2.0, "exp max error {e} ulp");
+    let big = run(UnaryOp::Exp, &[88.722_83, 88.7229, -87.336_54]);
+    assert!(big[0].is_finite() && big[0] > 3.4e38, "{}", big[0]);
+    assert_eq!(big[1], f32::INFINITY);
+    assert!(big[2].is_normal(), "{}", big[2]);
+}
+
+#[test]
 fn log_is_within_2_ulp_over_positive_floats() {
     let mut xs = sweep(1e-6, 10.0, 100_001);
     xs.extend(sweep(10.0, 1e30, 100_001));

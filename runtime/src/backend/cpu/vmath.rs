@@ -109,28 +109,25 @@ impl VMath<'_, '_> {
         let one = self.splat(1.0);
         let y = self.b.ins().fma(p, r2, r);
         let y = self.b.ins().fadd(y, one);
-        // 2^n: (n + 127) << 23 in the exponent field. n reaches 128 just below the overflow
-        // bound, which has no exponent field: use 2^127 and double the result instead.
-        // n + 127 + 1.5 * 2^23 holds n + 127 (0..=254) in its low mantissa bits, and the shift
-        // drops everything above them: no float-to-int conversion needed.
-        let max_n = self.splat(127.0);
-        let n1 = self.at_most(n, max_n);
-        let magic = self.splat(12_582_912.0 + 127.0);
-        let biased = self.b.ins().fadd(n1, magic);
+        // Times 2^n by adding n to y's exponent field: exact, as the multiply would be, while
+        // the result is normal. The clamps keep it so: n = 128 only with r < 0 (y < 1, field
+        // 126 + 128 = 254) and n = -126 only with r > 0 (y >= 1, field 127 - 126 = 1).
+        // n + 1.5 * 2^23 holds n (two's complement) in its low mantissa bits, and the shift
+        // keeps just those: no float-to-int conversion needed.
+        let magic = self.splat(12_582_912.0);
+        let biased = self.b.ins().fadd(n, magic);
         let e = self.as_i(biased);
         let e = self.b.ins().ishl_imm_s(e, 23);
-        let pow2 = self.as_f(e);
-        let y = self.b.ins().fmul(y, pow2);
-        let big_n = self.b.ins().fcmp(FloatCC::GreaterThan, n, max_n);
-        let y2 = self.b.ins().fadd(y, y);
-        let y = self.select(big_n, y2, y);
+        let yi = self.as_i(y);
+        let yi = self.b.ins().iadd(yi, e);
+        let y = self.as_f(yi);
         let over = self.b.ins().fcmp(FloatCC::GreaterThan, x, hi);
         let inf = self.splat(f32::INFINITY);
         let y = self.select(over, inf, y);
         let under = self.b.ins().fcmp(FloatCC::LessThan, x, lo);
         let zero = self.splat(0.0);
-        // A NaN needs no blend of its own: the clamps pass it on, every step keeps it NaN
-        // (2^NaN's bits make 0, and NaN * 0 is NaN), and both compares above are false.
+        // A NaN needs no blend of its own: the clamps pass it on, y is NaN (n is NaN too,
+        // whose bits make an exponent step of 0), and both compares above are false for it.
         self.select(under, zero, y)
     }
 
