@@ -41,7 +41,10 @@ that dead intermediates were never materialized.
 
 Threads: --threads N (default: every core this process may use) is applied to every peer:
 deferfuse's DfuseConfig.num_threads, torch.set_num_threads, numexpr.set_num_threads; numpy's
-elementwise ops are single-threaded.
+elementwise ops are single-threaded. OMP_WAIT_POLICY defaults to PASSIVE here (set it to
+override): by default torch's OpenMP threads spin after each parallel region, holding the cores
+the next peer in the rotation needs. Measured at 2 threads on 2 cores: deferfuse softmax 6.2 ->
+3.6 ms and layernorm 1.8 -> 1.2 ms with PASSIVE, torch.compile's own times unchanged.
 
 Usage:  python3 benches/peers/peers.py [--quick] [--json] [--threads N] [--reps N]
             [--peers deferfuse,numpy,numexpr,torch,torch.compile] [--only chain10,gelu,...]
@@ -63,7 +66,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
+# Before torch (and its OpenMP runtime) is imported; see "Threads" above.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -428,6 +434,7 @@ def main() -> None:
               .format("workload", "size", "peer", "median ms", "GB/s", "X/defer", "alloc B/it"))
     if not args.json:
         print(f"peers.py: {peer_versions(peers, lib)}; threads={args.threads}; "
+              f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; "
               f"{'quick sizes' if args.quick else 'full sizes'}; medians of interleaved reps")
         print("X/defer = peer median / deferfuse-defer median (>1: deferfuse defer is faster)")
         print(header)
