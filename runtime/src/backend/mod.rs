@@ -80,10 +80,10 @@ pub trait Program: Send + Sync {
         for b in &bufs[binding.n_inputs..] {
             b.host_written();
         }
-        let bases: Vec<*mut u8> = bufs
-            .iter()
-            .map(|b| b.storage().map(|s| s.ptr()))
-            .collect::<Result<_>>()?;
+        let mut bases = smallvec::SmallVec::<[*mut u8; 8]>::with_capacity(bufs.len());
+        for b in bufs {
+            bases.push(b.storage()?.ptr());
+        }
         self.run(binding, &bases)
     }
 
