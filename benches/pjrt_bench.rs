@@ -60,7 +60,10 @@ fn warm_child(quick: bool) {
         println!("run {name} {ms:.3}");
     }
     let s = rt.stats();
-    println!("stats {} {}", s.shape_compiles, s.disk_cache_hits);
+    println!(
+        "stats {} {}",
+        s.backend.shape_compiles, s.backend.disk_cache_hits
+    );
 }
 
 fn main() {
@@ -104,7 +107,7 @@ fn main() {
     println!("runtime creation (plugin load, client, plugin file hash): cold {create_ms:.1} ms, warm process {warm_create} ms");
     println!(
         "executables: cold compiled {} (disk hits {}); warm process compiled/disk hits: {warm_stats}",
-        cs.shape_compiles, cs.disk_cache_hits
+        cs.backend.shape_compiles, cs.backend.disk_cache_hits
     );
     println!(
         "{:<10} {:>14} {:>22}",

@@ -399,13 +399,7 @@ impl Runtime {
             host_cache_hits: host.hits,
             host_cache_misses: host.misses,
             host_cached_bytes: host.cached_bytes,
-            shape_compiles: backend.shape_compiles,
-            disk_cache_hits: backend.disk_cache_hits,
-            disk_cache_corrupt: backend.disk_cache_corrupt,
-            device_uploads: backend.device_uploads,
-            device_downloads: backend.device_downloads,
-            device_resident_hits: backend.device_resident_hits,
-            device_resident_bytes: backend.device_resident_bytes,
+            backend,
         }
     }
 

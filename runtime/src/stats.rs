@@ -1,5 +1,6 @@
 //! Counters the stats call reports: what was recorded, compiled and run, and why work ran.
 
+use crate::backend::BackendCounters;
 pub use deferfuse_fusion::plan::CutReason;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -67,24 +68,9 @@ pub struct Stats {
     pub host_cache_misses: u64,
     /// Bytes of freed host blocks held for reuse.
     pub host_cached_bytes: u64,
-    /// Executables compiled for concrete (bucketed) shapes: the PJRT backend compiles one per
-    /// region and shape bucket; 0 on the CPU backend, whose programs serve every shape.
-    pub shape_compiles: u64,
-    /// PJRT executables loaded from the disk cache (`DEFERFUSE_CACHE_DIR`) instead of compiled.
-    pub disk_cache_hits: u64,
-    /// Damaged disk-cache entries found, removed and recompiled (each also logs a warning).
-    pub disk_cache_corrupt: u64,
-    /// Operand arrays copied from host to device (PJRT; 0 on the CPU backend). Values a
-    /// program produced, and inputs uploaded once, stay on the device for later programs.
-    pub device_uploads: u64,
-    /// Arrays copied from device to host: a host read of a value that lives on the device, or
-    /// a result written through a partial view (PJRT; 0 on the CPU backend).
-    pub device_downloads: u64,
-    /// Operands a program took from the device copy of their buffer instead of an upload.
-    pub device_resident_hits: u64,
-    /// Bytes of device memory holding buffers' values now (padded arrays); a buffer's device
-    /// copy is freed with the buffer.
-    pub device_resident_bytes: u64,
+    /// What the backend counts itself (PJRT: shape compiles, the disk cache, device copies);
+    /// zeros on the CPU backend.
+    pub backend: BackendCounters,
 }
 
 /// The live counters.

@@ -178,9 +178,9 @@ fn a_hundred_batch_sizes_compile_at_most_eight_executables_per_region() {
     let st = rt.stats();
     assert!(st.programs_compiled >= 1);
     assert!(
-        st.shape_compiles <= 8 * st.programs_compiled,
+        st.backend.shape_compiles <= 8 * st.programs_compiled,
         "{} executables for {} regions",
-        st.shape_compiles,
+        st.backend.shape_compiles,
         st.programs_compiled
     );
 }
@@ -210,7 +210,7 @@ fn child_runs_a_program_and_prints_stats() {
     let s = rt.stats();
     println!(
         "CHILD-STATS compiles={} hits={} corrupt={}",
-        s.shape_compiles, s.disk_cache_hits, s.disk_cache_corrupt
+        s.backend.shape_compiles, s.backend.disk_cache_hits, s.backend.disk_cache_corrupt
     );
 }
 
@@ -406,9 +406,9 @@ fn assert_close(what: &str, cpu: &[f32], pjrt: &[f32]) {
 fn transfers(rt: &Runtime, before: deferfuse_runtime::Stats) -> (u64, u64, u64) {
     let s = rt.stats();
     (
-        s.device_uploads - before.device_uploads,
-        s.device_downloads - before.device_downloads,
-        s.device_resident_hits - before.device_resident_hits,
+        s.backend.device_uploads - before.backend.device_uploads,
+        s.backend.device_downloads - before.backend.device_downloads,
+        s.backend.device_resident_hits - before.backend.device_resident_hits,
     )
 }
 
@@ -510,7 +510,7 @@ fn resident_results_are_zero_padded_for_matmuls_over_a_padded_inner_dim() {
         let m2 = matmul(rt, lx, yh);
         let s = row_sum(rt, ex, 0);
         rt.synchronize(0).unwrap();
-        let hits = rt.stats().device_resident_hits - before.device_resident_hits;
+        let hits = rt.stats().backend.device_resident_hits - before.backend.device_resident_hits;
         (
             read_f32(rt, m1, 35),
             read_f32(rt, m2, 35),
@@ -650,12 +650,12 @@ fn releasing_every_tensor_frees_their_device_copies() {
     let a = un(&rt, UnaryOp::Sqrt, xh);
     let s = row_sum(&rt, a, 1);
     assert_eq!(read_f32(&rt, s, 10).len(), 10);
-    assert!(rt.stats().device_resident_bytes >= 4 * 1000);
+    assert!(rt.stats().backend.device_resident_bytes >= 4 * 1000);
     for h in [xh, a, s] {
         rt.release(h).unwrap();
     }
     rt.synchronize(0).unwrap();
-    assert_eq!(rt.stats().device_resident_bytes, 0);
+    assert_eq!(rt.stats().backend.device_resident_bytes, 0);
 }
 
 /// A matmul into a fresh tensor (beta 0) never reads the output's old contents, so nothing of

@@ -28,22 +28,26 @@ pub fn create(
     })
 }
 
-/// What a backend counts itself (see `Stats`).
+/// What a backend counts itself (`Stats::backend`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BackendCounters {
-    /// Executables compiled for concrete (bucketed) shapes.
+    /// Executables compiled for concrete (bucketed) shapes: the PJRT backend compiles one per
+    /// region and shape bucket; 0 on the CPU backend, whose programs serve every shape.
     pub shape_compiles: u64,
-    /// Executables loaded from the disk cache instead of compiled.
+    /// PJRT executables loaded from the disk cache (`DEFERFUSE_CACHE_DIR`) instead of compiled.
     pub disk_cache_hits: u64,
-    /// Damaged disk-cache entries found, removed and recompiled.
+    /// Damaged disk-cache entries found, removed and recompiled (each also logs a warning).
     pub disk_cache_corrupt: u64,
-    /// Operand arrays copied from the host to the device.
+    /// Operand arrays copied from host to device. Values a program produced, and inputs
+    /// uploaded once, stay on the device for later programs.
     pub device_uploads: u64,
-    /// Arrays copied from the device to the host (results of partial writes, write-backs).
+    /// Arrays copied from device to host: a host read of a value that lives on the device, or
+    /// a result written through a partial view.
     pub device_downloads: u64,
-    /// Operands a program took from their buffer's device copy instead of an upload.
+    /// Operands a program took from the device copy of their buffer instead of an upload.
     pub device_resident_hits: u64,
-    /// Bytes of device memory holding buffers' values now.
+    /// Bytes of device memory holding buffers' values now (padded arrays); a buffer's device
+    /// copy is freed with the buffer.
     pub device_resident_bytes: u64,
 }
 
