@@ -45,7 +45,7 @@
 /**
  * How many entries `DfuseStats.cuts` has (one per `DfuseCutReason`).
  */
-#define DFUSE_CUT_REASON_COUNT 6
+#define DFUSE_CUT_REASON_COUNT 5
 
 /**
  * What every `dfuse_*` call returns (except `dfuse_last_error` and `dfuse_version`).

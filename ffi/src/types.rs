@@ -23,7 +23,7 @@ pub const DFUSE_MAX_REDUCE_DIMS: usize = 8;
 pub const DFUSE_SYNC_REASON_COUNT: usize = 7;
 
 /// How many entries `DfuseStats.cuts` has (one per `DfuseCutReason`).
-pub const DFUSE_CUT_REASON_COUNT: usize = 6;
+pub const DFUSE_CUT_REASON_COUNT: usize = 5;
 
 /// Eager modes, passed as `uint32_t`. The mode is per thread: `dfuse_mode_set`/`push`/`pop`
 /// change the calling thread's mode only, and that mode applies to every runtime the thread
@@ -118,8 +118,6 @@ pub enum DfuseCutReason {
     Reduction = 3,
     /// The loop reached `max_ops_per_region`.
     MaxOps = 4,
-    /// Joining would recompute a transcendental in a later sweep of a row kernel.
-    Recompute = 5,
 }
 
 /// `DfuseScalar.kind`: which field of the scalar holds its value.

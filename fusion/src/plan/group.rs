@@ -3,14 +3,13 @@
 
 use super::CutReason;
 use crate::epilogue::PendingMatmul;
-use crate::ir::{BinaryOp, Dims, Layout, ReduceOp, Strides, UnaryOp};
+use crate::ir::{Dims, Layout, ReduceOp, Strides};
 use crate::lower::{emit_elementwise_over, reduce_space_for, LoopBuilder};
-use crate::region::{InstrKind, ValueIdx};
+use crate::region::ValueIdx;
 use crate::trace::{BufferId, Node, TensorRef};
 use smallvec::SmallVec;
 /// Std maps with a fast hasher: keys are our own ids, and planning runs on every new trace.
 type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
-type HashSet<K> = std::collections::HashSet<K, ahash::RandomState>;
 
 /// A reduction inside a row kernel.
 pub(super) struct GroupReduce {
@@ -42,9 +41,6 @@ pub(super) struct Group {
     /// Once a reduction joined: the reduced dims, shared by every reduction of the loop.
     pub(super) red_dims: Option<Dims>,
     pub(super) reduces: Vec<GroupReduce>,
-    /// Body length when the last reduction joined: values before it are recomputed by later
-    /// sweeps.
-    pub(super) phase_start: usize,
     /// The matmul this loop is the epilogue of.
     pub(super) mm: Option<PendingMatmul>,
 }
@@ -69,66 +65,8 @@ impl Group {
             ops: 0,
             red_dims: None,
             reduces: Vec::new(),
-            phase_start: 0,
             mm: None,
         }
-    }
-
-    /// True when reading `v` in the current sweep would recompute a transcendental (or another
-    /// costly op) that an earlier sweep already computed.
-    pub(super) fn costly_to_recompute(&self, v: ValueIdx) -> bool {
-        if self.reduces.is_empty() || v as usize >= self.phase_start {
-            return false;
-        }
-        let mut stack = vec![v];
-        let mut seen = HashSet::default();
-        while let Some(x) = stack.pop() {
-            if !seen.insert(x) {
-                continue;
-            }
-            match &self.b.body[x as usize].kind {
-                InstrKind::Unary(u, a) => {
-                    if !matches!(
-                        u,
-                        UnaryOp::Neg
-                            | UnaryOp::Abs
-                            | UnaryOp::Relu
-                            | UnaryOp::Floor
-                            | UnaryOp::Ceil
-                            | UnaryOp::Round
-                            | UnaryOp::Sign
-                            | UnaryOp::LogicalNot
-                            | UnaryOp::IsNan
-                    ) {
-                        return true;
-                    }
-                    stack.push(*a);
-                }
-                InstrKind::Binary(b, a, c) => {
-                    if matches!(b, BinaryOp::Pow | BinaryOp::Remainder | BinaryOp::Div) {
-                        return true;
-                    }
-                    stack.extend([*a, *c]);
-                }
-                InstrKind::Where(c, a, b) => stack.extend([*c, *a, *b]),
-                InstrKind::Cast(a) => stack.push(*a),
-                InstrKind::Load(_) | InstrKind::Param(_) | InstrKind::Reduced(_) => {}
-            }
-        }
-        false
-    }
-
-    /// Would `node` recompute a costly value of an earlier sweep?
-    pub(super) fn recomputes(&self, node: &Node) -> bool {
-        node.inputs.iter().filter_map(|o| o.tensor()).any(|t| {
-            let view = t.layout.expand(&self.sizes);
-            self.b
-                .forwards
-                .iter()
-                .rev()
-                .find(|(f, _)| f.buffer == t.buffer && f.layout == view)
-                .is_some_and(|&(_, v)| self.costly_to_recompute(v))
-        })
     }
 
     /// How an elementwise node of shape `out` iterates in this loop, if it can.
@@ -150,9 +88,6 @@ impl Group {
             if mm.conflicts(&reads, &node.output) {
                 return Some(CutReason::Layout);
             }
-        }
-        if self.recomputes(node) {
-            return Some(CutReason::Recompute);
         }
         let b = node.output.buffer;
         let self_load = node.inputs.iter().filter_map(|o| o.tensor()).any(|t| {

@@ -38,13 +38,10 @@ pub enum CutReason {
     Reduction = 3,
     /// The loop reached the configured maximum of ops per region.
     MaxOps = 4,
-    /// Joining would recompute a transcendental in a later sweep of a row kernel; the value
-    /// is stored once instead (softmax's exp).
-    Recompute = 5,
 }
 
 impl CutReason {
-    pub const COUNT: usize = 6;
+    pub const COUNT: usize = 5;
 
     pub fn name(self) -> &'static str {
         match self {
@@ -53,7 +50,6 @@ impl CutReason {
             CutReason::Layout => "layout",
             CutReason::Reduction => "reduction",
             CutReason::MaxOps => "max_ops",
-            CutReason::Recompute => "recompute",
         }
     }
 }
@@ -244,7 +240,6 @@ fn join_reduce(g: &mut Group, i: usize, facts: &Facts) -> bool {
     let v = g.b.cast(v, reduce_acc_dtype(*op, t.dtype));
     let k = g.reduces.len() as u32;
     let r = g.b.push(InstrKind::Reduced(k), node.output.dtype);
-    g.phase_start = g.b.body.len() - 1;
     if *keepdim {
         // Later ops read the [.., 1, ..] result broadcast along the row: forward the value.
         let view = TensorRef {

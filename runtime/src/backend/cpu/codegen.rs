@@ -2,11 +2,13 @@
 //!
 //! Kernel ABI (all i64): `(ptrs, strides, scalars, n_outer, n_inner)`, where `ptrs[j]` is operand
 //! j's first element, `strides[2j]`/`strides[2j+1]` its outer/inner stride in bytes, and
-//! `scalars[p]` the 64 bits of parameter slot p. Operands are inputs then outputs. The kernel
-//! walks `n_outer x n_inner` elements; the executor walks any further dims. Because sizes and
-//! strides are arguments, one compiled kernel serves every size of its shape class.
+//! `scalars[p]` the 64 bits of parameter slot p. Operands are inputs, element outputs, stored
+//! reduction results, then one scratch row per stash slot (see `stash`). The kernel walks
+//! `n_outer x n_inner` elements; the executor walks any further dims. Because sizes and strides
+//! are arguments, one compiled kernel serves every size of its shape class.
 
 use super::lanes::{is_vec, Emitter, V};
+use super::stash::{slot_dtype, StashPlan};
 use cranelift_codegen::ir::condcodes::{CondCode, IntCC};
 use cranelift_codegen::ir::types::{F32, F32X4, F64, I32, I64};
 use cranelift_codegen::ir::{
@@ -43,7 +45,10 @@ pub struct Operand {
 
 pub struct Kernel<'r> {
     pub region: &'r LoopRegion,
+    /// The region's operands, then one scratch row per stash slot (see `stash`).
     pub ops: Vec<Operand>,
+    /// The operand index of stash slot 0.
+    pub stash_base: usize,
     /// Parameter slot values, loaded once in the entry block (as scalars).
     pub params: Vec<Value>,
 }
@@ -168,6 +173,16 @@ impl Kernel<'_> {
         }
     }
 
+    /// Loads `e.width` stashed values of slot `slot` at element `i`.
+    pub fn load_stash(&self, e: &mut Emitter, slot: usize, i: Value) -> V {
+        self.load(e, self.stash_base + slot, i)
+    }
+
+    /// Stashes `v` (of dtype `vd`) in slot `slot` at element `i`, bits unchanged.
+    pub fn store_stash(&self, e: &mut Emitter, slot: usize, i: Value, v: &V, vd: DType) {
+        self.store(e, self.stash_base + slot, i, v, slot_dtype(vd));
+    }
+
     /// Stores the element outputs `which` (indices into `region.outputs`) at element `i`.
     pub fn store_elements(
         &self,
@@ -274,7 +289,12 @@ pub fn params_like(b: &mut FunctionBuilder, blk: Block, proto: &V) -> V {
 }
 
 /// Builds the kernel for `region` into `b`'s function.
-pub fn build(region: &LoopRegion, b: &mut FunctionBuilder, module: &mut JITModule) {
+pub fn build(
+    region: &LoopRegion,
+    plan: &StashPlan,
+    b: &mut FunctionBuilder,
+    module: &mut JITModule,
+) {
     let mut e = Emitter::new(b, module);
     let entry = e.b.create_block();
     e.b.append_block_params_for_function_params(entry);
@@ -305,7 +325,12 @@ pub fn build(region: &LoopRegion, b: &mut FunctionBuilder, module: &mut JITModul
         .copied()
         .chain(region.outputs.iter().map(|(_, o)| *o))
         .chain(region.reduces.iter().filter_map(|r| r.output))
+        .chain(plan.slots.iter().map(|&dtype| LoopOperand {
+            dtype,
+            inner: StrideKind::Contig,
+        }))
         .collect();
+    let stash_base = descs.len() - plan.slots.len();
     let bases: Vec<(Value, Value, Value)> = (0..descs.len())
         .map(|j| {
             let p = e.b.ins().load(I64, mem(), ptrs, (j * 8) as i32);
@@ -350,9 +375,10 @@ pub fn build(region: &LoopRegion, b: &mut FunctionBuilder, module: &mut JITModul
     let k = Kernel {
         region,
         ops,
+        stash_base,
         params,
     };
-    super::sweep::row(&k, &mut e, n_inner);
+    super::sweep::row(&k, &mut e, n_inner, plan);
     e.b.ins().jump(outer_latch, &[]);
 
     e.b.switch_to_block(outer_latch);

@@ -6,6 +6,7 @@ mod helpers;
 mod lanes;
 mod matmul;
 mod parallel;
+mod stash;
 mod sweep;
 mod vmath;
 
@@ -108,10 +109,11 @@ impl CpuBackend {
             .map_err(|e| Error::Backend(format!("declaring kernel: {e}")))?;
         let mut ctx = Context::new();
         ctx.func.signature = sig;
+        let plan = sweep::plan(region);
         {
             let mut fctx = self.builder_ctx.lock().unwrap_or_else(|p| p.into_inner());
             let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-            codegen::build(region, &mut b, &mut module);
+            codegen::build(region, &plan, &mut b, &mut module);
             b.finalize(self.isa.frontend_config());
         }
         let mut listing = if self.keep_listing {
@@ -143,6 +145,7 @@ impl CpuBackend {
             module: Some(module),
             listing,
             pool: self.pool.clone(),
+            stash: plan.slots,
         })
     }
 }
@@ -187,6 +190,8 @@ struct LoopProgram {
     module: Option<JITModule>,
     listing: String,
     pool: Arc<Pool>,
+    /// The dtypes of the scratch rows each call passes after the operands (see `stash`).
+    stash: Vec<DType>,
 }
 
 // SAFETY: after finalization the module's code is immutable; it is only freed on drop.
@@ -230,6 +235,11 @@ impl Program for LoopProgram {
             strides.push((iter.strides[j][r - 2] * es) as i64);
             strides.push((iter.strides[j][r - 1] * es) as i64);
         }
+        for d in &self.stash {
+            // Every row of a call reuses the same scratch row.
+            strides.push(0);
+            strides.push(d.size() as i64);
+        }
         // Addresses, not pointers, so that chunks on other threads can share them.
         let starts: OperandList<usize> = binding
             .operands
@@ -241,18 +251,28 @@ impl Program for LoopProgram {
         let outer_dims = r - 2;
         let walked: usize = iter.sizes[..outer_dims].iter().product();
         let call = |at: &dyn Fn(usize) -> isize, rows: usize, len: usize| {
-            let ptrs: OperandList<*mut u8> = starts
+            let mut ptrs: OperandList<*mut u8> = starts
                 .iter()
                 .enumerate()
                 .map(|(j, &s)| (s as *mut u8).offset(at(j)))
                 .collect();
-            (self.func)(
-                ptrs.as_ptr(),
-                strides.as_ptr(),
-                binding.scalars.as_ptr(),
-                rows as i64,
-                len as i64,
-            );
+            let run = |ptrs: &OperandList<*mut u8>| {
+                (self.func)(
+                    ptrs.as_ptr(),
+                    strides.as_ptr(),
+                    binding.scalars.as_ptr(),
+                    rows as i64,
+                    len as i64,
+                )
+            };
+            if self.stash.is_empty() {
+                run(&ptrs);
+            } else {
+                stash::with_rows(&self.stash, len, |rows| {
+                    ptrs.extend_from_slice(rows);
+                    run(&ptrs);
+                });
+            }
         };
         if walked == 1 && n_outer == 1 && iter.reduced == 0 {
             // One long elementwise row: split it into cache-line-aligned pieces.

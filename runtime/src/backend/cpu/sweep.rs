@@ -8,30 +8,13 @@
 
 use super::codegen::{block_args, flatten, loop_test, params_like, Kernel};
 use super::lanes::{lane_ty, Emitter, V};
+use super::stash::{StashPlan, SweepPlan};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F64, I64};
 use cranelift_codegen::ir::{BlockArg, InstBuilder, Value};
 use deferfuse_fusion::ir::{BinaryOp, DType, ReduceOp};
 use deferfuse_fusion::region::{InstrKind, LoopRegion};
 use smallvec::SmallVec;
-
-/// Instructions `roots` depend on (themselves included).
-fn closure(region: &LoopRegion, roots: impl IntoIterator<Item = u32>) -> Vec<bool> {
-    let mut mask = vec![false; region.body.len()];
-    let mut stack: Vec<u32> = roots.into_iter().collect();
-    while let Some(v) = stack.pop() {
-        if std::mem::replace(&mut mask[v as usize], true) {
-            continue;
-        }
-        match &region.body[v as usize].kind {
-            InstrKind::Unary(_, a) | InstrKind::Cast(a) => stack.push(*a),
-            InstrKind::Binary(_, a, b) => stack.extend([*a, *b]),
-            InstrKind::Where(c, a, b) => stack.extend([*c, *a, *b]),
-            InstrKind::Load(_) | InstrKind::Param(_) | InstrKind::Reduced(_) => {}
-        }
-    }
-    mask
-}
 
 /// For each instruction, the first sweep that can compute it: one past the highest reduction
 /// whose result it reads (0 if none).
@@ -69,13 +52,15 @@ impl Hoisted {
 }
 
 /// One sweep over a row: the instructions `mask` selects, with earlier reductions' results
-/// `reduced`, storing the element outputs `stores`.
+/// `reduced`, storing the element outputs `stores`; `stash` says which values it loads from
+/// and stores to scratch rows.
 struct Sweep<'a, 'r> {
     k: &'a Kernel<'r>,
     n: Value,
     mask: &'a [bool],
     reduced: &'a [(Value, DType)],
     stores: &'a [usize],
+    stash: Option<&'a SweepPlan>,
 }
 
 impl Sweep<'_, '_> {
@@ -84,7 +69,11 @@ impl Sweep<'_, '_> {
         let mut inv: Vec<bool> = Vec::with_capacity(self.mask.len());
         for (n, ins) in self.k.region.body.iter().enumerate() {
             let i = |v: &u32| inv[*v as usize];
+            let stashed = self
+                .stash
+                .is_some_and(|p| p.loads.iter().any(|&(v, _)| v as usize == n));
             let ok = self.mask[n]
+                && !stashed
                 && match &ins.kind {
                     InstrKind::Param(_) | InstrKind::Reduced(_) => true,
                     InstrKind::Load(_) => false,
@@ -105,10 +94,26 @@ impl Sweep<'_, '_> {
     /// Emits the body at element `i` (at the emitter's width), stores the sweep's outputs, and
     /// returns body value `value`.
     fn step(&self, e: &mut Emitter, i: Value, pre: &Hoisted, value: Option<u32>) -> Option<V> {
-        let vals = self
-            .k
-            .body(e, i, self.mask, self.reduced, pre.for_width(e.width));
+        let vals = match self.stash {
+            Some(plan) if !plan.loads.is_empty() => {
+                let mut given = pre.for_width(e.width).to_vec();
+                for &(v, slot) in &plan.loads {
+                    let d = self.k.region.body[v as usize].dtype;
+                    given[v as usize] = Some((self.k.load_stash(e, slot, i), d));
+                }
+                self.k.body(e, i, self.mask, self.reduced, &given)
+            }
+            _ => self
+                .k
+                .body(e, i, self.mask, self.reduced, pre.for_width(e.width)),
+        };
         self.k.store_elements(e, i, &vals, self.stores);
+        for &(v, slot) in self.stash.map_or(&[][..], |p| &p.stores) {
+            let (x, d) = vals[v as usize]
+                .as_ref()
+                .expect("stashed values are emitted");
+            self.k.store_stash(e, slot, i, x, *d);
+        }
         value.map(|v| {
             vals[v as usize]
                 .as_ref()
@@ -119,9 +124,26 @@ impl Sweep<'_, '_> {
     }
 }
 
+/// The sweeps `row` will emit for `region` and the values they stash (see `stash`).
+pub fn plan(region: &LoopRegion) -> StashPlan {
+    if region.reduces.is_empty() {
+        return StashPlan::default();
+    }
+    let sw = sweep_of(region);
+    let mut roots: Vec<Vec<u32>> = region.reduces.iter().map(|r| vec![r.value]).collect();
+    roots.push(Vec::new());
+    for (v, _) in &region.outputs {
+        roots[sw[*v as usize]].push(*v);
+    }
+    if roots.last().is_some_and(Vec::is_empty) {
+        roots.pop();
+    }
+    StashPlan::new(region, &roots)
+}
+
 /// Emits the code for one row; returns in the block where the row is done. Each element output
-/// is stored in the first sweep that can compute it.
-pub fn row(k: &Kernel, e: &mut Emitter, n: Value) {
+/// is stored in the first sweep that can compute it; `plan` comes from [`plan`].
+pub fn row(k: &Kernel, e: &mut Emitter, n: Value, plan: &StashPlan) {
     let region = k.region;
     let all: Vec<usize> = (0..region.outputs.len()).collect();
     if region.reduces.is_empty() {
@@ -132,6 +154,7 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value) {
             mask: &mask,
             reduced: &[],
             stores: &all,
+            stash: None,
         };
         elementwise_sweep(&sweep, e);
         return;
@@ -147,15 +170,15 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value) {
     let mut out_j = region.inputs.len() + region.outputs.len();
     for (p, r) in region.reduces.iter().enumerate() {
         let stores = stores_in(p);
-        let roots = std::iter::once(r.value).chain(stores.iter().map(|&j| region.outputs[j].0));
-        let mask = closure(region, roots);
+        let sp = &plan.sweeps[p];
         let d = region.body[r.value as usize].dtype;
         let sweep = Sweep {
             k,
             n,
-            mask: &mask,
+            mask: &sp.mask,
             reduced: &reduced,
             stores: &stores,
+            stash: Some(sp),
         };
         let (result, rd) = if r.op.is_arg() {
             (arg_sweep(&sweep, e, r.op, r.value), DType::I64)
@@ -171,14 +194,14 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value) {
         reduced.push((e.lanes(&result)[0], rd));
     }
     let late = stores_in(region.reduces.len());
-    if !late.is_empty() {
-        let mask = closure(region, late.iter().map(|&j| region.outputs[j].0));
+    if let Some(sp) = plan.sweeps.get(region.reduces.len()) {
         let sweep = Sweep {
             k,
             n,
-            mask: &mask,
+            mask: &sp.mask,
             reduced: &reduced,
             stores: &late,
+            stash: Some(sp),
         };
         elementwise_sweep(&sweep, e);
     }

@@ -1,0 +1,193 @@
+//! Which values of a row kernel each sweep computes, and which it keeps for later sweeps.
+//!
+//! A row kernel sweeps each row once per reduction, then once more for the element outputs
+//! that need the last result (see `sweep`). A cheap value a later sweep needs again is
+//! recomputed from the row, which is still in cache. A costly one (a transcendental, a
+//! division, a power) is instead *stashed*: the first sweep that computes it stores it to a
+//! scratch row, and later sweeps load it back. Softmax computes `exp(x - max)` once, while
+//! summing it, and the final sweep divides the stashed values: one exp per element and one
+//! pass over memory, where a recompute costs a second exp and a cut costs a round trip of the
+//! values through memory.
+//!
+//! The scratch rows are operands after the region's own (inputs, element outputs, reduction
+//! outputs): the executor passes one row per slot, `n_inner` elements of the slot's dtype,
+//! with an outer stride of 0, so every row of a call reuses the same scratch.
+
+use super::lanes::is_vec;
+use deferfuse_fusion::ir::{BinaryOp, DType, UnaryOp};
+use deferfuse_fusion::region::{InstrKind, LoopRegion, ValueIdx};
+
+/// What one sweep emits: the instructions it computes (`mask`), the stashed values it loads
+/// instead of computing (`loads`) and the ones it stores for later sweeps (`stores`), each as
+/// (instruction, slot).
+#[derive(Debug, Default, PartialEq)]
+pub struct SweepPlan {
+    pub mask: Vec<bool>,
+    pub loads: Vec<(ValueIdx, usize)>,
+    pub stores: Vec<(ValueIdx, usize)>,
+}
+
+/// The sweeps of a row kernel (one per reduction, then the late sweep if it has element
+/// outputs) and the dtype of each scratch slot.
+#[derive(Debug, Default, PartialEq)]
+pub struct StashPlan {
+    pub sweeps: Vec<SweepPlan>,
+    pub slots: Vec<DType>,
+}
+
+impl StashPlan {
+    /// Plans the sweeps of `region`, a row kernel. `roots[p]` are the instructions sweep `p`
+    /// must produce (its folded value and the element outputs it stores).
+    pub fn new(region: &LoopRegion, roots: &[Vec<ValueIdx>]) -> StashPlan {
+        let n = region.body.len();
+        let costly = costly_values(region);
+        // The sweep that first computed each costly value, if any did.
+        let mut computed_in: Vec<Option<usize>> = vec![None; n];
+        let mut sweeps: Vec<SweepPlan> = Vec::with_capacity(roots.len());
+        for (p, r) in roots.iter().enumerate() {
+            let stop: Vec<bool> = computed_in.iter().map(Option::is_some).collect();
+            let mask = closure(region, r.iter().copied(), &stop);
+            for v in 0..n {
+                if mask[v] && costly[v] && computed_in[v].is_none() {
+                    computed_in[v] = Some(p);
+                }
+            }
+            let loads = (0..n)
+                .filter(|&v| mask[v] && stop[v])
+                .map(|v| (v as ValueIdx, 0))
+                .collect();
+            sweeps.push(SweepPlan {
+                mask,
+                loads,
+                stores: Vec::new(),
+            });
+        }
+        // One slot per value a later sweep loads; the sweep that computed it stores it.
+        let mut slot_of: Vec<Option<usize>> = vec![None; n];
+        let mut slots = Vec::new();
+        for p in 0..sweeps.len() {
+            for k in 0..sweeps[p].loads.len() {
+                let v = sweeps[p].loads[k].0 as usize;
+                let slot = *slot_of[v].get_or_insert_with(|| {
+                    slots.push(slot_dtype(region.body[v].dtype));
+                    let first = computed_in[v].expect("a loaded value was computed earlier");
+                    sweeps[first].stores.push((v as ValueIdx, slots.len() - 1));
+                    slots.len() - 1
+                });
+                sweeps[p].loads[k].1 = slot;
+            }
+        }
+        StashPlan { sweeps, slots }
+    }
+}
+
+/// The dtype a stashed value is kept in: its compute representation, so that loading it back
+/// gives the very bits the first sweep computed (an f16 value is computed in f32).
+pub fn slot_dtype(d: DType) -> DType {
+    if is_vec(d) {
+        DType::F32
+    } else {
+        d.compute()
+    }
+}
+
+/// Instructions `roots` depend on (themselves included), not looking past `stop`.
+pub fn closure(
+    region: &LoopRegion,
+    roots: impl IntoIterator<Item = ValueIdx>,
+    stop: &[bool],
+) -> Vec<bool> {
+    let mut mask = vec![false; region.body.len()];
+    let mut stack: Vec<ValueIdx> = roots.into_iter().collect();
+    while let Some(v) = stack.pop() {
+        if std::mem::replace(&mut mask[v as usize], true) || stop[v as usize] {
+            continue;
+        }
+        match &region.body[v as usize].kind {
+            InstrKind::Unary(_, a) | InstrKind::Cast(a) => stack.push(*a),
+            InstrKind::Binary(_, a, b) => stack.extend([*a, *b]),
+            InstrKind::Where(c, a, b) => stack.extend([*c, *a, *b]),
+            InstrKind::Load(_) | InstrKind::Param(_) | InstrKind::Reduced(_) => {}
+        }
+    }
+    mask
+}
+
+/// Per instruction: is it worth storing rather than computing again? Costly ops whose value
+/// varies along the row (a row-invariant value is hoisted out of the loop anyway).
+fn costly_values(region: &LoopRegion) -> Vec<bool> {
+    let mut varies: Vec<bool> = Vec::with_capacity(region.body.len());
+    let mut costly = Vec::with_capacity(region.body.len());
+    for ins in &region.body {
+        let v = |x: &ValueIdx| varies[*x as usize];
+        let (vary, expensive) = match &ins.kind {
+            InstrKind::Load(_) => (true, false),
+            InstrKind::Param(_) | InstrKind::Reduced(_) => (false, false),
+            InstrKind::Unary(u, a) => (v(a), !cheap_unary(*u)),
+            InstrKind::Cast(a) => (v(a), false),
+            InstrKind::Binary(b, x, y) => (
+                v(x) || v(y),
+                matches!(b, BinaryOp::Pow | BinaryOp::Remainder | BinaryOp::Div),
+            ),
+            InstrKind::Where(c, x, y) => (v(c) || v(x) || v(y), false),
+        };
+        varies.push(vary);
+        costly.push(vary && expensive);
+    }
+    costly
+}
+
+/// Unary ops that cost about as much as the load that a stash would add.
+fn cheap_unary(u: UnaryOp) -> bool {
+    matches!(
+        u,
+        UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Relu
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round
+            | UnaryOp::Sign
+            | UnaryOp::LogicalNot
+            | UnaryOp::IsNan
+    )
+}
+
+/// Scratch rows a thread keeps between calls; a call that needs more gets a larger buffer
+/// and gives it back afterwards, so one huge row does not pin its memory for good.
+const KEEP_BYTES: usize = 1 << 20;
+
+thread_local! {
+    /// This thread's scratch rows (u128 elements: 16-byte aligned for vector loads).
+    static ROWS: std::cell::RefCell<Vec<u128>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with one scratch row of `len` elements per slot of `slots` (addresses of their
+/// first elements), from this thread's scratch. Each row starts on a 64-byte boundary.
+pub fn with_rows<R>(slots: &[DType], len: usize, f: impl FnOnce(&[*mut u8]) -> R) -> R {
+    let row_bytes = |d: &DType| (d.size() * len).next_multiple_of(64);
+    let total: usize = slots.iter().map(row_bytes).sum::<usize>() + 64;
+    ROWS.with(|cell| {
+        let mut rows = cell.borrow_mut();
+        let units = total.div_ceil(16);
+        if rows.len() < units {
+            rows.resize(units, 0);
+        }
+        let base = rows.as_mut_ptr() as *mut u8;
+        let mut at = base.align_offset(64);
+        let ptrs: smallvec::SmallVec<[*mut u8; 4]> = slots
+            .iter()
+            .map(|d| {
+                // SAFETY: `at` stays within the `total` bytes just reserved.
+                let p = unsafe { base.add(at) };
+                at += row_bytes(d);
+                p
+            })
+            .collect();
+        let r = f(&ptrs);
+        if rows.len() * 16 > KEEP_BYTES {
+            *rows = Vec::new();
+        }
+        r
+    })
+}

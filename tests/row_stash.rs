@@ -1,0 +1,203 @@
+//! Row kernels that stash a costly value (a transcendental, a division) computed by one sweep
+//! for later sweeps, instead of recomputing it: specified by results equal to strict mode bit
+//! for bit (the stash keeps the computed bits; no reassociation happens) and, for softmax, by
+//! the generated code holding one exp per element.
+
+use deferfuse::*;
+
+fn rt(mode: Mode) -> Runtime {
+    Runtime::new(Config {
+        mode: Some(mode),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn data(n: usize, seed: u32) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 8) as f64 / (1u32 << 24) as f64 * 8.0 - 4.0
+        })
+        .collect()
+}
+
+/// `data` as the bytes of a `dtype` tensor (f32, f64 or f16).
+fn bytes(v: &[f64], dtype: DType) -> Vec<u8> {
+    match dtype {
+        DType::F64 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::F32 => v.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
+        DType::F16 => v
+            .iter()
+            .flat_map(|&x| half::f16::from_f64(x).to_le_bytes())
+            .collect(),
+        other => panic!("no test data for {other:?}"),
+    }
+}
+
+fn read(r: &Runtime, h: Handle) -> Vec<u8> {
+    let n: usize = r.sizes(h).unwrap().iter().product();
+    let mut b = vec![0u8; n * r.dtype(h).unwrap().size()];
+    r.to_host(h, &mut b).unwrap();
+    b
+}
+
+fn t(h: Handle) -> Input {
+    Input::Tensor(h)
+}
+
+fn bin(r: &Runtime, b: BinaryOp, x: Handle, y: Handle) -> Handle {
+    r.op(0, Op::Binary(b), &[t(x), t(y)], None).unwrap()
+}
+
+fn un(r: &Runtime, u: UnaryOp, x: Handle) -> Handle {
+    r.op(0, Op::Unary(u), &[t(x)], None).unwrap()
+}
+
+fn reduce(r: &Runtime, op: ReduceOp, x: Handle, keepdim: bool) -> Handle {
+    let red = Op::Reduce {
+        op,
+        dims: [1usize].into_iter().collect(),
+        keepdim,
+    };
+    r.op(0, red, &[t(x)], None).unwrap()
+}
+
+/// `exp(x - max_row)` and its row sum, as softmax computes them.
+fn exp_and_sum(r: &Runtime, x: Handle) -> (Handle, Handle) {
+    let m = reduce(r, ReduceOp::Amax, x, true);
+    let d = bin(r, BinaryOp::Sub, x, m);
+    let e = un(r, UnaryOp::Exp, d);
+    let s = reduce(r, ReduceOp::Sum, e, true);
+    r.release(m).unwrap();
+    r.release(d).unwrap();
+    (e, s)
+}
+
+fn softmax(r: &Runtime, x: Handle) -> Handle {
+    let (e, s) = exp_and_sum(r, x);
+    let y = bin(r, BinaryOp::Div, e, s);
+    r.release(e).unwrap();
+    r.release(s).unwrap();
+    y
+}
+
+/// Runs `graph` on a [rows, cols] input of `dtype` in strict and in defer mode; returns each
+/// mode's output bytes and the programs defer mode ran.
+fn strict_and_defer(
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    graph: impl Fn(&Runtime, Handle) -> Vec<Handle>,
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>, u64) {
+    let x = bytes(&data(rows * cols, 7), dtype);
+    let run = |mode| {
+        let r = rt(mode);
+        let h = r.from_host(&x, dtype, &[rows, cols]).unwrap();
+        let before = r.stats().programs_run;
+        let outs = graph(&r, h);
+        let got: Vec<Vec<u8>> = outs.iter().map(|&o| read(&r, o)).collect();
+        (got, r.stats().programs_run - before)
+    };
+    let (strict, _) = run(Mode::Strict);
+    let (defer, programs) = run(Mode::Defer);
+    (strict, defer, programs)
+}
+
+#[test]
+fn softmax_defer_equals_strict_for_every_row_length_and_is_one_program() {
+    for cols in 1..=19 {
+        let (strict, defer, programs) =
+            strict_and_defer(DType::F32, 3, cols, |r, x| vec![softmax(r, x)]);
+        assert_eq!(strict, defer, "{cols} columns");
+        assert_eq!(programs, 1, "{cols} columns");
+    }
+}
+
+#[test]
+fn f16_softmax_stashes_the_unrounded_f32_exp() {
+    let (strict, defer, _) = strict_and_defer(DType::F16, 5, 37, |r, x| vec![softmax(r, x)]);
+    assert_eq!(strict, defer);
+}
+
+#[test]
+fn f64_softmax_defer_equals_strict() {
+    let (strict, defer, programs) = strict_and_defer(DType::F64, 4, 45, |r, x| vec![softmax(r, x)]);
+    assert_eq!(strict, defer);
+    assert_eq!(programs, 1);
+}
+
+#[test]
+fn a_later_reduction_folds_a_stashed_value() {
+    // sum(exp(x - max)) in the second sweep; amax(exp(x - max)) in the third loads exp back.
+    let (strict, defer, programs) = strict_and_defer(DType::F32, 6, 33, |r, x| {
+        let (e, s) = exp_and_sum(r, x);
+        let se = bin(r, BinaryOp::Mul, e, s);
+        let top = reduce(r, ReduceOp::Amax, se, true);
+        let y = bin(r, BinaryOp::Div, e, top);
+        for h in [e, s, se, top] {
+            r.release(h).unwrap();
+        }
+        vec![y]
+    });
+    assert_eq!(strict, defer);
+    assert_eq!(programs, 1);
+}
+
+#[test]
+fn argmax_of_a_stashed_quotient() {
+    let (strict, defer, _) = strict_and_defer(DType::F32, 7, 29, |r, x| {
+        let p = softmax(r, x);
+        let sq = bin(r, BinaryOp::Mul, p, p);
+        let a = reduce(r, ReduceOp::Argmax, sq, false);
+        r.release(sq).unwrap();
+        vec![a, p]
+    });
+    assert_eq!(strict, defer);
+}
+
+#[test]
+fn rows_longer_than_the_kept_scratch_are_stashed_correctly() {
+    // 300K f32 per row: a 1.2 MB scratch row, more than a thread keeps between calls.
+    let (strict, defer, _) = strict_and_defer(DType::F32, 2, 300_000, |r, x| vec![softmax(r, x)]);
+    assert_eq!(strict, defer);
+}
+
+#[test]
+fn softmax_computes_exp_once_per_element() {
+    let dir = std::env::temp_dir().join(format!("deferfuse-stash-{}", std::process::id()));
+    std::env::set_var("DEFERFUSE_DUMP_DIR", &dir);
+    // The CPU backend's code, whatever DEFERFUSE_BACKEND says.
+    let r = Runtime::new(Config {
+        mode: Some(Mode::Defer),
+        backend: Some(BackendKind::Cpu),
+        ..Default::default()
+    })
+    .unwrap();
+    std::env::remove_var("DEFERFUSE_DUMP_DIR");
+    let x = r
+        .from_host(&bytes(&data(64, 3), DType::F32), DType::F32, &[4, 16])
+        .unwrap();
+    let y = softmax(&r, x);
+    read(&r, y);
+    let dumps: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap_or_default())
+        .filter(|s| s.contains("= exp ") && s.contains("amax") && s.contains("= div "))
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!dumps.is_empty(), "the softmax row kernel was dumped");
+    let listing = &dumps[0];
+    let start = listing.find("; ---- optimized IR ----").unwrap();
+    let end = listing
+        .find("; ---- machine code ----")
+        .unwrap_or(listing.len());
+    // The exp sweep emits exp four times (two chunks of 4 per step of 8, one chunk of 4, the
+    // single-element tail), each with one `floor`; a final sweep recomputing exp would add four
+    // more.
+    let floors = listing[start..end].matches(" = floor").count();
+    assert_eq!(floors, 4, "{}", &listing[start..end]);
+}
