@@ -37,6 +37,7 @@ pub fn signature(module: &JITModule) -> Signature {
 }
 
 /// Per-operand row state inside the outer loop.
+#[derive(Clone)]
 pub struct Operand {
     desc: LoopOperand,
     row: Value,
@@ -171,6 +172,62 @@ impl Kernel<'_> {
             let a = self.addr(e, j, ik);
             Self::store_scalar(e, d, x, a);
         }
+    }
+
+    /// The address of stash slot `slot`'s scratch row.
+    pub fn stash_row(&self, slot: usize) -> Value {
+        self.ops[self.stash_base + slot].row
+    }
+
+    /// Emits a loop over the row's `n` elements in blocks of `block`: `f` emits one block's
+    /// code for a kernel whose operands start at the block (scratch rows do not move) and the
+    /// block's length.
+    pub fn for_blocks(
+        &self,
+        e: &mut Emitter,
+        n: Value,
+        block: i64,
+        f: &mut dyn FnMut(&Kernel, &mut Emitter, Value),
+    ) {
+        let head = e.b.create_block();
+        let start = e.b.append_block_param(head, I64);
+        let body = e.b.create_block();
+        let exit = e.b.create_block();
+        let zero = e.b.ins().iconst(I64, 0);
+        e.b.ins().jump(head, &[BlockArg::Value(zero)]);
+        e.b.switch_to_block(head);
+        loop_test(e.b, IntCC::SignedLessThan, start, n, body, exit, &[]);
+        e.b.switch_to_block(body);
+        let rest = e.b.ins().isub(n, start);
+        let cap = e.b.ins().iconst(I64, block);
+        let len = e.b.ins().smin(rest, cap);
+        let ops = self
+            .ops
+            .iter()
+            .enumerate()
+            .map(|(j, op)| {
+                let off = match op.desc.inner {
+                    _ if j >= self.stash_base => return op.clone(),
+                    StrideKind::Bcast => return op.clone(),
+                    StrideKind::Contig => e.b.ins().imul_imm_s(start, op.desc.dtype.size() as i64),
+                    StrideKind::Strided => e.b.ins().imul(start, op.inner),
+                };
+                Operand {
+                    row: e.b.ins().iadd(op.row, off),
+                    ..op.clone()
+                }
+            })
+            .collect();
+        let kb = Kernel {
+            region: self.region,
+            ops,
+            stash_base: self.stash_base,
+            params: self.params.clone(),
+        };
+        f(&kb, e, len);
+        let next = e.b.ins().iadd_imm_s(start, block);
+        e.b.ins().jump(head, &[BlockArg::Value(next)]);
+        e.b.switch_to_block(exit);
     }
 
     /// Loads `e.width` stashed values of slot `slot` at element `i`.

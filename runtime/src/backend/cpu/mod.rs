@@ -1,6 +1,7 @@
 //! The CPU backend: a Cranelift JIT. A loop region becomes one native function (see
 //! `codegen`); matmul calls the GEMM crate; arange is a host loop.
 
+mod block_math;
 mod codegen;
 mod helpers;
 mod lanes;
@@ -46,6 +47,8 @@ pub struct CpuBackend {
     builder_ctx: Mutex<cranelift_frontend::FunctionBuilderContext>,
     /// The threads every program of this backend splits its loops over.
     pool: Arc<Pool>,
+    /// Let loops call the 8-lane row routines of `block_math` (the host has AVX2 and FMA).
+    block_math: bool,
 }
 
 impl CpuBackend {
@@ -88,7 +91,21 @@ impl CpuBackend {
             keep_listing,
             builder_ctx: Mutex::new(codegen::new_builder_context()),
             pool: Arc::new(Pool::new(threads).map_err(Error::Backend)?),
+            block_math: block_math::available(),
         })
+    }
+
+    /// True when loops call the 8-lane row routines (the host has AVX2 and FMA).
+    pub fn row_routines(&self) -> bool {
+        self.block_math
+    }
+
+    /// This backend with every transcendental computed inline, 4 lanes at a time, even where
+    /// the host could run the 8-lane row routines: the two give the same bits, and tests
+    /// compare them.
+    pub fn without_row_routines(mut self) -> CpuBackend {
+        self.block_math = false;
+        self
     }
 
     /// Threads each program may use.
@@ -99,7 +116,7 @@ impl CpuBackend {
     fn compile_loop(&self, region: &LoopRegion) -> Result<LoopProgram> {
         let mut jb =
             JITBuilder::with_isa(self.isa.clone(), cranelift_module::default_libcall_names());
-        for (name, ptr) in helpers::symbols() {
+        for (name, ptr) in helpers::symbols().into_iter().chain(block_math::symbols()) {
             jb.symbol(name, ptr);
         }
         let mut module = JITModule::new(jb);
@@ -109,7 +126,7 @@ impl CpuBackend {
             .map_err(|e| Error::Backend(format!("declaring kernel: {e}")))?;
         let mut ctx = Context::new();
         ctx.func.signature = sig;
-        let plan = sweep::plan(region);
+        let plan = sweep::plan(region, self.block_math);
         {
             let mut fctx = self.builder_ctx.lock().unwrap_or_else(|p| p.into_inner());
             let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
@@ -145,6 +162,11 @@ impl CpuBackend {
             module: Some(module),
             listing,
             pool: self.pool.clone(),
+            stash_rows: if plan.blocked() && region.reduces.is_empty() {
+                Some(sweep::BLOCK)
+            } else {
+                None
+            },
             stash: plan.slots,
         })
     }
@@ -192,6 +214,8 @@ struct LoopProgram {
     pool: Arc<Pool>,
     /// The dtypes of the scratch rows each call passes after the operands (see `stash`).
     stash: Vec<DType>,
+    /// Elements per scratch row when the loop runs block by block (else a row's length).
+    stash_rows: Option<usize>,
 }
 
 // SAFETY: after finalization the module's code is immutable; it is only freed on drop.
@@ -268,7 +292,8 @@ impl Program for LoopProgram {
             if self.stash.is_empty() {
                 run(&ptrs);
             } else {
-                stash::with_rows(&self.stash, len, |rows| {
+                let row_len = self.stash_rows.map_or(len, |b| b.min(len));
+                stash::with_rows(&self.stash, row_len, |rows| {
                     ptrs.extend_from_slice(rows);
                     run(&ptrs);
                 });

@@ -13,22 +13,36 @@
 //! outputs): the executor passes one row per slot, `n_inner` elements of the slot's dtype,
 //! with an outer stride of 0, so every row of a call reuses the same scratch.
 
+use super::block_math;
 use super::lanes::is_vec;
 use deferfuse_fusion::ir::{BinaryOp, DType, UnaryOp};
 use deferfuse_fusion::region::{InstrKind, LoopRegion, ValueIdx};
 
-/// What one sweep emits: the instructions it computes (`mask`), the stashed values it loads
-/// instead of computing (`loads`) and the ones it stores for later sweeps (`stores`), each as
-/// (instruction, slot).
+/// What one sweep emits: first its block phases, in order, then one pass computing the
+/// instructions `mask` selects, loading the stashed values `loads` instead of computing them and
+/// storing the values `stores` for later sweeps, each as (instruction, slot).
 #[derive(Debug, Default, PartialEq)]
 pub struct SweepPlan {
+    pub phases: Vec<BlockPhase>,
     pub mask: Vec<bool>,
     pub loads: Vec<(ValueIdx, usize)>,
     pub stores: Vec<(ValueIdx, usize)>,
 }
 
-/// The sweeps of a row kernel (one per reduction, then the late sweep if it has element
-/// outputs) and the dtype of each scratch slot.
+/// A value made by a row routine (`block_math`): one pass computes the routine's operand
+/// `input` (the instructions `mask` selects, loading `loads`) and stores it to `slot`; then the
+/// routine `op` turns the slot's row into its results, which later passes load.
+#[derive(Debug, PartialEq)]
+pub struct BlockPhase {
+    pub mask: Vec<bool>,
+    pub loads: Vec<(ValueIdx, usize)>,
+    pub input: ValueIdx,
+    pub op: UnaryOp,
+    pub slot: usize,
+}
+
+/// The sweeps of a loop (one per reduction, then the late sweep if it has element outputs;
+/// one sweep for an elementwise loop) and the dtype of each scratch slot.
 #[derive(Debug, Default, PartialEq)]
 pub struct StashPlan {
     pub sweeps: Vec<SweepPlan>,
@@ -36,48 +50,107 @@ pub struct StashPlan {
 }
 
 impl StashPlan {
-    /// Plans the sweeps of `region`, a row kernel. `roots[p]` are the instructions sweep `p`
-    /// must produce (its folded value and the element outputs it stores).
-    pub fn new(region: &LoopRegion, roots: &[Vec<ValueIdx>]) -> StashPlan {
+    /// Plans the sweeps of `region`. `roots[p]` are the instructions sweep `p` must produce
+    /// (its folded value and the element outputs it stores). With `block_ops`, values that a
+    /// row routine can make (`block_math::symbol`) are made by one.
+    pub fn new(region: &LoopRegion, roots: &[Vec<ValueIdx>], block_ops: bool) -> StashPlan {
         let n = region.body.len();
         let costly = costly_values(region);
-        // The sweep that first computed each costly value, if any did.
+        let blockable: Vec<bool> = (0..n)
+            .map(|v| block_ops && costly[v] && block_op(region, v).is_some())
+            .collect();
+        // The sweep whose main pass first computed each costly value, if any did.
         let mut computed_in: Vec<Option<usize>> = vec![None; n];
+        // The slot of each value a block phase made.
+        let mut made: Vec<Option<usize>> = vec![None; n];
+        let mut slots = Vec::new();
         let mut sweeps: Vec<SweepPlan> = Vec::with_capacity(roots.len());
         for (p, r) in roots.iter().enumerate() {
-            let stop: Vec<bool> = computed_in.iter().map(Option::is_some).collect();
-            let mask = closure(region, r.iter().copied(), &stop);
+            let mut phases = Vec::new();
+            let (mask, stop) = loop {
+                let stop: Vec<bool> = (0..n)
+                    .map(|v| computed_in[v].is_some() || made[v].is_some())
+                    .collect();
+                let mask = closure(region, r.iter().copied(), &stop);
+                // Operands precede their users: the first one needs no other block value.
+                let Some(v) = (0..n).find(|&v| mask[v] && !stop[v] && blockable[v]) else {
+                    break (mask, stop);
+                };
+                let (op, input) = block_op(region, v).expect("blockable");
+                let pmask = closure(region, [input], &stop);
+                slots.push(DType::F32);
+                made[v] = Some(slots.len() - 1);
+                phases.push(BlockPhase {
+                    loads: loads_of(&pmask, &stop),
+                    mask: pmask,
+                    input,
+                    op,
+                    slot: slots.len() - 1,
+                });
+            };
             for v in 0..n {
-                if mask[v] && costly[v] && computed_in[v].is_none() {
+                if mask[v] && !stop[v] && costly[v] {
                     computed_in[v] = Some(p);
                 }
             }
-            let loads = (0..n)
-                .filter(|&v| mask[v] && stop[v])
-                .map(|v| (v as ValueIdx, 0))
-                .collect();
             sweeps.push(SweepPlan {
+                phases,
+                loads: loads_of(&mask, &stop),
                 mask,
-                loads,
                 stores: Vec::new(),
             });
         }
-        // One slot per value a later sweep loads; the sweep that computed it stores it.
-        let mut slot_of: Vec<Option<usize>> = vec![None; n];
-        let mut slots = Vec::new();
+        // One slot per stashed value some pass loads; the sweep that computed it stores it.
+        let mut slot_of = made;
         for p in 0..sweeps.len() {
-            for k in 0..sweeps[p].loads.len() {
-                let v = sweeps[p].loads[k].0 as usize;
-                let slot = *slot_of[v].get_or_insert_with(|| {
-                    slots.push(slot_dtype(region.body[v].dtype));
-                    let first = computed_in[v].expect("a loaded value was computed earlier");
-                    sweeps[first].stores.push((v as ValueIdx, slots.len() - 1));
+            let mut assign = |v: ValueIdx, sweeps: &mut Vec<SweepPlan>| {
+                *slot_of[v as usize].get_or_insert_with(|| {
+                    slots.push(slot_dtype(region.body[v as usize].dtype));
+                    let first = computed_in[v as usize].expect("a loaded value was made earlier");
+                    sweeps[first].stores.push((v, slots.len() - 1));
                     slots.len() - 1
-                });
-                sweeps[p].loads[k].1 = slot;
+                })
+            };
+            for k in 0..sweeps[p].loads.len() {
+                let v = sweeps[p].loads[k].0;
+                sweeps[p].loads[k].1 = assign(v, &mut sweeps);
+            }
+            for f in 0..sweeps[p].phases.len() {
+                for k in 0..sweeps[p].phases[f].loads.len() {
+                    let v = sweeps[p].phases[f].loads[k].0;
+                    sweeps[p].phases[f].loads[k].1 = assign(v, &mut sweeps);
+                }
             }
         }
         StashPlan { sweeps, slots }
+    }
+
+    /// True when an elementwise loop runs block by block (it has block phases).
+    pub fn blocked(&self) -> bool {
+        self.sweeps.iter().any(|s| !s.phases.is_empty())
+    }
+}
+
+/// The values of `mask` that are loaded rather than computed (slots assigned later).
+fn loads_of(mask: &[bool], stop: &[bool]) -> Vec<(ValueIdx, usize)> {
+    (0..mask.len())
+        .filter(|&v| mask[v] && stop[v])
+        .map(|v| (v as ValueIdx, usize::MAX))
+        .collect()
+}
+
+/// The row routine and operand of instruction `v`, if a routine can make it: an op of
+/// `block_math` on f32-computed values.
+fn block_op(region: &LoopRegion, v: usize) -> Option<(UnaryOp, ValueIdx)> {
+    match region.body[v].kind {
+        InstrKind::Unary(op, a)
+            if is_vec(region.body[v].dtype)
+                && is_vec(region.body[a as usize].dtype)
+                && block_math::symbol(op).is_some() =>
+        {
+            Some((op, a))
+        }
+        _ => None,
     }
 }
 

@@ -6,6 +6,7 @@
 //! are stored during the first sweep, the others in a final sweep. Every sweep is a main loop
 //! over chunks of 4 elements and a tail of single elements running the same instructions.
 
+use super::block_math;
 use super::codegen::{block_args, flatten, loop_test, params_like, Kernel};
 use super::lanes::{lane_ty, Emitter, V};
 use super::stash::{StashPlan, SweepPlan};
@@ -13,7 +14,7 @@ use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F64, I64};
 use cranelift_codegen::ir::{BlockArg, InstBuilder, Value};
 use deferfuse_fusion::ir::{BinaryOp, DType, ReduceOp};
-use deferfuse_fusion::region::{InstrKind, LoopRegion};
+use deferfuse_fusion::region::{InstrKind, LoopRegion, ValueIdx};
 use smallvec::SmallVec;
 
 /// For each instruction, the first sweep that can compute it: one past the highest reduction
@@ -60,7 +61,9 @@ struct Sweep<'a, 'r> {
     mask: &'a [bool],
     reduced: &'a [(Value, DType)],
     stores: &'a [usize],
-    stash: Option<&'a SweepPlan>,
+    /// Values loaded from scratch rows instead of computed, and values stored to them.
+    loads: &'a [(ValueIdx, usize)],
+    stashes: &'a [(ValueIdx, usize)],
 }
 
 impl Sweep<'_, '_> {
@@ -69,9 +72,7 @@ impl Sweep<'_, '_> {
         let mut inv: Vec<bool> = Vec::with_capacity(self.mask.len());
         for (n, ins) in self.k.region.body.iter().enumerate() {
             let i = |v: &u32| inv[*v as usize];
-            let stashed = self
-                .stash
-                .is_some_and(|p| p.loads.iter().any(|&(v, _)| v as usize == n));
+            let stashed = self.loads.iter().any(|&(v, _)| v as usize == n);
             let ok = self.mask[n]
                 && !stashed
                 && match &ins.kind {
@@ -94,21 +95,21 @@ impl Sweep<'_, '_> {
     /// Emits the body at element `i` (at the emitter's width), stores the sweep's outputs, and
     /// returns body value `value`.
     fn step(&self, e: &mut Emitter, i: Value, pre: &Hoisted, value: Option<u32>) -> Option<V> {
-        let vals = match self.stash {
-            Some(plan) if !plan.loads.is_empty() => {
+        let vals = match self.loads {
+            [] => self
+                .k
+                .body(e, i, self.mask, self.reduced, pre.for_width(e.width)),
+            loads => {
                 let mut given = pre.for_width(e.width).to_vec();
-                for &(v, slot) in &plan.loads {
+                for &(v, slot) in loads {
                     let d = self.k.region.body[v as usize].dtype;
                     given[v as usize] = Some((self.k.load_stash(e, slot, i), d));
                 }
                 self.k.body(e, i, self.mask, self.reduced, &given)
             }
-            _ => self
-                .k
-                .body(e, i, self.mask, self.reduced, pre.for_width(e.width)),
         };
         self.k.store_elements(e, i, &vals, self.stores);
-        for &(v, slot) in self.stash.map_or(&[][..], |p| &p.stores) {
+        for &(v, slot) in self.stashes {
             let (x, d) = vals[v as usize]
                 .as_ref()
                 .expect("stashed values are emitted");
@@ -124,22 +125,29 @@ impl Sweep<'_, '_> {
     }
 }
 
-/// The sweeps `row` will emit for `region` and the values they stash (see `stash`).
-pub fn plan(region: &LoopRegion) -> StashPlan {
-    if region.reduces.is_empty() {
-        return StashPlan::default();
-    }
-    let sw = sweep_of(region);
-    let mut roots: Vec<Vec<u32>> = region.reduces.iter().map(|r| vec![r.value]).collect();
-    roots.push(Vec::new());
-    for (v, _) in &region.outputs {
-        roots[sw[*v as usize]].push(*v);
-    }
-    if roots.last().is_some_and(Vec::is_empty) {
-        roots.pop();
-    }
-    StashPlan::new(region, &roots)
+/// The sweeps `row` will emit for `region` and the values they stash (see `stash`); with
+/// `block_ops`, values a row routine can make are made by one (see `block_math`).
+pub fn plan(region: &LoopRegion, block_ops: bool) -> StashPlan {
+    let roots: Vec<Vec<u32>> = if region.reduces.is_empty() {
+        vec![region.outputs.iter().map(|(v, _)| *v).collect()]
+    } else {
+        let sw = sweep_of(region);
+        let mut roots: Vec<Vec<u32>> = region.reduces.iter().map(|r| vec![r.value]).collect();
+        roots.push(Vec::new());
+        for (v, _) in &region.outputs {
+            roots[sw[*v as usize]].push(*v);
+        }
+        if roots.last().is_some_and(Vec::is_empty) {
+            roots.pop();
+        }
+        roots
+    };
+    StashPlan::new(region, &roots, block_ops)
 }
+
+/// Elements an elementwise loop with block phases handles per block: its scratch rows
+/// (4 KB each in f32) stay in the L1 cache between the passes.
+pub const BLOCK: usize = 1024;
 
 /// Emits the code for one row; returns in the block where the row is done. Each element output
 /// is stored in the first sweep that can compute it; `plan` comes from [`plan`].
@@ -147,16 +155,35 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value, plan: &StashPlan) {
     let region = k.region;
     let all: Vec<usize> = (0..region.outputs.len()).collect();
     if region.reduces.is_empty() {
-        let mask = vec![true; region.body.len()];
-        let sweep = Sweep {
-            k,
-            n,
-            mask: &mask,
-            reduced: &[],
-            stores: &all,
-            stash: None,
-        };
-        elementwise_sweep(&sweep, e);
+        if !plan.blocked() {
+            let mask = vec![true; region.body.len()];
+            let sweep = Sweep {
+                k,
+                n,
+                mask: &mask,
+                reduced: &[],
+                stores: &all,
+                loads: &[],
+                stashes: &[],
+            };
+            elementwise_sweep(&sweep, e);
+            return;
+        }
+        // Block by block: the phases and the pass of each block run over its scratch rows.
+        k.for_blocks(e, n, BLOCK as i64, &mut |kb, e, len| {
+            let sp = &plan.sweeps[0];
+            run_phases(kb, e, len, sp, &[]);
+            let sweep = Sweep {
+                k: kb,
+                n: len,
+                mask: &sp.mask,
+                reduced: &[],
+                stores: &all,
+                loads: &sp.loads,
+                stashes: &sp.stores,
+            };
+            elementwise_sweep(&sweep, e);
+        });
         return;
     }
     let sw = sweep_of(region);
@@ -171,6 +198,7 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value, plan: &StashPlan) {
     for (p, r) in region.reduces.iter().enumerate() {
         let stores = stores_in(p);
         let sp = &plan.sweeps[p];
+        run_phases(k, e, n, sp, &reduced);
         let d = region.body[r.value as usize].dtype;
         let sweep = Sweep {
             k,
@@ -178,7 +206,8 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value, plan: &StashPlan) {
             mask: &sp.mask,
             reduced: &reduced,
             stores: &stores,
-            stash: Some(sp),
+            loads: &sp.loads,
+            stashes: &sp.stores,
         };
         let (result, rd) = if r.op.is_arg() {
             (arg_sweep(&sweep, e, r.op, r.value), DType::I64)
@@ -195,15 +224,38 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value, plan: &StashPlan) {
     }
     let late = stores_in(region.reduces.len());
     if let Some(sp) = plan.sweeps.get(region.reduces.len()) {
+        run_phases(k, e, n, sp, &reduced);
         let sweep = Sweep {
             k,
             n,
             mask: &sp.mask,
             reduced: &reduced,
             stores: &late,
-            stash: Some(sp),
+            loads: &sp.loads,
+            stashes: &sp.stores,
         };
         elementwise_sweep(&sweep, e);
+    }
+}
+
+/// Emits a sweep's block phases over its `n` elements: each computes a row routine's operand
+/// into the routine's slot, then calls the routine on the slot's row.
+fn run_phases(k: &Kernel, e: &mut Emitter, n: Value, sp: &SweepPlan, reduced: &[(Value, DType)]) {
+    for ph in &sp.phases {
+        let stashes = [(ph.input, ph.slot)];
+        let sweep = Sweep {
+            k,
+            n,
+            mask: &ph.mask,
+            reduced,
+            stores: &[],
+            loads: &ph.loads,
+            stashes: &stashes,
+        };
+        elementwise_sweep(&sweep, e);
+        let symbol = block_math::symbol(ph.op).expect("planned ops have a routine");
+        let row = k.stash_row(ph.slot);
+        e.call(symbol, &[row, n], &[I64, I64], I64);
     }
 }
 

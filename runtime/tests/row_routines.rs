@@ -1,0 +1,136 @@
+//! The 8-lane row routines (`backend/cpu/block_math.rs`) give the very bits of the inline
+//! 4-lane code they replace, for every input, every length and every position in a row: strict
+//! and defer mode, and hosts with and without AVX2, agree.
+
+use deferfuse_fusion::ir::{DType, Layout, Op, UnaryOp};
+use deferfuse_fusion::lower::lower_node;
+use deferfuse_fusion::trace::{Node, Operand, TensorRef};
+use deferfuse_runtime::backend::cpu::CpuBackend;
+use deferfuse_runtime::backend::{Backend, Program};
+use std::sync::Arc;
+
+/// A compiled `op(x)` over a contiguous f32 vector of `n` elements.
+fn program(backend: &CpuBackend, op: UnaryOp, n: usize) -> (Arc<dyn Program>, Node) {
+    let t = |buffer| TensorRef {
+        buffer,
+        layout: Layout::contiguous(&[n]),
+        dtype: DType::F32,
+    };
+    let node = Node {
+        op: Op::Unary(op),
+        inputs: [Operand::Tensor(t(1))].into_iter().collect(),
+        output: t(2),
+        compute: DType::F32,
+    };
+    let step = lower_node(&node, 0).pop().expect("one step");
+    (backend.compile(&step.region).unwrap(), node)
+}
+
+fn run(backend: &CpuBackend, op: UnaryOp, xs: &[f32]) -> Vec<u32> {
+    let (prog, node) = program(backend, op, xs.len());
+    let step = lower_node(&node, 0).pop().expect("one step");
+    let mut x = xs.to_vec();
+    let mut y = vec![0f32; xs.len()];
+    let bases = [x.as_mut_ptr() as *mut u8, y.as_mut_ptr() as *mut u8];
+    // SAFETY: both buffers hold the n f32s the binding describes.
+    unsafe { prog.run(&step.binding, &bases).unwrap() };
+    y.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Backends with and without the row routines, or None (after saying so) on a host without
+/// AVX2, where only the inline code exists.
+fn both() -> Option<(CpuBackend, CpuBackend)> {
+    let fast = CpuBackend::new(false, 1).unwrap();
+    if !fast.row_routines() {
+        eprintln!("skipped: this host has no AVX2/FMA, so loops never call the row routines");
+        return None;
+    }
+    Some((
+        fast,
+        CpuBackend::new(false, 1).unwrap().without_row_routines(),
+    ))
+}
+
+/// Dense over the interesting range, plus the edges each routine special-cases.
+fn inputs() -> Vec<f32> {
+    let mut xs: Vec<f32> = (0..40_001).map(|i| -100.0 + i as f32 * 0.005).collect();
+    xs.extend([
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        f32::MIN_POSITIVE,
+        1e-45,
+        -1e-45,
+        88.722_83,
+        88.7229,
+        -87.336_54,
+        -87.3366,
+        4e-4,
+        -4e-4,
+        3.999_999_7e-4,
+        9.0,
+        -9.0,
+        f32::MAX,
+        f32::MIN,
+    ]);
+    xs
+}
+
+#[test]
+fn exp_row_routine_matches_the_inline_code_bit_for_bit() {
+    let Some((fast, inline)) = both() else { return };
+    let xs = inputs();
+    assert_eq!(
+        run(&fast, UnaryOp::Exp, &xs),
+        run(&inline, UnaryOp::Exp, &xs)
+    );
+}
+
+#[test]
+fn tanh_row_routine_matches_the_inline_code_bit_for_bit() {
+    let Some((fast, inline)) = both() else { return };
+    let xs = inputs();
+    assert_eq!(
+        run(&fast, UnaryOp::Tanh, &xs),
+        run(&inline, UnaryOp::Tanh, &xs)
+    );
+}
+
+#[test]
+fn every_length_around_the_block_size_matches() {
+    // Lengths that end mid-group of 8, mid-block and just past blocks of 1024.
+    let Some((fast, inline)) = both() else { return };
+    for n in (1..=20).chain([1023, 1024, 1025, 2048 + 7]) {
+        let xs: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 6.0).collect();
+        for op in [UnaryOp::Exp, UnaryOp::Tanh] {
+            assert_eq!(
+                run(&fast, op, &xs),
+                run(&inline, op, &xs),
+                "{op:?}, {n} elements"
+            );
+        }
+    }
+}
+
+#[test]
+fn loops_call_a_row_routine_only_when_the_host_has_one() {
+    let Some((fast, inline)) = both() else { return };
+    let listing = |b: &CpuBackend| {
+        let keep = CpuBackend::new(true, 1).unwrap();
+        let b = if b.row_routines() {
+            keep
+        } else {
+            keep.without_row_routines()
+        };
+        program(&b, UnaryOp::Exp, 4096).0.listing()
+    };
+    assert!(listing(&fast).contains("call fn0"), "{}", listing(&fast));
+    assert!(
+        !listing(&inline).contains("call fn0"),
+        "{}",
+        listing(&inline)
+    );
+}
