@@ -31,6 +31,12 @@ pub fn symbol(op: UnaryOp) -> Option<&'static str> {
     match op {
         UnaryOp::Exp => Some("df_block_exp_f32"),
         UnaryOp::Tanh => Some("df_block_tanh_f32"),
+        UnaryOp::Log => Some("df_block_log_f32"),
+        UnaryOp::Erf => Some("df_block_erf_f32"),
+        UnaryOp::Sigmoid => Some("df_block_sigmoid_f32"),
+        UnaryOp::Silu => Some("df_block_silu_f32"),
+        UnaryOp::GeluTanh => Some("df_block_gelu_tanh_f32"),
+        UnaryOp::GeluErf => Some("df_block_gelu_erf_f32"),
         _ => None,
     }
 }
@@ -40,6 +46,15 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
     vec![
         ("df_block_exp_f32", df_block_exp_f32 as *const u8),
         ("df_block_tanh_f32", df_block_tanh_f32 as *const u8),
+        ("df_block_log_f32", df_block_log_f32 as *const u8),
+        ("df_block_erf_f32", df_block_erf_f32 as *const u8),
+        ("df_block_sigmoid_f32", df_block_sigmoid_f32 as *const u8),
+        ("df_block_silu_f32", df_block_silu_f32 as *const u8),
+        (
+            "df_block_gelu_tanh_f32",
+            df_block_gelu_tanh_f32 as *const u8,
+        ),
+        ("df_block_gelu_erf_f32", df_block_gelu_erf_f32 as *const u8),
     ]
 }
 
@@ -90,6 +105,42 @@ row_routine!(
     df_block_tanh_f32,
     tanh_row,
     tanh8
+);
+row_routine!(
+    /// `row[..n] = ln(row[..n])`. Returns 0.
+    df_block_log_f32,
+    log_row,
+    log8
+);
+row_routine!(
+    /// `row[..n] = erf(row[..n])`. Returns 0.
+    df_block_erf_f32,
+    erf_row,
+    erf8
+);
+row_routine!(
+    /// `row[..n] = sigmoid(row[..n])`. Returns 0.
+    df_block_sigmoid_f32,
+    sigmoid_row,
+    sigmoid8
+);
+row_routine!(
+    /// `row[..n] = silu(row[..n])` (x * sigmoid(x)). Returns 0.
+    df_block_silu_f32,
+    silu_row,
+    silu8
+);
+row_routine!(
+    /// `row[..n] = gelu(row[..n])`, tanh approximation. Returns 0.
+    df_block_gelu_tanh_f32,
+    gelu_tanh_row,
+    gelu_tanh8
+);
+row_routine!(
+    /// `row[..n] = gelu(row[..n])`, erf form. Returns 0.
+    df_block_gelu_erf_f32,
+    gelu_erf_row,
+    gelu_erf8
 );
 
 #[cfg(target_arch = "x86_64")]
@@ -178,4 +229,169 @@ unsafe fn tanh8(x: __m256) -> __m256 {
     let ax = _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
     let is_tiny = _mm256_cmp_ps(ax, splat(4e-4), _CMP_LT_OQ);
     _mm256_blendv_ps(r, x, is_tiny)
+}
+
+/// `mask ? a : b` (`vmath`'s `select`).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn select(mask: __m256, a: __m256, b: __m256) -> __m256 {
+    _mm256_blendv_ps(b, a, mask)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn splat_bits(bits: u32) -> __m256i {
+    _mm256_set1_epi32(bits as i32)
+}
+
+/// `vmath::log`, step for step.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn log8(x: __m256) -> __m256 {
+    let small = _mm256_cmp_ps(x, splat(f32::MIN_POSITIVE), _CMP_LT_OQ);
+    let xs = _mm256_mul_ps(x, splat(8_388_608.0));
+    let xv = select(small, xs, x);
+    let adj = select(small, splat(23.0), splat(0.0));
+    let bits = _mm256_castps_si256(xv);
+    let e = _mm256_cvtepi32_ps(_mm256_srli_epi32(bits, 23));
+    let e = _mm256_sub_ps(e, splat(126.0));
+    let e = _mm256_sub_ps(e, adj);
+    let m = _mm256_and_si256(bits, splat_bits(0x807f_ffff));
+    let m = _mm256_castsi256_ps(_mm256_or_si256(m, splat_bits(0x3f00_0000)));
+    let lt = _mm256_cmp_ps(m, splat(std::f32::consts::FRAC_1_SQRT_2), _CMP_LT_OQ);
+    let e = select(lt, _mm256_sub_ps(e, splat(1.0)), e);
+    let mm = select(lt, _mm256_add_ps(m, m), m);
+    let xr = _mm256_sub_ps(mm, splat(1.0));
+    let z = _mm256_mul_ps(xr, xr);
+    let p = horner(
+        xr,
+        &[
+            7.037_683_6e-2,
+            -1.151_461_e-1,
+            1.167_699_9e-1,
+            -1.242_014_1e-1,
+            1.424_932_3e-1,
+            -1.666_805_8e-1,
+            2.000_071_4e-1,
+            -2.499_999_4e-1,
+            3.333_333e-1,
+        ],
+    );
+    let y = _mm256_mul_ps(p, xr);
+    let y = _mm256_mul_ps(y, z);
+    let y = _mm256_fmadd_ps(e, splat(-2.121_944_4e-4), y);
+    let y = _mm256_fmadd_ps(z, splat(-0.5), y);
+    let r = _mm256_add_ps(xr, y);
+    let r = _mm256_fmadd_ps(e, splat(0.693_359_4), r);
+    let zero = splat(0.0);
+    let r = select(
+        _mm256_cmp_ps(x, zero, _CMP_EQ_OQ),
+        splat(f32::NEG_INFINITY),
+        r,
+    );
+    let r = select(_mm256_cmp_ps(x, zero, _CMP_LT_OQ), splat(f32::NAN), r);
+    let inf = splat(f32::INFINITY);
+    let r = select(_mm256_cmp_ps(x, inf, _CMP_EQ_OQ), inf, r);
+    select(_mm256_cmp_ps(x, x, _CMP_UNORD_Q), x, r)
+}
+
+/// `vmath::erf`, step for step.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn erf8(x: __m256) -> __m256 {
+    let ax = _mm256_and_ps(x, _mm256_castsi256_ps(splat_bits(0x7fff_ffff)));
+    let z = _mm256_mul_ps(x, x);
+    let p = horner(
+        z,
+        &[
+            8.006_874e-5,
+            -8.053_751e-4,
+            5.192_958e-3,
+            -2.685_607e-2,
+            1.128_363_5e-1,
+            -3.761_263e-1,
+            std::f32::consts::FRAC_2_SQRT_PI,
+        ],
+    );
+    let small = _mm256_mul_ps(p, x);
+    let t = _mm256_sub_ps(ax, splat(2.5));
+    let q = horner(
+        t,
+        &[
+            1.627_774_8e-6,
+            -1.329_197e-5,
+            7.733_982e-5,
+            -4.202_061e-4,
+            2.165_227e-3,
+            -1.085_845_6e-2,
+            -9.438_937e-1,
+            -5.352_681,
+            -7.806_815,
+        ],
+    );
+    let e = exp8(q);
+    let one = splat(1.0);
+    let big = _mm256_sub_ps(one, e);
+    let sat = _mm256_cmp_ps(ax, splat(4.0), _CMP_GE_OQ);
+    let big = select(sat, one, big);
+    let sign = _mm256_and_ps(x, splat(-0.0));
+    let big = _mm256_or_ps(big, sign);
+    let is_small = _mm256_cmp_ps(ax, one, _CMP_LT_OQ);
+    let r = select(is_small, small, big);
+    select(_mm256_cmp_ps(x, x, _CMP_UNORD_Q), x, r)
+}
+
+/// `vmath::sigmoid`: 1 / (1 + e^-x).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sigmoid8(x: __m256) -> __m256 {
+    let nx = _mm256_xor_ps(x, splat(-0.0));
+    let e = exp8(nx);
+    let one = splat(1.0);
+    _mm256_div_ps(one, _mm256_add_ps(one, e))
+}
+
+/// `lanes`' silu: x * sigmoid(x).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu8(x: __m256) -> __m256 {
+    _mm256_mul_ps(x, sigmoid8(x))
+}
+
+/// `lanes`' gelu tail: 0.5 * x * (1 + t).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gelu_tail(x: __m256, t: __m256) -> __m256 {
+    let s = _mm256_add_ps(splat(1.0), t);
+    let hx = _mm256_mul_ps(splat(0.5), x);
+    _mm256_mul_ps(hx, s)
+}
+
+/// `lanes`' tanh-approximated gelu, step for step.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gelu_tanh8(x: __m256) -> __m256 {
+    let x3 = _mm256_mul_ps(x, x);
+    let x3 = _mm256_mul_ps(x3, x);
+    let inner = _mm256_mul_ps(x3, splat(0.044_715_f64 as f32));
+    let inner = _mm256_add_ps(x, inner);
+    let inner = _mm256_mul_ps(inner, splat(0.797_884_560_802_865_4_f64 as f32));
+    gelu_tail(x, tanh8(inner))
+}
+
+/// `lanes`' erf gelu, step for step.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gelu_erf8(x: __m256) -> __m256 {
+    let t = _mm256_mul_ps(x, splat(std::f64::consts::FRAC_1_SQRT_2 as f32));
+    gelu_tail(x, erf8(t))
 }
