@@ -342,23 +342,34 @@ impl Runtime {
         t.buffer.host_coherent()?;
         let base = t.buffer.storage()?.ptr();
         let l = &t.layout;
-        let mut idx = vec![0usize; l.rank()];
-        for k in 0..n {
+        // Copy runs of elements that are contiguous in both: the trailing dims whose strides
+        // are row-major (a dense tensor is one run). Element by element, a 16 MB read cost
+        // ~55 instructions per element.
+        let mut run = 1usize;
+        let mut outer = l.rank();
+        while outer > 0 && (l.sizes[outer - 1] == 1 || l.strides[outer - 1] == run as isize) {
+            run *= l.sizes[outer - 1];
+            outer -= 1;
+        }
+        let run_bytes = run * es;
+        let mut idx = vec![0usize; outer];
+        for k in 0..n / run.max(1) {
             let off = l.offset as isize
                 + idx
                     .iter()
                     .zip(&l.strides)
                     .map(|(&i, &s)| i as isize * s)
                     .sum::<isize>();
-            // SAFETY: views are bounds-checked against their buffer when made.
+            // SAFETY: views are bounds-checked against their buffer when made; the run's
+            // elements are adjacent in the buffer (their strides say so).
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     base.offset(off * es as isize),
-                    out.as_mut_ptr().add(k * es),
-                    es,
+                    out.as_mut_ptr().add(k * run_bytes),
+                    run_bytes,
                 )
             };
-            for d in (0..l.rank()).rev() {
+            for d in (0..outer).rev() {
                 idx[d] += 1;
                 if idx[d] < l.sizes[d] {
                     break;
