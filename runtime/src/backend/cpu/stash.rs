@@ -1,4 +1,4 @@
-//! Which values of a row kernel each sweep computes, and which it keeps for later sweeps.
+//! Which values of a loop each sweep computes, and which it keeps in scratch rows.
 //!
 //! A row kernel sweeps each row once per reduction, then once more for the element outputs
 //! that need the last result (see `sweep`). A cheap value a later sweep needs again is
@@ -9,9 +9,15 @@
 //! pass over memory, where a recompute costs a second exp and a cut costs a round trip of the
 //! values through memory.
 //!
+//! A value one of `block_math`'s row routines can make (an f32 exp, tanh, ...) is made by one,
+//! in a *block phase* before the sweep that first needs it: a pass stores the routine's operand
+//! to the value's scratch row, the routine overwrites the row with its results, and every later
+//! pass loads them. An elementwise loop with such a value runs its phases and its pass block by
+//! block, so its scratch rows stay in L1.
+//!
 //! The scratch rows are operands after the region's own (inputs, element outputs, reduction
-//! outputs): the executor passes one row per slot, `n_inner` elements of the slot's dtype,
-//! with an outer stride of 0, so every row of a call reuses the same scratch.
+//! outputs): the executor passes one row per slot (`n_inner` elements of the slot's dtype, or
+//! one block's worth), with an outer stride of 0, so every row of a call reuses the same scratch.
 
 use super::block_math;
 use super::lanes::is_vec;
