@@ -4,7 +4,7 @@
 //! compared and multiplied in full, float -> int casts truncate and saturate (NaN -> 0), and the
 //! loops really use vector types.
 
-use deferfuse_fusion::ir::{BinaryOp, DType, Layout, Op, Scalar, UnaryOp};
+use deferfuse_fusion::ir::{BinaryOp, DType, Layout, Op, ReduceOp, Scalar, UnaryOp};
 use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::trace::{Node, Operand, TensorRef};
 use deferfuse_runtime::backend::cpu::CpuBackend;
@@ -437,33 +437,24 @@ fn f64_max_and_min_propagate_nan() {
     }
 }
 
-/// The optimized Cranelift IR of `max(x * y + x, y)` on contiguous 1-D tensors of dtype `d`.
-fn optimized_ir_of_elementwise(d: DType) -> String {
-    let layout = Layout {
-        sizes: [1000].into_iter().collect(),
-        strides: [1].into_iter().collect(),
-        offset: 0,
-    };
-    let tr = |buffer| TensorRef {
+/// A contiguous 1-D tensor of 1000 elements (or a 0-d one) of dtype `d` in `buffer`.
+fn tensor_ref(buffer: u64, d: DType, sizes: &[usize]) -> TensorRef {
+    TensorRef {
         buffer,
-        layout: layout.clone(),
+        layout: Layout {
+            sizes: sizes.iter().copied().collect(),
+            strides: sizes.iter().map(|_| 1).collect(),
+            offset: 0,
+        },
         dtype: d,
-    };
-    let node = |op, a, b, out| Node {
-        op: Op::Binary(op),
-        inputs: [Operand::Tensor(tr(a)), Operand::Tensor(tr(b))]
-            .into_iter()
-            .collect(),
-        output: tr(out),
-        compute: d,
-    };
+    }
+}
+
+/// The optimized Cranelift IR of the programs `nodes` lower to, one after the other.
+fn optimized_ir(nodes: &[Node]) -> String {
     let mut listing = String::new();
-    for n in [
-        node(BinaryOp::Mul, 1, 2, 3),
-        node(BinaryOp::Add, 3, 1, 4),
-        node(BinaryOp::Maximum, 4, 2, 5),
-    ] {
-        for step in lower_node(&n, 0) {
+    for n in nodes {
+        for step in lower_node(n, 0) {
             let program = CpuBackend::new(true, 1)
                 .unwrap()
                 .compile(&step.region)
@@ -477,6 +468,40 @@ fn optimized_ir_of_elementwise(d: DType) -> String {
         }
     }
     listing
+}
+
+/// The optimized IR of `x * y`, `_ + x` and `max(_, y)` on contiguous tensors of dtype `d`.
+fn optimized_ir_of_elementwise(d: DType) -> String {
+    let tr = |buffer| tensor_ref(buffer, d, &[1000]);
+    let node = |op, a, b, out| Node {
+        op: Op::Binary(op),
+        inputs: [Operand::Tensor(tr(a)), Operand::Tensor(tr(b))]
+            .into_iter()
+            .collect(),
+        output: tr(out),
+        compute: d,
+    };
+    optimized_ir(&[
+        node(BinaryOp::Mul, 1, 2, 3),
+        node(BinaryOp::Add, 3, 1, 4),
+        node(BinaryOp::Maximum, 4, 2, 5),
+    ])
+}
+
+/// The optimized IR of a full reduction `op` of a contiguous tensor of dtype `d`.
+fn optimized_ir_of_reduction(op: ReduceOp, d: DType, out: DType) -> String {
+    optimized_ir(&[Node {
+        op: Op::Reduce {
+            op,
+            dims: [0].into_iter().collect(),
+            keepdim: false,
+        },
+        inputs: [Operand::Tensor(tensor_ref(1, d, &[1000]))]
+            .into_iter()
+            .collect(),
+        output: tensor_ref(2, out, &[]),
+        compute: out,
+    }])
 }
 
 /// The text of each block of a Cranelift function, by block name.
@@ -539,4 +564,22 @@ fn i64_elementwise_loops_compute_in_i64x2_registers() {
     let ir = optimized_ir_of_elementwise(DType::I64);
     assert_vector_loops(&ir, "i64x2", "imul");
     assert_vector_loops(&ir, "i64x2", "smax");
+}
+
+#[test]
+fn f64_sum_folds_into_f64x2_accumulators() {
+    let ir = optimized_ir_of_reduction(ReduceOp::Sum, DType::F64, DType::F64);
+    assert_vector_loops(&ir, "f64x2", "fadd");
+}
+
+#[test]
+fn i64_amax_folds_into_i64x2_accumulators() {
+    let ir = optimized_ir_of_reduction(ReduceOp::Amax, DType::I64, DType::I64);
+    assert_vector_loops(&ir, "i64x2", "smax");
+}
+
+#[test]
+fn i32_sum_widens_to_i64x2_accumulators() {
+    let ir = optimized_ir_of_reduction(ReduceOp::Sum, DType::I32, DType::I64);
+    assert_vector_loops(&ir, "i32x4", "swiden");
 }
