@@ -7,10 +7,10 @@
 //! `n_outer x n_inner` elements; the executor walks any further dims. Because sizes and strides
 //! are arguments, one compiled kernel serves every size of its shape class.
 
-use super::lanes::{is_vec, Emitter, V};
+use super::lanes::{is_vec, vflags, Emitter, V};
 use super::stash::{slot_dtype, StashPlan};
 use cranelift_codegen::ir::condcodes::{CondCode, IntCC};
-use cranelift_codegen::ir::types::{F32, F32X4, F64, I32, I64};
+use cranelift_codegen::ir::types::{F32, F32X4, F64, F64X2, I32, I32X4, I64, I64X2, I8X16};
 use cranelift_codegen::ir::{
     AbiParam, Block, BlockArg, InstBuilder, MemFlagsData, Signature, Value,
 };
@@ -19,7 +19,7 @@ use cranelift_jit::JITModule;
 use deferfuse_fusion::ir::DType;
 use deferfuse_fusion::region::{InstrKind, LoopOperand, LoopRegion};
 use deferfuse_fusion::StrideKind;
-use smallvec::SmallVec;
+use smallvec::{smallvec, SmallVec};
 
 /// Loads and stores touch user buffers the executor has checked; they never trap.
 fn mem() -> MemFlagsData {
@@ -97,6 +97,10 @@ impl Kernel<'_> {
             let a = self.addr(e, j, i);
             return V::F(e.b.ins().load(F32X4, mem(), a, 0));
         }
+        if kind == StrideKind::Contig && e.width == 4 && !is_vec(d) {
+            let a = self.addr(e, j, i);
+            return Self::load_vector(e, d, a);
+        }
         let n = if kind == StrideKind::Bcast {
             1
         } else {
@@ -112,18 +116,35 @@ impl Kernel<'_> {
             let a = self.addr(e, j, ik);
             lanes.push(Self::load_scalar(e, d, a));
         }
-        if is_vec(d) {
-            if n == 1 {
-                V::F(e.b.ins().splat(F32X4, lanes[0]))
-            } else {
-                V::F(e.pack(&lanes))
-            }
+        if n == 1 {
+            e.broadcast(lanes[0], d)
         } else {
-            while lanes.len() < e.width {
-                lanes.push(lanes[0]);
-            }
-            V::L(lanes)
+            e.pack_lanes(&lanes)
         }
+    }
+
+    /// 4 contiguous elements at `a` in vector loads (f64/i64: two registers; i32: one;
+    /// u8/bool: 4 bytes widened to i32x4); not for the f32-computed dtypes.
+    fn load_vector(e: &mut Emitter, d: DType, a: Value) -> V {
+        let regs = match d {
+            DType::F64 | DType::I64 => {
+                let t = if d == DType::F64 { F64X2 } else { I64X2 };
+                smallvec![
+                    e.b.ins().load(t, mem(), a, 0),
+                    e.b.ins().load(t, mem(), a, 16)
+                ]
+            }
+            DType::I32 => smallvec![e.b.ins().load(I32X4, mem(), a, 0)],
+            DType::U8 | DType::Bool => {
+                let w = e.b.ins().load(I32, mem(), a, 0);
+                let v = e.b.ins().scalar_to_vector(I32X4, w);
+                let v = e.b.ins().bitcast(I8X16, vflags(), v);
+                let v = e.b.ins().uwiden_low(v);
+                smallvec![e.b.ins().uwiden_low(v)]
+            }
+            other => unreachable!("{other:?} loads as f32x4"),
+        };
+        V::W(regs)
     }
 
     fn store_scalar(e: &mut Emitter, d: DType, x: Value, a: Value) {
@@ -162,6 +183,11 @@ impl Kernel<'_> {
             e.b.ins().store(mem(), *x, a, 0);
             return;
         }
+        if let (StrideKind::Contig, 4, V::W(r)) = (self.ops[j].desc.inner, e.width, &v) {
+            let a = self.addr(e, j, i);
+            Self::store_vector(e, d, r, a);
+            return;
+        }
         let lanes = e.lanes(&v);
         for (k, &x) in lanes.iter().enumerate().take(e.width) {
             let ik = if k == 0 {
@@ -171,6 +197,25 @@ impl Kernel<'_> {
             };
             let a = self.addr(e, j, ik);
             Self::store_scalar(e, d, x, a);
+        }
+    }
+
+    /// Stores 4 contiguous elements of dtype `d` (registers `r`) at `a`; u8/bool lanes (0..=255)
+    /// are packed to bytes first.
+    fn store_vector(e: &mut Emitter, d: DType, r: &[Value], a: Value) {
+        match d {
+            DType::U8 | DType::Bool => {
+                let h = e.b.ins().snarrow(r[0], r[0]);
+                let by = e.b.ins().unarrow(h, h);
+                let w = e.b.ins().bitcast(I32X4, vflags(), by);
+                let w = e.b.ins().extractlane(w, 0);
+                e.b.ins().store(mem(), w, a, 0);
+            }
+            _ => {
+                for (k, &x) in r.iter().enumerate() {
+                    e.b.ins().store(mem(), x, a, (k * 16) as i32);
+                }
+            }
         }
     }
 
@@ -327,6 +372,7 @@ pub fn flatten(v: &V) -> Vec<Value> {
     match v {
         V::F(x) => vec![*x],
         V::L(l) => l.to_vec(),
+        V::W(r) => r.to_vec(),
     }
 }
 
@@ -342,6 +388,14 @@ pub fn params_like(b: &mut FunctionBuilder, blk: Block, proto: &V) -> V {
             let ty = b.func.dfg.value_type(l[0]);
             V::L(l.iter().map(|_| b.append_block_param(blk, ty)).collect())
         }
+        V::W(r) => V::W(
+            r.iter()
+                .map(|&x| {
+                    let ty = b.func.dfg.value_type(x);
+                    b.append_block_param(blk, ty)
+                })
+                .collect(),
+        ),
     }
 }
 

@@ -1,14 +1,22 @@
 //! Values of a loop body and the ops on them.
 //!
-//! A body is emitted for 4 elements at a time (the main loop) or 1 (the tail). f32-computed
-//! values (f32, f16, bf16) live in one f32x4 register in both cases, so the tail runs the very
-//! same instructions as the main loop and a result never depends on where an element falls.
-//! Other dtypes (f64, integers, bool) are kept as one scalar SSA value per lane.
+//! A body is emitted for 4 elements at a time (the main loop) or 1 (the tail). Every dtype
+//! computes in 128-bit registers: f32-computed values (f32, f16, bf16) in one f32x4, f64 in
+//! two f64x2, i64 in two i64x2, and i32-computed values (i32, u8, bool) in one i32x4. The tail
+//! keeps one register with its element in lane 0 and runs the very same instructions as the
+//! main loop, so a result never depends on where an element falls.
+//!
+//! Ops without a (good) x64 lowering for a lane type run per lane: the registers are split into
+//! scalars, the scalar op (or helper call) runs on each, and the results are packed again.
+//! Those are integer remainder and power, the f64 transcendentals, float -> i64 and
+//! i64 -> f32 casts.
 
 use super::vmath::VMath;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::types::{F32, F32X4, F64, I32, I32X4, I64};
-use cranelift_codegen::ir::{AbiParam, FuncRef, InstBuilder, Signature, Type, Value};
+use cranelift_codegen::ir::types::{F32, F32X4, F64, F64X2, I32, I32X4, I64, I64X2, I8X16};
+use cranelift_codegen::ir::{
+    AbiParam, ConstantData, Endianness, FuncRef, InstBuilder, MemFlagsData, Signature, Type, Value,
+};
 use cranelift_frontend::FunctionBuilder;
 use cranelift_jit::JITModule;
 use cranelift_module::{Linkage, Module};
@@ -16,12 +24,22 @@ use deferfuse_fusion::ir::{BinaryOp, DType, UnaryOp};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 
-/// One body value: an f32x4 register, or `width` scalars of the compute type.
+/// One body value.
 #[derive(Clone, Debug)]
 pub enum V {
+    /// An f32x4 register (f32, f16, bf16).
     F(Value),
+    /// `width` scalars of the compute type. Accepted everywhere as an input (it is packed into
+    /// registers first); the emitter itself only produces it for scalar results such as an
+    /// argmax index.
     L(SmallVec<[Value; 4]>),
+    /// Registers of the compute type's vector: f64x2 / i64x2 (two at width 4, one at width 1)
+    /// or i32x4 (one).
+    W(SmallVec<[Value; 2]>),
 }
+
+/// Registers of one value.
+type Regs = SmallVec<[Value; 2]>;
 
 /// True for dtypes computed in f32x4 registers.
 pub fn is_vec(d: DType) -> bool {
@@ -36,6 +54,22 @@ pub fn lane_ty(d: DType) -> Type {
         DType::I64 => I64,
         _ => I32,
     }
+}
+
+/// The 128-bit vector type holding lanes of scalar type `t`.
+fn vec_of(t: Type) -> Type {
+    match t {
+        F32 => F32X4,
+        F64 => F64X2,
+        I64 => I64X2,
+        I32 => I32X4,
+        other => unreachable!("no vector of {other}"),
+    }
+}
+
+/// Flags for lane-reinterpreting bitcasts.
+pub fn vflags() -> MemFlagsData {
+    MemFlagsData::new().with_endianness(Endianness::Little)
 }
 
 /// Emits body ops into one function; `width` is 4 in the main loop and 1 in the tail.
@@ -87,13 +121,33 @@ impl<'a, 'b> Emitter<'a, 'b> {
         self.b.inst_results(call)[0]
     }
 
-    /// The lanes of `v` as scalars (f32 registers are split).
+    /// `x` reinterpreted as vector type `vt` (no instruction if it has that type).
+    fn retype(&mut self, vt: Type, x: Value) -> Value {
+        if self.b.func.dfg.value_type(x) == vt {
+            x
+        } else {
+            self.b.ins().bitcast(vt, vflags(), x)
+        }
+    }
+
+    /// Registers a value of vector type `vt` takes at the current width.
+    pub fn regs(&self, vt: Type) -> usize {
+        (self.width * vt.lane_bits() as usize).div_ceil(128)
+    }
+
+    /// The lanes of `v` as `width` scalars (registers are split).
     pub fn lanes(&mut self, v: &V) -> SmallVec<[Value; 4]> {
         match v {
             V::L(l) => l.clone(),
             V::F(x) => (0..self.width)
                 .map(|k| self.b.ins().extractlane(*x, k as u8))
                 .collect(),
+            V::W(r) => {
+                let per = self.b.func.dfg.value_type(r[0]).lane_count() as usize;
+                (0..self.width)
+                    .map(|k| self.b.ins().extractlane(r[k / per], (k % per) as u8))
+                    .collect()
+            }
         }
     }
 
@@ -106,20 +160,74 @@ impl<'a, 'b> Emitter<'a, 'b> {
         v
     }
 
+    /// Packs `width` scalars of one type into that type's registers.
+    pub fn pack_lanes(&mut self, lanes: &[Value]) -> V {
+        let t = self.b.func.dfg.value_type(lanes[0]);
+        if t == F32 {
+            return V::F(self.pack(lanes));
+        }
+        let vt = vec_of(t);
+        let per = vt.lane_count() as usize;
+        V::W(
+            lanes
+                .chunks(per)
+                .map(|c| {
+                    let mut v = self.b.ins().splat(vt, c[0]);
+                    for (k, &l) in c.iter().enumerate().skip(1) {
+                        v = self.b.ins().insertlane(v, l, k as u8);
+                    }
+                    v
+                })
+                .collect(),
+        )
+    }
+
+    /// `v` in register form (scalar lanes are packed).
+    pub fn vector(&mut self, v: &V) -> V {
+        match v {
+            V::L(l) => self.pack_lanes(l),
+            _ => v.clone(),
+        }
+    }
+
+    /// The registers of `v` (an f32x4 is one).
+    fn regs_of(&mut self, v: &V) -> Regs {
+        match self.vector(v) {
+            V::F(x) => SmallVec::from_elem(x, 1),
+            V::W(r) => r,
+            V::L(_) => unreachable!("packed above"),
+        }
+    }
+
+    /// A value of registers `r` (f32x4 registers make a `V::F`).
+    fn of_regs(&mut self, r: Regs) -> V {
+        if self.b.func.dfg.value_type(r[0]) == F32X4 {
+            V::F(r[0])
+        } else {
+            V::W(r)
+        }
+    }
+
     /// A value holding `x` in every lane, in `d`'s representation.
     pub fn broadcast(&mut self, x: Value, d: DType) -> V {
         if is_vec(d) {
             V::F(self.b.ins().splat(F32X4, x))
         } else {
-            V::L(SmallVec::from_elem(x, self.width))
+            let vt = vec_of(lane_ty(d));
+            let s = self.b.ins().splat(vt, x);
+            V::W(SmallVec::from_elem(s, self.regs(vt)))
         }
     }
 
+    /// A register of vector type `vt` holding integer `c` in every lane.
+    fn isplat(&mut self, vt: Type, c: i64) -> Value {
+        let x = self.b.ins().iconst(vt.lane_type(), c);
+        self.b.ins().splat(vt, x)
+    }
+
     fn map(&mut self, v: &V, mut f: impl FnMut(&mut FunctionBuilder<'b>, Value) -> Value) -> V {
-        match v {
-            V::F(x) => V::F(f(self.b, *x)),
-            V::L(l) => V::L(l.iter().map(|&x| f(self.b, x)).collect()),
-        }
+        let r: Regs = self.regs_of(v).iter().map(|&x| f(self.b, x)).collect();
+        self.of_regs(r)
     }
 
     fn zip(
@@ -128,70 +236,115 @@ impl<'a, 'b> Emitter<'a, 'b> {
         y: &V,
         mut f: impl FnMut(&mut FunctionBuilder<'b>, Value, Value) -> Value,
     ) -> V {
-        match (x, y) {
-            (V::F(a), V::F(b)) => V::F(f(self.b, *a, *b)),
-            (V::L(a), V::L(b)) => V::L(a.iter().zip(b).map(|(&a, &b)| f(self.b, a, b)).collect()),
-            _ => unreachable!("operands share a representation"),
-        }
+        let (a, b) = (self.regs_of(x), self.regs_of(y));
+        assert_eq!(a.len(), b.len(), "operands share a representation");
+        let r: Regs = a.iter().zip(&b).map(|(&a, &b)| f(self.b, a, b)).collect();
+        self.of_regs(r)
     }
 
-    /// Applies a scalar helper lane by lane (f32 registers are split and repacked).
-    fn per_lane(&mut self, v: &[&V], name: &'static str, ty: Type) -> V {
+    /// Runs `f` on each lane's scalars (the operands split into lanes) and packs the results:
+    /// the fallback for ops without a vector lowering.
+    fn lanewise(&mut self, v: &[&V], mut f: impl FnMut(&mut Self, &[Value]) -> Value) -> V {
         let lanes: Vec<SmallVec<[Value; 4]>> = v.iter().map(|x| self.lanes(x)).collect();
-        let params: SmallVec<[Type; 2]> = SmallVec::from_elem(ty, v.len());
-        let out: SmallVec<[Value; 4]> = (0..lanes[0].len())
+        let out: SmallVec<[Value; 4]> = (0..self.width)
             .map(|k| {
                 let args: SmallVec<[Value; 2]> = lanes.iter().map(|l| l[k]).collect();
-                self.call(name, &args, &params, ty)
+                f(self, &args)
             })
             .collect();
-        if matches!(v[0], V::F(_)) {
-            V::F(self.pack(&out))
-        } else {
-            V::L(out)
-        }
+        self.pack_lanes(&out)
+    }
+
+    /// Applies a scalar helper lane by lane.
+    fn per_lane(&mut self, v: &[&V], name: &'static str, ty: Type) -> V {
+        let params: SmallVec<[Type; 2]> = SmallVec::from_elem(ty, v.len());
+        self.lanewise(v, |e, args| e.call(name, args, &params, ty))
     }
 
     /// Brings an integer-computed value back into its dtype's range (u8 wraps, bool is 0/1).
     pub fn normalize(&mut self, v: V, d: DType) -> V {
         match d {
-            DType::U8 => self.map(&v, |b, x| b.ins().band_imm_s(x, 0xff)),
-            DType::Bool => self.map(&v, |b, x| {
-                let c = b.ins().icmp_imm_s(IntCC::NotEqual, x, 0);
-                b.ins().uextend(I32, c)
-            }),
+            DType::U8 => {
+                let k = self.isplat(I32X4, 0xff);
+                self.map(&v, |b, x| b.ins().band(x, k))
+            }
+            DType::Bool => {
+                let zero = self.isplat(I32X4, 0);
+                let m = self.map(&v, |b, x| b.ins().icmp(IntCC::NotEqual, x, zero));
+                let r = self.regs_of(&m);
+                self.mask_to_bool(&r)
+            }
             _ => v,
         }
     }
 
-    /// Turns an i8 comparison result into a bool lane (i32 0/1).
-    fn flag(b: &mut FunctionBuilder<'_>, c: Value) -> Value {
-        b.ins().uextend(I32, c)
+    /// Lane masks (all ones or zeros: i32x4 or i64x2 registers) as bool lanes (an i32x4 of 0/1).
+    fn mask_to_bool(&mut self, m: &[Value]) -> V {
+        let t = self.b.func.dfg.value_type(m[0]);
+        let m32 = if t == I32X4 {
+            m[0]
+        } else if t.lane_bits() == 64 {
+            // Lanes 0 and 2 of each register's i32 view: one shufps.
+            let a = self.b.ins().bitcast(I8X16, vflags(), m[0]);
+            let b = self
+                .b
+                .ins()
+                .bitcast(I8X16, vflags(), *m.get(1).unwrap_or(&m[0]));
+            let mask: [u8; 16] = [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27];
+            let imm = self
+                .b
+                .func
+                .dfg
+                .immediates
+                .push(ConstantData::from(&mask[..]));
+            let s = self.b.ins().shuffle(a, b, imm);
+            self.b.ins().bitcast(I32X4, vflags(), s)
+        } else {
+            self.b.ins().bitcast(I32X4, vflags(), m[0])
+        };
+        let one = self.isplat(I32X4, 1);
+        V::W(SmallVec::from_elem(self.b.ins().band(m32, one), 1))
     }
 
-    /// An f32x4 lane mask (from fcmp) as bool lanes.
-    fn mask_to_bool(&mut self, m: Value) -> V {
-        let lanes: SmallVec<[Value; 4]> = (0..self.width)
+    /// Bool lanes as lane masks for data registers of vector type `vt` (one mask per register).
+    fn bool_to_mask(&mut self, c: &V, vt: Type) -> Regs {
+        let c = self.regs_of(c)[0];
+        if vt.lane_bits() == 32 {
+            let zero = self.isplat(I32X4, 0);
+            return SmallVec::from_elem(self.b.ins().icmp(IntCC::SignedGreaterThan, c, zero), 1);
+        }
+        let zero = self.isplat(I64X2, 0);
+        let mut wide: Regs = SmallVec::new();
+        wide.push(self.b.ins().swiden_low(c));
+        if self.regs(vt) == 2 {
+            wide.push(self.b.ins().swiden_high(c));
+        }
+        wide.iter()
+            .map(|&w| self.b.ins().icmp(IntCC::SignedGreaterThan, w, zero))
+            .collect()
+    }
+
+    /// `m ? a : b` per register, with masks `m` matching the registers of `a` and `b`.
+    fn bitsel(&mut self, m: &[Value], a: &V, b: &V) -> V {
+        let (ar, br) = (self.regs_of(a), self.regs_of(b));
+        let r: Regs = (0..ar.len())
             .map(|k| {
-                let x = self.b.ins().extractlane(m, k as u8);
-                self.b.ins().band_imm_s(x, 1)
+                let t = self.b.func.dfg.value_type(ar[k]);
+                if t.is_float() {
+                    // On the integer view, so that the compare is the mask: one blend.
+                    let it = t.as_int();
+                    let ai = self.b.ins().bitcast(it, vflags(), ar[k]);
+                    let bi = self.b.ins().bitcast(it, vflags(), br[k]);
+                    let mi = self.retype(it, m[k]);
+                    let r = self.b.ins().bitselect(mi, ai, bi);
+                    self.b.ins().bitcast(t, vflags(), r)
+                } else {
+                    let mi = self.retype(t, m[k]);
+                    self.b.ins().bitselect(mi, ar[k], br[k])
+                }
             })
             .collect();
-        V::L(lanes)
-    }
-
-    /// Bool lanes as an f32x4 lane mask.
-    fn bool_to_mask(&mut self, c: &V) -> Value {
-        let V::L(l) = c else {
-            unreachable!("bools are lanes")
-        };
-        let mut v = self.b.ins().splat(I32X4, l[0]);
-        for (k, &x) in l.iter().enumerate().skip(1) {
-            v = self.b.ins().insertlane(v, x, k as u8);
-        }
-        let zero = self.b.ins().iconst(I32, 0);
-        let zero = self.b.ins().splat(I32X4, zero);
-        self.b.ins().isub(zero, v)
+        self.of_regs(r)
     }
 
     fn fconst(&mut self, c: f64, d: DType) -> V {
@@ -205,56 +358,42 @@ impl<'a, 'b> Emitter<'a, 'b> {
 
     /// Float select `m ? a : b` where `m` comes from [`Self::fcmp`].
     fn fsel(&mut self, m: &Fm, a: &V, b: &V) -> V {
-        match (m, a, b) {
-            (Fm::Vec(m), V::F(a), V::F(b)) => V::F(self.vm().select(*m, *a, *b)),
-            (Fm::Lanes(m), V::L(a), V::L(b)) => V::L(
-                (0..a.len())
-                    .map(|k| self.b.ins().select(m[k], a[k], b[k]))
-                    .collect(),
-            ),
-            _ => unreachable!(),
+        match (a, b) {
+            (V::F(a), V::F(b)) => V::F(self.vm().select(m.0[0], *a, *b)),
+            _ => self.bitsel(&m.0, a, b),
         }
     }
 
     fn fcmp(&mut self, cc: FloatCC, x: &V, y: &V) -> Fm {
-        match (x, y) {
-            (V::F(a), V::F(b)) => Fm::Vec(self.b.ins().fcmp(cc, *a, *b)),
-            (V::L(a), V::L(b)) => Fm::Lanes(
-                a.iter()
-                    .zip(b)
-                    .map(|(&a, &b)| self.b.ins().fcmp(cc, a, b))
-                    .collect(),
-            ),
-            _ => unreachable!(),
-        }
+        let (a, b) = (self.regs_of(x), self.regs_of(y));
+        Fm(a.iter()
+            .zip(&b)
+            .map(|(&a, &b)| self.b.ins().fcmp(cc, a, b))
+            .collect())
     }
 
     fn fm_to_bool(&mut self, m: Fm) -> V {
-        match m {
-            Fm::Vec(m) => self.mask_to_bool(m),
-            Fm::Lanes(l) => V::L(l.iter().map(|&c| Self::flag(self.b, c)).collect()),
-        }
+        self.mask_to_bool(&m.0)
     }
 
-    /// NaN-propagating maximum (`lt == false`) or minimum (`lt == true`).
-    fn fminmax(&mut self, x: &V, y: &V, min: bool) -> V {
-        let r = match (x, y) {
-            // One minps/maxps: `x < y ? x : y` (or `y < x`), which already returns a NaN `y`.
-            (V::F(a), V::F(b)) => V::F(if min {
-                self.vm().min_else_second(*a, *b)
+    /// `a < b ? a : b` (`min`) or `b < a ? a : b`, per register: one minps/minpd (maxps/maxpd),
+    /// which returns `b` when either is NaN.
+    fn else_second(&mut self, x: &V, y: &V, min: bool) -> V {
+        self.zip(x, y, |b, x, y| {
+            let t = b.func.dfg.value_type(x);
+            let m = if min {
+                b.ins().fcmp(FloatCC::LessThan, x, y)
             } else {
-                self.vm().max_else_second(*a, *b)
-            }),
-            _ => {
-                let cc = if min {
-                    FloatCC::LessThan
-                } else {
-                    FloatCC::GreaterThan
-                };
-                let m = self.fcmp(cc, x, y);
-                self.fsel(&m, x, y)
-            }
-        };
+                b.ins().fcmp(FloatCC::LessThan, y, x)
+            };
+            let m = b.ins().bitcast(t, vflags(), m);
+            b.ins().bitselect(m, x, y)
+        })
+    }
+
+    /// NaN-propagating maximum (`min == false`) or minimum.
+    fn fminmax(&mut self, x: &V, y: &V, min: bool) -> V {
+        let r = self.else_second(x, y, min);
         let nan = self.fcmp(FloatCC::Unordered, x, x);
         self.fsel(&nan, x, &r)
     }
@@ -282,15 +421,9 @@ impl<'a, 'b> Emitter<'a, 'b> {
                 self.zip(&one, &s, |b, o, x| b.ins().fdiv(o, x))
             }
             Relu => {
+                // `x < 0 ? 0 : x` in one maxps/maxpd; a NaN passes through.
                 let zero = self.fconst(0.0, d);
-                match (&zero, a) {
-                    // `x < 0 ? 0 : x` in one maxps; a NaN passes through.
-                    (V::F(z), V::F(x)) => V::F(self.vm().max_else_second(*z, *x)),
-                    _ => {
-                        let m = self.fcmp(FloatCC::LessThan, a, &zero);
-                        self.fsel(&m, &zero, a)
-                    }
-                }
+                self.else_second(&zero, a, false)
             }
             Sign => {
                 let zero = self.fconst(0.0, d);
@@ -355,9 +488,17 @@ impl<'a, 'b> Emitter<'a, 'b> {
         self.zip(&hx, &s, |b, h, s| b.ins().fmul(h, s))
     }
 
+    /// An integer register of `x`'s type holding `c` in every lane.
+    fn ilike(b: &mut FunctionBuilder<'_>, x: Value, c: i64) -> Value {
+        let t = b.func.dfg.value_type(x);
+        let s = b.ins().iconst(t.lane_type(), c);
+        b.ins().splat(t, s)
+    }
+
     /// Emits `op(a)`; `src` is the dtype `a` has, `dst` the result's.
     pub fn unary(&mut self, op: UnaryOp, a: &V, src: DType, dst: DType) -> V {
         use UnaryOp::*;
+        let a = &self.vector(a);
         match op {
             LogicalNot => self.truthy(a, src, true),
             IsNan if src.is_float() => {
@@ -366,7 +507,7 @@ impl<'a, 'b> Emitter<'a, 'b> {
             }
             IsNan => {
                 let zero = self.b.ins().iconst(I32, 0);
-                V::L(SmallVec::from_elem(zero, self.width))
+                self.broadcast(zero, DType::Bool)
             }
             _ if src.is_float() => self.funary(op, a, src),
             // Integer (and bool) inputs of the remaining ops.
@@ -376,18 +517,15 @@ impl<'a, 'b> Emitter<'a, 'b> {
             }
             Abs => self.map(a, |b, x| b.ins().iabs(x)),
             Relu => self.map(a, |b, x| {
-                let ty = b.func.dfg.value_type(x);
-                let z = b.ins().iconst(ty, 0);
+                let z = Self::ilike(b, x, 0);
                 b.ins().smax(x, z)
             }),
+            // gt - lt with all-ones masks: lt_mask - gt_mask.
             Sign => self.map(a, |b, x| {
-                let ty = b.func.dfg.value_type(x);
-                let z = b.ins().iconst(ty, 0);
+                let z = Self::ilike(b, x, 0);
                 let gt = b.ins().icmp(IntCC::SignedGreaterThan, x, z);
                 let lt = b.ins().icmp(IntCC::SignedLessThan, x, z);
-                let gt = b.ins().uextend(ty, gt);
-                let lt = b.ins().uextend(ty, lt);
-                b.ins().isub(gt, lt)
+                b.ins().isub(lt, gt)
             }),
             Floor | Ceil | Round => a.clone(),
             other => unreachable!(
@@ -414,16 +552,19 @@ impl<'a, 'b> Emitter<'a, 'b> {
             } else {
                 IntCC::NotEqual
             };
-            self.map(a, |b, x| {
-                let c = b.ins().icmp_imm_s(cc, x, 0);
-                b.ins().uextend(I32, c)
-            })
+            let m = self.map(a, |b, x| {
+                let z = Self::ilike(b, x, 0);
+                b.ins().icmp(cc, x, z)
+            });
+            let r = self.regs_of(&m);
+            self.mask_to_bool(&r)
         }
     }
 
     /// Emits `op(x, y)`; both are in dtype `src`; the result has dtype `dst`.
     pub fn binary(&mut self, op: BinaryOp, x: &V, y: &V, src: DType, dst: DType) -> V {
         use BinaryOp::*;
+        let (x, y) = (&self.vector(x), &self.vector(y));
         if matches!(op, LogicalAnd | LogicalOr) {
             let a = self.truthy(x, src, false);
             let b = self.truthy(y, src, false);
@@ -462,21 +603,12 @@ impl<'a, 'b> Emitter<'a, 'b> {
                     let nz = self.fcmp(FloatCC::NotEqual, &r, &zero);
                     let rneg = self.fcmp(FloatCC::LessThan, &r, &zero);
                     let yneg = self.fcmp(FloatCC::LessThan, y, &zero);
-                    let fix = match (nz, rneg, yneg) {
-                        (Fm::Vec(a), Fm::Vec(b), Fm::Vec(c)) => {
-                            let d = self.b.ins().bxor(b, c);
-                            Fm::Vec(self.b.ins().band(a, d))
-                        }
-                        (Fm::Lanes(a), Fm::Lanes(b), Fm::Lanes(c)) => Fm::Lanes(
-                            (0..a.len())
-                                .map(|k| {
-                                    let d = self.b.ins().bxor(b[k], c[k]);
-                                    self.b.ins().band(a[k], d)
-                                })
-                                .collect(),
-                        ),
-                        _ => unreachable!(),
-                    };
+                    let fix = Fm((0..nz.0.len())
+                        .map(|k| {
+                            let d = self.b.ins().bxor(rneg.0[k], yneg.0[k]);
+                            self.b.ins().band(nz.0[k], d)
+                        })
+                        .collect());
                     let adj = self.zip(&r, y, |b, r, y| b.ins().fadd(r, y));
                     self.fsel(&fix, &adj, &r)
                 }
@@ -501,9 +633,12 @@ impl<'a, 'b> Emitter<'a, 'b> {
             Mul => self.zip(x, y, |b, x, y| b.ins().imul(x, y)),
             Maximum => self.zip(x, y, |b, x, y| b.ins().smax(x, y)),
             Minimum => self.zip(x, y, |b, x, y| b.ins().smin(x, y)),
-            Remainder => self.zip(x, y, |b, x, y| {
+            // x64 has no vector integer division: per lane.
+            Remainder => self.lanewise(&[x, y], |e, a| {
                 // Division by zero gives 0 instead of trapping; -1 is replaced by 1 (same
                 // remainder, 0) so MIN % -1 cannot fault.
+                let b = &mut *e.b;
+                let (x, y) = (a[0], a[1]);
                 let ty = b.func.dfg.value_type(x);
                 let one = b.ins().iconst(ty, 1);
                 let bad = b.ins().icmp_imm_s(IntCC::Equal, y, 0);
@@ -520,29 +655,20 @@ impl<'a, 'b> Emitter<'a, 'b> {
                 b.ins().select(fix, adj, r)
             }),
             Pow => {
-                let xl = self.lanes(x);
-                let yl = self.lanes(y);
                 let ty = lane_ty(src);
-                V::L(
-                    (0..xl.len())
-                        .map(|k| {
-                            let (a, e) = if ty == I64 {
-                                (xl[k], yl[k])
-                            } else {
-                                (
-                                    self.b.ins().sextend(I64, xl[k]),
-                                    self.b.ins().sextend(I64, yl[k]),
-                                )
-                            };
-                            let r = self.call("df_pow_i64", &[a, e], &[I64, I64], I64);
-                            if ty == I64 {
-                                r
-                            } else {
-                                self.b.ins().ireduce(ty, r)
-                            }
-                        })
-                        .collect(),
-                )
+                self.lanewise(&[x, y], |e, l| {
+                    let (a, p) = if ty == I64 {
+                        (l[0], l[1])
+                    } else {
+                        (e.b.ins().sextend(I64, l[0]), e.b.ins().sextend(I64, l[1]))
+                    };
+                    let r = e.call("df_pow_i64", &[a, p], &[I64, I64], I64);
+                    if ty == I64 {
+                        r
+                    } else {
+                        e.b.ins().ireduce(ty, r)
+                    }
+                })
             }
             Eq | Ne | Lt | Le | Gt | Ge => {
                 let cc = match op {
@@ -553,10 +679,9 @@ impl<'a, 'b> Emitter<'a, 'b> {
                     Gt => IntCC::SignedGreaterThan,
                     _ => IntCC::SignedGreaterThanOrEqual,
                 };
-                return self.zip(x, y, |b, x, y| {
-                    let c = b.ins().icmp(cc, x, y);
-                    b.ins().uextend(I32, c)
-                });
+                let m = self.zip(x, y, |b, x, y| b.ins().icmp(cc, x, y));
+                let r = self.regs_of(&m);
+                return self.mask_to_bool(&r);
             }
             Div => unreachable!("integer division is promoted to float by inference"),
             LogicalAnd | LogicalOr => unreachable!(),
@@ -566,23 +691,78 @@ impl<'a, 'b> Emitter<'a, 'b> {
 
     /// `cond ? x : y` with bool lanes `cond` and `x`, `y` of dtype `d`.
     pub fn select(&mut self, cond: &V, x: &V, y: &V) -> V {
-        match (x, y) {
+        let (x, y) = (self.vector(x), self.vector(y));
+        match (&x, &y) {
             (V::F(a), V::F(b)) => {
-                let m = self.bool_to_mask(cond);
+                let m = self.bool_to_mask(cond, F32X4)[0];
                 V::F(self.vm().select(m, *a, *b))
             }
-            (V::L(a), V::L(b)) => {
-                let V::L(c) = cond else { unreachable!() };
-                V::L(
-                    (0..a.len())
-                        .map(|k| {
-                            let t = self.b.ins().icmp_imm_s(IntCC::NotEqual, c[k], 0);
-                            self.b.ins().select(t, a[k], b[k])
-                        })
-                        .collect(),
-                )
+            (V::W(a), _) => {
+                let vt = self.b.func.dfg.value_type(a[0]);
+                let m = self.bool_to_mask(cond, vt);
+                self.bitsel(&m, &x, &y)
             }
-            _ => unreachable!(),
+            _ => unreachable!("operands share a representation"),
+        }
+    }
+
+    /// The low 64 bits of `a` and of `b` in one register of type `vt` (one punpcklqdq).
+    fn low_halves(&mut self, a: Value, b: Value, vt: Type) -> Value {
+        let a8 = self.b.ins().bitcast(I8X16, vflags(), a);
+        let b8 = self.b.ins().bitcast(I8X16, vflags(), b);
+        let mask: [u8; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23];
+        let imm = self
+            .b
+            .func
+            .dfg
+            .immediates
+            .push(ConstantData::from(&mask[..]));
+        let s = self.b.ins().shuffle(a8, b8, imm);
+        self.b.ins().bitcast(vt, vflags(), s)
+    }
+
+    /// The high 64 bits of `a` moved to the low half (one pshufd).
+    fn high_half(&mut self, a: Value) -> Value {
+        let vt = self.b.func.dfg.value_type(a);
+        let a8 = self.b.ins().bitcast(I8X16, vflags(), a);
+        let mask: [u8; 16] = [8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15];
+        let imm = self
+            .b
+            .func
+            .dfg
+            .immediates
+            .push(ConstantData::from(&mask[..]));
+        let s = self.b.ins().shuffle(a8, a8, imm);
+        self.b.ins().bitcast(vt, vflags(), s)
+    }
+
+    /// Registers of 2-lane results `f(r)` of each 32-bit-lane register `r`: the low half, then
+    /// (at width 4) the high half.
+    fn widen(&mut self, x: Value, mut f: impl FnMut(&mut Self, Value) -> Value) -> Regs {
+        let mut out: Regs = SmallVec::new();
+        out.push(f(self, x));
+        if self.width > 2 {
+            let h = self.high_half(x);
+            out.push(f(self, h));
+        }
+        out
+    }
+
+    /// 2-lane registers `r` (each reduced by `f` to a register with its two lanes low) as one
+    /// 4-lane register.
+    fn narrow(
+        &mut self,
+        r: &[Value],
+        vt: Type,
+        mut f: impl FnMut(&mut Self, Value) -> Value,
+    ) -> Value {
+        let lo = f(self, r[0]);
+        match r.get(1) {
+            Some(&h) => {
+                let hi = f(self, h);
+                self.low_halves(lo, hi, vt)
+            }
+            None => lo,
         }
     }
 
@@ -592,57 +772,71 @@ impl<'a, 'b> Emitter<'a, 'b> {
         if from == to {
             return v.clone();
         }
+        let v = &self.vector(v);
         if to == DType::Bool {
             return self.truthy(v, from, false);
         }
-        if is_vec(to) {
-            let f = if is_vec(from) {
-                let V::F(x) = v else { unreachable!() };
-                *x
-            } else {
-                let lanes = self.lanes(v);
-                let conv: SmallVec<[Value; 4]> = lanes
-                    .iter()
-                    .map(|&x| {
-                        if from.compute() == DType::F64 {
-                            self.b.ins().fdemote(F32, x)
-                        } else {
-                            self.b.ins().fcvt_from_sint(F32, x)
-                        }
-                    })
-                    .collect();
-                self.pack(&conv)
-            };
-            return match to {
-                DType::BF16 => V::F(self.vm().round_bf16(f)),
-                DType::F16 => self.per_lane(&[&V::F(f)], "df_round_f16", F32),
-                _ => V::F(f),
-            };
+        let (ft, tt) = (lane_ty(from), lane_ty(to));
+        let r = self.regs_of(v);
+        let out = match (ft, tt) {
+            _ if ft == tt => v.clone(),
+            (F64, F32) => V::F(self.narrow(&r, F32X4, |e, x| e.b.ins().fvdemote(x))),
+            (I32, F32) => V::F(self.b.ins().fcvt_from_sint(F32X4, r[0])),
+            (F32, F64) => V::W(self.widen(r[0], |e, x| e.b.ins().fvpromote_low(x))),
+            (I32, F64) => V::W(self.widen(r[0], |e, x| {
+                let w = e.b.ins().swiden_low(x);
+                e.b.ins().fcvt_from_sint(F64X2, w)
+            })),
+            (I64, F64) => self.map(v, |b, x| b.ins().fcvt_from_sint(F64X2, x)),
+            (I32, I64) => V::W(self.widen(r[0], |e, x| e.b.ins().swiden_low(x))),
+            (F32, I32) => self.map(v, |b, x| b.ins().fcvt_to_sint_sat(I32X4, x)),
+            // cvttpd2dq with NaN and saturation fixed up (Cranelift's lowering of exactly this
+            // shape); the two lanes land low, the high lanes are 0.
+            (F64, I32) => V::W(SmallVec::from_elem(
+                self.narrow(&r, I32X4, |e, x| {
+                    let c = e.b.ins().fcvt_to_sint_sat(I64X2, x);
+                    let z =
+                        e.b.func
+                            .dfg
+                            .constants
+                            .insert(ConstantData::from(&[0u8; 16][..]));
+                    let z = e.b.ins().vconst(I64X2, z);
+                    e.b.ins().snarrow(c, z)
+                }),
+                1,
+            )),
+            (I64, I32) => {
+                // Lanes 0 and 2 of the i32 view (the low halves): one shufps.
+                let a = self.b.ins().bitcast(I8X16, vflags(), r[0]);
+                let b = self
+                    .b
+                    .ins()
+                    .bitcast(I8X16, vflags(), *r.get(1).unwrap_or(&r[0]));
+                let mask: [u8; 16] = [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27];
+                let imm = self
+                    .b
+                    .func
+                    .dfg
+                    .immediates
+                    .push(ConstantData::from(&mask[..]));
+                let s = self.b.ins().shuffle(a, b, imm);
+                V::W(SmallVec::from_elem(
+                    self.b.ins().bitcast(I32X4, vflags(), s),
+                    1,
+                ))
+            }
+            // No x64 lowering of f32x4/f64x2 -> i64x2 or i64x2 -> f32x4: per lane.
+            (F32 | F64, I64) => self.lanewise(&[v], |e, l| e.b.ins().fcvt_to_sint_sat(I64, l[0])),
+            (I64, F32) => self.lanewise(&[v], |e, l| e.b.ins().fcvt_from_sint(F32, l[0])),
+            (a, b) => unreachable!("cast {a} -> {b}"),
+        };
+        match (to, out) {
+            (DType::BF16, V::F(f)) => V::F(self.vm().round_bf16(f)),
+            (DType::F16, V::F(f)) => self.per_lane(&[&V::F(f)], "df_round_f16", F32),
+            (_, out) => self.normalize(out, to),
         }
-        let lanes = self.lanes(v);
-        let ty = lane_ty(to);
-        let out: SmallVec<[Value; 4]> = lanes
-            .iter()
-            .map(|&x| {
-                let xt = self.b.func.dfg.value_type(x);
-                match (xt, ty) {
-                    (a, b) if a == b => x,
-                    (F32, F64) => self.b.ins().fpromote(F64, x),
-                    (F32 | F64, I64) => self.b.ins().fcvt_to_sint_sat(I64, x),
-                    (F32 | F64, I32) => self.b.ins().fcvt_to_sint_sat(I32, x),
-                    (I32 | I64, F64) => self.b.ins().fcvt_from_sint(F64, x),
-                    (I32, I64) => self.b.ins().sextend(I64, x),
-                    (I64, I32) => self.b.ins().ireduce(I32, x),
-                    (a, b) => unreachable!("cast {a} -> {b}"),
-                }
-            })
-            .collect();
-        self.normalize(V::L(out), to)
     }
 }
 
-/// A float comparison result: an i32x4 mask or one i8 flag per lane.
-enum Fm {
-    Vec(Value),
-    Lanes(SmallVec<[Value; 4]>),
-}
+/// A float comparison result: one lane mask per register (i32x4 for f32x4, i64x2 for f64x2).
+struct Fm(Regs);
