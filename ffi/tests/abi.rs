@@ -330,6 +330,22 @@ fn bogus_and_destroyed_runtime_pointers_are_invalid_handles() {
 }
 
 #[test]
+fn a_runtime_the_thread_just_used_is_not_live_after_its_destroy() {
+    let rt = Rt::new(DfuseMode::Defer);
+    let p = rt.0;
+    // SAFETY: the runtime pointer is only looked up, never dereferenced.
+    unsafe {
+        // The thread now remembers `p` (its fast lookup path).
+        ok(dfuse_device_synchronize(p));
+        ok(dfuse_device_synchronize(p));
+        assert_eq!(dfuse_runtime_destroy(p), DfuseStatus::Ok);
+        assert_eq!(dfuse_device_synchronize(p), DfuseStatus::InvalidHandle);
+        assert!(last_error().contains("is not live"), "{}", last_error());
+    }
+    std::mem::forget(rt);
+}
+
+#[test]
 fn destroy_while_other_threads_call() {
     let rt = Rt::new(DfuseMode::Defer);
     let addr = rt.0 as usize;

@@ -19,7 +19,7 @@ use crate::backend::DeviceValue;
 use crate::error::{Error, Result};
 use crate::stream::Progress;
 use deferfuse_fusion::BufferId;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// The last op that writes a buffer: which stream, and once launched, which job to wait for.
@@ -29,6 +29,9 @@ pub struct Writer {
     /// `None` while the write is still recorded in the stream's trace.
     pub done: Option<(Arc<Progress>, u64)>,
 }
+
+/// `Buffer::writer_stream` when nothing has written the buffer yet (stream ids start at 0).
+const NO_WRITER: u64 = u64::MAX;
 
 /// Where a buffer is in its life.
 #[repr(u32)]
@@ -61,9 +64,15 @@ pub struct Buffer {
     /// Launched-but-not-finished programs writing this buffer.
     inflight_writes: AtomicU32,
     writer: Mutex<Option<Writer>>,
+    /// `writer`'s stream, or [`NO_WRITER`]: a lock-free answer to "did my own stream write this
+    /// last?", which every recorded op asks of each operand.
+    writer_stream: AtomicU64,
     /// Why the deferred op that should have written this buffer never ran (a flush failed
     /// before launching it): reported on every later use instead of reading stale memory.
     failure: Mutex<Option<Error>>,
+    /// Whether `failure` may be `Some`: every recorded op checks each input, and almost none
+    /// has failed.
+    failed: AtomicBool,
     /// The device copy, if any.
     resident: Mutex<Option<Resident>>,
     /// Whether `resident` may be `Some`: a lock-free answer for the common case of a buffer
@@ -81,7 +90,9 @@ impl Buffer {
             deferred_writes: AtomicU32::new(0),
             inflight_writes: AtomicU32::new(0),
             writer: Mutex::new(None),
+            writer_stream: AtomicU64::new(NO_WRITER),
             failure: Mutex::new(None),
+            failed: AtomicBool::new(false),
             resident: Mutex::new(None),
             has_resident: AtomicBool::new(false),
         }
@@ -98,10 +109,14 @@ impl Buffer {
         };
         let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
         f.get_or_insert(e);
+        self.failed.store(true, Ordering::Release);
     }
 
     /// The failure recorded by [`Buffer::fail`], if any.
     pub fn failure(&self) -> Result<()> {
+        if !self.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
         match &*self.failure.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(e) => Err(e.clone()),
             None => Ok(()),
@@ -151,7 +166,15 @@ impl Buffer {
     }
 
     pub fn set_writer(&self, w: Writer) {
-        *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(w);
+        let mut g = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        self.writer_stream.store(w.stream, Ordering::Release);
+        *g = Some(w);
+    }
+
+    /// Whether the last op that writes this buffer was issued to stream `stream` (lock-free:
+    /// the common case of an op reading its own stream's results needs no ordering work).
+    pub fn written_by(&self, stream: u64) -> bool {
+        self.writer_stream.load(Ordering::Acquire) == stream
     }
 
     pub fn mark_recorded(&self) {

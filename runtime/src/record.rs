@@ -343,6 +343,9 @@ impl Runtime {
     /// make this stream wait for it on its worker.
     fn order_after_other_streams(&self, s: &Arc<Stream>, buffers: &Buffers) -> Result<()> {
         for b in buffers.iter() {
+            if b.written_by(s.id) {
+                continue;
+            }
             let Some(w) = b.writer() else { continue };
             if w.stream == s.id {
                 continue;
