@@ -141,11 +141,11 @@ impl Runtime {
         if result != 0 {
             return Ok(result);
         }
-        Ok(self.tensors.insert(Tensor {
+        self.tensors.insert(Tensor {
             buffer: out_buffer,
             layout: output.layout,
             dtype: output.dtype,
-        }))
+        })
     }
 
     /// The tensor behind an op's operand; a bad handle's message names the op and operand.

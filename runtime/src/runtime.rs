@@ -60,7 +60,7 @@ impl Runtime {
         }
         let tag = HandleTable::<()>::new_tag();
         let streams = HandleTable::new("stream", tag);
-        let default_stream = streams.insert(Arc::new(Stream::new(0)?));
+        let default_stream = streams.insert(Arc::new(Stream::new(0)?))?;
         let dump_dir = std::env::var_os("DEFERFUSE_DUMP_DIR").map(PathBuf::from);
         let threads = resolve_threads(&config)?;
         Ok(Runtime {
@@ -118,7 +118,7 @@ impl Runtime {
 
     pub fn create_stream(&self) -> Result<Handle> {
         let id = self.next_buffer.fetch_add(1, Ordering::Relaxed);
-        Ok(self.streams.insert(Arc::new(Stream::new(id)?)))
+        self.streams.insert(Arc::new(Stream::new(id)?))
     }
 
     /// Flushes and waits for the stream's work, then forgets it.
@@ -156,7 +156,8 @@ impl Runtime {
         first
     }
 
-    pub fn create_event(&self) -> Handle {
+    /// A new, unrecorded event. Fails only when the runtime holds its maximum of live events.
+    pub fn create_event(&self) -> Result<Handle> {
         self.events.insert(None)
     }
 
@@ -246,22 +247,22 @@ impl Runtime {
             .fetch_add(buffer.len as u64, Ordering::Relaxed);
         // SAFETY: the storage was just allocated with exactly `data.len()` bytes (or 1 if 0).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.ptr(), data.len()) };
-        Ok(self.tensors.insert(Tensor {
+        self.tensors.insert(Tensor {
             buffer,
             layout: Layout::contiguous(sizes),
             dtype,
-        }))
+        })
     }
 
     /// A new tensor, like `torch.empty`: storage is allocated on first use, and what nothing
     /// wrote reads as zeros.
     pub fn empty(&self, dtype: DType, sizes: &[usize]) -> Result<Handle> {
         let buffer = self.new_buffer(dtype, sizes, "empty")?;
-        Ok(self.tensors.insert(Tensor {
+        self.tensors.insert(Tensor {
             buffer,
             layout: Layout::contiguous(sizes),
             dtype,
-        }))
+        })
     }
 
     pub fn sizes(&self, h: Handle) -> Result<Dims> {
