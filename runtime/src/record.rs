@@ -10,7 +10,7 @@ use crate::stats::SyncReason;
 use crate::stream::{OpBuffers, Stream};
 use deferfuse_fusion::ir::infer::can_cast;
 use deferfuse_fusion::ir::layout::fmt_dims;
-use deferfuse_fusion::ir::{infer, ArgMeta, Layout, Op, OpError, Scalar};
+use deferfuse_fusion::ir::{infer_memo, ArgMeta, Layout, Op, OpError, Scalar};
 use deferfuse_fusion::lower::{reduce_needs_copy, reduced_dims};
 use deferfuse_fusion::{Node, Operand, TensorRef};
 use smallvec::SmallVec;
@@ -80,7 +80,7 @@ impl Runtime {
                 }
             }
         }
-        let inf = infer(&op, &metas)?;
+        let inf = infer_memo(&op, &metas)?;
         let (output, result) = match out {
             Some(h) => {
                 let t = self.operand_tensor(h, &op, OperandName::Out)?;
