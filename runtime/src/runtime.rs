@@ -3,7 +3,7 @@
 
 use crate::alloc::HostAllocator;
 use crate::backend::{Backend, Program};
-use crate::buffer::{Buffer, BufferState};
+use crate::buffer::{Buffer, BufferState, Spares};
 use crate::config::{resolve_mode, resolve_threads, Config};
 use crate::error::{Error, Result};
 use crate::handle::{Handle, HandleTable};
@@ -37,6 +37,8 @@ pub struct Runtime {
     pub(crate) dump_dir: Option<PathBuf>,
     /// Host memory, with the cache of freed blocks.
     pub(crate) host: Arc<HostAllocator>,
+    /// Emptied buffer records for new outputs (no allocation per recorded op).
+    pub(crate) spares: Spares,
     default_mode: Mode,
     default_stream: Handle,
     next_buffer: AtomicU64,
@@ -72,6 +74,7 @@ impl Runtime {
             counters: Counters::default(),
             dump_dir,
             host: HostAllocator::new(config.host_cache_bytes),
+            spares: Spares::default(),
             config,
             default_mode,
             default_stream,
@@ -220,11 +223,11 @@ impl Runtime {
                     "{op}: sizes {sizes:?} of {dtype} overflow the address space"
                 ))
             })?;
-        Ok(Arc::new(Buffer::new(
-            self.next_buffer.fetch_add(1, Ordering::Relaxed),
-            bytes,
-            self.host.clone(),
-        )))
+        let id = self.next_buffer.fetch_add(1, Ordering::Relaxed);
+        Ok(self
+            .spares
+            .take(id, bytes)
+            .unwrap_or_else(|| Arc::new(Buffer::new(id, bytes, self.host.clone()))))
     }
 
     pub(crate) fn tensor(&self, h: Handle) -> Result<Tensor> {
