@@ -90,13 +90,14 @@ impl Runtime {
             }
             None => {
                 let buffer = self.new_buffer(inf.dtype, &inf.sizes, op.name())?;
-                let t = Tensor {
-                    buffer,
+                // Built in place: the layout is cloned once, into the node, and moved into the
+                // new handle's tensor below.
+                let r = TensorRef {
+                    buffer: buffer.id,
                     layout: Layout::contiguous(&inf.sizes),
                     dtype: inf.dtype,
                 };
-                buffers.insert(t.buffer.clone());
-                let r = tref(&t);
+                buffers.insert(buffer);
                 (r, 0)
             }
         };
