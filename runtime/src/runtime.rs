@@ -41,6 +41,9 @@ pub struct Runtime {
     pub(crate) spares: Spares,
     default_mode: Mode,
     default_stream: Handle,
+    /// The default stream itself (it is never destroyed): most ops name it, and this spares
+    /// them a handle-table lookup.
+    default_stream_ref: Arc<Stream>,
     next_buffer: AtomicU64,
     threads: usize,
 }
@@ -62,7 +65,8 @@ impl Runtime {
         }
         let tag = HandleTable::<()>::new_tag();
         let streams = HandleTable::new("stream", tag);
-        let default_stream = streams.insert(Arc::new(Stream::new(0)?))?;
+        let default_stream_ref = Arc::new(Stream::new(0)?);
+        let default_stream = streams.insert(default_stream_ref.clone())?;
         let dump_dir = std::env::var_os("DEFERFUSE_DUMP_DIR").map(PathBuf::from);
         let threads = resolve_threads(&config)?;
         Ok(Runtime {
@@ -78,6 +82,7 @@ impl Runtime {
             config,
             default_mode,
             default_stream,
+            default_stream_ref,
             next_buffer: AtomicU64::new(1),
             threads,
         })
@@ -110,8 +115,10 @@ impl Runtime {
     }
 
     pub(crate) fn stream(&self, h: Handle) -> Result<Arc<Stream>> {
-        self.streams
-            .get(if h == 0 { self.default_stream } else { h })
+        if h == 0 || h == self.default_stream {
+            return Ok(self.default_stream_ref.clone());
+        }
+        self.streams.get(h)
     }
 
     /// The live stream with internal id `id` (a buffer's writer), if it still exists.
