@@ -8,7 +8,7 @@
 //! for word on a hit, so a hash collision can never hand back a wrong plan.
 
 use crate::epilogue::rebind_gemm;
-use crate::ir::{Layout, Scalar};
+use crate::ir::{DType, Layout, Scalar};
 use crate::lower::{lower_node, scalar_bits};
 use crate::plan::{plan, CutReason, Plan, PlanOptions, StepOrigin};
 use crate::region::Step;
@@ -28,13 +28,24 @@ impl Words<'_> {
         self.words.push(w);
     }
 
-    /// A layout as words, written out directly: its derived `Hash` goes through
-    /// [`Hasher::write`] byte chunks, several times the cost for the same words.
+    /// A tensor operand (`kind` 1) or output (`kind` 6) as words: its buffer's number, kind,
+    /// dtype and rank packed in one header word, then sizes, strides and offset, written out
+    /// directly (a layout's derived `Hash` goes through [`Hasher::write`] byte chunks, several
+    /// times the cost). A header whose fields do not fit is written field by field after a
+    /// word with kind `0xFF`, which no packed header has: the words still decode one way.
     #[inline]
-    fn layout(&mut self, l: &Layout) {
-        self.push(l.sizes.len() as u64);
+    fn tensor(&mut self, kind: u64, number: u64, l: &Layout, dtype: DType) {
+        let rank = l.sizes.len() as u64;
+        if number < 1 << 32 && rank < 1 << 16 && l.strides.len() == l.sizes.len() {
+            self.push(number | kind << 32 | (dtype as u64) << 40 | rank << 48);
+        } else {
+            self.push(0xFF << 32 | kind);
+            self.push(number);
+            self.push(dtype as u64);
+            self.push(rank);
+            self.push(l.strides.len() as u64);
+        }
         self.words.extend(l.sizes.iter().map(|&s| s as u64));
-        self.push(l.strides.len() as u64);
         self.words.extend(l.strides.iter().map(|&s| s as u64));
         self.push(l.offset as u64);
     }
@@ -97,21 +108,15 @@ fn signature(
     ids: &mut Renumber,
 ) -> u64 {
     words.clear();
-    words.reserve(nodes.len() * 24);
+    words.reserve(nodes.len() * 16);
     ids.reset(nodes.len() * 2);
     let mut w = Words { words };
     for n in nodes {
-        w.push(0xA11);
+        w.push(0xA11 << 32 | n.compute as u64);
         n.op.hash(&mut w);
-        w.push(n.compute as u64);
         for o in &n.inputs {
             match o {
-                Operand::Tensor(t) => {
-                    w.push(1);
-                    w.push(ids.number(t.buffer));
-                    w.layout(&t.layout);
-                    w.push(t.dtype as u64);
-                }
+                Operand::Tensor(t) => w.tensor(1, ids.number(t.buffer), &t.layout, t.dtype),
                 Operand::Scalar(s) => w.push(match s {
                     Scalar::Float(_) => 2,
                     Scalar::Int(_) => 3,
@@ -120,10 +125,8 @@ fn signature(
                 Operand::Absent => w.push(5),
             }
         }
-        w.push(6);
-        w.push(ids.number(n.output.buffer));
-        w.layout(&n.output.layout);
-        w.push(n.output.dtype as u64);
+        let out = &n.output;
+        w.tensor(6, ids.number(out.buffer), &out.layout, out.dtype);
     }
     for &b in &ids.buffers {
         w.push(live(b) as u64);
