@@ -54,7 +54,8 @@ impl Runtime {
         inputs: &[Input],
         out: Option<Handle>,
     ) -> Result<Handle> {
-        let s = self.stream(stream)?;
+        let mut other = None;
+        let s = self.stream_ref(stream, &mut other)?;
         let mut buffers = Buffers::default();
         let mut operands: SmallVec<[Operand; 3]> = SmallVec::new();
         let mut metas: SmallVec<[ArgMeta; 3]> = SmallVec::new();
@@ -101,13 +102,13 @@ impl Runtime {
                 (r, 0)
             }
         };
-        self.snapshot_overlapping_inputs(&s, &mut operands, &output, &mut buffers)?;
+        self.snapshot_overlapping_inputs(s, &mut operands, &output, &mut buffers)?;
         let out_buffer = buffers
             .get(output.buffer)
             .cloned()
             .expect("output buffer is tracked");
         match &op {
-            Op::Cat { dim } => self.record_cat(&s, *dim, &operands, &output, &buffers)?,
+            Op::Cat { dim } => self.record_cat(s, *dim, &operands, &output, &buffers)?,
             Op::Reduce {
                 dims,
                 keepdim,
@@ -118,7 +119,7 @@ impl Runtime {
             ) =>
             {
                 self.record_reduce_via_copy(
-                    &s,
+                    s,
                     *r,
                     dims,
                     *keepdim,
@@ -129,7 +130,7 @@ impl Runtime {
                 )?
             }
             _ => self.record(
-                &s,
+                s,
                 Node {
                     op: op.clone(),
                     inputs: operands,

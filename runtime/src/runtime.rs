@@ -114,6 +114,20 @@ impl Runtime {
         self.default_stream
     }
 
+    /// The stream `h` names, borrowed where it can be: the default stream is the runtime's own,
+    /// so a recorded op on it takes no reference (two atomic ops); another stream is looked up
+    /// into `slot`.
+    pub(crate) fn stream_ref<'a>(
+        &'a self,
+        h: Handle,
+        slot: &'a mut Option<Arc<Stream>>,
+    ) -> Result<&'a Arc<Stream>> {
+        if h == 0 || h == self.default_stream {
+            return Ok(&self.default_stream_ref);
+        }
+        Ok(slot.insert(self.streams.get(h)?))
+    }
+
     pub(crate) fn stream(&self, h: Handle) -> Result<Arc<Stream>> {
         if h == 0 || h == self.default_stream {
             return Ok(self.default_stream_ref.clone());
