@@ -22,6 +22,7 @@ pub enum ArgMeta {
 }
 
 impl ArgMeta {
+    #[inline]
     pub fn tensor(dtype: DType, sizes: &[usize]) -> ArgMeta {
         ArgMeta::Tensor {
             dtype,

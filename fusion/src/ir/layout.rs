@@ -33,6 +33,7 @@ pub fn dims_from<T: Copy + Default>(s: &[T]) -> SmallVec<[T; 6]> {
 }
 
 /// Row-major strides of a contiguous tensor.
+#[inline]
 pub fn contiguous_strides(sizes: &[usize]) -> Strides {
     if sizes.len() <= 6 {
         let mut buf = [1isize; 6];
@@ -81,6 +82,7 @@ impl Clone for Layout {
     /// Copies the dims with [`dims_from`]: the derived clone goes through `SmallVec`'s
     /// element-by-element `extend`, and recording an op clones a few layouts (~700
     /// instructions per op that way).
+    #[inline]
     fn clone(&self) -> Layout {
         Layout {
             sizes: dims_from(&self.sizes),
@@ -92,6 +94,7 @@ impl Clone for Layout {
 
 impl Layout {
     /// A fresh, dense, row-major layout.
+    #[inline]
     pub fn contiguous(sizes: &[usize]) -> Layout {
         Layout {
             sizes: dims_from(sizes),
