@@ -107,7 +107,7 @@ fn iteration(rt: &Runtime, stream: Handle, acc: Handle, w: Handle, t: usize, k: 
 /// a read after another stream's write. Checks a host read against the model every 10
 /// iterations; returns the final values.
 fn thread_program(rt: &Runtime, streams: &[Handle], acc: Handle, w: Handle, t: usize) -> Vec<i64> {
-    let ev = rt.create_event();
+    let ev = rt.create_event().unwrap();
     let mut prev: Option<Handle> = None;
     for k in 0..ITERS {
         mode::set(MODES[(t + k) % 3]);
@@ -180,7 +180,7 @@ fn an_event_hands_a_write_from_one_thread_and_stream_to_another() {
         let rt = runtime();
         let (a, b) = (rt.create_stream().unwrap(), rt.create_stream().unwrap());
         let x = upload(&rt, &[0; N]);
-        let ev = rt.create_event();
+        let ev = rt.create_event().unwrap();
         let (to_consumer, rounds) = mpsc::channel::<i64>();
         let (to_producer, acks) = mpsc::channel::<()>();
         let consumer = {

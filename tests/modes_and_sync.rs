@@ -96,7 +96,7 @@ fn every_sync_reason_is_counted() {
     // Recording an event flushes the stream.
     let rt = runtime(Mode::Defer);
     let y = setup(&rt);
-    let e = rt.create_event();
+    let e = rt.create_event().unwrap();
     rt.record_event(e, 0).unwrap();
     assert_eq!(syncs(&rt, Event), 1);
     rt.synchronize_event(e).unwrap();
@@ -155,7 +155,7 @@ fn every_sync_reason_is_counted() {
     // Sync points with nothing pending are not counted as flushes.
     let rt = runtime(Mode::Defer);
     rt.synchronize(0).unwrap();
-    let e = rt.create_event();
+    let e = rt.create_event().unwrap();
     rt.record_event(e, 0).unwrap();
     assert_eq!((syncs(&rt, Synchronize), syncs(&rt, Event)), (0, 0));
 }
@@ -237,7 +237,7 @@ fn streams_ordered_by_events_give_the_right_result() {
         for _ in 0..8 {
             y = bin(&rt, BinaryOp::Add, tt(y), fs(1.0));
         }
-        let e = rt.create_event();
+        let e = rt.create_event().unwrap();
         rt.record_event(e, 0).unwrap();
         rt.wait_event(s2, e).unwrap();
         let z = rt
@@ -246,7 +246,7 @@ fn streams_ordered_by_events_give_the_right_result() {
         // And back: s2 writes in place, the default stream waits for it, then reads.
         rt.op(s2, Op::Binary(BinaryOp::Add), &[tt(z), fs(0.5)], Some(z))
             .unwrap();
-        let e2 = rt.create_event();
+        let e2 = rt.create_event().unwrap();
         rt.record_event(e2, s2).unwrap();
         rt.wait_event(0, e2).unwrap();
         let w = run(&rt, red(ReduceOp::Sum, &[], false), &[tt(z)]);

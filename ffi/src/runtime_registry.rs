@@ -7,6 +7,11 @@
 //! never alias a newer runtime. A call clones the `Arc` and drops the registry lock before doing
 //! any work, so a call in flight keeps its runtime alive while another thread destroys it; the
 //! runtime is dropped (after running its pending work) when the last such call returns.
+//!
+//! Every call looks its runtime up, so each thread also remembers the last runtime it used (a
+//! weak reference and the registry's epoch): while no runtime has been destroyed since, the
+//! lookup takes no lock. Destroying any runtime bumps the epoch first, so a remembered runtime
+//! is never handed out after its destroy began.
 
 use crate::error::{guard, invalid, read_in, write_out, DfuseStatus, Result};
 use crate::types::{
@@ -15,9 +20,10 @@ use crate::types::{
 };
 use deferfuse_runtime::stats::CutReason;
 use deferfuse_runtime::{mode, BackendKind, Config, Error, Runtime, SyncReason};
+use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// An opaque deferfuse runtime. Create one with `dfuse_runtime_create`, pass it to every call,
 /// destroy it with `dfuse_runtime_destroy`. It is safe to use from several threads at once.
@@ -68,6 +74,17 @@ const TOKEN_BASE: usize = if usize::BITS >= 64 {
     0xDF00_0000
 };
 
+/// Bumped by every destroy (before the runtime leaves the registry): a thread's remembered
+/// runtime is used only while the epoch it was remembered in is current.
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+
+/// A thread's last looked-up runtime: (token, epoch, the runtime).
+type Remembered = Option<(usize, u64, Weak<Runtime>)>;
+
+thread_local! {
+    static LAST: RefCell<Remembered> = const { RefCell::new(None) };
+}
+
 fn registry() -> MutexGuard<'static, BTreeMap<usize, Arc<Runtime>>> {
     // The map is only inserted into and removed from; a panic elsewhere cannot corrupt it.
     REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
@@ -87,10 +104,27 @@ pub(crate) fn runtime(rt: *const DfuseRuntime) -> Result<Arc<Runtime>> {
             "rt is NULL; pass the pointer dfuse_runtime_create returned",
         ));
     }
-    registry()
-        .get(&rt.addr())
+    let token = rt.addr();
+    // Read before the upgrade: a destroy that bumps the epoch after this load is ordered after
+    // this call, as if the call had cloned the runtime from the registry just before it.
+    let epoch = EPOCH.load(Ordering::SeqCst);
+    let hit = LAST
+        .try_with(|l| match &*l.borrow() {
+            Some((t, e, w)) if *t == token && *e == epoch => w.upgrade(),
+            _ => None,
+        })
+        .ok()
+        .flatten();
+    if let Some(r) = hit {
+        return Ok(r);
+    }
+    let r = registry()
+        .get(&token)
         .cloned()
-        .ok_or_else(|| not_live(rt))
+        .ok_or_else(|| not_live(rt))?;
+    // A thread being torn down has no slot left; it just takes the slow path every time.
+    let _ = LAST.try_with(|l| *l.borrow_mut() = Some((token, epoch, Arc::downgrade(&r))));
+    Ok(r)
 }
 
 /// The runtime config a C config describes.
@@ -222,7 +256,15 @@ pub unsafe extern "C" fn dfuse_runtime_destroy(rt: *mut DfuseRuntime) -> DfuseSt
                 "rt is NULL; pass the pointer dfuse_runtime_create returned",
             ));
         }
-        let arc = registry().remove(&rt.addr()).ok_or_else(|| not_live(rt))?;
+        let arc = {
+            let mut reg = registry();
+            if !reg.contains_key(&rt.addr()) {
+                return Err(not_live(rt));
+            }
+            // Before the removal: no thread may take its remembered runtime from here on.
+            EPOCH.fetch_add(1, Ordering::SeqCst);
+            reg.remove(&rt.addr()).expect("checked above")
+        };
         // Run pending work now so its errors can be reported; Drop (here, or when the last call
         // in flight returns) would run it too but has to ignore them.
         let r = arc.synchronize_all();

@@ -73,7 +73,7 @@ pub unsafe extern "C" fn dfuse_event_create(rt: *const DfuseRuntime, out: *mut u
     guard("dfuse_event_create", || {
         // SAFETY: the caller's contract.
         unsafe { write_out(out, "out", 0)? };
-        let e = runtime(rt)?.create_event();
+        let e = runtime(rt)?.create_event()?;
         // SAFETY: the caller's contract.
         unsafe { write_out(out, "out", e) }
     })

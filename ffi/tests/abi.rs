@@ -330,6 +330,44 @@ fn bogus_and_destroyed_runtime_pointers_are_invalid_handles() {
 }
 
 #[test]
+fn a_released_tensor_handle_stays_stale_after_its_slot_holds_a_new_tensor() {
+    let rt = Rt::new(DfuseMode::Defer);
+    let old = rt.f32s(&[1.0], &[1]);
+    // SAFETY: handles are only looked up; the out-pointer is valid.
+    unsafe {
+        ok(dfuse_tensor_release(rt.0, old));
+        let new = rt.f32s(&[2.0], &[1]);
+        assert_ne!(new, old, "a handle value is never handed out twice");
+        let mut n = 0usize;
+        assert_eq!(
+            dfuse_tensor_ndim(rt.0, old, &mut n),
+            DfuseStatus::InvalidHandle
+        );
+        assert!(last_error().contains("is stale"), "{}", last_error());
+        assert_eq!(dfuse_tensor_release(rt.0, old), DfuseStatus::InvalidHandle);
+        ok(dfuse_tensor_ndim(rt.0, new, &mut n));
+        assert_eq!(n, 1, "the stale release left the new tensor alone");
+        ok(dfuse_tensor_release(rt.0, new));
+    }
+}
+
+#[test]
+fn a_runtime_the_thread_just_used_is_not_live_after_its_destroy() {
+    let rt = Rt::new(DfuseMode::Defer);
+    let p = rt.0;
+    // SAFETY: the runtime pointer is only looked up, never dereferenced.
+    unsafe {
+        // The thread now remembers `p` (its fast lookup path).
+        ok(dfuse_device_synchronize(p));
+        ok(dfuse_device_synchronize(p));
+        assert_eq!(dfuse_runtime_destroy(p), DfuseStatus::Ok);
+        assert_eq!(dfuse_device_synchronize(p), DfuseStatus::InvalidHandle);
+        assert!(last_error().contains("is not live"), "{}", last_error());
+    }
+    std::mem::forget(rt);
+}
+
+#[test]
 fn destroy_while_other_threads_call() {
     let rt = Rt::new(DfuseMode::Defer);
     let addr = rt.0 as usize;

@@ -19,7 +19,7 @@ use crate::backend::DeviceValue;
 use crate::error::{Error, Result};
 use crate::stream::Progress;
 use deferfuse_fusion::BufferId;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// The last op that writes a buffer: which stream, and once launched, which job to wait for.
@@ -29,6 +29,9 @@ pub struct Writer {
     /// `None` while the write is still recorded in the stream's trace.
     pub done: Option<(Arc<Progress>, u64)>,
 }
+
+/// `Buffer::writer_stream` when nothing has written the buffer yet (stream ids start at 0).
+const NO_WRITER: u64 = u64::MAX;
 
 /// Where a buffer is in its life.
 #[repr(u32)]
@@ -61,9 +64,15 @@ pub struct Buffer {
     /// Launched-but-not-finished programs writing this buffer.
     inflight_writes: AtomicU32,
     writer: Mutex<Option<Writer>>,
+    /// `writer`'s stream, or [`NO_WRITER`]: a lock-free answer to "did my own stream write this
+    /// last?", which every recorded op asks of each operand.
+    writer_stream: AtomicU64,
     /// Why the deferred op that should have written this buffer never ran (a flush failed
     /// before launching it): reported on every later use instead of reading stale memory.
     failure: Mutex<Option<Error>>,
+    /// Whether `failure` may be `Some`: every recorded op checks each input, and almost none
+    /// has failed.
+    failed: AtomicBool,
     /// The device copy, if any.
     resident: Mutex<Option<Resident>>,
     /// Whether `resident` may be `Some`: a lock-free answer for the common case of a buffer
@@ -81,10 +90,26 @@ impl Buffer {
             deferred_writes: AtomicU32::new(0),
             inflight_writes: AtomicU32::new(0),
             writer: Mutex::new(None),
+            writer_stream: AtomicU64::new(NO_WRITER),
             failure: Mutex::new(None),
+            failed: AtomicBool::new(false),
             resident: Mutex::new(None),
             has_resident: AtomicBool::new(false),
         }
+    }
+
+    /// Empties a buffer nothing else holds, for [`Spares`]: its storage goes back to the pool
+    /// and its lifecycle starts over.
+    fn retire(&mut self) {
+        drop(self.storage.take());
+        *self.deferred_writes.get_mut() = 0;
+        *self.inflight_writes.get_mut() = 0;
+        *self.writer.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.writer_stream.get_mut() = NO_WRITER;
+        *self.failure.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.failed.get_mut() = false;
+        *self.resident.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.has_resident.get_mut() = false;
     }
 
     /// Records that a write to this buffer was lost because its flush failed with `e`.
@@ -98,10 +123,14 @@ impl Buffer {
         };
         let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
         f.get_or_insert(e);
+        self.failed.store(true, Ordering::Release);
     }
 
     /// The failure recorded by [`Buffer::fail`], if any.
     pub fn failure(&self) -> Result<()> {
+        if !self.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
         match &*self.failure.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(e) => Err(e.clone()),
             None => Ok(()),
@@ -151,7 +180,15 @@ impl Buffer {
     }
 
     pub fn set_writer(&self, w: Writer) {
-        *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(w);
+        let mut g = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        self.writer_stream.store(w.stream, Ordering::Release);
+        *g = Some(w);
+    }
+
+    /// Whether the last op that writes this buffer was issued to stream `stream` (lock-free:
+    /// the common case of an op reading its own stream's results needs no ordering work).
+    pub fn written_by(&self, stream: u64) -> bool {
+        self.writer_stream.load(Ordering::Acquire) == stream
     }
 
     pub fn mark_recorded(&self) {
@@ -240,5 +277,83 @@ impl Buffer {
         };
         // Freed outside the lock (a device free may wait for the device).
         drop(old);
+    }
+}
+
+/// Emptied buffers kept for the next ops' outputs: a steady-state loop makes and drops one
+/// buffer per recorded op, and taking a spare costs a short lock instead of an allocation
+/// and a free (~300 instructions of malloc per op). Bounded by [`Spares::CAP`].
+#[derive(Default)]
+pub(crate) struct Spares(Mutex<Vec<Arc<Buffer>>>);
+
+impl Spares {
+    /// Most spares kept (each is a buffer record without storage, ~200 bytes).
+    const CAP: usize = 4096;
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Arc<Buffer>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A spare made into a fresh buffer with `id` and `len`, if one is kept.
+    pub(crate) fn take(&self, id: BufferId, len: usize) -> Option<Arc<Buffer>> {
+        let mut b = self.lock().pop()?;
+        let m = Arc::get_mut(&mut b).expect("a spare is held by nothing else");
+        m.id = id;
+        m.len = len;
+        Some(b)
+    }
+
+    /// Keeps each buffer nothing else holds (up to the bound); the others are just dropped.
+    pub(crate) fn give(&self, buffers: impl Iterator<Item = Arc<Buffer>>) {
+        let mut spares = self.lock();
+        for mut b in buffers {
+            if spares.len() >= Self::CAP {
+                continue;
+            }
+            if let Some(m) = Arc::get_mut(&mut b) {
+                m.retire();
+                spares.push(b);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buffer(id: BufferId) -> Arc<Buffer> {
+        Arc::new(Buffer::new(id, 64, HostAllocator::new(1 << 20)))
+    }
+
+    #[test]
+    fn a_spare_comes_back_as_a_fresh_buffer_with_the_new_id_and_size() {
+        let spares = Spares::default();
+        let b = buffer(1);
+        b.storage().unwrap();
+        b.mark_recorded();
+        b.set_writer(Writer {
+            stream: 3,
+            done: None,
+        });
+        b.fail(&Error::Backend("boom".into()));
+        spares.give(std::iter::once(b));
+        let b = spares.take(2, 128).expect("kept");
+        assert_eq!((b.id, b.len), (2, 128));
+        assert!(!b.is_allocated(), "its storage went back to the pool");
+        assert_eq!(b.state(), BufferState::Materialized);
+        assert!(b.writer().is_none() && !b.written_by(3));
+        assert!(b.failure().is_ok());
+        assert!(spares.take(3, 8).is_none());
+    }
+
+    #[test]
+    fn a_buffer_something_else_holds_is_not_kept() {
+        let spares = Spares::default();
+        let b = buffer(1);
+        let held = b.clone();
+        spares.give(std::iter::once(b));
+        assert!(spares.take(2, 8).is_none());
+        assert_eq!(held.id, 1);
     }
 }

@@ -68,7 +68,9 @@ impl Runtime {
         }
         // The next trace reuses both allocations instead of growing them again op by op.
         pending.trace.recycle(nodes);
-        buffers.clear();
+        // Buffers only this flush held (fused-away intermediates, released results) become
+        // spares for the next ops' outputs.
+        self.spares.give(buffers.drain().map(|(_, b)| b));
         if pending.buffers.is_empty() {
             pending.buffers = buffers;
         }

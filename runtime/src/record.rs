@@ -10,7 +10,7 @@ use crate::stats::SyncReason;
 use crate::stream::{OpBuffers, Stream};
 use deferfuse_fusion::ir::infer::can_cast;
 use deferfuse_fusion::ir::layout::fmt_dims;
-use deferfuse_fusion::ir::{infer, ArgMeta, Layout, Op, OpError, Scalar};
+use deferfuse_fusion::ir::{infer_memo, ArgMeta, Layout, Op, OpError, Scalar};
 use deferfuse_fusion::lower::{reduce_needs_copy, reduced_dims};
 use deferfuse_fusion::{Node, Operand, TensorRef};
 use smallvec::SmallVec;
@@ -54,7 +54,8 @@ impl Runtime {
         inputs: &[Input],
         out: Option<Handle>,
     ) -> Result<Handle> {
-        let s = self.stream(stream)?;
+        let mut other = None;
+        let s = self.stream_ref(stream, &mut other)?;
         let mut buffers = Buffers::default();
         let mut operands: SmallVec<[Operand; 3]> = SmallVec::new();
         let mut metas: SmallVec<[ArgMeta; 3]> = SmallVec::new();
@@ -80,7 +81,7 @@ impl Runtime {
                 }
             }
         }
-        let inf = infer(&op, &metas)?;
+        let inf = infer_memo(&op, &metas)?;
         let (output, result) = match out {
             Some(h) => {
                 let t = self.operand_tensor(h, &op, OperandName::Out)?;
@@ -90,23 +91,24 @@ impl Runtime {
             }
             None => {
                 let buffer = self.new_buffer(inf.dtype, &inf.sizes, op.name())?;
-                let t = Tensor {
-                    buffer,
+                // Built in place: the layout is cloned once, into the node, and moved into the
+                // new handle's tensor below.
+                let r = TensorRef {
+                    buffer: buffer.id,
                     layout: Layout::contiguous(&inf.sizes),
                     dtype: inf.dtype,
                 };
-                buffers.insert(t.buffer.clone());
-                let r = tref(&t);
+                buffers.insert(buffer);
                 (r, 0)
             }
         };
-        self.snapshot_overlapping_inputs(&s, &mut operands, &output, &mut buffers)?;
+        self.snapshot_overlapping_inputs(s, &mut operands, &output, &mut buffers)?;
         let out_buffer = buffers
             .get(output.buffer)
             .cloned()
             .expect("output buffer is tracked");
         match &op {
-            Op::Cat { dim } => self.record_cat(&s, *dim, &operands, &output, &buffers)?,
+            Op::Cat { dim } => self.record_cat(s, *dim, &operands, &output, &buffers)?,
             Op::Reduce {
                 dims,
                 keepdim,
@@ -117,7 +119,7 @@ impl Runtime {
             ) =>
             {
                 self.record_reduce_via_copy(
-                    &s,
+                    s,
                     *r,
                     dims,
                     *keepdim,
@@ -128,7 +130,7 @@ impl Runtime {
                 )?
             }
             _ => self.record(
-                &s,
+                s,
                 Node {
                     op: op.clone(),
                     inputs: operands,
@@ -141,11 +143,11 @@ impl Runtime {
         if result != 0 {
             return Ok(result);
         }
-        Ok(self.tensors.insert(Tensor {
+        self.tensors.insert(Tensor {
             buffer: out_buffer,
             layout: output.layout,
             dtype: output.dtype,
-        }))
+        })
     }
 
     /// The tensor behind an op's operand; a bad handle's message names the op and operand.
@@ -343,6 +345,9 @@ impl Runtime {
     /// make this stream wait for it on its worker.
     fn order_after_other_streams(&self, s: &Arc<Stream>, buffers: &Buffers) -> Result<()> {
         for b in buffers.iter() {
+            if b.written_by(s.id) {
+                continue;
+            }
             let Some(w) = b.writer() else { continue };
             if w.stream == s.id {
                 continue;

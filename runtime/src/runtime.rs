@@ -3,7 +3,7 @@
 
 use crate::alloc::HostAllocator;
 use crate::backend::{Backend, Program};
-use crate::buffer::{Buffer, BufferState};
+use crate::buffer::{Buffer, BufferState, Spares};
 use crate::config::{resolve_mode, resolve_threads, Config};
 use crate::error::{Error, Result};
 use crate::handle::{Handle, HandleTable};
@@ -37,8 +37,13 @@ pub struct Runtime {
     pub(crate) dump_dir: Option<PathBuf>,
     /// Host memory, with the cache of freed blocks.
     pub(crate) host: Arc<HostAllocator>,
+    /// Emptied buffer records for new outputs (no allocation per recorded op).
+    pub(crate) spares: Spares,
     default_mode: Mode,
     default_stream: Handle,
+    /// The default stream itself (it is never destroyed): most ops name it, and this spares
+    /// them a handle-table lookup.
+    default_stream_ref: Arc<Stream>,
     next_buffer: AtomicU64,
     threads: usize,
 }
@@ -60,7 +65,8 @@ impl Runtime {
         }
         let tag = HandleTable::<()>::new_tag();
         let streams = HandleTable::new("stream", tag);
-        let default_stream = streams.insert(Arc::new(Stream::new(0)?));
+        let default_stream_ref = Arc::new(Stream::new(0)?);
+        let default_stream = streams.insert(default_stream_ref.clone())?;
         let dump_dir = std::env::var_os("DEFERFUSE_DUMP_DIR").map(PathBuf::from);
         let threads = resolve_threads(&config)?;
         Ok(Runtime {
@@ -72,9 +78,11 @@ impl Runtime {
             counters: Counters::default(),
             dump_dir,
             host: HostAllocator::new(config.host_cache_bytes),
+            spares: Spares::default(),
             config,
             default_mode,
             default_stream,
+            default_stream_ref,
             next_buffer: AtomicU64::new(1),
             threads,
         })
@@ -106,9 +114,25 @@ impl Runtime {
         self.default_stream
     }
 
+    /// The stream `h` names, borrowed where it can be: the default stream is the runtime's own,
+    /// so a recorded op on it takes no reference (two atomic ops); another stream is looked up
+    /// into `slot`.
+    pub(crate) fn stream_ref<'a>(
+        &'a self,
+        h: Handle,
+        slot: &'a mut Option<Arc<Stream>>,
+    ) -> Result<&'a Arc<Stream>> {
+        if h == 0 || h == self.default_stream {
+            return Ok(&self.default_stream_ref);
+        }
+        Ok(slot.insert(self.streams.get(h)?))
+    }
+
     pub(crate) fn stream(&self, h: Handle) -> Result<Arc<Stream>> {
-        self.streams
-            .get(if h == 0 { self.default_stream } else { h })
+        if h == 0 || h == self.default_stream {
+            return Ok(self.default_stream_ref.clone());
+        }
+        self.streams.get(h)
     }
 
     /// The live stream with internal id `id` (a buffer's writer), if it still exists.
@@ -118,7 +142,7 @@ impl Runtime {
 
     pub fn create_stream(&self) -> Result<Handle> {
         let id = self.next_buffer.fetch_add(1, Ordering::Relaxed);
-        Ok(self.streams.insert(Arc::new(Stream::new(id)?)))
+        self.streams.insert(Arc::new(Stream::new(id)?))
     }
 
     /// Flushes and waits for the stream's work, then forgets it.
@@ -156,7 +180,8 @@ impl Runtime {
         first
     }
 
-    pub fn create_event(&self) -> Handle {
+    /// A new, unrecorded event. Fails only when the runtime holds its maximum of live events.
+    pub fn create_event(&self) -> Result<Handle> {
         self.events.insert(None)
     }
 
@@ -219,11 +244,11 @@ impl Runtime {
                     "{op}: sizes {sizes:?} of {dtype} overflow the address space"
                 ))
             })?;
-        Ok(Arc::new(Buffer::new(
-            self.next_buffer.fetch_add(1, Ordering::Relaxed),
-            bytes,
-            self.host.clone(),
-        )))
+        let id = self.next_buffer.fetch_add(1, Ordering::Relaxed);
+        Ok(self
+            .spares
+            .take(id, bytes)
+            .unwrap_or_else(|| Arc::new(Buffer::new(id, bytes, self.host.clone()))))
     }
 
     pub(crate) fn tensor(&self, h: Handle) -> Result<Tensor> {
@@ -246,22 +271,22 @@ impl Runtime {
             .fetch_add(buffer.len as u64, Ordering::Relaxed);
         // SAFETY: the storage was just allocated with exactly `data.len()` bytes (or 1 if 0).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.ptr(), data.len()) };
-        Ok(self.tensors.insert(Tensor {
+        self.tensors.insert(Tensor {
             buffer,
             layout: Layout::contiguous(sizes),
             dtype,
-        }))
+        })
     }
 
     /// A new tensor, like `torch.empty`: storage is allocated on first use, and what nothing
     /// wrote reads as zeros.
     pub fn empty(&self, dtype: DType, sizes: &[usize]) -> Result<Handle> {
         let buffer = self.new_buffer(dtype, sizes, "empty")?;
-        Ok(self.tensors.insert(Tensor {
+        self.tensors.insert(Tensor {
             buffer,
             layout: Layout::contiguous(sizes),
             dtype,
-        }))
+        })
     }
 
     pub fn sizes(&self, h: Handle) -> Result<Dims> {

@@ -8,6 +8,7 @@ use crossbeam_channel::{unbounded, Receiver, Sender, TryRecvError};
 use deferfuse_fusion::plan_cache::PlanCache;
 use deferfuse_fusion::{BufferId, Trace};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -82,9 +83,30 @@ impl Progress {
     }
 }
 
-/// Buffers by id. ahash: these maps are touched on every recorded op, and SipHash's DoS
-/// resistance buys nothing for runtime-generated ids.
-pub type BufferMap = HashMap<BufferId, Arc<Buffer>, ahash::RandomState>;
+/// Buffers by id, hashed by [`IdHasher`]: these maps are touched on every recorded op.
+pub type BufferMap = HashMap<BufferId, Arc<Buffer>, BuildHasherDefault<IdHasher>>;
+
+/// One multiply per buffer id: ids are counters the runtime makes, so there is no adversary
+/// to resist, and ahash's keyed mixing cost several times more per lookup.
+#[derive(Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
 
 /// The few buffers one op touches (its inputs, its output, a snapshot copy): a small inline
 /// list, because building a hash map for every recorded op cost more than the rest of

@@ -22,10 +22,11 @@ pub enum ArgMeta {
 }
 
 impl ArgMeta {
+    #[inline]
     pub fn tensor(dtype: DType, sizes: &[usize]) -> ArgMeta {
         ArgMeta::Tensor {
             dtype,
-            sizes: SmallVec::from_slice(sizes),
+            sizes: super::layout::dims_from(sizes),
         }
     }
 }
@@ -37,6 +38,62 @@ pub struct Inferred {
     pub dtype: DType,
     pub sizes: Dims,
     pub compute: DType,
+}
+
+/// Whether two operand lists are the same for inference: scalars compare by kind and bits
+/// (so `0.0` and `-0.0`, or two NaNs, are told apart or matched exactly, never by `==`).
+fn same_args(a: &[ArgMeta], b: &[ArgMeta]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| match (x, y) {
+            (
+                ArgMeta::Tensor { dtype, sizes },
+                ArgMeta::Tensor {
+                    dtype: d2,
+                    sizes: s2,
+                },
+            ) => dtype == d2 && sizes == s2,
+            (ArgMeta::Scalar(p), ArgMeta::Scalar(q)) => match (p, q) {
+                (Scalar::Float(u), Scalar::Float(v)) => u.to_bits() == v.to_bits(),
+                (Scalar::Int(u), Scalar::Int(v)) => u == v,
+                (Scalar::Bool(u), Scalar::Bool(v)) => u == v,
+                _ => false,
+            },
+            (ArgMeta::Absent, ArgMeta::Absent) => true,
+            _ => false,
+        })
+}
+
+/// The last successful inference on this thread: (op, operands, result).
+type Memo = Option<(Op, SmallVec<[ArgMeta; 3]>, Inferred)>;
+
+thread_local! {
+    static LAST: std::cell::RefCell<Memo> = const { std::cell::RefCell::new(None) };
+}
+
+/// [`infer`], answered from the calling thread's last inference when the op and operands are
+/// the same: a model records long runs of one op on one shape (an elementwise chain, a layer
+/// repeated), and comparing is several times cheaper than inferring again (~400 instructions
+/// for a binary op). Errors are never remembered, so each one is built at its own call.
+pub fn infer_memo(op: &Op, args: &[ArgMeta]) -> OpResult<Inferred> {
+    let hit = LAST
+        .try_with(|l| match &*l.borrow() {
+            Some((o, a, inf)) if o == op && same_args(a, args) => Some(Inferred {
+                dtype: inf.dtype,
+                sizes: super::layout::dims_from(&inf.sizes),
+                compute: inf.compute,
+            }),
+            _ => None,
+        })
+        .ok()
+        .flatten();
+    if let Some(inf) = hit {
+        return Ok(inf);
+    }
+    let inf = infer(op, args)?;
+    let _ = LAST.try_with(|l| {
+        *l.borrow_mut() = Some((op.clone(), args.iter().cloned().collect(), inf.clone()));
+    });
+    Ok(inf)
 }
 
 /// PyTorch's `result_type`: tensors with dims win over zero-dim tensors, which win over Python
@@ -347,6 +404,35 @@ mod tests {
     use super::*;
     use crate::ir::ReduceOp;
     use smallvec::smallvec;
+
+    #[test]
+    fn the_memo_answers_only_for_the_same_op_and_operands() {
+        let add = Op::Binary(BinaryOp::Add);
+        let int8 = ArgMeta::tensor(DType::I32, &[8]);
+        let float = [int8.clone(), ArgMeta::Scalar(Scalar::Float(1.0))];
+        let int = [int8.clone(), ArgMeta::Scalar(Scalar::Int(1))];
+        for args in [&float, &int, &float, &float] {
+            assert_eq!(infer_memo(&add, args), infer(&add, args));
+        }
+        let wider = [ArgMeta::tensor(DType::I32, &[2, 8]), int[1].clone()];
+        assert_eq!(infer_memo(&add, &wider).unwrap().sizes.as_slice(), &[2, 8]);
+        let mul = Op::Binary(BinaryOp::Div);
+        assert_eq!(infer_memo(&mul, &int).unwrap().dtype, DType::F32);
+    }
+
+    #[test]
+    fn the_memo_never_remembers_an_error() {
+        let add = Op::Binary(BinaryOp::Add);
+        let bad = [
+            ArgMeta::tensor(DType::F32, &[3]),
+            ArgMeta::tensor(DType::F32, &[4]),
+        ];
+        assert!(infer_memo(&add, &bad).is_err());
+        assert!(infer_memo(&add, &bad).is_err());
+        let good = [bad[0].clone(), bad[0].clone()];
+        assert!(infer_memo(&add, &good).is_ok());
+        assert!(infer_memo(&add, &bad).is_err());
+    }
 
     fn t(d: DType, s: &[usize]) -> ArgMeta {
         ArgMeta::tensor(d, s)
