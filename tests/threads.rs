@@ -157,3 +157,37 @@ fn in_place_updates_equal_one_thread() {
         vec![p]
     });
 }
+
+/// Ten parameters of different shapes, each updated in place as an optimizer does: ten
+/// independent regions in one flush.
+fn optimizer_step(rt: &Runtime) -> Vec<Handle> {
+    let mut params = vec![];
+    for k in 0..10 {
+        let n = 100 + 997 * k;
+        let p = tensor(rt, DType::F32, &[n], &values(n, 20 + k as u64));
+        let g = tensor(rt, DType::F32, &[n], &values(n, 40 + k as u64));
+        let step = bin(rt, BinaryOp::Mul, tt(g), Input::Scalar(Scalar::Float(0.01)));
+        rt.op(0, Op::Binary(BinaryOp::Sub), &[tt(p), tt(step)], Some(p))
+            .unwrap();
+        rt.release(step).unwrap();
+        params.push(p);
+    }
+    params
+}
+
+#[test]
+fn independent_updates_run_side_by_side_and_equal_one_thread() {
+    same_on_any_thread_count(optimizer_step);
+    let rt = runtime(Mode::Defer, 2);
+    let params = optimizer_step(&rt);
+    rt.synchronize_all().unwrap();
+    assert_eq!(rt.stats().programs_side_by_side, params.len() as u64);
+}
+
+#[test]
+fn one_thread_runs_independent_updates_one_by_one() {
+    let rt = runtime(Mode::Defer, 1);
+    optimizer_step(&rt);
+    rt.synchronize_all().unwrap();
+    assert_eq!(rt.stats().programs_side_by_side, 0);
+}

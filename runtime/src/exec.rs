@@ -1,12 +1,14 @@
 //! Execution: turns a stream's pending trace into steps (through the planner), finds or compiles
 //! each step's program, and launches it on the stream's worker.
 
+use crate::backend::SideBySide;
 use crate::buffer::{Buffer, Writer};
 use crate::error::{Error, Result};
 use crate::mode::Mode;
 use crate::runtime::Runtime;
 use crate::stats::SyncReason;
 use crate::stream::{BufferLookup, OpBuffers, Stream};
+use crate::wave::{Job, Wave};
 use deferfuse_cache::{fingerprint, Fingerprint};
 use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::plan::PlanOptions;
@@ -140,69 +142,113 @@ impl Runtime {
         inline: bool,
         launched: &mut usize,
     ) -> Result<()> {
+        // A deferred flush's independent steps run side by side where the backend can.
+        let side = match mode {
+            Mode::Defer if steps.len() > 1 => self.backend.side_by_side(),
+            _ => None,
+        };
+        let mut wave = Wave::default();
         for step in steps {
-            let bufs: Vec<Arc<Buffer>> = step
-                .binding
-                .operands
-                .iter()
-                .map(|t| {
-                    buffers.find(t.buffer).cloned().ok_or_else(|| {
-                        Error::Internal(format!("buffer b{} of a step is not tracked", t.buffer))
-                    })
-                })
-                .collect::<Result<_>>()?;
-            if mode == Mode::Debug {
-                check_bounds(&step, &bufs)?;
-            }
-            let program = self.program(&step)?;
-            for (j, b) in bufs.iter().enumerate() {
-                if !b.is_allocated() {
-                    // A first writer that covers every byte needs no zero-fill.
-                    let t = &step.binding.operands[j];
-                    let covers = j >= step.binding.n_inputs
-                        && t.layout.is_contiguous()
-                        && t.layout.offset == 0
-                        && t.layout.numel() * t.dtype.size() == b.len;
-                    if covers {
-                        b.storage_for_overwrite()?;
-                    } else {
-                        b.storage()?;
-                    }
-                    self.counters
-                        .bytes_allocated
-                        .fetch_add(b.len as u64, Ordering::Relaxed);
+            let job = match self.prepare(step, buffers, mode) {
+                Ok(job) => job,
+                Err(e) => {
+                    // The steps before this one run; this and later ones are failed.
+                    self.launch_wave(stream, &mut wave, &side, inline, launched);
+                    return Err(e);
                 }
-            }
-            let n_in = step.binding.n_inputs;
-            let outputs: Vec<Arc<Buffer>> = bufs[n_in..].to_vec();
-            for b in &outputs {
-                b.mark_launched();
-            }
-            let binding = step.binding;
-            let work: crate::stream::Work = Box::new(move || {
-                // SAFETY: every buffer is allocated, kept alive by `bufs`, large enough for its
-                // layout (checked when views are made), and ordered by the stream.
-                let r = unsafe { program.run_buffers(&binding, &bufs) };
-                for b in &bufs[binding.n_inputs..] {
-                    b.mark_done();
-                }
-                r
-            });
-            let seq = if inline {
-                stream.launch_or_run(work)
-            } else {
-                stream.launch(work)
             };
-            self.counters.programs_run.fetch_add(1, Ordering::Relaxed);
-            for b in &outputs {
-                b.set_writer(Writer {
-                    stream: stream.id,
-                    done: Some((stream.progress.clone(), seq)),
-                });
+            if side.is_none() || !wave.admits(&job) {
+                self.launch_wave(stream, &mut wave, &side, inline, launched);
             }
-            *launched += 1;
+            wave.push(job);
         }
+        self.launch_wave(stream, &mut wave, &side, inline, launched);
         Ok(())
+    }
+
+    /// Resolves a step's buffers, finds or compiles its program and allocates its outputs.
+    fn prepare(&self, step: Step, buffers: &impl BufferLookup, mode: Mode) -> Result<Job> {
+        let bufs: Vec<Arc<Buffer>> = step
+            .binding
+            .operands
+            .iter()
+            .map(|t| {
+                buffers.find(t.buffer).cloned().ok_or_else(|| {
+                    Error::Internal(format!("buffer b{} of a step is not tracked", t.buffer))
+                })
+            })
+            .collect::<Result<_>>()?;
+        if mode == Mode::Debug {
+            check_bounds(&step, &bufs)?;
+        }
+        let program = self.program(&step)?;
+        for (j, b) in bufs.iter().enumerate() {
+            if !b.is_allocated() {
+                // A first writer that covers every byte needs no zero-fill.
+                let t = &step.binding.operands[j];
+                let covers = j >= step.binding.n_inputs
+                    && t.layout.is_contiguous()
+                    && t.layout.offset == 0
+                    && t.layout.numel() * t.dtype.size() == b.len;
+                if covers {
+                    b.storage_for_overwrite()?;
+                } else {
+                    b.storage()?;
+                }
+                self.counters
+                    .bytes_allocated
+                    .fetch_add(b.len as u64, Ordering::Relaxed);
+            }
+        }
+        Ok(Job {
+            program,
+            binding: step.binding,
+            bufs,
+        })
+    }
+
+    /// Launches the wave's jobs (if any) as one unit of stream work.
+    fn launch_wave(
+        &self,
+        stream: &Stream,
+        wave: &mut Wave,
+        side: &Option<Arc<dyn SideBySide>>,
+        inline: bool,
+        launched: &mut usize,
+    ) {
+        if wave.jobs.is_empty() {
+            return;
+        }
+        let outputs: Vec<Arc<Buffer>> = wave
+            .jobs
+            .iter()
+            .flat_map(|j| j.outputs().iter().cloned())
+            .collect();
+        for b in &outputs {
+            b.mark_launched();
+        }
+        let n = wave.jobs.len();
+        if n > 1 && side.is_some() {
+            self.counters
+                .programs_side_by_side
+                .fetch_add(n as u64, Ordering::Relaxed);
+        }
+        let work = wave.take_work(side.clone());
+        let seq = if inline {
+            stream.launch_or_run(work)
+        } else {
+            stream.launch(work)
+        };
+        self.counters
+            .programs_run
+            .fetch_add(n as u64, Ordering::Relaxed);
+        for b in &outputs {
+            b.set_writer(Writer {
+                stream: stream.id,
+                done: Some((stream.progress.clone(), seq)),
+            });
+        }
+        *launched += n;
     }
 
     fn program(&self, step: &Step) -> Result<Arc<dyn crate::backend::Program>> {

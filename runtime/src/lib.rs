@@ -20,6 +20,7 @@ pub mod runtime;
 pub mod stats;
 pub mod stream;
 pub mod views;
+mod wave;
 
 pub use buffer::BufferState;
 pub use config::{BackendKind, Config};

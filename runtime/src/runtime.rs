@@ -422,6 +422,7 @@ impl Runtime {
             ops_recorded: self.counters.ops_recorded.load(Ordering::Relaxed),
             programs_compiled: c.compiles,
             programs_run: self.counters.programs_run.load(Ordering::Relaxed),
+            programs_side_by_side: self.counters.programs_side_by_side.load(Ordering::Relaxed),
             cache_hits: c.hits,
             cache_misses: c.misses,
             cache_evictions: c.evictions,

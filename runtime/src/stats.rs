@@ -46,6 +46,9 @@ pub struct Stats {
     pub ops_recorded: u64,
     pub programs_compiled: u64,
     pub programs_run: u64,
+    /// Programs that ran side by side with others: independent steps of one flush (an
+    /// optimizer's per-parameter updates) launched together on the backend's threads.
+    pub programs_side_by_side: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
     pub cache_evictions: u64,
@@ -78,6 +81,7 @@ pub struct Stats {
 pub struct Counters {
     pub ops_recorded: AtomicU64,
     pub programs_run: AtomicU64,
+    pub programs_side_by_side: AtomicU64,
     pub sync_points: [AtomicU64; SyncReason::COUNT],
     pub bytes_allocated: AtomicU64,
     pub cuts: [AtomicU64; CutReason::COUNT],

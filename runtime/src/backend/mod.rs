@@ -97,6 +97,15 @@ pub trait Program: Send + Sync {
     }
 }
 
+/// Runs independent jobs side by side on a backend's threads: the executor hands it a flush's
+/// consecutive steps that share no written buffer (an optimizer's per-parameter updates), each
+/// too small to be worth splitting on its own.
+pub trait SideBySide: Send + Sync {
+    /// Runs `job(k)` for every k in `0..n`, several at a time, and returns once all ran; the
+    /// first error wins.
+    fn run_all(&self, n: usize, job: &(dyn Fn(usize) -> Result<()> + Sync)) -> Result<()>;
+}
+
 /// Compiles regions for one kind of device.
 pub trait Backend: Send + Sync {
     /// Short name used in logs, stats and config (`cpu`).
@@ -109,5 +118,11 @@ pub trait Backend: Send + Sync {
     /// that keep no disk cache (the CPU JIT) report zeros.
     fn counters(&self) -> BackendCounters {
         BackendCounters::default()
+    }
+
+    /// How to run independent programs concurrently, if this backend can; `None` runs them
+    /// one after another.
+    fn side_by_side(&self) -> Option<Arc<dyn SideBySide>> {
+        None
     }
 }

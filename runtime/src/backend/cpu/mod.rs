@@ -177,6 +177,10 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
+    fn side_by_side(&self) -> Option<Arc<dyn super::SideBySide>> {
+        (self.pool.threads() > 1).then(|| self.pool.clone() as Arc<dyn super::SideBySide>)
+    }
+
     fn identity(&self) -> &str {
         &self.identity
     }

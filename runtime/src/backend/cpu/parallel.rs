@@ -60,7 +60,7 @@ impl Pool {
         f: &(dyn Fn(Range<usize>) -> Result<(), E> + Sync),
     ) -> Result<(), E> {
         let work = units.saturating_mul(elems_per_unit);
-        if work < SERIAL_BELOW || units < 2 * align {
+        if work < SERIAL_BELOW || units < 2 * align || IN_WAVE.get() {
             return f(0..units);
         }
         // Each chunk keeps at least half the serial threshold of work.
@@ -117,6 +117,32 @@ impl Pool {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+thread_local! {
+    /// Set while this thread runs one program of a wave: its loops run whole, on this thread.
+    /// A split inside would wait for helper jobs queued behind the wave's other programs,
+    /// and a caller outside the pool cannot run them meanwhile.
+    static IN_WAVE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Independent programs, one per chunk: every thread claims the next program until none are
+/// left, and runs it whole.
+impl crate::backend::SideBySide for Pool {
+    fn run_all(
+        &self,
+        n: usize,
+        job: &(dyn Fn(usize) -> crate::error::Result<()> + Sync),
+    ) -> crate::error::Result<()> {
+        self.split(n, 1, n, 1, &|r| {
+            r.into_iter().try_for_each(|k| {
+                let outer = IN_WAVE.replace(true);
+                let res = job(k);
+                IN_WAVE.set(outer);
+                res
+            })
+        })
     }
 }
 
@@ -181,5 +207,32 @@ mod tests {
             }
         });
         assert_eq!(r, Err("late chunk failed"));
+    }
+
+    #[test]
+    fn side_by_side_runs_every_job_once() {
+        use crate::backend::SideBySide;
+        let pool = Pool::new(2).unwrap();
+        let runs = Mutex::new(vec![0; 50]);
+        pool.run_all(50, &|k| {
+            runs.lock().unwrap()[k] += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(runs.into_inner().unwrap(), vec![1; 50]);
+    }
+
+    #[test]
+    fn side_by_side_returns_a_failing_jobs_error() {
+        use crate::backend::SideBySide;
+        let pool = Pool::new(2).unwrap();
+        let r = pool.run_all(20, &|k| {
+            if k == 13 {
+                Err(crate::error::Error::Internal("job 13 failed".into()))
+            } else {
+                Ok(())
+            }
+        });
+        assert!(format!("{:?}", r.unwrap_err()).contains("job 13 failed"));
     }
 }

@@ -1,0 +1,160 @@
+//! Waves: consecutive steps of a flush that share no written buffer, launched as one unit of
+//! stream work whose programs run side by side on the backend's threads. An optimizer step
+//! is a hundred small independent updates: one at a time, each too small to split, they leave
+//! every core but one idle.
+
+use crate::backend::{Program, SideBySide};
+use crate::buffer::Buffer;
+use crate::error::Result;
+use deferfuse_fusion::{Binding, BufferId};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// Most steps one wave holds: bounds the work handed over at once (and the sets below).
+const MAX_WAVE: usize = 64;
+
+/// Steps with more elements than this run alone, their loops split over every thread: in a
+/// wave each program runs whole on one thread, which would leave a big one to one core.
+const MAX_WAVE_ELEMS: usize = 1 << 18;
+
+/// A step ready to run: its program, binding and resolved buffers (inputs then outputs).
+pub(crate) struct Job {
+    pub program: Arc<dyn Program>,
+    pub binding: Binding,
+    pub bufs: Vec<Arc<Buffer>>,
+}
+
+impl Job {
+    fn reads(&self) -> impl Iterator<Item = BufferId> + '_ {
+        self.binding.operands[..self.binding.n_inputs]
+            .iter()
+            .map(|t| t.buffer)
+    }
+
+    fn writes(&self) -> impl Iterator<Item = BufferId> + '_ {
+        self.binding.operands[self.binding.n_inputs..]
+            .iter()
+            .map(|t| t.buffer)
+    }
+
+    /// Small enough to run whole on one thread of a wave.
+    fn small(&self) -> bool {
+        self.binding
+            .operands
+            .iter()
+            .all(|t| t.layout.numel() <= MAX_WAVE_ELEMS)
+    }
+
+    /// The outputs, in binding order.
+    pub fn outputs(&self) -> &[Arc<Buffer>] {
+        &self.bufs[self.binding.n_inputs..]
+    }
+
+    fn run(&self) -> Result<()> {
+        // SAFETY: every buffer is allocated, kept alive by `bufs`, large enough for its
+        // layout (checked when views are made), and ordered by the stream; no other job of
+        // the wave writes a buffer this one touches.
+        let r = unsafe { self.program.run_buffers(&self.binding, &self.bufs) };
+        for b in self.outputs() {
+            b.mark_done();
+        }
+        r
+    }
+}
+
+/// Jobs gathered for one launch, and the buffers they read and write. Every job of a wave of
+/// two or more is small (see [`MAX_WAVE_ELEMS`]).
+#[derive(Default)]
+pub(crate) struct Wave {
+    pub jobs: Vec<Job>,
+    reads: HashSet<BufferId, ahash::RandomState>,
+    writes: HashSet<BufferId, ahash::RandomState>,
+    /// A job too big for a wave is here: it runs alone.
+    has_big: bool,
+}
+
+impl Wave {
+    /// True when `job` may run at the same time as every job already here: it writes nothing
+    /// they read or write, and reads nothing they write.
+    pub fn admits(&self, job: &Job) -> bool {
+        self.jobs.len() < MAX_WAVE
+            && !self.has_big
+            && job.small()
+            && self.independent(job.reads(), job.writes())
+    }
+
+    /// True when a step reading `reads` and writing `writes` conflicts with no job here.
+    fn independent(
+        &self,
+        mut reads: impl Iterator<Item = BufferId>,
+        mut writes: impl Iterator<Item = BufferId>,
+    ) -> bool {
+        writes.all(|b| !self.writes.contains(&b) && !self.reads.contains(&b))
+            && reads.all(|b| !self.writes.contains(&b))
+    }
+
+    pub fn push(&mut self, job: Job) {
+        self.has_big |= !job.small();
+        self.note(job.reads(), job.writes());
+        self.jobs.push(job);
+    }
+
+    fn note(
+        &mut self,
+        reads: impl Iterator<Item = BufferId>,
+        writes: impl Iterator<Item = BufferId>,
+    ) {
+        self.reads.extend(reads);
+        self.writes.extend(writes);
+    }
+
+    /// The wave's work, leaving the wave empty: one job runs on the stream's thread, several
+    /// side by side on `side`'s threads.
+    pub fn take_work(&mut self, side: Option<Arc<dyn SideBySide>>) -> crate::stream::Work {
+        self.reads.clear();
+        self.writes.clear();
+        self.has_big = false;
+        let jobs = std::mem::take(&mut self.jobs);
+        Box::new(move || match (jobs.len(), side) {
+            (2.., Some(side)) => side.run_all(jobs.len(), &|k| jobs[k].run()),
+            _ => jobs.iter().try_for_each(Job::run),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wave that has noted one step reading buffers 1, 2 and writing 3.
+    fn wave() -> Wave {
+        let mut w = Wave::default();
+        w.note([1, 2].into_iter(), [3].into_iter());
+        w
+    }
+
+    #[test]
+    fn a_step_on_other_buffers_joins() {
+        assert!(wave().independent([4, 5].into_iter(), [6].into_iter()));
+    }
+
+    #[test]
+    fn steps_reading_the_same_input_join() {
+        assert!(wave().independent([1].into_iter(), [7].into_iter()));
+    }
+
+    #[test]
+    fn a_step_reading_a_written_buffer_waits() {
+        assert!(!wave().independent([3].into_iter(), [8].into_iter()));
+    }
+
+    #[test]
+    fn a_step_writing_a_read_buffer_waits() {
+        assert!(!wave().independent([9].into_iter(), [1].into_iter()));
+    }
+
+    #[test]
+    fn a_step_writing_a_written_buffer_waits() {
+        assert!(!wave().independent([9].into_iter(), [3].into_iter()));
+    }
+}
