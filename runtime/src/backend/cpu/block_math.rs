@@ -12,6 +12,7 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+use super::vmath::{ERF_BIG, ERF_SMALL, EXP_POLY, LOG_POLY, TANH_P, TANH_Q};
 use deferfuse_fusion::ir::UnaryOp;
 
 /// True when the host can run these routines.
@@ -175,17 +176,7 @@ unsafe fn exp8(x: __m256) -> __m256 {
     let n = _mm256_floor_ps(t);
     let r = _mm256_fmadd_ps(n, splat(-0.693_359_4), xc);
     let r = _mm256_fmadd_ps(n, splat(2.121_944_4e-4), r);
-    let p = horner(
-        r,
-        &[
-            1.987_569_1e-4,
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            1.666_666_5e-1,
-            0.5,
-        ],
-    );
+    let p = horner(r, &EXP_POLY);
     let r2 = _mm256_mul_ps(r, r);
     let y = _mm256_fmadd_ps(p, r2, r);
     let y = _mm256_add_ps(y, splat(1.0));
@@ -206,23 +197,9 @@ unsafe fn tanh8(x: __m256) -> __m256 {
     let xc = _mm256_min_ps(splat(9.0), x);
     let xc = _mm256_max_ps(splat(-9.0), xc);
     let x2 = _mm256_mul_ps(xc, xc);
-    let p = horner(
-        x2,
-        &[
-            -2.760_768_5e-16,
-            2.000_188e-13,
-            -8.604_672e-11,
-            5.122_297e-8,
-            1.485_722_4e-5,
-            6.372_619_3e-4,
-            4.893_524_6e-3,
-        ],
-    );
+    let p = horner(x2, &TANH_P);
     let p = _mm256_mul_ps(xc, p);
-    let q = horner(
-        x2,
-        &[1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3],
-    );
+    let q = horner(x2, &TANH_Q);
     let r = _mm256_div_ps(p, q);
     let r = _mm256_min_ps(splat(1.0), r);
     let r = _mm256_max_ps(splat(-1.0), r);
@@ -266,20 +243,7 @@ unsafe fn log8(x: __m256) -> __m256 {
     let mm = select(lt, _mm256_add_ps(m, m), m);
     let xr = _mm256_sub_ps(mm, splat(1.0));
     let z = _mm256_mul_ps(xr, xr);
-    let p = horner(
-        xr,
-        &[
-            7.037_683_6e-2,
-            -1.151_461_e-1,
-            1.167_699_9e-1,
-            -1.242_014_1e-1,
-            1.424_932_3e-1,
-            -1.666_805_8e-1,
-            2.000_071_4e-1,
-            -2.499_999_4e-1,
-            3.333_333e-1,
-        ],
-    );
+    let p = horner(xr, &LOG_POLY);
     let y = _mm256_mul_ps(p, xr);
     let y = _mm256_mul_ps(y, z);
     let y = _mm256_fmadd_ps(e, splat(-2.121_944_4e-4), y);
@@ -305,34 +269,10 @@ unsafe fn log8(x: __m256) -> __m256 {
 unsafe fn erf8(x: __m256) -> __m256 {
     let ax = _mm256_and_ps(x, _mm256_castsi256_ps(splat_bits(0x7fff_ffff)));
     let z = _mm256_mul_ps(x, x);
-    let p = horner(
-        z,
-        &[
-            8.006_874e-5,
-            -8.053_751e-4,
-            5.192_958e-3,
-            -2.685_607e-2,
-            1.128_363_5e-1,
-            -3.761_263e-1,
-            std::f32::consts::FRAC_2_SQRT_PI,
-        ],
-    );
+    let p = horner(z, &ERF_SMALL);
     let small = _mm256_mul_ps(p, x);
     let t = _mm256_sub_ps(ax, splat(2.5));
-    let q = horner(
-        t,
-        &[
-            1.627_774_8e-6,
-            -1.329_197e-5,
-            7.733_982e-5,
-            -4.202_061e-4,
-            2.165_227e-3,
-            -1.085_845_6e-2,
-            -9.438_937e-1,
-            -5.352_681,
-            -7.806_815,
-        ],
-    );
+    let q = horner(t, &ERF_BIG);
     let e = exp8(q);
     let one = splat(1.0);
     let big = _mm256_sub_ps(one, e);

@@ -11,6 +11,70 @@ use cranelift_codegen::ir::Endianness;
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
 use cranelift_frontend::FunctionBuilder;
 
+// The polynomial coefficients, shared with `block_math`'s 8-lane routines, which must run
+// the same sequence of operations on the same constants.
+
+/// e^r - 1 - r = r^2 P(r) on [-ln2/2, ln2/2] (Cephes expf), highest degree first.
+pub const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
+
+/// ln(1 + x) = x - x^2/2 + x^3 P(x) around 1 (Cephes logf), highest degree first.
+pub const LOG_POLY: [f32; 9] = [
+    7.037_683_6e-2,
+    -1.151_461_e-1,
+    1.167_699_9e-1,
+    -1.242_014_1e-1,
+    1.424_932_3e-1,
+    -1.666_805_8e-1,
+    2.000_071_4e-1,
+    -2.499_999_4e-1,
+    3.333_333e-1,
+];
+
+/// tanh's numerator in x^2 (times x): Eigen's `ptanh_float`, highest degree first.
+pub const TANH_P: [f32; 7] = [
+    -2.760_768_5e-16,
+    2.000_188e-13,
+    -8.604_672e-11,
+    5.122_297e-8,
+    1.485_722_4e-5,
+    6.372_619_3e-4,
+    4.893_524_6e-3,
+];
+
+/// tanh's denominator in x^2, highest degree first.
+pub const TANH_Q: [f32; 4] = [1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3];
+
+/// erf(x) = x P(x^2) for |x| < 1, highest degree first.
+pub const ERF_SMALL: [f32; 7] = [
+    8.006_874e-5,
+    -8.053_751e-4,
+    5.192_958e-3,
+    -2.685_607e-2,
+    1.128_363_5e-1,
+    -3.761_263e-1,
+    std::f32::consts::FRAC_2_SQRT_PI,
+];
+
+/// ln erfc(|x|) = Q(|x| - 2.5) for 1 <= |x| < 4, highest degree first.
+pub const ERF_BIG: [f32; 9] = [
+    1.627_774_8e-6,
+    -1.329_197e-5,
+    7.733_982e-5,
+    -4.202_061e-4,
+    2.165_227e-3,
+    -1.085_845_6e-2,
+    -9.438_937e-1,
+    -5.352_681,
+    -7.806_815,
+];
+
 /// Builds vector math in one function.
 pub struct VMath<'a, 'b> {
     pub b: &'a mut FunctionBuilder<'b>,
@@ -94,17 +158,7 @@ impl VMath<'_, '_> {
         let c2 = self.splat(2.121_944_4e-4);
         let r = self.b.ins().fma(n, c1, xc);
         let r = self.b.ins().fma(n, c2, r);
-        let p = self.horner(
-            r,
-            &[
-                1.987_569_1e-4,
-                1.398_199_9e-3,
-                8.333_452e-3,
-                4.166_579_6e-2,
-                1.666_666_5e-1,
-                0.5,
-            ],
-        );
+        let p = self.horner(r, &EXP_POLY);
         let r2 = self.b.ins().fmul(r, r);
         let one = self.splat(1.0);
         let y = self.b.ins().fma(p, r2, r);
@@ -170,20 +224,7 @@ impl VMath<'_, '_> {
         let mm = self.select(lt, m2, m);
         let xr = self.b.ins().fsub(mm, one);
         let z = self.b.ins().fmul(xr, xr);
-        let p = self.horner(
-            xr,
-            &[
-                7.037_683_6e-2,
-                -1.151_461_e-1,
-                1.167_699_9e-1,
-                -1.242_014_1e-1,
-                1.424_932_3e-1,
-                -1.666_805_8e-1,
-                2.000_071_4e-1,
-                -2.499_999_4e-1,
-                3.333_333e-1,
-            ],
-        );
+        let p = self.horner(xr, &LOG_POLY);
         let y = self.b.ins().fmul(p, xr);
         let y = self.b.ins().fmul(y, z);
         let q1 = self.splat(-2.121_944_4e-4);
@@ -217,23 +258,9 @@ impl VMath<'_, '_> {
         let xc = self.at_most(x, hi);
         let xc = self.at_least(xc, lo);
         let x2 = self.b.ins().fmul(xc, xc);
-        let p = self.horner(
-            x2,
-            &[
-                -2.760_768_5e-16,
-                2.000_188e-13,
-                -8.604_672e-11,
-                5.122_297e-8,
-                1.485_722_4e-5,
-                6.372_619_3e-4,
-                4.893_524_6e-3,
-            ],
-        );
+        let p = self.horner(x2, &TANH_P);
         let p = self.b.ins().fmul(xc, p);
-        let q = self.horner(
-            x2,
-            &[1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3],
-        );
+        let q = self.horner(x2, &TANH_Q);
         let r = self.b.ins().fdiv(p, q);
         // The rational wobbles within 1.2e-7 of +-1 past |x| = 8: never past +-1.
         let one = self.splat(1.0);
@@ -261,35 +288,11 @@ impl VMath<'_, '_> {
     pub fn erf(&mut self, x: Value) -> Value {
         let ax = self.b.ins().fabs(x);
         let z = self.b.ins().fmul(x, x);
-        let p = self.horner(
-            z,
-            &[
-                8.006_874e-5,
-                -8.053_751e-4,
-                5.192_958e-3,
-                -2.685_607e-2,
-                1.128_363_5e-1,
-                -3.761_263e-1,
-                std::f32::consts::FRAC_2_SQRT_PI,
-            ],
-        );
+        let p = self.horner(z, &ERF_SMALL);
         let small = self.b.ins().fmul(p, x);
         let c = self.splat(2.5);
         let t = self.b.ins().fsub(ax, c);
-        let q = self.horner(
-            t,
-            &[
-                1.627_774_8e-6,
-                -1.329_197e-5,
-                7.733_982e-5,
-                -4.202_061e-4,
-                2.165_227e-3,
-                -1.085_845_6e-2,
-                -9.438_937e-1,
-                -5.352_681,
-                -7.806_815,
-            ],
-        );
+        let q = self.horner(t, &ERF_BIG);
         let e = self.exp(q);
         let one = self.splat(1.0);
         let big = self.b.ins().fsub(one, e);
