@@ -281,27 +281,32 @@ impl<'a, 'b> Emitter<'a, 'b> {
         }
     }
 
+    /// The low 32 bits of each 64-bit lane of `r` (one or two registers) as one i32x4:
+    /// lanes 0 and 2 of each register's i32 view, in one shufps.
+    pub(super) fn low_words(&mut self, r: &[Value]) -> Value {
+        let a = self.b.ins().bitcast(I8X16, vflags(), r[0]);
+        let b = self
+            .b
+            .ins()
+            .bitcast(I8X16, vflags(), *r.get(1).unwrap_or(&r[0]));
+        let mask: [u8; 16] = [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27];
+        let imm = self
+            .b
+            .func
+            .dfg
+            .immediates
+            .push(ConstantData::from(&mask[..]));
+        let s = self.b.ins().shuffle(a, b, imm);
+        self.b.ins().bitcast(I32X4, vflags(), s)
+    }
+
     /// Lane masks (all ones or zeros: i32x4 or i64x2 registers) as bool lanes (an i32x4 of 0/1).
     fn mask_to_bool(&mut self, m: &[Value]) -> V {
         let t = self.b.func.dfg.value_type(m[0]);
         let m32 = if t == I32X4 {
             m[0]
         } else if t.lane_bits() == 64 {
-            // Lanes 0 and 2 of each register's i32 view: one shufps.
-            let a = self.b.ins().bitcast(I8X16, vflags(), m[0]);
-            let b = self
-                .b
-                .ins()
-                .bitcast(I8X16, vflags(), *m.get(1).unwrap_or(&m[0]));
-            let mask: [u8; 16] = [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27];
-            let imm = self
-                .b
-                .func
-                .dfg
-                .immediates
-                .push(ConstantData::from(&mask[..]));
-            let s = self.b.ins().shuffle(a, b, imm);
-            self.b.ins().bitcast(I32X4, vflags(), s)
+            self.low_words(m)
         } else {
             self.b.ins().bitcast(I32X4, vflags(), m[0])
         };

@@ -103,24 +103,8 @@ impl Emitter<'_, '_> {
                 1,
             )),
             (I64, I32) => {
-                // Lanes 0 and 2 of the i32 view (the low halves): one shufps.
-                let a = self.b.ins().bitcast(I8X16, vflags(), r[0]);
-                let b = self
-                    .b
-                    .ins()
-                    .bitcast(I8X16, vflags(), *r.get(1).unwrap_or(&r[0]));
-                let mask: [u8; 16] = [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27];
-                let imm = self
-                    .b
-                    .func
-                    .dfg
-                    .immediates
-                    .push(ConstantData::from(&mask[..]));
-                let s = self.b.ins().shuffle(a, b, imm);
-                V::W(SmallVec::from_elem(
-                    self.b.ins().bitcast(I32X4, vflags(), s),
-                    1,
-                ))
+                // The low halves, which wrap like a truncating cast.
+                V::W(SmallVec::from_elem(self.low_words(&r), 1))
             }
             // No x64 lowering of f32x4/f64x2 -> i64x2 or i64x2 -> f32x4: per lane.
             (F32 | F64, I64) => self.lanewise(&[v], |e, l| e.b.ins().fcvt_to_sint_sat(I64, l[0])),
