@@ -11,6 +11,7 @@ mod stash;
 mod sweep;
 mod vmath;
 
+pub use block_math::limit_lanes as limit_row_routine_lanes;
 pub use helpers::erf64;
 pub use parallel::SERIAL_BELOW;
 
