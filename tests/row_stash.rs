@@ -3,7 +3,11 @@
 //! for bit (the stash keeps the computed bits; no reassociation happens) and, for softmax, by
 //! the generated code holding one exp per element.
 
+mod harness;
+mod reference;
+
 use deferfuse::*;
+use harness::{read_raw, red, run, tensor, tt, un, Rng};
 
 fn rt(mode: Mode) -> Runtime {
     Runtime::new(Config {
@@ -13,57 +17,12 @@ fn rt(mode: Mode) -> Runtime {
     .unwrap()
 }
 
-fn data(n: usize, seed: u32) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s >> 8) as f64 / (1u32 << 24) as f64 * 8.0 - 4.0
-        })
-        .collect()
-}
-
-/// `data` as the bytes of a `dtype` tensor (f32, f64 or f16).
-fn bytes(v: &[f64], dtype: DType) -> Vec<u8> {
-    match dtype {
-        DType::F64 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        DType::F32 => v.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
-        DType::F16 => v
-            .iter()
-            .flat_map(|&x| half::f16::from_f64(x).to_le_bytes())
-            .collect(),
-        other => panic!("no test data for {other:?}"),
-    }
-}
-
-fn read(r: &Runtime, h: Handle) -> Vec<u8> {
-    let n: usize = r.sizes(h).unwrap().iter().product();
-    let mut b = vec![0u8; n * r.dtype(h).unwrap().size()];
-    r.to_host(h, &mut b).unwrap();
-    b
-}
-
-fn t(h: Handle) -> Input {
-    Input::Tensor(h)
-}
-
 fn bin(r: &Runtime, b: BinaryOp, x: Handle, y: Handle) -> Handle {
-    r.op(0, Op::Binary(b), &[t(x), t(y)], None).unwrap()
-}
-
-fn un(r: &Runtime, u: UnaryOp, x: Handle) -> Handle {
-    r.op(0, Op::Unary(u), &[t(x)], None).unwrap()
+    harness::bin(r, b, tt(x), tt(y))
 }
 
 fn reduce(r: &Runtime, op: ReduceOp, x: Handle, keepdim: bool) -> Handle {
-    let red = Op::Reduce {
-        op,
-        dims: [1usize].into_iter().collect(),
-        keepdim,
-    };
-    r.op(0, red, &[t(x)], None).unwrap()
+    run(r, red(op, &[1], keepdim), &[tt(x)])
 }
 
 /// `exp(x - max_row)` and its row sum, as softmax computes them.
@@ -93,13 +52,14 @@ fn strict_and_defer(
     cols: usize,
     graph: impl Fn(&Runtime, Handle) -> Vec<Handle>,
 ) -> (Vec<Vec<u8>>, Vec<Vec<u8>>, u64) {
-    let x = bytes(&data(rows * cols, 7), dtype);
+    let mut rng = Rng::new(7);
+    let x: Vec<f64> = (0..rows * cols).map(|_| rng.float(4.0, false)).collect();
     let run = |mode| {
         let r = rt(mode);
-        let h = r.from_host(&x, dtype, &[rows, cols]).unwrap();
+        let h = tensor(&r, dtype, &[rows, cols], &x);
         let before = r.stats().programs_run;
         let outs = graph(&r, h);
-        let got: Vec<Vec<u8>> = outs.iter().map(|&o| read(&r, o)).collect();
+        let got: Vec<Vec<u8>> = outs.iter().map(|&o| read_raw(&r, o).2).collect();
         (got, r.stats().programs_run - before)
     };
     let (strict, _) = run(Mode::Strict);
@@ -178,11 +138,9 @@ fn softmax_computes_exp_once_per_element() {
     })
     .unwrap();
     std::env::remove_var("DEFERFUSE_DUMP_DIR");
-    let x = r
-        .from_host(&bytes(&data(64, 3), DType::F32), DType::F32, &[4, 16])
-        .unwrap();
+    let x = tensor(&r, DType::F32, &[4, 16], &[0.5; 64]);
     let y = softmax(&r, x);
-    read(&r, y);
+    read_raw(&r, y);
     let dumps: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap_or_default())

@@ -1,6 +1,9 @@
 //! What the CPU backend's generated code must look like (read from the optimized Cranelift IR
 //! a program keeps for dumps), where a slip costs speed but no test of values would notice.
 
+mod common;
+
+use common::{blocks, optimized_ir};
 use deferfuse_fusion::ir::{BinaryOp, DType, Layout, Op, Scalar};
 use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::trace::{Node, Operand, TensorRef};
@@ -33,29 +36,7 @@ fn optimized_ir_of_scale_by_param() -> String {
         .unwrap()
         .compile(&step.region)
         .unwrap();
-    let listing = program.listing();
-    let start = listing
-        .find("; ---- optimized IR ----")
-        .expect("the listing has the optimized IR");
-    let end = listing
-        .find("; ---- machine code ----")
-        .unwrap_or(listing.len());
-    listing[start..end].to_string()
-}
-
-/// The text of each block of a Cranelift function, by block name.
-fn blocks(ir: &str) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    for line in ir.lines() {
-        if line.starts_with("block") {
-            let name = line.split(['(', ':']).next().unwrap_or("").to_string();
-            out.push((name, String::new()));
-        } else if let Some((_, body)) = out.last_mut() {
-            body.push_str(line);
-            body.push('\n');
-        }
-    }
-    out
+    optimized_ir(&program.listing()).to_string()
 }
 
 #[test]

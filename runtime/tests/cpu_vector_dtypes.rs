@@ -4,6 +4,9 @@
 //! compared and multiplied in full, float -> int casts truncate and saturate (NaN -> 0), and the
 //! loops really use vector types.
 
+mod common;
+
+use common::{blocks, optimized_ir};
 use deferfuse_fusion::ir::{BinaryOp, DType, Layout, Op, ReduceOp, Scalar, UnaryOp};
 use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::trace::{Node, Operand, TensorRef};
@@ -237,24 +240,33 @@ fn float_to_int_and_back_casts_give_the_same_bits_in_main_loop_and_tail() {
     });
 }
 
+/// `(x + 1) * x - (-x) + abs(x)`, recorded: every integer op that can overflow.
+fn add_mul_neg_abs(rt: &Runtime, x: Handle) -> Handle {
+    let y = bin(rt, BinaryOp::Add, t(x), Input::Scalar(Scalar::Int(1)));
+    let y = bin(rt, BinaryOp::Mul, t(y), t(x));
+    let y = bin(rt, BinaryOp::Sub, t(y), t(un(rt, UnaryOp::Neg, x)));
+    bin(rt, BinaryOp::Add, t(y), t(un(rt, UnaryOp::Abs, x)))
+}
+
+/// [`add_mul_neg_abs`] of each of `xs` with two's-complement wrapping, as PyTorch computes it.
+macro_rules! wrapped_add_mul_neg_abs {
+    ($xs:expr) => {
+        $xs.iter()
+            .map(|&x| {
+                x.wrapping_add(1)
+                    .wrapping_mul(x)
+                    .wrapping_sub(x.wrapping_neg())
+                    .wrapping_add(x.wrapping_abs())
+            })
+            .collect()
+    };
+}
+
 #[test]
 fn i32_add_mul_neg_abs_wrap_around() {
     let xs = [i32::MAX, i32::MIN, 65_536, -65_537, 1, -1, 0, 12_345];
-    let got: Vec<i32> = apply(&xs, |rt, x| {
-        let y = bin(rt, BinaryOp::Add, t(x), Input::Scalar(Scalar::Int(1)));
-        let y = bin(rt, BinaryOp::Mul, t(y), t(x));
-        let y = bin(rt, BinaryOp::Sub, t(y), t(un(rt, UnaryOp::Neg, x)));
-        bin(rt, BinaryOp::Add, t(y), t(un(rt, UnaryOp::Abs, x)))
-    });
-    let want: Vec<i32> = xs
-        .iter()
-        .map(|&x| {
-            x.wrapping_add(1)
-                .wrapping_mul(x)
-                .wrapping_sub(x.wrapping_neg())
-                .wrapping_add(x.wrapping_abs())
-        })
-        .collect();
+    let got: Vec<i32> = apply(&xs, add_mul_neg_abs);
+    let want: Vec<i32> = wrapped_add_mul_neg_abs!(xs);
     assert_eq!(got, want);
 }
 
@@ -270,21 +282,8 @@ fn i64_add_mul_neg_abs_wrap_around_in_all_64_bits() {
         -1,
         3,
     ];
-    let got: Vec<i64> = apply(&xs, |rt, x| {
-        let y = bin(rt, BinaryOp::Add, t(x), Input::Scalar(Scalar::Int(1)));
-        let y = bin(rt, BinaryOp::Mul, t(y), t(x));
-        let y = bin(rt, BinaryOp::Sub, t(y), t(un(rt, UnaryOp::Neg, x)));
-        bin(rt, BinaryOp::Add, t(y), t(un(rt, UnaryOp::Abs, x)))
-    });
-    let want: Vec<i64> = xs
-        .iter()
-        .map(|&x| {
-            x.wrapping_add(1)
-                .wrapping_mul(x)
-                .wrapping_sub(x.wrapping_neg())
-                .wrapping_add(x.wrapping_abs())
-        })
-        .collect();
+    let got: Vec<i64> = apply(&xs, add_mul_neg_abs);
+    let want: Vec<i64> = wrapped_add_mul_neg_abs!(xs);
     assert_eq!(got, want);
 }
 
@@ -451,7 +450,7 @@ fn tensor_ref(buffer: u64, d: DType, sizes: &[usize]) -> TensorRef {
 }
 
 /// The optimized Cranelift IR of the programs `nodes` lower to, one after the other.
-fn optimized_ir(nodes: &[Node]) -> String {
+fn optimized_ir_of(nodes: &[Node]) -> String {
     let mut listing = String::new();
     for n in nodes {
         for step in lower_node(n, 0) {
@@ -459,12 +458,7 @@ fn optimized_ir(nodes: &[Node]) -> String {
                 .unwrap()
                 .compile(&step.region)
                 .unwrap();
-            let l = program.listing();
-            let start = l
-                .find("; ---- optimized IR ----")
-                .expect("the listing has the optimized IR");
-            let end = l.find("; ---- machine code ----").unwrap_or(l.len());
-            listing.push_str(&l[start..end]);
+            listing.push_str(optimized_ir(&program.listing()));
         }
     }
     listing
@@ -481,7 +475,7 @@ fn optimized_ir_of_elementwise(d: DType) -> String {
         output: tr(out),
         compute: d,
     };
-    optimized_ir(&[
+    optimized_ir_of(&[
         node(BinaryOp::Mul, 1, 2, 3),
         node(BinaryOp::Add, 3, 1, 4),
         node(BinaryOp::Maximum, 4, 2, 5),
@@ -490,7 +484,7 @@ fn optimized_ir_of_elementwise(d: DType) -> String {
 
 /// The optimized IR of a full reduction `op` of a contiguous tensor of dtype `d`.
 fn optimized_ir_of_reduction(op: ReduceOp, d: DType, out: DType) -> String {
-    optimized_ir(&[Node {
+    optimized_ir_of(&[Node {
         op: Op::Reduce {
             op,
             dims: [0].into_iter().collect(),
@@ -502,21 +496,6 @@ fn optimized_ir_of_reduction(op: ReduceOp, d: DType, out: DType) -> String {
         output: tensor_ref(2, out, &[]),
         compute: out,
     }])
-}
-
-/// The text of each block of a Cranelift function, by block name.
-fn blocks(ir: &str) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    for line in ir.lines() {
-        if line.starts_with("block") {
-            let name = line.split(['(', ':']).next().unwrap_or("").to_string();
-            out.push((name, String::new()));
-        } else if let Some((_, body)) = out.last_mut() {
-            body.push_str(line);
-            body.push('\n');
-        }
-    }
-    out
 }
 
 /// Some loop blocks load `vt` registers, and those blocks compute `op` without splitting a
