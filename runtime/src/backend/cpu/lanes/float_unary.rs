@@ -11,8 +11,8 @@ impl Emitter<'_, '_> {
         let lib = |n32: &'static str, n64: &'static str| if f64 { n64 } else { n32 };
         let ty = lane_ty(d);
         match op {
-            Neg => self.map(a, |b, x| b.ins().fneg(x)),
-            Abs => self.map(a, |b, x| b.ins().fabs(x)),
+            Neg => self.map(a, |b, x| sign_bit_op(b, x, false)),
+            Abs => self.map(a, |b, x| sign_bit_op(b, x, true)),
             Sqrt => self.map(a, |b, x| b.ins().sqrt(x)),
             Floor => self.map(a, |b, x| b.ins().floor(x)),
             Ceil => self.map(a, |b, x| b.ins().ceil(x)),
@@ -92,5 +92,33 @@ impl Emitter<'_, '_> {
         let s = self.zip(&one, t, |b, o, t| b.ins().fadd(o, t));
         let hx = self.zip(&half, x, |b, h, x| b.ins().fmul(h, x));
         self.zip(&hx, &s, |b, h, s| b.ins().fmul(h, s))
+    }
+}
+
+/// `fabs` (`abs`) or `fneg` of `x` as one bitwise op with the sign mask. On vectors Cranelift
+/// lowers `fabs`/`fneg` to three instructions, building the mask in the loop each time
+/// (pcmpeqd, psrld, andps); an `and`/`xor` with a constant reads the mask from the constant
+/// pool instead. The same bits either way.
+fn sign_bit_op(b: &mut FunctionBuilder, x: Value, abs: bool) -> Value {
+    let ty = b.func.dfg.value_type(x);
+    if !ty.is_vector() {
+        return if abs {
+            b.ins().fabs(x)
+        } else {
+            b.ins().fneg(x)
+        };
+    }
+    let lane_bytes = ty.lane_bits() as usize / 8;
+    let sign: u64 = 1 << (ty.lane_bits() - 1);
+    let lane = if abs { !sign } else { sign };
+    let bytes: Vec<u8> = (0..ty.lane_count())
+        .flat_map(|_| lane.to_le_bytes()[..lane_bytes].to_vec())
+        .collect();
+    let c = b.func.dfg.constants.insert(ConstantData::from(&bytes[..]));
+    let mask = b.ins().vconst(ty, c);
+    if abs {
+        b.ins().band(x, mask)
+    } else {
+        b.ins().bxor(x, mask)
     }
 }
