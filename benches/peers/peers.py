@@ -439,6 +439,7 @@ def main() -> None:
         print("X/defer = peer median / deferfuse-defer median (>1: deferfuse defer is faster)")
         print(header)
         print("-" * len(header))
+    judged = []  # (workload, size, peer, X/defer) for the targets summary
     try:
         for w in make_workloads(args.quick, only):
             reps = args.reps or (3 if w.elems >= 1 << 24 else 5 if args.quick else 9)
@@ -449,15 +450,39 @@ def main() -> None:
             finally:
                 for c in cases:
                     c.close()
-            report(args, w, cases, alloc, reps)
+            judged += report(args, w, cases, alloc, reps)
     finally:
         for rt in runtimes.values():
             rt.destroy()
+    if not args.json:
+        print_targets(judged, args.threads)
 
 
-def report(args, w: Workload, cases: list[Case], alloc: dict, reps: int) -> None:
+# Issue 4's targets against torch, as (peer, least X/defer), on these workloads.
+TARGETS = {"torch.compile": 1.2, "torch": 5.0}
+TARGET_SIZES = {"chain10": ("1M", "16M"), "gelu": ("1M", "16M"),
+                "softmax": ("4096x1024",), "layernorm": ("4096x1024",)}
+
+
+def print_targets(judged: list, threads: int) -> None:
+    """Prints each target against torch this run could judge, with its ratio: met or not."""
+    lines = [(f"{peer} X/defer >= {least:g}x: {name} {size}, {threads} thread(s)", x, x >= least)
+             for name, size, peer, x in judged
+             if size in TARGET_SIZES.get(name, ()) and peer in TARGETS
+             for least in (TARGETS[peer],)]
+    if not lines:
+        return
+    print("targets (issue 4) judged in this run:")
+    for what, x, met in lines:
+        print(f"  {what:<60} {x:>6.2f}x  {'met' if met else 'NOT met'}")
+
+
+def report(args, w: Workload, cases: list[Case], alloc: dict, reps: int) -> list:
+    """Prints the workload's rows; returns (workload, size, peer, X/defer) of each peer."""
     med = {c.peer: statistics.median(c.times) for c in cases}
     base = med.get(DEFER)
+    ratios = [(w.name, w.size_label, c.peer, med[c.peer] / base)
+              for c in cases if base and c.peer != DEFER]
     for c in cases:
         ms = med[c.peer]
         gbps = w.bytes / (ms * 1e-3) / 1e9 if w.bytes else None
@@ -477,6 +502,7 @@ def report(args, w: Workload, cases: list[Case], alloc: dict, reps: int) -> None
                 f"{gbps:.2f}" if gbps is not None else "-",
                 f"{ratio:.2f}x" if ratio is not None and c.peer != DEFER else "-",
                 human_bytes(alloc[c.peer]) if c.peer in alloc else ""), flush=True)
+    return ratios
 
 
 def human_bytes(n: float) -> str:
