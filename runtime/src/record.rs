@@ -302,12 +302,15 @@ impl Runtime {
         self.counters.ops_recorded.fetch_add(1, Ordering::Relaxed);
         self.order_after_other_streams(s, &buffers)?;
         let mode = self.mode();
-        let out = buffers
-            .get(node.output.buffer)
-            .cloned()
-            .expect("output buffer is tracked");
+        let out = || {
+            buffers
+                .get(node.output.buffer)
+                .expect("output buffer is tracked")
+        };
         if mode == Mode::Defer {
             let mut p = s.pending.lock().unwrap_or_else(|p| p.into_inner());
+            // Borrowed, not cloned: a clone and its drop are two atomic ops on every op.
+            let out = out();
             out.mark_recorded();
             out.set_writer(Writer {
                 stream: s.id,
@@ -332,6 +335,7 @@ impl Runtime {
             return Ok(());
         }
         self.flush(s, SyncReason::ModeSwitch)?;
+        let out = out().clone();
         self.run_now(s, node, buffers, mode)?;
         if mode == Mode::Debug && out.state() != BufferState::Materialized {
             return Err(Error::Internal(
