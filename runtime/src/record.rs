@@ -316,11 +316,11 @@ impl Runtime {
                 stream: s.id,
                 done: None,
             });
-            if !p.buffers.contains_key(&out.id) && !out.is_allocated() {
-                p.bytes += out.len;
+            let new_bytes = if out.is_allocated() { 0 } else { out.len };
+            if p.buffers.record(&node, buffers) {
+                p.bytes += new_bytes;
             }
             p.trace.push(node);
-            buffers.move_into(&mut p.buffers);
             let reason = if p.trace.len() >= self.config.max_pending_ops {
                 Some(SyncReason::MaxPending)
             } else if p.bytes > self.config.max_pending_bytes {
