@@ -25,31 +25,60 @@ impl Words<'_> {
     /// A tensor operand (`kind` 1) or output (`kind` 6) as words: its buffer's number, kind,
     /// dtype and rank packed in one header word, then sizes, strides and offset, written out
     /// directly (a layout's derived `Hash` goes through [`Hasher::write`] byte chunks, several
-    /// times the cost). A header whose fields do not fit is written field by field after a
-    /// word with kind `0xFF`, which no packed header has: the words still decode one way.
+    /// times the cost). A dense row-major layout (offset 0, the strides `Layout::contiguous`
+    /// gives), which most are, sets [`DENSE`] in the kind and leaves out its strides and
+    /// offset: they follow from the sizes. A header whose fields do not fit is written field by
+    /// field after a word with kind `0xFF`, which no packed header has: the words still decode
+    /// one way.
     #[inline(always)]
     fn tensor(&mut self, kind: u64, number: u64, l: &Layout, dtype: DType) {
-        let rank = l.sizes.len() as u64;
-        if number < 1 << 32 && rank < 1 << 16 && l.strides.len() == l.sizes.len() {
+        let (sizes, strides) = (l.sizes.as_slice(), l.strides.as_slice());
+        let rank = sizes.len() as u64;
+        if number < 1 << 32 && rank < 1 << 16 && strides.len() == sizes.len() {
+            let dense = l.offset == 0 && row_major(sizes, strides);
+            let kind = if dense { kind | DENSE } else { kind };
             self.push(number | kind << 32 | (dtype as u64) << 40 | rank << 48);
+            // Plain pushes over the slices: `extend` with a mapped SmallVec iterator cost ~4
+            // times as much for the short dims of a typical tensor.
+            for &s in sizes {
+                self.push(s as u64);
+            }
+            if dense {
+                return;
+            }
         } else {
             self.push(0xFF << 32 | kind);
             self.push(number);
             self.push(dtype as u64);
             self.push(rank);
-            self.push(l.strides.len() as u64);
+            self.push(strides.len() as u64);
+            for &s in sizes {
+                self.push(s as u64);
+            }
         }
-        // Plain pushes over the slices: `extend` with a mapped SmallVec iterator cost ~4 times
-        // as much for the short dims of a typical tensor (its size hint, reserve and length
-        // guard outweigh one or two words).
-        for &s in l.sizes.as_slice() {
-            self.push(s as u64);
-        }
-        for &s in l.strides.as_slice() {
+        for &s in strides {
             self.push(s as u64);
         }
         self.push(l.offset as u64);
     }
+}
+
+/// Set in a packed tensor header's kind: the layout is dense row-major, its strides and
+/// offset are not written.
+const DENSE: u64 = 0x80;
+
+/// Whether `strides` are exactly the row-major strides of `sizes` (as `Layout::contiguous`
+/// makes them: a size-1 dim's stride too), so the sizes alone say what they are.
+#[inline(always)]
+fn row_major(sizes: &[usize], strides: &[isize]) -> bool {
+    let mut acc = 1isize;
+    for (&s, &st) in sizes.iter().zip(strides).rev() {
+        if st != acc {
+            return false;
+        }
+        acc = acc.wrapping_mul(s.max(1) as isize);
+    }
+    true
 }
 
 /// Words of a long key that [`hash_words`] reads: this many from each end.
@@ -360,6 +389,18 @@ mod tests {
     #[test]
     fn reading_one_buffer_twice_is_not_reading_two() {
         assert_ne!(key(&[add(t(1), t(1), 2)]), key(&[add(t(1), t(3), 2)]));
+    }
+
+    #[test]
+    fn a_dense_layout_and_a_strided_one_of_the_same_sizes_differ() {
+        let dense = [add(t(1), t(3), 2)];
+        let mut strided = dense.clone();
+        strided[0].output.layout.strides[0] = 2;
+        let mut offset = dense.clone();
+        offset[0].output.layout.offset = 1;
+        assert_ne!(key(&dense), key(&strided));
+        assert_ne!(key(&dense), key(&offset));
+        assert_ne!(key(&strided), key(&offset));
     }
 
     #[test]
