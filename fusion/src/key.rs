@@ -153,10 +153,10 @@ pub struct TraceKey {
 }
 
 impl TraceKey {
-    /// Adds `n`'s words, numbering its buffers; `fresh` is called with each buffer seen for
-    /// the first time, in number order.
+    /// Adds `n`'s words, numbering its buffers: those it names first are appended to
+    /// [`TraceKey::buffers`].
     #[inline]
-    pub fn push(&mut self, n: &Node, mut fresh: impl FnMut(BufferId)) {
+    pub fn push(&mut self, n: &Node) {
         debug_assert!(!self.finished, "a node after the liveness words");
         let ids = &mut self.ids;
         let mut w = Words {
@@ -166,13 +166,7 @@ impl TraceKey {
         n.op.hash(&mut w);
         for o in &n.inputs {
             match o {
-                Operand::Tensor(t) => {
-                    let (k, new) = ids.number(t.buffer);
-                    if new {
-                        fresh(t.buffer);
-                    }
-                    w.tensor(1, k, &t.layout, t.dtype)
-                }
+                Operand::Tensor(t) => w.tensor(1, ids.number(t.buffer), &t.layout, t.dtype),
                 Operand::Scalar(s) => w.push(match s {
                     Scalar::Float(_) => 2,
                     Scalar::Int(_) => 3,
@@ -182,11 +176,7 @@ impl TraceKey {
             }
         }
         let out = &n.output;
-        let (k, new) = ids.number(out.buffer);
-        if new {
-            fresh(out.buffer);
-        }
-        w.tensor(6, k, &out.layout, out.dtype);
+        w.tensor(6, ids.number(out.buffer), &out.layout, out.dtype);
     }
 
     /// Completes the key with each buffer's liveness (`live` is asked by number); returns its
@@ -227,7 +217,7 @@ impl TraceKey {
         let mut k = TraceKey::default();
         k.words.reserve(nodes.len() * 16);
         for n in nodes {
-            k.push(n, |_| ());
+            k.push(n);
         }
         let ids = k.ids.buffers.clone();
         let h = k.finish(|i| live(ids[i]));
@@ -263,10 +253,10 @@ impl Renumber {
         (b.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & (self.slots.len() - 1)
     }
 
-    /// `b`'s number, and whether `b` was numbered just now (seen for the first time).
+    /// `b`'s number (a new one, appended to `buffers`, the first time).
     /// Inlined: every recorded op numbers two or three buffers.
     #[inline(always)]
-    fn number(&mut self, b: BufferId) -> (u64, bool) {
+    fn number(&mut self, b: BufferId) -> u64 {
         if b == Self::EMPTY || self.slots.is_empty() {
             return self.number_slowly(b);
         }
@@ -275,7 +265,7 @@ impl Renumber {
         loop {
             let (k, v) = self.slots[i];
             if k == b {
-                return (v as u64, false);
+                return v as u64;
             }
             if k == Self::EMPTY {
                 let n = self.buffers.len();
@@ -284,7 +274,7 @@ impl Renumber {
                 if self.buffers.len() * 2 > self.slots.len() {
                     self.grow();
                 }
-                return (n as u64, true);
+                return n as u64;
             }
             i = (i + 1) & mask;
         }
@@ -313,7 +303,7 @@ impl Renumber {
     /// Numbering before the table exists (it is made here), or of the `EMPTY` id, which the
     /// table cannot hold.
     #[cold]
-    fn number_slowly(&mut self, b: BufferId) -> (u64, bool) {
+    fn number_slowly(&mut self, b: BufferId) -> u64 {
         if self.slots.is_empty() {
             self.slots = vec![(Self::EMPTY, 0); 64];
             if b != Self::EMPTY {
@@ -321,10 +311,10 @@ impl Renumber {
             }
         }
         match self.buffers.iter().position(|&x| x == b) {
-            Some(i) => (i as u64, false),
+            Some(i) => i as u64,
             None => {
                 self.buffers.push(b);
-                ((self.buffers.len() - 1) as u64, true)
+                (self.buffers.len() - 1) as u64
             }
         }
     }
@@ -413,12 +403,11 @@ mod tests {
     }
 
     #[test]
-    fn a_key_built_as_nodes_are_recorded_reports_each_buffer_once_in_order() {
+    fn a_key_built_as_nodes_are_recorded_numbers_buffers_in_order_of_first_appearance() {
         let mut k = TraceKey::default();
-        let mut fresh = Vec::new();
-        k.push(&add(t(5), t(3), 4), |b| fresh.push(b));
-        k.push(&add(t(4), t(5), 6), |b| fresh.push(b));
-        assert_eq!(fresh, [5, 3, 4, 6]);
+        k.push(&add(t(5), t(3), 4));
+        assert_eq!(k.buffers(), [5, 3, 4]);
+        k.push(&add(t(4), t(5), 6));
         assert_eq!(k.buffers(), [5, 3, 4, 6]);
         assert_eq!((k.number_of(4), k.number_of(8)), (Some(2), None));
         k.clear();
@@ -442,23 +431,19 @@ mod tests {
         let mut r = Renumber::default();
         let ids: Vec<BufferId> = (0..500).map(|k| 1000 + 7 * k).collect();
         for (n, &b) in ids.iter().enumerate() {
-            assert_eq!(r.number(b), (n as u64, true));
+            assert_eq!(r.number(b), n as u64);
         }
         for (n, &b) in ids.iter().enumerate().rev() {
-            assert_eq!(
-                r.number(b),
-                (n as u64, false),
-                "the same buffer keeps its number"
-            );
+            assert_eq!(r.number(b), n as u64, "the same buffer keeps its number");
             assert_eq!(r.find(b), Some(n));
         }
         assert_eq!(r.find(5), None);
         assert_eq!(
             r.number(Renumber::EMPTY),
-            (500, true),
+            500,
             "even the id the table cannot hold"
         );
-        assert_eq!(r.number(Renumber::EMPTY), (500, false));
+        assert_eq!(r.number(Renumber::EMPTY), 500);
         assert_eq!(r.buffers.len(), 501);
     }
 
@@ -469,7 +454,7 @@ mod tests {
         r.number(9);
         r.clear();
         assert_eq!(r.find(5), None);
-        assert_eq!(r.number(9), (0, true));
+        assert_eq!(r.number(9), 0);
         assert_eq!(r.buffers, vec![9]);
     }
 }

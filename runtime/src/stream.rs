@@ -133,12 +133,14 @@ impl PendingBuffers {
     pub fn record(&mut self, node: &Node, mut op: OpBuffers) -> bool {
         let out = node.output.buffer;
         let mut out_is_new = false;
-        let named = &mut self.named;
-        self.key.push(node, |id| {
+        let known = self.named.len();
+        self.key.push(node);
+        // The buffers the node named first were just numbered, in order, after the known ones.
+        for &id in &self.key.buffers()[known..] {
             let b = op.take(id).expect("a node's buffers are in its op's list");
-            named.push(b);
+            self.named.push(b);
             out_is_new |= id == out;
-        });
+        }
         if out_is_new && !self.extra.is_empty() {
             out_is_new = !self.extra.iter().any(|b| b.id == out);
         }
