@@ -90,7 +90,7 @@ impl Runtime {
                 (tref(&t), h)
             }
             None => {
-                let buffer = self.new_buffer(inf.dtype, &inf.sizes, op.name())?;
+                let buffer = self.new_buffer(inf.dtype, &inf.sizes, || op.name())?;
                 // Built in place: the layout is cloned once, into the node, and moved into the
                 // new handle's tensor below.
                 let r = TensorRef {
@@ -98,7 +98,7 @@ impl Runtime {
                     layout: Layout::contiguous(&inf.sizes),
                     dtype: inf.dtype,
                 };
-                buffers.insert(buffer);
+                buffers.insert_new(buffer);
                 (r, 0)
             }
         };
@@ -181,13 +181,13 @@ impl Runtime {
             if t.buffer != out.buffer || t.layout == out.layout {
                 continue;
             }
-            let tmp = self.new_buffer(t.dtype, &t.layout.sizes, "copy")?;
+            let tmp = self.new_buffer(t.dtype, &t.layout.sizes, || "copy")?;
             let tmp_ref = TensorRef {
                 buffer: tmp.id,
                 layout: Layout::contiguous(&t.layout.sizes),
                 dtype: t.dtype,
             };
-            buffers.insert(tmp);
+            buffers.insert_new(tmp);
             let node = Node {
                 op: Op::Copy,
                 inputs: SmallVec::from_elem(Operand::Tensor(t.clone()), 1),
@@ -255,13 +255,13 @@ impl Runtime {
             .chain(red.iter().copied())
             .collect();
         let permuted = t.layout.permute(&order);
-        let tmp = self.new_buffer(t.dtype, &permuted.sizes, "reduce")?;
+        let tmp = self.new_buffer(t.dtype, &permuted.sizes, || "reduce")?;
         let tmp_ref = TensorRef {
             buffer: tmp.id,
             layout: Layout::contiguous(&permuted.sizes),
             dtype: t.dtype,
         };
-        buffers.insert(tmp);
+        buffers.insert_new(tmp);
         let copy = Node {
             op: Op::Copy,
             inputs: SmallVec::from_elem(

@@ -95,6 +95,12 @@ impl OpBuffers {
         }
     }
 
+    /// Adds a buffer just made, which cannot be listed yet (no search for its id).
+    pub fn insert_new(&mut self, b: Arc<Buffer>) {
+        debug_assert!(self.get(b.id).is_none(), "a new buffer is listed already");
+        self.0.push(b);
+    }
+
     pub fn get(&self, id: BufferId) -> Option<&Arc<Buffer>> {
         self.0.iter().find(|b| b.id == id)
     }
