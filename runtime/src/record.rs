@@ -10,7 +10,7 @@ use crate::stats::SyncReason;
 use crate::stream::{OpBuffers, Stream};
 use deferfuse_fusion::ir::infer::can_cast;
 use deferfuse_fusion::ir::layout::fmt_dims;
-use deferfuse_fusion::ir::{infer_memo, ArgMeta, Layout, Op, OpError, Scalar};
+use deferfuse_fusion::ir::{infer_memo, ArgMeta, DType, Layout, Op, OpError, Scalar};
 use deferfuse_fusion::lower::{reduce_needs_copy, reduced_dims};
 use deferfuse_fusion::{Node, Operand, TensorRef};
 use smallvec::SmallVec;
@@ -57,14 +57,30 @@ impl Runtime {
         let mut other = None;
         let s = self.stream_ref(stream, &mut other)?;
         let mut buffers = Buffers::default();
-        let mut operands: SmallVec<[Operand; 3]> = SmallVec::new();
+        // The node is built where it is recorded from: operands go straight into it, and its
+        // output in place of this empty one once known (building the operand list apart and
+        // moving it in was a ~400-byte copy per op).
+        let mut node = Node {
+            op,
+            inputs: SmallVec::new(),
+            output: TensorRef {
+                buffer: 0,
+                layout: Layout {
+                    sizes: SmallVec::new(),
+                    strides: SmallVec::new(),
+                    offset: 0,
+                },
+                dtype: DType::Bool,
+            },
+            compute: DType::Bool,
+        };
         let mut metas: SmallVec<[ArgMeta; 3]> = SmallVec::new();
         for (i, inp) in inputs.iter().enumerate() {
             match *inp {
                 Input::Tensor(h) => {
-                    let t = self.operand_tensor(h, &op, OperandName::Input(i))?;
+                    let t = self.operand_tensor(h, &node.op, OperandName::Input(i))?;
                     metas.push(ArgMeta::tensor(t.dtype, &t.layout.sizes));
-                    operands.push(Operand::Tensor(TensorRef {
+                    node.inputs.push(Operand::Tensor(TensorRef {
                         buffer: t.buffer.id,
                         layout: t.layout,
                         dtype: t.dtype,
@@ -73,19 +89,20 @@ impl Runtime {
                 }
                 Input::Scalar(v) => {
                     metas.push(ArgMeta::Scalar(v));
-                    operands.push(Operand::Scalar(v));
+                    node.inputs.push(Operand::Scalar(v));
                 }
                 Input::Absent => {
                     metas.push(ArgMeta::Absent);
-                    operands.push(Operand::Absent);
+                    node.inputs.push(Operand::Absent);
                 }
             }
         }
-        let inf = infer_memo(&op, &metas)?;
+        let op = &node.op;
+        let inf = infer_memo(op, &metas)?;
         let (output, result) = match out {
             Some(h) => {
-                let t = self.operand_tensor(h, &op, OperandName::Out)?;
-                check_out(&op, &inf.sizes, inf.dtype, &t)?;
+                let t = self.operand_tensor(h, op, OperandName::Out)?;
+                check_out(op, &inf.sizes, inf.dtype, &t)?;
                 buffers.insert(t.buffer.clone());
                 (tref(&t), h)
             }
@@ -102,19 +119,19 @@ impl Runtime {
                 (r, 0)
             }
         };
-        self.snapshot_overlapping_inputs(s, &mut operands, &output, &mut buffers)?;
+        self.snapshot_overlapping_inputs(s, &mut node.inputs, &output, &mut buffers)?;
         let out_buffer = buffers
             .get(output.buffer)
             .cloned()
             .expect("output buffer is tracked");
-        match &op {
-            Op::Cat { dim } => self.record_cat(s, *dim, &operands, &output, &buffers)?,
+        match &node.op {
+            Op::Cat { dim } => self.record_cat(s, *dim, &node.inputs, &output, &buffers)?,
             Op::Reduce {
                 dims,
                 keepdim,
                 op: r,
             } if reduce_needs_copy(
-                &operands[0].tensor().expect("checked by infer").layout,
+                &node.inputs[0].tensor().expect("checked by infer").layout,
                 dims,
             ) =>
             {
@@ -123,22 +140,17 @@ impl Runtime {
                     *r,
                     dims,
                     *keepdim,
-                    &operands[0],
+                    &node.inputs[0],
                     &output,
                     inf.compute,
                     &mut buffers,
                 )?
             }
-            _ => self.record(
-                s,
-                Node {
-                    op: op.clone(),
-                    inputs: operands,
-                    output: output.clone(),
-                    compute: inf.compute,
-                },
-                buffers,
-            )?,
+            _ => {
+                node.output = output.clone();
+                node.compute = inf.compute;
+                self.record(s, node, buffers)?
+            }
         }
         if result != 0 {
             return Ok(result);
