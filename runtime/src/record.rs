@@ -99,26 +99,31 @@ impl Runtime {
         }
         let op = &node.op;
         let inf = infer_memo(op, &metas)?;
-        let (output, result) = match out {
+        // Assigned in each branch rather than returned as a pair: the pair was built and then
+        // copied out (~140 bytes per op).
+        let output;
+        let result;
+        match out {
             Some(h) => {
                 let t = self.operand_tensor(h, op, OperandName::Out)?;
                 check_out(op, &inf.sizes, inf.dtype, &t)?;
                 buffers.insert(t.buffer.clone());
-                (tref(&t), h)
+                output = tref(&t);
+                result = h;
             }
             None => {
                 let buffer = self.new_buffer(inf.dtype, &inf.sizes, || op.name())?;
                 // Built in place: the layout is cloned once, into the node, and moved into the
                 // new handle's tensor below.
-                let r = TensorRef {
+                output = TensorRef {
                     buffer: buffer.id,
                     layout: Layout::contiguous(&inf.sizes),
                     dtype: inf.dtype,
                 };
+                result = 0;
                 buffers.insert_new(buffer);
-                (r, 0)
             }
-        };
+        }
         self.snapshot_overlapping_inputs(s, &mut node.inputs, &output, &mut buffers)?;
         let out_buffer = buffers
             .get(output.buffer)
@@ -163,6 +168,8 @@ impl Runtime {
     }
 
     /// The tensor behind an op's operand; a bad handle's message names the op and operand.
+    /// Inlined: returned through a call, the ~140-byte tensor was copied once more per operand.
+    #[inline(always)]
     fn operand_tensor(&self, h: Handle, op: &Op, operand: OperandName) -> Result<Tensor> {
         let t = self.tensor(h).map_err(|e| match e {
             Error::InvalidHandle(m) => {
