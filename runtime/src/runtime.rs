@@ -254,6 +254,7 @@ impl Runtime {
             .unwrap_or_else(|| Arc::new(Buffer::new(id, bytes, self.host.clone()))))
     }
 
+    #[inline(always)]
     pub(crate) fn tensor(&self, h: Handle) -> Result<Tensor> {
         self.tensors.get(h)
     }
