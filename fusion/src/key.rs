@@ -179,9 +179,9 @@ pub struct TraceKey {
 
 impl TraceKey {
     /// Adds `n`'s words, numbering its buffers: those it names first are appended to
-    /// [`TraceKey::buffers`].
+    /// [`TraceKey::buffers`]. Returns the number of its output buffer.
     #[inline]
-    pub fn push(&mut self, n: &Node) {
+    pub fn push(&mut self, n: &Node) -> usize {
         debug_assert!(!self.finished, "a node after the liveness words");
         let ids = &mut self.ids;
         let mut w = Words {
@@ -201,7 +201,9 @@ impl TraceKey {
             }
         }
         let out = &n.output;
-        w.tensor(6, ids.number(out.buffer), &out.layout, out.dtype);
+        let k = ids.number(out.buffer);
+        w.tensor(6, k, &out.layout, out.dtype);
+        k as usize
     }
 
     /// Completes the key with each buffer's liveness (`live` is asked by number); returns its
@@ -469,9 +471,9 @@ mod tests {
     #[test]
     fn a_key_built_as_nodes_are_recorded_numbers_buffers_in_order_of_first_appearance() {
         let mut k = TraceKey::default();
-        k.push(&add(t(5), t(3), 4));
+        assert_eq!(k.push(&add(t(5), t(3), 4)), 2, "the output's number");
         assert_eq!(k.buffers(), [5, 3, 4]);
-        k.push(&add(t(4), t(5), 6));
+        assert_eq!(k.push(&add(t(4), t(5), 6)), 3);
         assert_eq!(k.buffers(), [5, 3, 4, 6]);
         assert_eq!((k.number_of(4), k.number_of(8)), (Some(2), None));
         k.clear();

@@ -223,9 +223,9 @@ impl Buffer {
         self.deferred_writes.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// A recorded write left the trace (launched, or dropped as dead).
-    pub fn mark_flushed(&self) {
-        self.deferred_writes.fetch_sub(1, Ordering::AcqRel);
+    /// `n` recorded writes left the trace (launched, or dropped as dead).
+    pub fn mark_flushed(&self, n: u32) {
+        self.deferred_writes.fetch_sub(n, Ordering::AcqRel);
     }
 
     pub fn mark_launched(&self) {

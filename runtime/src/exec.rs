@@ -67,10 +67,9 @@ impl Runtime {
         // The caller waits right after these: run on its thread if the stream is idle.
         let inline = matches!(reason, SyncReason::Synchronize | SyncReason::HostRead);
         let result = self.launch_steps(stream, p.steps, &buffers, Mode::Defer, inline);
-        for n in &nodes {
-            if let Some(b) = buffers.find(n.output.buffer) {
-                b.mark_flushed();
-            }
+        // Per buffer, not per node: a count for each, not a lookup for each node's output.
+        for (b, writes) in buffers.written() {
+            b.mark_flushed(writes);
         }
         // The next trace reuses both allocations instead of growing them again op by op.
         pending.trace.recycle(nodes);

@@ -128,6 +128,9 @@ pub struct PendingBuffers {
     key: TraceKey,
     /// By number.
     named: Vec<Arc<Buffer>>,
+    /// By number: how many pending nodes write the buffer (each recorded write is counted on
+    /// the buffer until its flush).
+    writes: Vec<u32>,
     /// Listed by an op, named by no pending node (a cat's later inputs while its first copy
     /// is recorded); almost always empty.
     extra: Vec<Arc<Buffer>>,
@@ -140,13 +143,15 @@ impl PendingBuffers {
         let out = node.output.buffer;
         let mut out_is_new = false;
         let known = self.named.len();
-        self.key.push(node);
+        let out_number = self.key.push(node);
         // The buffers the node named first were just numbered, in order, after the known ones.
         for &id in &self.key.buffers()[known..] {
             let b = op.take(id).expect("a node's buffers are in its op's list");
             self.named.push(b);
+            self.writes.push(0);
             out_is_new |= id == out;
         }
+        self.writes[out_number] += 1;
         if out_is_new && !self.extra.is_empty() {
             out_is_new = !self.extra.iter().any(|b| b.id == out);
         }
@@ -162,6 +167,15 @@ impl PendingBuffers {
     /// The buffers the pending nodes name, by number.
     pub fn named(&self) -> &[Arc<Buffer>] {
         &self.named
+    }
+
+    /// Each named buffer that pending nodes write, with how many of them do.
+    pub fn written(&self) -> impl Iterator<Item = (&Arc<Buffer>, u32)> {
+        self.named
+            .iter()
+            .zip(&self.writes)
+            .filter(|(_, &n)| n > 0)
+            .map(|(b, &n)| (b, n))
     }
 
     /// Completes the key with each named buffer's liveness (held by something besides this
@@ -188,6 +202,7 @@ impl PendingBuffers {
     /// Empties the set, keeping its allocations; the buffers it held are returned.
     pub fn drain(&mut self) -> impl Iterator<Item = Arc<Buffer>> + '_ {
         self.key.clear();
+        self.writes.clear();
         self.named.drain(..).chain(self.extra.drain(..))
     }
 }
@@ -405,6 +420,12 @@ mod tests {
         assert!(p.record(&neg(2, 3), buffers(&[2, 3])));
         let ids: Vec<BufferId> = p.named().iter().map(|b| b.id).collect();
         assert_eq!(ids, [1, 2, 3]);
+        let writes: Vec<(BufferId, u32)> = p.written().map(|(b, n)| (b.id, n)).collect();
+        assert_eq!(
+            writes,
+            [(2, 2), (3, 1)],
+            "b2 is written by two nodes, b1 by none"
+        );
         assert_eq!(p.find(3).map(|b| b.id), Some(3));
         assert!(p.find(4).is_none());
         assert_eq!(p.drain().count(), 3);
