@@ -200,6 +200,8 @@ impl Buffer {
         }
     }
 
+    /// Makes `w` the last op that writes this buffer: a recorded one is a single store, a
+    /// launched one is kept under the lock with its job.
     pub fn set_writer(&self, w: Writer) {
         if w.done.is_none() {
             self.writer_stream.store(w.stream, Ordering::Release);
