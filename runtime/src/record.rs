@@ -10,7 +10,7 @@ use crate::stats::SyncReason;
 use crate::stream::{OpBuffers, Stream};
 use deferfuse_fusion::ir::infer::can_cast;
 use deferfuse_fusion::ir::layout::fmt_dims;
-use deferfuse_fusion::ir::{infer_memo, ArgMeta, DType, Layout, Op, OpError, Scalar};
+use deferfuse_fusion::ir::{infer_memo_operands, DType, Layout, Op, OpError, Scalar};
 use deferfuse_fusion::lower::{reduce_needs_copy, reduced_dims};
 use deferfuse_fusion::{Node, Operand, TensorRef};
 use smallvec::SmallVec;
@@ -74,12 +74,10 @@ impl Runtime {
             },
             compute: DType::Bool,
         };
-        let mut metas: SmallVec<[ArgMeta; 3]> = SmallVec::new();
         for (i, inp) in inputs.iter().enumerate() {
             match *inp {
                 Input::Tensor(h) => {
                     let t = self.operand_tensor(h, &node.op, OperandName::Input(i))?;
-                    metas.push(ArgMeta::tensor(t.dtype, &t.layout.sizes));
                     node.inputs.push(Operand::Tensor(TensorRef {
                         buffer: t.buffer.id,
                         layout: t.layout,
@@ -87,18 +85,12 @@ impl Runtime {
                     }));
                     buffers.insert(t.buffer);
                 }
-                Input::Scalar(v) => {
-                    metas.push(ArgMeta::Scalar(v));
-                    node.inputs.push(Operand::Scalar(v));
-                }
-                Input::Absent => {
-                    metas.push(ArgMeta::Absent);
-                    node.inputs.push(Operand::Absent);
-                }
+                Input::Scalar(v) => node.inputs.push(Operand::Scalar(v)),
+                Input::Absent => node.inputs.push(Operand::Absent),
             }
         }
         let op = &node.op;
-        let inf = infer_memo(op, &metas)?;
+        let inf = infer_memo_operands(op, &node.inputs)?;
         // Assigned in each branch rather than returned as a pair: the pair was built and then
         // copied out (~140 bytes per op).
         let output;
