@@ -107,7 +107,7 @@ fn row_major(sizes: &[usize], strides: &[isize]) -> bool {
 }
 
 /// Words of a long key that [`hash_words`] reads: this many from each end.
-const HASHED_END: usize = 256;
+const HASHED_END: usize = 64;
 
 /// FxHash-style mixing of `words` in four independent lanes (one serial chain spent ~5 cycles
 /// of latency per word); collisions are caught by the word comparison on a hit. A long key is
