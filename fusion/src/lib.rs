@@ -6,6 +6,7 @@
 pub mod epilogue;
 pub mod ir;
 pub mod iter;
+pub mod key;
 pub mod lower;
 pub mod plan;
 pub mod plan_cache;
@@ -13,5 +14,6 @@ pub mod region;
 pub mod trace;
 
 pub use iter::{IterSpace, StrideKind};
+pub use key::TraceKey;
 pub use region::{Binding, Region, Step};
 pub use trace::{BufferId, Node, Operand, TensorRef, Trace};

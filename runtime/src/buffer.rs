@@ -33,6 +33,11 @@ pub struct Writer {
 /// `Buffer::writer_stream` when nothing has written the buffer yet (stream ids start at 0).
 const NO_WRITER: u64 = u64::MAX;
 
+/// Set in `Buffer::writer_stream` once the last writer was launched (its job is in `writer`).
+/// Without it the writer is still recorded and its stream id is all there is to know, so
+/// recording a write (every deferred op does) is one store instead of a lock.
+const LAUNCHED: u64 = 1 << 63;
+
 /// Where a buffer is in its life.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,9 +68,11 @@ pub struct Buffer {
     deferred_writes: AtomicU32,
     /// Launched-but-not-finished programs writing this buffer.
     inflight_writes: AtomicU32,
+    /// The last launched writer; current only while `writer_stream` has [`LAUNCHED`] set.
     writer: Mutex<Option<Writer>>,
-    /// `writer`'s stream, or [`NO_WRITER`]: a lock-free answer to "did my own stream write this
-    /// last?", which every recorded op asks of each operand.
+    /// The last writer's stream, with [`LAUNCHED`] once it was launched, or [`NO_WRITER`]: a
+    /// lock-free answer to "did my own stream write this last?", which every recorded op asks
+    /// of each operand, and the whole writer while it is only recorded.
     writer_stream: AtomicU64,
     /// Why the deferred op that should have written this buffer never ran (a flush failed
     /// before launching it): reported on every later use instead of reading stale memory.
@@ -172,32 +179,55 @@ impl Buffer {
         }
     }
 
+    /// The last op that writes this buffer; takes a lock only once that op was launched.
     pub fn writer(&self) -> Option<Writer> {
-        self.writer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        let recorded = |v: u64| match v {
+            NO_WRITER => Some(None),
+            v if v & LAUNCHED == 0 => Some(Some(Writer {
+                stream: v,
+                done: None,
+            })),
+            _ => None,
+        };
+        if let Some(w) = recorded(self.writer_stream.load(Ordering::Acquire)) {
+            return w;
+        }
+        let g = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        // Read again under the lock: a recorded write may have replaced the launched one.
+        match recorded(self.writer_stream.load(Ordering::Acquire)) {
+            Some(w) => w,
+            None => g.clone(),
+        }
     }
 
+    /// Makes `w` the last op that writes this buffer: a recorded one is a single store, a
+    /// launched one is kept under the lock with its job.
     pub fn set_writer(&self, w: Writer) {
+        if w.done.is_none() {
+            self.writer_stream.store(w.stream, Ordering::Release);
+            return;
+        }
         let mut g = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        self.writer_stream.store(w.stream, Ordering::Release);
+        let stream = w.stream;
         *g = Some(w);
+        self.writer_stream
+            .store(stream | LAUNCHED, Ordering::Release);
     }
 
     /// Whether the last op that writes this buffer was issued to stream `stream` (lock-free:
     /// the common case of an op reading its own stream's results needs no ordering work).
     pub fn written_by(&self, stream: u64) -> bool {
-        self.writer_stream.load(Ordering::Acquire) == stream
+        let v = self.writer_stream.load(Ordering::Acquire);
+        v != NO_WRITER && v & !LAUNCHED == stream
     }
 
     pub fn mark_recorded(&self) {
         self.deferred_writes.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// A recorded write left the trace (launched, or dropped as dead).
-    pub fn mark_flushed(&self) {
-        self.deferred_writes.fetch_sub(1, Ordering::AcqRel);
+    /// `n` recorded writes left the trace (launched, or dropped as dead).
+    pub fn mark_flushed(&self, n: u32) {
+        self.deferred_writes.fetch_sub(n, Ordering::AcqRel);
     }
 
     pub fn mark_launched(&self) {
@@ -345,6 +375,26 @@ mod tests {
         assert!(b.writer().is_none() && !b.written_by(3));
         assert!(b.failure().is_ok());
         assert!(spares.take(3, 8).is_none());
+    }
+
+    #[test]
+    fn the_last_writer_set_is_the_writer_whether_recorded_or_launched() {
+        let b = buffer(1);
+        assert!(b.writer().is_none() && !b.written_by(0));
+        b.set_writer(Writer {
+            stream: 2,
+            done: Some((Arc::new(Progress::default()), 5)),
+        });
+        let w = b.writer().expect("launched writer");
+        assert_eq!((w.stream, w.done.map(|d| d.1)), (2, Some(5)));
+        assert!(b.written_by(2));
+        b.set_writer(Writer {
+            stream: 3,
+            done: None,
+        });
+        let w = b.writer().expect("recorded writer");
+        assert_eq!((w.stream, w.done.is_none()), (3, true));
+        assert!(b.written_by(3) && !b.written_by(2));
     }
 
     #[test]

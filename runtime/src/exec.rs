@@ -28,13 +28,17 @@ impl Runtime {
         let mut buffers = std::mem::take(&mut pending.buffers);
         pending.bytes = 0;
         self.counters.sync(reason);
-        // A buffer is live when something besides this flush holds it (a tensor handle).
-        let live = |b: BufferId| buffers.get(&b).is_none_or(|x| Arc::strong_count(x) > 1);
         let opts = PlanOptions {
             fuse: true,
             max_ops_per_region: self.config.max_ops_per_region,
         };
-        let (p, reused) = pending.plans.plan(&nodes, &live, &opts);
+        // The key was built as the nodes were recorded: only liveness is added here.
+        let hash = buffers.finish_key();
+        // A buffer is live when something besides this flush holds it (a tensor handle).
+        let live = |b: BufferId| buffers.is_live(b);
+        let (p, reused) = pending
+            .plans
+            .plan_keyed(&nodes, buffers.key(), hash, &live, &opts);
         if reused {
             self.counters.plans_reused.fetch_add(1, Ordering::Relaxed);
         }
@@ -63,19 +67,18 @@ impl Runtime {
         // The caller waits right after these: run on its thread if the stream is idle.
         let inline = matches!(reason, SyncReason::Synchronize | SyncReason::HostRead);
         let result = self.launch_steps(stream, p.steps, &buffers, Mode::Defer, inline);
-        for n in &nodes {
-            if let Some(b) = buffers.get(&n.output.buffer) {
-                b.mark_flushed();
-            }
+        // Per buffer, not per node: a count for each, not a lookup for each node's output.
+        for (b, writes) in buffers.written() {
+            b.mark_flushed(writes);
         }
         // The next trace reuses both allocations instead of growing them again op by op.
         pending.trace.recycle(nodes);
         // Buffers only this flush held (fused-away intermediates, released results) become
         // spares for the next ops' outputs.
-        self.spares.give(buffers.drain().map(|(_, b)| b));
-        if pending.buffers.is_empty() {
-            pending.buffers = buffers;
-        }
+        self.spares.give(buffers.drain());
+        // Nothing was recorded meanwhile (the lock is held): the set goes back, emptied, with
+        // its allocations.
+        pending.buffers = buffers;
         result.map(|()| true)
     }
 

@@ -10,7 +10,7 @@ use crate::stats::SyncReason;
 use crate::stream::{OpBuffers, Stream};
 use deferfuse_fusion::ir::infer::can_cast;
 use deferfuse_fusion::ir::layout::fmt_dims;
-use deferfuse_fusion::ir::{infer_memo, ArgMeta, Layout, Op, OpError, Scalar};
+use deferfuse_fusion::ir::{infer_memo_operands, DType, Layout, Op, OpError, Scalar};
 use deferfuse_fusion::lower::{reduce_needs_copy, reduced_dims};
 use deferfuse_fusion::{Node, Operand, TensorRef};
 use smallvec::SmallVec;
@@ -57,64 +57,78 @@ impl Runtime {
         let mut other = None;
         let s = self.stream_ref(stream, &mut other)?;
         let mut buffers = Buffers::default();
-        let mut operands: SmallVec<[Operand; 3]> = SmallVec::new();
-        let mut metas: SmallVec<[ArgMeta; 3]> = SmallVec::new();
+        // The node is built where it is recorded from: operands go straight into it, and its
+        // output in place of this empty one once known (building the operand list apart and
+        // moving it in was a ~400-byte copy per op).
+        let mut node = Node {
+            op,
+            inputs: SmallVec::new(),
+            output: TensorRef {
+                buffer: 0,
+                layout: Layout {
+                    sizes: SmallVec::new(),
+                    strides: SmallVec::new(),
+                    offset: 0,
+                },
+                dtype: DType::Bool,
+            },
+            compute: DType::Bool,
+        };
         for (i, inp) in inputs.iter().enumerate() {
             match *inp {
                 Input::Tensor(h) => {
-                    let t = self.operand_tensor(h, &op, OperandName::Input(i))?;
-                    metas.push(ArgMeta::tensor(t.dtype, &t.layout.sizes));
-                    operands.push(Operand::Tensor(TensorRef {
+                    let t = self.operand_tensor(h, &node.op, OperandName::Input(i))?;
+                    node.inputs.push(Operand::Tensor(TensorRef {
                         buffer: t.buffer.id,
                         layout: t.layout,
                         dtype: t.dtype,
                     }));
                     buffers.insert(t.buffer);
                 }
-                Input::Scalar(v) => {
-                    metas.push(ArgMeta::Scalar(v));
-                    operands.push(Operand::Scalar(v));
-                }
-                Input::Absent => {
-                    metas.push(ArgMeta::Absent);
-                    operands.push(Operand::Absent);
-                }
+                Input::Scalar(v) => node.inputs.push(Operand::Scalar(v)),
+                Input::Absent => node.inputs.push(Operand::Absent),
             }
         }
-        let inf = infer_memo(&op, &metas)?;
-        let (output, result) = match out {
+        let op = &node.op;
+        let inf = infer_memo_operands(op, &node.inputs)?;
+        // Assigned in each branch rather than returned as a pair: the pair was built and then
+        // copied out (~140 bytes per op).
+        let output;
+        let result;
+        match out {
             Some(h) => {
-                let t = self.operand_tensor(h, &op, OperandName::Out)?;
-                check_out(&op, &inf.sizes, inf.dtype, &t)?;
+                let t = self.operand_tensor(h, op, OperandName::Out)?;
+                check_out(op, &inf.sizes, inf.dtype, &t)?;
                 buffers.insert(t.buffer.clone());
-                (tref(&t), h)
+                output = tref(&t);
+                result = h;
             }
             None => {
-                let buffer = self.new_buffer(inf.dtype, &inf.sizes, op.name())?;
+                let buffer = self.new_buffer(inf.dtype, &inf.sizes, || op.name())?;
                 // Built in place: the layout is cloned once, into the node, and moved into the
                 // new handle's tensor below.
-                let r = TensorRef {
+                output = TensorRef {
                     buffer: buffer.id,
                     layout: Layout::contiguous(&inf.sizes),
                     dtype: inf.dtype,
                 };
-                buffers.insert(buffer);
-                (r, 0)
+                result = 0;
+                buffers.insert_new(buffer);
             }
-        };
-        self.snapshot_overlapping_inputs(s, &mut operands, &output, &mut buffers)?;
+        }
+        self.snapshot_overlapping_inputs(s, &mut node.inputs, &output, &mut buffers)?;
         let out_buffer = buffers
             .get(output.buffer)
             .cloned()
             .expect("output buffer is tracked");
-        match &op {
-            Op::Cat { dim } => self.record_cat(s, *dim, &operands, &output, &buffers)?,
+        match &node.op {
+            Op::Cat { dim } => self.record_cat(s, *dim, &node.inputs, &output, &buffers)?,
             Op::Reduce {
                 dims,
                 keepdim,
                 op: r,
             } if reduce_needs_copy(
-                &operands[0].tensor().expect("checked by infer").layout,
+                &node.inputs[0].tensor().expect("checked by infer").layout,
                 dims,
             ) =>
             {
@@ -123,22 +137,17 @@ impl Runtime {
                     *r,
                     dims,
                     *keepdim,
-                    &operands[0],
+                    &node.inputs[0],
                     &output,
                     inf.compute,
                     &mut buffers,
                 )?
             }
-            _ => self.record(
-                s,
-                Node {
-                    op: op.clone(),
-                    inputs: operands,
-                    output: output.clone(),
-                    compute: inf.compute,
-                },
-                buffers,
-            )?,
+            _ => {
+                node.output = output.clone();
+                node.compute = inf.compute;
+                self.record(s, node, buffers)?
+            }
         }
         if result != 0 {
             return Ok(result);
@@ -151,6 +160,8 @@ impl Runtime {
     }
 
     /// The tensor behind an op's operand; a bad handle's message names the op and operand.
+    /// Inlined: returned through a call, the ~140-byte tensor was copied once more per operand.
+    #[inline(always)]
     fn operand_tensor(&self, h: Handle, op: &Op, operand: OperandName) -> Result<Tensor> {
         let t = self.tensor(h).map_err(|e| match e {
             Error::InvalidHandle(m) => {
@@ -181,13 +192,13 @@ impl Runtime {
             if t.buffer != out.buffer || t.layout == out.layout {
                 continue;
             }
-            let tmp = self.new_buffer(t.dtype, &t.layout.sizes, "copy")?;
+            let tmp = self.new_buffer(t.dtype, &t.layout.sizes, || "copy")?;
             let tmp_ref = TensorRef {
                 buffer: tmp.id,
                 layout: Layout::contiguous(&t.layout.sizes),
                 dtype: t.dtype,
             };
-            buffers.insert(tmp);
+            buffers.insert_new(tmp);
             let node = Node {
                 op: Op::Copy,
                 inputs: SmallVec::from_elem(Operand::Tensor(t.clone()), 1),
@@ -255,13 +266,13 @@ impl Runtime {
             .chain(red.iter().copied())
             .collect();
         let permuted = t.layout.permute(&order);
-        let tmp = self.new_buffer(t.dtype, &permuted.sizes, "reduce")?;
+        let tmp = self.new_buffer(t.dtype, &permuted.sizes, || "reduce")?;
         let tmp_ref = TensorRef {
             buffer: tmp.id,
             layout: Layout::contiguous(&permuted.sizes),
             dtype: t.dtype,
         };
-        buffers.insert(tmp);
+        buffers.insert_new(tmp);
         let copy = Node {
             op: Op::Copy,
             inputs: SmallVec::from_elem(
@@ -302,22 +313,25 @@ impl Runtime {
         self.counters.ops_recorded.fetch_add(1, Ordering::Relaxed);
         self.order_after_other_streams(s, &buffers)?;
         let mode = self.mode();
-        let out = buffers
-            .get(node.output.buffer)
-            .cloned()
-            .expect("output buffer is tracked");
+        let out = || {
+            buffers
+                .get(node.output.buffer)
+                .expect("output buffer is tracked")
+        };
         if mode == Mode::Defer {
             let mut p = s.pending.lock().unwrap_or_else(|p| p.into_inner());
+            // Borrowed, not cloned: a clone and its drop are two atomic ops on every op.
+            let out = out();
             out.mark_recorded();
             out.set_writer(Writer {
                 stream: s.id,
                 done: None,
             });
-            if !p.buffers.contains_key(&out.id) && !out.is_allocated() {
-                p.bytes += out.len;
+            let new_bytes = if out.is_allocated() { 0 } else { out.len };
+            if p.buffers.record(&node, buffers) {
+                p.bytes += new_bytes;
             }
             p.trace.push(node);
-            buffers.move_into(&mut p.buffers);
             let reason = if p.trace.len() >= self.config.max_pending_ops {
                 Some(SyncReason::MaxPending)
             } else if p.bytes > self.config.max_pending_bytes {
@@ -332,6 +346,7 @@ impl Runtime {
             return Ok(());
         }
         self.flush(s, SyncReason::ModeSwitch)?;
+        let out = out().clone();
         self.run_now(s, node, buffers, mode)?;
         if mode == Mode::Debug && out.state() != BufferState::Materialized {
             return Err(Error::Internal(

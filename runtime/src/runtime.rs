@@ -230,18 +230,21 @@ impl Runtime {
 
     // ---- tensors ----
 
+    /// A new buffer for `sizes` of `dtype`; `op` names the caller in an error (only then, so
+    /// recording an op does not look its name up).
     pub(crate) fn new_buffer(
         &self,
         dtype: DType,
         sizes: &[usize],
-        op: &str,
+        op: impl FnOnce() -> &'static str,
     ) -> Result<Arc<Buffer>> {
         let bytes = checked_numel(sizes)
             .and_then(|n| n.checked_mul(dtype.size()))
             .filter(|&b| b <= isize::MAX as usize)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "{op}: sizes {sizes:?} of {dtype} overflow the address space"
+                    "{}: sizes {sizes:?} of {dtype} overflow the address space",
+                    op()
                 ))
             })?;
         let id = self.next_buffer.fetch_add(1, Ordering::Relaxed);
@@ -251,13 +254,14 @@ impl Runtime {
             .unwrap_or_else(|| Arc::new(Buffer::new(id, bytes, self.host.clone()))))
     }
 
+    #[inline(always)]
     pub(crate) fn tensor(&self, h: Handle) -> Result<Tensor> {
         self.tensors.get(h)
     }
 
     /// A new tensor holding a copy of `data` (row-major, `dtype`, `sizes`).
     pub fn from_host(&self, data: &[u8], dtype: DType, sizes: &[usize]) -> Result<Handle> {
-        let buffer = self.new_buffer(dtype, sizes, "from_host")?;
+        let buffer = self.new_buffer(dtype, sizes, || "from_host")?;
         if data.len() != buffer.len {
             return Err(Error::InvalidArgument(format!(
                 "from_host: data has {} bytes but {sizes:?} of {dtype} needs {}; pass exactly numel * element size bytes",
@@ -281,7 +285,7 @@ impl Runtime {
     /// A new tensor, like `torch.empty`: storage is allocated on first use, and what nothing
     /// wrote reads as zeros.
     pub fn empty(&self, dtype: DType, sizes: &[usize]) -> Result<Handle> {
-        let buffer = self.new_buffer(dtype, sizes, "empty")?;
+        let buffer = self.new_buffer(dtype, sizes, || "empty")?;
         self.tensors.insert(Tensor {
             buffer,
             layout: Layout::contiguous(sizes),

@@ -6,9 +6,7 @@ use crate::buffer::Buffer;
 use crate::error::{Error, Result};
 use crossbeam_channel::{unbounded, Receiver, Sender, TryRecvError};
 use deferfuse_fusion::plan_cache::PlanCache;
-use deferfuse_fusion::{BufferId, Trace};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use deferfuse_fusion::{BufferId, Node, Trace, TraceKey};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -83,31 +81,6 @@ impl Progress {
     }
 }
 
-/// Buffers by id, hashed by [`IdHasher`]: these maps are touched on every recorded op.
-pub type BufferMap = HashMap<BufferId, Arc<Buffer>, BuildHasherDefault<IdHasher>>;
-
-/// One multiply per buffer id: ids are counters the runtime makes, so there is no adversary
-/// to resist, and ahash's keyed mixing cost several times more per lookup.
-#[derive(Default, Clone, Copy)]
-pub struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
 /// The few buffers one op touches (its inputs, its output, a snapshot copy): a small inline
 /// list, because building a hash map for every recorded op cost more than the rest of
 /// recording.
@@ -122,6 +95,12 @@ impl OpBuffers {
         }
     }
 
+    /// Adds a buffer just made, which cannot be listed yet (no search for its id).
+    pub fn insert_new(&mut self, b: Arc<Buffer>) {
+        debug_assert!(self.get(b.id).is_none(), "a new buffer is listed already");
+        self.0.push(b);
+    }
+
     pub fn get(&self, id: BufferId) -> Option<&Arc<Buffer>> {
         self.0.iter().find(|b| b.id == id)
     }
@@ -130,10 +109,110 @@ impl OpBuffers {
         self.0.iter()
     }
 
-    /// Moves every buffer into `map` (a stream's pending buffers).
-    pub fn move_into(self, map: &mut BufferMap) {
-        for b in self.0 {
-            map.entry(b.id).or_insert(b);
+    /// Takes the buffer with id `id` out of the list.
+    fn take(&mut self, id: BufferId) -> Option<Arc<Buffer>> {
+        let i = self.0.iter().position(|b| b.id == id)?;
+        Some(self.0.swap_remove(i))
+    }
+}
+
+/// A stream's pending buffers: every buffer its pending nodes name, numbered in order of first
+/// appearance by the trace's structural key (which the stream builds as it records, see
+/// [`TraceKey`]), plus any an op listed that no node names yet. Held until the flush so a
+/// handle released meanwhile cannot free them.
+///
+/// The key's numbering is the index: a recorded op numbers its buffers once, for the key and
+/// for this set together (a separate map cost ~170 instructions per op).
+#[derive(Default)]
+pub struct PendingBuffers {
+    key: TraceKey,
+    /// By number.
+    named: Vec<Arc<Buffer>>,
+    /// By number: how many pending nodes write the buffer (each recorded write is counted on
+    /// the buffer until its flush).
+    writes: Vec<u32>,
+    /// Listed by an op, named by no pending node (a cat's later inputs while its first copy
+    /// is recorded); almost always empty.
+    extra: Vec<Arc<Buffer>>,
+}
+
+impl PendingBuffers {
+    /// Adds `node` (just appended to the trace) to the key and keeps its op's buffers; returns
+    /// whether the node's output buffer is new to the set.
+    pub fn record(&mut self, node: &Node, mut op: OpBuffers) -> bool {
+        let out = node.output.buffer;
+        let mut out_is_new = false;
+        let known = self.named.len();
+        let out_number = self.key.push(node);
+        // The buffers the node named first were just numbered, in order, after the known ones.
+        for &id in &self.key.buffers()[known..] {
+            let b = op.take(id).expect("a node's buffers are in its op's list");
+            self.named.push(b);
+            self.writes.push(0);
+            out_is_new |= id == out;
+        }
+        self.writes[out_number] += 1;
+        if out_is_new && !self.extra.is_empty() {
+            out_is_new = !self.extra.iter().any(|b| b.id == out);
+        }
+        // The rest are already numbered (dropped: the set holds them) or named by no node.
+        for b in op.0 {
+            if self.key.number_of(b.id).is_none() {
+                self.extra.push(b);
+            }
+        }
+        out_is_new
+    }
+
+    /// The buffers the pending nodes name, by number.
+    pub fn named(&self) -> &[Arc<Buffer>] {
+        &self.named
+    }
+
+    /// Each named buffer that pending nodes write, with how many of them do.
+    pub fn written(&self) -> impl Iterator<Item = (&Arc<Buffer>, u32)> {
+        self.named
+            .iter()
+            .zip(&self.writes)
+            .filter(|(_, &n)| n > 0)
+            .map(|(b, &n)| (b, n))
+    }
+
+    /// Completes the key with each named buffer's liveness (held by something besides this
+    /// set: a tensor handle); returns its hash, for the plan cache.
+    pub fn finish_key(&mut self) -> u64 {
+        // An extra copy of a named buffer would make it look held elsewhere.
+        let key = &self.key;
+        self.extra.retain(|b| key.number_of(b.id).is_none());
+        let named = &self.named;
+        self.key.finish(|i| Arc::strong_count(&named[i]) > 1)
+    }
+
+    /// The pending trace's key (complete after [`PendingBuffers::finish_key`]).
+    pub fn key(&self) -> &TraceKey {
+        &self.key
+    }
+
+    /// Whether the buffer with id `id` is held by something besides this set (a buffer not in
+    /// the set counts as live, as the planner expects of unknown buffers).
+    pub fn is_live(&self, id: BufferId) -> bool {
+        self.find(id).is_none_or(|b| Arc::strong_count(b) > 1)
+    }
+
+    /// Empties the set, keeping its allocations; the buffers it held are returned.
+    pub fn drain(&mut self) -> impl Iterator<Item = Arc<Buffer>> + '_ {
+        self.key.clear();
+        self.writes.clear();
+        self.named.drain(..).chain(self.extra.drain(..))
+    }
+}
+
+impl BufferLookup for PendingBuffers {
+    #[inline]
+    fn find(&self, id: BufferId) -> Option<&Arc<Buffer>> {
+        match self.key.number_of(id) {
+            Some(i) => Some(&self.named[i]),
+            None => self.extra.iter().find(|b| b.id == id),
         }
     }
 }
@@ -142,12 +221,6 @@ impl OpBuffers {
 /// run at once in its own short list.
 pub trait BufferLookup {
     fn find(&self, id: BufferId) -> Option<&Arc<Buffer>>;
-}
-
-impl BufferLookup for BufferMap {
-    fn find(&self, id: BufferId) -> Option<&Arc<Buffer>> {
-        self.get(&id)
-    }
 }
 
 impl BufferLookup for OpBuffers {
@@ -161,7 +234,7 @@ impl BufferLookup for OpBuffers {
 #[derive(Default)]
 pub struct Pending {
     pub trace: Trace,
-    pub buffers: BufferMap,
+    pub buffers: PendingBuffers,
     /// Bytes of the buffers deferred ops create (bounded by `Config::max_pending_bytes`).
     pub bytes: usize,
     /// Plans of this stream's recent trace structures (steady-state loops reuse them).
@@ -306,8 +379,88 @@ pub struct EventPoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alloc::HostAllocator;
+    use deferfuse_fusion::ir::{DType, Layout, Op, UnaryOp};
+    use deferfuse_fusion::{Operand, TensorRef};
     use std::sync::mpsc;
     use std::thread::ThreadId;
+
+    fn buffers(ids: &[BufferId]) -> OpBuffers {
+        let pool = HostAllocator::new(1 << 20);
+        let mut b = OpBuffers::default();
+        for &id in ids {
+            b.insert(Arc::new(Buffer::new(id, 16, pool.clone())));
+        }
+        b
+    }
+
+    /// `out = -x`
+    fn neg(x: BufferId, out: BufferId) -> Node {
+        let t = |buffer| TensorRef {
+            buffer,
+            layout: Layout::contiguous(&[4]),
+            dtype: DType::F32,
+        };
+        Node {
+            op: Op::Unary(UnaryOp::Neg),
+            inputs: smallvec::smallvec![Operand::Tensor(t(x))],
+            output: t(out),
+            compute: DType::F32,
+        }
+    }
+
+    #[test]
+    fn recorded_buffers_are_found_by_id_and_an_output_is_new_once() {
+        let mut p = PendingBuffers::default();
+        assert!(p.record(&neg(1, 2), buffers(&[1, 2])));
+        assert!(
+            !p.record(&neg(1, 2), buffers(&[1, 2])),
+            "b2 is pending already"
+        );
+        assert!(p.record(&neg(2, 3), buffers(&[2, 3])));
+        let ids: Vec<BufferId> = p.named().iter().map(|b| b.id).collect();
+        assert_eq!(ids, [1, 2, 3]);
+        let writes: Vec<(BufferId, u32)> = p.written().map(|(b, n)| (b.id, n)).collect();
+        assert_eq!(
+            writes,
+            [(2, 2), (3, 1)],
+            "b2 is written by two nodes, b1 by none"
+        );
+        assert_eq!(p.find(3).map(|b| b.id), Some(3));
+        assert!(p.find(4).is_none());
+        assert_eq!(p.drain().count(), 3);
+        assert!(p.find(1).is_none() && p.named().is_empty());
+    }
+
+    #[test]
+    fn a_buffer_an_op_lists_but_no_node_names_is_held_until_the_flush() {
+        let mut p = PendingBuffers::default();
+        let op = buffers(&[1, 2, 9]);
+        let held = op.get(9).unwrap().clone();
+        p.record(&neg(1, 2), op);
+        assert_eq!(Arc::strong_count(&held), 2);
+        assert_eq!(p.find(9).map(|b| b.id), Some(9));
+        assert!(p.is_live(9), "held here too");
+        assert_eq!(p.drain().count(), 3);
+        assert_eq!(Arc::strong_count(&held), 1);
+    }
+
+    #[test]
+    fn liveness_in_the_key_is_whether_anything_else_holds_a_buffer() {
+        let mut p = PendingBuffers::default();
+        let op = buffers(&[1, 2]);
+        let x = op.get(1).unwrap().clone();
+        p.record(&neg(1, 2), op);
+        p.finish_key();
+        let n = p.key().words().len();
+        assert_eq!(
+            p.key().words()[n - 2..],
+            [1, 0],
+            "b1 is held by `x`, b2 only here"
+        );
+        assert!(p.is_live(1) && !p.is_live(2));
+        drop(x);
+    }
 
     fn note_thread(tx: mpsc::Sender<ThreadId>) -> Work {
         Box::new(move || {

@@ -9,6 +9,6 @@ mod shapes;
 
 pub use dtype::{Category, DType, DEFAULT_FLOAT};
 pub use error::{OpError, OpResult};
-pub use infer::{infer, infer_memo, result_type, ArgMeta, Inferred};
+pub use infer::{infer, infer_memo, infer_memo_operands, result_type, ArgMeta, Inferred};
 pub use layout::{Dims, Layout, Strides};
 pub use op::{BinaryOp, Op, ReduceOp, Scalar, UnaryOp};
