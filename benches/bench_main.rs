@@ -258,6 +258,7 @@ fn table(args: &Args, out: &mut Vec<Row>) {
     cases.push((|rt, r| Workload::softmax(rt, r, 1024), rows));
     cases.push((|rt, r| Workload::layernorm(rt, r, 1024), rows));
     cases.push((|rt, _| Workload::adamw(rt), 0));
+    cases.push((|rt, _| Workload::mlp(rt), 0));
     cases.push((|rt, _| Workload::tiny(rt), 0));
     for (make, n) in cases {
         let reps = if n >= 1 << 24 {
