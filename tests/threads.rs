@@ -145,6 +145,21 @@ fn matmul_with_and_without_epilogue_equals_one_thread() {
 }
 
 #[test]
+fn a_matmul_of_few_rows_split_by_columns_equals_one_thread() {
+    // 24 rows are too few to share out; the threads take columns of the output instead.
+    same_on_any_thread_count(|rt| {
+        let x = tensor(rt, DType::F32, &[24, 256], &values(24 * 256, 21));
+        let w = tensor(rt, DType::F32, &[1000, 256], &values(256_000, 22));
+        let bias = tensor(rt, DType::F32, &[1000], &values(1000, 23));
+        let wt = view(rt, w, View::Transpose(0, 1));
+        let plain = run(rt, Op::Matmul, &[tt(x), tt(wt)]);
+        let y = run(rt, Op::Matmul, &[tt(x), tt(wt)]);
+        let y = bin(rt, BinaryOp::Add, tt(y), tt(bias));
+        vec![plain, un(rt, UnaryOp::Relu, y)]
+    });
+}
+
+#[test]
 fn in_place_updates_equal_one_thread() {
     same_on_any_thread_count(|rt| {
         let p = tensor(rt, DType::F32, &[SPLIT], &values(SPLIT, 14));

@@ -371,25 +371,40 @@ const GEMM_MIN_ROWS: usize = 128;
 /// more than the rows it computes.
 const GEMM_MIN_ROWS_PER_THREAD: usize = 16;
 
+/// Output rows per thread below which a GEMM is split by columns instead: each thread then
+/// packs only its share of B. A 64-row batch split by rows had each of 2 threads pack all of a
+/// 1024x1024 B, as long as its share of the arithmetic: 2 threads ran no faster than 1.
+const GEMM_COLUMN_SPLIT_BELOW_ROWS: usize = 64;
+
+/// Fewest output columns a thread takes when split by columns (a multiple of the GEMM's
+/// register tile widths).
+const GEMM_MIN_COLS_PER_THREAD: usize = 64;
+
+/// The part of a GEMM's output one call computes.
+#[derive(Clone, Debug)]
+enum Part {
+    Rows(std::ops::Range<usize>),
+    Cols(std::ops::Range<usize>),
+}
+
 impl MatmulProgram {
-    /// The GEMM for output rows `rows` of every batch (all rows when `None`). Splitting rows
-    /// does not change any element's sum: each is still one dot product in the same order.
-    unsafe fn gemm(
-        &self,
-        binding: &Binding,
-        bases: &[usize],
-        out: usize,
-        rows: Option<std::ops::Range<usize>>,
-    ) {
+    /// The GEMM for output part `part` of every batch. Splitting rows or columns does not
+    /// change any element's sum: each is still one dot product in the same order.
+    unsafe fn gemm(&self, binding: &Binding, bases: &[usize], out: usize, part: Part) {
         let ops = &binding.operands;
         let s = |i: usize| f64::from_bits(binding.scalars[i]);
         let d = ops[out].layout.rank() - 2;
-        let (al, ol) = match rows {
-            Some(r) => (
+        let (al, bl, ol) = match part {
+            Part::Rows(r) => (
                 ops[0].layout.slice(d, r.start, r.len(), 1),
+                ops[1].layout.clone(),
                 ops[out].layout.slice(d, r.start, r.len(), 1),
             ),
-            None => (ops[0].layout.clone(), ops[out].layout.clone()),
+            Part::Cols(c) => (
+                ops[0].layout.clone(),
+                ops[1].layout.slice(d + 1, c.start, c.len(), 1),
+                ops[out].layout.slice(d + 1, c.start, c.len(), 1),
+            ),
         };
         let a = matmul::Mat {
             ptr: bases[0] as *mut u8,
@@ -397,7 +412,7 @@ impl MatmulProgram {
         };
         let b = matmul::Mat {
             ptr: bases[1] as *mut u8,
-            layout: &ops[1].layout,
+            layout: &bl,
         };
         let c = matmul::Mat {
             ptr: bases[out] as *mut u8,
@@ -425,10 +440,39 @@ impl MatmulProgram {
             .split(m, GEMM_MIN_ROWS_PER_THREAD, self.pool.threads(), 1, f)
     }
 
-    /// The GEMM with its output rows split over the pool.
+    /// True when the GEMM has too few rows per thread to split by rows, and enough columns to
+    /// split by columns instead.
+    fn splits_columns(&self, binding: &Binding, out: usize) -> bool {
+        let l = &binding.operands[out].layout;
+        let d = l.rank() - 2;
+        let (m, n, k) = (
+            l.sizes[d],
+            l.sizes[d + 1],
+            binding.operands[0].layout.sizes[d + 1],
+        );
+        let threads = self.pool.threads();
+        threads > 1
+            && l.numel() * k >= 64 * SERIAL_BELOW
+            && m < threads * GEMM_COLUMN_SPLIT_BELOW_ROWS
+            && n >= 2 * GEMM_MIN_COLS_PER_THREAD
+    }
+
+    /// The GEMM with its output rows (or, for few rows, its columns) split over the pool.
     unsafe fn parallel_gemm(&self, binding: &Binding, bases: &[usize], out: usize) {
+        if self.splits_columns(binding, out) {
+            let l = &binding.operands[out].layout;
+            let n = l.sizes[l.rank() - 1];
+            let threads = self.pool.threads();
+            let _ = self
+                .pool
+                .split(n, GEMM_MIN_COLS_PER_THREAD, threads, 16, &|c| {
+                    self.gemm(binding, bases, out, Part::Cols(c));
+                    Ok::<(), Error>(())
+                });
+            return;
+        }
         let _ = self.for_row_chunks(binding, out, &|r| {
-            self.gemm(binding, bases, out, Some(r));
+            self.gemm(binding, bases, out, Part::Rows(r));
             Ok(())
         });
     }
@@ -464,13 +508,19 @@ impl Program for MatmulProgram {
                 n_inputs: e.inputs,
             }
         };
-        // Blocks must walk their rows like the compiled epilogue expects; otherwise run the
-        // whole GEMM, then the whole epilogue (same results, less cache reuse).
+        // Blocks must walk their rows like the compiled epilogue expects; otherwise, or when
+        // the GEMM has so few rows that its threads split the columns (the rows are one block
+        // anyway), run the whole GEMM, then the whole epilogue (same results).
         let fits = |b: &Binding| {
             let it = b.iter.as_ref().expect("blocks have an iteration space");
             (0..e.kinds.len()).all(|j| it.inner_kind(j) == e.kinds[j])
         };
-        if m == 0 || n <= 1 || !fits(&block(0, block_rows.min(m))) || !fits(&block(m - 1, 1)) {
+        if m == 0
+            || n <= 1
+            || self.splits_columns(binding, out)
+            || !fits(&block(0, block_rows.min(m)))
+            || !fits(&block(m - 1, 1))
+        {
             self.parallel_gemm(binding, &addrs, out);
             let whole = Binding {
                 operands: idx.iter().map(|&j| ops[j].clone()).collect(),
@@ -487,7 +537,7 @@ impl Program for MatmulProgram {
             let mut r0 = c.start;
             while r0 < c.end {
                 let rows = block_rows.min(c.end - r0);
-                self.gemm(binding, &addrs, out, Some(r0..r0 + rows));
+                self.gemm(binding, &addrs, out, Part::Rows(r0..r0 + rows));
                 let ptrs: Vec<*mut u8> = e_addrs.iter().map(|&a| a as *mut u8).collect();
                 e.program.run(&block(r0, rows), &ptrs)?;
                 r0 += rows;
