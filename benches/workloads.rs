@@ -447,17 +447,3 @@ impl Workload {
         t.elapsed().as_secs_f64() * 1e3
     }
 }
-
-/// Median milliseconds of `a` on `ra` and of `b` on `rb` over `reps` iterations each, run in
-/// turn (a, b, a, b, ...) after one warm-up each, so that load from other processes hits both
-/// alike and their ratio means something on a shared machine.
-pub fn interleaved_ms(
-    (a, ra): (&Workload, &Runtime),
-    (b, rb): (&Workload, &Runtime),
-    reps: usize,
-) -> (f64, f64) {
-    a.run(ra);
-    b.run(rb);
-    let (ta, tb): (Vec<f64>, Vec<f64>) = (0..reps).map(|_| (a.time_ms(ra), b.time_ms(rb))).unzip();
-    (median(ta), median(tb))
-}
