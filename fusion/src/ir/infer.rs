@@ -126,15 +126,17 @@ pub fn infer_memo_operands(op: &Op, inputs: &[Operand]) -> OpResult<Inferred> {
     if let Some(inf) = memo_hit(op, |a| same_operands(a, inputs)) {
         return Ok(inf);
     }
-    let args: SmallVec<[ArgMeta; 3]> = inputs
-        .iter()
-        .map(|o| match o {
-            Operand::Tensor(t) => ArgMeta::tensor(t.dtype, &t.layout.sizes),
-            Operand::Scalar(v) => ArgMeta::Scalar(*v),
-            Operand::Absent => ArgMeta::Absent,
-        })
-        .collect();
+    let args: SmallVec<[ArgMeta; 3]> = inputs.iter().map(meta_of).collect();
     infer_memo(op, &args)
+}
+
+/// What inference looks at of a trace operand.
+fn meta_of(o: &Operand) -> ArgMeta {
+    match o {
+        Operand::Tensor(t) => ArgMeta::tensor(t.dtype, &t.layout.sizes),
+        Operand::Scalar(v) => ArgMeta::Scalar(*v),
+        Operand::Absent => ArgMeta::Absent,
+    }
 }
 
 /// PyTorch's `result_type`: tensors with dims win over zero-dim tensors, which win over Python
@@ -466,14 +468,7 @@ mod tests {
             [x(DType::I32), Operand::Absent],
         ];
         for ops in &cases {
-            let metas: Vec<ArgMeta> = ops
-                .iter()
-                .map(|o| match o {
-                    Operand::Tensor(t) => ArgMeta::tensor(t.dtype, &t.layout.sizes),
-                    Operand::Scalar(v) => ArgMeta::Scalar(*v),
-                    Operand::Absent => ArgMeta::Absent,
-                })
-                .collect();
+            let metas: Vec<ArgMeta> = ops.iter().map(meta_of).collect();
             assert_eq!(infer_memo_operands(&add, ops), infer(&add, &metas));
         }
     }
