@@ -440,8 +440,9 @@ impl MatmulProgram {
             .split(m, GEMM_MIN_ROWS_PER_THREAD, self.pool.threads(), 1, f)
     }
 
-    /// True when the GEMM has too few rows per thread to split by rows, and enough columns to
-    /// split by columns instead.
+    /// True when the GEMM has too few rows per thread to split by rows, and more (and enough)
+    /// columns to split by columns instead: then each thread packs all of A, the smaller
+    /// operand, rather than all of B.
     fn splits_columns(&self, binding: &Binding, out: usize) -> bool {
         let l = &binding.operands[out].layout;
         let d = l.rank() - 2;
@@ -454,6 +455,7 @@ impl MatmulProgram {
         threads > 1
             && l.numel() * k >= 64 * SERIAL_BELOW
             && m < threads * GEMM_COLUMN_SPLIT_BELOW_ROWS
+            && n > m
             && n >= 2 * GEMM_MIN_COLS_PER_THREAD
     }
 
@@ -509,8 +511,8 @@ impl Program for MatmulProgram {
             }
         };
         // Blocks must walk their rows like the compiled epilogue expects; otherwise, or when
-        // the GEMM has so few rows that its threads split the columns (the rows are one block
-        // anyway), run the whole GEMM, then the whole epilogue (same results).
+        // the GEMM has so few rows that its threads split the columns, run the whole GEMM,
+        // then the whole epilogue (same results, less cache reuse).
         let fits = |b: &Binding| {
             let it = b.iter.as_ref().expect("blocks have an iteration space");
             (0..e.kinds.len()).all(|j| it.inner_kind(j) == e.kinds[j])
