@@ -284,20 +284,24 @@ impl<'a, 'b> Emitter<'a, 'b> {
     /// The low 32 bits of each 64-bit lane of `r` (one or two registers) as one i32x4:
     /// lanes 0 and 2 of each register's i32 view, in one shufps.
     pub(super) fn low_words(&mut self, r: &[Value]) -> Value {
-        let a = self.b.ins().bitcast(I8X16, vflags(), r[0]);
-        let b = self
-            .b
-            .ins()
-            .bitcast(I8X16, vflags(), *r.get(1).unwrap_or(&r[0]));
-        let mask: [u8; 16] = [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27];
+        let b = *r.get(1).unwrap_or(&r[0]);
+        let mask = [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27];
+        self.byte_shuffle(r[0], b, mask, I32X4)
+    }
+
+    /// Bytes of `a` (indices 0-15) and `b` (16-31) picked by `mask`, as a register of type
+    /// `vt`: one shuffle instruction whatever the lane types.
+    pub(super) fn byte_shuffle(&mut self, a: Value, b: Value, mask: [u8; 16], vt: Type) -> Value {
+        let a8 = self.b.ins().bitcast(I8X16, vflags(), a);
+        let b8 = self.b.ins().bitcast(I8X16, vflags(), b);
         let imm = self
             .b
             .func
             .dfg
             .immediates
             .push(ConstantData::from(&mask[..]));
-        let s = self.b.ins().shuffle(a, b, imm);
-        self.b.ins().bitcast(I32X4, vflags(), s)
+        let s = self.b.ins().shuffle(a8, b8, imm);
+        self.b.ins().bitcast(vt, vflags(), s)
     }
 
     /// Lane masks (all ones or zeros: i32x4 or i64x2 registers) as bool lanes (an i32x4 of 0/1).

@@ -5,32 +5,15 @@ use super::*;
 impl Emitter<'_, '_> {
     /// The low 64 bits of `a` and of `b` in one register of type `vt` (one punpcklqdq).
     fn low_halves(&mut self, a: Value, b: Value, vt: Type) -> Value {
-        let a8 = self.b.ins().bitcast(I8X16, vflags(), a);
-        let b8 = self.b.ins().bitcast(I8X16, vflags(), b);
-        let mask: [u8; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23];
-        let imm = self
-            .b
-            .func
-            .dfg
-            .immediates
-            .push(ConstantData::from(&mask[..]));
-        let s = self.b.ins().shuffle(a8, b8, imm);
-        self.b.ins().bitcast(vt, vflags(), s)
+        let mask = [0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23];
+        self.byte_shuffle(a, b, mask, vt)
     }
 
     /// The high 64 bits of `a` moved to the low half (one pshufd).
     fn high_half(&mut self, a: Value) -> Value {
         let vt = self.b.func.dfg.value_type(a);
-        let a8 = self.b.ins().bitcast(I8X16, vflags(), a);
-        let mask: [u8; 16] = [8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15];
-        let imm = self
-            .b
-            .func
-            .dfg
-            .immediates
-            .push(ConstantData::from(&mask[..]));
-        let s = self.b.ins().shuffle(a8, a8, imm);
-        self.b.ins().bitcast(vt, vflags(), s)
+        let mask = [8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15];
+        self.byte_shuffle(a, a, mask, vt)
     }
 
     /// Registers of 2-lane results `f(r)` of each 32-bit-lane register `r`: the low half, then
