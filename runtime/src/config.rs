@@ -95,17 +95,19 @@ pub fn resolve_threads(config: &Config) -> Result<usize> {
     let cores = || std::thread::available_parallelism().map_or(1, |n| n.get());
     match std::env::var("DEFERFUSE_NUM_THREADS") {
         Err(_) => Ok(cores()),
-        Ok(v) => parse_threads(&v),
+        Ok(v) => Ok(parse_threads(&v)?.unwrap_or_else(cores)),
     }
 }
 
-/// Parses a `DEFERFUSE_NUM_THREADS` value: a positive integer.
-fn parse_threads(v: &str) -> Result<usize> {
+/// Parses a `DEFERFUSE_NUM_THREADS` value: a non-negative integer, where 0 means every core
+/// (`None`), as `Config::num_threads` does.
+fn parse_threads(v: &str) -> Result<Option<usize>> {
     match v.trim().parse::<usize>() {
-        Ok(n) if n > 0 => Ok(n),
+        Ok(0) => Ok(None),
+        Ok(n) => Ok(Some(n)),
         _ => Err(Error::Config(format!(
-            "DEFERFUSE_NUM_THREADS = {v:?}: expected a positive integer (the threads one \
-             program may use); unset it to use every core"
+            "DEFERFUSE_NUM_THREADS = {v:?}: expected a non-negative integer (the threads one \
+             program may use; 0 or unset uses every core)"
         ))),
     }
 }
@@ -146,13 +148,18 @@ mod tests {
 
     #[test]
     fn thread_counts_parse_as_positive_integers() {
-        assert_eq!(parse_threads("3").unwrap(), 3);
-        assert_eq!(parse_threads(" 1 ").unwrap(), 1);
+        assert_eq!(parse_threads("3").unwrap(), Some(3));
+        assert_eq!(parse_threads(" 1 ").unwrap(), Some(1));
     }
 
     #[test]
-    fn zero_or_garbage_thread_counts_are_config_errors() {
-        for v in ["0", "-2", "all", ""] {
+    fn a_zero_thread_count_means_every_core() {
+        assert_eq!(parse_threads("0").unwrap(), None);
+    }
+
+    #[test]
+    fn negative_or_garbage_thread_counts_are_config_errors() {
+        for v in ["-2", "all", ""] {
             let e = parse_threads(v).unwrap_err().to_string();
             assert!(e.contains("DEFERFUSE_NUM_THREADS"), "{e}");
         }

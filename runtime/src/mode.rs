@@ -55,34 +55,49 @@ pub fn mode_from_env(defer: Option<&str>, blocking: Option<&str>) -> Result<(Mod
     })
 }
 
+/// One thread's choice of mode: a base set with [`set`] and a stack of [`push`]es over it. They
+/// are kept apart so a [`pop`] can only undo a push, never a `set` (which has nothing to restore).
+struct ThreadModes {
+    base: Option<Mode>,
+    pushed: Vec<Mode>,
+}
+
 thread_local! {
-    /// This thread's mode stack; empty means "the runtime's default".
-    static STACK: RefCell<Vec<Mode>> = const { RefCell::new(Vec::new()) };
+    /// This thread's modes; neither set nor pushed means "the runtime's default".
+    static MODES: RefCell<ThreadModes> = const {
+        RefCell::new(ThreadModes { base: None, pushed: Vec::new() })
+    };
 }
 
 /// The calling thread's mode, or `default` if it never set one.
 pub fn current(default: Mode) -> Mode {
-    STACK.with(|s| s.borrow().last().copied().unwrap_or(default))
+    MODES.with(|m| {
+        let m = m.borrow();
+        m.pushed.last().copied().or(m.base).unwrap_or(default)
+    })
 }
 
-/// Replaces the top of this thread's mode stack (or sets it if empty).
+/// Replaces the calling thread's mode: the top of its pushed modes, or its base mode when
+/// nothing is pushed.
 pub fn set(mode: Mode) {
-    STACK.with(|s| {
-        let mut s = s.borrow_mut();
-        match s.last_mut() {
+    MODES.with(|m| {
+        let mut m = m.borrow_mut();
+        match m.pushed.last_mut() {
             Some(top) => *top = mode,
-            None => s.push(mode),
+            None => m.base = Some(mode),
         }
     })
 }
 
+/// Makes `mode` the calling thread's mode until the matching [`pop`].
 pub fn push(mode: Mode) {
-    STACK.with(|s| s.borrow_mut().push(mode))
+    MODES.with(|m| m.borrow_mut().pushed.push(mode))
 }
 
-/// Pops this thread's mode stack; an error if nothing was pushed.
+/// Undoes the calling thread's last [`push`]; an error if nothing is pushed (a [`set`] is not
+/// a push).
 pub fn pop() -> Result<Mode> {
-    STACK.with(|s| s.borrow_mut().pop()).ok_or_else(|| {
+    MODES.with(|m| m.borrow_mut().pushed.pop()).ok_or_else(|| {
         Error::InvalidArgument("mode pop without a matching push on this thread".into())
     })
 }
@@ -114,5 +129,22 @@ mod tests {
         assert_eq!(current(Mode::Strict), Mode::Defer);
         pop().unwrap();
         assert!(pop().is_err());
+    }
+
+    #[test]
+    fn pop_after_set_without_push_is_an_error_and_keeps_the_set_mode() {
+        set(Mode::Defer);
+        assert!(pop().is_err());
+        assert_eq!(current(Mode::Strict), Mode::Defer);
+    }
+
+    #[test]
+    fn set_under_a_push_replaces_the_pushed_mode_only() {
+        set(Mode::Debug);
+        push(Mode::Strict);
+        set(Mode::Defer);
+        assert_eq!(current(Mode::Strict), Mode::Defer);
+        pop().unwrap();
+        assert_eq!(current(Mode::Strict), Mode::Debug);
     }
 }

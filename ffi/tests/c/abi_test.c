@@ -384,6 +384,19 @@ static void error_paths(void) {
     CHECK(strstr(dfuse_last_error(), "rt is NULL") != NULL);
 }
 
+/* A mode set is not a push: a pop after it has nothing to undo. Runs last: the set mode stays
+ * this thread's mode. */
+static void set_is_not_a_push(void) {
+    DfuseRuntime *rt = NULL;
+    OK(dfuse_runtime_create(NULL, &rt));
+    OK(dfuse_mode_set(rt, DFUSE_MODE_DEFER));
+    EXPECT(DFUSE_STATUS_INVALID_ARGUMENT, dfuse_mode_pop(rt));
+    uint32_t got = 0;
+    OK(dfuse_mode_get(rt, &got));
+    CHECK(got == DFUSE_MODE_DEFER);
+    OK(dfuse_runtime_destroy(rt));
+}
+
 int main(void) {
     const char *version = dfuse_version();
     printf("deferfuse %s\n", version);
@@ -392,6 +405,7 @@ int main(void) {
     const uint32_t modes[3] = {DFUSE_MODE_STRICT, DFUSE_MODE_DEBUG, DFUSE_MODE_DEFER};
     for (int i = 0; i < 3; i++) run_mode(modes[i]);
     error_paths();
+    set_is_not_a_push();
     printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
 }
