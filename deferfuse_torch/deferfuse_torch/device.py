@@ -76,13 +76,13 @@ def _lazy_init() -> None:
 
 
 def get_device_name(device=None) -> str:
-    device_module_check(device)
+    _check_device(device)
     return _DEVICE_NAME
 
 
 def get_device_capability(device=None):
     """CUDA's compute capability has no counterpart; (0, 0) as for devices without one."""
-    device_module_check(device)
+    _check_device(device)
     return (0, 0)
 
 
@@ -93,7 +93,7 @@ _DeviceProperties = collections.namedtuple(
 def get_device_properties(device=None):
     """name, total_memory (the host's memory, where tpu buffers live) and
     multi_processor_count (the host's CPU count, the backend's threads' ceiling)."""
-    device_module_check(device)
+    _check_device(device)
     from .memory import _host_memory
     return _DeviceProperties(_DEVICE_NAME, _host_memory()[1], os.cpu_count() or 1)
 
@@ -101,7 +101,7 @@ def get_device_properties(device=None):
 _DEVICE_NAME = "deferfuse"
 
 
-def device_module_check(dev) -> None:
+def _check_device(dev) -> None:
     """Raises for any device but tpu:0 (None means the current device)."""
     if dev is None:
         return
