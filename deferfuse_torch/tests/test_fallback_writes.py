@@ -121,3 +121,16 @@ def test_batch_norm_update_stats_updates_running_statistics(mode, counts):
     check(dmean, mean)
     check(dvar, var)
     assert counts() == {"aten::batch_norm_update_stats": 1}
+
+
+def test_annotated_batch_norm_writes_running_statistics(mode, counts):
+    torch.manual_seed(0)
+    x = torch.randn(6, 3)
+    mean, var = torch.zeros(3), torch.ones(3)
+    dmean, dvar = mean.to("tpu"), var.to("tpu")
+    want = torch.ops.aten._native_batch_norm_legit(x, None, None, mean, var, True, 0.1, 1e-5)
+    got = torch.ops.aten._native_batch_norm_legit(x.to("tpu"), None, None, dmean, dvar, True,
+                                                  0.1, 1e-5)
+    check(got[0], want[0], atol=1e-5)
+    check(dmean, mean)
+    check(dvar, var)
