@@ -105,8 +105,13 @@ def test_gpt2_lm_head_stays_tied_to_the_token_embedding(mode):
     cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100,
                                   n_positions=32)
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(cfg)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
     assert model.lm_head.weight is model.transformer.wte.weight
-    model = model.to("tpu")
-    assert model.lm_head.weight is model.transformer.wte.weight
-    assert model.lm_head.weight.device.type == "tpu"
+    ids = torch.randint(0, 100, (2, 8))
+    with torch.no_grad():
+        want = model(ids).logits
+        model = model.to("tpu")
+        assert model.lm_head.weight is model.transformer.wte.weight
+        assert model.lm_head.weight.device.type == "tpu"
+        got = model(ids.to("tpu")).logits
+    torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1e-5)
