@@ -8,6 +8,11 @@
 #include <string>
 
 namespace dft {
+
+// memory.cpp: the live-bytes accounting behind torch.tpu.memory_allocated().
+void note_storage_alloc(int64_t bytes);
+void note_storage_free(int64_t bytes);
+
 namespace {
 
 DfuseRuntime* create_runtime() {
@@ -24,12 +29,18 @@ DfuseRuntime* raw_runtime() {
   return r;
 }
 
+// A storage's handle is dense over its sizes (make_storage, wrap, the allocator): its bytes.
+int64_t handle_bytes(const StorageCtx& c) {
+  return c10::multiply_integers(c.sizes) * int64_t(c10::elementSize(from_dtype(c.dtype)));
+}
+
 std::atomic<uint32_t> g_mode{UINT32_MAX};
 std::atomic<uint64_t> g_mode_gen{0};
 thread_local uint64_t tl_mode_gen = 0;
 
 void delete_ctx(void* p) {
   auto* c = static_cast<StorageCtx*>(p);
+  note_storage_free(handle_bytes(*c));
   // A failure here (e.g. the handle is already gone) must not throw out of a deleter.
   dfuse_tensor_release(raw_runtime(), c->handle);
   delete c;
@@ -38,6 +49,7 @@ void delete_ctx(void* p) {
 c10::DataPtr make_data_ptr(uint64_t handle, uint32_t dtype, std::vector<int64_t> sizes,
                            std::vector<int64_t> strides) {
   auto* ctx = new StorageCtx{handle, dtype, std::move(sizes), std::move(strides)};
+  note_storage_alloc(handle_bytes(*ctx));
   return c10::DataPtr(reinterpret_cast<void*>(handle), ctx, &delete_ctx,
                       c10::Device(c10::DeviceType::PrivateUse1, 0));
 }

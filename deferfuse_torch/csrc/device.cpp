@@ -14,6 +14,9 @@
 #include <c10/util/strides.h>
 #include <torch/library.h>
 
+#include <mutex>
+#include <unordered_set>
+
 namespace dft {
 
 c10::DataPtr data_ptr_for(uint64_t handle, uint32_t dtype, std::vector<int64_t> sizes,
@@ -54,6 +57,49 @@ struct TpuAllocator final : c10::Allocator {
 };
 
 TpuAllocator g_allocator;
+
+// Host memory for `pin_memory()`: deferfuse uploads from and downloads to any host pointer
+// with a plain memcpy (the CPU backend's buffers are host memory; PJRT stages through host
+// buffers itself), so page-locking buys nothing. A pinned tensor is an ordinary block from
+// PyTorch's CPU allocator, remembered so is_pinned() is true for exactly these blocks, which
+// is what DataLoader(pin_memory=True) and `.to("tpu", non_blocking=True)` check.
+struct PinnedAllocator final : c10::Allocator {
+  struct Block {
+    c10::DataPtr host;
+  };
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr host = c10::GetCPUAllocator()->allocate(n);
+    void* p = host.get();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      live_.insert(p);
+    }
+    return c10::DataPtr(p, new Block{std::move(host)}, &release, c10::Device(c10::kCPU));
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+  bool is_pinned(const void* p) const {
+    std::lock_guard<std::mutex> g(mu_);
+    return live_.count(p) != 0;
+  }
+
+ private:
+  static void release(void* ctx);
+  mutable std::mutex mu_;
+  std::unordered_set<const void*> live_;
+};
+
+PinnedAllocator g_pinned;
+
+void PinnedAllocator::release(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  {
+    std::lock_guard<std::mutex> g(g_pinned.mu_);
+    g_pinned.live_.erase(b->host.get());
+  }
+  delete b;  // frees the block through the CPU allocator's own deleter
+}
 
 struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType T = c10::DeviceType::PrivateUse1;
@@ -129,6 +175,8 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
     return at::detail::getDefaultCPUGenerator();
   }
+  bool isPinnedPtr(const void* p) const override { return g_pinned.is_pinned(p); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned; }
   void resizePrivateUse1Bytes(const c10::Storage& s, size_t n) const override {
     TORCH_CHECK(n <= s.nbytes(), "tpu: growing a raw storage is not supported");
   }

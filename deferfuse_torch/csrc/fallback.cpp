@@ -1,10 +1,23 @@
 // The boxed CPU fallback for every op without a tpu kernel, counting each op by name so a user
 // (and the tests) can see exactly what did not run on deferfuse.
+//
+// at::native::cpu_fallback copies tensor arguments to the host, runs the CPU kernel and writes
+// back every argument the schema marks mutable (Tensor(a!), Tensor(a!)[], out=). Two cases
+// need more, and are handled around it here:
+// - ops that write arguments their schema does not mark (batch norm's running statistics):
+//   those arguments travel as host copies we write back ourselves;
+// - out= arguments: the CPU kernel gets a zero-element out of the same dtype instead of a
+//   downloaded copy of the old contents (which it never reads), and the result is resized into
+//   the user's out with resize_output, as PyTorch does. Handing the CPU kernel the device's out
+//   made composite functional ops (smooth_l1_loss: its meta shapes the out to [] before the
+//   out= kernel runs) warn that "an output with one or more elements was resized".
 #include "common.h"
 
 #include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -15,10 +28,97 @@ namespace {
 std::mutex g_mu;
 std::map<std::string, int64_t> g_counts;
 
+// An op (every overload) that writes `args` although its schema does not say so; when
+// `only_if` names a bool argument, only while that argument is true.
+struct HiddenWrite {
+  const char* op;
+  std::vector<const char*> args;
+  const char* only_if;
+};
+
+const HiddenWrite kHiddenWrites[] = {
+    {"aten::native_batch_norm", {"running_mean", "running_var"}, "training"},
+    {"aten::batch_norm_update_stats", {"running_mean", "running_var"}, nullptr},
+};
+
+bool is_tpu_tensor(const c10::IValue& v) {
+  return v.isTensor() && v.toTensor().defined() &&
+         v.toTensor().device().type() == c10::DeviceType::PrivateUse1;
+}
+
+// Index of the argument named `name` in the schema, or -1.
+int arg_index(const c10::FunctionSchema& s, const char* name) {
+  const auto& args = s.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].name() == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+// A device tensor and the stand-in the CPU kernel got for it.
+struct Swap {
+  at::Tensor device;
+  at::Tensor stand_in;
+};
+
+// Puts host copies of the unannotated written arguments on the stack.
+std::vector<Swap> swap_hidden_writes(const c10::FunctionSchema& s, torch::jit::Stack* stack,
+                                     size_t begin) {
+  std::vector<Swap> out;
+  for (const auto& hw : kHiddenWrites) {
+    if (s.name() != hw.op) continue;
+    if (hw.only_if) {
+      int g = arg_index(s, hw.only_if);
+      if (g >= 0 && (*stack)[begin + g].isBool() && !(*stack)[begin + g].toBool()) continue;
+    }
+    for (const char* a : hw.args) {
+      int i = arg_index(s, a);
+      if (i < 0 || !is_tpu_tensor((*stack)[begin + i])) continue;
+      at::Tensor dev = (*stack)[begin + i].toTensor();
+      at::Tensor host = dev.to(at::kCPU);
+      (*stack)[begin + i] = host;
+      out.push_back({dev, host});
+    }
+  }
+  return out;
+}
+
+// Replaces non-empty device out= arguments by empty device tensors of their dtype.
+std::vector<Swap> swap_outs(const c10::FunctionSchema& s, torch::jit::Stack* stack,
+                            size_t begin) {
+  std::vector<Swap> out;
+  const auto& args = s.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!args[i].is_out() || !is_tpu_tensor((*stack)[begin + i])) continue;
+    at::Tensor dev = (*stack)[begin + i].toTensor();
+    if (dev.numel() == 0) continue;
+    at::Tensor empty = at::empty({0}, dev.options());
+    (*stack)[begin + i] = empty;
+    out.push_back({dev, empty});
+  }
+  return out;
+}
+
 void counting_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto& n = op.schema().operator_name();
+  const auto& schema = op.schema();
+  const auto& n = schema.operator_name();
   count_fallback(n.overload_name.empty() ? n.name : n.name + "." + n.overload_name);
+  size_t begin = stack->size() - schema.arguments().size();
+  auto hidden = swap_hidden_writes(schema, stack, begin);
+  auto outs = swap_outs(schema, stack, begin);
   at::native::cpu_fallback(op, stack);
+  for (auto& h : hidden) h.device.copy_(h.stand_in);
+  if (outs.empty()) return;
+  size_t rbegin = stack->size() - schema.returns().size();
+  for (auto& o : outs) {
+    at::native::resize_output(o.device, o.stand_in.sizes());
+    o.device.copy_(o.stand_in);
+    for (size_t r = rbegin; r < stack->size(); ++r) {
+      if ((*stack)[r].isTensor() && (*stack)[r].toTensor().is_same(o.stand_in)) {
+        (*stack)[r] = o.device;
+      }
+    }
+  }
 }
 
 }  // namespace

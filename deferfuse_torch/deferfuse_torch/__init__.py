@@ -32,6 +32,11 @@ torch._register_device_module("tpu", _device)
 torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_storage=True)
 
+from . import module_apply as _module_apply  # noqa: E402
+
+# Tied weights stay tied across .to("tpu") / .to("cpu") (see module_apply).
+_module_apply.install()
+
 from .device import (  # noqa: E402,F401
     MODES, device_count, dump_pending, fallback_counts, get_mode, is_available,
     is_materialized, mode, release_cached_memory, reset_fallback_counts, set_mode, stats,

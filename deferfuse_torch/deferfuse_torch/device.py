@@ -1,9 +1,16 @@
 """The `torch.tpu` device module: device queries, synchronization, eager modes, runtime
-counters, the pending-computation dump and the CPU-fallback counters."""
+counters, the pending-computation dump, the CPU-fallback counters, memory queries and what
+torch.autocast needs."""
 
+import collections
 import contextlib
+import os
 
 import torch
+
+from .memory import (  # noqa: F401
+    empty_cache, max_memory_allocated, max_memory_reserved, mem_get_info, memory_allocated,
+    memory_reserved, memory_stats, reset_max_memory_allocated, reset_peak_memory_stats)
 
 _ops = torch.ops.deferfuse
 
@@ -57,6 +64,57 @@ def set_device(dev) -> None:
 
 def _is_in_bad_fork() -> bool:
     return False
+
+
+def is_initialized() -> bool:
+    """The runtime is created on first use; the device is always ready for it."""
+    return True
+
+
+def _lazy_init() -> None:
+    pass
+
+
+def get_device_name(device=None) -> str:
+    _check_device(device)
+    return _DEVICE_NAME
+
+
+def get_device_capability(device=None):
+    """CUDA's compute capability has no counterpart; (0, 0) as for devices without one."""
+    _check_device(device)
+    return (0, 0)
+
+
+_DeviceProperties = collections.namedtuple(
+    "_DeviceProperties", ["name", "total_memory", "multi_processor_count"])
+
+
+def get_device_properties(device=None):
+    """name, total_memory (the host's memory, where tpu buffers live) and
+    multi_processor_count (the host's CPU count, the backend's threads' ceiling)."""
+    _check_device(device)
+    from .memory import _host_memory
+    return _DeviceProperties(_DEVICE_NAME, _host_memory()[1], os.cpu_count() or 1)
+
+
+_DEVICE_NAME = "deferfuse"
+
+
+def _check_device(dev) -> None:
+    """Raises for any device but tpu:0 (None means the current device)."""
+    if dev is None:
+        return
+    device(dev)
+
+
+def get_amp_supported_dtype():
+    """The autocast dtypes torch.autocast(device_type="tpu") accepts."""
+    return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
 
 
 def manual_seed_all(seed: int) -> None:

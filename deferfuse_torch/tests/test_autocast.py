@@ -1,0 +1,192 @@
+"""torch.autocast(device_type="tpu") follows CUDA's op policy (matmul-like ops in the autocast
+dtype; softmax, log_softmax, layer_norm, losses and sums in float32; mixed inputs promoted),
+and torch.amp.GradScaler("tpu") trains with its unscale and scale-update ops on the device."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import deferfuse_torch
+from conftest import check
+
+LOW = [torch.bfloat16, torch.float16]
+LOOSE = dict(atol=2e-2, rtol=2e-2)
+
+
+@pytest.fixture
+def counts():
+    deferfuse_torch.reset_fallback_counts()
+    yield deferfuse_torch.fallback_counts
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_linear_runs_in_the_autocast_dtype_like_cpu_autocast(mode, dtype, counts):
+    torch.manual_seed(0)
+    lin, x = nn.Linear(8, 4), torch.randn(3, 8)
+    dlin = nn.Linear(8, 4).to("tpu")
+    dlin.load_state_dict(lin.state_dict())
+    with torch.autocast("cpu", dtype=dtype):
+        want = lin(x)
+    with torch.autocast("tpu", dtype=dtype):
+        got = dlin(x.to("tpu"))
+    assert dlin.weight.dtype == torch.float32
+    check(got, want, **LOOSE)
+    assert counts() == {}
+
+
+@pytest.mark.parametrize("op", ["mm", "bmm", "matmul"])
+def test_matmul_family_in_low_precision(mode, op, counts):
+    torch.manual_seed(0)
+    a = torch.randn(2, 3, 4) if op == "bmm" else torch.randn(3, 4)
+    b = torch.randn(2, 4, 5) if op == "bmm" else torch.randn(4, 5)
+    f = getattr(torch, op)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = f(a, b)
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        got = f(a.to("tpu"), b.to("tpu"))
+    check(got, want, **LOOSE)
+
+
+FP32_OPS = {
+    "softmax": lambda x: F.softmax(x, -1),
+    "log_softmax": lambda x: F.log_softmax(x, -1),
+    "layer_norm": lambda x: F.layer_norm(x, x.shape[-1:]),
+    "sum": lambda x: x.sum(),
+    "sum_dim": lambda x: x.sum(1),
+    "mse_loss": lambda x: F.mse_loss(x, torch.zeros_like(x)),
+    "exp": lambda x: x.exp(),
+}
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("op", list(FP32_OPS))
+def test_sensitive_ops_of_a_low_precision_input_run_in_float32(mode, op, dtype, counts):
+    torch.manual_seed(0)
+    x = torch.randn(3, 6).to(dtype)
+    want = FP32_OPS[op](x.float())  # CUDA's policy: cast to float32 first
+    with torch.autocast("tpu", dtype=dtype):
+        got = FP32_OPS[op](x.to("tpu"))
+    check(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_linear_then_softmax_gives_float32_probabilities(mode, counts):
+    torch.manual_seed(0)
+    lin, x = nn.Linear(8, 5), torch.randn(4, 8)
+    dlin = nn.Linear(8, 5).to("tpu")
+    dlin.load_state_dict(lin.state_dict())
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        logits = dlin(x.to("tpu"))
+        probs = F.softmax(logits, -1)
+    assert logits.dtype == torch.bfloat16 and probs.dtype == torch.float32
+    want = F.softmax(F.linear(x.bfloat16(), lin.weight.bfloat16(), lin.bias.bfloat16()).float(), -1)
+    check(probs, want, **LOOSE)
+    assert counts() == {}
+
+
+def test_mixed_inputs_are_promoted(mode):
+    a = torch.randn(4).to(torch.bfloat16)
+    b, c = torch.randn(4), torch.randn(4)
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        got = torch.addcmul(a.to("tpu"), b.to("tpu"), c.to("tpu"))
+    check(got, torch.addcmul(a.float(), b, c), atol=1e-5, rtol=1e-5)
+
+
+def test_ops_outside_the_policy_and_outside_the_region_are_untouched(mode):
+    x = torch.randn(3, 4).to("tpu")
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        assert (x + 1).dtype == torch.float32
+        with torch.autocast("tpu", enabled=False):
+            assert torch.mm(x, x.t()).dtype == torch.float32
+    assert torch.mm(x, x.t()).dtype == torch.float32
+
+
+def test_binary_cross_entropy_is_refused_as_on_cuda():
+    p = torch.rand(4).to("tpu")
+    with torch.autocast("tpu", dtype=torch.float16):
+        with pytest.raises(RuntimeError, match="unsafe to autocast"):
+            F.binary_cross_entropy(p, torch.ones(4).to("tpu"))
+
+
+def test_unsupported_autocast_dtype_disables_autocast_with_a_warning():
+    with pytest.warns(UserWarning, match="not supported"):
+        with torch.autocast("tpu", dtype=torch.float64):
+            pass
+
+
+def train(device, steps, poison_step=None):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**8, growth_interval=2)
+    x, y = torch.randn(5, 6).to(device), torch.randint(0, 3, (5,)).to(device)
+    for step in range(steps):
+        opt.zero_grad()
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        if step == poison_step:
+            with torch.no_grad():
+                model[0].weight.grad[0, 0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+    return model, scaler
+
+
+def test_grad_scaler_training_step_matches_cpu_and_stays_on_the_device(mode, counts):
+    model, scaler = train("tpu", 3)
+    ref, ref_scaler = train("cpu", 3)
+    assert counts() == {}
+    assert scaler.get_scale() == ref_scaler.get_scale() == 2.0**9
+    for p, q in zip(model.parameters(), ref.parameters()):
+        check(p.detach(), q.detach(), **LOOSE)
+
+
+def test_grad_scaler_skips_a_step_with_inf_gradients_and_backs_off(mode):
+    model, scaler = train("tpu", 2, poison_step=1)
+    ref, ref_scaler = train("cpu", 2, poison_step=1)
+    assert scaler.get_scale() == ref_scaler.get_scale() == 2.0**7
+    assert scaler._growth_tracker.item() == 0
+    for p, q in zip(model.parameters(), ref.parameters()):
+        check(p.detach(), q.detach(), **LOOSE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bad", [None, float("inf"), float("-inf"), float("nan")])
+def test_unscale_matches_cpu(mode, dtype, bad, counts):
+    grads = [torch.randn(5).to(dtype), torch.randn(2, 3).to(dtype), torch.empty(0, dtype=dtype)]
+    if bad is not None:
+        grads[1][1, 2] = bad
+    found, inv = torch.zeros(()), torch.full((), 0.25)
+    dgrads = [g.to("tpu") for g in grads]
+    dfound, dinv = found.to("tpu"), inv.to("tpu")
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+    torch._amp_foreach_non_finite_check_and_unscale_(dgrads, dfound, dinv)
+    check(dfound, found)
+    for g, w in zip(dgrads, grads):
+        check(g, w)
+    assert counts() == {}
+
+
+def test_unscale_keeps_an_earlier_found_inf(mode):
+    found = torch.ones(1).to("tpu")
+    torch._amp_foreach_non_finite_check_and_unscale_([torch.ones(3).to("tpu")], found,
+                                                     torch.ones(1).to("tpu"))
+    check(found, torch.ones(1))
+
+
+@pytest.mark.parametrize("found_inf,tracker,scale", [
+    (0.0, 0, 4.0),       # counts up
+    (0.0, 2, 4.0),       # reaches the interval: grows, restarts
+    (1.0, 2, 4.0),       # inf: backs off, restarts
+    (0.0, 2, 3e38),      # growth would overflow: scale kept, restarts
+])
+def test_update_scale_matches_cpu(mode, found_inf, tracker, scale, counts):
+    def run(dev):
+        s = torch.full((), scale).to(dev)
+        t = torch.full((), tracker, dtype=torch.int32).to(dev)
+        torch._amp_update_scale_(s, t, torch.full((), found_inf).to(dev), 2.0, 0.5, 3)
+        return s, t
+    (s, t), (ws, wt) = run("tpu"), run("cpu")
+    check(s, ws)
+    check(t, wt)
+    assert counts() == {}
