@@ -103,6 +103,7 @@ DROPOUT_N = 200_000
 @pytest.mark.parametrize("p", [0.1, 0.5])
 @pytest.mark.parametrize("mode", TPU_MODES)
 def test_dropout_zeroes_a_fraction_p_and_scales_survivors_by_one_over_keep(mode, p):
+    torch.manual_seed(0)  # the 6-sigma bound then holds or fails the same way every run
     x = torch.ones(DROPOUT_N).to("tpu")
     deferfuse_torch.reset_fallback_counts()
     with deferfuse_torch.mode(mode):
