@@ -66,7 +66,7 @@ class Runner:
         self.label, self.w, self.device, self.mode = label, w, device, mode
         self.model = copy.deepcopy(w.model).to(device)
         # Only the module is compiled; the optimizer step stays eager in every column.
-        self.forward = torch.compile(self.model) if compiled else self.model
+        self.forward = torch.compile(self.model, backend="inductor") if compiled else self.model
         self.opt = w.make_opt(self.model.parameters())
         self.batches = [model_zoo.to_device(b, device) for b in w.batches]
         self.times, self.error, self.step_stats = [], None, []
