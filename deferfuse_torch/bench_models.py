@@ -1,0 +1,197 @@
+"""One training step of each model-zoo model (tests/model_zoo.py: GPT-2, Llama, BERT, ViT,
+resnet18, nanoGPT) and of the two MLPs (784-1024-1024-10 and 784-256-256-10, batch 64), timed
+four ways: torch CPU eager, torch.compile (inductor) on CPU, "tpu" strict and "tpu" defer.
+
+A step is forward, loss, backward, (clip_grad_norm_ for nanoGPT,) optimizer step, and ends with
+the loss read on the host (loss.item()) and, on tpu, torch.tpu.synchronize(): all its work has
+run. After the warm-up the runners step in turn (one step of each per round), so load from
+other processes hits them alike; each column is the median over --steps rounds. For the defer
+runner the table also shows what one step did, from deferfuse_torch.stats() and
+fallback_counts() deltas around it (medians over the rounds): ops recorded, programs run, sync
+points, and ops that ran on the CPU fallback (listed by name under the table). A runner that
+raises (e.g. an op with neither a kernel nor a fallback) is reported and skipped; the others
+go on.
+
+Sizes: by default the zoo's "bench" sizes (nanoGPT: 4 layers, d 128, seq 64, batch 16, AdamW);
+--quick uses the tests' tiny sizes.
+
+Usage: python bench_models.py [--models gpt2,mlp] [--steps N] [--warmup N] [--threads N]
+                              [--quick] [--no-compile] [--json]"""
+
+import argparse
+import os
+import sys
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--steps", type=int, default=10, help="timed rounds (default 10)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads and DEFERFUSE_NUM_THREADS (default 1)")
+    ap.add_argument("--quick", action="store_true", help="the tests' tiny sizes")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="skip torch.compile (compiling each model takes a while)")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON only")
+    return ap.parse_args(argv)
+
+
+# The runtime reads DEFERFUSE_NUM_THREADS when it starts, so it is set before the import that
+# may start it.
+ARGS = parse_args(sys.argv[1:]) if __name__ == "__main__" else None
+if ARGS is not None:
+    os.environ["DEFERFUSE_NUM_THREADS"] = str(ARGS.threads)
+
+import contextlib  # noqa: E402
+import copy  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+import deferfuse_torch  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+import model_zoo  # noqa: E402
+
+BATCHES = 4  # distinct batches each runner cycles through
+
+
+class Runner:
+    """One way of running a workload: its own copy of the model, optimizer and batches."""
+
+    def __init__(self, label, w, device, mode=None, compiled=False):
+        self.label, self.w, self.device, self.mode = label, w, device, mode
+        self.model = copy.deepcopy(w.model).to(device)
+        # Only the module is compiled; the optimizer step stays eager in every column.
+        self.forward = torch.compile(self.model, backend="inductor") if compiled else self.model
+        self.opt = w.make_opt(self.model.parameters())
+        self.batches = [model_zoo.to_device(b, device) for b in w.batches]
+        self.times, self.error, self.step_stats = [], None, []
+
+    def step(self, i, timed):
+        if self.error is not None:
+            return
+        batch = self.batches[i % len(self.batches)]
+        ctx = deferfuse_torch.mode(self.mode) if self.mode else contextlib.nullcontext()
+        try:
+            with ctx:
+                before = self._counters()
+                t0 = time.perf_counter()
+                model_zoo.train_step(self.w, self.forward, self.opt, batch).item()
+                if self.device == "tpu":
+                    torch.tpu.synchronize()
+                dt = time.perf_counter() - t0
+                after = self._counters()
+        except Exception as e:  # reported in the table; the other runners go on
+            self.error = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            return
+        if timed:
+            self.times.append(dt)
+            if before is not None:
+                self.step_stats.append(_delta(before, after))
+
+    def _counters(self):
+        if self.mode != "defer":
+            return None
+        return deferfuse_torch.stats(), deferfuse_torch.fallback_counts()
+
+    def median_ms(self):
+        return statistics.median(self.times) * 1e3 if self.times and not self.error else None
+
+
+def _delta(before, after):
+    (s0, f0), (s1, f1) = before, after
+    fallbacks = {k: v - f0.get(k, 0) for k, v in f1.items() if v != f0.get(k, 0)}
+    return {"ops_recorded": s1["ops_recorded"] - s0["ops_recorded"],
+            "programs_run": s1["programs_run"] - s0["programs_run"],
+            "programs_compiled": s1["programs_compiled"] - s0["programs_compiled"],
+            "sync_points": sum(s1["sync_points"].values()) - sum(s0["sync_points"].values()),
+            "fallback_ops": sum(fallbacks.values()), "fallbacks": fallbacks}
+
+
+def _median_stats(steps):
+    if not steps:
+        return None
+    out = {k: statistics.median(s[k] for s in steps) for k in steps[0] if k != "fallbacks"}
+    out["fallbacks"] = steps[-1]["fallbacks"]  # the last step's, by op name
+    return out
+
+
+def bench(name, args):
+    w = model_zoo.build(name, "tiny" if args.quick else "bench", BATCHES)
+    runners = [Runner("cpu", w, "cpu")]
+    if not args.no_compile:
+        runners.append(Runner("compile", w, "cpu", compiled=True))
+    runners += [Runner("strict", w, "tpu", "strict"), Runner("defer", w, "tpu", "defer")]
+    for i in range(args.warmup + args.steps):
+        for r in runners:
+            r.step(i, timed=i >= args.warmup)
+    ms = {r.label: r.median_ms() for r in runners}
+    ms.setdefault("compile", None)
+    defer = runners[-1]
+
+    def ratio(a, b):
+        return ms[a] / ms[b] if ms[a] and ms[b] else None
+
+    return {"model": name, "description": w.description, "ms": ms,
+            "cpu/defer": ratio("cpu", "defer"), "strict/defer": ratio("strict", "defer"),
+            "cpu/strict": ratio("cpu", "strict"), "defer_step": _median_stats(defer.step_stats),
+            "errors": {r.label: r.error for r in runners if r.error}}
+
+
+def _fmt(v, spec):
+    """v formatted by spec ("8.2f"), or "-" right-aligned to the same width when missing."""
+    return "-".rjust(int(spec.split(".")[0])) if v is None else format(v, spec)
+
+
+def print_table(rows, args):
+    size = "tiny (--quick)" if args.quick else "bench"
+    print(f"one training step, median of {args.steps} interleaved rounds after {args.warmup} "
+          f"warm-up; sizes: {size}; threads: {args.threads} (torch and deferfuse)")
+    head = (f"{'model':15s} {'cpu ms':>8s} {'compile':>8s} {'strict':>8s} {'defer':>8s} "
+            f"{'cpu/def':>7s} {'str/def':>7s} {'cpu/str':>7s} | {'ops':>5s} {'progs':>5s} "
+            f"{'syncs':>5s} {'fallbk':>6s}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        ms, d = r["ms"], r["defer_step"] or {}
+        print(f"{r['model']:15s} {_fmt(ms['cpu'], '8.2f')} {_fmt(ms['compile'], '8.2f')} "
+              f"{_fmt(ms['strict'], '8.2f')} {_fmt(ms['defer'], '8.2f')} "
+              f"{_fmt(r['cpu/defer'], '7.2f')} {_fmt(r['strict/defer'], '7.2f')} "
+              f"{_fmt(r['cpu/strict'], '7.2f')} | {_fmt(d.get('ops_recorded'), '5.0f')} "
+              f"{_fmt(d.get('programs_run'), '5.0f')} {_fmt(d.get('sync_points'), '5.0f')} "
+              f"{_fmt(d.get('fallback_ops'), '6.0f')}")
+    print("\nms: per step; cpu/def = cpu ms / defer ms (above 1: defer is faster), likewise "
+          "str/def and cpu/str.\nops, progs, syncs, fallbk: per defer step, ops recorded, "
+          "programs run, sync points, ops run on the CPU fallback.")
+    for r in rows:
+        notes = [r["description"]]
+        if r["defer_step"] and r["defer_step"]["fallbacks"]:
+            notes.append("fallbacks per defer step: " + ", ".join(
+                f"{k} {v}" for k, v in sorted(r["defer_step"]["fallbacks"].items())))
+        notes += [f"{label} failed: {err}" for label, err in r["errors"].items()]
+        print(f"  {r['model']}: " + "; ".join(notes))
+
+
+def main(args):
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging
+    logging.set_verbosity_error()  # config notices, one per model, would break up the table
+    names = [n for n in args.models.split(",") if n] or list(model_zoo.ALL)
+    unknown = [n for n in names if n not in model_zoo.ALL]
+    if unknown:
+        sys.exit(f"bench_models: unknown model(s) {unknown}; expected some of "
+                 f"{sorted(model_zoo.ALL)}")
+    rows = [bench(n, args) for n in names]
+    if args.json:
+        print(json.dumps({"steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+                          "quick": args.quick, "models": rows}, indent=1))
+    else:
+        print_table(rows, args)
+
+
+if __name__ == "__main__":
+    main(ARGS)
