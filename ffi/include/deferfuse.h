@@ -282,6 +282,43 @@ typedef uint32_t DfuseSyncReason;
 #endif // __cplusplus
 
 /**
+ * Why the planner ended a fused loop region; indexes `DfuseStats.cuts`.
+ */
+enum DfuseCutReason
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * The next op is not a loop op (arange, a batched matmul) and runs as its own program.
+   */
+  DFUSE_CUT_REASON_UNFUSABLE = 0,
+  /**
+   * The next op iterates over another shape (or reduces over other dims).
+   */
+  DFUSE_CUT_REASON_SHAPE = 1,
+  /**
+   * The next op reads or writes a buffer of the loop through another view.
+   */
+  DFUSE_CUT_REASON_LAYOUT = 2,
+  /**
+   * A reduction could not join the loop before it.
+   */
+  DFUSE_CUT_REASON_REDUCTION = 3,
+  /**
+   * The loop reached `max_ops_per_region`.
+   */
+  DFUSE_CUT_REASON_MAX_OPS = 4,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum DfuseCutReason DfuseCutReason;
+#else
+typedef uint32_t DfuseCutReason;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * `DfuseScalar.kind`: which field of the scalar holds its value.
  */
 enum DfuseScalarKind
