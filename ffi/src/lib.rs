@@ -24,6 +24,7 @@
 //! ABI cannot check, so it is the caller's contract.
 
 mod error;
+mod kernel_op;
 mod op;
 mod pending;
 mod runtime_registry;
@@ -33,6 +34,7 @@ mod types;
 mod view;
 
 pub use error::DfuseStatus;
+pub use kernel_op::{DfuseRandomDist, DfuseScanOp, DfuseScatterReduce};
 pub use op::{dfuse_op, DfuseAttrs, DfuseBinaryOp, DfuseOpKind, DfuseReduceOp, DfuseUnaryOp};
 pub use pending::dfuse_pending_dump;
 pub use runtime_registry::{

@@ -4,6 +4,7 @@
 //! `DFUSE_STATUS_BAD_OP` at the call).
 
 use crate::error::{guard, invalid, read_in, slice_in, write_out, DfuseStatus, Result};
+use crate::kernel_op::build_kernel_op;
 use crate::runtime_registry::{runtime, DfuseRuntime};
 use crate::types::{dtype_from, operand_from, DfuseOperand, DFUSE_MAX_REDUCE_DIMS};
 use deferfuse_fusion::ir::layout::wrap_dim;
@@ -38,6 +39,27 @@ pub enum DfuseOpKind {
     /// `addmm(input, m1, m2, beta=, alpha=)`; no attrs; inputs are input, m1, m2, then the
     /// scalars beta and alpha.
     Addmm = 10,
+    /// `gather(src, dim=attrs->dim, index)`; inputs src and index (an int64 or int32 tensor of
+    /// src's rank, `index.size(d) <= src.size(d)` for d != dim); the result has index's shape
+    /// and src's dtype. An index value outside `[0, src.size(dim))` is reported when the op
+    /// runs (see `DFUSE_STATUS_BAD_OP` in `dfuse_op`).
+    Gather = 11,
+    /// Functional `scatter` / `scatter_add` / `scatter_reduce` along `attrs->dim`, combining
+    /// with `attrs->sub_op` (a `DfuseScatterReduce`) and `attrs->include_self`; inputs self,
+    /// index (as for GATHER), then src (a tensor of self's dtype and rank) or a scalar value.
+    /// The result is a new tensor of self's shape and dtype (pass `out` = self for `scatter_`).
+    Scatter = 12,
+    /// `cumsum` / `cumprod` (`attrs->sub_op`, a `DfuseScanOp`) along `attrs->dim`; with
+    /// `attrs->has_dtype` non-zero, `attrs->dtype` is torch's `dtype=`. One tensor input; the
+    /// result dtype is that dtype, else the input's if floating, else int64.
+    Scan = 13,
+    /// `argsort(input, dim=attrs->dim, descending=attrs->descending, stable=True)`: int64
+    /// indices; NaN sorts as the largest value. One tensor input.
+    Sort = 14,
+    /// `rand` / `randn` (`attrs->sub_op`, a `DfuseRandomDist`) of sizes `attrs->dims[0..n_dims]`
+    /// and floating `attrs->dtype`; inputs are two INT scalars, seed and offset. Philox4x32-10:
+    /// element e's value depends only on (seed, offset, e).
+    Random = 15,
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_UNARY`; the numbers are the runtime's.
@@ -169,15 +191,23 @@ pub struct DfuseAttrs {
     /// left uninitialized (or filled with memset) may hold any byte here, and reading a Rust
     /// `bool` that is not 0 or 1 is undefined behaviour, while every byte is a valid `u8`.
     pub keepdim: u8,
-    /// CAT: the dim to concatenate along; negative counts from the end.
+    /// CAT: the dim to concatenate along; GATHER, SCATTER, SCAN, SORT: the dim they work
+    /// along. Negative counts from the end.
     pub dim: i64,
+    /// SCATTER: non-zero to combine with self's elements (torch's `include_self=True`, its
+    /// default); zero makes an element that receives values start from them alone.
+    pub include_self: u8,
+    /// SORT: non-zero for a descending sort.
+    pub descending: u8,
+    /// SCAN: non-zero when `dtype` holds torch's `dtype=` argument.
+    pub has_dtype: u8,
 }
 
 /// The op kind number's name, for messages.
 fn kind_name(kind: u32) -> &'static str {
     [
         "UNARY", "BINARY", "WHERE", "CLAMP", "CAST", "COPY", "REDUCE", "CAT", "ARANGE", "MATMUL",
-        "ADDMM",
+        "ADDMM", "GATHER", "SCATTER", "SCAN", "SORT", "RANDOM",
     ]
     .get(kind as usize)
     .copied()
@@ -252,10 +282,15 @@ pub(crate) fn build_op(
         },
         9 => Op::Matmul,
         10 => Op::Addmm,
+        11..=15 => {
+            let a = need("attrs->dim and the op's other attributes")?;
+            Op::Kernel(build_kernel_op(kind, a, rank)?)
+        }
         k => {
             return Err(invalid(format!(
-                "kind = {k} is not a DfuseOpKind; expected 0..=10 (UNARY, BINARY, WHERE, CLAMP, \
-                 CAST, COPY, REDUCE, CAT, ARANGE, MATMUL, ADDMM)"
+                "kind = {k} is not a DfuseOpKind; expected 0..=15 (UNARY, BINARY, WHERE, CLAMP, \
+                 CAST, COPY, REDUCE, CAT, ARANGE, MATMUL, ADDMM, GATHER, SCATTER, SCAN, SORT, \
+                 RANDOM)"
             )))
         }
     })
@@ -358,6 +393,9 @@ mod tests {
             n_dims: dims.len(),
             keepdim: keepdim.into(),
             dim: 0,
+            include_self: 1,
+            descending: 0,
+            has_dtype: 0,
         };
         a.dims[..dims.len()].copy_from_slice(dims);
         a
@@ -445,6 +483,11 @@ mod tests {
             DfuseOpKind::Arange,
             DfuseOpKind::Matmul,
             DfuseOpKind::Addmm,
+            DfuseOpKind::Gather,
+            DfuseOpKind::Scatter,
+            DfuseOpKind::Scan,
+            DfuseOpKind::Sort,
+            DfuseOpKind::Random,
         ]
         .into_iter()
         .enumerate()
@@ -490,9 +533,9 @@ mod tests {
         assert!(e
             .to_string()
             .contains("sub_op = 16 is not a DfuseBinaryOp; expected 0..=15"));
-        let e = build_op(11, None, || Ok(None)).unwrap_err();
+        let e = build_op(16, None, || Ok(None)).unwrap_err();
         assert!(
-            e.to_string().contains("kind = 11 is not a DfuseOpKind"),
+            e.to_string().contains("kind = 16 is not a DfuseOpKind"),
             "{e}"
         );
         let mut c = attrs(0, &[], false);

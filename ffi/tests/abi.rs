@@ -160,10 +160,83 @@ fn attrs(sub_op: u32) -> DfuseAttrs {
         n_dims: 0,
         keepdim: 0,
         dim: 0,
+        include_self: 1,
+        descending: 0,
+        has_dtype: 0,
     }
 }
 
 const MODES: [DfuseMode; 3] = [DfuseMode::Strict, DfuseMode::Debug, DfuseMode::Defer];
+
+impl Rt {
+    fn i64s(&self, v: &[i64], sizes: &[i64]) -> u64 {
+        let mut h = 0;
+        // SAFETY: slices are valid for their lengths.
+        ok(unsafe {
+            dfuse_tensor_from_host(
+                self.0,
+                v.as_ptr().cast(),
+                std::mem::size_of_val(v),
+                DfuseDtype::I64 as u32,
+                sizes.as_ptr(),
+                sizes.len(),
+                &mut h,
+            )
+        });
+        h
+    }
+}
+
+#[test]
+fn gather_through_dfuse_op_wraps_its_dim_and_reports_a_bad_index_as_bad_op() {
+    for mode in MODES {
+        let rt = Rt::new(mode);
+        let src = rt.f32s(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+        let idx = rt.i64s(&[2, 0, 1, 1], &[2, 2]);
+        let mut a = attrs(0);
+        a.dim = -1;
+        let g = rt.op(DfuseOpKind::Gather, Some(&a), &[t(src), t(idx)]);
+        assert_eq!(rt.read(g), [3.0, 1.0, 5.0, 5.0], "{mode:?}");
+        let bad = rt.i64s(&[3, 0, 1, 1], &[2, 2]);
+        let mut r = 0;
+        let s = rt.try_op(
+            DfuseOpKind::Gather as u32,
+            Some(&a),
+            &[t(src), t(bad)],
+            &mut r,
+        );
+        let msg = "gather: index 3 is out of bounds for dim 1 with size 3";
+        if mode == DfuseMode::Debug {
+            assert_eq!((s, last_error()), (DfuseStatus::BadOp, msg.to_string()));
+        } else {
+            ok(s);
+            let mut out = [0f32; 4];
+            // SAFETY: the buffer holds exactly 4 floats.
+            let s = unsafe { dfuse_tensor_to_host(rt.0, r, out.as_mut_ptr().cast(), 16) };
+            assert_eq!(
+                (s, last_error()),
+                (DfuseStatus::BadOp, msg.to_string()),
+                "{mode:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn random_through_dfuse_op_takes_its_sizes_from_dims() {
+    let rt = Rt::new(DfuseMode::Defer);
+    let mut a = attrs(DfuseRandomDist::Uniform as u32);
+    a.n_dims = 2;
+    a.dims[..2].copy_from_slice(&[3, 4]);
+    let r = rt.op(DfuseOpKind::Random, Some(&a), &[int(42), int(0)]);
+    assert_eq!(rt.shape(r), [3, 4]);
+    let v = rt.read(r);
+    assert!(v.iter().all(|x| (0.0..1.0).contains(x)), "{v:?}");
+    assert_eq!(
+        v,
+        rt.read(rt.op(DfuseOpKind::Random, Some(&a), &[int(42), int(0)]))
+    );
+}
 
 #[test]
 fn reduce_dims_wrap_like_pytorch() {

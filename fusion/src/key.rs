@@ -427,6 +427,7 @@ mod tests {
                 keepdim: false,
             },
         ];
+        let ops: Vec<Op> = ops.into_iter().chain(kernel_ops()).collect();
         let keys: Vec<Vec<u64>> = ops
             .iter()
             .map(|op| {
@@ -440,6 +441,68 @@ mod tests {
                 assert_ne!(a, b);
             }
         }
+    }
+
+    /// Kernel ops that differ in one attribute each.
+    fn kernel_ops() -> Vec<Op> {
+        use crate::ir::{KernelOp as K, RandomDist, ScanOp, ScatterReduce};
+        let scatter = |dim, reduce, include_self| K::Scatter {
+            dim,
+            reduce,
+            include_self,
+        };
+        let random = |dist, sizes: &[usize], dtype| K::Random {
+            dist,
+            sizes: sizes.into(),
+            dtype,
+        };
+        [
+            K::Gather { dim: 0 },
+            K::Gather { dim: 1 },
+            scatter(0, ScatterReduce::Sum, true),
+            scatter(1, ScatterReduce::Sum, true),
+            scatter(0, ScatterReduce::Mean, true),
+            scatter(0, ScatterReduce::Sum, false),
+            K::Scan {
+                op: ScanOp::Sum,
+                dim: 0,
+                dtype: None,
+            },
+            K::Scan {
+                op: ScanOp::Prod,
+                dim: 0,
+                dtype: None,
+            },
+            K::Scan {
+                op: ScanOp::Sum,
+                dim: 1,
+                dtype: None,
+            },
+            K::Scan {
+                op: ScanOp::Sum,
+                dim: 0,
+                dtype: Some(DType::F32),
+            },
+            K::Sort {
+                dim: 0,
+                descending: false,
+            },
+            K::Sort {
+                dim: 0,
+                descending: true,
+            },
+            K::Sort {
+                dim: 1,
+                descending: false,
+            },
+            random(RandomDist::Uniform, &[4], DType::F32),
+            random(RandomDist::Normal, &[4], DType::F32),
+            random(RandomDist::Uniform, &[2, 2], DType::F32),
+            random(RandomDist::Uniform, &[4], DType::F64),
+        ]
+        .into_iter()
+        .map(Op::Kernel)
+        .collect()
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! (addmm to two); the fusing planner builds bigger loop regions with the same [`LoopBuilder`].
 
 use crate::ir::layout::wrap_dim;
-use crate::ir::{BinaryOp, DType, Dims, Layout, Op, ReduceOp, Scalar, Strides, UnaryOp};
+use crate::ir::{BinaryOp, DType, Dims, KernelOp, Layout, Op, ReduceOp, Scalar, Strides, UnaryOp};
 use crate::iter::IterSpace;
 use crate::region::{
     Binding, Instr, InstrKind, LoopOperand, LoopReduce, LoopRegion, Region, Step, ValueIdx,
@@ -428,8 +428,45 @@ pub fn lower_node(node: &Node, index: usize) -> Vec<Step> {
                 key: Default::default(),
             }]
         }
+        Op::Kernel(k) => vec![lower_kernel(node, k, index)],
         Op::Cat { .. } => unreachable!("the runtime records cat as copies into slices"),
         other => unreachable!("no lowering for {other}"),
+    }
+}
+
+/// A kernel op's one step: its tensor operands then the output; its scalars (scatter's value,
+/// random's seed and offset) in the result's dtype (ints stay ints: `Scalar::bits_for`).
+fn lower_kernel(node: &Node, k: &KernelOp, index: usize) -> Step {
+    let first = node.inputs.iter().find_map(|o| o.tensor()).map(|t| t.dtype);
+    let result = k.result_dtype(first);
+    let mut operands: Vec<TensorRef> = node
+        .inputs
+        .iter()
+        .filter_map(|o| o.tensor().cloned())
+        .collect();
+    let n_inputs = operands.len();
+    operands.push(node.output.clone());
+    let scalars = node
+        .inputs
+        .iter()
+        .filter_map(|o| match o {
+            Operand::Scalar(s) => Some(match s {
+                Scalar::Int(_) if matches!(k, KernelOp::Random { .. }) => s.as_i64() as u64,
+                _ => scalar_bits(*s, result),
+            }),
+            _ => None,
+        })
+        .collect();
+    Step {
+        region: Arc::new(Region::Kernel(k.canonical())),
+        binding: Binding {
+            operands,
+            iter: None,
+            scalars,
+            n_inputs,
+        },
+        nodes: vec![index],
+        key: Default::default(),
     }
 }
 

@@ -2,7 +2,7 @@
 //! times. Buffers, sizes, strides and scalar values are not part of a region; they arrive at run
 //! time in a [`Binding`].
 
-use crate::ir::{BinaryOp, DType, ReduceOp, UnaryOp};
+use crate::ir::{BinaryOp, DType, KernelOp, ReduceOp, UnaryOp};
 use crate::iter::{IterSpace, StrideKind};
 use crate::trace::TensorRef;
 use std::fmt;
@@ -84,6 +84,11 @@ pub enum Region {
     Arange {
         dtype: DType,
     },
+    /// A kernel op (gather, scatter, scan, sort, random; see [`KernelOp`]) as its canonical
+    /// form. Operands are its tensor inputs in op order, then the output; scalars are its
+    /// scalar operands in op order (see `Scalar::bits_for`, in the result's dtype). Dtypes and
+    /// layouts come with the binding: one program serves every dtype and view.
+    Kernel(KernelOp),
 }
 
 /// The run-time half of a step: which buffer views and scalar values a region runs on.
@@ -182,6 +187,7 @@ impl fmt::Display for Region {
                 Ok(())
             }
             Region::Arange { dtype } => write!(f, "arange.{dtype}(out; start, step)"),
+            Region::Kernel(k) => write!(f, "kernel {k}(inputs.., out; scalars..)"),
         }
     }
 }

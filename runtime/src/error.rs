@@ -39,6 +39,12 @@ pub enum Error {
     Config(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// An index operand held a value outside its dim (gather, scatter): found only when the
+    /// program runs, so it surfaces at the op in debug mode and at the next sync point (and on
+    /// every later use of the result) in strict and defer mode. The message names the op, the
+    /// value, the dim and its size.
+    #[error("{0}")]
+    IndexOutOfBounds(String),
 }
 
 impl Error {
@@ -51,6 +57,7 @@ impl Error {
             Error::Backend(_) => Status::Backend,
             Error::Config(_) => Status::Config,
             Error::Internal(_) => Status::Internal,
+            Error::IndexOutOfBounds(_) => Status::BadOp,
         }
     }
 }

@@ -207,6 +207,7 @@ impl Runtime {
             program,
             binding: step.binding,
             bufs,
+            poison: mode != Mode::Debug,
         })
     }
 

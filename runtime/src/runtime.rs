@@ -326,9 +326,12 @@ impl Runtime {
 
     /// Makes sure everything that writes `buffer` has run, flushing its stream if needed.
     /// Returns whether it ran deferred work (a sync point, counted under `reason`).
+    /// A buffer whose writer failed reports that failure; when the writer failed as it ran
+    /// (an index out of bounds), the stream's error is the same one and is taken here, so a
+    /// later unrelated sync point does not report it again.
     pub(crate) fn wait_written(&self, buffer: &Buffer, reason: SyncReason) -> Result<bool> {
-        buffer.failure()?;
         let Some(w) = buffer.writer() else {
+            buffer.failure()?;
             return Ok(false);
         };
         let mut flushed = false;
@@ -344,7 +347,8 @@ impl Runtime {
                 return Err(e);
             }
         }
-        // The flush run above may have failed before launching this buffer's writer.
+        // The flush run above may have failed before launching this buffer's writer, or the
+        // writer failed in an earlier sync point's wait.
         buffer.failure()?;
         Ok(flushed)
     }

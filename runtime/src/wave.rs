@@ -22,6 +22,10 @@ pub(crate) struct Job {
     pub program: Arc<dyn Program>,
     pub binding: Binding,
     pub bufs: Vec<Arc<Buffer>>,
+    /// Whether a failure marks the outputs failed (strict and defer, where the error surfaces
+    /// later); in debug mode it surfaces at the op itself, and a kernel that failed wrote
+    /// nothing, so an in-place target keeps its value, as in torch.
+    pub poison: bool,
 }
 
 impl Job {
@@ -51,11 +55,24 @@ impl Job {
     }
 
     fn run(&self) -> Result<()> {
-        // SAFETY: every buffer is allocated, kept alive by `bufs`, large enough for its
-        // layout (checked when views are made), and ordered by the stream; no other job of
-        // the wave writes a buffer this one touches.
-        let r = unsafe { self.program.run_buffers(&self.binding, &self.bufs) };
+        // An input whose producer failed at run time (an index out of bounds) holds no value:
+        // its failure passes on to what this job would have computed from it.
+        let r = match self.bufs[..self.binding.n_inputs]
+            .iter()
+            .try_for_each(|b| b.failure())
+        {
+            // SAFETY: every buffer is allocated, kept alive by `bufs`, large enough for its
+            // layout (checked when views are made), and ordered by the stream; no other job
+            // of the wave writes a buffer this one touches.
+            Ok(()) => unsafe { self.program.run_buffers(&self.binding, &self.bufs) },
+            Err(e) => Err(e),
+        };
         for b in self.outputs() {
+            if let (Err(e), true) = (&r, self.poison) {
+                // Every later use of the value reports the failure instead of reading what
+                // the buffer happened to hold.
+                b.fail(e);
+            }
             b.mark_done();
         }
         r
@@ -117,7 +134,12 @@ impl Wave {
         let jobs = std::mem::take(&mut self.jobs);
         Box::new(move || match (jobs.len(), side) {
             (2.., Some(side)) => side.run_all(jobs.len(), &|k| jobs[k].run()),
-            _ => jobs.iter().try_for_each(Job::run),
+            // Every job runs (they are independent of each other) and fails its own outputs;
+            // the first error is the wave's.
+            _ => jobs.iter().fold(Ok(()), |first, j| {
+                let r = j.run();
+                first.and(r)
+            }),
         })
     }
 }

@@ -14,6 +14,7 @@
 // `x % k == 0` reads best here; `is_multiple_of` needs Rust 1.87 and the workspace targets 1.85.
 #![allow(unknown_lints, clippy::manual_is_multiple_of)]
 
+pub mod kernels;
 pub mod linalg;
 pub mod reduce;
 pub mod views;

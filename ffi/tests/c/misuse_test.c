@@ -316,7 +316,7 @@ static void bad_enums_and_attrs(DfuseRuntime *rt) {
     uint64_t x = f32_2x3(rt), h = 0;
     DfuseOperand in[3] = {T(x), T(x), T(x)};
     DfuseAttrs a = attrs(0);
-    MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, 11, &a, in, 1, 0, &h));
+    MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, 16, &a, in, 1, 0, &h));
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, 0xFFFFFFFFu, &a, in, 1, 0, &h));
     a.sub_op = 24;
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, DFUSE_OP_KIND_UNARY, &a, in, 1, 0, &h));

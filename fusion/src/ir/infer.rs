@@ -387,6 +387,7 @@ pub fn infer(op: &Op, args: &[ArgMeta]) -> OpResult<Inferred> {
             })
         }
         Op::Arange { dtype } => infer_arange(args, *dtype),
+        Op::Kernel(k) => super::kernel::infer_kernel(op, k, args),
         Op::Matmul => {
             expect_args(op, args, 2)?;
             let (ad, a) = expect_tensor(op, args, 0)?;

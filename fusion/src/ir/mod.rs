@@ -3,6 +3,7 @@
 pub mod dtype;
 pub mod error;
 pub mod infer;
+pub mod kernel;
 pub mod layout;
 pub mod op;
 mod shapes;
@@ -10,5 +11,6 @@ mod shapes;
 pub use dtype::{Category, DType, DEFAULT_FLOAT};
 pub use error::{OpError, OpResult};
 pub use infer::{infer, infer_memo, infer_memo_operands, result_type, ArgMeta, Inferred};
+pub use kernel::{KernelOp, RandomDist, ScanOp, ScatterReduce};
 pub use layout::{Dims, Layout, Strides};
 pub use op::{BinaryOp, Op, ReduceOp, Scalar, UnaryOp};

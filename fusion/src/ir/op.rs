@@ -4,6 +4,7 @@
 //! never renumber.
 
 use super::dtype::{Category, DType};
+use super::kernel::KernelOp;
 use super::layout::Dims;
 use std::fmt;
 
@@ -341,6 +342,8 @@ pub enum Op {
     Matmul,
     /// `beta * input + alpha * (m1 @ m2)`; operands are input, m1, m2, beta, alpha.
     Addmm,
+    /// Gather, scatter, scans, sort, random numbers: see [`KernelOp`].
+    Kernel(KernelOp),
 }
 
 impl Op {
@@ -359,6 +362,7 @@ impl Op {
             Op::Arange { .. } => "arange",
             Op::Matmul => "matmul",
             Op::Addmm => "addmm",
+            Op::Kernel(k) => k.name(),
         }
     }
 
@@ -385,6 +389,7 @@ impl fmt::Display for Op {
             Op::Cat { dim } => write!(f, "cat.{dim}"),
             Op::Full { sizes, dtype } => write!(f, "full.{dtype}{:?}", sizes.as_slice()),
             Op::Arange { dtype } => write!(f, "arange.{dtype}"),
+            Op::Kernel(k) => write!(f, "{k}"),
             other => f.write_str(other.name()),
         }
     }

@@ -2,6 +2,7 @@
 //! [`Region`] into a [`Program`]; the executor runs programs on resolved buffers.
 
 pub mod cpu;
+pub mod host_kernels;
 pub mod pjrt;
 
 use crate::buffer::Buffer;

@@ -17,6 +17,7 @@ pub use parallel::SERIAL_BELOW;
 
 use parallel::{Pool, CHUNK_ALIGN};
 
+use super::host_kernels::elem::write_f64;
 use super::{Backend, Program};
 use crate::error::{Error, Result};
 use cranelift_codegen::isa::OwnedTargetIsa;
@@ -28,7 +29,6 @@ use cranelift_module::{Linkage, Module};
 use deferfuse_fusion::ir::DType;
 use deferfuse_fusion::region::LoopRegion;
 use deferfuse_fusion::{Binding, IterSpace, Region, StrideKind, TensorRef};
-use half::{bf16, f16};
 use smallvec::SmallVec;
 use std::sync::{Arc, Mutex};
 
@@ -207,6 +207,7 @@ impl Backend for CpuBackend {
                 pool: self.pool.clone(),
             }),
             Region::Arange { dtype } => Arc::new(ArangeProgram(*dtype)),
+            Region::Kernel(k) => super::host_kernels::program(k),
         })
     }
 }
@@ -566,19 +567,5 @@ impl Program for ArangeProgram {
             write_f64(self.0, bases[0], off, v);
         }
         Ok(())
-    }
-}
-
-/// Stores `v` converted to `dtype` at element `off`.
-unsafe fn write_f64(dtype: DType, p: *mut u8, off: isize, v: f64) {
-    match dtype {
-        DType::F32 => *(p as *mut f32).offset(off) = v as f32,
-        DType::F64 => *(p as *mut f64).offset(off) = v,
-        DType::F16 => *(p as *mut u16).offset(off) = f16::from_f64(v).to_bits(),
-        DType::BF16 => *(p as *mut u16).offset(off) = bf16::from_f64(v).to_bits(),
-        DType::I32 => *(p as *mut i32).offset(off) = v as i32,
-        DType::I64 => *(p as *mut i64).offset(off) = v as i64,
-        DType::U8 => *p.offset(off) = v as i64 as u8,
-        DType::Bool => *p.offset(off) = (v != 0.0) as u8,
     }
 }

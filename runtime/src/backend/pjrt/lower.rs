@@ -104,6 +104,9 @@ pub fn module(region: &Region, sig: &Signature) -> String {
                 .collect()
         }
         Region::Matmul { dtype, epilogue } => matmul(&mut f, *dtype, epilogue.as_deref(), sig),
+        Region::Kernel(_) => {
+            unreachable!("kernel regions run as host programs (see PjrtBackend::compile)")
+        }
         Region::Arange { dtype } => {
             let n = sig.space[0];
             let ty = Ty::new(Elem::F64, &[]);

@@ -166,6 +166,11 @@ impl Backend for PjrtBackend {
     }
 
     fn compile(&self, region: &Region) -> Result<Arc<dyn Program>> {
+        if let Region::Kernel(k) = region {
+            // Gather, scatter, scans, sort and random numbers run as host routines on host
+            // bytes: the default `run_buffers` writes device values back first (see README).
+            return Ok(super::host_kernels::program(k));
+        }
         Ok(Arc::new(PjrtProgram {
             region: region.clone(),
             fingerprint: deferfuse_cache::fingerprint(region, &self.shared.identity),
@@ -380,6 +385,9 @@ impl PjrtProgram {
                         args.push(scalar(stage::scalar_bytes(bits, d), hlo::Elem::of(d))?);
                     }
                 }
+            }
+            Region::Kernel(_) => {
+                unreachable!("kernel regions run as host programs (see PjrtBackend::compile)")
             }
             Region::Arange { .. } => {
                 for s in &binding.scalars[..2] {

@@ -159,6 +159,9 @@ pub fn plan(region: &Region, b: &Binding) -> Plan {
                     empty,
                 )
             }
+            Region::Kernel(_) => {
+                unreachable!("kernel regions run as host programs (see PjrtBackend::compile)")
+            }
             Region::Arange { .. } => {
                 let l = &b.operands[0].layout;
                 let numel = l.numel();

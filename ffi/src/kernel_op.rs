@@ -1,0 +1,192 @@
+//! The attributes of the kernel op kinds (GATHER, SCATTER, SCAN, SORT, RANDOM): their sub-op
+//! enums and how `DfuseAttrs` becomes the runtime's `KernelOp`.
+
+use crate::error::{invalid, Result};
+use crate::op::{wrap_dims, DfuseAttrs};
+use crate::types::{dtype_from, sizes_from, DFUSE_MAX_REDUCE_DIMS};
+use deferfuse_fusion::ir::{Dims, KernelOp, RandomDist, ScanOp, ScatterReduce};
+
+/// `attrs->sub_op` for `DFUSE_OP_KIND_SCATTER`; the numbers are the runtime's.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DfuseScatterReduce {
+    /// `scatter(src=/value=)`: replace (duplicate indices: the last in index order wins)
+    Assign = 0,
+    /// `scatter_add`, `scatter_reduce("sum")`
+    Sum = 1,
+    /// `scatter_reduce("prod")`
+    Prod = 2,
+    /// `scatter_reduce("amax")` (propagates NaN)
+    Amax = 3,
+    /// `scatter_reduce("amin")` (propagates NaN)
+    Amin = 4,
+    /// `scatter_reduce("mean")` (integers divide with floor; not for bool)
+    Mean = 5,
+}
+
+/// `attrs->sub_op` for `DFUSE_OP_KIND_SCAN`; the numbers are the runtime's.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DfuseScanOp {
+    /// `cumsum`
+    Sum = 0,
+    /// `cumprod`
+    Prod = 1,
+}
+
+/// `attrs->sub_op` for `DFUSE_OP_KIND_RANDOM`; the numbers are the runtime's.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DfuseRandomDist {
+    /// uniform on [0, 1) (`rand`)
+    Uniform = 0,
+    /// standard normal (`randn`)
+    Normal = 1,
+}
+
+/// The `KernelOp` of kind 11..=15 with attributes `a`; `rank` gives the first tensor input's
+/// rank for wrapping `attrs->dim` (RANDOM, which has no tensor input, never asks).
+pub(crate) fn build_kernel_op(
+    kind: u32,
+    a: &DfuseAttrs,
+    rank: impl FnOnce() -> Result<Option<usize>>,
+) -> Result<KernelOp> {
+    let bad_sub = |name: &str, max: usize| {
+        invalid(format!(
+            "attrs->sub_op = {} is not a {name}; expected 0..={max}",
+            a.sub_op
+        ))
+    };
+    if kind == 15 {
+        let dist = RandomDist::from_u32(a.sub_op)
+            .ok_or_else(|| bad_sub("DfuseRandomDist", RandomDist::ALL.len() - 1))?;
+        if a.n_dims > DFUSE_MAX_REDUCE_DIMS {
+            return Err(invalid(format!(
+                "attrs->n_dims = {} is more than the {DFUSE_MAX_REDUCE_DIMS} sizes attrs->dims \
+                 holds",
+                a.n_dims
+            )));
+        }
+        return Ok(KernelOp::Random {
+            dist,
+            sizes: Dims::from_vec(sizes_from(&a.dims[..a.n_dims], "attrs->dims")?),
+            dtype: dtype_from(a.dtype, "attrs->dtype")?,
+        });
+    }
+    let name = match kind {
+        11 => "gather",
+        12 => "scatter",
+        13 => "cumsum",
+        _ => "argsort",
+    };
+    let dim = wrap_dims(name, &[a.dim], rank()?)?[0];
+    Ok(match kind {
+        11 => KernelOp::Gather { dim },
+        12 => KernelOp::Scatter {
+            dim,
+            reduce: ScatterReduce::from_u32(a.sub_op)
+                .ok_or_else(|| bad_sub("DfuseScatterReduce", ScatterReduce::ALL.len() - 1))?,
+            include_self: a.include_self != 0,
+        },
+        13 => KernelOp::Scan {
+            op: ScanOp::from_u32(a.sub_op)
+                .ok_or_else(|| bad_sub("DfuseScanOp", ScanOp::ALL.len() - 1))?,
+            dim,
+            dtype: match a.has_dtype {
+                0 => None,
+                _ => Some(dtype_from(a.dtype, "attrs->dtype")?),
+            },
+        },
+        _ => KernelOp::Sort {
+            dim,
+            descending: a.descending != 0,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(sub_op: u32, dim: i64) -> DfuseAttrs {
+        DfuseAttrs {
+            sub_op,
+            dim,
+            include_self: 1,
+            // SAFETY: every field of DfuseAttrs is an integer, for which zero is valid.
+            ..unsafe { std::mem::zeroed() }
+        }
+    }
+
+    #[test]
+    fn sub_op_numbers_match_fusion() {
+        let s = [
+            DfuseScatterReduce::Assign,
+            DfuseScatterReduce::Sum,
+            DfuseScatterReduce::Prod,
+            DfuseScatterReduce::Amax,
+            DfuseScatterReduce::Amin,
+            DfuseScatterReduce::Mean,
+        ];
+        assert_eq!(s.len(), ScatterReduce::ALL.len());
+        for (x, y) in s.iter().zip(ScatterReduce::ALL) {
+            assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
+        }
+        for (x, y) in [DfuseScanOp::Sum, DfuseScanOp::Prod]
+            .iter()
+            .zip(ScanOp::ALL)
+        {
+            assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
+        }
+        let r = [DfuseRandomDist::Uniform, DfuseRandomDist::Normal];
+        for (x, y) in r.iter().zip(RandomDist::ALL) {
+            assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
+        }
+    }
+
+    #[test]
+    fn dims_wrap_against_the_first_tensor() {
+        let op = build_kernel_op(11, &attrs(0, -1), || Ok(Some(3))).unwrap();
+        assert_eq!(op, KernelOp::Gather { dim: 2 });
+        let e = build_kernel_op(14, &attrs(0, 3), || Ok(Some(3))).unwrap_err();
+        assert!(e.to_string().contains("argsort: dim"), "{e}");
+    }
+
+    #[test]
+    fn scan_reads_its_dtype_only_when_told() {
+        let mut a = attrs(1, 0);
+        a.dtype = 1;
+        let op = build_kernel_op(13, &a, || Ok(Some(1))).unwrap();
+        assert!(matches!(
+            op,
+            KernelOp::Scan {
+                dtype: None,
+                op: ScanOp::Prod,
+                ..
+            }
+        ));
+        a.has_dtype = 1;
+        let op = build_kernel_op(13, &a, || Ok(Some(1))).unwrap();
+        assert!(matches!(
+            op,
+            KernelOp::Scan {
+                dtype: Some(deferfuse_fusion::ir::DType::F64),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn random_takes_its_sizes_from_dims_and_never_asks_for_a_rank() {
+        let mut a = attrs(1, 0);
+        a.n_dims = 2;
+        a.dims[..2].copy_from_slice(&[2, 3]);
+        let op = build_kernel_op(15, &a, || unreachable!()).unwrap();
+        assert!(matches!(op, KernelOp::Random { ref sizes, .. } if sizes.as_slice() == [2, 3]));
+        a.dims[1] = -3;
+        assert!(build_kernel_op(15, &a, || unreachable!()).is_err());
+        a.sub_op = 2;
+        let e = build_kernel_op(15, &a, || unreachable!()).unwrap_err();
+        assert!(e.to_string().contains("not a DfuseRandomDist"), "{e}");
+    }
+}

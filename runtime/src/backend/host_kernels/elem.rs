@@ -1,0 +1,156 @@
+//! Reading and writing single elements of any dtype, as the host kernels see them: floats as
+//! f64 (exact for every float dtype), integers and bool as i64 (exact for every integer dtype).
+
+use deferfuse_fusion::ir::DType;
+use half::{bf16, f16};
+
+/// The float value of the element at `off` (in elements) of a float, integer or bool buffer.
+///
+/// # Safety
+/// `p` holds a `dtype` element at `off`.
+pub unsafe fn read_f64(dtype: DType, p: *const u8, off: isize) -> f64 {
+    match dtype {
+        DType::F32 => *(p as *const f32).offset(off) as f64,
+        DType::F64 => *(p as *const f64).offset(off),
+        DType::F16 => f16::from_bits(*(p as *const u16).offset(off)).to_f64(),
+        DType::BF16 => bf16::from_bits(*(p as *const u16).offset(off)).to_f64(),
+        _ => read_i64(dtype, p, off) as f64,
+    }
+}
+
+/// The integer value of the element at `off` (floats truncate toward zero).
+///
+/// # Safety
+/// `p` holds a `dtype` element at `off`.
+pub unsafe fn read_i64(dtype: DType, p: *const u8, off: isize) -> i64 {
+    match dtype {
+        DType::I32 => *(p as *const i32).offset(off) as i64,
+        DType::I64 => *(p as *const i64).offset(off),
+        DType::U8 => *p.offset(off) as i64,
+        DType::Bool => (*p.offset(off) != 0) as i64,
+        _ => read_f64(dtype, p, off) as i64,
+    }
+}
+
+/// Stores `v` converted to `dtype` at element `off` (floats round to nearest even; integers
+/// truncate and saturate, NaN gives 0; bool is `v != 0`).
+///
+/// # Safety
+/// `p` has room for a `dtype` element at `off`, and no one else accesses it meanwhile.
+pub unsafe fn write_f64(dtype: DType, p: *mut u8, off: isize, v: f64) {
+    match dtype {
+        DType::F32 => *(p as *mut f32).offset(off) = v as f32,
+        DType::F64 => *(p as *mut f64).offset(off) = v,
+        DType::F16 => *(p as *mut u16).offset(off) = f16::from_f64(v).to_bits(),
+        DType::BF16 => *(p as *mut u16).offset(off) = bf16::from_f64(v).to_bits(),
+        DType::I32 => *(p as *mut i32).offset(off) = v as i32,
+        DType::I64 => *(p as *mut i64).offset(off) = v as i64,
+        DType::U8 => *p.offset(off) = v as i64 as u8,
+        DType::Bool => *p.offset(off) = (v != 0.0) as u8,
+    }
+}
+
+/// Stores integer `v` converted to `dtype` at element `off` (integers wrap, like torch's
+/// integer casts; floats round once from the exact integer).
+///
+/// # Safety
+/// As for [`write_f64`].
+pub unsafe fn write_i64(dtype: DType, p: *mut u8, off: isize, v: i64) {
+    match dtype {
+        DType::F32 => *(p as *mut f32).offset(off) = v as f32,
+        DType::F64 => *(p as *mut f64).offset(off) = v as f64,
+        DType::F16 => *(p as *mut u16).offset(off) = f16::from_f32(v as f32).to_bits(),
+        DType::BF16 => *(p as *mut u16).offset(off) = bf16::from_f32(v as f32).to_bits(),
+        DType::I32 => *(p as *mut i32).offset(off) = v as i32,
+        DType::I64 => *(p as *mut i64).offset(off) = v,
+        DType::U8 => *p.offset(off) = v as u8,
+        DType::Bool => *p.offset(off) = (v != 0) as u8,
+    }
+}
+
+/// Copies one element of `from` at `soff` into `to` at `doff`, converting between dtypes.
+///
+/// # Safety
+/// As for [`read_f64`] and [`write_f64`].
+pub unsafe fn convert(
+    from: DType,
+    src: *const u8,
+    soff: isize,
+    to: DType,
+    dst: *mut u8,
+    doff: isize,
+) {
+    if from == to {
+        let es = from.size();
+        std::ptr::copy_nonoverlapping(
+            src.offset(soff * es as isize),
+            dst.offset(doff * es as isize),
+            es,
+        );
+    } else if from.is_float() {
+        write_f64(to, dst, doff, read_f64(from, src, soff));
+    } else {
+        write_i64(to, dst, doff, read_i64(from, src, soff));
+    }
+}
+
+/// `v` rounded to float `dtype` (f64 values pass unchanged).
+pub fn round_to(dtype: DType, v: f64) -> f64 {
+    match dtype {
+        DType::F32 => v as f32 as f64,
+        DType::F16 => f16::from_f64(v).to_f64(),
+        DType::BF16 => bf16::from_f64(v).to_f64(),
+        _ => v,
+    }
+}
+
+/// `f(a, b)` in the precision torch's CPU kernels use for one step on `dtype`: f64 for f64,
+/// f32 for f32, f16 and bf16 (whose operators widen to f32), rounded to `dtype`.
+pub fn float_step(dtype: DType, a: f64, b: f64, f: impl Fn(f64, f64) -> f64) -> f64 {
+    if dtype == DType::F64 {
+        f(a, b)
+    } else {
+        // Both operands are f32 values, so one f64 operation rounded to f32 is the f32 result.
+        round_to(dtype, f(a, b) as f32 as f64)
+    }
+}
+
+/// Integer `v` wrapped to `dtype` as storing and reloading it would (bool: `v != 0`).
+pub fn wrap_to(dtype: DType, v: i64) -> i64 {
+    match dtype {
+        DType::I32 => v as i32 as i64,
+        DType::U8 => v as u8 as i64,
+        DType::Bool => (v != 0) as i64,
+        _ => v,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_converted_element_keeps_its_value() {
+        let src = [3i64, -2];
+        let mut dst = [0f32; 2];
+        unsafe {
+            convert(
+                DType::I64,
+                src.as_ptr() as *const u8,
+                1,
+                DType::F32,
+                dst.as_mut_ptr() as *mut u8,
+                0,
+            )
+        };
+        assert_eq!(dst, [-2.0, 0.0]);
+    }
+
+    #[test]
+    fn an_f16_step_rounds_through_f32_then_f16() {
+        let a = f16::from_f32(1.0).to_f64();
+        let b = f16::from_f32(0.0004).to_f64();
+        let want = (f16::from_f32(1.0) + f16::from_f32(0.0004)).to_f64();
+        assert_eq!(float_step(DType::F16, a, b, |x, y| x + y), want);
+    }
+}

@@ -1,0 +1,233 @@
+//! Host implementations of the kernel ops (gather, scatter, scans, sort, random numbers): plain
+//! loops over host memory, generic over dtype, reading every operand through its layout
+//! (strides, offset; an expanded index has stride 0). Both backends run them: the CPU backend
+//! directly, the PJRT backend on host bytes (its default `run_buffers` writes device values
+//! back first), so results are the same bits on either and in every mode.
+
+pub(crate) mod elem;
+mod gather;
+mod random;
+mod scan;
+mod scatter;
+mod sort;
+
+pub use random::philox4x32_10;
+
+use super::Program;
+use crate::error::{Error, Result};
+use deferfuse_fusion::ir::{DType, KernelOp};
+use deferfuse_fusion::{Binding, TensorRef};
+use smallvec::SmallVec;
+use std::sync::Arc;
+
+/// The program of a kernel region: nothing to compile, the op's host routine runs as is.
+pub fn program(op: &KernelOp) -> Arc<dyn Program> {
+    Arc::new(KernelProgram(op.clone()))
+}
+
+struct KernelProgram(KernelOp);
+
+impl Program for KernelProgram {
+    unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
+        let n_in = binding.n_inputs;
+        if binding.operands.len() != n_in + 1 || bases.len() != n_in + 1 {
+            return Err(Error::Internal(format!(
+                "{}: expected {} operands and one output, got {} operands",
+                self.0.name(),
+                n_in,
+                binding.operands.len()
+            )));
+        }
+        let inputs: SmallVec<[View; 3]> = (0..n_in)
+            .map(|j| View::new(&binding.operands[j], bases[j]))
+            .collect();
+        let first = inputs.first().map(|v| v.dtype);
+        let result = self.0.result_dtype(first);
+        let mut dst = Dst::new(&binding.operands[n_in], bases[n_in], result, &bases[..n_in]);
+        match &self.0 {
+            KernelOp::Gather { dim } => gather::run(*dim, &inputs[0], &inputs[1], &dst.view)?,
+            KernelOp::Scatter {
+                dim,
+                reduce,
+                include_self,
+            } => {
+                let src = match inputs.get(2) {
+                    Some(v) => scatter::Src::Tensor(v),
+                    None => scatter::Src::Scalar(binding.scalars[0]),
+                };
+                let op = scatter::Scatter {
+                    dim: *dim,
+                    reduce: *reduce,
+                    include_self: *include_self,
+                };
+                op.run(&inputs[0], &inputs[1], src, &dst.view)?
+            }
+            KernelOp::Scan { op, dim, .. } => scan::run(*op, *dim, &inputs[0], &dst.view),
+            KernelOp::Sort { dim, descending } => {
+                sort::run(*dim, *descending, &inputs[0], &dst.view)
+            }
+            KernelOp::Random { dist, .. } => {
+                random::run(*dist, binding.scalars[0], binding.scalars[1], &dst.view)
+            }
+        }
+        dst.finish();
+        Ok(())
+    }
+}
+
+/// An operand as a kernel reads it. A 0-dim tensor is seen as one element of a 1-dim one, so
+/// torch's "dim 0 of a scalar" works without special cases.
+pub(crate) struct View {
+    pub base: *mut u8,
+    pub dtype: DType,
+    pub sizes: SmallVec<[usize; 6]>,
+    /// In elements.
+    pub strides: SmallVec<[isize; 6]>,
+    /// In elements.
+    pub offset: isize,
+}
+
+impl View {
+    fn new(t: &TensorRef, base: *mut u8) -> View {
+        let l = &t.layout;
+        let (sizes, strides) = if l.rank() == 0 {
+            (SmallVec::from_slice(&[1]), SmallVec::from_slice(&[0]))
+        } else {
+            (
+                SmallVec::from_slice(&l.sizes),
+                SmallVec::from_slice(&l.strides),
+            )
+        };
+        View {
+            base,
+            dtype: t.dtype,
+            sizes,
+            strides,
+            offset: l.offset as isize,
+        }
+    }
+
+    /// A dense row-major view of `sizes` over `base`.
+    fn dense(base: *mut u8, dtype: DType, sizes: &[usize]) -> View {
+        let mut strides: SmallVec<[isize; 6]> = SmallVec::from_elem(1, sizes.len());
+        for d in (0..sizes.len().saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1] * sizes[d + 1].max(1) as isize;
+        }
+        View {
+            base,
+            dtype,
+            sizes: SmallVec::from_slice(sizes),
+            strides,
+            offset: 0,
+        }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.sizes.iter().product()
+    }
+}
+
+/// Calls `f(index, offsets)` for each row along `dim` of a `sizes` iteration space (every
+/// index of the other dims, in row-major order; `index[dim]` is 0), with each view's element
+/// offset of the row's first element. Views may be larger than `sizes`; their own strides
+/// place the row.
+pub(crate) fn for_each_row(
+    sizes: &[usize],
+    dim: usize,
+    views: &[&View],
+    mut f: impl FnMut(&[usize], &[isize]),
+) {
+    if sizes.iter().enumerate().any(|(d, &s)| d != dim && s == 0) {
+        return;
+    }
+    let rank = sizes.len();
+    let mut idx: SmallVec<[usize; 6]> = SmallVec::from_elem(0, rank);
+    let mut offs: SmallVec<[isize; 4]> = views.iter().map(|v| v.offset).collect();
+    loop {
+        f(&idx, &offs);
+        // Odometer over every dim but `dim`, keeping the offsets in step.
+        let mut d = rank;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            if d == dim {
+                continue;
+            }
+            idx[d] += 1;
+            for (o, v) in offs.iter_mut().zip(views) {
+                *o += v.strides[d];
+            }
+            if idx[d] < sizes[d] {
+                break;
+            }
+            for (o, v) in offs.iter_mut().zip(views) {
+                *o -= v.strides[d] * sizes[d] as isize;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Where a kernel writes its result: the output view itself when it has the result's dtype and
+/// shares no buffer with an input, else a dense scratch tensor of the result's dtype that
+/// [`Dst::finish`] copies (converting) into the output, so a kernel never reads what it
+/// already overwrote (`x.scatter_(..)`, `argsort(x, out=x)`).
+struct Dst {
+    view: View,
+    /// The real output when `view` is scratch, and the scratch's storage (u64 for alignment).
+    staged: Option<(View, Vec<u64>)>,
+}
+
+impl Dst {
+    fn new(out: &TensorRef, base: *mut u8, result: DType, inputs: &[*mut u8]) -> Dst {
+        let real = View::new(out, base);
+        if out.dtype == result && !inputs.contains(&base) {
+            return Dst {
+                view: real,
+                staged: None,
+            };
+        }
+        let bytes = real.numel() * result.size();
+        let mut scratch = vec![0u64; bytes.div_ceil(8)];
+        let view = View::dense(scratch.as_mut_ptr() as *mut u8, result, &real.sizes);
+        Dst {
+            view,
+            staged: Some((real, scratch)),
+        }
+    }
+
+    /// Copies a staged result into the output.
+    fn finish(&mut self) {
+        let Some((real, _scratch)) = &self.staged else {
+            return;
+        };
+        let rank = real.sizes.len();
+        let last = rank - 1;
+        let n = real.sizes[last];
+        for_each_row(&real.sizes, last, &[&self.view, real], |_, o| {
+            for i in 0..n as isize {
+                // SAFETY: both views lie inside their buffers (the scratch was sized for it,
+                // the output's view was bounds-checked when it was made).
+                unsafe {
+                    elem::convert(
+                        self.view.dtype,
+                        self.view.base,
+                        o[0] + i * self.view.strides[last],
+                        real.dtype,
+                        real.base,
+                        o[1] + i * real.strides[last],
+                    )
+                };
+            }
+        });
+    }
+}
+
+/// The error of an index value outside its dim.
+pub(crate) fn out_of_bounds(op: &str, value: i64, dim: usize, size: usize) -> Error {
+    Error::IndexOutOfBounds(format!(
+        "{op}: index {value} is out of bounds for dim {dim} with size {size}"
+    ))
+}

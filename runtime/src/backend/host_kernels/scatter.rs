@@ -1,0 +1,236 @@
+//! Functional scatter (`scatter`, `scatter_add`, `scatter_reduce`): a copy of self with src's
+//! values combined into it at the index's positions along one dim. Values are combined in
+//! row-major order of the index, each step rounded to the dtype as torch's CPU kernels do, so
+//! the result is deterministic (with `assign`, the last duplicate wins).
+
+use super::elem::{float_step, read_f64, read_i64, round_to, wrap_to, write_f64, write_i64};
+use super::gather::check_indices;
+use super::{for_each_row, View};
+use crate::error::Result;
+use deferfuse_fusion::ir::{DType, ScatterReduce};
+
+/// Where the scattered values come from.
+pub(super) enum Src<'a> {
+    Tensor(&'a View),
+    /// One value for every position, as the binding's scalar bits (`Scalar::bits_for` in the
+    /// result's dtype).
+    Scalar(u64),
+}
+
+/// The op's attributes.
+pub(super) struct Scatter {
+    pub dim: usize,
+    pub reduce: ScatterReduce,
+    pub include_self: bool,
+}
+
+/// The arithmetic of one element type family: floats as f64, integers and bool as i64.
+trait Num: Copy {
+    /// # Safety
+    /// `p` holds a `dt` element at `off`.
+    unsafe fn read(dt: DType, p: *const u8, off: isize) -> Self;
+    /// # Safety
+    /// `p` has room for a `dt` element at `off`.
+    unsafe fn write(self, dt: DType, p: *mut u8, off: isize);
+    /// A scalar operand's value, as stored into `dt`.
+    fn scalar(dt: DType, bits: u64) -> Self;
+    fn combine(dt: DType, r: ScatterReduce, old: Self, new: Self) -> Self;
+    /// What an element that receives values starts from without `include_self`.
+    fn identity(dt: DType, r: ScatterReduce) -> Self;
+    /// `mean`'s division by how many values met at an element.
+    fn div_count(dt: DType, v: Self, n: i64) -> Self;
+}
+
+impl Num for f64 {
+    unsafe fn read(dt: DType, p: *const u8, off: isize) -> f64 {
+        read_f64(dt, p, off)
+    }
+    unsafe fn write(self, dt: DType, p: *mut u8, off: isize) {
+        write_f64(dt, p, off, self)
+    }
+    fn scalar(dt: DType, bits: u64) -> f64 {
+        round_to(dt, f64::from_bits(bits))
+    }
+    fn combine(dt: DType, r: ScatterReduce, a: f64, b: f64) -> f64 {
+        match r {
+            ScatterReduce::Assign => b,
+            ScatterReduce::Sum | ScatterReduce::Mean => float_step(dt, a, b, |x, y| x + y),
+            ScatterReduce::Prod => float_step(dt, a, b, |x, y| x * y),
+            _ if a.is_nan() || b.is_nan() => f64::NAN,
+            ScatterReduce::Amax => a.max(b),
+            ScatterReduce::Amin => a.min(b),
+        }
+    }
+    fn identity(_: DType, r: ScatterReduce) -> f64 {
+        match r {
+            ScatterReduce::Prod => 1.0,
+            ScatterReduce::Amax => f64::NEG_INFINITY,
+            ScatterReduce::Amin => f64::INFINITY,
+            _ => 0.0,
+        }
+    }
+    fn div_count(dt: DType, v: f64, n: i64) -> f64 {
+        float_step(dt, v, n as f64, |x, y| x / y)
+    }
+}
+
+impl Num for i64 {
+    unsafe fn read(dt: DType, p: *const u8, off: isize) -> i64 {
+        read_i64(dt, p, off)
+    }
+    unsafe fn write(self, dt: DType, p: *mut u8, off: isize) {
+        write_i64(dt, p, off, self)
+    }
+    fn scalar(dt: DType, bits: u64) -> i64 {
+        wrap_to(dt, bits as i64)
+    }
+    fn combine(dt: DType, r: ScatterReduce, a: i64, b: i64) -> i64 {
+        wrap_to(
+            dt,
+            match r {
+                ScatterReduce::Assign => b,
+                ScatterReduce::Sum | ScatterReduce::Mean => a.wrapping_add(b),
+                ScatterReduce::Prod => a.wrapping_mul(b),
+                ScatterReduce::Amax => a.max(b),
+                ScatterReduce::Amin => a.min(b),
+            },
+        )
+    }
+    fn identity(dt: DType, r: ScatterReduce) -> i64 {
+        let (lo, hi) = match dt {
+            DType::I32 => (i32::MIN as i64, i32::MAX as i64),
+            DType::U8 => (0, 255),
+            DType::Bool => (0, 1),
+            _ => (i64::MIN, i64::MAX),
+        };
+        match r {
+            ScatterReduce::Prod => 1,
+            ScatterReduce::Amax => lo,
+            ScatterReduce::Amin => hi,
+            _ => 0,
+        }
+    }
+    fn div_count(dt: DType, v: i64, n: i64) -> i64 {
+        wrap_to(dt, v.div_euclid(n))
+    }
+}
+
+impl Scatter {
+    fn name(&self) -> &'static str {
+        match self.reduce {
+            ScatterReduce::Assign => "scatter",
+            _ => "scatter_reduce",
+        }
+    }
+
+    /// `out` = self with `src` scattered into it. Every index is checked before anything is
+    /// written.
+    pub fn run(&self, this: &View, index: &View, src: Src, out: &View) -> Result<()> {
+        check_indices(self.name(), index, self.dim, this.sizes[self.dim])?;
+        copy(this, out);
+        if out.dtype.is_float() {
+            self.apply::<f64>(index, src, out);
+        } else {
+            self.apply::<i64>(index, src, out);
+        }
+        Ok(())
+    }
+
+    fn apply<T: Num>(&self, index: &View, src: Src, out: &View) {
+        let (dim, dt, r) = (self.dim, out.dtype, self.reduce);
+        let fresh = !self.include_self && r != ScatterReduce::Assign;
+        let mut counts =
+            (r == ScatterReduce::Mean).then(|| vec![self.include_self as i64; out.numel()]);
+        // The counts as a dense view of the output's shape: the same offsets math finds them.
+        let count_view = View::dense(std::ptr::null_mut(), DType::I64, &out.sizes);
+        let src_view = match &src {
+            Src::Tensor(v) => *v,
+            Src::Scalar(_) => index, // never read: a placeholder that keeps the offsets aligned
+        };
+        let scalar = match src {
+            Src::Scalar(bits) => Some(T::scalar(dt, bits)),
+            Src::Tensor(_) => None,
+        };
+        let last = index.sizes.len() - 1;
+        let n = index.sizes[last];
+        let views = [index, out, src_view, &count_view];
+        // Each element's target: its own position with the index value along `dim`.
+        let mut visit = |pass: Pass| {
+            for_each_row(&index.sizes, last, &views, |idx, o| {
+                for j in 0..n {
+                    let at = |v: &View, k: usize| o[k] + j as isize * v.strides[last];
+                    // SAFETY: every view lies inside its buffer; indices were checked.
+                    let v = unsafe { read_i64(index.dtype, index.base, at(index, 0)) } as isize;
+                    let own = if dim == last { j } else { idx[dim] } as isize;
+                    let target = at(out, 1) + (v - own) * out.strides[dim];
+                    let count_at = at(&count_view, 3) + (v - own) * count_view.strides[dim];
+                    match pass {
+                        Pass::Reset => unsafe { T::identity(dt, r).write(dt, out.base, target) },
+                        Pass::Combine => {
+                            let new = match scalar {
+                                Some(s) => s,
+                                None => unsafe { T::read(dt, src_view.base, at(src_view, 2)) },
+                            };
+                            unsafe {
+                                let old = T::read(dt, out.base, target);
+                                T::combine(dt, r, old, new).write(dt, out.base, target);
+                            }
+                            if let Some(c) = counts.as_mut() {
+                                c[count_at as usize] += 1;
+                            }
+                        }
+                    }
+                }
+            });
+        };
+        if fresh {
+            visit(Pass::Reset);
+        }
+        visit(Pass::Combine);
+        if let Some(c) = counts {
+            let last_out = out.sizes.len() - 1;
+            let views = [out, &count_view];
+            for_each_row(&out.sizes, last_out, &views, |_, o| {
+                for j in 0..out.sizes[last_out] as isize {
+                    let k = (o[1] + j) as usize;
+                    if c[k] > 1 {
+                        let at = o[0] + j * out.strides[last_out];
+                        // SAFETY: the output view lies inside its buffer.
+                        unsafe {
+                            let v = T::read(dt, out.base, at);
+                            T::div_count(dt, v, c[k]).write(dt, out.base, at);
+                        }
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// The two walks over the index: set targets to the identity, then combine values into them.
+#[derive(Clone, Copy)]
+enum Pass {
+    Reset,
+    Combine,
+}
+
+/// Copies `from` into `to` (same shape and dtype), element by element through both layouts.
+fn copy(from: &View, to: &View) {
+    let last = to.sizes.len() - 1;
+    let n = to.sizes[last] as isize;
+    let es = to.dtype.size();
+    for_each_row(&to.sizes, last, &[from, to], |_, o| {
+        for j in 0..n {
+            // SAFETY: both views lie inside their buffers; they are distinct buffers (the
+            // output is staged when it shares one with an input).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    from.base
+                        .offset((o[0] + j * from.strides[last]) * es as isize),
+                    to.base.offset((o[1] + j * to.strides[last]) * es as isize),
+                    es,
+                )
+            };
+        }
+    });
+}

@@ -1,0 +1,569 @@
+//! The kernel ops (gather, scatter, cumsum/cumprod, argsort, random numbers) against the
+//! reference in `reference/kernels.rs`, in strict, debug and defer mode (which must agree bit
+//! for bit), over dtypes, ranks, dims and views; their index errors, which surface when the
+//! program runs; and the Philox generator's known answer, reproducibility and statistics.
+
+mod harness;
+mod reference;
+
+use deferfuse::fusion::ir::{KernelOp, RandomDist, ScanOp, ScatterReduce};
+use deferfuse::fusion::plan::CutReason;
+use deferfuse::runtime::backend::host_kernels::philox4x32_10;
+use deferfuse::{DType, Error, Handle, Input, Mode, Op, Runtime, Scalar, View};
+use harness::*;
+use reference::kernels::{self as refk, ScatterSrc};
+use reference::RefTensor;
+
+const ALL_DTYPES: [DType; 8] = [
+    DType::F32,
+    DType::F64,
+    DType::F16,
+    DType::BF16,
+    DType::I32,
+    DType::I64,
+    DType::U8,
+    DType::Bool,
+];
+
+/// Shapes of rank 1 to 3 (one with a size-1 dim).
+const SHAPES: [&[usize]; 4] = [&[7], &[4, 5], &[3, 1, 4], &[2, 3, 4]];
+
+fn gather(dim: usize) -> Op {
+    Op::Kernel(KernelOp::Gather { dim })
+}
+
+fn scatter(dim: usize, reduce: ScatterReduce, include_self: bool) -> Op {
+    Op::Kernel(KernelOp::Scatter {
+        dim,
+        reduce,
+        include_self,
+    })
+}
+
+fn random(dist: RandomDist, sizes: &[usize], dtype: DType) -> Op {
+    Op::Kernel(KernelOp::Random {
+        dist,
+        sizes: sizes.into(),
+        dtype,
+    })
+}
+
+/// An index tensor of `sizes` whose values are in `[0, bound)`, of int64 or int32.
+fn index(rng: &mut Rng, sizes: &[usize], bound: usize, dtype: DType) -> RefTensor {
+    let n = sizes.iter().product();
+    let v = (0..n)
+        .map(|_| rng.int(0, bound as i64 - 1) as f64)
+        .collect();
+    RefTensor::new(dtype, sizes, v)
+}
+
+/// `sizes` with each dim but `dim` shrunk at random (torch lets an index be smaller there).
+fn smaller(rng: &mut Rng, sizes: &[usize], dim: usize, along: usize) -> Vec<usize> {
+    let mut s: Vec<usize> = sizes
+        .iter()
+        .map(|&n| rng.int(1, n as i64) as usize)
+        .collect();
+    s[dim] = along;
+    s
+}
+
+fn assert_equal(ctx: &str, got: &RefTensor, want: &RefTensor) {
+    compare(ctx, got, want, EXACT, None).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn gather_matches_the_reference_for_every_dtype_rank_dim_and_layout() {
+    let mut rng = Rng::new(11);
+    for &dtype in &ALL_DTYPES {
+        for sizes in SHAPES {
+            for dim in 0..sizes.len() {
+                let src = rng.tensor(dtype, sizes, 8.0, 50, true);
+                let idx_dtype = rng.pick(&[DType::I64, DType::I32]);
+                let along = rng.int(1, 6) as usize;
+                let isizes = smaller(&mut rng, sizes, dim, along);
+                let idx = index(&mut rng, &isizes, sizes[dim], idx_dtype);
+                let want = refk::gather(&src, dim, &idx);
+                let p = rng.pick(&PLACES);
+                let q = rng.pick(&PLACES);
+                let out = run_in_every_mode(|rt| {
+                    let s = place(rt, &src, p);
+                    let i = place(rt, &idx, q);
+                    vec![("gather".into(), run(rt, gather(dim), &[tt(s), tt(i)]))]
+                });
+                let ctx = format!("gather {dtype} {sizes:?} dim {dim} {p:?}/{q:?}");
+                assert_equal(&ctx, &out[0].1, &want);
+            }
+        }
+    }
+}
+
+#[test]
+fn gather_with_an_expanded_index_is_index_select_and_embedding() {
+    // embedding: rows of a [10, 4] table picked by a [6] index, expanded to [6, 4] (stride 0).
+    let mut rng = Rng::new(5);
+    let table = rng.tensor(DType::F32, &[10, 4], 3.0, 0, false);
+    let ids = index(&mut rng, &[6], 10, DType::I64);
+    let out = run_in_every_mode(|rt| {
+        let t = upload(rt, &table);
+        let i = upload(rt, &ids);
+        let col = view(rt, i, View::Unsqueeze(1));
+        let wide = view(rt, col, View::Expand(vec![6, 4]));
+        vec![("embedding".into(), run(rt, gather(0), &[tt(t), tt(wide)]))]
+    });
+    let want: Vec<f64> = ids
+        .data
+        .iter()
+        .flat_map(|&r| (0..4).map(move |c| (r as usize, c)))
+        .map(|(r, c)| table.at(&[r, c]))
+        .collect();
+    assert_eq!(out[0].1.data, want);
+}
+
+#[test]
+fn scatter_matches_the_reference_for_every_reduce_and_dtype() {
+    let mut rng = Rng::new(23);
+    let reduces = ScatterReduce::ALL;
+    for dtype in [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+    ] {
+        for &reduce in &reduces {
+            for include_self in [true, false] {
+                let sizes: &[usize] = rng.pick(&SHAPES[1..]);
+                let dim = rng.int(0, sizes.len() as i64 - 1) as usize;
+                let this = rng.tensor(dtype, sizes, 4.0, 6, false);
+                // More index rows than the dim has: duplicates are certain.
+                let isizes = smaller(&mut rng, sizes, dim, sizes[dim] + 3);
+                let mut ssizes = isizes.clone();
+                ssizes[dim] += 1;
+                let idx_dtype = rng.pick(&[DType::I64, DType::I32]);
+                let idx = index(&mut rng, &isizes, sizes[dim], idx_dtype);
+                let src = rng.tensor(dtype, &ssizes, 4.0, 6, false);
+                let value = 1.5;
+                let op = scatter(dim, reduce, include_self);
+                let out = run_in_every_mode(|rt| {
+                    let t = place(rt, &this, Place::Transposed);
+                    let i = place(rt, &idx, Place::Strided);
+                    let s = place(rt, &src, Place::Contig);
+                    vec![
+                        ("tensor".into(), run(rt, op.clone(), &[tt(t), tt(i), tt(s)])),
+                        (
+                            "value".into(),
+                            run(rt, op.clone(), &[tt(t), tt(i), fs(value)]),
+                        ),
+                    ]
+                });
+                let ctx =
+                    format!("scatter {reduce:?} self={include_self} {dtype} {sizes:?} dim {dim}");
+                let want = refk::scatter(
+                    &this,
+                    dim,
+                    &idx,
+                    ScatterSrc::Tensor(&src),
+                    reduce,
+                    include_self,
+                );
+                assert_equal(&format!("{ctx} (src)"), &out[0].1, &want);
+                let want = refk::scatter(
+                    &this,
+                    dim,
+                    &idx,
+                    ScatterSrc::Value(value),
+                    reduce,
+                    include_self,
+                );
+                assert_equal(&format!("{ctx} (value)"), &out[1].1, &want);
+            }
+        }
+    }
+}
+
+#[test]
+fn scatter_add_with_an_expanded_index_is_index_add() {
+    // index_add_(0, ids, src) on a [5, 3] tensor: ids [4] expanded to [4, 3].
+    let this = RefTensor::new(DType::F32, &[5, 3], (0..15).map(f64::from).collect());
+    let src = RefTensor::new(
+        DType::F32,
+        &[4, 3],
+        (0..12).map(|v| v as f64 * 0.5).collect(),
+    );
+    let ids = RefTensor::new(DType::I64, &[4], vec![1.0, 4.0, 1.0, 0.0]);
+    let out = run_in_every_mode(|rt| {
+        let (t, s, i) = (upload(rt, &this), upload(rt, &src), upload(rt, &ids));
+        let col = view(rt, i, View::Unsqueeze(1));
+        let wide = view(rt, col, View::Expand(vec![4, 3]));
+        let op = scatter(0, ScatterReduce::Sum, true);
+        vec![("index_add".into(), run(rt, op, &[tt(t), tt(wide), tt(s)]))]
+    });
+    let mut want = this.data.clone();
+    for (k, &r) in ids.data.iter().enumerate() {
+        for c in 0..3 {
+            want[r as usize * 3 + c] += src.data[k * 3 + c];
+        }
+    }
+    assert_eq!(out[0].1.data, want);
+}
+
+#[test]
+fn scatter_into_self_through_out_updates_the_tensor_and_its_aliases() {
+    let this = RefTensor::new(DType::F64, &[2, 4], (0..8).map(f64::from).collect());
+    let idx = RefTensor::new(DType::I64, &[2, 2], vec![3.0, 0.0, 1.0, 1.0]);
+    let src = RefTensor::new(DType::F64, &[2, 2], vec![10.0, 20.0, 30.0, 40.0]);
+    let out = run_in_every_mode(|rt| {
+        let (t, i, s) = (upload(rt, &this), upload(rt, &idx), upload(rt, &src));
+        let alias = view(rt, t, View::Transpose(0, 1));
+        let op = scatter(1, ScatterReduce::Sum, true);
+        let r = rt.op(0, op, &[tt(t), tt(i), tt(s)], Some(t)).unwrap();
+        assert_eq!(r, t, "an in-place op returns its out handle");
+        vec![("self".into(), t), ("alias".into(), alias)]
+    });
+    let want = refk::scatter(
+        &this,
+        1,
+        &idx,
+        ScatterSrc::Tensor(&src),
+        ScatterReduce::Sum,
+        true,
+    );
+    assert_equal("scatter_", &out[0].1, &want);
+    assert_eq!(out[1].1.data, [20.0, 4.0, 1.0, 75.0, 2.0, 6.0, 13.0, 7.0]);
+}
+
+#[test]
+fn cumsum_and_cumprod_match_the_reference_with_torch_result_dtypes() {
+    let mut rng = Rng::new(31);
+    for &dtype in &ALL_DTYPES {
+        for sizes in SHAPES {
+            for dim in 0..sizes.len() {
+                for op in ScanOp::ALL {
+                    let mut x = rng.tensor(dtype, sizes, 1.5, 3, false);
+                    if dtype == DType::U8 {
+                        // Small factors: a product of 255s leaves f64's exact integers.
+                        x.data.iter_mut().for_each(|v| *v %= 5.0);
+                    }
+                    let cast = rng.pick(&[
+                        None,
+                        None,
+                        Some(DType::F64),
+                        Some(DType::F16),
+                        Some(DType::I32),
+                    ]);
+                    let k = Op::Kernel(KernelOp::Scan {
+                        op,
+                        dim,
+                        dtype: cast,
+                    });
+                    let p = rng.pick(&PLACES);
+                    let out = run_in_every_mode(|rt| {
+                        let h = place(rt, &x, p);
+                        vec![("scan".into(), run(rt, k.clone(), &[tt(h)]))]
+                    });
+                    let ctx = format!("{op:?} {dtype} {sizes:?} dim {dim} dtype={cast:?} {p:?}");
+                    assert_equal(&ctx, &out[0].1, &refk::scan(&x, dim, op, cast));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn integer_cumsum_is_int64_and_a_cumsum_into_a_wider_out_converts() {
+    let x = RefTensor::new(DType::U8, &[4], vec![200.0, 100.0, 255.0, 1.0]);
+    let f = RefTensor::new(DType::F32, &[3], vec![0.5, 0.25, 1.0]);
+    let out = run_in_every_mode(|rt| {
+        let k = Op::Kernel(KernelOp::Scan {
+            op: ScanOp::Sum,
+            dim: 0,
+            dtype: None,
+        });
+        let sum = run(rt, k.clone(), &[tt(upload(rt, &x))]);
+        let wide = upload(rt, &RefTensor::new(DType::F64, &[3], vec![9.0; 3]));
+        rt.op(0, k, &[tt(upload(rt, &f))], Some(wide)).unwrap();
+        vec![("u8".into(), sum), ("out".into(), wide)]
+    });
+    assert_eq!(
+        (out[0].1.dtype, out[0].1.data.clone()),
+        (DType::I64, vec![200.0, 300.0, 555.0, 556.0])
+    );
+    assert_eq!(
+        (out[1].1.dtype, out[1].1.data.clone()),
+        (DType::F64, vec![0.5, 0.75, 1.75])
+    );
+}
+
+#[test]
+fn argsort_is_stable_puts_nan_last_and_matches_the_reference() {
+    let mut rng = Rng::new(47);
+    for &dtype in &ALL_DTYPES {
+        for sizes in SHAPES {
+            for dim in 0..sizes.len() {
+                for descending in [false, true] {
+                    // Few distinct values: ties everywhere, so stability is tested.
+                    let x = rng.tensor(dtype, sizes, 1.0, 2, true);
+                    let k = Op::Kernel(KernelOp::Sort { dim, descending });
+                    let p = rng.pick(&PLACES);
+                    let out = run_in_every_mode(|rt| {
+                        let h = place(rt, &x, p);
+                        vec![("argsort".into(), run(rt, k.clone(), &[tt(h)]))]
+                    });
+                    let ctx =
+                        format!("argsort {dtype} {sizes:?} dim {dim} desc={descending} {p:?}");
+                    assert_equal(&ctx, &out[0].1, &refk::argsort(&x, dim, descending));
+                }
+            }
+        }
+    }
+    let x = RefTensor::new(DType::F32, &[5], vec![f64::NAN, 1.0, -0.0, 0.0, -1.0]);
+    assert_eq!(refk::argsort(&x, 0, false).data, [4.0, 2.0, 3.0, 1.0, 0.0]);
+}
+
+#[test]
+fn philox_matches_the_random123_known_answer() {
+    assert_eq!(
+        philox4x32_10([0; 4], [0; 2]),
+        [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]
+    );
+}
+
+/// Draws `sizes` values on `rt`.
+fn draw(
+    rt: &Runtime,
+    dist: RandomDist,
+    sizes: &[usize],
+    dtype: DType,
+    seed: i64,
+    offset: i64,
+) -> Handle {
+    run(rt, random(dist, sizes, dtype), &[is(seed), is(offset)])
+}
+
+#[test]
+fn random_values_depend_only_on_seed_offset_and_position() {
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        for dist in RandomDist::ALL {
+            let out = run_in_every_mode_raw(|rt| {
+                vec![
+                    ("a".into(), draw(rt, dist, &[37], dtype, 7, 0)),
+                    ("again".into(), draw(rt, dist, &[37], dtype, 7, 0)),
+                    ("prefix".into(), draw(rt, dist, &[5], dtype, 7, 0)),
+                    ("shaped".into(), draw(rt, dist, &[37, 1], dtype, 7, 0)),
+                    ("offset".into(), draw(rt, dist, &[37], dtype, 7, 1)),
+                    ("seed".into(), draw(rt, dist, &[37], dtype, 8, 0)),
+                ]
+            });
+            let bytes = |k: usize| &out[k].1 .2;
+            let ctx = format!("{dist:?} {dtype}");
+            assert_eq!(bytes(0), bytes(1), "{ctx}: the same draw twice");
+            assert_eq!(
+                &bytes(0)[..bytes(2).len()],
+                &bytes(2)[..],
+                "{ctx}: a shorter draw is a prefix"
+            );
+            assert_eq!(bytes(0), bytes(3), "{ctx}: the shape does not matter");
+            assert_ne!(bytes(0), bytes(4), "{ctx}: another offset");
+            assert_ne!(bytes(0), bytes(5), "{ctx}: another seed");
+        }
+    }
+}
+
+#[test]
+fn random_values_have_the_distributions_mean_and_variance() {
+    let rt = runtime(Mode::Strict);
+    for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        for (dist, mean, var) in [
+            (RandomDist::Uniform, 0.5, 1.0 / 12.0),
+            (RandomDist::Normal, 0.0, 1.0),
+        ] {
+            let v = download(&rt, draw(&rt, dist, &[100_000], dtype, 1234, 5)).data;
+            let m = v.iter().sum::<f64>() / v.len() as f64;
+            let s = v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / v.len() as f64;
+            // 1e5 samples: the standard error of the mean is sqrt(var / 1e5) < 0.0032.
+            assert!((m - mean).abs() < 0.015, "{dist:?} {dtype}: mean {m}");
+            assert!(
+                (s - var).abs() < 0.04 * var,
+                "{dist:?} {dtype}: variance {s}"
+            );
+            if dist == RandomDist::Uniform {
+                assert!(
+                    v.iter().all(|&x| (0.0..1.0).contains(&x)),
+                    "{dtype}: outside [0, 1)"
+                );
+            } else {
+                assert!(
+                    v.iter().all(|x| x.is_finite()),
+                    "{dtype}: a non-finite normal"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn kernel_ops_are_cut_out_of_fused_loops_as_unfusable() {
+    let rt = runtime(Mode::Defer);
+    let x = tensor(&rt, DType::F32, &[4], &[3.0, 1.0, 2.0, 0.0]);
+    let y = bin(&rt, deferfuse::BinaryOp::Mul, tt(x), fs(2.0));
+    let order = run(
+        &rt,
+        Op::Kernel(KernelOp::Sort {
+            dim: 0,
+            descending: false,
+        }),
+        &[tt(y)],
+    );
+    let back = run(&rt, gather(0), &[tt(y), tt(order)]);
+    let z = bin(&rt, deferfuse::BinaryOp::Add, tt(back), fs(1.0));
+    assert_eq!(download(&rt, z).data, [1.0, 3.0, 5.0, 7.0]);
+    assert!(rt.stats().cuts[CutReason::Unfusable as usize] >= 1);
+}
+
+// ---- errors ----
+
+/// A [2, 5] source and a [2, 2] index holding `bad` at [1, 0].
+fn bad_gather(rt: &Runtime, bad: f64) -> deferfuse::runtime::Result<Handle> {
+    let src = tensor(rt, DType::F32, &[2, 5], &[1.0; 10]);
+    let idx = tensor(rt, DType::I64, &[2, 2], &[0.0, 4.0, bad, 1.0]);
+    rt.op(0, gather(1), &[tt(src), tt(idx)], None)
+}
+
+fn assert_index_error(e: &Error, msg: &str) {
+    assert!(matches!(e, Error::IndexOutOfBounds(_)), "{e:?}");
+    assert_eq!(e.to_string(), msg);
+    assert_eq!(e.status(), deferfuse::Status::BadOp);
+}
+
+#[test]
+fn an_out_of_range_index_fails_at_the_op_in_debug_mode() {
+    let rt = runtime(Mode::Debug);
+    for (bad, msg) in [
+        (
+            7.0,
+            "gather: index 7 is out of bounds for dim 1 with size 5",
+        ),
+        (
+            -1.0,
+            "gather: index -1 is out of bounds for dim 1 with size 5",
+        ),
+    ] {
+        assert_index_error(&bad_gather(&rt, bad).unwrap_err(), msg);
+    }
+    let ok = bad_gather(&rt, 2.0).unwrap();
+    assert_eq!(download(&rt, ok).data, [1.0; 4], "the runtime stays usable");
+}
+
+#[test]
+fn an_out_of_range_index_fails_every_later_use_in_strict_and_defer_mode() {
+    for mode in [Mode::Strict, Mode::Defer] {
+        let rt = runtime(mode);
+        let g = bad_gather(&rt, 7.0).expect("recorded: the index is only read when it runs");
+        let msg = "gather: index 7 is out of bounds for dim 1 with size 5";
+        let mut out = vec![0u8; 16];
+        // A consumer recorded before the sync point fails with it too (in strict mode the
+        // gather may already have failed: then the consumer fails at its call).
+        let later = rt.op(
+            0,
+            Op::Binary(deferfuse::BinaryOp::Add),
+            &[tt(g), fs(1.0)],
+            None,
+        );
+        assert_index_error(&rt.to_host(g, &mut out).unwrap_err(), msg);
+        assert_index_error(&rt.to_host(g, &mut out).unwrap_err(), msg);
+        match later {
+            Ok(h) => assert_index_error(&rt.to_host(h, &mut out).unwrap_err(), msg),
+            Err(e) => assert_index_error(&e, msg),
+        }
+        let e = rt
+            .op(0, Op::Unary(deferfuse::UnaryOp::Neg), &[tt(g)], None)
+            .unwrap_err();
+        assert_index_error(&e, msg);
+        // Unrelated work runs as before.
+        let x = tensor(&rt, DType::F32, &[2], &[1.0, 2.0]);
+        let y = bin(&rt, deferfuse::BinaryOp::Mul, tt(x), fs(3.0));
+        assert_eq!(download(&rt, y).data, [3.0, 6.0], "{mode:?}");
+    }
+}
+
+#[test]
+fn a_scatter_index_out_of_range_names_the_op_the_value_and_the_dim() {
+    let rt = runtime(Mode::Debug);
+    let this = tensor(&rt, DType::F32, &[4], &[0.0; 4]);
+    let idx = tensor(&rt, DType::I32, &[2], &[1.0, 4.0]);
+    for (reduce, name) in [
+        (ScatterReduce::Assign, "scatter"),
+        (ScatterReduce::Sum, "scatter_reduce"),
+    ] {
+        let e = rt
+            .op(
+                0,
+                scatter(0, reduce, true),
+                &[tt(this), tt(idx), fs(1.0)],
+                Some(this),
+            )
+            .unwrap_err();
+        assert_index_error(
+            &e,
+            &format!("{name}: index 4 is out of bounds for dim 0 with size 4"),
+        );
+    }
+    assert_eq!(
+        download(&rt, this).data,
+        [0.0; 4],
+        "a failed scatter_ leaves self as it was"
+    );
+}
+
+#[test]
+fn bad_kernel_operands_fail_at_the_call_in_every_mode() {
+    for mode in MODES {
+        let rt = runtime(mode);
+        let src = tensor(&rt, DType::F32, &[2, 3], &[0.0; 6]);
+        let fidx = tensor(&rt, DType::F32, &[2, 1], &[0.0; 2]);
+        let idx3 = tensor(&rt, DType::I64, &[2, 1, 1], &[0.0; 2]);
+        let wide = tensor(&rt, DType::I64, &[3, 1], &[0.0; 3]);
+        let cases: Vec<(Op, Vec<Input>, &str)> = vec![
+            (
+                gather(1),
+                vec![tt(src), tt(fidx)],
+                "gather: input 1 (index): expected an int64 or int32 tensor, got dtype float32",
+            ),
+            (
+                gather(1),
+                vec![tt(src), tt(idx3)],
+                "gather: input 1 (index): expected 2 dims (as many as input 0)",
+            ),
+            (
+                gather(2),
+                vec![tt(src), tt(wide)],
+                "gather: dim: expected a dim in [-2, 1], got 2",
+            ),
+            (
+                gather(1),
+                vec![tt(src), tt(wide)],
+                "gather: input 1 (index): expected size <= 2 in dim 0",
+            ),
+            (
+                random(RandomDist::Uniform, &[2], DType::I32),
+                vec![is(0), is(0)],
+                "rand: dtype: expected a floating dtype, got int32",
+            ),
+            (
+                random(RandomDist::Normal, &[2], DType::F32),
+                vec![is(0), Input::Scalar(Scalar::Float(0.5))],
+                "randn: input 1 (offset): expected an int scalar",
+            ),
+        ];
+        for (op, ins, msg) in cases {
+            let e = rt.op(0, op, &ins, None).unwrap_err();
+            assert!(matches!(e, Error::Op(_)), "{e:?}");
+            assert!(
+                e.to_string().starts_with(msg),
+                "{mode:?}: {e}\n  should start with {msg}"
+            );
+        }
+    }
+}

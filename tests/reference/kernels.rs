@@ -1,0 +1,193 @@
+//! Reference semantics of the kernel ops (gather, scatter, scans, argsort), written from
+//! torch's documentation with whole index tuples, one element at a time.
+//!
+//! Float arithmetic steps follow torch's CPU kernels: scatter combines in the dtype (f16/bf16
+//! through f32, rounded each step), cumsum/cumprod accumulate in f64 for f32/f64 and in f32 for
+//! f16/bf16. Scattered values are combined in row-major order of the index.
+
+use super::{cast_value, indices, numel, round_float, store, RefTensor};
+use deferfuse::fusion::ir::{ScanOp, ScatterReduce};
+use deferfuse::DType;
+use std::cmp::Ordering;
+
+/// `idx` with `idx[dim] = v`.
+fn with(idx: &[usize], dim: usize, v: usize) -> Vec<usize> {
+    let mut i = idx.to_vec();
+    i[dim] = v;
+    i
+}
+
+/// Row-major position of `idx` in `sizes`.
+fn position(sizes: &[usize], idx: &[usize]) -> usize {
+    idx.iter().zip(sizes).fold(0, |p, (&i, &s)| p * s + i)
+}
+
+/// `torch.gather(src, dim, index)`; panics on an out-of-range index (tests check those apart).
+pub fn gather(src: &RefTensor, dim: usize, index: &RefTensor) -> RefTensor {
+    let data = indices(&index.sizes)
+        .iter()
+        .map(|i| src.at(&with(i, dim, index.at(i) as usize)))
+        .collect();
+    RefTensor {
+        dtype: src.dtype,
+        sizes: index.sizes.clone(),
+        data,
+    }
+}
+
+/// What scatter combines: a tensor's same-position elements or one value.
+pub enum ScatterSrc<'a> {
+    Tensor(&'a RefTensor),
+    Value(f64),
+}
+
+/// One scatter step on `dtype`.
+fn combine(dtype: DType, r: ScatterReduce, a: f64, b: f64) -> f64 {
+    let float = |v: f64| {
+        if dtype == DType::F64 {
+            v
+        } else {
+            round_float(round_float(v, DType::F32), dtype)
+        }
+    };
+    let int = |v: f64| store(v, dtype);
+    let step = |v: f64| if dtype.is_float() { float(v) } else { int(v) };
+    match r {
+        ScatterReduce::Assign => b,
+        ScatterReduce::Sum | ScatterReduce::Mean => step(a + b),
+        ScatterReduce::Prod => step(a * b),
+        _ if a.is_nan() || b.is_nan() => f64::NAN,
+        ScatterReduce::Amax => a.max(b),
+        ScatterReduce::Amin => a.min(b),
+    }
+}
+
+/// Where an element that receives values starts without `include_self`.
+fn identity(dtype: DType, r: ScatterReduce) -> f64 {
+    let (lo, hi) = match dtype {
+        d if d.is_float() => (f64::NEG_INFINITY, f64::INFINITY),
+        DType::I32 => (i32::MIN as f64, i32::MAX as f64),
+        DType::I64 => (i64::MIN as f64, i64::MAX as f64),
+        DType::U8 => (0.0, 255.0),
+        _ => (0.0, 1.0),
+    };
+    match r {
+        ScatterReduce::Prod => 1.0,
+        ScatterReduce::Amax => lo,
+        ScatterReduce::Amin => hi,
+        _ => 0.0,
+    }
+}
+
+/// Functional `scatter` / `scatter_reduce(dim, index, src, reduce, include_self)`.
+pub fn scatter(
+    this: &RefTensor,
+    dim: usize,
+    index: &RefTensor,
+    src: ScatterSrc,
+    reduce: ScatterReduce,
+    include_self: bool,
+) -> RefTensor {
+    let dtype = this.dtype;
+    let mut out = this.clone();
+    let target = |i: &[usize]| position(&this.sizes, &with(i, dim, index.at(i) as usize));
+    let all = indices(&index.sizes);
+    if !include_self && reduce != ScatterReduce::Assign {
+        for i in &all {
+            out.data[target(i)] = identity(dtype, reduce);
+        }
+    }
+    let mut count = vec![include_self as i64; numel(&this.sizes)];
+    for i in &all {
+        let v = match src {
+            ScatterSrc::Tensor(s) => s.at(i),
+            ScatterSrc::Value(v) => store(v, dtype),
+        };
+        let t = target(i);
+        out.data[t] = combine(dtype, reduce, out.data[t], v);
+        count[t] += 1;
+    }
+    if reduce == ScatterReduce::Mean {
+        for (v, &c) in out.data.iter_mut().zip(&count) {
+            if c > 1 {
+                *v = if dtype.is_float() {
+                    combine(dtype, ScatterReduce::Sum, *v / c as f64, 0.0)
+                } else {
+                    (*v / c as f64).floor()
+                };
+            }
+        }
+    }
+    out
+}
+
+/// `cumsum` / `cumprod(x, dim, dtype=)`.
+pub fn scan(x: &RefTensor, dim: usize, op: ScanOp, dtype: Option<DType>) -> RefTensor {
+    let rt = dtype.unwrap_or(if x.dtype.is_float() {
+        x.dtype
+    } else {
+        DType::I64
+    });
+    let acc_round = |v: f64| match rt {
+        DType::F16 | DType::BF16 => round_float(v, DType::F32),
+        d if d.is_float() => v,
+        _ => store(v, DType::I64),
+    };
+    let mut data = vec![0.0; x.numel()];
+    for i in indices(&x.sizes) {
+        let mut acc = match op {
+            ScanOp::Sum => 0.0,
+            ScanOp::Prod => 1.0,
+        };
+        for j in 0..=i[dim] {
+            let v = cast_value(x.at(&with(&i, dim, j)), x.dtype, rt);
+            acc = acc_round(match op {
+                ScanOp::Sum => acc + v,
+                ScanOp::Prod => acc * v,
+            });
+        }
+        data[position(&x.sizes, &i)] = store(acc, rt);
+    }
+    RefTensor {
+        dtype: rt,
+        sizes: x.sizes.clone(),
+        data,
+    }
+}
+
+/// `argsort(x, dim, descending, stable=True)` with NaN as the largest value.
+pub fn argsort(x: &RefTensor, dim: usize, descending: bool) -> RefTensor {
+    let key_cmp = |a: f64, b: f64| match (a.is_nan(), b.is_nan()) {
+        (true, true) => Ordering::Equal,
+        (true, false) => Ordering::Greater,
+        (false, true) => Ordering::Less,
+        _ => a.partial_cmp(&b).unwrap(),
+    };
+    let mut data = vec![0.0; x.numel()];
+    for i in indices(&x.sizes).into_iter().filter(|i| i[dim] == 0) {
+        let n = x.sizes[dim];
+        let keys: Vec<f64> = (0..n).map(|j| x.at(&with(&i, dim, j))).collect();
+        // Insertion sort: stable by construction, independent of the runtime's `sort_by`.
+        let mut order: Vec<usize> = Vec::new();
+        for j in 0..n {
+            let before = |k: &usize| {
+                let c = key_cmp(keys[*k], keys[j]);
+                if descending {
+                    c != Ordering::Less
+                } else {
+                    c != Ordering::Greater
+                }
+            };
+            let at = order.iter().take_while(|k| before(k)).count();
+            order.insert(at, j);
+        }
+        for (j, k) in order.into_iter().enumerate() {
+            data[position(&x.sizes, &with(&i, dim, j))] = k as f64;
+        }
+    }
+    RefTensor {
+        dtype: DType::I64,
+        sizes: x.sizes.clone(),
+        data,
+    }
+}
