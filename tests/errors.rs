@@ -357,6 +357,98 @@ fn other_bad_ops_are_rejected() {
 }
 
 #[test]
+fn bitwise_not_of_a_float_tensor_is_rejected_like_pytorch() {
+    let e = fails_in_every_mode(
+        |rt| vec![f32s(rt, &[3])],
+        |rt, h| {
+            rt.op(
+                0,
+                Op::Unary(deferfuse::UnaryOp::BitwiseNot),
+                &[tt(h[0])],
+                None,
+            )
+        },
+    );
+    assert_op_error(
+        &e,
+        "bitwise_not",
+        "input 0",
+        &["expected an integer or bool tensor, got float32"],
+    );
+}
+
+#[test]
+fn bitwise_binary_ops_reject_a_float_operand_naming_it() {
+    let e = fails_in_every_mode(
+        |rt| vec![tensor(rt, DType::I32, &[3], &[1.0; 3]), f32s(rt, &[3])],
+        |rt, h| {
+            rt.op(
+                0,
+                Op::Binary(BinaryOp::BitwiseAnd),
+                &[tt(h[0]), tt(h[1])],
+                None,
+            )
+        },
+    );
+    assert_op_error(
+        &e,
+        "bitwise_and",
+        "input 1",
+        &["integer or bool", "float32"],
+    );
+    let e = fails_in_every_mode(
+        |rt| vec![tensor(rt, DType::I64, &[3], &[1.0; 3])],
+        |rt, h| {
+            rt.op(
+                0,
+                Op::Binary(BinaryOp::BitwiseXor),
+                &[tt(h[0]), fs(2.5)],
+                None,
+            )
+        },
+    );
+    assert_op_error(&e, "bitwise_xor", "input 1", &["float scalar 2.5"]);
+}
+
+fn bools(rt: &Runtime) -> Vec<Handle> {
+    vec![tensor(rt, DType::Bool, &[3], &[1.0; 3])]
+}
+
+#[test]
+fn division_family_rejects_two_bool_operands() {
+    let e = fails_in_every_mode(bools, |rt, h| {
+        rt.op(0, Op::Binary(BinaryOp::Fmod), &[tt(h[0]), tt(h[0])], None)
+    });
+    assert_op_error(&e, "fmod", "inputs", &["two bool operands"]);
+    let e = fails_in_every_mode(bools, |rt, h| {
+        rt.op(
+            0,
+            Op::Binary(BinaryOp::FloorDivide),
+            &[tt(h[0]), tt(h[0])],
+            None,
+        )
+    });
+    assert_op_error(&e, "floor_divide", "inputs", &["two bool operands"]);
+    let e = fails_in_every_mode(bools, |rt, h| {
+        rt.op(
+            0,
+            Op::Binary(BinaryOp::TruncDivide),
+            &[tt(h[0]), tt(h[0])],
+            None,
+        )
+    });
+    assert_op_error(&e, "div_trunc", "inputs", &["two bool operands"]);
+}
+
+#[test]
+fn trunc_of_a_bool_tensor_is_rejected() {
+    let e = fails_in_every_mode(bools, |rt, h| {
+        rt.op(0, Op::Unary(deferfuse::UnaryOp::Trunc), &[tt(h[0])], None)
+    });
+    assert_op_error(&e, "trunc", "input 0", &["numeric", "bool"]);
+}
+
+#[test]
 fn invalid_env_values_and_configs_are_config_errors() {
     let e = mode_from_env(Some("maybe"), None).unwrap_err();
     assert!(

@@ -3,11 +3,12 @@
 //! Every case runs on one runtime per mode; the three results must be identical bytes, and the
 //! strict result must match `reference` within the case's tolerance (see `harness::Tol`):
 //! * `EXACT` for integer/bool results and for ops rounded once from exact inputs (add, sub, mul,
-//!   div, neg, abs, floor, ceil, round, sqrt, reciprocal, relu, sign, maximum, minimum,
-//!   remainder, comparisons, casts) in every float dtype: f16/bf16 compute in f32, and rounding
-//!   an f32-rounded +,-,*,/,sqrt to f16/bf16 equals rounding the exact value (24 >= 2p + 2);
-//! * `F32_TRANSCENDENTAL` (rel 2e-6 + abs 1e-6) for f32 exp, log, log1p, expm1, rsqrt, sin, cos,
-//!   tanh, sigmoid, erf, gelu, gelu_tanh, silu and pow;
+//!   div, neg, abs, floor, ceil, round, trunc, sqrt, reciprocal, relu, sign, maximum, minimum,
+//!   remainder, fmod, floor and trunc division, comparisons, bitwise ops, casts) in every float
+//!   dtype: f16/bf16 compute in f32, and rounding an f32-rounded +,-,*,/,sqrt to f16/bf16 equals
+//!   rounding the exact value (24 >= 2p + 2);
+//! * `F32_TRANSCENDENTAL` (rel 2e-6 + abs 1e-6) for f32 exp, log, log2, log10, log1p, expm1,
+//!   rsqrt, sin, cos, tanh, sigmoid, erf, gelu, gelu_tanh, silu, pow and atan2;
 //! * `F64_TRANSCENDENTAL` (rel 1e-13 + abs 1e-14) for those in f64;
 //! * `F16_TOL` (rel 1e-3) and `BF16_TOL` (rel 8e-3): one ulp of the storage type, for those in
 //!   f16/bf16 and for casts that round twice (f64/int -> f32 -> f16/bf16).
@@ -26,8 +27,25 @@ fn unary_is_exact(op: UnaryOp) -> bool {
     use UnaryOp::*;
     matches!(
         op,
-        Neg | Abs | Sqrt | Floor | Ceil | Round | Relu | Sign | Reciprocal | LogicalNot | IsNan
+        Neg | Abs
+            | Sqrt
+            | Floor
+            | Ceil
+            | Round
+            | Trunc
+            | Relu
+            | Sign
+            | Reciprocal
+            | LogicalNot
+            | IsNan
+            | BitwiseNot
     )
+}
+
+/// Binary ops whose float result is not the exact result rounded once (the others are: floor
+/// and trunc division round each step as PyTorch does, and the reference does the same).
+fn binary_is_exact(op: BinaryOp) -> bool {
+    !matches!(op, BinaryOp::Pow | BinaryOp::Atan2)
 }
 
 fn result_tol(op: &Op, args: &[Arg], exact: bool) -> Tol {
@@ -189,7 +207,7 @@ fn binary_ops_with_broadcasting_match_reference() {
                 if check(&o, &args).is_err() {
                     continue;
                 }
-                let tol = result_tol(&o, &args, op != BinaryOp::Pow);
+                let tol = result_tol(&o, &args, binary_is_exact(op));
                 let name = format!("{}({da}{sa:?} {pa:?}, {db}{sb:?} {pb:?})", op.name());
                 let ins = vec![In::T(a.clone(), pa), In::T(b.clone(), pb)];
                 cases.push(Case::new(name, o, ins, tol));
@@ -235,7 +253,7 @@ fn binary_ops_with_scalar_operands_match_reference() {
                     if check(&o, &args).is_err() {
                         continue;
                     }
-                    let tol = result_tol(&o, &args, op != BinaryOp::Pow);
+                    let tol = result_tol(&o, &args, binary_is_exact(op));
                     let name = format!(
                         "{}({dtype}, {s:?}, scalar first: {scalar_first})",
                         op.name()

@@ -551,6 +551,22 @@ enum DfuseUnaryOp
    * `isnan(x)`
    */
   DFUSE_UNARY_OP_IS_NAN = 23,
+  /**
+   * `bitwise_not(x)` (`~x`): bool and integer tensors only; on bool it is logical not
+   */
+  DFUSE_UNARY_OP_BITWISE_NOT = 24,
+  /**
+   * `trunc(x)`, rounding toward zero (the identity on integers; bool is rejected)
+   */
+  DFUSE_UNARY_OP_TRUNC = 25,
+  /**
+   * `log2(x)` (integer inputs give float32)
+   */
+  DFUSE_UNARY_OP_LOG2 = 26,
+  /**
+   * `log10(x)` (integer inputs give float32)
+   */
+  DFUSE_UNARY_OP_LOG10 = 27,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -632,6 +648,37 @@ enum DfuseBinaryOp
    * `logical_or(a, b)`
    */
   DFUSE_BINARY_OP_LOGICAL_OR = 15,
+  /**
+   * `bitwise_and(a, b)` (`a & b`): bool and integer operands only, integer promotion
+   */
+  DFUSE_BINARY_OP_BITWISE_AND = 16,
+  /**
+   * `bitwise_or(a, b)` (`a | b`): bool and integer operands only, integer promotion
+   */
+  DFUSE_BINARY_OP_BITWISE_OR = 17,
+  /**
+   * `bitwise_xor(a, b)` (`a ^ b`): bool and integer operands only, integer promotion
+   */
+  DFUSE_BINARY_OP_BITWISE_XOR = 18,
+  /**
+   * `atan2(a, b)` (integer inputs give float32)
+   */
+  DFUSE_BINARY_OP_ATAN2 = 19,
+  /**
+   * `fmod(a, b)` (C fmod: takes the dividend's sign; integer fmod by 0 gives 0; two bools
+   * are rejected)
+   */
+  DFUSE_BINARY_OP_FMOD = 20,
+  /**
+   * `floor_divide(a, b)`, `div(a, b, rounding_mode="floor")` (integer division by 0 gives 0;
+   * two bools are rejected)
+   */
+  DFUSE_BINARY_OP_FLOOR_DIVIDE = 21,
+  /**
+   * `div(a, b, rounding_mode="trunc")` (integer division by 0 gives 0; two bools are
+   * rejected)
+   */
+  DFUSE_BINARY_OP_TRUNC_DIVIDE = 22,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

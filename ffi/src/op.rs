@@ -114,6 +114,14 @@ pub enum DfuseUnaryOp {
     LogicalNot = 22,
     /// `isnan(x)`
     IsNan = 23,
+    /// `bitwise_not(x)` (`~x`): bool and integer tensors only; on bool it is logical not
+    BitwiseNot = 24,
+    /// `trunc(x)`, rounding toward zero (the identity on integers; bool is rejected)
+    Trunc = 25,
+    /// `log2(x)` (integer inputs give float32)
+    Log2 = 26,
+    /// `log10(x)` (integer inputs give float32)
+    Log10 = 27,
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_BINARY`; the numbers are the runtime's.
@@ -152,6 +160,23 @@ pub enum DfuseBinaryOp {
     LogicalAnd = 14,
     /// `logical_or(a, b)`
     LogicalOr = 15,
+    /// `bitwise_and(a, b)` (`a & b`): bool and integer operands only, integer promotion
+    BitwiseAnd = 16,
+    /// `bitwise_or(a, b)` (`a | b`): bool and integer operands only, integer promotion
+    BitwiseOr = 17,
+    /// `bitwise_xor(a, b)` (`a ^ b`): bool and integer operands only, integer promotion
+    BitwiseXor = 18,
+    /// `atan2(a, b)` (integer inputs give float32)
+    Atan2 = 19,
+    /// `fmod(a, b)` (C fmod: takes the dividend's sign; integer fmod by 0 gives 0; two bools
+    /// are rejected)
+    Fmod = 20,
+    /// `floor_divide(a, b)`, `div(a, b, rounding_mode="floor")` (integer division by 0 gives 0;
+    /// two bools are rejected)
+    FloorDivide = 21,
+    /// `div(a, b, rounding_mode="trunc")` (integer division by 0 gives 0; two bools are
+    /// rejected)
+    TruncDivide = 22,
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_REDUCE`; the numbers are the runtime's.
@@ -429,6 +454,10 @@ mod tests {
             U::Reciprocal,
             U::LogicalNot,
             U::IsNan,
+            U::BitwiseNot,
+            U::Trunc,
+            U::Log2,
+            U::Log10,
         ];
         assert_eq!(u.len(), UnaryOp::ALL.len());
         for (a, b) in u.iter().zip(UnaryOp::ALL) {
@@ -452,6 +481,13 @@ mod tests {
             B::Ge,
             B::LogicalAnd,
             B::LogicalOr,
+            B::BitwiseAnd,
+            B::BitwiseOr,
+            B::BitwiseXor,
+            B::Atan2,
+            B::Fmod,
+            B::FloorDivide,
+            B::TruncDivide,
         ];
         assert_eq!(b.len(), BinaryOp::ALL.len());
         for (x, y) in b.iter().zip(BinaryOp::ALL) {
@@ -529,10 +565,10 @@ mod tests {
             e.to_string().contains("attrs is NULL; op kind UNARY"),
             "{e}"
         );
-        let e = build_op(1, Some(&attrs(16, &[], false)), || Ok(None)).unwrap_err();
+        let e = build_op(1, Some(&attrs(23, &[], false)), || Ok(None)).unwrap_err();
         assert!(e
             .to_string()
-            .contains("sub_op = 16 is not a DfuseBinaryOp; expected 0..=15"));
+            .contains("sub_op = 23 is not a DfuseBinaryOp; expected 0..=22"));
         let e = build_op(16, None, || Ok(None)).unwrap_err();
         assert!(
             e.to_string().contains("kind = 16 is not a DfuseOpKind"),

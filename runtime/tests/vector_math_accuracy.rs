@@ -108,3 +108,68 @@ fn tanh_never_leaves_minus_one_to_one() {
     let xs = sweep(-20.0, 20.0, 400_001);
     assert!(run(UnaryOp::Tanh, &xs).iter().all(|t| t.abs() <= 1.0));
 }
+
+/// Values where `1 + x` or `e^x` rounds: tiny magnitudes of both signs, down to subnormals.
+fn tiny_values() -> Vec<f32> {
+    let mut xs: Vec<f32> = (0..150).map(|k| 2f32.powi(-k) * 1.37).collect();
+    xs.extend(sweep(-1e-3, 1e-3, 20_001));
+    xs.extend([1e-40f32, f32::MIN_POSITIVE]);
+    let neg: Vec<f32> = xs.iter().map(|x| -x).collect();
+    xs.extend(neg);
+    xs
+}
+
+#[test]
+fn log1p_is_within_4_ulp_from_near_minus_one_to_huge() {
+    let mut xs = sweep(-0.999_9, 10.0, 200_001);
+    xs.extend(sweep(10.0, 1e30, 100_001));
+    xs.extend(tiny_values());
+    let e = max_err(UnaryOp::Log1p, &xs, f64::ln_1p, ulp);
+    assert!(e <= 4.0, "log1p max error {e} ulp");
+}
+
+#[test]
+fn expm1_is_within_4_ulp_over_its_finite_range() {
+    let mut xs = sweep(-20.0, 88.0, 200_001);
+    xs.extend(sweep(-1.0, 1.0, 100_001));
+    xs.extend(tiny_values());
+    let e = max_err(UnaryOp::Expm1, &xs, f64::exp_m1, ulp);
+    assert!(e <= 4.0, "expm1 max error {e} ulp");
+}
+
+#[test]
+fn log1p_and_expm1_special_values_follow_ieee() {
+    let xs = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        -1.0,
+        -2.0,
+        -100.0,
+    ];
+    let l = run(UnaryOp::Log1p, &xs);
+    assert!(
+        l[0].is_nan() && l[1] == f32::INFINITY && l[2].is_nan(),
+        "{l:?}"
+    );
+    assert!(
+        l[3] == 0.0 && l[3].is_sign_positive() && l[4].is_sign_negative(),
+        "{l:?}"
+    );
+    assert!(l[5] == f32::NEG_INFINITY && l[6].is_nan(), "{l:?}");
+    let e = run(UnaryOp::Expm1, &xs);
+    assert!(
+        e[0].is_nan() && e[1] == f32::INFINITY && e[2] == -1.0,
+        "{e:?}"
+    );
+    assert!(
+        e[3] == 0.0 && e[3].is_sign_positive() && e[4].is_sign_negative(),
+        "{e:?}"
+    );
+    assert!(
+        e[7] == -1.0 && run(UnaryOp::Expm1, &[89.0])[0] == f32::INFINITY,
+        "{e:?}"
+    );
+}

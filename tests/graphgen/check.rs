@@ -42,7 +42,18 @@ fn exact_unary(u: UnaryOp) -> bool {
     use UnaryOp::*;
     matches!(
         u,
-        Neg | Abs | Sqrt | Floor | Ceil | Round | Relu | Sign | Reciprocal | LogicalNot | IsNan
+        Neg | Abs
+            | Sqrt
+            | Floor
+            | Ceil
+            | Round
+            | Trunc
+            | Relu
+            | Sign
+            | Reciprocal
+            | LogicalNot
+            | IsNan
+            | BitwiseNot
     )
 }
 
@@ -81,7 +92,8 @@ pub fn expected(
                 Other::Scalar(v) => Arg::S(*v),
             };
             let r = apply(&Op::Binary(*b), &[Arg::T(&vals[0]), y]);
-            let tol = float_tol(r.dtype, *b != deferfuse::BinaryOp::Pow);
+            use deferfuse::BinaryOp::{Atan2, Pow};
+            let tol = float_tol(r.dtype, !matches!(b, Pow | Atan2));
             (r, tol, None, *into)
         }
         Ins::Where(c, x, o) => {

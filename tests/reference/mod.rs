@@ -16,8 +16,11 @@
 
 pub mod kernels;
 pub mod linalg;
+mod math;
 pub mod reduce;
 pub mod views;
+
+pub use math::{erf, floor_divide, int_pow, sigmoid};
 
 use deferfuse::fusion::ir::{infer, ArgMeta, Inferred, OpError};
 use deferfuse::{BinaryOp, DType, Op, Scalar, UnaryOp};
@@ -269,41 +272,6 @@ fn operand(a: &Arg, idx: &[usize], compute: DType) -> f64 {
     }
 }
 
-/// erf in f64: Maclaurin series below 2, Laplace's continued fraction for erfc above.
-pub fn erf(x: f64) -> f64 {
-    if x.is_nan() {
-        return x;
-    }
-    let a = x.abs();
-    let r = if a < 2.0 {
-        let a2 = a * a;
-        let (mut term, mut sum) = (a, a);
-        for n in 1..400 {
-            term *= -a2 / n as f64;
-            let t = term / (2 * n + 1) as f64;
-            sum += t;
-            if t.abs() < 1e-18 * sum.abs() {
-                break;
-            }
-        }
-        sum * std::f64::consts::FRAC_2_SQRT_PI
-    } else if a < 30.0 {
-        // erfc(a) = e^{-a^2} / sqrt(pi) / (a + (1/2)/(a + 1/(a + (3/2)/(a + ...))))
-        let mut f = a;
-        for k in (1..=300).rev() {
-            f = a + (k as f64 / 2.0) / f;
-        }
-        1.0 - (-a * a).exp() / (std::f64::consts::PI.sqrt() * f)
-    } else {
-        1.0
-    };
-    r.copysign(x)
-}
-
-pub fn sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 /// `op(x)` on a value already converted to `compute`.
 pub fn unary_value(op: UnaryOp, x: f64, compute: DType) -> f64 {
     use UnaryOp::*;
@@ -313,6 +281,9 @@ pub fn unary_value(op: UnaryOp, x: f64, compute: DType) -> f64 {
     if op == IsNan {
         return x.is_nan() as u8 as f64;
     }
+    if op == BitwiseNot && compute == DType::Bool {
+        return (x == 0.0) as u8 as f64;
+    }
     if !compute.is_float() {
         // In int64, -INT64_MIN and abs(INT64_MIN) wrap to INT64_MIN (PyTorch and the runtime);
         // narrower results wrap when they are stored.
@@ -321,7 +292,9 @@ pub fn unary_value(op: UnaryOp, x: f64, compute: DType) -> f64 {
             Abs => (x as i64).wrapping_abs() as f64,
             Relu => x.max(0.0),
             Sign => x.signum() * (x != 0.0) as u8 as f64,
-            Floor | Ceil | Round => x,
+            Floor | Ceil | Round | Trunc => x,
+            // Two's complement not; narrower results wrap when they are stored.
+            BitwiseNot => !(x as i64) as f64,
             other => panic!("{} on integers is not an integer op", other.name()),
         };
     }
@@ -331,6 +304,8 @@ pub fn unary_value(op: UnaryOp, x: f64, compute: DType) -> f64 {
         Exp => x.exp(),
         Log => x.ln(),
         Log1p => x.ln_1p(),
+        Log2 => x.log2(),
+        Log10 => x.log10(),
         Expm1 => x.exp_m1(),
         Sqrt => x.sqrt(),
         Rsqrt => 1.0 / x.sqrt(),
@@ -354,6 +329,7 @@ pub fn unary_value(op: UnaryOp, x: f64, compute: DType) -> f64 {
         Floor => x.floor(),
         Ceil => x.ceil(),
         Round => x.round_ties_even(),
+        Trunc => x.trunc(),
         Sign => {
             if x > 0.0 {
                 1.0
@@ -365,29 +341,8 @@ pub fn unary_value(op: UnaryOp, x: f64, compute: DType) -> f64 {
         }
         Reciprocal => 1.0 / x,
         LogicalNot | IsNan => unreachable!(),
+        BitwiseNot => panic!("bitwise_not of a float"),
     }
-}
-
-/// Wrapping integer power (repeated multiplication, by squaring); a negative exponent gives 0
-/// except for bases 1 and -1.
-pub fn int_pow(base: i64, exp: i64) -> i64 {
-    if exp < 0 {
-        return match base {
-            1 => 1,
-            -1 if exp % 2 == 0 => 1,
-            -1 => -1,
-            _ => 0,
-        };
-    }
-    let (mut b, mut e, mut acc) = (base, exp as u64, 1i64);
-    while e > 0 {
-        if e & 1 == 1 {
-            acc = acc.wrapping_mul(b);
-        }
-        b = b.wrapping_mul(b);
-        e >>= 1;
-    }
-    acc
 }
 
 fn max_nan(x: f64, y: f64) -> f64 {
@@ -438,6 +393,10 @@ pub fn binary_value(op: BinaryOp, x: f64, y: f64, compute: DType) -> f64 {
                     r
                 }
             }
+            Atan2 => x.atan2(y),
+            Fmod => x % y,
+            FloorDivide => floor_divide(x, y, |v| round_float(v, compute)),
+            TruncDivide => round_float(x / y, compute).trunc(),
             _ => unreachable!(),
         };
     }
@@ -447,7 +406,21 @@ pub fn binary_value(op: BinaryOp, x: f64, y: f64, compute: DType) -> f64 {
         Sub => a.wrapping_sub(c),
         Mul => a.wrapping_mul(c),
         Pow => int_pow(a, c),
-        Remainder if c == 0 => 0,
+        // Division by zero gives 0 (PyTorch raises; the runtime documents 0).
+        Remainder | Fmod | FloorDivide | TruncDivide if c == 0 => 0,
+        Fmod => a.wrapping_rem(c),
+        TruncDivide => a.wrapping_div(c),
+        FloorDivide => {
+            let q = a.wrapping_div(c);
+            if a.wrapping_rem(c) != 0 && ((a < 0) != (c < 0)) {
+                q - 1
+            } else {
+                q
+            }
+        }
+        BitwiseAnd => a & c,
+        BitwiseOr => a | c,
+        BitwiseXor => a ^ c,
         Remainder => {
             let r = a.wrapping_rem(c);
             if r != 0 && ((r < 0) != (c < 0)) {
@@ -456,7 +429,7 @@ pub fn binary_value(op: BinaryOp, x: f64, y: f64, compute: DType) -> f64 {
                 r
             }
         }
-        Div => panic!("integer division is promoted to float"),
+        Div | Atan2 => panic!("integer {} is promoted to float", op.name()),
         _ => unreachable!(),
     };
     // Wrap to the compute dtype right away (exact in f64 for every width but i64).

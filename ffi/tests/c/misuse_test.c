@@ -318,9 +318,9 @@ static void bad_enums_and_attrs(DfuseRuntime *rt) {
     DfuseAttrs a = attrs(0);
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, 16, &a, in, 1, 0, &h));
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, 0xFFFFFFFFu, &a, in, 1, 0, &h));
-    a.sub_op = 24;
+    a.sub_op = 28;
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, DFUSE_OP_KIND_UNARY, &a, in, 1, 0, &h));
-    a.sub_op = 16;
+    a.sub_op = 23;
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, DFUSE_OP_KIND_BINARY, &a, in, 2, 0, &h));
     a.sub_op = 7;
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, DFUSE_OP_KIND_REDUCE, &a, in, 1, 0, &h));

@@ -2,9 +2,10 @@
 //! shape, and so the only place that raises "bad op" errors. Runs at record time in every mode.
 
 use super::dtype::{Category, DType, DEFAULT_FLOAT};
+use super::elementwise::{infer_binary, infer_unary};
 use super::error::{OpError, OpResult};
 use super::layout::{broadcast_shapes, fmt_dims, Dims};
-use super::op::{BinaryOp, Op, Scalar, UnaryOp};
+use super::op::{Op, Scalar};
 pub use super::shapes::{arange_len, matmul_shape};
 use super::shapes::{check_matmul_dtypes, check_numel, infer_arange, infer_cat, infer_reduce};
 use crate::trace::Operand;
@@ -186,7 +187,7 @@ fn tensor_sizes(args: &[ArgMeta]) -> impl Iterator<Item = (usize, &Dims)> {
     })
 }
 
-fn broadcast_all(op: &str, args: &[ArgMeta]) -> OpResult<Dims> {
+pub(super) fn broadcast_all(op: &str, args: &[ArgMeta]) -> OpResult<Dims> {
     let mut out: Dims = SmallVec::new();
     for (i, sizes) in tensor_sizes(args) {
         // The operand's name is only formatted on error: this runs for every recorded op.
@@ -198,7 +199,7 @@ fn broadcast_all(op: &str, args: &[ArgMeta]) -> OpResult<Dims> {
     Ok(out)
 }
 
-fn float_of(d: DType) -> DType {
+pub(super) fn float_of(d: DType) -> DType {
     if d.is_float() {
         d
     } else {
@@ -206,7 +207,7 @@ fn float_of(d: DType) -> DType {
     }
 }
 
-fn expect_args(op: &Op, args: &[ArgMeta], n: usize) -> OpResult<()> {
+pub(super) fn expect_args(op: &Op, args: &[ArgMeta], n: usize) -> OpResult<()> {
     if args.len() != n {
         return Err(OpError::new(
             op.name(),
@@ -238,70 +239,8 @@ pub(super) fn expect_tensor<'a>(
 pub fn infer(op: &Op, args: &[ArgMeta]) -> OpResult<Inferred> {
     let name = op.name();
     match op {
-        Op::Unary(u) => {
-            expect_args(op, args, 1)?;
-            let (dt, sizes) = expect_tensor(op, args, 0)?;
-            let sizes = sizes.clone();
-            let bad = |what: &str| {
-                Err(
-                    OpError::new(name, "input 0", what.to_string(), format!("dtype {dt}"))
-                        .hint("cast the input with .to(dtype) first"),
-                )
-            };
-            let out = match u {
-                UnaryOp::LogicalNot | UnaryOp::IsNan => {
-                    return Ok(Inferred {
-                        dtype: DType::Bool,
-                        sizes,
-                        compute: dt,
-                    })
-                }
-                UnaryOp::GeluErf | UnaryOp::GeluTanh | UnaryOp::Silu if !dt.is_float() => {
-                    return bad("a floating dtype")
-                }
-                UnaryOp::Neg if dt == DType::Bool => {
-                    return bad("a numeric dtype (use logical_not for bool)")
-                }
-                UnaryOp::Relu | UnaryOp::Abs if dt == DType::Bool => return bad("a numeric dtype"),
-                u if u.is_float_op() => float_of(dt),
-                _ => dt,
-            };
-            Ok(Inferred {
-                dtype: out,
-                sizes,
-                compute: out,
-            })
-        }
-        Op::Binary(b) => {
-            expect_args(op, args, 2)?;
-            if !args.iter().any(|a| matches!(a, ArgMeta::Tensor { .. })) {
-                return Err(OpError::new(
-                    name,
-                    "inputs",
-                    "at least one tensor",
-                    "two scalars",
-                ));
-            }
-            let sizes = broadcast_all(name, args)?;
-            let common = result_type(args);
-            if *b == BinaryOp::Sub && common == DType::Bool {
-                return Err(
-                    OpError::new(name, "inputs", "numeric tensors", "two bool operands")
-                        .hint("use logical_xor or ~ for bool tensors"),
-                );
-            }
-            let (dtype, compute) = match b {
-                BinaryOp::Div => (float_of(common), float_of(common)),
-                BinaryOp::LogicalAnd | BinaryOp::LogicalOr => (DType::Bool, common),
-                b if b.gives_bool() => (DType::Bool, common),
-                _ => (common, common),
-            };
-            Ok(Inferred {
-                dtype,
-                sizes,
-                compute,
-            })
-        }
+        Op::Unary(u) => infer_unary(op, *u, args),
+        Op::Binary(b) => infer_binary(op, *b, args),
         Op::Where => {
             expect_args(op, args, 3)?;
             let (cd, _) = expect_tensor(op, args, 0)?;
@@ -446,7 +385,7 @@ pub fn infer(op: &Op, args: &[ArgMeta]) -> OpResult<Inferred> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::ReduceOp;
+    use crate::ir::{BinaryOp, ReduceOp};
     use smallvec::smallvec;
 
     #[test]

@@ -1,6 +1,7 @@
 //! The IR: dtypes, layouts, ops, and the inference rules that give every op its output.
 
 pub mod dtype;
+mod elementwise;
 pub mod error;
 pub mod infer;
 pub mod kernel;

@@ -39,10 +39,16 @@ pub enum UnaryOp {
     Reciprocal = 21,
     LogicalNot = 22,
     IsNan = 23,
+    /// `~x`: logical not on bool, two's complement not on integers; floats are rejected.
+    BitwiseNot = 24,
+    /// Rounds toward zero; the identity on integers, like floor and ceil.
+    Trunc = 25,
+    Log2 = 26,
+    Log10 = 27,
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 24] = [
+    pub const ALL: [UnaryOp; 28] = [
         UnaryOp::Neg,
         UnaryOp::Abs,
         UnaryOp::Exp,
@@ -67,6 +73,10 @@ impl UnaryOp {
         UnaryOp::Reciprocal,
         UnaryOp::LogicalNot,
         UnaryOp::IsNan,
+        UnaryOp::BitwiseNot,
+        UnaryOp::Trunc,
+        UnaryOp::Log2,
+        UnaryOp::Log10,
     ];
 
     pub fn from_u32(v: u32) -> Option<UnaryOp> {
@@ -100,6 +110,10 @@ impl UnaryOp {
             Reciprocal => "reciprocal",
             LogicalNot => "logical_not",
             IsNan => "isnan",
+            BitwiseNot => "bitwise_not",
+            Trunc => "trunc",
+            Log2 => "log2",
+            Log10 => "log10",
         }
     }
 
@@ -109,6 +123,8 @@ impl UnaryOp {
         matches!(
             self,
             Exp | Log
+                | Log2
+                | Log10
                 | Log1p
                 | Expm1
                 | Sqrt
@@ -149,10 +165,25 @@ pub enum BinaryOp {
     Ge = 13,
     LogicalAnd = 14,
     LogicalOr = 15,
+    /// Bool and integer operands only (floats are rejected, like PyTorch).
+    BitwiseAnd = 16,
+    BitwiseOr = 17,
+    BitwiseXor = 18,
+    /// `atan2(a, b)`: integer inputs give float32.
+    Atan2 = 19,
+    /// C `fmod`: the result takes the dividend's sign, like `torch.fmod`. Integer fmod by zero
+    /// gives 0, like [`BinaryOp::Remainder`].
+    Fmod = 20,
+    /// `torch.floor_divide`: the quotient rounded toward -inf (floats follow PyTorch's
+    /// `div_floor_floating`). Integer division by zero gives 0.
+    FloorDivide = 21,
+    /// `div(rounding_mode="trunc")`: the quotient rounded toward zero. Integer division by
+    /// zero gives 0.
+    TruncDivide = 22,
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 16] = [
+    pub const ALL: [BinaryOp; 23] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -169,6 +200,13 @@ impl BinaryOp {
         BinaryOp::Ge,
         BinaryOp::LogicalAnd,
         BinaryOp::LogicalOr,
+        BinaryOp::BitwiseAnd,
+        BinaryOp::BitwiseOr,
+        BinaryOp::BitwiseXor,
+        BinaryOp::Atan2,
+        BinaryOp::Fmod,
+        BinaryOp::FloorDivide,
+        BinaryOp::TruncDivide,
     ];
 
     pub fn from_u32(v: u32) -> Option<BinaryOp> {
@@ -194,6 +232,13 @@ impl BinaryOp {
             Ge => "ge",
             LogicalAnd => "logical_and",
             LogicalOr => "logical_or",
+            BitwiseAnd => "bitwise_and",
+            BitwiseOr => "bitwise_or",
+            BitwiseXor => "bitwise_xor",
+            Atan2 => "atan2",
+            Fmod => "fmod",
+            FloorDivide => "floor_divide",
+            TruncDivide => "div_trunc",
         }
     }
 
@@ -201,6 +246,23 @@ impl BinaryOp {
     pub fn gives_bool(self) -> bool {
         use BinaryOp::*;
         matches!(self, Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr)
+    }
+
+    /// Ops defined on bool and integer operands only.
+    pub fn is_bitwise(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::BitwiseAnd | BinaryOp::BitwiseOr | BinaryOp::BitwiseXor
+        )
+    }
+
+    /// The division family, which PyTorch has no bool kernel for: two bool operands are an
+    /// error rather than a division of 0s and 1s.
+    pub fn rejects_bool(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Fmod | BinaryOp::FloorDivide | BinaryOp::TruncDivide
+        )
     }
 }
 

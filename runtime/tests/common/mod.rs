@@ -3,6 +3,8 @@
 // Each suite uses some of these.
 #![allow(dead_code)]
 
+pub mod lanes;
+
 /// The optimized Cranelift IR section of a program's listing (`DEFERFUSE_DUMP_DIR` format).
 pub fn optimized_ir(listing: &str) -> &str {
     let start = listing

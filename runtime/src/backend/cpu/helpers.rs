@@ -1,8 +1,9 @@
 //! Scalar functions the generated code calls per element where inlining does not pay: f64
-//! transcendentals, f32 functions with no inline polynomial (sin, cos, pow, fmod, log1p, expm1),
-//! integer pow and f16 conversions. Registered by name with the JIT.
+//! transcendentals, f32 functions with no inline polynomial (sin, cos, pow, fmod, log2, log10,
+//! atan2), floor division, integer pow and f16 conversions. Registered by name with
+//! the JIT.
 
-use half::f16;
+use half::{bf16, f16};
 
 macro_rules! f64_unary {
     ($($name:ident => $f:expr),* $(,)?) => {
@@ -19,6 +20,68 @@ f64_unary! {
     df_cos_f64 => f64::cos,
     df_tanh_f64 => f64::tanh,
     df_erf_f64 => erf64,
+    df_log2_f64 => f64::log2,
+    df_log10_f64 => f64::log10,
+}
+
+extern "C" fn df_log2_f32(x: f32) -> f32 {
+    x.log2()
+}
+extern "C" fn df_log10_f32(x: f32) -> f32 {
+    x.log10()
+}
+extern "C" fn df_atan2_f32(y: f32, x: f32) -> f32 {
+    y.atan2(x)
+}
+extern "C" fn df_atan2_f64(y: f64, x: f64) -> f64 {
+    y.atan2(x)
+}
+
+/// `torch.floor_divide` of floats, step for step as PyTorch's vectorized
+/// `div_floor_floating_vec` runs it, with every step's result rounded by `round` (to the dtype
+/// PyTorch computes in: f16 and bf16 tensors round after each step, f32 and f64 compute exactly
+/// in f64 and round to f32 in between, which is f32 arithmetic). Division by zero gives `a / b`;
+/// a zero quotient takes the sign of `a / b`.
+pub fn floor_divide(a: f64, b: f64, round: impl Fn(f64) -> f64) -> f64 {
+    let basic = round(a / b);
+    if b == 0.0 {
+        return basic;
+    }
+    let m = a % b;
+    // PyTorch's fix-up for a quotient that overflows: divide `a` itself.
+    let whole = if basic.is_infinite() && a.is_finite() {
+        a
+    } else {
+        round(a - m)
+    };
+    let mut div = round(whole / b);
+    if m != 0.0 && (b < 0.0) != (m < 0.0) {
+        div = round(div - 1.0);
+    }
+    if div == 0.0 {
+        return 0f64.copysign(basic);
+    }
+    let fl = div.floor();
+    if round(div - fl) > 0.5 {
+        round(fl + 1.0)
+    } else {
+        fl
+    }
+}
+
+extern "C" fn df_floordiv_f64(a: f64, b: f64) -> f64 {
+    floor_divide(a, b, |x| x)
+}
+extern "C" fn df_floordiv_f32(a: f32, b: f32) -> f32 {
+    floor_divide(a as f64, b as f64, |x| x as f32 as f64) as f32
+}
+/// Floor division of two float16 tensors' values (in f32 lanes), rounded to f16 at each step.
+extern "C" fn df_floordiv_f16(a: f32, b: f32) -> f32 {
+    floor_divide(a as f64, b as f64, |x| f16::from_f64(x).to_f64()) as f32
+}
+/// Floor division of two bfloat16 tensors' values, rounded to bf16 at each step.
+extern "C" fn df_floordiv_bf16(a: f32, b: f32) -> f32 {
+    floor_divide(a as f64, b as f64, |x| bf16::from_f64(x).to_f64()) as f32
 }
 
 extern "C" fn df_sin_f32(x: f32) -> f32 {
@@ -26,12 +89,6 @@ extern "C" fn df_sin_f32(x: f32) -> f32 {
 }
 extern "C" fn df_cos_f32(x: f32) -> f32 {
     x.cos()
-}
-extern "C" fn df_log1p_f32(x: f32) -> f32 {
-    x.ln_1p()
-}
-extern "C" fn df_expm1_f32(x: f32) -> f32 {
-    x.exp_m1()
 }
 extern "C" fn df_pow_f32(x: f32, y: f32) -> f32 {
     x.powf(y)
@@ -145,10 +202,18 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
         ("df_cos_f64", df_cos_f64 as *const u8),
         ("df_tanh_f64", df_tanh_f64 as *const u8),
         ("df_erf_f64", df_erf_f64 as *const u8),
+        ("df_log2_f64", df_log2_f64 as *const u8),
+        ("df_log10_f64", df_log10_f64 as *const u8),
+        ("df_log2_f32", df_log2_f32 as *const u8),
+        ("df_log10_f32", df_log10_f32 as *const u8),
+        ("df_atan2_f32", df_atan2_f32 as *const u8),
+        ("df_atan2_f64", df_atan2_f64 as *const u8),
+        ("df_floordiv_f64", df_floordiv_f64 as *const u8),
+        ("df_floordiv_f32", df_floordiv_f32 as *const u8),
+        ("df_floordiv_f16", df_floordiv_f16 as *const u8),
+        ("df_floordiv_bf16", df_floordiv_bf16 as *const u8),
         ("df_sin_f32", df_sin_f32 as *const u8),
         ("df_cos_f32", df_cos_f32 as *const u8),
-        ("df_log1p_f32", df_log1p_f32 as *const u8),
-        ("df_expm1_f32", df_expm1_f32 as *const u8),
         ("df_pow_f32", df_pow_f32 as *const u8),
         ("df_pow_f64", df_pow_f64 as *const u8),
         ("df_fmod_f32", df_fmod_f32 as *const u8),

@@ -8,12 +8,13 @@
 //!
 //! Ops without a (good) x64 lowering for a lane type run per lane: the registers are split into
 //! scalars, the scalar op (or helper call) runs on each, and the results are packed again.
-//! Those are integer remainder and power, the f64 transcendentals, float -> i64 and
-//! i64 -> f32 casts.
+//! Those are integer division (remainder, fmod, floor and trunc division) and power, the f64
+//! transcendentals, float -> i64 and i64 -> f32 casts.
 
 use super::vmath::VMath;
 
 mod convert;
+mod division;
 mod float_unary;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F32X4, F64, F64X2, I32, I32X4, I64, I64X2, I8X16};
@@ -423,6 +424,8 @@ impl<'a, 'b> Emitter<'a, 'b> {
         let a = &self.vector(a);
         match op {
             LogicalNot => self.truthy(a, src, true),
+            // Inference rejects floats; on bool, ~x is logical not.
+            BitwiseNot if src == DType::Bool => self.truthy(a, src, true),
             IsNan if src.is_float() => {
                 let m = self.fcmp(FloatCC::Unordered, a, a);
                 self.fm_to_bool(m)
@@ -438,6 +441,10 @@ impl<'a, 'b> Emitter<'a, 'b> {
                 self.normalize(v, dst)
             }
             Abs => self.map(a, |b, x| b.ins().iabs(x)),
+            BitwiseNot => {
+                let v = self.map(a, |b, x| b.ins().bnot(x));
+                self.normalize(v, dst)
+            }
             Relu => self.map(a, |b, x| {
                 let z = Self::ilike(b, x, 0);
                 b.ins().smax(x, z)
@@ -449,7 +456,7 @@ impl<'a, 'b> Emitter<'a, 'b> {
                 let lt = b.ins().icmp(IntCC::SignedLessThan, x, z);
                 b.ins().isub(lt, gt)
             }),
-            Floor | Ceil | Round => a.clone(),
+            Floor | Ceil | Round | Trunc => a.clone(),
             other => unreachable!(
                 "{} on integers is promoted to float by inference",
                 other.name()
@@ -513,26 +520,14 @@ impl<'a, 'b> Emitter<'a, 'b> {
                     };
                     self.per_lane(&[x, y], n, ty)
                 }
-                Remainder => {
+                Remainder | Fmod | FloorDivide | TruncDivide => self.float_division(op, x, y, src),
+                Atan2 => {
                     let n = if ty == F64 {
-                        "df_fmod_f64"
+                        "df_atan2_f64"
                     } else {
-                        "df_fmod_f32"
+                        "df_atan2_f32"
                     };
-                    let r = self.per_lane(&[x, y], n, ty);
-                    // Python modulo: a non-zero result takes the divisor's sign.
-                    let zero = self.fconst(0.0, src);
-                    let nz = self.fcmp(FloatCC::NotEqual, &r, &zero);
-                    let rneg = self.fcmp(FloatCC::LessThan, &r, &zero);
-                    let yneg = self.fcmp(FloatCC::LessThan, y, &zero);
-                    let fix = Fm((0..nz.0.len())
-                        .map(|k| {
-                            let d = self.b.ins().bxor(rneg.0[k], yneg.0[k]);
-                            self.b.ins().band(nz.0[k], d)
-                        })
-                        .collect());
-                    let adj = self.zip(&r, y, |b, r, y| b.ins().fadd(r, y));
-                    self.fsel(&fix, &adj, &r)
+                    self.per_lane(&[x, y], n, ty)
                 }
                 Eq | Ne | Lt | Le | Gt | Ge => {
                     let cc = match op {
@@ -547,6 +542,9 @@ impl<'a, 'b> Emitter<'a, 'b> {
                     self.fm_to_bool(m)
                 }
                 LogicalAnd | LogicalOr => unreachable!(),
+                BitwiseAnd | BitwiseOr | BitwiseXor => {
+                    unreachable!("inference rejects float operands of {}", op.name())
+                }
             };
         }
         let r = match op {
@@ -555,27 +553,10 @@ impl<'a, 'b> Emitter<'a, 'b> {
             Mul => self.zip(x, y, |b, x, y| b.ins().imul(x, y)),
             Maximum => self.zip(x, y, |b, x, y| b.ins().smax(x, y)),
             Minimum => self.zip(x, y, |b, x, y| b.ins().smin(x, y)),
-            // x64 has no vector integer division: per lane.
-            Remainder => self.lanewise(&[x, y], |e, a| {
-                // Division by zero gives 0 instead of trapping; -1 is replaced by 1 (same
-                // remainder, 0) so MIN % -1 cannot fault.
-                let b = &mut *e.b;
-                let (x, y) = (a[0], a[1]);
-                let ty = b.func.dfg.value_type(x);
-                let one = b.ins().iconst(ty, 1);
-                let bad = b.ins().icmp_imm_s(IntCC::Equal, y, 0);
-                let m1 = b.ins().icmp_imm_s(IntCC::Equal, y, -1);
-                let bad = b.ins().bor(bad, m1);
-                let d = b.ins().select(bad, one, y);
-                let r = b.ins().srem(x, d);
-                let nz = b.ins().icmp_imm_s(IntCC::NotEqual, r, 0);
-                let rn = b.ins().icmp_imm_s(IntCC::SignedLessThan, r, 0);
-                let yn = b.ins().icmp_imm_s(IntCC::SignedLessThan, y, 0);
-                let diff = b.ins().bxor(rn, yn);
-                let fix = b.ins().band(nz, diff);
-                let adj = b.ins().iadd(r, y);
-                b.ins().select(fix, adj, r)
-            }),
+            BitwiseAnd => self.zip(x, y, |b, x, y| b.ins().band(x, y)),
+            BitwiseOr => self.zip(x, y, |b, x, y| b.ins().bor(x, y)),
+            BitwiseXor => self.zip(x, y, |b, x, y| b.ins().bxor(x, y)),
+            Remainder | Fmod | FloorDivide | TruncDivide => self.int_division(op, x, y),
             Pow => {
                 let ty = lane_ty(src);
                 self.lanewise(&[x, y], |e, l| {
@@ -605,7 +586,10 @@ impl<'a, 'b> Emitter<'a, 'b> {
                 let r = self.regs_of(&m);
                 return self.mask_to_bool(&r);
             }
-            Div => unreachable!("integer division is promoted to float by inference"),
+            Div | Atan2 => unreachable!(
+                "{} of integers is promoted to float by inference",
+                op.name()
+            ),
             LogicalAnd | LogicalOr => unreachable!(),
         };
         self.normalize(r, dst)

@@ -206,7 +206,16 @@ fn costly_values(region: &LoopRegion) -> Vec<bool> {
             InstrKind::Cast(a) => (v(a), false),
             InstrKind::Binary(b, x, y) => (
                 v(x) || v(y),
-                matches!(b, BinaryOp::Pow | BinaryOp::Remainder | BinaryOp::Div),
+                matches!(
+                    b,
+                    BinaryOp::Pow
+                        | BinaryOp::Remainder
+                        | BinaryOp::Div
+                        | BinaryOp::Atan2
+                        | BinaryOp::Fmod
+                        | BinaryOp::FloorDivide
+                        | BinaryOp::TruncDivide
+                ),
             ),
             InstrKind::Where(c, x, y) => (v(c) || v(x) || v(y), false),
         };
@@ -226,6 +235,8 @@ fn cheap_unary(u: UnaryOp) -> bool {
             | UnaryOp::Floor
             | UnaryOp::Ceil
             | UnaryOp::Round
+            | UnaryOp::Trunc
+            | UnaryOp::BitwiseNot
             | UnaryOp::Sign
             | UnaryOp::LogicalNot
             | UnaryOp::IsNan

@@ -1,7 +1,8 @@
 //! Per-element semantics in StableHLO, mirroring the CPU backend's (`cpu/lanes.rs`) so both
 //! backends give PyTorch's answers: NaN-propagating max/min, divisor-signed remainder, integer
-//! remainder by 0 or -1 giving 0, saturating float-to-int casts with NaN to 0, half-to-even
-//! round, f16/bf16 computed in f32 and rounded by casts.
+//! remainder, fmod and division by 0 giving 0, saturating float-to-int casts with NaN to 0,
+//! half-to-even round, PyTorch's float floor division, f16/bf16 computed in f32 and rounded by
+//! casts.
 
 use super::hlo::{Elem, Func, Val};
 use deferfuse_fusion::ir::{BinaryOp, DType, UnaryOp};
@@ -167,6 +168,10 @@ fn funary(f: &mut Func, op: UnaryOp, a: &Val) -> Val {
         Floor => simple("floor"),
         Ceil => simple("ceil"),
         Round => simple("round_nearest_even"),
+        // StableHLO has no trunc: ceil below zero, floor above (ceil keeps -0.5 -> -0).
+        Trunc => return trunc(f, a),
+        Log2 => return log_base(f, a, std::f64::consts::LN_2),
+        Log10 => return log_base(f, a, std::f64::consts::LN_10),
         Rsqrt | Reciprocal => {
             let s = if op == Rsqrt {
                 f.ew("sqrt", &[a])
@@ -212,9 +217,39 @@ fn funary(f: &mut Func, op: UnaryOp, a: &Val) -> Val {
             let t = f.ew("tanh", &[&inner]);
             return gelu_tail(f, a, &t);
         }
-        LogicalNot | IsNan => unreachable!("handled by unary()"),
+        LogicalNot | IsNan | BitwiseNot => unreachable!("handled by unary()"),
     };
     f.ew(&name, &[a])
+}
+
+fn trunc(f: &mut Func, a: &Val) -> Val {
+    let zero = splat(f, 0.0, a);
+    let neg = f.compare("LT", a, &zero);
+    let up = f.ew("ceil", &[a]);
+    let down = f.ew("floor", &[a]);
+    f.select(&neg, &up, &down)
+}
+
+/// `ln x / ln base`, exact at exact powers of the base (log2(8) = 3 and log10(1000) = 3, as
+/// PyTorch gives). f32 computes in f64 and rounds once, which lands on the integer; in f64 the
+/// quotient can miss it by an ulp, so a result within an ulp of an integer is that integer
+/// (costing at most an ulp next to a power, within the op's tolerance).
+fn log_base(f: &mut Func, a: &Val, ln_base: f64) -> Val {
+    let wide = f.convert(a, Elem::F64);
+    let l = f.ew("log", &[&wide]);
+    let k = splat(f, ln_base, &l);
+    let r = f.ew("divide", &[&l, &k]);
+    if a.ty.elem != Elem::F64 {
+        return f.convert(&r, a.ty.elem);
+    }
+    let n = f.ew("round_nearest_even", &[&r]);
+    let off = f.ew("subtract", &[&r, &n]);
+    let off = f.ew("abs", &[&off]);
+    let an = f.ew("abs", &[&n]);
+    let eps = splat(f, f64::EPSILON, &r);
+    let tol = f.ew("multiply", &[&an, &eps]);
+    let near = f.compare("LE", &off, &tol);
+    f.select(&near, &n, &r)
 }
 
 /// `op` on `a` (dtype `src`) giving dtype `dst`.
@@ -231,7 +266,17 @@ pub fn unary(f: &mut Func, op: UnaryOp, a: &Val, src: DType, dst: DType) -> Val 
             to_bool(f, &p)
         }
         IsNan => f.iconst(0, a.ty.with(Elem::I32)),
+        // Inference rejects floats; on bool, ~x is logical not.
+        BitwiseNot if src == DType::Bool => {
+            let z = splat(f, 0.0, a);
+            let p = f.compare("EQ", a, &z);
+            to_bool(f, &p)
+        }
         _ if src.is_float() => funary(f, op, a),
+        BitwiseNot => {
+            let v = f.ew("not", &[a]);
+            normalize(f, v, dst)
+        }
         Neg => {
             let v = f.ew("negate", &[a]);
             normalize(f, v, dst)
@@ -250,7 +295,7 @@ pub fn unary(f: &mut Func, op: UnaryOp, a: &Val, src: DType, dst: DType) -> Val 
             let r = f.select(&lt, &m1, &z);
             f.select(&gt, &one, &r)
         }
-        Floor | Ceil | Round => a.clone(),
+        Floor | Ceil | Round | Trunc => a.clone(),
         other => unreachable!(
             "{} on integers is promoted to float by inference",
             other.name()
@@ -260,12 +305,7 @@ pub fn unary(f: &mut Func, op: UnaryOp, a: &Val, src: DType, dst: DType) -> Val 
 
 /// Python-style remainder fix-up: a non-zero `r` whose sign differs from `y`'s gets `y` added.
 fn remainder_fix(f: &mut Func, r: &Val, y: &Val) -> Val {
-    let z = splat(f, 0.0, r);
-    let nz = f.compare("NE", r, &z);
-    let rn = f.compare("LT", r, &z);
-    let yn = f.compare("LT", y, &z);
-    let diff = f.ew("xor", &[&rn, &yn]);
-    let fix = f.ew("and", &[&nz, &diff]);
+    let fix = off_sign(f, r, y);
     let adj = f.ew("add", &[r, y]);
     f.select(&fix, &adj, r)
 }
@@ -334,21 +374,26 @@ pub fn binary(f: &mut Func, op: BinaryOp, x: &Val, y: &Val, src: DType, dst: DTy
             let neg = f.select(&is1, &one, &neg);
             f.select(&nonneg, &acc, &neg)
         }
-        Remainder if float => {
+        Remainder | Fmod | FloorDivide | TruncDivide if !float => int_division(f, op, x, y),
+        Remainder | Fmod => {
+            // StableHLO's remainder is C's fmod.
             let r = f.ew("remainder", &[x, y]);
-            remainder_fix(f, &r, y)
+            if op == Remainder {
+                remainder_fix(f, &r, y)
+            } else {
+                r
+            }
         }
-        Remainder => {
-            let zero = isplat(f, 0, y);
-            let one = isplat(f, 1, y);
-            let m1 = isplat(f, -1, y);
-            let z = f.compare("EQ", y, &zero);
-            let n1 = f.compare("EQ", y, &m1);
-            let bad = f.ew("or", &[&z, &n1]);
-            let d = f.select(&bad, &one, y);
-            let r = f.ew("remainder", &[x, &d]);
-            remainder_fix(f, &r, y)
+        FloorDivide => floor_divide(f, x, y, src),
+        TruncDivide => {
+            let q = f.ew("divide", &[x, y]);
+            let q = round_steps(f, q, src);
+            trunc(f, &q)
         }
+        Atan2 => f.ew("atan2", &[x, y]),
+        BitwiseAnd => f.ew("and", &[x, y]),
+        BitwiseOr => f.ew("or", &[x, y]),
+        BitwiseXor => f.ew("xor", &[x, y]),
         LogicalAnd | LogicalOr | Eq | Ne | Lt | Le | Gt | Ge => unreachable!(),
     };
     // Integer results wrap to u8 and become 0/1 bools (bool + bool is true, not 2).
@@ -357,4 +402,91 @@ pub fn binary(f: &mut Func, op: BinaryOp, x: &Val, y: &Val, src: DType, dst: DTy
     } else {
         normalize(f, r, dst)
     }
+}
+
+/// Integer remainder, fmod, floor and trunc division: a divisor of 0 gives 0 and one of -1 is
+/// replaced by 1 (fixing up the quotient) so `MIN / -1` wraps, like the CPU backend.
+fn int_division(f: &mut Func, op: BinaryOp, x: &Val, y: &Val) -> Val {
+    let zero = isplat(f, 0, y);
+    let one = isplat(f, 1, y);
+    let m1 = isplat(f, -1, y);
+    let by_zero = f.compare("EQ", y, &zero);
+    let by_m1 = f.compare("EQ", y, &m1);
+    let bad = f.ew("or", &[&by_zero, &by_m1]);
+    let d = f.select(&bad, &one, y);
+    let r = f.ew("remainder", &[x, &d]);
+    match op {
+        BinaryOp::Fmod => r,
+        BinaryOp::Remainder => remainder_fix(f, &r, y),
+        _ => {
+            let mut q = f.ew("divide", &[x, &d]);
+            if op == BinaryOp::FloorDivide {
+                let fix = off_sign(f, &r, y);
+                let down = f.ew("subtract", &[&q, &one]);
+                q = f.select(&fix, &down, &q);
+            }
+            let neg = f.ew("negate", &[x]);
+            let q = f.select(&by_m1, &neg, &q);
+            f.select(&by_zero, &zero, &q)
+        }
+    }
+}
+
+/// A value rounded to `src` when that is f16 or bf16: PyTorch rounds each step of a division
+/// of two such tensors to their dtype.
+fn round_steps(f: &mut Func, v: Val, src: DType) -> Val {
+    if matches!(src, DType::F16 | DType::BF16) {
+        cast(f, &v, DType::F32, src)
+    } else {
+        v
+    }
+}
+
+/// PyTorch's float floor division (`div_floor_floating_vec`), step for step; see the CPU
+/// backend's `helpers::floor_divide`.
+fn floor_divide(f: &mut Func, x: &Val, y: &Val, src: DType) -> Val {
+    let basic = f.ew("divide", &[x, y]);
+    let basic = round_steps(f, basic, src);
+    let m = f.ew("remainder", &[x, y]);
+    let inf = splat(f, f64::INFINITY, x);
+    let ab = f.ew("abs", &[&basic]);
+    let ax = f.ew("abs", &[x]);
+    let q_inf = f.compare("EQ", &ab, &inf);
+    let x_fin = f.compare("NE", &ax, &inf);
+    let overflow = f.ew("and", &[&q_inf, &x_fin]);
+    let xm = f.ew("subtract", &[x, &m]);
+    let xm = round_steps(f, xm, src);
+    let whole = f.select(&overflow, x, &xm);
+    let div = f.ew("divide", &[&whole, y]);
+    let div = round_steps(f, div, src);
+    let one = splat(f, 1.0, x);
+    let fix = off_sign(f, &m, y);
+    let dm1 = f.ew("subtract", &[&div, &one]);
+    let dm1 = round_steps(f, dm1, src);
+    let div = f.select(&fix, &dm1, &div);
+    let fl = f.ew("floor", &[&div]);
+    let frac = f.ew("subtract", &[&div, &fl]);
+    let frac = round_steps(f, frac, src);
+    let half = splat(f, 0.5, x);
+    let up = f.compare("GT", &frac, &half);
+    let fl1 = f.ew("add", &[&fl, &one]);
+    let fl1 = round_steps(f, fl1, src);
+    let r = f.select(&up, &fl1, &fl);
+    // A zero quotient takes the sign of a / b (0 * basic: basic is finite there).
+    let zero = splat(f, 0.0, x);
+    let signed_zero = f.ew("multiply", &[&zero, &basic]);
+    let is_zero = f.compare("EQ", &div, &zero);
+    let r = f.select(&is_zero, &signed_zero, &r);
+    let by_zero = f.compare("EQ", y, &zero);
+    f.select(&by_zero, &basic, &r)
+}
+
+/// A non-zero `r` whose sign differs from `y`'s (as an i1 predicate).
+fn off_sign(f: &mut Func, r: &Val, y: &Val) -> Val {
+    let z = splat(f, 0.0, r);
+    let nz = f.compare("NE", r, &z);
+    let rn = f.compare("LT", r, &z);
+    let yn = f.compare("LT", y, &z);
+    let diff = f.ew("xor", &[&rn, &yn]);
+    f.ew("and", &[&nz, &diff])
 }

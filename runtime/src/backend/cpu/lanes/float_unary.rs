@@ -17,6 +17,7 @@ impl Emitter<'_, '_> {
             Floor => self.map(a, |b, x| b.ins().floor(x)),
             Ceil => self.map(a, |b, x| b.ins().ceil(x)),
             Round => self.map(a, |b, x| b.ins().nearest(x)),
+            Trunc => self.map(a, |b, x| b.ins().trunc(x)),
             Rsqrt | Reciprocal => {
                 let s = if op == Rsqrt {
                     self.map(a, |b, x| b.ins().sqrt(x))
@@ -45,6 +46,8 @@ impl Emitter<'_, '_> {
             Tanh if !f64 => self.map(a, |b, x| VMath { b }.tanh(x)),
             Erf if !f64 => self.map(a, |b, x| VMath { b }.erf(x)),
             Sigmoid if !f64 => self.map(a, |b, x| VMath { b }.sigmoid(x)),
+            Log1p if !f64 => self.map(a, |b, x| VMath { b }.log1p(x)),
+            Expm1 if !f64 => self.map(a, |b, x| VMath { b }.expm1(x)),
             Exp => self.per_lane(&[a], "df_exp_f64", ty),
             Log => self.per_lane(&[a], "df_log_f64", ty),
             Tanh => self.per_lane(&[a], "df_tanh_f64", ty),
@@ -56,9 +59,11 @@ impl Emitter<'_, '_> {
                 let den = self.zip(&one, &e, |b, o, e| b.ins().fadd(o, e));
                 self.zip(&one, &den, |b, o, x| b.ins().fdiv(o, x))
             }
-            Log1p => self.per_lane(&[a], lib("df_log1p_f32", "df_log1p_f64"), ty),
-            Expm1 => self.per_lane(&[a], lib("df_expm1_f32", "df_expm1_f64"), ty),
+            Log1p => self.per_lane(&[a], "df_log1p_f64", ty),
+            Expm1 => self.per_lane(&[a], "df_expm1_f64", ty),
             Sin => self.per_lane(&[a], lib("df_sin_f32", "df_sin_f64"), ty),
+            Log2 => self.per_lane(&[a], lib("df_log2_f32", "df_log2_f64"), ty),
+            Log10 => self.per_lane(&[a], lib("df_log10_f32", "df_log10_f64"), ty),
             Cos => self.per_lane(&[a], lib("df_cos_f32", "df_cos_f64"), ty),
             Silu => {
                 let s = self.funary(Sigmoid, a, d);
@@ -81,7 +86,7 @@ impl Emitter<'_, '_> {
                 let t = self.funary(Tanh, &inner, d);
                 self.gelu_tail(a, &t, d)
             }
-            LogicalNot | IsNan => unreachable!("handled by unary()"),
+            LogicalNot | IsNan | BitwiseNot => unreachable!("handled by unary()"),
         }
     }
 
