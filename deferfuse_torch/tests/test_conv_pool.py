@@ -1,0 +1,74 @@
+"""Convolution and pooling on tpu match CPU in forward and backward (gradients through autograd)
+in every eager mode, with zero CPU-fallback ops."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import deferfuse_torch
+from conftest import check
+
+
+def run_both(fn, *inputs):
+    """fn on CPU and on tpu with the same inputs; backward with the same random grad_output.
+    Returns ((out, grads) on CPU, (out, grads) on tpu, the tpu fallback counts)."""
+    cpu = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    out = fn(*cpu)
+    outs = out if isinstance(out, tuple) else (out,)
+    grad = torch.randn_like(outs[0])
+    outs[0].backward(grad)
+    dev = [t.detach().to("tpu").requires_grad_(t.is_floating_point()) for t in inputs]
+    deferfuse_torch.reset_fallback_counts()
+    dout = fn(*dev)
+    douts = dout if isinstance(dout, tuple) else (dout,)
+    douts[0].backward(grad.to("tpu"))
+    fallbacks = deferfuse_torch.fallback_counts()
+    return ((outs, [t.grad for t in cpu if t.requires_grad]),
+            (douts, [t.grad for t in dev if t.requires_grad]), fallbacks)
+
+
+def assert_same(fn, *inputs, atol=1e-5, rtol=1e-5):
+    (want, want_g), (got, got_g), fallbacks = run_both(fn, *inputs)
+    assert fallbacks == {}
+    for g, w in zip(got, want):
+        check(g, w.detach(), atol=atol, rtol=rtol)
+    for g, w in zip(got_g, want_g):
+        check(g, w, atol=atol, rtol=rtol)
+
+
+CONVS = {
+    "conv2d_padding": ((2, 3, 7, 6), (4, 3, 3, 3), dict(padding=1)),
+    "conv2d_depthwise_stride": ((2, 4, 9, 8), (4, 1, 3, 3), dict(stride=2, padding=1, groups=4)),
+    "conv2d_groups_dilation": ((2, 4, 9, 8), (6, 2, 2, 3),
+                               dict(stride=(2, 1), padding=(0, 2), dilation=(2, 1), groups=2)),
+    "conv2d_1x1": ((2, 5, 4, 4), (3, 5, 1, 1), dict()),
+    "conv2d_uncovered_tail": ((1, 2, 8, 8), (2, 2, 3, 3), dict(stride=3)),
+    "conv1d": ((2, 3, 10), (5, 3, 3), dict(padding=2, stride=3)),
+    "conv3d": ((1, 2, 5, 5, 4), (3, 2, 2, 2, 2), dict(padding=1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONVS))
+def test_convolution_matches_cpu_forward_and_backward(mode, case):
+    shape, wshape, kw = CONVS[case]
+    torch.manual_seed(0)
+    conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[len(shape)]
+    x, w, b = torch.randn(shape), torch.randn(wshape), torch.randn(wshape[0])
+    assert_same(lambda x, w, b: conv(x, w, b, **kw), x, w, b, atol=2e-5)
+
+
+def test_convolution_without_bias_matches_cpu(mode):
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
+    assert_same(lambda x, w: F.conv2d(x, w, padding="same"), x, w, atol=2e-5)
+
+
+def test_convolution_of_a_non_contiguous_input_matches_cpu(mode):
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 6, 6, 3), torch.randn(4, 3, 3, 3)
+    assert_same(lambda x, w: F.conv2d(x.permute(0, 3, 1, 2), w, padding=1), x, w, atol=2e-5)
+
+
+def test_transposed_convolution_raises_not_implemented():
+    x, w = torch.randn(1, 2, 4, 4).to("tpu"), torch.randn(2, 3, 3, 3).to("tpu")
+    with pytest.raises(NotImplementedError, match="transposed convolution"):
+        F.conv_transpose2d(x, w)
