@@ -72,3 +72,65 @@ def test_transposed_convolution_raises_not_implemented():
     x, w = torch.randn(1, 2, 4, 4).to("tpu"), torch.randn(2, 3, 3, 3).to("tpu")
     with pytest.raises(NotImplementedError, match="transposed convolution"):
         F.conv_transpose2d(x, w)
+
+
+MAX_POOLS = {
+    "k2": dict(kernel_size=2),
+    "k3_s2_p1": dict(kernel_size=3, stride=2, padding=1),
+    "k3_s2_ceil": dict(kernel_size=3, stride=2, ceil_mode=True),
+    "k3_s1_overlapping_dilated": dict(kernel_size=(2, 3), stride=1, padding=(1, 1), dilation=(2, 1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MAX_POOLS))
+def test_max_pool2d_values_indices_and_gradient_match_cpu(mode, case):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 8)
+    kw = MAX_POOLS[case]
+    assert_same(lambda x: F.max_pool2d(x, return_indices=True, **kw), x)
+
+
+def test_max_pool2d_of_an_unbatched_input_matches_cpu(mode):
+    torch.manual_seed(0)
+    assert_same(lambda x: F.max_pool2d(x, 2), torch.randn(3, 6, 6))
+
+
+def test_max_pool2d_gradient_accumulates_over_overlapping_windows(mode):
+    # A constant-free ramp makes one element the max of several windows.
+    x = torch.arange(36.0).view(1, 1, 6, 6)
+    assert_same(lambda x: F.max_pool2d(x, 3, stride=1), x)
+
+
+AVG_POOLS = {
+    "k2": dict(kernel_size=2),
+    "k3_s2_p1_include_pad": dict(kernel_size=3, stride=2, padding=1),
+    "k3_s2_p1_exclude_pad": dict(kernel_size=3, stride=2, padding=1, count_include_pad=False),
+    "k3_s2_ceil_exclude_pad": dict(kernel_size=3, stride=2, padding=1, ceil_mode=True,
+                                   count_include_pad=False),
+    "k3_s2_ceil_include_pad": dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+    "divisor_override": dict(kernel_size=(2, 3), stride=(1, 2), divisor_override=5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AVG_POOLS))
+def test_avg_pool2d_matches_cpu_forward_and_backward(mode, case):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 8)
+    assert_same(lambda x: F.avg_pool2d(x, **AVG_POOLS[case]), x)
+
+
+@pytest.mark.parametrize("out", [(1, 1), (2, 4), (3, 5), (7, 8)])
+def test_adaptive_avg_pool2d_matches_cpu_forward_and_backward(mode, out):
+    torch.manual_seed(0)
+    assert_same(lambda x: F.adaptive_avg_pool2d(x, out), torch.randn(2, 3, 7, 8))
+
+
+def test_adaptive_max_pool2d_matches_cpu_when_the_output_divides_the_input(mode):
+    torch.manual_seed(0)
+    assert_same(lambda x: F.adaptive_max_pool2d(x, (2, 4), return_indices=True),
+                torch.randn(2, 3, 6, 8))
+
+
+def test_adaptive_max_pool2d_with_a_non_dividing_output_raises_a_clear_error():
+    with pytest.raises(RuntimeError, match="divide the input size"):
+        F.adaptive_max_pool2d(torch.randn(1, 2, 7, 8).to("tpu"), (3, 3))
