@@ -1,4 +1,5 @@
-// Losses: mse_loss and nll_loss (what cross_entropy lowers to), forward and backward.
+// Losses: mse_loss and nll_loss / nll_loss2d (what cross_entropy lowers to), forward and
+// backward. nll_loss2d moves the class dim last and reuses the 2-D nll_loss on [N*H*W, C].
 // nll_loss picks input[n, target[n]] without a gather op: a one-hot mask built from
 // arange(C) == target[:, None] selects it, and the same mask carries the class weights and
 // ignore_index, so forward and backward stay on the device.
@@ -80,6 +81,37 @@ at::Tensor nll_loss_backward(const at::Tensor& grad, const at::Tensor& self,
   return at::neg(mask * g);
 }
 
+// [N, C, H, W] -> [N*H*W, C], the layout nll_loss picks classes from.
+at::Tensor classes_last(const at::Tensor& self, const at::Tensor& target) {
+  TORCH_CHECK(self.dim() == 4 && target.dim() == 3, "nll_loss2d: expected a 4-D input and a 3-D "
+              "target, got shapes ", self.sizes(), " and ", target.sizes());
+  TORCH_CHECK(self.size(0) == target.size(0) && self.size(2) == target.size(1) &&
+              self.size(3) == target.size(2), "nll_loss2d: input ", self.sizes(),
+              " and target ", target.sizes(), " differ in batch or spatial sizes");
+  return self.permute({0, 2, 3, 1}).reshape({-1, self.size(1)});
+}
+
+std::tuple<at::Tensor, at::Tensor> nll_loss2d_forward(const at::Tensor& self,
+                                                      const at::Tensor& target,
+                                                      const std::optional<at::Tensor>& weight,
+                                                      int64_t reduction, int64_t ignore_index) {
+  auto [out, total_weight] = dft::nll_loss_forward(classes_last(self, target), target.reshape({-1}),
+                                              weight, reduction, ignore_index);
+  return {reduction == kNone ? out.view(target.sizes()) : out, total_weight};
+}
+
+at::Tensor nll_loss2d_backward(const at::Tensor& grad, const at::Tensor& self,
+                               const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                               int64_t reduction, int64_t ignore_index,
+                               const at::Tensor& total_weight) {
+  auto g = reduction == kNone ? grad.reshape({-1}) : grad;
+  auto gi = dft::nll_loss_backward(g, classes_last(self, target), target.reshape({-1}), weight,
+                              reduction, ignore_index, total_weight);
+  return gi.view({self.size(0), self.size(2), self.size(3), self.size(1)})
+      .permute({0, 3, 1, 2})
+      .contiguous();
+}
+
 }  // namespace
 }  // namespace dft
 
@@ -88,4 +120,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mse_loss_backward", TORCH_FN(dft::mse_loss_backward));
   m.impl("nll_loss_forward", TORCH_FN(dft::nll_loss_forward));
   m.impl("nll_loss_backward", TORCH_FN(dft::nll_loss_backward));
+  m.impl("nll_loss2d_forward", TORCH_FN(dft::nll_loss2d_forward));
+  m.impl("nll_loss2d_backward", TORCH_FN(dft::nll_loss2d_backward));
 }
