@@ -68,10 +68,25 @@ def test_convolution_of_a_non_contiguous_input_matches_cpu(mode):
     assert_same(lambda x, w: F.conv2d(x.permute(0, 3, 1, 2), w, padding=1), x, w, atol=2e-5)
 
 
-def test_transposed_convolution_raises_not_implemented():
-    x, w = torch.randn(1, 2, 4, 4).to("tpu"), torch.randn(2, 3, 3, 3).to("tpu")
-    with pytest.raises(NotImplementedError, match="transposed convolution"):
-        F.conv_transpose2d(x, w)
+TRANSPOSED = {
+    "conv_transpose2d": ((2, 4, 5, 4), (4, 3, 3, 3), dict(padding=1)),
+    "conv_transpose2d_stride_output_padding": ((2, 4, 4, 5), (4, 2, 3, 2),
+                                               dict(stride=2, padding=1, output_padding=1)),
+    "conv_transpose2d_groups_dilation": ((1, 4, 4, 4), (4, 3, 2, 3),
+                                         dict(stride=(1, 2), dilation=(2, 1), groups=2)),
+    "conv_transpose1d": ((2, 3, 6), (3, 5, 4), dict(stride=3, padding=2)),
+    "conv_transpose3d": ((1, 2, 3, 3, 2), (2, 3, 2, 2, 2), dict(stride=2)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRANSPOSED))
+def test_transposed_convolution_matches_cpu_forward_and_backward(mode, case):
+    shape, wshape, kw = TRANSPOSED[case]
+    torch.manual_seed(0)
+    conv = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}[len(shape)]
+    groups = kw.get("groups", 1)
+    x, w, b = torch.randn(shape), torch.randn(wshape), torch.randn(wshape[1] * groups)
+    assert_same(lambda x, w, b: conv(x, w, b, **kw), x, w, b, atol=2e-5)
 
 
 MAX_POOLS = {
