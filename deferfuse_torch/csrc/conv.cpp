@@ -58,10 +58,6 @@ Geometry geometry(at::IntArrayRef x, const at::Tensor& w, at::IntArrayRef stride
   return g;
 }
 
-at::Tensor batched_matmul(const at::Tensor& a, const at::Tensor& b) {
-  return run(DFUSE_OP_KIND_MATMUL, nullptr, Operands().t(a).t(b), "convolution matmul");
-}
-
 std::vector<int64_t> padded_sizes(const Geometry& g) {
   std::vector<int64_t> s;
   for (size_t i = 0; i < g.in.size(); ++i) s.push_back(g.in[i] + 2 * g.padding[i]);
@@ -71,7 +67,8 @@ std::vector<int64_t> padded_sizes(const Geometry& g) {
 // The input's windows as columns [N, G, Cg*K, L].
 at::Tensor im2col(const at::Tensor& x, const Geometry& g) {
   auto xp = pad_spatial(x, g.padding, g.padding, 0);
-  return window_view(xp, g.kernel, g.stride, g.dilation, g.out).reshape({g.N, g.G, g.Cg * g.K, g.L});
+  return window_view(xp, g.kernel, g.stride, g.dilation, g.out)
+      .reshape({g.N, g.G, g.Cg * g.K, g.L});
 }
 
 std::vector<int64_t> with_spatial(int64_t n, int64_t c, const std::vector<int64_t>& spatial) {

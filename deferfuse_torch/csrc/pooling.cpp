@@ -197,35 +197,45 @@ void check_adaptive(const at::Tensor& x, at::IntArrayRef out, const char* op) {
               ": output_size must be two positive sizes, got ", out);
 }
 
-at::Tensor mat_product(const at::Tensor& a, const at::Tensor& b) {
-  return run(DFUSE_OP_KIND_MATMUL, nullptr, Operands().t(a).t(b), "adaptive pooling matmul");
+// The kernel (= stride) when the output divides the input: then adaptive pooling is plain
+// pooling, which (unlike the averaging matrices) keeps an inf or NaN in its own window.
+std::optional<std::vector<int64_t>> even_windows(const at::Tensor& x, at::IntArrayRef out) {
+  int64_t H = x.size(-2), W = x.size(-1);
+  if (H % out[0] != 0 || W % out[1] != 0) return std::nullopt;
+  return std::vector<int64_t>{H / out[0], W / out[1]};
 }
 
-// out = A_h @ x @ A_w^T, each averaging matrix applied along its dim.
+// Uneven windows: out = A_h @ x @ A_w^T, each averaging matrix applied along its dim. The
+// matrices' zeros multiply every element, so an inf in the input makes NaNs in other windows.
 at::Tensor adaptive_avg_pool2d(const at::Tensor& x, at::IntArrayRef out) {
   check_adaptive(x, out, "adaptive_avg_pool2d");
-  int64_t H = x.size(-2), W = x.size(-1);
-  auto rows = adaptive_matrix(H, out[0], x.scalar_type());
-  auto cols = adaptive_matrix(W, out[1], x.scalar_type());
-  return mat_product(rows, mat_product(x, cols.t()));
+  std::vector<int64_t> zero{0, 0};
+  if (auto k = even_windows(x, out)) {
+    return dft::avg_pool2d(x, *k, *k, zero, false, true, std::nullopt);
+  }
+  auto rows = adaptive_matrix(x.size(-2), out[0], x.scalar_type());
+  auto cols = adaptive_matrix(x.size(-1), out[1], x.scalar_type());
+  return batched_matmul(rows, batched_matmul(x, cols.t()));
 }
 
 at::Tensor adaptive_avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& x) {
-  int64_t H = x.size(-2), W = x.size(-1);
-  auto rows = adaptive_matrix(H, grad.size(-2), x.scalar_type());
-  auto cols = adaptive_matrix(W, grad.size(-1), x.scalar_type());
-  return mat_product(rows.t(), mat_product(grad, cols));
+  std::vector<int64_t> out{grad.size(-2), grad.size(-1)}, zero{0, 0};
+  if (auto k = even_windows(x, out)) {
+    return dft::avg_pool2d_backward(grad, x, *k, *k, zero, false, true, std::nullopt);
+  }
+  auto rows = adaptive_matrix(x.size(-2), out[0], x.scalar_type());
+  auto cols = adaptive_matrix(x.size(-1), out[1], x.scalar_type());
+  return batched_matmul(rows.t(), batched_matmul(grad, cols));
 }
 
-// Adaptive max pooling is plain max pooling when the output divides the input.
+// Adaptive max pooling is supported where it is plain max pooling.
 Pool adaptive_max_geometry(const at::Tensor& x, at::IntArrayRef out) {
   check_adaptive(x, out, "adaptive_max_pool2d");
-  int64_t H = x.size(-2), W = x.size(-1);
-  TORCH_CHECK(H % out[0] == 0 && W % out[1] == 0, "tpu: adaptive_max_pool2d supports output sizes "
-              "that divide the input size only; got output_size ", out, " for an input of ",
-              x.sizes());
-  std::vector<int64_t> k{H / out[0], W / out[1]}, zero{0, 0}, one{1, 1};
-  return pool_geometry(x, k, k, zero, one, false, "adaptive_max_pool2d");
+  auto k = even_windows(x, out);
+  TORCH_CHECK(k, "tpu: adaptive_max_pool2d supports output sizes that divide the input size "
+              "only; got output_size ", out, " for an input of ", x.sizes());
+  std::vector<int64_t> zero{0, 0}, one{1, 1};
+  return pool_geometry(x, *k, *k, zero, one, false, "adaptive_max_pool2d");
 }
 
 std::tuple<at::Tensor, at::Tensor> adaptive_max_pool2d(const at::Tensor& x, at::IntArrayRef out) {

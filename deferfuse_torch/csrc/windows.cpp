@@ -68,6 +68,10 @@ at::Tensor add_windows(const at::Tensor& contrib, at::IntArrayRef buf_spatial,
   return buf;
 }
 
+at::Tensor batched_matmul(const at::Tensor& a, const at::Tensor& b) {
+  return run(DFUSE_OP_KIND_MATMUL, nullptr, Operands().t(a).t(b), "matmul");
+}
+
 at::Tensor upload_table(const std::vector<double>& values, at::IntArrayRef sizes,
                         at::ScalarType dtype) {
   auto host = at::tensor(values, at::kDouble).view(sizes).to(dtype);

@@ -26,6 +26,10 @@ at::Tensor window_view(const at::Tensor& x, at::IntArrayRef kernel, at::IntArray
 at::Tensor add_windows(const at::Tensor& contrib, at::IntArrayRef buf_spatial,
                        at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef dilation);
 
+// a @ b with torch.matmul's batch broadcasting, recorded as one op (im2col products, the
+// adaptive pooling matrices).
+at::Tensor batched_matmul(const at::Tensor& a, const at::Tensor& b);
+
 // A host-computed table as a tpu tensor of `dtype` (int64 or a float type).
 at::Tensor upload_table(const std::vector<double>& values, at::IntArrayRef sizes,
                         at::ScalarType dtype);

@@ -93,7 +93,8 @@ MAX_POOLS = {
     "k2": dict(kernel_size=2),
     "k3_s2_p1": dict(kernel_size=3, stride=2, padding=1),
     "k3_s2_ceil": dict(kernel_size=3, stride=2, ceil_mode=True),
-    "k3_s1_overlapping_dilated": dict(kernel_size=(2, 3), stride=1, padding=(1, 1), dilation=(2, 1)),
+    "k3_s1_overlapping_dilated": dict(kernel_size=(2, 3), stride=1, padding=(1, 1),
+                                      dilation=(2, 1)),
 }
 
 
@@ -149,3 +150,9 @@ def test_adaptive_max_pool2d_matches_cpu_when_the_output_divides_the_input(mode)
 def test_adaptive_max_pool2d_with_a_non_dividing_output_raises_a_clear_error():
     with pytest.raises(RuntimeError, match="divide the input size"):
         F.adaptive_max_pool2d(torch.randn(1, 2, 7, 8).to("tpu"), (3, 3))
+
+
+def test_adaptive_avg_pool2d_keeps_an_inf_in_its_own_window_when_sizes_divide(mode):
+    x = torch.ones(1, 1, 4, 4)
+    x[0, 0, 0, 0] = float("inf")
+    check(F.adaptive_avg_pool2d(x.to("tpu"), 2), F.adaptive_avg_pool2d(x, 2))
