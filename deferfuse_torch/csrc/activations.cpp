@@ -1,6 +1,6 @@
 // Backward formulas of the activations (what autograd calls for relu, gelu, tanh, sigmoid,
 // silu), and the composite activations (softplus, leaky_relu, elu, hardtanh/relu6, hardswish,
-// hardsigmoid, mish, log_sigmoid) with theirs, written as recorded elementwise ops so they fuse
+// hardsigmoid, mish, log_sigmoid, prelu, glu) with theirs, written as recorded elementwise ops so they fuse
 // with their neighbours in defer mode. Each follows PyTorch's CPU formula, branch for branch
 // (which side of a boundary a point belongs to decides its gradient).
 // They call ATen operators on tpu tensors: those dispatch straight to this device's kernels
@@ -159,6 +159,34 @@ at::Tensor log_sigmoid_backward(const at::Tensor& grad, const at::Tensor& x,
   return at::where(x < 0, 1.0 - t, t) * grad;
 }
 
+// prelu with the weight already broadcast to x by the composite prelu; the weight gradient is
+// per element (autograd sums it to the weight's shape).
+at::Tensor prelu(const at::Tensor& x, const at::Tensor& weight) {
+  return at::where(x > 0, x, weight * x);
+}
+
+std::tuple<at::Tensor, at::Tensor> prelu_backward(const at::Tensor& grad, const at::Tensor& x,
+                                                  const at::Tensor& weight) {
+  auto pos = x > 0;
+  return {at::where(pos, grad, weight * grad), dft::where(pos.logical_not(), x * grad, 0)};
+}
+
+// glu: the first half of `dim` gated by the sigmoid of the second.
+at::Tensor glu(const at::Tensor& x, int64_t dim) {
+  TORCH_CHECK(x.size(dim) % 2 == 0, "Halving dimension must be even, but dimension ", dim,
+              " is size ", x.size(dim));
+  auto halves = x.chunk(2, dim);
+  return halves[0] * at::sigmoid(halves[1]);
+}
+
+at::Tensor glu_backward(const at::Tensor& grad, const at::Tensor& x, int64_t dim) {
+  auto halves = x.chunk(2, dim);
+  auto sig = at::sigmoid(halves[1]);
+  auto grad_a = grad * sig;
+  auto grad_b = grad_a * halves[0] * (1.0 - sig);
+  return at::cat({grad_a, grad_b}, dim);
+}
+
 }  // namespace
 }  // namespace dft
 
@@ -190,4 +218,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mish_backward", TORCH_FN(dft::mish_backward));
   m.impl("log_sigmoid_forward", TORCH_FN(dft::log_sigmoid_forward));
   m.impl("log_sigmoid_backward", TORCH_FN(dft::log_sigmoid_backward));
+  m.impl("_prelu_kernel", TORCH_FN(dft::prelu));
+  m.impl("_prelu_kernel_backward", TORCH_FN(dft::prelu_backward));
+  m.impl("glu", TORCH_FN(dft::glu));
+  m.impl("glu_backward", TORCH_FN(dft::glu_backward));
 }

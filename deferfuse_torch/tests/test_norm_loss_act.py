@@ -77,6 +77,8 @@ ACTIVATIONS = {
     "hardsigmoid": lambda x: F.hardsigmoid(x),
     "mish": lambda x: F.mish(x),
     "logsigmoid": lambda x: F.logsigmoid(x),
+    "glu": lambda x: F.glu(x[:, :16], dim=1),
+    "glu_last_dim_negative": lambda x: F.glu(x[:2, :16].reshape(2, 4, 4), dim=-1),
     # In-place forms on a non-leaf, so autograd takes the result-based backward where it has one.
     "leaky_relu_inplace": lambda x: F.leaky_relu(x * 1.0, 0.2, inplace=True),
     "elu_inplace": lambda x: F.elu(x * 1.0, inplace=True),
@@ -99,6 +101,14 @@ def boundary_points():
 @pytest.mark.parametrize("case", sorted(ACTIVATIONS))
 def test_activation_matches_cpu_forward_and_backward(mode, case):
     assert_same(ACTIVATIONS[case], boundary_points())
+
+
+def test_prelu_matches_cpu_including_the_weight_gradient(mode):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 5)
+    x[0, 0, 0, 0] = 0.0
+    assert_same(lambda x, w: F.prelu(x, w), x, torch.tensor([0.1, 0.25, -0.3]))
+    assert_same(lambda x, w: F.prelu(x, w), x, torch.tensor([0.2]))
 
 
 LOSSES = {
