@@ -8,8 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import deferfuse_torch
-from conftest import check
-from test_conv_pool import assert_same
+from conftest import assert_same, check
 
 
 def compare_module(make, x, train):
