@@ -1,5 +1,8 @@
 // Backward formulas of the activations (what autograd calls for relu, gelu, tanh, sigmoid,
-// silu), written as recorded elementwise ops so they fuse with their neighbours in defer mode.
+// silu), and the composite activations (softplus, leaky_relu, elu, hardtanh/relu6, hardswish,
+// hardsigmoid, mish, log_sigmoid, prelu, glu) with theirs, written as recorded elementwise ops so they fuse
+// with their neighbours in defer mode. Each follows PyTorch's CPU formula, branch for branch
+// (which side of a boundary a point belongs to decides its gradient).
 // They call ATen operators on tpu tensors: those dispatch straight to this device's kernels
 // (autograd is already below us here), so no op reaches the CPU fallback.
 #include "common.h"
@@ -52,6 +55,138 @@ at::Tensor silu_backward(const at::Tensor& grad, const at::Tensor& x) {
   return grad * (s * (1.0 + x * (1.0 - s)));
 }
 
+
+at::Tensor softplus(const at::Tensor& x, const at::Scalar& beta, const at::Scalar& threshold) {
+  auto xb = x * beta;
+  return at::where(xb > threshold, x, at::log1p(at::exp(xb)) / beta);
+}
+
+at::Tensor softplus_backward(const at::Tensor& grad, const at::Tensor& x, const at::Scalar& beta,
+                             const at::Scalar& threshold) {
+  auto xb = x * beta;
+  auto z = at::exp(xb);
+  return at::where(xb > threshold, grad, grad * z / (z + 1.0));
+}
+
+at::Tensor leaky_relu(const at::Tensor& x, const at::Scalar& slope) {
+  return at::where(x > 0, x, x * slope);
+}
+
+at::Tensor& leaky_relu_(at::Tensor& x, const at::Scalar& slope) {
+  return x.copy_(dft::leaky_relu(x, slope));
+}
+
+at::Tensor leaky_relu_backward(const at::Tensor& grad, const at::Tensor& self,
+                               const at::Scalar& slope, bool self_is_result) {
+  TORCH_CHECK(!self_is_result || slope.toDouble() >= 0.0, "In-place leakyReLu backward "
+              "calculation is triggered with a negative slope which is not supported.");
+  return at::where(self > 0, grad, grad * slope);
+}
+
+// elu: x * scale for x > 0, else expm1(x * input_scale) * alpha * scale.
+at::Tensor elu(const at::Tensor& x, const at::Scalar& alpha, const at::Scalar& scale,
+               const at::Scalar& input_scale) {
+  double negcoef = alpha.toDouble() * scale.toDouble();
+  return at::where(x <= 0, at::expm1(x * input_scale) * negcoef, x * scale);
+}
+
+at::Tensor& elu_(at::Tensor& x, const at::Scalar& alpha, const at::Scalar& scale,
+                 const at::Scalar& input_scale) {
+  return x.copy_(dft::elu(x, alpha, scale, input_scale));
+}
+
+at::Tensor elu_backward(const at::Tensor& grad, const at::Scalar& alpha, const at::Scalar& scale,
+                        const at::Scalar& input_scale, bool is_result, const at::Tensor& y) {
+  double negcoef = alpha.toDouble() * scale.toDouble(), negiptcoef = input_scale.toDouble();
+  if (is_result) {
+    TORCH_CHECK(alpha.toDouble() >= 0.0, "In-place elu backward calculation is triggered with a "
+                "negative slope which is not supported.");
+    return at::where(y <= 0, grad * negiptcoef * (y + negcoef), grad * scale);
+  }
+  return at::where(y <= 0, grad * negiptcoef * negcoef * at::exp(y * negiptcoef), grad * scale);
+}
+
+at::Tensor hardtanh(const at::Tensor& x, const at::Scalar& lo, const at::Scalar& hi) {
+  return at::clamp(x, lo, hi);
+}
+
+at::Tensor& hardtanh_(at::Tensor& x, const at::Scalar& lo, const at::Scalar& hi) {
+  return at::clamp_(x, lo, hi);
+}
+
+at::Tensor hardtanh_backward(const at::Tensor& grad, const at::Tensor& x, const at::Scalar& lo,
+                             const at::Scalar& hi) {
+  return dft::where((x <= lo).logical_or(x >= hi).logical_not(), grad, 0);
+}
+
+at::Tensor hardsigmoid(const at::Tensor& x) { return at::clamp(x + 3.0, 0.0, 6.0) / 6.0; }
+
+at::Tensor& hardsigmoid_(at::Tensor& x) { return x.copy_(dft::hardsigmoid(x)); }
+
+at::Tensor hardsigmoid_backward(const at::Tensor& grad, const at::Tensor& x) {
+  return dft::where((x > -3.0).logical_and(x < 3.0), grad / 6.0, 0);
+}
+
+at::Tensor hardswish(const at::Tensor& x) { return x * at::clamp(x + 3.0, 0.0, 6.0) / 6.0; }
+
+at::Tensor& hardswish_(at::Tensor& x) { return x.copy_(dft::hardswish(x)); }
+
+at::Tensor hardswish_backward(const at::Tensor& grad, const at::Tensor& x) {
+  // PyTorch: 0 for x <= -3, grad * (x / 3 + 0.5) for -3 < x < 3, grad from 3 on.
+  auto middle = at::where(x < 3.0, grad * (x / 3.0 + 0.5), grad);
+  return dft::where((x <= -3.0).logical_not(), middle, 0);
+}
+
+at::Tensor mish(const at::Tensor& x) { return x * at::tanh(at::log1p(at::exp(x))); }
+
+at::Tensor& mish_(at::Tensor& x) { return x.copy_(dft::mish(x)); }
+
+at::Tensor mish_backward(const at::Tensor& grad, const at::Tensor& x) {
+  auto sig = at::reciprocal(at::exp(at::neg(x)) + 1.0);
+  auto tsp = at::tanh(at::log1p(at::exp(x)));
+  return grad * (tsp + x * sig * (1.0 - tsp * tsp));
+}
+
+// log_sigmoid(x) = min(x, 0) - log1p(exp(-|x|)); the buffer keeps exp(-|x|) for backward.
+std::tuple<at::Tensor, at::Tensor> log_sigmoid_forward(const at::Tensor& x) {
+  auto z = at::exp(at::neg(at::abs(x)));
+  return {at::clamp_max(x, 0.0) - at::log1p(z), z};
+}
+
+at::Tensor log_sigmoid_backward(const at::Tensor& grad, const at::Tensor& x,
+                                const at::Tensor& buffer) {
+  auto t = buffer / (buffer + 1.0);
+  return at::where(x < 0, 1.0 - t, t) * grad;
+}
+
+// prelu with the weight already broadcast to x by the composite prelu; the weight gradient is
+// per element (autograd sums it to the weight's shape).
+at::Tensor prelu(const at::Tensor& x, const at::Tensor& weight) {
+  return at::where(x > 0, x, weight * x);
+}
+
+std::tuple<at::Tensor, at::Tensor> prelu_backward(const at::Tensor& grad, const at::Tensor& x,
+                                                  const at::Tensor& weight) {
+  auto pos = x > 0;
+  return {at::where(pos, grad, weight * grad), dft::where(pos.logical_not(), x * grad, 0)};
+}
+
+// glu: the first half of `dim` gated by the sigmoid of the second.
+at::Tensor glu(const at::Tensor& x, int64_t dim) {
+  TORCH_CHECK(x.size(dim) % 2 == 0, "Halving dimension must be even, but dimension ", dim,
+              " is size ", x.size(dim));
+  auto halves = x.chunk(2, dim);
+  return halves[0] * at::sigmoid(halves[1]);
+}
+
+at::Tensor glu_backward(const at::Tensor& grad, const at::Tensor& x, int64_t dim) {
+  auto halves = x.chunk(2, dim);
+  auto sig = at::sigmoid(halves[1]);
+  auto grad_a = grad * sig;
+  auto grad_b = grad_a * halves[0] * (1.0 - sig);
+  return at::cat({grad_a, grad_b}, dim);
+}
+
 }  // namespace
 }  // namespace dft
 
@@ -61,4 +196,30 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("tanh_backward", TORCH_FN(dft::tanh_backward));
   m.impl("sigmoid_backward", TORCH_FN(dft::sigmoid_backward));
   m.impl("silu_backward", TORCH_FN(dft::silu_backward));
+  m.impl("softplus", TORCH_FN(dft::softplus));
+  m.impl("softplus_backward", TORCH_FN(dft::softplus_backward));
+  m.impl("leaky_relu", TORCH_FN(dft::leaky_relu));
+  m.impl("leaky_relu_", TORCH_FN(dft::leaky_relu_));
+  m.impl("leaky_relu_backward", TORCH_FN(dft::leaky_relu_backward));
+  m.impl("elu", TORCH_FN(dft::elu));
+  m.impl("elu_", TORCH_FN(dft::elu_));
+  m.impl("elu_backward", TORCH_FN(dft::elu_backward));
+  m.impl("hardtanh", TORCH_FN(dft::hardtanh));
+  m.impl("hardtanh_", TORCH_FN(dft::hardtanh_));
+  m.impl("hardtanh_backward", TORCH_FN(dft::hardtanh_backward));
+  m.impl("hardsigmoid", TORCH_FN(dft::hardsigmoid));
+  m.impl("hardsigmoid_", TORCH_FN(dft::hardsigmoid_));
+  m.impl("hardsigmoid_backward", TORCH_FN(dft::hardsigmoid_backward));
+  m.impl("hardswish", TORCH_FN(dft::hardswish));
+  m.impl("hardswish_", TORCH_FN(dft::hardswish_));
+  m.impl("hardswish_backward", TORCH_FN(dft::hardswish_backward));
+  m.impl("mish", TORCH_FN(dft::mish));
+  m.impl("mish_", TORCH_FN(dft::mish_));
+  m.impl("mish_backward", TORCH_FN(dft::mish_backward));
+  m.impl("log_sigmoid_forward", TORCH_FN(dft::log_sigmoid_forward));
+  m.impl("log_sigmoid_backward", TORCH_FN(dft::log_sigmoid_backward));
+  m.impl("_prelu_kernel", TORCH_FN(dft::prelu));
+  m.impl("_prelu_kernel_backward", TORCH_FN(dft::prelu_backward));
+  m.impl("glu", TORCH_FN(dft::glu));
+  m.impl("glu_backward", TORCH_FN(dft::glu_backward));
 }

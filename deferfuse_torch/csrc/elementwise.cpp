@@ -250,6 +250,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   DF_UNARY(relu, RELU) DF_UNARY(silu, SILU) DF_UNARY(erf, ERF) DF_UNARY(floor, FLOOR)
   DF_UNARY(ceil, CEIL) DF_UNARY(round, ROUND) DF_UNARY(sign, SIGN)
   DF_UNARY(reciprocal, RECIPROCAL) DF_UNARY(logical_not, LOGICAL_NOT)
+  // sgn is sign for real tensors (the device has no complex dtype); abs's backward calls it.
+  DF_UNARY(sgn, SIGN)
   m.impl("isnan", TORCH_FN(dft::u<DFUSE_UNARY_OP_IS_NAN>));
   m.impl("gelu", TORCH_FN(dft::gelu));
   m.impl("gelu_", TORCH_FN(dft::gelu_));

@@ -1,5 +1,6 @@
-// Boolean reductions (all/any), isneginf/isposinf, tril/triu and where's out= form: what the math path of
-// scaled_dot_product_attention and masking code call, kept off the CPU fallback.
+// Boolean reductions (all/any), isneginf/isposinf, tril/triu, masked_fill and where's out= form:
+// what the math path of scaled_dot_product_attention and masking code call, kept off the CPU
+// fallback.
 #include "common.h"
 
 #include <ATen/ExpandUtils.h>
@@ -106,6 +107,63 @@ at::Tensor& triu_out(const at::Tensor& x, int64_t diagonal, at::Tensor& out) {
   return assign_out(out, tri(x, diagonal, false));
 }
 
+// masked_fill is where(mask, value, self) in self's dtype; the value is converted to that dtype
+// first (as PyTorch does), so the in-place form's write is never a narrowing cast.
+void check_mask(const at::Tensor& self, const at::Tensor& mask) {
+  TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_fill_ only supports boolean masks, but got "
+              "mask with dtype ", mask.scalar_type());
+  TORCH_CHECK(at::infer_size(self.sizes(), mask.sizes()) == self.sizes(), "masked_fill: the mask "
+              "of shape ", mask.sizes(), " must broadcast to the tensor of shape ", self.sizes());
+}
+
+at::Scalar value_as(const at::Tensor& self, const at::Scalar& v) {
+  if (self.scalar_type() == at::kBool) return v.toBool();
+  if (at::isIntegralType(self.scalar_type(), false)) return v.toLong();
+  return v.toDouble();
+}
+
+Operands fill_operands(const at::Tensor& self, const at::Tensor& mask, const at::Tensor* value,
+                       const at::Scalar* scalar) {
+  check_mask(self, mask);
+  Operands o;
+  o.t(mask);
+  if (scalar) {
+    o.s(value_as(self, *scalar));
+  } else {
+    TORCH_CHECK(value->dim() == 0, "masked_fill_ only supports a 0-dimensional value tensor, but "
+                "got tensor with ", value->dim(), " dimension(s).");
+    if (value->device().is_cpu()) {
+      o.s(value_as(self, value->item()));
+    } else {
+      o.t(cast(*value, self.scalar_type()));
+    }
+  }
+  o.t(self);
+  return o;
+}
+
+at::Tensor masked_fill_s(const at::Tensor& self, const at::Tensor& mask, const at::Scalar& v) {
+  return cast(run(DFUSE_OP_KIND_WHERE, nullptr, fill_operands(self, mask, nullptr, &v),
+                  "masked_fill"), self.scalar_type());
+}
+
+at::Tensor& masked_fill_s_(at::Tensor& self, const at::Tensor& mask, const at::Scalar& v) {
+  run_into(DFUSE_OP_KIND_WHERE, nullptr, fill_operands(self, mask, nullptr, &v), self,
+           "masked_fill_");
+  return self;
+}
+
+at::Tensor masked_fill_t(const at::Tensor& self, const at::Tensor& mask, const at::Tensor& v) {
+  return cast(run(DFUSE_OP_KIND_WHERE, nullptr, fill_operands(self, mask, &v, nullptr),
+                  "masked_fill"), self.scalar_type());
+}
+
+at::Tensor& masked_fill_t_(at::Tensor& self, const at::Tensor& mask, const at::Tensor& v) {
+  run_into(DFUSE_OP_KIND_WHERE, nullptr, fill_operands(self, mask, &v, nullptr), self,
+           "masked_fill_");
+  return self;
+}
+
 }  // namespace
 }  // namespace dft
 
@@ -123,6 +181,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("isneginf.out", TORCH_FN(dft::isneginf_out));
   m.impl("isposinf.out", TORCH_FN(dft::isposinf_out));
   m.impl("where.self_out", TORCH_FN(dft::where_out));
+  m.impl("masked_fill.Scalar", TORCH_FN(dft::masked_fill_s));
+  m.impl("masked_fill_.Scalar", TORCH_FN(dft::masked_fill_s_));
+  m.impl("masked_fill.Tensor", TORCH_FN(dft::masked_fill_t));
+  m.impl("masked_fill_.Tensor", TORCH_FN(dft::masked_fill_t_));
   m.impl("tril", TORCH_FN(dft::tril));
   m.impl("triu", TORCH_FN(dft::triu));
   m.impl("tril_", TORCH_FN(dft::tril_));

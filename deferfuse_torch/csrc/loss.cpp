@@ -1,4 +1,8 @@
-// Losses: mse_loss and nll_loss (what cross_entropy lowers to), forward and backward.
+// Losses, forward and backward: the elementwise ones (mse, smooth_l1, huber,
+// binary_cross_entropy on probabilities, soft_margin), each following PyTorch's CPU formula
+// including which branch a boundary point takes and the order of the final scaling; and
+// nll_loss / nll_loss2d (what cross_entropy lowers to). nll_loss2d moves the class dim last and
+// reuses the 2-D nll_loss on [N*H*W, C].
 // nll_loss picks input[n, target[n]] without a gather op: a one-hot mask built from
 // arange(C) == target[:, None] selects it, and the same mask carries the class weights and
 // ignore_index, so forward and backward stay on the device.
@@ -11,17 +15,91 @@ namespace {
 
 enum { kNone = 0, kMean = 1, kSum = 2 };
 
+at::Tensor reduced(const at::Tensor& loss, int64_t reduction) {
+  TORCH_CHECK(reduction >= kNone && reduction <= kSum, "tpu: unknown loss reduction ", reduction);
+  if (reduction == kNone) return loss;
+  return reduce(loss, reduction == kMean ? DFUSE_REDUCE_OP_MEAN : DFUSE_REDUCE_OP_SUM, {}, false);
+}
+
 at::Tensor mse_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   auto d = self - target;
-  auto sq = d * d;
-  if (reduction == kNone) return sq;
-  return reduce(sq, reduction == kMean ? DFUSE_REDUCE_OP_MEAN : DFUSE_REDUCE_OP_SUM, {}, false);
+  return reduced(d * d, reduction);
 }
 
 at::Tensor mse_loss_backward(const at::Tensor& grad, const at::Tensor& self,
                              const at::Tensor& target, int64_t reduction) {
   double norm = reduction == kMean ? 2.0 / double(self.numel()) : 2.0;
   return (self - target) * norm * grad;
+}
+
+// What backward scales each element's gradient by: 1/numel for a mean.
+double norm_of(const at::Tensor& self, int64_t reduction) {
+  return reduction == kMean ? 1.0 / double(self.numel()) : 1.0;
+}
+
+at::Tensor smooth_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+                          double beta) {
+  TORCH_CHECK(beta >= 0, "smooth_l1_loss does not support negative values for beta.");
+  auto z = at::abs(self - target);
+  // beta == 0 is the l1 loss: the quadratic branch is never taken.
+  return reduced(at::where(z < beta, z * z * 0.5 / beta, z - 0.5 * beta), reduction);
+}
+
+at::Tensor smooth_l1_loss_backward(const at::Tensor& grad, const at::Tensor& self,
+                                   const at::Tensor& target, int64_t reduction, double beta) {
+  double norm = norm_of(self, reduction);
+  auto x = self - target;
+  auto inner = at::where(x >= beta, grad * norm, x * norm * grad / beta);
+  return at::where(x <= -beta, grad * -norm, inner);
+}
+
+at::Tensor huber_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+                      double delta) {
+  TORCH_CHECK(delta > 0, "huber_loss does not support non-positive values for delta.");
+  auto z = at::abs(self - target);
+  return reduced(at::where(z < delta, z * z * 0.5, (z - 0.5 * delta) * delta), reduction);
+}
+
+at::Tensor huber_loss_backward(const at::Tensor& grad, const at::Tensor& self,
+                               const at::Tensor& target, int64_t reduction, double delta) {
+  double norm = norm_of(self, reduction);
+  auto x = self - target;
+  auto inner = at::where(x >= delta, grad * norm * delta, x * norm * grad);
+  return at::where(x <= -delta, grad * -norm * delta, inner);
+}
+
+// -w (y log(x) + (1 - y) log(1 - x)), each log clamped at -100 as PyTorch does.
+at::Tensor binary_cross_entropy(const at::Tensor& self, const at::Tensor& target,
+                                const std::optional<at::Tensor>& weight, int64_t reduction) {
+  TORCH_CHECK(self.sizes().equals(target.sizes()), "binary_cross_entropy: the target size ",
+              target.sizes(), " must be the same as the input size ", self.sizes());
+  auto log_x = at::clamp_min(at::log(self), -100.0);
+  auto log_1mx = at::clamp_min(at::log1p(at::neg(self)), -100.0);
+  auto loss = (target - 1.0) * log_1mx - target * log_x;
+  if (weight && weight->defined()) loss = loss * *weight;
+  return reduced(loss, reduction);
+}
+
+at::Tensor binary_cross_entropy_backward(const at::Tensor& grad, const at::Tensor& self,
+                                         const at::Tensor& target,
+                                         const std::optional<at::Tensor>& weight,
+                                         int64_t reduction) {
+  const double kEpsilon = 1e-12;
+  auto g = grad * (self - target) / at::clamp_min((1.0 - self) * self, kEpsilon);
+  if (weight && weight->defined()) g = g * *weight;
+  if (reduction == kMean) g = g / double(self.numel());
+  return g;
+}
+
+at::Tensor soft_margin_loss(const at::Tensor& self, const at::Tensor& target,
+                            int64_t reduction) {
+  return reduced(at::log1p(at::exp(at::neg(self) * target)), reduction);
+}
+
+at::Tensor soft_margin_loss_backward(const at::Tensor& grad, const at::Tensor& self,
+                                     const at::Tensor& target, int64_t reduction) {
+  auto z = at::exp(at::neg(target) * self);
+  return target * z * -norm_of(self, reduction) / (z + 1.0) * grad;
 }
 
 // The [N, C] (or [C]) weight of each (sample, class) pair: weight[c] where c == target[n] and
@@ -80,12 +158,53 @@ at::Tensor nll_loss_backward(const at::Tensor& grad, const at::Tensor& self,
   return at::neg(mask * g);
 }
 
+// [N, C, H, W] -> [N*H*W, C], the layout nll_loss picks classes from.
+at::Tensor classes_last(const at::Tensor& self, const at::Tensor& target) {
+  TORCH_CHECK(self.dim() == 4 && target.dim() == 3, "nll_loss2d: expected a 4-D input and a 3-D "
+              "target, got shapes ", self.sizes(), " and ", target.sizes());
+  TORCH_CHECK(self.size(0) == target.size(0) && self.size(2) == target.size(1) &&
+              self.size(3) == target.size(2), "nll_loss2d: input ", self.sizes(),
+              " and target ", target.sizes(), " differ in batch or spatial sizes");
+  return self.permute({0, 2, 3, 1}).reshape({-1, self.size(1)});
+}
+
+std::tuple<at::Tensor, at::Tensor> nll_loss2d_forward(const at::Tensor& self,
+                                                      const at::Tensor& target,
+                                                      const std::optional<at::Tensor>& weight,
+                                                      int64_t reduction, int64_t ignore_index) {
+  auto [out, total_weight] = dft::nll_loss_forward(classes_last(self, target), target.reshape({-1}),
+                                              weight, reduction, ignore_index);
+  return {reduction == kNone ? out.view(target.sizes()) : out, total_weight};
+}
+
+at::Tensor nll_loss2d_backward(const at::Tensor& grad, const at::Tensor& self,
+                               const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                               int64_t reduction, int64_t ignore_index,
+                               const at::Tensor& total_weight) {
+  auto g = reduction == kNone ? grad.reshape({-1}) : grad;
+  auto gi = dft::nll_loss_backward(g, classes_last(self, target), target.reshape({-1}), weight,
+                              reduction, ignore_index, total_weight);
+  return gi.view({self.size(0), self.size(2), self.size(3), self.size(1)})
+      .permute({0, 3, 1, 2})
+      .contiguous();
+}
+
 }  // namespace
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mse_loss", TORCH_FN(dft::mse_loss));
   m.impl("mse_loss_backward", TORCH_FN(dft::mse_loss_backward));
+  m.impl("smooth_l1_loss", TORCH_FN(dft::smooth_l1_loss));
+  m.impl("smooth_l1_loss_backward", TORCH_FN(dft::smooth_l1_loss_backward));
+  m.impl("huber_loss", TORCH_FN(dft::huber_loss));
+  m.impl("huber_loss_backward", TORCH_FN(dft::huber_loss_backward));
+  m.impl("binary_cross_entropy", TORCH_FN(dft::binary_cross_entropy));
+  m.impl("binary_cross_entropy_backward", TORCH_FN(dft::binary_cross_entropy_backward));
+  m.impl("soft_margin_loss", TORCH_FN(dft::soft_margin_loss));
+  m.impl("soft_margin_loss_backward", TORCH_FN(dft::soft_margin_loss_backward));
   m.impl("nll_loss_forward", TORCH_FN(dft::nll_loss_forward));
   m.impl("nll_loss_backward", TORCH_FN(dft::nll_loss_backward));
+  m.impl("nll_loss2d_forward", TORCH_FN(dft::nll_loss2d_forward));
+  m.impl("nll_loss2d_backward", TORCH_FN(dft::nll_loss2d_backward));
 }

@@ -1,4 +1,5 @@
-// Reductions: sum, mean, prod, amax/amin, argmax/argmin, max/min (full and per dim), var/std.
+// Reductions: sum, mean, prod, amax/amin, argmax/argmin, max/min (full and per dim), var/std,
+// and linalg_vector_norm (what clip_grad_norm_ and F.normalize call).
 #include "common.h"
 
 #include <torch/library.h>
@@ -108,6 +109,29 @@ at::Tensor std_(const at::Tensor& x, at::OptionalIntArrayRef dim,
   return unary(var_corr(x, dim, correction, keepdim), DFUSE_UNARY_OP_SQRT);
 }
 
+// ||x||_p over dims: sqrt(sum x^2), sum |x|, max |x| (inf), min |x| (-inf), the count of
+// non-zeros (0), else (sum |x|^p)^(1/p).
+at::Tensor vector_norm(const at::Tensor& x0, const at::Scalar& ord, at::OptionalIntArrayRef dim,
+                       bool keepdim, std::optional<at::ScalarType> dtype) {
+  auto x = dtype ? cast(x0, *dtype) : x0;
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "linalg.vector_norm: Expected a floating point "
+              "or complex tensor as input. Got ", x.scalar_type());
+  auto dims = dims_of(dim);
+  double p = ord.toDouble();
+  if (p == 2.0) return at::sqrt(reduce(x * x, DFUSE_REDUCE_OP_SUM, dims, keepdim));
+  if (p == 0.0) {
+    return reduce(cast(x.ne(0), x.scalar_type()), DFUSE_REDUCE_OP_SUM, dims, keepdim);
+  }
+  auto a = at::abs(x);
+  if (std::isinf(p)) {
+    TORCH_CHECK(x.numel() > 0 || !dims.empty(), "linalg.vector_norm cannot compute the ", p,
+                " norm on an empty tensor because the operation does not have an identity");
+    return reduce(a, p > 0 ? DFUSE_REDUCE_OP_AMAX : DFUSE_REDUCE_OP_AMIN, dims, keepdim);
+  }
+  if (p == 1.0) return reduce(a, DFUSE_REDUCE_OP_SUM, dims, keepdim);
+  return at::pow(reduce(at::pow(a, p), DFUSE_REDUCE_OP_SUM, dims, keepdim), 1.0 / p);
+}
+
 }  // namespace
 }  // namespace dft
 
@@ -126,4 +150,5 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("min.dim", TORCH_FN(dft::min_dim));
   m.impl("var.correction", TORCH_FN(dft::var_corr));
   m.impl("std.correction", TORCH_FN(dft::std_));
+  m.impl("linalg_vector_norm", TORCH_FN(dft::vector_norm));
 }

@@ -20,3 +20,30 @@ def check(got, want, atol=1e-5, rtol=1e-5):
     assert got.dtype == want.dtype, (got.dtype, want.dtype)
     assert got.shape == want.shape, (got.shape, want.shape)
     torch.testing.assert_close(got.cpu(), want, atol=atol, rtol=rtol, equal_nan=True)
+
+
+def run_both(fn, *inputs):
+    """fn on CPU and on tpu with the same inputs; backward with the same random grad_output.
+    Returns ((out, grads) on CPU, (out, grads) on tpu, the tpu fallback counts)."""
+    cpu = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    out = fn(*cpu)
+    outs = out if isinstance(out, tuple) else (out,)
+    grad = torch.randn_like(outs[0])
+    outs[0].backward(grad)
+    dev = [t.detach().to("tpu").requires_grad_(t.is_floating_point()) for t in inputs]
+    deferfuse_torch.reset_fallback_counts()
+    dout = fn(*dev)
+    douts = dout if isinstance(dout, tuple) else (dout,)
+    douts[0].backward(grad.to("tpu"))
+    fallbacks = deferfuse_torch.fallback_counts()
+    return ((outs, [t.grad for t in cpu if t.requires_grad]),
+            (douts, [t.grad for t in dev if t.requires_grad]), fallbacks)
+
+
+def assert_same(fn, *inputs, atol=1e-5, rtol=1e-5):
+    (want, want_g), (got, got_g), fallbacks = run_both(fn, *inputs)
+    assert fallbacks == {}
+    for g, w in zip(got, want):
+        check(g, w.detach(), atol=atol, rtol=rtol)
+    for g, w in zip(got_g, want_g):
+        check(g, w, atol=atol, rtol=rtol)

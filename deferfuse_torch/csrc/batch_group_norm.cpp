@@ -1,0 +1,171 @@
+// Batch norm (training: batch statistics, running stats updated in place with momentum and the
+// unbiased variance; eval: running statistics) and group norm, forward and backward, following
+// PyTorch's CPU formulas (out = x * alpha + beta with alpha = invstd * weight,
+// beta = bias - mean * alpha; invstd = 1 / sqrt(var + eps)) so results match to rounding.
+#include "common.h"
+
+#include <torch/library.h>
+
+namespace dft {
+namespace {
+
+bool has(const std::optional<at::Tensor>& t) { return t && t->defined(); }
+
+// Every dim but the channel dim 1.
+std::vector<int64_t> batch_dims(const at::Tensor& x) {
+  std::vector<int64_t> d{0};
+  for (int64_t i = 2; i < x.dim(); ++i) d.push_back(i);
+  return d;
+}
+
+// A [C] tensor shaped to broadcast along x's channel dim.
+at::Tensor per_channel(const at::Tensor& v, const at::Tensor& x) {
+  std::vector<int64_t> s(x.dim(), 1);
+  s[1] = x.size(1);
+  return v.view(s);
+}
+
+at::Tensor inv_std(const at::Tensor& var, double eps) {
+  return at::reciprocal(at::sqrt(var + eps));
+}
+
+at::Tensor affine(const at::Tensor& x, const at::Tensor& mean, const at::Tensor& invstd,
+                  const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias) {
+  auto alpha = has(weight) ? invstd * *weight : invstd;
+  auto beta = has(bias) ? *bias - mean * alpha : at::neg(mean * alpha);
+  return x * per_channel(alpha, x) + per_channel(beta, x);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm(
+    const at::Tensor& x, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps) {
+  TORCH_CHECK(x.dim() >= 2, "batch_norm: expected an input with at least 2 dims [N, C, ...], got ",
+              x.sizes());
+  if (!training) {
+    TORCH_CHECK(has(running_mean) && has(running_var), "batch_norm: running_mean and running_var "
+                "must be defined in evaluation mode");
+    auto out = affine(x, *running_mean, inv_std(*running_var, eps), weight, bias);
+    return {out, at::empty({0}, x.options()), at::empty({0}, x.options())};
+  }
+  auto dims = batch_dims(x);
+  int64_t n = x.numel() / x.size(1);
+  TORCH_CHECK(n > 1, "Expected more than 1 value per channel when training, got input size ",
+              x.sizes());
+  auto mean = reduce(x, DFUSE_REDUCE_OP_MEAN, dims, false);
+  auto xc = x - per_channel(mean, x);
+  auto var_sum = reduce(xc * xc, DFUSE_REDUCE_OP_SUM, dims, false);
+  auto invstd = inv_std(var_sum / double(n), eps);
+  if (has(running_mean)) {
+    running_mean->copy_(mean * momentum + *running_mean * (1.0 - momentum));
+  }
+  if (has(running_var)) {
+    running_var->copy_(var_sum / double(n - 1) * momentum + *running_var * (1.0 - momentum));
+  }
+  return {affine(x, mean, invstd, weight, bias), mean, invstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward(
+    const at::Tensor& grad, const at::Tensor& x, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
+    const std::optional<at::Tensor>& save_mean, const std::optional<at::Tensor>& save_invstd,
+    bool train, double eps, std::array<bool, 3> mask) {
+  at::Tensor mean, invstd;
+  if (train) {
+    TORCH_CHECK(has(save_mean) && has(save_invstd), "batch_norm_backward: training mode needs "
+                "save_mean and save_invstd");
+    mean = *save_mean;
+    invstd = *save_invstd;
+  } else {
+    TORCH_CHECK(has(running_mean) && has(running_var), "batch_norm_backward: evaluation mode "
+                "needs running_mean and running_var");
+    mean = *running_mean;
+    invstd = inv_std(*running_var, eps);
+  }
+  auto dims = batch_dims(x);
+  int64_t n = x.numel() / x.size(1);
+  auto xc = x - per_channel(mean, x);
+  at::Tensor dotp, gsum, gx, gw, gb;
+  if ((mask[0] && train) || mask[1]) dotp = reduce(xc * grad, DFUSE_REDUCE_OP_SUM, dims, false);
+  if ((mask[0] && train) || mask[2]) gsum = reduce(grad, DFUSE_REDUCE_OP_SUM, dims, false);
+  if (mask[0]) {
+    auto scale = has(weight) ? invstd * *weight : invstd;
+    if (train) {
+      auto k = dotp * invstd * invstd / double(n);
+      auto gmean = gsum / double(n);
+      gx = (grad - per_channel(gmean, x) - xc * per_channel(k, x)) * per_channel(scale, x);
+    } else {
+      gx = grad * per_channel(scale, x);
+    }
+  }
+  if (mask[1]) gw = dotp * invstd;
+  if (mask[2]) gb = gsum;
+  return {gx, gw, gb};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_legit(
+    const at::Tensor& x, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, at::Tensor& running_mean, at::Tensor& running_var,
+    bool training, double momentum, double eps) {
+  return batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_legit_no_stats(
+    const at::Tensor& x, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, bool training, double momentum, double eps) {
+  return batch_norm(x, weight, bias, std::nullopt, std::nullopt, training, momentum, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_legit_no_training(
+    const at::Tensor& x, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, const at::Tensor& running_mean,
+    const at::Tensor& running_var, double momentum, double eps) {
+  return batch_norm(x, weight, bias, running_mean, running_var, false, momentum, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm(
+    const at::Tensor& x, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, int64_t N, int64_t C, int64_t HxW, int64_t group,
+    double eps) {
+  TORCH_CHECK(group > 0 && C % group == 0, "group_norm: expected the number of channels ", C,
+              " to be divisible by num_groups=", group);
+  auto xg = x.reshape({N, group, -1});
+  auto mean = reduce(xg, DFUSE_REDUCE_OP_MEAN, {2}, false);
+  auto xc = xg - mean.unsqueeze(-1);
+  auto rstd = inv_std(reduce(xc * xc, DFUSE_REDUCE_OP_MEAN, {2}, false), eps);
+  auto y = (xc * rstd.unsqueeze(-1)).view({N, C, HxW});
+  if (has(weight)) y = y * weight->view({1, C, 1});
+  if (has(bias)) y = y + bias->view({1, C, 1});
+  return {y.view(x.sizes()), mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward(
+    const at::Tensor& grad, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
+    const std::optional<at::Tensor>& weight, int64_t N, int64_t C, int64_t HxW, int64_t group,
+    std::array<bool, 3> mask) {
+  auto xhat = (x.reshape({N, group, -1}) - mean.unsqueeze(-1)) * rstd.unsqueeze(-1);
+  auto g3 = grad.reshape({N, C, HxW});
+  at::Tensor gx, gw, gb;
+  if (mask[0]) {
+    auto g = (has(weight) ? g3 * weight->view({1, C, 1}) : g3).view({N, group, -1});
+    auto g_mean = reduce(g, DFUSE_REDUCE_OP_MEAN, {2}, true);
+    auto gx_mean = reduce(g * xhat, DFUSE_REDUCE_OP_MEAN, {2}, true);
+    gx = ((g - g_mean - xhat * gx_mean) * rstd.unsqueeze(-1)).view(x.sizes());
+  }
+  if (mask[1]) gw = reduce(g3 * xhat.view({N, C, HxW}), DFUSE_REDUCE_OP_SUM, {0, 2}, false);
+  if (mask[2]) gb = reduce(g3, DFUSE_REDUCE_OP_SUM, {0, 2}, false);
+  return {gx, gw, gb};
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("native_batch_norm", TORCH_FN(dft::batch_norm));
+  m.impl("native_batch_norm_backward", TORCH_FN(dft::batch_norm_backward));
+  m.impl("_native_batch_norm_legit", TORCH_FN(dft::batch_norm_legit));
+  m.impl("_native_batch_norm_legit.no_stats", TORCH_FN(dft::batch_norm_legit_no_stats));
+  m.impl("_native_batch_norm_legit_no_training", TORCH_FN(dft::batch_norm_legit_no_training));
+  m.impl("native_group_norm", TORCH_FN(dft::group_norm));
+  m.impl("native_group_norm_backward", TORCH_FN(dft::group_norm_backward));
+}

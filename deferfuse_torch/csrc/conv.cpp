@@ -1,0 +1,184 @@
+// Convolution (1-D, 2-D, 3-D; stride, padding, dilation, groups, bias; plain and transposed)
+// forward and backward as im2col + batched matmul: the padded input's windows are a free
+// as_strided view [N, C, k..., out...], copied once into columns [N, G, Cg*K, L] and multiplied
+// by the weight viewed as [G, OCg, Cg*K]. The input gradient is W^T @ grad_output scattered back
+// by add_windows (K in-place strided adds, no scatter op needed); the weight gradient is one
+// matmul of grad_output with the columns over the batch. A transposed convolution is the input
+// gradient of the plain convolution whose weight it shares, so it reuses the same three pieces
+// with the roles of input and output swapped.
+#include "windows.h"
+
+#include <torch/library.h>
+
+namespace dft {
+namespace {
+
+struct Geometry {
+  int64_t N, C, OC, G, Cg, OCg, K, L;
+  std::vector<int64_t> in, kernel, stride, padding, dilation, out;
+};
+
+// The plain convolution of an input of shape x [N, C, spatial...] by w [OC, C / groups, k...].
+Geometry geometry(at::IntArrayRef x, const at::Tensor& w, at::IntArrayRef stride,
+                  at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  int64_t d = static_cast<int64_t>(x.size()) - 2;
+  TORCH_CHECK(d >= 1 && d <= 3, "tpu: convolution expects a 3-D, 4-D or 5-D input [N, C, ...], got "
+              "shape ", x);
+  TORCH_CHECK(w.dim() == d + 2, "tpu: convolution weight of shape ", w.sizes(),
+              " does not match an input of shape ", x);
+  Geometry g;
+  g.N = x[0];
+  g.C = x[1];
+  g.OC = w.size(0);
+  g.G = groups;
+  TORCH_CHECK(groups > 0 && g.C % groups == 0 && g.OC % groups == 0,
+              "tpu: convolution groups=", groups, " must divide the input channels ", g.C,
+              " and output channels ", g.OC);
+  g.Cg = g.C / groups;
+  g.OCg = g.OC / groups;
+  TORCH_CHECK(w.size(1) == g.Cg, "tpu: convolution weight of shape ", w.sizes(), " expects ",
+              w.size(1) * groups, " input channels, got ", g.C);
+  g.stride = expand_param(stride, d, "convolution", "stride");
+  g.padding = expand_param(padding, d, "convolution", "padding");
+  g.dilation = expand_param(dilation, d, "convolution", "dilation");
+  g.K = 1;
+  g.L = 1;
+  for (int64_t i = 0; i < d; ++i) {
+    g.in.push_back(x[2 + i]);
+    g.kernel.push_back(w.size(2 + i));
+    int64_t span = g.dilation[i] * (g.kernel[i] - 1) + 1;
+    int64_t o = (g.in[i] + 2 * g.padding[i] - span) / g.stride[i] + 1;
+    TORCH_CHECK(g.in[i] + 2 * g.padding[i] >= span && o > 0, "tpu: convolution kernel of size ",
+                w.sizes().slice(2), " (dilation ", dilation, ") is larger than the padded input ",
+                x.slice(2));
+    g.out.push_back(o);
+    g.K *= g.kernel[i];
+    g.L *= o;
+  }
+  return g;
+}
+
+std::vector<int64_t> padded_sizes(const Geometry& g) {
+  std::vector<int64_t> s;
+  for (size_t i = 0; i < g.in.size(); ++i) s.push_back(g.in[i] + 2 * g.padding[i]);
+  return s;
+}
+
+// The input's windows as columns [N, G, Cg*K, L].
+at::Tensor im2col(const at::Tensor& x, const Geometry& g) {
+  auto xp = pad_spatial(x, g.padding, g.padding, 0);
+  return window_view(xp, g.kernel, g.stride, g.dilation, g.out)
+      .reshape({g.N, g.G, g.Cg * g.K, g.L});
+}
+
+std::vector<int64_t> with_spatial(int64_t n, int64_t c, const std::vector<int64_t>& spatial) {
+  std::vector<int64_t> s{n, c};
+  s.insert(s.end(), spatial.begin(), spatial.end());
+  return s;
+}
+
+// conv(x, w): [N, OC, out...].
+at::Tensor conv_forward(const at::Tensor& x, const at::Tensor& w, const Geometry& g) {
+  auto out = batched_matmul(w.reshape({g.G, g.OCg, g.Cg * g.K}), im2col(x, g));  // [N, G, OCg, L]
+  return out.view(with_spatial(g.N, g.OC, g.out));
+}
+
+// d conv(x, w) / dx applied to grad [N, OC, out...]: [N, C, in...].
+at::Tensor conv_input_grad(const at::Tensor& grad, const at::Tensor& w, const Geometry& g) {
+  auto go = grad.reshape({g.N, g.G, g.OCg, g.L});
+  auto wt = w.reshape({g.G, g.OCg, g.Cg * g.K}).transpose(1, 2);
+  std::vector<int64_t> shape{g.N, g.C};
+  shape.insert(shape.end(), g.kernel.begin(), g.kernel.end());
+  shape.insert(shape.end(), g.out.begin(), g.out.end());
+  auto contrib = batched_matmul(wt, go).view(shape);  // [N, C, k..., out...]
+  auto buf = add_windows(contrib, padded_sizes(g), g.kernel, g.stride, g.dilation);
+  auto in = with_spatial(g.N, g.C, g.in);
+  return buf.sizes().equals(in) ? buf : unpad_spatial(buf, g.padding, g.in).contiguous();
+}
+
+// d conv(x, w) / dw applied to grad [N, OC, out...]: w's shape. One matmul over all (sample,
+// position) pairs: [G, OCg, N*L] @ [G, N*L, Cg*K].
+at::Tensor conv_weight_grad(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& w,
+                            const Geometry& g) {
+  auto gos = grad.reshape({g.N, g.G, g.OCg, g.L}).permute({1, 2, 0, 3})
+                 .reshape({g.G, g.OCg, g.N * g.L});
+  auto cols = im2col(x, g).permute({1, 0, 3, 2}).reshape({g.G, g.N * g.L, g.Cg * g.K});
+  return batched_matmul(gos, cols).view(w.sizes());
+}
+
+at::Tensor channel_sums(const at::Tensor& grad) {
+  std::vector<int64_t> dims{0};
+  for (int64_t i = 2; i < grad.dim(); ++i) dims.push_back(i);
+  return reduce(grad, DFUSE_REDUCE_OP_SUM, dims, false);
+}
+
+// conv_transpose(x, w) with w [C_in, C_out / groups, k...] is the input gradient of the plain
+// convolution of a [N, C_out, out...] input by w; out is the size whose plain convolution has
+// x's spatial size, plus output_padding.
+Geometry transposed_geometry(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef stride,
+                             at::IntArrayRef padding, at::IntArrayRef dilation,
+                             at::IntArrayRef output_padding, int64_t groups) {
+  int64_t d = x.dim() - 2;
+  TORCH_CHECK(d >= 1 && d <= 3 && w.dim() == x.dim(), "tpu: conv_transpose expects a 3-D, 4-D or "
+              "5-D input and a weight of the same rank, got ", x.sizes(), " and ", w.sizes());
+  TORCH_CHECK(w.size(0) == x.size(1), "tpu: conv_transpose weight of shape ", w.sizes(),
+              " expects ", w.size(0), " input channels, got ", x.size(1));
+  auto s = expand_param(stride, d, "conv_transpose", "stride");
+  auto p = expand_param(padding, d, "conv_transpose", "padding");
+  auto dil = expand_param(dilation, d, "conv_transpose", "dilation");
+  auto op = expand_param(output_padding, d, "conv_transpose", "output_padding");
+  std::vector<int64_t> sizes{x.size(0), w.size(1) * groups};
+  for (int64_t i = 0; i < d; ++i) {
+    TORCH_CHECK(op[i] < s[i] || op[i] < dil[i], "tpu: conv_transpose output_padding ", op[i],
+                " must be smaller than either stride ", s[i], " or dilation ", dil[i]);
+    sizes.push_back((x.size(2 + i) - 1) * s[i] - 2 * p[i] + dil[i] * (w.size(2 + i) - 1) + op[i] +
+                    1);
+  }
+  return geometry(sizes, w, s, p, dil, groups);
+}
+
+at::Tensor add_bias(const at::Tensor& out, const std::optional<at::Tensor>& bias) {
+  if (!bias || !bias->defined()) return out;
+  std::vector<int64_t> shape(out.dim(), 1);
+  shape[1] = out.size(1);
+  return out + bias->view(shape);
+}
+
+at::Tensor convolution(const at::Tensor& x, const at::Tensor& w,
+                       const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                       at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+                       at::IntArrayRef output_padding, int64_t groups) {
+  if (transposed) {
+    auto g = transposed_geometry(x, w, stride, padding, dilation, output_padding, groups);
+    return add_bias(conv_input_grad(x, w, g), bias);
+  }
+  return add_bias(conv_forward(x, w, geometry(x.sizes(), w, stride, padding, dilation, groups)),
+                  bias);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
+    const at::Tensor& grad, const at::Tensor& x, const at::Tensor& w, at::IntArrayRef stride,
+    at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+    at::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> mask) {
+  at::Tensor gx, gw, gb;
+  if (transposed) {
+    // The transposed output is the plain convolution's input: the roles swap.
+    auto g = transposed_geometry(x, w, stride, padding, dilation, output_padding, groups);
+    if (mask[0]) gx = conv_forward(grad, w, g);
+    if (mask[1]) gw = conv_weight_grad(x, grad, w, g);
+  } else {
+    auto g = geometry(x.sizes(), w, stride, padding, dilation, groups);
+    if (mask[0]) gx = conv_input_grad(grad, w, g);
+    if (mask[1]) gw = conv_weight_grad(grad, x, w, g);
+  }
+  if (mask[2]) gb = channel_sums(grad);
+  return {gx, gw, gb};
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution_overrideable", TORCH_FN(dft::convolution));
+  m.impl("convolution_backward_overrideable", TORCH_FN(dft::convolution_backward));
+}

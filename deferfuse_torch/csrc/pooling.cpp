@@ -1,0 +1,263 @@
+// 2-D pooling: max (with PyTorch's flat h * W + w indices), average (count_include_pad,
+// ceil_mode, divisor_override) and adaptive average / max, forward and backward.
+//
+// Every window is read through window_view of a padded buffer (-inf for max, 0 for average);
+// backward adds each window's contribution back with add_windows. What depends only on the
+// geometry (each window position's flat input index, each window's divisor, the adaptive
+// averaging matrices) is computed on the host and uploaded, so no op needs a gather or scatter.
+#include "windows.h"
+
+#include <cmath>
+#include <limits>
+#include <torch/library.h>
+
+namespace dft {
+namespace {
+
+struct Pool {
+  std::vector<int64_t> in, kernel, stride, padding, dilation, out, after;
+};
+
+// PyTorch's pooling_output_shape: ceil_mode may add a last window, which must start inside the
+// input or left padding.
+int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil, bool ceil) {
+  int64_t num = in + 2 * pad - dil * (k - 1) - 1 + (ceil ? stride - 1 : 0);
+  int64_t o = (num >= 0 ? num / stride : -((-num + stride - 1) / stride)) + 1;
+  if (ceil && (o - 1) * stride >= in + pad) --o;
+  return o;
+}
+
+Pool pool_geometry(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
+                   at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode,
+                   const char* op) {
+  TORCH_CHECK(x.dim() == 3 || x.dim() == 4, op, ": expected a 3-D [C, H, W] or 4-D [N, C, H, W] "
+              "input, got shape ", x.sizes());
+  Pool p;
+  p.kernel = expand_param(kernel, 2, op, "kernel_size");
+  p.stride = stride.empty() ? p.kernel : expand_param(stride, 2, op, "stride");
+  p.padding = expand_param(padding, 2, op, "padding");
+  p.dilation = expand_param(dilation, 2, op, "dilation");
+  for (int64_t i = 0; i < 2; ++i) {
+    int64_t in = x.size(x.dim() - 2 + i), k = p.kernel[i], s = p.stride[i], pad = p.padding[i],
+            dil = p.dilation[i];
+    TORCH_CHECK(k > 0 && s > 0 && dil > 0, op, ": kernel_size, stride and dilation must be "
+                "positive, got ", p.kernel, ", ", p.stride, ", ", p.dilation);
+    TORCH_CHECK(pad >= 0 && pad <= ((k - 1) * dil + 1) / 2, op, ": pad should be at most half of "
+                "effective kernel size, but got pad=", pad, ", kernel_size=", k, " and dilation=",
+                dil);
+    int64_t o = pooled_size(in, k, pad, s, dil, ceil_mode);
+    TORCH_CHECK(o > 0, op, ": the output size is too small: input ", x.sizes(), ", kernel ",
+                p.kernel, ", padding ", p.padding);
+    p.in.push_back(in);
+    p.out.push_back(o);
+    // The buffer must hold the last window, which ceil_mode may push past the right padding.
+    p.after.push_back(std::max<int64_t>(pad, (o - 1) * s + dil * (k - 1) + 1 - in - pad));
+  }
+  return p;
+}
+
+std::vector<int64_t> buffer_sizes(const Pool& p) {
+  return {p.in[0] + p.padding[0] + p.after[0], p.in[1] + p.padding[1] + p.after[1]};
+}
+
+at::Tensor batched(const at::Tensor& x) { return x.dim() == 3 ? x.unsqueeze(0) : x; }
+at::Tensor like_input(const at::Tensor& r, const at::Tensor& x) {
+  return x.dim() == 3 ? r.squeeze(0) : r;
+}
+
+// [kh, kw, OH, OW]: the flat input index (h * W + w) each window position reads; positions in
+// the padding get indices no real element has.
+at::Tensor flat_index_table(const Pool& p) {
+  std::vector<double> t;
+  for (int64_t ki = 0; ki < p.kernel[0]; ++ki)
+    for (int64_t kj = 0; kj < p.kernel[1]; ++kj)
+      for (int64_t oh = 0; oh < p.out[0]; ++oh)
+        for (int64_t ow = 0; ow < p.out[1]; ++ow) {
+          int64_t h = oh * p.stride[0] - p.padding[0] + ki * p.dilation[0];
+          int64_t w = ow * p.stride[1] - p.padding[1] + kj * p.dilation[1];
+          bool inside = h >= 0 && h < p.in[0] && w >= 0 && w < p.in[1];
+          t.push_back(inside ? double(h * p.in[1] + w) : -1.0);
+        }
+  return upload_table(t, {p.kernel[0], p.kernel[1], p.out[0], p.out[1]}, at::kLong);
+}
+
+std::tuple<at::Tensor, at::Tensor> max_pool_forward(const at::Tensor& x0, const Pool& p) {
+  auto x = batched(x0);
+  int64_t N = x.size(0), C = x.size(1), K = p.kernel[0] * p.kernel[1];
+  auto xp = pad_spatial(x, p.padding, p.after, -std::numeric_limits<double>::infinity());
+  auto win = window_view(xp, p.kernel, p.stride, p.dilation, p.out)
+                 .permute({0, 1, 4, 5, 2, 3})
+                 .reshape({N, C, p.out[0], p.out[1], K});
+  auto values = reduce(win, DFUSE_REDUCE_OP_AMAX, {-1}, false);
+  auto pos = reduce(win, DFUSE_REDUCE_OP_ARGMAX, {-1}, false).unsqueeze(-1);
+  // indices = table[pos]: a one-hot pick over the K window positions.
+  auto table = flat_index_table(p).view({K, p.out[0], p.out[1]}).permute({1, 2, 0});
+  DfuseAttrs a{};
+  a.dtype = DFUSE_DTYPE_I64;
+  auto ks = run(DFUSE_OP_KIND_ARANGE, &a,
+                Operands().s(at::Scalar(int64_t(0))).s(at::Scalar(K)).s(at::Scalar(int64_t(1))),
+                "max_pool2d window positions");
+  auto indices = reduce(dft::where(ks.eq(pos), table, 0), DFUSE_REDUCE_OP_SUM, {-1}, false);
+  return {like_input(values, x0), like_input(indices, x0)};
+}
+
+at::Tensor max_pool_backward(const at::Tensor& grad0, const at::Tensor& x0,
+                             const at::Tensor& indices0, const Pool& p) {
+  auto grad = batched(grad0).unsqueeze(2).unsqueeze(3);
+  auto indices = batched(indices0).unsqueeze(2).unsqueeze(3);
+  // [N, C, kh, kw, OH, OW]: each output's gradient at the window position it took its max from.
+  auto contrib = dft::where(indices.eq(flat_index_table(p)), grad, 0);
+  auto buf = add_windows(contrib, buffer_sizes(p), p.kernel, p.stride, p.dilation);
+  return like_input(unpad_spatial(buf, p.padding, p.in).contiguous(), x0);
+}
+
+std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(
+    const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, bool ceil_mode) {
+  return max_pool_forward(
+      x, pool_geometry(x, kernel, stride, padding, dilation, ceil_mode, "max_pool2d"));
+}
+
+at::Tensor max_pool2d_with_indices_backward(const at::Tensor& grad, const at::Tensor& x,
+                                            at::IntArrayRef kernel, at::IntArrayRef stride,
+                                            at::IntArrayRef padding, at::IntArrayRef dilation,
+                                            bool ceil_mode, const at::Tensor& indices) {
+  auto p = pool_geometry(x, kernel, stride, padding, dilation, ceil_mode, "max_pool2d_backward");
+  return max_pool_backward(grad, x, indices, p);
+}
+
+// [OH, OW]: what PyTorch's CPU kernel divides each window's sum by.
+at::Tensor avg_divisors(const Pool& p, bool count_include_pad,
+                        std::optional<int64_t> divisor_override, at::ScalarType dtype) {
+  std::vector<double> t;
+  for (int64_t oh = 0; oh < p.out[0]; ++oh)
+    for (int64_t ow = 0; ow < p.out[1]; ++ow) {
+      int64_t hs = oh * p.stride[0] - p.padding[0], ws = ow * p.stride[1] - p.padding[1];
+      int64_t he = std::min(hs + p.kernel[0], p.in[0] + p.padding[0]);
+      int64_t we = std::min(ws + p.kernel[1], p.in[1] + p.padding[1]);
+      int64_t pool_size = (he - hs) * (we - ws);
+      hs = std::max<int64_t>(hs, 0);
+      ws = std::max<int64_t>(ws, 0);
+      he = std::min(he, p.in[0]);
+      we = std::min(we, p.in[1]);
+      int64_t inside = (he - hs) * (we - ws);
+      // A window wholly in the padding sums to 0; any divisor keeps it 0.
+      double d = divisor_override ? double(*divisor_override)
+                 : count_include_pad ? double(pool_size) : double(inside);
+      t.push_back(he <= hs || we <= ws ? 1.0 : d);
+    }
+  return upload_table(t, {p.out[0], p.out[1]}, dtype);
+}
+
+Pool avg_geometry(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
+                  at::IntArrayRef padding, bool ceil_mode, std::optional<int64_t> divisor,
+                  const char* op) {
+  TORCH_CHECK(!divisor || *divisor != 0, op, ": divisor must be not zero");
+  std::vector<int64_t> one{1};
+  return pool_geometry(x, kernel, stride, padding, one, ceil_mode, op);
+}
+
+at::Tensor avg_pool2d(const at::Tensor& x0, at::IntArrayRef kernel, at::IntArrayRef stride,
+                      at::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
+                      std::optional<int64_t> divisor) {
+  auto p = avg_geometry(x0, kernel, stride, padding, ceil_mode, divisor, "avg_pool2d");
+  auto xp = pad_spatial(batched(x0), p.padding, p.after, 0);
+  auto sums = reduce(window_view(xp, p.kernel, p.stride, p.dilation, p.out), DFUSE_REDUCE_OP_SUM,
+                     {2, 3}, false);
+  return like_input(sums / avg_divisors(p, count_include_pad, divisor, x0.scalar_type()), x0);
+}
+
+at::Tensor avg_pool2d_backward(const at::Tensor& grad0, const at::Tensor& x0,
+                               at::IntArrayRef kernel, at::IntArrayRef stride,
+                               at::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
+                               std::optional<int64_t> divisor) {
+  auto p = avg_geometry(x0, kernel, stride, padding, ceil_mode, divisor, "avg_pool2d_backward");
+  auto share = batched(grad0) / avg_divisors(p, count_include_pad, divisor, x0.scalar_type());
+  auto s = share.sizes();
+  auto contrib = share.unsqueeze(2).unsqueeze(3).expand({s[0], s[1], p.kernel[0], p.kernel[1],
+                                                         s[2], s[3]});
+  auto buf = add_windows(contrib, buffer_sizes(p), p.kernel, p.stride, p.dilation);
+  return like_input(unpad_spatial(buf, p.padding, p.in).contiguous(), x0);
+}
+
+// [out, in]: row o averages PyTorch's adaptive window [floor(o*in/out), ceil((o+1)*in/out)).
+at::Tensor adaptive_matrix(int64_t in, int64_t out, at::ScalarType dtype) {
+  std::vector<double> m(out * in, 0.0);
+  for (int64_t o = 0; o < out; ++o) {
+    int64_t s = (o * in) / out, e = ((o + 1) * in + out - 1) / out;
+    for (int64_t i = s; i < e; ++i) m[o * in + i] = 1.0 / double(e - s);
+  }
+  return upload_table(m, {out, in}, dtype);
+}
+
+void check_adaptive(const at::Tensor& x, at::IntArrayRef out, const char* op) {
+  TORCH_CHECK(x.dim() == 3 || x.dim() == 4, op, ": expected a 3-D or 4-D input, got shape ",
+              x.sizes());
+  TORCH_CHECK(out.size() == 2 && out[0] > 0 && out[1] > 0, op,
+              ": output_size must be two positive sizes, got ", out);
+}
+
+// The kernel (= stride) when the output divides the input: then adaptive pooling is plain
+// pooling, which (unlike the averaging matrices) keeps an inf or NaN in its own window.
+std::optional<std::vector<int64_t>> even_windows(const at::Tensor& x, at::IntArrayRef out) {
+  int64_t H = x.size(-2), W = x.size(-1);
+  if (H % out[0] != 0 || W % out[1] != 0) return std::nullopt;
+  return std::vector<int64_t>{H / out[0], W / out[1]};
+}
+
+// Uneven windows: out = A_h @ x @ A_w^T, each averaging matrix applied along its dim. The
+// matrices' zeros multiply every element, so an inf in the input makes NaNs in other windows.
+at::Tensor adaptive_avg_pool2d(const at::Tensor& x, at::IntArrayRef out) {
+  check_adaptive(x, out, "adaptive_avg_pool2d");
+  std::vector<int64_t> zero{0, 0};
+  if (auto k = even_windows(x, out)) {
+    return dft::avg_pool2d(x, *k, *k, zero, false, true, std::nullopt);
+  }
+  auto rows = adaptive_matrix(x.size(-2), out[0], x.scalar_type());
+  auto cols = adaptive_matrix(x.size(-1), out[1], x.scalar_type());
+  return batched_matmul(rows, batched_matmul(x, cols.t()));
+}
+
+at::Tensor adaptive_avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& x) {
+  std::vector<int64_t> out{grad.size(-2), grad.size(-1)}, zero{0, 0};
+  if (auto k = even_windows(x, out)) {
+    return dft::avg_pool2d_backward(grad, x, *k, *k, zero, false, true, std::nullopt);
+  }
+  auto rows = adaptive_matrix(x.size(-2), out[0], x.scalar_type());
+  auto cols = adaptive_matrix(x.size(-1), out[1], x.scalar_type());
+  return batched_matmul(rows.t(), batched_matmul(grad, cols));
+}
+
+// Adaptive max pooling is supported where it is plain max pooling.
+Pool adaptive_max_geometry(const at::Tensor& x, at::IntArrayRef out) {
+  check_adaptive(x, out, "adaptive_max_pool2d");
+  auto k = even_windows(x, out);
+  TORCH_CHECK(k, "tpu: adaptive_max_pool2d supports output sizes that divide the input size "
+              "only; got output_size ", out, " for an input of ", x.sizes());
+  std::vector<int64_t> zero{0, 0}, one{1, 1};
+  return pool_geometry(x, *k, *k, zero, one, false, "adaptive_max_pool2d");
+}
+
+std::tuple<at::Tensor, at::Tensor> adaptive_max_pool2d(const at::Tensor& x, at::IntArrayRef out) {
+  return max_pool_forward(x, adaptive_max_geometry(x, out));
+}
+
+at::Tensor adaptive_max_pool2d_backward(const at::Tensor& grad, const at::Tensor& x,
+                                        const at::Tensor& indices) {
+  std::vector<int64_t> out{grad.size(-2), grad.size(-1)};
+  return max_pool_backward(grad, x, indices, adaptive_max_geometry(x, out));
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("max_pool2d_with_indices", TORCH_FN(dft::max_pool2d_with_indices));
+  m.impl("max_pool2d_with_indices_backward", TORCH_FN(dft::max_pool2d_with_indices_backward));
+  m.impl("avg_pool2d", TORCH_FN(dft::avg_pool2d));
+  m.impl("avg_pool2d_backward", TORCH_FN(dft::avg_pool2d_backward));
+  m.impl("_adaptive_avg_pool2d", TORCH_FN(dft::adaptive_avg_pool2d));
+  m.impl("_adaptive_avg_pool2d_backward", TORCH_FN(dft::adaptive_avg_pool2d_backward));
+  m.impl("adaptive_max_pool2d", TORCH_FN(dft::adaptive_max_pool2d));
+  m.impl("adaptive_max_pool2d_backward", TORCH_FN(dft::adaptive_max_pool2d_backward));
+}

@@ -1,0 +1,87 @@
+// Sliding-window plumbing (see windows.h).
+#include "windows.h"
+
+namespace dft {
+
+at::Tensor pad_spatial(const at::Tensor& x, at::IntArrayRef before, at::IntArrayRef after,
+                       const at::Scalar& fill) {
+  int64_t d = before.size(), lead = x.dim() - d;
+  bool any = false;
+  std::vector<int64_t> sizes = x.sizes().vec();
+  for (int64_t i = 0; i < d; ++i) {
+    sizes[lead + i] += before[i] + after[i];
+    any = any || before[i] != 0 || after[i] != 0;
+  }
+  if (!any) return x;
+  auto buf = at::full(sizes, fill, x.options());
+  unpad_spatial(buf, before, x.sizes().slice(lead)).copy_(x);
+  return buf;
+}
+
+at::Tensor unpad_spatial(const at::Tensor& buf, at::IntArrayRef before, at::IntArrayRef sizes) {
+  int64_t lead = buf.dim() - static_cast<int64_t>(before.size());
+  at::Tensor v = buf;
+  for (size_t i = 0; i < before.size(); ++i) v = v.narrow(lead + i, before[i], sizes[i]);
+  return v;
+}
+
+at::Tensor window_view(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
+                       at::IntArrayRef dilation, at::IntArrayRef out) {
+  int64_t d = kernel.size(), lead = x.dim() - d;
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().begin() + lead);
+  std::vector<int64_t> strides(x.strides().begin(), x.strides().begin() + lead);
+  for (int64_t i = 0; i < d; ++i) {
+    sizes.push_back(kernel[i]);
+    strides.push_back(dilation[i] * x.stride(lead + i));
+  }
+  for (int64_t i = 0; i < d; ++i) {
+    sizes.push_back(out[i]);
+    strides.push_back(stride[i] * x.stride(lead + i));
+  }
+  return x.as_strided(sizes, strides, x.storage_offset());
+}
+
+at::Tensor add_windows(const at::Tensor& contrib, at::IntArrayRef buf_spatial,
+                       at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef dilation) {
+  int64_t d = kernel.size(), lead = contrib.dim() - 2 * d;
+  std::vector<int64_t> sizes(contrib.sizes().begin(), contrib.sizes().begin() + lead);
+  sizes.insert(sizes.end(), buf_spatial.begin(), buf_spatial.end());
+  auto buf = at::zeros(sizes, contrib.options());
+  auto out = contrib.sizes().slice(lead + d);
+  int64_t n = c10::multiply_integers(kernel);
+  for (int64_t flat = 0; flat < n; ++flat) {
+    // flat -> the kernel offset (k_0, ..., k_{d-1}), last dim fastest.
+    std::vector<int64_t> k(d);
+    for (int64_t i = d, rest = flat; i-- > 0; rest /= kernel[i]) k[i] = rest % kernel[i];
+    std::vector<int64_t> vs(sizes.begin(), sizes.begin() + lead), vst(buf.strides().begin(),
+                                                                      buf.strides().begin() + lead);
+    int64_t offset = 0;
+    at::Tensor part = contrib;
+    for (int64_t i = 0; i < d; ++i) {
+      vs.push_back(out[i]);
+      vst.push_back(stride[i] * buf.stride(lead + i));
+      offset += k[i] * dilation[i] * buf.stride(lead + i);
+      part = part.select(lead, k[i]);
+    }
+    buf.as_strided(vs, vst, offset).add_(part);
+  }
+  return buf;
+}
+
+at::Tensor batched_matmul(const at::Tensor& a, const at::Tensor& b) {
+  return run(DFUSE_OP_KIND_MATMUL, nullptr, Operands().t(a).t(b), "matmul");
+}
+
+at::Tensor upload_table(const std::vector<double>& values, at::IntArrayRef sizes,
+                        at::ScalarType dtype) {
+  auto host = at::tensor(values, at::kDouble).view(sizes).to(dtype);
+  return host.to(c10::Device(c10::DeviceType::PrivateUse1, 0));
+}
+
+std::vector<int64_t> expand_param(at::IntArrayRef v, int64_t d, const char* op, const char* name) {
+  TORCH_CHECK(v.size() == 1 || static_cast<int64_t>(v.size()) == d, op, ": expected ", name,
+              " to have 1 or ", d, " values, got ", v);
+  return v.size() == 1 ? std::vector<int64_t>(d, v[0]) : v.vec();
+}
+
+}  // namespace dft

@@ -1,0 +1,40 @@
+// Sliding-window plumbing shared by convolution and pooling: padding into a filled buffer,
+// the free as_strided view of every window, col2im as in-place adds into strided slices (so
+// backward needs no scatter op), and uploading small host-computed tables (window divisors,
+// window index maps, averaging matrices) that depend only on the geometry.
+#pragma once
+
+#include "common.h"
+
+namespace dft {
+
+// x padded on its last before.size() dims: `before[i]` elements of `fill` in front and
+// `after[i]` behind. Returns x itself when no padding is needed.
+at::Tensor pad_spatial(const at::Tensor& x, at::IntArrayRef before, at::IntArrayRef after,
+                       const at::Scalar& fill);
+
+// The view of buf's elements that pad_spatial copied x (of spatial `sizes`) into.
+at::Tensor unpad_spatial(const at::Tensor& buf, at::IntArrayRef before, at::IntArrayRef sizes);
+
+// A view [lead..., k..., out...] of x [lead..., spatial...]: element (l, k, o) is
+// x[l, o * stride + k * dilation] per spatial dim. No data moves.
+at::Tensor window_view(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
+                       at::IntArrayRef dilation, at::IntArrayRef out);
+
+// col2im: a zero buffer of shape [lead..., buf_spatial...] into which every window slice
+// contrib[lead..., k..., out...] is added at the positions window_view reads it from.
+at::Tensor add_windows(const at::Tensor& contrib, at::IntArrayRef buf_spatial,
+                       at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef dilation);
+
+// a @ b with torch.matmul's batch broadcasting, recorded as one op (im2col products, the
+// adaptive pooling matrices).
+at::Tensor batched_matmul(const at::Tensor& a, const at::Tensor& b);
+
+// A host-computed table as a tpu tensor of `dtype` (int64 or a float type).
+at::Tensor upload_table(const std::vector<double>& values, at::IntArrayRef sizes,
+                        at::ScalarType dtype);
+
+// Python-style list arguments: one value for every spatial dim, or the same value repeated.
+std::vector<int64_t> expand_param(at::IntArrayRef v, int64_t d, const char* op, const char* name);
+
+}  // namespace dft

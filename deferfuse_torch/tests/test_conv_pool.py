@@ -1,0 +1,130 @@
+"""Convolution and pooling on tpu match CPU in forward and backward (gradients through autograd)
+in every eager mode, with zero CPU-fallback ops."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import assert_same, check
+
+
+CONVS = {
+    "conv2d_padding": ((2, 3, 7, 6), (4, 3, 3, 3), dict(padding=1)),
+    "conv2d_depthwise_stride": ((2, 4, 9, 8), (4, 1, 3, 3), dict(stride=2, padding=1, groups=4)),
+    "conv2d_groups_dilation": ((2, 4, 9, 8), (6, 2, 2, 3),
+                               dict(stride=(2, 1), padding=(0, 2), dilation=(2, 1), groups=2)),
+    "conv2d_1x1": ((2, 5, 4, 4), (3, 5, 1, 1), dict()),
+    "conv2d_uncovered_tail": ((1, 2, 8, 8), (2, 2, 3, 3), dict(stride=3)),
+    "conv1d": ((2, 3, 10), (5, 3, 3), dict(padding=2, stride=3)),
+    "conv3d": ((1, 2, 5, 5, 4), (3, 2, 2, 2, 2), dict(padding=1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONVS))
+def test_convolution_matches_cpu_forward_and_backward(mode, case):
+    shape, wshape, kw = CONVS[case]
+    torch.manual_seed(0)
+    conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[len(shape)]
+    x, w, b = torch.randn(shape), torch.randn(wshape), torch.randn(wshape[0])
+    assert_same(lambda x, w, b: conv(x, w, b, **kw), x, w, b, atol=2e-5)
+
+
+def test_convolution_without_bias_matches_cpu(mode):
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
+    assert_same(lambda x, w: F.conv2d(x, w, padding="same"), x, w, atol=2e-5)
+
+
+def test_convolution_of_a_non_contiguous_input_matches_cpu(mode):
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 6, 6, 3), torch.randn(4, 3, 3, 3)
+    assert_same(lambda x, w: F.conv2d(x.permute(0, 3, 1, 2), w, padding=1), x, w, atol=2e-5)
+
+
+TRANSPOSED = {
+    "conv_transpose2d": ((2, 4, 5, 4), (4, 3, 3, 3), dict(padding=1)),
+    "conv_transpose2d_stride_output_padding": ((2, 4, 4, 5), (4, 2, 3, 2),
+                                               dict(stride=2, padding=1, output_padding=1)),
+    "conv_transpose2d_groups_dilation": ((1, 4, 4, 4), (4, 3, 2, 3),
+                                         dict(stride=(1, 2), dilation=(2, 1), groups=2)),
+    "conv_transpose1d": ((2, 3, 6), (3, 5, 4), dict(stride=3, padding=2)),
+    "conv_transpose3d": ((1, 2, 3, 3, 2), (2, 3, 2, 2, 2), dict(stride=2)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRANSPOSED))
+def test_transposed_convolution_matches_cpu_forward_and_backward(mode, case):
+    shape, wshape, kw = TRANSPOSED[case]
+    torch.manual_seed(0)
+    conv = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}[len(shape)]
+    groups = kw.get("groups", 1)
+    x, w, b = torch.randn(shape), torch.randn(wshape), torch.randn(wshape[1] * groups)
+    assert_same(lambda x, w, b: conv(x, w, b, **kw), x, w, b, atol=2e-5)
+
+
+MAX_POOLS = {
+    "k2": dict(kernel_size=2),
+    "k3_s2_p1": dict(kernel_size=3, stride=2, padding=1),
+    "k3_s2_ceil": dict(kernel_size=3, stride=2, ceil_mode=True),
+    "k3_s1_overlapping_dilated": dict(kernel_size=(2, 3), stride=1, padding=(1, 1),
+                                      dilation=(2, 1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MAX_POOLS))
+def test_max_pool2d_values_indices_and_gradient_match_cpu(mode, case):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 8)
+    kw = MAX_POOLS[case]
+    assert_same(lambda x: F.max_pool2d(x, return_indices=True, **kw), x)
+
+
+def test_max_pool2d_of_an_unbatched_input_matches_cpu(mode):
+    torch.manual_seed(0)
+    assert_same(lambda x: F.max_pool2d(x, 2), torch.randn(3, 6, 6))
+
+
+def test_max_pool2d_gradient_accumulates_over_overlapping_windows(mode):
+    # A constant-free ramp makes one element the max of several windows.
+    x = torch.arange(36.0).view(1, 1, 6, 6)
+    assert_same(lambda x: F.max_pool2d(x, 3, stride=1), x)
+
+
+AVG_POOLS = {
+    "k2": dict(kernel_size=2),
+    "k3_s2_p1_include_pad": dict(kernel_size=3, stride=2, padding=1),
+    "k3_s2_p1_exclude_pad": dict(kernel_size=3, stride=2, padding=1, count_include_pad=False),
+    "k3_s2_ceil_exclude_pad": dict(kernel_size=3, stride=2, padding=1, ceil_mode=True,
+                                   count_include_pad=False),
+    "k3_s2_ceil_include_pad": dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+    "divisor_override": dict(kernel_size=(2, 3), stride=(1, 2), divisor_override=5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AVG_POOLS))
+def test_avg_pool2d_matches_cpu_forward_and_backward(mode, case):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 8)
+    assert_same(lambda x: F.avg_pool2d(x, **AVG_POOLS[case]), x)
+
+
+@pytest.mark.parametrize("out", [(1, 1), (2, 4), (3, 5), (7, 8)])
+def test_adaptive_avg_pool2d_matches_cpu_forward_and_backward(mode, out):
+    torch.manual_seed(0)
+    assert_same(lambda x: F.adaptive_avg_pool2d(x, out), torch.randn(2, 3, 7, 8))
+
+
+def test_adaptive_max_pool2d_matches_cpu_when_the_output_divides_the_input(mode):
+    torch.manual_seed(0)
+    assert_same(lambda x: F.adaptive_max_pool2d(x, (2, 4), return_indices=True),
+                torch.randn(2, 3, 6, 8))
+
+
+def test_adaptive_max_pool2d_with_a_non_dividing_output_raises_a_clear_error():
+    with pytest.raises(RuntimeError, match="divide the input size"):
+        F.adaptive_max_pool2d(torch.randn(1, 2, 7, 8).to("tpu"), (3, 3))
+
+
+def test_adaptive_avg_pool2d_keeps_an_inf_in_its_own_window_when_sizes_divide(mode):
+    x = torch.ones(1, 1, 4, 4)
+    x[0, 0, 0, 0] = float("inf")
+    check(F.adaptive_avg_pool2d(x.to("tpu"), 2), F.adaptive_avg_pool2d(x, 2))

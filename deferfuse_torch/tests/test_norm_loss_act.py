@@ -1,0 +1,215 @@
+"""Normalization layers, losses, activations, masked_fill and vector norms on tpu match CPU in
+forward and backward in every eager mode, with zero CPU-fallback ops."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import deferfuse_torch
+from conftest import assert_same, check
+
+
+def compare_module(make, x, train):
+    """The module on CPU and a copy on tpu: output, input and parameter gradients, and buffers
+    (running statistics) after one forward/backward."""
+    torch.manual_seed(0)
+    cpu = make().train(train)
+    dev = copy.deepcopy(cpu).to("tpu")
+    xc = x.clone().requires_grad_()
+    out = cpu(xc)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    xt = x.to("tpu").requires_grad_()
+    deferfuse_torch.reset_fallback_counts()
+    dout = dev(xt)
+    dout.backward(grad.to("tpu"))
+    assert deferfuse_torch.fallback_counts() == {}
+    check(dout, out.detach())
+    check(xt.grad, xc.grad, atol=2e-5)
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        check(q.grad, p.grad, atol=2e-5)
+    for (name, b), c in zip(cpu.named_buffers(), dev.buffers()):
+        check(c, b)
+
+
+NORMS = {
+    "batch_norm2d": (lambda: nn.BatchNorm2d(3, momentum=0.3), (4, 3, 5, 6)),
+    "batch_norm2d_no_affine": (lambda: nn.BatchNorm2d(3, affine=False), (4, 3, 5, 6)),
+    "batch_norm1d": (lambda: nn.BatchNorm1d(3), (8, 3)),
+    "batch_norm_no_running_stats": (lambda: nn.BatchNorm2d(3, track_running_stats=False),
+                                    (4, 3, 5, 6)),
+    "group_norm": (lambda: nn.GroupNorm(2, 4), (3, 4, 5, 6)),
+    "instance_norm": (lambda: nn.InstanceNorm2d(4, affine=True), (3, 4, 5, 6)),
+}
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("case", sorted(NORMS))
+def test_normalization_matches_cpu_including_running_stats(mode, case, train):
+    make, shape = NORMS[case]
+    torch.manual_seed(1)
+    compare_module(make, torch.randn(shape) * 2 + 0.5, train)
+
+
+def test_batch_norm_updates_running_stats_in_place_with_the_unbiased_variance(mode):
+    bn = nn.BatchNorm2d(2, momentum=0.5).to("tpu")
+    mean_before = bn.running_mean
+    x = torch.tensor([[[[1.0, 3.0]], [[0.0, 4.0]]]])  # per channel: mean 2, var 2 (unbiased)
+    bn(x.to("tpu"))
+    assert bn.running_mean is mean_before
+    check(bn.running_mean, torch.tensor([1.0, 1.0]))
+    check(bn.running_var, torch.tensor([0.5 + 0.5 * 2.0, 0.5 + 0.5 * 8.0]))
+
+
+ACTIVATIONS = {
+    "softplus": lambda x: F.softplus(x),
+    "softplus_beta_threshold": lambda x: F.softplus(x, beta=2.0, threshold=3.0),
+    "leaky_relu": lambda x: F.leaky_relu(x, 0.1),
+    "elu": lambda x: F.elu(x, alpha=0.7),
+    "selu": lambda x: F.selu(x),
+    "celu": lambda x: F.celu(x, alpha=1.5),
+    "hardtanh": lambda x: F.hardtanh(x, -2.0, 2.5),
+    "relu6": lambda x: F.relu6(x),
+    "hardswish": lambda x: F.hardswish(x),
+    "hardsigmoid": lambda x: F.hardsigmoid(x),
+    "mish": lambda x: F.mish(x),
+    "logsigmoid": lambda x: F.logsigmoid(x),
+    "glu": lambda x: F.glu(x[:, :16], dim=1),
+    "glu_last_dim_negative": lambda x: F.glu(x[:2, :16].reshape(2, 4, 4), dim=-1),
+    # In-place forms on a non-leaf, so autograd takes the result-based backward where it has one.
+    "leaky_relu_inplace": lambda x: F.leaky_relu(x * 1.0, 0.2, inplace=True),
+    "elu_inplace": lambda x: F.elu(x * 1.0, inplace=True),
+    "hardtanh_inplace": lambda x: F.hardtanh(x * 1.0, inplace=True),
+    "relu6_inplace": lambda x: F.relu6(x * 1.0, inplace=True),
+    "hardswish_inplace": lambda x: F.hardswish(x * 1.0, inplace=True),
+    "hardsigmoid_inplace": lambda x: F.hardsigmoid(x * 1.0, inplace=True),
+    "mish_inplace": lambda x: F.mish(x * 1.0, inplace=True),
+}
+
+
+def boundary_points():
+    # Random values plus every branch boundary the formulas above have (0, +-1, +-2.5, +-3, 6),
+    # where CPU decides which side a point belongs to.
+    torch.manual_seed(0)
+    edges = torch.tensor([0.0, 1.0, -1.0, 2.5, -2.0, 3.0, -3.0, 6.0, 1.5, 25.0, -25.0])
+    return torch.cat([torch.randn(40) * 4, edges]).view(3, 17)
+
+
+@pytest.mark.parametrize("case", sorted(ACTIVATIONS))
+def test_activation_matches_cpu_forward_and_backward(mode, case):
+    assert_same(ACTIVATIONS[case], boundary_points())
+
+
+def test_prelu_matches_cpu_including_the_weight_gradient(mode):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 5)
+    x[0, 0, 0, 0] = 0.0
+    assert_same(lambda x, w: F.prelu(x, w), x, torch.tensor([0.1, 0.25, -0.3]))
+    assert_same(lambda x, w: F.prelu(x, w), x, torch.tensor([0.2]))
+
+
+LOSSES = {
+    "smooth_l1": lambda x, t: F.smooth_l1_loss(x, t),
+    "smooth_l1_beta_sum": lambda x, t: F.smooth_l1_loss(x, t, beta=0.5, reduction="sum"),
+    "smooth_l1_beta0_none": lambda x, t: F.smooth_l1_loss(x, t, beta=0.0, reduction="none"),
+    "huber": lambda x, t: F.huber_loss(x, t, delta=0.8),
+    "huber_none": lambda x, t: F.huber_loss(x, t, reduction="none"),
+    "soft_margin": lambda x, t: F.soft_margin_loss(x, t.sign()),
+    "bce_with_logits": lambda x, t: F.binary_cross_entropy_with_logits(x, t.sigmoid()),
+    "bce_with_logits_weights": lambda x, t: F.binary_cross_entropy_with_logits(
+        x, t.sigmoid(), weight=torch.linspace(0.5, 1.5, 5).to(x.device),
+        pos_weight=torch.linspace(1.0, 3.0, 5).to(x.device), reduction="sum"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOSSES))
+def test_loss_matches_cpu_forward_and_backward(mode, case):
+    torch.manual_seed(0)
+    x, t = torch.randn(4, 5), torch.randn(4, 5)
+    t[0, :2] = x[0, :2] + 1.0  # exactly at the smooth_l1 / huber boundary
+    t[1, 0] = x[1, 0]  # zero difference
+    assert_same(lambda x: LOSSES[case](x, t.to(x.device)), x)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_binary_cross_entropy_matches_cpu_including_the_log_clamp(mode, reduction):
+    torch.manual_seed(0)
+    p = torch.rand(3, 4).clamp(0.05, 0.95)
+    p[0, 0], p[0, 1] = 0.0, 1.0  # log clamped at -100 on both sides
+    t = torch.rand(3, 4)
+    w = torch.rand(4)
+    assert_same(lambda p: F.binary_cross_entropy(p, t.to(p.device), weight=w.to(p.device),
+                                                 reduction=reduction), p, atol=1e-4)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_over_a_spatial_map_matches_cpu(mode, reduction):
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 3, 5)
+    t = torch.randint(0, 4, (2, 3, 5))
+    t[0, 0, 0] = -100  # ignored
+    w = torch.rand(4)
+    assert_same(lambda x: F.cross_entropy(x, t.to(x.device), weight=w.to(x.device),
+                                          reduction=reduction), x)
+
+
+def test_masked_fill_scalar_and_tensor_values_match_cpu(mode):
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    mask = torch.rand(4) > 0.5
+    assert_same(lambda x: x.masked_fill(mask.to(x.device), -1.5) * 2, x)
+    assert_same(lambda x: x.masked_fill(mask.to(x.device), torch.tensor(3.0)) * 2, x)
+    xt = x.to("tpu")
+    deferfuse_torch.reset_fallback_counts()
+    xt.masked_fill_(mask.to("tpu"), float("-inf"))
+    xt[0].masked_fill_(mask.to("tpu"), torch.tensor(7.0).to("tpu"))
+    ints = torch.arange(4).to("tpu").masked_fill(mask.to("tpu"), 2.7)
+    assert deferfuse_torch.fallback_counts() == {}
+    want = x.masked_fill(mask, float("-inf"))
+    want[0].masked_fill_(mask, 7.0)
+    check(xt, want)
+    check(ints, torch.arange(4).masked_fill(mask, 2.7))
+
+
+def test_masked_fill_rejects_a_non_bool_mask():
+    with pytest.raises(RuntimeError, match="boolean masks"):
+        torch.zeros(3).to("tpu").masked_fill(torch.ones(3, dtype=torch.long).to("tpu"), 1.0)
+
+
+NORM_ORDS = [2, 1, float("inf"), float("-inf"), 0, 3, 0.5]
+
+
+@pytest.mark.parametrize("ord", NORM_ORDS)
+def test_vector_norm_matches_cpu_over_all_and_some_dims(mode, ord):
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 5)
+    x[0, 0, :2] = 0.0
+    for kw in [dict(), dict(dim=1), dict(dim=(0, 2), keepdim=True)]:
+        deferfuse_torch.reset_fallback_counts()
+        got = torch.linalg.vector_norm(x.to("tpu"), ord, **kw)
+        assert deferfuse_torch.fallback_counts() == {}
+        check(got, torch.linalg.vector_norm(x, ord, **kw))
+
+
+def test_vector_norm_with_a_dtype_matches_cpu(mode):
+    x = torch.randn(5, 3)
+    check(torch.linalg.vector_norm(x.to("tpu"), dtype=torch.float64),
+          torch.linalg.vector_norm(x, dtype=torch.float64))
+
+
+def test_normalize_and_clip_grad_norm_match_cpu_without_fallbacks(mode):
+    torch.manual_seed(0)
+    assert_same(lambda x: F.normalize(x, dim=1), torch.randn(4, 6))
+    model = nn.Linear(6, 3)
+    dev = copy.deepcopy(model).to("tpu")
+    x = torch.randn(4, 6)
+    model(x).square().sum().backward()
+    deferfuse_torch.reset_fallback_counts()
+    dev(x.to("tpu")).square().sum().backward()
+    total = nn.utils.clip_grad_norm_(dev.parameters(), 0.5)
+    assert deferfuse_torch.fallback_counts() == {}
+    check(total, nn.utils.clip_grad_norm_(model.parameters(), 0.5))
+    for p, q in zip(model.parameters(), dev.parameters()):
+        check(q.grad, p.grad)
