@@ -1,6 +1,7 @@
 // The device itself: allocator, device guard, hooks (autograd needs them), tensor creation,
 // resize, and the metadata-only view kernels.
 #include "common.h"
+#include "random.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -171,9 +172,12 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void*) const override {
     return at::Device(c10::DeviceType::PrivateUse1, 0);
   }
-  // Random ops run through the CPU fallback with the CPU generator.
+  // Random ops draw from the device's Philox generator (random.h).
   const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
-    return at::detail::getDefaultCPUGenerator();
+    return default_generator();
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex) const override {
+    return new_generator(c10::default_rng_seed_val);
   }
   bool isPinnedPtr(const void* p) const override { return g_pinned.is_pinned(p); }
   c10::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned; }

@@ -118,12 +118,47 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 def manual_seed_all(seed: int) -> None:
-    """Random ops on tpu run through the CPU fallback with the CPU generator, which
-    torch.manual_seed already seeds; there is no separate tpu generator."""
+    """Seeds the tpu generator (one device, so the same as manual_seed); torch.manual_seed
+    calls it too."""
+    seed = int(seed)
+    # torch accepts seeds up to 2**64 - 1; the op takes them as the same 64 bits, signed.
+    _ops.manual_seed(seed - (1 << 64) if seed >= (1 << 63) else seed)
 
 
 def manual_seed(seed: int) -> None:
     manual_seed_all(seed)
+
+
+def seed() -> None:
+    """Seeds the tpu generator with a non-deterministic number."""
+    _ops.seed()
+
+
+def seed_all() -> None:
+    seed()
+
+
+def initial_seed() -> int:
+    """The seed the tpu generator was last seeded with."""
+    return _ops.initial_seed()
+
+
+def get_rng_state(device="tpu") -> torch.Tensor:
+    """The tpu generator's state (16 bytes: seed, offset) as a CPU uint8 tensor."""
+    return _ops.get_rng_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
+    _ops.set_rng_state(new_state)
+
+
+def get_rng_state_all() -> list:
+    return [get_rng_state()]
+
+
+def set_rng_state_all(new_states) -> None:
+    for s in new_states:
+        set_rng_state(s)
 
 
 def synchronize(device=None) -> None:

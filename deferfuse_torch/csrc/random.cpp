@@ -1,0 +1,298 @@
+// Random numbers on the device: the Philox generator (random.h) and the ATen random kernels
+// built on the runtime's RANDOM op (uniform or standard normal numbers for a seed and a counter
+// offset). Each kernel reserves its counters from the generator, so a seed reproduces the same
+// numbers in strict, debug and defer, and draws never overlap.
+#include "random.h"
+
+#include "common.h"
+
+#include <ATen/core/DistributionsHelper.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/irange.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+
+namespace dft {
+
+TpuGeneratorImpl::TpuGeneratorImpl(uint64_t seed)
+    : c10::GeneratorImpl(c10::Device(c10::DeviceType::PrivateUse1, 0),
+                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+      seed_(seed) {}
+
+void TpuGeneratorImpl::set_current_seed(uint64_t seed) {
+  seed_ = seed;
+  offset_ = 0;
+}
+
+void TpuGeneratorImpl::set_offset(uint64_t offset) { offset_ = offset; }
+uint64_t TpuGeneratorImpl::get_offset() const { return offset_; }
+uint64_t TpuGeneratorImpl::current_seed() const { return seed_; }
+
+uint64_t TpuGeneratorImpl::seed() {
+  uint64_t s = c10::detail::getNonDeterministicRandom();
+  set_current_seed(s);
+  return s;
+}
+
+void TpuGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
+  TORCH_CHECK(new_state.dtype() == caffe2::TypeMeta::Make<uint8_t>() &&
+                  new_state.numel() == 16 && new_state.device().is_cpu(),
+              "tpu: a generator state is a CPU uint8 tensor of 16 bytes (seed, offset), got ",
+              new_state.numel(), " elements of ", new_state.dtype().name());
+  const auto* p = static_cast<const uint8_t*>(new_state.data());
+  std::memcpy(&seed_, p, 8);
+  std::memcpy(&offset_, p + 8, 8);
+}
+
+c10::intrusive_ptr<c10::TensorImpl> TpuGeneratorImpl::get_state() const {
+  auto t = at::empty({16}, at::TensorOptions().dtype(at::kByte).device(at::kCPU));
+  auto* p = t.data_ptr<uint8_t>();
+  std::memcpy(p, &seed_, 8);
+  std::memcpy(p + 8, &offset_, 8);
+  return t.getIntrusivePtr();
+}
+
+std::pair<uint64_t, uint64_t> TpuGeneratorImpl::reserve(uint64_t counters) {
+  uint64_t start = offset_;
+  offset_ += counters;
+  return {seed_, start};
+}
+
+TpuGeneratorImpl* TpuGeneratorImpl::clone_impl() const {
+  auto* g = new TpuGeneratorImpl(seed_);
+  g->offset_ = offset_;
+  return g;
+}
+
+const at::Generator& default_generator() {
+  static at::Generator g = at::make_generator<TpuGeneratorImpl>(c10::default_rng_seed_val);
+  return g;
+}
+
+at::Generator new_generator(uint64_t seed) { return at::make_generator<TpuGeneratorImpl>(seed); }
+
+namespace {
+
+enum class Dist { Uniform, Normal };
+
+// `sizes` numbers of `dtype` (a floating dtype): uniform in [0, 1) or standard normal.
+at::Tensor draw(at::IntArrayRef sizes, at::ScalarType dtype, Dist dist,
+                const std::optional<at::Generator>& gen_opt) {
+  TORCH_CHECK(at::isFloatingType(dtype), "tpu: random draws are floating, got ", dtype);
+  auto* gen = at::get_generator_or_default<TpuGeneratorImpl>(gen_opt, default_generator());
+  uint64_t numel = static_cast<uint64_t>(c10::multiply_integers(sizes));
+  std::pair<uint64_t, uint64_t> key;
+  {
+    std::lock_guard<std::mutex> lock(gen->mutex_);
+    key = gen->reserve(numel);
+  }
+  DfuseAttrs a{};
+  a.sub_op = dist == Dist::Uniform ? DFUSE_RANDOM_DIST_UNIFORM : DFUSE_RANDOM_DIST_NORMAL;
+  a.dtype = to_dtype(dtype);
+  TORCH_CHECK(sizes.size() <= DFUSE_MAX_REDUCE_DIMS, "tpu: random tensors of rank ", sizes.size(),
+              " are not supported (at most ", DFUSE_MAX_REDUCE_DIMS, ")");
+  for (size_t i = 0; i < sizes.size(); ++i) a.dims[i] = sizes[i];
+  a.n_dims = sizes.size();
+  return run(DFUSE_OP_KIND_RANDOM, &a,
+             Operands().s(at::Scalar(int64_t(key.first))).s(at::Scalar(int64_t(key.second))),
+             "random draw");
+}
+
+// The floating dtype random values are drawn in before they become `t`'s dtype.
+at::ScalarType draw_dtype(const at::Tensor& t) {
+  return at::isFloatingType(t.scalar_type()) ? t.scalar_type() : at::kDouble;
+}
+
+void assign(at::Tensor& self, const at::Tensor& value) {
+  run_into(DFUSE_OP_KIND_COPY, nullptr, Operands().t(cast(value, self.scalar_type())), self,
+           "random fill");
+}
+
+at::Tensor& uniform_(at::Tensor& self, double from, double to,
+                     std::optional<at::Generator> gen) {
+  TORCH_CHECK(from <= to, "uniform_ expects to return a [from, to) range, but found from=", from,
+              " > to=", to);
+  if (self.numel() == 0) return self;
+  auto u = draw(self.sizes(), draw_dtype(self), Dist::Uniform, gen);
+  assign(self, from == 0.0 && to == 1.0 ? u : u * (to - from) + from);
+  return self;
+}
+
+at::Tensor& normal_(at::Tensor& self, double mean, double std,
+                    std::optional<at::Generator> gen) {
+  TORCH_CHECK(std >= 0.0, "normal expects std >= 0.0, but found std ", std);
+  if (self.numel() == 0) return self;
+  auto z = draw(self.sizes(), draw_dtype(self), Dist::Normal, gen);
+  assign(self, mean == 0.0 && std == 1.0 ? z : z * std + mean);
+  return self;
+}
+
+// Integers drawn uniformly from [from, from + range) as floor(u * range) + from, with u in f64
+// (53 random bits): exact for ranges up to 2^53.
+at::Tensor& random_range(at::Tensor& self, int64_t from, uint64_t range,
+                         std::optional<at::Generator> gen) {
+  TORCH_CHECK(range > 0, "random_ expects 'from' to be less than 'to', but got an empty range");
+  if (self.numel() == 0) return self;
+  auto u = draw(self.sizes(), at::kDouble, Dist::Uniform, gen);
+  auto v = at::floor(u * double(range)) + double(from);
+  assign(self, v);
+  return self;
+}
+
+at::Tensor& random_from(at::Tensor& self, int64_t from, std::optional<int64_t> to,
+                        std::optional<at::Generator> gen) {
+  int64_t hi = to ? *to : [&] {
+    // No upper bound: up to the dtype's largest value (floats: the largest exact integer).
+    switch (self.scalar_type()) {
+      case at::kFloat: return (int64_t(1) << 24) + 1;
+      case at::kDouble: return (int64_t(1) << 53) + 1;
+      case at::kHalf: return (int64_t(1) << 11) + 1;
+      case at::kBFloat16: return (int64_t(1) << 8) + 1;
+      case at::kBool: return int64_t(2);
+      case at::kByte: return int64_t(256);
+      case at::kInt: return int64_t(std::numeric_limits<int32_t>::max()) + 1;
+      default: return std::numeric_limits<int64_t>::max();
+    }
+  }();
+  TORCH_CHECK(from < hi, "random_ expects 'from' to be less than 'to', but got from=", from,
+              " >= to=", hi);
+  return random_range(self, from, uint64_t(hi - from), gen);
+}
+
+at::Tensor& random_to(at::Tensor& self, int64_t to, std::optional<at::Generator> gen) {
+  return random_from(self, 0, to, gen);
+}
+
+at::Tensor& random_(at::Tensor& self, std::optional<at::Generator> gen) {
+  return random_from(self, 0, std::nullopt, gen);
+}
+
+at::Tensor& exponential_(at::Tensor& self, double lambd, std::optional<at::Generator> gen) {
+  TORCH_CHECK(lambd > 0.0, "exponential_ expects lambda > 0.0, but found lambda=", lambd);
+  if (self.numel() == 0) return self;
+  auto u = draw(self.sizes(), draw_dtype(self), Dist::Uniform, gen);
+  // 1 - u is in (0, 1], so the log is finite.
+  assign(self, at::log1p(-u) * (-1.0 / lambd));
+  return self;
+}
+
+at::Tensor& bernoulli_scalar_(at::Tensor& self, double p, std::optional<at::Generator> gen) {
+  TORCH_CHECK(p >= 0.0 && p <= 1.0, "bernoulli_ expects p to be in [0, 1], but got p=", p);
+  if (self.numel() == 0) return self;
+  auto u = draw(self.sizes(), at::kDouble, Dist::Uniform, gen);
+  assign(self, u.lt(p));
+  return self;
+}
+
+at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p,
+                              std::optional<at::Generator> gen) {
+  if (self.numel() == 0) return self;
+  auto u = draw(self.sizes(), at::kDouble, Dist::Uniform, gen);
+  assign(self, u.lt(p));
+  return self;
+}
+
+at::Tensor bernoulli(const at::Tensor& p, std::optional<at::Generator> gen) {
+  auto out = at::empty_like(p);
+  if (p.numel() == 0) return out;
+  auto u = draw(p.sizes(), at::kDouble, Dist::Uniform, gen);
+  assign(out, u.lt(p));
+  return out;
+}
+
+// Like PyTorch's CPU kernel: the mask keeps an element with probability 1 - p, survivors are
+// scaled by 1 / (1 - p); outside training the input passes through with an all-true mask.
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
+                                                  std::optional<bool> train) {
+  TORCH_CHECK(p >= 0.0 && p <= 1.0, "dropout probability has to be between 0 and 1, but got ", p);
+  if (train.has_value() && !*train) {
+    return {input.clone(), at::ones_like(input, input.options().dtype(at::kBool))};
+  }
+  if (p == 1.0 || input.numel() == 0) {
+    return {at::zeros_like(input), at::zeros_like(input, input.options().dtype(at::kBool))};
+  }
+  auto u = draw(input.sizes(), draw_dtype(input), Dist::Uniform, std::nullopt);
+  auto mask = u.lt(1.0 - p);
+  double scale = 1.0 / (1.0 - p);
+  return {input * mask * scale, mask};
+}
+
+at::Tensor native_dropout_backward(const at::Tensor& grad, const at::Tensor& mask, double scale) {
+  return grad * mask * scale;
+}
+
+// A random permutation: the indices that sort n uniform numbers.
+at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> gen, at::Tensor& out) {
+  TORCH_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
+  out.resize_({n});
+  if (n == 0) return out;
+  auto u = draw({n}, at::kDouble, Dist::Uniform, gen);
+  assign(out, std::get<1>(at::sort(u, /*stable=*/true, 0, false)));
+  return out;
+}
+
+// The default generator's controls for torch.tpu.manual_seed / seed / initial_seed /
+// get_rng_state / set_rng_state (Python reaches them as torch.ops.deferfuse.*).
+TpuGeneratorImpl* default_impl() {
+  return at::check_generator<TpuGeneratorImpl>(default_generator());
+}
+
+void manual_seed(int64_t seed) {
+  auto* g = default_impl();
+  std::lock_guard<std::mutex> lock(g->mutex_);
+  g->set_current_seed(static_cast<uint64_t>(seed));
+}
+
+int64_t seed() {
+  auto* g = default_impl();
+  std::lock_guard<std::mutex> lock(g->mutex_);
+  return static_cast<int64_t>(g->seed());
+}
+
+int64_t initial_seed() {
+  auto* g = default_impl();
+  std::lock_guard<std::mutex> lock(g->mutex_);
+  return static_cast<int64_t>(g->current_seed());
+}
+
+at::Tensor get_rng_state() {
+  auto* g = default_impl();
+  std::lock_guard<std::mutex> lock(g->mutex_);
+  return at::Tensor(g->get_state());
+}
+
+void set_rng_state(const at::Tensor& state) {
+  auto* g = default_impl();
+  std::lock_guard<std::mutex> lock(g->mutex_);
+  g->set_state(*state.unsafeGetTensorImpl());
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_FRAGMENT(deferfuse, m) {
+  m.def("manual_seed(int seed) -> ()", &dft::manual_seed);
+  m.def("seed() -> int", &dft::seed);
+  m.def("initial_seed() -> int", &dft::initial_seed);
+  m.def("get_rng_state() -> Tensor", &dft::get_rng_state);
+  m.def("set_rng_state(Tensor state) -> ()", &dft::set_rng_state);
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("uniform_", TORCH_FN(dft::uniform_));
+  m.impl("normal_", TORCH_FN(dft::normal_));
+  m.impl("random_", TORCH_FN(dft::random_));
+  m.impl("random_.from", TORCH_FN(dft::random_from));
+  m.impl("random_.to", TORCH_FN(dft::random_to));
+  m.impl("exponential_", TORCH_FN(dft::exponential_));
+  m.impl("bernoulli_.float", TORCH_FN(dft::bernoulli_scalar_));
+  m.impl("bernoulli_.Tensor", TORCH_FN(dft::bernoulli_tensor_));
+  m.impl("bernoulli", TORCH_FN(dft::bernoulli));
+  m.impl("native_dropout", TORCH_FN(dft::native_dropout));
+  m.impl("native_dropout_backward", TORCH_FN(dft::native_dropout_backward));
+  m.impl("randperm.generator_out", TORCH_FN(dft::randperm_out));
+}

@@ -1,0 +1,107 @@
+"""Random numbers on tpu: drawn on the device by the runtime's Philox generator, seeded by
+torch.manual_seed and torch.Generator(device="tpu"), the same numbers in strict, debug and defer,
+with the right statistics, and dropout with no CPU fallback."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import deferfuse_torch
+
+
+@pytest.fixture(autouse=True)
+def no_fallback():
+    deferfuse_torch.reset_fallback_counts()
+    yield
+    assert deferfuse_torch.fallback_counts() == {}
+
+
+def draws():
+    torch.manual_seed(1234)
+    return [
+        torch.rand(1000, device="tpu").cpu(),
+        torch.randn(3, 333, device="tpu").cpu(),
+        torch.randint(0, 10, (500,), device="tpu").cpu(),
+        torch.empty(400, device="tpu").uniform_(-2, 3).cpu(),
+        torch.empty(400, device="tpu").normal_(5, 0.5).cpu(),
+        torch.bernoulli(torch.full((400,), 0.3, device="tpu")).cpu(),
+        torch.randperm(50, device="tpu").cpu(),
+    ]
+
+
+def test_a_seed_gives_the_same_numbers_in_every_mode():
+    results = {}
+    for m in ("strict", "debug", "defer"):
+        with deferfuse_torch.mode(m):
+            results[m] = draws()
+    for m in ("debug", "defer"):
+        for a, b in zip(results["strict"], results[m]):
+            assert torch.equal(a, b), m
+
+
+def test_consecutive_draws_differ_and_reseeding_repeats_them(mode):
+    torch.manual_seed(7)
+    a, b = torch.rand(100, device="tpu").cpu(), torch.rand(100, device="tpu").cpu()
+    assert not torch.equal(a, b)
+    torch.manual_seed(7)
+    assert torch.equal(torch.rand(100, device="tpu").cpu(), a)
+
+
+def test_uniform_and_normal_statistics(mode):
+    torch.manual_seed(0)
+    u = torch.rand(200_000, device="tpu").cpu()
+    assert 0.0 <= u.min() and u.max() < 1.0
+    assert abs(u.mean() - 0.5) < 0.005 and abs(u.var() - 1 / 12) < 0.002
+    z = torch.randn(200_000, device="tpu", dtype=torch.float64).cpu()
+    assert abs(z.mean()) < 0.01 and abs(z.std() - 1.0) < 0.01
+    n = torch.empty(100_000, device="tpu").normal_(3.0, 2.0).cpu()
+    assert abs(n.mean() - 3.0) < 0.03 and abs(n.std() - 2.0) < 0.03
+
+
+def test_randint_randperm_and_bernoulli(mode):
+    torch.manual_seed(3)
+    r = torch.randint(-3, 4, (10_000,), device="tpu").cpu()
+    assert r.dtype == torch.int64 and r.min() == -3 and r.max() == 3
+    p = torch.randperm(100, device="tpu").cpu()
+    assert torch.equal(p.sort().values, torch.arange(100))
+    b = torch.bernoulli(torch.full((20_000,), 0.25, device="tpu")).cpu()
+    assert abs(b.mean() - 0.25) < 0.02
+
+
+def test_a_tpu_generator_is_independent_of_the_default_one(mode):
+    g = torch.Generator(device="tpu")
+    g.manual_seed(11)
+    a = torch.rand(50, device="tpu", generator=g).cpu()
+    torch.manual_seed(99)
+    g.manual_seed(11)
+    assert torch.equal(torch.rand(50, device="tpu", generator=g).cpu(), a)
+    state = g.get_state()
+    c = torch.rand(50, device="tpu", generator=g).cpu()
+    g.set_state(state)
+    assert torch.equal(torch.rand(50, device="tpu", generator=g).cpu(), c)
+
+
+def test_fork_rng_restores_the_tpu_generator(mode):
+    torch.manual_seed(5)
+    with torch.random.fork_rng(device_type="tpu"):
+        torch.rand(10, device="tpu")
+    after = torch.rand(10, device="tpu").cpu()
+    torch.manual_seed(5)
+    assert torch.equal(torch.rand(10, device="tpu").cpu(), after)
+
+
+def test_dropout_zeroes_p_and_scales_survivors_and_backward_uses_the_mask(mode):
+    torch.manual_seed(0)
+    x = torch.ones(100_000, device="tpu", requires_grad=True)
+    y = F.dropout(x, p=0.3, training=True)
+    yc = y.detach().cpu()
+    zero = (yc == 0).float().mean().item()
+    assert abs(zero - 0.3) < 0.01
+    torch.testing.assert_close(yc[yc != 0], torch.full_like(yc[yc != 0], 1 / 0.7))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), yc)
+
+
+def test_dropout_outside_training_is_the_identity(mode):
+    x = torch.randn(10, device="tpu")
+    assert torch.equal(F.dropout(x, 0.5, training=False).cpu(), x.cpu())
