@@ -7,6 +7,7 @@
 // arange(C) == target[:, None] selects it, and the same mask carries the class weights and
 // ignore_index, so forward and backward stay on the device.
 #include "common.h"
+#include "kernel_ops.h"
 
 #include <torch/library.h>
 
@@ -125,8 +126,13 @@ at::Tensor pick_mask(const at::Tensor& self, const at::Tensor& target,
                      Operands().s(at::Scalar(int64_t(0))).s(at::Scalar(C)).s(at::Scalar(int64_t(1))),
                      "nll_loss classes");
   auto t = target.dim() == 0 ? target : target.unsqueeze(-1);
-  auto hit = classes.eq(t);
-  if (ignore_index >= 0 && ignore_index < C) hit = hit.logical_and(t.ne(ignore_index));
+  // The class each sample picks, read through a gather from the class list: identical values,
+  // but a target outside [0, C) (other than ignore_index) fails in the runtime, at the next
+  // sync point, instead of picking nothing and returning a loss.
+  auto safe = dft::where(t.ne(ignore_index), t, at::Scalar(int64_t(0)));
+  auto picked = gather_op(classes, 0, safe.reshape({-1})).view(t.sizes());
+  auto hit = classes.eq(picked);
+  hit = hit.logical_and(t.ne(ignore_index));
   auto mask = cast(hit, self.scalar_type());
   if (weight && weight->defined()) mask = mask * *weight;
   return mask;

@@ -1,0 +1,404 @@
+// Indexing kernels: index_select, gather, the scatter family, index_add, index_fill, embedding's
+// backward, advanced indexing (x[idx], x[idx] = v, x[mask]), masked_select, nonzero and isin.
+// All of them are the runtime's gather or scatter over an index view: index_select's 1-D index,
+// for example, is viewed with stride 0 along every other dim, so no expanded copy is made.
+// Ops whose output size depends on the data (nonzero, boolean masks) read the mask on the host:
+// a sync point, as on CUDA.
+#include "kernel_ops.h"
+
+#include <ATen/ExpandUtils.h>
+#include <ATen/WrapDimUtils.h>
+#include <torch/library.h>
+
+namespace dft {
+
+at::Tensor expand_index(const at::Tensor& index, at::IntArrayRef like, int64_t dim) {
+  auto flat = index.reshape({-1});
+  std::vector<int64_t> sizes = like.vec(), strides(like.size(), 0);
+  sizes[dim] = flat.size(0);
+  strides[dim] = flat.stride(0);
+  return flat.as_strided(sizes, strides, flat.storage_offset());
+}
+
+namespace {
+
+void check_index_dtype(const at::Tensor& index, const char* op) {
+  TORCH_CHECK(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt, op,
+              "(): Expected dtype int32/int64 for index, got ", index.scalar_type());
+}
+
+// Writes `value` into `self` in place (every alias of self sees it).
+at::Tensor& assign(at::Tensor& self, const at::Tensor& value) {
+  run_into(DFUSE_OP_KIND_COPY, nullptr, Operands().t(value), self, "in-place indexing op");
+  return self;
+}
+
+at::Tensor tpu_index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
+  check_index_dtype(index, "index_select");
+  TORCH_CHECK(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
+  if (self.dim() == 0) {
+    // A 0-dim source has one element; every index must be 0.
+    return gather_op(self.reshape({1}), 0, index.reshape({-1})).reshape(index.sizes());
+  }
+  dim = at::maybe_wrap_dim(dim, self.dim());
+  return gather_op(self, dim, expand_index(index, self.sizes(), dim));
+}
+
+at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                             at::Tensor& out) {
+  auto r = tpu_index_select(self, dim, index);
+  out.resize_(r.sizes());
+  return assign(out, r);
+}
+
+at::Tensor tpu_gather(const at::Tensor& self, int64_t dim, const at::Tensor& index, bool) {
+  check_index_dtype(index, "gather");
+  return gather_op(self, at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1)), index);
+}
+
+at::Tensor& gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bool sg,
+                       at::Tensor& out) {
+  auto r = tpu_gather(self, dim, index, sg);
+  out.resize_(r.sizes());
+  return assign(out, r);
+}
+
+ScatterReduce parse_reduce(c10::string_view reduce, bool two) {
+  if (reduce == "sum" || (!two && reduce == "add")) return ScatterReduce::Sum;
+  if (reduce == "prod" || (!two && reduce == "multiply")) return ScatterReduce::Prod;
+  if (two && reduce == "mean") return ScatterReduce::Mean;
+  if (two && reduce == "amax") return ScatterReduce::Amax;
+  if (two && reduce == "amin") return ScatterReduce::Amin;
+  TORCH_CHECK(false, "reduce argument must be ",
+              two ? "one of sum, prod, mean, amax, amin" : "either add or multiply", ", got ",
+              reduce);
+}
+
+int64_t wrap(const at::Tensor& self, int64_t dim) {
+  return at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+}
+
+at::Tensor scatter_src(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                       const at::Tensor& src) {
+  check_index_dtype(index, "scatter");
+  return scatter_op(self, wrap(self, dim), index, src, ScatterReduce::Assign);
+}
+
+at::Tensor scatter_value(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                         const at::Scalar& value) {
+  check_index_dtype(index, "scatter");
+  return scatter_value_op(self, wrap(self, dim), index, value, ScatterReduce::Assign);
+}
+
+at::Tensor scatter_reduce_src(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                              const at::Tensor& src, c10::string_view reduce) {
+  check_index_dtype(index, "scatter");
+  return scatter_op(self, wrap(self, dim), index, src, parse_reduce(reduce, false));
+}
+
+at::Tensor scatter_reduce_value(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                                const at::Scalar& value, c10::string_view reduce) {
+  check_index_dtype(index, "scatter");
+  return scatter_value_op(self, wrap(self, dim), index, value, parse_reduce(reduce, false));
+}
+
+at::Tensor tpu_scatter_add(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                       const at::Tensor& src) {
+  check_index_dtype(index, "scatter_add");
+  return scatter_op(self, wrap(self, dim), index, src, ScatterReduce::Sum);
+}
+
+at::Tensor scatter_reduce_two(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                              const at::Tensor& src, c10::string_view reduce,
+                              bool include_self) {
+  check_index_dtype(index, "scatter_reduce");
+  return scatter_op(self, wrap(self, dim), index, src, parse_reduce(reduce, true), include_self);
+}
+
+at::Tensor& scatter_src_(at::Tensor& self, int64_t dim, const at::Tensor& index,
+                         const at::Tensor& src) {
+  return assign(self, scatter_src(self, dim, index, src));
+}
+
+at::Tensor& scatter_value_(at::Tensor& self, int64_t dim, const at::Tensor& index,
+                           const at::Scalar& value) {
+  return assign(self, scatter_value(self, dim, index, value));
+}
+
+at::Tensor& scatter_reduce_src_(at::Tensor& self, int64_t dim, const at::Tensor& index,
+                                const at::Tensor& src, c10::string_view reduce) {
+  return assign(self, scatter_reduce_src(self, dim, index, src, reduce));
+}
+
+at::Tensor& scatter_reduce_value_(at::Tensor& self, int64_t dim, const at::Tensor& index,
+                                  const at::Scalar& value, c10::string_view reduce) {
+  return assign(self, scatter_reduce_value(self, dim, index, value, reduce));
+}
+
+at::Tensor& scatter_add_(at::Tensor& self, int64_t dim, const at::Tensor& index,
+                         const at::Tensor& src) {
+  return assign(self, tpu_scatter_add(self, dim, index, src));
+}
+
+at::Tensor& scatter_reduce_two_(at::Tensor& self, int64_t dim, const at::Tensor& index,
+                                const at::Tensor& src, c10::string_view reduce,
+                                bool include_self) {
+  return assign(self, scatter_reduce_two(self, dim, index, src, reduce, include_self));
+}
+
+at::Tensor tpu_index_add(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                     const at::Tensor& source, const at::Scalar& alpha) {
+  check_index_dtype(index, "index_add");
+  TORCH_CHECK(index.dim() <= 1, "index_add_(): Index is supposed to be a vector");
+  if (self.dim() == 0) {
+    auto r = tpu_index_add(self.reshape({1}), 0, index.reshape({-1}), source.reshape({-1}), alpha);
+    return r.reshape({});
+  }
+  dim = at::maybe_wrap_dim(dim, self.dim());
+  auto src = source.dim() == 0 ? source.reshape({1}) : source;
+  if (!alpha.equal(1)) src = src * alpha;
+  return scatter_op(self, dim, expand_index(index, src.sizes(), dim), src, ScatterReduce::Sum);
+}
+
+at::Tensor& index_add_(at::Tensor& self, int64_t dim, const at::Tensor& index,
+                       const at::Tensor& source, const at::Scalar& alpha) {
+  return assign(self, tpu_index_add(self, dim, index, source, alpha));
+}
+
+at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                          const at::Tensor& source, const at::Scalar& alpha, at::Tensor& out) {
+  auto r = tpu_index_add(self, dim, index, source, alpha);
+  out.resize_(r.sizes());
+  return assign(out, r);
+}
+
+at::Tensor& index_fill_(at::Tensor& self, int64_t dim, const at::Tensor& index,
+                        const at::Scalar& value) {
+  check_index_dtype(index, "index_fill_");
+  if (self.dim() == 0) {
+    auto flat = self.reshape({1});
+    return assign(self, scatter_value_op(flat, 0, index.reshape({-1}), value,
+                                         ScatterReduce::Assign).reshape({}));
+  }
+  dim = at::maybe_wrap_dim(dim, self.dim());
+  return assign(self, scatter_value_op(self, dim, expand_index(index, self.sizes(), dim), value,
+                                       ScatterReduce::Assign));
+}
+
+at::Tensor& index_fill_tensor_(at::Tensor& self, int64_t dim, const at::Tensor& index,
+                               const at::Tensor& value) {
+  TORCH_CHECK(value.dim() == 0, "index_fill_ only supports a 0-dimensional value tensor, but got "
+              "tensor with ", value.dim(), " dimension(s).");
+  return index_fill_(self, dim, index, value.item());
+}
+
+at::Tensor embedding_dense_backward(const at::Tensor& grad, const at::Tensor& indices,
+                                    c10::SymInt num_weights, c10::SymInt padding_idx,
+                                    bool scale_grad_by_freq) {
+  check_index_dtype(indices, "embedding_backward");
+  int64_t n_w = num_weights.expect_int(), pad = padding_idx.expect_int();
+  int64_t d = grad.size(-1);
+  auto idx = indices.reshape({-1});
+  auto g = grad.reshape({-1, d});
+  if (pad >= 0) g = at::where(idx.eq(pad).unsqueeze(1), at::zeros({}, g.options()), g);
+  if (scale_grad_by_freq) {
+    auto counts = scatter_value_op(at::zeros({n_w}, g.options()), 0, idx, 1,
+                                   ScatterReduce::Sum);
+    g = g / tpu_index_select(counts, 0, idx).unsqueeze(1);
+  }
+  auto zeros = at::zeros({n_w, d}, g.options());
+  return scatter_op(zeros, 0, expand_index(idx, {idx.size(0), d}, 0), g, ScatterReduce::Sum);
+}
+
+at::Tensor tpu_nonzero(const at::Tensor& self) {
+  // The output's size depends on the values: read them on the host (a sync point).
+  return at::nonzero(self.cpu()).to(self.device());
+}
+
+at::Tensor& nonzero_out(const at::Tensor& self, at::Tensor& out) {
+  auto r = tpu_nonzero(self);
+  out.resize_(r.sizes());
+  return assign(out, r);
+}
+
+at::Tensor tpu_masked_select(const at::Tensor& self, const at::Tensor& mask) {
+  TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_select: expected BoolTensor for mask");
+  auto [s, m] = at::expand_outplace(self, mask);
+  auto pos = tpu_nonzero(m->reshape({-1})).reshape({-1});
+  return tpu_index_select(s->reshape({-1}), 0, pos);
+}
+
+// Advanced indexing, in the form both x[indices] and x[indices] = v use: the indexed dims moved
+// to the front and flattened into one, the index tensors (broadcast) combined into one linear
+// index into that dim, and where the indexed dims go in the result.
+struct Linearized {
+  at::Tensor self_flat;          // [prod(indexed sizes), rest...]
+  at::Tensor lin;                // broadcast shape B of the indices: linear positions
+  std::vector<int64_t> perm;     // self.permute(perm) puts the indexed dims first
+  std::vector<int64_t> rest;     // sizes of the other dims, in order
+  int64_t insert_at = 0;         // where B goes in the result among the rest dims
+};
+
+Linearized linearize(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& ind) {
+  // Boolean masks become the long indices of their true positions (a host read).
+  std::vector<at::Tensor> idx;
+  std::vector<int64_t> dims;
+  int64_t d = 0;
+  for (size_t i = 0; i < ind.size(); ++i) {
+    std::optional<at::Tensor> t = ind.get(i);
+    if (!t || !t->defined()) {
+      ++d;
+      continue;
+    }
+    if (t->scalar_type() == at::kBool || t->scalar_type() == at::kByte) {
+      auto nz = tpu_nonzero(*t);
+      for (int64_t k = 0; k < t->dim(); ++k) {
+        TORCH_CHECK(t->size(k) == self.size(d + k), "The shape of the mask ", t->sizes(),
+                    " at index ", k, " does not match the shape of the indexed tensor ",
+                    self.sizes(), " at index ", d + k);
+        idx.push_back(nz.select(1, k));
+        dims.push_back(d + k);
+      }
+      d += t->dim();
+    } else {
+      check_index_dtype(*t, "index");
+      idx.push_back(*t);
+      dims.push_back(d++);
+    }
+  }
+  TORCH_CHECK(d <= self.dim(), "too many indices for tensor of dimension ", self.dim());
+  TORCH_CHECK(!idx.empty(), "index: at least one index tensor is needed");
+  auto bcast = at::expand_outplace(idx);
+  Linearized r;
+  std::vector<bool> indexed(self.dim(), false);
+  for (auto k : dims) indexed[k] = true;
+  bool adjacent = dims.back() - dims.front() + 1 == int64_t(dims.size());
+  r.perm = dims;
+  for (int64_t k = 0; k < self.dim(); ++k) {
+    if (indexed[k]) continue;
+    if (adjacent && k < dims.front()) ++r.insert_at;
+    r.perm.push_back(k);
+    r.rest.push_back(self.size(k));
+  }
+  // lin = sum_j wrap(idx_j) * stride_j over the indexed dims (row-major over their sizes).
+  at::Tensor lin;
+  int64_t stride = 1, total = 1;
+  for (auto k : dims) total *= self.size(k);
+  for (size_t j = dims.size(); j-- > 0;) {
+    int64_t size = self.size(dims[j]);
+    auto ij = bcast[j].to(at::kLong);
+    ij = at::where(ij.lt(0), ij + size, ij);  // negative indices count from the end
+    auto term = stride == 1 ? ij : ij * stride;
+    lin = lin.defined() ? lin + term : term;
+    stride *= size;
+  }
+  r.lin = lin;
+  std::vector<int64_t> flat = {total};
+  flat.insert(flat.end(), r.rest.begin(), r.rest.end());
+  r.self_flat = self.permute(r.perm).reshape(flat);
+  return r;
+}
+
+// Moves B's dims (the leading lin.dim() dims of `t`) to position insert_at among the rest.
+at::Tensor place_index_dims(const at::Tensor& t, const Linearized& l) {
+  int64_t nb = l.lin.dim(), nr = int64_t(l.rest.size());
+  if (l.insert_at == 0) return t;
+  std::vector<int64_t> p;
+  for (int64_t k = 0; k < l.insert_at; ++k) p.push_back(nb + k);
+  for (int64_t k = 0; k < nb; ++k) p.push_back(k);
+  for (int64_t k = l.insert_at; k < nr; ++k) p.push_back(nb + k);
+  return t.permute(p);
+}
+
+at::Tensor index_tensor(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& ind) {
+  auto l = linearize(self, ind);
+  auto picked = tpu_index_select(l.self_flat, 0, l.lin.reshape({-1}));
+  std::vector<int64_t> shape = l.lin.sizes().vec();
+  shape.insert(shape.end(), l.rest.begin(), l.rest.end());
+  return place_index_dims(picked.reshape(shape), l);
+}
+
+at::Tensor& index_put_(at::Tensor& self, const c10::List<std::optional<at::Tensor>>& ind,
+                       const at::Tensor& values, bool accumulate, bool) {
+  auto l = linearize(self, ind);
+  // values arrive in the result's layout; bring them to [B..., rest...], then [N, rest...].
+  std::vector<int64_t> res_shape = l.lin.sizes().vec();
+  res_shape.insert(res_shape.end(), l.rest.begin(), l.rest.end());
+  int64_t nb = l.lin.dim(), nr = int64_t(l.rest.size());
+  std::vector<int64_t> placed;  // the result-layout shape
+  for (int64_t k = 0; k < l.insert_at; ++k) placed.push_back(l.rest[k]);
+  for (int64_t k = 0; k < nb; ++k) placed.push_back(l.lin.size(k));
+  for (int64_t k = l.insert_at; k < nr; ++k) placed.push_back(l.rest[k]);
+  auto v = values.to(self.scalar_type()).expand(placed);
+  if (l.insert_at > 0) {
+    std::vector<int64_t> p;  // inverse of place_index_dims
+    for (int64_t k = 0; k < nb; ++k) p.push_back(l.insert_at + k);
+    for (int64_t k = 0; k < l.insert_at; ++k) p.push_back(k);
+    for (int64_t k = l.insert_at; k < nr; ++k) p.push_back(nb + k);
+    v = v.permute(p);
+  }
+  int64_t n = l.lin.numel();
+  std::vector<int64_t> rows = {n};
+  rows.insert(rows.end(), l.rest.begin(), l.rest.end());
+  v = v.reshape(rows);
+  auto flat_idx = l.lin.reshape({-1});
+  auto idx = expand_index(flat_idx, rows, 0);
+  auto updated = scatter_op(l.self_flat, 0, idx, v,
+                            accumulate ? ScatterReduce::Sum : ScatterReduce::Assign);
+  // Write back through the permuted view of self (its flattened form may be a copy).
+  std::vector<int64_t> permuted;
+  for (auto k : l.perm) permuted.push_back(self.size(k));
+  auto target = self.permute(l.perm);
+  assign(target, updated.reshape(permuted));
+  return self;
+}
+
+at::Tensor tpu_isin_tt(const at::Tensor& elements, const at::Tensor& test, bool, bool invert) {
+  auto hit = at::any(elements.unsqueeze(-1).eq(test.reshape({-1})), -1);
+  return invert ? hit.logical_not() : hit;
+}
+
+at::Tensor isin_ts(const at::Tensor& elements, const at::Scalar& test, bool, bool invert) {
+  return invert ? elements.ne(test) : elements.eq(test);
+}
+
+at::Tensor isin_st(const at::Scalar& element, const at::Tensor& test, bool, bool invert) {
+  auto hit = at::any(test.reshape({-1}).eq(element));
+  return invert ? hit.logical_not() : hit;
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("index_select", TORCH_FN(dft::tpu_index_select));
+  m.impl("index_select.out", TORCH_FN(dft::index_select_out));
+  m.impl("gather", TORCH_FN(dft::tpu_gather));
+  m.impl("gather.out", TORCH_FN(dft::gather_out));
+  m.impl("scatter.src", TORCH_FN(dft::scatter_src));
+  m.impl("scatter.value", TORCH_FN(dft::scatter_value));
+  m.impl("scatter.reduce", TORCH_FN(dft::scatter_reduce_src));
+  m.impl("scatter.value_reduce", TORCH_FN(dft::scatter_reduce_value));
+  m.impl("scatter_.src", TORCH_FN(dft::scatter_src_));
+  m.impl("scatter_.value", TORCH_FN(dft::scatter_value_));
+  m.impl("scatter_.reduce", TORCH_FN(dft::scatter_reduce_src_));
+  m.impl("scatter_.value_reduce", TORCH_FN(dft::scatter_reduce_value_));
+  m.impl("scatter_add", TORCH_FN(dft::tpu_scatter_add));
+  m.impl("scatter_add_", TORCH_FN(dft::scatter_add_));
+  m.impl("scatter_reduce.two", TORCH_FN(dft::scatter_reduce_two));
+  m.impl("scatter_reduce_.two", TORCH_FN(dft::scatter_reduce_two_));
+  m.impl("index_add", TORCH_FN(dft::tpu_index_add));
+  m.impl("index_add_", TORCH_FN(dft::index_add_));
+  m.impl("index_add.out", TORCH_FN(dft::index_add_out));
+  m.impl("index_fill_.int_Scalar", TORCH_FN(dft::index_fill_));
+  m.impl("index_fill_.int_Tensor", TORCH_FN(dft::index_fill_tensor_));
+  m.impl("embedding_dense_backward", TORCH_FN(dft::embedding_dense_backward));
+  m.impl("nonzero", TORCH_FN(dft::tpu_nonzero));
+  m.impl("nonzero.out", TORCH_FN(dft::nonzero_out));
+  m.impl("masked_select", TORCH_FN(dft::tpu_masked_select));
+  m.impl("index.Tensor", TORCH_FN(dft::index_tensor));
+  m.impl("_index_put_impl_", TORCH_FN(dft::index_put_));
+  m.impl("isin.Tensor_Tensor", TORCH_FN(dft::tpu_isin_tt));
+  m.impl("isin.Tensor_Scalar", TORCH_FN(dft::isin_ts));
+  m.impl("isin.Scalar_Tensor", TORCH_FN(dft::isin_st));
+}

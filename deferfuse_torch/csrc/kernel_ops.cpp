@@ -1,0 +1,65 @@
+// One dfuse_op call per runtime kernel op (GATHER, SCATTER, SCAN, SORT): the only place that
+// fills their DfuseAttrs.
+#include "kernel_ops.h"
+
+namespace dft {
+namespace {
+
+uint32_t reduce_code(ScatterReduce r) {
+  switch (r) {
+    case ScatterReduce::Assign: return DFUSE_SCATTER_REDUCE_ASSIGN;
+    case ScatterReduce::Sum: return DFUSE_SCATTER_REDUCE_SUM;
+    case ScatterReduce::Prod: return DFUSE_SCATTER_REDUCE_PROD;
+    case ScatterReduce::Amax: return DFUSE_SCATTER_REDUCE_AMAX;
+    case ScatterReduce::Amin: return DFUSE_SCATTER_REDUCE_AMIN;
+    case ScatterReduce::Mean: return DFUSE_SCATTER_REDUCE_MEAN;
+  }
+  TORCH_CHECK(false, "tpu: unknown scatter reduction");
+}
+
+DfuseAttrs scatter_attrs(int64_t dim, ScatterReduce reduce, bool include_self) {
+  DfuseAttrs a{};
+  a.sub_op = reduce_code(reduce);
+  a.dim = dim;
+  a.include_self = include_self;
+  return a;
+}
+
+}  // namespace
+
+at::Tensor gather_op(const at::Tensor& src, int64_t dim, const at::Tensor& index) {
+  DfuseAttrs a{};
+  a.dim = dim;
+  return run(DFUSE_OP_KIND_GATHER, &a, Operands().t(src).t(index), "gather");
+}
+
+at::Tensor scatter_op(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                      const at::Tensor& src, ScatterReduce reduce, bool include_self) {
+  auto a = scatter_attrs(dim, reduce, include_self);
+  return run(DFUSE_OP_KIND_SCATTER, &a,
+             Operands().t(self).t(index).t(cast(src, self.scalar_type())), "scatter");
+}
+
+at::Tensor scatter_value_op(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                            const at::Scalar& value, ScatterReduce reduce) {
+  auto a = scatter_attrs(dim, reduce, true);
+  return run(DFUSE_OP_KIND_SCATTER, &a, Operands().t(self).t(index).s(value), "scatter");
+}
+
+at::Tensor scan_op(const at::Tensor& x, int64_t dim, bool prod, at::ScalarType dtype) {
+  DfuseAttrs a{};
+  a.sub_op = prod ? DFUSE_SCAN_OP_PROD : DFUSE_SCAN_OP_SUM;
+  a.dim = dim;
+  a.dtype = to_dtype(dtype);
+  a.has_dtype = 1;
+  return run(DFUSE_OP_KIND_SCAN, &a, Operands().t(x), prod ? "cumprod" : "cumsum");
+}
+
+at::Tensor argsort_op(const at::Tensor& x, int64_t dim, bool descending) {
+  DfuseAttrs a{};
+  a.dim = dim;
+  a.descending = descending;
+  return run(DFUSE_OP_KIND_SORT, &a, Operands().t(x), "sort");
+}
+
+}  // namespace dft

@@ -1,0 +1,34 @@
+// The runtime's data-dependent ops (gather, scatter, scan, argsort), one call each. Every
+// indexing, sorting and scan kernel of the device is built from these and the elementwise ops;
+// an out-of-range index is reported by the runtime (at the op in debug mode, at the next sync
+// point otherwise) and never yields a value.
+#pragma once
+
+#include "common.h"
+
+namespace dft {
+
+// How scatter combines a scattered value with what is already there.
+enum class ScatterReduce { Assign, Sum, Prod, Amax, Amin, Mean };
+
+// torch.gather(src, dim, index): index has src's rank; the result has index's shape.
+at::Tensor gather_op(const at::Tensor& src, int64_t dim, const at::Tensor& index);
+
+// A copy of `self` with `src` (a tensor of index's shape or more) scattered along `dim`.
+at::Tensor scatter_op(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                      const at::Tensor& src, ScatterReduce reduce, bool include_self = true);
+// The same with one value for every index.
+at::Tensor scatter_value_op(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                            const at::Scalar& value, ScatterReduce reduce);
+
+// Inclusive cumulative sum (prod = false) or product along `dim`, in `dtype`.
+at::Tensor scan_op(const at::Tensor& x, int64_t dim, bool prod, at::ScalarType dtype);
+
+// The int64 indices of a stable sort along `dim` (NaN sorts as the largest value).
+at::Tensor argsort_op(const at::Tensor& x, int64_t dim, bool descending);
+
+// `index` (1-D or 0-D) viewed as an index of `like`'s shape along `dim` (stride 0 elsewhere),
+// the form index_select, index_add and index_fill hand to gather and scatter.
+at::Tensor expand_index(const at::Tensor& index, at::IntArrayRef like, int64_t dim);
+
+}  // namespace dft

@@ -1,0 +1,244 @@
+// Sorting, scans and the ops built on them: sort, topk, median, kthvalue, cumsum, cumprod,
+// unique; and small creation/reduction ops with no better home: count_nonzero, var_mean,
+// linspace, eye. Sorting is the runtime's stable argsort plus a gather of the values.
+#include "kernel_ops.h"
+
+#include <ATen/WrapDimUtils.h>
+#include <torch/library.h>
+
+#include <limits>
+
+namespace dft {
+namespace {
+
+at::Tensor& assign(at::Tensor& self, const at::Tensor& value) {
+  run_into(DFUSE_OP_KIND_COPY, nullptr, Operands().t(cast(value, self.scalar_type())), self,
+           "sort/scan result");
+  return self;
+}
+
+void assign_out(at::Tensor& out, const at::Tensor& value) {
+  out.resize_(value.sizes());
+  assign(out, value);
+}
+
+std::tuple<at::Tensor, at::Tensor> sort_stable(const at::Tensor& self, std::optional<bool>,
+                                               int64_t dim, bool descending) {
+  if (self.dim() == 0) return {self.clone(), at::zeros({}, self.options().dtype(at::kLong))};
+  dim = at::maybe_wrap_dim(dim, self.dim());
+  auto idx = argsort_op(self, dim, descending);
+  return {gather_op(self, dim, idx), idx};
+}
+
+std::tuple<at::Tensor&, at::Tensor&> sort_values_stable(const at::Tensor& self,
+                                                        std::optional<bool> stable, int64_t dim,
+                                                        bool descending, at::Tensor& values,
+                                                        at::Tensor& indices) {
+  auto [v, i] = sort_stable(self, stable, dim, descending);
+  assign_out(values, v);
+  assign_out(indices, i);
+  return {values, indices};
+}
+
+std::tuple<at::Tensor, at::Tensor> tpu_topk(const at::Tensor& self, c10::SymInt k_, int64_t dim,
+                                        bool largest, bool) {
+  int64_t k = k_.expect_int();
+  if (self.dim() == 0) {
+    TORCH_CHECK(k <= 1, "selected index k out of range");
+    return {self.clone(), at::zeros({}, self.options().dtype(at::kLong))};
+  }
+  dim = at::maybe_wrap_dim(dim, self.dim());
+  TORCH_CHECK(k >= 0 && k <= self.size(dim), "selected index k out of range");
+  auto idx = argsort_op(self, dim, largest).narrow(dim, 0, k);
+  return {gather_op(self, dim, idx), idx};
+}
+
+std::tuple<at::Tensor&, at::Tensor&> topk_values(const at::Tensor& self, c10::SymInt k,
+                                                 int64_t dim, bool largest, bool sorted,
+                                                 at::Tensor& values, at::Tensor& indices) {
+  auto [v, i] = tpu_topk(self, k, dim, largest, sorted);
+  assign_out(values, v);
+  assign_out(indices, i);
+  return {values, indices};
+}
+
+// The k-th smallest (1-based) along dim, NaN counting as the largest; a NaN anywhere in a row
+// makes that row's median NaN, as on CPU.
+std::tuple<at::Tensor, at::Tensor> kth(const at::Tensor& self, int64_t k, int64_t dim,
+                                       bool keepdim, bool nan_propagates) {
+  auto x = self.dim() == 0 ? self.reshape({1}) : self;
+  dim = at::maybe_wrap_dim(dim, x.dim());
+  TORCH_CHECK(k >= 1 && k <= x.size(dim), "kthvalue(): selected number k out of range for "
+              "dimension ", dim);
+  auto idx = argsort_op(x, dim, false).narrow(dim, k - 1, 1);
+  auto val = gather_op(x, dim, idx);
+  if (nan_propagates && at::isFloatingType(x.scalar_type())) {
+    // The first NaN of the row sorts right after the finite values: pick it instead.
+    auto nan = x.isnan();
+    auto any_nan = at::any(nan, dim, true);
+    auto first_nan = argsort_op(nan.logical_not(), dim, false).narrow(dim, 0, 1);
+    idx = at::where(any_nan, first_nan, idx);
+    val = at::where(any_nan, gather_op(x, dim, idx), val);
+  }
+  if (!keepdim) {
+    val = val.squeeze(dim);
+    idx = idx.squeeze(dim);
+  }
+  if (self.dim() == 0) return {val.reshape({}), idx.reshape({})};
+  return {val, idx};
+}
+
+std::tuple<at::Tensor&, at::Tensor&> kthvalue_values(const at::Tensor& self, c10::SymInt k,
+                                                     int64_t dim, bool keepdim,
+                                                     at::Tensor& values, at::Tensor& indices) {
+  auto [v, i] = kth(self, k.expect_int(), dim, keepdim, false);
+  assign_out(values, v);
+  assign_out(indices, i);
+  return {values, indices};
+}
+
+std::tuple<at::Tensor&, at::Tensor&> median_dim_values(const at::Tensor& self, int64_t dim,
+                                                       bool keepdim, at::Tensor& values,
+                                                       at::Tensor& indices) {
+  int64_t n = self.dim() == 0 ? 1 : self.size(at::maybe_wrap_dim(dim, self.dim()));
+  auto [v, i] = kth(self, (n + 1) / 2, dim, keepdim, true);
+  assign_out(values, v);
+  assign_out(indices, i);
+  return {values, indices};
+}
+
+at::Tensor tpu_median(const at::Tensor& self) {
+  TORCH_CHECK(self.numel() > 0, "median() input tensor cannot be empty");
+  auto flat = self.reshape({-1});
+  return std::get<0>(kth(flat, (flat.size(0) + 1) / 2, 0, false, true));
+}
+
+at::ScalarType scan_dtype(const at::Tensor& x, std::optional<at::ScalarType> dtype) {
+  return dtype.value_or(at::isIntegralType(x.scalar_type(), true) ? at::kLong : x.scalar_type());
+}
+
+at::Tensor tpu_cumsum(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  auto x = self.dim() == 0 ? self.reshape({1}) : self;
+  auto r = scan_op(x, at::maybe_wrap_dim(dim, x.dim()), false, scan_dtype(self, dtype));
+  return self.dim() == 0 ? r.reshape({}) : r;
+}
+
+at::Tensor tpu_cumprod(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  auto x = self.dim() == 0 ? self.reshape({1}) : self;
+  auto r = scan_op(x, at::maybe_wrap_dim(dim, x.dim()), true, scan_dtype(self, dtype));
+  return self.dim() == 0 ? r.reshape({}) : r;
+}
+
+at::Tensor& cumsum_(at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  return assign(self, tpu_cumsum(self, dim, dtype));
+}
+
+at::Tensor& cumprod_(at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  return assign(self, tpu_cumprod(self, dim, dtype));
+}
+
+at::Tensor& cumsum_out(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype,
+                       at::Tensor& out) {
+  assign_out(out, tpu_cumsum(self, dim, dtype.value_or(out.scalar_type())));
+  return out;
+}
+
+at::Tensor& cumprod_out(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype,
+                        at::Tensor& out) {
+  assign_out(out, tpu_cumprod(self, dim, dtype.value_or(out.scalar_type())));
+  return out;
+}
+
+at::Tensor count_nonzero(const at::Tensor& self, at::IntArrayRef dims) {
+  return reduce(cast(self.ne(0), at::kLong), DFUSE_REDUCE_OP_SUM, dims, false);
+}
+
+std::tuple<at::Tensor, at::Tensor> var_mean(const at::Tensor& self, at::OptionalIntArrayRef dim,
+                                            const std::optional<at::Scalar>& correction,
+                                            bool keepdim) {
+  return {at::var(self, dim, correction, keepdim), at::mean(self, dim, keepdim)};
+}
+
+// Sorted unique values: a stable sort, the first element of each run of equal values (a host
+// read: how many there are decides the output's size), and each element's run as its inverse.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> unique2(const at::Tensor& self, bool,
+                                                       bool return_inverse, bool return_counts) {
+  auto x = self.reshape({-1});
+  int64_t n = x.numel();
+  auto long_opts = self.options().dtype(at::kLong);
+  if (n == 0) {
+    return {x.clone(), at::empty(return_inverse ? self.sizes() : at::IntArrayRef{0}, long_opts),
+            at::empty({0}, long_opts)};
+  }
+  auto order = argsort_op(x, 0, false);
+  auto sorted = gather_op(x, 0, order);
+  auto starts = at::cat({at::ones({1}, self.options().dtype(at::kBool)),
+                         sorted.narrow(0, 1, n - 1).ne(sorted.narrow(0, 0, n - 1))});
+  auto pos = at::nonzero(starts).reshape({-1});
+  auto values = at::index_select(sorted, 0, pos);
+  at::Tensor inverse = at::empty({0}, long_opts), counts = at::empty({0}, long_opts);
+  if (return_inverse) {
+    auto run = tpu_cumsum(starts, 0, at::kLong) - 1;
+    inverse = scatter_op(at::zeros({n}, long_opts), 0, order, run, ScatterReduce::Assign)
+                  .reshape(self.sizes());
+  }
+  if (return_counts) {
+    auto ends = at::cat({pos.narrow(0, 1, pos.size(0) - 1), at::full({1}, n, long_opts)});
+    counts = ends - pos;
+  }
+  return {values, inverse, counts};
+}
+
+// PyTorch's CPU linspace: the first half steps up from start, the second half down from end,
+// so both ends are exact.
+at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps,
+                         at::Tensor& out) {
+  TORCH_CHECK(steps >= 0, "number of steps must be non-negative");
+  out.resize_({steps});
+  if (steps == 0) return out;
+  if (steps == 1) return assign(out, at::full({1}, start, out.options()));
+  auto dt = at::isFloatingType(out.scalar_type()) ? out.scalar_type() : at::kDouble;
+  double a = start.toDouble(), b = end.toDouble();
+  double step = (b - a) / double(steps - 1);
+  auto i = at::arange(steps, out.options().dtype(dt));
+  auto up = i * step + a;
+  auto down = (i - double(steps - 1)) * step + b;
+  return assign(out, at::where(i.lt(double(steps / 2)), up, down));
+}
+
+at::Tensor& eye_m_out(c10::SymInt n_, c10::SymInt m_, at::Tensor& out) {
+  int64_t n = n_.expect_int(), m = m_.expect_int();
+  TORCH_CHECK(n >= 0 && m >= 0, "eye: n and m must be non-negative, got ", n, " and ", m);
+  out.resize_({n, m});
+  if (n == 0 || m == 0) return out;
+  auto rows = at::arange(n, out.options().dtype(at::kLong)).unsqueeze(1);
+  auto cols = at::arange(m, out.options().dtype(at::kLong));
+  return assign(out, rows.eq(cols));
+}
+
+at::Tensor& eye_out(c10::SymInt n, at::Tensor& out) { return eye_m_out(n, n, out); }
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("sort.stable", TORCH_FN(dft::sort_stable));
+  m.impl("sort.values_stable", TORCH_FN(dft::sort_values_stable));
+  m.impl("topk", TORCH_FN(dft::tpu_topk));
+  m.impl("topk.values", TORCH_FN(dft::topk_values));
+  m.impl("kthvalue.values", TORCH_FN(dft::kthvalue_values));
+  m.impl("median.dim_values", TORCH_FN(dft::median_dim_values));
+  m.impl("median", TORCH_FN(dft::tpu_median));
+  m.impl("cumsum", TORCH_FN(dft::tpu_cumsum));
+  m.impl("cumprod", TORCH_FN(dft::tpu_cumprod));
+  m.impl("cumsum_", TORCH_FN(dft::cumsum_));
+  m.impl("cumprod_", TORCH_FN(dft::cumprod_));
+  m.impl("cumsum.out", TORCH_FN(dft::cumsum_out));
+  m.impl("cumprod.out", TORCH_FN(dft::cumprod_out));
+  m.impl("count_nonzero.dim_IntList", TORCH_FN(dft::count_nonzero));
+  m.impl("var_mean.correction", TORCH_FN(dft::var_mean));
+  m.impl("_unique2", TORCH_FN(dft::unique2));
+  m.impl("linspace.out", TORCH_FN(dft::linspace_out));
+  m.impl("eye.m_out", TORCH_FN(dft::eye_m_out));
+  m.impl("eye.out", TORCH_FN(dft::eye_out));
+}

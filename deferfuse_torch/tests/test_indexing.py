@@ -1,0 +1,180 @@
+"""Indexing, sorting and scan ops on tpu against CPU, in every eager mode, with no CPU fallback:
+index_select, gather, scatter (all reductions), index_add, index_fill, embedding and its
+backward, advanced indexing (get and put, also with masks and negative indices), masked_select,
+nonzero, isin, cumsum/cumprod, sort, topk, median, kthvalue, unique, and out-of-range indices
+raising instead of returning a value."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import deferfuse_torch
+from conftest import check
+
+
+@pytest.fixture(autouse=True)
+def no_fallback():
+    deferfuse_torch.reset_fallback_counts()
+    yield
+    assert deferfuse_torch.fallback_counts() == {}
+
+
+def tpu(t):
+    return t.to("tpu")
+
+
+def test_index_select_matches_cpu_on_every_dim(mode):
+    x = torch.randn(4, 5, 6)
+    idx = torch.tensor([3, 0, 3, 1])
+    for dim in range(3):
+        i = idx % x.shape[dim]
+        check(tpu(x).index_select(dim, tpu(i)), x.index_select(dim, i))
+
+
+def test_index_select_of_a_transposed_view(mode):
+    x = torch.randn(5, 7)
+    i = torch.tensor([6, 2, 2])
+    check(tpu(x).t().index_select(0, tpu(i)), x.t().index_select(0, i))
+
+
+def test_gather_and_take_along_dim(mode):
+    x = torch.randn(3, 5)
+    i = torch.randint(0, 5, (3, 4))
+    check(torch.gather(tpu(x), 1, tpu(i)), torch.gather(x, 1, i))
+    check(torch.take_along_dim(tpu(x), tpu(i), 1), torch.take_along_dim(x, i, 1))
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce(mode, reduce, include_self):
+    x = torch.randn(4, 6)
+    src = torch.randn(4, 6)
+    i = torch.randint(0, 6, (4, 6))
+    want = x.scatter_reduce(1, i, src, reduce, include_self=include_self)
+    got = tpu(x).scatter_reduce(1, tpu(i), tpu(src), reduce, include_self=include_self)
+    check(got, want)
+
+
+def test_scatter_src_value_and_in_place(mode):
+    x = torch.zeros(3, 5)
+    i = torch.tensor([[0, 1, 2], [4, 3, 2], [1, 1, 1]])[:, :2]
+    src = torch.arange(15.0).view(3, 5)
+    check(tpu(x).scatter(1, tpu(i), tpu(src)), x.scatter(1, i, src))
+    check(tpu(x).scatter(1, tpu(i), 7.0), x.scatter(1, i, 7.0))
+    t = tpu(x.clone())
+    t.scatter_add_(1, tpu(i), tpu(src))
+    check(t, x.clone().scatter_add_(1, i, src))
+
+
+def test_index_add_and_index_fill(mode):
+    x = torch.randn(5, 3)
+    src = torch.randn(4, 3)
+    i = torch.tensor([0, 4, 0, 2])
+    check(tpu(x).index_add(0, tpu(i), tpu(src), alpha=2.0), x.index_add(0, i, src, alpha=2.0))
+    t = tpu(x.clone())
+    t.index_fill_(1, tpu(torch.tensor([2, 0])), -1.0)
+    check(t, x.clone().index_fill_(1, torch.tensor([2, 0]), -1.0))
+
+
+def test_embedding_forward_and_backward_with_padding_idx(mode):
+    w = torch.randn(10, 4, requires_grad=True)
+    wt = tpu(w.detach()).requires_grad_()
+    idx = torch.tensor([[1, 2, 0], [2, 9, 0]])
+    out = F.embedding(idx, w, padding_idx=0)
+    out_t = F.embedding(tpu(idx), wt, padding_idx=0)
+    check(out_t, out.detach())
+    g = torch.randn(2, 3, 4)
+    out.backward(g)
+    out_t.backward(tpu(g))
+    check(wt.grad, w.grad)
+
+
+def test_advanced_indexing_get(mode):
+    x = torch.randn(4, 5, 6)
+    i = torch.tensor([0, -1, 2])
+    j = torch.tensor([1, 1, 4])
+    check(tpu(x)[tpu(i)], x[i])
+    check(tpu(x)[:, tpu(j)], x[:, j])
+    check(tpu(x)[tpu(i), tpu(j)], x[i, j])
+    check(tpu(x)[tpu(i), :, tpu(j)], x[i, :, j])
+    mask = x[:, :, 0] > 0
+    check(tpu(x)[tpu(mask)], x[mask])
+
+
+def test_advanced_indexing_put_and_accumulate(mode):
+    x = torch.randn(4, 5)
+    i = torch.tensor([0, 2, 0])
+    v = torch.randn(3, 5)
+    t = tpu(x.clone())
+    t[tpu(i)] = tpu(v[[1, 1, 2]])  # duplicate-free rows get one value each
+    want = x.clone()
+    want[i] = v[[1, 1, 2]]
+    check(t, want)
+    t = tpu(x.clone())
+    t.index_put_((tpu(i),), tpu(v), accumulate=True)
+    check(t, x.clone().index_put_((i,), v, accumulate=True))
+    t = tpu(x.clone())
+    t[tpu(x > 0)] = 0.5
+    want = x.clone()
+    want[x > 0] = 0.5
+    check(t, want)
+
+
+def test_masked_select_and_nonzero(mode):
+    x = torch.randn(3, 4)
+    m = x > 0.2
+    check(torch.masked_select(tpu(x), tpu(m)), torch.masked_select(x, m))
+    check(torch.nonzero(tpu(m)), torch.nonzero(m))
+
+
+def test_isin(mode):
+    e = torch.tensor([1, 5, 3, 7, 5])
+    t = torch.tensor([5, 7])
+    check(torch.isin(tpu(e), tpu(t)), torch.isin(e, t))
+    check(torch.isin(tpu(e), tpu(t), invert=True), torch.isin(e, t, invert=True))
+
+
+def test_cumsum_and_cumprod_dtypes(mode):
+    x = torch.randn(3, 6)
+    check(tpu(x).cumsum(1), x.cumsum(1))
+    check(tpu(x).cumprod(0), x.cumprod(0))
+    b = torch.tensor([[True, False, True], [True, True, False]])
+    check(tpu(b).cumsum(1), b.cumsum(1))
+    check(tpu(x).cumsum(1, dtype=torch.float64), x.cumsum(1, dtype=torch.float64))
+
+
+def test_sort_topk_median_kthvalue(mode):
+    x = torch.randn(4, 7)
+    x[1, 3] = x[1, 5]  # a tie: a stable sort keeps index order
+    v, i = torch.sort(tpu(x), dim=1, stable=True)
+    wv, wi = torch.sort(x, dim=1, stable=True)
+    check(v, wv)
+    check(i, wi)
+    v, i = torch.sort(tpu(x), dim=0, descending=True, stable=True)
+    wv, wi = torch.sort(x, dim=0, descending=True, stable=True)
+    check(v, wv)
+    check(i, wi)
+    check(torch.topk(tpu(x), 3, dim=1).values, torch.topk(x, 3, dim=1).values)
+    check(torch.argsort(tpu(x), dim=1), torch.argsort(x, dim=1))
+    check(tpu(x).median(), x.median())
+    check(tpu(x).median(dim=1).values, x.median(dim=1).values)
+    check(torch.kthvalue(tpu(x), 2, dim=1).values, torch.kthvalue(x, 2, dim=1).values)
+
+
+def test_unique_with_inverse_and_counts(mode):
+    x = torch.tensor([3, 1, 3, 2, 1, 3])
+    u, inv, cnt = torch.unique(tpu(x), return_inverse=True, return_counts=True)
+    wu, winv, wcnt = torch.unique(x, return_inverse=True, return_counts=True)
+    check(u, wu)
+    check(inv, winv)
+    check(cnt, wcnt)
+
+
+def test_an_out_of_range_index_raises_and_the_runtime_stays_usable(mode):
+    x = tpu(torch.randn(3, 5))
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        y = x.index_select(1, tpu(torch.tensor([1, 7])))
+        y.cpu()
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        F.cross_entropy(tpu(torch.zeros(2, 5)), tpu(torch.tensor([1, 7]))).item()
+    check(x * 2, x.cpu() * 2)
