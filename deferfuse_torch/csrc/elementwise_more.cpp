@@ -1,0 +1,175 @@
+// More elementwise kernels, each one runtime op: bitwise and/or/xor/not, division with rounding
+// modes (floor_divide, div(rounding_mode=...)), fmod, atan2, trunc, log2, log10, and the
+// compositions nan_to_num and logical_xor. Functional, in-place and out= variants: structured
+// ops reach the out= kernel from PyTorch's composite functional forms too.
+#include "common.h"
+
+#include <ATen/ExpandUtils.h>
+#include <torch/library.h>
+
+#include <limits>
+
+namespace dft {
+namespace {
+
+at::Tensor& resized(const at::Tensor& like, at::Tensor& out) {
+  if (!out.sizes().equals(like.sizes())) out.resize_(like.sizes());
+  return out;
+}
+
+template <uint32_t OP>
+at::Tensor un(const at::Tensor& x) {
+  return unary(x, OP);
+}
+
+template <uint32_t OP>
+at::Tensor& un_(at::Tensor& x) {
+  auto a = attrs_sub(OP);
+  run_into(DFUSE_OP_KIND_UNARY, &a, Operands().t(x), x, "in-place unary op");
+  return x;
+}
+
+template <uint32_t OP>
+at::Tensor& un_out(const at::Tensor& x, at::Tensor& out) {
+  resized(x, out);
+  auto a = attrs_sub(OP);
+  run_into(DFUSE_OP_KIND_UNARY, &a, Operands().t(x), out, "unary op (out=)");
+  return out;
+}
+
+template <uint32_t OP>
+at::Tensor bin(const at::Tensor& x, const at::Tensor& y) {
+  auto a = attrs_sub(OP);
+  return run(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), "binary op");
+}
+
+template <uint32_t OP>
+at::Tensor& bin_(at::Tensor& x, const at::Tensor& y) {
+  auto a = attrs_sub(OP);
+  run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), x, "in-place binary op");
+  return x;
+}
+
+template <uint32_t OP>
+at::Tensor& bin_out(const at::Tensor& x, const at::Tensor& y, at::Tensor& out) {
+  auto shape = at::infer_size(x.sizes(), y.sizes());
+  if (!out.sizes().equals(shape)) out.resize_(shape);
+  auto a = attrs_sub(OP);
+  run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), out, "binary op (out=)");
+  return out;
+}
+
+template <uint32_t OP>
+at::Tensor bin_s(const at::Tensor& x, const at::Scalar& y) {
+  return binary(x, y, OP);
+}
+
+template <uint32_t OP>
+at::Tensor& bin_s_(at::Tensor& x, const at::Scalar& y) {
+  auto a = attrs_sub(OP);
+  run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).s(y), x, "in-place binary op");
+  return x;
+}
+
+uint32_t div_op(std::optional<c10::string_view> mode) {
+  if (!mode) return DFUSE_BINARY_OP_DIV;
+  if (*mode == "floor") return DFUSE_BINARY_OP_FLOOR_DIVIDE;
+  TORCH_CHECK(*mode == "trunc", "div expected rounding_mode to be one of None, 'trunc', or "
+              "'floor' but found '", *mode, "'");
+  return DFUSE_BINARY_OP_TRUNC_DIVIDE;
+}
+
+at::Tensor div_mode(const at::Tensor& x, const at::Tensor& y,
+                    std::optional<c10::string_view> mode) {
+  auto a = attrs_sub(div_op(mode));
+  return run(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), "div");
+}
+
+at::Tensor& div_mode_(at::Tensor& x, const at::Tensor& y, std::optional<c10::string_view> mode) {
+  auto a = attrs_sub(div_op(mode));
+  run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), x, "div_");
+  return x;
+}
+
+at::Tensor& div_mode_out(const at::Tensor& x, const at::Tensor& y,
+                         std::optional<c10::string_view> mode, at::Tensor& out) {
+  auto shape = at::infer_size(x.sizes(), y.sizes());
+  if (!out.sizes().equals(shape)) out.resize_(shape);
+  auto a = attrs_sub(div_op(mode));
+  run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), out, "div (out=)");
+  return out;
+}
+
+at::Tensor div_scalar_mode(const at::Tensor& x, const at::Scalar& y,
+                           std::optional<c10::string_view> mode) {
+  return binary(x, y, div_op(mode));
+}
+
+// nan -> nan (default 0), +inf -> posinf (default the dtype's largest), -inf -> neginf (default
+// its lowest); integer and bool tensors have none of them and come back as a copy.
+at::Tensor tpu_nan_to_num(const at::Tensor& x, std::optional<double> nan, std::optional<double> pos,
+                      std::optional<double> neg) {
+  if (!at::isFloatingType(x.scalar_type())) return x.clone();
+  double hi = 0.0, lo = 0.0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "nan_to_num", [&] {
+    hi = static_cast<double>(std::numeric_limits<scalar_t>::max());
+    lo = static_cast<double>(std::numeric_limits<scalar_t>::lowest());
+  });
+  auto inf = std::numeric_limits<double>::infinity();
+  auto r = at::where(x.eq(inf), at::Scalar(pos.value_or(hi)), x);
+  r = at::where(x.eq(-inf), at::Scalar(neg.value_or(lo)), r);
+  return at::where(x.isnan(), at::Scalar(nan.value_or(0.0)), r);
+}
+
+at::Tensor& nan_to_num_out(const at::Tensor& x, std::optional<double> nan,
+                           std::optional<double> pos, std::optional<double> neg,
+                           at::Tensor& out) {
+  auto r = tpu_nan_to_num(x, nan, pos, neg);
+  resized(r, out);
+  run_into(DFUSE_OP_KIND_COPY, nullptr, Operands().t(r), out, "nan_to_num (out=)");
+  return out;
+}
+
+at::Tensor tpu_logical_xor(const at::Tensor& x, const at::Tensor& y) {
+  return bin<DFUSE_BINARY_OP_NE>(cast(x, at::kBool), cast(y, at::kBool));
+}
+
+}  // namespace
+}  // namespace dft
+
+#define DF_UNARY_ALL(name, OP)                                  \
+  m.impl(#name, TORCH_FN(dft::un<DFUSE_UNARY_OP_##OP>));        \
+  m.impl(#name "_", TORCH_FN(dft::un_<DFUSE_UNARY_OP_##OP>));   \
+  m.impl(#name ".out", TORCH_FN(dft::un_out<DFUSE_UNARY_OP_##OP>));
+
+#define DF_BINARY_ALL(name, ovl, OP)                                         \
+  m.impl(#name ovl, TORCH_FN(dft::bin<DFUSE_BINARY_OP_##OP>));               \
+  m.impl(#name "_" ovl, TORCH_FN(dft::bin_<DFUSE_BINARY_OP_##OP>));          \
+  m.impl(#name ovl "_out", TORCH_FN(dft::bin_out<DFUSE_BINARY_OP_##OP>));
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  DF_UNARY_ALL(bitwise_not, BITWISE_NOT)
+  DF_UNARY_ALL(trunc, TRUNC)
+  DF_UNARY_ALL(log2, LOG2)
+  DF_UNARY_ALL(log10, LOG10)
+  DF_BINARY_ALL(bitwise_and, ".Tensor", BITWISE_AND)
+  DF_BINARY_ALL(bitwise_or, ".Tensor", BITWISE_OR)
+  DF_BINARY_ALL(bitwise_xor, ".Tensor", BITWISE_XOR)
+  DF_BINARY_ALL(fmod, ".Tensor", FMOD)
+  m.impl("fmod.Scalar", TORCH_FN(dft::bin_s<DFUSE_BINARY_OP_FMOD>));
+  m.impl("fmod_.Scalar", TORCH_FN(dft::bin_s_<DFUSE_BINARY_OP_FMOD>));
+  m.impl("atan2", TORCH_FN(dft::bin<DFUSE_BINARY_OP_ATAN2>));
+  m.impl("atan2_", TORCH_FN(dft::bin_<DFUSE_BINARY_OP_ATAN2>));
+  m.impl("atan2.out", TORCH_FN(dft::bin_out<DFUSE_BINARY_OP_ATAN2>));
+  m.impl("floor_divide", TORCH_FN(dft::bin<DFUSE_BINARY_OP_FLOOR_DIVIDE>));
+  m.impl("floor_divide_.Tensor", TORCH_FN(dft::bin_<DFUSE_BINARY_OP_FLOOR_DIVIDE>));
+  m.impl("floor_divide.out", TORCH_FN(dft::bin_out<DFUSE_BINARY_OP_FLOOR_DIVIDE>));
+  m.impl("floor_divide.Scalar", TORCH_FN(dft::bin_s<DFUSE_BINARY_OP_FLOOR_DIVIDE>));
+  m.impl("div.Tensor_mode", TORCH_FN(dft::div_mode));
+  m.impl("div_.Tensor_mode", TORCH_FN(dft::div_mode_));
+  m.impl("div.out_mode", TORCH_FN(dft::div_mode_out));
+  m.impl("div.Scalar_mode", TORCH_FN(dft::div_scalar_mode));
+  m.impl("nan_to_num", TORCH_FN(dft::tpu_nan_to_num));
+  m.impl("nan_to_num.out", TORCH_FN(dft::nan_to_num_out));
+  m.impl("logical_xor", TORCH_FN(dft::tpu_logical_xor));
+}
