@@ -1,0 +1,73 @@
+"""Bitwise ops, division rounding modes, fmod, atan2, trunc, log2, log10, nan_to_num and
+logical_xor on tpu against CPU in every eager mode, with no CPU fallback."""
+
+import pytest
+import torch
+
+import deferfuse_torch
+from conftest import check
+
+
+@pytest.fixture(autouse=True)
+def no_fallback():
+    deferfuse_torch.reset_fallback_counts()
+    yield
+    assert deferfuse_torch.fallback_counts() == {}
+
+
+def tpu(t):
+    return t.to("tpu")
+
+
+INTS = torch.tensor([[-7, -3, 0, 5], [12, -1, 9, 4]])
+BOOLS = torch.tensor([[True, False, True, False], [False, False, True, True]])
+
+
+@pytest.mark.parametrize("op", ["bitwise_and", "bitwise_or", "bitwise_xor"])
+def test_bitwise_binary_on_ints_and_bools(mode, op):
+    f = getattr(torch, op)
+    other = torch.tensor([[3, 6, -1, 4], [5, 5, 2, -8]])
+    check(f(tpu(INTS), tpu(other)), f(INTS, other))
+    check(f(tpu(BOOLS), tpu(BOOLS.flip(1))), f(BOOLS, BOOLS.flip(1)))
+    check(f(tpu(INTS), 6), f(INTS, 6))
+
+
+def test_bitwise_not_and_operators(mode):
+    check(~tpu(INTS), ~INTS)
+    check(~tpu(BOOLS), ~BOOLS)
+    check(tpu(BOOLS) & tpu(BOOLS.flip(0)), BOOLS & BOOLS.flip(0))
+    check(tpu(BOOLS) | tpu(BOOLS.flip(0)), BOOLS | BOOLS.flip(0))
+
+
+def test_division_rounding_modes(mode):
+    a = torch.tensor([-7.5, -3.0, 2.5, 7.0, 0.0])
+    b = torch.tensor([2.0, -2.0, -0.5, 3.0, 4.0])
+    for rm in ("floor", "trunc"):
+        check(torch.div(tpu(a), tpu(b), rounding_mode=rm), torch.div(a, b, rounding_mode=rm))
+        check(torch.div(tpu(INTS), 4, rounding_mode=rm), torch.div(INTS, 4, rounding_mode=rm))
+    check(torch.floor_divide(tpu(INTS), 3), torch.floor_divide(INTS, 3))
+    check(tpu(INTS) // tpu(INTS.abs() + 1), INTS // (INTS.abs() + 1))
+
+
+def test_fmod_atan2_trunc_log2_log10(mode):
+    a = torch.tensor([-7.5, -3.0, 2.5, 7.0, 0.25])
+    b = torch.tensor([2.0, -2.0, -0.75, 3.0, 4.0])
+    check(torch.fmod(tpu(a), tpu(b)), torch.fmod(a, b))
+    check(torch.fmod(tpu(INTS), 4), torch.fmod(INTS, 4))
+    check(torch.atan2(tpu(a), tpu(b)), torch.atan2(a, b))
+    check(torch.trunc(tpu(a)), torch.trunc(a))
+    check(torch.log2(tpu(a.abs())), torch.log2(a.abs()))
+    check(torch.log10(tpu(a.abs())), torch.log10(a.abs()))
+
+
+def test_nan_to_num_and_logical_xor(mode):
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.5])
+    check(torch.nan_to_num(tpu(x)), torch.nan_to_num(x))
+    check(torch.nan_to_num(tpu(x), nan=2.0, posinf=9.0, neginf=-9.0),
+          torch.nan_to_num(x, nan=2.0, posinf=9.0, neginf=-9.0))
+    check(torch.logical_xor(tpu(INTS), tpu(BOOLS)), torch.logical_xor(INTS, BOOLS))
+
+
+def test_bitwise_ops_on_floats_raise_like_cpu(mode):
+    with pytest.raises(RuntimeError, match="bitwise"):
+        torch.bitwise_and(tpu(torch.ones(2)), tpu(torch.ones(2))).cpu()
