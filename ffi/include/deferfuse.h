@@ -401,6 +401,37 @@ enum DfuseOpKind
    * scalars beta and alpha.
    */
   DFUSE_OP_KIND_ADDMM = 10,
+  /**
+   * `gather(src, dim=attrs->dim, index)`; inputs src and index (an int64 or int32 tensor of
+   * src's rank, `index.size(d) <= src.size(d)` for d != dim); the result has index's shape
+   * and src's dtype. An index value outside `[0, src.size(dim))` is reported when the op
+   * runs (see `DFUSE_STATUS_BAD_OP` in `dfuse_op`).
+   */
+  DFUSE_OP_KIND_GATHER = 11,
+  /**
+   * Functional `scatter` / `scatter_add` / `scatter_reduce` along `attrs->dim`, combining
+   * with `attrs->sub_op` (a `DfuseScatterReduce`) and `attrs->include_self`; inputs self,
+   * index (as for GATHER), then src (a tensor of self's dtype and rank) or a scalar value.
+   * The result is a new tensor of self's shape and dtype (pass `out` = self for `scatter_`).
+   */
+  DFUSE_OP_KIND_SCATTER = 12,
+  /**
+   * `cumsum` / `cumprod` (`attrs->sub_op`, a `DfuseScanOp`) along `attrs->dim`; with
+   * `attrs->has_dtype` non-zero, `attrs->dtype` is torch's `dtype=`. One tensor input; the
+   * result dtype is that dtype, else the input's if floating, else int64.
+   */
+  DFUSE_OP_KIND_SCAN = 13,
+  /**
+   * `argsort(input, dim=attrs->dim, descending=attrs->descending, stable=True)`: int64
+   * indices; NaN sorts as the largest value. One tensor input.
+   */
+  DFUSE_OP_KIND_SORT = 14,
+  /**
+   * `rand` / `randn` (`attrs->sub_op`, a `DfuseRandomDist`) of sizes `attrs->dims[0..n_dims]`
+   * and floating `attrs->dtype`; inputs are two INT scalars, seed and offset. Philox4x32-10:
+   * element e's value depends only on (seed, offset, e).
+   */
+  DFUSE_OP_KIND_RANDOM = 15,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -650,6 +681,97 @@ typedef uint32_t DfuseReduceOp;
 #endif // __cplusplus
 
 /**
+ * `attrs->sub_op` for `DFUSE_OP_KIND_SCATTER`; the numbers are the runtime's.
+ */
+enum DfuseScatterReduce
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * `scatter(src=/value=)`: replace (duplicate indices: the last in index order wins)
+   */
+  DFUSE_SCATTER_REDUCE_ASSIGN = 0,
+  /**
+   * `scatter_add`, `scatter_reduce("sum")`
+   */
+  DFUSE_SCATTER_REDUCE_SUM = 1,
+  /**
+   * `scatter_reduce("prod")`
+   */
+  DFUSE_SCATTER_REDUCE_PROD = 2,
+  /**
+   * `scatter_reduce("amax")` (propagates NaN)
+   */
+  DFUSE_SCATTER_REDUCE_AMAX = 3,
+  /**
+   * `scatter_reduce("amin")` (propagates NaN)
+   */
+  DFUSE_SCATTER_REDUCE_AMIN = 4,
+  /**
+   * `scatter_reduce("mean")` (integers divide with floor; not for bool)
+   */
+  DFUSE_SCATTER_REDUCE_MEAN = 5,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum DfuseScatterReduce DfuseScatterReduce;
+#else
+typedef uint32_t DfuseScatterReduce;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * `attrs->sub_op` for `DFUSE_OP_KIND_SCAN`; the numbers are the runtime's.
+ */
+enum DfuseScanOp
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * `cumsum`
+   */
+  DFUSE_SCAN_OP_SUM = 0,
+  /**
+   * `cumprod`
+   */
+  DFUSE_SCAN_OP_PROD = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum DfuseScanOp DfuseScanOp;
+#else
+typedef uint32_t DfuseScanOp;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * `attrs->sub_op` for `DFUSE_OP_KIND_RANDOM`; the numbers are the runtime's.
+ */
+enum DfuseRandomDist
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * uniform on [0, 1) (`rand`)
+   */
+  DFUSE_RANDOM_DIST_UNIFORM = 0,
+  /**
+   * standard normal (`randn`)
+   */
+  DFUSE_RANDOM_DIST_NORMAL = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum DfuseRandomDist DfuseRandomDist;
+#else
+typedef uint32_t DfuseRandomDist;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * `dfuse_view`'s `kind`, and what `args` holds for it.
  */
 enum DfuseViewKind
@@ -734,9 +856,23 @@ typedef struct DfuseAttrs {
    */
   uint8_t keepdim;
   /**
-   * CAT: the dim to concatenate along; negative counts from the end.
+   * CAT: the dim to concatenate along; GATHER, SCATTER, SCAN, SORT: the dim they work
+   * along. Negative counts from the end.
    */
   int64_t dim;
+  /**
+   * SCATTER: non-zero to combine with self's elements (torch's `include_self=True`, its
+   * default); zero makes an element that receives values start from them alone.
+   */
+  uint8_t include_self;
+  /**
+   * SORT: non-zero for a descending sort.
+   */
+  uint8_t descending;
+  /**
+   * SCAN: non-zero when `dtype` holds torch's `dtype=` argument.
+   */
+  uint8_t has_dtype;
 } DfuseAttrs;
 
 /**
