@@ -207,7 +207,8 @@ fn gather_through_dfuse_op_wraps_its_dim_and_reports_a_bad_index_as_bad_op() {
         );
         let msg = "gather: index 3 is out of bounds for dim 1 with size 3";
         if mode == DfuseMode::Debug {
-            assert_eq!((s, last_error()), (DfuseStatus::BadOp, msg.to_string()));
+            let want = format!("dfuse_op: {msg}");
+            assert_eq!((s, last_error()), (DfuseStatus::BadOp, want));
         } else {
             ok(s);
             let mut out = [0f32; 4];
@@ -215,7 +216,7 @@ fn gather_through_dfuse_op_wraps_its_dim_and_reports_a_bad_index_as_bad_op() {
             let s = unsafe { dfuse_tensor_to_host(rt.0, r, out.as_mut_ptr().cast(), 16) };
             assert_eq!(
                 (s, last_error()),
-                (DfuseStatus::BadOp, msg.to_string()),
+                (DfuseStatus::BadOp, format!("dfuse_tensor_to_host: {msg}")),
                 "{mode:?}"
             );
         }

@@ -136,10 +136,16 @@ impl Wave {
             (2.., Some(side)) => side.run_all(jobs.len(), &|k| jobs[k].run()),
             // Every job runs (they are independent of each other) and fails its own outputs;
             // the first error is the wave's.
-            _ => jobs.iter().fold(Ok(()), |first, j| {
-                let r = j.run();
-                first.and(r)
-            }),
+            _ => {
+                let mut first = Ok(());
+                for j in &jobs {
+                    let r = j.run();
+                    if first.is_ok() {
+                        first = r;
+                    }
+                }
+                first
+            }
         })
     }
 }
