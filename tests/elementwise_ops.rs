@@ -228,7 +228,9 @@ fn uint8_division_by_a_negative_scalar_divides_by_its_wrapped_value() {
 fn half_tensors_divide_rounding_each_step_to_their_dtype() {
     // PyTorch rounds every step of an f16/bf16 tensor-by-tensor division to the dtype: these
     // quotients differ from the float32 quotient rounded once.
-    let cases: [(BinaryOp, DType, [f64; 3], [f64; 3], [f64; 3]); 4] = [
+    // (op, dtype, dividends, divisors, PyTorch's quotients)
+    type Case = (BinaryOp, DType, [f64; 3], [f64; 3], [f64; 3]);
+    let cases: [Case; 4] = [
         (
             BinaryOp::FloorDivide,
             DType::F16,

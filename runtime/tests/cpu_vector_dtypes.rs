@@ -13,7 +13,7 @@ use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::trace::{Node, Operand, TensorRef};
 use deferfuse_runtime::backend::cpu::CpuBackend;
 use deferfuse_runtime::backend::Backend;
-use deferfuse_runtime::{Config, Handle, Input, Mode, Runtime};
+use deferfuse_runtime::{Handle, Input, Runtime};
 
 /// max(a * b + c, a) - b * 0.5 with a, b, c derived from x, then ops that run per lane
 /// (exp, remainder) and blends (where, sign).
