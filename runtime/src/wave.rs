@@ -67,15 +67,24 @@ impl Job {
             Ok(()) => unsafe { self.program.run_buffers(&self.binding, &self.bufs) },
             Err(e) => Err(e),
         };
+        let mut carried = false;
         for b in self.outputs() {
             if let (Err(e), true) = (&r, self.poison) {
                 // Every later use of the value reports the failure instead of reading what
                 // the buffer happened to hold.
                 b.fail(e);
+                carried = true;
             }
             b.mark_done();
         }
-        r
+        // A failure the outputs carry is reported where they are used; reporting it as the
+        // stream's error too would raise it once more at the next unrelated sync point, after
+        // the user had already seen (and handled) it.
+        if carried {
+            Ok(())
+        } else {
+            r
+        }
     }
 }
 
