@@ -1,7 +1,7 @@
 // Elementwise kernels: unary, binary (tensor or scalar operands), where, clamp, and the fused
 // update ops optimizers use (lerp, addcmul, addcdiv). Each maps to one or two dfuse_op calls;
 // in-place variants pass the destination as the op's `out`, so every alias sees the write.
-#include "common.h"
+#include "elementwise_ops.h"
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/ScalarOps.h>
@@ -10,17 +10,7 @@
 namespace dft {
 namespace {
 
-template <uint32_t OP>
-at::Tensor u(const at::Tensor& x) {
-  return unary(x, OP);
-}
-
-template <uint32_t OP>
-at::Tensor& u_(at::Tensor& x) {
-  auto a = attrs_sub(OP);
-  run_into(DFUSE_OP_KIND_UNARY, &a, Operands().t(x), x, "in-place unary op");
-  return x;
-}
+using namespace ew;
 
 uint32_t gelu_op(c10::string_view approximate) {
   if (approximate == "none") return DFUSE_UNARY_OP_GELU_ERF;
@@ -60,31 +50,6 @@ at::Tensor scaled(const at::Tensor& other, const at::Scalar& alpha) {
 }
 
 template <uint32_t OP>
-at::Tensor b(const at::Tensor& x, const at::Tensor& y) {
-  auto a = attrs_sub(OP);
-  return run(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), "binary op");
-}
-
-template <uint32_t OP>
-at::Tensor& b_(at::Tensor& x, const at::Tensor& y) {
-  auto a = attrs_sub(OP);
-  run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), x, "in-place binary op");
-  return x;
-}
-
-template <uint32_t OP>
-at::Tensor bs(const at::Tensor& x, const at::Scalar& y) {
-  return binary(x, y, OP);
-}
-
-template <uint32_t OP>
-at::Tensor& bs_(at::Tensor& x, const at::Scalar& y) {
-  auto a = attrs_sub(OP);
-  run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).s(y), x, "in-place binary op");
-  return x;
-}
-
-template <uint32_t OP>
 at::Tensor b_alpha(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
   return b<OP>(x, scaled(y, alpha));
 }
@@ -92,21 +57,6 @@ at::Tensor b_alpha(const at::Tensor& x, const at::Tensor& y, const at::Scalar& a
 template <uint32_t OP>
 at::Tensor& b_alpha_(at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
   return b_<OP>(x, scaled(y, alpha));
-}
-
-// out= variants (the optimizers' foreach fallbacks and user code call them): written straight
-// into `out` when it already has the broadcast shape, else PyTorch's resize-then-write.
-void prepare_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  auto shape = at::infer_size(a.sizes(), b.sizes());
-  if (!out.sizes().equals(shape)) out.resize_(shape);
-}
-
-template <uint32_t OP>
-at::Tensor& b_out(const at::Tensor& x, const at::Tensor& y, at::Tensor& out) {
-  prepare_out(x, y, out);
-  auto a = attrs_sub(OP);
-  run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), out, "binary op (out=)");
-  return out;
 }
 
 template <uint32_t OP>
@@ -232,16 +182,16 @@ at::Tensor& addcdiv_(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t
 }  // namespace dft
 
 #define DF_UNARY(name, OP)                          \
-  m.impl(#name, TORCH_FN(dft::u<DFUSE_UNARY_OP_##OP>)); \
-  m.impl(#name "_", TORCH_FN(dft::u_<DFUSE_UNARY_OP_##OP>));
+  m.impl(#name, TORCH_FN(dft::ew::u<DFUSE_UNARY_OP_##OP>)); \
+  m.impl(#name "_", TORCH_FN(dft::ew::u_<DFUSE_UNARY_OP_##OP>));
 
 #define DF_BINARY(name, OP)                                    \
-  m.impl(#name ".Tensor", TORCH_FN(dft::b<DFUSE_BINARY_OP_##OP>));   \
-  m.impl(#name "_.Tensor", TORCH_FN(dft::b_<DFUSE_BINARY_OP_##OP>));
+  m.impl(#name ".Tensor", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_##OP>));   \
+  m.impl(#name "_.Tensor", TORCH_FN(dft::ew::b_<DFUSE_BINARY_OP_##OP>));
 
 #define DF_COMPARE(name, OP)                                    \
-  m.impl(#name ".Tensor", TORCH_FN(dft::b<DFUSE_BINARY_OP_##OP>));    \
-  m.impl(#name ".Scalar", TORCH_FN(dft::bs<DFUSE_BINARY_OP_##OP>));
+  m.impl(#name ".Tensor", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_##OP>));    \
+  m.impl(#name ".Scalar", TORCH_FN(dft::ew::bs<DFUSE_BINARY_OP_##OP>));
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   DF_UNARY(neg, NEG) DF_UNARY(abs, ABS) DF_UNARY(exp, EXP) DF_UNARY(log, LOG)
@@ -252,7 +202,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   DF_UNARY(reciprocal, RECIPROCAL) DF_UNARY(logical_not, LOGICAL_NOT)
   // sgn is sign for real tensors (the device has no complex dtype); abs's backward calls it.
   DF_UNARY(sgn, SIGN)
-  m.impl("isnan", TORCH_FN(dft::u<DFUSE_UNARY_OP_IS_NAN>));
+  m.impl("isnan", TORCH_FN(dft::ew::u<DFUSE_UNARY_OP_IS_NAN>));
   m.impl("gelu", TORCH_FN(dft::gelu));
   m.impl("gelu_", TORCH_FN(dft::gelu_));
 
@@ -264,18 +214,18 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   DF_BINARY(mul, MUL) DF_BINARY(div, DIV)
   m.impl("add.out", TORCH_FN(dft::b_alpha_out<DFUSE_BINARY_OP_ADD>));
   m.impl("sub.out", TORCH_FN(dft::b_alpha_out<DFUSE_BINARY_OP_SUB>));
-  m.impl("mul.out", TORCH_FN(dft::b_out<DFUSE_BINARY_OP_MUL>));
-  m.impl("div.out", TORCH_FN(dft::b_out<DFUSE_BINARY_OP_DIV>));
-  m.impl("pow.Tensor_Tensor", TORCH_FN(dft::b<DFUSE_BINARY_OP_POW>));
-  m.impl("pow_.Tensor", TORCH_FN(dft::b_<DFUSE_BINARY_OP_POW>));
-  m.impl("pow.Tensor_Scalar", TORCH_FN(dft::bs<DFUSE_BINARY_OP_POW>));
-  m.impl("pow_.Scalar", TORCH_FN(dft::bs_<DFUSE_BINARY_OP_POW>));
+  m.impl("mul.out", TORCH_FN(dft::ew::b_out<DFUSE_BINARY_OP_MUL>));
+  m.impl("div.out", TORCH_FN(dft::ew::b_out<DFUSE_BINARY_OP_DIV>));
+  m.impl("pow.Tensor_Tensor", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_POW>));
+  m.impl("pow_.Tensor", TORCH_FN(dft::ew::b_<DFUSE_BINARY_OP_POW>));
+  m.impl("pow.Tensor_Scalar", TORCH_FN(dft::ew::bs<DFUSE_BINARY_OP_POW>));
+  m.impl("pow_.Scalar", TORCH_FN(dft::ew::bs_<DFUSE_BINARY_OP_POW>));
   m.impl("pow.Scalar", TORCH_FN(dft::pow_scalar_base));
-  m.impl("maximum", TORCH_FN(dft::b<DFUSE_BINARY_OP_MAXIMUM>));
-  m.impl("minimum", TORCH_FN(dft::b<DFUSE_BINARY_OP_MINIMUM>));
+  m.impl("maximum", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_MAXIMUM>));
+  m.impl("minimum", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_MINIMUM>));
   DF_BINARY(remainder, REMAINDER)
-  m.impl("logical_and", TORCH_FN(dft::b<DFUSE_BINARY_OP_LOGICAL_AND>));
-  m.impl("logical_or", TORCH_FN(dft::b<DFUSE_BINARY_OP_LOGICAL_OR>));
+  m.impl("logical_and", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_LOGICAL_AND>));
+  m.impl("logical_or", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_LOGICAL_OR>));
   DF_COMPARE(eq, EQ) DF_COMPARE(ne, NE) DF_COMPARE(lt, LT) DF_COMPARE(le, LE)
   DF_COMPARE(gt, GT) DF_COMPARE(ge, GE)
 

@@ -2,7 +2,7 @@
 // modes (floor_divide, div(rounding_mode=...)), fmod, atan2, trunc, log2, log10, and the
 // compositions nan_to_num and logical_xor. Functional, in-place and out= variants: structured
 // ops reach the out= kernel from PyTorch's composite functional forms too.
-#include "common.h"
+#include "elementwise_ops.h"
 
 #include <ATen/ExpandUtils.h>
 #include <torch/library.h>
@@ -12,63 +12,11 @@
 namespace dft {
 namespace {
 
+using namespace ew;
+
 at::Tensor& resized(const at::Tensor& like, at::Tensor& out) {
   if (!out.sizes().equals(like.sizes())) out.resize_(like.sizes());
   return out;
-}
-
-template <uint32_t OP>
-at::Tensor un(const at::Tensor& x) {
-  return unary(x, OP);
-}
-
-template <uint32_t OP>
-at::Tensor& un_(at::Tensor& x) {
-  auto a = attrs_sub(OP);
-  run_into(DFUSE_OP_KIND_UNARY, &a, Operands().t(x), x, "in-place unary op");
-  return x;
-}
-
-template <uint32_t OP>
-at::Tensor& un_out(const at::Tensor& x, at::Tensor& out) {
-  resized(x, out);
-  auto a = attrs_sub(OP);
-  run_into(DFUSE_OP_KIND_UNARY, &a, Operands().t(x), out, "unary op (out=)");
-  return out;
-}
-
-template <uint32_t OP>
-at::Tensor bin(const at::Tensor& x, const at::Tensor& y) {
-  auto a = attrs_sub(OP);
-  return run(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), "binary op");
-}
-
-template <uint32_t OP>
-at::Tensor& bin_(at::Tensor& x, const at::Tensor& y) {
-  auto a = attrs_sub(OP);
-  run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), x, "in-place binary op");
-  return x;
-}
-
-template <uint32_t OP>
-at::Tensor& bin_out(const at::Tensor& x, const at::Tensor& y, at::Tensor& out) {
-  auto shape = at::infer_size(x.sizes(), y.sizes());
-  if (!out.sizes().equals(shape)) out.resize_(shape);
-  auto a = attrs_sub(OP);
-  run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), out, "binary op (out=)");
-  return out;
-}
-
-template <uint32_t OP>
-at::Tensor bin_s(const at::Tensor& x, const at::Scalar& y) {
-  return binary(x, y, OP);
-}
-
-template <uint32_t OP>
-at::Tensor& bin_s_(at::Tensor& x, const at::Scalar& y) {
-  auto a = attrs_sub(OP);
-  run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).s(y), x, "in-place binary op");
-  return x;
 }
 
 uint32_t div_op(std::optional<c10::string_view> mode) {
@@ -93,8 +41,7 @@ at::Tensor& div_mode_(at::Tensor& x, const at::Tensor& y, std::optional<c10::str
 
 at::Tensor& div_mode_out(const at::Tensor& x, const at::Tensor& y,
                          std::optional<c10::string_view> mode, at::Tensor& out) {
-  auto shape = at::infer_size(x.sizes(), y.sizes());
-  if (!out.sizes().equals(shape)) out.resize_(shape);
+  prepare_out(x, y, out);
   auto a = attrs_sub(div_op(mode));
   run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), out, "div (out=)");
   return out;
@@ -131,21 +78,21 @@ at::Tensor& nan_to_num_out(const at::Tensor& x, std::optional<double> nan,
 }
 
 at::Tensor tpu_logical_xor(const at::Tensor& x, const at::Tensor& y) {
-  return bin<DFUSE_BINARY_OP_NE>(cast(x, at::kBool), cast(y, at::kBool));
+  return b<DFUSE_BINARY_OP_NE>(cast(x, at::kBool), cast(y, at::kBool));
 }
 
 }  // namespace
 }  // namespace dft
 
 #define DF_UNARY_ALL(name, OP)                                  \
-  m.impl(#name, TORCH_FN(dft::un<DFUSE_UNARY_OP_##OP>));        \
-  m.impl(#name "_", TORCH_FN(dft::un_<DFUSE_UNARY_OP_##OP>));   \
-  m.impl(#name ".out", TORCH_FN(dft::un_out<DFUSE_UNARY_OP_##OP>));
+  m.impl(#name, TORCH_FN(dft::ew::u<DFUSE_UNARY_OP_##OP>));        \
+  m.impl(#name "_", TORCH_FN(dft::ew::u_<DFUSE_UNARY_OP_##OP>));   \
+  m.impl(#name ".out", TORCH_FN(dft::ew::u_out<DFUSE_UNARY_OP_##OP>));
 
 #define DF_BINARY_ALL(name, ovl, OP)                                         \
-  m.impl(#name ovl, TORCH_FN(dft::bin<DFUSE_BINARY_OP_##OP>));               \
-  m.impl(#name "_" ovl, TORCH_FN(dft::bin_<DFUSE_BINARY_OP_##OP>));          \
-  m.impl(#name ovl "_out", TORCH_FN(dft::bin_out<DFUSE_BINARY_OP_##OP>));
+  m.impl(#name ovl, TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_##OP>));               \
+  m.impl(#name "_" ovl, TORCH_FN(dft::ew::b_<DFUSE_BINARY_OP_##OP>));          \
+  m.impl(#name ovl "_out", TORCH_FN(dft::ew::b_out<DFUSE_BINARY_OP_##OP>));
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   DF_UNARY_ALL(bitwise_not, BITWISE_NOT)
@@ -156,15 +103,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   DF_BINARY_ALL(bitwise_or, ".Tensor", BITWISE_OR)
   DF_BINARY_ALL(bitwise_xor, ".Tensor", BITWISE_XOR)
   DF_BINARY_ALL(fmod, ".Tensor", FMOD)
-  m.impl("fmod.Scalar", TORCH_FN(dft::bin_s<DFUSE_BINARY_OP_FMOD>));
-  m.impl("fmod_.Scalar", TORCH_FN(dft::bin_s_<DFUSE_BINARY_OP_FMOD>));
-  m.impl("atan2", TORCH_FN(dft::bin<DFUSE_BINARY_OP_ATAN2>));
-  m.impl("atan2_", TORCH_FN(dft::bin_<DFUSE_BINARY_OP_ATAN2>));
-  m.impl("atan2.out", TORCH_FN(dft::bin_out<DFUSE_BINARY_OP_ATAN2>));
-  m.impl("floor_divide", TORCH_FN(dft::bin<DFUSE_BINARY_OP_FLOOR_DIVIDE>));
-  m.impl("floor_divide_.Tensor", TORCH_FN(dft::bin_<DFUSE_BINARY_OP_FLOOR_DIVIDE>));
-  m.impl("floor_divide.out", TORCH_FN(dft::bin_out<DFUSE_BINARY_OP_FLOOR_DIVIDE>));
-  m.impl("floor_divide.Scalar", TORCH_FN(dft::bin_s<DFUSE_BINARY_OP_FLOOR_DIVIDE>));
+  m.impl("fmod.Scalar", TORCH_FN(dft::ew::bs<DFUSE_BINARY_OP_FMOD>));
+  m.impl("fmod_.Scalar", TORCH_FN(dft::ew::bs_<DFUSE_BINARY_OP_FMOD>));
+  m.impl("atan2", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_ATAN2>));
+  m.impl("atan2_", TORCH_FN(dft::ew::b_<DFUSE_BINARY_OP_ATAN2>));
+  m.impl("atan2.out", TORCH_FN(dft::ew::b_out<DFUSE_BINARY_OP_ATAN2>));
+  m.impl("floor_divide", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_FLOOR_DIVIDE>));
+  m.impl("floor_divide_.Tensor", TORCH_FN(dft::ew::b_<DFUSE_BINARY_OP_FLOOR_DIVIDE>));
+  m.impl("floor_divide.out", TORCH_FN(dft::ew::b_out<DFUSE_BINARY_OP_FLOOR_DIVIDE>));
+  m.impl("floor_divide.Scalar", TORCH_FN(dft::ew::bs<DFUSE_BINARY_OP_FLOOR_DIVIDE>));
   m.impl("div.Tensor_mode", TORCH_FN(dft::div_mode));
   m.impl("div_.Tensor_mode", TORCH_FN(dft::div_mode_));
   m.impl("div.out_mode", TORCH_FN(dft::div_mode_out));
