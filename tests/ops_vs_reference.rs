@@ -18,29 +18,9 @@ mod reference;
 
 use deferfuse::{BinaryOp, DType, Op, Scalar, UnaryOp};
 use harness::*;
-use reference::{check, Arg, RefTensor};
+use reference::{check, unary_is_exact, Arg, RefTensor};
 
 const SHAPES: [&[usize]; 7] = [&[1], &[3], &[4], &[7], &[33], &[1000], &[5, 7]];
-
-/// Ops whose float result is the exact result rounded once (bit-exact against the reference).
-fn unary_is_exact(op: UnaryOp) -> bool {
-    use UnaryOp::*;
-    matches!(
-        op,
-        Neg | Abs
-            | Sqrt
-            | Floor
-            | Ceil
-            | Round
-            | Trunc
-            | Relu
-            | Sign
-            | Reciprocal
-            | LogicalNot
-            | IsNan
-            | BitwiseNot
-    )
-}
 
 /// Binary ops whose float result is not the exact result rounded once (the others are: floor
 /// and trunc division round each step as PyTorch does, and the reference does the same).

@@ -14,7 +14,7 @@ use super::exec::{run_mode, run_on, Exec};
 use super::*;
 use crate::harness::*;
 use crate::reference::reduce::reduce;
-use crate::reference::{apply, Arg, RefTensor};
+use crate::reference::{apply, unary_is_exact, Arg, RefTensor};
 use deferfuse::{DType, Mode, Op, ReduceOp, UnaryOp};
 
 const PROD: Tol = Tol {
@@ -38,25 +38,6 @@ fn cast_tol(from: DType, to: DType) -> Tol {
     float_tol(to, !twice)
 }
 
-fn exact_unary(u: UnaryOp) -> bool {
-    use UnaryOp::*;
-    matches!(
-        u,
-        Neg | Abs
-            | Sqrt
-            | Floor
-            | Ceil
-            | Round
-            | Trunc
-            | Relu
-            | Sign
-            | Reciprocal
-            | LogicalNot
-            | IsNan
-            | BitwiseNot
-    )
-}
-
 /// The reference result of an op instruction, its tolerance and accumulation scale, and where
 /// it is written (`None`: a new buffer).
 pub fn expected(
@@ -69,7 +50,7 @@ pub fn expected(
     let (r, tol, scale, into) = match ins {
         Ins::Unary(u, s, into) => {
             let r = apply(&Op::Unary(*u), &[Arg::T(&val(*s))]);
-            let mut tol = float_tol(r.dtype, exact_unary(*u));
+            let mut tol = float_tol(r.dtype, unary_is_exact(*u));
             if *u == UnaryOp::GeluErf && r.dtype == DType::F64 {
                 // x * (1 + erf(x / sqrt 2)) / 2 cancels for x << 0: a few ulp of erf near -1
                 // (in the runtime's erf and in the reference's own series) become ~1e-11

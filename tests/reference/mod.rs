@@ -536,3 +536,23 @@ pub fn apply(op: &Op, args: &[Arg]) -> RefTensor {
 pub fn into_out(result: &RefTensor, out_dtype: DType) -> RefTensor {
     result.cast(out_dtype)
 }
+
+/// Ops whose float result is the exact result rounded once (bit-exact against the reference).
+pub fn unary_is_exact(op: deferfuse::UnaryOp) -> bool {
+    use deferfuse::UnaryOp::*;
+    matches!(
+        op,
+        Neg | Abs
+            | Sqrt
+            | Floor
+            | Ceil
+            | Round
+            | Trunc
+            | Relu
+            | Sign
+            | Reciprocal
+            | LogicalNot
+            | IsNan
+            | BitwiseNot
+    )
+}
