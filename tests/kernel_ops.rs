@@ -14,17 +14,6 @@ use harness::*;
 use reference::kernels::{self as refk, ScatterSrc};
 use reference::RefTensor;
 
-const ALL_DTYPES: [DType; 8] = [
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::BF16,
-    DType::I32,
-    DType::I64,
-    DType::U8,
-    DType::Bool,
-];
-
 /// Shapes of rank 1 to 3 (one with a size-1 dim).
 const SHAPES: [&[usize]; 4] = [&[7], &[4, 5], &[3, 1, 4], &[2, 3, 4]];
 
@@ -74,7 +63,7 @@ fn assert_equal(ctx: &str, got: &RefTensor, want: &RefTensor) {
 #[test]
 fn gather_matches_the_reference_for_every_dtype_rank_dim_and_layout() {
     let mut rng = Rng::new(11);
-    for &dtype in &ALL_DTYPES {
+    for &dtype in &DType::ALL {
         for sizes in SHAPES {
             for dim in 0..sizes.len() {
                 let src = rng.tensor(dtype, sizes, 8.0, 50, true);
@@ -237,7 +226,7 @@ fn scatter_into_self_through_out_updates_the_tensor_and_its_aliases() {
 #[test]
 fn cumsum_and_cumprod_match_the_reference_with_torch_result_dtypes() {
     let mut rng = Rng::new(31);
-    for &dtype in &ALL_DTYPES {
+    for &dtype in &DType::ALL {
         for sizes in SHAPES {
             for dim in 0..sizes.len() {
                 for op in ScanOp::ALL {
@@ -299,7 +288,7 @@ fn integer_cumsum_is_int64_and_a_cumsum_into_a_wider_out_converts() {
 #[test]
 fn argsort_is_stable_puts_nan_last_and_matches_the_reference() {
     let mut rng = Rng::new(47);
-    for &dtype in &ALL_DTYPES {
+    for &dtype in &DType::ALL {
         for sizes in SHAPES {
             for dim in 0..sizes.len() {
                 for descending in [false, true] {

@@ -36,6 +36,11 @@ impl Rt {
     }
 
     fn f32s(&self, v: &[f32], sizes: &[i64]) -> u64 {
+        self.upload(v, DfuseDtype::F32, sizes)
+    }
+
+    /// A tensor of `dtype` holding `v` (whose element type must match it).
+    fn upload<T>(&self, v: &[T], dtype: DfuseDtype, sizes: &[i64]) -> u64 {
         let mut h = 0;
         // SAFETY: slices are valid for their lengths.
         ok(unsafe {
@@ -43,7 +48,7 @@ impl Rt {
                 self.0,
                 v.as_ptr().cast(),
                 std::mem::size_of_val(v),
-                DfuseDtype::F32 as u32,
+                dtype as u32,
                 sizes.as_ptr(),
                 sizes.len(),
                 &mut h,
@@ -170,20 +175,7 @@ const MODES: [DfuseMode; 3] = [DfuseMode::Strict, DfuseMode::Debug, DfuseMode::D
 
 impl Rt {
     fn i64s(&self, v: &[i64], sizes: &[i64]) -> u64 {
-        let mut h = 0;
-        // SAFETY: slices are valid for their lengths.
-        ok(unsafe {
-            dfuse_tensor_from_host(
-                self.0,
-                v.as_ptr().cast(),
-                std::mem::size_of_val(v),
-                DfuseDtype::I64 as u32,
-                sizes.as_ptr(),
-                sizes.len(),
-                &mut h,
-            )
-        });
-        h
+        self.upload(v, DfuseDtype::I64, sizes)
     }
 }
 
