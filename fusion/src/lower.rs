@@ -35,12 +35,16 @@ pub struct ScalarSrc {
 }
 
 /// The 64 bits a kernel reads for scalar `s` used as a value of dtype `to`. A scalar becomes a
-/// bool by truthiness (0.5 -> true), like `torch.full(.., dtype=bool)`.
+/// bool by truthiness (0.5 -> true), like `torch.full(.., dtype=bool)`. A float16/bfloat16
+/// operand is rounded to that dtype first (through float32, as c10's `Half(float)` does): PyTorch
+/// casts a Python scalar to the op's dtype before computing, so `f16 + 0.1` adds 0.0999755859375
+/// (mul and div keep the scalar in float32 by computing in float32: see `infer_binary`).
 pub fn scalar_bits(s: Scalar, to: DType) -> u64 {
-    if to == DType::Bool {
-        (s.as_f64() != 0.0) as u64
-    } else {
-        s.bits_for(to.compute())
+    match to {
+        DType::Bool => (s.as_f64() != 0.0) as u64,
+        DType::F16 => f64::from(half::f16::from_f32(s.as_f64() as f32)).to_bits(),
+        DType::BF16 => f64::from(half::bf16::from_f32(s.as_f64() as f32)).to_bits(),
+        _ => s.bits_for(to.compute()),
     }
 }
 
@@ -539,4 +543,30 @@ fn lower_matmul(node: &Node, index: usize) -> Vec<Step> {
         key: Default::default(),
     });
     steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scalar_used_as_float16_or_bfloat16_is_rounded_to_that_dtype_first() {
+        let f16_of_tenth = f64::from_bits(scalar_bits(Scalar::Float(0.1), DType::F16));
+        assert_eq!(f16_of_tenth, 0.0999755859375);
+        let bf16_of_tenth = f64::from_bits(scalar_bits(Scalar::Float(0.1), DType::BF16));
+        assert_eq!(bf16_of_tenth, 0.10009765625);
+        let big = f64::from_bits(scalar_bits(Scalar::Int(70000), DType::F16));
+        assert_eq!(big, f64::INFINITY, "70000 overflows float16 as in PyTorch");
+    }
+
+    #[test]
+    fn a_scalar_used_as_float32_or_float64_keeps_its_precision_there() {
+        let f32_bits = scalar_bits(Scalar::Float(0.1), DType::F32);
+        assert_eq!(
+            f64::from_bits(f32_bits),
+            0.1,
+            "the backend rounds f64 to f32 itself"
+        );
+        assert_eq!(scalar_bits(Scalar::Float(2.5), DType::Bool), 1);
+    }
 }

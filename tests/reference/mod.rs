@@ -250,11 +250,14 @@ pub fn bget(t: &RefTensor, idx: &[usize]) -> f64 {
     t.data[off]
 }
 
-/// A Python scalar as the kernel sees it in `compute`: f64 for float64, f32 for the other float
-/// types, and the integer truncated to the compute width.
+/// A Python scalar as the kernel sees it in `compute`: f64 for float64, f32 for float32, rounded
+/// to float16/bfloat16 (through f32, as PyTorch casts a scalar to the op's dtype) for those,
+/// and the integer truncated to the compute width.
 pub fn scalar_value(s: Scalar, compute: DType) -> f64 {
     match compute {
         DType::F64 => s.as_f64(),
+        DType::F16 => half::f16::from_f32(s.as_f64() as f32).to_f64(),
+        DType::BF16 => half::bf16::from_f32(s.as_f64() as f32).to_f64(),
         c if c.is_float() => s.as_f64() as f32 as f64,
         DType::I64 => s.as_i64() as f64,
         // Like PyTorch, a scalar takes the computation's dtype: `u8_tensor < -3` compares

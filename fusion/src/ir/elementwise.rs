@@ -86,6 +86,14 @@ pub(super) fn infer_binary(op: &Op, b: BinaryOp, args: &[ArgMeta]) -> OpResult<I
         return Err(float_operand_error(name, args));
     }
     let (dtype, compute) = match b {
+        BinaryOp::Mul | BinaryOp::Div
+            if matches!(float_of(common), DType::F16 | DType::BF16) && one_element(&args[1]) =>
+        {
+            // PyTorch multiplies and divides f16/bf16 by a single-element second operand (a
+            // Python scalar, a 0-dim tensor of any float dtype) with that operand kept in
+            // float32 (`original_scalar_value`), rounding once; other ops round it to f16 first.
+            (float_of(common), DType::F32)
+        }
         BinaryOp::Div | BinaryOp::Atan2 => (float_of(common), float_of(common)),
         BinaryOp::FloorDivide | BinaryOp::TruncDivide
             if matches!(common, DType::F16 | DType::BF16) && one_element(&args[1]) =>
@@ -232,6 +240,36 @@ mod tests {
             let r = binary(b, t(DType::BF16), t(DType::BF16)).unwrap();
             assert_eq!((r.dtype, r.compute), (DType::BF16, DType::BF16));
         }
+    }
+
+    #[test]
+    fn half_mul_and_div_by_one_element_compute_in_float32() {
+        for b in [BinaryOp::Mul, BinaryOp::Div] {
+            for d in [
+                ArgMeta::Scalar(Scalar::Float(0.1)),
+                ArgMeta::tensor(DType::F32, &[]),
+                ArgMeta::tensor(DType::BF16, &[1]),
+            ] {
+                let r = binary(b, t(DType::BF16), d).unwrap();
+                assert_eq!((r.dtype, r.compute), (DType::BF16, DType::F32));
+            }
+            let r = binary(b, ArgMeta::tensor(DType::F16, &[]), t(DType::F16)).unwrap();
+            assert_eq!(
+                (r.dtype, r.compute),
+                (DType::F16, DType::F16),
+                "a one-element first operand is rounded like any other"
+            );
+        }
+        let r = binary(
+            BinaryOp::Add,
+            t(DType::F16),
+            ArgMeta::Scalar(Scalar::Float(0.1)),
+        );
+        assert_eq!(
+            r.unwrap().compute,
+            DType::F16,
+            "add rounds the scalar to f16"
+        );
     }
 
     #[test]
