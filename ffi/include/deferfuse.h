@@ -1351,6 +1351,39 @@ DfuseStatus dfuse_event_query(const struct DfuseRuntime *rt, uint64_t event, boo
 DfuseStatus dfuse_event_synchronize(const struct DfuseRuntime *rt, uint64_t event);
 
 /**
+ * Creates an event that also keeps the time each record is reached (`torch.Event(
+ * enable_timing=True)`), for `dfuse_event_elapsed_ms`, and writes its handle to `*out` (0 on
+ * failure). Recording it queues one small job on the stream; a plain event queues none.
+ *
+ * # Safety
+ * `out` must be NULL or point to a writable `uint64_t`.
+ */
+DfuseStatus dfuse_event_create_timing(const struct DfuseRuntime *rt, uint64_t *out);
+
+/**
+ * Writes the milliseconds from `start`'s recorded point to `end`'s to `*ms` (negative when
+ * `end`'s point was reached first), blocking until both are reached. Both events must come from
+ * `dfuse_event_create_timing` and have been recorded, else `DFUSE_STATUS_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * `ms` must be NULL or point to a writable `double`.
+ */
+DfuseStatus dfuse_event_elapsed_ms(const struct DfuseRuntime *rt,
+                                   uint64_t start,
+                                   uint64_t end,
+                                   double *ms);
+
+/**
+ * Writes whether everything issued to `stream` (0 = default) has completed to `*done`. Pending
+ * deferred work is flushed first (so a loop polling this makes progress), then the call
+ * returns without waiting.
+ *
+ * # Safety
+ * `done` must be NULL or point to a writable `bool`.
+ */
+DfuseStatus dfuse_stream_query(const struct DfuseRuntime *rt, uint64_t stream, bool *done);
+
+/**
  * Creates a tensor holding a copy of `nbytes` bytes at `data`: row-major elements of `dtype`
  * (a `DfuseDtype`) with `ndim` sizes at `sizes`. `nbytes` must be exactly numel times the
  * element size. Writes the new handle to `*out` (0 on failure).

@@ -43,9 +43,10 @@ pub use runtime_registry::{
     DfuseConfig, DfuseRuntime,
 };
 pub use stream::{
-    dfuse_device_synchronize, dfuse_event_create, dfuse_event_destroy, dfuse_event_query,
-    dfuse_event_record, dfuse_event_synchronize, dfuse_event_wait, dfuse_stream_create,
-    dfuse_stream_destroy, dfuse_stream_synchronize,
+    dfuse_device_synchronize, dfuse_event_create, dfuse_event_create_timing, dfuse_event_destroy,
+    dfuse_event_elapsed_ms, dfuse_event_query, dfuse_event_record, dfuse_event_synchronize,
+    dfuse_event_wait, dfuse_stream_create, dfuse_stream_destroy, dfuse_stream_query,
+    dfuse_stream_synchronize,
 };
 pub use tensor::{
     dfuse_tensor_dtype, dfuse_tensor_empty, dfuse_tensor_from_host, dfuse_tensor_full,

@@ -152,3 +152,66 @@ pub unsafe extern "C" fn dfuse_event_synchronize(
         runtime(rt)?.synchronize_event(event)
     })
 }
+
+/// Creates an event that also keeps the time each record is reached (`torch.Event(
+/// enable_timing=True)`), for `dfuse_event_elapsed_ms`, and writes its handle to `*out` (0 on
+/// failure). Recording it queues one small job on the stream; a plain event queues none.
+///
+/// # Safety
+/// `out` must be NULL or point to a writable `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_event_create_timing(
+    rt: *const DfuseRuntime,
+    out: *mut u64,
+) -> DfuseStatus {
+    guard("dfuse_event_create_timing", || {
+        // SAFETY: the caller's contract.
+        unsafe { write_out(out, "out", 0)? };
+        let e = runtime(rt)?.create_timing_event()?;
+        // SAFETY: the caller's contract.
+        unsafe { write_out(out, "out", e) }
+    })
+}
+
+/// Writes the milliseconds from `start`'s recorded point to `end`'s to `*ms` (negative when
+/// `end`'s point was reached first), blocking until both are reached. Both events must come from
+/// `dfuse_event_create_timing` and have been recorded, else `DFUSE_STATUS_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `ms` must be NULL or point to a writable `double`.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_event_elapsed_ms(
+    rt: *const DfuseRuntime,
+    start: u64,
+    end: u64,
+    ms: *mut f64,
+) -> DfuseStatus {
+    guard("dfuse_event_elapsed_ms", || {
+        // SAFETY: the caller's contract.
+        unsafe { write_out(ms, "ms", 0.0)? };
+        let v = runtime(rt)?.event_elapsed_ms(start, end)?;
+        // SAFETY: the caller's contract.
+        unsafe { write_out(ms, "ms", v) }
+    })
+}
+
+/// Writes whether everything issued to `stream` (0 = default) has completed to `*done`. Pending
+/// deferred work is flushed first (so a loop polling this makes progress), then the call
+/// returns without waiting.
+///
+/// # Safety
+/// `done` must be NULL or point to a writable `bool`.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_stream_query(
+    rt: *const DfuseRuntime,
+    stream: u64,
+    done: *mut bool,
+) -> DfuseStatus {
+    guard("dfuse_stream_query", || {
+        // SAFETY: the caller's contract.
+        unsafe { write_out(done, "done", false)? };
+        let d = runtime(rt)?.query_stream(stream)?;
+        // SAFETY: the caller's contract.
+        unsafe { write_out(done, "done", d) }
+    })
+}

@@ -549,3 +549,74 @@ fn a_release_of_cached_memory_with_a_bad_out_pointer_releases_nothing() {
     assert!(freed > 0);
     assert_eq!(cached(), 0);
 }
+
+#[test]
+fn timing_events_on_a_stream_give_the_milliseconds_between_them() {
+    for mode in MODES {
+        let rt = Rt::new(mode);
+        let (mut s, mut a, mut b, mut plain) = (0, 0, 0, 0);
+        let mut ms = -1.0;
+        // SAFETY: valid out-pointers; handles come from this runtime.
+        unsafe {
+            ok(dfuse_stream_create(rt.0, &mut s));
+            ok(dfuse_event_create_timing(rt.0, &mut a));
+            ok(dfuse_event_create_timing(rt.0, &mut b));
+            ok(dfuse_event_create(rt.0, &mut plain));
+            ok(dfuse_event_record(rt.0, a, s));
+            let x = rt.f32s(&[1.0; 1024], &[1024]);
+            let mut y = 0;
+            ok(dfuse_op(
+                rt.0,
+                s,
+                DfuseOpKind::Unary as u32,
+                &attrs(DfuseUnaryOp::Exp as u32),
+                [t(x)].as_ptr(),
+                1,
+                0,
+                &mut y,
+            ));
+            ok(dfuse_event_record(rt.0, b, s));
+            ok(dfuse_event_elapsed_ms(rt.0, a, b, &mut ms));
+            assert!(ms >= 0.0, "{mode:?}: {ms}");
+            ok(dfuse_event_record(rt.0, plain, s));
+            assert_eq!(
+                dfuse_event_elapsed_ms(rt.0, a, plain, &mut ms),
+                DfuseStatus::InvalidArgument
+            );
+            assert!(
+                last_error().contains("the end event was created without timing"),
+                "{}",
+                last_error()
+            );
+            assert_eq!(ms, 0.0, "the out value is cleared on failure");
+            ok(dfuse_stream_synchronize(rt.0, s));
+            let mut done = false;
+            ok(dfuse_stream_query(rt.0, s, &mut done));
+            assert!(
+                done,
+                "{mode:?}: a synchronized stream has nothing left to run"
+            );
+            ok(dfuse_stream_destroy(rt.0, s));
+        }
+    }
+}
+
+#[test]
+fn querying_a_stream_flushes_its_deferred_work_so_polling_finishes() {
+    let rt = Rt::new(DfuseMode::Defer);
+    let x = rt.f32s(&[2.0; 16], &[16]);
+    let y = rt.op(
+        DfuseOpKind::Unary,
+        Some(&attrs(DfuseUnaryOp::Neg as u32)),
+        &[t(x)],
+    );
+    let mut done = false;
+    // SAFETY: valid out-pointer.
+    while !done {
+        ok(unsafe { dfuse_stream_query(rt.0, 0, &mut done) });
+    }
+    let mut state = 0;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { dfuse_tensor_state(rt.0, y, &mut state) });
+    assert_eq!(state, DfuseBufferState::Materialized as u32);
+}

@@ -11,6 +11,7 @@ pub mod buffer;
 pub mod config;
 mod dump;
 pub mod error;
+pub mod event;
 mod exec;
 pub mod handle;
 mod log;

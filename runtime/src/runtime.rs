@@ -6,10 +6,11 @@ use crate::backend::{Backend, Program};
 use crate::buffer::{Buffer, BufferState, Spares};
 use crate::config::{resolve_mode, resolve_threads, Config};
 use crate::error::{Error, Result};
+use crate::event::EventState;
 use crate::handle::{Handle, HandleTable};
 use crate::mode::{self, Mode};
 use crate::stats::{Counters, Stats, SyncReason};
-use crate::stream::{EventPoint, Stream};
+use crate::stream::Stream;
 use deferfuse_cache::ProgramCache;
 use deferfuse_fusion::ir::layout::checked_numel;
 use deferfuse_fusion::ir::{DType, Dims, Layout};
@@ -31,7 +32,7 @@ pub struct Runtime {
     pub(crate) cache: ProgramCache<Arc<dyn Program>>,
     pub(crate) tensors: HandleTable<Tensor>,
     pub(crate) streams: HandleTable<Arc<Stream>>,
-    pub(crate) events: HandleTable<Option<EventPoint>>,
+    pub(crate) events: HandleTable<EventState>,
     pub(crate) counters: Counters,
     pub(crate) config: Config,
     pub(crate) dump_dir: Option<PathBuf>,
@@ -166,6 +167,14 @@ impl Runtime {
         s.synchronize()
     }
 
+    /// True once everything issued to the stream has completed; pending deferred work is
+    /// flushed (not waited for) first, so a caller polling this makes progress.
+    pub fn query_stream(&self, stream: Handle) -> Result<bool> {
+        let s = self.stream(stream)?;
+        self.flush(&s, SyncReason::Event)?;
+        Ok(s.progress.completed() >= s.last_seq())
+    }
+
     /// Synchronizes every stream.
     pub fn synchronize_all(&self) -> Result<()> {
         let mut first = Ok(());
@@ -182,7 +191,13 @@ impl Runtime {
 
     /// A new, unrecorded event. Fails only when the runtime holds its maximum of live events.
     pub fn create_event(&self) -> Result<Handle> {
-        self.events.insert(None)
+        self.events.insert(EventState::new(false))
+    }
+
+    /// A new, unrecorded event that also keeps the time each record is reached, for
+    /// [`Runtime::event_elapsed_ms`] (a record then queues one small job on the stream).
+    pub fn create_timing_event(&self) -> Result<Handle> {
+        self.events.insert(EventState::new(true))
     }
 
     pub fn destroy_event(&self, e: Handle) -> Result<()> {
@@ -194,18 +209,13 @@ impl Runtime {
         let s = self.stream(stream)?;
         self.events.get(e)?;
         self.flush(&s, SyncReason::Event)?;
-        let point = EventPoint {
-            stream: s.id,
-            progress: s.progress.clone(),
-            seq: s.last_seq(),
-        };
-        self.events.update(e, |p| *p = Some(point))
+        self.events.update(e, |ev| ev.record(&s))
     }
 
     /// Makes `stream` wait (on its worker, not the host) until the event's point is reached.
     pub fn wait_event(&self, stream: Handle, e: Handle) -> Result<()> {
         let s = self.stream(stream)?;
-        if let Some(p) = self.events.get(e)? {
+        if let Some(p) = self.events.get(e)?.point {
             self.flush(&s, SyncReason::Event)?;
             s.wait_for(&p.progress, p.seq);
         }
@@ -217,15 +227,19 @@ impl Runtime {
         Ok(self
             .events
             .get(e)?
+            .point
             .is_none_or(|p| p.progress.completed() >= p.seq))
     }
 
     /// Blocks the host until the event's point is reached.
     pub fn synchronize_event(&self, e: Handle) -> Result<()> {
-        if let Some(p) = self.events.get(e)? {
-            p.progress.wait(p.seq);
-        }
+        self.events.get(e)?.wait();
         Ok(())
+    }
+
+    /// Milliseconds between two recorded timing events' points, waiting for both.
+    pub fn event_elapsed_ms(&self, start: Handle, end: Handle) -> Result<f64> {
+        EventState::elapsed_ms(&self.events.get(start)?, &self.events.get(end)?)
     }
 
     // ---- tensors ----
