@@ -2,6 +2,7 @@
 // package into torch.tpu.*: synchronize, modes, stats, pending dump, materialization state and
 // the fallback counters.
 #include "common.h"
+#include "streams.h"
 
 #include <torch/library.h>
 
@@ -38,9 +39,9 @@ std::vector<int64_t> stats() {
 
 std::string dump_pending() {
   size_t need = 0;
-  check(dfuse_pending_dump(rt(), 0, nullptr, 0, &need), "dump_pending");
+  check(dfuse_pending_dump(rt(), current_stream(), nullptr, 0, &need), "dump_pending");
   std::string buf(need, '\0');
-  check(dfuse_pending_dump(rt(), 0, buf.data(), need, &need),
+  check(dfuse_pending_dump(rt(), current_stream(), buf.data(), need, &need),
         "dump_pending");
   buf.resize(need > 0 ? need - 1 : 0);
   return buf;

@@ -1,7 +1,9 @@
 // Runtime access, mode propagation, handle <-> tensor conversion and op recording.
 #include "common.h"
+#include "streams.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/core/TensorImpl.h>
 
 #include <atomic>
@@ -214,6 +216,7 @@ Operands& Operands::t(const at::Tensor& x) {
     keep_.emplace_back(h, true);
   } else {
     keep_.push_back(ref(x));
+    tpu_.push_back(x);
   }
   DfuseOperand o{};
   o.kind = DFUSE_OPERAND_KIND_TENSOR;
@@ -256,15 +259,16 @@ DfuseAttrs attrs_sub(uint32_t sub_op) {
 
 at::Tensor run(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const char* name) {
   uint64_t h = 0;
-  check(dfuse_op(rt(), 0, kind, attrs, in.data(), in.size(), 0, &h), name);
+  check(dfuse_op(rt(), current_stream(), kind, attrs, in.data(), in.size(), 0, &h), name);
   return wrap(h);
 }
 
 void run_into(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const at::Tensor& out,
               const char* name) {
+  for (const auto& t : in.tpu_tensors()) at::assert_no_partial_overlap(out, t);
   Ref o = ref(out);
   uint64_t h = 0;
-  check(dfuse_op(rt(), 0, kind, attrs, in.data(), in.size(), o.get(), &h), name);
+  check(dfuse_op(rt(), current_stream(), kind, attrs, in.data(), in.size(), o.get(), &h), name);
 }
 
 at::Tensor unary(const at::Tensor& x, uint32_t op) {

@@ -85,17 +85,22 @@ class Operands {
   Operands& absent();
   const DfuseOperand* data() const { return ops_.data(); }
   size_t size() const { return ops_.size(); }
+  // The tpu tensor operands, for run_into's overlap check.
+  const std::vector<at::TensorBase>& tpu_tensors() const { return tpu_; }
 
  private:
   std::vector<DfuseOperand> ops_;
   std::vector<Ref> keep_;
+  std::vector<at::TensorBase> tpu_;
 };
 
 DfuseAttrs attrs_sub(uint32_t sub_op);
 
 // Records an op producing a new tensor.
 at::Tensor run(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const char* name);
-// Records an op writing its result into `out` (any view) in place.
+// Records an op writing its result into `out` (any view) in place. Like PyTorch's
+// TensorIterator it refuses an `out` that partially overlaps an input (the transpose of an
+// input, a shifted window of it): the result would depend on the order elements are written.
 void run_into(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const at::Tensor& out,
               const char* name);
 

@@ -1,5 +1,6 @@
 // Copies between host and device and within the device, item(), fill_ and zero_.
 #include "common.h"
+#include "streams.h"
 
 #include <ATen/ops/_to_copy_native.h>
 #include <torch/library.h>
@@ -27,7 +28,7 @@ void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
     in.kind = DFUSE_OPERAND_KIND_TENSOR;
     in.tensor = h;
     uint64_t res = 0;
-    check(dfuse_op(rt(), 0, DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "copy_");
+    check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "copy_");
     return;
   }
   if (!is_tpu(s)) {
@@ -44,7 +45,7 @@ void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
     in.kind = DFUSE_OPERAND_KIND_TENSOR;
     in.tensor = h;
     uint64_t res = 0;
-    check(dfuse_op(rt(), 0, DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "copy_");
+    check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "copy_");
     return;
   }
   if (!s.sizes().equals(dst.sizes())) s = s.expand(dst.sizes());
@@ -134,7 +135,7 @@ at::Tensor& fill_scalar_(at::Tensor& self, const at::Scalar& value) {
     v.f = value.toDouble();
   }
   uint64_t h = 0;
-  check(dfuse_tensor_full(rt(), 0, self.sizes().data(), self.dim(), v,
+  check(dfuse_tensor_full(rt(), current_stream(), self.sizes().data(), self.dim(), v,
                           to_dtype(self.scalar_type()), &h),
         "fill_");
   Ref full(h, true);
@@ -143,7 +144,7 @@ at::Tensor& fill_scalar_(at::Tensor& self, const at::Scalar& value) {
   in.kind = DFUSE_OPERAND_KIND_TENSOR;
   in.tensor = h;
   uint64_t res = 0;
-  check(dfuse_op(rt(), 0, DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "fill_");
+  check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "fill_");
   return self;
 }
 

@@ -2,6 +2,7 @@
 // resize, and the metadata-only view kernels.
 #include "common.h"
 #include "random.h"
+#include "streams.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -53,7 +54,7 @@ struct TpuAllocator final : c10::Allocator {
     in.kind = DFUSE_OPERAND_KIND_TENSOR;
     in.tensor = sv;
     uint64_t res = 0;
-    check(dfuse_op(rt(), 0, DFUSE_OP_KIND_COPY, nullptr, &in, 1, dv, &res), "copy_data");
+    check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, dv, &res), "copy_data");
   }
 };
 
@@ -112,25 +113,45 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::Device getDevice() const override { return c10::Device(T, 0); }
   void setDevice(c10::Device d) const override { check_index(d); }
   void uncheckedSetDevice(c10::Device) const noexcept override {}
-  // One device with its default stream: deferfuse streams are not exposed to torch yet.
+  // Streams map onto the runtime's (streams.h): the current one is per thread.
   c10::Stream getStream(c10::Device d) const override {
+    check_index(d);
+    return current_torch_stream();
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    check_index(d);
     return c10::Stream(c10::Stream::DEFAULT, c10::Device(T, 0));
   }
-  c10::Stream exchangeStream(c10::Stream) const override {
-    return c10::Stream(c10::Stream::DEFAULT, c10::Device(T, 0));
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override {
+    check_index(d);
+    return stream_from_pool();
   }
+  c10::Stream getNewStream(c10::Device d, int) const override {
+    check_index(d);
+    return stream_from_pool();
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override { return exchange_stream(s); }
   c10::DeviceIndex deviceCount() const noexcept override { return 1; }
-  void record(void** event, const c10::Stream&, const c10::DeviceIndex,
-              const c10::EventFlag) const override {
+  // An event is a runtime event handle; torch.Event(enable_timing=True) asks for
+  // BACKEND_DEFAULT and gets a timing event (elapsedTime below).
+  void record(void** event, const c10::Stream& s, const c10::DeviceIndex,
+              const c10::EventFlag flag) const override {
     uint64_t e = reinterpret_cast<uint64_t>(*event);
     if (e == 0) {
-      check(dfuse_event_create(rt(), &e), "creating an event");
+      if (flag == c10::EventFlag::BACKEND_DEFAULT) {
+        check(dfuse_event_create_timing(rt(), &e), "creating a timing event");
+      } else {
+        check(dfuse_event_create(rt(), &e), "creating an event");
+      }
       *event = reinterpret_cast<void*>(e);
     }
-    check(dfuse_event_record(rt(), e, 0), "recording an event");
+    check(dfuse_event_record(rt(), e, stream_handle(s)), "recording an event");
   }
-  void block(void* event, const c10::Stream&) const override {
-    if (event) check(dfuse_event_wait(rt(), 0, reinterpret_cast<uint64_t>(event)), "event wait");
+  void block(void* event, const c10::Stream& s) const override {
+    if (event) {
+      check(dfuse_event_wait(rt(), stream_handle(s), reinterpret_cast<uint64_t>(event)),
+            "event wait");
+    }
   }
   bool queryEvent(void* event) const override {
     if (!event) return true;
@@ -148,9 +169,21 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   void synchronizeEvent(void* event) const override {
     if (event) check(dfuse_event_synchronize(rt(), reinterpret_cast<uint64_t>(event)), "event sync");
   }
-  bool queryStream(const c10::Stream&) const override { return false; }
-  void synchronizeStream(const c10::Stream&) const override {
-    check(dfuse_stream_synchronize(rt(), 0), "stream synchronize");
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    TORCH_CHECK(start && end, "tpu: elapsed_time needs both events recorded first");
+    double ms = 0;
+    check(dfuse_event_elapsed_ms(rt(), reinterpret_cast<uint64_t>(start),
+                                 reinterpret_cast<uint64_t>(end), &ms),
+          "elapsed_time");
+    return ms;
+  }
+  bool queryStream(const c10::Stream& s) const override {
+    bool done = false;
+    check(dfuse_stream_query(rt(), stream_handle(s), &done), "stream query");
+    return done;
+  }
+  void synchronizeStream(const c10::Stream& s) const override {
+    check(dfuse_stream_synchronize(rt(), stream_handle(s)), "stream synchronize");
   }
   void synchronizeDevice(const c10::DeviceIndex) const override {
     check(dfuse_device_synchronize(rt()), "device synchronize");
@@ -257,7 +290,7 @@ const at::Tensor& resize_(const at::Tensor& self, at::IntArrayRef size,
       in.kind = DFUSE_OPERAND_KIND_TENSOR;
       in.tensor = sv;
       uint64_t res = 0;
-      check(dfuse_op(rt(), 0, DFUSE_OP_KIND_COPY, nullptr, &in, 1, dv, &res), "resize_ copy");
+      check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, dv, &res), "resize_ copy");
     }
     check(dfuse_tensor_retain(rt(), h), "resize_ retain");
     storage.set_data_ptr_noswap(data_ptr_for(h, dt, {n_new}, {1}));
