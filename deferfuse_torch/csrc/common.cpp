@@ -100,6 +100,10 @@ void check(DfuseStatus s, const char* what) {
   if (s != DFUSE_STATUS_OK) {
     // Copy first: the string lives only until the next dfuse_* call on this thread.
     std::string msg = dfuse_last_error();
+    // Python sees torch.OutOfMemoryError, as with CUDA, so `except torch.OutOfMemoryError`
+    // (e.g. a batch-size search) works on tpu too.
+    TORCH_CHECK_WITH(OutOfMemoryError, s != DFUSE_STATUS_OUT_OF_MEMORY, "deferfuse (", what,
+                     "): ", msg);
     TORCH_CHECK(false, "deferfuse (", what, "): ", msg);
   }
 }

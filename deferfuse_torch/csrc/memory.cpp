@@ -56,7 +56,22 @@ std::vector<int64_t> memory_counters() {
           std::max(g_peak_reserved.load(), g_peak_bytes.load())};
 }
 
+// The runtime's own counters: [bytes in use (with intermediates), their peak, the cap (0:
+// none), cached free bytes].
+std::vector<int64_t> runtime_memory() {
+  DfuseMemoryInfo m{};
+  check(dfuse_memory_info(rt(), &m), "memory info");
+  return {int64_t(m.live_bytes), int64_t(m.peak_live_bytes), int64_t(m.limit_bytes),
+          int64_t(m.cached_bytes)};
+}
+
+void set_memory_limit(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0, "tpu: a memory limit must be >= 0 bytes (0: none), got ", bytes);
+  check(dfuse_memory_limit_set(rt(), uint64_t(bytes)), "setting the memory limit");
+}
+
 void reset_peak_memory() {
+  check(dfuse_memory_peak_reset(rt()), "resetting the memory peak");
   g_peak_bytes.store(g_live_bytes.load());
   g_peak_count.store(g_live_count.load());
   g_peak_reserved.store(0);
@@ -83,4 +98,6 @@ void note_storage_free(int64_t bytes) {
 TORCH_LIBRARY_FRAGMENT(deferfuse, m) {
   m.def("memory_counters() -> int[]", &dft::memory_counters);
   m.def("reset_peak_memory() -> ()", &dft::reset_peak_memory);
+  m.def("runtime_memory() -> int[]", &dft::runtime_memory);
+  m.def("set_memory_limit(int bytes) -> ()", &dft::set_memory_limit);
 }

@@ -11,8 +11,9 @@ import torch
 from .streams import (  # noqa: F401
     Event, Stream, current_stream, default_stream, set_stream, stream)
 from .memory import (  # noqa: F401
-    empty_cache, max_memory_allocated, max_memory_reserved, mem_get_info, memory_allocated,
-    memory_reserved, memory_stats, reset_max_memory_allocated, reset_peak_memory_stats)
+    empty_cache, get_per_process_memory_fraction, max_memory_allocated, max_memory_reserved,
+    mem_get_info, memory_allocated, memory_reserved, memory_stats, reset_max_memory_allocated,
+    reset_peak_memory_stats, set_per_process_memory_fraction)
 
 _ops = torch.ops.deferfuse
 

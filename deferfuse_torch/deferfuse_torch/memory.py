@@ -91,3 +91,22 @@ def mem_get_info(device=None):
     """(free, total) bytes: the host's available and total memory, where tpu buffers live."""
     _check(device)
     return _host_memory()
+
+
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    """Caps the runtime's buffers in use at `fraction` of the host's memory (where they live):
+    an allocation past it raises torch.OutOfMemoryError naming the limit, as CUDA's does.
+    DEFERFUSE_MEMORY_LIMIT (bytes, with an optional K/M/G suffix) sets a cap at start."""
+    _check(device)
+    if not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+        raise ValueError(f"set_per_process_memory_fraction: expected a fraction in [0, 1], "
+                         f"got {fraction!r}")
+    _ops.set_memory_limit(max(1, int(fraction * _host_memory()[1])))
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    """The cap set by set_per_process_memory_fraction (or DEFERFUSE_MEMORY_LIMIT) as a fraction
+    of the host's memory; 1.0 when there is none."""
+    _check(device)
+    limit = _ops.runtime_memory()[2]
+    return 1.0 if limit == 0 else limit / _host_memory()[1]

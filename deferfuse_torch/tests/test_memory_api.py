@@ -96,3 +96,52 @@ def test_device_name_and_properties():
     with pytest.raises(RuntimeError, match="does not exist"):
         torch.tpu.get_device_properties(1)
 
+
+
+@pytest.fixture
+def no_memory_cap_after():
+    yield
+    torch.ops.deferfuse.set_memory_limit(0)
+
+
+def test_a_memory_fraction_cap_raises_out_of_memory_and_the_device_stays_usable(
+        mode, no_memory_cap_after):
+    keep = torch.ones(1024, device="tpu")
+    settle()
+    torch.tpu.set_per_process_memory_fraction(1e-9)  # about a few bytes of the host's memory
+    assert torch.tpu.get_per_process_memory_fraction() < 1e-6
+    with pytest.raises(torch.OutOfMemoryError, match="over the limit of"):
+        torch.ones(1 << 20, device="tpu").sum().item()
+    torch.ops.deferfuse.set_memory_limit(0)
+    assert torch.tpu.get_per_process_memory_fraction() == 1.0
+    assert (keep * 2).sum().item() == 2048.0
+
+
+def test_a_memory_fraction_outside_zero_to_one_is_refused():
+    with pytest.raises(ValueError, match=r"fraction in \[0, 1\]"):
+        torch.tpu.set_per_process_memory_fraction(1.5)
+
+
+def test_the_memory_limit_environment_variable_caps_a_new_process():
+    import subprocess
+    import sys
+    code = ("import torch, deferfuse_torch\n"
+            "try:\n"
+            "    torch.ones(1 << 22, device='tpu').sum().item()\n"
+            "except torch.OutOfMemoryError as e:\n"
+            "    print('OOM', 'DEFERFUSE_MEMORY_LIMIT' in str(e))\n")
+    env = dict(__import__("os").environ, DEFERFUSE_MEMORY_LIMIT="1M")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == "OOM True", out.stderr[-2000:]
+
+
+def test_the_runtimes_own_memory_peak_follows_its_buffers(mode):
+    settle()
+    torch.tpu.reset_peak_memory_stats()
+    live0, peak0, _, _ = torch.ops.deferfuse.runtime_memory()
+    assert peak0 == live0
+    x = torch.ones(1 << 18, device="tpu")
+    x.sum().item()
+    live1, peak1, _, _ = torch.ops.deferfuse.runtime_memory()
+    assert live1 >= live0 + (1 << 20) and peak1 >= live1

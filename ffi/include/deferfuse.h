@@ -913,6 +913,29 @@ typedef uint32_t DfuseViewKind;
 typedef struct DfuseRuntime DfuseRuntime;
 
 /**
+ * The runtime's memory counters (`dfuse_memory_info`).
+ */
+typedef struct DfuseMemoryInfo {
+  /**
+   * Bytes of buffers in use now (allocation sizes rounded up to the allocator's buckets;
+   * intermediates of running programs included).
+   */
+  uint64_t live_bytes;
+  /**
+   * The largest `live_bytes` since the runtime was made or `dfuse_memory_peak_reset`.
+   */
+  uint64_t peak_live_bytes;
+  /**
+   * The cap on `live_bytes` (0: none).
+   */
+  uint64_t limit_bytes;
+  /**
+   * Bytes of freed blocks kept for reuse (`dfuse_release_cached_memory` returns them).
+   */
+  uint64_t cached_bytes;
+} DfuseMemoryInfo;
+
+/**
  * The attributes of a `dfuse_op` call; which fields are read depends on the `DfuseOpKind`, the
  * others are ignored. May be NULL for kinds that read none.
  */
@@ -1133,6 +1156,33 @@ const char *dfuse_last_error(void);
  * The library version, e.g. "0.1.0": a static string, never freed.
  */
 const char *dfuse_version(void);
+
+/**
+ * Writes the memory counters to `*out`.
+ *
+ * # Safety
+ * `out` must be NULL or point to a writable `DfuseMemoryInfo`.
+ */
+DfuseStatus dfuse_memory_info(const struct DfuseRuntime *rt, struct DfuseMemoryInfo *out);
+
+/**
+ * Caps the bytes of buffers in use at `bytes` (0 removes the cap; `DEFERFUSE_MEMORY_LIMIT`
+ * sets it at creation). An allocation past the cap fails with `DFUSE_STATUS_OUT_OF_MEMORY`
+ * naming the limit; buffers already in use stay.
+ *
+ * # Safety
+ * Always safe to call; `rt` is checked against live runtimes.
+ */
+DfuseStatus dfuse_memory_limit_set(const struct DfuseRuntime *rt, uint64_t bytes);
+
+/**
+ * Restarts the peak of memory in use (`DfuseMemoryInfo.peak_live_bytes`) from the current
+ * value.
+ *
+ * # Safety
+ * Always safe to call; `rt` is checked against live runtimes.
+ */
+DfuseStatus dfuse_memory_peak_reset(const struct DfuseRuntime *rt);
 
 /**
  * Records an op on `stream` (0 = default stream) according to the calling thread's mode.

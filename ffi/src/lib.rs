@@ -25,6 +25,7 @@
 
 mod error;
 mod kernel_op;
+mod memory;
 mod op;
 mod pending;
 mod runtime_registry;
@@ -35,6 +36,9 @@ mod view;
 
 pub use error::DfuseStatus;
 pub use kernel_op::{DfuseRandomDist, DfuseScanOp, DfuseScatterReduce};
+pub use memory::{
+    dfuse_memory_info, dfuse_memory_limit_set, dfuse_memory_peak_reset, DfuseMemoryInfo,
+};
 pub use op::{dfuse_op, DfuseAttrs, DfuseBinaryOp, DfuseOpKind, DfuseReduceOp, DfuseUnaryOp};
 pub use pending::dfuse_pending_dump;
 pub use runtime_registry::{

@@ -184,6 +184,8 @@ pub(crate) fn config_from(c: &DfuseConfig) -> Result<Config> {
         backend,
         num_threads: count(c.num_threads, 0, "cfg->num_threads")?,
         pjrt_plugin,
+        // From DEFERFUSE_MEMORY_LIMIT; dfuse_memory_limit_set changes it at run time.
+        memory_limit_bytes: 0,
     })
 }
 

@@ -620,3 +620,42 @@ fn querying_a_stream_flushes_its_deferred_work_so_polling_finishes() {
     ok(unsafe { dfuse_tensor_state(rt.0, y, &mut state) });
     assert_eq!(state, DfuseBufferState::Materialized as u32);
 }
+
+#[test]
+fn a_memory_limit_turns_an_allocation_past_it_into_out_of_memory() {
+    let rt = Rt::new(DfuseMode::Strict);
+    let mut info = DfuseMemoryInfo::default();
+    // SAFETY: valid out-pointers; handles come from this runtime.
+    unsafe {
+        let x = rt.f32s(&[1.0; 1024], &[1024]);
+        ok(dfuse_memory_info(rt.0, &mut info));
+        assert!(info.live_bytes >= 4096, "{info:?}");
+        ok(dfuse_memory_limit_set(rt.0, info.live_bytes + 1024));
+        let mut h = 0;
+        let big = vec![0f32; 4096];
+        let s = dfuse_tensor_from_host(
+            rt.0,
+            big.as_ptr().cast(),
+            big.len() * 4,
+            DfuseDtype::F32 as u32,
+            [4096i64].as_ptr(),
+            1,
+            &mut h,
+        );
+        assert_eq!(s, DfuseStatus::OutOfMemory);
+        assert!(
+            last_error().contains("over the limit of"),
+            "{}",
+            last_error()
+        );
+        ok(dfuse_memory_limit_set(rt.0, 0));
+        rt.f32s(&big, &[4096]);
+        ok(dfuse_memory_info(rt.0, &mut info));
+        assert_eq!(info.limit_bytes, 0);
+        assert!(info.peak_live_bytes >= info.live_bytes);
+        ok(dfuse_tensor_release(rt.0, x));
+        ok(dfuse_memory_peak_reset(rt.0));
+        ok(dfuse_memory_info(rt.0, &mut info));
+        assert_eq!(info.peak_live_bytes, info.live_bytes);
+    }
+}

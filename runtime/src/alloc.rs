@@ -27,6 +27,12 @@ pub struct AllocStats {
     pub misses: u64,
     /// Bytes held in the cache right now.
     pub cached_bytes: u64,
+    /// Bytes of blocks in use right now (bucket capacities), and their peak since creation or
+    /// the last [`HostAllocator::reset_peak`].
+    pub live_bytes: u64,
+    pub peak_live_bytes: u64,
+    /// The cap on `live_bytes` (0: none).
+    pub limit_bytes: u64,
 }
 
 /// Size-bucketed cache of freed blocks, bounded by `limit` bytes.
@@ -36,6 +42,11 @@ pub struct HostAllocator {
     limit: usize,
     hits: AtomicU64,
     misses: AtomicU64,
+    live: AtomicUsize,
+    peak_live: AtomicUsize,
+    /// The cap on `live` bytes; 0 means none. An allocation past it fails with a clear
+    /// out-of-memory error instead of the host swapping or the process being killed.
+    live_limit: AtomicUsize,
 }
 
 impl HostAllocator {
@@ -47,7 +58,38 @@ impl HostAllocator {
             limit,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            live: AtomicUsize::new(0),
+            peak_live: AtomicUsize::new(0),
+            live_limit: AtomicUsize::new(0),
         })
+    }
+
+    /// Caps the bytes of blocks in use (0 removes the cap). Blocks already in use stay.
+    pub fn set_live_limit(&self, bytes: usize) {
+        self.live_limit.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Restarts the peak of live bytes from the current value.
+    pub fn reset_peak(&self) {
+        self.peak_live
+            .store(self.live.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    /// Counts `cap` more live bytes, or refuses them past the cap.
+    fn reserve(&self, len: usize, cap: usize) -> Result<()> {
+        let now = self.live.fetch_add(cap, Ordering::Relaxed) + cap;
+        let limit = self.live_limit.load(Ordering::Relaxed);
+        if limit != 0 && now > limit {
+            self.live.fetch_sub(cap, Ordering::Relaxed);
+            return Err(Error::OutOfMemory(format!(
+                "allocating {len} bytes would take the memory in use to {now} bytes, over the \
+                 limit of {limit} bytes (DEFERFUSE_MEMORY_LIMIT, or \
+                 torch.tpu.set_per_process_memory_fraction); free tensors, lower the batch \
+                 size, or raise the limit"
+            )));
+        }
+        self.peak_live.fetch_max(now, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The capacity a request of `len` bytes gets: powers of two up to 64 KiB, then multiples
@@ -69,6 +111,11 @@ impl HostAllocator {
     /// A block of at least `len` bytes; zero-filled when `zeroed`, else with any contents.
     pub fn allocate(self: &Arc<Self>, len: usize, zeroed: bool) -> Result<Storage> {
         let cap = Self::bucket(len);
+        self.reserve(len, cap)?;
+        let unreserve = |e| {
+            self.live.fetch_sub(cap, Ordering::Relaxed);
+            e
+        };
         let cached = self
             .free
             .lock()
@@ -87,7 +134,7 @@ impl HostAllocator {
             }
             None => {
                 self.misses.fetch_add(1, Ordering::Relaxed);
-                let layout = Self::layout(cap)?;
+                let layout = Self::layout(cap).map_err(unreserve)?;
                 // SAFETY: the layout has a non-zero size.
                 let p = unsafe {
                     if zeroed {
@@ -96,11 +143,13 @@ impl HostAllocator {
                         alloc(layout)
                     }
                 };
-                NonNull::new(p).ok_or_else(|| {
-                    Error::OutOfMemory(format!(
-                        "allocating {len} bytes failed; free tensors, call release_cached_memory, or lower the batch size"
-                    ))
-                })?
+                NonNull::new(p)
+                    .ok_or_else(|| {
+                        Error::OutOfMemory(format!(
+                            "allocating {len} bytes failed; free tensors, call release_cached_memory, or lower the batch size"
+                        ))
+                    })
+                    .map_err(unreserve)?
             }
         };
         Ok(Storage {
@@ -112,6 +161,7 @@ impl HostAllocator {
     }
 
     fn give_back(&self, ptr: NonNull<u8>, cap: usize) {
+        self.live.fetch_sub(cap, Ordering::Relaxed);
         if self.cached.fetch_add(cap, Ordering::Relaxed) + cap <= self.limit {
             self.free
                 .lock()
@@ -146,6 +196,9 @@ impl HostAllocator {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             cached_bytes: self.cached.load(Ordering::Relaxed) as u64,
+            live_bytes: self.live.load(Ordering::Relaxed) as u64,
+            peak_live_bytes: self.peak_live.load(Ordering::Relaxed) as u64,
+            limit_bytes: self.live_limit.load(Ordering::Relaxed) as u64,
         }
     }
 }
@@ -219,6 +272,43 @@ mod tests {
         assert!(a.stats().cached_bytes <= 300_000);
         assert!(a.release_cached() > 0);
         assert_eq!(a.stats().cached_bytes, 0);
+    }
+
+    #[test]
+    fn live_bytes_and_their_peak_follow_blocks_in_use() {
+        let a = HostAllocator::new(1 << 20);
+        let x = a.allocate(1000, false).unwrap();
+        let y = a.allocate(100, false).unwrap();
+        assert_eq!(a.stats().live_bytes, 1024 + 128);
+        drop(x);
+        assert_eq!(
+            (a.stats().live_bytes, a.stats().peak_live_bytes),
+            (128, 1152)
+        );
+        a.reset_peak();
+        assert_eq!(a.stats().peak_live_bytes, 128);
+        drop(y);
+        assert_eq!(a.stats().live_bytes, 0);
+    }
+
+    #[test]
+    fn an_allocation_past_the_live_limit_is_an_out_of_memory_error() {
+        let a = HostAllocator::new(1 << 20);
+        a.set_live_limit(4096);
+        let x = a.allocate(4000, false).unwrap();
+        let e = a.allocate(64, false).err().expect("over the limit");
+        assert!(matches!(e, Error::OutOfMemory(_)));
+        assert!(
+            e.to_string().contains("over the limit of 4096 bytes"),
+            "{e}"
+        );
+        drop(x);
+        assert!(a.allocate(64, false).is_ok(), "freed memory counts again");
+        assert_eq!(
+            a.stats().live_bytes,
+            0,
+            "the refused request is not counted"
+        );
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub struct Config {
     /// Threads one program may split its loops over; 0 reads `DEFERFUSE_NUM_THREADS`, and
     /// without it uses every core.
     pub num_threads: usize,
+    /// Bytes of buffers that may be in use at once (an allocation past it is an out-of-memory
+    /// error); 0 reads `DEFERFUSE_MEMORY_LIMIT`, and without it there is no cap.
+    pub memory_limit_bytes: usize,
 }
 
 impl Default for Config {
@@ -52,6 +55,7 @@ impl Default for Config {
             backend: None,
             pjrt_plugin: None,
             num_threads: 0,
+            memory_limit_bytes: 0,
         }
     }
 }
@@ -112,6 +116,34 @@ fn parse_threads(v: &str) -> Result<Option<usize>> {
     }
 }
 
+/// The cap on buffer bytes in use: the config's, else `DEFERFUSE_MEMORY_LIMIT`, else none (0).
+pub fn resolve_memory_limit(config: &Config) -> Result<usize> {
+    if config.memory_limit_bytes > 0 {
+        return Ok(config.memory_limit_bytes);
+    }
+    match std::env::var("DEFERFUSE_MEMORY_LIMIT") {
+        Err(_) => Ok(0),
+        Ok(v) => parse_bytes(&v).ok_or_else(|| {
+            Error::Config(format!(
+                "DEFERFUSE_MEMORY_LIMIT = {v:?}: expected bytes as an integer with an optional \
+                 K, M or G suffix (powers of 1024), e.g. 8G; 0 or unset means no limit"
+            ))
+        }),
+    }
+}
+
+/// Bytes written as an integer with an optional K/M/G suffix (powers of 1024).
+fn parse_bytes(v: &str) -> Option<usize> {
+    let v = v.trim();
+    let (digits, shift) = match v.as_bytes().last()? {
+        b'K' | b'k' => (&v[..v.len() - 1], 10),
+        b'M' | b'm' => (&v[..v.len() - 1], 20),
+        b'G' | b'g' => (&v[..v.len() - 1], 30),
+        _ => (v, 0),
+    };
+    digits.trim().parse::<usize>().ok()?.checked_mul(1 << shift)
+}
+
 /// The PJRT plugin path, from the config or `DEFERFUSE_PJRT_PLUGIN`.
 pub fn resolve_pjrt_plugin(config: &Config) -> Result<PathBuf> {
     if let Some(p) = &config.pjrt_plugin {
@@ -131,6 +163,16 @@ pub fn resolve_pjrt_plugin(config: &Config) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_memory_limit_is_bytes_with_an_optional_binary_suffix() {
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes(" 8G "), Some(8 << 30));
+        assert_eq!(parse_bytes("512m"), Some(512 << 20));
+        assert_eq!(parse_bytes("0"), Some(0));
+        assert_eq!(parse_bytes("lots"), None);
+        assert_eq!(parse_bytes("-1K"), None);
+    }
 
     #[test]
     fn backend_names_parse_and_cpu_is_the_default() {

@@ -4,7 +4,7 @@
 use crate::alloc::HostAllocator;
 use crate::backend::{Backend, Program};
 use crate::buffer::{Buffer, BufferState, Spares};
-use crate::config::{resolve_mode, resolve_threads, Config};
+use crate::config::{resolve_memory_limit, resolve_mode, resolve_threads, Config};
 use crate::error::{Error, Result};
 use crate::event::EventState;
 use crate::handle::{Handle, HandleTable};
@@ -70,6 +70,8 @@ impl Runtime {
         let default_stream = streams.insert(default_stream_ref.clone())?;
         let dump_dir = std::env::var_os("DEFERFUSE_DUMP_DIR").map(PathBuf::from);
         let threads = resolve_threads(&config)?;
+        let host = HostAllocator::new(config.host_cache_bytes);
+        host.set_live_limit(resolve_memory_limit(&config)?);
         Ok(Runtime {
             backend: crate::backend::create(&config, dump_dir.clone(), threads)?,
             cache: ProgramCache::new(config.cache_capacity),
@@ -78,7 +80,7 @@ impl Runtime {
             events: HandleTable::new("event", tag),
             counters: Counters::default(),
             dump_dir,
-            host: HostAllocator::new(config.host_cache_bytes),
+            host,
             spares: Spares::default(),
             config,
             default_mode,
@@ -431,6 +433,23 @@ impl Runtime {
     /// their memory.
     pub fn release_cached_memory(&self) -> u64 {
         self.host.release_cached() as u64
+    }
+
+    /// The host memory in use, its peak, the cap and the cached free blocks.
+    pub fn memory(&self) -> crate::alloc::AllocStats {
+        self.host.stats()
+    }
+
+    /// Caps the bytes of buffers in use (0: no cap): an allocation past it fails with
+    /// `Error::OutOfMemory` naming the limit, and buffers already in use stay.
+    pub fn set_memory_limit(&self, bytes: u64) {
+        self.host
+            .set_live_limit(usize::try_from(bytes).unwrap_or(usize::MAX));
+    }
+
+    /// Restarts the peak of memory in use from the current value.
+    pub fn reset_memory_peak(&self) {
+        self.host.reset_peak();
     }
 
     /// A snapshot of the counters.
