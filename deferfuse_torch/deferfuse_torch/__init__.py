@@ -37,10 +37,10 @@ from . import module_apply as _module_apply  # noqa: E402
 # Tied weights stay tied across .to("tpu") / .to("cpu") (see module_apply).
 _module_apply.install()
 
-from . import dynamo_hook as _dynamo_hook  # noqa: E402
+from . import compile_hooks as _compile_hooks  # noqa: E402
 
 # torch.compile(model, backend="tpu"); plain torch.compile raises a message saying so.
-_dynamo_hook.install()
+_compile_hooks.install()
 
 from .device import (  # noqa: E402,F401
     MODES, device_count, dump_pending, fallback_counts, get_mode, is_available,

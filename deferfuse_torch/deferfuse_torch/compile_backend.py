@@ -10,8 +10,8 @@ stream's plan cache hands back the same plan, so a replay is not planned again.
 The graphs' ops still reach the runtime one by one through PyTorch's dispatcher (the FX
 graph's Python code calls each ATen op), which is what a replay costs beyond its programs.
 
-This module imports torch._dynamo, so the package imports it only when Dynamo is loaded
-(`dynamo_hook`)."""
+This module imports torch._dynamo; the package registers the backend without importing it
+(`compile_hooks`)."""
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -23,22 +23,42 @@ _ops = torch.ops.deferfuse
 _DEFER = MODES["defer"]
 _DEBUG = MODES["debug"]
 
-# A kernel registered under any of these keys runs on the device (a composite one decomposes
-# into ops that do); an op with none of them goes to the boxed CPU fallback.
-_DEVICE_KEYS = ("PrivateUse1", "CompositeExplicitAutograd",
-                "CompositeExplicitAutogradNonFunctional", "CompositeImplicitAutograd")
-
-
 def op_name(op: torch._ops.OpOverload) -> str:
     """The dispatcher's name of an overload, e.g. "aten::add.Tensor" or "aten::sinh"."""
     schema = op._schema
     return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
 
 
+def _has_kernel(name: str, key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+
+
+def _out_overload(op: torch._ops.OpOverload):
+    """The out= overload a generated functional kernel calls (sinh -> sinh.out,
+    add.Tensor -> add.out), or None."""
+    packet = getattr(torch.ops.aten, op._schema.name.split("::")[1], None)
+    base = op._schema.overload_name
+    for name in ("out", f"{base}_out") if base else ("out",):
+        if packet is not None and name in packet.overloads():
+            return getattr(packet, name)
+    return None
+
+
 def has_device_kernel(op: torch._ops.OpOverload) -> bool:
-    """Whether the op runs on the device rather than through the CPU fallback."""
+    """Whether the op runs on the device rather than through the CPU fallback: it has a tpu
+    kernel, or a composite kernel (which calls other ops; those are not followed), except
+    the functional kernels PyTorch generates from an op's out= form, which only call that
+    form: they run on the device if the out= form has a tpu kernel."""
     name = op_name(op)
-    return any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in _DEVICE_KEYS)
+    if _has_kernel(name, "PrivateUse1"):
+        return True
+    if _has_kernel(name, "CompositeExplicitAutograd") or _has_kernel(
+            name, "CompositeImplicitAutograd"):
+        return True
+    if _has_kernel(name, "CompositeExplicitAutogradNonFunctional"):
+        out = _out_overload(op)
+        return out is not None and _has_kernel(op_name(out), "PrivateUse1")
+    return False
 
 
 def fallback_ops(gm: torch.fx.GraphModule) -> list:
@@ -97,9 +117,9 @@ def _graph_compiler(fullgraph: bool, which: str):
             if missing:
                 raise RuntimeError(
                     f"torch.compile(backend=\"tpu\", fullgraph=True): the {which} graph calls "
-                    f"{', '.join(missing)}, which has no tpu kernel and would run on the CPU "
-                    "fallback, outside the graph's device program; compile without "
-                    "fullgraph=True to let it run there")
+                    f"{', '.join(missing)} with no tpu kernel: it would run on the CPU fallback, "
+                    "outside the graph's device program; compile without fullgraph=True to "
+                    "let it run there")
         return DeferredGraph(gm)
     return compile_graph
 
@@ -114,14 +134,3 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         bw_compiler=_graph_compiler(fullgraph, "backward"),
         inference_compiler=_graph_compiler(fullgraph, "inference"),
     )(gm, example_inputs, **kwargs)
-
-
-_registered = False
-
-
-def register() -> None:
-    """Registers the backend under the name "tpu" (once)."""
-    global _registered
-    if not _registered:
-        torch._dynamo.register_backend(tpu_backend, name="tpu")
-        _registered = True

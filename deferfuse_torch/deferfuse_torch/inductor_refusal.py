@@ -9,11 +9,9 @@ Inductor's supported hook for an out-of-tree device, `register_backend_for_devic
 replace the code generator: Inductor still lowers the graph to its loop-level IR and asks the
 device for kernels over it (the Pallas backend is thousands of lines of that), and nothing in
 Dynamo or Inductor lets a device hand the whole graph to another Dynamo backend. So this
-registers, through that hook, a code generator that refuses at once with a message saying to
+registers (`compile_hooks`), through that hook, a code generator that refuses at once with a message saying to
 pass `backend="tpu"` (`compile_backend`), which runs the graph on deferfuse. CPU and other
 devices' graphs are untouched: the registration is for the device type "tpu" only."""
-
-import torch
 
 MESSAGE = (
     "torch.compile: Inductor, the default backend, has no code generator for the deferfuse "
@@ -35,11 +33,3 @@ class RefusingCodegen:
     @classmethod
     def create(cls, *args, **kwargs):
         raise RuntimeError(MESSAGE)
-
-
-def register() -> None:
-    """Takes the device type "tpu" in Inductor's registry of code generators. Inductor fills
-    in its built-in ones only for types nobody registered, so this holds whichever runs first."""
-    from torch._inductor.codegen.common import register_backend_for_device
-    register_backend_for_device("tpu", RefusingCodegen, RefusingCodegen, RefusingCodegen,
-                                RefusingCodegen)
