@@ -16,6 +16,7 @@ This module imports torch._dynamo; the package registers the backend without imp
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
+from . import graph_order
 from .device import MODES
 
 _ops = torch.ops.deferfuse
@@ -120,7 +121,7 @@ def _graph_compiler(fullgraph: bool, which: str):
                     f"{', '.join(missing)} with no tpu kernel: it would run on the CPU fallback, "
                     "outside the graph's device program; compile without fullgraph=True to "
                     "let it run there")
-        return DeferredGraph(gm)
+        return DeferredGraph(graph_order.reorder_for_fusion(gm))
     return compile_graph
 
 
@@ -133,4 +134,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         fw_compiler=_graph_compiler(fullgraph, "forward"),
         bw_compiler=_graph_compiler(fullgraph, "backward"),
         inference_compiler=_graph_compiler(fullgraph, "inference"),
+        # Copies into mutated inputs (an optimizer's parameters) stay in the graph, so they
+        # are recorded in defer mode with the rest and fuse with what computes them.
+        keep_inference_input_mutations=True,
     )(gm, example_inputs, **kwargs)

@@ -183,3 +183,25 @@ def test_plain_torch_compile_on_tpu_tensors_says_to_pass_backend_tpu():
     with pytest.raises(Exception, match=r'backend="tpu"') as err:
         compiled(torch.randn(4).to("tpu"))
     assert "jax" not in str(err.value).split("(PyTorch's own")[0]
+
+
+def test_a_compiled_adamw_step_matches_eager_and_fuses_each_parameter_update():
+    model = mlp()
+    eager, compiled = copy.deepcopy(model).to("tpu"), copy.deepcopy(model).to("tpu")
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, compiled)]
+    step = torch.compile(opts[1].step, backend="tpu")
+    x = torch.randn(16, 32).to("tpu")
+    for i in range(3):
+        for m in (eager, compiled):
+            m(x).square().mean().backward()
+        opts[0].step()
+        before = deferfuse_torch.stats()
+        step()
+        torch.tpu.synchronize()
+        after = deferfuse_torch.stats()
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.cpu(), a.cpu(), rtol=RTOL, atol=ATOL)
+    # Eager foreach AdamW alternates between parameters op by op; the compiled step is
+    # reordered into one chain per parameter (graph_order), each one fused program that
+    # also writes the moments and the parameter in place.
+    assert after["programs_run"] - before["programs_run"] <= len(list(compiled.parameters()))
