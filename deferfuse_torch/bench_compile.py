@@ -81,21 +81,29 @@ class Runner:
             self.forward = torch.compile(self.model, backend=backend)
             self.opt = CompiledStep(opt, backend)
         self.batches = [model_zoo.to_device(b, device) for b in w.batches]
-        self.times, self.losses = [], []
+        self.times, self.losses, self.ops, self.programs = [], [], [], []
 
     def step(self, i, timed):
         batch = self.batches[i % len(self.batches)]
+        s0 = deferfuse_torch.stats()
         t0 = time.perf_counter()
         loss = model_zoo.train_step(self.w, self.forward, self.opt, batch).item()
         if self.device == "tpu":
             torch.tpu.synchronize()
         dt = time.perf_counter() - t0
+        s1 = deferfuse_torch.stats()
         self.losses.append(loss)
         if timed:
             self.times.append(dt)
+            self.ops.append(s1["ops_recorded"] - s0["ops_recorded"])
+            self.programs.append(s1["programs_run"] - s0["programs_run"])
 
     def median_ms(self):
         return statistics.median(self.times) * 1e3
+
+    def per_step(self):
+        """Median ops recorded and programs run per step, as "ops/programs"."""
+        return f"{statistics.median(self.ops):.0f}/{statistics.median(self.programs):.0f}"
 
 
 def bench_training(name, args):
@@ -107,11 +115,12 @@ def bench_training(name, args):
             for r in runners:
                 r.step(i, timed=i >= args.warmup)
     ms = {r.label: r.median_ms() for r in runners}
+    counts = {r.label: r.per_step() for r in runners[:2]}
     # The runners train the same model on the same batches: a loss far off means a runner
     # computes something else, which would make its time meaningless.
     worst = max(abs(a - b) / max(abs(b), 1e-6)
                 for r in runners[:2] for a, b in zip(r.losses, runners[2].losses))
-    return name, w.description, ms, worst
+    return name, w.description, ms, counts, worst
 
 
 def chain(n_ops):
@@ -178,18 +187,21 @@ def main(args):
         print(f"one training step, median of {args.steps} interleaved rounds after "
               f"{args.warmup} warm-up; threads: {args.threads} (torch and deferfuse)")
         head = (f"{'model':10s} {'tpu compiled':>12s} {'tpu defer':>10s} {'inductor':>10s} "
-                f"{'ind/tpu-c':>9s} {'defer/tpu-c':>11s} {'loss diff':>9s}")
+                f"{'ind/tpu-c':>9s} {'defer/tpu-c':>11s} {'loss diff':>9s} | "
+                f"{'ops/progs compiled':>18s} {'ops/progs defer':>15s}")
         print(head)
         print("-" * len(head))
         notes = []
         for name in [n for n in args.models.split(",") if n]:
-            name, desc, ms, worst = bench_training(name, args)
+            name, desc, ms, counts, worst = bench_training(name, args)
             c = ms["tpu compiled"]
             print(f"{name:10s} {c:12.2f} {ms['tpu defer']:10.2f} {ms['inductor']:10.2f} "
-                  f"{ms['inductor'] / c:9.2f} {ms['tpu defer'] / c:11.2f} {worst:9.1e}")
+                  f"{ms['inductor'] / c:9.2f} {ms['tpu defer'] / c:11.2f} {worst:9.1e} | "
+                  f"{counts['tpu compiled']:>18s} {counts['tpu defer']:>15s}")
             notes.append(f"  {name}: {desc}")
         print("ms per step; ind/tpu-c above 1: compiled tpu beats inductor on CPU; loss diff: "
-              "the largest relative difference of a tpu loss from inductor's")
+              "the largest relative difference of a tpu loss from inductor's; ops/progs: ops "
+              "recorded and programs run per step (medians)")
         print("\n".join(notes))
         print()
     print(f"replaying a graph of {args.ops} elementwise ops on 16 floats, median of "

@@ -78,13 +78,15 @@ def fallback_ops(gm: torch.fx.GraphModule) -> list:
 class DeferredGraph:
     """One AOTAutograd graph, run as one deferred trace.
 
-    AOTAutograd calls it with the boxed calling convention (one list of arguments), which lets
-    it drop its references to the inputs as the graph goes. Debug mode is kept rather than
+    AOTAutograd calls it with the boxed calling convention (one list of arguments). Debug
+    mode is kept rather than
     forced to defer: it exists to make each op wait and report its own error, which is what
     someone debugging a compiled graph wants."""
 
     def __init__(self, gm: torch.fx.GraphModule):
         self.gm = gm
+        # The generated code itself: GraphModule.__call__ adds nn.Module's hook handling.
+        self.forward = gm.forward
         # An instance attribute: AOTAutograd wraps the backward in torch._dynamo.disable,
         # whose functools.wraps copies the instance's __dict__ (not class attributes).
         self._boxed_call = True
@@ -92,10 +94,10 @@ class DeferredGraph:
     def __call__(self, args: list):
         prev = _ops.get_mode()
         if prev == _DEFER or prev == _DEBUG:
-            return self.gm(*args)
+            return self.forward(*args)
         _ops.set_mode(_DEFER)
         try:
-            return self.gm(*args)
+            return self.forward(*args)
         finally:
             _ops.set_mode(prev)
 

@@ -144,8 +144,9 @@ def _descendants(node):
 def _is_view(node) -> bool:
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
-    returns = node.target._schema.returns
-    return bool(returns) and returns[0].alias_info is not None and not node.target._schema.is_mutable
+    schema = node.target._schema
+    return bool(schema.returns) and schema.returns[0].alias_info is not None and not (
+        schema.is_mutable)
 
 
 def _readers(node):

@@ -9,9 +9,10 @@ Inductor's supported hook for an out-of-tree device, `register_backend_for_devic
 replace the code generator: Inductor still lowers the graph to its loop-level IR and asks the
 device for kernels over it (the Pallas backend is thousands of lines of that), and nothing in
 Dynamo or Inductor lets a device hand the whole graph to another Dynamo backend. So this
-registers (`compile_hooks`), through that hook, a code generator that refuses at once with a message saying to
-pass `backend="tpu"` (`compile_backend`), which runs the graph on deferfuse. CPU and other
-devices' graphs are untouched: the registration is for the device type "tpu" only."""
+package registers (`compile_hooks`), through that hook, a code generator that refuses at once
+with a message saying to pass `backend="tpu"` (`compile_backend`), which runs the graph on
+deferfuse. CPU and other devices' graphs are untouched: the registration is for the device
+type "tpu" only."""
 
 MESSAGE = (
     "torch.compile: Inductor, the default backend, has no code generator for the deferfuse "
