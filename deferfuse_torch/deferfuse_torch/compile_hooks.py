@@ -10,7 +10,6 @@ other's imports (torch._inductor imports torch._dynamo, which imports parts of I
 importing anything more from a callback could meet a partially initialized module."""
 
 import importlib.abc
-import importlib.machinery
 import sys
 
 
@@ -33,8 +32,8 @@ def _register_inductor_refusal(codegen_common) -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds one module with the ordinary path finder and calls `callback(module)` once the
-    module has executed; then leaves sys.meta_path."""
+    """Finds one module with the other finders and calls `callback(module)` once the module
+    has executed; then leaves sys.meta_path."""
 
     def __init__(self, name, callback):
         self.name, self.callback = name, callback
@@ -43,8 +42,13 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         if name != self.name:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module, callback = spec.loader.exec_module, self.callback
 
