@@ -17,6 +17,7 @@ every op that reads that input."""
 import operator
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 aten = torch.ops.aten
 
@@ -124,7 +125,8 @@ def _scalar_nodes(nodes):
     for n in nodes:
         if n.op == "placeholder":
             val = n.meta.get("val")
-            if not isinstance(val, torch.Tensor) or val.numel() == 1:
+            # Sizes may be symbolic: asking "is it 1" must not add a guard.
+            if not isinstance(val, torch.Tensor) or statically_known_true(val.numel() == 1):
                 scalar.add(n)
         elif n.op == "call_function" and all(d in scalar for d in n.all_input_nodes):
             scalar.add(n)
