@@ -37,6 +37,11 @@ from . import module_apply as _module_apply  # noqa: E402
 # Tied weights stay tied across .to("tpu") / .to("cpu") (see module_apply).
 _module_apply.install()
 
+from . import compile_hooks as _compile_hooks  # noqa: E402
+
+# torch.compile(model, backend="tpu"); plain torch.compile raises a message saying so.
+_compile_hooks.install()
+
 from .device import (  # noqa: E402,F401
     MODES, device_count, dump_pending, fallback_counts, get_mode, is_available,
     is_materialized, mode, release_cached_memory, reset_fallback_counts, set_mode, stats,

@@ -1,0 +1,207 @@
+"""torch.compile on the device: the "tpu" backend (deferfuse_torch/compile_backend.py) and
+plain torch.compile's error (deferfuse_torch/inductor_refusal.py).
+
+Losses are compared with CPU eager at rtol 1e-4, atol 1e-5 per step (the model zoo's
+tolerance): the runtime's f32 sums and transcendentals differ from torch's by rounding."""
+
+import copy
+
+import pytest
+import torch
+import torch._dynamo
+import torch._dynamo.testing
+import torch.nn as nn
+import torch.nn.functional as F
+
+import deferfuse_torch
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from scratch: Dynamo's caches are per code object, and the tests
+    count compiles."""
+    torch._dynamo.reset()
+    deferfuse_torch.reset_fallback_counts()
+    yield
+    torch.tpu.synchronize()
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.GELU(),
+                         nn.Linear(64, 10))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: layernorm, causal SDPA, GELU MLP."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = [t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v)]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+def block():
+    torch.manual_seed(0)
+    return Block()
+
+
+def train_losses(model, batches, loss_fn, device, compiled, steps=10):
+    """Trains a copy of the model with AdamW; with compiled, the model (fullgraph: all its ops
+    have tpu kernels) and the optimizer step both go through torch.compile(backend="tpu")."""
+    model = copy.deepcopy(model).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    forward = torch.compile(model, backend="tpu", fullgraph=True) if compiled else model
+    step = torch.compile(opt.step, backend="tpu") if compiled else opt.step
+    losses = []
+    for i in range(steps):
+        x, y = (t.to(device) for t in batches[i % len(batches)])
+        opt.zero_grad()
+        loss = loss_fn(forward(x), y)
+        loss.backward()
+        step()
+        losses.append(loss.item())
+    return losses
+
+
+def assert_trains_like_cpu(model, batches, loss_fn):
+    want = train_losses(model, batches, loss_fn, "cpu", compiled=False)
+    got = train_losses(model, batches, loss_fn, "tpu", compiled=True)
+    torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+    assert deferfuse_torch.fallback_counts() == {}
+
+
+def test_compiled_mlp_trains_like_cpu():
+    torch.manual_seed(1)
+    batches = [(torch.randn(16, 32), torch.randint(0, 10, (16,))) for _ in range(3)]
+    assert_trains_like_cpu(mlp(), batches, F.cross_entropy)
+
+
+def test_compiled_transformer_block_trains_like_cpu():
+    torch.manual_seed(1)
+    batches = [(torch.randn(4, 8, 32), torch.randn(4, 8, 32)) for _ in range(3)]
+    assert_trains_like_cpu(block(), batches, F.mse_loss)
+
+
+def test_a_compiled_graph_runs_as_one_deferred_trace_and_leaves_the_mode_as_it_was():
+    def f(x):
+        return ((x * 2 + 1).relu() - x.exp()).sum(dim=1)
+
+    x = torch.randn(64, 32)
+    compiled = torch.compile(f, backend="tpu")
+    xt = x.to("tpu")
+    compiled(xt).cpu()  # compiles; the runtime plans the trace
+    with deferfuse_torch.mode("strict"):
+        before = deferfuse_torch.stats()
+        got = compiled(xt)
+        assert deferfuse_torch.get_mode() == "strict"
+        got = got.cpu()
+        after = deferfuse_torch.stats()
+    torch.testing.assert_close(got, f(x), rtol=RTOL, atol=ATOL)
+    assert after["ops_recorded"] - before["ops_recorded"] >= 6
+    # Strict would run each op as its own program; the graph is one fused program, its plan
+    # the one the first call made.
+    assert after["programs_run"] - before["programs_run"] == 1
+    assert after["plans_reused"] - before["plans_reused"] == 1
+
+
+def test_compiled_inference_matches_cpu():
+    model, x = block().eval(), torch.randn(2, 8, 32)
+    compiled = torch.compile(copy.deepcopy(model).to("tpu"), backend="tpu")
+    with torch.no_grad():
+        got, want = compiled(x.to("tpu")), model(x)
+    torch.testing.assert_close(got.cpu(), want, rtol=RTOL, atol=ATOL)
+
+
+def test_a_changing_batch_size_recompiles_once_and_compiles_no_new_programs():
+    counter = torch._dynamo.testing.CompileCounterWithBackend("tpu")
+    model = copy.deepcopy(mlp()).to("tpu")
+    compiled = torch.compile(model, backend=counter)
+
+    def step(batch):
+        x = torch.randn(batch, 32).to("tpu")
+        compiled(x).square().mean().backward()
+        torch.tpu.synchronize()
+
+    step(8)
+    step(12)  # the second size: Dynamo recompiles with a symbolic batch dim
+    step(16)  # programs of the symbolic graph are compiled on its first run
+    programs = deferfuse_torch.stats()["programs_compiled"]
+    for batch in (20, 24, 40, 13):
+        step(batch)
+    assert counter.frame_count == 2
+    # Sizes are run-time arguments of the runtime's programs: no new program for new sizes.
+    assert deferfuse_torch.stats()["programs_compiled"] == programs
+
+
+def test_a_graph_break_runs_both_pieces_through_the_backend():
+    counter = torch._dynamo.testing.CompileCounterWithBackend("tpu")
+
+    def f(x):
+        y = (x * 3).tanh()
+        torch._dynamo.graph_break()
+        return (y + x).sigmoid().sum()
+
+    x = torch.randn(8, 8)
+    got = torch.compile(f, backend=counter)(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), f(x), rtol=RTOL, atol=ATOL)
+    assert counter.frame_count == 2
+
+
+def sinh_model(x):
+    # aten::sinh has no tpu kernel: eager runs it on the CPU fallback.
+    return torch.sinh(x * 2).sum()
+
+
+def test_fullgraph_with_an_op_on_the_cpu_fallback_raises_naming_the_op():
+    compiled = torch.compile(sinh_model, backend="tpu", fullgraph=True)
+    with pytest.raises(Exception, match=r"aten::sinh with no tpu kernel.*CPU fallback"):
+        compiled(torch.randn(4).to("tpu"))
+
+
+def test_without_fullgraph_an_op_on_the_cpu_fallback_runs_there():
+    x = torch.randn(4)
+    got = torch.compile(sinh_model, backend="tpu")(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), sinh_model(x), rtol=RTOL, atol=ATOL)
+    assert deferfuse_torch.fallback_counts() == {"aten::sinh.out": 1}
+
+
+def test_plain_torch_compile_on_tpu_tensors_says_to_pass_backend_tpu():
+    compiled = torch.compile(lambda x: (x * 2).relu().sum())
+    with pytest.raises(Exception, match=r'backend="tpu"') as err:
+        compiled(torch.randn(4).to("tpu"))
+    assert "jax" not in str(err.value).split("(PyTorch's own")[0]
+
+
+def test_a_compiled_adamw_step_matches_eager_and_fuses_each_parameter_update():
+    model = mlp()
+    eager, compiled = copy.deepcopy(model).to("tpu"), copy.deepcopy(model).to("tpu")
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, compiled)]
+    step = torch.compile(opts[1].step, backend="tpu")
+    x = torch.randn(16, 32).to("tpu")
+    for i in range(3):
+        for m in (eager, compiled):
+            m(x).square().mean().backward()
+        opts[0].step()
+        before = deferfuse_torch.stats()
+        step()
+        torch.tpu.synchronize()
+        after = deferfuse_torch.stats()
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.cpu(), a.cpu(), rtol=RTOL, atol=ATOL)
+    # Eager foreach AdamW alternates between parameters op by op; the compiled step is
+    # reordered into one chain per parameter (graph_order), each one fused program that
+    # also writes the moments and the parameter in place.
+    assert after["programs_run"] - before["programs_run"] <= len(list(compiled.parameters()))
