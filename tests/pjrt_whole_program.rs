@@ -6,7 +6,10 @@
 #[allow(dead_code)]
 mod workloads;
 
-use deferfuse::{BackendKind, Config, Handle, Mode, Runtime, Stats};
+use deferfuse::{
+    BackendKind, BinaryOp, Config, DType, Handle, Input, Mode, Op, ReduceOp, Runtime, Scalar,
+    Stats, UnaryOp, View,
+};
 use std::path::PathBuf;
 use workloads::Workload;
 
@@ -175,4 +178,162 @@ fn each_batch_size_compiles_one_module_and_a_repeated_size_none() {
     let s2 = pj.stats();
     assert!(s1.programs_compiled - s0.programs_compiled >= 2);
     assert_eq!(s2.programs_compiled, s1.programs_compiled);
+}
+
+/// A transformer-like block: layer norm, multi-head attention (batched matmuls over permuted
+/// views, softmax), a GELU MLP, residuals, a mean-square loss; then every weight decays in
+/// place, as an optimizer step would. Sizes: batch 2, sequence 16, width 32, 4 heads, MLP 64.
+struct Block {
+    x: Handle,
+    /// ln weight, wq, wk, wv, wo, w1, w2.
+    weights: Vec<Handle>,
+}
+
+const B: usize = 2;
+const T: usize = 16;
+const C: usize = 32;
+const H: usize = 4;
+const FF: usize = 64;
+
+impl Block {
+    fn new(rt: &Runtime) -> Block {
+        let input = |sizes: &[usize], seed: u64, scale: f32| {
+            let n: usize = sizes.iter().product();
+            let bytes: Vec<u8> = workloads::data(n, seed)
+                .chunks(4)
+                .flat_map(|c| (f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * scale).to_le_bytes())
+                .collect();
+            rt.from_host(&bytes, DType::F32, sizes).expect("input")
+        };
+        let s = 1.0 / (C as f32).sqrt();
+        Block {
+            x: input(&[B * T, C], 1, 1.0),
+            weights: vec![
+                input(&[C], 2, 0.5),
+                input(&[C, C], 3, s),
+                input(&[C, C], 4, s),
+                input(&[C, C], 5, s),
+                input(&[C, C], 6, s),
+                input(&[FF, C], 7, s),
+                input(&[C, FF], 8, 1.0 / (FF as f32).sqrt()),
+            ],
+        }
+    }
+
+    /// Records one step; returns the loss.
+    fn record(&self, rt: &Runtime) -> Handle {
+        let mut live: Vec<Handle> = Vec::new();
+        let mut op = |o: Op, ins: &[Input]| {
+            let h = rt.op(0, o, ins, None).expect("op");
+            live.push(h);
+            h
+        };
+        let t = Input::Tensor;
+        let f = |v: f64| Input::Scalar(Scalar::Float(v));
+        let bin = Op::Binary;
+        let red = |r, dims: &[usize], keepdim| Op::Reduce {
+            op: r,
+            dims: dims.iter().copied().collect(),
+            keepdim,
+        };
+        let mut views: Vec<Handle> = Vec::new();
+        let mut view = |h: Handle, v: View| {
+            let r = rt.view(0, h, &v).expect("view");
+            views.push(r);
+            r
+        };
+        let w = &self.weights;
+        let x = self.x;
+        let mu = op(red(ReduceOp::Mean, &[1], true), &[t(x)]);
+        let d = op(bin(BinaryOp::Sub), &[t(x), t(mu)]);
+        let d2 = op(bin(BinaryOp::Mul), &[t(d), t(d)]);
+        let var = op(red(ReduceOp::Mean, &[1], true), &[t(d2)]);
+        let var = op(bin(BinaryOp::Add), &[t(var), f(1e-5)]);
+        let r = op(Op::Unary(UnaryOp::Rsqrt), &[t(var)]);
+        let h = op(bin(BinaryOp::Mul), &[t(d), t(r)]);
+        let h = op(bin(BinaryOp::Mul), &[t(h), t(w[0])]);
+        let mut proj = |a: Handle, wt: Handle| {
+            let wt = view(wt, View::Transpose(0, 1));
+            (wt, op(Op::Matmul, &[t(a), t(wt)]))
+        };
+        let (_, q) = proj(h, w[1]);
+        let (_, k) = proj(h, w[2]);
+        let (_, v) = proj(h, w[3]);
+        let heads = |h: Handle, perm: Vec<i64>, view: &mut dyn FnMut(Handle, View) -> Handle| {
+            let r = view(h, View::Reshape(vec![B as i64, T as i64, H as i64, -1]));
+            view(r, View::Permute(perm))
+        };
+        let q4 = heads(q, vec![0, 2, 1, 3], &mut view);
+        let kt = heads(k, vec![0, 2, 3, 1], &mut view);
+        let v4 = heads(v, vec![0, 2, 1, 3], &mut view);
+        let s = op(Op::Matmul, &[t(q4), t(kt)]);
+        let s = op(
+            bin(BinaryOp::Mul),
+            &[t(s), f(1.0 / ((C / H) as f64).sqrt())],
+        );
+        let m = op(red(ReduceOp::Amax, &[3], true), &[t(s)]);
+        let e = op(bin(BinaryOp::Sub), &[t(s), t(m)]);
+        let e = op(Op::Unary(UnaryOp::Exp), &[t(e)]);
+        let z = op(red(ReduceOp::Sum, &[3], true), &[t(e)]);
+        let a = op(bin(BinaryOp::Div), &[t(e), t(z)]);
+        let o = op(Op::Matmul, &[t(a), t(v4)]);
+        let o = view(o, View::Permute(vec![0, 2, 1, 3]));
+        let o = op(Op::Copy, &[t(o)]);
+        let o = view(o, View::Reshape(vec![(B * T) as i64, C as i64]));
+        let wo = view(w[4], View::Transpose(0, 1));
+        let o = op(Op::Matmul, &[t(o), t(wo)]);
+        let y = op(bin(BinaryOp::Add), &[t(x), t(o)]);
+        let w1 = view(w[5], View::Transpose(0, 1));
+        let g = op(Op::Matmul, &[t(y), t(w1)]);
+        let g = op(Op::Unary(UnaryOp::GeluTanh), &[t(g)]);
+        let w2 = view(w[6], View::Transpose(0, 1));
+        let g = op(Op::Matmul, &[t(g), t(w2)]);
+        let out = op(bin(BinaryOp::Add), &[t(y), t(g)]);
+        let sq = op(bin(BinaryOp::Mul), &[t(out), t(out)]);
+        let loss = op(red(ReduceOp::Mean, &[], false), &[t(sq)]);
+        for &p in w {
+            // Weight decay in place: the step's parameters are inputs and outputs.
+            rt.op(0, bin(BinaryOp::Mul), &[t(p), f(0.99)], Some(p))
+                .expect("decay");
+        }
+        for h in live.into_iter().chain(views).filter(|&h| h != loss) {
+            rt.release(h).expect("release");
+        }
+        loss
+    }
+}
+
+#[test]
+fn a_transformer_block_step_is_one_xla_program_and_matches_the_cpu_backend() {
+    let Some(p) = plugin() else { return };
+    let cpu = runtime(BackendKind::Cpu, None, Mode::Defer);
+    let pj = runtime(BackendKind::Pjrt, Some(p), Mode::Defer);
+    let (bc, bp) = (Block::new(&cpu), Block::new(&pj));
+    for k in 0..3 {
+        let before = pj.stats();
+        let (lc, lp) = (block_step(&cpu, &bc), block_step(&pj, &bp));
+        let (programs, _) = delta(&before, &pj.stats());
+        assert!(
+            (lc - lp).abs() <= 1e-4 * (1.0 + lc.abs()),
+            "step {k}: cpu loss {lc}, pjrt loss {lp}"
+        );
+        assert_eq!(programs, 1, "step {k}: the block is one program");
+    }
+    for (k, (&c, &p)) in bc.weights.iter().zip(&bp.weights).enumerate() {
+        assert_close(
+            &format!("weight {k}"),
+            &read_f32(&cpu, c),
+            &read_f32(&pj, p),
+            1e-5,
+        );
+    }
+}
+
+/// One block step on either backend: the loss read is the sync point.
+fn block_step(rt: &Runtime, b: &Block) -> f32 {
+    let loss = b.record(rt);
+    let v = read_f32(rt, loss)[0];
+    rt.synchronize(0).expect("sync");
+    rt.release(loss).expect("release");
+    v
 }
