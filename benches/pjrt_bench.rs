@@ -1,7 +1,8 @@
 //! PJRT backend numbers: cold compile vs warm start from the disk cache, and the workloads on
 //! PJRT vs the CPU backend (defer mode, medians). Needs `DEFERFUSE_PJRT_PLUGIN`.
 //!
-//! `cargo run --release --bin deferfuse-pjrt-bench [-- --quick]`
+//! `cargo run --release --bin deferfuse-pjrt-bench [-- --quick] [-- --mlp]` (`--mlp`: only the
+//! MLP training step table).
 
 #[path = "workloads.rs"]
 #[allow(dead_code)]
@@ -80,6 +81,10 @@ fn main() {
     }
     if std::env::args().any(|a| a == "--warm-child") {
         warm_child(quick);
+        return;
+    }
+    if std::env::args().any(|a| a == "--mlp") {
+        mlp_table(quick);
         return;
     }
     let dir: PathBuf =
