@@ -196,7 +196,7 @@ fn a_kernel_op_runs_as_its_own_step_and_cuts_as_unfusable() {
 #[test]
 fn the_size_bound_cuts_as_max_ops() {
     let p = plan_with(&layer(), &[1, 2, 3, 8], &whole(2));
-    assert_eq!(shape_of(&p), [("graph", 2), ("graph", 2), ("graph", 1)]);
+    assert_eq!(shape_of(&p), [("graph", 2), ("graph", 2), ("loop", 1)]);
     assert_eq!(p.cuts[CutReason::MaxOps as usize], 2);
 }
 
@@ -211,8 +211,20 @@ fn a_buffer_seen_with_a_second_dtype_cuts_as_layout() {
         node(Op::Cast(DType::F32), vec![tensor(as_i32)], t(3, &[8])),
     ];
     let p = plan_with(&nodes, &[1, 3], &whole(4096));
-    assert_eq!(shape_of(&p), [("graph", 1), ("graph", 1)]);
+    assert_eq!(shape_of(&p), [("loop", 1), ("loop", 1)]);
     assert_eq!(p.cuts[CutReason::Layout as usize], 1);
+}
+
+#[test]
+fn a_graph_of_one_step_is_that_step() {
+    let nodes = vec![bin(
+        BinaryOp::Add,
+        tensor(t(1, &[8])),
+        scalar(1.0),
+        t(2, &[8]),
+    )];
+    let p = plan_with(&nodes, &[1, 2], &whole(4096));
+    assert_eq!(shape_of(&p), [("loop", 1)]);
 }
 
 #[test]

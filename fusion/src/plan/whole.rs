@@ -2,7 +2,7 @@
 //!
 //! Every needed node between two cuts goes into one [`Region::Graph`]: each node is lowered
 //! alone (`lower_node`) into a part, and the backend compiles the parts as one program, fusing
-//! across shapes, matmuls and reductions itself. A graph is cut only by an op the backend cannot
+//! across shapes, matmuls and reductions itself. A graph of a single step stays that step. A graph is cut only by an op the backend cannot
 //! lower (a kernel op, which runs as its own step), by the size bound, or by a buffer seen with
 //! two dtypes (a program holds each buffer as one array).
 //!
@@ -74,8 +74,16 @@ fn part_reads(s: &Step) -> impl Iterator<Item = &TensorRef> {
         .chain(old_out.then(|| &b.operands[b.n_inputs]))
 }
 
-/// Builds the graph's step from its parts (see the module doc for inputs and outputs).
-fn close(g: Graph, facts: &Facts, plan: &mut Plan) {
+/// Builds the graph's step from its parts (see the module doc for inputs and outputs). A
+/// graph of one step is that step: the backend runs it as a one-region program, which serves
+/// every shape of its bucket instead of compiling per exact signature.
+fn close(mut g: Graph, facts: &Facts, plan: &mut Plan) {
+    if g.parts.len() == 1 {
+        let node = g.nodes[0];
+        plan.origins.push(StepOrigin::Lowered { node, steps: 1 });
+        plan.steps.push(g.parts.pop().expect("one part"));
+        return;
+    }
     let end = *g.nodes.last().expect("graphs are never empty");
     let mut index: HashMap<BufferId, u32> = HashMap::default();
     let mut refs: Vec<TensorRef> = Vec::new();
