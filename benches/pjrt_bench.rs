@@ -1,7 +1,8 @@
 //! PJRT backend numbers: cold compile vs warm start from the disk cache, and the workloads on
 //! PJRT vs the CPU backend (defer mode, medians). Needs `DEFERFUSE_PJRT_PLUGIN`.
 //!
-//! `cargo run --release --bin deferfuse-pjrt-bench [-- --quick]`
+//! `cargo run --release --bin deferfuse-pjrt-bench [-- --quick] [-- --mlp]` (`--mlp`: only the
+//! MLP training step table).
 
 #[path = "workloads.rs"]
 #[allow(dead_code)]
@@ -13,8 +14,12 @@ use std::time::Instant;
 use workloads::Workload;
 
 fn runtime(backend: BackendKind) -> Runtime {
+    runtime_in(backend, Mode::Defer)
+}
+
+fn runtime_in(backend: BackendKind, mode: Mode) -> Runtime {
     Runtime::new(Config {
-        mode: Some(Mode::Defer),
+        mode: Some(mode),
         backend: Some(backend),
         ..Default::default()
     })
@@ -78,6 +83,10 @@ fn main() {
         warm_child(quick);
         return;
     }
+    if std::env::args().any(|a| a == "--mlp") {
+        mlp_table(quick);
+        return;
+    }
     let dir: PathBuf =
         std::env::temp_dir().join(format!("deferfuse-pjrt-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -137,4 +146,57 @@ fn main() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+    mlp_table(quick);
+}
+
+/// The MLP training step (784-256-256-10, batch 64, AdamW) per backend and mode: median
+/// ms per step, XLA programs (or CPU programs) per step, and compiles after the first step.
+fn mlp_table(quick: bool) {
+    println!("\nmlp 784-256-256-10, batch 64, AdamW: one training step (loss read, synchronize)");
+    println!(
+        "{:<32} {:>10} {:>14} {:>16} {:>12}",
+        "backend / mode", "ms/step", "programs/step", "compiles (1st)", "compile ms"
+    );
+    let reps = if quick { 5 } else { 20 };
+    let rows: [(&str, BackendKind, Mode, &str); 5] = [
+        ("cpu defer", BackendKind::Cpu, Mode::Defer, "1"),
+        ("cpu strict", BackendKind::Cpu, Mode::Strict, "1"),
+        (
+            "pjrt defer, whole flush",
+            BackendKind::Pjrt,
+            Mode::Defer,
+            "1",
+        ),
+        (
+            "pjrt defer, loop regions",
+            BackendKind::Pjrt,
+            Mode::Defer,
+            "0",
+        ),
+        (
+            "pjrt strict (one op per program)",
+            BackendKind::Pjrt,
+            Mode::Strict,
+            "1",
+        ),
+    ];
+    for (label, backend, mode, whole) in rows {
+        std::env::set_var("DEFERFUSE_PJRT_WHOLE_FLUSH", whole);
+        let rt = runtime_in(backend, mode);
+        let w = Workload::mlp_sized(&rt, [784, 256, 256, 10], 64);
+        rt.synchronize(0).expect("sync");
+        let s0 = rt.stats();
+        w.run(&rt);
+        let s1 = rt.stats();
+        let ms = w.median_ms(&rt, reps);
+        let s2 = rt.stats();
+        let steps = reps as u64 + 1;
+        println!(
+            "{label:<32} {ms:>10.3} {:>14.1} {:>16} {:>12.1}",
+            (s2.programs_run - s1.programs_run) as f64 / steps as f64,
+            s1.programs_compiled - s0.programs_compiled,
+            (s1.compile_ns - s0.compile_ns) as f64 / 1e6,
+        );
+    }
+    std::env::remove_var("DEFERFUSE_PJRT_WHOLE_FLUSH");
 }

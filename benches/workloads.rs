@@ -21,7 +21,10 @@ enum Kind {
     Softmax,
     LayerNorm,
     AdamW,
-    Mlp,
+    /// A training step on this batch size.
+    Mlp {
+        batch: usize,
+    },
     Tiny,
 }
 
@@ -152,13 +155,18 @@ impl Workload {
     /// used transposed), and AdamW on the six parameters. Inputs: x, the one-hot targets, then
     /// (weight, bias) per layer, then their AdamW (m, v) per parameter.
     pub fn mlp(rt: &Runtime) -> Workload {
-        let [d0, d1, d2, d3] = MLP_WIDTHS;
-        let mut inputs = vec![input(rt, &[MLP_BATCH, d0], 11)];
-        let hot: Vec<u8> = (0..MLP_BATCH * d3)
+        Workload::mlp_sized(rt, MLP_WIDTHS, MLP_BATCH)
+    }
+
+    /// [`Workload::mlp`] with other layer widths (input, hidden, hidden, classes) and batch.
+    pub fn mlp_sized(rt: &Runtime, widths: [usize; 4], batch: usize) -> Workload {
+        let [d0, d1, d2, d3] = widths;
+        let mut inputs = vec![input(rt, &[batch, d0], 11)];
+        let hot: Vec<u8> = (0..batch * d3)
             .flat_map(|i| (((i / d3) * 7 % d3 == i % d3) as u8 as f32).to_le_bytes())
             .collect();
         inputs.push(
-            rt.from_host(&hot, DType::F32, &[MLP_BATCH, d3])
+            rt.from_host(&hot, DType::F32, &[batch, d3])
                 .expect("targets"),
         );
         let shapes = [[d1, d0], [d2, d1], [d3, d2]];
@@ -191,7 +199,7 @@ impl Workload {
             size_label: "batch 64".into(),
             bytes: 0,
             inputs,
-            kind: Kind::Mlp,
+            kind: Kind::Mlp { batch },
         }
     }
 
@@ -203,6 +211,11 @@ impl Workload {
             inputs: vec![input(rt, &[8], 9)],
             kind: Kind::Tiny,
         }
+    }
+
+    /// The workload's input tensors (the mlp's: x, targets, parameters, optimizer state).
+    pub fn inputs(&self) -> &[Handle] {
+        &self.inputs
     }
 
     /// Records one iteration and returns its output handle (the caller reads or releases it).
@@ -279,7 +292,7 @@ impl Workload {
                 rt.retain(last).expect("retain");
                 last
             }
-            Kind::Mlp => self.mlp_step(rt, &mut op),
+            Kind::Mlp { batch } => self.mlp_step(rt, batch, &mut op),
             Kind::Tiny => {
                 let mut x = self.inputs[0];
                 for _ in 0..1000 {
@@ -343,7 +356,12 @@ fn adamw_update(
 
 impl Workload {
     /// The mlp workload's step (see [`Workload::mlp`]); returns the loss, a 0-d tensor.
-    fn mlp_step(&self, rt: &Runtime, op: &mut impl FnMut(Op, &[Input]) -> Handle) -> Handle {
+    fn mlp_step(
+        &self,
+        rt: &Runtime,
+        batch: usize,
+        op: &mut impl FnMut(Op, &[Input]) -> Handle,
+    ) -> Handle {
         let bin = Op::Binary;
         let red = |r, dim: usize, keepdim| Op::Reduce {
             op: r,
@@ -393,11 +411,11 @@ impl Workload {
             },
             &[t(picked)],
         );
-        let loss = op(bin(BinaryOp::Mul), &[t(total), f(-1.0 / MLP_BATCH as f64)]);
+        let loss = op(bin(BinaryOp::Mul), &[t(total), f(-1.0 / batch as f64)]);
         // Backward: d logits = (softmax - onehot) / batch.
         let p = op(bin(BinaryOp::Div), &[t(e), t(se)]);
         let dz = op(bin(BinaryOp::Sub), &[t(p), t(hot)]);
-        let mut dz = op(bin(BinaryOp::Mul), &[t(dz), f(1.0 / MLP_BATCH as f64)]);
+        let mut dz = op(bin(BinaryOp::Mul), &[t(dz), f(1.0 / batch as f64)]);
         let mut grads = [0; 6];
         for l in (0..3).rev() {
             let dzt = transposed(dz);

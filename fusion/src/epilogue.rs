@@ -94,6 +94,7 @@ pub fn combine(gemm: Step, e: Step) -> Step {
             iter: e.binding.iter,
             scalars,
             n_inputs: 2 + n_in,
+            parts: Vec::new(),
         },
         nodes,
         key: Default::default(),

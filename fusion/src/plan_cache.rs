@@ -10,8 +10,9 @@ use crate::epilogue::rebind_gemm;
 use crate::key::TraceKey;
 use crate::lower::{lower_node, scalar_bits};
 use crate::plan::{plan, CutReason, Plan, PlanOptions, StepOrigin};
-use crate::region::Step;
+use crate::region::{Binding, Region, Step};
 use crate::trace::{BufferId, Node, Operand};
+use std::sync::Arc;
 /// The std map with a fast hasher: a steady-state flush builds these maps every time.
 type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 
@@ -38,6 +39,8 @@ impl Template {
             for t in &mut s.binding.operands {
                 t.buffer = rel[&t.buffer];
             }
+            // A graph's parts are lowered again on every instantiation (see `instantiate`).
+            s.binding.parts = Vec::new();
         }
         Template {
             words,
@@ -50,8 +53,10 @@ impl Template {
         }
     }
 
-    /// The plan for `nodes`, whose structure equals the template's.
-    fn instantiate(&self, nodes: &[Node], buffers: &[BufferId]) -> Plan {
+    /// The plan for `nodes`, whose structure equals the template's; `None` when a graph's
+    /// nodes lower to other regions than the template's did (a scalar that decides the
+    /// lowering changed, like addmm's beta becoming 0), so the trace must be planned again.
+    fn instantiate(&self, nodes: &[Node], buffers: &[BufferId]) -> Option<Plan> {
         let mut steps = Vec::with_capacity(self.steps.len());
         let mut k = 0;
         for o in &self.origins {
@@ -92,9 +97,13 @@ impl Template {
                     }
                     steps.push(s);
                 }
+                StepOrigin::Graph { nodes: members } => {
+                    steps.push(self.graph_step(&self.steps[k], members, nodes, buffers)?);
+                    k += 1;
+                }
             }
         }
-        Plan {
+        Some(Plan {
             steps,
             cuts: self.cuts,
             dead_nodes: self.dead_nodes,
@@ -102,7 +111,50 @@ impl Template {
             cut_log: self.cut_log.clone(),
             // Only a fresh plan needs them (to become a template); the template keeps its own.
             origins: Vec::new(),
+        })
+    }
+
+    /// Graph step `t` of the template for trace nodes `members`: the parts are lowered again
+    /// (their bindings carry this trace's views and scalars) and must be the template's
+    /// regions, so the graph region and its memoized key are shared.
+    fn graph_step(
+        &self,
+        t: &Step,
+        members: &[usize],
+        nodes: &[Node],
+        buffers: &[BufferId],
+    ) -> Option<Step> {
+        let Region::Graph(g) = &*t.region else {
+            unreachable!("a graph origin names a graph step")
+        };
+        let mut parts = Vec::with_capacity(g.parts.len());
+        for &n in members {
+            parts.extend(lower_node(&nodes[n], n));
         }
+        let same = parts.len() == g.parts.len()
+            && parts
+                .iter()
+                .zip(&g.parts)
+                .all(|(s, p)| Arc::ptr_eq(&s.region, &p.region) || s.region == p.region);
+        if !same {
+            return None;
+        }
+        let mut operands = t.binding.operands.clone();
+        for o in &mut operands {
+            o.buffer = buffers[o.buffer as usize];
+        }
+        Some(Step {
+            region: t.region.clone(),
+            binding: Binding {
+                operands,
+                iter: None,
+                scalars: Vec::new(),
+                n_inputs: t.binding.n_inputs,
+                parts: parts.into_iter().map(|s| s.binding).collect(),
+            },
+            nodes: t.nodes.clone(),
+            key: t.key.clone(),
+        })
     }
 }
 
@@ -150,7 +202,10 @@ impl PlanCache {
             .get(&hash)
             .and_then(|v| v.iter().find(|t| t.words == key.words()))
         {
-            return (t.instantiate(nodes, key.buffers()), true);
+            if let Some(p) = t.instantiate(nodes, key.buffers()) {
+                return (p, true);
+            }
+            return (plan(nodes, live, opts), false);
         }
         let p = plan(nodes, live, opts);
         let covered: usize = p
@@ -160,6 +215,7 @@ impl PlanCache {
                 StepOrigin::Fused(_) => 1,
                 StepOrigin::Lowered { steps, .. } => *steps,
                 StepOrigin::MatmulEpilogue { prefix, .. } => prefix + 1,
+                StepOrigin::Graph { .. } => 1,
             })
             .sum();
         debug_assert_eq!(covered, p.steps.len(), "every step has an origin");

@@ -89,6 +89,36 @@ pub enum Region {
     /// scalar operands in op order (see `Scalar::bits_for`, in the result's dtype). Dtypes and
     /// layouts come with the binding: one program serves every dtype and view.
     Kernel(KernelOp),
+    /// A whole program for a backend whose own compiler fuses (XLA): the steps of a flush
+    /// between two cuts, run as one launch (see [`GraphRegion`]).
+    Graph(GraphRegion),
+}
+
+/// The steps of a flush that run as one program. Buffers are numbered in order of first
+/// appearance, so two flushes that do the same work on other buffers give equal regions. The
+/// step's binding lists the graph's inputs (buffers whose value the graph may read before
+/// writing it whole) then its outputs (buffers written whose value something reads afterwards:
+/// a live handle or a later step); every other value stays inside the program.
+/// `Binding::parts` holds each part's own binding (views, iteration space, scalars).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GraphRegion {
+    /// The steps, in order.
+    pub parts: Vec<GraphPart>,
+    /// How many distinct buffers the parts touch.
+    pub buffers: u32,
+    /// The graph buffer of each binding operand (inputs, then outputs).
+    pub operands: Vec<u32>,
+    /// How many leading operands are inputs.
+    pub n_inputs: usize,
+}
+
+/// One step of a [`GraphRegion`]: its region and the graph buffer of each of its operands.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GraphPart {
+    /// The step's region (never itself a graph).
+    pub region: Arc<Region>,
+    /// The graph buffer of each of the step's binding operands.
+    pub operands: Vec<u32>,
 }
 
 /// The run-time half of a step: which buffer views and scalar values a region runs on.
@@ -102,6 +132,8 @@ pub struct Binding {
     pub scalars: Vec<u64>,
     /// How many leading operands are inputs.
     pub n_inputs: usize,
+    /// For a [`Region::Graph`]: each part's binding, in part order (empty otherwise).
+    pub parts: Vec<Binding>,
 }
 
 /// One unit of execution: a region and what it runs on.
@@ -188,6 +220,20 @@ impl fmt::Display for Region {
             }
             Region::Arange { dtype } => write!(f, "arange.{dtype}(out; start, step)"),
             Region::Kernel(k) => write!(f, "kernel {k}(inputs.., out; scalars..)"),
+            Region::Graph(g) => {
+                writeln!(
+                    f,
+                    "graph of {} steps over {} buffers (inputs {:?}, outputs {:?}) {{",
+                    g.parts.len(),
+                    g.buffers,
+                    &g.operands[..g.n_inputs],
+                    &g.operands[g.n_inputs..]
+                )?;
+                for p in &g.parts {
+                    writeln!(f, "  on {:?}: {}", p.operands, p.region)?;
+                }
+                f.write_str("}")
+            }
         }
     }
 }

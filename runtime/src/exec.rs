@@ -31,6 +31,7 @@ impl Runtime {
         let opts = PlanOptions {
             fuse: true,
             max_ops_per_region: self.config.max_ops_per_region,
+            capabilities: self.backend.capabilities(),
         };
         // The key was built as the nodes were recorded: only liveness is added here.
         let hash = buffers.finish_key();

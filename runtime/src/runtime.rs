@@ -457,17 +457,28 @@ impl Runtime {
         let host = self.host.stats();
         let c = self.cache.stats();
         let backend = self.backend.counters();
+        // On a backend that compiles when a program first runs, the cache's compiles are only
+        // the wrappers; the real ones are the backend's.
+        let lazy = self.backend.compiles_on_first_run();
         let sync_points =
             std::array::from_fn(|k| self.counters.sync_points[k].load(Ordering::Relaxed));
         Stats {
             ops_recorded: self.counters.ops_recorded.load(Ordering::Relaxed),
-            programs_compiled: c.compiles,
+            programs_compiled: if lazy {
+                backend.shape_compiles
+            } else {
+                c.compiles
+            },
             programs_run: self.counters.programs_run.load(Ordering::Relaxed),
             programs_side_by_side: self.counters.programs_side_by_side.load(Ordering::Relaxed),
             cache_hits: c.hits,
             cache_misses: c.misses,
             cache_evictions: c.evictions,
-            compile_ns: c.compile_ns,
+            compile_ns: if lazy {
+                backend.shape_compile_ns
+            } else {
+                c.compile_ns
+            },
             sync_points,
             bytes_allocated: self.counters.bytes_allocated.load(Ordering::Relaxed),
             cuts: std::array::from_fn(|k| self.counters.cuts[k].load(Ordering::Relaxed)),

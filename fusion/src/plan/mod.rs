@@ -8,7 +8,10 @@
 //! written to memory only if a live handle, a later step or an in-place write needs it. Every cut
 //! has a reason, counted in [`Plan::cuts`].
 
+mod capabilities;
 mod group;
+mod whole;
+pub use capabilities::Capabilities;
 pub use group::MAX_LOADED_BUFFERS;
 
 use crate::epilogue::{combine, PendingMatmul};
@@ -28,7 +31,8 @@ type HashSet<K> = std::collections::HashSet<K, ahash::RandomState>;
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CutReason {
-    /// The next op is not a loop op (matmul, arange): it runs as its own step.
+    /// The next op is not a loop op (matmul, arange), or on a backend that fuses whole
+    /// programs, an op it cannot lower (a kernel op): it runs as its own step.
     Unfusable = 0,
     /// The next op iterates over another shape (or reduces over other dims).
     Shape = 1,
@@ -36,7 +40,8 @@ pub enum CutReason {
     Layout = 2,
     /// A reduction could not join the loop before it.
     Reduction = 3,
-    /// The loop reached the configured maximum of ops per region.
+    /// The loop reached the configured maximum of ops per region (for whole programs:
+    /// [`Capabilities::max_region_ops`]).
     MaxOps = 4,
 }
 
@@ -61,6 +66,8 @@ pub struct PlanOptions {
     pub fuse: bool,
     /// Most ops one loop region may hold (bounds compile time and register pressure).
     pub max_ops_per_region: usize,
+    /// What the backend takes in one region (loop regions, or whole programs).
+    pub capabilities: Capabilities,
 }
 
 impl Default for PlanOptions {
@@ -68,6 +75,7 @@ impl Default for PlanOptions {
         PlanOptions {
             fuse: true,
             max_ops_per_region: 64,
+            capabilities: Capabilities::LOOPS,
         }
     }
 }
@@ -103,6 +111,9 @@ pub enum StepOrigin {
         prefix: usize,
         src: Vec<ScalarSrc>,
     },
+    /// One whole-program step ([`crate::region::Region::Graph`]) of trace nodes `nodes`, each
+    /// lowered alone into the graph's parts.
+    Graph { nodes: Vec<usize> },
 }
 
 impl Plan {
@@ -260,6 +271,22 @@ fn join_reduce(g: &mut Group, i: usize, facts: &Facts) -> bool {
     true
 }
 
+/// Which nodes must run: a node is needed if its output is live or read by a needed later
+/// node (a backward pass). Counts the others in `plan.dead_nodes`.
+fn needed_nodes(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, plan: &mut Plan) -> Vec<bool> {
+    let mut needed = vec![false; nodes.len()];
+    let mut wanted: HashSet<BufferId> = HashSet::default();
+    for (i, n) in nodes.iter().enumerate().rev() {
+        if live(n.output.buffer) || wanted.contains(&n.output.buffer) {
+            needed[i] = true;
+            wanted.extend(n.reads());
+        } else {
+            plan.dead_nodes += 1;
+        }
+    }
+    needed
+}
+
 /// Plans `nodes` (in program order) into steps that run in order. `live(b)` says whether
 /// something outside the trace (a tensor handle) can still read buffer `b`.
 pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions) -> Plan {
@@ -270,16 +297,10 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
         }
         return plan;
     }
-    // Backward pass: a node is needed if its output is live or read by a needed later node.
-    let mut needed = vec![false; nodes.len()];
-    let mut wanted: HashSet<BufferId> = HashSet::default();
-    for (i, n) in nodes.iter().enumerate().rev() {
-        if live(n.output.buffer) || wanted.contains(&n.output.buffer) {
-            needed[i] = true;
-            wanted.extend(n.reads());
-        } else {
-            plan.dead_nodes += 1;
-        }
+    let needed = needed_nodes(nodes, live, &mut plan);
+    if opts.capabilities.fuses_whole_programs {
+        whole::plan(nodes, &needed, live, &opts.capabilities, &mut plan);
+        return plan;
     }
     let mut readers: HashMap<BufferId, Vec<usize>> = HashMap::default();
     let mut seen: HashSet<BufferId> = HashSet::default();

@@ -8,6 +8,7 @@ pub mod pjrt;
 use crate::buffer::Buffer;
 use crate::config::{resolve_backend, resolve_pjrt_plugin, BackendKind, Config};
 use crate::error::Result;
+use deferfuse_fusion::plan::Capabilities;
 use deferfuse_fusion::{Binding, Region};
 use std::any::Any;
 use std::path::PathBuf;
@@ -33,8 +34,11 @@ pub fn create(
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BackendCounters {
     /// Executables compiled for concrete (bucketed) shapes: the PJRT backend compiles one per
-    /// region and shape bucket; 0 on the CPU backend, whose programs serve every shape.
+    /// region and shape bucket, one per whole program and signature, and one per relayout; 0
+    /// on the CPU backend, whose programs serve every shape.
     pub shape_compiles: u64,
+    /// Nanoseconds those compiles took, plus loading executables from the disk cache.
+    pub shape_compile_ns: u64,
     /// PJRT executables loaded from the disk cache (`DEFERFUSE_CACHE_DIR`) instead of compiled.
     pub disk_cache_hits: u64,
     /// Damaged disk-cache entries found, removed and recompiled (each also logs a warning).
@@ -114,6 +118,19 @@ pub trait Backend: Send + Sync {
     /// Identity that goes into program fingerprints: name plus target features.
     fn identity(&self) -> &str;
     fn compile(&self, region: &Region) -> Result<Arc<dyn Program>>;
+
+    /// What one region may hold: the planner cuts each flush by it. The default is loop
+    /// regions (the planner's own fusion rules).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::LOOPS
+    }
+
+    /// True when [`Backend::compile`] only wraps a region and the real compiles happen when a
+    /// program first runs at a shape (PJRT): the stats then report those
+    /// ([`BackendCounters::shape_compiles`]) as `programs_compiled` and `compile_ns`.
+    fn compiles_on_first_run(&self) -> bool {
+        false
+    }
 
     /// Counters beyond the program cache's. Backends whose programs serve every shape and
     /// that keep no disk cache (the CPU JIT) report zeros.

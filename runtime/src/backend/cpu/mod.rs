@@ -208,6 +208,13 @@ impl Backend for CpuBackend {
             }),
             Region::Arange { dtype } => Arc::new(ArangeProgram(*dtype)),
             Region::Kernel(k) => super::host_kernels::program(k),
+            Region::Graph(_) => {
+                return Err(Error::Backend(
+                    "the CPU backend compiles loop regions; its capabilities never ask the \
+                     planner for a whole-program region"
+                        .into(),
+                ))
+            }
         })
     }
 }
@@ -509,6 +516,7 @@ impl Program for MatmulProgram {
                 iter: Some(iter),
                 scalars: binding.scalars[2..].to_vec(),
                 n_inputs: e.inputs,
+                parts: Vec::new(),
             }
         };
         // Blocks must walk their rows like the compiled epilogue expects; otherwise, or when
@@ -530,6 +538,7 @@ impl Program for MatmulProgram {
                 iter: binding.iter.clone(),
                 scalars: binding.scalars[2..].to_vec(),
                 n_inputs: e.inputs,
+                parts: Vec::new(),
             };
             return e.program.run(&whole, &e_bases);
         }

@@ -401,21 +401,119 @@ impl Func {
     }
 
     /// The whole module, returning `results` from `@main`.
-    pub fn finish(mut self, results: &[Val]) -> String {
+    pub fn finish(self, results: &[Val]) -> String {
+        format!("module {{\n{}}}\n", self.function("main", results, &[]))
+    }
+
+    /// This body as function `@name` returning `results` (one `func.func`, for a module
+    /// holding several). `arg_attrs` are (argument, attribute text) pairs, e.g. donation.
+    pub fn function(
+        mut self,
+        name: &str,
+        results: &[Val],
+        arg_attrs: &[(usize, String)],
+    ) -> String {
         self.ret("func.return", results);
         let args: Vec<String> = self
             .args
             .iter()
             .enumerate()
-            .map(|(i, t)| format!("%arg{i}: {t}"))
+            .map(|(i, t)| match arg_attrs.iter().find(|(a, _)| *a == i) {
+                Some((_, attr)) => format!("%arg{i}: {t} {{{attr}}}"),
+                None => format!("%arg{i}: {t}"),
+            })
             .collect();
         let rets: Vec<String> = results.iter().map(|v| v.ty.to_string()).collect();
+        let private = if name == "main" { "" } else { "private " };
         format!(
-            "module {{\n  func.func @main({}) -> ({}) {{\n{}  }}\n}}\n",
+            "  func.func {private}@{name}({}) -> ({}) {{\n{}  }}\n",
             args.join(", "),
             rets.join(", "),
             self.text
         )
+    }
+
+    /// Calls function `@name` (see [`Func::function`]) on `args`; its results have `tys`.
+    pub fn call(&mut self, name: &str, args: &[&Val], tys: &[Ty]) -> Vec<Val> {
+        let base = self.fresh();
+        let names: Vec<&str> = args.iter().map(|v| v.name.as_str()).collect();
+        let arg_tys: Vec<String> = args.iter().map(|v| v.ty.to_string()).collect();
+        let ret_tys: Vec<String> = tys.iter().map(|t| t.to_string()).collect();
+        let _ = writeln!(
+            self.text,
+            "{:w$}{base}:{} = \"func.call\"({}) {{callee = @{name}}} : ({}) -> ({})",
+            "",
+            tys.len().max(1),
+            names.join(", "),
+            arg_tys.join(", "),
+            ret_tys.join(", "),
+            w = 4 + self.indent
+        );
+        tys.iter()
+            .enumerate()
+            .map(|(i, t)| Val {
+                name: format!("{base}#{i}"),
+                ty: t.clone(),
+            })
+            .collect()
+    }
+
+    /// `v` with its dims permuted: result dim `i` is `v`'s dim `perm[i]`.
+    pub fn transpose(&mut self, v: &Val, perm: &[usize]) -> Val {
+        if perm.iter().enumerate().all(|(i, &p)| i == p) {
+            return v.clone();
+        }
+        let dims: Vec<usize> = perm.iter().map(|&p| v.ty.dims[p]).collect();
+        let attrs = format!("permutation = {}", arr(perm));
+        self.op("transpose", &[v], &attrs, Ty::new(v.ty.elem, &dims))
+    }
+
+    /// The elements of 1-D `v` at the i64 indices `idx` (any shape; the result has it).
+    pub fn gather_1d(&mut self, v: &Val, idx: &Val) -> Val {
+        let k = idx.ty.dims.len();
+        let attrs = format!(
+            "dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], \
+             start_index_map = [0], index_vector_dim = {k}>, slice_sizes = {}, \
+             indices_are_sorted = false",
+            arr(&[1])
+        );
+        let ty = Ty::new(v.ty.elem, &idx.ty.dims);
+        self.op("gather", &[v, idx], &attrs, ty)
+    }
+
+    /// 1-D `v` with `upd`'s elements stored at the i64 indices `idx` (same shape as `upd`).
+    pub fn scatter_1d(&mut self, v: &Val, idx: &Val, upd: &Val) -> Val {
+        let name = self.fresh();
+        let k = idx.ty.dims.len();
+        let w = 4 + self.indent;
+        let s = Ty::new(v.ty.elem, &[]);
+        let _ = writeln!(
+            self.text,
+            "{:w$}{name} = \"stablehlo.scatter\"({}, {}, {}) ({{\n{:w$}^bb0({name}_a: {s}, {name}_b: {s}):\n{:w2$}\"stablehlo.return\"({name}_b) : ({s}) -> ()\n{:w$}}}) {{scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = {k}>, indices_are_sorted = false, unique_indices = false}} : ({}, {}, {}) -> {}",
+            "",
+            v.name,
+            idx.name,
+            upd.name,
+            "",
+            "",
+            "",
+            v.ty,
+            idx.ty,
+            upd.ty,
+            v.ty,
+            w2 = w + 2
+        );
+        Val {
+            name,
+            ty: v.ty.clone(),
+        }
+    }
+
+    /// 1-D `v` with 1-D `upd` written at element `at`.
+    pub fn update_slice_1d(&mut self, v: &Val, upd: &Val, at: usize) -> Val {
+        let start = self.iconst(at as i64, Ty::new(Elem::I64, &[]));
+        let ty = v.ty.clone();
+        self.op("dynamic_update_slice", &[v, upd, &start], "", ty)
     }
 }
 

@@ -45,6 +45,9 @@ fn operand_result(f: &mut Func, sig: &Signature, j: usize, v: &Val) -> Val {
 /// Zeroes the padding of result `v` of operand `j`: every element whose index along a staged
 /// dim is at or past that dim's valid size (an element of the `valid` argument).
 fn zero_padding(f: &mut Func, sig: &Signature, j: usize, v: &Val, valid: &Val) -> Val {
+    if sig.exact {
+        return v.clone();
+    }
     let o = &sig.operands[j];
     let space_dims: Vec<usize> = (0..o.map.len())
         .filter(|&d| o.present[d])
@@ -90,6 +93,20 @@ pub fn relayout(from: &DenseKey, to: &DenseKey) -> String {
 
 /// The module for `region` at `sig`.
 pub fn module(region: &Region, sig: &Signature) -> String {
+    let (f, results) = body(region, sig);
+    f.finish(&results)
+}
+
+/// `region` at `sig` as function `@name`, for a module that calls several (a whole program,
+/// see `graph`): its text and its result types. Its arguments are `module`'s.
+pub fn function(region: &Region, sig: &Signature, name: &str) -> (String, Vec<Ty>) {
+    let (f, results) = body(region, sig);
+    let tys = results.iter().map(|v| v.ty.clone()).collect();
+    (f.function(name, &results, &[]), tys)
+}
+
+/// The body of `region` at `sig`: its arguments declared, its results computed.
+fn body(region: &Region, sig: &Signature) -> (Func, Vec<Val>) {
     let mut f = Func::default();
     let results = match region {
         Region::Loop(l) => {
@@ -107,6 +124,7 @@ pub fn module(region: &Region, sig: &Signature) -> String {
         Region::Kernel(_) => {
             unreachable!("kernel regions run as host programs (see PjrtBackend::compile)")
         }
+        Region::Graph(_) => unreachable!("a graph lowers part by part (see `graph`)"),
         Region::Arange { dtype } => {
             let n = sig.space[0];
             let ty = Ty::new(Elem::F64, &[]);
@@ -130,7 +148,7 @@ pub fn module(region: &Region, sig: &Signature) -> String {
         .enumerate()
         .map(|(i, v)| zero_padding(&mut f, sig, first + i, v, &valid))
         .collect();
-    f.finish(&results)
+    (f, results)
 }
 
 /// Emits a loop body over `sig.space` (or the 2-D epilogue space), given its loads; returns
@@ -191,7 +209,7 @@ fn loop_body(
                     let rk = &l.reduces[reduced.len()];
                     let d = l.body[rk.value as usize].dtype;
                     let n = n_valid.as_ref().expect("row kernels get a valid length");
-                    reduced.push(reduce(f, rk.op, &vals[rk.value as usize], d, n));
+                    reduced.push(reduce(f, rk.op, &vals[rk.value as usize], d, n, sig.exact));
                 }
                 let (v, d) = &reduced[k];
                 let b = f.broadcast(v, &dims, &(0..r - 1).collect::<Vec<_>>());
@@ -204,7 +222,7 @@ fn loop_body(
         let rk = &l.reduces[reduced.len()];
         let d = l.body[rk.value as usize].dtype;
         let n = n_valid.as_ref().expect("row kernels get a valid length");
-        reduced.push(reduce(f, rk.op, &vals[rk.value as usize], d, n));
+        reduced.push(reduce(f, rk.op, &vals[rk.value as usize], d, n, sig.exact));
     }
     let mut out: Vec<Val> = l
         .outputs
@@ -249,15 +267,20 @@ fn identity(f: &mut Func, op: ReduceOp, d: DType, ty: Ty) -> Val {
 
 /// Reduces `v` over its last dim with `op`, the padding beyond `n` masked to the identity.
 /// Returns the per-row result and its dtype.
-fn reduce(f: &mut Func, op: ReduceOp, v: &Val, d: DType, n: &Val) -> (Val, DType) {
+/// With `exact` the row has no padding, and nothing is masked.
+fn reduce(f: &mut Func, op: ReduceOp, v: &Val, d: DType, n: &Val, exact: bool) -> (Val, DType) {
     let dims = v.ty.dims.clone();
     let r = dims.len();
     let idx = f.iota(r - 1, Ty::new(Elem::I64, &dims));
     let nb = f.broadcast(n, &dims, &[]);
     let valid = f.compare("LT", &idx, &nb);
     let scalar = Ty::new(v.ty.elem, &[]);
-    let id_full = identity(f, op, d, v.ty.clone());
-    let masked = f.select(&valid, v, &id_full);
+    let masked = if exact {
+        v.clone()
+    } else {
+        let id_full = identity(f, op, d, v.ty.clone());
+        f.select(&valid, v, &id_full)
+    };
     let init = identity(f, op, d, scalar);
     if op.is_arg() {
         let big = f.iconst(i64::MAX, Ty::new(Elem::I64, &dims));

@@ -19,7 +19,10 @@
 //! which current plugins reject (shared/notes/pjrt.md).
 
 mod client;
+mod compile;
 mod ffi;
+mod graph;
+mod graph_program;
 mod hlo;
 mod identity;
 mod lower;
@@ -35,6 +38,7 @@ use crate::buffer::Buffer;
 use crate::error::{Error, Result};
 use client::{DeviceBuffer, Executable};
 use deferfuse_cache::DiskCache;
+use deferfuse_fusion::plan::Capabilities;
 use deferfuse_fusion::{Binding, Region};
 use resident::DeviceArray;
 use std::collections::HashMap;
@@ -45,8 +49,11 @@ use std::sync::{Arc, Mutex};
 /// Counters of the PJRT backend (reported in `Stats`).
 #[derive(Default)]
 pub struct PjrtCounters {
-    /// Executables compiled by XLA (one per region and bucketed signature).
+    /// Executables compiled by XLA (one per region and bucketed signature, per whole-program
+    /// signature, and per relayout).
     pub compiles: AtomicU64,
+    /// Nanoseconds spent in those compiles, and in loading executables from the disk cache.
+    pub compile_ns: AtomicU64,
     /// Executables loaded from the disk cache instead.
     pub disk_hits: AtomicU64,
     /// Disk entries that were damaged or failed to load (removed, recompiled).
@@ -119,7 +126,39 @@ fn open_disk(plugin: &Path, client: &Client) -> Result<Option<Disk>> {
 /// Compiles regions with a PJRT plugin.
 pub struct PjrtBackend {
     shared: Arc<Shared>,
+    capabilities: Capabilities,
 }
+
+/// Whole-program regions unless `DEFERFUSE_PJRT_WHOLE_FLUSH=0` (then the CPU backend's loop
+/// regions, one program each), bounded by `DEFERFUSE_PJRT_MAX_REGION_OPS` ops (default 4096).
+fn capabilities_from_env() -> Result<Capabilities> {
+    let whole = match std::env::var("DEFERFUSE_PJRT_WHOLE_FLUSH").as_deref() {
+        Err(_) | Ok("") | Ok("1") | Ok("true") => true,
+        Ok("0") | Ok("false") => false,
+        Ok(v) => {
+            return Err(Error::Config(format!(
+                "DEFERFUSE_PJRT_WHOLE_FLUSH={v:?}: expected 1, 0, true or false"
+            )))
+        }
+    };
+    let max = match std::env::var("DEFERFUSE_PJRT_MAX_REGION_OPS") {
+        Ok(v) => v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+            Error::Config(format!(
+                "DEFERFUSE_PJRT_MAX_REGION_OPS={v:?}: expected a positive number of ops"
+            ))
+        })?,
+        Err(_) => DEFAULT_MAX_REGION_OPS,
+    };
+    Ok(if whole {
+        Capabilities::whole_programs(max)
+    } else {
+        Capabilities::LOOPS
+    })
+}
+
+/// Ops one whole-program region holds by default: a transformer training step of a few
+/// layers fits (compile time grows with the module).
+const DEFAULT_MAX_REGION_OPS: usize = 4096;
 
 impl PjrtBackend {
     /// Loads the plugin at `plugin` and creates its client. `dump_dir` receives each compiled
@@ -137,7 +176,9 @@ impl PjrtBackend {
             client.platform_name, client.platform_version, plugin.version.0, plugin.version.1
         );
         let disk = open_disk(&plugin.path, &client)?;
+        let capabilities = capabilities_from_env()?;
         Ok(PjrtBackend {
+            capabilities,
             shared: Arc::new(Shared {
                 device,
                 client,
@@ -171,6 +212,13 @@ impl Backend for PjrtBackend {
             // bytes: the default `run_buffers` writes device values back first (see README).
             return Ok(super::host_kernels::program(k));
         }
+        if let Region::Graph(g) = region {
+            return Ok(Arc::new(graph_program::GraphProgram::new(
+                g.clone(),
+                deferfuse_cache::fingerprint(region, &self.shared.identity),
+                self.shared.clone(),
+            )));
+        }
         Ok(Arc::new(PjrtProgram {
             region: region.clone(),
             fingerprint: deferfuse_cache::fingerprint(region, &self.shared.identity),
@@ -181,10 +229,19 @@ impl Backend for PjrtBackend {
         }))
     }
 
+    fn capabilities(&self) -> Capabilities {
+        self.capabilities
+    }
+
+    fn compiles_on_first_run(&self) -> bool {
+        true
+    }
+
     fn counters(&self) -> BackendCounters {
         let c = &self.shared.counters;
         BackendCounters {
             shape_compiles: c.compiles.load(Ordering::Relaxed),
+            shape_compile_ns: c.compile_ns.load(Ordering::Relaxed),
             disk_cache_hits: c.disk_hits.load(Ordering::Relaxed),
             disk_cache_corrupt: c.disk_corrupt.load(Ordering::Relaxed)
                 + self
@@ -220,82 +277,13 @@ impl PjrtProgram {
         if let Some(e) = exes.get(&key) {
             return Ok(e.clone());
         }
-        if let Some(e) = self.shared.device.get(self.fingerprint.0, &key) {
-            exes.insert(key, e.clone());
-            return Ok(e);
-        }
-        let key_bytes: Vec<u8> = key.iter().flat_map(|k| k.to_le_bytes()).collect();
-        let disk_key = self.shared.disk.as_ref().map(|d| {
-            // v2: modules take the valid sizes and zero their results' padding.
-            let mut b = b"deferfuse-pjrt-executable-v2\0".to_vec();
-            b.extend_from_slice(&self.fingerprint.0.to_le_bytes());
-            b.extend_from_slice(&key_bytes);
-            b.extend_from_slice(d.salt.as_bytes());
-            xxhash_rust::xxh3::xxh3_128(&b)
-        });
-        if let (Some(d), Some(k)) = (&self.shared.disk, disk_key) {
-            if let Some(bytes) = d.cache.get(k) {
-                match self.shared.client.deserialize(&bytes) {
-                    Ok(exe) => {
-                        self.shared
-                            .counters
-                            .disk_hits
-                            .fetch_add(1, Ordering::Relaxed);
-                        let exe = Arc::new(exe);
-                        self.shared
-                            .device
-                            .insert(self.fingerprint.0, key.clone(), exe.clone());
-                        exes.insert(key, exe.clone());
-                        return Ok(exe);
-                    }
-                    Err(e) => {
-                        tracing::warn!(
-                            path = %d.cache.path(k).display(),
-                            "disk cache entry does not load ({e}); removing it and recompiling"
-                        );
-                        let _ = std::fs::remove_file(d.cache.path(k));
-                        self.shared
-                            .counters
-                            .disk_corrupt
-                            .fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-        }
-        let mlir = lower::module(&self.region, sig);
-        if let Some(dir) = &self.shared.dump_dir {
-            let sig_hash = xxhash_rust::xxh3::xxh3_64(&key_bytes);
-            let _ = std::fs::create_dir_all(dir);
-            let _ = std::fs::write(
-                dir.join(format!("{}-{sig_hash:016x}.mlir", self.fingerprint)),
-                &mlir,
-            );
-        }
-        let exe = self.shared.client.compile(&mlir).map_err(|e| {
-            Error::Backend(format!(
-                "{e}\nwhile compiling region {}\n{mlir}",
-                self.region
-            ))
-        })?;
-        self.shared
-            .counters
-            .compiles
-            .fetch_add(1, Ordering::Relaxed);
-        if let (Some(d), Some(k)) = (&self.shared.disk, disk_key) {
-            // A cache that cannot be written only costs a recompile next time.
-            match exe.serialize() {
-                Ok(bytes) => {
-                    if let Err(e) = d.cache.put(k, &bytes) {
-                        tracing::warn!(dir = %d.cache.dir().display(), "disk cache write failed: {e}");
-                    }
-                }
-                Err(e) => tracing::warn!("PJRT executable cannot be serialized: {e}"),
-            }
-        }
-        let exe = Arc::new(exe);
-        self.shared
-            .device
-            .insert(self.fingerprint.0, key.clone(), exe.clone());
+        let exe = compile::executable(
+            &self.shared,
+            self.fingerprint,
+            &key,
+            &|| self.region.to_string(),
+            || lower::module(&self.region, sig),
+        )?;
         exes.insert(key, exe.clone());
         Ok(exe)
     }
@@ -327,30 +315,6 @@ impl Arg {
 const MAX_CACHED_SIZES: usize = 64;
 
 impl PjrtProgram {
-    /// Gathers operand `j`'s view from `base` and uploads it.
-    ///
-    /// # Safety
-    /// `base` holds the operand's whole view and no one writes it meanwhile.
-    unsafe fn upload_operand(
-        &self,
-        plan: &stage::Plan,
-        binding: &Binding,
-        j: usize,
-        base: *const u8,
-    ) -> Result<DeviceBuffer> {
-        let t = &binding.operands[j];
-        let data = stage::gather(plan, j, t.dtype, base, t.layout.offset as isize);
-        let dims: Vec<i64> = plan.sig.operands[j]
-            .staged_dims(&plan.sig)
-            .iter()
-            .map(|&d| d as i64)
-            .collect();
-        let ty = stage::pjrt_type(hlo::Elem::of(t.dtype));
-        let b = self.shared.client.upload(&data, ty, &dims)?;
-        self.shared.counters.uploads.fetch_add(1, Ordering::Relaxed);
-        Ok(b)
-    }
-
     /// The arguments after the staged operands (see `lower`): the scalar slots, a row kernel's
     /// valid row length, and the valid sizes of the space.
     fn tail_args(&self, binding: &Binding, plan: &stage::Plan) -> Result<Vec<Arg>> {
@@ -389,6 +353,7 @@ impl PjrtProgram {
             Region::Kernel(_) => {
                 unreachable!("kernel regions run as host programs (see PjrtBackend::compile)")
             }
+            Region::Graph(_) => unreachable!("graphs run as a GraphProgram"),
             Region::Arange { .. } => {
                 for s in &binding.scalars[..2] {
                     args.push(scalar(s.to_ne_bytes().to_vec(), hlo::Elem::F64)?);
@@ -492,9 +457,9 @@ impl Program for PjrtProgram {
         let exe = self.executable(&plan.sig)?;
         let mut args = Vec::new();
         for &j in &plan.inputs {
-            args.push(Arg::Owned(
-                self.upload_operand(&plan, binding, j, bases[j])?,
-            ));
+            let t = &binding.operands[j];
+            let up = resident::upload(&self.shared, &plan, j, t.dtype, t.layout.offset, bases[j])?;
+            args.push(Arg::Owned(up));
         }
         args.extend(self.tail_args(binding, &plan)?);
         let outs = Self::execute(&exe, &args, &plan)?;
@@ -524,41 +489,19 @@ impl Program for PjrtProgram {
         };
         let mut args = Vec::new();
         for &j in &plan.inputs {
-            let b = &bufs[j];
             if self.ignores_input(binding, j) {
                 args.push(self.unread_arg(&plan, binding, j)?);
                 continue;
             }
-            let key = key(j);
-            if let (Some(k), Some(v)) = (&key, b.device_copy()) {
-                if let Some(a) = v.as_any().downcast_ref::<DeviceArray>() {
-                    if a.key == *k {
-                        counters.resident_hits.fetch_add(1, Ordering::Relaxed);
-                        args.push(Arg::Resident(v));
-                        continue;
-                    }
-                    // The same value staged with other dims (a flat loop made it, a row kernel
-                    // reads rows): restaged on the device, and kept in the new layout.
-                    if let Some(r) = resident::relayout(&self.shared, a, k)? {
-                        let r: Arc<dyn DeviceValue> = Arc::new(r);
-                        b.replace_device_copy(&v, r.clone());
-                        counters.resident_hits.fetch_add(1, Ordering::Relaxed);
-                        args.push(Arg::Resident(r));
-                        continue;
-                    }
-                }
-            }
-            b.host_coherent()?;
-            let up = self.upload_operand(&plan, binding, j, b.storage()?.ptr())?;
-            args.push(match key {
-                Some(k) => {
-                    let v: Arc<dyn DeviceValue> =
-                        Arc::new(DeviceArray::new(up, k, counters.clone()));
-                    b.set_device_copy(v.clone(), false);
-                    Arg::Resident(v)
-                }
-                None => Arg::Owned(up),
-            });
+            let t = &binding.operands[j];
+            args.push(resident::input_arg(
+                &self.shared,
+                &plan,
+                j,
+                t.dtype,
+                t.layout.offset,
+                &bufs[j],
+            )?);
         }
         args.extend(self.tail_args(binding, &plan)?);
         let outs = Self::execute(&exe, &args, &plan)?;

@@ -3,9 +3,11 @@
 
 use super::client::{DeviceBuffer, Executable};
 use super::stage::{self, DenseKey};
-use super::{lower, PjrtCounters, Shared};
+use super::{hlo, lower, Arg, PjrtCounters, Shared};
 use crate::backend::DeviceValue;
+use crate::buffer::Buffer;
 use crate::error::{Error, Result};
+use deferfuse_fusion::ir::DType;
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -33,7 +35,7 @@ pub fn relayout(shared: &Shared, from: &DeviceArray, to: &DenseKey) -> Result<Op
             None if cache.len() >= MAX_RELAYOUTS => return Ok(None),
             None => {
                 let mlir = lower::relayout(&from.key, to);
-                let e = Arc::new(shared.client.compile(&mlir).map_err(|e| {
+                let e = Arc::new(super::compile::uncached(shared, &mlir).map_err(|e| {
                     Error::Backend(format!("{e}\nwhile compiling a relayout\n{mlir}"))
                 })?);
                 cache.insert(pair, e.clone());
@@ -100,4 +102,75 @@ impl DeviceValue for DeviceArray {
         self.counters.downloads.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// Gathers operand `j` of `plan` (dtype `d`, element `offset`) from `base` and uploads it.
+///
+/// # Safety
+/// `base` holds the operand's whole view and no one writes it meanwhile.
+pub unsafe fn upload(
+    shared: &Shared,
+    plan: &stage::Plan,
+    j: usize,
+    d: DType,
+    offset: usize,
+    base: *const u8,
+) -> Result<DeviceBuffer> {
+    let data = stage::gather(plan, j, d, base, offset as isize);
+    let dims: Vec<i64> = plan.sig.operands[j]
+        .staged_dims(&plan.sig)
+        .iter()
+        .map(|&x| x as i64)
+        .collect();
+    let b = shared
+        .client
+        .upload(&data, stage::pjrt_type(hlo::Elem::of(d)), &dims)?;
+    shared.counters.uploads.fetch_add(1, Ordering::Relaxed);
+    Ok(b)
+}
+
+/// Operand `j` of `plan` (dtype `d`, element `offset`) on buffer `b`, as a launch argument. A
+/// device copy of exactly the array the operand stages (`stage::dense_key`) is passed as is,
+/// one of the same value staged with other dims is restaged on the device; otherwise the view
+/// is gathered from the host bytes (written back first if the device holds a newer value) and
+/// uploaded, and an upload of the buffer's whole value is kept as its (clean) device copy.
+///
+/// # Safety
+/// `b` is allocated and large enough for the operand, and no one writes it meanwhile.
+pub unsafe fn input_arg(
+    shared: &Shared,
+    plan: &stage::Plan,
+    j: usize,
+    d: DType,
+    offset: usize,
+    b: &Arc<Buffer>,
+) -> Result<Arg> {
+    let counters = &shared.counters;
+    let key = stage::dense_key(plan, j, d, offset, b.len);
+    if let (Some(k), Some(v)) = (&key, b.device_copy()) {
+        if let Some(a) = v.as_any().downcast_ref::<DeviceArray>() {
+            if a.key == *k {
+                counters.resident_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(Arg::Resident(v));
+            }
+            // The same value staged with other dims (a flat loop made it, a row kernel
+            // reads rows): restaged on the device, and kept in the new layout.
+            if let Some(r) = relayout(shared, a, k)? {
+                let r: Arc<dyn DeviceValue> = Arc::new(r);
+                b.replace_device_copy(&v, r.clone());
+                counters.resident_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(Arg::Resident(r));
+            }
+        }
+    }
+    b.host_coherent()?;
+    let up = upload(shared, plan, j, d, offset, b.storage()?.ptr())?;
+    Ok(match key {
+        Some(k) => {
+            let v: Arc<dyn DeviceValue> = Arc::new(DeviceArray::new(up, k, counters.clone()));
+            b.set_device_copy(v.clone(), false);
+            Arg::Resident(v)
+        }
+        None => Arg::Owned(up),
+    })
 }

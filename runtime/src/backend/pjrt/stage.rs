@@ -33,6 +33,9 @@ pub struct OperandSig {
 pub struct Signature {
     pub space: Vec<usize>,
     pub operands: Vec<OperandSig>,
+    /// The space is the valid sizes themselves (no padding): a part of a whole-program module,
+    /// compiled for exact shapes, needs no masks.
+    pub exact: bool,
 }
 
 impl OperandSig {
@@ -71,6 +74,7 @@ impl Signature {
         Signature {
             space: vec![self.space[r - 3], self.space[r - 1]],
             operands: vec![],
+            exact: self.exact,
         }
     }
 }
@@ -106,8 +110,18 @@ fn operand(map: Vec<usize>, strides: &[isize], valid: &[usize]) -> OperandSig {
     }
 }
 
-/// Plans the staging of `region` on `binding`.
+/// Plans the staging of `region` on `binding`, each dim rounded up to its bucket.
 pub fn plan(region: &Region, b: &Binding) -> Plan {
+    plan_with(region, b, false)
+}
+
+/// Plans the staging of `region` on `binding` at its exact sizes (a part of a whole-program
+/// module: the module is compiled for the flush's shapes).
+pub fn plan_exact(region: &Region, b: &Binding) -> Plan {
+    plan_with(region, b, true)
+}
+
+fn plan_with(region: &Region, b: &Binding, exact: bool) -> Plan {
     let n = b.operands.len();
     let (valid, maps, strides, inputs, outputs, empty): (Vec<usize>, Vec<Vec<usize>>, _, _, _, _) =
         match region {
@@ -162,6 +176,7 @@ pub fn plan(region: &Region, b: &Binding) -> Plan {
             Region::Kernel(_) => {
                 unreachable!("kernel regions run as host programs (see PjrtBackend::compile)")
             }
+            Region::Graph(_) => unreachable!("a graph is staged part by part (see `graph`)"),
             Region::Arange { .. } => {
                 let l = &b.operands[0].layout;
                 let numel = l.numel();
@@ -176,7 +191,11 @@ pub fn plan(region: &Region, b: &Binding) -> Plan {
                 )
             }
         };
-    let space: Vec<usize> = valid.iter().map(|&s| bucket(s)).collect();
+    let space: Vec<usize> = if exact {
+        valid.clone()
+    } else {
+        valid.iter().map(|&s| bucket(s)).collect()
+    };
     let mut operands: Vec<OperandSig> = maps
         .into_iter()
         .zip(&strides)
@@ -192,12 +211,33 @@ pub fn plan(region: &Region, b: &Binding) -> Plan {
         }
     }
     Plan {
-        sig: Signature { space, operands },
+        sig: Signature {
+            space,
+            operands,
+            exact,
+        },
         valid,
         strides,
         inputs,
         outputs,
         empty,
+    }
+}
+
+/// The staging of a buffer's whole storage as one flat array of `n` elements: how a
+/// whole-program module takes and returns buffers.
+pub fn flat(n: usize) -> Plan {
+    Plan {
+        sig: Signature {
+            space: vec![n],
+            operands: vec![operand(vec![0], &[1], &[n])],
+            exact: true,
+        },
+        valid: vec![n],
+        strides: vec![vec![1]],
+        inputs: vec![0],
+        outputs: vec![0],
+        empty: n == 0,
     }
 }
 

@@ -1,0 +1,276 @@
+//! The planner on its own, for a backend that fuses whole programs (`Capabilities::
+//! whole_programs`): tables of nodes in, steps and cut reasons out, no runtime.
+
+use deferfuse_fusion::ir::{BinaryOp, DType, KernelOp, Layout, Op, RandomDist, ReduceOp, Scalar};
+use deferfuse_fusion::plan::{plan, Capabilities, CutReason, Plan, PlanOptions};
+use deferfuse_fusion::plan_cache::PlanCache;
+use deferfuse_fusion::region::Region;
+use deferfuse_fusion::{BufferId, Node, Operand, TensorRef};
+use smallvec::smallvec;
+
+fn t(buffer: BufferId, sizes: &[usize]) -> TensorRef {
+    TensorRef {
+        buffer,
+        layout: Layout::contiguous(sizes),
+        dtype: DType::F32,
+    }
+}
+
+fn node(op: Op, inputs: Vec<Operand>, output: TensorRef) -> Node {
+    Node {
+        op,
+        inputs: inputs.into_iter().collect(),
+        compute: output.dtype,
+        output,
+    }
+}
+
+fn tensor(r: TensorRef) -> Operand {
+    Operand::Tensor(r)
+}
+
+fn bin(op: BinaryOp, a: Operand, b: Operand, out: TensorRef) -> Node {
+    node(Op::Binary(op), vec![a, b], out)
+}
+
+fn scalar(v: f64) -> Operand {
+    Operand::Scalar(Scalar::Float(v))
+}
+
+fn whole(max_ops: usize) -> PlanOptions {
+    PlanOptions {
+        capabilities: Capabilities::whole_programs(max_ops),
+        ..PlanOptions::default()
+    }
+}
+
+fn plan_with(nodes: &[Node], live: &[BufferId], opts: &PlanOptions) -> Plan {
+    plan(nodes, &|b| live.contains(&b), opts)
+}
+
+/// Each step as (kind, how many trace nodes it runs).
+fn shape_of(p: &Plan) -> Vec<(&'static str, usize)> {
+    p.steps
+        .iter()
+        .map(|s| {
+            let kind = match &*s.region {
+                Region::Graph(_) => "graph",
+                Region::Loop(_) => "loop",
+                Region::Matmul { .. } => "matmul",
+                Region::Arange { .. } => "arange",
+                Region::Kernel(_) => "kernel",
+            };
+            (kind, s.nodes.len())
+        })
+        .collect()
+}
+
+/// A linear layer and its loss, over three shapes: y = x @ w; z = y + b; s = sum(z * z, 1);
+/// loss = sum(s) (buffers: x 1, w 2, b 3, y 4, z 5, zz 6, s 7, loss 8).
+fn layer() -> Vec<Node> {
+    let red = |dims: &[usize]| Op::Reduce {
+        op: ReduceOp::Sum,
+        dims: dims.iter().copied().collect(),
+        keepdim: false,
+    };
+    vec![
+        node(
+            Op::Matmul,
+            vec![tensor(t(1, &[4, 3])), tensor(t(2, &[3, 5]))],
+            t(4, &[4, 5]),
+        ),
+        bin(
+            BinaryOp::Add,
+            tensor(t(4, &[4, 5])),
+            tensor(TensorRef {
+                layout: Layout::contiguous(&[5]).expand(&[4, 5]),
+                ..t(3, &[5])
+            }),
+            t(5, &[4, 5]),
+        ),
+        bin(
+            BinaryOp::Mul,
+            tensor(t(5, &[4, 5])),
+            tensor(t(5, &[4, 5])),
+            t(6, &[4, 5]),
+        ),
+        node(red(&[1]), vec![tensor(t(6, &[4, 5]))], t(7, &[4])),
+        node(red(&[]), vec![tensor(t(7, &[4]))], t(8, &[])),
+    ]
+}
+
+#[test]
+fn a_flush_of_matmuls_reductions_and_shape_changes_is_one_graph() {
+    let p = plan_with(&layer(), &[1, 2, 3, 8], &whole(4096));
+    assert_eq!(shape_of(&p), [("graph", 5)]);
+    assert_eq!(p.cuts, [0; CutReason::COUNT]);
+}
+
+#[test]
+fn the_same_flush_on_loop_capabilities_keeps_the_loop_cuts() {
+    let p = plan_with(&layer(), &[1, 2, 3, 8], &PlanOptions::default());
+    assert!(p.steps.len() > 1, "{:?}", shape_of(&p));
+    assert!(p
+        .steps
+        .iter()
+        .all(|s| !matches!(*s.region, Region::Graph(_))));
+    assert!(p.cuts.iter().sum::<u64>() > 0);
+}
+
+#[test]
+fn graph_inputs_are_the_values_read_and_outputs_the_values_read_afterwards() {
+    let p = plan_with(&layer(), &[1, 2, 3, 8], &whole(4096));
+    let b = &p.steps[0].binding;
+    let ids: Vec<BufferId> = b.operands.iter().map(|t| t.buffer).collect();
+    // The loss is also offered as an input: a live handle could see a part of its buffer the
+    // write does not cover; the backend skips it when the write covers the buffer.
+    assert_eq!(&ids[..b.n_inputs], &[1, 2, 3, 8]);
+    assert_eq!(&ids[b.n_inputs..], &[8]);
+    // y, z, z*z and the row sums stay inside the program.
+    assert_eq!(p.unmaterialized, 4);
+}
+
+#[test]
+fn a_value_a_live_handle_holds_is_an_output() {
+    let p = plan_with(&layer(), &[1, 2, 3, 5, 8], &whole(4096));
+    let b = &p.steps[0].binding;
+    let outs: Vec<BufferId> = b.operands[b.n_inputs..].iter().map(|t| t.buffer).collect();
+    assert_eq!(outs, [5, 8]);
+}
+
+#[test]
+fn an_in_place_update_is_an_input_and_an_output_of_its_graph() {
+    // p *= 0.5; p -= g (buffers p 1, g 2): the optimizer's in-place writes.
+    let nodes = vec![
+        bin(BinaryOp::Mul, tensor(t(1, &[8])), scalar(0.5), t(1, &[8])),
+        bin(
+            BinaryOp::Sub,
+            tensor(t(1, &[8])),
+            tensor(t(2, &[8])),
+            t(1, &[8]),
+        ),
+    ];
+    let p = plan_with(&nodes, &[1, 2], &whole(4096));
+    assert_eq!(shape_of(&p), [("graph", 2)]);
+    let Region::Graph(g) = &*p.steps[0].region else {
+        panic!("a graph")
+    };
+    let b = &p.steps[0].binding;
+    let ids: Vec<BufferId> = b.operands.iter().map(|t| t.buffer).collect();
+    assert_eq!(ids, [1, 2, 1], "inputs p, g; output p");
+    assert_eq!(g.operands[0], g.operands[2], "one graph buffer, in and out");
+}
+
+#[test]
+fn a_kernel_op_runs_as_its_own_step_and_cuts_as_unfusable() {
+    let mut nodes = layer();
+    let random = Op::Kernel(KernelOp::Random {
+        dist: RandomDist::Uniform,
+        sizes: smallvec![4],
+        dtype: DType::F32,
+    });
+    nodes.insert(
+        2,
+        node(
+            random,
+            vec![
+                Operand::Scalar(Scalar::Int(1)),
+                Operand::Scalar(Scalar::Int(0)),
+            ],
+            t(9, &[4]),
+        ),
+    );
+    let p = plan_with(&nodes, &[1, 2, 3, 8, 9], &whole(4096));
+    assert_eq!(shape_of(&p), [("graph", 2), ("kernel", 1), ("graph", 3)]);
+    assert_eq!(p.cuts[CutReason::Unfusable as usize], 1);
+    assert_eq!(p.cut_log, [(2, CutReason::Unfusable)]);
+    // z crosses from the first graph to the second: an output of one, an input of the next.
+    let first = &p.steps[0].binding;
+    assert!(first.operands[first.n_inputs..]
+        .iter()
+        .any(|t| t.buffer == 5));
+    let last = &p.steps[2].binding;
+    assert!(last.operands[..last.n_inputs].iter().any(|t| t.buffer == 5));
+}
+
+#[test]
+fn the_size_bound_cuts_as_max_ops() {
+    let p = plan_with(&layer(), &[1, 2, 3, 8], &whole(2));
+    assert_eq!(shape_of(&p), [("graph", 2), ("graph", 2), ("loop", 1)]);
+    assert_eq!(p.cuts[CutReason::MaxOps as usize], 2);
+}
+
+#[test]
+fn a_buffer_seen_with_a_second_dtype_cuts_as_layout() {
+    let as_i32 = TensorRef {
+        dtype: DType::I32,
+        ..t(2, &[8])
+    };
+    let nodes = vec![
+        bin(BinaryOp::Add, tensor(t(1, &[8])), scalar(1.0), t(2, &[8])),
+        node(Op::Cast(DType::F32), vec![tensor(as_i32)], t(3, &[8])),
+    ];
+    let p = plan_with(&nodes, &[1, 3], &whole(4096));
+    assert_eq!(shape_of(&p), [("loop", 1), ("loop", 1)]);
+    assert_eq!(p.cuts[CutReason::Layout as usize], 1);
+}
+
+#[test]
+fn a_graph_of_one_step_is_that_step() {
+    let nodes = vec![bin(
+        BinaryOp::Add,
+        tensor(t(1, &[8])),
+        scalar(1.0),
+        t(2, &[8]),
+    )];
+    let p = plan_with(&nodes, &[1, 2], &whole(4096));
+    assert_eq!(shape_of(&p), [("loop", 1)]);
+}
+
+#[test]
+fn dead_nodes_are_dropped_before_grouping() {
+    let mut nodes = layer();
+    nodes.push(bin(
+        BinaryOp::Mul,
+        tensor(t(5, &[4, 5])),
+        scalar(2.0),
+        t(10, &[4, 5]),
+    ));
+    let p = plan_with(&nodes, &[1, 2, 3, 8], &whole(4096));
+    assert_eq!(p.dead_nodes, 1);
+    assert_eq!(shape_of(&p), [("graph", 5)]);
+}
+
+#[test]
+fn a_repeated_trace_reuses_its_graph_region_and_rebinds_scalars() {
+    let trace = |lr: f64, p: BufferId| {
+        vec![
+            bin(
+                BinaryOp::Mul,
+                tensor(t(p, &[8])),
+                scalar(lr),
+                t(p + 1, &[8]),
+            ),
+            bin(
+                BinaryOp::Sub,
+                tensor(t(p, &[8])),
+                tensor(t(p + 1, &[8])),
+                t(p, &[8]),
+            ),
+        ]
+    };
+    let mut cache = PlanCache::default();
+    let opts = whole(4096);
+    let (first, reused) = cache.plan(&trace(0.1, 1), &|b| b == 1, &opts);
+    assert!(!reused);
+    let (second, reused) = cache.plan(&trace(0.2, 11), &|b| b == 11, &opts);
+    assert!(reused);
+    assert!(std::sync::Arc::ptr_eq(
+        &first.steps[0].region,
+        &second.steps[0].region
+    ));
+    let b = &second.steps[0].binding;
+    assert!(b.operands.iter().all(|t| t.buffer == 11));
+    assert_eq!(f64::from_bits(b.parts[0].scalars[0]), 0.2);
+    assert_eq!(b.parts[0].operands[0].buffer, 11);
+}

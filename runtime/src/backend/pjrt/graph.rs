@@ -1,0 +1,457 @@
+//! Whole-program modules: a [`GraphRegion`] (every op of a flush between two cuts) becomes one
+//! StableHLO module, compiled for the flush's exact shapes, and XLA fuses across its parts.
+//!
+//! Each part is lowered as in a one-region program (`lower::function`, at its exact sizes, so
+//! no masks) into a private function that `@main` calls; XLA inlines the calls. `@main` holds
+//! every buffer the graph touches as one flat array of the buffer's elements, in its dtype's
+//! compute element: a part's operand is a view of that array (a slice and reshape when the view
+//! is dense, plus a transpose when it is a permuted dense block, a gather by computed indices
+//! otherwise), and a part's result is written back as a functional update (the whole array
+//! when the view covers it, else an update of a slice or a scatter), so in-place writes need no
+//! copies. Only the buffers the planner lists cross the boundary: the binding's inputs the
+//! module reads (arguments after the packed scalars) and its outputs (results). An input that
+//! is also an output is donated (`tf.aliasing_output`): XLA updates it in place.
+//!
+//! Scalars (a learning rate, AdamW's bias corrections) change every step: they are arguments,
+//! packed into one 1-D array per element type, so a launch uploads a handful of small arrays.
+
+use super::hlo::{Elem, Func, Ty, Val};
+use super::lower;
+use super::stage;
+use deferfuse_fusion::ir::DType;
+use deferfuse_fusion::region::{GraphRegion, Region};
+use deferfuse_fusion::{Binding, TensorRef};
+use std::collections::HashMap;
+
+/// How a scalar argument's 64 bits become its value (see `stage::scalar_bytes`).
+#[derive(Clone, Copy, Debug)]
+pub enum ScalarKind {
+    /// A loop's parameter slot of this dtype.
+    Param(DType),
+    /// A matmul's alpha or beta, in the matmul's dtype.
+    Gemm(DType),
+    /// An arange's start or step (f64 bits as they are).
+    F64,
+}
+
+/// One scalar argument: part `part`'s slot `slot`.
+#[derive(Clone, Copy, Debug)]
+pub struct ScalarSrc {
+    pub part: usize,
+    pub slot: usize,
+    pub kind: ScalarKind,
+}
+
+/// What a compiled module takes and gives, kept with its executable.
+#[derive(Debug)]
+pub struct Layout {
+    /// The leading arguments: one 1-D array per element type, of these scalars in order.
+    pub scalars: Vec<(Elem, Vec<ScalarSrc>)>,
+    /// The binding inputs the module reads, in argument order after the scalar arrays, each
+    /// its buffer's flat array (`stage::flat`).
+    pub inputs: Vec<usize>,
+    /// The binding outputs, in result order (buffers with no elements are left out).
+    pub outputs: Vec<usize>,
+}
+
+/// The dims a buffer of `n` elements is staged with (`stage::flat`): a 0-d array for one.
+pub fn flat_dims(n: usize) -> Vec<usize> {
+    if n > 1 {
+        vec![n]
+    } else {
+        vec![]
+    }
+}
+
+/// How a view's present dims sit in its buffer.
+enum Walk {
+    /// Row-major and dense: a slice of the flat array.
+    Dense,
+    /// Dense after permuting its dims: walking dims `order` (outermost first) is row-major.
+    Permuted(Vec<usize>),
+    /// Anything else: element indices are computed.
+    Strided,
+}
+
+fn row_major(sizes: &[usize], strides: &[isize], order: &[usize]) -> bool {
+    let mut step = 1isize;
+    for &k in order.iter().rev() {
+        if strides[k] != step {
+            return false;
+        }
+        step *= sizes[k] as isize;
+    }
+    true
+}
+
+fn walk_of(sizes: &[usize], strides: &[isize]) -> Walk {
+    let natural: Vec<usize> = (0..sizes.len()).collect();
+    if row_major(sizes, strides, &natural) {
+        return Walk::Dense;
+    }
+    let mut order = natural;
+    order.sort_by_key(|&k| std::cmp::Reverse(strides[k]));
+    if row_major(sizes, strides, &order) {
+        Walk::Permuted(order)
+    } else {
+        Walk::Strided
+    }
+}
+
+/// The flat index of every element of a view: `offset + sum(i_k * strides[k])`.
+fn indices(f: &mut Func, sizes: &[usize], strides: &[isize], offset: usize) -> Val {
+    let ty = Ty::new(Elem::I64, sizes);
+    let mut acc = f.iconst(offset as i64, ty.clone());
+    for (k, &st) in strides.iter().enumerate() {
+        let i = f.iota(k, ty.clone());
+        let s = f.iconst(st as i64, ty.clone());
+        let d = f.ew("multiply", &[&i, &s]);
+        acc = f.ew("add", &[&acc, &d]);
+    }
+    acc
+}
+
+/// A view as a part stages it: its present dims' sizes and strides, and its offset.
+struct View {
+    sizes: Vec<usize>,
+    strides: Vec<isize>,
+    offset: usize,
+    /// It steps along an empty dim: it has no elements (see `stage::walk`), whatever the
+    /// sizes of its present dims.
+    empty: bool,
+}
+
+impl View {
+    fn of(p: &stage::Plan, j: usize, t: &TensorRef) -> View {
+        let o = &p.sig.operands[j];
+        let dims: Vec<usize> = (0..o.map.len()).filter(|&d| o.present[d]).collect();
+        View {
+            sizes: dims.iter().map(|&d| p.valid[o.map[d]]).collect(),
+            strides: dims.iter().map(|&d| p.strides[j][d]).collect(),
+            offset: t.layout.offset,
+            empty: o
+                .map
+                .iter()
+                .zip(&p.strides[j])
+                .any(|(&d, &st)| p.valid[d] == 0 && st != 0),
+        }
+    }
+
+    fn numel(&self) -> usize {
+        if self.empty {
+            0
+        } else {
+            self.sizes.iter().product()
+        }
+    }
+
+    /// The view read from the flat array `buf`.
+    fn read(&self, f: &mut Func, buf: &Val) -> Val {
+        let n = self.numel();
+        if n == 0 {
+            return f.fconst(0.0, Ty::new(buf.ty.elem, &self.sizes));
+        }
+        let whole = self.offset == 0 && n == buf.ty.dims[0];
+        let block = |f: &mut Func| {
+            if whole {
+                buf.clone()
+            } else {
+                f.slice(buf, self.offset, self.offset + n)
+            }
+        };
+        match walk_of(&self.sizes, &self.strides) {
+            Walk::Dense => {
+                let b = block(f);
+                f.reshape(&b, &self.sizes)
+            }
+            Walk::Permuted(order) => {
+                let b = block(f);
+                let dims: Vec<usize> = order.iter().map(|&k| self.sizes[k]).collect();
+                let r = f.reshape(&b, &dims);
+                let mut back = vec![0; order.len()];
+                for (pos, &k) in order.iter().enumerate() {
+                    back[k] = pos;
+                }
+                f.transpose(&r, &back)
+            }
+            Walk::Strided => {
+                let idx = indices(f, &self.sizes, &self.strides, self.offset);
+                f.gather_1d(buf, &idx)
+            }
+        }
+    }
+
+    /// Whether writing the view replaces every element of a buffer of `n` elements.
+    fn covers(&self, n: usize) -> bool {
+        n > 0 && self.offset == 0 && self.numel() == n && !matches!(self.walk(), Walk::Strided)
+    }
+
+    fn walk(&self) -> Walk {
+        walk_of(&self.sizes, &self.strides)
+    }
+
+    /// `v` (the view's values) as a dense run of the buffer, in buffer order, when the view is
+    /// a dense block.
+    fn as_run(&self, f: &mut Func, v: &Val) -> Option<Val> {
+        let n = self.numel();
+        match self.walk() {
+            Walk::Dense => Some(f.reshape(v, &[n])),
+            Walk::Permuted(order) => {
+                let t = f.transpose(v, &order);
+                Some(f.reshape(&t, &[n]))
+            }
+            Walk::Strided => None,
+        }
+    }
+
+    /// The flat array `old` with the view's elements replaced by `v`.
+    fn write(&self, f: &mut Func, old: &Val, v: &Val) -> Val {
+        if self.numel() == 0 {
+            return old.clone();
+        }
+        match self.as_run(f, v) {
+            Some(run) => f.update_slice_1d(old, &run, self.offset),
+            None => {
+                let idx = indices(f, &self.sizes, &self.strides, self.offset);
+                f.scatter_1d(old, &idx, v)
+            }
+        }
+    }
+}
+
+/// Every buffer of the graph: its dtype and element count.
+struct Buffers {
+    dtype: Vec<Option<DType>>,
+    len: Vec<usize>,
+    /// The binding input that carries each buffer's old value, if any.
+    input: Vec<Option<usize>>,
+}
+
+impl Buffers {
+    fn new(g: &GraphRegion, b: &Binding, lens: &[usize]) -> Buffers {
+        let n = g.buffers as usize;
+        let mut s = Buffers {
+            dtype: vec![None; n],
+            len: vec![0; n],
+            input: vec![None; n],
+        };
+        let mut known = vec![false; n];
+        for (j, (&gb, t)) in g.operands.iter().zip(&b.operands).enumerate() {
+            let gb = gb as usize;
+            s.dtype[gb] = Some(t.dtype);
+            s.len[gb] = lens[j];
+            known[gb] = true;
+            if j < g.n_inputs {
+                s.input[gb] = Some(j);
+            }
+        }
+        for (part, pb) in g.parts.iter().zip(&b.parts) {
+            for (&gb, t) in part.operands.iter().zip(&pb.operands) {
+                let gb = gb as usize;
+                s.dtype[gb].get_or_insert(t.dtype);
+                if !known[gb] {
+                    // An intermediate: only its views in this graph exist.
+                    s.len[gb] = s.len[gb].max(t.layout.extent());
+                }
+            }
+        }
+        s
+    }
+
+    fn elem(&self, gb: usize) -> Elem {
+        Elem::of(self.dtype[gb].expect("every graph buffer is an operand"))
+    }
+}
+
+/// The scalar arguments of each part, in the order `lower` declares them after the operands.
+fn scalar_srcs(region: &Region, part: usize) -> Vec<ScalarSrc> {
+    let src = |slot, kind| ScalarSrc { part, slot, kind };
+    match region {
+        Region::Loop(l) => l
+            .params
+            .iter()
+            .enumerate()
+            .map(|(slot, &d)| src(slot, ScalarKind::Param(d)))
+            .collect(),
+        Region::Matmul { dtype, epilogue } => {
+            debug_assert!(epilogue.is_none(), "graph parts are single nodes");
+            vec![
+                src(0, ScalarKind::Gemm(*dtype)),
+                src(1, ScalarKind::Gemm(*dtype)),
+            ]
+        }
+        Region::Arange { .. } => vec![src(0, ScalarKind::F64), src(1, ScalarKind::F64)],
+        Region::Kernel(_) | Region::Graph(_) => {
+            unreachable!("graphs hold no kernel ops and no graphs")
+        }
+    }
+}
+
+fn elem_of(kind: ScalarKind) -> Elem {
+    match kind {
+        ScalarKind::Param(d) | ScalarKind::Gemm(d) => Elem::of(d),
+        ScalarKind::F64 => Elem::F64,
+    }
+}
+
+/// Buffer `gb`'s current value. An input's is its argument, declared on first use (and noted in
+/// `inputs`); a buffer nothing wrote yet that is no input was created by this flush and holds
+/// zeros, as a fresh host buffer would.
+fn value(
+    m: &mut Func,
+    cur: &mut [Option<Val>],
+    inputs: &mut Vec<usize>,
+    bufs: &Buffers,
+    gb: usize,
+) -> Val {
+    if let Some(v) = &cur[gb] {
+        return v.clone();
+    }
+    let n = bufs.len[gb];
+    let e = bufs.elem(gb);
+    let v = match bufs.input[gb] {
+        Some(j) if n > 0 => {
+            inputs.push(j);
+            let a = m.arg(Ty::new(e, &flat_dims(n)));
+            m.reshape(&a, &[n])
+        }
+        _ => m.fconst(0.0, Ty::new(e, &[n])),
+    };
+    cur[gb] = Some(v.clone());
+    v
+}
+
+/// The module for graph `g` bound to `b`, whose binding operands' buffers hold `lens`
+/// elements; and what it takes and gives.
+pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) {
+    let bufs = Buffers::new(g, b, lens);
+    let plans: Vec<stage::Plan> = g
+        .parts
+        .iter()
+        .zip(&b.parts)
+        .map(|(p, pb)| stage::plan_exact(&p.region, pb))
+        .collect();
+    let mut m = Func::default();
+    // The scalar arrays come first: their sizes are known before any part is emitted.
+    let mut scalars: Vec<(Elem, Vec<ScalarSrc>)> = Vec::new();
+    let mut at: Vec<Vec<(usize, usize)>> = Vec::new();
+    for (k, part) in g.parts.iter().enumerate() {
+        let mut mine = Vec::new();
+        if !plans[k].empty {
+            for s in scalar_srcs(&part.region, k) {
+                let e = elem_of(s.kind);
+                let a = match scalars.iter().position(|(x, _)| *x == e) {
+                    Some(a) => a,
+                    None => {
+                        scalars.push((e, Vec::new()));
+                        scalars.len() - 1
+                    }
+                };
+                scalars[a].1.push(s);
+                mine.push((a, scalars[a].1.len() - 1));
+            }
+        }
+        at.push(mine);
+    }
+    let arrays: Vec<Val> = scalars
+        .iter()
+        .map(|(e, v)| m.arg(Ty::new(*e, &[v.len()])))
+        .collect();
+    let mut cur: Vec<Option<Val>> = vec![None; g.buffers as usize];
+    let mut inputs: Vec<usize> = Vec::new();
+    let mut functions: HashMap<String, String> = HashMap::new();
+    let mut text = String::new();
+    for (k, (part, pb)) in g.parts.iter().zip(&b.parts).enumerate() {
+        let p = &plans[k];
+        if p.empty {
+            continue;
+        }
+        let (body, tys) = lower::function(&part.region, &p.sig, "PART");
+        let next = format!("part{}", functions.len());
+        let name = functions.entry(body.clone()).or_insert_with(|| {
+            text.push_str(&body.replacen("@PART(", &format!("@{next}("), 1));
+            next.clone()
+        });
+        let name = name.clone();
+        let mut args: Vec<Val> = Vec::new();
+        for &j in &p.inputs {
+            let t = &pb.operands[j];
+            let unread = matches!(*part.region, Region::Matmul { .. })
+                && j == pb.n_inputs
+                && f64::from_bits(pb.scalars[1]) == 0.0;
+            if unread {
+                // beta is 0: the program never reads the old output.
+                let dims = p.sig.operands[j].staged_dims(&p.sig);
+                args.push(m.fconst(0.0, Ty::new(Elem::of(t.dtype), &dims)));
+                continue;
+            }
+            let buf = value(
+                &mut m,
+                &mut cur,
+                &mut inputs,
+                &bufs,
+                part.operands[j] as usize,
+            );
+            args.push(View::of(p, j, t).read(&mut m, &buf));
+        }
+        for &(a, i) in &at[k] {
+            let s = m.slice(&arrays[a], i, i + 1);
+            args.push(m.reshape(&s, &[]));
+        }
+        if let Region::Loop(l) = &*part.region {
+            if !l.reduces.is_empty() {
+                let n = *p.valid.last().expect("a space has dims") as i64;
+                args.push(m.iconst(n, Ty::new(Elem::I64, &[])));
+            }
+        }
+        let valid: Vec<String> = p.valid.iter().map(|v| v.to_string()).collect();
+        args.push(m.constant(
+            &format!("[{}]", valid.join(", ")),
+            Ty::new(Elem::I64, &[p.valid.len()]),
+        ));
+        let refs: Vec<&Val> = args.iter().collect();
+        let results = m.call(&name, &refs, &tys);
+        for (r, &j) in results.iter().zip(&p.outputs) {
+            let gb = part.operands[j] as usize;
+            let view = View::of(p, j, &pb.operands[j]);
+            let n = bufs.len[gb];
+            let new = if view.covers(n) {
+                view.as_run(&mut m, r)
+                    .expect("a covering view is a dense block")
+            } else {
+                let old = value(&mut m, &mut cur, &mut inputs, &bufs, gb);
+                view.write(&mut m, &old, r)
+            };
+            cur[gb] = Some(new);
+        }
+    }
+    let mut results = Vec::new();
+    let mut outputs = Vec::new();
+    let mut donate = Vec::new();
+    for j in g.n_inputs..g.operands.len() {
+        let gb = g.operands[j] as usize;
+        let n = bufs.len[gb];
+        if n == 0 {
+            continue;
+        }
+        let v = value(&mut m, &mut cur, &mut inputs, &bufs, gb);
+        if let Some(arg) = bufs.input[gb].and_then(|i| inputs.iter().position(|&x| x == i)) {
+            donate.push((
+                arrays.len() + arg,
+                format!("tf.aliasing_output = {} : i32", results.len()),
+            ));
+        }
+        results.push(m.reshape(&v, &flat_dims(n)));
+        outputs.push(j);
+    }
+    let main = m.function("main", &results, &donate);
+    let module = format!("module {{\n{text}{main}}}\n");
+    (
+        module,
+        Layout {
+            scalars,
+            inputs,
+            outputs,
+        },
+    )
+}
