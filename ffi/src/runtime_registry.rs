@@ -184,6 +184,8 @@ pub(crate) fn config_from(c: &DfuseConfig) -> Result<Config> {
         backend,
         num_threads: count(c.num_threads, 0, "cfg->num_threads")?,
         pjrt_plugin,
+        // The timeline comes from DEFERFUSE_TRACE or dfuse_trace_start.
+        ..d
     })
 }
 

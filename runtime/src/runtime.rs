@@ -4,12 +4,13 @@
 use crate::alloc::HostAllocator;
 use crate::backend::{Backend, Program};
 use crate::buffer::{Buffer, BufferState, Spares};
-use crate::config::{resolve_mode, resolve_threads, Config};
+use crate::config::{resolve_mode, resolve_threads, resolve_trace, resolve_trace_events, Config};
 use crate::error::{Error, Result};
 use crate::handle::{Handle, HandleTable};
 use crate::mode::{self, Mode};
 use crate::stats::{Counters, Stats, SyncReason};
 use crate::stream::{EventPoint, Stream};
+use crate::timeline::{Arg, Timeline, TraceSummary, Track};
 use deferfuse_cache::ProgramCache;
 use deferfuse_fusion::ir::layout::checked_numel;
 use deferfuse_fusion::ir::{DType, Dims, Layout};
@@ -46,6 +47,11 @@ pub struct Runtime {
     default_stream_ref: Arc<Stream>,
     next_buffer: AtomicU64,
     threads: usize,
+    /// The opt-in timeline (`DEFERFUSE_TRACE`, [`Runtime::trace_start`]); shared with the
+    /// programs a flush launches, which record their own runs.
+    pub(crate) timeline: Arc<Timeline>,
+    /// Events a trace keeps unless its start says otherwise.
+    trace_events: usize,
 }
 
 static BOTH_FLAGS_WARNING: Once = Once::new();
@@ -69,6 +75,16 @@ impl Runtime {
         let default_stream = streams.insert(default_stream_ref.clone())?;
         let dump_dir = std::env::var_os("DEFERFUSE_DUMP_DIR").map(PathBuf::from);
         let threads = resolve_threads(&config)?;
+        let trace_events = resolve_trace_events(&config)?;
+        let timeline = Arc::new(Timeline::default());
+        if let Some(path) = resolve_trace(&config) {
+            timeline.start(&path, trace_events).map_err(|e| {
+                Error::Config(format!(
+                    "DEFERFUSE_TRACE = {:?}: {e}",
+                    path.display().to_string()
+                ))
+            })?;
+        }
         Ok(Runtime {
             backend: crate::backend::create(&config, dump_dir.clone(), threads)?,
             cache: ProgramCache::new(config.cache_capacity),
@@ -85,6 +101,8 @@ impl Runtime {
             default_stream_ref,
             next_buffer: AtomicU64::new(1),
             threads,
+            timeline,
+            trace_events,
         })
     }
 
@@ -101,6 +119,47 @@ impl Runtime {
     /// Threads one program may split its loops over (`Config::num_threads`).
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    // ---- the timeline ----
+
+    /// Starts recording the timeline into `path` (Chrome trace / Perfetto JSON, written when
+    /// the trace stops), keeping at most `max_events` events (0: `DEFERFUSE_TRACE_EVENTS` or
+    /// the default). An error when a trace is running or the file cannot be created.
+    pub fn trace_start(&self, path: &std::path::Path, max_events: usize) -> Result<()> {
+        let n = if max_events == 0 {
+            self.trace_events
+        } else {
+            max_events
+        };
+        self.timeline.start(path, n)
+    }
+
+    /// Stops the running trace and writes its file. Work still running on the streams is
+    /// recorded only as far as it got: synchronize first to see all of it.
+    pub fn trace_stop(&self) -> Result<TraceSummary> {
+        self.timeline.stop()
+    }
+
+    /// Whether a trace is running.
+    pub fn tracing(&self) -> bool {
+        self.timeline.on()
+    }
+
+    /// Adds an instant event a host backend knows about (a sync point's source line, an op
+    /// that fell back to the host) on `stream`'s host track; nothing when no trace runs.
+    pub fn trace_mark(&self, stream: Handle, name: &str, detail: &str) -> Result<()> {
+        if !self.timeline.on() {
+            return Ok(());
+        }
+        let s = self.stream(stream)?;
+        self.timeline.instant(
+            Track::StreamHost(s.id),
+            "mark",
+            name,
+            vec![("detail", Arg::S(detail.to_string()))],
+        );
+        Ok(())
     }
 
     pub fn backend_name(&self) -> &'static str {
@@ -163,7 +222,19 @@ impl Runtime {
     pub fn synchronize(&self, stream: Handle) -> Result<()> {
         let s = self.stream(stream)?;
         self.flush(&s, SyncReason::Synchronize)?;
-        s.synchronize()
+        self.wait_stream(&s)
+    }
+
+    /// Waits for everything launched on `s` (a span on its host track while tracing).
+    fn wait_stream(&self, s: &Stream) -> Result<()> {
+        if !self.timeline.on() {
+            return s.synchronize();
+        }
+        let t0 = self.timeline.now();
+        let r = s.synchronize();
+        self.timeline
+            .span(Track::StreamHost(s.id), "wait", "synchronize", t0, vec![]);
+        r
     }
 
     /// Synchronizes every stream.
@@ -172,7 +243,7 @@ impl Runtime {
         for s in self.streams.values() {
             let r = self
                 .flush(&s, SyncReason::Synchronize)
-                .and_then(|_| s.synchronize());
+                .and_then(|_| self.wait_stream(&s));
             if first.is_ok() {
                 first = r;
             }
@@ -269,12 +340,18 @@ impl Runtime {
                 buffer.len
             )));
         }
+        let t0 = self.timeline.on().then(|| self.timeline.now());
         let s = buffer.storage_for_overwrite()?;
         self.counters
             .bytes_allocated
             .fetch_add(buffer.len as u64, Ordering::Relaxed);
         // SAFETY: the storage was just allocated with exactly `data.len()` bytes (or 1 if 0).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.ptr(), data.len()) };
+        if let Some(t0) = t0 {
+            let args = vec![("bytes", Arg::U(data.len() as u64))];
+            self.timeline
+                .span(Track::Host, "copy", "copy from host", t0, args);
+        }
         self.tensors.insert(Tensor {
             buffer,
             layout: Layout::contiguous(sizes),
@@ -342,7 +419,13 @@ impl Runtime {
             }
         }
         if let Some(Some((progress, seq))) = buffer.writer().map(|w| w.done) {
+            let t0 = self.timeline.on().then(|| self.timeline.now());
             progress.wait(seq);
+            if let Some(t0) = t0 {
+                let args = vec![("reason", Arg::S(reason.name().into()))];
+                self.timeline
+                    .span(Track::Host, "wait", "wait for producer", t0, args);
+            }
             if let Some(e) = progress.take_error() {
                 return Err(e);
             }
@@ -371,6 +454,7 @@ impl Runtime {
         if !self.wait_written(&t.buffer, SyncReason::HostRead)? {
             self.counters.sync(SyncReason::HostRead);
         }
+        let t0 = self.timeline.on().then(|| self.timeline.now());
         // The value may live on a device (its writer ran there): copy it out first.
         t.buffer.host_coherent()?;
         let base = t.buffer.storage()?.ptr();
@@ -409,6 +493,11 @@ impl Runtime {
                 }
                 idx[d] = 0;
             }
+        }
+        if let Some(t0) = t0 {
+            let args = vec![("bytes", Arg::U(out.len() as u64))];
+            self.timeline
+                .span(Track::Host, "copy", "copy to host", t0, args);
         }
         Ok(())
     }
@@ -472,5 +561,11 @@ impl Drop for Runtime {
     /// Pending work is run (nothing a user wrote is lost), then the workers stop.
     fn drop(&mut self) {
         let _ = self.synchronize_all();
+        // A trace started by DEFERFUSE_TRACE (or never stopped) is written now.
+        if self.timeline.on() {
+            if let Err(e) = self.timeline.stop() {
+                tracing::warn!(error = %e, "could not write the timeline");
+            }
+        }
     }
 }
