@@ -2,6 +2,7 @@
 // package into torch.tpu.*: synchronize, modes, stats, pending dump, materialization state and
 // the fallback counters.
 #include "common.h"
+#include "observe.h"
 
 #include <torch/library.h>
 
@@ -11,7 +12,10 @@ void reset_fallback_counts();
 
 namespace {
 
-void synchronize() { check(dfuse_device_synchronize(rt()), "synchronize"); }
+void synchronize() {
+  note_sync("synchronize");
+  check(dfuse_device_synchronize(rt()), "synchronize");
+}
 
 int64_t get_mode_op() { return get_mode(); }
 

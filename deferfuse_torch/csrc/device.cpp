@@ -1,6 +1,7 @@
 // The device itself: allocator, device guard, hooks (autograd needs them), tensor creation,
 // resize, and the metadata-only view kernels.
 #include "common.h"
+#include "observe.h"
 #include "random.h"
 
 #include <ATen/EmptyTensor.h>
@@ -150,9 +151,11 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   }
   bool queryStream(const c10::Stream&) const override { return false; }
   void synchronizeStream(const c10::Stream&) const override {
+    note_sync("stream synchronize");
     check(dfuse_stream_synchronize(rt(), 0), "stream synchronize");
   }
   void synchronizeDevice(const c10::DeviceIndex) const override {
+    note_sync("device synchronize");
     check(dfuse_device_synchronize(rt()), "device synchronize");
   }
 
