@@ -110,3 +110,82 @@ pub unsafe extern "C" fn dfuse_trace_mark(
         rt.trace_mark(stream, name, detail)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::last_error_ptr;
+    use crate::runtime_registry::{dfuse_runtime_create, dfuse_runtime_destroy};
+    use std::ptr;
+
+    fn runtime() -> *mut DfuseRuntime {
+        let mut rt = ptr::null_mut();
+        // SAFETY: NULL config means the defaults; valid out-pointer.
+        assert_eq!(
+            unsafe { dfuse_runtime_create(ptr::null(), &mut rt) },
+            DfuseStatus::Ok
+        );
+        rt
+    }
+
+    fn last_error() -> String {
+        // SAFETY: the library's own NUL-terminated string.
+        unsafe { CStr::from_ptr(last_error_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn a_trace_started_and_stopped_writes_its_file_and_reports_its_counts() {
+        let rt = runtime();
+        let path =
+            std::env::temp_dir().join(format!("dfuse-ffi-trace-{}.json", std::process::id()));
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        let (mut on, mut events, mut dropped) = (0u32, 9u64, 9u64);
+        // SAFETY: live runtime, valid strings and out-pointers.
+        unsafe {
+            assert_eq!(dfuse_trace_start(rt, c.as_ptr(), 0), DfuseStatus::Ok);
+            assert_eq!(dfuse_trace_active(rt, &mut on), DfuseStatus::Ok);
+            assert_eq!(on, 1);
+            let (name, detail) = (c"sync: item".as_ptr(), c"train.py:3".as_ptr());
+            assert_eq!(dfuse_trace_mark(rt, 0, name, detail), DfuseStatus::Ok);
+            assert_eq!(
+                dfuse_trace_stop(rt, &mut events, &mut dropped),
+                DfuseStatus::Ok
+            );
+        }
+        assert_eq!((events, dropped), (1, 0));
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("train.py:3"), "{text}");
+        let _ = std::fs::remove_file(path);
+        // SAFETY: live runtime.
+        assert_eq!(unsafe { dfuse_runtime_destroy(rt) }, DfuseStatus::Ok);
+    }
+
+    #[test]
+    fn stopping_with_no_trace_running_is_an_invalid_argument_that_says_so() {
+        let rt = runtime();
+        let (mut events, mut dropped) = (0u64, 0u64);
+        // SAFETY: live runtime, valid out-pointers.
+        let s = unsafe { dfuse_trace_stop(rt, &mut events, &mut dropped) };
+        assert_eq!(s, DfuseStatus::InvalidArgument);
+        assert!(
+            last_error().contains("no trace is running"),
+            "{}",
+            last_error()
+        );
+        // SAFETY: live runtime.
+        assert_eq!(unsafe { dfuse_runtime_destroy(rt) }, DfuseStatus::Ok);
+    }
+
+    #[test]
+    fn a_null_path_is_an_invalid_argument_naming_the_parameter() {
+        let rt = runtime();
+        // SAFETY: a NULL path is reported, not read.
+        let s = unsafe { dfuse_trace_start(rt, ptr::null(), 0) };
+        assert_eq!(s, DfuseStatus::InvalidArgument);
+        assert!(last_error().contains("path is NULL"), "{}", last_error());
+        // SAFETY: live runtime.
+        assert_eq!(unsafe { dfuse_runtime_destroy(rt) }, DfuseStatus::Ok);
+    }
+}
