@@ -1543,6 +1543,27 @@ DfuseStatus dfuse_trace_mark(const struct DfuseRuntime *rt,
                              const char *detail);
 
 /**
+ * Starts (`on` = 1) or stops (0) timing program runs for `dfuse_profiler_point`: the device
+ * clock a profiler (torch.profiler's PrivateUse1 hooks) reads. While on, each program costs
+ * two clock reads more.
+ *
+ * # Safety
+ * Always safe to call; `rt` is checked against live runtimes.
+ */
+DfuseStatus dfuse_profiler_enable(const struct DfuseRuntime *rt, uint32_t on);
+
+/**
+ * Waits for the work already launched on every stream (deferred ops are not flushed, and
+ * errors are left for the next sync point), then writes to `*busy_ns` the nanoseconds
+ * programs have run while profiling was on. The difference of two points is the device time
+ * of the programs that ran between them.
+ *
+ * # Safety
+ * `busy_ns` must be NULL or point to a writable `uint64_t`.
+ */
+DfuseStatus dfuse_profiler_point(const struct DfuseRuntime *rt, uint64_t *busy_ns);
+
+/**
  * Makes a view of `tensor` (a `DfuseViewKind` with `args[0..n_args]`) and writes its handle
  * to `*out` (a new reference; 0 on failure). `stream` (0 = default) is used only when a
  * reshape must copy.

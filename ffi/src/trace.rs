@@ -111,6 +111,45 @@ pub unsafe extern "C" fn dfuse_trace_mark(
     })
 }
 
+/// Starts (`on` = 1) or stops (0) timing program runs for `dfuse_profiler_point`: the device
+/// clock a profiler (torch.profiler's PrivateUse1 hooks) reads. While on, each program costs
+/// two clock reads more.
+///
+/// # Safety
+/// Always safe to call; `rt` is checked against live runtimes.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_profiler_enable(rt: *const DfuseRuntime, on: u32) -> DfuseStatus {
+    guard("dfuse_profiler_enable", || {
+        let rt = runtime(rt)?;
+        if on > 1 {
+            return Err(invalid(format!("on = {on}: expected 0 or 1")));
+        }
+        rt.profiler_enable(on == 1);
+        Ok(())
+    })
+}
+
+/// Waits for the work already launched on every stream (deferred ops are not flushed, and
+/// errors are left for the next sync point), then writes to `*busy_ns` the nanoseconds
+/// programs have run while profiling was on. The difference of two points is the device time
+/// of the programs that ran between them.
+///
+/// # Safety
+/// `busy_ns` must be NULL or point to a writable `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_profiler_point(
+    rt: *const DfuseRuntime,
+    busy_ns: *mut u64,
+) -> DfuseStatus {
+    guard("dfuse_profiler_point", || {
+        // SAFETY: the caller's contract.
+        unsafe { write_out(busy_ns, "busy_ns", 0)? };
+        let t = runtime(rt)?.profiler_point();
+        // SAFETY: the caller's contract.
+        unsafe { write_out(busy_ns, "busy_ns", t) }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,6 +199,53 @@ mod tests {
         let _ = std::fs::remove_file(path);
         // SAFETY: live runtime.
         assert_eq!(unsafe { dfuse_runtime_destroy(rt) }, DfuseStatus::Ok);
+    }
+
+    #[test]
+    fn the_profiler_clock_advances_only_while_profiling_and_by_the_programs_run() {
+        use crate::op::{dfuse_op, DfuseAttrs, DfuseOpKind, DfuseUnaryOp};
+        use crate::tensor::{dfuse_tensor_empty, dfuse_tensor_release};
+        use crate::types::{DfuseDtype, DfuseOperand, DfuseOperandKind};
+        let rt = runtime();
+        let sizes = [1i64 << 16];
+        let (mut x, mut t0, mut t1, mut t2) = (0u64, 0u64, 0u64, 0u64);
+        // SAFETY: live runtime, valid arrays and out-pointers.
+        unsafe {
+            let s = dfuse_tensor_empty(rt, DfuseDtype::F32 as u32, sizes.as_ptr(), 1, &mut x);
+            assert_eq!(s, DfuseStatus::Ok);
+            let attrs = DfuseAttrs {
+                sub_op: DfuseUnaryOp::Exp as u32,
+                ..std::mem::zeroed()
+            };
+            let input = DfuseOperand {
+                kind: DfuseOperandKind::Tensor as u32,
+                tensor: x,
+                f: 0.0,
+                i: 0,
+            };
+            let exp = |out: &mut u64| {
+                dfuse_op(rt, 0, DfuseOpKind::Unary as u32, &attrs, &input, 1, 0, out)
+            };
+            let mut y = 0u64;
+            assert_eq!(exp(&mut y), DfuseStatus::Ok);
+            assert_eq!(dfuse_profiler_point(rt, &mut t0), DfuseStatus::Ok);
+            assert_eq!(dfuse_profiler_enable(rt, 1), DfuseStatus::Ok);
+            let mut z = 0u64;
+            assert_eq!(exp(&mut z), DfuseStatus::Ok);
+            assert_eq!(dfuse_profiler_point(rt, &mut t1), DfuseStatus::Ok);
+            assert_eq!(dfuse_profiler_enable(rt, 0), DfuseStatus::Ok);
+            let mut w = 0u64;
+            assert_eq!(exp(&mut w), DfuseStatus::Ok);
+            assert_eq!(dfuse_profiler_point(rt, &mut t2), DfuseStatus::Ok);
+            assert_eq!(dfuse_profiler_enable(rt, 2), DfuseStatus::InvalidArgument);
+            for h in [x, y, z, w] {
+                dfuse_tensor_release(rt, h);
+            }
+            assert_eq!(dfuse_runtime_destroy(rt), DfuseStatus::Ok);
+        }
+        assert_eq!(t0, 0, "not profiling yet");
+        assert!(t1 > t0, "the exp that ran while profiling counts");
+        assert_eq!(t2, t1, "not after profiling stopped");
     }
 
     #[test]

@@ -235,7 +235,10 @@ impl Runtime {
                     .fetch_add(b.len as u64, Ordering::Relaxed);
             }
         }
-        let trace = self.timeline.on().then(|| self.run_trace(&step, stream));
+        let trace = self
+            .timeline
+            .timing()
+            .then(|| self.run_trace(&step, stream));
         Ok(Job {
             program,
             binding: step.binding,
@@ -251,7 +254,9 @@ impl Runtime {
         let fingerprint = step
             .key
             .get_or_init(|| fingerprint(&step.region, self.backend.identity()).0);
-        self.timeline.note_region(fingerprint, &step.region);
+        if self.timeline.on() {
+            self.timeline.note_region(fingerprint, &step.region);
+        }
         let (shapes, bytes) = binding_args(&step.binding);
         Box::new(RunTrace {
             timeline: self.timeline.clone(),

@@ -162,6 +162,24 @@ impl Runtime {
         Ok(())
     }
 
+    /// Starts or stops timing program runs for [`Runtime::profiler_point`] (a profiler's
+    /// device clock). While on, each program costs two clock reads more.
+    pub fn profiler_enable(&self, on: bool) {
+        self.timeline.set_profiling(on);
+    }
+
+    /// Waits for the work already launched on every stream, without flushing deferred ops
+    /// (that would change what fuses) and without taking their errors (the next sync point
+    /// reports them), then returns the nanoseconds programs have run while profiling. A
+    /// profiler reads it before and after an op: the difference is the device time of the
+    /// programs that op launched (strict, debug) or ran at its sync point (defer).
+    pub fn profiler_point(&self) -> u64 {
+        for s in self.streams.values() {
+            s.progress.wait(s.last_seq());
+        }
+        self.timeline.busy_ns()
+    }
+
     pub fn backend_name(&self) -> &'static str {
         self.backend.name()
     }

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use deferfuse_fusion::{Binding, Region};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -87,9 +87,16 @@ pub struct TraceSummary {
     pub dropped: u64,
 }
 
-/// The runtime's timeline recorder.
+/// `Timeline::state` bits: a trace runs; program run time is summed for a profiler.
+const TRACING: u8 = 1;
+const PROFILING: u8 = 2;
+
+/// The runtime's timeline recorder, and the device-time clock torch.profiler reads.
 pub struct Timeline {
-    on: AtomicBool,
+    /// [`TRACING`] | [`PROFILING`]: one byte, so a hook's "anything to do?" is one load.
+    state: AtomicU8,
+    /// Nanoseconds programs ran, summed while [`PROFILING`] (see [`Timeline::busy_ns`]).
+    busy: AtomicU64,
     session: Mutex<Option<Session>>,
     epoch: Instant,
 }
@@ -104,7 +111,8 @@ thread_local! {
 impl Default for Timeline {
     fn default() -> Self {
         Timeline {
-            on: AtomicBool::new(false),
+            state: AtomicU8::new(0),
+            busy: AtomicU64::new(0),
             session: Mutex::new(None),
             epoch: Instant::now(),
         }
@@ -115,7 +123,29 @@ impl Timeline {
     /// Whether a trace is running: the one check every hook makes (a relaxed load).
     #[inline(always)]
     pub fn on(&self) -> bool {
-        self.on.load(Ordering::Relaxed)
+        self.state.load(Ordering::Relaxed) & TRACING != 0
+    }
+
+    /// Whether program runs are timed (a trace runs, or a profiler reads device time): the
+    /// one check a prepared step makes.
+    #[inline(always)]
+    pub fn timing(&self) -> bool {
+        self.state.load(Ordering::Relaxed) != 0
+    }
+
+    /// Starts or stops summing program run time for [`Timeline::busy_ns`].
+    pub fn set_profiling(&self, on: bool) {
+        if on {
+            self.state.fetch_or(PROFILING, Ordering::Relaxed);
+        } else {
+            self.state.fetch_and(!PROFILING, Ordering::Relaxed);
+        }
+    }
+
+    /// Nanoseconds programs have run while profiling (each program of a wave counted whole):
+    /// the device clock a profiler differences around each op.
+    pub fn busy_ns(&self) -> u64 {
+        self.busy.load(Ordering::Relaxed)
     }
 
     /// Nanoseconds since the timeline was made: the clock of every event.
@@ -156,7 +186,7 @@ impl Timeline {
             dropped: 0,
             regions: BTreeMap::new(),
         });
-        self.on.store(true, Ordering::Relaxed);
+        self.state.fetch_or(TRACING, Ordering::Relaxed);
         Ok(())
     }
 
@@ -170,7 +200,7 @@ impl Timeline {
                     .into(),
             )
         })?;
-        self.on.store(false, Ordering::Relaxed);
+        self.state.fetch_and(!TRACING, Ordering::Relaxed);
         drop(s);
         let text = json::chrome_trace(
             session.events.iter(),
@@ -281,8 +311,18 @@ pub struct RunTrace {
 }
 
 impl RunTrace {
-    /// Records the run that started at `start_ns` on `track`, and whether it failed.
+    /// Records the run that started at `start_ns` on `track`, and whether it failed; adds
+    /// its time to the profiler's device clock.
     pub fn finish(&self, track: Track, start_ns: u64, ok: bool) {
+        let tl = &self.timeline;
+        let end = tl.now();
+        if tl.state.load(Ordering::Relaxed) & PROFILING != 0 {
+            tl.busy
+                .fetch_add(end.saturating_sub(start_ns), Ordering::Relaxed);
+        }
+        if !tl.on() {
+            return;
+        }
         let threads = if matches!(track, Track::Worker(_)) {
             1
         } else {
@@ -296,8 +336,14 @@ impl RunTrace {
             ("threads", Arg::U(threads as u64)),
             ("ok", Arg::B(ok)),
         ];
-        self.timeline
-            .span(track, "run", self.label.clone(), start_ns, args);
+        tl.record(Event {
+            name: self.label.clone(),
+            cat: "run",
+            track,
+            start_ns,
+            dur_ns: Some(end.saturating_sub(start_ns)),
+            args,
+        });
     }
 }
 
