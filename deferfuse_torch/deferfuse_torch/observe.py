@@ -3,6 +3,7 @@ Perfetto JSON), and `explain(fn, *args)` runs fn once and says what it recorded,
 compiled, which source lines forced each sync point and CPU fallback, and which regions took
 the time. `report(path, fn, *args)` (report.py) draws the same as one HTML page."""
 
+import atexit
 import collections
 import contextlib
 import json
@@ -39,6 +40,22 @@ def _take_notes():
         kind, what, where = line.split("\t", 2)
         out.append((kind, what, where))
     return out
+
+
+def _write_env_trace():
+    """DEFERFUSE_TRACE's file is written when the runtime is dropped, which the device never
+    does (tensors may be freed during interpreter shutdown): the trace is stopped, and so
+    written, at exit instead."""
+    if not os.environ.get("DEFERFUSE_TRACE"):
+        return
+    try:
+        _device.synchronize()
+        _ops.trace_control("", 0)
+    except RuntimeError:
+        pass  # the user stopped it already (or a block's error left nothing to write)
+
+
+atexit.register(_write_env_trace)
 
 
 @contextlib.contextmanager

@@ -123,3 +123,37 @@ def test_report_renders_in_headless_chromium(defer, tmp_path):
     subprocess.run([exe, "--headless", "--no-sandbox", f"--screenshot={shot}",
                     "--window-size=1200,900", path.as_uri()], check=True, timeout=120)
     assert shot.stat().st_size > 10_000
+
+
+SCRIPT = """
+import torch, deferfuse_torch
+x = torch.ones(4).to("tpu")
+with deferfuse_torch.mode("defer"):
+    y = (x * 2).exp().sum()
+    print(y.item())
+"""
+
+
+def run_script(tmp_path, **env):
+    import os
+    import sys
+    script = tmp_path / "user_script.py"
+    script.write_text(SCRIPT)
+    e = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(deferfuse_torch.__file__)),
+             **env)
+    return subprocess.run([sys.executable, str(script)], env=e, capture_output=True, text=True,
+                          timeout=300, check=True)
+
+
+def test_DEFERFUSE_TRACE_writes_the_whole_runs_timeline_at_exit(tmp_path):
+    path = tmp_path / "run.json"
+    run_script(tmp_path, DEFERFUSE_TRACE=str(path))
+    trace = json.loads(path.read_text())
+    assert [f["args"]["reason"] for f in spans(trace, "flush")] == ["host_read"]
+    assert spans(trace, "run"), "the fused program ran"
+
+
+def test_DEFERFUSE_LOG_names_the_source_line_of_a_sync_point(tmp_path):
+    r = run_script(tmp_path, DEFERFUSE_LOG="debug")
+    assert "deferfuse_torch: sync item at " in r.stderr
+    assert "user_script.py:6 in <module>" in r.stderr, r.stderr

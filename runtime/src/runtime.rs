@@ -149,10 +149,12 @@ impl Runtime {
     /// Adds an instant event a host backend knows about (a sync point's source line, an op
     /// that fell back to the host) on `stream`'s host track; nothing when no trace runs.
     pub fn trace_mark(&self, stream: Handle, name: &str, detail: &str) -> Result<()> {
+        // The stream is checked either way: a bad handle is an error whether or not a trace
+        // runs.
+        let s = self.stream(stream)?;
         if !self.timeline.on() {
             return Ok(());
         }
-        let s = self.stream(stream)?;
         self.timeline.instant(
             Track::StreamHost(s.id),
             "mark",
