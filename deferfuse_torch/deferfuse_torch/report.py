@@ -45,7 +45,8 @@ def _timeline_svg(timeline):
     scale = (_WIDTH - _LABEL) / max(t1 - t0, 1e-3)
     h = _ROW * len(tids) + 24
     out = [f'<svg class="timeline" width="{_WIDTH}" height="{h}" '
-           f'xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="11">']
+           f'xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="11">',
+           '<rect width="100%" height="100%" fill="white"/>']
     for t in tids:
         y = row[t] * _ROW
         out.append(f'<text x="2" y="{y + 15}">{_e(names.get(t, t))}</text>'

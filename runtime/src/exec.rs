@@ -248,20 +248,24 @@ impl Runtime {
         })
     }
 
-    /// What a traced run of `step` records (and the region, noted once per trace).
+    /// What a timed run of `step` records (and the region, noted once per trace).
     fn run_trace(&self, step: &Step, stream: u64) -> Box<RunTrace> {
         // Set by `program`, which ran first.
         let fingerprint = step
             .key
             .get_or_init(|| fingerprint(&step.region, self.backend.identity()).0);
-        if self.timeline.on() {
+        // A profiler alone needs only the run's time, not its description.
+        let (label, shapes, bytes) = if self.timeline.on() {
             self.timeline.note_region(fingerprint, &step.region);
-        }
-        let (shapes, bytes) = binding_args(&step.binding);
+            let (shapes, bytes) = binding_args(&step.binding);
+            (region_label(&step.region), shapes, bytes)
+        } else {
+            (String::new(), String::new(), 0)
+        };
         Box::new(RunTrace {
             timeline: self.timeline.clone(),
             stream,
-            label: region_label(&step.region),
+            label,
             fingerprint,
             shapes,
             bytes,
