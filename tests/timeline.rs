@@ -193,6 +193,23 @@ fn each_region_that_ran_is_listed_once_with_its_text_and_a_loop_with_its_graph()
 }
 
 #[test]
+fn each_cut_is_an_instant_naming_its_reason_and_the_op_that_started_the_new_region() {
+    let v = traced_steps(1);
+    let cuts: Vec<&Value> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["cat"] == "cut")
+        .collect();
+    assert!(!cuts.is_empty(), "a matmul after elementwise work is cut");
+    for c in &cuts {
+        assert_eq!(c["ph"], "i");
+        assert!(c["name"].as_str().unwrap().starts_with("cut ("), "{c}");
+        assert!(!c["args"]["op"].as_str().unwrap().is_empty(), "{c}");
+    }
+}
+
+#[test]
 fn tracks_are_named_for_the_viewer() {
     let v = traced_steps(1);
     let names: Vec<&str> = v["traceEvents"]

@@ -97,6 +97,12 @@ class Report:
         self.fallbacks = _lines(n for n in notes if n[0] == "fallback")
         self.regions = _regions(runs, timeline.get("deferfuse_regions", []))
         self.cuts = {k: v for k, v in stats["cuts"].items() if v}
+        # The op that started each new region, by reason (the planner's cut log).
+        self.cut_ops = {}
+        for e in timeline["traceEvents"]:
+            if e.get("cat") == "cut":
+                reason = e["name"][len("cut ("):-1]
+                self.cut_ops.setdefault(reason, []).append(e["args"]["op"])
 
     def as_dict(self):
         return {
@@ -109,6 +115,7 @@ class Report:
             "fallbacks": {k: dict(v) for k, v in self.fallbacks.items()},
             "regions": [dict(r) for r in self.regions],
             "cuts": dict(self.cuts),
+            "cut_ops": {k: list(v) for k, v in self.cut_ops.items()},
         }
 
     def __str__(self):
@@ -127,6 +134,9 @@ class Report:
                 out += [f"    {n}x {where}" for where, n in lines.most_common(5)]
         if self.cuts:
             out.append("fusion cuts: " + ", ".join(f"{k} {v}" for k, v in self.cuts.items()))
+            for reason, ops in self.cut_ops.items():
+                more = f" (+{len(ops) - 3} more)" if len(ops) > 3 else ""
+                out.append(f"  {reason}, at: " + "; ".join(ops[:3]) + more)
         if self.regions:
             out.append("largest regions by time:")
             for r in self.regions[:10]:

@@ -78,6 +78,7 @@ def test_explain_names_the_line_of_an_item_that_forced_a_sync(defer):
     assert r.ops_recorded > 20 and r.programs_run > 5 and r.programs_compiled >= 0
     assert r.regions and r.regions[0]["ms"] >= r.regions[-1]["ms"]
     assert "test_observe.py" in str(r) and r.as_dict()["sync_points"] == {"host_read": 1}
+    assert set(r.cut_ops) == set(r.cuts), "each cut reason lists the ops it cut at"
 
 
 def test_explain_names_the_line_of_an_op_that_fell_back_to_the_cpu(defer):

@@ -67,6 +67,12 @@ impl Runtime {
         );
         for &(i, why) in &p.cut_log {
             tracing::debug!(op = %nodes[i], reason = why.name(), "cut");
+            if t0.is_some() {
+                let args = vec![("op", Arg::S(nodes[i].to_string()))];
+                let name = format!("cut ({})", why.name());
+                self.timeline
+                    .instant(Track::StreamHost(stream.id), "cut", name, args);
+            }
         }
         for (k, c) in p.cuts.iter().enumerate() {
             self.counters.cuts[k].fetch_add(*c, Ordering::Relaxed);
