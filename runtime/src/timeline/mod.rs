@@ -6,6 +6,7 @@
 //! has no hook at all. On, events go to a ring buffer of a fixed number of events, so a long
 //! run holds bounded memory: the oldest events are dropped, and the file says how many.
 
+mod control;
 mod json;
 mod label;
 
