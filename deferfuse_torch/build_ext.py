@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 import torch
 
@@ -49,7 +50,9 @@ def main():
     cflags = ["-O2", "-fPIC", "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w",
               "-I", os.path.join(tdir, "include"),
               "-I", os.path.join(tdir, "include", "torch", "csrc", "api", "include"),
-              "-I", os.path.join(ROOT, "ffi", "include")]
+              "-I", os.path.join(ROOT, "ffi", "include"),
+              # observe.cpp walks Python frames (the source line behind a sync point).
+              "-I", sysconfig.get_paths()["include"]]
     build = os.path.join(HERE, "build", "objs")
     os.makedirs(build, exist_ok=True)
     headers = glob.glob(os.path.join(HERE, "csrc", "*.h")) + [

@@ -3,6 +3,7 @@
 // the fallback counters.
 #include "common.h"
 #include "streams.h"
+#include "observe.h"
 
 #include <torch/library.h>
 
@@ -12,7 +13,10 @@ void reset_fallback_counts();
 
 namespace {
 
-void synchronize() { check(dfuse_device_synchronize(rt()), "synchronize"); }
+void synchronize() {
+  note_sync("synchronize");
+  check(dfuse_device_synchronize(rt()), "synchronize");
+}
 
 int64_t get_mode_op() { return get_mode(); }
 

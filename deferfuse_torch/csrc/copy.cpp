@@ -1,6 +1,7 @@
 // Copies between host and device and within the device, item(), fill_ and zero_.
 #include "common.h"
 #include "streams.h"
+#include "observe.h"
 
 #include <ATen/ops/_to_copy_native.h>
 #include <torch/library.h>
@@ -65,6 +66,7 @@ void copy_to_host(const at::Tensor& dst, const at::Tensor& src) {
   bool direct = dst.is_contiguous() && dst.scalar_type() == src.scalar_type() &&
                 dst.sizes().equals(src.sizes());
   at::Tensor host = direct ? dst : at::empty(src.sizes(), src.options().device(at::kCPU));
+  note_sync("copy to host");
   check(dfuse_tensor_to_host(rt(), r.get(), host.data_ptr(), host.nbytes()), "copy to host");
   if (!direct) dst.copy_(host);
 }
@@ -113,6 +115,7 @@ at::Tensor _to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
 at::Scalar _local_scalar_dense(const at::Tensor& self) {
   Ref r = ref(self);
   DfuseScalar v{};
+  note_sync("item");
   check(dfuse_tensor_item(rt(), r.get(), &v), "item");
   switch (v.kind) {
     case DFUSE_SCALAR_KIND_FLOAT: return at::Scalar(v.f);

@@ -1,6 +1,7 @@
 // The device itself: allocator, device guard, hooks (autograd needs them), tensor creation,
 // resize, and the metadata-only view kernels.
 #include "common.h"
+#include "observe.h"
 #include "random.h"
 #include "streams.h"
 
@@ -183,9 +184,11 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
     return done;
   }
   void synchronizeStream(const c10::Stream& s) const override {
+    note_sync("stream synchronize");
     check(dfuse_stream_synchronize(rt(), stream_handle(s)), "stream synchronize");
   }
   void synchronizeDevice(const c10::DeviceIndex) const override {
+    note_sync("device synchronize");
     check(dfuse_device_synchronize(rt()), "device synchronize");
   }
 

@@ -12,6 +12,7 @@
 //   made composite functional ops (smooth_l1_loss: its meta shapes the out to [] before the
 //   out= kernel runs) warn that "an output with one or more elements was resized".
 #include "common.h"
+#include "observe.h"
 
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
@@ -102,7 +103,9 @@ std::vector<Swap> swap_outs(const c10::FunctionSchema& s, torch::jit::Stack* sta
 void counting_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto& n = schema.operator_name();
-  count_fallback(n.overload_name.empty() ? n.name : n.name + "." + n.overload_name);
+  std::string name = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+  count_fallback(name);
+  note_fallback(name.c_str());
   size_t begin = stack->size() - schema.arguments().size();
   auto hidden = swap_hidden_writes(schema, stack, begin);
   auto outs = swap_outs(schema, stack, begin);

@@ -46,9 +46,11 @@ from .device import (  # noqa: E402,F401
     MODES, device_count, dump_pending, fallback_counts, get_mode, is_available,
     is_materialized, mode, release_cached_memory, reset_fallback_counts, set_mode, stats,
     synchronize, current_device, version)
+from .observe import Report, explain, trace  # noqa: E402,F401
+from .report import report  # noqa: E402,F401
 
 __all__ = [
     "MODES", "current_device", "device_count", "dump_pending", "fallback_counts", "get_mode",
     "is_available", "is_materialized", "mode", "release_cached_memory", "reset_fallback_counts",
-    "set_mode", "stats", "synchronize", "version",
+    "set_mode", "stats", "synchronize", "version", "trace", "explain", "Report", "report",
 ]

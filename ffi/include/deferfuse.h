@@ -1579,6 +1579,74 @@ DfuseStatus dfuse_tensor_retain(const struct DfuseRuntime *rt, uint64_t tensor);
 DfuseStatus dfuse_tensor_release(const struct DfuseRuntime *rt, uint64_t tensor);
 
 /**
+ * Starts recording the runtime's timeline (flushes, plan lookups, compiles, program runs,
+ * host copies, sync waits) into the file `path`, written as Chrome trace / Perfetto JSON
+ * when the trace stops (`dfuse_trace_stop`, or when the runtime is destroyed). At most
+ * `max_events` events are kept, the oldest dropped beyond that (0: `DEFERFUSE_TRACE_EVENTS`,
+ * else 262144). The file is created now: a path that cannot be written is
+ * `DFUSE_STATUS_INVALID_ARGUMENT`, as is a second start while a trace runs.
+ *
+ * # Safety
+ * `path` must be NULL or a NUL-terminated string.
+ */
+DfuseStatus dfuse_trace_start(const struct DfuseRuntime *rt, const char *path, uint64_t max_events);
+
+/**
+ * Stops the running trace and writes its file; `*events` gets the events written and
+ * `*dropped` the oldest ones the ring buffer dropped. Work still running on a stream is in
+ * the file only as far as it got: synchronize first. No trace running is
+ * `DFUSE_STATUS_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * `events` and `dropped` must be NULL or point to writable `uint64_t`s.
+ */
+DfuseStatus dfuse_trace_stop(const struct DfuseRuntime *rt, uint64_t *events, uint64_t *dropped);
+
+/**
+ * Writes 1 to `*on` while a trace runs, else 0: a host backend gathers what only it knows
+ * (a sync point's source line) only then.
+ *
+ * # Safety
+ * `on` must be NULL or point to a writable `uint32_t`.
+ */
+DfuseStatus dfuse_trace_active(const struct DfuseRuntime *rt, uint32_t *on);
+
+/**
+ * Adds an instant event named `name` with the text `detail` to `stream`'s host track (0 =
+ * default): what a host backend knows and the runtime does not, such as the user's source
+ * line that forced a sync point or the op that ran on the host instead. Nothing happens when
+ * no trace runs.
+ *
+ * # Safety
+ * `name` and `detail` must be NULL or NUL-terminated strings.
+ */
+DfuseStatus dfuse_trace_mark(const struct DfuseRuntime *rt,
+                             uint64_t stream,
+                             const char *name,
+                             const char *detail);
+
+/**
+ * Starts (`on` = 1) or stops (0) timing program runs for `dfuse_profiler_point`: the device
+ * clock a profiler (torch.profiler's PrivateUse1 hooks) reads. While on, each program costs
+ * two clock reads more.
+ *
+ * # Safety
+ * Always safe to call; `rt` is checked against live runtimes.
+ */
+DfuseStatus dfuse_profiler_enable(const struct DfuseRuntime *rt, uint32_t on);
+
+/**
+ * Waits for the work already launched on every stream (deferred ops are not flushed, and
+ * errors are left for the next sync point), then writes to `*busy_ns` the nanoseconds
+ * programs have run while profiling was on. The difference of two points is the device time
+ * of the programs that ran between them.
+ *
+ * # Safety
+ * `busy_ns` must be NULL or point to a writable `uint64_t`.
+ */
+DfuseStatus dfuse_profiler_point(const struct DfuseRuntime *rt, uint64_t *busy_ns);
+
+/**
  * Makes a view of `tensor` (a `DfuseViewKind` with `args[0..n_args]`) and writes its handle
  * to `*out` (a new reference; 0 on failure). `stream` (0 = default) is used only when a
  * reshape must copy.

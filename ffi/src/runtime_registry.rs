@@ -184,8 +184,9 @@ pub(crate) fn config_from(c: &DfuseConfig) -> Result<Config> {
         backend,
         num_threads: count(c.num_threads, 0, "cfg->num_threads")?,
         pjrt_plugin,
-        // From DEFERFUSE_MEMORY_LIMIT; dfuse_memory_limit_set changes it at run time.
-        memory_limit_bytes: 0,
+        // The memory cap comes from DEFERFUSE_MEMORY_LIMIT (dfuse_memory_limit_set changes it
+        // at run time), the timeline from DEFERFUSE_TRACE or dfuse_trace_start.
+        ..d
     })
 }
 

@@ -41,6 +41,12 @@ pub struct Config {
     /// Bytes of buffers that may be in use at once (an allocation past it is an out-of-memory
     /// error); 0 reads `DEFERFUSE_MEMORY_LIMIT`, and without it there is no cap.
     pub memory_limit_bytes: usize,
+    /// A Chrome trace / Perfetto JSON file to record the timeline into from creation until
+    /// the runtime is dropped; `None` reads `DEFERFUSE_TRACE` (unset: no trace).
+    pub trace: Option<PathBuf>,
+    /// Events the timeline keeps (a ring buffer: the oldest are dropped beyond it); 0 reads
+    /// `DEFERFUSE_TRACE_EVENTS`, else 262144.
+    pub trace_events: usize,
 }
 
 impl Default for Config {
@@ -56,6 +62,8 @@ impl Default for Config {
             pjrt_plugin: None,
             num_threads: 0,
             memory_limit_bytes: 0,
+            trace: None,
+            trace_events: 0,
         }
     }
 }
@@ -160,6 +168,39 @@ pub fn resolve_pjrt_plugin(config: &Config) -> Result<PathBuf> {
     }
 }
 
+/// The trace to record from creation, if any: the config's, else `DEFERFUSE_TRACE`.
+pub fn resolve_trace(config: &Config) -> Option<PathBuf> {
+    config.trace.clone().or_else(|| {
+        std::env::var_os("DEFERFUSE_TRACE")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+    })
+}
+
+/// The events a trace keeps: the config's count, else `DEFERFUSE_TRACE_EVENTS`, else the
+/// default.
+pub fn resolve_trace_events(config: &Config) -> Result<usize> {
+    if config.trace_events > 0 {
+        return Ok(config.trace_events);
+    }
+    match std::env::var("DEFERFUSE_TRACE_EVENTS") {
+        Err(_) => Ok(crate::timeline::DEFAULT_EVENTS),
+        Ok(v) => parse_trace_events(&v),
+    }
+}
+
+/// Parses a `DEFERFUSE_TRACE_EVENTS` value: a positive integer.
+fn parse_trace_events(v: &str) -> Result<usize> {
+    match v.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(Error::Config(format!(
+            "DEFERFUSE_TRACE_EVENTS = {v:?}: expected a positive integer (the events a \
+             DEFERFUSE_TRACE timeline keeps; unset keeps {})",
+            crate::timeline::DEFAULT_EVENTS
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,6 +245,18 @@ mod tests {
         for v in ["-2", "all", ""] {
             let e = parse_threads(v).unwrap_err().to_string();
             assert!(e.contains("DEFERFUSE_NUM_THREADS"), "{e}");
+        }
+    }
+
+    #[test]
+    fn trace_event_counts_are_positive_integers() {
+        assert_eq!(parse_trace_events("1000").unwrap(), 1000);
+        for v in ["0", "-1", "many", ""] {
+            let e = parse_trace_events(v).unwrap_err().to_string();
+            assert!(
+                e.contains("DEFERFUSE_TRACE_EVENTS") && e.contains("positive"),
+                "{e}"
+            );
         }
     }
 

@@ -8,6 +8,7 @@ use crate::mode::Mode;
 use crate::runtime::Runtime;
 use crate::stats::SyncReason;
 use crate::stream::{BufferLookup, OpBuffers, Stream};
+use crate::timeline::{binding_args, region_label, Arg, RunTrace, Track};
 use crate::wave::{Job, Wave};
 use deferfuse_cache::{fingerprint, Fingerprint};
 use deferfuse_fusion::lower::lower_node;
@@ -34,6 +35,7 @@ impl Runtime {
             capabilities: self.backend.capabilities(),
         };
         // The key was built as the nodes were recorded: only liveness is added here.
+        let t0 = self.timeline.on().then(|| self.timeline.now());
         let hash = buffers.finish_key();
         // A buffer is live when something besides this flush holds it (a tensor handle).
         let live = |b: BufferId| buffers.is_live(b);
@@ -43,6 +45,17 @@ impl Runtime {
         if reused {
             self.counters.plans_reused.fetch_add(1, Ordering::Relaxed);
         }
+        if let Some(t0) = t0 {
+            let name = if reused { "plan (hit)" } else { "plan (miss)" };
+            let args = vec![
+                ("hit", Arg::B(reused)),
+                ("ops", Arg::U(nodes.len() as u64)),
+                ("steps", Arg::U(p.steps.len() as u64)),
+            ];
+            self.timeline
+                .span(Track::StreamHost(stream.id), "plan", name, t0, args);
+        }
+        let n_steps = p.steps.len() as u64;
         tracing::debug!(
             stream = stream.id,
             ops = nodes.len(),
@@ -55,6 +68,12 @@ impl Runtime {
         );
         for &(i, why) in &p.cut_log {
             tracing::debug!(op = %nodes[i], reason = why.name(), "cut");
+            if t0.is_some() {
+                let args = vec![("op", Arg::S(nodes[i].to_string()))];
+                let name = format!("cut ({})", why.name());
+                self.timeline
+                    .instant(Track::StreamHost(stream.id), "cut", name, args);
+            }
         }
         for (k, c) in p.cuts.iter().enumerate() {
             self.counters.cuts[k].fetch_add(*c, Ordering::Relaxed);
@@ -68,6 +87,19 @@ impl Runtime {
         // The caller waits right after these: run on its thread if the stream is idle.
         let inline = matches!(reason, SyncReason::Synchronize | SyncReason::HostRead);
         let result = self.launch_steps(stream, p.steps, &buffers, Mode::Defer, inline);
+        if let Some(t0) = t0 {
+            let args = vec![
+                ("reason", Arg::S(reason.name().into())),
+                ("ops", Arg::U(nodes.len() as u64)),
+                ("steps", Arg::U(n_steps)),
+                ("dead", Arg::U(p.dead_nodes as u64)),
+                ("plan_hit", Arg::B(reused)),
+                ("last_op", Arg::S(nodes[nodes.len() - 1].to_string())),
+            ];
+            let name = format!("flush ({})", reason.name());
+            self.timeline
+                .span(Track::StreamHost(stream.id), "flush", name, t0, args);
+        }
         // Per buffer, not per node: a count for each, not a lookup for each node's output.
         for (b, writes) in buffers.written() {
             b.mark_flushed(writes);
@@ -153,7 +185,7 @@ impl Runtime {
         };
         let mut wave = Wave::default();
         for step in steps {
-            let job = match self.prepare(step, buffers, mode) {
+            let job = match self.prepare(step, buffers, mode, stream.id) {
                 Ok(job) => job,
                 Err(e) => {
                     // The steps before this one run; this and later ones are failed.
@@ -171,7 +203,13 @@ impl Runtime {
     }
 
     /// Resolves a step's buffers, finds or compiles its program and allocates its outputs.
-    fn prepare(&self, step: Step, buffers: &impl BufferLookup, mode: Mode) -> Result<Job> {
+    fn prepare(
+        &self,
+        step: Step,
+        buffers: &impl BufferLookup,
+        mode: Mode,
+        stream: u64,
+    ) -> Result<Job> {
         let bufs: Vec<Arc<Buffer>> = step
             .binding
             .operands
@@ -185,7 +223,7 @@ impl Runtime {
         if mode == Mode::Debug {
             check_bounds(&step, &bufs)?;
         }
-        let program = self.program(&step)?;
+        let program = self.program(&step, stream)?;
         for (j, b) in bufs.iter().enumerate() {
             if !b.is_allocated() {
                 // A first writer that covers every byte needs no zero-fill.
@@ -204,11 +242,41 @@ impl Runtime {
                     .fetch_add(b.len as u64, Ordering::Relaxed);
             }
         }
+        let trace = self
+            .timeline
+            .timing()
+            .then(|| self.run_trace(&step, stream));
         Ok(Job {
             program,
             binding: step.binding,
             bufs,
             poison: mode != Mode::Debug,
+            trace,
+        })
+    }
+
+    /// What a timed run of `step` records (and the region, noted once per trace).
+    fn run_trace(&self, step: &Step, stream: u64) -> Box<RunTrace> {
+        // Set by `program`, which ran first.
+        let fingerprint = step
+            .key
+            .get_or_init(|| fingerprint(&step.region, self.backend.identity()).0);
+        // A profiler alone needs only the run's time, not its description.
+        let (label, shapes, bytes) = if self.timeline.on() {
+            self.timeline.note_region(fingerprint, &step.region);
+            let (shapes, bytes) = binding_args(&step.binding);
+            (region_label(&step.region), shapes, bytes)
+        } else {
+            (String::new(), String::new(), 0)
+        };
+        Box::new(RunTrace {
+            timeline: self.timeline.clone(),
+            stream,
+            label,
+            fingerprint,
+            shapes,
+            bytes,
+            threads: self.threads(),
         })
     }
 
@@ -238,7 +306,7 @@ impl Runtime {
                 .programs_side_by_side
                 .fetch_add(n as u64, Ordering::Relaxed);
         }
-        let work = wave.take_work(side.clone());
+        let work = wave.take_work(side.clone(), stream.id);
         let seq = if inline {
             stream.launch_or_run(work)
         } else {
@@ -256,7 +324,9 @@ impl Runtime {
         *launched += n;
     }
 
-    fn program(&self, step: &Step) -> Result<Arc<dyn crate::backend::Program>> {
+    /// The step's program from the cache, or compiled (a compile is a span on `stream`'s
+    /// host track while tracing).
+    fn program(&self, step: &Step, stream: u64) -> Result<Arc<dyn crate::backend::Program>> {
         let key = Fingerprint(
             step.key
                 .get_or_init(|| fingerprint(&step.region, self.backend.identity()).0),
@@ -265,7 +335,19 @@ impl Runtime {
         let dump = self.dump_dir.clone();
         self.cache
             .get_or_compile(key, || {
+                let t0 = self.timeline.on().then(|| self.timeline.now());
                 let p = backend.compile(&step.region).map_err(|e| e.to_string())?;
+                if let Some(t0) = t0 {
+                    let ms = (self.timeline.now() - t0) as f64 / 1e6;
+                    let args = vec![
+                        ("fingerprint", Arg::S(key.to_string())),
+                        ("ms", Arg::F(ms)),
+                        ("backend", Arg::S(backend.name().into())),
+                    ];
+                    let name = format!("compile {}", region_label(&step.region));
+                    self.timeline
+                        .span(Track::StreamHost(stream), "compile", name, t0, args);
+                }
                 if let Some(dir) = dump {
                     crate::dump::write_region(&dir, key, &step.region, &p.listing());
                 }

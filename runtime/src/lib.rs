@@ -20,6 +20,7 @@ pub mod record;
 pub mod runtime;
 pub mod stats;
 pub mod stream;
+pub mod timeline;
 pub mod views;
 mod wave;
 

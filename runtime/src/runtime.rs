@@ -4,13 +4,17 @@
 use crate::alloc::HostAllocator;
 use crate::backend::{Backend, Program};
 use crate::buffer::{Buffer, BufferState, Spares};
-use crate::config::{resolve_memory_limit, resolve_mode, resolve_threads, Config};
+use crate::config::{
+    resolve_memory_limit, resolve_mode, resolve_threads, resolve_trace, resolve_trace_events,
+    Config,
+};
 use crate::error::{Error, Result};
 use crate::event::EventState;
 use crate::handle::{Handle, HandleTable};
 use crate::mode::{self, Mode};
 use crate::stats::{Counters, Stats, SyncReason};
 use crate::stream::Stream;
+use crate::timeline::{Arg, Timeline, Track};
 use deferfuse_cache::ProgramCache;
 use deferfuse_fusion::ir::layout::checked_numel;
 use deferfuse_fusion::ir::{DType, Dims, Layout};
@@ -47,6 +51,11 @@ pub struct Runtime {
     default_stream_ref: Arc<Stream>,
     next_buffer: AtomicU64,
     threads: usize,
+    /// The opt-in timeline (`DEFERFUSE_TRACE`, [`Runtime::trace_start`]); shared with the
+    /// programs a flush launches, which record their own runs.
+    pub(crate) timeline: Arc<Timeline>,
+    /// Events a trace keeps unless its start says otherwise.
+    pub(crate) trace_events: usize,
 }
 
 static BOTH_FLAGS_WARNING: Once = Once::new();
@@ -70,8 +79,10 @@ impl Runtime {
         let default_stream = streams.insert(default_stream_ref.clone())?;
         let dump_dir = std::env::var_os("DEFERFUSE_DUMP_DIR").map(PathBuf::from);
         let threads = resolve_threads(&config)?;
-        let host = HostAllocator::new(config.host_cache_bytes);
-        host.set_live_limit(resolve_memory_limit(&config)?);
+        use crate::config::{
+            resolve_memory_limit, resolve_mode, resolve_threads, resolve_trace,
+            resolve_trace_events, Config,
+        };
         Ok(Runtime {
             backend: crate::backend::create(&config, dump_dir.clone(), threads)?,
             cache: ProgramCache::new(config.cache_capacity),
@@ -88,6 +99,8 @@ impl Runtime {
             default_stream_ref,
             next_buffer: AtomicU64::new(1),
             threads,
+            timeline,
+            trace_events,
         })
     }
 
@@ -166,7 +179,19 @@ impl Runtime {
     pub fn synchronize(&self, stream: Handle) -> Result<()> {
         let s = self.stream(stream)?;
         self.flush(&s, SyncReason::Synchronize)?;
-        s.synchronize()
+        self.wait_stream(&s)
+    }
+
+    /// Waits for everything launched on `s` (a span on its host track while tracing).
+    fn wait_stream(&self, s: &Stream) -> Result<()> {
+        if !self.timeline.on() {
+            return s.synchronize();
+        }
+        let t0 = self.timeline.now();
+        let r = s.synchronize();
+        self.timeline
+            .span(Track::StreamHost(s.id), "wait", "synchronize", t0, vec![]);
+        r
     }
 
     /// True once everything issued to the stream has completed; pending deferred work is
@@ -183,7 +208,7 @@ impl Runtime {
         for s in self.streams.values() {
             let r = self
                 .flush(&s, SyncReason::Synchronize)
-                .and_then(|_| s.synchronize());
+                .and_then(|_| self.wait_stream(&s));
             if first.is_ok() {
                 first = r;
             }
@@ -285,12 +310,18 @@ impl Runtime {
                 buffer.len
             )));
         }
+        let t0 = self.timeline.on().then(|| self.timeline.now());
         let s = buffer.storage_for_overwrite()?;
         self.counters
             .bytes_allocated
             .fetch_add(buffer.len as u64, Ordering::Relaxed);
         // SAFETY: the storage was just allocated with exactly `data.len()` bytes (or 1 if 0).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.ptr(), data.len()) };
+        if let Some(t0) = t0 {
+            let args = vec![("bytes", Arg::U(data.len() as u64))];
+            self.timeline
+                .span(Track::Host, "copy", "copy from host", t0, args);
+        }
         self.tensors.insert(Tensor {
             buffer,
             layout: Layout::contiguous(sizes),
@@ -358,7 +389,13 @@ impl Runtime {
             }
         }
         if let Some(Some((progress, seq))) = buffer.writer().map(|w| w.done) {
+            let t0 = self.timeline.on().then(|| self.timeline.now());
             progress.wait(seq);
+            if let Some(t0) = t0 {
+                let args = vec![("reason", Arg::S(reason.name().into()))];
+                self.timeline
+                    .span(Track::Host, "wait", "wait for producer", t0, args);
+            }
             if let Some(e) = progress.take_error() {
                 return Err(e);
             }
@@ -387,6 +424,7 @@ impl Runtime {
         if !self.wait_written(&t.buffer, SyncReason::HostRead)? {
             self.counters.sync(SyncReason::HostRead);
         }
+        let t0 = self.timeline.on().then(|| self.timeline.now());
         // The value may live on a device (its writer ran there): copy it out first.
         t.buffer.host_coherent()?;
         let base = t.buffer.storage()?.ptr();
@@ -425,6 +463,11 @@ impl Runtime {
                 }
                 idx[d] = 0;
             }
+        }
+        if let Some(t0) = t0 {
+            let args = vec![("bytes", Arg::U(out.len() as u64))];
+            self.timeline
+                .span(Track::Host, "copy", "copy to host", t0, args);
         }
         Ok(())
     }
@@ -516,5 +559,11 @@ impl Drop for Runtime {
     /// Pending work is run (nothing a user wrote is lost), then the workers stop.
     fn drop(&mut self) {
         let _ = self.synchronize_all();
+        // A trace started by DEFERFUSE_TRACE (or never stopped) is written now.
+        if self.timeline.on() {
+            if let Err(e) = self.timeline.stop() {
+                tracing::warn!(error = %e, "could not write the timeline");
+            }
+        }
     }
 }

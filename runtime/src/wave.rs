@@ -6,6 +6,7 @@
 use crate::backend::{Program, SideBySide};
 use crate::buffer::Buffer;
 use crate::error::Result;
+use crate::timeline::{RunTrace, Timeline, Track};
 use deferfuse_fusion::{Binding, BufferId};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -26,6 +27,8 @@ pub(crate) struct Job {
     /// later); in debug mode it surfaces at the op itself, and a kernel that failed wrote
     /// nothing, so an in-place target keeps its value, as in torch.
     pub poison: bool,
+    /// Set while a timeline trace runs: the run records itself.
+    pub trace: Option<Box<RunTrace>>,
 }
 
 impl Job {
@@ -54,7 +57,18 @@ impl Job {
         &self.bufs[self.binding.n_inputs..]
     }
 
-    fn run(&self) -> Result<()> {
+    /// Runs the job; a traced one records its run on `track`.
+    fn run(&self, track: impl FnOnce() -> Track) -> Result<()> {
+        let Some(t) = &self.trace else {
+            return self.run_untraced();
+        };
+        let t0 = t.timeline.now();
+        let r = self.run_untraced();
+        t.finish(track(), t0, r.is_ok());
+        r
+    }
+
+    fn run_untraced(&self) -> Result<()> {
         // An input whose producer failed at run time (an index out of bounds) holds no value:
         // its failure passes on to what this job would have computed from it.
         let r = match self.bufs[..self.binding.n_inputs]
@@ -136,19 +150,37 @@ impl Wave {
 
     /// The wave's work, leaving the wave empty: one job runs on the stream's thread, several
     /// side by side on `side`'s threads.
-    pub fn take_work(&mut self, side: Option<Arc<dyn SideBySide>>) -> crate::stream::Work {
+    /// `stream` names the stream's program track, where a traced job run alone is drawn.
+    pub fn take_work(
+        &mut self,
+        side: Option<Arc<dyn SideBySide>>,
+        stream: u64,
+    ) -> crate::stream::Work {
         self.reads.clear();
         self.writes.clear();
         self.has_big = false;
         let jobs = std::mem::take(&mut self.jobs);
+        let on_stream = move || Track::StreamDevice(stream);
         Box::new(move || match (jobs.len(), side) {
-            (2.., Some(side)) => side.run_all(jobs.len(), &|k| jobs[k].run()),
+            (2.., Some(side)) => {
+                let run = || side.run_all(jobs.len(), &|k| jobs[k].run(Timeline::worker_track));
+                match &jobs[0].trace {
+                    None => run(),
+                    Some(t) => {
+                        let t0 = t.timeline.now();
+                        let r = run();
+                        let args = vec![("programs", crate::timeline::Arg::U(jobs.len() as u64))];
+                        t.timeline.span(on_stream(), "wave", "wave", t0, args);
+                        r
+                    }
+                }
+            }
             // Every job runs (they are independent of each other) and fails its own outputs;
             // the first error is the wave's.
             _ => {
                 let mut first = Ok(());
                 for j in &jobs {
-                    let r = j.run();
+                    let r = j.run(on_stream);
                     if first.is_ok() {
                         first = r;
                     }

@@ -156,6 +156,13 @@ static void every_call_rejects_runtime(DfuseRuntime *rt, DfuseStatus want, uint6
     MISUSE(want, dfuse_as_strided(rt, t, S23, st, 2, 0, &h));
     CHECK(h == 0);
     MISUSE(want, dfuse_pending_dump(rt, s, NULL, 0, &n));
+    uint64_t ev = 0, dr = 0;
+    MISUSE(want, dfuse_trace_start(rt, "/tmp/dfuse-misuse-trace.json", 0));
+    MISUSE(want, dfuse_trace_stop(rt, &ev, &dr));
+    MISUSE(want, dfuse_trace_active(rt, &u));
+    MISUSE(want, dfuse_trace_mark(rt, s, "mark", "detail"));
+    MISUSE(want, dfuse_profiler_enable(rt, 1));
+    MISUSE(want, dfuse_profiler_point(rt, &ev));
 }
 
 static void bad_runtime_pointers(void) {
@@ -216,6 +223,17 @@ static void null_and_misaligned_pointers(DfuseRuntime *rt) {
     MISUSE(INVALID_ARGUMENT, dfuse_pending_dump(rt, 0, NULL, 0, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_pending_dump(rt, 0, NULL, 8, &need)); /* capacity, no buffer */
     MISUSE(INVALID_HANDLE, dfuse_pending_dump(rt, 12345, NULL, 0, &need));
+    uint64_t events = 0, dropped = 0;
+    MISUSE(INVALID_ARGUMENT, dfuse_trace_start(rt, NULL, 0));
+    MISUSE(INVALID_ARGUMENT, dfuse_trace_start(rt, "/nonexistent-dir/trace.json", 0));
+    MISUSE(INVALID_ARGUMENT, dfuse_trace_stop(rt, &events, &dropped)); /* none running */
+    MISUSE(INVALID_ARGUMENT, dfuse_trace_stop(rt, NULL, &dropped));
+    MISUSE(INVALID_ARGUMENT, dfuse_trace_active(rt, NULL));
+    MISUSE(INVALID_ARGUMENT, dfuse_trace_mark(rt, 0, NULL, "detail"));
+    MISUSE(INVALID_ARGUMENT, dfuse_trace_mark(rt, 0, "mark", NULL));
+    MISUSE(INVALID_HANDLE, dfuse_trace_mark(rt, 12345, "mark", "detail"));
+    MISUSE(INVALID_ARGUMENT, dfuse_profiler_enable(rt, 2));
+    MISUSE(INVALID_ARGUMENT, dfuse_profiler_point(rt, NULL));
     /* Misaligned out-parameters and arrays: reported, never written through. */
     uint64_t words[4] = {0, 0, 0, 0};
     void *odd = (char *)words + 1;

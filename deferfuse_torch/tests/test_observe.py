@@ -1,0 +1,160 @@
+"""Seeing where the time goes: deferfuse_torch.trace writes a Chrome trace of a training step
+with its events in stream order, explain() names the source lines behind sync points and CPU
+fallbacks, and report() writes one HTML page with the timeline, the region table and the
+region graphs."""
+
+import json
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import deferfuse_torch
+
+
+def make_step():
+    """A small model's training step on tpu that reads its loss with .item()."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 2)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8).to("tpu")
+    y = torch.tensor([0, 1, 1, 0]).to("tpu")
+
+    def step():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()  # the sync point explain() must name
+    return step
+
+
+ITEM_LINE = make_step.__code__.co_firstlineno + 14
+
+
+@pytest.fixture
+def defer():
+    with deferfuse_torch.mode("defer"):
+        yield
+    torch.tpu.synchronize()
+
+
+def spans(trace, cat):
+    e = [e for e in trace["traceEvents"] if e.get("cat") == cat and e["ph"] == "X"]
+    return sorted(e, key=lambda e: e["ts"])
+
+
+def test_trace_of_a_training_step_is_chrome_json_with_its_events_in_stream_order(defer, tmp_path):
+    step = make_step()
+    step()  # the first steps compile and plan (the second one has grads to accumulate into)
+    step()
+    path = tmp_path / "step.json"
+    with deferfuse_torch.trace(path):
+        step()
+    trace = json.loads(path.read_text())
+    flushes = spans(trace, "flush")
+    assert [f["args"]["reason"] for f in flushes][0] == "host_read"
+    assert all(p["args"]["hit"] for p in spans(trace, "plan")), "a steady step reuses its plans"
+    runs = spans(trace, "run")
+    assert len(runs) >= 5
+    for a, b in zip(runs, runs[1:]):
+        assert b["ts"] >= a["ts"] + a["dur"], "one stream runs one program at a time"
+    assert runs[0]["ts"] >= flushes[0]["ts"], "a program runs after the flush that planned it"
+    assert any(r["name"].startswith("matmul") for r in runs)
+    marks = [e for e in trace["traceEvents"] if e.get("cat") == "mark"]
+    assert [m["name"] for m in marks] == ["sync: item"]
+    assert marks[0]["args"]["detail"].endswith(f"test_observe.py:{ITEM_LINE} in step")
+    assert trace["otherData"]["dropped_events"] == 0
+
+
+def test_explain_names_the_line_of_an_item_that_forced_a_sync(defer):
+    r = deferfuse_torch.explain(make_step())
+    assert r.sync_points == {"host_read": 1}
+    (where, n), = r.sync_lines["item"].items()
+    assert where.endswith(f"test_observe.py:{ITEM_LINE} in step") and n == 1
+    assert isinstance(r.result, float)
+    assert r.ops_recorded > 20 and r.programs_run > 5 and r.programs_compiled >= 0
+    assert r.regions and r.regions[0]["ms"] >= r.regions[-1]["ms"]
+    assert "test_observe.py" in str(r) and r.as_dict()["sync_points"] == {"host_read": 1}
+    assert set(r.cut_ops) == set(r.cuts), "each cut reason lists the ops it cut at"
+
+
+def test_explain_names_the_line_of_an_op_that_fell_back_to_the_cpu(defer):
+    x = torch.randn(5).to("tpu")
+
+    def f():
+        return torch.special.i1e(x)  # no tpu kernel: runs on the CPU fallback
+    line = f.__code__.co_firstlineno + 1
+    r = deferfuse_torch.explain(f)
+    (op, lines), = r.fallbacks.items()
+    assert op.startswith("aten::special_i1e")
+    assert list(lines) == [f"{__file__}:{line} in f"]
+
+
+def test_nothing_is_noted_outside_explain_and_trace(defer):
+    make_step()()
+    torch.ops.deferfuse.observe_take()
+    assert deferfuse_torch.explain(lambda: None).sync_lines == {}
+
+
+def test_report_writes_one_page_with_the_timeline_regions_and_graphs(defer, tmp_path):
+    path = tmp_path / "step.html"
+    r = deferfuse_torch.report(path, make_step())
+    page = path.read_text()
+    for part in ['id="timeline"', '<svg class="timeline"', 'id="regions"', 'id="graphs"',
+                 r.regions[0]["label"]]:
+        assert part in page, part
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', ""), \
+        "self-contained"
+    if shutil.which("dot"):
+        assert page.count("<svg") > 1, "graphs drawn by graphviz"
+    else:
+        assert "Graphviz <code>dot</code> is not installed" in page and "digraph" in page
+
+
+@pytest.mark.skipif(not (shutil.which("chromium") or shutil.which("chromium-browser")),
+                    reason="headless Chromium is not installed")
+def test_report_renders_in_headless_chromium(defer, tmp_path):
+    path = tmp_path / "step.html"
+    deferfuse_torch.report(path, make_step())
+    shot = tmp_path / "report.png"
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    subprocess.run([exe, "--headless", "--no-sandbox", f"--screenshot={shot}",
+                    "--window-size=1200,900", path.as_uri()], check=True, timeout=120)
+    assert shot.stat().st_size > 10_000
+
+
+SCRIPT = """
+import torch, deferfuse_torch
+x = torch.ones(4).to("tpu")
+with deferfuse_torch.mode("defer"):
+    y = (x * 2).exp().sum()
+    print(y.item())
+"""
+
+
+def run_script(tmp_path, **env):
+    import os
+    import sys
+    script = tmp_path / "user_script.py"
+    script.write_text(SCRIPT)
+    e = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(deferfuse_torch.__file__)),
+             **env)
+    return subprocess.run([sys.executable, str(script)], env=e, capture_output=True, text=True,
+                          timeout=300, check=True)
+
+
+def test_DEFERFUSE_TRACE_writes_the_whole_runs_timeline_at_exit(tmp_path):
+    path = tmp_path / "run.json"
+    run_script(tmp_path, DEFERFUSE_TRACE=str(path))
+    trace = json.loads(path.read_text())
+    assert [f["args"]["reason"] for f in spans(trace, "flush")] == ["host_read"]
+    assert spans(trace, "run"), "the fused program ran"
+
+
+def test_DEFERFUSE_LOG_names_the_source_line_of_a_sync_point(tmp_path):
+    r = run_script(tmp_path, DEFERFUSE_LOG="debug")
+    assert "deferfuse_torch: sync item at " in r.stderr
+    assert "user_script.py:6 in <module>" in r.stderr, r.stderr

@@ -1,0 +1,277 @@
+//! The timeline through the C ABI: start and stop a Chrome trace / Perfetto JSON file at run
+//! time (`DEFERFUSE_TRACE` records one from creation instead), and add the host backend's own
+//! events (why a sync point happened, which op fell back) to it.
+
+use crate::error::{guard, invalid, write_out, DfuseStatus, Result};
+use crate::runtime_registry::{runtime, DfuseRuntime};
+use std::ffi::{c_char, CStr};
+
+/// A required UTF-8 C string parameter.
+///
+/// # Safety
+/// `p` must be NULL or a NUL-terminated string.
+unsafe fn text<'a>(p: *const c_char, name: &str) -> Result<&'a str> {
+    if p.is_null() {
+        return Err(invalid(format!(
+            "{name} is NULL; pass a NUL-terminated string"
+        )));
+    }
+    // SAFETY: the caller's contract.
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| invalid(format!("{name} is not valid UTF-8")))
+}
+
+/// Starts recording the runtime's timeline (flushes, plan lookups, compiles, program runs,
+/// host copies, sync waits) into the file `path`, written as Chrome trace / Perfetto JSON
+/// when the trace stops (`dfuse_trace_stop`, or when the runtime is destroyed). At most
+/// `max_events` events are kept, the oldest dropped beyond that (0: `DEFERFUSE_TRACE_EVENTS`,
+/// else 262144). The file is created now: a path that cannot be written is
+/// `DFUSE_STATUS_INVALID_ARGUMENT`, as is a second start while a trace runs.
+///
+/// # Safety
+/// `path` must be NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_trace_start(
+    rt: *const DfuseRuntime,
+    path: *const c_char,
+    max_events: u64,
+) -> DfuseStatus {
+    guard("dfuse_trace_start", || {
+        let rt = runtime(rt)?;
+        // SAFETY: the caller's contract.
+        let path = unsafe { text(path, "path") }?;
+        let n = usize::try_from(max_events)
+            .map_err(|_| invalid(format!("max_events = {max_events} does not fit in size_t")))?;
+        rt.trace_start(std::path::Path::new(path), n)
+    })
+}
+
+/// Stops the running trace and writes its file; `*events` gets the events written and
+/// `*dropped` the oldest ones the ring buffer dropped. Work still running on a stream is in
+/// the file only as far as it got: synchronize first. No trace running is
+/// `DFUSE_STATUS_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `events` and `dropped` must be NULL or point to writable `uint64_t`s.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_trace_stop(
+    rt: *const DfuseRuntime,
+    events: *mut u64,
+    dropped: *mut u64,
+) -> DfuseStatus {
+    guard("dfuse_trace_stop", || {
+        // SAFETY: the caller's contract.
+        unsafe {
+            write_out(events, "events", 0)?;
+            write_out(dropped, "dropped", 0)?;
+        }
+        let s = runtime(rt)?.trace_stop()?;
+        // SAFETY: the caller's contract.
+        unsafe {
+            write_out(events, "events", s.events)?;
+            write_out(dropped, "dropped", s.dropped)
+        }
+    })
+}
+
+/// Writes 1 to `*on` while a trace runs, else 0: a host backend gathers what only it knows
+/// (a sync point's source line) only then.
+///
+/// # Safety
+/// `on` must be NULL or point to a writable `uint32_t`.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_trace_active(rt: *const DfuseRuntime, on: *mut u32) -> DfuseStatus {
+    guard("dfuse_trace_active", || {
+        let rt = runtime(rt)?;
+        // SAFETY: the caller's contract.
+        unsafe { write_out(on, "on", rt.tracing() as u32) }
+    })
+}
+
+/// Adds an instant event named `name` with the text `detail` to `stream`'s host track (0 =
+/// default): what a host backend knows and the runtime does not, such as the user's source
+/// line that forced a sync point or the op that ran on the host instead. Nothing happens when
+/// no trace runs.
+///
+/// # Safety
+/// `name` and `detail` must be NULL or NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_trace_mark(
+    rt: *const DfuseRuntime,
+    stream: u64,
+    name: *const c_char,
+    detail: *const c_char,
+) -> DfuseStatus {
+    guard("dfuse_trace_mark", || {
+        let rt = runtime(rt)?;
+        // SAFETY: the caller's contract.
+        let (name, detail) = unsafe { (text(name, "name")?, text(detail, "detail")?) };
+        rt.trace_mark(stream, name, detail)
+    })
+}
+
+/// Starts (`on` = 1) or stops (0) timing program runs for `dfuse_profiler_point`: the device
+/// clock a profiler (torch.profiler's PrivateUse1 hooks) reads. While on, each program costs
+/// two clock reads more.
+///
+/// # Safety
+/// Always safe to call; `rt` is checked against live runtimes.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_profiler_enable(rt: *const DfuseRuntime, on: u32) -> DfuseStatus {
+    guard("dfuse_profiler_enable", || {
+        let rt = runtime(rt)?;
+        if on > 1 {
+            return Err(invalid(format!("on = {on}: expected 0 or 1")));
+        }
+        rt.profiler_enable(on == 1);
+        Ok(())
+    })
+}
+
+/// Waits for the work already launched on every stream (deferred ops are not flushed, and
+/// errors are left for the next sync point), then writes to `*busy_ns` the nanoseconds
+/// programs have run while profiling was on. The difference of two points is the device time
+/// of the programs that ran between them.
+///
+/// # Safety
+/// `busy_ns` must be NULL or point to a writable `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_profiler_point(
+    rt: *const DfuseRuntime,
+    busy_ns: *mut u64,
+) -> DfuseStatus {
+    guard("dfuse_profiler_point", || {
+        // SAFETY: the caller's contract.
+        unsafe { write_out(busy_ns, "busy_ns", 0)? };
+        let t = runtime(rt)?.profiler_point();
+        // SAFETY: the caller's contract.
+        unsafe { write_out(busy_ns, "busy_ns", t) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::last_error_ptr;
+    use crate::runtime_registry::{dfuse_runtime_create, dfuse_runtime_destroy};
+    use std::ptr;
+
+    fn runtime() -> *mut DfuseRuntime {
+        let mut rt = ptr::null_mut();
+        // SAFETY: NULL config means the defaults; valid out-pointer.
+        assert_eq!(
+            unsafe { dfuse_runtime_create(ptr::null(), &mut rt) },
+            DfuseStatus::Ok
+        );
+        rt
+    }
+
+    fn last_error() -> String {
+        // SAFETY: the library's own NUL-terminated string.
+        unsafe { CStr::from_ptr(last_error_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn a_trace_started_and_stopped_writes_its_file_and_reports_its_counts() {
+        let rt = runtime();
+        let path =
+            std::env::temp_dir().join(format!("dfuse-ffi-trace-{}.json", std::process::id()));
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        let (mut on, mut events, mut dropped) = (0u32, 9u64, 9u64);
+        // SAFETY: live runtime, valid strings and out-pointers.
+        unsafe {
+            assert_eq!(dfuse_trace_start(rt, c.as_ptr(), 0), DfuseStatus::Ok);
+            assert_eq!(dfuse_trace_active(rt, &mut on), DfuseStatus::Ok);
+            assert_eq!(on, 1);
+            let (name, detail) = (c"sync: item".as_ptr(), c"train.py:3".as_ptr());
+            assert_eq!(dfuse_trace_mark(rt, 0, name, detail), DfuseStatus::Ok);
+            assert_eq!(
+                dfuse_trace_stop(rt, &mut events, &mut dropped),
+                DfuseStatus::Ok
+            );
+        }
+        assert_eq!((events, dropped), (1, 0));
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("train.py:3"), "{text}");
+        let _ = std::fs::remove_file(path);
+        // SAFETY: live runtime.
+        assert_eq!(unsafe { dfuse_runtime_destroy(rt) }, DfuseStatus::Ok);
+    }
+
+    #[test]
+    fn the_profiler_clock_advances_only_while_profiling_and_by_the_programs_run() {
+        use crate::op::{dfuse_op, DfuseAttrs, DfuseOpKind, DfuseUnaryOp};
+        use crate::tensor::{dfuse_tensor_empty, dfuse_tensor_release};
+        use crate::types::{DfuseDtype, DfuseOperand, DfuseOperandKind};
+        let rt = runtime();
+        let sizes = [1i64 << 16];
+        let (mut x, mut t0, mut t1, mut t2) = (0u64, 0u64, 0u64, 0u64);
+        // SAFETY: live runtime, valid arrays and out-pointers.
+        unsafe {
+            let s = dfuse_tensor_empty(rt, DfuseDtype::F32 as u32, sizes.as_ptr(), 1, &mut x);
+            assert_eq!(s, DfuseStatus::Ok);
+            let attrs = DfuseAttrs {
+                sub_op: DfuseUnaryOp::Exp as u32,
+                ..std::mem::zeroed()
+            };
+            let input = DfuseOperand {
+                kind: DfuseOperandKind::Tensor as u32,
+                tensor: x,
+                f: 0.0,
+                i: 0,
+            };
+            let exp = |out: &mut u64| {
+                dfuse_op(rt, 0, DfuseOpKind::Unary as u32, &attrs, &input, 1, 0, out)
+            };
+            let mut y = 0u64;
+            assert_eq!(exp(&mut y), DfuseStatus::Ok);
+            assert_eq!(dfuse_profiler_point(rt, &mut t0), DfuseStatus::Ok);
+            assert_eq!(dfuse_profiler_enable(rt, 1), DfuseStatus::Ok);
+            let mut z = 0u64;
+            assert_eq!(exp(&mut z), DfuseStatus::Ok);
+            assert_eq!(dfuse_profiler_point(rt, &mut t1), DfuseStatus::Ok);
+            assert_eq!(dfuse_profiler_enable(rt, 0), DfuseStatus::Ok);
+            let mut w = 0u64;
+            assert_eq!(exp(&mut w), DfuseStatus::Ok);
+            assert_eq!(dfuse_profiler_point(rt, &mut t2), DfuseStatus::Ok);
+            assert_eq!(dfuse_profiler_enable(rt, 2), DfuseStatus::InvalidArgument);
+            for h in [x, y, z, w] {
+                dfuse_tensor_release(rt, h);
+            }
+            assert_eq!(dfuse_runtime_destroy(rt), DfuseStatus::Ok);
+        }
+        assert_eq!(t0, 0, "not profiling yet");
+        assert!(t1 > t0, "the exp that ran while profiling counts");
+        assert_eq!(t2, t1, "not after profiling stopped");
+    }
+
+    #[test]
+    fn stopping_with_no_trace_running_is_an_invalid_argument_that_says_so() {
+        let rt = runtime();
+        let (mut events, mut dropped) = (0u64, 0u64);
+        // SAFETY: live runtime, valid out-pointers.
+        let s = unsafe { dfuse_trace_stop(rt, &mut events, &mut dropped) };
+        assert_eq!(s, DfuseStatus::InvalidArgument);
+        assert!(
+            last_error().contains("no trace is running"),
+            "{}",
+            last_error()
+        );
+        // SAFETY: live runtime.
+        assert_eq!(unsafe { dfuse_runtime_destroy(rt) }, DfuseStatus::Ok);
+    }
+
+    #[test]
+    fn a_null_path_is_an_invalid_argument_naming_the_parameter() {
+        let rt = runtime();
+        // SAFETY: a NULL path is reported, not read.
+        let s = unsafe { dfuse_trace_start(rt, ptr::null(), 0) };
+        assert_eq!(s, DfuseStatus::InvalidArgument);
+        assert!(last_error().contains("path is NULL"), "{}", last_error());
+        // SAFETY: live runtime.
+        assert_eq!(unsafe { dfuse_runtime_destroy(rt) }, DfuseStatus::Ok);
+    }
+}

@@ -1,0 +1,68 @@
+//! The runtime's timeline and profiler calls: start and stop a trace, add a host backend's
+//! marks, and read the device clock a profiler differences around each op.
+
+use super::{Arg, TraceSummary, Track};
+use crate::error::Result;
+use crate::handle::Handle;
+use crate::runtime::Runtime;
+
+impl Runtime {
+    /// Starts recording the timeline into `path` (Chrome trace / Perfetto JSON, written when
+    /// the trace stops), keeping at most `max_events` events (0: `DEFERFUSE_TRACE_EVENTS` or
+    /// the default). An error when a trace is running or the file cannot be created.
+    pub fn trace_start(&self, path: &std::path::Path, max_events: usize) -> Result<()> {
+        let n = if max_events == 0 {
+            self.trace_events
+        } else {
+            max_events
+        };
+        self.timeline.start(path, n)
+    }
+
+    /// Stops the running trace and writes its file. Work still running on the streams is
+    /// recorded only as far as it got: synchronize first to see all of it.
+    pub fn trace_stop(&self) -> Result<TraceSummary> {
+        self.timeline.stop()
+    }
+
+    /// Whether a trace is running.
+    pub fn tracing(&self) -> bool {
+        self.timeline.on()
+    }
+
+    /// Adds an instant event a host backend knows about (a sync point's source line, an op
+    /// that fell back to the host) on `stream`'s host track; nothing when no trace runs.
+    pub fn trace_mark(&self, stream: Handle, name: &str, detail: &str) -> Result<()> {
+        // The stream is checked either way: a bad handle is an error whether or not a trace
+        // runs.
+        let s = self.stream(stream)?;
+        if !self.timeline.on() {
+            return Ok(());
+        }
+        self.timeline.instant(
+            Track::StreamHost(s.id),
+            "mark",
+            name,
+            vec![("detail", Arg::S(detail.to_string()))],
+        );
+        Ok(())
+    }
+
+    /// Starts or stops timing program runs for [`Runtime::profiler_point`] (a profiler's
+    /// device clock). While on, each program costs two clock reads more.
+    pub fn profiler_enable(&self, on: bool) {
+        self.timeline.set_profiling(on);
+    }
+
+    /// Waits for the work already launched on every stream, without flushing deferred ops
+    /// (that would change what fuses) and without taking their errors (the next sync point
+    /// reports them), then returns the nanoseconds programs have run while profiling. A
+    /// profiler reads it before and after an op: the difference is the device time of the
+    /// programs that op launched (strict, debug) or ran at its sync point (defer).
+    pub fn profiler_point(&self) -> u64 {
+        for s in self.streams.values() {
+            s.progress.wait(s.last_seq());
+        }
+        self.timeline.busy_ns()
+    }
+}
