@@ -79,10 +79,18 @@ impl Runtime {
         let default_stream = streams.insert(default_stream_ref.clone())?;
         let dump_dir = std::env::var_os("DEFERFUSE_DUMP_DIR").map(PathBuf::from);
         let threads = resolve_threads(&config)?;
-        use crate::config::{
-            resolve_memory_limit, resolve_mode, resolve_threads, resolve_trace,
-            resolve_trace_events, Config,
-        };
+        let host = HostAllocator::new(config.host_cache_bytes);
+        host.set_live_limit(resolve_memory_limit(&config)?);
+        let trace_events = resolve_trace_events(&config)?;
+        let timeline = Arc::new(Timeline::default());
+        if let Some(path) = resolve_trace(&config) {
+            timeline.start(&path, trace_events).map_err(|e| {
+                Error::Config(format!(
+                    "DEFERFUSE_TRACE = {:?}: {e}",
+                    path.display().to_string()
+                ))
+            })?;
+        }
         Ok(Runtime {
             backend: crate::backend::create(&config, dump_dir.clone(), threads)?,
             cache: ProgramCache::new(config.cache_capacity),

@@ -17,6 +17,7 @@ pub fn region_label(r: &Region) -> String {
         },
         Region::Arange { dtype } => format!("arange.{dtype}"),
         Region::Kernel(k) => k.name().to_string(),
+        Region::Graph(g) => format!("graph of {} steps", g.parts.len()),
     }
 }
 
