@@ -211,8 +211,9 @@ at::Tensor embedding_dense_backward(const at::Tensor& grad, const at::Tensor& in
 }
 
 at::Tensor tpu_nonzero(const at::Tensor& self) {
-  // The output's size depends on the values: read them on the host (a sync point).
-  return at::nonzero(self.cpu()).to(self.device());
+  // The output's size depends on the values: read them on the host (a sync point of its own
+  // reason, data_dependent_size).
+  return at::nonzero(read_for_size(self)).to(self.device());
 }
 
 at::Tensor& nonzero_out(const at::Tensor& self, at::Tensor& out) {
