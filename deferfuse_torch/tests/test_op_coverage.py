@@ -190,6 +190,8 @@ ELEMENTWISE = [
     case("log10", torch.log10, pos(10)),
     case("nan_to_num", lambda x: torch.nan_to_num(x, nan=0.5, posinf=9.0),
          torch.tensor([1.0, math.nan, math.inf, -math.inf, -2.0]), grad=False),
+    case("clamp", lambda x: torch.clamp(x, -0.5, 0.5), rn(10)),  # backward: logical_and.out
+    case("logical_and_in_place", lambda a, b: a.clone().logical_and_(b), rn(6), rn(6) > 0),
     case("softplus", lambda x: F.softplus(x, beta=2.0, threshold=3.0), rn(10) * 3),
     case("leaky_relu", lambda x: F.leaky_relu(x, 0.1), rn(10)),
     case("elu", F.elu, rn(10)),
