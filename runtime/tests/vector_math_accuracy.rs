@@ -174,11 +174,14 @@ fn log1p_and_expm1_special_values_follow_ieee() {
     );
 }
 
+/// An op, the range swept, and its exact (f64) function.
+type SweepCase = (UnaryOp, f32, f32, fn(f64) -> f64);
+
 #[test]
 fn hyperbolic_and_inverse_trig_libm_calls_are_within_2_ulp() {
     // These are per-lane libm calls (backend/cpu/helpers.rs), not polynomials: the bound is
     // glibc's documented one.
-    let cases: [(UnaryOp, f32, f32, fn(f64) -> f64); 9] = [
+    let cases: [SweepCase; 9] = [
         (UnaryOp::Sinh, -88.0, 88.0, f64::sinh),
         (UnaryOp::Cosh, -88.0, 88.0, f64::cosh),
         (UnaryOp::Tan, -10.0, 10.0, f64::tan),
