@@ -1,5 +1,5 @@
-//! The bitwise ops, the division family (fmod, floor and trunc division), atan2, trunc, log2
-//! and log10 on values PyTorch was run on: the expected numbers below are PyTorch 2.x CPU
+//! The bitwise ops, the division family (fmod, floor and trunc division), atan2, trunc, log2,
+//! log10 and the hyperbolic and inverse trigonometric functions on values PyTorch was run on: the expected numbers below are PyTorch 2.x CPU
 //! results (integer division by zero excepted: PyTorch raises, the runtime gives 0). Every
 //! program runs in strict, debug and defer mode, which must agree bit for bit; the random-value
 //! sweeps against the reference interpreter are in `ops_vs_reference.rs`.
@@ -431,4 +431,61 @@ fn log2_and_log10_are_exact_at_powers_of_their_base() {
     }
     let (d, _) = unary_of(UnaryOp::Log2, DType::I32, &[4.0]);
     assert_eq!(d, DType::F32);
+}
+
+/// Inputs of [`trig_matches_pytorch_at_edges`]: signed zero, tiny, inside and on the domain
+/// edges +-1, beyond them, large, NaN.
+const TRIG_X: [f64; 10] = [-0.0, 1e-20, 0.5, -0.75, 1.0, -1.0, 1.5, 30.0, 100.0, NAN];
+
+#[test]
+fn trig_matches_pytorch_at_edges() {
+    // PyTorch 2.x CPU float32 results: NaN outside the domains, +-inf for atanh(+-1) and the
+    // overflowing sinh/cosh(100), -0 kept where the function is odd; float64 is checked
+    // against the reference's definitions at the same points.
+    #[rustfmt::skip]
+    let want: [(UnaryOp, [f64; 10]); 9] = [
+        (UnaryOp::Sinh, [-0.0, 9.999999682655225e-21, 0.5210952758789062, -0.8223167061805725, 1.175201177597046, -1.175201177597046, 2.129279375076294, 5343237111808.0, INF, NAN]),
+        (UnaryOp::Cosh, [1.0, 1.0, 1.1276259422302246, 1.2946833372116089, 1.5430805683135986, 1.5430805683135986, 2.352409601211548, 5343237111808.0, INF, NAN]),
+        (UnaryOp::Tan, [-0.0, 9.999999682655225e-21, 0.5463024973869324, -0.9315964579582214, 1.5574077367782593, -1.5574077367782593, 14.101419448852539, -6.405331134796143, -0.587213933467865, NAN]),
+        (UnaryOp::Asin, [-0.0, 9.999999682655225e-21, 0.5235987901687622, -0.8480620980262756, 1.5707963705062866, -1.5707963705062866, NAN, NAN, NAN, NAN]),
+        (UnaryOp::Acos, [1.5707963705062866, 1.5707963705062866, 1.0471975803375244, 2.418858528137207, 0.0, 3.1415927410125732, NAN, NAN, NAN, NAN]),
+        (UnaryOp::Atan, [-0.0, 9.999999682655225e-21, 0.46364760398864746, -0.6435011029243469, 0.7853981852531433, -0.7853981852531433, 0.9827936887741089, 1.537475347518921, 1.5607966184616089, NAN]),
+        (UnaryOp::Asinh, [-0.0, 9.999999682655225e-21, 0.4812118411064148, -0.6931471824645996, 0.8813735842704773, -0.8813735842704773, 1.19476318359375, 4.0946221351623535, 5.298342227935791, NAN]),
+        (UnaryOp::Acosh, [NAN, NAN, NAN, NAN, 0.0, NAN, 0.9624236822128296, 4.094066619873047, 5.29829216003418, NAN]),
+        (UnaryOp::Atanh, [-0.0, 9.999999682655225e-21, 0.5493061542510986, -0.9729551076889038, INF, -INF, NAN, NAN, NAN, NAN]),
+    ];
+    for (op, want) in want {
+        let (_, got32) = unary_of(op, DType::F32, &TRIG_X);
+        // float64 keeps sinh/cosh(100) finite: its values are the f64 reference's.
+        let (_, got64) = unary_of(op, DType::F64, &TRIG_X);
+        let want64: Vec<f64> = TRIG_X
+            .iter()
+            .map(|&x| reference::unary_value(op, x, DType::F64))
+            .collect();
+        for (d, got, want, rel) in [
+            (DType::F32, &got32, &want[..], 2e-6),
+            (DType::F64, &got64, &want64[..], 1e-13),
+        ] {
+            for ((g, w), x) in got.iter().zip(want).zip(TRIG_X) {
+                let same = if w.is_finite() && *w != 0.0 {
+                    (g - w).abs() <= rel * w.abs()
+                } else {
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan())
+                };
+                assert!(same, "{}({x}) in {d}: got {g}, want {w}", op.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn trig_of_integers_and_bools_gives_float32() {
+    for op in [UnaryOp::Sinh, UnaryOp::Atan, UnaryOp::Acosh] {
+        for d in [DType::I32, DType::Bool] {
+            let (out, got) = unary_of(op, d, &[1.0]);
+            assert_eq!(out, DType::F32, "{}({d})", op.name());
+            let want = reference::unary_value(op, 1.0, DType::F64);
+            assert!((got[0] - want).abs() <= 2e-6 * want.abs().max(1e-30));
+        }
+    }
 }

@@ -55,6 +55,19 @@ fn defer_records_without_running_until_a_host_read() {
 }
 
 #[test]
+fn a_read_for_an_output_size_is_its_own_sync_reason() {
+    let rt = runtime(Mode::Defer);
+    let x = tensor(&rt, DType::F32, &[3], &[1.0, 0.0, 2.0]);
+    let y = bin(&rt, BinaryOp::Ne, tt(x), fs(0.0));
+    let mut out = [0u8; 3];
+    rt.to_host_for_size(y, &mut out).unwrap();
+    assert_eq!(out, [1, 0, 1]);
+    assert_eq!(syncs(&rt, SyncReason::DataDependentSize), 1);
+    assert_eq!(syncs(&rt, SyncReason::HostRead), 0);
+    assert_eq!(SyncReason::DataDependentSize.name(), "data_dependent_size");
+}
+
+#[test]
 fn strict_and_debug_run_each_op_when_recorded() {
     for mode in [Mode::Strict, Mode::Debug] {
         let rt = runtime(mode);

@@ -8,7 +8,8 @@
 //!   dtype: f16/bf16 compute in f32, and rounding an f32-rounded +,-,*,/,sqrt to f16/bf16 equals
 //!   rounding the exact value (24 >= 2p + 2);
 //! * `F32_TRANSCENDENTAL` (rel 2e-6 + abs 1e-6) for f32 exp, log, log2, log10, log1p, expm1,
-//!   rsqrt, sin, cos, tanh, sigmoid, erf, gelu, gelu_tanh, silu, pow and atan2;
+//!   rsqrt, sin, cos, tanh, sigmoid, erf, gelu, gelu_tanh, silu, pow, atan2, sinh, cosh, tan,
+//!   asin, acos, atan, asinh, acosh and atanh;
 //! * `F64_TRANSCENDENTAL` (rel 1e-13 + abs 1e-14) for those in f64;
 //! * `F16_TOL` (rel 1e-3) and `BF16_TOL` (rel 8e-3): one ulp of the storage type, for those in
 //!   f16/bf16 and for casts that round twice (f64/int -> f32 -> f16/bf16).

@@ -104,6 +104,10 @@ at::Tensor run(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const
 void run_into(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const at::Tensor& out,
               const char* name);
 
+// A CPU copy of a tpu tensor whose values decide the size of an op's output (nonzero, boolean
+// masks, unique): a sync point counted as DFUSE_SYNC_REASON_DATA_DEPENDENT_SIZE, not HOST_READ.
+at::Tensor read_for_size(const at::Tensor& src);
+
 // Shorthands used by composite kernels (softmax, losses, backward formulas).
 at::Tensor unary(const at::Tensor& x, uint32_t op);
 at::Tensor binary(const at::Tensor& a, const at::Tensor& b, uint32_t op);

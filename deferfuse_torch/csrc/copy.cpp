@@ -71,6 +71,19 @@ void copy_to_host(const at::Tensor& dst, const at::Tensor& src) {
   if (!direct) dst.copy_(host);
 }
 
+}  // namespace
+
+at::Tensor read_for_size(const at::Tensor& src) {
+  auto host = at::empty(src.sizes(), src.options().device(at::kCPU));
+  if (host.numel() == 0) return host;
+  Ref r = ref(src);
+  check(dfuse_tensor_to_host_for_size(rt(), r.get(), host.data_ptr(), host.nbytes()),
+        "read of a data-dependent output size");
+  return host;
+}
+
+namespace {
+
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool) {
   TORCH_CHECK(self.defined() && src.defined(), "tpu: copy_ of an undefined tensor");
   if (is_tpu(self)) {

@@ -178,6 +178,16 @@ at::Tensor& addcdiv_(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t
   return b_<DFUSE_BINARY_OP_ADD>(self, q);
 }
 
+// logical_and/or with out= (their in-place forms and clamp's backward reach it): the bool
+// result copied into out, whose dtype PyTorch lets be anything.
+template <uint32_t OP>
+at::Tensor& logical_out(const at::Tensor& x, const at::Tensor& y, at::Tensor& out) {
+  auto r = ew::b<OP>(x, y);
+  if (!out.sizes().equals(r.sizes())) out.resize_(r.sizes());
+  out.copy_(r);
+  return out;
+}
+
 }  // namespace
 }  // namespace dft
 
@@ -226,6 +236,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   DF_BINARY(remainder, REMAINDER)
   m.impl("logical_and", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_LOGICAL_AND>));
   m.impl("logical_or", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_LOGICAL_OR>));
+  m.impl("logical_and.out", TORCH_FN(dft::logical_out<DFUSE_BINARY_OP_LOGICAL_AND>));
+  m.impl("logical_or.out", TORCH_FN(dft::logical_out<DFUSE_BINARY_OP_LOGICAL_OR>));
   DF_COMPARE(eq, EQ) DF_COMPARE(ne, NE) DF_COMPARE(lt, LT) DF_COMPARE(le, LE)
   DF_COMPARE(gt, GT) DF_COMPARE(ge, GE)
 

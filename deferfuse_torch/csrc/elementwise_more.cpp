@@ -1,7 +1,9 @@
 // More elementwise kernels, each one runtime op: bitwise and/or/xor/not, division with rounding
-// modes (floor_divide, div(rounding_mode=...)), fmod, atan2, trunc, log2, log10, and the
-// compositions nan_to_num and logical_xor. Functional, in-place and out= variants: structured
-// ops reach the out= kernel from PyTorch's composite functional forms too.
+// modes (floor_divide, div(rounding_mode=...)), fmod, atan2, trunc, log2, log10, sinh, cosh,
+// tan, asin, acos, atan, asinh, acosh, atanh (autograd's formulas for them use ops that have
+// kernels too), and the
+// compositions nan_to_num, logical_xor and logit (+ backward). Functional, in-place and out=
+// variants: structured ops reach the out= kernel from PyTorch's composite functional forms too.
 #include "elementwise_ops.h"
 
 #include <ATen/ExpandUtils.h>
@@ -77,6 +79,24 @@ at::Tensor& nan_to_num_out(const at::Tensor& x, std::optional<double> nan,
   return out;
 }
 
+// logit(x) = log(x / (1 - x)), x first clamped to [eps, 1 - eps] when eps >= 0 is given
+// (PyTorch's CPU formula, so x = 1 gives inf).
+at::Tensor tpu_logit(const at::Tensor& x, std::optional<double> eps) {
+  auto z = (eps && *eps >= 0) ? at::clamp(x, *eps, 1.0 - *eps) : x;
+  return at::log(z / (1 - z));
+}
+
+// d logit / dx = 1 / (x (1 - x)); outside [0, 1] it is NaN, or 0 outside [eps, 1 - eps] when
+// eps >= 0 (the clamp's flat part), as on CPU.
+at::Tensor tpu_logit_backward(const at::Tensor& grad, const at::Tensor& x,
+                              std::optional<double> eps) {
+  auto d = grad / (x * (1 - x));
+  bool clamped = eps && *eps >= 0;
+  double lo = clamped ? *eps : 0.0, hi = clamped ? 1.0 - *eps : 1.0;
+  auto fill = clamped ? 0.0 : std::numeric_limits<double>::quiet_NaN();
+  return at::where(x.lt(lo).logical_or(x.gt(hi)), at::Scalar(fill), d);
+}
+
 at::Tensor tpu_logical_xor(const at::Tensor& x, const at::Tensor& y) {
   return b<DFUSE_BINARY_OP_NE>(cast(x, at::kBool), cast(y, at::kBool));
 }
@@ -99,6 +119,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   DF_UNARY_ALL(trunc, TRUNC)
   DF_UNARY_ALL(log2, LOG2)
   DF_UNARY_ALL(log10, LOG10)
+  DF_UNARY_ALL(sinh, SINH)
+  DF_UNARY_ALL(cosh, COSH)
+  DF_UNARY_ALL(tan, TAN)
+  DF_UNARY_ALL(asin, ASIN)
+  DF_UNARY_ALL(acos, ACOS)
+  DF_UNARY_ALL(atan, ATAN)
+  DF_UNARY_ALL(asinh, ASINH)
+  DF_UNARY_ALL(acosh, ACOSH)
+  DF_UNARY_ALL(atanh, ATANH)
   DF_BINARY_ALL(bitwise_and, ".Tensor", BITWISE_AND)
   DF_BINARY_ALL(bitwise_or, ".Tensor", BITWISE_OR)
   DF_BINARY_ALL(bitwise_xor, ".Tensor", BITWISE_XOR)
@@ -119,4 +148,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("nan_to_num", TORCH_FN(dft::tpu_nan_to_num));
   m.impl("nan_to_num.out", TORCH_FN(dft::nan_to_num_out));
   m.impl("logical_xor", TORCH_FN(dft::tpu_logical_xor));
+  m.impl("logit", TORCH_FN(dft::tpu_logit));
+  m.impl("logit_backward", TORCH_FN(dft::tpu_logit_backward));
 }

@@ -1,13 +1,15 @@
 // Indexing kernels: index_select, gather, the scatter family, index_add, index_fill, embedding's
-// backward, advanced indexing (x[idx], x[idx] = v, x[mask]), masked_select, nonzero and isin.
+// backward, advanced indexing (x[idx], x[idx] = v, x[mask]), masked_select, masked_scatter_,
+// nonzero, isin and flip.
 // All of them are the runtime's gather or scatter over an index view: index_select's 1-D index,
 // for example, is viewed with stride 0 along every other dim, so no expanded copy is made.
 // Ops whose output size depends on the data (nonzero, boolean masks) read the mask on the host:
-// a sync point, as on CUDA.
+// a sync point, as on CUDA, counted as sync_points["data_dependent_size"].
 #include "kernel_ops.h"
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/WrapDimUtils.h>
+#include <ATen/WrapDimUtilsMulti.h>
 #include <torch/library.h>
 
 namespace dft {
@@ -211,8 +213,9 @@ at::Tensor embedding_dense_backward(const at::Tensor& grad, const at::Tensor& in
 }
 
 at::Tensor tpu_nonzero(const at::Tensor& self) {
-  // The output's size depends on the values: read them on the host (a sync point).
-  return at::nonzero(self.cpu()).to(self.device());
+  // The output's size depends on the values: read them on the host (a sync point of its own
+  // reason, data_dependent_size).
+  return at::nonzero(read_for_size(self)).to(self.device());
 }
 
 at::Tensor& nonzero_out(const at::Tensor& self, at::Tensor& out) {
@@ -226,6 +229,41 @@ at::Tensor tpu_masked_select(const at::Tensor& self, const at::Tensor& mask) {
   auto [s, m] = at::expand_outplace(self, mask);
   auto pos = tpu_nonzero(m->reshape({-1})).reshape({-1});
   return tpu_index_select(s->reshape({-1}), 0, pos);
+}
+
+// masked_scatter_ (masked_select's backward): the k-th true position, in row-major order, takes
+// source's k-th element. Its rank among the true positions is a cumsum of the mask, so the ranks
+// come from the device and no host read is needed.
+at::Tensor& masked_scatter_(at::Tensor& self, const at::Tensor& mask, const at::Tensor& source) {
+  TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_scatter_: expected BoolTensor for mask, "
+              "got ", mask.scalar_type());
+  TORCH_CHECK(self.scalar_type() == source.scalar_type(), "masked_scatter_: expected self and "
+              "source to have same dtypes but got ", self.scalar_type(), " and ",
+              source.scalar_type());
+  auto m = mask.expand(self.sizes());
+  if (source.numel() == 0) {
+    // Nothing to take from: valid only when no position is selected (a host read, rare).
+    TORCH_CHECK(!m.any().item<bool>(), "masked_scatter_: Number of elements of source < number "
+                "of ones in mask");
+    return self;
+  }
+  auto rank = (at::cumsum(m.reshape({-1}), 0) - 1).clamp_min(0);
+  auto picked = tpu_index_select(source.reshape({-1}), 0, rank).view(self.sizes());
+  return assign(self, at::where(m, picked, self));
+}
+
+// flip: an index_select of the reversed positions per flipped dim (autograd's cumsum and cumprod
+// backward flip the gradient).
+at::Tensor tpu_flip(const at::Tensor& self, at::IntArrayRef dims) {
+  auto flipped = at::dim_list_to_bitset(dims, self.dim());  // raises on repeated dims
+  at::Tensor r = self;
+  for (int64_t d = 0; d < self.dim(); ++d) {
+    if (!flipped[d]) continue;
+    auto rev = at::arange(self.size(d) - 1, -1, -1,
+                          at::TensorOptions().dtype(at::kLong).device(self.device()));
+    r = tpu_index_select(r, d, rev);
+  }
+  return r.is_same(self) ? self.clone() : r;
 }
 
 // Advanced indexing, in the form both x[indices] and x[indices] = v use: the indexed dims moved
@@ -396,6 +434,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("nonzero", TORCH_FN(dft::tpu_nonzero));
   m.impl("nonzero.out", TORCH_FN(dft::nonzero_out));
   m.impl("masked_select", TORCH_FN(dft::tpu_masked_select));
+  m.impl("masked_scatter_", TORCH_FN(dft::masked_scatter_));
+  m.impl("flip", TORCH_FN(dft::tpu_flip));
   m.impl("index.Tensor", TORCH_FN(dft::index_tensor));
   m.impl("_index_put_impl_", TORCH_FN(dft::index_put_));
   m.impl("isin.Tensor_Tensor", TORCH_FN(dft::tpu_isin_tt));

@@ -1,5 +1,6 @@
 // 2-D pooling: max (with PyTorch's flat h * W + w indices), average (count_include_pad,
-// ceil_mode, divisor_override) and adaptive average / max, forward and backward.
+// ceil_mode, divisor_override) and adaptive average / max (even and uneven windows), forward
+// and backward.
 //
 // Every window is read through window_view of a padded buffer (-inf for max, 0 for average);
 // backward adds each window's contribution back with add_windows. What depends only on the
@@ -228,24 +229,62 @@ at::Tensor adaptive_avg_pool2d_backward(const at::Tensor& grad, const at::Tensor
   return batched_matmul(rows.t(), batched_matmul(grad, cols));
 }
 
-// Adaptive max pooling is supported where it is plain max pooling.
-Pool adaptive_max_geometry(const at::Tensor& x, at::IntArrayRef out) {
-  check_adaptive(x, out, "adaptive_max_pool2d");
-  auto k = even_windows(x, out);
-  TORCH_CHECK(k, "tpu: adaptive_max_pool2d supports output sizes that divide the input size "
-              "only; got output_size ", out, " for an input of ", x.sizes());
-  std::vector<int64_t> zero{0, 0}, one{1, 1};
-  return pool_geometry(x, *k, *k, zero, one, false, "adaptive_max_pool2d");
+// [OH, OW, KH * KW]: the flat input index (h * W + w) of every element of each uneven adaptive
+// window, row-major within the window as PyTorch scans it; a window smaller than KH x KW
+// repeats its first element, which changes neither the max nor which element is first to hold
+// it.
+at::Tensor uneven_window_table(int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t* K) {
+  auto start = [](int64_t o, int64_t in, int64_t out) { return (o * in) / out; };
+  auto end = [](int64_t o, int64_t in, int64_t out) { return ((o + 1) * in + out - 1) / out; };
+  int64_t KH = 0, KW = 0;
+  for (int64_t o = 0; o < OH; ++o) KH = std::max(KH, end(o, H, OH) - start(o, H, OH));
+  for (int64_t o = 0; o < OW; ++o) KW = std::max(KW, end(o, W, OW) - start(o, W, OW));
+  *K = KH * KW;
+  std::vector<double> t;
+  for (int64_t oh = 0; oh < OH; ++oh)
+    for (int64_t ow = 0; ow < OW; ++ow) {
+      int64_t hs = start(oh, H, OH), he = end(oh, H, OH);
+      int64_t ws = start(ow, W, OW), we = end(ow, W, OW);
+      for (int64_t kh = 0; kh < KH; ++kh)
+        for (int64_t kw = 0; kw < KW; ++kw) {
+          bool inside = hs + kh < he && ws + kw < we;
+          t.push_back(double(inside ? (hs + kh) * W + ws + kw : hs * W + ws));
+        }
+    }
+  return upload_table(t, {OH, OW, *K}, at::kLong);
+}
+
+// Uneven windows: every window's elements gathered into a last dim of KH * KW, then its max
+// and the table's index at the first maximum.
+std::tuple<at::Tensor, at::Tensor> adaptive_max_uneven(const at::Tensor& x0, at::IntArrayRef out) {
+  auto x = batched(x0);
+  int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), K = 0;
+  auto table = uneven_window_table(H, W, out[0], out[1], &K);
+  auto win = at::index_select(x.reshape({N, C, H * W}), 2, table.reshape({-1}))
+                 .view({N, C, out[0], out[1], K});
+  auto values = reduce(win, DFUSE_REDUCE_OP_AMAX, {-1}, false);
+  auto pos = reduce(win, DFUSE_REDUCE_OP_ARGMAX, {-1}, false).unsqueeze(-1);
+  auto indices = at::gather(table.expand({N, C, out[0], out[1], K}), -1, pos).squeeze(-1);
+  return {like_input(values, x0), like_input(indices, x0)};
 }
 
 std::tuple<at::Tensor, at::Tensor> adaptive_max_pool2d(const at::Tensor& x, at::IntArrayRef out) {
-  return max_pool_forward(x, adaptive_max_geometry(x, out));
+  check_adaptive(x, out, "adaptive_max_pool2d");
+  auto k = even_windows(x, out);
+  if (!k) return adaptive_max_uneven(x, out);
+  std::vector<int64_t> zero{0, 0}, one{1, 1};
+  return max_pool_forward(x, pool_geometry(x, *k, *k, zero, one, false, "adaptive_max_pool2d"));
 }
 
+// Every output's gradient added at the input element its max came from (indices are flat
+// h * W + w), as PyTorch's CPU kernel does for even and uneven windows alike.
 at::Tensor adaptive_max_pool2d_backward(const at::Tensor& grad, const at::Tensor& x,
                                         const at::Tensor& indices) {
-  std::vector<int64_t> out{grad.size(-2), grad.size(-1)};
-  return max_pool_backward(grad, x, indices, adaptive_max_geometry(x, out));
+  auto g = batched(grad), i = batched(indices), xb = batched(x);
+  int64_t N = xb.size(0), C = xb.size(1), H = xb.size(2), W = xb.size(3);
+  auto flat = at::zeros({N, C, H * W}, grad.options())
+                  .scatter_add(2, i.reshape({N, C, -1}), g.reshape({N, C, -1}));
+  return like_input(flat.view({N, C, H, W}), x);
 }
 
 }  // namespace

@@ -19,6 +19,16 @@ at::Tensor sum(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
   return reduce(cast(x, to), DFUSE_REDUCE_OP_SUM, dims_of(dim), keepdim);
 }
 
+// sum(out=): the result takes out's dtype unless one is given (logsumexp's CPU composite sums
+// through here).
+at::Tensor& sum_out(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
+                    std::optional<at::ScalarType> dtype, at::Tensor& out) {
+  auto r = dft::sum(x, dim, keepdim, dtype.value_or(out.scalar_type()));
+  if (!out.sizes().equals(r.sizes())) out.resize_(r.sizes());
+  run_into(DFUSE_OP_KIND_COPY, nullptr, Operands().t(r), out, "sum (out=)");
+  return out;
+}
+
 at::Tensor mean(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
                 std::optional<at::ScalarType> dtype) {
   at::ScalarType to = dtype.value_or(x.scalar_type());
@@ -137,6 +147,7 @@ at::Tensor vector_norm(const at::Tensor& x0, const at::Scalar& ord, at::Optional
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("sum.dim_IntList", TORCH_FN(dft::sum));
+  m.impl("sum.IntList_out", TORCH_FN(dft::sum_out));
   m.impl("mean.dim", TORCH_FN(dft::mean));
   m.impl("prod.dim_int", TORCH_FN(dft::prod_dim));
   m.impl("prod", TORCH_FN(dft::prod));

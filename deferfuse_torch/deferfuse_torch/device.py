@@ -29,7 +29,7 @@ _STAT_FIELDS = [
 ]
 _CUT_REASONS = ["unfusable", "shape", "layout", "reduction", "max_ops"]
 _SYNC_REASONS = ["host_read", "synchronize", "event", "max_pending", "cross_stream",
-                 "mode_switch", "memory_bound"]
+                 "mode_switch", "memory_bound", "data_dependent_size"]
 
 
 def is_available() -> bool:

@@ -119,9 +119,11 @@ def test_adaptive_max_pool2d_matches_cpu_when_the_output_divides_the_input(mode)
                 torch.randn(2, 3, 6, 8))
 
 
-def test_adaptive_max_pool2d_with_a_non_dividing_output_raises_a_clear_error():
-    with pytest.raises(RuntimeError, match="divide the input size"):
-        F.adaptive_max_pool2d(torch.randn(1, 2, 7, 8).to("tpu"), (3, 3))
+@pytest.mark.parametrize("out", [(3, 3), (5, 3), (1, 6)])
+def test_adaptive_max_pool2d_with_uneven_windows_matches_cpu(mode, out):
+    # A random permutation: no ties, so the max's index is CPU's.
+    x = (torch.randperm(2 * 3 * 7 * 8).float() / 100).view(2, 3, 7, 8)
+    assert_same(lambda x: F.adaptive_max_pool2d(x, out, return_indices=True), x)
 
 
 def test_adaptive_avg_pool2d_keeps_an_inf_in_its_own_window_when_sizes_divide(mode):

@@ -1,8 +1,9 @@
 """Indexing, sorting and scan ops on tpu against CPU, in every eager mode, with no CPU fallback:
 index_select, gather, scatter (all reductions), index_add, index_fill, embedding and its
 backward, advanced indexing (get and put, also with masks and negative indices), masked_select,
-nonzero, isin, cumsum/cumprod, sort, topk, median, kthvalue, unique, and out-of-range indices
-raising instead of returning a value."""
+nonzero, isin, cumsum/cumprod, sort, topk, median, kthvalue, unique, out-of-range indices
+raising instead of returning a value, and data-dependent output sizes syncing under their own
+reason."""
 
 import pytest
 import torch
@@ -178,3 +179,20 @@ def test_an_out_of_range_index_raises_and_the_runtime_stays_usable(mode):
     with pytest.raises(RuntimeError, match="out of bounds"):
         F.cross_entropy(tpu(torch.zeros(2, 5)), tpu(torch.tensor([1, 7]))).item()
     check(x * 2, x.cpu() * 2)
+
+
+@pytest.mark.parametrize("op", ["nonzero", "mask_index", "masked_select", "unique"])
+def test_a_data_dependent_output_size_syncs_with_its_own_reason(op):
+    """The host read that sizes the output counts as data_dependent_size, not host_read."""
+    fns = {"nonzero": lambda x: torch.nonzero(x > 0), "mask_index": lambda x: x[x > 0],
+           "masked_select": lambda x: torch.masked_select(x, x > 0),
+           "unique": lambda x: torch.unique(x)}
+    x = torch.tensor([1.0, -2.0, 3.0, 1.0])
+    with deferfuse_torch.mode("defer"):
+        dx = tpu(x) * 1.0  # deferred: the read also runs the pending work
+        before = deferfuse_torch.stats()["sync_points"]
+        got = fns[op](dx)
+        after = deferfuse_torch.stats()["sync_points"]
+        check(got, fns[op](x))
+    assert after["data_dependent_size"] > before["data_dependent_size"]
+    assert after["host_read"] == before["host_read"]

@@ -40,7 +40,7 @@
 /**
  * How many entries `DfuseStats.sync_points` has (one per `DfuseSyncReason`).
  */
-#define DFUSE_SYNC_REASON_COUNT 7
+#define DFUSE_SYNC_REASON_COUNT 8
 
 /**
  * How many entries `DfuseStats.cuts` has (one per `DfuseCutReason`).
@@ -272,6 +272,11 @@ enum DfuseSyncReason
    * Deferred ops created more bytes of buffers than `max_pending_bytes`.
    */
   DFUSE_SYNC_REASON_MEMORY_BOUND = 6,
+  /**
+   * A host read whose values decide an output's size (`dfuse_tensor_to_host_for_size`:
+   * nonzero, boolean masks, unique).
+   */
+  DFUSE_SYNC_REASON_DATA_DEPENDENT_SIZE = 7,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -598,6 +603,42 @@ enum DfuseUnaryOp
    * `log10(x)` (integer inputs give float32)
    */
   DFUSE_UNARY_OP_LOG10 = 27,
+  /**
+   * `sinh(x)` (integer inputs give float32)
+   */
+  DFUSE_UNARY_OP_SINH = 28,
+  /**
+   * `cosh(x)` (integer inputs give float32)
+   */
+  DFUSE_UNARY_OP_COSH = 29,
+  /**
+   * `tan(x)` (integer inputs give float32)
+   */
+  DFUSE_UNARY_OP_TAN = 30,
+  /**
+   * `asin(x)` (integer inputs give float32) (NaN outside [-1, 1])
+   */
+  DFUSE_UNARY_OP_ASIN = 31,
+  /**
+   * `acos(x)` (integer inputs give float32) (NaN outside [-1, 1])
+   */
+  DFUSE_UNARY_OP_ACOS = 32,
+  /**
+   * `atan(x)` (integer inputs give float32)
+   */
+  DFUSE_UNARY_OP_ATAN = 33,
+  /**
+   * `asinh(x)` (integer inputs give float32)
+   */
+  DFUSE_UNARY_OP_ASINH = 34,
+  /**
+   * `acosh(x)` (integer inputs give float32) (NaN below 1)
+   */
+  DFUSE_UNARY_OP_ACOSH = 35,
+  /**
+   * `atanh(x)` (integer inputs give float32) (+-inf at +-1, NaN beyond)
+   */
+  DFUSE_UNARY_OP_ATANH = 36,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -1499,6 +1540,20 @@ DfuseStatus dfuse_tensor_to_host(const struct DfuseRuntime *rt,
                                  uint64_t tensor,
                                  void *dst,
                                  size_t nbytes);
+
+/**
+ * `dfuse_tensor_to_host` for a read whose values decide the size of an op's output (nonzero,
+ * boolean-mask indexing, unique): the same copy, counted as
+ * `DFUSE_SYNC_REASON_DATA_DEPENDENT_SIZE` instead of `HOST_READ`, so such syncs can be told
+ * apart in `DfuseStats.sync_points`.
+ *
+ * # Safety
+ * As `dfuse_tensor_to_host`.
+ */
+DfuseStatus dfuse_tensor_to_host_for_size(const struct DfuseRuntime *rt,
+                                          uint64_t tensor,
+                                          void *dst,
+                                          size_t nbytes);
 
 /**
  * `tensor.item()`: waits for the tensor and writes its one element to `*out` (float dtypes as

@@ -57,6 +57,7 @@ pub use tensor::{
     dfuse_tensor_dtype, dfuse_tensor_empty, dfuse_tensor_from_host, dfuse_tensor_full,
     dfuse_tensor_item, dfuse_tensor_ndim, dfuse_tensor_release, dfuse_tensor_retain,
     dfuse_tensor_shape, dfuse_tensor_state, dfuse_tensor_strides, dfuse_tensor_to_host,
+    dfuse_tensor_to_host_for_size,
 };
 pub use trace::{
     dfuse_profiler_enable, dfuse_profiler_point, dfuse_trace_active, dfuse_trace_mark,

@@ -122,6 +122,24 @@ pub enum DfuseUnaryOp {
     Log2 = 26,
     /// `log10(x)` (integer inputs give float32)
     Log10 = 27,
+    /// `sinh(x)` (integer inputs give float32)
+    Sinh = 28,
+    /// `cosh(x)` (integer inputs give float32)
+    Cosh = 29,
+    /// `tan(x)` (integer inputs give float32)
+    Tan = 30,
+    /// `asin(x)` (integer inputs give float32) (NaN outside [-1, 1])
+    Asin = 31,
+    /// `acos(x)` (integer inputs give float32) (NaN outside [-1, 1])
+    Acos = 32,
+    /// `atan(x)` (integer inputs give float32)
+    Atan = 33,
+    /// `asinh(x)` (integer inputs give float32)
+    Asinh = 34,
+    /// `acosh(x)` (integer inputs give float32) (NaN below 1)
+    Acosh = 35,
+    /// `atanh(x)` (integer inputs give float32) (+-inf at +-1, NaN beyond)
+    Atanh = 36,
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_BINARY`; the numbers are the runtime's.
@@ -458,6 +476,15 @@ mod tests {
             U::Trunc,
             U::Log2,
             U::Log10,
+            U::Sinh,
+            U::Cosh,
+            U::Tan,
+            U::Asin,
+            U::Acos,
+            U::Atan,
+            U::Asinh,
+            U::Acosh,
+            U::Atanh,
         ];
         assert_eq!(u.len(), UnaryOp::ALL.len());
         for (a, b) in u.iter().zip(UnaryOp::ALL) {

@@ -141,6 +141,27 @@ pub unsafe extern "C" fn dfuse_tensor_to_host(
     })
 }
 
+/// `dfuse_tensor_to_host` for a read whose values decide the size of an op's output (nonzero,
+/// boolean-mask indexing, unique): the same copy, counted as
+/// `DFUSE_SYNC_REASON_DATA_DEPENDENT_SIZE` instead of `HOST_READ`, so such syncs can be told
+/// apart in `DfuseStats.sync_points`.
+///
+/// # Safety
+/// As `dfuse_tensor_to_host`.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_tensor_to_host_for_size(
+    rt: *const DfuseRuntime,
+    tensor: u64,
+    dst: *mut std::ffi::c_void,
+    nbytes: usize,
+) -> DfuseStatus {
+    guard("dfuse_tensor_to_host_for_size", || {
+        // SAFETY: the caller's contract.
+        let dst = unsafe { slice_out(dst.cast::<u8>(), nbytes, "dst")? };
+        runtime(rt)?.to_host_for_size(tensor, dst)
+    })
+}
+
 /// An f16's value (IEEE 754 binary16).
 fn f16_to_f64(bits: u16) -> f64 {
     let sign = if bits & 0x8000 != 0 { -1.0 } else { 1.0 };

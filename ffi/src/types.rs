@@ -20,7 +20,7 @@ pub const DFUSE_BACKEND_FROM_ENV: u32 = 0xFFFF_FFFF;
 pub const DFUSE_MAX_REDUCE_DIMS: usize = 8;
 
 /// How many entries `DfuseStats.sync_points` has (one per `DfuseSyncReason`).
-pub const DFUSE_SYNC_REASON_COUNT: usize = 7;
+pub const DFUSE_SYNC_REASON_COUNT: usize = 8;
 
 /// How many entries `DfuseStats.cuts` has (one per `DfuseCutReason`).
 pub const DFUSE_CUT_REASON_COUNT: usize = 5;
@@ -102,6 +102,9 @@ pub enum DfuseSyncReason {
     ModeSwitch = 5,
     /// Deferred ops created more bytes of buffers than `max_pending_bytes`.
     MemoryBound = 6,
+    /// A host read whose values decide an output's size (`dfuse_tensor_to_host_for_size`:
+    /// nonzero, boolean masks, unique).
+    DataDependentSize = 7,
 }
 
 /// Why the planner ended a fused loop region; indexes `DfuseStats.cuts`.
@@ -344,6 +347,10 @@ mod tests {
             (DfuseSyncReason::CrossStream, SyncReason::CrossStream),
             (DfuseSyncReason::ModeSwitch, SyncReason::ModeSwitch),
             (DfuseSyncReason::MemoryBound, SyncReason::MemoryBound),
+            (
+                DfuseSyncReason::DataDependentSize,
+                SyncReason::DataDependentSize,
+            ),
         ];
         assert_eq!(reasons.len(), SyncReason::COUNT);
         assert_eq!(DFUSE_SYNC_REASON_COUNT, SyncReason::COUNT);

@@ -416,6 +416,17 @@ impl Runtime {
 
     /// Copies the tensor (any view) to `out` in row-major order; waits for its producer.
     pub fn to_host(&self, h: Handle, out: &mut [u8]) -> Result<()> {
+        self.read_to_host(h, out, SyncReason::HostRead)
+    }
+
+    /// [`Runtime::to_host`] for a read whose values decide the size of an op's output
+    /// (nonzero, boolean masks, unique): the sync point is counted as
+    /// [`SyncReason::DataDependentSize`].
+    pub fn to_host_for_size(&self, h: Handle, out: &mut [u8]) -> Result<()> {
+        self.read_to_host(h, out, SyncReason::DataDependentSize)
+    }
+
+    fn read_to_host(&self, h: Handle, out: &mut [u8], reason: SyncReason) -> Result<()> {
         let t = self.tensor(h)?;
         let es = t.dtype.size();
         let n = t.layout.numel();
@@ -429,8 +440,8 @@ impl Runtime {
             )));
         }
         // Every host read is a sync point, counted once: by the flush if it ran deferred work.
-        if !self.wait_written(&t.buffer, SyncReason::HostRead)? {
-            self.counters.sync(SyncReason::HostRead);
+        if !self.wait_written(&t.buffer, reason)? {
+            self.counters.sync(reason);
         }
         let t0 = self.timeline.on().then(|| self.timeline.now());
         // The value may live on a device (its writer ran there): copy it out first.

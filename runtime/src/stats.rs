@@ -22,10 +22,14 @@ pub enum SyncReason {
     ModeSwitch = 5,
     /// Deferred ops created more bytes of buffers than `Config::max_pending_bytes`.
     MemoryBound = 6,
+    /// A host read whose values decide the size of an op's output (nonzero, boolean-mask
+    /// indexing, unique): [`crate::Runtime::to_host_for_size`]. Counted apart from `HostRead`
+    /// so a model's unavoidable data-dependent syncs can be told from its `.item()` calls.
+    DataDependentSize = 7,
 }
 
 impl SyncReason {
-    pub const COUNT: usize = 7;
+    pub const COUNT: usize = 8;
 
     pub fn name(self) -> &'static str {
         match self {
@@ -36,6 +40,7 @@ impl SyncReason {
             SyncReason::CrossStream => "cross_stream",
             SyncReason::ModeSwitch => "mode_switch",
             SyncReason::MemoryBound => "memory_bound",
+            SyncReason::DataDependentSize => "data_dependent_size",
         }
     }
 }

@@ -173,3 +173,27 @@ fn log1p_and_expm1_special_values_follow_ieee() {
         "{e:?}"
     );
 }
+
+/// An op, the range swept, and its exact (f64) function.
+type SweepCase = (UnaryOp, f32, f32, fn(f64) -> f64);
+
+#[test]
+fn hyperbolic_and_inverse_trig_libm_calls_are_within_2_ulp() {
+    // These are per-lane libm calls (backend/cpu/helpers.rs), not polynomials: the bound is
+    // glibc's documented one.
+    let cases: [SweepCase; 9] = [
+        (UnaryOp::Sinh, -88.0, 88.0, f64::sinh),
+        (UnaryOp::Cosh, -88.0, 88.0, f64::cosh),
+        (UnaryOp::Tan, -10.0, 10.0, f64::tan),
+        (UnaryOp::Asin, -1.0, 1.0, f64::asin),
+        (UnaryOp::Acos, -1.0, 1.0, f64::acos),
+        (UnaryOp::Atan, -100.0, 100.0, f64::atan),
+        (UnaryOp::Asinh, -1e4, 1e4, f64::asinh),
+        (UnaryOp::Acosh, 1.0, 1e4, f64::acosh),
+        (UnaryOp::Atanh, -0.999_999, 0.999_999, f64::atanh),
+    ];
+    for (op, lo, hi, exact) in cases {
+        let e = max_err(op, &sweep(lo, hi, 50_001), exact, ulp);
+        assert!(e <= 2.0, "{} max error {e} ulp", op.name());
+    }
+}

@@ -1,5 +1,5 @@
 //! Scalar functions of the reference with no one-line Rust form: erf, sigmoid, wrapping integer
-//! power, and PyTorch's float floor division.
+//! power, PyTorch's float floor division, and the hyperbolic and inverse trigonometric functions.
 
 /// erf in f64: Maclaurin series below 2, Laplace's continued fraction for erfc above.
 pub fn erf(x: f64) -> f64 {
@@ -84,4 +84,35 @@ pub fn floor_divide(a: f64, b: f64, round: impl Fn(f64) -> f64) -> f64 {
         floordiv = basic_div;
     }
     floordiv
+}
+
+/// The hyperbolic and inverse trigonometric functions from their definitions in f64, in forms
+/// accurate near 0 (expm1, log1p) and for large arguments (ln 2|x|), so they check the backends'
+/// libm calls and StableHLO compositions independently.
+pub fn trig(op: deferfuse::UnaryOp, x: f64) -> f64 {
+    use deferfuse::UnaryOp::*;
+    let ax = x.abs();
+    // sqrt((1 - x)(1 + x)): cos(asin x), NaN beyond +-1.
+    let co = || ((1.0 - x) * (1.0 + x)).sqrt();
+    match op {
+        Sinh if ax > 20.0 => (0.5 * ax.exp()).copysign(x),
+        Sinh => {
+            let u = ax.exp_m1();
+            (0.5 * (u + u / (u + 1.0))).copysign(x)
+        }
+        Cosh => 0.5 * (ax.exp() + (-ax).exp()),
+        Tan => x.sin() / x.cos(),
+        Asin => x.atan2(co()),
+        Acos => co().atan2(x),
+        Atan => x.atan2(1.0),
+        Asinh if ax > 1e8 => (ax.ln() + std::f64::consts::LN_2).copysign(x),
+        Asinh => (ax + ax * ax / (1.0 + (1.0 + ax * ax).sqrt()))
+            .ln_1p()
+            .copysign(x),
+        Acosh if x < 1.0 => f64::NAN,
+        Acosh if x > 1e8 => x.ln() + std::f64::consts::LN_2,
+        Acosh => ((x - 1.0) + ((x - 1.0) * (x + 1.0)).sqrt()).ln_1p(),
+        Atanh => 0.5 * (2.0 * x / (1.0 - x)).ln_1p(),
+        other => unreachable!("{} is not a trigonometric op", other.name()),
+    }
 }

@@ -309,6 +309,7 @@ pub fn unary_value(op: UnaryOp, x: f64, compute: DType) -> f64 {
         Log1p => x.ln_1p(),
         Log2 => x.log2(),
         Log10 => x.log10(),
+        Sinh | Cosh | Tan | Asin | Acos | Atan | Asinh | Acosh | Atanh => math::trig(op, x),
         Expm1 => x.exp_m1(),
         Sqrt => x.sqrt(),
         Rsqrt => 1.0 / x.sqrt(),

@@ -184,8 +184,11 @@ mod tests {
     }
 
     #[test]
-    fn log2_and_log10_of_integers_give_float32() {
-        for u in [UnaryOp::Log2, UnaryOp::Log10] {
+    fn log_and_trig_ops_of_integers_give_float32() {
+        use UnaryOp::*;
+        for u in [
+            Log2, Log10, Sinh, Cosh, Tan, Asin, Acos, Atan, Asinh, Acosh, Atanh,
+        ] {
             let r = infer(&Op::Unary(u), &[t(DType::U8)]).unwrap();
             assert_eq!((r.dtype, r.compute), (DType::F32, DType::F32));
         }

@@ -45,10 +45,22 @@ pub enum UnaryOp {
     Trunc = 25,
     Log2 = 26,
     Log10 = 27,
+    /// Hyperbolic and inverse trigonometric functions (integer inputs give float32); out of
+    /// their domain (asin/acos beyond [-1, 1], acosh below 1, atanh beyond [-1, 1]) they give
+    /// NaN, and atanh(+-1) gives +-inf, as C's libm does.
+    Sinh = 28,
+    Cosh = 29,
+    Tan = 30,
+    Asin = 31,
+    Acos = 32,
+    Atan = 33,
+    Asinh = 34,
+    Acosh = 35,
+    Atanh = 36,
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 28] = [
+    pub const ALL: [UnaryOp; 37] = [
         UnaryOp::Neg,
         UnaryOp::Abs,
         UnaryOp::Exp,
@@ -77,6 +89,15 @@ impl UnaryOp {
         UnaryOp::Trunc,
         UnaryOp::Log2,
         UnaryOp::Log10,
+        UnaryOp::Sinh,
+        UnaryOp::Cosh,
+        UnaryOp::Tan,
+        UnaryOp::Asin,
+        UnaryOp::Acos,
+        UnaryOp::Atan,
+        UnaryOp::Asinh,
+        UnaryOp::Acosh,
+        UnaryOp::Atanh,
     ];
 
     pub fn from_u32(v: u32) -> Option<UnaryOp> {
@@ -114,6 +135,15 @@ impl UnaryOp {
             Trunc => "trunc",
             Log2 => "log2",
             Log10 => "log10",
+            Sinh => "sinh",
+            Cosh => "cosh",
+            Tan => "tan",
+            Asin => "asin",
+            Acos => "acos",
+            Atan => "atan",
+            Asinh => "asinh",
+            Acosh => "acosh",
+            Atanh => "atanh",
         }
     }
 
@@ -138,6 +168,15 @@ impl UnaryOp {
                 | Silu
                 | Erf
                 | Reciprocal
+                | Sinh
+                | Cosh
+                | Tan
+                | Asin
+                | Acos
+                | Atan
+                | Asinh
+                | Acosh
+                | Atanh
         )
     }
 }

@@ -1,6 +1,6 @@
 //! Scalar functions the generated code calls per element where inlining does not pay: f64
 //! transcendentals, f32 functions with no inline polynomial (sin, cos, pow, fmod, log2, log10,
-//! atan2), floor division, integer pow and f16 conversions. Registered by name with
+//! atan2, the hyperbolic and inverse trigonometric functions), floor division, integer pow and f16 conversions. Registered by name with
 //! the JIT.
 
 use half::{bf16, f16};
@@ -82,6 +82,31 @@ extern "C" fn df_floordiv_f16(a: f32, b: f32) -> f32 {
 /// Floor division of two bfloat16 tensors' values, rounded to bf16 at each step.
 extern "C" fn df_floordiv_bf16(a: f32, b: f32) -> f32 {
     floor_divide(a as f64, b as f64, |x| bf16::from_f64(x).to_f64()) as f32
+}
+
+// The C library's hyperbolic and inverse trigonometric functions, called per lane: they are
+// rare in models, so an inline polynomial would not pay for itself, and glibc's are accurate to
+// 2 ulp or better in f32 and f64 (its manual's "Known Maximum Errors"; PyTorch's CPU kernels
+// call the same functions or Sleef's 1-ulp versions). Registered under df_<name>_f32/_f64.
+extern "C" {
+    fn sinhf(x: f32) -> f32;
+    fn sinh(x: f64) -> f64;
+    fn coshf(x: f32) -> f32;
+    fn cosh(x: f64) -> f64;
+    fn tanf(x: f32) -> f32;
+    fn tan(x: f64) -> f64;
+    fn asinf(x: f32) -> f32;
+    fn asin(x: f64) -> f64;
+    fn acosf(x: f32) -> f32;
+    fn acos(x: f64) -> f64;
+    fn atanf(x: f32) -> f32;
+    fn atan(x: f64) -> f64;
+    fn asinhf(x: f32) -> f32;
+    fn asinh(x: f64) -> f64;
+    fn acoshf(x: f32) -> f32;
+    fn acosh(x: f64) -> f64;
+    fn atanhf(x: f32) -> f32;
+    fn atanh(x: f64) -> f64;
 }
 
 extern "C" fn df_sin_f32(x: f32) -> f32 {
@@ -222,6 +247,24 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
         ("df_f16_to_f32", df_f16_to_f32 as *const u8),
         ("df_f32_to_f16", df_f32_to_f16 as *const u8),
         ("df_round_f16", df_round_f16 as *const u8),
+        ("df_sinh_f32", sinhf as *const u8),
+        ("df_sinh_f64", sinh as *const u8),
+        ("df_cosh_f32", coshf as *const u8),
+        ("df_cosh_f64", cosh as *const u8),
+        ("df_tan_f32", tanf as *const u8),
+        ("df_tan_f64", tan as *const u8),
+        ("df_asin_f32", asinf as *const u8),
+        ("df_asin_f64", asin as *const u8),
+        ("df_acos_f32", acosf as *const u8),
+        ("df_acos_f64", acos as *const u8),
+        ("df_atan_f32", atanf as *const u8),
+        ("df_atan_f64", atan as *const u8),
+        ("df_asinh_f32", asinhf as *const u8),
+        ("df_asinh_f64", asinh as *const u8),
+        ("df_acosh_f32", acoshf as *const u8),
+        ("df_acosh_f64", acosh as *const u8),
+        ("df_atanh_f32", atanhf as *const u8),
+        ("df_atanh_f64", atanh as *const u8),
     ]
 }
 

@@ -30,6 +30,7 @@ mod ops;
 mod process;
 mod resident;
 mod stage;
+mod trig;
 
 pub use client::{Client, Plugin};
 

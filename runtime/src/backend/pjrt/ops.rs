@@ -172,6 +172,9 @@ fn funary(f: &mut Func, op: UnaryOp, a: &Val) -> Val {
         Trunc => return trunc(f, a),
         Log2 => return log_base(f, a, std::f64::consts::LN_2),
         Log10 => return log_base(f, a, std::f64::consts::LN_10),
+        Sinh | Cosh | Tan | Asin | Acos | Atan | Asinh | Acosh | Atanh => {
+            return super::trig::trig(f, op, a)
+        }
         Rsqrt | Reciprocal => {
             let s = if op == Rsqrt {
                 f.ew("sqrt", &[a])

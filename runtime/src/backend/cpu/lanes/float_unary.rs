@@ -65,6 +65,15 @@ impl Emitter<'_, '_> {
             Log2 => self.per_lane(&[a], lib("df_log2_f32", "df_log2_f64"), ty),
             Log10 => self.per_lane(&[a], lib("df_log10_f32", "df_log10_f64"), ty),
             Cos => self.per_lane(&[a], lib("df_cos_f32", "df_cos_f64"), ty),
+            Sinh => self.per_lane(&[a], lib("df_sinh_f32", "df_sinh_f64"), ty),
+            Cosh => self.per_lane(&[a], lib("df_cosh_f32", "df_cosh_f64"), ty),
+            Tan => self.per_lane(&[a], lib("df_tan_f32", "df_tan_f64"), ty),
+            Asin => self.per_lane(&[a], lib("df_asin_f32", "df_asin_f64"), ty),
+            Acos => self.per_lane(&[a], lib("df_acos_f32", "df_acos_f64"), ty),
+            Atan => self.per_lane(&[a], lib("df_atan_f32", "df_atan_f64"), ty),
+            Asinh => self.per_lane(&[a], lib("df_asinh_f32", "df_asinh_f64"), ty),
+            Acosh => self.per_lane(&[a], lib("df_acosh_f32", "df_acosh_f64"), ty),
+            Atanh => self.per_lane(&[a], lib("df_atanh_f32", "df_atanh_f64"), ty),
             Silu => {
                 let s = self.funary(Sigmoid, a, d);
                 self.zip(a, &s, |b, x, s| b.ins().fmul(x, s))
