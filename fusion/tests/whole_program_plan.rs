@@ -274,3 +274,16 @@ fn a_repeated_trace_reuses_its_graph_region_and_rebinds_scalars() {
     assert_eq!(f64::from_bits(b.parts[0].scalars[0]), 0.2);
     assert_eq!(b.parts[0].operands[0].buffer, 11);
 }
+
+#[test]
+fn an_op_over_an_empty_tensor_runs_as_its_own_step() {
+    let nodes = vec![
+        bin(BinaryOp::Add, tensor(t(1, &[8])), scalar(1.0), t(2, &[8])),
+        bin(BinaryOp::Add, tensor(t(3, &[0])), scalar(1.0), t(4, &[0])),
+        bin(BinaryOp::Mul, tensor(t(2, &[8])), scalar(2.0), t(5, &[8])),
+        bin(BinaryOp::Mul, tensor(t(5, &[8])), scalar(2.0), t(6, &[8])),
+    ];
+    let p = plan_with(&nodes, &[1, 3, 4, 6], &whole(4096));
+    assert_eq!(shape_of(&p), [("loop", 1), ("loop", 1), ("graph", 2)]);
+    assert_eq!(p.cuts[CutReason::Unfusable as usize], 1);
+}

@@ -3,8 +3,8 @@
 //! Every needed node between two cuts goes into one [`Region::Graph`]: each node is lowered
 //! alone (`lower_node`) into a part, and the backend compiles the parts as one program, fusing
 //! across shapes, matmuls and reductions itself. A graph of a single step stays that step. A graph is cut only by an op the backend cannot
-//! lower (a kernel op, which runs as its own step), by the size bound, or by a buffer seen with
-//! two dtypes (a program holds each buffer as one array).
+//! lower (a kernel op, which runs as its own step; so does an op over an empty tensor), by the
+//! size bound, or by a buffer seen with two dtypes (a program holds each buffer as one array).
 //!
 //! The planner decides what crosses the program's boundary: a buffer is an input when the graph
 //! reads it before writing it, writes it first through a view that may not cover it (a partial
@@ -14,7 +14,7 @@
 //! program and is counted as unmaterialized.
 
 use super::{Capabilities, CutReason, Plan, StepOrigin};
-use crate::ir::{DType, Op};
+use crate::ir::DType;
 use crate::lower::lower_node;
 use crate::region::{Binding, GraphPart, GraphRegion, Region, Step};
 use crate::trace::{BufferId, Node, TensorRef};
@@ -187,8 +187,19 @@ pub(super) fn plan(
         }
     }
     let mut graph = Graph::default();
+    // A node over an empty tensor runs as its own step: its one-region program already
+    // handles every empty shape, and it has no work worth fusing.
+    let takes = |node: &Node| {
+        caps.takes(&node.op)
+            && node
+                .inputs
+                .iter()
+                .filter_map(|o| o.tensor())
+                .chain([&node.output])
+                .all(|t| t.layout.numel() > 0)
+    };
     for (i, node) in nodes.iter().enumerate().filter(|(i, _)| needed[*i]) {
-        let why = if !caps.takes(&node.op) {
+        let why = if !takes(node) {
             Some(CutReason::Unfusable)
         } else if graph.nodes.len() >= caps.max_region_ops {
             Some(CutReason::MaxOps)
@@ -204,10 +215,9 @@ pub(super) fn plan(
                 close(std::mem::take(&mut graph), &facts, plan);
             }
         }
-        if caps.takes(&node.op) {
+        if takes(node) {
             graph.add(i, node);
         } else {
-            debug_assert!(matches!(node.op, Op::Kernel(_)));
             plan.push_lowered(node, i);
         }
     }

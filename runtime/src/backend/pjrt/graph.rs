@@ -17,6 +17,7 @@
 
 use super::hlo::{Elem, Func, Ty, Val};
 use super::lower;
+use super::ops::cast;
 use super::stage;
 use deferfuse_fusion::ir::DType;
 use deferfuse_fusion::region::{GraphRegion, Region};
@@ -294,6 +295,16 @@ fn elem_of(kind: ScalarKind) -> Elem {
     }
 }
 
+/// A part's result `v` as its buffer stores it: f16 and bf16 rounded, u8 wrapped. A one-region
+/// program's host store does this; inside a module the next part must read the stored value.
+fn stored(m: &mut Func, v: &Val, d: DType) -> Val {
+    match d {
+        DType::F16 | DType::BF16 => cast(m, v, DType::F32, d),
+        DType::U8 => cast(m, v, DType::I32, d),
+        _ => v.clone(),
+    }
+}
+
 /// Buffer `gb`'s current value. An input's is its argument, declared on first use (and noted in
 /// `inputs`); a buffer nothing wrote yet that is no input was created by this flush and holds
 /// zeros, as a fresh host buffer would.
@@ -412,6 +423,7 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
         let refs: Vec<&Val> = args.iter().collect();
         let results = m.call(&name, &refs, &tys);
         for (r, &j) in results.iter().zip(&p.outputs) {
+            let r = &stored(&mut m, r, pb.operands[j].dtype);
             let gb = part.operands[j] as usize;
             let view = View::of(p, j, &pb.operands[j]);
             let n = bufs.len[gb];
