@@ -163,6 +163,15 @@ static void every_call_rejects_runtime(DfuseRuntime *rt, DfuseStatus want, uint6
     MISUSE(want, dfuse_trace_mark(rt, s, "mark", "detail"));
     MISUSE(want, dfuse_profiler_enable(rt, 1));
     MISUSE(want, dfuse_profiler_point(rt, &ev));
+    double ms = 0;
+    DfuseMemoryInfo mem;
+    MISUSE(want, dfuse_event_create_timing(rt, &h));
+    MISUSE(want, dfuse_event_elapsed_ms(rt, e, e, &ms));
+    MISUSE(want, dfuse_stream_query(rt, s, &done));
+    MISUSE(want, dfuse_tensor_to_host_for_size(rt, t, buf, sizeof buf));
+    MISUSE(want, dfuse_memory_info(rt, &mem));
+    MISUSE(want, dfuse_memory_limit_set(rt, 0));
+    MISUSE(want, dfuse_memory_peak_reset(rt));
 }
 
 static void bad_runtime_pointers(void) {
@@ -200,6 +209,10 @@ static void null_and_misaligned_pointers(DfuseRuntime *rt) {
     MISUSE(INVALID_ARGUMENT, dfuse_stream_create(rt, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_event_create(rt, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_event_query(rt, 0, NULL));
+    MISUSE(INVALID_ARGUMENT, dfuse_event_create_timing(rt, NULL));
+    MISUSE(INVALID_ARGUMENT, dfuse_event_elapsed_ms(rt, 0, 0, NULL));
+    MISUSE(INVALID_ARGUMENT, dfuse_stream_query(rt, 0, NULL));
+    MISUSE(INVALID_ARGUMENT, dfuse_memory_info(rt, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_tensor_from_host(rt, V6, sizeof V6, 0, S23, 2, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_tensor_from_host(rt, NULL, sizeof V6, 0, S23, 2, &h));
     MISUSE(INVALID_ARGUMENT, dfuse_tensor_from_host(rt, V6, sizeof V6, 0, NULL, 2, &h));
@@ -259,6 +272,7 @@ static void bad_handles(DfuseRuntime *rt) {
     OK(dfuse_stream_create(other, &fstream));
     OK(dfuse_event_create(other, &fevent));
     uint64_t live = f32_2x3(rt), stale = f32_2x3(rt), s = 0, e = 0, h = 0;
+    double ms = 0;
     OK(dfuse_stream_create(rt, &s));
     OK(dfuse_event_create(rt, &e));
     OK(dfuse_tensor_release(rt, stale));
@@ -310,6 +324,7 @@ static void bad_handles(DfuseRuntime *rt) {
         MISUSE(INVALID_HANDLE, dfuse_event_wait(rt, s, b));
         MISUSE(INVALID_HANDLE, dfuse_event_query(rt, b, &done));
         MISUSE(INVALID_HANDLE, dfuse_event_synchronize(rt, b));
+        MISUSE(INVALID_HANDLE, dfuse_event_elapsed_ms(rt, b, b, &ms));
         MISUSE(INVALID_HANDLE, dfuse_event_destroy(rt, b));
     }
     /* A foreign handle's message says where it came from. */
@@ -320,6 +335,7 @@ static void bad_handles(DfuseRuntime *rt) {
     OK(dfuse_event_destroy(rt, e));
     MISUSE(INVALID_HANDLE, dfuse_stream_destroy(rt, s));
     MISUSE(INVALID_HANDLE, dfuse_stream_synchronize(rt, s));
+    MISUSE(INVALID_HANDLE, dfuse_stream_query(rt, s, &done));
     MISUSE(INVALID_HANDLE, dfuse_event_destroy(rt, e));
     MISUSE(INVALID_HANDLE, dfuse_event_query(rt, e, &done));
     MISUSE(INVALID_ARGUMENT, dfuse_stream_destroy(rt, 0)); /* the default stream */
@@ -336,7 +352,7 @@ static void bad_enums_and_attrs(DfuseRuntime *rt) {
     DfuseAttrs a = attrs(0);
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, 16, &a, in, 1, 0, &h));
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, 0xFFFFFFFFu, &a, in, 1, 0, &h));
-    a.sub_op = 28;
+    a.sub_op = DFUSE_UNARY_OP_ATANH + 1;
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, DFUSE_OP_KIND_UNARY, &a, in, 1, 0, &h));
     a.sub_op = 23;
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, DFUSE_OP_KIND_BINARY, &a, in, 2, 0, &h));
