@@ -160,22 +160,22 @@ def test_a_graph_break_runs_both_pieces_through_the_backend():
     assert counter.frame_count == 2
 
 
-def sinh_model(x):
-    # aten::sinh has no tpu kernel: eager runs it on the CPU fallback.
-    return torch.sinh(x * 2).sum()
+def erfinv_model(x):
+    # aten::erfinv has no tpu kernel: eager runs it on the CPU fallback.
+    return torch.erfinv(x * 0.5).sum()
 
 
 def test_fullgraph_with_an_op_on_the_cpu_fallback_raises_naming_the_op():
-    compiled = torch.compile(sinh_model, backend="tpu", fullgraph=True)
-    with pytest.raises(Exception, match=r"aten::sinh with no tpu kernel.*CPU fallback"):
+    compiled = torch.compile(erfinv_model, backend="tpu", fullgraph=True)
+    with pytest.raises(Exception, match=r"aten::erfinv with no tpu kernel.*CPU fallback"):
         compiled(torch.randn(4).to("tpu"))
 
 
 def test_without_fullgraph_an_op_on_the_cpu_fallback_runs_there():
-    x = torch.randn(4)
-    got = torch.compile(sinh_model, backend="tpu")(x.to("tpu"))
-    torch.testing.assert_close(got.cpu(), sinh_model(x), rtol=RTOL, atol=ATOL)
-    assert deferfuse_torch.fallback_counts() == {"aten::sinh.out": 1}
+    x = torch.rand(4) * 1.8 - 0.9  # erfinv's domain, after the * 0.5
+    got = torch.compile(erfinv_model, backend="tpu")(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), erfinv_model(x), rtol=RTOL, atol=ATOL)
+    assert deferfuse_torch.fallback_counts() == {"aten::erfinv.out": 1}
 
 
 def test_plain_torch_compile_on_tpu_tensors_says_to_pass_backend_tpu():
