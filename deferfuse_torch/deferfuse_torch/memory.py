@@ -21,13 +21,14 @@ _COUNTER_NAMES = [
 ]
 
 
-def _check(device):
+def _check(device, what="tpu memory queries"):
+    """Refuses a device other than tpu:0 (None means the current one), naming `what`."""
     if device is None:
         return
     dev = torch.device(device) if isinstance(device, (str, torch.device)) else \
         torch.device("tpu", device)
     if dev.type != "tpu" or dev.index not in (None, 0):
-        raise ValueError(f"tpu memory queries: expected the tpu device (index 0), got {dev}")
+        raise ValueError(f"{what}: expected the tpu device (index 0), got {dev}")
 
 
 def memory_stats(device=None) -> dict:

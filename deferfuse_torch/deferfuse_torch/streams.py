@@ -14,14 +14,11 @@ import contextlib
 
 import torch
 
+from .memory import _check as _check_device
+
 
 def _check(device):
-    if device is None:
-        return
-    dev = torch.device(device) if isinstance(device, (str, torch.device)) else \
-        torch.device("tpu", device)
-    if dev.type != "tpu" or dev.index not in (None, 0):
-        raise ValueError(f"tpu streams: expected the tpu device (index 0), got {dev}")
+    _check_device(device, "tpu streams")
 
 
 class Stream(torch.Stream):
