@@ -59,8 +59,12 @@ def test_trace_of_a_training_step_is_chrome_json_with_its_events_in_stream_order
     assert all(p["args"]["hit"] for p in spans(trace, "plan")), "a steady step reuses its plans"
     runs = spans(trace, "run")
     assert len(runs) >= 5
-    for a, b in zip(runs, runs[1:]):
-        assert b["ts"] >= a["ts"] + a["dur"], "one stream runs one program at a time"
+    # Independent regions of one wave may run side by side on CPU worker tracks; each track
+    # (the stream's own, or one worker's) still runs one program at a time.
+    for tid in {r["tid"] for r in runs}:
+        track = [r for r in runs if r["tid"] == tid]
+        for a, b in zip(track, track[1:]):
+            assert b["ts"] >= a["ts"] + a["dur"], "one track runs one program at a time"
     assert runs[0]["ts"] >= flushes[0]["ts"], "a program runs after the flush that planned it"
     assert any(r["name"].startswith("matmul") for r in runs)
     marks = [e for e in trace["traceEvents"] if e.get("cat") == "mark"]
