@@ -3,6 +3,7 @@
 
 mod block_math;
 mod codegen;
+mod columns;
 mod helpers;
 mod lanes;
 mod matmul;
@@ -169,6 +170,7 @@ impl CpuBackend {
                 None
             },
             stash: plan.slots,
+            columns: None,
         })
     }
 }
@@ -188,7 +190,14 @@ impl Backend for CpuBackend {
 
     fn compile(&self, region: &Region) -> Result<Arc<dyn Program>> {
         Ok(match region {
-            Region::Loop(l) => Arc::new(self.compile_loop(l)?),
+            Region::Loop(l) => {
+                let mut program = self.compile_loop(l)?;
+                if let Some((v, gathered)) = columns::variant(l) {
+                    let kernel = columns::ColumnKernel::new(self.compile_loop(&v)?, gathered);
+                    program.columns = Some(Box::new(kernel));
+                }
+                Arc::new(program)
+            }
             Region::Matmul { dtype, epilogue } => Arc::new(MatmulProgram {
                 dtype: *dtype,
                 epilogue: match epilogue {
@@ -229,6 +238,8 @@ struct LoopProgram {
     stash: Vec<DType>,
     /// Elements per scratch row when the loop runs block by block (else a row's length).
     stash_rows: Option<usize>,
+    /// For a reduction over leading dims, the kernel that takes its rows gathered.
+    columns: Option<Box<columns::ColumnKernel>>,
 }
 
 // SAFETY: after finalization the module's code is immutable; it is only freed on drop.
@@ -285,6 +296,11 @@ impl Program for LoopProgram {
             .zip(&elem)
             .map(|((t, &b), &es)| b.offset(t.layout.offset as isize * es) as usize)
             .collect();
+        if let Some(c) = &self.columns {
+            if c.applies(iter, &elem) {
+                return c.run(binding, iter, &starts, &strides, &elem);
+            }
+        }
         let outer_dims = r - 2;
         let walked: usize = iter.sizes[..outer_dims].iter().product();
         let call = |at: &dyn Fn(usize) -> isize, rows: usize, len: usize| {

@@ -1,0 +1,163 @@
+//! Reductions over leading dims (a bias gradient's `g.sum(0)`, layernorm's weight gradient)
+//! run on gathered rows (`backend/cpu/columns.rs`): they must give the bits of the same
+//! reduction over a contiguous transposed copy, whose rows the kernel reads directly.
+
+mod common;
+
+use common::lanes::{download, runtime, t};
+use deferfuse_fusion::ir::{BinaryOp, Op, ReduceOp};
+use deferfuse_runtime::{Handle, Runtime};
+
+/// Pseudo-random values in [-1, 1) with a few orders of magnitude, so summation order shows.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|i| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
+            (2.0 * u - 1.0) * [1.0, 1e-3, 1e3][i % 3]
+        })
+        .collect()
+}
+
+/// `xs` (row-major `sizes`) with its dims permuted by `perm`, as a new row-major array.
+fn permuted(xs: &[f32], sizes: &[usize], perm: &[usize]) -> Vec<f32> {
+    let out_sizes: Vec<usize> = perm.iter().map(|&p| sizes[p]).collect();
+    let mut strides = vec![1; sizes.len()];
+    for d in (0..sizes.len() - 1).rev() {
+        strides[d] = strides[d + 1] * sizes[d + 1];
+    }
+    let mut out = Vec::with_capacity(xs.len());
+    let mut idx = vec![0; sizes.len()];
+    for _ in 0..xs.len() {
+        let at: usize = (0..sizes.len()).map(|d| idx[d] * strides[perm[d]]).sum();
+        out.push(xs[at]);
+        for d in (0..sizes.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < out_sizes[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    out
+}
+
+fn tensor(rt: &Runtime, xs: &[f32], sizes: &[usize]) -> Handle {
+    let bytes: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
+    rt.from_host(&bytes, deferfuse_fusion::ir::DType::F32, sizes)
+        .unwrap()
+}
+
+fn reduce(rt: &Runtime, op: ReduceOp, x: Handle, dims: &[usize]) -> Handle {
+    let op = Op::Reduce {
+        op,
+        dims: dims.iter().copied().collect(),
+        keepdim: false,
+    };
+    rt.op(0, op, &[t(x)], None).unwrap()
+}
+
+fn bits(xs: &[f32]) -> Vec<u32> {
+    xs.iter().map(|x| x.to_bits()).collect()
+}
+
+/// `f` over `sizes` reducing `dims`, and over the copy whose reduced dims are innermost (and
+/// the kept dims first, in order), reducing those: the results must be the same bits.
+fn same_bits_as_over_rows(
+    sizes: &[usize],
+    dims: &[usize],
+    f: impl Fn(&Runtime, Handle, &[usize]) -> Handle,
+) {
+    let xs = values(sizes.iter().product(), 7);
+    let kept: Vec<usize> = (0..sizes.len()).filter(|d| !dims.contains(d)).collect();
+    let perm: Vec<usize> = kept.iter().chain(dims).copied().collect();
+    let t_sizes: Vec<usize> = perm.iter().map(|&p| sizes[p]).collect();
+    let t_dims: Vec<usize> = (kept.len()..sizes.len()).collect();
+    let n_out: usize = kept.iter().map(|&d| sizes[d]).product();
+    let rt = runtime();
+    let columns = f(&rt, tensor(&rt, &xs, sizes), dims);
+    let rows = f(
+        &rt,
+        tensor(&rt, &permuted(&xs, sizes, &perm), &t_sizes),
+        &t_dims,
+    );
+    let (a, b) = (
+        download::<f32>(&rt, columns, n_out),
+        download::<f32>(&rt, rows, n_out),
+    );
+    assert_eq!(bits(&a), bits(&b), "over columns {a:?}\nover rows {b:?}");
+}
+
+#[test]
+fn a_sum_over_the_first_dim_gives_the_bits_of_the_sum_over_rows() {
+    same_bits_as_over_rows(&[1000, 70], &[0], |rt, x, d| {
+        reduce(rt, ReduceOp::Sum, x, d)
+    });
+}
+
+#[test]
+fn a_sum_over_two_leading_dims_gives_the_bits_of_the_sum_over_rows() {
+    same_bits_as_over_rows(&[8, 200, 24], &[0, 1], |rt, x, d| {
+        reduce(rt, ReduceOp::Sum, x, d)
+    });
+}
+
+#[test]
+fn a_sum_over_a_middle_dim_walks_the_outer_dim_and_gives_the_bits_of_the_sum_over_rows() {
+    same_bits_as_over_rows(&[6, 300, 20], &[1], |rt, x, d| {
+        reduce(rt, ReduceOp::Sum, x, d)
+    });
+}
+
+#[test]
+fn a_fused_product_then_mean_over_columns_gives_the_bits_over_rows() {
+    same_bits_as_over_rows(&[512, 130], &[0], |rt, x, d| {
+        let sq = rt
+            .op(0, Op::Binary(BinaryOp::Mul), &[t(x), t(x)], None)
+            .unwrap();
+        reduce(rt, ReduceOp::Mean, sq, d)
+    });
+}
+
+#[test]
+fn two_sums_of_one_input_over_columns_give_the_bits_over_rows() {
+    // Layernorm's weight and bias gradients: sum(g * xhat) and sum(g) over the tokens.
+    same_bits_as_over_rows(&[16, 64, 48], &[0, 1], |rt, x, d| {
+        let sq = rt
+            .op(0, Op::Binary(BinaryOp::Mul), &[t(x), t(x)], None)
+            .unwrap();
+        let (a, b) = (
+            reduce(rt, ReduceOp::Sum, sq, d),
+            reduce(rt, ReduceOp::Sum, x, d),
+        );
+        rt.op(0, Op::Binary(BinaryOp::Add), &[t(a), t(b)], None)
+            .unwrap()
+    });
+}
+
+#[test]
+fn an_amax_over_columns_gives_the_bits_over_rows() {
+    same_bits_as_over_rows(&[700, 33], &[0], |rt, x, d| {
+        reduce(rt, ReduceOp::Amax, x, d)
+    });
+}
+
+#[test]
+fn a_column_sum_is_the_sum_within_a_float_tolerance() {
+    let (r, c) = (2048, 40);
+    let xs = values(r * c, 3);
+    let rt = runtime();
+    let s = reduce(&rt, ReduceOp::Sum, tensor(&rt, &xs, &[r, c]), &[0]);
+    let got = download::<f32>(&rt, s, c);
+    for (j, g) in got.iter().enumerate() {
+        let want: f64 = (0..r).map(|i| xs[i * c + j] as f64).sum();
+        let scale: f64 = (0..r).map(|i| (xs[i * c + j] as f64).abs()).sum();
+        assert!(
+            ((*g as f64) - want).abs() <= 1e-5 * scale,
+            "column {j}: {g} vs {want}"
+        );
+    }
+}
