@@ -134,8 +134,13 @@ at::Tensor weights(const std::vector<double>& w, int64_t dim, int64_t rank, cons
   return t.to(like.scalar_type()).to(like.device());
 }
 
+// Half and bfloat16 are interpolated in float and rounded once, as PyTorch's CPU kernels do.
+bool reduced(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
 // Last dim first, as PyTorch's kernel interpolates the innermost dim inside the outer ones.
 at::Tensor interpolate(at::Tensor x, const std::vector<int64_t>& dims, const std::vector<Taps>& taps) {
+  auto dtype = x.scalar_type();
+  if (reduced(dtype)) x = x.to(at::kFloat);
   for (size_t k = dims.size(); k-- > 0;) {
     at::Tensor acc;
     for (size_t j = 0; j < taps[k].idx.size(); ++j) {
@@ -145,12 +150,14 @@ at::Tensor interpolate(at::Tensor x, const std::vector<int64_t>& dims, const std
     }
     x = acc;
   }
-  return x;
+  return x.to(dtype);
 }
 
 // The adjoint of interpolate: each output's gradient, weighted, added to its source elements.
 at::Tensor uninterpolate(at::Tensor g, at::IntArrayRef in_sizes, const std::vector<int64_t>& dims,
                          const std::vector<Taps>& taps) {
+  auto dtype = g.scalar_type();
+  if (reduced(dtype)) g = g.to(at::kFloat);
   for (size_t k = 0; k < dims.size(); ++k) {
     auto sizes = g.sizes().vec();
     sizes[dims[k]] = in_sizes[dims[k]];
@@ -160,7 +167,7 @@ at::Tensor uninterpolate(at::Tensor g, at::IntArrayRef in_sizes, const std::vect
     }
     g = acc;
   }
-  return g;
+  return g.to(dtype);
 }
 
 // PyTorch's area_pixel_compute_scale and area_pixel_compute_source_index (UpSample.h), in the

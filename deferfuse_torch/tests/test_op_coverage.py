@@ -272,6 +272,10 @@ RESAMPLE = [
          rn(1, 2, 3, 4, dtype=torch.float64)),
     case("upsample_bicubic", lambda x: F.interpolate(x, scale_factor=2, mode="bicubic"),
          rn(2, 3, 4, 5)),
+    # half is interpolated in float and rounded once, as on CPU: the same bits
+    *[case(f"upsample_{m}_half_in_float", lambda x, m=m: F.interpolate(x, scale_factor=2, mode=m),
+           rn(1, 2, 5, 6, dtype=torch.float16), atol=0, rtol=0, grad=False)
+      for m in ("bilinear", "bicubic")],
     case("upsample_bicubic_align_corners_size",
          lambda x: F.interpolate(x, size=(6, 9), mode="bicubic", align_corners=True),
          rn(1, 2, 4, 5)),
