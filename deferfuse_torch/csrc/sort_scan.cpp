@@ -198,7 +198,8 @@ at::Tensor log_add_exp(const at::Tensor& a, const at::Tensor& b) {
 }
 
 at::Tensor tpu_logcumsumexp(const at::Tensor& self, int64_t dim) {
-  if (self.dim() == 0) return self.clone();
+  // A scan with no step would hand back `self` itself: the result must be a new tensor.
+  if (self.dim() == 0 || self.size(at::maybe_wrap_dim(dim, self.dim())) <= 1) return self.clone();
   dim = at::maybe_wrap_dim(dim, self.dim());
   return doubling_scan({self}, dim, [](const ScanState& a, const ScanState& b) {
     return ScanState{log_add_exp(a[0], b[0])};

@@ -174,6 +174,9 @@ at::Tensor tpu_polygamma(int64_t n, const at::Tensor& self) {
 // In-place and out= forms write the functional result through the destination's handle; an
 // out= of another shape is resized as PyTorch resizes it (warning when it had elements).
 at::Tensor& into(const at::Tensor& value, at::Tensor& out) {
+  TORCH_CHECK(at::canCast(value.scalar_type(), out.scalar_type()), "result type ",
+              value.scalar_type(), " can't be cast to the desired output type ",
+              out.scalar_type());
   at::native::resize_output(out, value.sizes());
   run_into(DFUSE_OP_KIND_COPY, nullptr, Operands().t(cast(value, out.scalar_type())), out,
            "special function result");

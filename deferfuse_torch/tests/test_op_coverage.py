@@ -350,6 +350,20 @@ def test_op_matches_cpu_with_no_fallback(mode, c):
     assert compare(c) == {}, c.name
 
 
+def test_logcumsumexp_over_a_length_one_dim_is_a_new_tensor(mode):
+    x = torch.randn(3, 1).to("tpu")
+    y = torch.logcumsumexp(x, 1)
+    y.add_(1)
+    check(x, y.cpu() - 1)
+
+
+def test_special_function_in_place_on_an_integer_tensor_raises_as_on_cpu(mode):
+    for t in (torch.arange(3), torch.arange(3).to("tpu")):
+        with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired "
+                           "output type Long"):
+            t.lgamma_()
+
+
 class Random(NamedTuple):
     """A random op: draw(device) gives tensors; stats(tensors) asserts their distribution."""
     name: str
