@@ -38,8 +38,8 @@ at::Tensor tpu_searchsorted(const at::Tensor& sorted, const at::Tensor& self, bo
   auto seq = sorted;
   if (sorter && sorter->defined()) {
     TORCH_CHECK(sorter->sizes().equals(sorted.sizes()), op, ": boundary and sorter must have "
-                "the same size, but got boundary tensor ", sorted.sizes(), " and got sorter tensor ",
-                sorter->sizes());
+                "the same size, but got boundary tensor ", sorted.sizes(),
+                " and got sorter tensor ", sorter->sizes());
     seq = at::gather(sorted, -1, *sorter);
   }
   TORCH_CHECK(seq.dim() == 1 || (seq.dim() == self.dim() &&
@@ -89,7 +89,8 @@ at::Tensor tpu_histc(const at::Tensor& self, int64_t bins, const at::Scalar& min
   auto hist = at::zeros({bins}, self.options());
   if (self.numel() == 0) return hist;
   auto x = self.reshape({-1});
-  at::Tensor lo = at::scalar_tensor(lo_s, self.options()), hi = at::scalar_tensor(hi_s, self.options());
+  auto lo = at::scalar_tensor(lo_s, self.options());
+  auto hi = at::scalar_tensor(hi_s, self.options());
   if (lo_s == hi_s) {
     lo = x.min();
     hi = x.max();

@@ -127,7 +127,8 @@ struct Taps {
 };
 
 // The weights as a tensor of x's dtype shaped to broadcast along `dim` of a rank-`rank` tensor.
-at::Tensor weights(const std::vector<double>& w, int64_t dim, int64_t rank, const at::Tensor& like) {
+at::Tensor weights(const std::vector<double>& w, int64_t dim, int64_t rank,
+                   const at::Tensor& like) {
   std::vector<int64_t> shape(rank - dim, 1);
   shape[0] = int64_t(w.size());
   auto t = at::tensor(w, at::TensorOptions().dtype(at::kDouble)).view(shape);
@@ -138,7 +139,8 @@ at::Tensor weights(const std::vector<double>& w, int64_t dim, int64_t rank, cons
 bool reduced(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
 // Last dim first, as PyTorch's kernel interpolates the innermost dim inside the outer ones.
-at::Tensor interpolate(at::Tensor x, const std::vector<int64_t>& dims, const std::vector<Taps>& taps) {
+at::Tensor interpolate(at::Tensor x, const std::vector<int64_t>& dims,
+                       const std::vector<Taps>& taps) {
   auto dtype = x.scalar_type();
   if (reduced(dtype)) x = x.to(at::kFloat);
   for (size_t k = dims.size(); k-- > 0;) {
@@ -163,7 +165,8 @@ at::Tensor uninterpolate(at::Tensor g, at::IntArrayRef in_sizes, const std::vect
     sizes[dims[k]] = in_sizes[dims[k]];
     auto acc = at::zeros(sizes, g.options());
     for (size_t j = 0; j < taps[k].idx.size(); ++j) {
-      acc.index_add_(dims[k], upload(taps[k].idx[j], g), g * weights(taps[k].w[j], dims[k], g.dim(), g));
+      auto w = weights(taps[k].w[j], dims[k], g.dim(), g);
+      acc.index_add_(dims[k], upload(taps[k].idx[j], g), g * w);
     }
     g = acc;
   }
@@ -221,7 +224,8 @@ std::array<V, 4> cubic_weights(const V& t) {
 
 template <typename T>
 Taps cubic_taps(int64_t in, int64_t out, bool align_corners, std::optional<double> scale) {
-  Taps t{std::vector<Table>(4, Table(out)), std::vector<std::vector<double>>(4, std::vector<double>(out))};
+  Taps t{std::vector<Table>(4, Table(out)),
+         std::vector<std::vector<double>>(4, std::vector<double>(out))};
   T s = source_scale<T>(in, out, align_corners, scale);
   for (int64_t o = 0; o < out; ++o) {
     auto [i, l] = floor_and_fraction<T>(source_index<T>(s, o, align_corners, true), in);
@@ -250,7 +254,8 @@ std::vector<Taps> all_taps(at::IntArrayRef in, const std::vector<int64_t>& out, 
   return t;
 }
 
-void check_resize(const char* op, const at::Tensor& x, int64_t rank, const std::vector<int64_t>& out) {
+void check_resize(const char* op, const at::Tensor& x, int64_t rank,
+                  const std::vector<int64_t>& out) {
   TORCH_CHECK(x.dim() == rank, op, ": expected a ", rank, "-D input (batch, channels, spatial), "
               "got a ", x.dim(), "-D one of shape ", x.sizes());
   TORCH_CHECK(x.is_floating_point(), op, ": expected a floating input, got ", x.scalar_type());

@@ -1,6 +1,7 @@
 // Sorting, scans and the ops built on them: sort, topk, median, kthvalue, cumsum, cumprod,
-// cummax, cummin, logcumsumexp, unique; and small creation/reduction ops with no better home: count_nonzero, var_mean,
-// linspace, eye. Sorting is the runtime's stable argsort plus a gather of the values.
+// cummax, cummin, logcumsumexp, unique; and small creation/reduction ops with no better home:
+// count_nonzero, var_mean, linspace, eye. Sorting is the runtime's stable argsort plus a gather
+// of the values.
 #include "kernel_ops.h"
 
 #include <ATen/WrapDimUtils.h>
@@ -165,7 +166,9 @@ ScanState doubling_scan(ScanState x, int64_t dim, Combine combine) {
       later.push_back(t.narrow(dim, shift, n - shift));
     }
     auto merged = combine(earlier, later);
-    for (size_t k = 0; k < x.size(); ++k) x[k] = at::cat({x[k].narrow(dim, 0, shift), merged[k]}, dim);
+    for (size_t k = 0; k < x.size(); ++k) {
+      x[k] = at::cat({x[k].narrow(dim, 0, shift), merged[k]}, dim);
+    }
   }
   return x;
 }
@@ -178,7 +181,9 @@ void cummaxmin_helper(const at::Tensor& self, at::Tensor& values, at::Tensor& in
   dim = at::maybe_wrap_dim(dim, self.dim());
   std::vector<int64_t> shape(self.dim(), 1);
   shape[dim] = self.size(dim);
-  auto pos = at::arange(self.size(dim), self.options().dtype(at::kLong)).view(shape).expand(self.sizes());
+  auto pos = at::arange(self.size(dim), self.options().dtype(at::kLong))
+                 .view(shape)
+                 .expand(self.sizes());
   bool floating = self.is_floating_point();
   auto r = doubling_scan({self, pos}, dim, [&](const ScanState& a, const ScanState& b) {
     auto take = MAX ? b[0].ge(a[0]) : b[0].le(a[0]);
