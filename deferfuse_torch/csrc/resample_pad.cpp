@@ -332,7 +332,9 @@ at::Tensor grid_pad(at::Tensor x, int64_t size, int64_t padding, bool align_corn
 at::Tensor grid_read(const at::Tensor& input, const at::Tensor& xs, const at::Tensor& ys) {
   int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   auto inside = xs.ge(0).logical_and(xs.le(W - 1)).logical_and(ys.ge(0)).logical_and(ys.le(H - 1));
-  auto flat = (at::clamp(ys, 0, H - 1) * W + at::clamp(xs, 0, W - 1)).to(at::kLong);
+  // Outside (NaN included) reads element 0 and is then zeroed: no index out of range is formed.
+  auto zero = at::zeros({}, xs.options());
+  auto flat = at::where(inside, ys * W + xs, zero).to(at::kLong);
   auto idx = flat.reshape({N, 1, -1}).expand({N, C, flat.numel() / std::max<int64_t>(N, 1)});
   auto v = at::gather(input.reshape({N, C, H * W}), 2, idx).view({N, C, xs.size(1), xs.size(2)});
   return at::where(inside.unsqueeze(1), v, at::zeros({}, v.options()));
