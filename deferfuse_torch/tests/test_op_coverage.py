@@ -289,6 +289,8 @@ RESAMPLE = [
            else (0,))
       for m in ("bilinear", "nearest", "bicubic") for p in ("zeros", "border", "reflection")
       for a in (False, True)],
+    case("grid_sample_nan_reads_zero", lambda x, g: F.grid_sample(x, g, align_corners=False),
+         rn(1, 2, 3, 3), torch.tensor([[[[math.nan, 0.2], [0.1, -0.3]]]]), grad=False),
 ]
 
 SCANS = [
