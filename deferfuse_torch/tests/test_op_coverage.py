@@ -342,8 +342,22 @@ BUCKETING = [
          ri(0, 6, 20), rn(20), grad=False),  # bincount has no derivative, on CPU either
 ]
 
+# Beyond the list: ops the op survey found on the fallback that model code uses (EMA
+# updates, attention scores, shifted windows).
+FROM_THE_SURVEY = [
+    case("lerp_tensor_weight", torch.lerp, rn(4, 5), rn(4, 5), torch.rand(4, 5, generator=_gen)),
+    case("lerp_tensor_weight_in_place", lambda a, b, w: a.clone().lerp_(b, w), rn(6), rn(6),
+         rn(6)),
+    case("baddbmm", lambda s, a, b: torch.baddbmm(s, a, b, beta=0.5, alpha=2.0), rn(2, 3, 4),
+         rn(2, 3, 5), rn(2, 5, 4), atol=2e-5),
+    case("baddbmm_beta_zero_ignores_nan", lambda s, a, b: torch.baddbmm(s, a, b, beta=0),
+         torch.full((1, 3, 4), math.nan), rn(2, 3, 5), rn(2, 5, 4), atol=2e-5, grad=(1, 2)),
+    case("roll", lambda x: torch.roll(x, (2, -1), (0, 2)), rn(4, 3, 5)),
+    case("roll_flat", lambda x: torch.roll(x, 7), rn(3, 4)),
+]
+
 CASES = INDEXING + REDUCTIONS + ELEMENTWISE + CONV_POOL_NORM + LOSSES + RESAMPLE + SCANS + \
-    SPECIAL + BUCKETING
+    SPECIAL + BUCKETING + FROM_THE_SURVEY
 
 
 
