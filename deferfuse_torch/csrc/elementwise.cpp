@@ -145,6 +145,16 @@ at::Tensor lerp_value(const at::Tensor& self, const at::Tensor& end, const at::S
   return b<DFUSE_BINARY_OP_SUB>(end, binary(diff, at::Scalar(1.0 - wd), DFUSE_BINARY_OP_MUL));
 }
 
+// The same per element for a tensor weight: the formula is chosen by each weight.
+at::Tensor lerp_tensor(const at::Tensor& self, const at::Tensor& end, const at::Tensor& w) {
+  auto diff = end - self;
+  return at::where(w.abs().lt(0.5), self + w * diff, end - diff * (1 - w));
+}
+
+at::Tensor& lerp_tensor_(at::Tensor& self, const at::Tensor& end, const at::Tensor& w) {
+  return self.copy_(lerp_tensor(self, end, w));
+}
+
 at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar& w) {
   return lerp_value(self, end, w);
 }
@@ -252,6 +262,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("clamp_max_", TORCH_FN(dft::clamp_max_));
   m.impl("lerp.Scalar", TORCH_FN(dft::lerp));
   m.impl("lerp_.Scalar", TORCH_FN(dft::lerp_));
+  m.impl("lerp.Tensor", TORCH_FN(dft::lerp_tensor));
+  m.impl("lerp_.Tensor", TORCH_FN(dft::lerp_tensor_));
   m.impl("addcmul", TORCH_FN(dft::addcmul));
   m.impl("addcmul_", TORCH_FN(dft::addcmul_));
   m.impl("addcdiv", TORCH_FN(dft::addcdiv));

@@ -266,6 +266,31 @@ at::Tensor tpu_flip(const at::Tensor& self, at::IntArrayRef dims) {
   return r.is_same(self) ? self.clone() : r;
 }
 
+// roll: per rolled dim an index_select of (i - shift) mod n, like flip; with no dims the
+// flattened tensor is rolled and viewed back (its backward rolls the gradient back).
+at::Tensor tpu_roll(const at::Tensor& self, c10::SymIntArrayRef shifts_, at::IntArrayRef dims) {
+  std::vector<int64_t> shifts;
+  for (const auto& s : shifts_) shifts.push_back(s.expect_int());
+  if (dims.empty()) {
+    TORCH_CHECK(shifts.size() == 1, "roll: shifts must have one element when dims is empty, got ",
+                shifts.size());
+    return tpu_roll(self.reshape({-1}), shifts_, {0}).view(self.sizes());
+  }
+  TORCH_CHECK(shifts.size() == dims.size(), "shifts and dimensions must align. shifts: ",
+              shifts.size(), ", dims:", dims.size());
+  at::Tensor r = self;
+  for (size_t k = 0; k < dims.size(); ++k) {
+    int64_t d = at::maybe_wrap_dim(dims[k], self.dim());
+    int64_t n = self.size(d);
+    if (n == 0) continue;
+    int64_t s = ((shifts[k] % n) + n) % n;
+    auto opts = at::TensorOptions().dtype(at::kLong).device(self.device());
+    auto src = at::remainder(at::arange(n, opts) + (n - s), n);
+    r = tpu_index_select(r, d, src);
+  }
+  return r.is_same(self) ? self.clone() : r;
+}
+
 // Advanced indexing, in the form both x[indices] and x[indices] = v use: the indexed dims moved
 // to the front and flattened into one, the index tensors (broadcast) combined into one linear
 // index into that dim, and where the indexed dims go in the result.
@@ -436,6 +461,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("masked_select", TORCH_FN(dft::tpu_masked_select));
   m.impl("masked_scatter_", TORCH_FN(dft::masked_scatter_));
   m.impl("flip", TORCH_FN(dft::tpu_flip));
+  m.impl("roll", TORCH_FN(dft::tpu_roll));
   m.impl("index.Tensor", TORCH_FN(dft::index_tensor));
   m.impl("_index_put_impl_", TORCH_FN(dft::index_put_));
   m.impl("isin.Tensor_Tensor", TORCH_FN(dft::tpu_isin_tt));

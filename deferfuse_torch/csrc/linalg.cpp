@@ -1,6 +1,7 @@
-// Matrix products, cat and arange.
+// Matrix products (mm, bmm, mv, dot, addmm, baddbmm), cat and arange.
 #include "common.h"
 
+#include <ATen/ExpandUtils.h>
 #include <torch/library.h>
 
 namespace dft {
@@ -48,6 +49,16 @@ at::Tensor& addmm_(at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2,
   return self;
 }
 
+// baddbmm: beta * self + alpha * bmm(batch1, batch2); beta = 0 ignores self (NaN included), as
+// PyTorch documents.
+at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& b1, const at::Tensor& b2,
+                   const at::Scalar& beta, const at::Scalar& alpha) {
+  auto p = dft::bmm(b1, b2);  // qualified: at::bmm is found by ADL too
+  if (!alpha.equal(1)) p = p * alpha;
+  if (beta.equal(0)) return p.expand(at::infer_size(self.sizes(), p.sizes())).clone();
+  return (beta.equal(1) ? self : self * beta) + p;
+}
+
 at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
   Operands o;
   size_t n = 0;
@@ -85,6 +96,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("dot", TORCH_FN(dft::dot));
   m.impl("addmm", TORCH_FN(dft::addmm));
   m.impl("addmm_", TORCH_FN(dft::addmm_));
+  m.impl("baddbmm", TORCH_FN(dft::baddbmm));
   m.impl("cat", TORCH_FN(dft::cat));
   m.impl("arange.start_out", TORCH_FN(dft::arange_out));
 }

@@ -235,6 +235,36 @@ at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> gen, at::Tensor
   return out;
 }
 
+// multinomial as PyTorch draws it, on the device's numbers: with replacement, each sample is
+// the insertion point of a uniform number in the normalised cumulative distribution (a
+// zero-probability category is never chosen); without, the k largest of p / q for exponential
+// q (CPU's exponential-race trick). CPU's checks of the probabilities' values (non-negative,
+// finite, not all zero) would each need a sync; they are not made.
+at::Tensor multinomial(const at::Tensor& self, c10::SymInt num_samples, bool replacement,
+                       std::optional<at::Generator> gen) {
+  int64_t k = num_samples.expect_int();
+  TORCH_CHECK(self.dim() == 1 || self.dim() == 2, "prob_dist must be 1 or 2 dim, got ",
+              self.dim());
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "multinomial only supports floating-point "
+              "dtypes for input, got: ", self.scalar_type());
+  TORCH_CHECK(k > 0, "cannot sample n_sample <= 0 samples");
+  int64_t n = self.size(-1);
+  TORCH_CHECK(replacement || k <= n, "cannot sample n_sample > prob_dist.size(-1) samples "
+              "without replacement");
+  auto p = self.dim() == 1 ? self.unsqueeze(0) : self;
+  at::Tensor idx;
+  if (replacement) {
+    auto cdf = at::cumsum(p, -1, at::kDouble);
+    cdf = cdf / cdf.narrow(-1, n - 1, 1);
+    auto u = draw({p.size(0), k}, at::kDouble, Dist::Uniform, gen);
+    idx = at::clamp_max(at::searchsorted(cdf, u, false, true), n - 1);
+  } else {
+    auto q = at::log1p(-draw(p.sizes(), at::kDouble, Dist::Uniform, gen)).neg();
+    idx = std::get<1>(at::topk(p.to(at::kDouble) / q, k, -1));
+  }
+  return self.dim() == 1 ? idx.squeeze(0) : idx;
+}
+
 // The default generator's controls for torch.tpu.manual_seed / seed / initial_seed /
 // get_rng_state / set_rng_state (Python reaches them as torch.ops.deferfuse.*).
 TpuGeneratorImpl* default_impl() {
@@ -294,5 +324,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("bernoulli", TORCH_FN(dft::bernoulli));
   m.impl("native_dropout", TORCH_FN(dft::native_dropout));
   m.impl("native_dropout_backward", TORCH_FN(dft::native_dropout_backward));
+  m.impl("multinomial", TORCH_FN(dft::multinomial));
   m.impl("randperm.generator_out", TORCH_FN(dft::randperm_out));
 }

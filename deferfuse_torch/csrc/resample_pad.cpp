@@ -1,12 +1,17 @@
-// Nearest upsampling (1-D, 2-D; "nearest" and "nearest-exact") and reflect/replicate padding
-// (1-D, 2-D), forward and backward. Each is an index_select per resized dim with a source-index
-// table computed on the host from the shapes alone (as PyTorch's CPU kernels compute it), and
-// each backward is an index_add per dim with the same tables, so both run on the device.
+// Upsampling (nearest and nearest-exact 1-D/2-D, linear 1-D, bilinear and bicubic 2-D) and
+// reflect/replicate padding (1-D, 2-D), forward and backward. Each is separable: per resized dim
+// an index_select (or, for linear and cubic, a weighted sum of two or four index_selects) with
+// source-index and weight tables computed on the host from the shapes alone (as PyTorch's CPU
+// kernels compute them), and each backward is the adjoint: index_adds per dim with the same
+// tables, so both run on the device.
 #include "kernel_ops.h"
 
 #include <torch/library.h>
 
+#include <array>
 #include <cmath>
+#include <optional>
+#include <utility>
 
 namespace dft {
 namespace {
@@ -114,6 +119,274 @@ at::Tensor upsample_nearest1d_backward(const at::Tensor& g, c10::SymIntArrayRef 
   return unpick(g, i, last_dims(g.dim(), 1), nearest_tables(i, o, {s}, false));
 }
 
+// One resized dim of a linear or cubic interpolation: output i is sum_k w[k][i] * x[idx[k][i]]
+// (k over the two or four taps), in PyTorch's order of summation.
+struct Taps {
+  std::vector<Table> idx;
+  std::vector<std::vector<double>> w;
+};
+
+// The weights as a tensor of x's dtype shaped to broadcast along `dim` of a rank-`rank` tensor.
+at::Tensor weights(const std::vector<double>& w, int64_t dim, int64_t rank,
+                   const at::Tensor& like) {
+  std::vector<int64_t> shape(rank - dim, 1);
+  shape[0] = int64_t(w.size());
+  auto t = at::tensor(w, at::TensorOptions().dtype(at::kDouble)).view(shape);
+  return t.to(like.scalar_type()).to(like.device());
+}
+
+// Half and bfloat16 are interpolated in float and rounded once, as PyTorch's CPU kernels do.
+bool reduced(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+// Last dim first, as PyTorch's kernel interpolates the innermost dim inside the outer ones.
+at::Tensor interpolate(at::Tensor x, const std::vector<int64_t>& dims,
+                       const std::vector<Taps>& taps) {
+  auto dtype = x.scalar_type();
+  if (reduced(dtype)) x = x.to(at::kFloat);
+  for (size_t k = dims.size(); k-- > 0;) {
+    at::Tensor acc;
+    for (size_t j = 0; j < taps[k].idx.size(); ++j) {
+      auto term = at::index_select(x, dims[k], upload(taps[k].idx[j], x)) *
+                  weights(taps[k].w[j], dims[k], x.dim(), x);
+      acc = j == 0 ? term : acc + term;
+    }
+    x = acc;
+  }
+  return x.to(dtype);
+}
+
+// The adjoint of interpolate: each output's gradient, weighted, added to its source elements.
+at::Tensor uninterpolate(at::Tensor g, at::IntArrayRef in_sizes, const std::vector<int64_t>& dims,
+                         const std::vector<Taps>& taps) {
+  auto dtype = g.scalar_type();
+  if (reduced(dtype)) g = g.to(at::kFloat);
+  for (size_t k = 0; k < dims.size(); ++k) {
+    auto sizes = g.sizes().vec();
+    sizes[dims[k]] = in_sizes[dims[k]];
+    auto acc = at::zeros(sizes, g.options());
+    for (size_t j = 0; j < taps[k].idx.size(); ++j) {
+      auto w = weights(taps[k].w[j], dims[k], g.dim(), g);
+      acc.index_add_(dims[k], upload(taps[k].idx[j], g), g * w);
+    }
+    g = acc;
+  }
+  return g.to(dtype);
+}
+
+// PyTorch's area_pixel_compute_scale and area_pixel_compute_source_index (UpSample.h), in the
+// kernel's opmath type T (float for float inputs, double for double).
+template <typename T>
+T source_scale(int64_t in, int64_t out, bool align_corners, std::optional<double> scale) {
+  if (align_corners) return out > 1 ? T(in - 1) / T(out - 1) : T(0);
+  return (scale && *scale > 0) ? T(1.0 / *scale) : T(in) / T(out);
+}
+
+template <typename T>
+T source_index(T scale, int64_t o, bool align_corners, bool cubic) {
+  if (align_corners) return scale * T(o);
+  T s = scale * (T(o) + T(0.5)) - T(0.5);
+  return (!cubic && s < T(0)) ? T(0) : s;
+}
+
+// PyTorch's guard_index_and_lambda: the tap below the source position and its fraction.
+template <typename T>
+std::pair<int64_t, T> floor_and_fraction(T real, int64_t in) {
+  int64_t i = std::min(int64_t(std::floor(real)), in - 1);
+  return {i, std::min(std::max(real - T(i), T(0)), T(1))};
+}
+
+template <typename T>
+Taps linear_taps(int64_t in, int64_t out, bool align_corners, std::optional<double> scale) {
+  Taps t{{Table(out), Table(out)}, {std::vector<double>(out), std::vector<double>(out)}};
+  T s = source_scale<T>(in, out, align_corners, scale);
+  for (int64_t o = 0; o < out; ++o) {
+    auto [i, l1] = floor_and_fraction<T>(source_index<T>(s, o, align_corners, false), in);
+    t.idx[0][o] = i;
+    t.idx[1][o] = i + (i < in - 1 ? 1 : 0);
+    t.w[0][o] = double(T(1) - l1);
+    t.w[1][o] = double(l1);
+  }
+  return t;
+}
+
+// Keys' cubic convolution with A = -0.75 (PyTorch's get_cubic_upsample_coefficients); taps
+// outside the input read its edge element.
+// The four tap weights at fraction t, for a host scalar (S = float or double) or a tensor of
+// fractions (V = at::Tensor, S = double), with PyTorch's operation order.
+template <typename S, typename V>
+std::array<V, 4> cubic_weights(const V& t) {
+  const S A = S(-0.75);
+  auto near = [&](const V& x) { return ((A + S(2)) * x - (A + S(3))) * x * x + S(1); };
+  auto far = [&](const V& x) { return ((A * x - S(5) * A) * x + S(8) * A) * x - S(4) * A; };
+  V u = S(1) - t;
+  return {far(t + S(1)), near(t), near(u), far(u + S(1))};
+}
+
+template <typename T>
+Taps cubic_taps(int64_t in, int64_t out, bool align_corners, std::optional<double> scale) {
+  Taps t{std::vector<Table>(4, Table(out)),
+         std::vector<std::vector<double>>(4, std::vector<double>(out))};
+  T s = source_scale<T>(in, out, align_corners, scale);
+  for (int64_t o = 0; o < out; ++o) {
+    auto [i, l] = floor_and_fraction<T>(source_index<T>(s, o, align_corners, true), in);
+    auto w = cubic_weights<T, T>(l);
+    for (int k = 0; k < 4; ++k) {
+      t.idx[k][o] = std::min(std::max<int64_t>(i - 1 + k, 0), in - 1);
+      t.w[k][o] = double(w[k]);
+    }
+  }
+  return t;
+}
+
+// The taps of every resized (trailing) dim of `in` resized to `out`.
+std::vector<Taps> all_taps(at::IntArrayRef in, const std::vector<int64_t>& out, bool cubic,
+                           bool align_corners, std::vector<std::optional<double>> scales,
+                           at::ScalarType dtype) {
+  std::vector<Taps> t;
+  for (size_t k = 0; k < out.size(); ++k) {
+    int64_t n = in[in.size() - out.size() + k];
+    bool dbl = dtype == at::kDouble;
+    t.push_back(cubic ? (dbl ? cubic_taps<double>(n, out[k], align_corners, scales[k])
+                             : cubic_taps<float>(n, out[k], align_corners, scales[k]))
+                      : (dbl ? linear_taps<double>(n, out[k], align_corners, scales[k])
+                             : linear_taps<float>(n, out[k], align_corners, scales[k])));
+  }
+  return t;
+}
+
+void check_resize(const char* op, const at::Tensor& x, int64_t rank,
+                  const std::vector<int64_t>& out) {
+  TORCH_CHECK(x.dim() == rank, op, ": expected a ", rank, "-D input (batch, channels, spatial), "
+              "got a ", x.dim(), "-D one of shape ", x.sizes());
+  TORCH_CHECK(x.is_floating_point(), op, ": expected a floating input, got ", x.scalar_type());
+  for (auto o : out) TORCH_CHECK(o > 0, op, ": output sizes must be positive, got ", out);
+  for (int64_t d = 2; d < rank; ++d) {
+    TORCH_CHECK(x.size(d) > 0, op, ": input spatial sizes must be positive, got ", x.sizes());
+  }
+}
+
+template <bool CUBIC>
+at::Tensor up2d_smooth(const at::Tensor& x, c10::SymIntArrayRef out, bool align_corners,
+                       std::optional<double> sh, std::optional<double> sw) {
+  auto o = ints(out);
+  check_resize(CUBIC ? "upsample_bicubic2d" : "upsample_bilinear2d", x, 4, o);
+  return interpolate(x, last_dims(4, 2),
+                     all_taps(x.sizes(), o, CUBIC, align_corners, {sh, sw}, x.scalar_type()));
+}
+
+template <bool CUBIC>
+at::Tensor up2d_smooth_back(const at::Tensor& g, c10::SymIntArrayRef out, c10::SymIntArrayRef in,
+                            bool align_corners, std::optional<double> sh,
+                            std::optional<double> sw) {
+  auto i = ints(in), o = ints(out);
+  return uninterpolate(g, i, last_dims(4, 2),
+                       all_taps(i, o, CUBIC, align_corners, {sh, sw}, g.scalar_type()));
+}
+
+at::Tensor upsample_linear1d(const at::Tensor& x, c10::SymIntArrayRef out, bool align_corners,
+                             std::optional<double> s) {
+  auto o = ints(out);
+  check_resize("upsample_linear1d", x, 3, o);
+  return interpolate(x, last_dims(3, 1),
+                     all_taps(x.sizes(), o, false, align_corners, {s}, x.scalar_type()));
+}
+
+at::Tensor upsample_linear1d_backward(const at::Tensor& g, c10::SymIntArrayRef out,
+                                      c10::SymIntArrayRef in, bool align_corners,
+                                      std::optional<double> s) {
+  auto i = ints(in), o = ints(out);
+  return uninterpolate(g, i, last_dims(3, 1),
+                       all_taps(i, o, false, align_corners, {s}, g.scalar_type()));
+}
+
+// grid_sampler_2d (F.grid_sample on 4-D input): bilinear, nearest and bicubic; zeros, border
+// and reflection padding. Built from the device's elementwise ops and gather with PyTorch's
+// formulas (GridSamplerKernel.cpp), so it runs and fuses on the device. It is registered at the
+// autograd key as well: autograd differentiates through those ops (the input's gradient is the
+// gathers' scatter_add, the grid's comes from the weights), instead of calling
+// grid_sampler_2d_backward, which would need a second kernel of the same formulas.
+enum GridInterp : int64_t { kBilinear = 0, kNearest = 1, kBicubic = 2 };
+enum GridPadding : int64_t { kZeros = 0, kBorder = 1, kReflection = 2 };
+
+// Grid coordinate (-1 .. 1) to pixel position along a dim of `size`.
+at::Tensor grid_unnormalize(const at::Tensor& c, int64_t size, bool align_corners) {
+  return align_corners ? (c + 1) * (double(size - 1) / 2) : (c + 1) * (double(size) / 2) - 0.5;
+}
+
+// PyTorch's compute_coordinates: border clamps into the input, reflection mirrors around its
+// edges (the pixel centres with align_corners, else the pixel borders) and then clamps.
+at::Tensor grid_pad(at::Tensor x, int64_t size, int64_t padding, bool align_corners) {
+  if (padding == kZeros) return x;
+  if (padding == kReflection) {
+    double low = align_corners ? 0.0 : -0.5, span = align_corners ? double(size - 1) : double(size);
+    if (span <= 0) return at::zeros_like(x);
+    auto a = (x - low).abs();
+    auto extra = a - at::trunc(a / (2 * span)) * (2 * span);
+    x = at::minimum(extra, 2 * span - extra) + low;
+  }
+  return at::clamp(x, 0.0, double(size - 1));
+}
+
+// input (N, C, H, W) read at integer positions (xs, ys) of shape (N, Ho, Wo), as (N, C, Ho, Wo);
+// a position outside the input reads 0.
+at::Tensor grid_read(const at::Tensor& input, const at::Tensor& xs, const at::Tensor& ys) {
+  int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
+  auto inside = xs.ge(0).logical_and(xs.le(W - 1)).logical_and(ys.ge(0)).logical_and(ys.le(H - 1));
+  // Outside (NaN included) reads element 0 and is then zeroed: no index out of range is formed.
+  auto zero = at::zeros({}, xs.options());
+  auto flat = at::where(inside, ys * W + xs, zero).to(at::kLong);
+  auto idx = flat.reshape({N, 1, -1}).expand({N, C, flat.numel() / std::max<int64_t>(N, 1)});
+  auto v = at::gather(input.reshape({N, C, H * W}), 2, idx).view({N, C, xs.size(1), xs.size(2)});
+  return at::where(inside.unsqueeze(1), v, at::zeros({}, v.options()));
+}
+
+at::Tensor grid_sampler_2d(const at::Tensor& input, const at::Tensor& grid, int64_t interpolation,
+                           int64_t padding, bool align_corners) {
+  TORCH_CHECK(input.dim() == 4 && grid.dim() == 4 && grid.size(3) == 2,
+              "grid_sampler_2d: expected a 4-D input and a grid of shape (N, H_out, W_out, 2), got "
+              "input ", input.sizes(), " and grid ", grid.sizes());
+  TORCH_CHECK(input.size(0) == grid.size(0), "grid_sampler_2d: expected grid and input to have "
+              "the same batch size, got input ", input.sizes(), " and grid ", grid.sizes());
+  TORCH_CHECK(interpolation >= kBilinear && interpolation <= kBicubic,
+              "grid_sampler_2d: interpolation_mode must be 0 (bilinear), 1 (nearest) or 2 "
+              "(bicubic), got ", interpolation);
+  TORCH_CHECK(padding >= kZeros && padding <= kReflection, "grid_sampler_2d: padding_mode must "
+              "be 0 (zeros), 1 (border) or 2 (reflection), got ", padding);
+  int64_t H = input.size(2), W = input.size(3);
+  auto ix = grid_unnormalize(grid.select(3, 0), W, align_corners);
+  auto iy = grid_unnormalize(grid.select(3, 1), H, align_corners);
+  if (interpolation == kBicubic) {
+    // Each tap's integer position is padded on its own (its gradient is zero), as on CPU.
+    auto x0 = at::floor(ix), y0 = at::floor(iy);
+    auto wx = cubic_weights<double, at::Tensor>(ix - x0);
+    auto wy = cubic_weights<double, at::Tensor>(iy - y0);
+    at::Tensor out;
+    for (int i = 0; i < 4; ++i) {
+      auto y = grid_pad(y0 + (i - 1), H, padding, align_corners);
+      at::Tensor row;
+      for (int j = 0; j < 4; ++j) {
+        auto x = grid_pad(x0 + (j - 1), W, padding, align_corners);
+        auto term = grid_read(input, x, y) * wx[j].unsqueeze(1);
+        row = j == 0 ? term : row + term;
+      }
+      auto term = row * wy[i].unsqueeze(1);
+      out = i == 0 ? term : out + term;
+    }
+    return out;
+  }
+  ix = grid_pad(ix, W, padding, align_corners);
+  iy = grid_pad(iy, H, padding, align_corners);
+  if (interpolation == kNearest) return grid_read(input, at::round(ix), at::round(iy));
+  auto x0 = at::floor(ix), y0 = at::floor(iy);
+  auto tx = ix - x0, ty = iy - y0;  // the fractions towards the next pixel
+  auto ux = 1 - tx, uy = 1 - ty;
+  auto x1 = x0 + 1, y1 = y0 + 1;
+  return grid_read(input, x0, y0) * (uy * ux).unsqueeze(1) +
+         grid_read(input, x1, y0) * (uy * tx).unsqueeze(1) +
+         grid_read(input, x0, y1) * (ty * ux).unsqueeze(1) +
+         grid_read(input, x1, y1) * (ty * tx).unsqueeze(1);
+}
+
 // Source index of each padded position along one dim: reflect mirrors around the edge
 // elements, replicate repeats them.
 Table pad_table(int64_t in, int64_t before, int64_t after, bool reflect, const char* op) {
@@ -190,5 +463,17 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("reflection_pad2d_backward", TORCH_FN(dft::pad_backward<true>));
   m.impl("replication_pad1d_backward", TORCH_FN(dft::pad_backward<false>));
   m.impl("replication_pad2d_backward", TORCH_FN(dft::pad_backward<false>));
+  m.impl("upsample_bilinear2d", TORCH_FN(dft::up2d_smooth<false>));
+  m.impl("upsample_bilinear2d_backward", TORCH_FN(dft::up2d_smooth_back<false>));
+  m.impl("upsample_bicubic2d", TORCH_FN(dft::up2d_smooth<true>));
+  m.impl("upsample_bicubic2d_backward", TORCH_FN(dft::up2d_smooth_back<true>));
+  m.impl("upsample_linear1d", TORCH_FN(dft::upsample_linear1d));
+  m.impl("upsample_linear1d_backward", TORCH_FN(dft::upsample_linear1d_backward));
+  m.impl("grid_sampler_2d", TORCH_FN(dft::grid_sampler_2d));
   m.impl("xlogy.Tensor", TORCH_FN(dft::xlogy));
+}
+
+// grid_sampler_2d's gradient comes from autograd through its device ops (see above).
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("grid_sampler_2d", TORCH_FN(dft::grid_sampler_2d));
 }

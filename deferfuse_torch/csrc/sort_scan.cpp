@@ -1,6 +1,7 @@
 // Sorting, scans and the ops built on them: sort, topk, median, kthvalue, cumsum, cumprod,
-// unique; and small creation/reduction ops with no better home: count_nonzero, var_mean,
-// linspace, eye. Sorting is the runtime's stable argsort plus a gather of the values.
+// cummax, cummin, logcumsumexp, unique; and small creation/reduction ops with no better home:
+// count_nonzero, var_mean, linspace, eye. Sorting is the runtime's stable argsort plus a gather
+// of the values.
 #include "kernel_ops.h"
 
 #include <ATen/WrapDimUtils.h>
@@ -149,6 +150,67 @@ at::Tensor& cumprod_out(const at::Tensor& self, int64_t dim, std::optional<at::S
   return out;
 }
 
+// An inclusive scan along `dim` with an associative `combine(earlier, later)` the runtime's
+// scan lacks (max, min, log-add-exp), by doubling: after the step with shift s every element
+// holds the combination of the 2s elements ending at it; log2(n) steps of elementwise ops,
+// which fuse in defer mode. State is a list of tensors scanned together (values, indices).
+using ScanState = std::vector<at::Tensor>;
+
+template <typename Combine>
+ScanState doubling_scan(ScanState x, int64_t dim, Combine combine) {
+  int64_t n = x[0].size(dim);
+  for (int64_t shift = 1; shift < n; shift *= 2) {
+    ScanState earlier, later;
+    for (auto& t : x) {
+      earlier.push_back(t.narrow(dim, 0, n - shift));
+      later.push_back(t.narrow(dim, shift, n - shift));
+    }
+    auto merged = combine(earlier, later);
+    for (size_t k = 0; k < x.size(); ++k) {
+      x[k] = at::cat({x[k].narrow(dim, 0, shift), merged[k]}, dim);
+    }
+  }
+  return x;
+}
+
+// cummax/cummin as on CPU: the later element wins ties (its index is kept), and a NaN, once
+// seen, stays (with the index of the last NaN).
+template <bool MAX>
+void cummaxmin_helper(const at::Tensor& self, at::Tensor& values, at::Tensor& indices,
+                      int64_t dim) {
+  dim = at::maybe_wrap_dim(dim, self.dim());
+  std::vector<int64_t> shape(self.dim(), 1);
+  shape[dim] = self.size(dim);
+  auto pos = at::arange(self.size(dim), self.options().dtype(at::kLong))
+                 .view(shape)
+                 .expand(self.sizes());
+  bool floating = self.is_floating_point();
+  auto r = doubling_scan({self, pos}, dim, [&](const ScanState& a, const ScanState& b) {
+    auto take = MAX ? b[0].ge(a[0]) : b[0].le(a[0]);
+    if (floating) take = b[0].isnan().logical_or(take.logical_and(a[0].isnan().logical_not()));
+    return ScanState{at::where(take, b[0], a[0]), at::where(take, b[1], a[1])};
+  });
+  assign(values, r[0]);
+  assign(indices, r[1]);
+}
+
+// log(exp(a) + exp(b)) as CPU's _log_add_exp_helper: max + log1p(exp(min - max)), except two
+// equal infinities, which stay themselves.
+at::Tensor log_add_exp(const at::Tensor& a, const at::Tensor& b) {
+  auto lo = at::minimum(a, b), hi = at::maximum(a, b);
+  auto r = hi + at::log1p(at::exp(lo - hi));
+  return at::where(lo.eq(hi).logical_and(lo.isinf()), a, r);
+}
+
+at::Tensor tpu_logcumsumexp(const at::Tensor& self, int64_t dim) {
+  // A scan with no step would hand back `self` itself: the result must be a new tensor.
+  if (self.dim() == 0 || self.size(at::maybe_wrap_dim(dim, self.dim())) <= 1) return self.clone();
+  dim = at::maybe_wrap_dim(dim, self.dim());
+  return doubling_scan({self}, dim, [](const ScanState& a, const ScanState& b) {
+    return ScanState{log_add_exp(a[0], b[0])};
+  })[0];
+}
+
 at::Tensor count_nonzero(const at::Tensor& self, at::IntArrayRef dims) {
   return reduce(cast(self.ne(0), at::kLong), DFUSE_REDUCE_OP_SUM, dims, false);
 }
@@ -235,6 +297,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("cumprod_", TORCH_FN(dft::cumprod_));
   m.impl("cumsum.out", TORCH_FN(dft::cumsum_out));
   m.impl("cumprod.out", TORCH_FN(dft::cumprod_out));
+  m.impl("_cummax_helper", TORCH_FN(dft::cummaxmin_helper<true>));
+  m.impl("_cummin_helper", TORCH_FN(dft::cummaxmin_helper<false>));
+  m.impl("_logcumsumexp", TORCH_FN(dft::tpu_logcumsumexp));
   m.impl("count_nonzero.dim_IntList", TORCH_FN(dft::count_nonzero));
   m.impl("var_mean.correction", TORCH_FN(dft::var_mean));
   m.impl("_unique2", TORCH_FN(dft::unique2));

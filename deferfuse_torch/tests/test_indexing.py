@@ -181,12 +181,13 @@ def test_an_out_of_range_index_raises_and_the_runtime_stays_usable(mode):
     check(x * 2, x.cpu() * 2)
 
 
-@pytest.mark.parametrize("op", ["nonzero", "mask_index", "masked_select", "unique"])
+@pytest.mark.parametrize("op", ["nonzero", "mask_index", "masked_select", "unique", "bincount"])
 def test_a_data_dependent_output_size_syncs_with_its_own_reason(op):
     """The host read that sizes the output counts as data_dependent_size, not host_read."""
     fns = {"nonzero": lambda x: torch.nonzero(x > 0), "mask_index": lambda x: x[x > 0],
            "masked_select": lambda x: torch.masked_select(x, x > 0),
-           "unique": lambda x: torch.unique(x)}
+           "unique": lambda x: torch.unique(x),
+           "bincount": lambda x: torch.bincount((x + 2).long())}
     x = torch.tensor([1.0, -2.0, 3.0, 1.0])
     with deferfuse_torch.mode("defer"):
         dx = tpu(x) * 1.0  # deferred: the read also runs the pending work
@@ -196,3 +197,24 @@ def test_a_data_dependent_output_size_syncs_with_its_own_reason(op):
         check(got, fns[op](x))
     assert after["data_dependent_size"] > before["data_dependent_size"]
     assert after["host_read"] == before["host_read"]
+
+
+def test_bincount_of_a_negative_value_raises_as_on_cpu(mode):
+    x = torch.tensor([1, -1, 2])
+    with pytest.raises(RuntimeError, match="non-negative"):
+        torch.bincount(x)
+    with pytest.raises(RuntimeError, match="non-negative"):
+        torch.bincount(tpu(x))
+
+
+def test_histc_and_searchsorted_stay_on_the_device_without_a_sync():
+    x = torch.randn(50)
+    with deferfuse_torch.mode("defer"):
+        dx = tpu(x) * 1.0
+        before = deferfuse_torch.stats()["sync_points"]
+        h = torch.histc(dx, 7)
+        s = torch.searchsorted(torch.arange(-2.0, 2.0, 0.5).to("tpu"), dx)
+        after = deferfuse_torch.stats()["sync_points"]
+    assert after == before
+    check(h, torch.histc(x, 7))
+    check(s, torch.searchsorted(torch.arange(-2.0, 2.0, 0.5), x))

@@ -182,3 +182,23 @@ def test_gpt2_greedy_generate_gives_cpu_tokens_with_zero_fallbacks(mode):
     fallbacks = deferfuse_torch.fallback_counts()
     assert torch.equal(got.cpu(), want), (got.cpu(), want)
     assert fallbacks == {}
+
+
+def test_gpt2_sampled_generate_repeats_under_a_seed_in_every_mode_with_zero_fallbacks():
+    """do_sample with top-k and top-p: multinomial on the device generator, so a seed gives the
+    same tokens in strict, debug and defer (not CPU's: the streams differ)."""
+    w = workload("gpt2")
+    prompt = w.batches[0]["input_ids"][:, :4].to("tpu")
+    model = copy.deepcopy(w.model).eval().to("tpu")
+    tokens = {}
+    for mode in ("strict", "debug", "defer"):
+        deferfuse_torch.reset_fallback_counts()
+        with deferfuse_torch.mode(mode):
+            torch.manual_seed(3)
+            tokens[mode] = model.generate(
+                prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=True,
+                top_k=20, top_p=0.9, pad_token_id=w.model.config.pad_token_id).cpu()
+        assert deferfuse_torch.fallback_counts() == {}, mode
+    assert tokens["strict"].shape == (prompt.shape[0], prompt.shape[1] + 8)
+    assert torch.equal(tokens["debug"], tokens["strict"])
+    assert torch.equal(tokens["defer"], tokens["strict"])

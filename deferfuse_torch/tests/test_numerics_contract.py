@@ -117,3 +117,23 @@ def test_nans_from_infinities_through_matmul_and_row_kernels_sit_where_cpus_do(m
     for got, want in zip(f(x.to("tpu"), w.to("tpu")), f(x, w)):
         assert torch.equal(got.cpu().isnan(), want.isnan())
         torch.testing.assert_close(got.cpu(), want, equal_nan=True, atol=1e-5, rtol=1e-5)
+
+
+def test_multinomial_draws_without_checking_the_probabilities_where_cpu_raises(mode):
+    """CPU raises on a negative, non-finite or all-zero probability row; checking the values
+    would cost a sync point per call, so the device draws indices in range instead."""
+    bad = torch.tensor([0.5, -1.0, 2.0])
+    with pytest.raises(RuntimeError, match="invalid multinomial distribution"):
+        torch.multinomial(bad, 4, True)
+    got = torch.multinomial(bad.to("tpu"), 4, True).cpu()
+    assert got.dtype == torch.int64 and ((got >= 0) & (got < 3)).all()
+
+
+def test_polygamma_of_order_two_and_up_differs_from_cpu_below_minus_ten(mode):
+    """The shift-then-series kernel shifts by 10: it matches CPU for x > -10 only (CPU sums the
+    Hurwitz zeta series at x itself)."""
+    x = torch.tensor([-4.3, 2.5, -12.3], dtype=torch.float64)
+    got = torch.polygamma(2, x.to("tpu")).cpu()
+    want = torch.polygamma(2, x)
+    torch.testing.assert_close(got[:2], want[:2], rtol=1e-9, atol=1e-9)
+    assert not torch.isclose(got[2], want[2], rtol=1e-3)

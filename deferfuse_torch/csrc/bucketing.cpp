@@ -1,0 +1,145 @@
+// Ops that place values into bins: searchsorted, bucketize, histc and bincount. searchsorted
+// counts, for each value, the boundaries before it (a broadcast comparison and a sum, the same
+// answer as CPU's binary search, NaN included); histc and bincount scatter-add ones (or
+// weights) into their bins. Only bincount's output size depends on the data (its largest
+// value): it reads the input's min and max as a sync point counted as data_dependent_size, as
+// nonzero does; the others never leave the device.
+#include "common.h"
+
+#include <torch/library.h>
+
+namespace dft {
+namespace {
+
+// CPU's lower bound keeps going right while !(boundary >= value), its upper bound while
+// !(boundary > value): the count of such boundaries is the insertion index.
+at::Tensor insertion_index(const at::Tensor& sorted, const at::Tensor& values, bool right,
+                           bool out_int32) {
+  auto before = right ? sorted.unsqueeze(-2).gt(values.unsqueeze(-1))
+                      : sorted.unsqueeze(-2).ge(values.unsqueeze(-1));
+  auto idx = before.logical_not().sum(-1);
+  return out_int32 ? idx.to(at::kInt) : idx;
+}
+
+bool side_is_right(const char* op, bool right, const std::optional<c10::string_view>& side) {
+  if (!side) return right;
+  TORCH_CHECK(*side == "left" || *side == "right", op, ": side can only be 'left' or 'right', "
+              "got '", *side, "'");
+  TORCH_CHECK(!right || *side == "right", op, ": side and right can't be set to opposites, got "
+              "side of left while right was True");
+  return *side == "right";
+}
+
+at::Tensor tpu_searchsorted(const at::Tensor& sorted, const at::Tensor& self, bool out_int32,
+                            bool right, std::optional<c10::string_view> side,
+                            const std::optional<at::Tensor>& sorter) {
+  const char* op = "searchsorted";
+  bool r = side_is_right(op, right, side);
+  auto seq = sorted;
+  if (sorter && sorter->defined()) {
+    TORCH_CHECK(sorter->sizes().equals(sorted.sizes()), op, ": boundary and sorter must have "
+                "the same size, but got boundary tensor ", sorted.sizes(),
+                " and got sorter tensor ", sorter->sizes());
+    seq = at::gather(sorted, -1, *sorter);
+  }
+  TORCH_CHECK(seq.dim() == 1 || (seq.dim() == self.dim() &&
+                                 seq.sizes().slice(0, seq.dim() - 1)
+                                     .equals(self.sizes().slice(0, self.dim() - 1))),
+              op, ": boundaries tensor should be 1 dimension or the first N-1 dimensions of "
+              "boundaries tensor and input value tensor must match, but we got boundaries tensor ",
+              seq.sizes(), " and input value tensor ", self.sizes());
+  if (seq.dim() == 1) {
+    auto flat = insertion_index(seq, self.reshape({-1}), r, out_int32);
+    return flat.view(self.sizes());
+  }
+  return insertion_index(seq, self, r, out_int32);
+}
+
+at::Tensor searchsorted_scalar(const at::Tensor& sorted, const at::Scalar& self, bool out_int32,
+                               bool right, std::optional<c10::string_view> side,
+                               const std::optional<at::Tensor>& sorter) {
+  TORCH_CHECK(sorted.dim() == 1, "searchsorted: input value can be a scalar only when boundaries "
+              "tensor dimension is 1, but we got boundaries tensor dim(", sorted.dim(), ")");
+  auto v = at::scalar_tensor(self, sorted.options());
+  return tpu_searchsorted(sorted, v, out_int32, right, side, sorter);
+}
+
+at::Tensor tpu_bucketize(const at::Tensor& self, const at::Tensor& boundaries, bool out_int32,
+                         bool right) {
+  TORCH_CHECK(boundaries.dim() == 1, "bucketize: boundaries tensor must be 1 dimension, but got "
+              "dim(", boundaries.dim(), ")");
+  return tpu_searchsorted(boundaries, self, out_int32, right, std::nullopt, std::nullopt);
+}
+
+at::Tensor bucketize_scalar(const at::Scalar& self, const at::Tensor& boundaries, bool out_int32,
+                            bool right) {
+  return tpu_bucketize(at::scalar_tensor(self, boundaries.options()), boundaries, out_int32, right);
+}
+
+// histc: `bins` equal bins over [min, max] (the data's own range when min == max, widened by
+// one each way when that is empty too); values outside are not counted, the last bin includes
+// max. The range stays on the device: no sync.
+at::Tensor tpu_histc(const at::Tensor& self, int64_t bins, const at::Scalar& min,
+                     const at::Scalar& max) {
+  TORCH_CHECK(bins > 0, "histc: bins must be > 0, but got ", bins, " for dimension 0");
+  TORCH_CHECK(self.is_floating_point(), "histc: \"histogram_cpu\" not implemented for '",
+              self.scalar_type(), "'");
+  double lo_s = min.toDouble(), hi_s = max.toDouble();
+  TORCH_CHECK(lo_s <= hi_s, "histc: min should not exceed max, but got min ", lo_s, " max ", hi_s);
+  auto hist = at::zeros({bins}, self.options());
+  if (self.numel() == 0) return hist;
+  auto x = self.reshape({-1});
+  auto lo = at::scalar_tensor(lo_s, self.options());
+  auto hi = at::scalar_tensor(hi_s, self.options());
+  if (lo_s == hi_s) {
+    lo = x.min();
+    hi = x.max();
+  }
+  auto empty = lo.eq(hi);
+  lo = at::where(empty, lo - 1, lo);
+  hi = at::where(empty, hi + 1, hi);
+  auto inside = x.ge(lo).logical_and(x.le(hi));
+  auto pos = at::trunc((x - lo) * double(bins) / (hi - lo));
+  auto bin = at::clamp(at::where(inside, pos, at::zeros({}, pos.options())), 0, bins - 1);
+  return hist.scatter_add(0, bin.to(at::kLong), inside.to(self.scalar_type()));
+}
+
+// bincount: counts (or summed weights) of each value 0 .. max(input), at least minlength bins.
+// Float weights sum in float, any other weights in double, as on CPU.
+at::Tensor tpu_bincount(const at::Tensor& self, const std::optional<at::Tensor>& weights,
+                        c10::SymInt minlength_) {
+  int64_t minlength = minlength_.expect_int();
+  TORCH_CHECK(minlength >= 0, "bincount: minlength should be >= 0, got ", minlength);
+  TORCH_CHECK(self.dim() == 1 && !at::isFloatingType(self.scalar_type()) &&
+                  self.scalar_type() != at::kBool,
+              "bincount only supports 1-d non-negative integral inputs, got a ", self.dim(),
+              "-D tensor of ", self.scalar_type());
+  bool weighted = weights && weights->defined();
+  if (weighted) {
+    TORCH_CHECK(weights->dim() == 1 && weights->size(0) == self.size(0), "bincount: weights "
+                "should be 1-d and have the same length as input, got weights of shape ",
+                weights->sizes(), " for an input of shape ", self.sizes());
+  }
+  auto dtype = !weighted ? at::kLong
+                         : (weights->scalar_type() == at::kFloat ? at::kFloat : at::kDouble);
+  if (self.numel() == 0) return at::zeros({minlength}, self.options().dtype(dtype));
+  auto range = read_for_size(at::stack({self.min(), self.max()}).to(at::kLong));
+  int64_t lo = range[0].item<int64_t>(), hi = range[1].item<int64_t>();
+  TORCH_CHECK(lo >= 0, "bincount only supports 1-d non-negative integral inputs, got the value ",
+              lo);
+  auto counts = at::zeros({std::max(hi + 1, minlength)}, self.options().dtype(dtype));
+  auto add = weighted ? weights->to(dtype) : at::ones({self.size(0)}, counts.options());
+  return counts.scatter_add(0, self.to(at::kLong), add);
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("searchsorted.Tensor", TORCH_FN(dft::tpu_searchsorted));
+  m.impl("searchsorted.Scalar", TORCH_FN(dft::searchsorted_scalar));
+  m.impl("bucketize.Tensor", TORCH_FN(dft::tpu_bucketize));
+  m.impl("bucketize.Scalar", TORCH_FN(dft::bucketize_scalar));
+  m.impl("histc", TORCH_FN(dft::tpu_histc));
+  m.impl("bincount", TORCH_FN(dft::tpu_bincount));
+}

@@ -1,0 +1,217 @@
+// Special functions with no runtime op of their own: erfinv, lgamma, digamma, polygamma. Each is
+// a fixed sequence of the device's elementwise ops (a polynomial or series plus a few `where`s
+// for the domain's edges), so it runs on the device and fuses with its neighbours in defer mode.
+// Their backwards are PyTorch's formulas over these same ops (erfinv: exp(erfinv^2); lgamma:
+// digamma; digamma and polygamma: polygamma(n + 1)).
+//
+// Accuracy: a few float ulps against PyTorch's CPU kernels; for double about 1e-13 relative
+// (the series are cut where their next term is that small at the point they are used from).
+#include "common.h"
+
+#include <ATen/native/Resize.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+
+namespace dft {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Arguments below this are first shifted up by it with the recurrence, so the asymptotic
+// series below only ever sees z >= kShift.
+constexpr int kShift = 10;
+
+// Bernoulli numbers B_2 .. B_14, the coefficients of the asymptotic series.
+constexpr double kBernoulli[] = {1.0 / 6,   -1.0 / 30,    1.0 / 42,  -1.0 / 30,
+                                 5.0 / 66,  -691.0 / 2730, 7.0 / 6};
+
+at::Tensor poly(const at::Tensor& x, std::initializer_list<double> coeffs_high_first) {
+  at::Tensor p;
+  for (double c : coeffs_high_first) p = p.defined() ? p * x + c : at::full_like(x, c);
+  return p;
+}
+
+// The dtype a function's result has (integers give the default float dtype) and the one it is
+// computed in (half and bfloat16 in float, rounded once at the end, as on CPU).
+at::ScalarType result_type(const at::Tensor& x) {
+  return x.is_floating_point() ? x.scalar_type()
+                               : at::typeMetaToScalarType(at::get_default_dtype());
+}
+
+template <typename Math>
+at::Tensor in_opmath(const at::Tensor& self, Math math) {
+  auto rt = result_type(self);
+  auto ct = (rt == at::kHalf || rt == at::kBFloat16) ? at::kFloat : rt;
+  auto r = math(self.scalar_type() == ct ? self : self.to(ct));
+  return r.scalar_type() == rt ? r : r.to(rt);
+}
+
+// Giles' single-precision approximation ("Approximating the erfinv function", 2010) refined by
+// two Newton steps on erf, which bring float and double to their last few ulps.
+at::Tensor erfinv_math(const at::Tensor& x) {
+  auto w = -at::log((1 - x) * (1 + x));
+  auto central = poly(w - 2.5, {2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
+                                0.00021858087, -0.00125372503, -0.00417768164, 0.246640727,
+                                1.50140941});
+  auto tail = poly(at::sqrt(w) - 3.0, {-0.000200214257, 0.000100950558, 0.00134934322,
+                                       -0.00367342844, 0.00573950773, -0.0076224613,
+                                       0.00943887047, 1.00167406, 2.83297682});
+  auto y = at::where(w.lt(5.0), central, tail) * x;
+  for (int step = 0; step < 2; ++step) {
+    y = y - (at::erf(y) - x) / (2.0 / std::sqrt(kPi) * at::exp(-y * y));
+  }
+  auto a = x.abs();
+  y = at::where(a.eq(1.0), x * kInf, y);
+  return at::where(a.gt(1.0), at::Scalar(kNaN), y);
+}
+
+// The recurrence's shift: z = x + kShift where x < kShift (else x), and the terms
+// f(x), f(x + 1), ..., f(x + kShift - 1) summed where shifted (else 0).
+template <typename Term>
+std::pair<at::Tensor, at::Tensor> shifted(const at::Tensor& x, Term term) {
+  auto small = x.lt(double(kShift));
+  at::Tensor sum = term(x);
+  for (int k = 1; k < kShift; ++k) sum = sum + term(x + double(k));
+  return {at::where(small, x + double(kShift), x),
+          at::where(small, sum, at::zeros({}, x.options()))};
+}
+
+// lgamma for x >= 0.5: Stirling's series at z >= kShift less log(x (x + 1) ... (x + kShift - 1)).
+at::Tensor lgamma_right(const at::Tensor& x) {
+  auto [z, log_prod] = shifted(x, [](const at::Tensor& t) { return at::log(t); });
+  auto r = at::reciprocal(z), r2 = r * r;
+  at::Tensor series = at::zeros_like(z);
+  for (int k = 6; k >= 1; --k) {
+    // B_2k / (2k (2k - 1) z^(2k - 1)), summed by Horner in 1/z^2 from the smallest term.
+    series = (series + kBernoulli[k - 1] / (2.0 * k * (2.0 * k - 1))) * (k > 1 ? r2 : r);
+  }
+  return (z - 0.5) * at::log(z) - z + 0.5 * std::log(2 * kPi) + series - log_prod;
+}
+
+// The distance from x to its nearest integer, so sin(pi x) and tan(pi x) lose no accuracy for
+// large |x| (both have period 1 in |value|).
+at::Tensor frac_to_nearest(const at::Tensor& x) { return x - at::round(x); }
+
+at::Tensor nonpositive_int(const at::Tensor& x) { return x.le(0).logical_and(x.eq(at::floor(x))); }
+
+// lgamma(x) = log(pi / |sin(pi x)|) - lgamma(1 - x) below 0.5; inf at the poles and at +-inf.
+at::Tensor lgamma_math(const at::Tensor& x) {
+  auto left = x.lt(0.5);
+  auto right = lgamma_right(at::where(left, 1 - x, x));
+  auto reflected = std::log(kPi) - at::log(at::sin(kPi * frac_to_nearest(x)).abs()) - right;
+  auto r = at::where(left, reflected, right);
+  return at::where(nonpositive_int(x).logical_or(x.isinf()), at::Scalar(kInf), r);
+}
+
+// polygamma(n, x) for n >= 1 and digamma (n = 0) at x >= kShift - 1 after the shift:
+// the asymptotic series of psi^(n), in PyTorch's sign convention.
+at::Tensor psi_series(int64_t n, const at::Tensor& z) {
+  auto r = at::reciprocal(z), r2 = r * r;
+  at::Tensor series = at::zeros_like(z);
+  // sum_k B_2k (2k + n - 1)! / (2k)! / z^(2k + n), Horner in 1/z^2 from the smallest term.
+  for (int k = 7; k >= 1; --k) {
+    // B_2k (2k + n - 1)! / (2k)!, which for digamma is B_2k / 2k.
+    double c = kBernoulli[k - 1];
+    if (n == 0) c /= 2 * k;
+    for (int j = 2 * k + int(n) - 1; j > 2 * k; --j) c *= j;
+    series = (series + c) * r2;
+  }
+  if (n == 0) return at::log(z) - 0.5 * r - series;
+  double fact = std::tgamma(double(n));  // (n - 1)!
+  auto zn = at::pow(r, double(n));
+  auto v = zn * (fact + 0.5 * fact * double(n) * r + series);
+  return n % 2 == 1 ? v : -v;
+}
+
+// psi^(n)(x) = psi^(n)(x + kShift) + (-1)^(n+1) n! sum_k 1 / (x + k)^(n+1) (digamma: less
+// sum_k 1 / (x + k)).
+at::Tensor psi_shifted(int64_t n, const at::Tensor& x) {
+  double fact = std::tgamma(double(n) + 1);
+  auto [z, sum] = shifted(x, [&](const at::Tensor& t) {
+    return n == 0 ? at::reciprocal(t) : at::pow(at::reciprocal(t), double(n + 1));
+  });
+  auto series = psi_series(n, z);
+  if (n == 0) return series - sum;
+  return series + (n % 2 == 1 ? fact : -fact) * sum;
+}
+
+// digamma(x) = digamma(1 - x) - pi / tan(pi x) below 0.5; -inf at 0 (+inf at -0, as CPU's
+// copysign), NaN at the negative integers.
+at::Tensor digamma_math(const at::Tensor& x) {
+  auto left = x.lt(0.5);
+  auto right = psi_shifted(0, at::where(left, 1 - x, x));
+  auto r = at::where(left, right - kPi / at::tan(kPi * frac_to_nearest(x)), right);
+  r = at::where(nonpositive_int(x), at::Scalar(kNaN), r);
+  auto zero = at::where(at::reciprocal(x).lt(0), at::Scalar(kInf), at::Scalar(-kInf));
+  return at::where(x.eq(0), zero.to(r.scalar_type()), r);
+}
+
+// trigamma (n = 1) reflects below 0.5 as CPU does: pi^2 / sin^2(pi x) - trigamma(1 - x); for
+// n >= 2 CPU sums the Hurwitz zeta series at x itself, which the shift does for x > -kShift.
+at::Tensor polygamma_math(int64_t n, const at::Tensor& x) {
+  if (n == 0) return digamma_math(x);
+  if (n >= 2) return at::where(nonpositive_int(x), at::Scalar(kNaN), psi_shifted(n, x));
+  auto left = x.lt(0.5);
+  auto right = psi_shifted(1, at::where(left, 1 - x, x));
+  auto s = at::sin(kPi * frac_to_nearest(x));
+  auto r = at::where(left, kPi * kPi / (s * s) - right, right);
+  return at::where(nonpositive_int(x), at::Scalar(kInf), r);
+}
+
+at::Tensor tpu_erfinv(const at::Tensor& self) { return in_opmath(self, erfinv_math); }
+at::Tensor tpu_lgamma(const at::Tensor& self) { return in_opmath(self, lgamma_math); }
+at::Tensor tpu_digamma(const at::Tensor& self) { return in_opmath(self, digamma_math); }
+
+at::Tensor tpu_polygamma(int64_t n, const at::Tensor& self) {
+  TORCH_CHECK(n >= 0, "polygamma(n, x): n must be non-negative, got ", n);
+  return in_opmath(self, [n](const at::Tensor& x) { return polygamma_math(n, x); });
+}
+
+// In-place and out= forms write the functional result through the destination's handle; an
+// out= of another shape is resized as PyTorch resizes it (warning when it had elements).
+at::Tensor& into(const at::Tensor& value, at::Tensor& out) {
+  TORCH_CHECK(at::canCast(value.scalar_type(), out.scalar_type()), "result type ",
+              value.scalar_type(), " can't be cast to the desired output type ",
+              out.scalar_type());
+  at::native::resize_output(out, value.sizes());
+  run_into(DFUSE_OP_KIND_COPY, nullptr, Operands().t(cast(value, out.scalar_type())), out,
+           "special function result");
+  return out;
+}
+
+template <at::Tensor (*F)(const at::Tensor&)>
+at::Tensor& in_place(at::Tensor& self) {
+  return into(F(self), self);
+}
+
+template <at::Tensor (*F)(const at::Tensor&)>
+at::Tensor& out_form(const at::Tensor& self, at::Tensor& out) {
+  return into(F(self), out);
+}
+
+at::Tensor& polygamma_out(int64_t n, const at::Tensor& self, at::Tensor& out) {
+  return into(tpu_polygamma(n, self), out);
+}
+
+at::Tensor& polygamma_(at::Tensor& self, int64_t n) { return into(tpu_polygamma(n, self), self); }
+
+}  // namespace
+}  // namespace dft
+
+#define DF_SPECIAL(name)                                              \
+  m.impl(#name, TORCH_FN(dft::tpu_##name));                           \
+  m.impl(#name "_", TORCH_FN(dft::in_place<dft::tpu_##name>));        \
+  m.impl(#name ".out", TORCH_FN(dft::out_form<dft::tpu_##name>));
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  DF_SPECIAL(erfinv)
+  DF_SPECIAL(lgamma)
+  DF_SPECIAL(digamma)
+  m.impl("polygamma", TORCH_FN(dft::tpu_polygamma));
+  m.impl("polygamma.out", TORCH_FN(dft::polygamma_out));
+  m.impl("polygamma_", TORCH_FN(dft::polygamma_));
+}
