@@ -8,7 +8,7 @@ use crate::mode::Mode;
 use crate::runtime::Runtime;
 use crate::stats::SyncReason;
 use crate::stream::{BufferLookup, OpBuffers, Stream};
-use crate::timeline::{binding_args, region_label, Arg, RunTrace, Track};
+use crate::timeline::{binding_args, region_label, Arg, RunTrace, Timeline, Track};
 use crate::wave::{Job, Wave};
 use deferfuse_cache::{fingerprint, Fingerprint};
 use deferfuse_fusion::lower::lower_node;
@@ -261,8 +261,8 @@ impl Runtime {
         let fingerprint = step
             .key
             .get_or_init(|| fingerprint(&step.region, self.backend.identity()).0);
-        // A profiler alone needs only the run's time, not its description.
-        let (label, shapes, bytes) = if self.timeline.on() {
+        // A profiler's clock alone needs only the run's time, not its description.
+        let (label, shapes, bytes) = if self.timeline.describes() {
             self.timeline.note_region(fingerprint, &step.region);
             let (shapes, bytes) = binding_args(&step.binding);
             (region_label(&step.region), shapes, bytes)
@@ -277,6 +277,7 @@ impl Runtime {
             shapes,
             bytes,
             threads: self.threads(),
+            tag: Timeline::tag(),
         })
     }
 
