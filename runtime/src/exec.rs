@@ -26,6 +26,7 @@ impl Runtime {
             return Ok(false);
         }
         let nodes = pending.trace.take();
+        let tags = std::mem::take(&mut pending.tags);
         let mut buffers = std::mem::take(&mut pending.buffers);
         pending.bytes = 0;
         self.counters.sync(reason);
@@ -69,7 +70,10 @@ impl Runtime {
         for &(i, why) in &p.cut_log {
             tracing::debug!(op = %nodes[i], reason = why.name(), "cut");
             if t0.is_some() {
-                let args = vec![("op", Arg::S(nodes[i].to_string()))];
+                let mut args = vec![("op", Arg::S(nodes[i].to_string()))];
+                if let Ok(k) = tags.binary_search_by_key(&i, |t| t.0) {
+                    args.push(("tag", Arg::U(tags[k].1)));
+                }
                 let name = format!("cut ({})", why.name());
                 self.timeline
                     .instant(Track::StreamHost(stream.id), "cut", name, args);
