@@ -7,8 +7,9 @@
 // export_chrome_trace() draw the programs on a "tpu" process, one row per stream.
 //
 // The link: Kineto tells each session the correlation id of every op it enters and leaves;
-// the session sets it as the runtime's tag on that thread (dfuse_profiler_tag), and each run
-// carries the tag of the thread that prepared it. In strict and debug modes that is the op
+// the session sets it as the low half of the runtime's tag on that thread (dfuse_profiler_tag,
+// through observe.h's set_correlation_tag), and each run carries the tag of the thread that
+// prepared it. In strict and debug modes that is the op
 // itself; in defer mode it is the sync point that ran the fused programs (.item(),
 // synchronize), as the PrivateUse1 stubs in profiler.cpp report too.
 #ifndef USE_KINETO
@@ -16,6 +17,7 @@
 #endif
 
 #include "common.h"
+#include "observe.h"
 
 #include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
 
@@ -54,7 +56,7 @@ class Session : public libkineto::IActivityProfilerSession {
     uint64_t busy = 0, dropped = 0;
     check(dfuse_profiler_point(rt(), &busy), "torch.profiler stop");
     check(dfuse_profiler_capture(rt(), 0, &dropped), "torch.profiler stop");
-    check(dfuse_profiler_tag(rt(), 0), "torch.profiler stop");
+    set_correlation_tag(0);
     t_ops.clear();
     std::vector<DfuseProfiledRun> chunk(4096);
     for (;;) {
@@ -87,8 +89,10 @@ class Session : public libkineto::IActivityProfilerSession {
       a.endTime = r.start_unix_ns + int64_t(r.dur_ns);
       a.device = kDevicePid;
       a.resource = r.worker >= 0 ? kWorkerBase + r.worker : int64_t(r.stream);
-      a.id = int32_t(r.tag);
-      a.linked = r.tag ? linked(int32_t(r.tag)) : nullptr;
+      // The low half of the tag is the op's correlation id (observe.h).
+      auto correlation = int32_t(uint32_t(r.tag));
+      a.id = correlation;
+      a.linked = correlation ? linked(correlation) : nullptr;
       a.addMetadataQuoted("stream", std::to_string(r.stream));
       tracks_[a.resource] = r.worker >= 0 ? "cpu worker " + std::to_string(r.worker)
                                           : "stream " + std::to_string(r.stream);
@@ -120,12 +124,12 @@ class Session : public libkineto::IActivityProfilerSession {
 
   void pushCorrelationId(uint64_t id) override {
     t_ops.push_back(id);
-    dfuse_profiler_tag(rt(), id);
+    set_correlation_tag(uint32_t(id));
   }
 
   void popCorrelationId() override {
     if (!t_ops.empty()) t_ops.pop_back();
-    dfuse_profiler_tag(rt(), t_ops.empty() ? 0 : t_ops.back());
+    set_correlation_tag(t_ops.empty() ? 0 : uint32_t(t_ops.back()));
   }
 
  private:

@@ -99,6 +99,23 @@ def test_explain_names_the_line_of_an_op_that_fell_back_to_the_cpu(defer):
     assert list(lines) == [f"{__file__}:{line} in f"]
 
 
+def cut_by_a_matmul(x, w):
+    a = x.exp()
+    b = a @ w  # a matmul is no loop op: the region is cut here
+    return b.relu().sum().item()
+
+
+MATMUL_LINE = cut_by_a_matmul.__code__.co_firstlineno + 2
+
+
+def test_explain_names_the_line_of_the_op_a_fusion_cut_was_at(defer):
+    x, w = torch.randn(8, 8).to("tpu"), torch.randn(8, 8).to("tpu")
+    r = deferfuse_torch.explain(cut_by_a_matmul, x, w)
+    lines = r.cut_lines["unfusable"]
+    assert f"test_observe.py:{MATMUL_LINE} in cut_by_a_matmul" in " ".join(lines), lines
+    assert f"test_observe.py:{MATMUL_LINE}" in str(r)
+
+
 def test_nothing_is_noted_outside_explain_and_trace(defer):
     make_step()()
     torch.ops.deferfuse.observe_take()
