@@ -143,13 +143,23 @@ void note_op_line() {
 // Turns noting on or off; `skip` is the package directories (one per line) whose frames are
 // not the user's. Returns whether it was on.
 bool observe_set(bool on, const std::string& skip) {
-  std::lock_guard<std::mutex> g(g_mu);
-  g_skip.clear();
-  std::istringstream is(skip);
-  for (std::string line; std::getline(is, line);) {
-    if (!line.empty()) g_skip.push_back(line);
+  bool was = false;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    g_skip.clear();
+    std::istringstream is(skip);
+    for (std::string line; std::getline(is, line);) {
+      if (!line.empty()) g_skip.push_back(line);
+    }
+    was = g_on.exchange(on);
   }
-  return g_on.exchange(on);
+  // Ops recorded after noting stops carry no source line (a DEFERFUSE_TRACE file's cuts would
+  // otherwise name the last line explain saw on this thread).
+  if (!on && t_line != 0) {
+    t_line = 0;
+    apply_tag();
+  }
+  return was;
 }
 
 // The notes since the last take, as "kind\twhat\twhere" lines; the log is emptied.
