@@ -50,6 +50,8 @@ def main():
     cflags = ["-O2", "-fPIC", "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w",
               "-I", os.path.join(tdir, "include"),
               "-I", os.path.join(tdir, "include", "torch", "csrc", "api", "include"),
+              # kineto_profiler.cpp implements Kineto's IActivityProfiler (torch.profiler).
+              "-I", os.path.join(tdir, "include", "kineto"),
               "-I", os.path.join(ROOT, "ffi", "include"),
               # observe.cpp walks Python frames (the source line behind a sync point).
               "-I", sysconfig.get_paths()["include"]]

@@ -210,6 +210,37 @@ fn each_cut_is_an_instant_naming_its_reason_and_the_op_that_started_the_new_regi
 }
 
 #[test]
+fn a_cut_carries_the_tag_the_host_set_when_the_op_it_cut_at_was_recorded() {
+    let path = tmp("cut-tag");
+    let r = rt(None, 0);
+    let x = tensor(&r, &[0.5; 16], &[4, 4]);
+    r.trace_start(&path, 0).unwrap();
+    r.profiler_tag(5 << 32);
+    let e = r.op(0, Op::Unary(UnaryOp::Exp), &[t(x)], None).unwrap();
+    r.profiler_tag(9 << 32);
+    let m = r.op(0, Op::Matmul, &[t(e), t(x)], None).unwrap();
+    r.profiler_tag(0);
+    r.synchronize(0).unwrap();
+    r.trace_stop().unwrap();
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(path);
+    let cut = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["cat"] == "cut")
+        .expect("a matmul after elementwise work is cut");
+    assert!(
+        cut["args"]["op"].as_str().unwrap().contains("matmul"),
+        "{cut}"
+    );
+    assert_eq!(cut["args"]["tag"], 9u64 << 32, "{cut}");
+    for h in [x, e, m] {
+        r.release(h).unwrap();
+    }
+}
+
+#[test]
 fn tracks_are_named_for_the_viewer() {
     let v = traced_steps(1);
     let names: Vec<&str> = v["traceEvents"]

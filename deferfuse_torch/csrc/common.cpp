@@ -1,5 +1,6 @@
 // Runtime access, mode propagation, handle <-> tensor conversion and op recording.
 #include "common.h"
+#include "observe.h"
 #include "streams.h"
 
 #include <ATen/EmptyTensor.h>
@@ -263,6 +264,7 @@ DfuseAttrs attrs_sub(uint32_t sub_op) {
 
 at::Tensor run(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const char* name) {
   uint64_t h = 0;
+  note_op();
   check(dfuse_op(rt(), current_stream(), kind, attrs, in.data(), in.size(), 0, &h), name);
   return wrap(h);
 }
@@ -272,6 +274,7 @@ void run_into(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const 
   for (const auto& t : in.tpu_tensors()) at::assert_no_partial_overlap(out, t);
   Ref o = ref(out);
   uint64_t h = 0;
+  note_op();
   check(dfuse_op(rt(), current_stream(), kind, attrs, in.data(), in.size(), o.get(), &h), name);
 }
 

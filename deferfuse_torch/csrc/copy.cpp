@@ -29,6 +29,7 @@ void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
     in.kind = DFUSE_OPERAND_KIND_TENSOR;
     in.tensor = h;
     uint64_t res = 0;
+    note_op();
     check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "copy_");
     return;
   }
@@ -46,6 +47,7 @@ void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
     in.kind = DFUSE_OPERAND_KIND_TENSOR;
     in.tensor = h;
     uint64_t res = 0;
+    note_op();
     check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "copy_");
     return;
   }
@@ -160,6 +162,7 @@ at::Tensor& fill_scalar_(at::Tensor& self, const at::Scalar& value) {
   in.kind = DFUSE_OPERAND_KIND_TENSOR;
   in.tensor = h;
   uint64_t res = 0;
+  note_op();
   check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "fill_");
   return self;
 }

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -36,6 +37,17 @@ struct Note {
 std::vector<Note> g_notes;
 // Bounds the log of a long run; the counts in stats() stay exact.
 constexpr size_t kMaxNotes = 1 << 16;
+// Source lines of recorded ops, by the id the runtime's tag carries (from 1); emptied with
+// the notes, each id noted as a "line" note when first given.
+std::map<std::string, uint32_t> g_line_ids;
+
+// This thread's halves of the runtime's tag (see observe.h).
+thread_local uint32_t t_correlation = 0;
+thread_local uint32_t t_line = 0;
+
+void apply_tag() {
+  check(dfuse_profiler_tag(rt(), (uint64_t(t_line) << 32) | t_correlation), "profiler tag");
+}
 
 bool skipped(const std::string& file, const std::vector<std::string>& skip) {
   if (file.rfind("<frozen", 0) == 0) return true;
@@ -105,16 +117,49 @@ void note(const char* kind, const char* what) {
   }
 }
 
+void note_op_line() {
+  std::vector<std::string> skip;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    skip = g_skip;
+  }
+  // As in note(): the frames are read without holding g_mu.
+  std::string where = user_line(skip);
+  uint32_t id = 0;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    auto [it, fresh] = g_line_ids.emplace(where, uint32_t(g_line_ids.size() + 1));
+    id = it->second;
+    if (fresh && g_notes.size() < kMaxNotes) {
+      g_notes.push_back({"line", std::to_string(id), where});
+    }
+  }
+  if (id != t_line) {
+    t_line = id;
+    apply_tag();
+  }
+}
+
 // Turns noting on or off; `skip` is the package directories (one per line) whose frames are
 // not the user's. Returns whether it was on.
 bool observe_set(bool on, const std::string& skip) {
-  std::lock_guard<std::mutex> g(g_mu);
-  g_skip.clear();
-  std::istringstream is(skip);
-  for (std::string line; std::getline(is, line);) {
-    if (!line.empty()) g_skip.push_back(line);
+  bool was = false;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    g_skip.clear();
+    std::istringstream is(skip);
+    for (std::string line; std::getline(is, line);) {
+      if (!line.empty()) g_skip.push_back(line);
+    }
+    was = g_on.exchange(on);
   }
-  return g_on.exchange(on);
+  // Ops recorded after noting stops carry no source line (a DEFERFUSE_TRACE file's cuts would
+  // otherwise name the last line explain saw on this thread).
+  if (!on && t_line != 0) {
+    t_line = 0;
+    apply_tag();
+  }
+  return was;
 }
 
 // The notes since the last take, as "kind\twhat\twhere" lines; the log is emptied.
@@ -123,6 +168,7 @@ std::string observe_take() {
   std::ostringstream os;
   for (const auto& n : g_notes) os << n.kind << '\t' << n.what << '\t' << n.where << '\n';
   g_notes.clear();
+  g_line_ids.clear();
   return os.str();
 }
 
@@ -141,6 +187,17 @@ std::string trace_control(const std::string& path, int64_t max_events) {
 
 void note_sync(const char* what) { note("sync", what); }
 void note_fallback(const char* name) { note("fallback", name); }
+
+void note_op() {
+  // Only explain and trace read cut lines; DEFERFUSE_LOG alone does not pay a frame walk
+  // per op.
+  if (g_on.load(std::memory_order_relaxed)) note_op_line();
+}
+
+void set_correlation_tag(uint32_t id) {
+  t_correlation = id;
+  apply_tag();
+}
 
 }  // namespace dft
 

@@ -97,12 +97,18 @@ class Report:
         self.fallbacks = _lines(n for n in notes if n[0] == "fallback")
         self.regions = _regions(runs, timeline.get("deferfuse_regions", []))
         self.cuts = {k: v for k, v in stats["cuts"].items() if v}
-        # The op that started each new region, by reason (the planner's cut log).
+        # The op that started each new region, by reason (the planner's cut log), and the
+        # source line that recorded it: a cut event's tag carries the line's id in its high
+        # half (csrc/observe.h), which a "line" note names.
+        line_of = {int(what): where for kind, what, where in notes if kind == "line"}
         self.cut_ops = {}
+        self.cut_lines = {}
         for e in timeline["traceEvents"]:
             if e.get("cat") == "cut":
                 reason = e["name"][len("cut ("):-1]
                 self.cut_ops.setdefault(reason, []).append(e["args"]["op"])
+                where = line_of.get(e["args"].get("tag", 0) >> 32, "(no source line)")
+                self.cut_lines.setdefault(reason, collections.Counter())[where] += 1
 
     def as_dict(self):
         return {
@@ -116,6 +122,7 @@ class Report:
             "regions": [dict(r) for r in self.regions],
             "cuts": dict(self.cuts),
             "cut_ops": {k: list(v) for k, v in self.cut_ops.items()},
+            "cut_lines": {k: dict(v) for k, v in self.cut_lines.items()},
         }
 
     def __str__(self):
@@ -137,6 +144,7 @@ class Report:
             for reason, ops in self.cut_ops.items():
                 more = f" (+{len(ops) - 3} more)" if len(ops) > 3 else ""
                 out.append(f"  {reason}, at: " + "; ".join(ops[:3]) + more)
+                out += [f"    {n}x {where}" for where, n in self.cut_lines[reason].most_common(5)]
         if self.regions:
             out.append("largest regions by time:")
             for r in self.regions[:10]:
@@ -182,7 +190,8 @@ def explain(fn, *args, **kwargs):
     """Runs `fn(*args, **kwargs)` once (pending work before it runs first, pending work after
     it runs before the report is made) and returns a `Report`: ops recorded, programs run and
     compiled, sync points by reason with the source lines that forced them, CPU fallback ops
-    with their source lines, fusion cuts, and the regions that took the most time. fn's return
+    with their source lines, fusion cuts with the ops and source lines they cut at, and the
+    regions that took the most time. fn's return
     value is `report.result`. Fails if a trace is already running (DEFERFUSE_TRACE)."""
     _device.synchronize()
     _take_notes()

@@ -10,9 +10,9 @@ import subprocess
 
 from .observe import explain
 
-# Colours of the timeline's kinds of events.
-_COLOURS = {"flush": "#6a8fd8", "plan": "#9bc1ef", "compile": "#e07b39", "run": "#4caf50",
-            "wave": "#a5d6a7", "copy": "#b39ddb", "wait": "#d0d0d0", "mark": "#d32f2f"}
+# Colours of the timeline's kinds of events (the Chromium test looks for them in a screenshot).
+COLOURS = {"flush": "#6a8fd8", "plan": "#9bc1ef", "compile": "#e07b39", "run": "#4caf50",
+           "wave": "#a5d6a7", "copy": "#b39ddb", "wait": "#d0d0d0", "mark": "#d32f2f"}
 
 _WIDTH = 1100
 _ROW = 22
@@ -57,7 +57,7 @@ def _timeline_svg(timeline):
         y = row[e["tid"]] * _ROW + 3
         tip = _e(f'{e["name"]} ({e.get("dur", 0):.1f} us) '
                  + ", ".join(f"{k}={v}" for k, v in e.get("args", {}).items()))
-        colour = _COLOURS.get(e.get("cat"), "#999")
+        colour = COLOURS.get(e.get("cat"), "#999")
         if e["ph"] == "X":
             w = max(e["dur"] * scale, 0.5)
             out.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{_ROW - 6}" '

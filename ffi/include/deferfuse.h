@@ -21,6 +21,11 @@
 #include <stdlib.h>
 
 /**
+ * Bytes of a [`DfuseProfiledRun`]'s label, its NUL included (longer labels are cut).
+ */
+#define DFUSE_PROFILED_LABEL_LEN 128
+
+/**
  * `DfuseConfig.mode` value meaning "read the mode from `TORCH_TPU_DEFER_AND_FUSE` and
  * `TORCH_TPU_LAUNCH_BLOCKING`" (what a runtime created with a NULL config does).
  */
@@ -1182,6 +1187,34 @@ typedef struct DfuseScalar {
   int64_t i;
 } DfuseScalar;
 
+/**
+ * One program run collected for a profiler (`dfuse_profiler_take`): what a device activity
+ * in torch.profiler's trace shows.
+ */
+typedef struct DfuseProfiledRun {
+  /**
+   * The stream whose work it was.
+   */
+  uint64_t stream;
+  /**
+   * The CPU worker that ran it inside a wave, or -1 when it ran on the stream's own track.
+   */
+  int64_t worker;
+  /**
+   * The tag (`dfuse_profiler_tag`) of the thread that prepared it: the op that launched it.
+   */
+  uint64_t tag;
+  /**
+   * Start in nanoseconds since the Unix epoch.
+   */
+  int64_t start_unix_ns;
+  uint64_t dur_ns;
+  /**
+   * The region's label, NUL-terminated.
+   */
+  char label[DFUSE_PROFILED_LABEL_LEN];
+} DfuseProfiledRun;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -1700,6 +1733,42 @@ DfuseStatus dfuse_profiler_enable(const struct DfuseRuntime *rt, uint32_t on);
  * `busy_ns` must be NULL or point to a writable `uint64_t`.
  */
 DfuseStatus dfuse_profiler_point(const struct DfuseRuntime *rt, uint64_t *busy_ns);
+
+/**
+ * Starts (`max_runs` > 0: keeping at most that many, the oldest dropped) or stops (0)
+ * collecting program runs (stream, start, duration, region label, tag) for a profiler's
+ * device activities: torch.profiler's trace and its device time. A start discards runs not
+ * yet taken. `*dropped` (may be NULL) gets the runs dropped so far.
+ *
+ * # Safety
+ * `dropped` must be NULL or point to a writable `uint64_t`.
+ */
+DfuseStatus dfuse_profiler_capture(const struct DfuseRuntime *rt,
+                                   uint64_t max_runs,
+                                   uint64_t *dropped);
+
+/**
+ * Sets the calling thread's tag: runs prepared on this thread from now on carry it, so a
+ * profiler links each run to the op that launched it (torch.profiler's correlation id).
+ * 0 means none.
+ *
+ * # Safety
+ * Always safe to call; `rt` is checked against live runtimes.
+ */
+DfuseStatus dfuse_profiler_tag(const struct DfuseRuntime *rt, uint64_t tag);
+
+/**
+ * Moves up to `cap` collected runs, oldest first, into `out[0..*n]`; call again until `*n`
+ * is less than `cap` to take them all.
+ *
+ * # Safety
+ * `out` must be NULL or point to `cap` writable `DfuseProfiledRun`s (NULL only when `cap`
+ * is 0); `n` must be NULL or point to a writable `uint64_t` (NULL is reported).
+ */
+DfuseStatus dfuse_profiler_take(const struct DfuseRuntime *rt,
+                                struct DfuseProfiledRun *out,
+                                uint64_t cap,
+                                uint64_t *n);
 
 /**
  * Makes a view of `tensor` (a `DfuseViewKind` with `args[0..n_args]`) and writes its handle

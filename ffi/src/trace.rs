@@ -2,7 +2,7 @@
 //! time (`DEFERFUSE_TRACE` records one from creation instead), and add the host backend's own
 //! events (why a sync point happened, which op fell back) to it.
 
-use crate::error::{guard, invalid, write_out, DfuseStatus, Result};
+use crate::error::{guard, invalid, slice_out, write_out, DfuseStatus, Result};
 use crate::runtime_registry::{runtime, DfuseRuntime};
 use std::ffi::{c_char, CStr};
 
@@ -150,6 +150,116 @@ pub unsafe extern "C" fn dfuse_profiler_point(
     })
 }
 
+/// Bytes of a [`DfuseProfiledRun`]'s label, its NUL included (longer labels are cut).
+pub const DFUSE_PROFILED_LABEL_LEN: usize = 128;
+
+/// One program run collected for a profiler (`dfuse_profiler_take`): what a device activity
+/// in torch.profiler's trace shows.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct DfuseProfiledRun {
+    /// The stream whose work it was.
+    pub stream: u64,
+    /// The CPU worker that ran it inside a wave, or -1 when it ran on the stream's own track.
+    pub worker: i64,
+    /// The tag (`dfuse_profiler_tag`) of the thread that prepared it: the op that launched it.
+    pub tag: u64,
+    /// Start in nanoseconds since the Unix epoch.
+    pub start_unix_ns: i64,
+    pub dur_ns: u64,
+    /// The region's label, NUL-terminated.
+    pub label: [c_char; DFUSE_PROFILED_LABEL_LEN],
+}
+
+/// Starts (`max_runs` > 0: keeping at most that many, the oldest dropped) or stops (0)
+/// collecting program runs (stream, start, duration, region label, tag) for a profiler's
+/// device activities: torch.profiler's trace and its device time. A start discards runs not
+/// yet taken. `*dropped` (may be NULL) gets the runs dropped so far.
+///
+/// # Safety
+/// `dropped` must be NULL or point to a writable `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_profiler_capture(
+    rt: *const DfuseRuntime,
+    max_runs: u64,
+    dropped: *mut u64,
+) -> DfuseStatus {
+    guard("dfuse_profiler_capture", || {
+        let rt = runtime(rt)?;
+        let n = usize::try_from(max_runs)
+            .map_err(|_| invalid(format!("max_runs = {max_runs} does not fit in size_t")))?;
+        if !dropped.is_null() {
+            // Checked before anything starts or stops: a bad pointer changes nothing.
+            // SAFETY: the caller's contract.
+            unsafe { write_out(dropped, "dropped", 0)? };
+        }
+        let d = rt.profiler_capture(n);
+        if dropped.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract.
+        unsafe { write_out(dropped, "dropped", d) }
+    })
+}
+
+/// Sets the calling thread's tag: runs prepared on this thread from now on carry it, so a
+/// profiler links each run to the op that launched it (torch.profiler's correlation id).
+/// 0 means none.
+///
+/// # Safety
+/// Always safe to call; `rt` is checked against live runtimes.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_profiler_tag(rt: *const DfuseRuntime, tag: u64) -> DfuseStatus {
+    guard("dfuse_profiler_tag", || {
+        runtime(rt)?.profiler_tag(tag);
+        Ok(())
+    })
+}
+
+/// Moves up to `cap` collected runs, oldest first, into `out[0..*n]`; call again until `*n`
+/// is less than `cap` to take them all.
+///
+/// # Safety
+/// `out` must be NULL or point to `cap` writable `DfuseProfiledRun`s (NULL only when `cap`
+/// is 0); `n` must be NULL or point to a writable `uint64_t` (NULL is reported).
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_profiler_take(
+    rt: *const DfuseRuntime,
+    out: *mut DfuseProfiledRun,
+    cap: u64,
+    n: *mut u64,
+) -> DfuseStatus {
+    guard("dfuse_profiler_take", || {
+        // SAFETY: the caller's contract.
+        unsafe { write_out(n, "n", 0)? };
+        let rt = runtime(rt)?;
+        let cap = usize::try_from(cap)
+            .map_err(|_| invalid(format!("cap = {cap} does not fit in size_t")))?;
+        // SAFETY: the caller's contract.
+        let out = unsafe { slice_out(out, cap, "out") }?;
+        let runs = rt.profiler_take(cap);
+        for (slot, r) in out.iter_mut().zip(&runs) {
+            let mut label = [0 as c_char; DFUSE_PROFILED_LABEL_LEN];
+            for (d, b) in label
+                .iter_mut()
+                .zip(r.label.bytes().take(DFUSE_PROFILED_LABEL_LEN - 1))
+            {
+                *d = b as c_char;
+            }
+            *slot = DfuseProfiledRun {
+                stream: r.stream,
+                worker: r.worker.map_or(-1, |w| w as i64),
+                tag: r.tag,
+                start_unix_ns: r.start_unix_ns,
+                dur_ns: r.dur_ns,
+                label,
+            };
+        }
+        // SAFETY: the caller's contract.
+        unsafe { write_out(n, "n", runs.len() as u64) }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +381,78 @@ mod tests {
         let s = unsafe { dfuse_trace_start(rt, ptr::null(), 0) };
         assert_eq!(s, DfuseStatus::InvalidArgument);
         assert!(last_error().contains("path is NULL"), "{}", last_error());
+        // SAFETY: live runtime.
+        assert_eq!(unsafe { dfuse_runtime_destroy(rt) }, DfuseStatus::Ok);
+    }
+    #[test]
+    fn captured_runs_carry_the_tag_set_on_the_thread_that_launched_them() {
+        use crate::op::{dfuse_op, DfuseAttrs, DfuseOpKind, DfuseUnaryOp};
+        use crate::tensor::{dfuse_tensor_empty, dfuse_tensor_release};
+        use crate::types::{DfuseDtype, DfuseOperand, DfuseOperandKind};
+        let rt = runtime();
+        let sizes = [1024i64];
+        let (mut x, mut y, mut n, mut busy) = (0u64, 0u64, 0u64, 0u64);
+        // SAFETY: zeroed plain C data.
+        let mut out: [DfuseProfiledRun; 4] = unsafe { std::mem::zeroed() };
+        // SAFETY: live runtime, valid arrays and out-pointers.
+        unsafe {
+            let s = dfuse_tensor_empty(rt, DfuseDtype::F32 as u32, sizes.as_ptr(), 1, &mut x);
+            assert_eq!(s, DfuseStatus::Ok);
+            let attrs = DfuseAttrs {
+                sub_op: DfuseUnaryOp::Exp as u32,
+                ..std::mem::zeroed()
+            };
+            let input = DfuseOperand {
+                kind: DfuseOperandKind::Tensor as u32,
+                tensor: x,
+                f: 0.0,
+                i: 0,
+            };
+            assert_eq!(
+                dfuse_profiler_capture(rt, 16, ptr::null_mut()),
+                DfuseStatus::Ok
+            );
+            assert_eq!(dfuse_profiler_tag(rt, 77), DfuseStatus::Ok);
+            let s = dfuse_op(
+                rt,
+                0,
+                DfuseOpKind::Unary as u32,
+                &attrs,
+                &input,
+                1,
+                0,
+                &mut y,
+            );
+            assert_eq!(s, DfuseStatus::Ok);
+            assert_eq!(dfuse_profiler_tag(rt, 0), DfuseStatus::Ok);
+            assert_eq!(dfuse_profiler_point(rt, &mut busy), DfuseStatus::Ok);
+            assert_eq!(
+                dfuse_profiler_capture(rt, 0, ptr::null_mut()),
+                DfuseStatus::Ok
+            );
+            let s = dfuse_profiler_take(rt, out.as_mut_ptr(), 4, &mut n);
+            assert_eq!(s, DfuseStatus::Ok);
+            for h in [x, y] {
+                dfuse_tensor_release(rt, h);
+            }
+            assert_eq!(dfuse_runtime_destroy(rt), DfuseStatus::Ok);
+        }
+        assert_eq!(n, 1, "the exp's one program");
+        assert_eq!((out[0].tag, out[0].stream, out[0].worker), (77, 0, -1));
+        assert!(out[0].start_unix_ns > 0);
+        // SAFETY: take NUL-terminates the label.
+        let label = unsafe { CStr::from_ptr(out[0].label.as_ptr()) };
+        assert!(!label.to_bytes().is_empty(), "the region's label");
+    }
+
+    #[test]
+    fn take_into_a_null_array_is_an_invalid_argument_naming_it() {
+        let rt = runtime();
+        let mut n = 0u64;
+        // SAFETY: a NULL array is reported, not written.
+        let s = unsafe { dfuse_profiler_take(rt, ptr::null_mut(), 4, &mut n) };
+        assert_eq!(s, DfuseStatus::InvalidArgument);
+        assert!(last_error().contains("out"), "{}", last_error());
         // SAFETY: live runtime.
         assert_eq!(unsafe { dfuse_runtime_destroy(rt) }, DfuseStatus::Ok);
     }

@@ -8,7 +8,7 @@ use crate::mode::Mode;
 use crate::runtime::Runtime;
 use crate::stats::SyncReason;
 use crate::stream::{BufferLookup, OpBuffers, Stream};
-use crate::timeline::{binding_args, region_label, Arg, RunTrace, Track};
+use crate::timeline::{binding_args, region_label, Arg, RunTrace, Timeline, Track};
 use crate::wave::{Job, Wave};
 use deferfuse_cache::{fingerprint, Fingerprint};
 use deferfuse_fusion::lower::lower_node;
@@ -26,6 +26,7 @@ impl Runtime {
             return Ok(false);
         }
         let nodes = pending.trace.take();
+        let tags = std::mem::take(&mut pending.tags);
         let mut buffers = std::mem::take(&mut pending.buffers);
         pending.bytes = 0;
         self.counters.sync(reason);
@@ -69,7 +70,10 @@ impl Runtime {
         for &(i, why) in &p.cut_log {
             tracing::debug!(op = %nodes[i], reason = why.name(), "cut");
             if t0.is_some() {
-                let args = vec![("op", Arg::S(nodes[i].to_string()))];
+                let mut args = vec![("op", Arg::S(nodes[i].to_string()))];
+                if let Ok(k) = tags.binary_search_by_key(&i, |t| t.0) {
+                    args.push(("tag", Arg::U(tags[k].1)));
+                }
                 let name = format!("cut ({})", why.name());
                 self.timeline
                     .instant(Track::StreamHost(stream.id), "cut", name, args);
@@ -261,8 +265,8 @@ impl Runtime {
         let fingerprint = step
             .key
             .get_or_init(|| fingerprint(&step.region, self.backend.identity()).0);
-        // A profiler alone needs only the run's time, not its description.
-        let (label, shapes, bytes) = if self.timeline.on() {
+        // A profiler's clock alone needs only the run's time, not its description.
+        let (label, shapes, bytes) = if self.timeline.describes() {
             self.timeline.note_region(fingerprint, &step.region);
             let (shapes, bytes) = binding_args(&step.binding);
             (region_label(&step.region), shapes, bytes)
@@ -277,6 +281,7 @@ impl Runtime {
             shapes,
             bytes,
             threads: self.threads(),
+            tag: Timeline::tag(),
         })
     }
 

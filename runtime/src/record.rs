@@ -332,6 +332,13 @@ impl Runtime {
                 p.bytes += new_bytes;
             }
             p.trace.push(node);
+            if self.timeline.on() {
+                let tag = crate::timeline::Timeline::tag();
+                if tag != 0 {
+                    let i = p.trace.len() - 1;
+                    p.tags.push((i, tag));
+                }
+            }
             let reason = if p.trace.len() >= self.config.max_pending_ops {
                 Some(SyncReason::MaxPending)
             } else if p.bytes > self.config.max_pending_bytes {

@@ -239,6 +239,10 @@ pub struct Pending {
     pub bytes: usize,
     /// Plans of this stream's recent trace structures (steady-state loops reuse them).
     pub plans: PlanCache,
+    /// (node index, host tag) of the nodes recorded with a nonzero tag while a trace ran: a
+    /// cut's timeline event names the tag of the op it cut at, which a host backend maps to
+    /// the user's source line.
+    pub tags: Vec<(usize, u64)>,
 }
 
 /// One stream: its pending trace, its queue and its worker.

@@ -163,6 +163,10 @@ static void every_call_rejects_runtime(DfuseRuntime *rt, DfuseStatus want, uint6
     MISUSE(want, dfuse_trace_mark(rt, s, "mark", "detail"));
     MISUSE(want, dfuse_profiler_enable(rt, 1));
     MISUSE(want, dfuse_profiler_point(rt, &ev));
+    DfuseProfiledRun runs[2];
+    MISUSE(want, dfuse_profiler_capture(rt, 16, &dr));
+    MISUSE(want, dfuse_profiler_tag(rt, 7));
+    MISUSE(want, dfuse_profiler_take(rt, runs, 2, &ev));
     double ms = 0;
     DfuseMemoryInfo mem;
     MISUSE(want, dfuse_event_create_timing(rt, &h));
@@ -247,12 +251,18 @@ static void null_and_misaligned_pointers(DfuseRuntime *rt) {
     MISUSE(INVALID_HANDLE, dfuse_trace_mark(rt, 12345, "mark", "detail"));
     MISUSE(INVALID_ARGUMENT, dfuse_profiler_enable(rt, 2));
     MISUSE(INVALID_ARGUMENT, dfuse_profiler_point(rt, NULL));
+    DfuseProfiledRun taken[2];
+    uint64_t n_taken = 0;
+    MISUSE(INVALID_ARGUMENT, dfuse_profiler_take(rt, NULL, 2, &n_taken));
+    MISUSE(INVALID_ARGUMENT, dfuse_profiler_take(rt, taken, 2, NULL));
+    MISUSE(INVALID_ARGUMENT, dfuse_profiler_take(rt, (DfuseProfiledRun *)((char *)taken + 1), 1, &n_taken));
     /* Misaligned out-parameters and arrays: reported, never written through. */
     uint64_t words[4] = {0, 0, 0, 0};
     void *odd = (char *)words + 1;
     MISUSE(INVALID_ARGUMENT, dfuse_tensor_ndim(rt, t, (size_t *)odd));
     MISUSE(INVALID_ARGUMENT, dfuse_tensor_empty(rt, 0, (const int64_t *)odd, 1, &h));
     MISUSE(INVALID_ARGUMENT, dfuse_stream_create(rt, (uint64_t *)odd));
+    MISUSE(INVALID_ARGUMENT, dfuse_profiler_capture(rt, 16, (uint64_t *)odd));
     MISUSE(INVALID_ARGUMENT, dfuse_tensor_shape(rt, t, (int64_t *)odd, 2));
     MISUSE(INVALID_ARGUMENT, dfuse_stats(rt, (DfuseStats *)odd));
     CHECK(words[0] == 0 && words[1] == 0);

@@ -1,7 +1,7 @@
 //! The runtime's timeline and profiler calls: start and stop a trace, add a host backend's
 //! marks, and read the device clock a profiler differences around each op.
 
-use super::{Arg, TraceSummary, Track};
+use super::{Arg, CapturedRun, Timeline, TraceSummary, Track};
 use crate::error::Result;
 use crate::handle::Handle;
 use crate::runtime::Runtime;
@@ -64,5 +64,28 @@ impl Runtime {
             s.progress.wait(s.last_seq());
         }
         self.timeline.busy_ns()
+    }
+
+    /// Starts (`max_runs` > 0: keeping at most that many, the oldest dropped) or stops (0)
+    /// collecting program runs for a profiler's device activities; returns the runs dropped
+    /// so far. Runs stay collected after a stop until [`Runtime::profiler_take`].
+    pub fn profiler_capture(&self, max_runs: usize) -> u64 {
+        if max_runs > 0 {
+            self.timeline.capture_start(max_runs);
+            0
+        } else {
+            self.timeline.capture_stop()
+        }
+    }
+
+    /// Removes and returns up to `max` collected runs, oldest first.
+    pub fn profiler_take(&self, max: usize) -> Vec<CapturedRun> {
+        self.timeline.capture_take(max)
+    }
+
+    /// Sets the calling thread's tag, carried by the runs prepared on it from now on: a
+    /// profiler's correlation id of the op it is in.
+    pub fn profiler_tag(&self, tag: u64) {
+        Timeline::set_tag(tag);
     }
 }

@@ -6,6 +6,7 @@
 //! has no hook at all. On, events go to a ring buffer of a fixed number of events, so a long
 //! run holds bounded memory: the oldest events are dropped, and the file says how many.
 
+mod capture;
 mod control;
 mod json;
 mod label;
@@ -18,6 +19,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+pub use capture::CapturedRun;
 pub use label::region_label;
 
 /// Events a trace keeps when nobody said how many (`DEFERFUSE_TRACE_EVENTS`): about 40 MB.
@@ -88,17 +90,22 @@ pub struct TraceSummary {
     pub dropped: u64,
 }
 
-/// `Timeline::state` bits: a trace runs; program run time is summed for a profiler.
+/// `Timeline::state` bits: a trace runs; program run time is summed for a profiler; program
+/// runs are collected for a profiler (capture.rs).
 const TRACING: u8 = 1;
 const PROFILING: u8 = 2;
+const CAPTURING: u8 = 4;
 
 /// The runtime's timeline recorder, and the device-time clock torch.profiler reads.
 pub struct Timeline {
-    /// [`TRACING`] | [`PROFILING`]: one byte, so a hook's "anything to do?" is one load.
+    /// [`TRACING`] | [`PROFILING`] | [`CAPTURING`]: one byte, so a hook's "anything to do?"
+    /// is one load.
     state: AtomicU8,
     /// Nanoseconds programs ran, summed while [`PROFILING`] (see [`Timeline::busy_ns`]).
     busy: AtomicU64,
     session: Mutex<Option<Session>>,
+    /// The runs collected for a profiler while [`CAPTURING`].
+    capture: Mutex<Option<capture::Capture>>,
     epoch: Instant,
 }
 
@@ -115,6 +122,7 @@ impl Default for Timeline {
             state: AtomicU8::new(0),
             busy: AtomicU64::new(0),
             session: Mutex::new(None),
+            capture: Mutex::new(None),
             epoch: Instant::now(),
         }
     }
@@ -309,6 +317,8 @@ pub struct RunTrace {
     pub bytes: u64,
     /// Threads the program may split its loops over (1 inside a wave).
     pub threads: usize,
+    /// The host's tag on the thread that prepared the run ([`Timeline::set_tag`]).
+    pub tag: u64,
 }
 
 impl RunTrace {
@@ -317,9 +327,13 @@ impl RunTrace {
     pub fn finish(&self, track: Track, start_ns: u64, ok: bool) {
         let tl = &self.timeline;
         let end = tl.now();
-        if tl.state.load(Ordering::Relaxed) & PROFILING != 0 {
+        let state = tl.state.load(Ordering::Relaxed);
+        if state & PROFILING != 0 {
             tl.busy
                 .fetch_add(end.saturating_sub(start_ns), Ordering::Relaxed);
+        }
+        if state & CAPTURING != 0 {
+            tl.capture_run(self.stream, self.tag, &self.label, track, start_ns, end);
         }
         if !tl.on() {
             return;
