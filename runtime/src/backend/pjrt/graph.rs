@@ -1,7 +1,7 @@
 //! Whole-program modules: a [`GraphRegion`] (every op of a flush between two cuts) becomes one
 //! StableHLO module, compiled for the flush's exact shapes, and XLA fuses across its parts.
 //!
-//! Each part is lowered as in a one-region program (`lower::function`, at its exact sizes, so
+//! Each part is lowered as in a one-region program (`emit::function`, at its exact sizes, so
 //! no masks) into a private function that `@main` calls; XLA inlines the calls. `@main` holds
 //! every buffer the graph touches as one flat array of the buffer's elements, in its dtype's
 //! compute element: a part's operand is a view of that array (a slice and reshape when the view
@@ -15,8 +15,8 @@
 //! Scalars (a learning rate, AdamW's bias corrections) change every step: they are arguments,
 //! packed into one 1-D array per element type, so a launch uploads a handful of small arrays.
 
+use super::emit;
 use super::hlo::{Elem, Func, Ty, Val};
-use super::lower;
 use super::ops::cast;
 use super::stage;
 use deferfuse_fusion::ir::DType;
@@ -123,7 +123,7 @@ struct View {
 }
 
 impl View {
-    fn of(p: &stage::Plan, j: usize, t: &TensorRef) -> View {
+    fn of(p: &stage::Staging, j: usize, t: &TensorRef) -> View {
         let o = &p.sig.operands[j];
         let dims: Vec<usize> = (0..o.map.len()).filter(|&d| o.present[d]).collect();
         View {
@@ -264,7 +264,7 @@ impl Buffers {
     }
 }
 
-/// The scalar arguments of each part, in the order `lower` declares them after the operands.
+/// The scalar arguments of each part, in the order `emit` declares them after the operands.
 fn scalar_srcs(region: &Region, part: usize) -> Vec<ScalarSrc> {
     let src = |slot, kind| ScalarSrc { part, slot, kind };
     match region {
@@ -336,11 +336,11 @@ fn value(
 /// elements; and what it takes and gives.
 pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) {
     let bufs = Buffers::new(g, b, lens);
-    let plans: Vec<stage::Plan> = g
+    let stagings: Vec<stage::Staging> = g
         .parts
         .iter()
         .zip(&b.parts)
-        .map(|(p, pb)| stage::plan_exact(&p.region, pb))
+        .map(|(p, pb)| stage::exact(&p.region, pb))
         .collect();
     let mut m = Func::default();
     // The scalar arrays come first: their sizes are known before any part is emitted.
@@ -348,7 +348,7 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
     let mut at: Vec<Vec<(usize, usize)>> = Vec::new();
     for (k, part) in g.parts.iter().enumerate() {
         let mut mine = Vec::new();
-        if !plans[k].empty {
+        if !stagings[k].empty {
             for s in scalar_srcs(&part.region, k) {
                 let e = elem_of(s.kind);
                 let a = match scalars.iter().position(|(x, _)| *x == e) {
@@ -373,11 +373,11 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
     let mut functions: HashMap<String, String> = HashMap::new();
     let mut text = String::new();
     for (k, (part, pb)) in g.parts.iter().zip(&b.parts).enumerate() {
-        let p = &plans[k];
+        let p = &stagings[k];
         if p.empty {
             continue;
         }
-        let (body, tys) = lower::function(&part.region, &p.sig, "PART");
+        let (body, tys) = emit::function(&part.region, &p.sig, "PART");
         let next = format!("part{}", functions.len());
         let name = functions.entry(body.clone()).or_insert_with(|| {
             text.push_str(&body.replacen("@PART(", &format!("@{next}("), 1));

@@ -37,6 +37,7 @@ pub struct GraphProgram {
     region: Region,
     fingerprint: Fingerprint,
     shared: Arc<Shared>,
+    /// This graph's executables by exact signature (`signature`).
     compiled: Mutex<HashMap<Vec<u64>, Arc<Compiled>>>,
 }
 
@@ -177,20 +178,20 @@ impl Program for GraphProgram {
         for (out, &j) in outs.into_iter().zip(&c.layout.outputs) {
             let b = &bufs[j];
             let d = binding.operands[j].dtype;
-            let plan = flat(j);
-            match stage::dense_key(&plan, 0, d, 0, b.len) {
+            let staging = flat(j);
+            match stage::dense_key(&staging, 0, d, 0, b.len) {
                 Some(k) => {
                     b.set_device_copy(Arc::new(DeviceArray::new(out, k, counters.clone())), true)
                 }
                 None => {
                     // Widened dtypes (f16, bf16, u8, bool) are stored on the host.
-                    let mut host = vec![0u8; stage::staged_len(&plan, 0, d)];
+                    let mut host = vec![0u8; stage::staged_len(&staging, 0, d)];
                     out.download(&mut host)?;
                     counters
                         .downloads
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     b.host_coherent()?;
-                    stage::scatter(&plan, 0, d, b.storage()?.ptr(), 0, &host);
+                    stage::scatter(&staging, 0, d, b.storage()?.ptr(), 0, &host);
                     b.host_written();
                 }
             }
