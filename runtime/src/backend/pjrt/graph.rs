@@ -16,6 +16,7 @@
 //! packed into one 1-D array per element type, so a launch uploads a handful of small arrays.
 
 use super::emit;
+use super::graph_kernel::{self, Check};
 use super::hlo::{Elem, Func, Ty, Val};
 use super::ops::cast;
 use super::stage;
@@ -53,6 +54,9 @@ pub struct Layout {
     pub inputs: Vec<usize>,
     /// The binding outputs, in result order (buffers with no elements are left out).
     pub outputs: Vec<usize>,
+    /// The bounds checks of the gather and scatter parts, in part order: when there are any,
+    /// the module's last result holds [`graph_kernel::CHECK_WORDS`] i64s per check.
+    pub checks: Vec<Check>,
 }
 
 /// The dims a buffer of `n` elements is staged with (`stage::flat`): a 0-d array for one.
@@ -138,6 +142,23 @@ impl View {
         }
     }
 
+    /// Tensor `t`'s view as its layout gives it (a kernel part, which has no staging), less
+    /// the dims that do not move through memory (size 1, or broadcast with stride 0); also
+    /// the positions of the dims kept.
+    fn of_layout(t: &TensorRef) -> (View, Vec<usize>) {
+        let l = &t.layout;
+        let kept: Vec<usize> = (0..l.rank())
+            .filter(|&d| l.sizes[d] != 1 && l.strides[d] != 0)
+            .collect();
+        let view = View {
+            sizes: kept.iter().map(|&d| l.sizes[d]).collect(),
+            strides: kept.iter().map(|&d| l.strides[d]).collect(),
+            offset: l.offset,
+            empty: l.numel() == 0,
+        };
+        (view, kept)
+    }
+
     fn numel(&self) -> usize {
         if self.empty {
             0
@@ -214,7 +235,7 @@ impl View {
             Some(run) => f.update_slice_1d(old, &run, self.offset),
             None => {
                 let idx = indices(f, &self.sizes, &self.strides, self.offset);
-                f.scatter_1d(old, &idx, v)
+                f.scatter_1d(old, &idx, v, None)
             }
         }
     }
@@ -264,8 +285,9 @@ impl Buffers {
     }
 }
 
-/// The scalar arguments of each part, in the order `emit` declares them after the operands.
-fn scalar_srcs(region: &Region, part: usize) -> Vec<ScalarSrc> {
+/// The scalar arguments of each part, in the order `emit` declares them after the operands
+/// (a scatter's value, when it has no src tensor, in its result's dtype).
+fn scalar_srcs(region: &Region, pb: &Binding, part: usize) -> Vec<ScalarSrc> {
     let src = |slot, kind| ScalarSrc { part, slot, kind };
     match region {
         Region::Loop(l) => l
@@ -282,9 +304,13 @@ fn scalar_srcs(region: &Region, part: usize) -> Vec<ScalarSrc> {
             ]
         }
         Region::Arange { .. } => vec![src(0, ScalarKind::F64), src(1, ScalarKind::F64)],
-        Region::Kernel(_) | Region::Graph(_) => {
-            unreachable!("graphs hold no kernel ops and no graphs")
-        }
+        Region::Kernel(_) => pb
+            .scalars
+            .iter()
+            .enumerate()
+            .map(|(slot, _)| src(slot, ScalarKind::Param(pb.operands[0].dtype)))
+            .collect(),
+        Region::Graph(_) => unreachable!("graphs hold no graphs"),
     }
 }
 
@@ -332,24 +358,48 @@ fn value(
     v
 }
 
+/// Writes `r` (the values of `view`, at its sizes) into buffer `gb`: the whole array when the
+/// view covers it, else a functional update of its current value.
+fn store(
+    m: &mut Func,
+    cur: &mut [Option<Val>],
+    inputs: &mut Vec<usize>,
+    bufs: &Buffers,
+    gb: usize,
+    view: &View,
+    r: &Val,
+) {
+    let new = if view.covers(bufs.len[gb]) {
+        view.as_run(m, r).expect("a covering view is a dense block")
+    } else {
+        let old = value(m, cur, inputs, bufs, gb);
+        view.write(m, &old, r)
+    };
+    cur[gb] = Some(new);
+}
+
 /// The module for graph `g` bound to `b`, whose binding operands' buffers hold `lens`
 /// elements; and what it takes and gives.
 pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) {
     let bufs = Buffers::new(g, b, lens);
-    let stagings: Vec<stage::Staging> = g
+    // Kernel parts have no staging: their operands are read through their layouts.
+    let stagings: Vec<Option<stage::Staging>> = g
         .parts
         .iter()
         .zip(&b.parts)
-        .map(|(p, pb)| stage::exact(&p.region, pb))
+        .map(|(p, pb)| match *p.region {
+            Region::Kernel(_) => None,
+            _ => Some(stage::exact(&p.region, pb)),
+        })
         .collect();
     let mut m = Func::default();
     // The scalar arrays come first: their sizes are known before any part is emitted.
     let mut scalars: Vec<(Elem, Vec<ScalarSrc>)> = Vec::new();
     let mut at: Vec<Vec<(usize, usize)>> = Vec::new();
-    for (k, part) in g.parts.iter().enumerate() {
+    for (k, (part, pb)) in g.parts.iter().zip(&b.parts).enumerate() {
         let mut mine = Vec::new();
-        if !stagings[k].empty {
-            for s in scalar_srcs(&part.region, k) {
+        if !stagings[k].as_ref().is_some_and(|s| s.empty) {
+            for s in scalar_srcs(&part.region, pb, k) {
                 let e = elem_of(s.kind);
                 let a = match scalars.iter().position(|(x, _)| *x == e) {
                     Some(a) => a,
@@ -372,8 +422,43 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
     let mut inputs: Vec<usize> = Vec::new();
     let mut functions: HashMap<String, String> = HashMap::new();
     let mut text = String::new();
+    let mut checks: Vec<Check> = Vec::new();
+    let mut flags: Vec<Val> = Vec::new();
     for (k, (part, pb)) in g.parts.iter().zip(&b.parts).enumerate() {
-        let p = &stagings[k];
+        let Some(p) = &stagings[k] else {
+            let Region::Kernel(op) = &*part.region else {
+                unreachable!("only kernel parts have no staging")
+            };
+            let mut args = Vec::new();
+            for (j, t) in pb.operands[..pb.n_inputs].iter().enumerate() {
+                let buf = value(
+                    &mut m,
+                    &mut cur,
+                    &mut inputs,
+                    &bufs,
+                    part.operands[j] as usize,
+                );
+                let (view, kept) = View::of_layout(t);
+                let v = view.read(&mut m, &buf);
+                args.push(m.broadcast(&v, &t.layout.sizes, &kept));
+            }
+            let scalar = at[k].first().map(|&(a, i)| {
+                let s = m.slice(&arrays[a], i, i + 1);
+                m.reshape(&s, &[])
+            });
+            let out = &pb.operands[pb.n_inputs];
+            let l = graph_kernel::lower(&mut m, op, &args, scalar.as_ref(), out.dtype);
+            checks.push(l.check);
+            flags.push(l.flag);
+            let gb = part.operands[pb.n_inputs] as usize;
+            let (view, kept) = View::of_layout(out);
+            let r = stored(&mut m, &l.result, out.dtype);
+            // An output has no broadcast dims: dropping its size-1 dims is a reshape.
+            debug_assert_eq!(kept.len(), view.sizes.len());
+            let r = m.reshape(&r, &view.sizes);
+            store(&mut m, &mut cur, &mut inputs, &bufs, gb, &view, &r);
+            continue;
+        };
         if p.empty {
             continue;
         }
@@ -426,15 +511,7 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
             let r = &stored(&mut m, r, pb.operands[j].dtype);
             let gb = part.operands[j] as usize;
             let view = View::of(p, j, &pb.operands[j]);
-            let n = bufs.len[gb];
-            let new = if view.covers(n) {
-                view.as_run(&mut m, r)
-                    .expect("a covering view is a dense block")
-            } else {
-                let old = value(&mut m, &mut cur, &mut inputs, &bufs, gb);
-                view.write(&mut m, &old, r)
-            };
-            cur[gb] = Some(new);
+            store(&mut m, &mut cur, &mut inputs, &bufs, gb, &view, r);
         }
     }
     let mut results = Vec::new();
@@ -456,6 +533,11 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
         results.push(m.reshape(&v, &flat_dims(n)));
         outputs.push(j);
     }
+    if !flags.is_empty() {
+        let refs: Vec<&Val> = flags.iter().collect();
+        let ty = Ty::new(Elem::I64, &[graph_kernel::CHECK_WORDS * flags.len()]);
+        results.push(m.op("concatenate", &refs, "dimension = 0 : i64", ty));
+    }
     let main = m.function("main", &results, &donate);
     let module = format!("module {{\n{text}{main}}}\n");
     (
@@ -464,6 +546,7 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
             scalars,
             inputs,
             outputs,
+            checks,
         },
     )
 }

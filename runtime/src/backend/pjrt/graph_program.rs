@@ -8,10 +8,12 @@
 //! donated to the program that updates them (see `graph`), and the results become the buffers'
 //! device copies. f16, bf16, u8 and bool buffers go through the host, as in one-region programs.
 
-use super::client::Executable;
+use super::client::{DeviceBuffer, Executable};
 use super::graph::{self, Layout, ScalarKind};
+use super::graph_kernel::{Check, CHECK_WORDS};
 use super::resident::{self, DeviceArray};
 use super::{compile, stage, Arg, Shared};
+use crate::backend::host_kernels::out_of_bounds;
 use crate::backend::Program;
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
@@ -111,6 +113,23 @@ impl GraphProgram {
         Ok(c)
     }
 
+    /// The host routine's error for the first failed bounds check (in part order), read from
+    /// the module's check result.
+    fn bad_index(&self, checks: &[Check], flags: &DeviceBuffer) -> Result<Option<Error>> {
+        let mut bytes = vec![0u8; checks.len() * CHECK_WORDS * 8];
+        flags.download(&mut bytes)?;
+        self.shared
+            .counters
+            .downloads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let word =
+            |i: usize| i64::from_ne_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        Ok(checks.iter().enumerate().find_map(|(k, c)| {
+            (word(k * CHECK_WORDS) != 0)
+                .then(|| out_of_bounds(c.op, word(k * CHECK_WORDS + 1), c.dim, c.size))
+        }))
+    }
+
     /// The packed scalar arrays of one launch (see `graph::Layout::scalars`).
     fn scalar_args(&self, c: &Compiled, b: &Binding) -> Result<Vec<Arg>> {
         c.layout
@@ -163,17 +182,26 @@ impl Program for GraphProgram {
             )?);
         }
         let refs: Vec<_> = args.iter().map(Arg::buf).collect();
-        let outs = c.exe.execute(&refs)?;
+        let mut outs = c.exe.execute(&refs)?;
         drop(refs);
         // Donated inputs are consumed: their device copies are replaced just below.
         drop(args);
-        if outs.len() != c.layout.outputs.len() {
+        let has_checks = !c.layout.checks.is_empty();
+        if outs.len() != c.layout.outputs.len() + has_checks as usize {
             return Err(Error::Internal(format!(
-                "a whole program returned {} results for {} outputs",
+                "a whole program returned {} results for {} outputs and {} bounds checks",
                 outs.len(),
-                c.layout.outputs.len()
+                c.layout.outputs.len(),
+                c.layout.checks.len()
             )));
         }
+        let bad_index = match has_checks {
+            true => {
+                let flags = outs.pop().expect("the checks are the last result");
+                self.bad_index(&c.layout.checks, &flags)?
+            }
+            false => None,
+        };
         let counters = &self.shared.counters;
         for (out, &j) in outs.into_iter().zip(&c.layout.outputs) {
             let b = &bufs[j];
@@ -196,7 +224,13 @@ impl Program for GraphProgram {
                 }
             }
         }
-        Ok(())
+        // The results are stored even so: donation consumed the old device copies. The
+        // executor marks every output failed with this error, so no value computed from a
+        // bad index is ever read.
+        match bad_index {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     fn listing(&self) -> String {

@@ -23,6 +23,7 @@ mod compile;
 mod emit;
 mod ffi;
 mod graph;
+mod graph_kernel;
 mod graph_program;
 mod hlo;
 mod identity;
@@ -151,7 +152,7 @@ fn capabilities_from_env() -> Result<Capabilities> {
         Err(_) => DEFAULT_MAX_REGION_OPS,
     };
     Ok(if whole {
-        Capabilities::whole_programs(max)
+        Capabilities::whole_programs(max).with_kernels(graph_kernel::LOWERED)
     } else {
         Capabilities::LOOPS
     })
