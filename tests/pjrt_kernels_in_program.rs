@@ -42,9 +42,18 @@ fn both() -> Option<[Runtime; 2]> {
 
 fn tensor(rt: &Runtime, dtype: DType, sizes: &[usize], vals: &[f64]) -> Handle {
     let bytes: Vec<u8> = match dtype {
-        DType::F32 => vals.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect(),
-        DType::I64 => vals.iter().flat_map(|&v| (v as i64).to_le_bytes()).collect(),
-        DType::I32 => vals.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect(),
+        DType::F32 => vals
+            .iter()
+            .flat_map(|&v| (v as f32).to_le_bytes())
+            .collect(),
+        DType::I64 => vals
+            .iter()
+            .flat_map(|&v| (v as i64).to_le_bytes())
+            .collect(),
+        DType::I32 => vals
+            .iter()
+            .flat_map(|&v| (v as i32).to_le_bytes())
+            .collect(),
         other => unreachable!("the tests use f32, i64 and i32, not {other}"),
     };
     rt.from_host(&bytes, dtype, sizes).expect("from_host")
@@ -129,7 +138,12 @@ fn same_values_in_programs(programs: u64, build: impl Fn(&Runtime) -> Vec<Handle
 #[test]
 fn a_gather_between_elementwise_ops_is_part_of_one_program() {
     same_values_in_programs(1, |rt| {
-        let x = tensor(rt, DType::F32, &[3, 4], &(0..12).map(f64::from).collect::<Vec<_>>());
+        let x = tensor(
+            rt,
+            DType::F32,
+            &[3, 4],
+            &(0..12).map(f64::from).collect::<Vec<_>>(),
+        );
         let idx = tensor(rt, DType::I64, &[3, 2], &[3.0, 0.0, 1.0, 1.0, 2.0, 3.0]);
         let y = mul(rt, t(x), f(2.0));
         let g = op(rt, gather(1), &[t(y), t(idx)]);
@@ -142,7 +156,12 @@ fn a_gather_between_elementwise_ops_is_part_of_one_program() {
 fn an_index_select_through_a_broadcast_index_matches_the_cpu_backend() {
     // index_select's index is viewed with stride 0 along the other dims (no expanded copy).
     same_values_in_programs(1, |rt| {
-        let w = tensor(rt, DType::F32, &[5, 3], &(0..15).map(f64::from).collect::<Vec<_>>());
+        let w = tensor(
+            rt,
+            DType::F32,
+            &[5, 3],
+            &(0..15).map(f64::from).collect::<Vec<_>>(),
+        );
         let ids = tensor(rt, DType::I32, &[4], &[4.0, 0.0, 4.0, 2.0]);
         let w2 = mul(rt, t(w), f(0.5));
         let ex = rt
@@ -169,10 +188,24 @@ fn scatter_sum_amax_and_amin_with_and_without_self_match_the_cpu_backend() {
                 let base = tensor(rt, DType::F32, &[4, 3], &[1.0; 12]);
                 let this = mul(rt, t(base), f(-2.0));
                 // Duplicate targets combine; row 3 receives nothing and keeps its value.
-                let idx = tensor(rt, DType::I64, &[3, 3], &[0., 1., 2., 0., 1., 0., 2., 2., 2.]);
-                let src = tensor(rt, DType::F32, &[3, 3], &[5., -1., 3., 4., 7., -6., 2., 9., 0.5]);
+                let idx = tensor(
+                    rt,
+                    DType::I64,
+                    &[3, 3],
+                    &[0., 1., 2., 0., 1., 0., 2., 2., 2.],
+                );
+                let src = tensor(
+                    rt,
+                    DType::F32,
+                    &[3, 3],
+                    &[5., -1., 3., 4., 7., -6., 2., 9., 0.5],
+                );
                 let s = mul(rt, t(src), f(1.5));
-                let r = op(rt, scatter(0, reduce, include_self), &[t(this), t(idx), t(s)]);
+                let r = op(
+                    rt,
+                    scatter(0, reduce, include_self),
+                    &[t(this), t(idx), t(s)],
+                );
                 vec![mul(rt, t(r), f(1.0))]
             });
         }

@@ -98,14 +98,3 @@ pub fn executable(
         .keep_executable(fingerprint.0, key.to_vec(), exe.clone());
     Ok(exe)
 }
-
-/// Compiles `mlir` outside any program (a relayout), counted like the others.
-pub fn uncached(shared: &Shared, mlir: &str) -> Result<Executable> {
-    let started = Instant::now();
-    let exe = shared.client.compile(mlir);
-    let c = &shared.counters;
-    c.compiles.fetch_add(1, Ordering::Relaxed);
-    c.compile_ns
-        .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    exe
-}

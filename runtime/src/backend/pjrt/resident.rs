@@ -7,6 +7,7 @@ use super::{emit, hlo, Arg, PjrtCounters, Shared};
 use crate::backend::DeviceValue;
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
+use deferfuse_cache::Fingerprint;
 use deferfuse_fusion::ir::DType;
 use std::any::Any;
 use std::collections::HashMap;
@@ -34,10 +35,12 @@ pub fn relayout(shared: &Shared, from: &DeviceArray, to: &DenseKey) -> Result<Op
             Some(e) => e.clone(),
             None if cache.len() >= MAX_RELAYOUTS => return Ok(None),
             None => {
+                // Keyed by its module text, so a warm process loads it from the disk cache
+                // like any program instead of compiling it again.
                 let mlir = emit::relayout(&from.key, to);
-                let e = Arc::new(super::compile::uncached(shared, &mlir).map_err(|e| {
-                    Error::Backend(format!("{e}\nwhile compiling a relayout\n{mlir}"))
-                })?);
+                let fp = Fingerprint(xxhash_rust::xxh3::xxh3_128(mlir.as_bytes()));
+                let what = || "a relayout".to_string();
+                let e = super::compile::executable(shared, fp, &[], &what, || mlir)?;
                 cache.insert(pair, e.clone());
                 e
             }
