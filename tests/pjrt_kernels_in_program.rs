@@ -261,6 +261,23 @@ fn a_bad_index_in_a_program_fails_the_sync_point_with_the_cpu_backends_error() {
 }
 
 #[test]
+fn only_values_computed_from_a_bad_index_fail() {
+    let Some(rts) = both() else { return };
+    for rt in &rts {
+        let x = tensor(rt, DType::F32, &[2, 5], &[1.0; 10]);
+        let y = mul(rt, t(x), f(2.0));
+        let idx = tensor(rt, DType::I64, &[2, 1], &[0.0, 5.0]);
+        let g = op(rt, gather(1), &[t(y), t(idx)]);
+        let loss = sum_all(rt, g);
+        // Recorded in the same flush, but not computed from the gather.
+        let other = mul(rt, t(y), f(3.0));
+        let msg = "gather: index 5 is out of bounds for dim 1 with size 5";
+        assert_index_error(&read_f32(rt, loss).unwrap_err(), msg);
+        assert_eq!(read_f32(rt, other).unwrap(), [6.0; 10]);
+    }
+}
+
+#[test]
 fn a_bad_scatter_index_fails_with_the_cpu_backends_error() {
     let Some(rts) = both() else { return };
     for rt in &rts {

@@ -57,6 +57,33 @@ pub struct Layout {
     /// The bounds checks of the gather and scatter parts, in part order: when there are any,
     /// the module's last result holds [`graph_kernel::CHECK_WORDS`] i64s per check.
     pub checks: Vec<Check>,
+    /// For each output, the checks its value depends on: a bad index fails only those
+    /// outputs, as on the CPU backend, where only what is computed from it fails.
+    pub output_checks: Vec<Vec<usize>>,
+}
+
+/// Which bounds checks each graph buffer's current value depends on.
+struct Taint(Vec<Vec<usize>>);
+
+impl Taint {
+    /// The checks the values of buffers `gbs` depend on.
+    fn of(&self, gbs: impl Iterator<Item = usize>) -> Vec<usize> {
+        let mut t: Vec<usize> = gbs.flat_map(|gb| self.0[gb].iter().copied()).collect();
+        t.sort_unstable();
+        t.dedup();
+        t
+    }
+
+    /// Buffer `gb` written with a value that depends on `t`: it replaces the old value when
+    /// the write `covers` the buffer, else it joins it.
+    fn write(&mut self, gb: usize, t: &[usize], covers: bool) {
+        if covers {
+            self.0[gb].clear();
+        }
+        self.0[gb].extend_from_slice(t);
+        self.0[gb].sort_unstable();
+        self.0[gb].dedup();
+    }
 }
 
 /// The dims a buffer of `n` elements is staged with (`stage::flat`): a 0-d array for one.
@@ -424,6 +451,7 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
     let mut text = String::new();
     let mut checks: Vec<Check> = Vec::new();
     let mut flags: Vec<Val> = Vec::new();
+    let mut taint = Taint(vec![Vec::new(); g.buffers as usize]);
     for (k, (part, pb)) in g.parts.iter().zip(&b.parts).enumerate() {
         let Some(p) = &stagings[k] else {
             let Region::Kernel(op) = &*part.region else {
@@ -448,10 +476,14 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
             });
             let out = &pb.operands[pb.n_inputs];
             let l = graph_kernel::lower(&mut m, op, &args, scalar.as_ref(), out.dtype);
+            let ins = part.operands[..pb.n_inputs].iter().map(|&gb| gb as usize);
+            let mut t = taint.of(ins);
+            t.push(checks.len());
             checks.push(l.check);
             flags.push(l.flag);
             let gb = part.operands[pb.n_inputs] as usize;
             let (view, kept) = View::of_layout(out);
+            taint.write(gb, &t, view.covers(bufs.len[gb]));
             let r = stored(&mut m, &l.result, out.dtype);
             // An output has no broadcast dims: dropping its size-1 dims is a reshape.
             debug_assert_eq!(kept.len(), view.sizes.len());
@@ -507,15 +539,18 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
         ));
         let refs: Vec<&Val> = args.iter().collect();
         let results = m.call(&name, &refs, &tys);
+        let t = taint.of(p.inputs.iter().map(|&j| part.operands[j] as usize));
         for (r, &j) in results.iter().zip(&p.outputs) {
             let r = &stored(&mut m, r, pb.operands[j].dtype);
             let gb = part.operands[j] as usize;
             let view = View::of(p, j, &pb.operands[j]);
+            taint.write(gb, &t, view.covers(bufs.len[gb]));
             store(&mut m, &mut cur, &mut inputs, &bufs, gb, &view, r);
         }
     }
     let mut results = Vec::new();
     let mut outputs = Vec::new();
+    let mut output_checks = Vec::new();
     let mut donate = Vec::new();
     for j in g.n_inputs..g.operands.len() {
         let gb = g.operands[j] as usize;
@@ -532,6 +567,7 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
         }
         results.push(m.reshape(&v, &flat_dims(n)));
         outputs.push(j);
+        output_checks.push(taint.0[gb].clone());
     }
     if !flags.is_empty() {
         let refs: Vec<&Val> = flags.iter().collect();
@@ -547,6 +583,7 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
             inputs,
             outputs,
             checks,
+            output_checks,
         },
     )
 }

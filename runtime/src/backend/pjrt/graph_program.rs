@@ -113,9 +113,9 @@ impl GraphProgram {
         Ok(c)
     }
 
-    /// The host routine's error for the first failed bounds check (in part order), read from
-    /// the module's check result.
-    fn bad_index(&self, checks: &[Check], flags: &DeviceBuffer) -> Result<Option<Error>> {
+    /// Per bounds check, the host routine's error when it failed (read from the module's
+    /// check result); empty when none failed.
+    fn failed_checks(&self, checks: &[Check], flags: &DeviceBuffer) -> Result<Vec<Option<Error>>> {
         let mut bytes = vec![0u8; checks.len() * CHECK_WORDS * 8];
         flags.download(&mut bytes)?;
         self.shared
@@ -124,10 +124,14 @@ impl GraphProgram {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let word =
             |i: usize| i64::from_ne_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        Ok(checks.iter().enumerate().find_map(|(k, c)| {
-            (word(k * CHECK_WORDS) != 0)
-                .then(|| out_of_bounds(c.op, word(k * CHECK_WORDS + 1), c.dim, c.size))
-        }))
+        Ok(checks
+            .iter()
+            .enumerate()
+            .map(|(k, c)| {
+                (word(k * CHECK_WORDS) != 0)
+                    .then(|| out_of_bounds(c.op, word(k * CHECK_WORDS + 1), c.dim, c.size))
+            })
+            .collect())
     }
 
     /// The packed scalar arrays of one launch (see `graph::Layout::scalars`).
@@ -195,16 +199,25 @@ impl Program for GraphProgram {
                 c.layout.checks.len()
             )));
         }
-        let bad_index = match has_checks {
+        let failed = match has_checks {
             true => {
                 let flags = outs.pop().expect("the checks are the last result");
-                self.bad_index(&c.layout.checks, &flags)?
+                self.failed_checks(&c.layout.checks, &flags)?
             }
-            false => None,
+            false => Vec::new(),
         };
         let counters = &self.shared.counters;
-        for (out, &j) in outs.into_iter().zip(&c.layout.outputs) {
+        for (k, (out, &j)) in outs.into_iter().zip(&c.layout.outputs).enumerate() {
             let b = &bufs[j];
+            // A value computed from a bad index is never read: every later use of the buffer
+            // reports the check's error (the executor's rule for a failed program). The
+            // result is stored even so: donation consumed the old device copy.
+            let bad = c.layout.output_checks[k]
+                .iter()
+                .find_map(|&x| failed.get(x).cloned().flatten());
+            if let Some(e) = bad {
+                b.fail(&e);
+            }
             let d = binding.operands[j].dtype;
             let staging = flat(j);
             match stage::dense_key(&staging, 0, d, 0, b.len) {
@@ -224,13 +237,7 @@ impl Program for GraphProgram {
                 }
             }
         }
-        // The results are stored even so: donation consumed the old device copies. The
-        // executor marks every output failed with this error, so no value computed from a
-        // bad index is ever read.
-        match bad_index {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     fn listing(&self) -> String {
