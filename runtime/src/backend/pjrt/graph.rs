@@ -14,6 +14,10 @@
 //!
 //! Scalars (a learning rate, AdamW's bias corrections) change every step: they are arguments,
 //! packed into one 1-D array per element type, so a launch uploads a handful of small arrays.
+//!
+//! Gather and scatter parts have no staging: their operands are read through their layouts and
+//! lowered by `graph_kernel`, whose bounds checks become one extra i64 result; the layout says
+//! which checks each output's value depends on (`Layout::output_checks`).
 
 use super::emit;
 use super::graph_kernel::{self, Check};
