@@ -7,8 +7,9 @@
 //! so each part also computes its bounds check (`Check`): whether any index is outside its dim,
 //! and the first bad value in the order the host routine checks them (rows along `dim`, the
 //! other dims outermost, row-major). The module returns the checks as one extra i64 result;
-//! the program reads it after the launch and fails with the host routine's error, so no value
-//! computed from a bad index reaches the host (`graph_program`).
+//! the program reads it after the launch, and the outputs computed from a bad index carry the
+//! host routine's error to their next use, so none of their values reaches the host
+//! (`graph_program`).
 
 use super::hlo::{Elem, Func, Ty, Val};
 use deferfuse_fusion::ir::{DType, KernelOp, ScatterReduce};
