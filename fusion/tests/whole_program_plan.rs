@@ -1,8 +1,10 @@
 //! The planner on its own, for a backend that fuses whole programs (`Capabilities::
 //! whole_programs`): tables of nodes in, steps and cut reasons out, no runtime.
 
-use deferfuse_fusion::ir::{BinaryOp, DType, KernelOp, Layout, Op, RandomDist, ReduceOp, Scalar};
-use deferfuse_fusion::plan::{plan, Capabilities, CutReason, Plan, PlanOptions};
+use deferfuse_fusion::ir::{
+    BinaryOp, DType, KernelOp, Layout, Op, RandomDist, ReduceOp, Scalar, ScatterReduce,
+};
+use deferfuse_fusion::plan::{plan, Capabilities, CutReason, KernelsInRegion, Plan, PlanOptions};
 use deferfuse_fusion::plan_cache::PlanCache;
 use deferfuse_fusion::region::Region;
 use deferfuse_fusion::{BufferId, Node, Operand, TensorRef};
@@ -285,5 +287,67 @@ fn an_op_over_an_empty_tensor_runs_as_its_own_step() {
     ];
     let p = plan_with(&nodes, &[1, 3, 4, 6], &whole(4096));
     assert_eq!(shape_of(&p), [("loop", 1), ("loop", 1), ("graph", 2)]);
+    assert_eq!(p.cuts[CutReason::Unfusable as usize], 1);
+}
+
+/// The layer, then a gather of `z` by an int64 index (buffer 10) and a scatter of what it
+/// picked back into a copy of `z` (buffer 12) with `reduce`.
+fn layer_with_gather_and_scatter(reduce: ScatterReduce) -> Vec<Node> {
+    let mut nodes = layer();
+    let idx = TensorRef {
+        buffer: 10,
+        layout: Layout::contiguous(&[4, 1]),
+        dtype: DType::I64,
+    };
+    let gather = Op::Kernel(KernelOp::Gather { dim: 1 });
+    nodes.push(node(
+        gather,
+        vec![tensor(t(5, &[4, 5])), tensor(idx.clone())],
+        t(11, &[4, 1]),
+    ));
+    let scatter = Op::Kernel(KernelOp::Scatter {
+        dim: 1,
+        reduce,
+        include_self: true,
+    });
+    nodes.push(node(
+        scatter,
+        vec![tensor(t(5, &[4, 5])), tensor(idx), tensor(t(11, &[4, 1]))],
+        t(12, &[4, 5]),
+    ));
+    nodes
+}
+
+fn with_gather_and_scatter_sum() -> PlanOptions {
+    PlanOptions {
+        capabilities: Capabilities::whole_programs(4096).with_kernels(KernelsInRegion {
+            gather: true,
+            scatter: &[ScatterReduce::Sum],
+        }),
+        ..PlanOptions::default()
+    }
+}
+
+#[test]
+fn kernel_ops_the_backend_lowers_join_the_graph() {
+    let nodes = layer_with_gather_and_scatter(ScatterReduce::Sum);
+    let p = plan_with(
+        &nodes,
+        &[1, 2, 3, 8, 10, 12],
+        &with_gather_and_scatter_sum(),
+    );
+    assert_eq!(shape_of(&p), [("graph", nodes.len())]);
+    assert_eq!(p.cuts, [0; CutReason::COUNT]);
+}
+
+#[test]
+fn a_scatter_reduction_the_backend_does_not_lower_still_cuts() {
+    let nodes = layer_with_gather_and_scatter(ScatterReduce::Assign);
+    let p = plan_with(
+        &nodes,
+        &[1, 2, 3, 8, 10, 12],
+        &with_gather_and_scatter_sum(),
+    );
+    assert_eq!(shape_of(&p), [("graph", nodes.len() - 1), ("kernel", 1)]);
     assert_eq!(p.cuts[CutReason::Unfusable as usize], 1);
 }

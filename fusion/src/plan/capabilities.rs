@@ -7,7 +7,7 @@
 //! two sync points as one region, matmuls, reductions, views, shape changes and in-place
 //! writes included, bounded in size; only the ops it cannot lower cut.
 
-use crate::ir::Op;
+use crate::ir::{DType, KernelOp, Op, ScatterReduce};
 
 /// What one region may hold on a backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,10 +20,42 @@ pub struct Capabilities {
     /// flush is cut (counted as `max_ops`). Loop regions keep
     /// [`super::PlanOptions::max_ops_per_region`].
     pub max_region_ops: usize,
-    /// Whether a whole-program region may hold kernel ops (gather, scatter, scans, sort,
-    /// random numbers); without it each runs as its own step and cuts (counted as
-    /// `unfusable`).
-    pub kernel_ops_in_region: bool,
+    /// The kernel ops a whole-program region may hold (the backend lowers them into the
+    /// program, bounds checks included); every other kernel op runs as its own step and cuts
+    /// (counted as `unfusable`).
+    pub kernels_in_region: KernelsInRegion,
+}
+
+/// Which kernel ops a backend lowers into its whole programs. Gather and scatter are what a
+/// training step needs (a loss's target check, embeddings and their backward): without them
+/// each one cuts the step's program in two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct KernelsInRegion {
+    /// `gather` (and so `index_select` and embedding lookups), any dtype.
+    pub gather: bool,
+    /// The scatter reductions lowered, for f32, f64, i32 and i64 results (f16/bf16 round
+    /// each combining step on the host, which a fused program does not reproduce).
+    pub scatter: &'static [ScatterReduce],
+}
+
+impl KernelsInRegion {
+    /// None: every kernel op runs as its own step.
+    pub const NONE: KernelsInRegion = KernelsInRegion {
+        gather: false,
+        scatter: &[],
+    };
+
+    /// Whether kernel `k` with result dtype `dtype` may sit inside a whole program.
+    pub fn takes(&self, k: &KernelOp, dtype: DType) -> bool {
+        match k {
+            KernelOp::Gather { .. } => self.gather,
+            KernelOp::Scatter { reduce, .. } => {
+                self.scatter.contains(reduce)
+                    && matches!(dtype, DType::F32 | DType::F64 | DType::I32 | DType::I64)
+            }
+            _ => false,
+        }
+    }
 }
 
 impl Capabilities {
@@ -31,22 +63,31 @@ impl Capabilities {
     pub const LOOPS: Capabilities = Capabilities {
         fuses_whole_programs: false,
         max_region_ops: usize::MAX,
-        kernel_ops_in_region: false,
+        kernels_in_region: KernelsInRegion::NONE,
     };
 
-    /// A backend whose compiler fuses whole programs, with regions of at most `max_ops` ops.
+    /// A backend whose compiler fuses whole programs, with regions of at most `max_ops` ops
+    /// and no kernel ops (see [`Capabilities::with_kernels`]).
     pub fn whole_programs(max_ops: usize) -> Capabilities {
         Capabilities {
             fuses_whole_programs: true,
             max_region_ops: max_ops.max(1),
-            kernel_ops_in_region: false,
+            kernels_in_region: KernelsInRegion::NONE,
         }
     }
 
-    /// Whether `op` may sit inside a whole-program region.
-    pub fn takes(&self, op: &Op) -> bool {
+    /// The same, with `kernels` lowered into whole programs.
+    pub fn with_kernels(self, kernels: KernelsInRegion) -> Capabilities {
+        Capabilities {
+            kernels_in_region: kernels,
+            ..self
+        }
+    }
+
+    /// Whether `op`, giving a result of `dtype`, may sit inside a whole-program region.
+    pub fn takes(&self, op: &Op, dtype: DType) -> bool {
         match op {
-            Op::Kernel(_) => self.kernel_ops_in_region,
+            Op::Kernel(k) => self.kernels_in_region.takes(k, dtype),
             // The runtime records cat as copies into slices; it never reaches a plan.
             Op::Cat { .. } => false,
             _ => true,

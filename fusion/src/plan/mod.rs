@@ -11,7 +11,7 @@
 mod capabilities;
 mod group;
 mod whole;
-pub use capabilities::Capabilities;
+pub use capabilities::{Capabilities, KernelsInRegion};
 pub use group::MAX_LOADED_BUFFERS;
 
 use crate::epilogue::{combine, PendingMatmul};

@@ -2,9 +2,11 @@
 //!
 //! Every needed node between two cuts goes into one [`Region::Graph`]: each node is lowered
 //! alone (`lower_node`) into a part, and the backend compiles the parts as one program, fusing
-//! across shapes, matmuls and reductions itself. A graph of a single step stays that step. A graph is cut only by an op the backend cannot
-//! lower (a kernel op, which runs as its own step; so does an op over an empty tensor), by the
-//! size bound, or by a buffer seen with two dtypes (a program holds each buffer as one array).
+//! across shapes, matmuls and reductions itself. A graph of a single step stays that step. A
+//! graph is cut only by an op the backend cannot lower (a kernel op outside
+//! [`Capabilities::kernels_in_region`], which runs as its own step; so does an op over an
+//! empty tensor), by the size bound, or by a buffer seen with two dtypes (a program holds each
+//! buffer as one array).
 //!
 //! The planner decides what crosses the program's boundary: a buffer is an input when the graph
 //! reads it before writing it, writes it first through a view that may not cover it (a partial
@@ -190,7 +192,7 @@ pub(super) fn plan(
     // A node over an empty tensor runs as its own step: its one-region program already
     // handles every empty shape, and it has no work worth fusing.
     let takes = |node: &Node| {
-        caps.takes(&node.op)
+        caps.takes(&node.op, node.output.dtype)
             && node
                 .inputs
                 .iter()

@@ -31,7 +31,7 @@ pub fn executable(
     what: &dyn Fn() -> String,
     mlir: impl FnOnce() -> String,
 ) -> Result<Arc<Executable>> {
-    if let Some(e) = shared.device.get(fingerprint.0, key) {
+    if let Some(e) = shared.device.executable(fingerprint.0, key) {
         return Ok(e);
     }
     let counters = &shared.counters;
@@ -50,7 +50,7 @@ pub fn executable(
                     let exe = Arc::new(exe);
                     shared
                         .device
-                        .insert(fingerprint.0, key.to_vec(), exe.clone());
+                        .keep_executable(fingerprint.0, key.to_vec(), exe.clone());
                     return Ok(exe);
                 }
                 Err(e) => {
@@ -95,17 +95,6 @@ pub fn executable(
     let exe = Arc::new(exe);
     shared
         .device
-        .insert(fingerprint.0, key.to_vec(), exe.clone());
+        .keep_executable(fingerprint.0, key.to_vec(), exe.clone());
     Ok(exe)
-}
-
-/// Compiles `mlir` outside any program (a relayout), counted like the others.
-pub fn uncached(shared: &Shared, mlir: &str) -> Result<Executable> {
-    let started = Instant::now();
-    let exe = shared.client.compile(mlir);
-    let c = &shared.counters;
-    c.compiles.fetch_add(1, Ordering::Relaxed);
-    c.compile_ns
-        .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    exe
 }

@@ -1,7 +1,7 @@
 //! Whole-program modules: a [`GraphRegion`] (every op of a flush between two cuts) becomes one
 //! StableHLO module, compiled for the flush's exact shapes, and XLA fuses across its parts.
 //!
-//! Each part is lowered as in a one-region program (`lower::function`, at its exact sizes, so
+//! Each part is lowered as in a one-region program (`emit::function`, at its exact sizes, so
 //! no masks) into a private function that `@main` calls; XLA inlines the calls. `@main` holds
 //! every buffer the graph touches as one flat array of the buffer's elements, in its dtype's
 //! compute element: a part's operand is a view of that array (a slice and reshape when the view
@@ -14,9 +14,14 @@
 //!
 //! Scalars (a learning rate, AdamW's bias corrections) change every step: they are arguments,
 //! packed into one 1-D array per element type, so a launch uploads a handful of small arrays.
+//!
+//! Gather and scatter parts have no staging: their operands are read through their layouts and
+//! lowered by `graph_kernel`, whose bounds checks become one extra i64 result; the layout says
+//! which checks each output's value depends on (`Layout::output_checks`).
 
+use super::emit;
+use super::graph_kernel::{self, Check};
 use super::hlo::{Elem, Func, Ty, Val};
-use super::lower;
 use super::ops::cast;
 use super::stage;
 use deferfuse_fusion::ir::DType;
@@ -53,6 +58,36 @@ pub struct Layout {
     pub inputs: Vec<usize>,
     /// The binding outputs, in result order (buffers with no elements are left out).
     pub outputs: Vec<usize>,
+    /// The bounds checks of the gather and scatter parts, in part order: when there are any,
+    /// the module's last result holds [`graph_kernel::CHECK_WORDS`] i64s per check.
+    pub checks: Vec<Check>,
+    /// For each output, the checks its value depends on: a bad index fails only those
+    /// outputs, as on the CPU backend, where only what is computed from it fails.
+    pub output_checks: Vec<Vec<usize>>,
+}
+
+/// Which bounds checks each graph buffer's current value depends on.
+struct Taint(Vec<Vec<usize>>);
+
+impl Taint {
+    /// The checks the values of buffers `gbs` depend on.
+    fn of(&self, gbs: impl Iterator<Item = usize>) -> Vec<usize> {
+        let mut t: Vec<usize> = gbs.flat_map(|gb| self.0[gb].iter().copied()).collect();
+        t.sort_unstable();
+        t.dedup();
+        t
+    }
+
+    /// Buffer `gb` written with a value that depends on `t`: it replaces the old value when
+    /// the write `covers` the buffer, else it joins it.
+    fn write(&mut self, gb: usize, t: &[usize], covers: bool) {
+        if covers {
+            self.0[gb].clear();
+        }
+        self.0[gb].extend_from_slice(t);
+        self.0[gb].sort_unstable();
+        self.0[gb].dedup();
+    }
 }
 
 /// The dims a buffer of `n` elements is staged with (`stage::flat`): a 0-d array for one.
@@ -123,7 +158,7 @@ struct View {
 }
 
 impl View {
-    fn of(p: &stage::Plan, j: usize, t: &TensorRef) -> View {
+    fn of(p: &stage::Staging, j: usize, t: &TensorRef) -> View {
         let o = &p.sig.operands[j];
         let dims: Vec<usize> = (0..o.map.len()).filter(|&d| o.present[d]).collect();
         View {
@@ -136,6 +171,23 @@ impl View {
                 .zip(&p.strides[j])
                 .any(|(&d, &st)| p.valid[d] == 0 && st != 0),
         }
+    }
+
+    /// Tensor `t`'s view as its layout gives it (a kernel part, which has no staging), less
+    /// the dims that do not move through memory (size 1, or broadcast with stride 0); also
+    /// the positions of the dims kept.
+    fn of_layout(t: &TensorRef) -> (View, Vec<usize>) {
+        let l = &t.layout;
+        let kept: Vec<usize> = (0..l.rank())
+            .filter(|&d| l.sizes[d] != 1 && l.strides[d] != 0)
+            .collect();
+        let view = View {
+            sizes: kept.iter().map(|&d| l.sizes[d]).collect(),
+            strides: kept.iter().map(|&d| l.strides[d]).collect(),
+            offset: l.offset,
+            empty: l.numel() == 0,
+        };
+        (view, kept)
     }
 
     fn numel(&self) -> usize {
@@ -214,7 +266,7 @@ impl View {
             Some(run) => f.update_slice_1d(old, &run, self.offset),
             None => {
                 let idx = indices(f, &self.sizes, &self.strides, self.offset);
-                f.scatter_1d(old, &idx, v)
+                f.scatter_1d(old, &idx, v, None)
             }
         }
     }
@@ -264,8 +316,9 @@ impl Buffers {
     }
 }
 
-/// The scalar arguments of each part, in the order `lower` declares them after the operands.
-fn scalar_srcs(region: &Region, part: usize) -> Vec<ScalarSrc> {
+/// The scalar arguments of each part, in the order `emit` declares them after the operands
+/// (a scatter's value, when it has no src tensor, in its result's dtype).
+fn scalar_srcs(region: &Region, pb: &Binding, part: usize) -> Vec<ScalarSrc> {
     let src = |slot, kind| ScalarSrc { part, slot, kind };
     match region {
         Region::Loop(l) => l
@@ -282,9 +335,13 @@ fn scalar_srcs(region: &Region, part: usize) -> Vec<ScalarSrc> {
             ]
         }
         Region::Arange { .. } => vec![src(0, ScalarKind::F64), src(1, ScalarKind::F64)],
-        Region::Kernel(_) | Region::Graph(_) => {
-            unreachable!("graphs hold no kernel ops and no graphs")
-        }
+        Region::Kernel(_) => pb
+            .scalars
+            .iter()
+            .enumerate()
+            .map(|(slot, _)| src(slot, ScalarKind::Param(pb.operands[0].dtype)))
+            .collect(),
+        Region::Graph(_) => unreachable!("graphs hold no graphs"),
     }
 }
 
@@ -332,24 +389,48 @@ fn value(
     v
 }
 
+/// Writes `r` (the values of `view`, at its sizes) into buffer `gb`: the whole array when the
+/// view covers it, else a functional update of its current value.
+fn store(
+    m: &mut Func,
+    cur: &mut [Option<Val>],
+    inputs: &mut Vec<usize>,
+    bufs: &Buffers,
+    gb: usize,
+    view: &View,
+    r: &Val,
+) {
+    let new = if view.covers(bufs.len[gb]) {
+        view.as_run(m, r).expect("a covering view is a dense block")
+    } else {
+        let old = value(m, cur, inputs, bufs, gb);
+        view.write(m, &old, r)
+    };
+    cur[gb] = Some(new);
+}
+
 /// The module for graph `g` bound to `b`, whose binding operands' buffers hold `lens`
 /// elements; and what it takes and gives.
 pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) {
     let bufs = Buffers::new(g, b, lens);
-    let plans: Vec<stage::Plan> = g
+    // Kernel parts have no staging: their operands are read through their layouts.
+    let stagings: Vec<Option<stage::Staging>> = g
         .parts
         .iter()
         .zip(&b.parts)
-        .map(|(p, pb)| stage::plan_exact(&p.region, pb))
+        .map(|(p, pb)| match *p.region {
+            Region::Kernel(_) => None,
+            _ => Some(stage::exact(&p.region, pb)),
+        })
         .collect();
     let mut m = Func::default();
     // The scalar arrays come first: their sizes are known before any part is emitted.
     let mut scalars: Vec<(Elem, Vec<ScalarSrc>)> = Vec::new();
     let mut at: Vec<Vec<(usize, usize)>> = Vec::new();
-    for (k, part) in g.parts.iter().enumerate() {
+    for (k, (part, pb)) in g.parts.iter().zip(&b.parts).enumerate() {
         let mut mine = Vec::new();
-        if !plans[k].empty {
-            for s in scalar_srcs(&part.region, k) {
+        if !stagings[k].as_ref().is_some_and(|s| s.empty) {
+            for s in scalar_srcs(&part.region, pb, k) {
                 let e = elem_of(s.kind);
                 let a = match scalars.iter().position(|(x, _)| *x == e) {
                     Some(a) => a,
@@ -372,12 +453,52 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
     let mut inputs: Vec<usize> = Vec::new();
     let mut functions: HashMap<String, String> = HashMap::new();
     let mut text = String::new();
+    let mut checks: Vec<Check> = Vec::new();
+    let mut flags: Vec<Val> = Vec::new();
+    let mut taint = Taint(vec![Vec::new(); g.buffers as usize]);
     for (k, (part, pb)) in g.parts.iter().zip(&b.parts).enumerate() {
-        let p = &plans[k];
+        let Some(p) = &stagings[k] else {
+            let Region::Kernel(op) = &*part.region else {
+                unreachable!("only kernel parts have no staging")
+            };
+            let mut args = Vec::new();
+            for (j, t) in pb.operands[..pb.n_inputs].iter().enumerate() {
+                let buf = value(
+                    &mut m,
+                    &mut cur,
+                    &mut inputs,
+                    &bufs,
+                    part.operands[j] as usize,
+                );
+                let (view, kept) = View::of_layout(t);
+                let v = view.read(&mut m, &buf);
+                args.push(m.broadcast(&v, &t.layout.sizes, &kept));
+            }
+            let scalar = at[k].first().map(|&(a, i)| {
+                let s = m.slice(&arrays[a], i, i + 1);
+                m.reshape(&s, &[])
+            });
+            let out = &pb.operands[pb.n_inputs];
+            let l = graph_kernel::lower(&mut m, op, &args, scalar.as_ref(), out.dtype);
+            let ins = part.operands[..pb.n_inputs].iter().map(|&gb| gb as usize);
+            let mut t = taint.of(ins);
+            t.push(checks.len());
+            checks.push(l.check);
+            flags.push(l.flag);
+            let gb = part.operands[pb.n_inputs] as usize;
+            let (view, kept) = View::of_layout(out);
+            taint.write(gb, &t, view.covers(bufs.len[gb]));
+            let r = stored(&mut m, &l.result, out.dtype);
+            // An output has no broadcast dims: dropping its size-1 dims is a reshape.
+            debug_assert_eq!(kept.len(), view.sizes.len());
+            let r = m.reshape(&r, &view.sizes);
+            store(&mut m, &mut cur, &mut inputs, &bufs, gb, &view, &r);
+            continue;
+        };
         if p.empty {
             continue;
         }
-        let (body, tys) = lower::function(&part.region, &p.sig, "PART");
+        let (body, tys) = emit::function(&part.region, &p.sig, "PART");
         let next = format!("part{}", functions.len());
         let name = functions.entry(body.clone()).or_insert_with(|| {
             text.push_str(&body.replacen("@PART(", &format!("@{next}("), 1));
@@ -422,23 +543,18 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
         ));
         let refs: Vec<&Val> = args.iter().collect();
         let results = m.call(&name, &refs, &tys);
+        let t = taint.of(p.inputs.iter().map(|&j| part.operands[j] as usize));
         for (r, &j) in results.iter().zip(&p.outputs) {
             let r = &stored(&mut m, r, pb.operands[j].dtype);
             let gb = part.operands[j] as usize;
             let view = View::of(p, j, &pb.operands[j]);
-            let n = bufs.len[gb];
-            let new = if view.covers(n) {
-                view.as_run(&mut m, r)
-                    .expect("a covering view is a dense block")
-            } else {
-                let old = value(&mut m, &mut cur, &mut inputs, &bufs, gb);
-                view.write(&mut m, &old, r)
-            };
-            cur[gb] = Some(new);
+            taint.write(gb, &t, view.covers(bufs.len[gb]));
+            store(&mut m, &mut cur, &mut inputs, &bufs, gb, &view, r);
         }
     }
     let mut results = Vec::new();
     let mut outputs = Vec::new();
+    let mut output_checks = Vec::new();
     let mut donate = Vec::new();
     for j in g.n_inputs..g.operands.len() {
         let gb = g.operands[j] as usize;
@@ -455,6 +571,12 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
         }
         results.push(m.reshape(&v, &flat_dims(n)));
         outputs.push(j);
+        output_checks.push(taint.0[gb].clone());
+    }
+    if !flags.is_empty() {
+        let refs: Vec<&Val> = flags.iter().collect();
+        let ty = Ty::new(Elem::I64, &[graph_kernel::CHECK_WORDS * flags.len()]);
+        results.push(m.op("concatenate", &refs, "dimension = 0 : i64", ty));
     }
     let main = m.function("main", &results, &donate);
     let module = format!("module {{\n{text}{main}}}\n");
@@ -464,6 +586,8 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
             scalars,
             inputs,
             outputs,
+            checks,
+            output_checks,
         },
     )
 }

@@ -8,10 +8,12 @@
 //! donated to the program that updates them (see `graph`), and the results become the buffers'
 //! device copies. f16, bf16, u8 and bool buffers go through the host, as in one-region programs.
 
-use super::client::Executable;
+use super::client::{DeviceBuffer, Executable};
 use super::graph::{self, Layout, ScalarKind};
+use super::graph_kernel::{Check, CHECK_WORDS};
 use super::resident::{self, DeviceArray};
 use super::{compile, stage, Arg, Shared};
+use crate::backend::host_kernels::out_of_bounds;
 use crate::backend::Program;
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
@@ -37,6 +39,7 @@ pub struct GraphProgram {
     region: Region,
     fingerprint: Fingerprint,
     shared: Arc<Shared>,
+    /// This graph's executables by exact signature (`signature`).
     compiled: Mutex<HashMap<Vec<u64>, Arc<Compiled>>>,
 }
 
@@ -110,6 +113,27 @@ impl GraphProgram {
         Ok(c)
     }
 
+    /// Per bounds check, the host routine's error when it failed (read from the module's
+    /// check result); empty when none failed.
+    fn failed_checks(&self, checks: &[Check], flags: &DeviceBuffer) -> Result<Vec<Option<Error>>> {
+        let mut bytes = vec![0u8; checks.len() * CHECK_WORDS * 8];
+        flags.download(&mut bytes)?;
+        self.shared
+            .counters
+            .downloads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let word =
+            |i: usize| i64::from_ne_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        Ok(checks
+            .iter()
+            .enumerate()
+            .map(|(k, c)| {
+                (word(k * CHECK_WORDS) != 0)
+                    .then(|| out_of_bounds(c.op, word(k * CHECK_WORDS + 1), c.dim, c.size))
+            })
+            .collect())
+    }
+
     /// The packed scalar arrays of one launch (see `graph::Layout::scalars`).
     fn scalar_args(&self, c: &Compiled, b: &Binding) -> Result<Vec<Arg>> {
         c.layout
@@ -162,35 +186,53 @@ impl Program for GraphProgram {
             )?);
         }
         let refs: Vec<_> = args.iter().map(Arg::buf).collect();
-        let outs = c.exe.execute(&refs)?;
+        let mut outs = c.exe.execute(&refs)?;
         drop(refs);
         // Donated inputs are consumed: their device copies are replaced just below.
         drop(args);
-        if outs.len() != c.layout.outputs.len() {
+        let has_checks = !c.layout.checks.is_empty();
+        if outs.len() != c.layout.outputs.len() + has_checks as usize {
             return Err(Error::Internal(format!(
-                "a whole program returned {} results for {} outputs",
+                "a whole program returned {} results for {} outputs and {} bounds checks",
                 outs.len(),
-                c.layout.outputs.len()
+                c.layout.outputs.len(),
+                c.layout.checks.len()
             )));
         }
+        let failed = match has_checks {
+            true => {
+                let flags = outs.pop().expect("the checks are the last result");
+                self.failed_checks(&c.layout.checks, &flags)?
+            }
+            false => Vec::new(),
+        };
         let counters = &self.shared.counters;
-        for (out, &j) in outs.into_iter().zip(&c.layout.outputs) {
+        for (k, (out, &j)) in outs.into_iter().zip(&c.layout.outputs).enumerate() {
             let b = &bufs[j];
+            // A value computed from a bad index is never read: every later use of the buffer
+            // reports the check's error (the executor's rule for a failed program). The
+            // result is stored even so: donation consumed the old device copy.
+            let bad = c.layout.output_checks[k]
+                .iter()
+                .find_map(|&x| failed.get(x).cloned().flatten());
+            if let Some(e) = bad {
+                b.fail(&e);
+            }
             let d = binding.operands[j].dtype;
-            let plan = flat(j);
-            match stage::dense_key(&plan, 0, d, 0, b.len) {
+            let staging = flat(j);
+            match stage::dense_key(&staging, 0, d, 0, b.len) {
                 Some(k) => {
                     b.set_device_copy(Arc::new(DeviceArray::new(out, k, counters.clone())), true)
                 }
                 None => {
                     // Widened dtypes (f16, bf16, u8, bool) are stored on the host.
-                    let mut host = vec![0u8; stage::staged_len(&plan, 0, d)];
+                    let mut host = vec![0u8; stage::staged_len(&staging, 0, d)];
                     out.download(&mut host)?;
                     counters
                         .downloads
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     b.host_coherent()?;
-                    stage::scatter(&plan, 0, d, b.storage()?.ptr(), 0, &host);
+                    stage::scatter(&staging, 0, d, b.storage()?.ptr(), 0, &host);
                     b.host_written();
                 }
             }

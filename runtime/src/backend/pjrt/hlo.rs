@@ -481,15 +481,28 @@ impl Func {
         self.op("gather", &[v, idx], &attrs, ty)
     }
 
-    /// 1-D `v` with `upd`'s elements stored at the i64 indices `idx` (same shape as `upd`).
-    pub fn scatter_1d(&mut self, v: &Val, idx: &Val, upd: &Val) -> Val {
+    /// 1-D `v` with `upd`'s elements stored at the i64 indices `idx` (same shape as `upd`):
+    /// replacing what is there (`combine` None), or combined with it by the elementwise op
+    /// `combine` ("add", "maximum", ...).
+    pub fn scatter_1d(&mut self, v: &Val, idx: &Val, upd: &Val, combine: Option<&str>) -> Val {
         let name = self.fresh();
         let k = idx.ty.dims.len();
         let w = 4 + self.indent;
         let s = Ty::new(v.ty.elem, &[]);
+        let (body, ret) = match combine {
+            None => (String::new(), format!("{name}_b")),
+            Some(op) => (
+                format!(
+                    "{:w2$}{name}_c = \"stablehlo.{op}\"({name}_a, {name}_b) : ({s}, {s}) -> {s}\n",
+                    "",
+                    w2 = w + 2
+                ),
+                format!("{name}_c"),
+            ),
+        };
         let _ = writeln!(
             self.text,
-            "{:w$}{name} = \"stablehlo.scatter\"({}, {}, {}) ({{\n{:w$}^bb0({name}_a: {s}, {name}_b: {s}):\n{:w2$}\"stablehlo.return\"({name}_b) : ({s}) -> ()\n{:w$}}}) {{scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = {k}>, indices_are_sorted = false, unique_indices = false}} : ({}, {}, {}) -> {}",
+            "{:w$}{name} = \"stablehlo.scatter\"({}, {}, {}) ({{\n{:w$}^bb0({name}_a: {s}, {name}_b: {s}):\n{body}{:w2$}\"stablehlo.return\"({ret}) : ({s}) -> ()\n{:w$}}}) {{scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = {k}>, indices_are_sorted = false, unique_indices = false}} : ({}, {}, {}) -> {}",
             "",
             v.name,
             idx.name,

@@ -12,7 +12,7 @@
 //! next launch. Only a host read (`to_host`, written back once), a result written through a
 //! partial view (downloaded and scattered into the host bytes) or an input read through any
 //! other view (gathered from the host bytes) copies. Every result's padding is zeroed in the
-//! program (`lower`), so a device value is exactly what an upload would stage. Launches run on
+//! program (`emit`), so a device value is exactly what an upload would stage. Launches run on
 //! the stream's worker like the CPU backend's, so they are asynchronous to the host.
 //!
 //! The binding to the C API is our own (`ffi`, `client`): pjrt-rs 0.2.0 targets C API 0.54,
@@ -20,12 +20,13 @@
 
 mod client;
 mod compile;
+mod emit;
 mod ffi;
 mod graph;
+mod graph_kernel;
 mod graph_program;
 mod hlo;
 mod identity;
-mod lower;
 mod ops;
 mod process;
 mod resident;
@@ -151,7 +152,7 @@ fn capabilities_from_env() -> Result<Capabilities> {
         Err(_) => DEFAULT_MAX_REGION_OPS,
     };
     Ok(if whole {
-        Capabilities::whole_programs(max)
+        Capabilities::whole_programs(max).with_kernels(graph_kernel::LOWERED)
     } else {
         Capabilities::LOOPS
     })
@@ -224,8 +225,8 @@ impl Backend for PjrtBackend {
             region: region.clone(),
             fingerprint: deferfuse_cache::fingerprint(region, &self.shared.identity),
             shared: self.shared.clone(),
-            exes: Mutex::new(HashMap::new()),
-            sizes: Mutex::new(HashMap::new()),
+            executables: Mutex::new(HashMap::new()),
+            valid_sizes: Mutex::new(HashMap::new()),
             unread: Mutex::new(None),
         }))
     }
@@ -263,9 +264,10 @@ struct PjrtProgram {
     region: Region,
     fingerprint: deferfuse_cache::Fingerprint,
     shared: Arc<Shared>,
-    exes: Mutex<HashMap<Vec<u64>, Arc<Executable>>>,
+    /// This program's executables by bucketed signature (`Signature::key`).
+    executables: Mutex<HashMap<Vec<u64>, Arc<Executable>>>,
     /// The valid-sizes argument per space, uploaded once (see `tail_args`).
-    sizes: Mutex<HashMap<Vec<usize>, Arc<DeviceBuffer>>>,
+    valid_sizes: Mutex<HashMap<Vec<usize>, Arc<DeviceBuffer>>>,
     /// A matmul's stand-in for the old output when beta is 0 (by staged dims): the program
     /// never reads it, so a fresh output's host bytes need not be gathered and uploaded.
     unread: Mutex<Option<(Vec<usize>, Arc<DeviceBuffer>)>>,
@@ -274,8 +276,8 @@ struct PjrtProgram {
 impl PjrtProgram {
     fn executable(&self, sig: &stage::Signature) -> Result<Arc<Executable>> {
         let key = sig.key();
-        let mut exes = self.exes.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(e) = exes.get(&key) {
+        let mut executables = self.executables.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = executables.get(&key) {
             return Ok(e.clone());
         }
         let exe = compile::executable(
@@ -283,9 +285,9 @@ impl PjrtProgram {
             self.fingerprint,
             &key,
             &|| self.region.to_string(),
-            || lower::module(&self.region, sig),
+            || emit::module(&self.region, sig),
         )?;
-        exes.insert(key, exe.clone());
+        executables.insert(key, exe.clone());
         Ok(exe)
     }
 }
@@ -316,9 +318,9 @@ impl Arg {
 const MAX_CACHED_SIZES: usize = 64;
 
 impl PjrtProgram {
-    /// The arguments after the staged operands (see `lower`): the scalar slots, a row kernel's
+    /// The arguments after the staged operands (see `emit`): the scalar slots, a row kernel's
     /// valid row length, and the valid sizes of the space.
-    fn tail_args(&self, binding: &Binding, plan: &stage::Plan) -> Result<Vec<Arg>> {
+    fn tail_args(&self, binding: &Binding, staging: &stage::Staging) -> Result<Vec<Arg>> {
         let client = &self.shared.client;
         let scalar = |bytes: Vec<u8>, e: hlo::Elem| {
             client
@@ -335,7 +337,7 @@ impl PjrtProgram {
                     )?);
                 }
                 if !l.reduces.is_empty() {
-                    let n = *plan.valid.last().expect("a space has dims") as i64;
+                    let n = *staging.valid.last().expect("a space has dims") as i64;
                     args.push(scalar(n.to_ne_bytes().to_vec(), hlo::Elem::I64)?);
                 }
             }
@@ -361,21 +363,21 @@ impl PjrtProgram {
                 }
             }
         }
-        let mut sizes = self.sizes.lock().unwrap_or_else(|p| p.into_inner());
-        let b = match sizes.get(&plan.valid) {
+        let mut sizes = self.valid_sizes.lock().unwrap_or_else(|p| p.into_inner());
+        let b = match sizes.get(&staging.valid) {
             Some(b) => b.clone(),
             None => {
-                let bytes: Vec<u8> = plan
+                let bytes: Vec<u8> = staging
                     .valid
                     .iter()
                     .flat_map(|&n| (n as i64).to_ne_bytes())
                     .collect();
-                let dims = [plan.valid.len() as i64];
+                let dims = [staging.valid.len() as i64];
                 let b = Arc::new(client.upload(&bytes, stage::pjrt_type(hlo::Elem::I64), &dims)?);
                 if sizes.len() >= MAX_CACHED_SIZES {
                     sizes.clear();
                 }
-                sizes.insert(plan.valid.clone(), b.clone());
+                sizes.insert(staging.valid.clone(), b.clone());
                 b
             }
         };
@@ -392,8 +394,8 @@ impl PjrtProgram {
 
     /// An array of operand `j`'s staged shape whose values do not matter (zeros), kept for the
     /// next launch of the same shape.
-    fn unread_arg(&self, plan: &stage::Plan, binding: &Binding, j: usize) -> Result<Arg> {
-        let dims = plan.sig.operands[j].staged_dims(&plan.sig);
+    fn unread_arg(&self, staging: &stage::Staging, binding: &Binding, j: usize) -> Result<Arg> {
+        let dims = staging.sig.operands[j].staged_dims(&staging.sig);
         let mut slot = self.unread.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((d, b)) = slot.as_ref() {
             if *d == dims {
@@ -401,7 +403,7 @@ impl PjrtProgram {
             }
         }
         let t = &binding.operands[j];
-        let zeros = vec![0u8; stage::staged_len(plan, j, t.dtype)];
+        let zeros = vec![0u8; stage::staged_len(staging, j, t.dtype)];
         let shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
         let ty = stage::pjrt_type(hlo::Elem::of(t.dtype));
         let b = Arc::new(self.shared.client.upload(&zeros, ty, &shape)?);
@@ -409,15 +411,19 @@ impl PjrtProgram {
         Ok(Arg::Cached(b))
     }
 
-    /// Runs `exe` on `args`; one result per output of `plan`.
-    fn execute(exe: &Executable, args: &[Arg], plan: &stage::Plan) -> Result<Vec<DeviceBuffer>> {
+    /// Runs `exe` on `args`; one result per output of `staging`.
+    fn execute(
+        exe: &Executable,
+        args: &[Arg],
+        staging: &stage::Staging,
+    ) -> Result<Vec<DeviceBuffer>> {
         let arg_refs: Vec<&DeviceBuffer> = args.iter().map(Arg::buf).collect();
         let outs = exe.execute(&arg_refs)?;
-        if outs.len() != plan.outputs.len() {
+        if outs.len() != staging.outputs.len() {
             return Err(Error::Internal(format!(
                 "PJRT program returned {} results for {} outputs",
                 outs.len(),
-                plan.outputs.len()
+                staging.outputs.len()
             )));
         }
         Ok(outs)
@@ -429,20 +435,20 @@ impl PjrtProgram {
     /// `base` holds the operand's whole view and no one else accesses it meanwhile.
     unsafe fn download_operand(
         &self,
-        plan: &stage::Plan,
+        staging: &stage::Staging,
         binding: &Binding,
         j: usize,
         out: &DeviceBuffer,
         base: *mut u8,
     ) -> Result<()> {
         let t = &binding.operands[j];
-        let mut host = vec![0u8; stage::staged_len(plan, j, t.dtype)];
+        let mut host = vec![0u8; stage::staged_len(staging, j, t.dtype)];
         out.download(&mut host)?;
         self.shared
             .counters
             .downloads
             .fetch_add(1, Ordering::Relaxed);
-        stage::scatter(plan, j, t.dtype, base, t.layout.offset as isize, &host);
+        stage::scatter(staging, j, t.dtype, base, t.layout.offset as isize, &host);
         Ok(())
     }
 }
@@ -451,21 +457,28 @@ impl Program for PjrtProgram {
     /// Host-staged: every input is gathered and uploaded, every result downloaded and
     /// scattered. The runtime calls [`Program::run_buffers`], which keeps values on the device.
     unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
-        let plan = stage::plan(&self.region, binding);
-        if plan.empty {
+        let staging = stage::bucketed(&self.region, binding);
+        if staging.empty {
             return Ok(());
         }
-        let exe = self.executable(&plan.sig)?;
+        let exe = self.executable(&staging.sig)?;
         let mut args = Vec::new();
-        for &j in &plan.inputs {
+        for &j in &staging.inputs {
             let t = &binding.operands[j];
-            let up = resident::upload(&self.shared, &plan, j, t.dtype, t.layout.offset, bases[j])?;
+            let up = resident::upload(
+                &self.shared,
+                &staging,
+                j,
+                t.dtype,
+                t.layout.offset,
+                bases[j],
+            )?;
             args.push(Arg::Owned(up));
         }
-        args.extend(self.tail_args(binding, &plan)?);
-        let outs = Self::execute(&exe, &args, &plan)?;
-        for (out, &j) in outs.iter().zip(&plan.outputs) {
-            self.download_operand(&plan, binding, j, out, bases[j])?;
+        args.extend(self.tail_args(binding, &staging)?);
+        let outs = Self::execute(&exe, &args, &staging)?;
+        for (out, &j) in outs.iter().zip(&staging.outputs) {
+            self.download_operand(&staging, binding, j, out, bases[j])?;
         }
         Ok(())
     }
@@ -478,36 +491,36 @@ impl Program for PjrtProgram {
     /// buffer's device copy, the host bytes stale until something reads them; a result
     /// written through a partial view is downloaded into the host bytes as before.
     unsafe fn run_buffers(&self, binding: &Binding, bufs: &[Arc<Buffer>]) -> Result<()> {
-        let plan = stage::plan(&self.region, binding);
-        if plan.empty {
+        let staging = stage::bucketed(&self.region, binding);
+        if staging.empty {
             return Ok(());
         }
-        let exe = self.executable(&plan.sig)?;
+        let exe = self.executable(&staging.sig)?;
         let counters = &self.shared.counters;
         let key = |j: usize| {
             let t = &binding.operands[j];
-            stage::dense_key(&plan, j, t.dtype, t.layout.offset, bufs[j].len)
+            stage::dense_key(&staging, j, t.dtype, t.layout.offset, bufs[j].len)
         };
         let mut args = Vec::new();
-        for &j in &plan.inputs {
+        for &j in &staging.inputs {
             if self.ignores_input(binding, j) {
-                args.push(self.unread_arg(&plan, binding, j)?);
+                args.push(self.unread_arg(&staging, binding, j)?);
                 continue;
             }
             let t = &binding.operands[j];
             args.push(resident::input_arg(
                 &self.shared,
-                &plan,
+                &staging,
                 j,
                 t.dtype,
                 t.layout.offset,
                 &bufs[j],
             )?);
         }
-        args.extend(self.tail_args(binding, &plan)?);
-        let outs = Self::execute(&exe, &args, &plan)?;
+        args.extend(self.tail_args(binding, &staging)?);
+        let outs = Self::execute(&exe, &args, &staging)?;
         drop(args);
-        for (out, &j) in outs.into_iter().zip(&plan.outputs) {
+        for (out, &j) in outs.into_iter().zip(&staging.outputs) {
             let b = &bufs[j];
             match key(j) {
                 Some(k) => {
@@ -516,7 +529,7 @@ impl Program for PjrtProgram {
                 None => {
                     // Only part of the buffer is written: the rest must be current on the host.
                     b.host_coherent()?;
-                    self.download_operand(&plan, binding, j, &out, b.storage()?.ptr())?;
+                    self.download_operand(&staging, binding, j, &out, b.storage()?.ptr())?;
                     b.host_written();
                 }
             }

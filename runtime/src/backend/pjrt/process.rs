@@ -11,32 +11,37 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// Executables kept for the process; beyond this the oldest are dropped (a program that still
 /// holds one keeps it alive).
-const MAX_SHARED: usize = 4096;
+const MAX_EXECUTABLES: usize = 4096;
 
-type Key = (u128, Vec<u64>);
-/// The executables, and their keys oldest first (for the bound).
-type Memo = (HashMap<Key, Arc<Executable>>, VecDeque<Key>);
+/// An executable's key: the region fingerprint and its signature.
+type ExecutableKey = (u128, Vec<u64>);
+/// The compiled executables, and their keys oldest first (for the bound).
+type Executables = (
+    HashMap<ExecutableKey, Arc<Executable>>,
+    VecDeque<ExecutableKey>,
+);
 
 /// A plugin's process-wide client and its compiled executables.
 pub struct Device {
     pub client: Arc<Client>,
-    exes: Mutex<Memo>,
+    executables: Mutex<Executables>,
 }
 
 impl Device {
     /// The executable of region `fingerprint` at signature `sig`, if this process has one.
-    pub fn get(&self, fingerprint: u128, sig: &[u64]) -> Option<Arc<Executable>> {
-        let m = self.exes.lock().unwrap_or_else(|p| p.into_inner());
+    pub fn executable(&self, fingerprint: u128, sig: &[u64]) -> Option<Arc<Executable>> {
+        let m = self.executables.lock().unwrap_or_else(|p| p.into_inner());
         m.0.get(&(fingerprint, sig.to_vec())).cloned()
     }
 
-    pub fn insert(&self, fingerprint: u128, sig: Vec<u64>, exe: Arc<Executable>) {
-        let mut m = self.exes.lock().unwrap_or_else(|p| p.into_inner());
+    /// Keeps `exe` for every runtime of the process that meets the same region and signature.
+    pub fn keep_executable(&self, fingerprint: u128, sig: Vec<u64>, exe: Arc<Executable>) {
+        let mut m = self.executables.lock().unwrap_or_else(|p| p.into_inner());
         let key = (fingerprint, sig);
         if m.0.insert(key.clone(), exe).is_none() {
             m.1.push_back(key);
         }
-        while m.0.len() > MAX_SHARED {
+        while m.0.len() > MAX_EXECUTABLES {
             match m.1.pop_front() {
                 Some(old) => {
                     m.0.remove(&old);
@@ -49,9 +54,9 @@ impl Device {
 
 /// The process's device for the plugin at `path`, loading it on first use.
 pub fn device(path: &Path) -> Result<Arc<Device>> {
-    static DEVICES: OnceLock<Mutex<HashMap<PathBuf, Arc<Device>>>> = OnceLock::new();
+    static DEVICES_BY_PLUGIN: OnceLock<Mutex<HashMap<PathBuf, Arc<Device>>>> = OnceLock::new();
     let key = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
-    let mut devices = DEVICES
+    let mut devices = DEVICES_BY_PLUGIN
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner());
@@ -61,7 +66,7 @@ pub fn device(path: &Path) -> Result<Arc<Device>> {
     let plugin = Plugin::load(path)?;
     let d = Arc::new(Device {
         client: Arc::new(Client::new(plugin)?),
-        exes: Mutex::new((HashMap::new(), VecDeque::new())),
+        executables: Mutex::new((HashMap::new(), VecDeque::new())),
     });
     devices.insert(key, d.clone());
     Ok(d)

@@ -3,10 +3,11 @@
 
 use super::client::{DeviceBuffer, Executable};
 use super::stage::{self, DenseKey};
-use super::{hlo, lower, Arg, PjrtCounters, Shared};
+use super::{emit, hlo, Arg, PjrtCounters, Shared};
 use crate::backend::DeviceValue;
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
+use deferfuse_cache::Fingerprint;
 use deferfuse_fusion::ir::DType;
 use std::any::Any;
 use std::collections::HashMap;
@@ -20,7 +21,7 @@ const MAX_RELAYOUTS: usize = 64;
 /// Compiled relayouts by (from, to) layout.
 pub type Relayouts = Mutex<HashMap<(DenseKey, DenseKey), Arc<Executable>>>;
 
-/// `from` restaged as `to` on the device (see `lower::relayout`), or `None` when the two are
+/// `from` restaged as `to` on the device (see `emit::relayout`), or `None` when the two are
 /// not the same value (dtype or element count differ) or the relayout cache is full.
 pub fn relayout(shared: &Shared, from: &DeviceArray, to: &DenseKey) -> Result<Option<DeviceArray>> {
     let numel = |k: &DenseKey| k.valid.iter().product::<usize>();
@@ -34,10 +35,12 @@ pub fn relayout(shared: &Shared, from: &DeviceArray, to: &DenseKey) -> Result<Op
             Some(e) => e.clone(),
             None if cache.len() >= MAX_RELAYOUTS => return Ok(None),
             None => {
-                let mlir = lower::relayout(&from.key, to);
-                let e = Arc::new(super::compile::uncached(shared, &mlir).map_err(|e| {
-                    Error::Backend(format!("{e}\nwhile compiling a relayout\n{mlir}"))
-                })?);
+                // Keyed by its module text, so a warm process loads it from the disk cache
+                // like any program instead of compiling it again.
+                let mlir = emit::relayout(&from.key, to);
+                let fp = Fingerprint(xxhash_rust::xxh3::xxh3_128(mlir.as_bytes()));
+                let what = || "a relayout".to_string();
+                let e = super::compile::executable(shared, fp, &[], &what, || mlir)?;
                 cache.insert(pair, e.clone());
                 e
             }
@@ -104,21 +107,21 @@ impl DeviceValue for DeviceArray {
     }
 }
 
-/// Gathers operand `j` of `plan` (dtype `d`, element `offset`) from `base` and uploads it.
+/// Gathers operand `j` of `staging` (dtype `d`, element `offset`) from `base` and uploads it.
 ///
 /// # Safety
 /// `base` holds the operand's whole view and no one writes it meanwhile.
 pub unsafe fn upload(
     shared: &Shared,
-    plan: &stage::Plan,
+    staging: &stage::Staging,
     j: usize,
     d: DType,
     offset: usize,
     base: *const u8,
 ) -> Result<DeviceBuffer> {
-    let data = stage::gather(plan, j, d, base, offset as isize);
-    let dims: Vec<i64> = plan.sig.operands[j]
-        .staged_dims(&plan.sig)
+    let data = stage::gather(staging, j, d, base, offset as isize);
+    let dims: Vec<i64> = staging.sig.operands[j]
+        .staged_dims(&staging.sig)
         .iter()
         .map(|&x| x as i64)
         .collect();
@@ -129,7 +132,7 @@ pub unsafe fn upload(
     Ok(b)
 }
 
-/// Operand `j` of `plan` (dtype `d`, element `offset`) on buffer `b`, as a launch argument. A
+/// Operand `j` of `staging` (dtype `d`, element `offset`) on buffer `b`, as a launch argument. A
 /// device copy of exactly the array the operand stages (`stage::dense_key`) is passed as is,
 /// one of the same value staged with other dims is restaged on the device; otherwise the view
 /// is gathered from the host bytes (written back first if the device holds a newer value) and
@@ -139,14 +142,14 @@ pub unsafe fn upload(
 /// `b` is allocated and large enough for the operand, and no one writes it meanwhile.
 pub unsafe fn input_arg(
     shared: &Shared,
-    plan: &stage::Plan,
+    staging: &stage::Staging,
     j: usize,
     d: DType,
     offset: usize,
     b: &Arc<Buffer>,
 ) -> Result<Arg> {
     let counters = &shared.counters;
-    let key = stage::dense_key(plan, j, d, offset, b.len);
+    let key = stage::dense_key(staging, j, d, offset, b.len);
     if let (Some(k), Some(v)) = (&key, b.device_copy()) {
         if let Some(a) = v.as_any().downcast_ref::<DeviceArray>() {
             if a.key == *k {
@@ -164,7 +167,7 @@ pub unsafe fn input_arg(
         }
     }
     b.host_coherent()?;
-    let up = upload(shared, plan, j, d, offset, b.storage()?.ptr())?;
+    let up = upload(shared, staging, j, d, offset, b.storage()?.ptr())?;
     Ok(match key {
         Some(k) => {
             let v: Arc<dyn DeviceValue> = Arc::new(DeviceArray::new(up, k, counters.clone()));

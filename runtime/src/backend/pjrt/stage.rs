@@ -85,7 +85,7 @@ pub fn bucket(n: usize) -> usize {
 }
 
 /// A step's staging: its signature, the valid (unpadded) space, and each operand's strides.
-pub struct Plan {
+pub struct Staging {
     pub sig: Signature,
     pub valid: Vec<usize>,
     pub strides: Vec<Vec<isize>>,
@@ -110,18 +110,18 @@ fn operand(map: Vec<usize>, strides: &[isize], valid: &[usize]) -> OperandSig {
     }
 }
 
-/// Plans the staging of `region` on `binding`, each dim rounded up to its bucket.
-pub fn plan(region: &Region, b: &Binding) -> Plan {
-    plan_with(region, b, false)
+/// How to stage `region` on `binding`, each dim rounded up to its bucket.
+pub fn bucketed(region: &Region, b: &Binding) -> Staging {
+    staging(region, b, false)
 }
 
-/// Plans the staging of `region` on `binding` at its exact sizes (a part of a whole-program
+/// How to stage `region` on `binding` at its exact sizes (a part of a whole-program
 /// module: the module is compiled for the flush's shapes).
-pub fn plan_exact(region: &Region, b: &Binding) -> Plan {
-    plan_with(region, b, true)
+pub fn exact(region: &Region, b: &Binding) -> Staging {
+    staging(region, b, true)
 }
 
-fn plan_with(region: &Region, b: &Binding, exact: bool) -> Plan {
+fn staging(region: &Region, b: &Binding, exact: bool) -> Staging {
     let n = b.operands.len();
     let (valid, maps, strides, inputs, outputs, empty): (Vec<usize>, Vec<Vec<usize>>, _, _, _, _) =
         match region {
@@ -210,7 +210,7 @@ fn plan_with(region: &Region, b: &Binding, exact: bool) -> Plan {
             o.view = Some(*t == b.operands[out_j]);
         }
     }
-    Plan {
+    Staging {
         sig: Signature {
             space,
             operands,
@@ -226,8 +226,8 @@ fn plan_with(region: &Region, b: &Binding, exact: bool) -> Plan {
 
 /// The staging of a buffer's whole storage as one flat array of `n` elements: how a
 /// whole-program module takes and returns buffers.
-pub fn flat(n: usize) -> Plan {
-    Plan {
+pub fn flat(n: usize) -> Staging {
+    Staging {
         sig: Signature {
             space: vec![n],
             operands: vec![operand(vec![0], &[1], &[n])],
@@ -254,7 +254,7 @@ pub fn pjrt_type(e: Elem) -> i32 {
 
 /// Walks the valid part of operand `j`'s staged array: calls `f(element offset in the buffer,
 /// index in the dense array)` for each element, innermost dim fastest.
-fn walk(p: &Plan, j: usize, offset: isize, mut f: impl FnMut(isize, usize)) {
+fn walk(p: &Staging, j: usize, offset: isize, mut f: impl FnMut(isize, usize)) {
     let o = &p.sig.operands[j];
     let dims: Vec<usize> = (0..o.map.len()).filter(|&d| o.present[d]).collect();
     let sizes: Vec<usize> = dims.iter().map(|&d| p.valid[o.map[d]]).collect();
@@ -302,7 +302,7 @@ fn walk(p: &Plan, j: usize, offset: isize, mut f: impl FnMut(isize, usize)) {
 }
 
 /// Bytes of operand `j`'s staged array.
-pub fn staged_len(p: &Plan, j: usize, dtype: DType) -> usize {
+pub fn staged_len(p: &Staging, j: usize, dtype: DType) -> usize {
     let n: usize = p.sig.operands[j].staged_dims(&p.sig).iter().product();
     n * Elem::of(dtype).size()
 }
@@ -311,7 +311,7 @@ pub fn staged_len(p: &Plan, j: usize, dtype: DType) -> usize {
 ///
 /// # Safety
 /// `base` must hold the operand's whole view.
-pub unsafe fn gather(p: &Plan, j: usize, d: DType, base: *const u8, offset: isize) -> Vec<u8> {
+pub unsafe fn gather(p: &Staging, j: usize, d: DType, base: *const u8, offset: isize) -> Vec<u8> {
     let mut out = vec![0u8; staged_len(p, j, d)];
     let o = out.as_mut_ptr();
     macro_rules! go {
@@ -338,7 +338,7 @@ pub unsafe fn gather(p: &Plan, j: usize, d: DType, base: *const u8, offset: isiz
 ///
 /// # Safety
 /// `base` must hold the operand's whole view, and no one else may access it meanwhile.
-pub unsafe fn scatter(p: &Plan, j: usize, d: DType, base: *mut u8, offset: isize, data: &[u8]) {
+pub unsafe fn scatter(p: &Staging, j: usize, d: DType, base: *mut u8, offset: isize, data: &[u8]) {
     let src = data.as_ptr();
     macro_rules! go {
         ($s:ty, $dst:ty, $conv:expr) => {
@@ -382,7 +382,7 @@ impl DenseKey {
 /// row-major, every byte covered. Only dtypes stored as their compute element qualify (f16,
 /// bf16, u8 and bool are staged widened, and a device value of them would hold what the host
 /// store rounds or wraps).
-pub fn dense_key(p: &Plan, j: usize, d: DType, offset: usize, len: usize) -> Option<DenseKey> {
+pub fn dense_key(p: &Staging, j: usize, d: DType, offset: usize, len: usize) -> Option<DenseKey> {
     if offset != 0 || len == 0 || !matches!(d, DType::F32 | DType::F64 | DType::I32 | DType::I64) {
         return None;
     }

@@ -1,4 +1,4 @@
-//! Lowering: a region plus a bucketed [`Signature`] becomes one StableHLO module (entry
+//! Emitting StableHLO: a region plus a bucketed [`Signature`] becomes one StableHLO module (entry
 //! `@main`); XLA fuses inside it.
 //!
 //! Arguments are the staged operands (each a dense array of its non-broadcast dims, see
@@ -140,7 +140,7 @@ fn body(region: &Region, sig: &Signature) -> (Func, Vec<Val>) {
             vec![operand_result(&mut f, sig, 0, &v)]
         }
     };
-    // Results are the last operands, in order (see `stage::plan`).
+    // Results are the last operands, in order (see `stage::staging`).
     let valid = f.arg(Ty::new(Elem::I64, &[sig.space.len()]));
     let first = sig.operands.len() - results.len();
     let results: Vec<Val> = results
