@@ -5,8 +5,8 @@ use crate::alloc::HostAllocator;
 use crate::backend::{Backend, Program};
 use crate::buffer::{Buffer, BufferState, Spares};
 use crate::config::{
-    resolve_memory_limit, resolve_mode, resolve_threads, resolve_trace, resolve_trace_events,
-    Config,
+    resolve_dump_dir, resolve_memory_limit, resolve_mode, resolve_threads, resolve_trace,
+    resolve_trace_events, Config,
 };
 use crate::error::{Error, Result};
 use crate::event::EventState;
@@ -77,7 +77,7 @@ impl Runtime {
         let streams = HandleTable::new("stream", tag);
         let default_stream_ref = Arc::new(Stream::new(0)?);
         let default_stream = streams.insert(default_stream_ref.clone())?;
-        let dump_dir = std::env::var_os("DEFERFUSE_DUMP_DIR").map(PathBuf::from);
+        let dump_dir = resolve_dump_dir(&config);
         let threads = resolve_threads(&config)?;
         let host = HostAllocator::new(config.host_cache_bytes);
         host.set_live_limit(resolve_memory_limit(&config)?);

@@ -1,7 +1,6 @@
 //! Modes, sync points, buffer lifecycles and streams.
 
-mod harness;
-mod reference;
+use crate::harness;
 
 use deferfuse::runtime::mode;
 use deferfuse::{
