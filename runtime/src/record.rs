@@ -347,7 +347,7 @@ impl Runtime {
         }
         self.flush(s, SyncReason::ModeSwitch)?;
         let out = out().clone();
-        self.run_now(s, node, buffers, mode)?;
+        self.exec.run_now(s, node, buffers, mode)?;
         if mode == Mode::Debug && out.state() != BufferState::Materialized {
             return Err(Error::Internal(
                 "debug check: an op's output is not materialized after it ran".into(),

@@ -1,8 +1,7 @@
-//! The runtime: owns the backend, the program cache, the handle tables and the streams, and is
-//! the one entry point the C ABI calls.
+//! The runtime: owns the handle tables, the streams, the modes and recording, and is the one
+//! entry point the C ABI calls; flushing and launching belong to its [`Executor`].
 
 use crate::alloc::HostAllocator;
-use crate::backend::{Backend, Program};
 use crate::buffer::{Buffer, BufferState, Spares};
 use crate::config::{
     resolve_dump_dir, resolve_memory_limit, resolve_mode, resolve_threads, resolve_trace,
@@ -10,15 +9,14 @@ use crate::config::{
 };
 use crate::error::{Error, Result};
 use crate::event::EventState;
+use crate::exec::{Executor, ExecutorParts};
 use crate::handle::{Handle, HandleTable};
 use crate::mode::{self, Mode};
 use crate::stats::{Counters, Stats, SyncReason};
 use crate::stream::Stream;
 use crate::timeline::{Arg, Timeline, Track};
-use deferfuse_cache::ProgramCache;
 use deferfuse_fusion::ir::layout::checked_numel;
 use deferfuse_fusion::ir::{DType, Dims, Layout};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Once};
 
@@ -32,14 +30,13 @@ pub struct Tensor {
 
 /// A deferfuse runtime. Safe to share between threads.
 pub struct Runtime {
-    pub(crate) backend: Box<dyn Backend>,
-    pub(crate) cache: ProgramCache<Arc<dyn Program>>,
+    /// Flushes traces and launches programs (backend, program cache, dumps, waves).
+    pub(crate) exec: Executor,
     pub(crate) tensors: HandleTable<Tensor>,
     pub(crate) streams: HandleTable<Arc<Stream>>,
     pub(crate) events: HandleTable<EventState>,
-    pub(crate) counters: Counters,
+    pub(crate) counters: Arc<Counters>,
     pub(crate) config: Config,
-    pub(crate) dump_dir: Option<PathBuf>,
     /// Host memory, with the cache of freed blocks.
     pub(crate) host: Arc<HostAllocator>,
     /// Emptied buffer records for new outputs (no allocation per recorded op).
@@ -91,14 +88,22 @@ impl Runtime {
                 ))
             })?;
         }
-        Ok(Runtime {
+        let counters = Arc::new(Counters::default());
+        let exec = Executor::new(ExecutorParts {
             backend: crate::backend::create(&config, dump_dir.clone(), threads)?,
-            cache: ProgramCache::new(config.cache_capacity),
+            cache_capacity: config.cache_capacity,
+            dump_dir,
+            counters: counters.clone(),
+            timeline: timeline.clone(),
+            threads,
+            max_ops_per_region: config.max_ops_per_region,
+        });
+        Ok(Runtime {
+            exec,
             tensors: HandleTable::new("tensor", tag),
             streams,
             events: HandleTable::new("event", tag),
-            counters: Counters::default(),
-            dump_dir,
+            counters,
             host,
             spares: Spares::default(),
             config,
@@ -128,7 +133,12 @@ impl Runtime {
     }
 
     pub fn backend_name(&self) -> &'static str {
-        self.backend.name()
+        self.exec.backend.name()
+    }
+
+    /// Runs every op pending on `stream` (see [`Executor::flush`]); whether there was work.
+    pub(crate) fn flush(&self, stream: &Stream, reason: SyncReason) -> Result<bool> {
+        self.exec.flush(stream, reason, &self.spares)
     }
 
     // ---- streams and events ----
@@ -517,11 +527,11 @@ impl Runtime {
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
         let host = self.host.stats();
-        let c = self.cache.stats();
-        let backend = self.backend.counters();
+        let c = self.exec.cache.stats();
+        let backend = self.exec.backend.counters();
         // On a backend that compiles when a program first runs, the cache's compiles are only
         // the wrappers; the real ones are the backend's.
-        let lazy = self.backend.compiles_on_first_run();
+        let lazy = self.exec.backend.compiles_on_first_run();
         let sync_points =
             std::array::from_fn(|k| self.counters.sync_points[k].load(Ordering::Relaxed));
         Stats {
@@ -566,7 +576,7 @@ impl Runtime {
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
-            .field("backend", &self.backend.identity())
+            .field("backend", &self.exec.backend.identity())
             .field("default_mode", &self.default_mode)
             .field("live_tensors", &self.tensors.len())
             .field("streams", &self.streams.len())

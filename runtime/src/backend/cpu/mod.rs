@@ -18,7 +18,7 @@ pub use parallel::SERIAL_BELOW;
 use parallel::{Pool, CHUNK_ALIGN};
 
 use super::host_kernels::elem::write_f64;
-use super::{Backend, Program};
+use super::{Backend, HostProgram, Program};
 use crate::error::{Error, Result};
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
@@ -244,8 +244,8 @@ impl Drop for LoopProgram {
     }
 }
 
-impl Program for LoopProgram {
-    unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
+impl HostProgram for LoopProgram {
+    unsafe fn run_host(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
         let iter = binding
             .iter
             .as_ref()
@@ -488,8 +488,8 @@ impl MatmulProgram {
     }
 }
 
-impl Program for MatmulProgram {
-    unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
+impl HostProgram for MatmulProgram {
+    unsafe fn run_host(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
         let addrs: Vec<usize> = bases.iter().map(|&p| p as usize).collect();
         let Some(e) = &self.epilogue else {
             self.parallel_gemm(binding, &addrs, 2);
@@ -540,7 +540,7 @@ impl Program for MatmulProgram {
                 n_inputs: e.inputs,
                 parts: Vec::new(),
             };
-            return e.program.run(&whole, &e_bases);
+            return e.program.run_host(&whole, &e_bases);
         }
         let e_addrs: Vec<usize> = e_bases.iter().map(|&p| p as usize).collect();
         // Each thread takes a run of rows and walks it block by block: GEMM, then the
@@ -551,7 +551,7 @@ impl Program for MatmulProgram {
                 let rows = block_rows.min(c.end - r0);
                 self.gemm(binding, &addrs, out, Part::Rows(r0..r0 + rows));
                 let ptrs: Vec<*mut u8> = e_addrs.iter().map(|&a| a as *mut u8).collect();
-                e.program.run(&block(r0, rows), &ptrs)?;
+                e.program.run_host(&block(r0, rows), &ptrs)?;
                 r0 += rows;
             }
             Ok(())
@@ -561,8 +561,8 @@ impl Program for MatmulProgram {
 
 struct ArangeProgram(DType);
 
-impl Program for ArangeProgram {
-    unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
+impl HostProgram for ArangeProgram {
+    unsafe fn run_host(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
         let out = &binding.operands[0];
         let (start, step) = (
             f64::from_bits(binding.scalars[0]),

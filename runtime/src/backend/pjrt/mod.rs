@@ -448,28 +448,6 @@ impl PjrtProgram {
 }
 
 impl Program for PjrtProgram {
-    /// Host-staged: every input is gathered and uploaded, every result downloaded and
-    /// scattered. The runtime calls [`Program::run_buffers`], which keeps values on the device.
-    unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
-        let plan = stage::plan(&self.region, binding);
-        if plan.empty {
-            return Ok(());
-        }
-        let exe = self.executable(&plan.sig)?;
-        let mut args = Vec::new();
-        for &j in &plan.inputs {
-            let t = &binding.operands[j];
-            let up = resident::upload(&self.shared, &plan, j, t.dtype, t.layout.offset, bases[j])?;
-            args.push(Arg::Owned(up));
-        }
-        args.extend(self.tail_args(binding, &plan)?);
-        let outs = Self::execute(&exe, &args, &plan)?;
-        for (out, &j) in outs.iter().zip(&plan.outputs) {
-            self.download_operand(&plan, binding, j, out, bases[j])?;
-        }
-        Ok(())
-    }
-
     /// Keeps values on the device. An input whose buffer has a device copy of exactly the
     /// array this program stages (`stage::dense_key`) is passed as is; any other input is
     /// gathered from the host bytes (written back first if the device holds a newer value)
@@ -477,7 +455,7 @@ impl Program for PjrtProgram {
     /// buffer's (clean) device copy. A result that is its buffer's whole value becomes the
     /// buffer's device copy, the host bytes stale until something reads them; a result
     /// written through a partial view is downloaded into the host bytes as before.
-    unsafe fn run_buffers(&self, binding: &Binding, bufs: &[Arc<Buffer>]) -> Result<()> {
+    unsafe fn run(&self, binding: &Binding, bufs: &[Arc<Buffer>]) -> Result<()> {
         let plan = stage::plan(&self.region, binding);
         if plan.empty {
             return Ok(());
