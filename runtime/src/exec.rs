@@ -387,7 +387,7 @@ impl Executor {
         self.cache
             .get_or_compile(key, || {
                 let t0 = self.timeline.on().then(|| self.timeline.now());
-                let p = backend.compile(&step.region).map_err(|e| e.to_string())?;
+                let p = backend.compile(&step.region)?;
                 if let Some(t0) = t0 {
                     let ms = (self.timeline.now() - t0) as f64 / 1e6;
                     let args = vec![
@@ -402,9 +402,10 @@ impl Executor {
                 if let Some(dir) = dump {
                     crate::dump::write_region(&dir, key, &step.region, &p.listing());
                 }
-                Ok(p)
+                Ok::<_, Error>(p)
             })
-            .map_err(Error::Backend)
+            // The compiler's message as before; the key is in the dump and the timeline.
+            .map_err(|e| Error::Backend(e.reason))
     }
 }
 

@@ -91,7 +91,7 @@ impl CpuBackend {
             identity,
             keep_listing,
             builder_ctx: Mutex::new(codegen::new_builder_context()),
-            pool: Arc::new(Pool::new(threads).map_err(Error::Backend)?),
+            pool: Arc::new(Pool::new(threads)?),
             block_math: block_math::available(),
         })
     }
