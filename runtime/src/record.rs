@@ -11,7 +11,7 @@ use crate::stream::{OpBuffers, Stream};
 use deferfuse_fusion::ir::infer::can_cast;
 use deferfuse_fusion::ir::layout::fmt_dims;
 use deferfuse_fusion::ir::{infer_memo_operands, DType, Layout, Op, OpError, Scalar};
-use deferfuse_fusion::lower::{reduce_needs_copy, reduced_dims};
+use deferfuse_fusion::reduce_geometry::{reduce_needs_copy, reduced_dims};
 use deferfuse_fusion::{Node, Operand, TensorRef};
 use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
