@@ -127,11 +127,11 @@ impl CpuBackend {
             .map_err(|e| Error::Backend(format!("declaring kernel: {e}")))?;
         let mut ctx = Context::new();
         ctx.func.signature = sig;
-        let plan = sweep::plan(region, self.block_math);
+        let schedule = sweep::schedule(region, self.block_math);
         {
             let mut fctx = self.builder_ctx.lock().unwrap_or_else(|p| p.into_inner());
             let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-            codegen::build(region, &plan, &mut b, &mut module);
+            codegen::build(region, &schedule, &mut b, &mut module);
             b.finalize(self.isa.frontend_config());
         }
         let mut listing = if self.keep_listing {
@@ -163,12 +163,12 @@ impl CpuBackend {
             module: Some(module),
             listing,
             pool: self.pool.clone(),
-            stash_rows: if plan.blocked() && region.reduces.is_empty() {
+            stash_rows: if schedule.blocked() && region.reduces.is_empty() {
                 Some(sweep::BLOCK)
             } else {
                 None
             },
-            stash: plan.slots,
+            stash: schedule.slots,
         })
     }
 }
