@@ -1,15 +1,13 @@
 //! Lowering: turns recorded nodes into regions plus bindings. A single node lowers to one step
 //! (addmm to two); the fusing planner builds bigger loop regions with the same [`LoopBuilder`].
 
-use crate::ir::layout::wrap_dim;
 use crate::ir::{BinaryOp, DType, Dims, KernelOp, Layout, Op, ReduceOp, Scalar, Strides, UnaryOp};
 use crate::iter::IterSpace;
-use crate::reduce_geometry::{reduce_space, reduced_dims};
+use crate::reduce_geometry::reduce_space;
 use crate::region::{
     Binding, Instr, InstrKind, LoopOperand, LoopReduce, LoopRegion, Region, Step, ValueIdx,
 };
 use crate::trace::{Node, Operand, TensorRef};
-use smallvec::SmallVec;
 use std::sync::Arc;
 
 /// Builds a loop body in SSA form, deduplicating loads of the same operand.

@@ -3,7 +3,7 @@
 
 mod block_math;
 mod codegen;
-mod helpers;
+mod jit_calls;
 mod lanes;
 mod matmul;
 mod parallel;
@@ -12,7 +12,7 @@ mod sweep;
 mod vmath;
 
 pub use block_math::limit_lanes as limit_row_routine_lanes;
-pub use helpers::erf64;
+pub use jit_calls::erf64;
 pub use parallel::SERIAL_BELOW;
 
 use parallel::{Pool, CHUNK_ALIGN};
@@ -117,7 +117,10 @@ impl CpuBackend {
     fn compile_loop(&self, region: &LoopRegion) -> Result<LoopProgram> {
         let mut jb =
             JITBuilder::with_isa(self.isa.clone(), cranelift_module::default_libcall_names());
-        for (name, ptr) in helpers::symbols().into_iter().chain(block_math::symbols()) {
+        for (name, ptr) in jit_calls::symbols()
+            .into_iter()
+            .chain(block_math::symbols())
+        {
             jb.symbol(name, ptr);
         }
         let mut module = JITModule::new(jb);
