@@ -42,11 +42,17 @@ pub struct Runtime {
     /// Emptied buffer records for new outputs (no allocation per recorded op).
     pub(crate) spares: Spares,
     default_mode: Mode,
+    /// The key of each thread's modes on this runtime (see [`mode`]).
+    id: u64,
     default_stream: Handle,
     /// The default stream itself (it is never destroyed): most ops name it, and this spares
     /// them a handle-table lookup.
     default_stream_ref: Arc<Stream>,
+    /// Buffer ids (the trace's and the planner's name for a buffer).
     next_buffer: AtomicU64,
+    /// Stream ids (what a buffer's writer and the timeline name a stream by); the default
+    /// stream is 0.
+    next_stream: AtomicU64,
     threads: usize,
     /// The opt-in timeline (`DEFERFUSE_TRACE`, [`Runtime::trace_start`]); shared with the
     /// programs a flush launches, which record their own runs.
@@ -108,9 +114,11 @@ impl Runtime {
             spares: Spares::default(),
             config,
             default_mode,
+            id: mode::new_runtime_id(),
             default_stream,
             default_stream_ref,
             next_buffer: AtomicU64::new(1),
+            next_stream: AtomicU64::new(1),
             threads,
             timeline,
             trace_events,
@@ -122,9 +130,27 @@ impl Runtime {
         self.default_mode
     }
 
-    /// The calling thread's mode.
+    /// The calling thread's mode on this runtime.
     pub fn mode(&self) -> Mode {
-        mode::current(self.default_mode)
+        mode::current(self.id, self.default_mode)
+    }
+
+    /// Replaces the calling thread's mode on this runtime: the top of its pushed modes, or
+    /// its base mode when nothing is pushed.
+    pub fn set_mode(&self, m: Mode) {
+        mode::set(self.id, m)
+    }
+
+    /// Makes `m` the calling thread's mode on this runtime until the matching
+    /// [`Runtime::pop_mode`].
+    pub fn push_mode(&self, m: Mode) {
+        mode::push(self.id, m)
+    }
+
+    /// Undoes the calling thread's last [`Runtime::push_mode`], returning the mode it ends; an
+    /// error if nothing is pushed on this thread (a set is not a push).
+    pub fn pop_mode(&self) -> Result<Mode> {
+        mode::pop(self.id)
     }
 
     /// Threads one program may split its loops over (`Config::num_threads`).
@@ -175,7 +201,7 @@ impl Runtime {
     }
 
     pub fn create_stream(&self) -> Result<Handle> {
-        let id = self.next_buffer.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         self.streams.insert(Arc::new(Stream::new(id)?))
     }
 
@@ -588,6 +614,8 @@ impl Drop for Runtime {
     /// Pending work is run (nothing a user wrote is lost), then the workers stop.
     fn drop(&mut self) {
         let _ = self.synchronize_all();
+        // Other threads' entries stay (a few bytes each): ids are never reused.
+        mode::forget(self.id);
         // A trace started by DEFERFUSE_TRACE (or never stopped) is written now.
         if self.timeline.on() {
             if let Err(e) = self.timeline.stop() {
