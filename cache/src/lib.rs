@@ -6,6 +6,8 @@
 //! (`deferfuse_fusion::plan_cache`, plans by trace structure) and the host block cache
 //! (`deferfuse_runtime::alloc`, freed host memory blocks).
 
+#![warn(missing_docs)]
+
 pub mod disk_cache;
 pub mod fingerprint;
 pub mod program_cache;

@@ -30,12 +30,18 @@ pub struct CompileError {
 /// Counters a stats call reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
+    /// Lookups that found the program compiled.
     pub hits: u64,
+    /// Lookups that found it not compiled yet (they compile it, or wait for the thread that
+    /// does).
     pub misses: u64,
+    /// Programs dropped to stay within the capacity (least recently used first).
     pub evictions: u64,
     /// Programs compiled (a failed compile counts too).
     pub compiles: u64,
+    /// Nanoseconds spent compiling.
     pub compile_ns: u64,
+    /// Programs held now.
     pub entries: u64,
 }
 
@@ -126,14 +132,17 @@ impl<P: Clone> ProgramCache<P> {
         }
     }
 
+    /// Programs held now.
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
+    /// True when no program is held.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
 
+    /// Most programs held at once.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
@@ -143,6 +152,7 @@ impl<P: Clone> ProgramCache<P> {
         self.map.clear();
     }
 
+    /// The counters so far.
     pub fn stats(&self) -> CacheStats {
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
