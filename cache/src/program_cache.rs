@@ -11,19 +11,37 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 struct Entry<P> {
-    cell: Arc<OnceLock<Result<P, String>>>,
+    cell: Arc<OnceLock<Result<P, CompileError>>>,
     last_use: AtomicU64,
+}
+
+/// A failed compile, as every caller that waited on it sees it: the program's key and what the
+/// compiler said (kept as text: one failure goes to many waiters, and the compiler's own error
+/// type need not be cloneable).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("compiling program {key}: {reason}")]
+pub struct CompileError {
+    /// The program that failed to compile.
+    pub key: Fingerprint,
+    /// The compiler's error, as text.
+    pub reason: String,
 }
 
 /// Counters a stats call reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
+    /// Lookups that found the program compiled.
     pub hits: u64,
+    /// Lookups that found it not compiled yet (they compile it, or wait for the thread that
+    /// does).
     pub misses: u64,
+    /// Programs dropped to stay within the capacity (least recently used first).
     pub evictions: u64,
     /// Programs compiled (a failed compile counts too).
     pub compiles: u64,
+    /// Nanoseconds spent compiling.
     pub compile_ns: u64,
+    /// Programs held now.
     pub entries: u64,
 }
 
@@ -56,11 +74,11 @@ impl<P: Clone> ProgramCache<P> {
 
     /// The program for `key`, compiling it with `compile` on a miss. Concurrent misses on one
     /// key run `compile` once. A failed compile is returned to every waiter and not kept.
-    pub fn get_or_compile(
+    pub fn get_or_compile<E: std::fmt::Display>(
         &self,
         key: Fingerprint,
-        compile: impl FnOnce() -> Result<P, String>,
-    ) -> Result<P, String> {
+        compile: impl FnOnce() -> Result<P, E>,
+    ) -> Result<P, CompileError> {
         let now = self.tick.fetch_add(1, Ordering::Relaxed);
         let (cell, hit) = {
             let entry = self.map.entry(key).or_insert_with(|| Entry {
@@ -78,7 +96,10 @@ impl<P: Clone> ProgramCache<P> {
         let result = cell
             .get_or_init(|| {
                 let t = Instant::now();
-                let r = compile();
+                let r = compile().map_err(|e| CompileError {
+                    key,
+                    reason: e.to_string(),
+                });
                 self.compiles.fetch_add(1, Ordering::Relaxed);
                 self.compile_ns
                     .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -111,14 +132,17 @@ impl<P: Clone> ProgramCache<P> {
         }
     }
 
+    /// Programs held now.
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
+    /// True when no program is held.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
 
+    /// Most programs held at once.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
@@ -128,6 +152,7 @@ impl<P: Clone> ProgramCache<P> {
         self.map.clear();
     }
 
+    /// The counters so far.
     pub fn stats(&self) -> CacheStats {
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
@@ -149,8 +174,8 @@ mod tests {
     fn second_lookup_is_a_hit() {
         let c = ProgramCache::new(4);
         let k = Fingerprint(1);
-        assert_eq!(c.get_or_compile(k, || Ok(7)), Ok(7));
-        assert_eq!(c.get_or_compile(k, || Ok(8)), Ok(7));
+        assert_eq!(c.get_or_compile(k, || Ok::<_, String>(7)), Ok(7));
+        assert_eq!(c.get_or_compile(k, || Ok::<_, String>(8)), Ok(7));
         let s = c.stats();
         assert_eq!((s.hits, s.misses, s.compiles), (1, 1, 1));
     }
@@ -158,14 +183,15 @@ mod tests {
     #[test]
     fn least_recently_used_is_evicted() {
         let c = ProgramCache::new(2);
-        c.get_or_compile(Fingerprint(1), || Ok(1)).unwrap();
-        c.get_or_compile(Fingerprint(2), || Ok(2)).unwrap();
-        c.get_or_compile(Fingerprint(1), || Ok(1)).unwrap();
-        c.get_or_compile(Fingerprint(3), || Ok(3)).unwrap();
+        let ok = |v: i32| move || Ok::<_, String>(v);
+        c.get_or_compile(Fingerprint(1), ok(1)).unwrap();
+        c.get_or_compile(Fingerprint(2), ok(2)).unwrap();
+        c.get_or_compile(Fingerprint(1), ok(1)).unwrap();
+        c.get_or_compile(Fingerprint(3), ok(3)).unwrap();
         assert_eq!(c.len(), 2);
         assert_eq!(c.stats().evictions, 1);
         // 2 was the least recently used, so it compiles again.
-        assert_eq!(c.get_or_compile(Fingerprint(2), || Ok(20)), Ok(20));
+        assert_eq!(c.get_or_compile(Fingerprint(2), ok(20)), Ok(20));
     }
 
     #[test]
@@ -180,7 +206,7 @@ mod tests {
                     c.get_or_compile(Fingerprint(42), || {
                         calls.fetch_add(1, Ordering::SeqCst);
                         std::thread::sleep(std::time::Duration::from_millis(20));
-                        Ok(1)
+                        Ok::<_, String>(1)
                     })
                 })
             })
@@ -194,9 +220,24 @@ mod tests {
     #[test]
     fn failed_compile_is_not_cached() {
         let c: ProgramCache<i32> = ProgramCache::new(2);
-        assert!(c
-            .get_or_compile(Fingerprint(5), || Err("boom".into()))
-            .is_err());
-        assert_eq!(c.get_or_compile(Fingerprint(5), || Ok(1)), Ok(1));
+        assert!(c.get_or_compile(Fingerprint(5), || Err("boom")).is_err());
+        assert_eq!(
+            c.get_or_compile(Fingerprint(5), || Ok::<_, String>(1)),
+            Ok(1)
+        );
+    }
+
+    #[test]
+    fn a_failed_compile_names_the_program_and_the_compiler_error() {
+        let c: ProgramCache<i32> = ProgramCache::new(2);
+        let e = c
+            .get_or_compile(Fingerprint(5), || Err("boom"))
+            .unwrap_err();
+        assert_eq!(e.key, Fingerprint(5));
+        assert_eq!(e.reason, "boom");
+        assert_eq!(
+            e.to_string(),
+            format!("compiling program {}: boom", Fingerprint(5))
+        );
     }
 }

@@ -1335,8 +1335,8 @@ DfuseStatus dfuse_runtime_create(const struct DfuseConfig *cfg, struct DfuseRunt
 DfuseStatus dfuse_runtime_destroy(struct DfuseRuntime *rt);
 
 /**
- * Writes the calling thread's mode (a `DfuseMode`) to `*out`: the last one it set or pushed,
- * else the runtime's default mode.
+ * Writes the calling thread's mode on `rt` (a `DfuseMode`) to `*out`: the last one it set or
+ * pushed on `rt`, else the runtime's default mode. Each runtime keeps its own modes.
  *
  * # Safety
  * `out` must be NULL or point to a writable `uint32_t`.
@@ -1344,7 +1344,8 @@ DfuseStatus dfuse_runtime_destroy(struct DfuseRuntime *rt);
 DfuseStatus dfuse_mode_get(const struct DfuseRuntime *rt, uint32_t *out);
 
 /**
- * Sets the calling thread's mode (replacing the top of its mode stack). Pending deferred ops
+ * Sets the calling thread's mode on `rt` (replacing the top of its mode stack there; other
+ * runtimes keep theirs). Pending deferred ops
  * run when the next non-deferred op is issued.
  *
  * # Safety
@@ -1353,7 +1354,7 @@ DfuseStatus dfuse_mode_get(const struct DfuseRuntime *rt, uint32_t *out);
 DfuseStatus dfuse_mode_set(const struct DfuseRuntime *rt, uint32_t mode);
 
 /**
- * Pushes a mode on the calling thread's mode stack (for a scoped mode switch); undo it with
+ * Pushes a mode on the calling thread's mode stack on `rt` (for a scoped mode switch); undo it with
  * `dfuse_mode_pop`.
  *
  * # Safety
@@ -1362,7 +1363,7 @@ DfuseStatus dfuse_mode_set(const struct DfuseRuntime *rt, uint32_t mode);
 DfuseStatus dfuse_mode_push(const struct DfuseRuntime *rt, uint32_t mode);
 
 /**
- * Pops the calling thread's mode stack, restoring the mode before the matching push.
+ * Pops the calling thread's mode stack on `rt`, restoring the mode before the matching push.
  * `DFUSE_STATUS_INVALID_ARGUMENT` when nothing was pushed on this thread.
  *
  * # Safety

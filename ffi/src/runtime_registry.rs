@@ -19,7 +19,7 @@ use crate::types::{
     DFUSE_MODE_FROM_ENV, DFUSE_SYNC_REASON_COUNT,
 };
 use deferfuse_runtime::stats::CutReason;
-use deferfuse_runtime::{mode, BackendKind, Config, Error, Runtime, SyncReason};
+use deferfuse_runtime::{BackendKind, Config, Error, Runtime, SyncReason};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -276,8 +276,8 @@ pub unsafe extern "C" fn dfuse_runtime_destroy(rt: *mut DfuseRuntime) -> DfuseSt
     })
 }
 
-/// Writes the calling thread's mode (a `DfuseMode`) to `*out`: the last one it set or pushed,
-/// else the runtime's default mode.
+/// Writes the calling thread's mode on `rt` (a `DfuseMode`) to `*out`: the last one it set or
+/// pushed on `rt`, else the runtime's default mode. Each runtime keeps its own modes.
 ///
 /// # Safety
 /// `out` must be NULL or point to a writable `uint32_t`.
@@ -290,7 +290,8 @@ pub unsafe extern "C" fn dfuse_mode_get(rt: *const DfuseRuntime, out: *mut u32) 
     })
 }
 
-/// Sets the calling thread's mode (replacing the top of its mode stack). Pending deferred ops
+/// Sets the calling thread's mode on `rt` (replacing the top of its mode stack there; other
+/// runtimes keep theirs). Pending deferred ops
 /// run when the next non-deferred op is issued.
 ///
 /// # Safety
@@ -298,13 +299,12 @@ pub unsafe extern "C" fn dfuse_mode_get(rt: *const DfuseRuntime, out: *mut u32) 
 #[no_mangle]
 pub unsafe extern "C" fn dfuse_mode_set(rt: *const DfuseRuntime, mode: u32) -> DfuseStatus {
     guard("dfuse_mode_set", || {
-        runtime(rt)?;
-        mode::set(mode_from(mode, "mode")?);
+        runtime(rt)?.set_mode(mode_from(mode, "mode")?);
         Ok(())
     })
 }
 
-/// Pushes a mode on the calling thread's mode stack (for a scoped mode switch); undo it with
+/// Pushes a mode on the calling thread's mode stack on `rt` (for a scoped mode switch); undo it with
 /// `dfuse_mode_pop`.
 ///
 /// # Safety
@@ -312,13 +312,12 @@ pub unsafe extern "C" fn dfuse_mode_set(rt: *const DfuseRuntime, mode: u32) -> D
 #[no_mangle]
 pub unsafe extern "C" fn dfuse_mode_push(rt: *const DfuseRuntime, mode: u32) -> DfuseStatus {
     guard("dfuse_mode_push", || {
-        runtime(rt)?;
-        mode::push(mode_from(mode, "mode")?);
+        runtime(rt)?.push_mode(mode_from(mode, "mode")?);
         Ok(())
     })
 }
 
-/// Pops the calling thread's mode stack, restoring the mode before the matching push.
+/// Pops the calling thread's mode stack on `rt`, restoring the mode before the matching push.
 /// `DFUSE_STATUS_INVALID_ARGUMENT` when nothing was pushed on this thread.
 ///
 /// # Safety
@@ -326,8 +325,7 @@ pub unsafe extern "C" fn dfuse_mode_push(rt: *const DfuseRuntime, mode: u32) -> 
 #[no_mangle]
 pub unsafe extern "C" fn dfuse_mode_pop(rt: *const DfuseRuntime) -> DfuseStatus {
     guard("dfuse_mode_pop", || {
-        runtime(rt)?;
-        mode::pop()?;
+        runtime(rt)?.pop_mode()?;
         Ok(())
     })
 }

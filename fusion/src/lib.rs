@@ -10,6 +10,7 @@ pub mod key;
 pub mod lower;
 pub mod plan;
 pub mod plan_cache;
+pub mod reduce_geometry;
 pub mod region;
 pub mod trace;
 

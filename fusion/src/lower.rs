@@ -1,14 +1,13 @@
 //! Lowering: turns recorded nodes into regions plus bindings. A single node lowers to one step
 //! (addmm to two); the fusing planner builds bigger loop regions with the same [`LoopBuilder`].
 
-use crate::ir::layout::wrap_dim;
 use crate::ir::{BinaryOp, DType, Dims, KernelOp, Layout, Op, ReduceOp, Scalar, Strides, UnaryOp};
 use crate::iter::IterSpace;
+use crate::reduce_geometry::reduce_space;
 use crate::region::{
     Binding, Instr, InstrKind, LoopOperand, LoopReduce, LoopRegion, Region, Step, ValueIdx,
 };
 use crate::trace::{Node, Operand, TensorRef};
-use smallvec::SmallVec;
 use std::sync::Arc;
 
 /// Builds a loop body in SSA form, deduplicating loads of the same operand.
@@ -229,76 +228,6 @@ pub fn emit_elementwise_over(
         other => unreachable!("{other} is not elementwise"),
     };
     b.cast(v, node.output.dtype)
-}
-
-/// Dims of `rank` a reduction folds (`dims` empty means all), sorted and deduplicated.
-pub fn reduced_dims(dims: &[usize], rank: usize) -> Dims {
-    let mut r: Dims = if dims.is_empty() {
-        (0..rank).collect()
-    } else {
-        dims.iter()
-            .map(|&d| wrap_dim("reduce", d as i64, rank).unwrap_or(d))
-            .collect()
-    };
-    r.sort_unstable();
-    r.dedup();
-    r
-}
-
-/// Strides over the reduce input's dims of a reduction output (`keepdim` or not): kept dims
-/// take the output's strides, reduced dims 0.
-pub fn reduce_out_strides(out: &Layout, rank: usize, dims: &[usize], keepdim: bool) -> Strides {
-    let red = reduced_dims(dims, rank);
-    let mut j = 0;
-    (0..rank)
-        .map(|d| {
-            if red.contains(&d) {
-                if keepdim {
-                    j += 1;
-                }
-                0
-            } else {
-                j += 1;
-                out.strides[j - 1]
-            }
-        })
-        .collect()
-}
-
-/// The iteration space of a reduction over `dims` of `sizes`, for operands given by their
-/// strides over those dims: kept dims first, reduced dims last (merged into one when possible).
-pub fn reduce_space_for(sizes: &[usize], dims: &[usize], strides: &[Strides]) -> IterSpace {
-    let rank = sizes.len();
-    let red = reduced_dims(dims, rank);
-    let order: Vec<usize> = (0..rank)
-        .filter(|d| !red.contains(d))
-        .chain(red.iter().copied())
-        .collect();
-    let mut s: Dims = order.iter().map(|&d| sizes[d]).collect();
-    // A trailing unit dim makes a reduction over nothing (a 0-dim input) still one inner dim.
-    s.push(1);
-    let st: Vec<Strides> = strides
-        .iter()
-        .map(|x| {
-            let mut v: Strides = order.iter().map(|&d| x[d]).collect();
-            v.push(0);
-            v
-        })
-        .collect();
-    IterSpace::coalesce(&s, &st, red.len() + 1)
-}
-
-/// The iteration space of a reduction of `input` into `output` over `dims`.
-pub fn reduce_space(input: &Layout, output: &Layout, dims: &[usize], keepdim: bool) -> IterSpace {
-    let out = reduce_out_strides(output, input.rank(), dims, keepdim);
-    reduce_space_for(&input.sizes, dims, &[input.strides.clone(), out])
-}
-
-/// True when the reduced dims of `input` cannot be walked as one strided dim, so the runtime
-/// must first copy the input into a buffer with the reduced dims last.
-pub fn reduce_needs_copy(input: &Layout, dims: &[usize]) -> bool {
-    let zero: Strides = SmallVec::from_elem(0, input.rank());
-    reduce_space_for(&input.sizes, dims, &[input.strides.clone(), zero]).reduced > 1
 }
 
 /// A reduction of a loop step: its op, the folded value, and where its per-row result goes

@@ -47,6 +47,9 @@ pub struct Config {
     /// Events the timeline keeps (a ring buffer: the oldest are dropped beyond it); 0 reads
     /// `DEFERFUSE_TRACE_EVENTS`, else 262144.
     pub trace_events: usize,
+    /// A directory each newly compiled region is written into (readable text, Graphviz and
+    /// the backend's code); `None` reads `DEFERFUSE_DUMP_DIR` (unset: no dumps).
+    pub dump_dir: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -64,6 +67,7 @@ impl Default for Config {
             memory_limit_bytes: 0,
             trace: None,
             trace_events: 0,
+            dump_dir: None,
         }
     }
 }
@@ -172,6 +176,15 @@ pub fn resolve_pjrt_plugin(config: &Config) -> Result<PathBuf> {
 pub fn resolve_trace(config: &Config) -> Option<PathBuf> {
     config.trace.clone().or_else(|| {
         std::env::var_os("DEFERFUSE_TRACE")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+    })
+}
+
+/// The dump directory: the config's, else `DEFERFUSE_DUMP_DIR` (unset or empty: none).
+pub fn resolve_dump_dir(config: &Config) -> Option<PathBuf> {
+    config.dump_dir.clone().or_else(|| {
+        std::env::var_os("DEFERFUSE_DUMP_DIR")
             .filter(|p| !p.is_empty())
             .map(PathBuf::from)
     })

@@ -1,26 +1,77 @@
 //! Execution: turns a stream's pending trace into steps (through the planner), finds or compiles
 //! each step's program, and launches it on the stream's worker.
+//!
+//! The [`Executor`] owns everything between a sync point and a launch (the backend, the program
+//! cache, the dump directory, the waves); the runtime keeps handles, streams, modes and
+//! recording, and calls in here. Nothing here calls back into the runtime.
 
-use crate::backend::SideBySide;
-use crate::buffer::{Buffer, Writer};
+use crate::backend::{Backend, Program, SideBySide};
+use crate::buffer::{Buffer, Spares, Writer};
 use crate::error::{Error, Result};
 use crate::mode::Mode;
-use crate::runtime::Runtime;
-use crate::stats::SyncReason;
+use crate::stats::{Counters, SyncReason};
 use crate::stream::{BufferLookup, OpBuffers, Stream};
 use crate::timeline::{binding_args, region_label, Arg, RunTrace, Timeline, Track};
 use crate::wave::{Job, Wave};
-use deferfuse_cache::{fingerprint, Fingerprint};
+use deferfuse_cache::{fingerprint, Fingerprint, ProgramCache};
 use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::plan::PlanOptions;
 use deferfuse_fusion::{BufferId, Node, Step};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-impl Runtime {
+/// Flush -> plan -> fingerprint -> program cache -> launch, for one runtime.
+pub(crate) struct Executor {
+    /// Compiles regions; says what a region may hold (the planner cuts by it).
+    pub(crate) backend: Box<dyn Backend>,
+    /// Compiled programs by region fingerprint.
+    pub(crate) cache: ProgramCache<Arc<dyn Program>>,
+    /// Where each newly compiled region is written (`Config::dump_dir`).
+    dump_dir: Option<PathBuf>,
+    /// The runtime's counters (shared: recording counts ops, execution counts the rest).
+    counters: Arc<Counters>,
+    /// The runtime's timeline; programs launched here record their runs into it.
+    timeline: Arc<Timeline>,
+    /// Threads one program may split its loops over (what a timed run reports).
+    threads: usize,
+    /// Most ops the planner puts in one loop region (`Config::max_ops_per_region`).
+    max_ops_per_region: usize,
+}
+
+/// What an [`Executor`] is made of; the runtime builds them from its config.
+pub(crate) struct ExecutorParts {
+    pub backend: Box<dyn Backend>,
+    pub cache_capacity: usize,
+    pub dump_dir: Option<PathBuf>,
+    pub counters: Arc<Counters>,
+    pub timeline: Arc<Timeline>,
+    pub threads: usize,
+    pub max_ops_per_region: usize,
+}
+
+impl Executor {
+    pub(crate) fn new(p: ExecutorParts) -> Executor {
+        Executor {
+            backend: p.backend,
+            cache: ProgramCache::new(p.cache_capacity),
+            dump_dir: p.dump_dir,
+            counters: p.counters,
+            timeline: p.timeline,
+            threads: p.threads,
+            max_ops_per_region: p.max_ops_per_region,
+        }
+    }
+
     /// Runs every op pending on `stream`; counts the sync point when there was work.
-    /// Returns whether there was work (and so a sync point was counted).
-    pub(crate) fn flush(&self, stream: &Stream, reason: SyncReason) -> Result<bool> {
+    /// Returns whether there was work (and so a sync point was counted). Buffers only this
+    /// flush held go to `spares`, for the next recorded ops' outputs.
+    pub(crate) fn flush(
+        &self,
+        stream: &Stream,
+        reason: SyncReason,
+        spares: &Spares,
+    ) -> Result<bool> {
         let mut pending = stream.pending.lock().unwrap_or_else(|p| p.into_inner());
         if pending.trace.is_empty() {
             return Ok(false);
@@ -32,7 +83,7 @@ impl Runtime {
         self.counters.sync(reason);
         let opts = PlanOptions {
             fuse: true,
-            max_ops_per_region: self.config.max_ops_per_region,
+            max_ops_per_region: self.max_ops_per_region,
             capabilities: self.backend.capabilities(),
         };
         // The key was built as the nodes were recorded: only liveness is added here.
@@ -112,7 +163,7 @@ impl Runtime {
         pending.trace.recycle(nodes);
         // Buffers only this flush held (fused-away intermediates, released results) become
         // spares for the next ops' outputs.
-        self.spares.give(buffers.drain());
+        spares.give(buffers.drain());
         // Nothing was recorded meanwhile (the lock is held): the set goes back, emptied, with
         // its allocations.
         pending.buffers = buffers;
@@ -280,7 +331,7 @@ impl Runtime {
             fingerprint,
             shapes,
             bytes,
-            threads: self.threads(),
+            threads: self.threads,
             tag: Timeline::tag(),
         })
     }
@@ -341,7 +392,7 @@ impl Runtime {
         self.cache
             .get_or_compile(key, || {
                 let t0 = self.timeline.on().then(|| self.timeline.now());
-                let p = backend.compile(&step.region).map_err(|e| e.to_string())?;
+                let p = backend.compile(&step.region)?;
                 if let Some(t0) = t0 {
                     let ms = (self.timeline.now() - t0) as f64 / 1e6;
                     let args = vec![
@@ -356,9 +407,10 @@ impl Runtime {
                 if let Some(dir) = dump {
                     crate::dump::write_region(&dir, key, &step.region, &p.listing());
                 }
-                Ok(p)
+                Ok::<_, Error>(p)
             })
-            .map_err(Error::Backend)
+            // The compiler's message as before; the key is in the dump and the timeline.
+            .map_err(|e| Error::Backend(e.reason))
     }
 }
 

@@ -1,7 +1,9 @@
-//! Eager modes: chosen once from the environment, switchable per thread at run time.
+//! Eager modes: chosen once from the environment, switchable per thread at run time, on each
+//! runtime apart (a mode set on one runtime leaves another's alone).
 
 use crate::error::{Error, Result};
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How ops run.
 #[repr(u32)]
@@ -55,51 +57,83 @@ pub fn mode_from_env(defer: Option<&str>, blocking: Option<&str>) -> Result<(Mod
     })
 }
 
-/// One thread's choice of mode: a base set with [`set`] and a stack of [`push`]es over it. They
-/// are kept apart so a [`pop`] can only undo a push, never a `set` (which has nothing to restore).
+/// One thread's choice of mode on one runtime: a base set with [`set`] and a stack of
+/// [`push`]es over it. They are kept apart so a [`pop`] can only undo a push, never a `set`
+/// (which has nothing to restore).
 struct ThreadModes {
+    runtime: u64,
     base: Option<Mode>,
     pushed: Vec<Mode>,
 }
 
 thread_local! {
-    /// This thread's modes; neither set nor pushed means "the runtime's default".
-    static MODES: RefCell<ThreadModes> = const {
-        RefCell::new(ThreadModes { base: None, pushed: Vec::new() })
-    };
+    /// This thread's modes on each runtime it chose one for; none means "the runtime's
+    /// default". A thread rarely uses more than one runtime: a list beats a map.
+    static MODES: RefCell<Vec<ThreadModes>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The calling thread's mode, or `default` if it never set one.
-pub fn current(default: Mode) -> Mode {
-    MODES.with(|m| {
-        let m = m.borrow();
-        m.pushed.last().copied().or(m.base).unwrap_or(default)
-    })
+static NEXT_RUNTIME: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh runtime id, the key of each thread's modes on that runtime.
+pub(crate) fn new_runtime_id() -> u64 {
+    NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Replaces the calling thread's mode: the top of its pushed modes, or its base mode when
-/// nothing is pushed.
-pub fn set(mode: Mode) {
+/// Runs `f` on the calling thread's modes on `runtime`, made empty on first use.
+fn with_modes<R>(runtime: u64, f: impl FnOnce(&mut ThreadModes) -> R) -> R {
     MODES.with(|m| {
         let mut m = m.borrow_mut();
-        match m.pushed.last_mut() {
-            Some(top) => *top = mode,
-            None => m.base = Some(mode),
-        }
+        let k = match m.iter().position(|t| t.runtime == runtime) {
+            Some(k) => k,
+            None => {
+                m.push(ThreadModes {
+                    runtime,
+                    base: None,
+                    pushed: Vec::new(),
+                });
+                m.len() - 1
+            }
+        };
+        f(&mut m[k])
     })
 }
 
-/// Makes `mode` the calling thread's mode until the matching [`pop`].
-pub fn push(mode: Mode) {
-    MODES.with(|m| m.borrow_mut().pushed.push(mode))
+/// The calling thread's mode on `runtime`, or `default` if it never chose one there.
+pub(crate) fn current(runtime: u64, default: Mode) -> Mode {
+    MODES.with(|m| {
+        let m = m.borrow();
+        m.iter()
+            .find(|t| t.runtime == runtime)
+            .and_then(|t| t.pushed.last().copied().or(t.base))
+            .unwrap_or(default)
+    })
 }
 
-/// Undoes the calling thread's last [`push`]; an error if nothing is pushed (a [`set`] is not
-/// a push).
-pub fn pop() -> Result<Mode> {
-    MODES.with(|m| m.borrow_mut().pushed.pop()).ok_or_else(|| {
+/// Replaces the calling thread's mode on `runtime`: the top of its pushed modes, or its base
+/// mode when nothing is pushed.
+pub(crate) fn set(runtime: u64, mode: Mode) {
+    with_modes(runtime, |m| match m.pushed.last_mut() {
+        Some(top) => *top = mode,
+        None => m.base = Some(mode),
+    })
+}
+
+/// Makes `mode` the calling thread's mode on `runtime` until the matching [`pop`].
+pub(crate) fn push(runtime: u64, mode: Mode) {
+    with_modes(runtime, |m| m.pushed.push(mode))
+}
+
+/// Undoes the calling thread's last [`push`] on `runtime`, returning the mode it ends; an
+/// error if nothing is pushed there (a [`set`] is not a push).
+pub(crate) fn pop(runtime: u64) -> Result<Mode> {
+    with_modes(runtime, |m| m.pushed.pop()).ok_or_else(|| {
         Error::InvalidArgument("mode pop without a matching push on this thread".into())
     })
+}
+
+/// Forgets the calling thread's modes on `runtime` (the runtime is going away).
+pub(crate) fn forget(runtime: u64) {
+    MODES.with(|m| m.borrow_mut().retain(|t| t.runtime != runtime))
 }
 
 #[cfg(test)]
@@ -120,31 +154,51 @@ mod tests {
         assert!(e.to_string().contains("TORCH_TPU_DEFER_AND_FUSE"), "{e}");
     }
 
+    const RT: u64 = u64::MAX;
+
     #[test]
     fn push_pop_restores_previous_mode() {
-        push(Mode::Defer);
-        push(Mode::Debug);
-        assert_eq!(current(Mode::Strict), Mode::Debug);
-        pop().unwrap();
-        assert_eq!(current(Mode::Strict), Mode::Defer);
-        pop().unwrap();
-        assert!(pop().is_err());
+        push(RT, Mode::Defer);
+        push(RT, Mode::Debug);
+        assert_eq!(current(RT, Mode::Strict), Mode::Debug);
+        pop(RT).unwrap();
+        assert_eq!(current(RT, Mode::Strict), Mode::Defer);
+        pop(RT).unwrap();
+        assert!(pop(RT).is_err());
     }
 
     #[test]
     fn pop_after_set_without_push_is_an_error_and_keeps_the_set_mode() {
-        set(Mode::Defer);
-        assert!(pop().is_err());
-        assert_eq!(current(Mode::Strict), Mode::Defer);
+        set(RT, Mode::Defer);
+        assert!(pop(RT).is_err());
+        assert_eq!(current(RT, Mode::Strict), Mode::Defer);
     }
 
     #[test]
     fn set_under_a_push_replaces_the_pushed_mode_only() {
-        set(Mode::Debug);
-        push(Mode::Strict);
-        set(Mode::Defer);
-        assert_eq!(current(Mode::Strict), Mode::Defer);
-        pop().unwrap();
-        assert_eq!(current(Mode::Strict), Mode::Debug);
+        set(RT, Mode::Debug);
+        push(RT, Mode::Strict);
+        set(RT, Mode::Defer);
+        assert_eq!(current(RT, Mode::Strict), Mode::Defer);
+        pop(RT).unwrap();
+        assert_eq!(current(RT, Mode::Strict), Mode::Debug);
+    }
+
+    #[test]
+    fn a_mode_chosen_on_one_runtime_leaves_another_at_its_default() {
+        let (a, b) = (new_runtime_id(), new_runtime_id());
+        set(a, Mode::Defer);
+        push(a, Mode::Debug);
+        assert_eq!(current(b, Mode::Strict), Mode::Strict);
+        assert!(pop(b).is_err(), "the push was on the other runtime");
+        assert_eq!(current(a, Mode::Strict), Mode::Debug);
+    }
+
+    #[test]
+    fn a_forgotten_runtime_is_back_at_its_default() {
+        let a = new_runtime_id();
+        set(a, Mode::Defer);
+        forget(a);
+        assert_eq!(current(a, Mode::Strict), Mode::Strict);
     }
 }

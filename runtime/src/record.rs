@@ -11,7 +11,7 @@ use crate::stream::{OpBuffers, Stream};
 use deferfuse_fusion::ir::infer::can_cast;
 use deferfuse_fusion::ir::layout::fmt_dims;
 use deferfuse_fusion::ir::{infer_memo_operands, DType, Layout, Op, OpError, Scalar};
-use deferfuse_fusion::lower::{reduce_needs_copy, reduced_dims};
+use deferfuse_fusion::reduce_geometry::{reduce_needs_copy, reduced_dims};
 use deferfuse_fusion::{Node, Operand, TensorRef};
 use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
@@ -354,7 +354,7 @@ impl Runtime {
         }
         self.flush(s, SyncReason::ModeSwitch)?;
         let out = out().clone();
-        self.run_now(s, node, buffers, mode)?;
+        self.exec.run_now(s, node, buffers, mode)?;
         if mode == Mode::Debug && out.state() != BufferState::Materialized {
             return Err(Error::Internal(
                 "debug check: an op's output is not materialized after it ran".into(),

@@ -1,24 +1,22 @@
-//! The runtime: owns the backend, the program cache, the handle tables and the streams, and is
-//! the one entry point the C ABI calls.
+//! The runtime: owns the handle tables, the streams, the modes and recording, and is the one
+//! entry point the C ABI calls; flushing and launching belong to its [`Executor`].
 
 use crate::alloc::HostAllocator;
-use crate::backend::{Backend, Program};
 use crate::buffer::{Buffer, BufferState, Spares};
 use crate::config::{
-    resolve_memory_limit, resolve_mode, resolve_threads, resolve_trace, resolve_trace_events,
-    Config,
+    resolve_dump_dir, resolve_memory_limit, resolve_mode, resolve_threads, resolve_trace,
+    resolve_trace_events, Config,
 };
 use crate::error::{Error, Result};
 use crate::event::EventState;
+use crate::exec::{Executor, ExecutorParts};
 use crate::handle::{Handle, HandleTable};
 use crate::mode::{self, Mode};
 use crate::stats::{Counters, Stats, SyncReason};
 use crate::stream::Stream;
 use crate::timeline::{Arg, Timeline, Track};
-use deferfuse_cache::ProgramCache;
 use deferfuse_fusion::ir::layout::checked_numel;
 use deferfuse_fusion::ir::{DType, Dims, Layout};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Once};
 
@@ -32,24 +30,29 @@ pub struct Tensor {
 
 /// A deferfuse runtime. Safe to share between threads.
 pub struct Runtime {
-    pub(crate) backend: Box<dyn Backend>,
-    pub(crate) cache: ProgramCache<Arc<dyn Program>>,
+    /// Flushes traces and launches programs (backend, program cache, dumps, waves).
+    pub(crate) exec: Executor,
     pub(crate) tensors: HandleTable<Tensor>,
     pub(crate) streams: HandleTable<Arc<Stream>>,
     pub(crate) events: HandleTable<EventState>,
-    pub(crate) counters: Counters,
+    pub(crate) counters: Arc<Counters>,
     pub(crate) config: Config,
-    pub(crate) dump_dir: Option<PathBuf>,
     /// Host memory, with the cache of freed blocks.
     pub(crate) host: Arc<HostAllocator>,
     /// Emptied buffer records for new outputs (no allocation per recorded op).
     pub(crate) spares: Spares,
     default_mode: Mode,
+    /// The key of each thread's modes on this runtime (see [`mode`]).
+    id: u64,
     default_stream: Handle,
     /// The default stream itself (it is never destroyed): most ops name it, and this spares
     /// them a handle-table lookup.
     default_stream_ref: Arc<Stream>,
+    /// Buffer ids (the trace's and the planner's name for a buffer).
     next_buffer: AtomicU64,
+    /// Stream ids (what a buffer's writer and the timeline name a stream by); the default
+    /// stream is 0.
+    next_stream: AtomicU64,
     threads: usize,
     /// The opt-in timeline (`DEFERFUSE_TRACE`, [`Runtime::trace_start`]); shared with the
     /// programs a flush launches, which record their own runs.
@@ -77,7 +80,7 @@ impl Runtime {
         let streams = HandleTable::new("stream", tag);
         let default_stream_ref = Arc::new(Stream::new(0)?);
         let default_stream = streams.insert(default_stream_ref.clone())?;
-        let dump_dir = std::env::var_os("DEFERFUSE_DUMP_DIR").map(PathBuf::from);
+        let dump_dir = resolve_dump_dir(&config);
         let threads = resolve_threads(&config)?;
         let host = HostAllocator::new(config.host_cache_bytes);
         host.set_live_limit(resolve_memory_limit(&config)?);
@@ -91,21 +94,31 @@ impl Runtime {
                 ))
             })?;
         }
-        Ok(Runtime {
+        let counters = Arc::new(Counters::default());
+        let exec = Executor::new(ExecutorParts {
             backend: crate::backend::create(&config, dump_dir.clone(), threads)?,
-            cache: ProgramCache::new(config.cache_capacity),
+            cache_capacity: config.cache_capacity,
+            dump_dir,
+            counters: counters.clone(),
+            timeline: timeline.clone(),
+            threads,
+            max_ops_per_region: config.max_ops_per_region,
+        });
+        Ok(Runtime {
+            exec,
             tensors: HandleTable::new("tensor", tag),
             streams,
             events: HandleTable::new("event", tag),
-            counters: Counters::default(),
-            dump_dir,
+            counters,
             host,
             spares: Spares::default(),
             config,
             default_mode,
+            id: mode::new_runtime_id(),
             default_stream,
             default_stream_ref,
             next_buffer: AtomicU64::new(1),
+            next_stream: AtomicU64::new(1),
             threads,
             timeline,
             trace_events,
@@ -117,9 +130,27 @@ impl Runtime {
         self.default_mode
     }
 
-    /// The calling thread's mode.
+    /// The calling thread's mode on this runtime.
     pub fn mode(&self) -> Mode {
-        mode::current(self.default_mode)
+        mode::current(self.id, self.default_mode)
+    }
+
+    /// Replaces the calling thread's mode on this runtime: the top of its pushed modes, or
+    /// its base mode when nothing is pushed.
+    pub fn set_mode(&self, m: Mode) {
+        mode::set(self.id, m)
+    }
+
+    /// Makes `m` the calling thread's mode on this runtime until the matching
+    /// [`Runtime::pop_mode`].
+    pub fn push_mode(&self, m: Mode) {
+        mode::push(self.id, m)
+    }
+
+    /// Undoes the calling thread's last [`Runtime::push_mode`], returning the mode it ends; an
+    /// error if nothing is pushed on this thread (a set is not a push).
+    pub fn pop_mode(&self) -> Result<Mode> {
+        mode::pop(self.id)
     }
 
     /// Threads one program may split its loops over (`Config::num_threads`).
@@ -128,7 +159,12 @@ impl Runtime {
     }
 
     pub fn backend_name(&self) -> &'static str {
-        self.backend.name()
+        self.exec.backend.name()
+    }
+
+    /// Runs every op pending on `stream` (see [`Executor::flush`]); whether there was work.
+    pub(crate) fn flush(&self, stream: &Stream, reason: SyncReason) -> Result<bool> {
+        self.exec.flush(stream, reason, &self.spares)
     }
 
     // ---- streams and events ----
@@ -165,7 +201,7 @@ impl Runtime {
     }
 
     pub fn create_stream(&self) -> Result<Handle> {
-        let id = self.next_buffer.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         self.streams.insert(Arc::new(Stream::new(id)?))
     }
 
@@ -517,11 +553,11 @@ impl Runtime {
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
         let host = self.host.stats();
-        let c = self.cache.stats();
-        let backend = self.backend.counters();
+        let c = self.exec.cache.stats();
+        let backend = self.exec.backend.counters();
         // On a backend that compiles when a program first runs, the cache's compiles are only
         // the wrappers; the real ones are the backend's.
-        let lazy = self.backend.compiles_on_first_run();
+        let lazy = self.exec.backend.compiles_on_first_run();
         let sync_points =
             std::array::from_fn(|k| self.counters.sync_points[k].load(Ordering::Relaxed));
         Stats {
@@ -566,7 +602,7 @@ impl Runtime {
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
-            .field("backend", &self.backend.identity())
+            .field("backend", &self.exec.backend.identity())
             .field("default_mode", &self.default_mode)
             .field("live_tensors", &self.tensors.len())
             .field("streams", &self.streams.len())
@@ -578,6 +614,8 @@ impl Drop for Runtime {
     /// Pending work is run (nothing a user wrote is lost), then the workers stop.
     fn drop(&mut self) {
         let _ = self.synchronize_all();
+        // Other threads' entries stay (a few bytes each): ids are never reused.
+        mode::forget(self.id);
         // A trace started by DEFERFUSE_TRACE (or never stopped) is written now.
         if self.timeline.on() {
             if let Err(e) = self.timeline.stop() {

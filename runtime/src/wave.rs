@@ -78,7 +78,7 @@ impl Job {
             // SAFETY: every buffer is allocated, kept alive by `bufs`, large enough for its
             // layout (checked when views are made), and ordered by the stream; no other job
             // of the wave writes a buffer this one touches.
-            Ok(()) => unsafe { self.program.run_buffers(&self.binding, &self.bufs) },
+            Ok(()) => unsafe { self.program.run(&self.binding, &self.bufs) },
             Err(e) => Err(e),
         };
         let mut carried = false;

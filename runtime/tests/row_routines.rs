@@ -5,8 +5,10 @@
 use deferfuse_fusion::ir::{DType, Layout, Op, UnaryOp};
 use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::trace::{Node, Operand, TensorRef};
+use deferfuse_runtime::alloc::HostAllocator;
 use deferfuse_runtime::backend::cpu::{limit_row_routine_lanes, CpuBackend};
 use deferfuse_runtime::backend::{Backend, Program};
+use deferfuse_runtime::buffer::Buffer;
 use std::sync::Arc;
 
 /// A compiled `op(x)` over a contiguous f32 vector of `n` elements.
@@ -29,12 +31,19 @@ fn program(backend: &CpuBackend, op: UnaryOp, n: usize) -> (Arc<dyn Program>, No
 fn run(backend: &CpuBackend, op: UnaryOp, xs: &[f32]) -> Vec<u32> {
     let (prog, node) = program(backend, op, xs.len());
     let step = lower_node(&node, 0).pop().expect("one step");
-    let mut x = xs.to_vec();
-    let mut y = vec![0f32; xs.len()];
-    let bases = [x.as_mut_ptr() as *mut u8, y.as_mut_ptr() as *mut u8];
-    // SAFETY: both buffers hold the n f32s the binding describes.
-    unsafe { prog.run(&step.binding, &bases).unwrap() };
-    y.iter().map(|v| v.to_bits()).collect()
+    let pool = HostAllocator::new(0);
+    let bytes = 4 * xs.len();
+    let x = Arc::new(Buffer::new(1, bytes, pool.clone()));
+    let y = Arc::new(Buffer::new(2, bytes, pool));
+    let x_base = x.storage_for_overwrite().unwrap().ptr();
+    // SAFETY: the buffer was just allocated with room for the n f32s.
+    unsafe { std::ptr::copy_nonoverlapping(xs.as_ptr() as *const u8, x_base, bytes) };
+    // SAFETY: both buffers hold the n f32s the binding describes; nothing else uses them.
+    unsafe { prog.run(&step.binding, &[x, y.clone()]).unwrap() };
+    let y_base = y.storage().unwrap().ptr() as *const f32;
+    // SAFETY: the program wrote the n f32s of y.
+    let ys = unsafe { std::slice::from_raw_parts(y_base, xs.len()) };
+    ys.iter().map(|v| v.to_bits()).collect()
 }
 
 /// Backends with and without the row routines, or None (after saying so) on a host without

@@ -179,7 +179,7 @@ type SweepCase = (UnaryOp, f32, f32, fn(f64) -> f64);
 
 #[test]
 fn hyperbolic_and_inverse_trig_libm_calls_are_within_2_ulp() {
-    // These are per-lane libm calls (backend/cpu/helpers.rs), not polynomials: the bound is
+    // These are per-lane libm calls (backend/cpu/jit_calls.rs), not polynomials: the bound is
     // glibc's documented one.
     let cases: [SweepCase; 9] = [
         (UnaryOp::Sinh, -88.0, 88.0, f64::sinh),

@@ -4,7 +4,8 @@
 use super::CutReason;
 use crate::epilogue::PendingMatmul;
 use crate::ir::{Dims, Layout, ReduceOp, Strides};
-use crate::lower::{emit_elementwise_over, reduce_space_for, LoopBuilder};
+use crate::lower::{emit_elementwise_over, LoopBuilder};
+use crate::reduce_geometry::reduce_space_for;
 use crate::region::ValueIdx;
 use crate::trace::{BufferId, Node, TensorRef};
 use smallvec::SmallVec;

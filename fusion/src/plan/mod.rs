@@ -17,9 +17,9 @@ pub use group::MAX_LOADED_BUFFERS;
 use crate::epilogue::{combine, PendingMatmul};
 use crate::ir::{Op, Strides};
 use crate::lower::{
-    elementwise_step, loop_step, lower_node, reduce_acc_dtype, reduce_out_strides,
-    reduce_space_for, reduced_dims, ScalarSrc, StepReduce,
+    elementwise_step, loop_step, lower_node, reduce_acc_dtype, ScalarSrc, StepReduce,
 };
+use crate::reduce_geometry::{reduce_out_strides, reduce_space_for, reduced_dims};
 use crate::region::{InstrKind, Step, ValueIdx};
 use crate::trace::{BufferId, Node, TensorRef};
 use group::{Group, GroupReduce};

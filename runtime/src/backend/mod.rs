@@ -67,22 +67,44 @@ pub trait DeviceValue: Send + Sync {
 
 /// A compiled region, runnable many times with different bindings.
 pub trait Program: Send + Sync {
+    /// Runs on `bufs`: each binding operand's buffer, in binding order. The one way the
+    /// executor runs a program: a program that runs on host bytes gets this from
+    /// [`HostProgram`]; a backend that keeps values on a device implements it itself, with its
+    /// own coherence rules.
+    ///
+    /// # Safety
+    /// Every buffer is allocated and large enough for its operand's layout, and no other
+    /// thread writes them meanwhile (streams guarantee both).
+    unsafe fn run(&self, binding: &Binding, bufs: &[Arc<Buffer>]) -> Result<()>;
+
+    /// Human-readable code for dumps (e.g. Cranelift IR); empty if the backend has none.
+    fn listing(&self) -> String {
+        String::new()
+    }
+}
+
+/// A program that runs on host bytes (the CPU JIT's programs, the host kernels): it sees each
+/// operand's buffer start. Every such type is a [`Program`] through the impl below, the one
+/// place the host side of buffer coherence lives.
+pub trait HostProgram: Send + Sync {
     /// Runs on `bases`: each binding operand's buffer start, in binding order.
     ///
     /// # Safety
     /// Every base must point to a live buffer large enough for its operand's layout, and no
     /// other thread may write those buffers meanwhile (streams guarantee both).
-    unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()>;
+    unsafe fn run_host(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()>;
 
-    /// Runs on `bufs`: each binding operand's buffer, in binding order. A backend that keeps
-    /// values on a device overrides it; the default runs on the host bytes: it writes back
-    /// any newer device copy first and drops the device copies of the outputs (the host now
-    /// holds their value), which costs nothing when no buffer has a device copy.
-    ///
-    /// # Safety
-    /// As for [`Program::run`]: every buffer is allocated and large enough for its operand's
-    /// layout, and no other thread writes them meanwhile.
-    unsafe fn run_buffers(&self, binding: &Binding, bufs: &[Arc<Buffer>]) -> Result<()> {
+    /// Human-readable code for dumps (e.g. Cranelift IR); empty if there is none.
+    fn listing(&self) -> String {
+        String::new()
+    }
+}
+
+impl<T: HostProgram> Program for T {
+    /// Writes back any newer device copy of every operand first and drops the device copies
+    /// of the outputs (the host now holds their value); this costs nothing when no buffer has
+    /// a device copy.
+    unsafe fn run(&self, binding: &Binding, bufs: &[Arc<Buffer>]) -> Result<()> {
         for b in bufs {
             b.host_coherent()?;
         }
@@ -93,12 +115,11 @@ pub trait Program: Send + Sync {
         for b in bufs {
             bases.push(b.storage()?.ptr());
         }
-        self.run(binding, &bases)
+        self.run_host(binding, &bases)
     }
 
-    /// Human-readable code for dumps (e.g. Cranelift IR); empty if the backend has none.
     fn listing(&self) -> String {
-        String::new()
+        HostProgram::listing(self)
     }
 }
 

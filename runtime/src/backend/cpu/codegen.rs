@@ -8,7 +8,7 @@
 //! are arguments, one compiled kernel serves every size of its shape class.
 
 use super::lanes::{is_vec, vflags, Emitter, V};
-use super::stash::{slot_dtype, StashPlan};
+use super::stash::{slot_dtype, RowSchedule};
 use cranelift_codegen::ir::condcodes::{CondCode, IntCC};
 use cranelift_codegen::ir::types::{F32, F32X4, F64, F64X2, I32, I32X4, I64, I64X2, I8X16};
 use cranelift_codegen::ir::{
@@ -402,7 +402,7 @@ pub fn params_like(b: &mut FunctionBuilder, blk: Block, proto: &V) -> V {
 /// Builds the kernel for `region` into `b`'s function.
 pub fn build(
     region: &LoopRegion,
-    plan: &StashPlan,
+    schedule: &RowSchedule,
     b: &mut FunctionBuilder,
     module: &mut JITModule,
 ) {
@@ -436,12 +436,12 @@ pub fn build(
         .copied()
         .chain(region.outputs.iter().map(|(_, o)| *o))
         .chain(region.reduces.iter().filter_map(|r| r.output))
-        .chain(plan.slots.iter().map(|&dtype| LoopOperand {
+        .chain(schedule.slots.iter().map(|&dtype| LoopOperand {
             dtype,
             inner: StrideKind::Contig,
         }))
         .collect();
-    let stash_base = descs.len() - plan.slots.len();
+    let stash_base = descs.len() - schedule.slots.len();
     let bases: Vec<(Value, Value, Value)> = (0..descs.len())
         .map(|j| {
             let p = e.b.ins().load(I64, mem(), ptrs, (j * 8) as i32);
@@ -489,7 +489,7 @@ pub fn build(
         stash_base,
         params,
     };
-    super::sweep::row(&k, &mut e, n_inner, plan);
+    super::sweep::row(&k, &mut e, n_inner, schedule);
     e.b.ins().jump(outer_latch, &[]);
 
     e.b.switch_to_block(outer_latch);

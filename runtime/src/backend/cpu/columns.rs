@@ -103,7 +103,8 @@ impl ColumnKernel {
     /// elements, `strides` the strided kernel's (outer, inner) byte strides per operand.
     ///
     /// # Safety
-    /// As [`super::Program::run`]: the binding's buffers are live and as large as it says.
+    /// As [`crate::backend::HostProgram::run_host`]: the binding's buffers are live and as large
+    /// as it says.
     pub(super) unsafe fn run(
         &self,
         binding: &Binding,

@@ -98,7 +98,7 @@ impl<'a, 'b> Emitter<'a, 'b> {
         VMath { b: self.b }
     }
 
-    /// Calls a helper from `helpers.rs` (declared on first use).
+    /// Calls a function from `jit_calls.rs` (declared on first use).
     pub fn call(
         &mut self,
         name: &'static str,

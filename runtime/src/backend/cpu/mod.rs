@@ -4,7 +4,7 @@
 mod block_math;
 mod codegen;
 mod columns;
-mod helpers;
+mod jit_calls;
 mod lanes;
 mod matmul;
 mod parallel;
@@ -13,13 +13,13 @@ mod sweep;
 mod vmath;
 
 pub use block_math::limit_lanes as limit_row_routine_lanes;
-pub use helpers::erf64;
+pub use jit_calls::erf64;
 pub use parallel::SERIAL_BELOW;
 
 use parallel::{Pool, CHUNK_ALIGN};
 
 use super::host_kernels::elem::write_f64;
-use super::{Backend, Program};
+use super::{Backend, HostProgram, Program};
 use crate::error::{Error, Result};
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
@@ -92,7 +92,7 @@ impl CpuBackend {
             identity,
             keep_listing,
             builder_ctx: Mutex::new(codegen::new_builder_context()),
-            pool: Arc::new(Pool::new(threads).map_err(Error::Backend)?),
+            pool: Arc::new(Pool::new(threads)?),
             block_math: block_math::available(),
         })
     }
@@ -118,7 +118,10 @@ impl CpuBackend {
     fn compile_loop(&self, region: &LoopRegion) -> Result<LoopProgram> {
         let mut jb =
             JITBuilder::with_isa(self.isa.clone(), cranelift_module::default_libcall_names());
-        for (name, ptr) in helpers::symbols().into_iter().chain(block_math::symbols()) {
+        for (name, ptr) in jit_calls::symbols()
+            .into_iter()
+            .chain(block_math::symbols())
+        {
             jb.symbol(name, ptr);
         }
         let mut module = JITModule::new(jb);
@@ -128,11 +131,11 @@ impl CpuBackend {
             .map_err(|e| Error::Backend(format!("declaring kernel: {e}")))?;
         let mut ctx = Context::new();
         ctx.func.signature = sig;
-        let plan = sweep::plan(region, self.block_math);
+        let schedule = sweep::schedule(region, self.block_math);
         {
             let mut fctx = self.builder_ctx.lock().unwrap_or_else(|p| p.into_inner());
             let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-            codegen::build(region, &plan, &mut b, &mut module);
+            codegen::build(region, &schedule, &mut b, &mut module);
             b.finalize(self.isa.frontend_config());
         }
         let mut listing = if self.keep_listing {
@@ -164,12 +167,12 @@ impl CpuBackend {
             module: Some(module),
             listing,
             pool: self.pool.clone(),
-            stash_rows: if plan.blocked() && region.reduces.is_empty() {
+            stash_rows: if schedule.blocked() && region.reduces.is_empty() {
                 Some(sweep::BLOCK)
             } else {
                 None
             },
-            stash: plan.slots,
+            stash: schedule.slots,
             columns: None,
         })
     }
@@ -255,8 +258,8 @@ impl Drop for LoopProgram {
     }
 }
 
-impl Program for LoopProgram {
-    unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
+impl HostProgram for LoopProgram {
+    unsafe fn run_host(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
         let iter = binding
             .iter
             .as_ref()
@@ -504,8 +507,8 @@ impl MatmulProgram {
     }
 }
 
-impl Program for MatmulProgram {
-    unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
+impl HostProgram for MatmulProgram {
+    unsafe fn run_host(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
         let addrs: Vec<usize> = bases.iter().map(|&p| p as usize).collect();
         let Some(e) = &self.epilogue else {
             self.parallel_gemm(binding, &addrs, 2);
@@ -556,7 +559,7 @@ impl Program for MatmulProgram {
                 n_inputs: e.inputs,
                 parts: Vec::new(),
             };
-            return e.program.run(&whole, &e_bases);
+            return e.program.run_host(&whole, &e_bases);
         }
         let e_addrs: Vec<usize> = e_bases.iter().map(|&p| p as usize).collect();
         // Each thread takes a run of rows and walks it block by block: GEMM, then the
@@ -567,7 +570,7 @@ impl Program for MatmulProgram {
                 let rows = block_rows.min(c.end - r0);
                 self.gemm(binding, &addrs, out, Part::Rows(r0..r0 + rows));
                 let ptrs: Vec<*mut u8> = e_addrs.iter().map(|&a| a as *mut u8).collect();
-                e.program.run(&block(r0, rows), &ptrs)?;
+                e.program.run_host(&block(r0, rows), &ptrs)?;
                 r0 += rows;
             }
             Ok(())
@@ -577,8 +580,8 @@ impl Program for MatmulProgram {
 
 struct ArangeProgram(DType);
 
-impl Program for ArangeProgram {
-    unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
+impl HostProgram for ArangeProgram {
+    unsafe fn run_host(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
         let out = &binding.operands[0];
         let (start, step) = (
             f64::from_bits(binding.scalars[0]),

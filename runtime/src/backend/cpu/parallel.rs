@@ -4,6 +4,7 @@
 //! whichever chunk it falls in, and a reduced row is never split, so results do not depend on
 //! the number of threads.
 
+use crate::error::Error;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -28,7 +29,7 @@ pub struct Pool {
 
 impl Pool {
     /// A pool for `threads` threads in all (the caller included); at least 1.
-    pub fn new(threads: usize) -> Result<Pool, String> {
+    pub fn new(threads: usize) -> Result<Pool, Error> {
         let threads = threads.max(1);
         let pool = if threads > 1 {
             Some(
@@ -36,7 +37,7 @@ impl Pool {
                     .num_threads(threads - 1)
                     .thread_name(|i| format!("deferfuse-cpu-{i}"))
                     .build()
-                    .map_err(|e| format!("starting {threads} CPU threads: {e}"))?,
+                    .map_err(|e| Error::Backend(format!("starting {threads} CPU threads: {e}")))?,
             )
         } else {
             None

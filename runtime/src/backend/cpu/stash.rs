@@ -28,7 +28,7 @@ use deferfuse_fusion::region::{InstrKind, LoopRegion, ValueIdx};
 /// instructions `mask` selects, loading the stashed values `loads` instead of computing them and
 /// storing the values `stores` for later sweeps, each as (instruction, slot).
 #[derive(Debug, Default, PartialEq)]
-pub struct SweepPlan {
+pub struct SweepSchedule {
     pub phases: Vec<BlockPhase>,
     pub mask: Vec<bool>,
     pub loads: Vec<(ValueIdx, usize)>,
@@ -50,16 +50,16 @@ pub struct BlockPhase {
 /// The sweeps of a loop (one per reduction, then the late sweep if it has element outputs;
 /// one sweep for an elementwise loop) and the dtype of each scratch slot.
 #[derive(Debug, Default, PartialEq)]
-pub struct StashPlan {
-    pub sweeps: Vec<SweepPlan>,
+pub struct RowSchedule {
+    pub sweeps: Vec<SweepSchedule>,
     pub slots: Vec<DType>,
 }
 
-impl StashPlan {
+impl RowSchedule {
     /// Plans the sweeps of `region`. `roots[p]` are the instructions sweep `p` must produce
     /// (its folded value and the element outputs it stores). With `block_ops`, values that a
     /// row routine can make (`block_math::symbol`) are made by one.
-    pub fn new(region: &LoopRegion, roots: &[Vec<ValueIdx>], block_ops: bool) -> StashPlan {
+    pub fn new(region: &LoopRegion, roots: &[Vec<ValueIdx>], block_ops: bool) -> RowSchedule {
         let n = region.body.len();
         let costly = costly_values(region);
         let blockable: Vec<bool> = (0..n)
@@ -70,7 +70,7 @@ impl StashPlan {
         // The slot of each value a block phase made.
         let mut made: Vec<Option<usize>> = vec![None; n];
         let mut slots = Vec::new();
-        let mut sweeps: Vec<SweepPlan> = Vec::with_capacity(roots.len());
+        let mut sweeps: Vec<SweepSchedule> = Vec::with_capacity(roots.len());
         for (p, r) in roots.iter().enumerate() {
             let mut phases = Vec::new();
             let (mask, stop) = loop {
@@ -99,7 +99,7 @@ impl StashPlan {
                     computed_in[v] = Some(p);
                 }
             }
-            sweeps.push(SweepPlan {
+            sweeps.push(SweepSchedule {
                 phases,
                 loads: loads_of(&mask, &stop),
                 mask,
@@ -109,7 +109,7 @@ impl StashPlan {
         // One slot per stashed value some pass loads; the sweep that computed it stores it.
         let mut slot_of = made;
         for p in 0..sweeps.len() {
-            let mut assign = |v: ValueIdx, sweeps: &mut Vec<SweepPlan>| {
+            let mut assign = |v: ValueIdx, sweeps: &mut Vec<SweepSchedule>| {
                 *slot_of[v as usize].get_or_insert_with(|| {
                     slots.push(slot_dtype(region.body[v as usize].dtype));
                     let first = computed_in[v as usize].expect("a loaded value was made earlier");
@@ -128,7 +128,7 @@ impl StashPlan {
                 }
             }
         }
-        StashPlan { sweeps, slots }
+        RowSchedule { sweeps, slots }
     }
 
     /// True when an elementwise loop runs block by block (it has block phases).

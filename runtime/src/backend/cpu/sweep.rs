@@ -9,7 +9,7 @@
 use super::block_math;
 use super::codegen::{block_args, flatten, loop_test, params_like, Kernel};
 use super::lanes::{lane_ty, Emitter, V};
-use super::stash::{StashPlan, SweepPlan};
+use super::stash::{RowSchedule, SweepSchedule};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F64, I64};
 use cranelift_codegen::ir::{BlockArg, InstBuilder, Value};
@@ -127,7 +127,7 @@ impl Sweep<'_, '_> {
 
 /// The sweeps `row` will emit for `region` and the values they stash (see `stash`); with
 /// `block_ops`, values a row routine can make are made by one (see `block_math`).
-pub fn plan(region: &LoopRegion, block_ops: bool) -> StashPlan {
+pub fn schedule(region: &LoopRegion, block_ops: bool) -> RowSchedule {
     let roots: Vec<Vec<u32>> = if region.reduces.is_empty() {
         vec![region.outputs.iter().map(|(v, _)| *v).collect()]
     } else {
@@ -142,7 +142,7 @@ pub fn plan(region: &LoopRegion, block_ops: bool) -> StashPlan {
         }
         roots
     };
-    StashPlan::new(region, &roots, block_ops)
+    RowSchedule::new(region, &roots, block_ops)
 }
 
 /// Elements an elementwise loop with block phases handles per block: its scratch rows
@@ -150,12 +150,12 @@ pub fn plan(region: &LoopRegion, block_ops: bool) -> StashPlan {
 pub const BLOCK: usize = 1024;
 
 /// Emits the code for one row; returns in the block where the row is done. Each element output
-/// is stored in the first sweep that can compute it; `plan` comes from [`plan`].
-pub fn row(k: &Kernel, e: &mut Emitter, n: Value, plan: &StashPlan) {
+/// is stored in the first sweep that can compute it; `schedule` comes from [`schedule`].
+pub fn row(k: &Kernel, e: &mut Emitter, n: Value, schedule: &RowSchedule) {
     let region = k.region;
     let all: Vec<usize> = (0..region.outputs.len()).collect();
     if region.reduces.is_empty() {
-        if !plan.blocked() {
+        if !schedule.blocked() {
             let mask = vec![true; region.body.len()];
             let sweep = Sweep {
                 k,
@@ -171,7 +171,7 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value, plan: &StashPlan) {
         }
         // Block by block: the phases and the pass of each block run over its scratch rows.
         k.for_blocks(e, n, BLOCK as i64, &mut |kb, e, len| {
-            let sp = &plan.sweeps[0];
+            let sp = &schedule.sweeps[0];
             run_phases(kb, e, len, sp, &[]);
             let sweep = Sweep {
                 k: kb,
@@ -197,7 +197,7 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value, plan: &StashPlan) {
     let mut out_j = region.inputs.len() + region.outputs.len();
     for (p, r) in region.reduces.iter().enumerate() {
         let stores = stores_in(p);
-        let sp = &plan.sweeps[p];
+        let sp = &schedule.sweeps[p];
         run_phases(k, e, n, sp, &reduced);
         let d = region.body[r.value as usize].dtype;
         let sweep = Sweep {
@@ -223,7 +223,7 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value, plan: &StashPlan) {
         reduced.push((e.lanes(&result)[0], rd));
     }
     let late = stores_in(region.reduces.len());
-    if let Some(sp) = plan.sweeps.get(region.reduces.len()) {
+    if let Some(sp) = schedule.sweeps.get(region.reduces.len()) {
         run_phases(k, e, n, sp, &reduced);
         let sweep = Sweep {
             k,
@@ -240,7 +240,13 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value, plan: &StashPlan) {
 
 /// Emits a sweep's block phases over its `n` elements: each computes a row routine's operand
 /// into the routine's slot, then calls the routine on the slot's row.
-fn run_phases(k: &Kernel, e: &mut Emitter, n: Value, sp: &SweepPlan, reduced: &[(Value, DType)]) {
+fn run_phases(
+    k: &Kernel,
+    e: &mut Emitter,
+    n: Value,
+    sp: &SweepSchedule,
+    reduced: &[(Value, DType)],
+) {
     for ph in &sp.phases {
         let stashes = [(ph.input, ph.slot)];
         let sweep = Sweep {
@@ -253,7 +259,7 @@ fn run_phases(k: &Kernel, e: &mut Emitter, n: Value, sp: &SweepPlan, reduced: &[
             stashes: &stashes,
         };
         elementwise_sweep(&sweep, e);
-        let symbol = block_math::symbol(ph.op).expect("planned ops have a routine");
+        let symbol = block_math::symbol(ph.op).expect("scheduled ops have a routine");
         let row = k.stash_row(ph.slot);
         e.call(symbol, &[row, n], &[I64, I64], I64);
     }

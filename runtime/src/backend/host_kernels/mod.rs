@@ -1,8 +1,8 @@
 //! Host implementations of the kernel ops (gather, scatter, scans, sort, random numbers): plain
 //! loops over host memory, generic over dtype, reading every operand through its layout
 //! (strides, offset; an expanded index has stride 0). Both backends run them: the CPU backend
-//! directly, the PJRT backend on host bytes (its default `run_buffers` writes device values
-//! back first), so results are the same bits on either and in every mode.
+//! directly, the PJRT backend on host bytes (`HostProgram` writes device values back
+//! first), so results are the same bits on either and in every mode.
 
 pub(crate) mod elem;
 mod gather;
@@ -13,7 +13,7 @@ mod sort;
 
 pub use random::philox4x32_10;
 
-use super::Program;
+use super::{HostProgram, Program};
 use crate::error::{Error, Result};
 use deferfuse_fusion::ir::{DType, KernelOp};
 use deferfuse_fusion::{Binding, TensorRef};
@@ -27,8 +27,8 @@ pub fn program(op: &KernelOp) -> Arc<dyn Program> {
 
 struct KernelProgram(KernelOp);
 
-impl Program for KernelProgram {
-    unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
+impl HostProgram for KernelProgram {
+    unsafe fn run_host(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
         let n_in = binding.n_inputs;
         if binding.operands.len() != n_in + 1 || bases.len() != n_in + 1 {
             return Err(Error::Internal(format!(

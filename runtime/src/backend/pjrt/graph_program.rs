@@ -161,16 +161,7 @@ impl GraphProgram {
 }
 
 impl Program for GraphProgram {
-    /// A whole program keeps its values on the device and decides per launch which of its
-    /// buffers to upload, so it runs only through [`Program::run_buffers`]; the executor never
-    /// calls `run`.
-    unsafe fn run(&self, _: &Binding, _: &[*mut u8]) -> Result<()> {
-        Err(Error::Internal(
-            "a whole-program region runs on buffers (run_buffers), not on raw pointers".into(),
-        ))
-    }
-
-    unsafe fn run_buffers(&self, binding: &Binding, bufs: &[Arc<Buffer>]) -> Result<()> {
+    unsafe fn run(&self, binding: &Binding, bufs: &[Arc<Buffer>]) -> Result<()> {
         let c = self.compiled(binding, bufs)?;
         let mut args = self.scalar_args(&c, binding)?;
         let flat = |j: usize| stage::flat(bufs[j].len / binding.operands[j].dtype.size());

@@ -2,10 +2,10 @@
 //! from the `xla-cpu-pjrt` wheel, or libtpu / jax-cuda12-pjrt on hardware).
 //!
 //! One module per region and bucketed signature (`stage`); XLA fuses inside it. Executables are
-//! kept per program and per process in memory (`process`: one client per plugin) and, with `DEFERFUSE_CACHE_DIR`, on disk (`deferfuse_cache::disk`)
+//! kept per program and per process in memory (`process`: one client per plugin) and, with `DEFERFUSE_CACHE_DIR`, on disk (`deferfuse_cache::disk_cache`)
 //! keyed by the region fingerprint, the signature and the plugin's identity.
 //!
-//! Values stay on the device between programs (`run_buffers`, `resident`): a result that is its
+//! Values stay on the device between programs (`Program::run`, `resident`): a result that is its
 //! buffer's whole value, densely, becomes the buffer's device copy and is not downloaded; a
 //! later program whose operand stages exactly that array (same dtype and dims, a dense view of
 //! the whole buffer) takes it without an upload, and an input uploaded whole is kept for the
@@ -211,7 +211,7 @@ impl Backend for PjrtBackend {
     fn compile(&self, region: &Region) -> Result<Arc<dyn Program>> {
         if let Region::Kernel(k) = region {
             // Gather, scatter, scans, sort and random numbers run as host routines on host
-            // bytes: the default `run_buffers` writes device values back first (see README).
+            // bytes: the host-program `run` writes device values back first (see README).
             return Ok(super::host_kernels::program(k));
         }
         if let Region::Graph(g) = region {
@@ -454,35 +454,6 @@ impl PjrtProgram {
 }
 
 impl Program for PjrtProgram {
-    /// Host-staged: every input is gathered and uploaded, every result downloaded and
-    /// scattered. The runtime calls [`Program::run_buffers`], which keeps values on the device.
-    unsafe fn run(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
-        let staging = stage::bucketed(&self.region, binding);
-        if staging.empty {
-            return Ok(());
-        }
-        let exe = self.executable(&staging.sig)?;
-        let mut args = Vec::new();
-        for &j in &staging.inputs {
-            let t = &binding.operands[j];
-            let up = resident::upload(
-                &self.shared,
-                &staging,
-                j,
-                t.dtype,
-                t.layout.offset,
-                bases[j],
-            )?;
-            args.push(Arg::Owned(up));
-        }
-        args.extend(self.tail_args(binding, &staging)?);
-        let outs = Self::execute(&exe, &args, &staging)?;
-        for (out, &j) in outs.iter().zip(&staging.outputs) {
-            self.download_operand(&staging, binding, j, out, bases[j])?;
-        }
-        Ok(())
-    }
-
     /// Keeps values on the device. An input whose buffer has a device copy of exactly the
     /// array this program stages (`stage::dense_key`) is passed as is; any other input is
     /// gathered from the host bytes (written back first if the device holds a newer value)
@@ -490,7 +461,7 @@ impl Program for PjrtProgram {
     /// buffer's (clean) device copy. A result that is its buffer's whole value becomes the
     /// buffer's device copy, the host bytes stale until something reads them; a result
     /// written through a partial view is downloaded into the host bytes as before.
-    unsafe fn run_buffers(&self, binding: &Binding, bufs: &[Arc<Buffer>]) -> Result<()> {
+    unsafe fn run(&self, binding: &Binding, bufs: &[Arc<Buffer>]) -> Result<()> {
         let staging = stage::bucketed(&self.region, binding);
         if staging.empty {
             return Ok(());

@@ -446,7 +446,7 @@ fn round_steps(f: &mut Func, v: Val, src: DType) -> Val {
 }
 
 /// PyTorch's float floor division (`div_floor_floating_vec`), step for step; see the CPU
-/// backend's `helpers::floor_divide`.
+/// backend's `jit_calls::floor_divide`.
 fn floor_divide(f: &mut Func, x: &Val, y: &Val, src: DType) -> Val {
     let basic = f.ew("divide", &[x, y]);
     let basic = round_steps(f, basic, src);

@@ -409,9 +409,13 @@ fn two_threads_missing_the_same_program_compile_it_once() {
 #[test]
 fn dump_dir_gets_region_text_and_graphviz() {
     let dir = std::env::temp_dir().join(format!("deferfuse-dump-{}", std::process::id()));
-    std::env::set_var("DEFERFUSE_DUMP_DIR", &dir);
-    let r = rt(Mode::Defer);
-    std::env::remove_var("DEFERFUSE_DUMP_DIR");
+    // Through the config, not the environment: other suites create runtimes in this process.
+    let r = Runtime::new(Config {
+        mode: Some(Mode::Defer),
+        dump_dir: Some(dir.clone()),
+        ..Default::default()
+    })
+    .unwrap();
     let x = r.from_host(&f32s(&[1.0; 8]), DType::F32, &[8]).unwrap();
     let y = bin(&r, BinaryOp::Mul, t(x), s(3.0));
     read(&r, y);

@@ -2,7 +2,7 @@
 //! programs, compiled once, with its parameters and optimizer state updated in place on the
 //! device. Tests read `DEFERFUSE_PJRT_PLUGIN` and skip with a message when it is not set.
 
-#[path = "../benches/workloads.rs"]
+#[path = "../../benches/workloads.rs"]
 #[allow(dead_code)]
 mod workloads;
 

@@ -14,8 +14,8 @@
 //! * `F16_TOL` (rel 1e-3) and `BF16_TOL` (rel 8e-3): one ulp of the storage type, for those in
 //!   f16/bf16 and for casts that round twice (f64/int -> f32 -> f16/bf16).
 
-mod harness;
-mod reference;
+use crate::harness;
+use crate::reference;
 
 use deferfuse::{BinaryOp, DType, Op, Scalar, UnaryOp};
 use harness::*;

@@ -3,8 +3,7 @@
 //! for bit (the stash keeps the computed bits; no reassociation happens) and, for softmax, by
 //! the generated code holding one exp per element.
 
-mod harness;
-mod reference;
+use crate::harness;
 
 use deferfuse::*;
 use harness::{read_raw, red, run, tensor, tt, un, Rng};
@@ -129,15 +128,14 @@ fn rows_longer_than_the_kept_scratch_are_stashed_correctly() {
 #[test]
 fn softmax_computes_exp_once_per_element() {
     let dir = std::env::temp_dir().join(format!("deferfuse-stash-{}", std::process::id()));
-    std::env::set_var("DEFERFUSE_DUMP_DIR", &dir);
     // The CPU backend's code, whatever DEFERFUSE_BACKEND says.
     let r = Runtime::new(Config {
         mode: Some(Mode::Defer),
         backend: Some(BackendKind::Cpu),
+        dump_dir: Some(dir.clone()),
         ..Default::default()
     })
     .unwrap();
-    std::env::remove_var("DEFERFUSE_DUMP_DIR");
     let x = tensor(&r, DType::F32, &[4, 16], &[0.5; 64]);
     let y = softmax(&r, x);
     read_raw(&r, y);

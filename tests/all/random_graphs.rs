@@ -4,9 +4,9 @@
 //! 64 cases by default; `PROPTEST_CASES` (or `DEFERFUSE_FUZZ_CASES`, see `fuzz_config`) for
 //! more.
 
-mod graphgen;
-mod harness;
-mod reference;
+use crate::graphgen;
+use crate::harness;
+use crate::reference;
 
 use deferfuse::{BinaryOp, DType, Input, Op, ReduceOp, Scalar, UnaryOp};
 use graphgen::check::check_program;

@@ -4,8 +4,7 @@
 //! full reductions, matmul with and without a fused epilogue, in-place writes. Sizes are above
 //! the backend's serial threshold so the work really is split.
 
-mod harness;
-mod reference;
+use crate::harness;
 
 use deferfuse::*;
 use harness::{bin, red, run, tensor, tt, un, view, Rng};

@@ -2,8 +2,8 @@
 //! strict, debug and defer mode. Every value here is exact (f32 adds/muls of small values,
 //! copies and integer ops), so every comparison is `EXACT`.
 
-mod harness;
-mod reference;
+use crate::harness;
+use crate::reference;
 
 use deferfuse::{BinaryOp, DType, Error, Input, Op, ReduceOp, Runtime, Scalar, UnaryOp, View};
 use harness::*;

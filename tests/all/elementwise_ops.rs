@@ -4,8 +4,8 @@
 //! program runs in strict, debug and defer mode, which must agree bit for bit; the random-value
 //! sweeps against the reference interpreter are in `ops_vs_reference.rs`.
 
-mod harness;
-mod reference;
+use crate::harness;
+use crate::reference;
 
 use deferfuse::{BinaryOp, DType, Handle, Runtime, Scalar, UnaryOp};
 use harness::*;

@@ -1,70 +1,21 @@
-//! The planner on its own, for a backend that fuses whole programs (`Capabilities::
-//! whole_programs`): tables of nodes in, steps and cut reasons out, no runtime.
+//! Whole-program planning (`Capabilities::whole_programs`): a flush becomes one graph region,
+//! cut only by ops the backend cannot lower, the size bound and a buffer's second dtype.
 
+use crate::common::{bin, node, plan_with, scalar, shape_of, t, tensor};
 use deferfuse_fusion::ir::{
     BinaryOp, DType, KernelOp, Layout, Op, RandomDist, ReduceOp, Scalar, ScatterReduce,
 };
-use deferfuse_fusion::plan::{plan, Capabilities, CutReason, KernelsInRegion, Plan, PlanOptions};
+use deferfuse_fusion::plan::{Capabilities, CutReason, KernelsInRegion, PlanOptions};
 use deferfuse_fusion::plan_cache::PlanCache;
 use deferfuse_fusion::region::Region;
 use deferfuse_fusion::{BufferId, Node, Operand, TensorRef};
 use smallvec::smallvec;
-
-fn t(buffer: BufferId, sizes: &[usize]) -> TensorRef {
-    TensorRef {
-        buffer,
-        layout: Layout::contiguous(sizes),
-        dtype: DType::F32,
-    }
-}
-
-fn node(op: Op, inputs: Vec<Operand>, output: TensorRef) -> Node {
-    Node {
-        op,
-        inputs: inputs.into_iter().collect(),
-        compute: output.dtype,
-        output,
-    }
-}
-
-fn tensor(r: TensorRef) -> Operand {
-    Operand::Tensor(r)
-}
-
-fn bin(op: BinaryOp, a: Operand, b: Operand, out: TensorRef) -> Node {
-    node(Op::Binary(op), vec![a, b], out)
-}
-
-fn scalar(v: f64) -> Operand {
-    Operand::Scalar(Scalar::Float(v))
-}
 
 fn whole(max_ops: usize) -> PlanOptions {
     PlanOptions {
         capabilities: Capabilities::whole_programs(max_ops),
         ..PlanOptions::default()
     }
-}
-
-fn plan_with(nodes: &[Node], live: &[BufferId], opts: &PlanOptions) -> Plan {
-    plan(nodes, &|b| live.contains(&b), opts)
-}
-
-/// Each step as (kind, how many trace nodes it runs).
-fn shape_of(p: &Plan) -> Vec<(&'static str, usize)> {
-    p.steps
-        .iter()
-        .map(|s| {
-            let kind = match &*s.region {
-                Region::Graph(_) => "graph",
-                Region::Loop(_) => "loop",
-                Region::Matmul { .. } => "matmul",
-                Region::Arange { .. } => "arange",
-                Region::Kernel(_) => "kernel",
-            };
-            (kind, s.nodes.len())
-        })
-        .collect()
 }
 
 /// A linear layer and its loss, over three shapes: y = x @ w; z = y + b; s = sum(z * z, 1);
@@ -198,7 +149,7 @@ fn a_kernel_op_runs_as_its_own_step_and_cuts_as_unfusable() {
 #[test]
 fn the_size_bound_cuts_as_max_ops() {
     let p = plan_with(&layer(), &[1, 2, 3, 8], &whole(2));
-    assert_eq!(shape_of(&p), [("graph", 2), ("graph", 2), ("loop", 1)]);
+    assert_eq!(shape_of(&p), [("graph", 2), ("graph", 2), ("rows", 1)]);
     assert_eq!(p.cuts[CutReason::MaxOps as usize], 2);
 }
 

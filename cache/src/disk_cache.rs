@@ -24,11 +24,15 @@ const STALE_TEMP: Duration = Duration::from_secs(3600);
 /// Counters of one process's use of the directory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DiskStats {
+    /// Lookups that found a readable entry (a compile saved).
     pub hits: u64,
+    /// Lookups that found none (the caller compiles and stores).
     pub misses: u64,
     /// Entries found damaged (and removed).
     pub corrupt: u64,
+    /// Entries written.
     pub writes: u64,
+    /// Entries removed to keep the directory within its byte bound.
     pub evictions: u64,
 }
 
@@ -60,6 +64,7 @@ impl DiskCache {
         })
     }
 
+    /// The directory the entries live in (for messages and tests).
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -166,6 +171,7 @@ impl DiskCache {
         }
     }
 
+    /// This process's counters so far.
     pub fn stats(&self) -> DiskStats {
         DiskStats {
             hits: self.hits.load(Ordering::Relaxed),

@@ -2,8 +2,7 @@
 //! defer mode: integer wrap-around, f16/bf16 rounding on every store, arange and full, and NaN
 //! payloads through bf16. Every comparison here is exact.
 
-mod harness;
-mod reference;
+use crate::harness;
 
 use deferfuse::{BinaryOp, DType, Op, ReduceOp, Scalar, UnaryOp};
 use harness::*;

@@ -1,9 +1,7 @@
 //! Modes, sync points, buffer lifecycles and streams.
 
-mod harness;
-mod reference;
+use crate::harness;
 
-use deferfuse::runtime::mode;
 use deferfuse::{
     BinaryOp, BufferState, Config, DType, Handle, Mode, Op, ReduceOp, Runtime, SyncReason, UnaryOp,
 };
@@ -150,9 +148,9 @@ fn every_sync_reason_is_counted() {
     // A strict op on a thread whose deferred ops are pending: they run first.
     let rt = runtime(Mode::Defer);
     let y = setup(&rt);
-    mode::push(Mode::Strict);
+    rt.push_mode(Mode::Strict);
     let z = bin(&rt, BinaryOp::Mul, tt(y), fs(3.0));
-    mode::pop().unwrap();
+    rt.pop_mode().unwrap();
     assert_eq!(syncs(&rt, ModeSwitch), 1);
     assert_eq!(vals(&rt, z), [6.0, 9.0, 12.0, 15.0]);
     // A host read of a deferred value.
@@ -177,7 +175,7 @@ fn every_sync_reason_is_counted() {
 fn the_mode_is_thread_local_and_nests() {
     let rt = runtime(Mode::Strict);
     assert_eq!((rt.default_mode(), rt.mode()), (Mode::Strict, Mode::Strict));
-    mode::push(Mode::Defer);
+    rt.push_mode(Mode::Defer);
     assert_eq!(rt.mode(), Mode::Defer);
     let x = tensor(&rt, DType::F32, &[2], &[1.0, 2.0]);
     let y = un(&rt, UnaryOp::Neg, x);
@@ -191,21 +189,21 @@ fn the_mode_is_thread_local_and_nests() {
             // It ran now (after the pending deferred op of the same stream, see below).
             assert!(rt.stats().programs_run > runs);
             assert_eq!(vals(&rt, z), [1.0, 2.0]);
-            assert!(mode::pop().is_err(), "nothing was pushed on this thread");
+            assert!(rt.pop_mode().is_err(), "nothing was pushed on this thread");
         });
     });
     // Its strict op went to the same stream, so the pending deferred op ran first (stream order).
     assert_eq!(syncs(&rt, SyncReason::ModeSwitch), 1);
     assert_eq!(rt.state(y).unwrap(), BufferState::Materialized);
-    mode::push(Mode::Debug);
+    rt.push_mode(Mode::Debug);
     assert_eq!(rt.mode(), Mode::Debug);
-    mode::set(Mode::Strict);
+    rt.set_mode(Mode::Strict);
     assert_eq!(rt.mode(), Mode::Strict);
-    assert_eq!(mode::pop().unwrap(), Mode::Strict);
+    assert_eq!(rt.pop_mode().unwrap(), Mode::Strict);
     assert_eq!(rt.mode(), Mode::Defer);
-    assert_eq!(mode::pop().unwrap(), Mode::Defer);
+    assert_eq!(rt.pop_mode().unwrap(), Mode::Defer);
     assert_eq!(rt.mode(), Mode::Strict);
-    assert!(mode::pop().is_err());
+    assert!(rt.pop_mode().is_err());
     assert_eq!(vals(&rt, y), [-1.0, -2.0]);
 }
 

@@ -1,8 +1,7 @@
 //! Bad calls fail at their own call, in every mode, with an error that names the op and the
 //! operand, record nothing, and leave the runtime (and its pending deferred work) usable.
 
-mod harness;
-mod reference;
+use crate::harness;
 
 use deferfuse::runtime::mode::mode_from_env;
 use deferfuse::{BinaryOp, Config, DType, Error, Handle, Input, Mode, Op, ReduceOp, Runtime, View};

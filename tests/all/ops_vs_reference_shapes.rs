@@ -6,8 +6,8 @@
 //! accumulation order; f64: 1e-13; f16/bf16 add one ulp of the storage type, 1e-3 / 8e-3
 //! relative); float prod uses `PROD_F32` (rel 1e-4: up to 1000 roundings of 2^-24 each).
 
-mod harness;
-mod reference;
+use crate::harness;
+use crate::reference;
 
 use deferfuse::{DType, Input, Op, ReduceOp, Scalar, View};
 use harness::*;

@@ -3,8 +3,8 @@
 //! for bit), over dtypes, ranks, dims and views; their index errors, which surface when the
 //! program runs; and the Philox generator's known answer, reproducibility and statistics.
 
-mod harness;
-mod reference;
+use crate::harness;
+use crate::reference;
 
 use deferfuse::fusion::ir::{KernelOp, RandomDist, ScanOp, ScatterReduce};
 use deferfuse::fusion::plan::CutReason;

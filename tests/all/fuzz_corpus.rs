@@ -2,9 +2,7 @@
 //! check as the fuzz target, on stable and in every `cargo test`: the corpus, and every input
 //! that once found a crash or a mismatch, stays a regression test without nightly or libFuzzer.
 
-mod graphgen;
-mod harness;
-mod reference;
+use crate::graphgen;
 
 use std::path::Path;
 

@@ -5,7 +5,6 @@ use super::*;
 use crate::harness::{read_raw, runtime, upload, view, Raw};
 use crate::reference::views::RefLayout;
 use crate::reference::RefTensor;
-use deferfuse::runtime::mode;
 use deferfuse::{Handle, Input, Mode, Op, Runtime, Scalar, View};
 
 /// A program running on one runtime: handles per slot, a full-buffer handle per storage.
@@ -163,7 +162,7 @@ impl<'a> Exec<'a> {
                     self.rt.release(self.handles[*s]).unwrap();
                 }
             }
-            Ins::Mode(m) if self.switch_modes => mode::set(*m),
+            Ins::Mode(m) if self.switch_modes => self.rt.set_mode(*m),
             Ins::Mode(_) => {}
         }
         None
@@ -185,10 +184,10 @@ pub fn run_mode(p: &Program, mode: Mode) -> (Vec<Raw>, Vec<(usize, Raw)>) {
 pub fn run_on(rt: &Runtime, p: &Program) -> (Vec<Raw>, Vec<(usize, Raw)>) {
     // The thread's mode overrides the runtime's default: start from the runtime's own, and
     // restore what the thread had before, whatever `Ins::Mode` set meanwhile.
-    mode::push(rt.default_mode());
+    rt.push_mode(rt.default_mode());
     let (mut e, _) = Exec::new(rt, p, true);
     let syncs = p.ins.iter().filter_map(|i| e.step(i)).collect();
     let finals = e.finals();
-    mode::pop().unwrap();
+    rt.pop_mode().unwrap();
     (syncs, finals)
 }

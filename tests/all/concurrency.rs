@@ -8,7 +8,6 @@
 //! Integer arithmetic (i64, `(acc * 7 + w + k) % P`) makes every lost, duplicated or reordered
 //! write visible in the result.
 
-use deferfuse::runtime::mode;
 use deferfuse::{BinaryOp, Config, DType, Handle, Input, Mode, Op, Runtime, Scalar};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -110,7 +109,7 @@ fn thread_program(rt: &Runtime, streams: &[Handle], acc: Handle, w: Handle, t: u
     let ev = rt.create_event().unwrap();
     let mut prev: Option<Handle> = None;
     for k in 0..ITERS {
-        mode::set(MODES[(t + k) % 3]);
+        rt.set_mode(MODES[(t + k) % 3]);
         let s = streams[(t + k) % streams.len()];
         if let Some(p) = prev.filter(|&p| p != s && k % 5 != 0) {
             rt.record_event(ev, p).unwrap();
@@ -123,7 +122,7 @@ fn thread_program(rt: &Runtime, streams: &[Handle], acc: Handle, w: Handle, t: u
         }
     }
     rt.destroy_event(ev).unwrap();
-    mode::set(Mode::Strict);
+    rt.set_mode(Mode::Strict);
     i64s(rt, acc)
 }
 
@@ -187,7 +186,7 @@ fn an_event_hands_a_write_from_one_thread_and_stream_to_another() {
             let rt = rt.clone();
             std::thread::spawn(move || {
                 for (k, r) in rounds.iter().enumerate() {
-                    mode::set(MODES[k % 3]);
+                    rt.set_mode(MODES[k % 3]);
                     rt.wait_event(b, ev).unwrap();
                     let y = rt.op(b, Op::Copy, &[Input::Tensor(x)], None).unwrap();
                     assert_eq!(i64s(&rt, y), vec![r; N], "round {r} read a stale value");
@@ -197,7 +196,7 @@ fn an_event_hands_a_write_from_one_thread_and_stream_to_another() {
             })
         };
         for r in 1..=60i64 {
-            mode::set(MODES[(r as usize + 1) % 3]);
+            rt.set_mode(MODES[(r as usize + 1) % 3]);
             let fill = Op::Full {
                 sizes: [N].into_iter().collect(),
                 dtype: DType::I64,
@@ -210,7 +209,7 @@ fn an_event_hands_a_write_from_one_thread_and_stream_to_another() {
         }
         drop(to_consumer);
         consumer.join().unwrap();
-        mode::set(Mode::Strict);
+        rt.set_mode(Mode::Strict);
     });
 }
 
@@ -228,7 +227,7 @@ fn streams_and_events_come_and_go_while_others_record() {
                     // must first run its pending work.
                     let mut s = rt.create_stream().unwrap();
                     for k in 0..ITERS / 2 {
-                        mode::set(MODES[(t * 7 + k) % 3]);
+                        rt.set_mode(MODES[(t * 7 + k) % 3]);
                         if k % 4 == 3 {
                             let next = rt.create_stream().unwrap();
                             rt.destroy_stream(s).unwrap();
@@ -237,7 +236,7 @@ fn streams_and_events_come_and_go_while_others_record() {
                         iteration(&rt, s, acc, w, t, k);
                     }
                     rt.destroy_stream(s).unwrap();
-                    mode::set(Mode::Strict);
+                    rt.set_mode(Mode::Strict);
                     let out = i64s(&rt, acc);
                     rt.release(acc).unwrap();
                     (t, out)
@@ -261,7 +260,7 @@ fn dropping_the_runtime_with_work_pending_on_every_stream_finishes() {
             .map(|t| {
                 let (rt, streams) = (rt.clone(), streams.clone());
                 std::thread::spawn(move || {
-                    mode::set(if t % 2 == 0 {
+                    rt.set_mode(if t % 2 == 0 {
                         Mode::Defer
                     } else {
                         Mode::Strict

@@ -1,0 +1,29 @@
+//! The cross-crate suites, one module per concern, in one test binary: the harness, the
+//! reference interpreter and the program generator compile once for all of them.
+//!
+//! Run one suite with a module filter: `cargo test -p deferfuse --test all -- errors::`.
+
+mod graphgen;
+mod harness;
+mod reference;
+
+mod bounded;
+mod concurrency;
+mod elementwise_ops;
+mod errors;
+mod fusion;
+mod fuzz_corpus;
+mod kernel_ops;
+mod memory;
+mod modes_and_sync;
+mod ops_vs_reference;
+mod ops_vs_reference_numeric;
+mod ops_vs_reference_shapes;
+mod ops_vs_reference_views;
+mod pjrt_kernels_in_program;
+mod pjrt_whole_program;
+mod random_graphs;
+mod row_stash;
+mod smoke;
+mod threads;
+mod timeline;
