@@ -12,7 +12,7 @@
 //! The kernel computes the same instructions in the same order on the same values, so results
 //! are bit for bit those of the strided kernel; only the loads differ.
 
-use super::{stash, LoopProgram, OperandList};
+use super::{walked_offsets, LoopProgram, OperandList};
 use crate::error::Result;
 use deferfuse_fusion::region::LoopRegion;
 use deferfuse_fusion::{Binding, IterSpace, StrideKind};
@@ -116,8 +116,7 @@ impl ColumnKernel {
         let p = &self.program;
         let r = iter.rank();
         let (n_outer, n_inner) = (iter.sizes[r - 2], iter.sizes[r - 1]);
-        let outer_dims = r - 2;
-        let walked: usize = iter.sizes[..outer_dims].iter().product();
+        let walked: usize = iter.sizes[..r - 2].iter().product();
         let pitch = n_inner + ROW_PAD;
         let mut vstrides: SmallVec<[i64; 16]> = SmallVec::from_slice(&strides[..2 * elem.len()]);
         for &j in &self.gathered {
@@ -128,7 +127,6 @@ impl ColumnKernel {
             vstrides.push(0);
             vstrides.push(d.size() as i64);
         }
-        let stash_len = p.stash_rows.map_or(n_inner, |b| b.min(n_inner));
         let widest = self
             .gathered
             .iter()
@@ -143,17 +141,10 @@ impl ColumnKernel {
                 .collect();
             let mut u = c.start;
             while u < c.end {
-                let (mut o, row) = (u / n_outer, u % n_outer);
+                let (o, row) = (u / n_outer, u % n_outer);
                 let rows = (n_outer - row).min(c.end - u).min(block);
                 let mut ptrs: OperandList<*mut u8> = SmallVec::with_capacity(starts.len());
-                let mut outer: OperandList<isize> = SmallVec::from_elem(0, elem.len());
-                for k in (0..outer_dims).rev() {
-                    let i = (o % iter.sizes[k]) as isize;
-                    o /= iter.sizes[k];
-                    for (j, off) in outer.iter_mut().enumerate() {
-                        *off += i * iter.strides[j][k] * elem[j];
-                    }
-                }
+                let outer = walked_offsets(iter, elem, o);
                 for (j, &s) in starts.iter().enumerate() {
                     let at = outer[j] + row as isize * strides[2 * j] as isize;
                     ptrs.push((s as *mut u8).offset(at));
@@ -164,23 +155,7 @@ impl ColumnKernel {
                     gather_rows(ptrs[j], step, elem[j] as usize, rows, n_inner, pitch, dst);
                     ptrs[j] = dst;
                 }
-                let call = |ptrs: &OperandList<*mut u8>| {
-                    (p.func)(
-                        ptrs.as_ptr(),
-                        vstrides.as_ptr(),
-                        binding.scalars.as_ptr(),
-                        rows as i64,
-                        n_inner as i64,
-                    )
-                };
-                if p.stash.is_empty() {
-                    call(&ptrs);
-                } else {
-                    stash::with_rows(&p.stash, stash_len, |rows| {
-                        ptrs.extend_from_slice(rows);
-                        call(&ptrs);
-                    });
-                }
+                p.call(ptrs, &vstrides, &binding.scalars, rows, n_inner);
                 u += rows;
             }
             Ok(())

@@ -307,29 +307,12 @@ impl HostProgram for LoopProgram {
         let outer_dims = r - 2;
         let walked: usize = iter.sizes[..outer_dims].iter().product();
         let call = |at: &dyn Fn(usize) -> isize, rows: usize, len: usize| {
-            let mut ptrs: OperandList<*mut u8> = starts
+            let ptrs: OperandList<*mut u8> = starts
                 .iter()
                 .enumerate()
                 .map(|(j, &s)| (s as *mut u8).offset(at(j)))
                 .collect();
-            let run = |ptrs: &OperandList<*mut u8>| {
-                (self.func)(
-                    ptrs.as_ptr(),
-                    strides.as_ptr(),
-                    binding.scalars.as_ptr(),
-                    rows as i64,
-                    len as i64,
-                )
-            };
-            if self.stash.is_empty() {
-                run(&ptrs);
-            } else {
-                let row_len = self.stash_rows.map_or(len, |b| b.min(len));
-                stash::with_rows(&self.stash, row_len, |rows| {
-                    ptrs.extend_from_slice(rows);
-                    run(&ptrs);
-                });
-            }
+            self.call(ptrs, &strides, &binding.scalars, rows, len);
         };
         if walked == 1 && n_outer == 1 && iter.reduced == 0 {
             // One long elementwise row: split it into cache-line-aligned pieces.
@@ -347,16 +330,9 @@ impl HostProgram for LoopProgram {
         self.pool.for_chunks(walked * n_outer, n_inner, 1, &|c| {
             let mut u = c.start;
             while u < c.end {
-                let (mut o, row) = (u / n_outer, u % n_outer);
+                let (o, row) = (u / n_outer, u % n_outer);
                 let rows = (n_outer - row).min(c.end - u);
-                let mut outer = vec![0isize; elem.len()];
-                for k in (0..outer_dims).rev() {
-                    let i = (o % iter.sizes[k]) as isize;
-                    o /= iter.sizes[k];
-                    for (j, off) in outer.iter_mut().enumerate() {
-                        *off += i * iter.strides[j][k] * elem[j];
-                    }
-                }
+                let outer = walked_offsets(iter, &elem, o);
                 call(
                     &|j| outer[j] + row as isize * strides[2 * j] as isize,
                     rows,
@@ -371,6 +347,56 @@ impl HostProgram for LoopProgram {
     fn listing(&self) -> String {
         self.listing.clone()
     }
+}
+
+impl LoopProgram {
+    /// Calls the kernel on `rows` rows of `len` elements at `ptrs`, with `strides` (per
+    /// operand, then per scratch row), after appending this program's scratch rows when it
+    /// stashes values (see `stash`).
+    ///
+    /// # Safety
+    /// As [`HostProgram::run_host`]: `ptrs` and `strides` address live memory for the call.
+    unsafe fn call(
+        &self,
+        mut ptrs: OperandList<*mut u8>,
+        strides: &[i64],
+        scalars: &[u64],
+        rows: usize,
+        len: usize,
+    ) {
+        let run = |ptrs: &OperandList<*mut u8>| {
+            (self.func)(
+                ptrs.as_ptr(),
+                strides.as_ptr(),
+                scalars.as_ptr(),
+                rows as i64,
+                len as i64,
+            )
+        };
+        if self.stash.is_empty() {
+            run(&ptrs);
+        } else {
+            let row_len = self.stash_rows.map_or(len, |b| b.min(len));
+            stash::with_rows(&self.stash, row_len, |scratch| {
+                ptrs.extend_from_slice(scratch);
+                run(&ptrs);
+            });
+        }
+    }
+}
+
+/// Per operand, the byte offset of index `o` of the dims a kernel does not walk (all but the
+/// last two of `iter`); `elem` are the operands' element sizes.
+fn walked_offsets(iter: &IterSpace, elem: &[isize], mut o: usize) -> OperandList<isize> {
+    let mut offsets: OperandList<isize> = SmallVec::from_elem(0, elem.len());
+    for k in (0..iter.rank() - 2).rev() {
+        let i = (o % iter.sizes[k]) as isize;
+        o /= iter.sizes[k];
+        for (j, off) in offsets.iter_mut().enumerate() {
+            *off += i * iter.strides[j][k] * elem[j];
+        }
+    }
+    offsets
 }
 
 /// A GEMM, optionally followed by a fused epilogue loop run block of rows by block of rows.
