@@ -27,9 +27,9 @@ pub struct AllocStats {
     pub misses: u64,
     /// Bytes held in the cache right now.
     pub cached_bytes: u64,
-    /// Bytes of blocks in use right now (bucket capacities), and their peak since creation or
-    /// the last [`HostAllocator::reset_peak`].
+    /// Bytes of blocks in use right now (bucket capacities).
     pub live_bytes: u64,
+    /// The peak of `live_bytes` since creation or the last [`HostAllocator::reset_peak`].
     pub peak_live_bytes: u64,
     /// The cap on `live_bytes` (0: none).
     pub limit_bytes: u64,
@@ -191,6 +191,7 @@ impl HostAllocator {
         freed
     }
 
+    /// A snapshot of the allocator's counters (the host cache part of the runtime's stats).
     pub fn stats(&self) -> AllocStats {
         AllocStats {
             hits: self.hits.load(Ordering::Relaxed),
@@ -222,14 +223,17 @@ unsafe impl Send for Storage {}
 unsafe impl Sync for Storage {}
 
 impl Storage {
+    /// The start of the block, valid for [`Storage::len`] bytes while this storage lives.
     pub fn ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 
+    /// Bytes asked for; the block behind them may be larger (its size bucket).
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether zero bytes were asked for.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

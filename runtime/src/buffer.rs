@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 /// The last op that writes a buffer: which stream, and once launched, which job to wait for.
 #[derive(Clone)]
 pub struct Writer {
+    /// The internal id of the stream the write was issued to ([`crate::stream::Stream::id`]).
     pub stream: u64,
     /// `None` while the write is still recorded in the stream's trace.
     pub done: Option<(Arc<Progress>, u64)>,
@@ -59,6 +60,7 @@ struct Resident {
 
 /// A buffer shared by every view of it and by the work that reads or writes it.
 pub struct Buffer {
+    /// The id the trace and the planner name this buffer by.
     pub id: BufferId,
     /// Size in bytes.
     pub len: usize,
@@ -88,6 +90,7 @@ pub struct Buffer {
 }
 
 impl Buffer {
+    /// A buffer of `len` bytes with no storage yet: its memory comes from `pool` at first use.
     pub fn new(id: BufferId, len: usize, pool: Arc<HostAllocator>) -> Buffer {
         Buffer {
             id,
@@ -169,6 +172,8 @@ impl Buffer {
         self.storage.get().is_some()
     }
 
+    /// Deferred while a recorded write is pending, executing while a launched one runs, else
+    /// materialized.
     pub fn state(&self) -> BufferState {
         if self.deferred_writes.load(Ordering::Acquire) > 0 {
             BufferState::Deferred
@@ -221,6 +226,7 @@ impl Buffer {
         v != NO_WRITER && v & !LAUNCHED == stream
     }
 
+    /// A write to this buffer was recorded in a stream's trace.
     pub fn mark_recorded(&self) {
         self.deferred_writes.fetch_add(1, Ordering::AcqRel);
     }
@@ -230,10 +236,12 @@ impl Buffer {
         self.deferred_writes.fetch_sub(n, Ordering::AcqRel);
     }
 
+    /// A program that writes this buffer was launched.
     pub fn mark_launched(&self) {
         self.inflight_writes.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// A launched program that writes this buffer finished.
     pub fn mark_done(&self) {
         self.inflight_writes.fetch_sub(1, Ordering::AcqRel);
     }

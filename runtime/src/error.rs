@@ -6,6 +6,7 @@ use deferfuse_fusion::ir::OpError;
 #[repr(i32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
+    /// Success.
     Ok = 0,
     /// A null pointer, bad enum value, bad length or malformed argument.
     InvalidArgument = 1,
@@ -13,6 +14,7 @@ pub enum Status {
     InvalidHandle = 2,
     /// An op rejected at record time (shapes, dtypes, dims).
     BadOp = 3,
+    /// An allocation failed or would pass the configured memory limit.
     OutOfMemory = 4,
     /// The backend failed to compile or run a program.
     Backend = 5,
@@ -25,18 +27,25 @@ pub enum Status {
 /// Everything that can go wrong in the runtime. Messages say what was expected and what to do.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum Error {
+    /// An op rejected at record time (shapes, dtypes, dims).
     #[error("{0}")]
     Op(#[from] OpError),
+    /// A null pointer, bad enum value, bad length or malformed argument.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A handle that is null, stale, released or from another runtime.
     #[error("invalid handle: {0}")]
     InvalidHandle(String),
+    /// An allocation failed or would pass the configured memory limit.
     #[error("out of memory: {0}")]
     OutOfMemory(String),
+    /// The backend failed to compile or run a program.
     #[error("backend error: {0}")]
     Backend(String),
+    /// Invalid configuration (env vars, config struct).
     #[error("configuration error: {0}")]
     Config(String),
+    /// Something that should never happen, such as a panic caught at the C boundary.
     #[error("internal error: {0}")]
     Internal(String),
     /// An index operand held a value outside its dim (gather, scatter): found only when the
@@ -48,6 +57,7 @@ pub enum Error {
 }
 
 impl Error {
+    /// The status code the C ABI returns for this error.
     pub fn status(&self) -> Status {
         match self {
             Error::Op(_) => Status::BadOp,
@@ -62,4 +72,5 @@ impl Error {
     }
 }
 
+/// The runtime's result type.
 pub type Result<T> = std::result::Result<T, Error>;

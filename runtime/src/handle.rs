@@ -211,6 +211,7 @@ impl<T: Clone> HandleTable<T> {
         })
     }
 
+    /// Adds one reference to the object behind a live handle.
     pub fn retain(&self, h: Handle) -> Result<()> {
         self.with_slot(h, |s, i| {
             let e = &mut s.slots[i];
@@ -244,14 +245,17 @@ impl<T: Clone> HandleTable<T> {
         Ok(())
     }
 
+    /// Live handles (objects not yet released), over all shards.
     pub fn len(&self) -> usize {
         (0..SHARDS).map(|k| self.lock(k).live).sum()
     }
 
+    /// Whether no handle is live.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// Clones of every live object (shards are locked one at a time, so not one snapshot).
     pub fn values(&self) -> Vec<T> {
         let mut out = Vec::new();
         for k in 0..SHARDS {

@@ -5,6 +5,8 @@
 //! stream's trace through the planner ([`exec`]), each step's program comes from the cache or
 //! the backend, and the stream's worker runs it on the buffers.
 
+#![warn(missing_docs)]
+
 pub mod alloc;
 pub mod backend;
 pub mod buffer;

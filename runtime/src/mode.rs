@@ -18,12 +18,14 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The mode with this C ABI value, `None` for an unknown one.
     pub fn from_u32(v: u32) -> Option<Mode> {
         [Mode::Strict, Mode::Debug, Mode::Defer]
             .get(v as usize)
             .copied()
     }
 
+    /// The lowercase name used in logs and messages.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Strict => "strict",

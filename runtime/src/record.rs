@@ -20,7 +20,9 @@ use std::sync::Arc;
 /// One operand of an op call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Input {
+    /// A tensor handle.
     Tensor(Handle),
+    /// A scalar passed by value.
     Scalar(Scalar),
     /// An optional operand left out (a clamp bound).
     Absent,

@@ -23,8 +23,11 @@ use std::sync::{Arc, Once};
 /// What a tensor handle names: a view of a buffer.
 #[derive(Clone)]
 pub struct Tensor {
+    /// The buffer the view reads and writes, shared with the buffer's other views.
     pub buffer: Arc<Buffer>,
+    /// How the view's elements map into the buffer (sizes, strides, offset).
     pub layout: Layout,
+    /// The element type.
     pub dtype: DType,
 }
 
@@ -158,6 +161,7 @@ impl Runtime {
         self.threads
     }
 
+    /// The backend's short name, as in logs and stats.
     pub fn backend_name(&self) -> &'static str {
         self.exec.backend.name()
     }
@@ -200,6 +204,7 @@ impl Runtime {
         self.streams.values().into_iter().find(|s| s.id == id)
     }
 
+    /// A new stream with its own trace, queue and worker thread.
     pub fn create_stream(&self) -> Result<Handle> {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         self.streams.insert(Arc::new(Stream::new(id)?))
@@ -271,6 +276,7 @@ impl Runtime {
         self.events.insert(EventState::new(true))
     }
 
+    /// Drops one reference to the event; it goes away with the last one.
     pub fn destroy_event(&self, e: Handle) -> Result<()> {
         self.events.release(e)
     }
@@ -384,14 +390,17 @@ impl Runtime {
         })
     }
 
+    /// The tensor's sizes.
     pub fn sizes(&self, h: Handle) -> Result<Dims> {
         Ok(self.tensor(h)?.layout.sizes)
     }
 
+    /// The tensor's strides, in elements.
     pub fn strides(&self, h: Handle) -> Result<Vec<isize>> {
         Ok(self.tensor(h)?.layout.strides.to_vec())
     }
 
+    /// The tensor's element type.
     pub fn dtype(&self, h: Handle) -> Result<DType> {
         Ok(self.tensor(h)?.dtype)
     }
@@ -401,6 +410,7 @@ impl Runtime {
         Ok(self.tensor(h)?.buffer.state())
     }
 
+    /// Adds one reference to the tensor handle.
     pub fn retain(&self, h: Handle) -> Result<()> {
         self.tensors.retain(h)
     }

@@ -29,8 +29,10 @@ pub enum SyncReason {
 }
 
 impl SyncReason {
+    /// How many reasons there are: the length of [`Stats::sync_points`].
     pub const COUNT: usize = 8;
 
+    /// The snake_case name reports use.
     pub fn name(self) -> &'static str {
         match self {
             SyncReason::HostRead => "host_read",
@@ -48,19 +50,27 @@ impl SyncReason {
 /// A snapshot of the runtime's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
+    /// Op calls recorded, in every mode.
     pub ops_recorded: u64,
+    /// Programs compiled (on a backend that compiles at first run, its real compiles).
     pub programs_compiled: u64,
+    /// Programs run.
     pub programs_run: u64,
     /// Programs that ran side by side with others: independent steps of one flush (an
     /// optimizer's per-parameter updates) launched together on the backend's threads.
     pub programs_side_by_side: u64,
+    /// Program cache lookups that found a compiled program.
     pub cache_hits: u64,
+    /// Program cache lookups that had to compile.
     pub cache_misses: u64,
+    /// Programs dropped from the bounded program cache.
     pub cache_evictions: u64,
+    /// Time spent compiling, in nanoseconds (counted like `programs_compiled`).
     pub compile_ns: u64,
     /// Flushes of a non-empty trace, plus every host read, indexed by `SyncReason as usize`
     /// (a synchronize or event with nothing deferred is not counted).
     pub sync_points: [u64; SyncReason::COUNT],
+    /// Bytes of buffer storage allocated since the runtime was made.
     pub bytes_allocated: u64,
     /// Loop regions cut by the planner, indexed by `CutReason as usize`.
     pub cuts: [u64; CutReason::COUNT],
@@ -83,7 +93,7 @@ pub struct Stats {
 
 /// The live counters.
 #[derive(Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     pub ops_recorded: AtomicU64,
     pub programs_run: AtomicU64,
     pub programs_side_by_side: AtomicU64,
@@ -96,6 +106,7 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// Counts one sync point for reason `r`.
     pub fn sync(&self, r: SyncReason) {
         self.sync_points[r as usize].fetch_add(1, Ordering::Relaxed);
     }

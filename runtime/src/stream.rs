@@ -64,6 +64,7 @@ impl Progress {
         }
     }
 
+    /// Jobs completed so far.
     pub fn completed(&self) -> u64 {
         self.state
             .lock()
@@ -101,10 +102,12 @@ impl OpBuffers {
         self.0.push(b);
     }
 
+    /// The listed buffer with id `id`, if any.
     pub fn get(&self, id: BufferId) -> Option<&Arc<Buffer>> {
         self.0.iter().find(|b| b.id == id)
     }
 
+    /// The listed buffers, in the order they were added.
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Buffer>> {
         self.0.iter()
     }
@@ -220,6 +223,7 @@ impl BufferLookup for PendingBuffers {
 /// Finding the buffer behind a step operand: a flush looks in the stream's pending map, an op
 /// run at once in its own short list.
 pub trait BufferLookup {
+    /// The buffer with id `id`, if this lookup holds it.
     fn find(&self, id: BufferId) -> Option<&Arc<Buffer>>;
 }
 
@@ -233,7 +237,9 @@ impl BufferLookup for OpBuffers {
 /// until the flush so a handle released meanwhile cannot free them).
 #[derive(Default)]
 pub struct Pending {
+    /// The ops recorded since the last flush.
     pub trace: Trace,
+    /// The buffers the trace names.
     pub buffers: PendingBuffers,
     /// Bytes of the buffers deferred ops create (bounded by `Config::max_pending_bytes`).
     pub bytes: usize,
@@ -247,16 +253,20 @@ pub struct Pending {
 
 /// One stream: its pending trace, its queue and its worker.
 pub struct Stream {
+    /// Internal id, unique in the runtime: what buffers record as their writer's stream.
     pub id: u64,
+    /// What the stream recorded and has not flushed yet.
     pub pending: Mutex<Pending>,
     sender: Sender<Job>,
     /// Jobs submitted so far (the sequence number of the last one).
     submitted: Mutex<u64>,
+    /// Completion of the stream's jobs: what syncs and events wait on.
     pub progress: Arc<Progress>,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Stream {
+    /// Starts a stream with internal id `id` and spawns its worker thread.
     pub fn new(id: u64) -> Result<Stream> {
         let (sender, receiver) = unbounded();
         let progress = Arc::new(Progress::default());
@@ -375,8 +385,11 @@ fn worker_loop(rx: Receiver<Job>, progress: Arc<Progress>) {
 /// A recorded point in a stream: "the first `seq` jobs of that stream".
 #[derive(Clone)]
 pub struct EventPoint {
+    /// The internal id of the stream.
     pub stream: u64,
+    /// That stream's progress, to wait on.
     pub progress: Arc<Progress>,
+    /// How many of that stream's jobs come before the point.
     pub seq: u64,
 }
 

@@ -14,29 +14,41 @@ use smallvec::SmallVec;
 pub enum View {
     /// `reshape`/`view`; one size may be -1.
     Reshape(Vec<i64>),
+    /// `permute(dims)`: reorders the dims.
     Permute(Vec<i64>),
+    /// `transpose(dim0, dim1)`: swaps two dims.
     Transpose(i64, i64),
     /// `expand`; -1 keeps a size; new leading dims are allowed.
     Expand(Vec<i64>),
     /// `x[.., start:end:step, ..]`; bounds are clamped like Python slicing; step > 0.
     Slice {
+        /// The dim sliced.
         dim: i64,
+        /// The first index taken (negative counts from the end).
         start: i64,
+        /// One past the last index taken (negative counts from the end).
         end: i64,
+        /// The distance between taken indices.
         step: i64,
     },
     /// `squeeze()` (all size-1 dims) or `squeeze(dim)`.
     Squeeze(Option<i64>),
+    /// `unsqueeze(dim)`: inserts a size-1 dim.
     Unsqueeze(i64),
     /// `x.select(dim, index)`: drops `dim`.
     Select {
+        /// The dim dropped.
         dim: i64,
+        /// The index kept along it (negative counts from the end).
         index: i64,
     },
     /// `as_strided(sizes, strides, offset)`: checked against the buffer.
     AsStrided {
+        /// The view's sizes.
         sizes: Vec<usize>,
+        /// The view's strides, in elements.
         strides: Vec<isize>,
+        /// Where the view's first element is, in elements from the buffer's start.
         offset: usize,
     },
 }

@@ -138,6 +138,8 @@ pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
     /// Identity that goes into program fingerprints: name plus target features.
     fn identity(&self) -> &str;
+    /// Turns a planned region into a runnable program; the program cache calls it once per
+    /// fingerprint and keeps the result.
     fn compile(&self, region: &Region) -> Result<Arc<dyn Program>>;
 
     /// What one region may hold: the planner cuts each flush by it. The default is loop

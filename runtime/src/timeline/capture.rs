@@ -24,6 +24,7 @@ pub struct CapturedRun {
     pub tag: u64,
     /// Start, in nanoseconds since the Unix epoch (the clock torch.profiler's events use).
     pub start_unix_ns: i64,
+    /// Duration, in nanoseconds.
     pub dur_ns: u64,
     /// The region's label (its kind, shapes and ops).
     pub label: String,

@@ -44,23 +44,30 @@ pub enum Track {
 /// An argument value of an event (shown in the viewer's detail pane).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Arg {
+    /// An unsigned integer.
     U(u64),
+    /// A float.
     F(f64),
+    /// A string.
     S(String),
+    /// A boolean.
     B(bool),
 }
 
 /// One recorded event: a span (with a duration) or an instant (without).
 #[derive(Clone, Debug)]
 pub struct Event {
+    /// The text the viewer shows on the event (a region's label, a step's name).
     pub name: String,
     /// The kind: `flush`, `plan`, `compile`, `run`, `wave`, `copy`, `wait`, `mark`.
     pub cat: &'static str,
+    /// The row the event is drawn on.
     pub track: Track,
     /// Nanoseconds since the timeline was made.
     pub start_ns: u64,
     /// `None` for an instant.
     pub dur_ns: Option<u64>,
+    /// Named values shown in the viewer's detail pane.
     pub args: Vec<(&'static str, Arg)>,
 }
 
@@ -309,11 +316,17 @@ impl Timeline {
 /// What a program run records about itself while a trace runs (made when the step is
 /// prepared, so a run without a trace carries nothing).
 pub struct RunTrace {
+    /// Where the run is recorded.
     pub timeline: std::sync::Arc<Timeline>,
+    /// The internal id of the stream the run belongs to.
     pub stream: u64,
+    /// The region's label (its kind, shapes and ops); empty unless the timeline describes runs.
     pub label: String,
+    /// The region's program fingerprint (the event's `region` argument).
     pub fingerprint: u128,
+    /// Operand dtypes and sizes, inputs `->` outputs; empty unless the timeline describes runs.
     pub shapes: String,
+    /// Bytes of all operands, inputs and outputs; 0 unless the timeline describes runs.
     pub bytes: u64,
     /// Threads the program may split its loops over (1 inside a wave).
     pub threads: usize,

@@ -15,6 +15,7 @@ const COMPILE_OPTIONS: [u8; 6] = [0x1a, 0x04, 0x20, 0x01, 0x28, 0x01];
 /// A dlopened plugin and its function table. Kept alive by every object made from it.
 pub struct Plugin {
     api: *const ffi::PJRT_Api,
+    /// The shared library the plugin was loaded from.
     pub path: PathBuf,
     /// (major, minor) C API version the plugin reports.
     pub version: (i32, i32),
@@ -160,11 +161,13 @@ impl Plugin {
 
 /// A PJRT client on the plugin's first addressable device.
 pub struct Client {
+    /// The plugin the client came from, held so it outlives the client.
     pub plugin: Arc<Plugin>,
     raw: *mut ffi::PJRT_Client,
     device: *mut ffi::PJRT_Device,
     /// e.g. "cpu"
     pub platform_name: String,
+    /// The platform's version string, as the plugin reports it.
     pub platform_version: String,
 }
 
@@ -181,6 +184,7 @@ fn owned_str(p: *const c_char, n: usize) -> String {
 }
 
 impl Client {
+    /// Creates a client with the plugin and picks its first addressable device.
     pub fn new(plugin: Arc<Plugin>) -> Result<Client> {
         let mut c = ffi::PJRT_Client_Create_Args::new();
         plugin.call(Fn::ClientCreate, &mut c)?;
