@@ -10,6 +10,7 @@ use std::sync::Arc;
 /// A lowered matmul waiting to see whether the next ops can be its epilogue.
 #[derive(Clone, Debug)]
 pub struct PendingMatmul {
+    /// Index of the matmul's node in the trace.
     pub node: usize,
     /// The lowered steps: an optional bias copy, then the GEMM (last).
     pub steps: Vec<Step>,

@@ -13,9 +13,13 @@ use std::sync::Arc;
 /// Builds a loop body in SSA form, deduplicating loads of the same operand.
 #[derive(Default)]
 pub struct LoopBuilder {
+    /// The SSA instructions, in order.
     pub body: Vec<Instr>,
+    /// Views loaded by the body, in `InstrKind::Load` slot order.
     pub inputs: Vec<TensorRef>,
+    /// Compute dtype of each scalar parameter slot.
     pub params: Vec<DType>,
+    /// Each parameter slot's value (see [`scalar_bits`]).
     pub scalars: Vec<u64>,
     /// Values this loop has computed for a buffer view: a later read of that exact view uses
     /// the value instead of loading (the fusing planner fills this).
@@ -28,8 +32,11 @@ pub struct LoopBuilder {
 /// The origin of a scalar parameter slot: input `input` of trace node `node`, converted to `to`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScalarSrc {
+    /// Index of the node in the trace.
     pub node: usize,
+    /// Index of the scalar among the node's inputs.
     pub input: usize,
+    /// The dtype the scalar is converted to in the slot.
     pub to: DType,
 }
 
@@ -48,6 +55,7 @@ pub fn scalar_bits(s: Scalar, to: DType) -> u64 {
 }
 
 impl LoopBuilder {
+    /// Appends an instruction, or returns an identical existing one (instructions are pure).
     pub fn push(&mut self, kind: InstrKind, dtype: DType) -> ValueIdx {
         if let Some(i) = self
             .body
@@ -61,6 +69,7 @@ impl LoopBuilder {
         (self.body.len() - 1) as ValueIdx
     }
 
+    /// The dtype of value `v`.
     pub fn dtype(&self, v: ValueIdx) -> DType {
         self.body[v as usize].dtype
     }
@@ -95,6 +104,7 @@ impl LoopBuilder {
         })
     }
 
+    /// A new scalar parameter slot holding `bits`, as a value of `dtype`.
     pub fn param(&mut self, bits: u64, dtype: DType) -> ValueIdx {
         self.params.push(dtype);
         self.scalars.push(bits);
@@ -105,6 +115,7 @@ impl LoopBuilder {
         (self.body.len() - 1) as ValueIdx
     }
 
+    /// Converts `v` to `to`; rounds computed f16/bf16 values to their dtype first, like PyTorch.
     pub fn cast(&mut self, v: ValueIdx, to: DType) -> ValueIdx {
         let from = self.dtype(v);
         if from == to {
@@ -162,10 +173,12 @@ impl LoopBuilder {
         self.operand(&node.inputs[k], sizes, to)
     }
 
+    /// `u(a)`, yielding `dtype`.
     pub fn unary(&mut self, u: UnaryOp, a: ValueIdx, dtype: DType) -> ValueIdx {
         self.push(InstrKind::Unary(u, a), dtype)
     }
 
+    /// `b(x, y)`, yielding `dtype`.
     pub fn binary(&mut self, b: BinaryOp, x: ValueIdx, y: ValueIdx, dtype: DType) -> ValueIdx {
         self.push(InstrKind::Binary(b, x, y), dtype)
     }

@@ -14,10 +14,14 @@ use smallvec::SmallVec;
 /// What inference needs to know of one operand.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ArgMeta {
+    /// A tensor operand: its dtype and shape.
     Tensor {
+        /// The tensor's dtype.
         dtype: DType,
+        /// The tensor's sizes.
         sizes: Dims,
     },
+    /// A Python number operand.
     Scalar(Scalar),
     /// An optional operand left out (a missing clamp bound).
     Absent,
@@ -25,6 +29,7 @@ pub enum ArgMeta {
 
 impl ArgMeta {
     #[inline]
+    /// A tensor operand's meta from a dtype and a size slice.
     pub fn tensor(dtype: DType, sizes: &[usize]) -> ArgMeta {
         ArgMeta::Tensor {
             dtype,
@@ -37,8 +42,11 @@ impl ArgMeta {
 /// arithmetic (e.g. `eq(int32, float32)` compares in float32 and yields bool).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Inferred {
+    /// The dtype of the result.
     pub dtype: DType,
+    /// The shape of the result.
     pub sizes: Dims,
+    /// The dtype operands are converted to for the arithmetic.
     pub compute: DType,
 }
 
