@@ -133,7 +133,7 @@ impl fmt::Display for DType {
 }
 
 /// The dtype PyTorch gives float results of integer inputs (`torch.get_default_dtype()`).
-pub const DEFAULT_FLOAT: DType = DType::F32;
+pub(crate) const DEFAULT_FLOAT: DType = DType::F32;
 
 #[cfg(test)]
 mod tests {

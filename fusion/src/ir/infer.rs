@@ -6,7 +6,7 @@ use super::elementwise::{infer_binary, infer_unary};
 use super::error::{OpError, OpResult};
 use super::layout::{broadcast_shapes, fmt_dims, Dims};
 use super::op::{Op, Scalar};
-pub use super::shapes::{arange_len, matmul_shape};
+use super::shapes::matmul_shape;
 use super::shapes::{check_matmul_dtypes, check_numel, infer_arange, infer_cat, infer_reduce};
 use crate::trace::Operand;
 use smallvec::SmallVec;
@@ -102,7 +102,7 @@ thread_local! {
 /// the same: a model records long runs of one op on one shape (an elementwise chain, a layer
 /// repeated), and comparing is several times cheaper than inferring again (~400 instructions
 /// for a binary op). Errors are never remembered, so each one is built at its own call.
-pub fn infer_memo(op: &Op, args: &[ArgMeta]) -> OpResult<Inferred> {
+pub(crate) fn infer_memo(op: &Op, args: &[ArgMeta]) -> OpResult<Inferred> {
     if let Some(inf) = memo_hit(op, |a| same_args(a, args)) {
         return Ok(inf);
     }
@@ -150,7 +150,7 @@ fn meta_of(o: &Operand) -> ArgMeta {
 
 /// PyTorch's `result_type`: tensors with dims win over zero-dim tensors, which win over Python
 /// scalars, unless the lower-priority operand is of a higher category (int tensor + 2.5 -> float).
-pub fn result_type(args: &[ArgMeta]) -> DType {
+pub(crate) fn result_type(args: &[ArgMeta]) -> DType {
     let mut dim: Option<DType> = None;
     let mut zero: Option<DType> = None;
     let mut wrapped: Option<DType> = None;
@@ -393,6 +393,7 @@ pub fn infer(op: &Op, args: &[ArgMeta]) -> OpResult<Inferred> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ir::shapes::arange_len;
     use crate::ir::{BinaryOp, ReduceOp};
     use smallvec::smallvec;
 

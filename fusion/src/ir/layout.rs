@@ -24,7 +24,7 @@ pub fn checked_numel(sizes: &[usize]) -> Option<usize> {
 /// element by element: `SmallVec::from_slice` calls `memcpy` for a few words, and recording
 /// one op copies half a dozen sizes and strides (~85 instructions each that way, ~25 this).
 #[inline]
-pub fn dims_from<T: Copy + Default>(s: &[T]) -> SmallVec<[T; 6]> {
+pub(crate) fn dims_from<T: Copy + Default>(s: &[T]) -> SmallVec<[T; 6]> {
     if s.len() > 6 {
         return SmallVec::from_slice(s);
     }

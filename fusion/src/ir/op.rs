@@ -182,7 +182,7 @@ impl UnaryOp {
     }
 
     /// Ops whose result is always floating (an integer input is promoted to float32 first).
-    pub fn is_float_op(self) -> bool {
+    pub(crate) fn is_float_op(self) -> bool {
         use UnaryOp::*;
         matches!(
             self,
@@ -334,13 +334,13 @@ impl BinaryOp {
     }
 
     /// Comparisons and logical ops produce bool.
-    pub fn gives_bool(self) -> bool {
+    pub(crate) fn gives_bool(self) -> bool {
         use BinaryOp::*;
         matches!(self, Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr)
     }
 
     /// Ops defined on bool and integer operands only.
-    pub fn is_bitwise(self) -> bool {
+    pub(crate) fn is_bitwise(self) -> bool {
         matches!(
             self,
             BinaryOp::BitwiseAnd | BinaryOp::BitwiseOr | BinaryOp::BitwiseXor
@@ -349,7 +349,7 @@ impl BinaryOp {
 
     /// The division family, which PyTorch has no bool kernel for: two bool operands are an
     /// error rather than a division of 0s and 1s.
-    pub fn rejects_bool(self) -> bool {
+    pub(crate) fn rejects_bool(self) -> bool {
         matches!(
             self,
             BinaryOp::Fmod | BinaryOp::FloorDivide | BinaryOp::TruncDivide
@@ -544,7 +544,7 @@ impl Op {
     }
 
     /// Elementwise ops: one output element depends on the same-index input elements only.
-    pub fn is_elementwise(&self) -> bool {
+    pub(crate) fn is_elementwise(&self) -> bool {
         matches!(
             self,
             Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clamp | Op::Cast(_) | Op::Copy
