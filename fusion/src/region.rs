@@ -67,7 +67,7 @@ pub struct LoopReduce {
 /// Operands are inputs, then element outputs, then the stored reduction outputs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LoopRegion {
-    /// The input operands.
+    /// Input operands, in `InstrKind::Load` slot order.
     pub inputs: Vec<LoopOperand>,
     /// Compute dtype of each scalar parameter slot.
     pub params: Vec<DType>,

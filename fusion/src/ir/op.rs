@@ -493,7 +493,7 @@ pub enum Op {
     Reduce {
         /// Which reduction.
         op: ReduceOp,
-        /// The reduced dims.
+        /// The reduced dims (empty: all of them).
         dims: Dims,
         /// Keep the reduced dims as size 1 rather than drop them.
         keepdim: bool,
