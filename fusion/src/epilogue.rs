@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 /// A lowered matmul waiting to see whether the next ops can be its epilogue.
 #[derive(Clone, Debug)]
-pub struct PendingMatmul {
+pub(crate) struct PendingMatmul {
+    /// Index of the matmul's node in the trace.
     pub node: usize,
     /// The lowered steps: an optional bias copy, then the GEMM (last).
     pub steps: Vec<Step>,
@@ -102,7 +103,7 @@ pub fn combine(gemm: Step, e: Step) -> Step {
 }
 
 /// Re-binds a cached combined step to a freshly lowered GEMM (new buffers and alpha/beta).
-pub fn rebind_gemm(combined: &mut Step, gemm: &Step) {
+pub(crate) fn rebind_gemm(combined: &mut Step, gemm: &Step) {
     let Region::Matmul {
         epilogue: Some(l), ..
     } = &*combined.region

@@ -20,6 +20,7 @@ pub enum StrideKind {
 }
 
 impl StrideKind {
+    /// The kind of an operand's innermost stride.
     pub fn of(stride: isize) -> StrideKind {
         match stride {
             1 => StrideKind::Contig,
@@ -106,14 +107,17 @@ impl IterSpace {
         }
     }
 
+    /// Number of dims after coalescing.
     pub fn rank(&self) -> usize {
         self.sizes.len()
     }
 
+    /// How operand `operand` steps along the innermost dim.
     pub fn inner_kind(&self, operand: usize) -> StrideKind {
         StrideKind::of(*self.strides[operand].last().unwrap())
     }
 
+    /// Number of elements the loop visits.
     pub fn numel(&self) -> usize {
         self.sizes.iter().product()
     }

@@ -3,6 +3,8 @@
 //! This crate knows nothing of backends or buffers' storage: it sees tensors as
 //! (buffer id, layout, dtype) and decides what work exists and how it is cut into regions.
 
+#![warn(missing_docs)]
+
 pub mod epilogue;
 pub mod ir;
 pub mod iter;

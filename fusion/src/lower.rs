@@ -12,10 +12,14 @@ use std::sync::Arc;
 
 /// Builds a loop body in SSA form, deduplicating loads of the same operand.
 #[derive(Default)]
-pub struct LoopBuilder {
+pub(crate) struct LoopBuilder {
+    /// The SSA instructions, in order.
     pub body: Vec<Instr>,
+    /// Views loaded by the body, in `InstrKind::Load` slot order.
     pub inputs: Vec<TensorRef>,
+    /// Compute dtype of each scalar parameter slot.
     pub params: Vec<DType>,
+    /// Each parameter slot's value (see [`scalar_bits`]).
     pub scalars: Vec<u64>,
     /// Values this loop has computed for a buffer view: a later read of that exact view uses
     /// the value instead of loading (the fusing planner fills this).
@@ -28,8 +32,11 @@ pub struct LoopBuilder {
 /// The origin of a scalar parameter slot: input `input` of trace node `node`, converted to `to`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScalarSrc {
+    /// Index of the node in the trace.
     pub node: usize,
+    /// Index of the scalar among the node's inputs.
     pub input: usize,
+    /// The dtype the scalar is converted to in the slot.
     pub to: DType,
 }
 
@@ -38,7 +45,7 @@ pub struct ScalarSrc {
 /// operand is rounded to that dtype first (through float32, as c10's `Half(float)` does): PyTorch
 /// casts a Python scalar to the op's dtype before computing, so `f16 + 0.1` adds 0.0999755859375
 /// (mul and div keep the scalar in float32 by computing in float32: see `infer_binary`).
-pub fn scalar_bits(s: Scalar, to: DType) -> u64 {
+pub(crate) fn scalar_bits(s: Scalar, to: DType) -> u64 {
     match to {
         DType::Bool => (s.as_f64() != 0.0) as u64,
         DType::F16 => f64::from(half::f16::from_f32(s.as_f64() as f32)).to_bits(),
@@ -48,6 +55,7 @@ pub fn scalar_bits(s: Scalar, to: DType) -> u64 {
 }
 
 impl LoopBuilder {
+    /// Appends an instruction, or returns an identical existing one (instructions are pure).
     pub fn push(&mut self, kind: InstrKind, dtype: DType) -> ValueIdx {
         if let Some(i) = self
             .body
@@ -61,6 +69,7 @@ impl LoopBuilder {
         (self.body.len() - 1) as ValueIdx
     }
 
+    /// The dtype of value `v`.
     pub fn dtype(&self, v: ValueIdx) -> DType {
         self.body[v as usize].dtype
     }
@@ -79,7 +88,7 @@ impl LoopBuilder {
 
     /// The value last computed for exactly this view, if any. f16/bf16 values are rounded as a
     /// store and reload would round them, so fused results equal unfused ones bit for bit.
-    pub fn forwarded(&mut self, t: &TensorRef) -> Option<ValueIdx> {
+    pub(crate) fn forwarded(&mut self, t: &TensorRef) -> Option<ValueIdx> {
         let v = self
             .forwards
             .iter()
@@ -95,6 +104,7 @@ impl LoopBuilder {
         })
     }
 
+    /// A new scalar parameter slot holding `bits`, as a value of `dtype`.
     pub fn param(&mut self, bits: u64, dtype: DType) -> ValueIdx {
         self.params.push(dtype);
         self.scalars.push(bits);
@@ -105,6 +115,7 @@ impl LoopBuilder {
         (self.body.len() - 1) as ValueIdx
     }
 
+    /// Converts `v` to `to`; rounds computed f16/bf16 values to their dtype first, like PyTorch.
     pub fn cast(&mut self, v: ValueIdx, to: DType) -> ValueIdx {
         let from = self.dtype(v);
         if from == to {
@@ -162,10 +173,12 @@ impl LoopBuilder {
         self.operand(&node.inputs[k], sizes, to)
     }
 
+    /// `u(a)`, yielding `dtype`.
     pub fn unary(&mut self, u: UnaryOp, a: ValueIdx, dtype: DType) -> ValueIdx {
         self.push(InstrKind::Unary(u, a), dtype)
     }
 
+    /// `b(x, y)`, yielding `dtype`.
     pub fn binary(&mut self, b: BinaryOp, x: ValueIdx, y: ValueIdx, dtype: DType) -> ValueIdx {
         self.push(InstrKind::Binary(b, x, y), dtype)
     }
@@ -173,13 +186,13 @@ impl LoopBuilder {
 
 /// Emits the body of one elementwise node and returns the value it produces (in the node's
 /// output dtype).
-pub fn emit_elementwise(b: &mut LoopBuilder, idx: usize, node: &Node) -> ValueIdx {
+pub(crate) fn emit_elementwise(b: &mut LoopBuilder, idx: usize, node: &Node) -> ValueIdx {
     emit_elementwise_over(b, idx, node, &node.output.layout.sizes.clone())
 }
 
 /// Like [`emit_elementwise`], iterating over `sizes` (the node's shape or a shape it broadcasts
 /// to, e.g. a per-row op inside a row kernel).
-pub fn emit_elementwise_over(
+pub(crate) fn emit_elementwise_over(
     b: &mut LoopBuilder,
     idx: usize,
     node: &Node,
@@ -232,10 +245,10 @@ pub fn emit_elementwise_over(
 
 /// A reduction of a loop step: its op, the folded value, and where its per-row result goes
 /// (`None` when nothing needs it in memory).
-pub type StepReduce = (ReduceOp, ValueIdx, Option<TensorRef>);
+pub(crate) type StepReduce = (ReduceOp, ValueIdx, Option<TensorRef>);
 
 /// Builds a loop step: `outputs` are element outputs; `reduces` are the row kernel's phases.
-pub fn loop_step(
+pub(crate) fn loop_step(
     b: LoopBuilder,
     outputs: Vec<(ValueIdx, TensorRef)>,
     reduces: Vec<StepReduce>,
@@ -292,7 +305,7 @@ pub fn loop_step(
 }
 
 /// Builds the loop step of an elementwise body writing `outputs` (all of the same shape).
-pub fn elementwise_step(
+pub(crate) fn elementwise_step(
     b: LoopBuilder,
     outputs: Vec<(ValueIdx, TensorRef)>,
     nodes: Vec<usize>,
@@ -309,7 +322,7 @@ pub fn elementwise_step(
 }
 
 /// The dtype a reduction folds in: integer sums and products accumulate in int64.
-pub fn reduce_acc_dtype(op: ReduceOp, input: DType) -> DType {
+pub(crate) fn reduce_acc_dtype(op: ReduceOp, input: DType) -> DType {
     match op {
         ReduceOp::Sum | ReduceOp::Prod if !input.is_float() => DType::I64,
         _ => input,

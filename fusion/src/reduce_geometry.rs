@@ -24,7 +24,12 @@ pub fn reduced_dims(dims: &[usize], rank: usize) -> Dims {
 
 /// Strides over the reduce input's dims of a reduction output (`keepdim` or not): kept dims
 /// take the output's strides, reduced dims 0.
-pub fn reduce_out_strides(out: &Layout, rank: usize, dims: &[usize], keepdim: bool) -> Strides {
+pub(crate) fn reduce_out_strides(
+    out: &Layout,
+    rank: usize,
+    dims: &[usize],
+    keepdim: bool,
+) -> Strides {
     let red = reduced_dims(dims, rank);
     let mut j = 0;
     (0..rank)
@@ -44,7 +49,7 @@ pub fn reduce_out_strides(out: &Layout, rank: usize, dims: &[usize], keepdim: bo
 
 /// The iteration space of a reduction over `dims` of `sizes`, for operands given by their
 /// strides over those dims: kept dims first, reduced dims last (merged into one when possible).
-pub fn reduce_space_for(sizes: &[usize], dims: &[usize], strides: &[Strides]) -> IterSpace {
+pub(crate) fn reduce_space_for(sizes: &[usize], dims: &[usize], strides: &[Strides]) -> IterSpace {
     let rank = sizes.len();
     let red = reduced_dims(dims, rank);
     let order: Vec<usize> = (0..rank)
@@ -66,7 +71,12 @@ pub fn reduce_space_for(sizes: &[usize], dims: &[usize], strides: &[Strides]) ->
 }
 
 /// The iteration space of a reduction of `input` into `output` over `dims`.
-pub fn reduce_space(input: &Layout, output: &Layout, dims: &[usize], keepdim: bool) -> IterSpace {
+pub(crate) fn reduce_space(
+    input: &Layout,
+    output: &Layout,
+    dims: &[usize],
+    keepdim: bool,
+) -> IterSpace {
     let out = reduce_out_strides(output, input.rank(), dims, keepdim);
     reduce_space_for(&input.sizes, dims, &[input.strides.clone(), out])
 }

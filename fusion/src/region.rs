@@ -18,8 +18,11 @@ pub enum InstrKind {
     Load(u32),
     /// Scalar parameter slot `n` (its value is bound at run time).
     Param(u32),
+    /// Op `u` applied to a value.
     Unary(UnaryOp, ValueIdx),
+    /// Op `b` applied to two values.
     Binary(BinaryOp, ValueIdx, ValueIdx),
+    /// `where(cond, a, b)` on three values.
     Where(ValueIdx, ValueIdx, ValueIdx),
     /// Conversion of a value to the instruction's dtype.
     Cast(ValueIdx),
@@ -31,14 +34,18 @@ pub enum InstrKind {
 /// An instruction and the dtype of the value it yields.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Instr {
+    /// What the instruction computes.
     pub kind: InstrKind,
+    /// The dtype of its result.
     pub dtype: DType,
 }
 
 /// An operand of a loop: its stored dtype and how it steps along the innermost dim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LoopOperand {
+    /// The dtype stored in memory.
     pub dtype: DType,
+    /// How it steps along the innermost dim.
     pub inner: StrideKind,
 }
 
@@ -46,8 +53,11 @@ pub struct LoopOperand {
 /// is stored to `output` when something needs it in memory.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LoopReduce {
+    /// How the values are folded.
     pub op: ReduceOp,
+    /// The body value folded.
     pub value: ValueIdx,
+    /// Where the row results are stored; `None` when nothing needs them in memory.
     pub output: Option<LoopOperand>,
 }
 
@@ -57,18 +67,22 @@ pub struct LoopReduce {
 /// Operands are inputs, then element outputs, then the stored reduction outputs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LoopRegion {
+    /// Input operands, in `InstrKind::Load` slot order.
     pub inputs: Vec<LoopOperand>,
     /// Compute dtype of each scalar parameter slot.
     pub params: Vec<DType>,
+    /// The SSA instructions, in order.
     pub body: Vec<Instr>,
     /// Element outputs: each stores one body value at every element.
     pub outputs: Vec<(ValueIdx, LoopOperand)>,
+    /// Reductions, in sweep order.
     pub reduces: Vec<LoopReduce>,
 }
 
 /// What a backend compiles. The planner produces these; it never names a backend.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Region {
+    /// An elementwise loop nest, possibly with row reductions.
     Loop(LoopRegion),
     /// `out = alpha * (a @ b) + beta * out` over batch dims; operands a, b, out with layouts
     /// `[batch.., m, k]`, `[batch.., k, n]`, `[batch.., m, n]`; scalars alpha, beta (f64 bits).
@@ -77,11 +91,14 @@ pub enum Region {
     /// epilogue's inputs, out, the epilogue's outputs; scalars alpha, beta, then the
     /// epilogue's; `iter` is the epilogue's.
     Matmul {
+        /// Element type of a, b and out.
         dtype: DType,
+        /// A loop run on each block of output rows after the GEMM.
         epilogue: Option<Box<LoopRegion>>,
     },
     /// `out[i] = start + i * step`; scalars start, step (f64 bits).
     Arange {
+        /// Dtype of the output.
         dtype: DType,
     },
     /// A kernel op (gather, scatter, scan, sort, random; see [`KernelOp`]) as its canonical
@@ -142,6 +159,7 @@ pub struct Step {
     /// Shared: a reused plan hands out the same regions every flush, and cloning a loop body
     /// per step per flush cost more than the rest of a cache-hit flush.
     pub region: Arc<Region>,
+    /// The buffer views and scalars the region runs on.
     pub binding: Binding,
     /// Trace node indices this step executes (for logs, dumps and stats).
     pub nodes: Vec<usize>,

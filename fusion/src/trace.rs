@@ -14,21 +14,27 @@ pub type BufferId = u64;
 /// A tensor as an op sees it: a view of a buffer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorRef {
+    /// The buffer viewed.
     pub buffer: BufferId,
+    /// Which elements of the buffer, in which order.
     pub layout: Layout,
+    /// The element type of the buffer.
     pub dtype: DType,
 }
 
 /// One operand of a recorded op.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Operand {
+    /// A tensor operand.
     Tensor(TensorRef),
+    /// A Python number operand.
     Scalar(Scalar),
     /// An optional operand left out (a missing clamp bound).
     Absent,
 }
 
 impl Operand {
+    /// The tensor, unless the operand is a scalar or absent.
     pub fn tensor(&self) -> Option<&TensorRef> {
         match self {
             Operand::Tensor(t) => Some(t),
@@ -41,8 +47,11 @@ impl Operand {
 /// view of an existing one).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
+    /// The op and its attributes.
     pub op: Op,
+    /// Operands, in op order.
     pub inputs: SmallVec<[Operand; 3]>,
+    /// The view written.
     pub output: TensorRef,
     /// The dtype the op's arithmetic runs in (see `ir::infer::Inferred::compute`).
     pub compute: DType,
@@ -85,6 +94,7 @@ pub struct Trace {
 }
 
 impl Trace {
+    /// An empty trace.
     pub fn new() -> Self {
         Self::default()
     }
@@ -95,14 +105,17 @@ impl Trace {
         self.nodes.push(node);
     }
 
+    /// Number of pending nodes.
     pub fn len(&self) -> usize {
         self.nodes.len()
     }
 
+    /// Whether no op is pending.
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }
 
+    /// The pending nodes, in program order.
     pub fn nodes(&self) -> &[Node] {
         &self.nodes
     }

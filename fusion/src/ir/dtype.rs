@@ -11,21 +11,32 @@ use std::fmt;
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
+    /// 32-bit IEEE float (`torch.float32`).
     F32 = 0,
+    /// 64-bit IEEE float (`torch.float64`).
     F64 = 1,
+    /// 16-bit IEEE half (`torch.float16`); computes in float32.
     F16 = 2,
+    /// bfloat16 (`torch.bfloat16`); computes in float32.
     BF16 = 3,
+    /// `torch.int32`.
     I32 = 4,
+    /// `torch.int64`.
     I64 = 5,
+    /// `torch.uint8`.
     U8 = 6,
+    /// `torch.bool`, one byte per element.
     Bool = 7,
 }
 
 /// The coarse kind PyTorch uses to decide whether a Python scalar may change a tensor's dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Category {
+    /// `bool`.
     Bool,
+    /// The integer dtypes (and Python ints).
     Integer,
+    /// The floating dtypes (and Python floats).
     Float,
 }
 
@@ -57,6 +68,7 @@ impl DType {
         }
     }
 
+    /// The promotion category of the dtype.
     pub fn category(self) -> Category {
         match self {
             DType::Bool => Category::Bool,
@@ -65,6 +77,7 @@ impl DType {
         }
     }
 
+    /// Float32, float64, float16 and bfloat16.
     pub fn is_float(self) -> bool {
         self.category() == Category::Float
     }
@@ -120,7 +133,7 @@ impl fmt::Display for DType {
 }
 
 /// The dtype PyTorch gives float results of integer inputs (`torch.get_default_dtype()`).
-pub const DEFAULT_FLOAT: DType = DType::F32;
+pub(crate) const DEFAULT_FLOAT: DType = DType::F32;
 
 #[cfg(test)]
 mod tests {

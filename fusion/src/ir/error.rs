@@ -12,13 +12,16 @@ pub struct OpError {
     pub op: String,
     /// Which operand or attribute is wrong, e.g. `input 1` or `dim`.
     pub operand: String,
+    /// What the op accepts there, e.g. `a float tensor`.
     pub expected: String,
+    /// What the caller actually passed.
     pub got: String,
     /// What the caller can do; may be empty.
     pub hint: String,
 }
 
 impl OpError {
+    /// An error without a hint (add one with [`OpError::hint`]).
     pub fn new(
         op: impl Into<String>,
         operand: impl Into<String>,

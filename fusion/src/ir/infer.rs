@@ -6,7 +6,7 @@ use super::elementwise::{infer_binary, infer_unary};
 use super::error::{OpError, OpResult};
 use super::layout::{broadcast_shapes, fmt_dims, Dims};
 use super::op::{Op, Scalar};
-pub use super::shapes::{arange_len, matmul_shape};
+use super::shapes::matmul_shape;
 use super::shapes::{check_matmul_dtypes, check_numel, infer_arange, infer_cat, infer_reduce};
 use crate::trace::Operand;
 use smallvec::SmallVec;
@@ -14,10 +14,14 @@ use smallvec::SmallVec;
 /// What inference needs to know of one operand.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ArgMeta {
+    /// A tensor operand: its dtype and shape.
     Tensor {
+        /// The tensor's dtype.
         dtype: DType,
+        /// The tensor's sizes.
         sizes: Dims,
     },
+    /// A Python number operand.
     Scalar(Scalar),
     /// An optional operand left out (a missing clamp bound).
     Absent,
@@ -25,6 +29,7 @@ pub enum ArgMeta {
 
 impl ArgMeta {
     #[inline]
+    /// A tensor operand's meta from a dtype and a size slice.
     pub fn tensor(dtype: DType, sizes: &[usize]) -> ArgMeta {
         ArgMeta::Tensor {
             dtype,
@@ -37,8 +42,11 @@ impl ArgMeta {
 /// arithmetic (e.g. `eq(int32, float32)` compares in float32 and yields bool).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Inferred {
+    /// The dtype of the result.
     pub dtype: DType,
+    /// The shape of the result.
     pub sizes: Dims,
+    /// The dtype operands are converted to for the arithmetic.
     pub compute: DType,
 }
 
@@ -94,7 +102,7 @@ thread_local! {
 /// the same: a model records long runs of one op on one shape (an elementwise chain, a layer
 /// repeated), and comparing is several times cheaper than inferring again (~400 instructions
 /// for a binary op). Errors are never remembered, so each one is built at its own call.
-pub fn infer_memo(op: &Op, args: &[ArgMeta]) -> OpResult<Inferred> {
+pub(crate) fn infer_memo(op: &Op, args: &[ArgMeta]) -> OpResult<Inferred> {
     if let Some(inf) = memo_hit(op, |a| same_args(a, args)) {
         return Ok(inf);
     }
@@ -142,7 +150,7 @@ fn meta_of(o: &Operand) -> ArgMeta {
 
 /// PyTorch's `result_type`: tensors with dims win over zero-dim tensors, which win over Python
 /// scalars, unless the lower-priority operand is of a higher category (int tensor + 2.5 -> float).
-pub fn result_type(args: &[ArgMeta]) -> DType {
+pub(crate) fn result_type(args: &[ArgMeta]) -> DType {
     let mut dim: Option<DType> = None;
     let mut zero: Option<DType> = None;
     let mut wrapped: Option<DType> = None;
@@ -385,6 +393,7 @@ pub fn infer(op: &Op, args: &[ArgMeta]) -> OpResult<Inferred> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ir::shapes::arange_len;
     use crate::ir::{BinaryOp, ReduceOp};
     use smallvec::smallvec;
 

@@ -33,6 +33,7 @@ pub enum ScatterReduce {
 }
 
 impl ScatterReduce {
+    /// Every variant, indexed by its ABI number.
     pub const ALL: [ScatterReduce; 6] = [
         ScatterReduce::Assign,
         ScatterReduce::Sum,
@@ -52,11 +53,14 @@ impl ScatterReduce {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ScanOp {
+    /// Running sum (`cumsum`).
     Sum = 0,
+    /// Running product (`cumprod`).
     Prod = 1,
 }
 
 impl ScanOp {
+    /// Every variant, indexed by its ABI number.
     pub const ALL: [ScanOp; 2] = [ScanOp::Sum, ScanOp::Prod];
 
     /// Decodes an ABI number; `None` for an unknown value.
@@ -76,6 +80,7 @@ pub enum RandomDist {
 }
 
 impl RandomDist {
+    /// Every variant, indexed by its ABI number.
     pub const ALL: [RandomDist; 2] = [RandomDist::Uniform, RandomDist::Normal];
 
     /// Decodes an ABI number; `None` for an unknown value.
@@ -89,30 +94,47 @@ impl RandomDist {
 pub enum KernelOp {
     /// `torch.gather(src, dim, index)`: operands src, index (int64 or int32, same rank);
     /// `out[..i..] = src[..index[..i..]..]` along `dim`; the result has the index's shape.
-    Gather { dim: usize },
+    Gather {
+        /// The dim indexed along.
+        dim: usize,
+    },
     /// Functional `scatter` / `scatter_add` / `scatter_reduce`: operands self, index, then
     /// src (a tensor) or a scalar value; the result is a copy of self with src scattered along
     /// `dim`. Without `include_self` an element that receives values starts from them alone.
     Scatter {
+        /// The dim values are scattered along.
         dim: usize,
+        /// How values meeting at one element combine.
         reduce: ScatterReduce,
+        /// Whether the original element of self takes part in the reduction.
         include_self: bool,
     },
     /// `cumsum` / `cumprod` along `dim`; `dtype` is torch's `dtype=` argument (the input is
     /// cast to it first). Without it integer and bool inputs give int64.
     Scan {
+        /// Running sum or product.
         op: ScanOp,
+        /// The dim scanned along.
         dim: usize,
+        /// The result dtype asked for, if any.
         dtype: Option<DType>,
     },
     /// `argsort(stable=True)`: int64 indices of a stable sort along `dim`; NaN sorts as the
     /// largest value.
-    Sort { dim: usize, descending: bool },
+    Sort {
+        /// The dim sorted along.
+        dim: usize,
+        /// Largest first.
+        descending: bool,
+    },
     /// A tensor of `sizes` and float `dtype` drawn from `dist`; operands are the int scalars
     /// seed and offset. Element e's value depends only on (seed, offset, e) (Philox4x32-10).
     Random {
+        /// The distribution drawn from.
         dist: RandomDist,
+        /// Shape of the result.
         sizes: Dims,
+        /// Dtype of the result (a float dtype).
         dtype: DType,
     },
 }

@@ -24,7 +24,7 @@ pub fn checked_numel(sizes: &[usize]) -> Option<usize> {
 /// element by element: `SmallVec::from_slice` calls `memcpy` for a few words, and recording
 /// one op copies half a dozen sizes and strides (~85 instructions each that way, ~25 this).
 #[inline]
-pub fn dims_from<T: Copy + Default>(s: &[T]) -> SmallVec<[T; 6]> {
+pub(crate) fn dims_from<T: Copy + Default>(s: &[T]) -> SmallVec<[T; 6]> {
     if s.len() > 6 {
         return SmallVec::from_slice(s);
     }
@@ -72,7 +72,9 @@ pub fn wrap_dim(op: &str, dim: i64, rank: usize) -> OpResult<usize> {
 /// How a tensor's elements sit in its buffer.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Layout {
+    /// Size of each dim.
     pub sizes: Dims,
+    /// Step between neighbours of each dim, in elements (0 for broadcast dims).
     pub strides: Strides,
     /// Offset of element `[0, 0, ...]` in elements (not bytes).
     pub offset: usize,
@@ -103,10 +105,12 @@ impl Layout {
         }
     }
 
+    /// Number of dims.
     pub fn rank(&self) -> usize {
         self.sizes.len()
     }
 
+    /// Number of elements (1 for a 0-dim tensor).
     pub fn numel(&self) -> usize {
         self.sizes.iter().product()
     }

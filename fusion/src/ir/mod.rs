@@ -9,9 +9,9 @@ pub mod layout;
 pub mod op;
 mod shapes;
 
-pub use dtype::{Category, DType, DEFAULT_FLOAT};
+pub use dtype::{Category, DType};
 pub use error::{OpError, OpResult};
-pub use infer::{infer, infer_memo, infer_memo_operands, result_type, ArgMeta, Inferred};
+pub use infer::{infer, infer_memo_operands, ArgMeta, Inferred};
 pub use kernel::{KernelOp, RandomDist, ScanOp, ScatterReduce};
 pub use layout::{Dims, Layout, Strides};
 pub use op::{BinaryOp, Op, ReduceOp, Scalar, UnaryOp};

@@ -12,54 +12,86 @@ use std::fmt;
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
+    /// `-x`.
     Neg = 0,
+    /// `|x|`.
     Abs = 1,
+    /// `e^x`.
     Exp = 2,
+    /// Natural logarithm.
     Log = 3,
+    /// `log(1 + x)`, accurate near zero.
     Log1p = 4,
+    /// `e^x - 1`, accurate near zero.
     Expm1 = 5,
+    /// Square root.
     Sqrt = 6,
+    /// `1 / sqrt(x)`.
     Rsqrt = 7,
+    /// Sine.
     Sin = 8,
+    /// Cosine.
     Cos = 9,
+    /// Hyperbolic tangent.
     Tanh = 10,
+    /// `1 / (1 + e^-x)`.
     Sigmoid = 11,
+    /// `max(x, 0)`.
     Relu = 12,
     /// `gelu(x, approximate="none")`: 0.5 x (1 + erf(x / sqrt 2)).
     GeluErf = 13,
     /// `gelu(x, approximate="tanh")`.
     GeluTanh = 14,
+    /// `x * sigmoid(x)`.
     Silu = 15,
+    /// The Gauss error function.
     Erf = 16,
+    /// Rounds toward -inf; the identity on integers.
     Floor = 17,
+    /// Rounds toward +inf; the identity on integers.
     Ceil = 18,
     /// Round half to even, like `torch.round`.
     Round = 19,
+    /// -1, 0 or 1 by the sign of `x`.
     Sign = 20,
+    /// `1 / x`.
     Reciprocal = 21,
+    /// `x == 0`, as bool.
     LogicalNot = 22,
+    /// Whether `x` is NaN, as bool (false for non-float inputs).
     IsNan = 23,
     /// `~x`: logical not on bool, two's complement not on integers; floats are rejected.
     BitwiseNot = 24,
     /// Rounds toward zero; the identity on integers, like floor and ceil.
     Trunc = 25,
+    /// Base-2 logarithm.
     Log2 = 26,
+    /// Base-10 logarithm.
     Log10 = 27,
     /// Hyperbolic and inverse trigonometric functions (integer inputs give float32); out of
     /// their domain (asin/acos beyond [-1, 1], acosh below 1, atanh beyond [-1, 1]) they give
     /// NaN, and atanh(+-1) gives +-inf, as C's libm does.
     Sinh = 28,
+    /// Hyperbolic cosine.
     Cosh = 29,
+    /// Tangent.
     Tan = 30,
+    /// Arcsine.
     Asin = 31,
+    /// Arccosine.
     Acos = 32,
+    /// Arctangent.
     Atan = 33,
+    /// Inverse hyperbolic sine.
     Asinh = 34,
+    /// Inverse hyperbolic cosine.
     Acosh = 35,
+    /// Inverse hyperbolic tangent.
     Atanh = 36,
 }
 
 impl UnaryOp {
+    /// Every op, indexed by its ABI number.
     pub const ALL: [UnaryOp; 37] = [
         UnaryOp::Neg,
         UnaryOp::Abs,
@@ -100,10 +132,12 @@ impl UnaryOp {
         UnaryOp::Atanh,
     ];
 
+    /// The op for an ABI number; `None` if the number is unknown.
     pub fn from_u32(v: u32) -> Option<UnaryOp> {
         UnaryOp::ALL.get(v as usize).copied()
     }
 
+    /// The PyTorch-style name used in errors, logs and dumps.
     pub fn name(self) -> &'static str {
         use UnaryOp::*;
         match self {
@@ -148,7 +182,7 @@ impl UnaryOp {
     }
 
     /// Ops whose result is always floating (an integer input is promoted to float32 first).
-    pub fn is_float_op(self) -> bool {
+    pub(crate) fn is_float_op(self) -> bool {
         use UnaryOp::*;
         matches!(
             self,
@@ -185,28 +219,43 @@ impl UnaryOp {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
+    /// `a + b`.
     Add = 0,
+    /// `a - b`.
     Sub = 1,
+    /// `a * b`.
     Mul = 2,
     /// True division: integer inputs give float32, like `torch.div`.
     Div = 3,
+    /// `a ** b`.
     Pow = 4,
     /// Propagates NaN, like `torch.maximum`.
     Maximum = 5,
+    /// Propagates NaN, like `torch.minimum`.
     Minimum = 6,
     /// Python-style modulo: the result takes the divisor's sign, like `torch.remainder`.
     Remainder = 7,
+    /// `a == b`, as bool.
     Eq = 8,
+    /// `a != b`, as bool.
     Ne = 9,
+    /// `a < b`, as bool.
     Lt = 10,
+    /// `a <= b`, as bool.
     Le = 11,
+    /// `a > b`, as bool.
     Gt = 12,
+    /// `a >= b`, as bool.
     Ge = 13,
+    /// Both operands nonzero, as bool.
     LogicalAnd = 14,
+    /// Either operand nonzero, as bool.
     LogicalOr = 15,
     /// Bool and integer operands only (floats are rejected, like PyTorch).
     BitwiseAnd = 16,
+    /// `a | b`; bool and integer operands only.
     BitwiseOr = 17,
+    /// `a ^ b`; bool and integer operands only.
     BitwiseXor = 18,
     /// `atan2(a, b)`: integer inputs give float32.
     Atan2 = 19,
@@ -222,6 +271,7 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
+    /// Every op, indexed by its ABI number.
     pub const ALL: [BinaryOp; 23] = [
         BinaryOp::Add,
         BinaryOp::Sub,
@@ -248,10 +298,12 @@ impl BinaryOp {
         BinaryOp::TruncDivide,
     ];
 
+    /// The op for an ABI number; `None` if the number is unknown.
     pub fn from_u32(v: u32) -> Option<BinaryOp> {
         BinaryOp::ALL.get(v as usize).copied()
     }
 
+    /// The PyTorch-style name used in errors, logs and dumps.
     pub fn name(self) -> &'static str {
         use BinaryOp::*;
         match self {
@@ -282,13 +334,13 @@ impl BinaryOp {
     }
 
     /// Comparisons and logical ops produce bool.
-    pub fn gives_bool(self) -> bool {
+    pub(crate) fn gives_bool(self) -> bool {
         use BinaryOp::*;
         matches!(self, Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr)
     }
 
     /// Ops defined on bool and integer operands only.
-    pub fn is_bitwise(self) -> bool {
+    pub(crate) fn is_bitwise(self) -> bool {
         matches!(
             self,
             BinaryOp::BitwiseAnd | BinaryOp::BitwiseOr | BinaryOp::BitwiseXor
@@ -297,7 +349,7 @@ impl BinaryOp {
 
     /// The division family, which PyTorch has no bool kernel for: two bool operands are an
     /// error rather than a division of 0s and 1s.
-    pub fn rejects_bool(self) -> bool {
+    pub(crate) fn rejects_bool(self) -> bool {
         matches!(
             self,
             BinaryOp::Fmod | BinaryOp::FloorDivide | BinaryOp::TruncDivide
@@ -309,18 +361,24 @@ impl BinaryOp {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
+    /// Sum of the elements.
     Sum = 0,
+    /// Sum divided by the number of reduced elements.
     Mean = 1,
+    /// Product of the elements.
     Prod = 2,
     /// Propagates NaN, like `torch.amax`.
     Amax = 3,
+    /// Propagates NaN, like `torch.amin`.
     Amin = 4,
     /// Index of the first maximum (NaN counts as the maximum), as int64.
     Argmax = 5,
+    /// Index of the first minimum, as int64.
     Argmin = 6,
 }
 
 impl ReduceOp {
+    /// Every reduction, indexed by its ABI number.
     pub const ALL: [ReduceOp; 7] = [
         ReduceOp::Sum,
         ReduceOp::Mean,
@@ -331,10 +389,12 @@ impl ReduceOp {
         ReduceOp::Argmin,
     ];
 
+    /// The reduction for an ABI number; `None` if the number is unknown.
     pub fn from_u32(v: u32) -> Option<ReduceOp> {
         ReduceOp::ALL.get(v as usize).copied()
     }
 
+    /// The PyTorch-style name used in errors, logs and dumps.
     pub fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
@@ -347,6 +407,7 @@ impl ReduceOp {
         }
     }
 
+    /// Argmax and argmin, which give an int64 index rather than a value.
     pub fn is_arg(self) -> bool {
         matches!(self, ReduceOp::Argmax | ReduceOp::Argmin)
     }
@@ -356,12 +417,16 @@ impl ReduceOp {
 /// compiled program, never part of the program's identity.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Scalar {
+    /// A Python float.
     Float(f64),
+    /// A Python int.
     Int(i64),
+    /// A Python bool.
     Bool(bool),
 }
 
 impl Scalar {
+    /// The dtype category the scalar takes part in promotion with.
     pub fn category(self) -> Category {
         match self {
             Scalar::Float(_) => Category::Float,
@@ -370,6 +435,7 @@ impl Scalar {
         }
     }
 
+    /// The value as f64 (bool as 0 or 1).
     pub fn as_f64(self) -> f64 {
         match self {
             Scalar::Float(v) => v,
@@ -378,6 +444,7 @@ impl Scalar {
         }
     }
 
+    /// The value as i64 (floats truncated toward zero, bool as 0 or 1).
     pub fn as_i64(self) -> i64 {
         match self {
             Scalar::Float(v) => v as i64,
@@ -410,7 +477,9 @@ impl fmt::Display for Scalar {
 /// One recorded op with its attributes. Views are not ops: they only change a handle's layout.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
+    /// An elementwise op of one operand.
     Unary(UnaryOp),
+    /// An elementwise op of two operands.
     Binary(BinaryOp),
     /// `where(cond, a, b)`.
     Where,
@@ -422,21 +491,28 @@ pub enum Op {
     Copy,
     /// Reduction over `dims` (empty = all dims).
     Reduce {
+        /// Which reduction.
         op: ReduceOp,
+        /// The reduced dims (empty: all of them).
         dims: Dims,
+        /// Keep the reduced dims as size 1 rather than drop them.
         keepdim: bool,
     },
     /// Concatenation along `dim`.
     Cat {
+        /// The dim the operands are joined along.
         dim: usize,
     },
     /// A tensor of `sizes` filled with one scalar.
     Full {
+        /// Shape of the result.
         sizes: Dims,
+        /// Dtype of the result.
         dtype: DType,
     },
     /// `arange(start, end, step)`; operands are the three scalars.
     Arange {
+        /// Dtype of the result.
         dtype: DType,
     },
     /// `torch.matmul` semantics (1-D, 2-D, batched with broadcasting).
@@ -468,7 +544,7 @@ impl Op {
     }
 
     /// Elementwise ops: one output element depends on the same-index input elements only.
-    pub fn is_elementwise(&self) -> bool {
+    pub(crate) fn is_elementwise(&self) -> bool {
         matches!(
             self,
             Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clamp | Op::Cast(_) | Op::Copy

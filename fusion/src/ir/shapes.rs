@@ -38,7 +38,7 @@ pub(super) fn check_matmul_dtypes(op: &str, a: DType, b: DType) -> OpResult<()> 
 }
 
 /// `torch.matmul` output shape.
-pub fn matmul_shape(op: &str, a: &[usize], b: &[usize]) -> OpResult<Dims> {
+pub(crate) fn matmul_shape(op: &str, a: &[usize], b: &[usize]) -> OpResult<Dims> {
     if a.is_empty() || b.is_empty() {
         return Err(OpError::new(
             op,
@@ -199,7 +199,7 @@ pub(super) fn infer_cat(args: &[ArgMeta], dim: usize) -> OpResult<Inferred> {
 }
 
 /// Number of elements `arange(start, end, step)` makes, with PyTorch's rules.
-pub fn arange_len(start: f64, end: f64, step: f64) -> OpResult<usize> {
+pub(crate) fn arange_len(start: f64, end: f64, step: f64) -> OpResult<usize> {
     if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
         return Err(OpError::new(
             "arange",

@@ -46,8 +46,10 @@ pub enum CutReason {
 }
 
 impl CutReason {
+    /// Number of reasons (the length of `Plan::cuts`).
     pub const COUNT: usize = 5;
 
+    /// The reason's name in stats and logs.
     pub fn name(self) -> &'static str {
         match self {
             CutReason::Unfusable => "unfusable",
@@ -83,6 +85,7 @@ impl Default for PlanOptions {
 /// The planner's output.
 #[derive(Debug, Default)]
 pub struct Plan {
+    /// What to run, in order.
     pub steps: Vec<Step>,
     /// Cuts by `CutReason as usize`.
     pub cuts: [u64; CutReason::COUNT],
@@ -103,17 +106,28 @@ pub enum StepOrigin {
     /// One fused loop step; its scalar slots come from these node inputs.
     Fused(Vec<ScalarSrc>),
     /// `steps` steps lowered from trace node `node` alone (matmul, arange).
-    Lowered { node: usize, steps: usize },
+    Lowered {
+        /// Index of the node in the trace.
+        node: usize,
+        /// How many steps it lowered to.
+        steps: usize,
+    },
     /// Matmul node `node`'s `prefix` lowered steps (a bias copy), then its GEMM combined with
     /// a fused epilogue whose scalar slots (after alpha and beta) come from `src`.
     MatmulEpilogue {
+        /// Index of the matmul node in the trace.
         node: usize,
+        /// How many lowered steps come before the GEMM.
         prefix: usize,
+        /// Origins of the epilogue's scalar slots.
         src: Vec<ScalarSrc>,
     },
     /// One whole-program step ([`crate::region::Region::Graph`]) of trace nodes `nodes`, each
     /// lowered alone into the graph's parts.
-    Graph { nodes: Vec<usize> },
+    Graph {
+        /// The trace nodes, in order.
+        nodes: Vec<usize>,
+    },
 }
 
 impl Plan {
