@@ -2,6 +2,8 @@
 //!
 //! This root crate only re-exports the workspace's crates; see `README.md` for the tour.
 
+#![warn(missing_docs)]
+
 pub use deferfuse_cache as cache;
 pub use deferfuse_fusion as fusion;
 pub use deferfuse_runtime as runtime;

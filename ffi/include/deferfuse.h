@@ -1208,6 +1208,9 @@ typedef struct DfuseProfiledRun {
    * Start in nanoseconds since the Unix epoch.
    */
   int64_t start_unix_ns;
+  /**
+   * How long it ran, in nanoseconds.
+   */
   uint64_t dur_ns;
   /**
    * The region's label, NUL-terminated.

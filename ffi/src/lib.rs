@@ -23,6 +23,8 @@
 //! their `# Safety` section describes (or NULL, which is reported). That is the one thing the
 //! ABI cannot check, so it is the caller's contract.
 
+#![warn(missing_docs)]
+
 mod error;
 mod kernel_op;
 mod memory;

@@ -166,6 +166,7 @@ pub struct DfuseProfiledRun {
     pub tag: u64,
     /// Start in nanoseconds since the Unix epoch.
     pub start_unix_ns: i64,
+    /// How long it ran, in nanoseconds.
     pub dur_ns: u64,
     /// The region's label, NUL-terminated.
     pub label: [c_char; DFUSE_PROFILED_LABEL_LEN],
