@@ -33,6 +33,8 @@ mod pending;
 mod runtime_registry;
 mod stream;
 mod tensor;
+#[cfg(test)]
+mod test_ops;
 mod trace;
 mod types;
 mod view;

@@ -49,13 +49,12 @@ pub unsafe extern "C" fn dfuse_pending_dump(
 mod tests {
     use super::*;
     use crate::error::DfuseStatus;
-    use crate::op::{dfuse_op, DfuseAttrs, DfuseOpKind, DfuseUnaryOp};
     use crate::runtime_registry::{
         dfuse_config_default, dfuse_runtime_create, dfuse_runtime_destroy,
     };
     use crate::stream::dfuse_stream_synchronize;
     use crate::tensor::{dfuse_tensor_from_host, dfuse_tensor_release};
-    use crate::types::{DfuseDtype, DfuseMode, DfuseOperand, DfuseOperandKind};
+    use crate::types::{DfuseDtype, DfuseMode};
     use std::ptr;
 
     fn dump(rt: *const DfuseRuntime) -> String {
@@ -98,26 +97,7 @@ mod tests {
                 &mut x,
             );
             assert_eq!(s, DfuseStatus::Ok);
-            let attrs = DfuseAttrs {
-                sub_op: DfuseUnaryOp::Exp as u32,
-                ..std::mem::zeroed()
-            };
-            let input = DfuseOperand {
-                kind: DfuseOperandKind::Tensor as u32,
-                tensor: x,
-                f: 0.0,
-                i: 0,
-            };
-            let s = dfuse_op(
-                rt,
-                0,
-                DfuseOpKind::Unary as u32,
-                &attrs,
-                &input,
-                1,
-                0,
-                &mut y,
-            );
+            let s = crate::test_ops::record_exp(rt, x, &mut y);
             assert_eq!(s, DfuseStatus::Ok);
         }
         let text = dump(rt);

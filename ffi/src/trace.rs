@@ -314,9 +314,8 @@ mod tests {
 
     #[test]
     fn the_profiler_clock_advances_only_while_profiling_and_by_the_programs_run() {
-        use crate::op::{dfuse_op, DfuseAttrs, DfuseOpKind, DfuseUnaryOp};
         use crate::tensor::{dfuse_tensor_empty, dfuse_tensor_release};
-        use crate::types::{DfuseDtype, DfuseOperand, DfuseOperandKind};
+        use crate::types::DfuseDtype;
         let rt = runtime();
         let sizes = [1i64 << 16];
         let (mut x, mut t0, mut t1, mut t2) = (0u64, 0u64, 0u64, 0u64);
@@ -324,19 +323,7 @@ mod tests {
         unsafe {
             let s = dfuse_tensor_empty(rt, DfuseDtype::F32 as u32, sizes.as_ptr(), 1, &mut x);
             assert_eq!(s, DfuseStatus::Ok);
-            let attrs = DfuseAttrs {
-                sub_op: DfuseUnaryOp::Exp as u32,
-                ..std::mem::zeroed()
-            };
-            let input = DfuseOperand {
-                kind: DfuseOperandKind::Tensor as u32,
-                tensor: x,
-                f: 0.0,
-                i: 0,
-            };
-            let exp = |out: &mut u64| {
-                dfuse_op(rt, 0, DfuseOpKind::Unary as u32, &attrs, &input, 1, 0, out)
-            };
+            let exp = |out: &mut u64| crate::test_ops::record_exp(rt, x, out);
             let mut y = 0u64;
             assert_eq!(exp(&mut y), DfuseStatus::Ok);
             assert_eq!(dfuse_profiler_point(rt, &mut t0), DfuseStatus::Ok);
@@ -387,9 +374,8 @@ mod tests {
     }
     #[test]
     fn captured_runs_carry_the_tag_set_on_the_thread_that_launched_them() {
-        use crate::op::{dfuse_op, DfuseAttrs, DfuseOpKind, DfuseUnaryOp};
         use crate::tensor::{dfuse_tensor_empty, dfuse_tensor_release};
-        use crate::types::{DfuseDtype, DfuseOperand, DfuseOperandKind};
+        use crate::types::DfuseDtype;
         let rt = runtime();
         let sizes = [1024i64];
         let (mut x, mut y, mut n, mut busy) = (0u64, 0u64, 0u64, 0u64);
@@ -399,32 +385,12 @@ mod tests {
         unsafe {
             let s = dfuse_tensor_empty(rt, DfuseDtype::F32 as u32, sizes.as_ptr(), 1, &mut x);
             assert_eq!(s, DfuseStatus::Ok);
-            let attrs = DfuseAttrs {
-                sub_op: DfuseUnaryOp::Exp as u32,
-                ..std::mem::zeroed()
-            };
-            let input = DfuseOperand {
-                kind: DfuseOperandKind::Tensor as u32,
-                tensor: x,
-                f: 0.0,
-                i: 0,
-            };
             assert_eq!(
                 dfuse_profiler_capture(rt, 16, ptr::null_mut()),
                 DfuseStatus::Ok
             );
             assert_eq!(dfuse_profiler_tag(rt, 77), DfuseStatus::Ok);
-            let s = dfuse_op(
-                rt,
-                0,
-                DfuseOpKind::Unary as u32,
-                &attrs,
-                &input,
-                1,
-                0,
-                &mut y,
-            );
-            assert_eq!(s, DfuseStatus::Ok);
+            assert_eq!(crate::test_ops::record_exp(rt, x, &mut y), DfuseStatus::Ok);
             assert_eq!(dfuse_profiler_tag(rt, 0), DfuseStatus::Ok);
             assert_eq!(dfuse_profiler_point(rt, &mut busy), DfuseStatus::Ok);
             assert_eq!(
