@@ -89,3 +89,17 @@ pub fn outputs_of(p: &Plan, step: usize) -> Vec<BufferId> {
     let b = &p.steps[step].binding;
     b.operands[b.n_inputs..].iter().map(|t| t.buffer).collect()
 }
+
+/// An optimizer's in-place update of parameter `p` (buffer 1) by gradient `g` (buffer 2):
+/// `p *= 0.5; p -= g`, both writes to `p`'s own buffer.
+pub fn in_place_update() -> Vec<Node> {
+    vec![
+        bin(BinaryOp::Mul, tensor(t(1, &[8])), scalar(0.5), t(1, &[8])),
+        bin(
+            BinaryOp::Sub,
+            tensor(t(1, &[8])),
+            tensor(t(2, &[8])),
+            t(1, &[8]),
+        ),
+    ]
+}

@@ -2,7 +2,8 @@
 //! with the node that caused it.
 
 use crate::common::{
-    bin, node, outputs_of, plan_with, reduce, scalar, shape_of, t, tensor, un, view,
+    bin, in_place_update, node, outputs_of, plan_with, reduce, scalar, shape_of, t, tensor, un,
+    view,
 };
 use deferfuse_fusion::ir::{BinaryOp, DType, Layout, Op, ReduceOp, UnaryOp};
 use deferfuse_fusion::plan::{CutReason, PlanOptions, MAX_LOADED_BUFFERS};
@@ -140,16 +141,8 @@ fn writing_a_buffer_the_loop_reads_through_another_view_cuts_as_layout() {
 
 #[test]
 fn only_the_last_write_to_a_view_reaches_memory() {
-    // p *= 0.5; p -= g (buffers p 1, g 2): one loop, p stored once.
-    let nodes = vec![
-        bin(BinaryOp::Mul, tensor(t(1, &[8])), scalar(0.5), t(1, &[8])),
-        bin(
-            BinaryOp::Sub,
-            tensor(t(1, &[8])),
-            tensor(t(2, &[8])),
-            t(1, &[8]),
-        ),
-    ];
+    // p *= 0.5; p -= g (`in_place_update`): one loop, p stored once.
+    let nodes = in_place_update();
     let p = plan_with(&nodes, &[1, 2], &loops());
     assert_eq!(shape_of(&p), [("loop", 2)]);
     assert_eq!(outputs_of(&p, 0), [1]);

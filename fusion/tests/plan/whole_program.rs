@@ -1,7 +1,7 @@
 //! Whole-program planning (`Capabilities::whole_programs`): a flush becomes one graph region,
 //! cut only by ops the backend cannot lower, the size bound and a buffer's second dtype.
 
-use crate::common::{bin, node, plan_with, scalar, shape_of, t, tensor};
+use crate::common::{bin, in_place_update, node, plan_with, scalar, shape_of, t, tensor};
 use deferfuse_fusion::ir::{
     BinaryOp, DType, KernelOp, Layout, Op, RandomDist, ReduceOp, Scalar, ScatterReduce,
 };
@@ -93,16 +93,8 @@ fn a_value_a_live_handle_holds_is_an_output() {
 
 #[test]
 fn an_in_place_update_is_an_input_and_an_output_of_its_graph() {
-    // p *= 0.5; p -= g (buffers p 1, g 2): the optimizer's in-place writes.
-    let nodes = vec![
-        bin(BinaryOp::Mul, tensor(t(1, &[8])), scalar(0.5), t(1, &[8])),
-        bin(
-            BinaryOp::Sub,
-            tensor(t(1, &[8])),
-            tensor(t(2, &[8])),
-            t(1, &[8]),
-        ),
-    ];
+    // p *= 0.5; p -= g (`in_place_update`): the optimizer's in-place writes.
+    let nodes = in_place_update();
     let p = plan_with(&nodes, &[1, 2], &whole(4096));
     assert_eq!(shape_of(&p), [("graph", 2)]);
     let Region::Graph(g) = &*p.steps[0].region else {
