@@ -1,11 +1,11 @@
 // Memory accounting of the "tpu" device, behind torch.tpu.memory_allocated() and friends.
 //
-// The runtime counts bytes it ever allocated (DfuseStats.bytes_allocated, only growing) and the
-// freed host blocks it keeps for reuse (host_cached_bytes), but not the bytes alive now. Every
-// tpu storage is created and freed through common.cpp's data pointers, so the live bytes of
-// PyTorch's tensors are counted here, where they are born and die: the same quantity as
-// torch.cuda.memory_allocated (bytes held by tensors; the runtime's own temporaries, e.g. a
-// deferred op's intermediates, are not included).
+// The runtime's allocator counts the buffers in use (dfuse_memory_info), which is not what
+// torch.cuda.memory_allocated means: it includes a running program's intermediates and leaves
+// out a deferred tensor whose buffer is not materialized yet. Every tpu storage is created and
+// freed through common.cpp's data pointers, so the live bytes of PyTorch's tensors are counted
+// here, where they are born and die: the same quantity as torch.cuda.memory_allocated (bytes
+// held by tensors). memory_stats() reports the runtime's counters beside them.
 #include "common.h"
 
 #include <torch/library.h>

@@ -1,8 +1,10 @@
 """torch.tpu's memory queries, named and shaped like torch.cuda's.
 
-"Allocated" is the bytes of tpu storages PyTorch holds now (counted by the extension where
-storages are created and freed: the runtime itself has no live-bytes counter, only the bytes
-it ever allocated). "Reserved" adds the freed blocks the runtime keeps for reuse
+"Allocated" is the bytes of tpu storages PyTorch holds now, counted by the extension where
+storages are created and freed: the quantity torch.cuda.memory_allocated reports (bytes held by
+tensors). The runtime's allocator keeps its own counters (dfuse_memory_info: buffers in use,
+including a running program's intermediates and excluding a deferred tensor not yet
+materialized, their peak, the cap); memory_stats() reports them as "device_bytes.*". "Reserved" adds the freed blocks the runtime keeps for reuse
 (DfuseStats.host_cached_bytes), which empty_cache() returns to the system. The runtime's
 buffers are host memory (the CPU backend), so mem_get_info() and total_memory describe the
 host's memory."""
@@ -33,10 +35,16 @@ def _check(device, what="tpu memory queries"):
 
 def memory_stats(device=None) -> dict:
     """The counters as torch.cuda.memory_stats names them (the subset that has a meaning
-    here: bytes and allocations of tensors, reserved bytes), in an OrderedDict sorted by
-    name. active_bytes equals allocated_bytes: a tpu storage is active as long as it lives."""
+    here: bytes and allocations of tensors, reserved bytes), plus the runtime allocator's own
+    "device_bytes.all.{current,peak}" (buffers in use with a program's intermediates) and
+    "device_bytes.limit" (the cap, 0 for none), in an OrderedDict sorted by name.
+    active_bytes equals allocated_bytes: a tpu storage is active as long as it lives."""
     _check(device)
     stats = dict(zip(_COUNTER_NAMES, _ops.memory_counters()))
+    live, peak, limit, _cached = _ops.runtime_memory()
+    stats["device_bytes.all.current"] = live
+    stats["device_bytes.all.peak"] = peak
+    stats["device_bytes.limit"] = limit
     stats["active_bytes.all.current"] = stats["allocated_bytes.all.current"]
     stats["active_bytes.all.peak"] = stats["allocated_bytes.all.peak"]
     return collections.OrderedDict(sorted(stats.items()))

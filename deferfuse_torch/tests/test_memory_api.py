@@ -145,3 +145,16 @@ def test_the_runtimes_own_memory_peak_follows_its_buffers(mode):
     x.sum().item()
     live1, peak1, _, _ = torch.ops.deferfuse.runtime_memory()
     assert live1 >= live0 + (1 << 20) and peak1 >= live1
+
+
+def test_the_runtime_allocators_counters_are_in_memory_stats(mode):
+    settle()
+    torch.tpu.reset_peak_memory_stats()
+    x = torch.ones(1 << 18, device="tpu")
+    x.sum().item()
+    s = torch.tpu.memory_stats()
+    live, peak, limit, _ = torch.ops.deferfuse.runtime_memory()
+    assert s["device_bytes.all.current"] >= 1 << 20
+    assert s["device_bytes.all.peak"] >= s["device_bytes.all.current"]
+    assert s["device_bytes.limit"] == limit
+    del x
