@@ -198,6 +198,71 @@ fn scatter_add_with_an_expanded_index_is_index_add() {
     assert_eq!(out[0].1.data, want);
 }
 
+/// `ids` of `n` rows expanded over a row of `width`, as embedding's backward and `index_add`
+/// pass it, and the same index materialized for the reference.
+fn expanded_ids(rng: &mut Rng, n: usize, width: usize, bound: usize) -> (RefTensor, RefTensor) {
+    let ids = index(rng, &[n], bound, DType::I64);
+    let dense = RefTensor::new(
+        DType::I64,
+        &[n, width],
+        ids.data
+            .iter()
+            .flat_map(|&v| std::iter::repeat_n(v, width))
+            .collect(),
+    );
+    (ids, dense)
+}
+
+fn expand_rows(rt: &Runtime, ids: Handle, n: usize, width: usize) -> Handle {
+    let col = view(rt, ids, View::Unsqueeze(1));
+    view(rt, col, View::Expand(vec![n as i64, width as i64]))
+}
+
+#[test]
+fn row_scatters_with_an_expanded_index_round_each_step_as_the_element_walk() {
+    // Many duplicate rows of values of every magnitude: the sum's order and its rounding at
+    // each step show in the bits. Width 37 leaves a remainder after any vector width.
+    let mut rng = Rng::new(41);
+    for dtype in [DType::F32, DType::F64] {
+        let (n, width, rows) = (40, 37, 6);
+        let this = rng.tensor(dtype, &[rows, width], 1e3, 0, false);
+        let src = rng.tensor(dtype, &[n, width], 1e3, 0, false);
+        let (ids, dense) = expanded_ids(&mut rng, n, width, rows);
+        for reduce in [ScatterReduce::Sum, ScatterReduce::Assign] {
+            for p in PLACES {
+                let out = run_in_every_mode(|rt| {
+                    let t = place(rt, &this, p);
+                    let wide = expand_rows(rt, upload(rt, &ids), n, width);
+                    let s = upload(rt, &src);
+                    let op = scatter(0, reduce, true);
+                    vec![("rows".into(), run(rt, op, &[tt(t), tt(wide), tt(s)]))]
+                });
+                let want = refk::scatter(&this, 0, &dense, ScatterSrc::Tensor(&src), reduce, true);
+                assert_equal(&format!("{reduce:?} {dtype} {p:?}"), &out[0].1, &want);
+            }
+        }
+    }
+}
+
+#[test]
+fn row_gathers_with_an_expanded_index_match_the_reference_in_every_layout() {
+    let mut rng = Rng::new(43);
+    for dtype in [DType::F32, DType::F64, DType::BF16, DType::I64] {
+        let (n, width, rows) = (9, 13, 5);
+        let table = rng.tensor(dtype, &[rows, width], 50.0, 50, false);
+        let (ids, dense) = expanded_ids(&mut rng, n, width, rows);
+        for p in PLACES {
+            let out = run_in_every_mode(|rt| {
+                let t = place(rt, &table, p);
+                let wide = expand_rows(rt, upload(rt, &ids), n, width);
+                vec![("rows".into(), run(rt, gather(0), &[tt(t), tt(wide)]))]
+            });
+            let want = refk::gather(&table, 0, &dense);
+            assert_equal(&format!("gather {dtype} {p:?}"), &out[0].1, &want);
+        }
+    }
+}
+
 #[test]
 fn scatter_into_self_through_out_updates_the_tensor_and_its_aliases() {
     let this = RefTensor::new(DType::F64, &[2, 4], (0..8).map(f64::from).collect());

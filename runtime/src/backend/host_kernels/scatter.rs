@@ -4,7 +4,7 @@
 //! the result is deterministic (with `assign`, the last duplicate wins).
 
 use super::elem::{float_step, read_f64, read_i64, round_to, wrap_to, write_f64, write_i64};
-use super::gather::check_indices;
+use super::gather::{check_indices, rows_of_one_index};
 use super::{for_each_row, View};
 use crate::error::Result;
 use deferfuse_fusion::ir::{DType, ScatterReduce};
@@ -128,6 +128,11 @@ impl Scatter {
     pub fn run(&self, this: &View, index: &View, src: Src, out: &View) -> Result<()> {
         check_indices(self.name(), index, self.dim, this.sizes[self.dim])?;
         copy(this, out);
+        if let Src::Tensor(src) = src {
+            if self.combine_rows(index, src, out) {
+                return Ok(());
+            }
+        }
         if out.dtype.is_float() {
             self.apply::<f64>(index, src, out);
         } else {
@@ -207,6 +212,64 @@ impl Scatter {
     }
 }
 
+impl Scatter {
+    /// Sum or assign whole f32/f64 rows when every row takes one index value (see
+    /// [`rows_of_one_index`]: embedding's backward, `index_add`), in native arithmetic, which
+    /// gives the bits of `float_step` (one f32 or f64 operation, rounded once). Rows combine
+    /// in the index's row-major order, as the element walk does. Returns false, doing
+    /// nothing, for any other case.
+    fn combine_rows(&self, index: &View, src: &View, out: &View) -> bool {
+        let sum = match self.reduce {
+            ScatterReduce::Sum if self.include_self => true,
+            ScatterReduce::Assign => false,
+            _ => return false,
+        };
+        let Some(last) = rows_of_one_index(self.dim, index, &[src, out]) else {
+            return false;
+        };
+        if src.dtype != out.dtype || src.strides[last] != 1 || out.strides[last] != 1 {
+            return false;
+        }
+        match out.dtype {
+            DType::F32 => combine_rows::<f32>(self.dim, last, sum, index, src, out),
+            DType::F64 => combine_rows::<f64>(self.dim, last, sum, index, src, out),
+            _ => return false,
+        }
+        true
+    }
+}
+
+/// `out[..index[.., 0].., :] (+)= src[.., :]` row by row; rows are contiguous.
+fn combine_rows<T: Copy + std::ops::Add<Output = T>>(
+    dim: usize,
+    last: usize,
+    sum: bool,
+    index: &View,
+    src: &View,
+    out: &View,
+) {
+    let n = index.sizes[last];
+    let os = out.strides[dim];
+    for_each_row(&index.sizes, last, &[index, out, src], |idx, o| {
+        // SAFETY: every view lies inside its buffer and the index was checked, so the target
+        // row is one of the output's; the output is never the source's buffer (`Dst` stages
+        // it when it would be), so the two slices do not overlap.
+        unsafe {
+            let v = read_i64(index.dtype, index.base, o[0]) as isize;
+            let to = (out.base as *mut T).offset(o[1] + (v - idx[dim] as isize) * os);
+            let to = std::slice::from_raw_parts_mut(to, n);
+            let from = std::slice::from_raw_parts((src.base as *const T).offset(o[2]), n);
+            if sum {
+                for (t, &f) in to.iter_mut().zip(from) {
+                    *t = *t + f;
+                }
+            } else {
+                to.copy_from_slice(from);
+            }
+        }
+    });
+}
+
 /// The two walks over the index: set targets to the identity, then combine values into them.
 #[derive(Clone, Copy)]
 enum Pass {
@@ -219,7 +282,19 @@ fn copy(from: &View, to: &View) {
     let last = to.sizes.len() - 1;
     let n = to.sizes[last] as isize;
     let es = to.dtype.size();
+    let rows = from.strides[last] == 1 && to.strides[last] == 1;
     for_each_row(&to.sizes, last, &[from, to], |_, o| {
+        if rows {
+            // SAFETY: as below, a whole contiguous row at once.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    from.base.offset(o[0] * es as isize),
+                    to.base.offset(o[1] * es as isize),
+                    n as usize * es,
+                )
+            };
+            return;
+        }
         for j in 0..n {
             // SAFETY: both views lie inside their buffers; they are distinct buffers (the
             // output is staged when it shares one with an input).
