@@ -1,0 +1,122 @@
+// scaled_dot_product_attention on "tpu" as one autograd node with its own backward.
+//
+// PyTorch has no fused attention for an out-of-tree device, so without this kernel
+// F.scaled_dot_product_attention takes its math path: q and k each scaled by sqrt(scale), a
+// causal mask built and applied as separate ops, softmax, and autograd through every one of
+// them (the scales, the mask, the softmax) in the backward. Here the forward is
+// softmax(q @ k^T * scale, masked) @ v, and the backward is the four matmuls and one softmax
+// backward flash attention's backward computes; in defer mode the scale and the mask fuse into
+// the first matmul's epilogue or the softmax's row kernel. PyTorch's CPU kernel for this op is
+// flash attention, which rounds differently from its own math path too: the results agree
+// with CPU within float32 rounding, not bit for bit (tests/test_attention.py).
+//
+// Cases this kernel does not cover go to PyTorch's own composite implementation (its math path
+// on this device), unchanged: dropout, grouped query attention, a mask that requires grad or
+// comes with is_causal, inputs whose batch dims differ (broadcast), dtypes other than
+// float32/float64 (autocast's half types keep the math path's upcasting), and invalid calls,
+// which so raise PyTorch's own errors.
+#include "common.h"
+
+#include <ATen/ops/scaled_dot_product_attention_native.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+
+namespace dft {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// The attention logits q @ k^T * scale with the mask applied (masked positions -inf).
+at::Tensor masked_logits(const at::Tensor& q, const at::Tensor& k,
+                         const std::optional<at::Tensor>& mask, bool is_causal, double scale) {
+  auto s = at::matmul(q, k.transpose(-2, -1)) * scale;
+  int64_t L = q.size(-2), S = k.size(-2);
+  auto neg_inf = at::full({}, -std::numeric_limits<double>::infinity(), s.options());
+  if (is_causal) {
+    // Top-left aligned, as torch's math path builds it: ones(L, S).tril().
+    auto rows = at::arange(L, q.options().dtype(at::kLong)).unsqueeze(1);
+    auto cols = at::arange(S, q.options().dtype(at::kLong));
+    s = at::where(cols.le(rows), s, neg_inf);
+  }
+  if (mask) {
+    s = mask->scalar_type() == at::kBool ? at::where(*mask, s, neg_inf) : s + *mask;
+  }
+  return s;
+}
+
+class Attention : public torch::autograd::Function<Attention> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const std::optional<at::Tensor>& mask,
+                            bool is_causal, double scale) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto p = at::_softmax(masked_logits(q, k, mask, is_causal, scale), -1, false);
+    ctx->save_for_backward({q, k, v, p});
+    ctx->saved_data["scale"] = scale;
+    return at::matmul(p, v);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &p = saved[3];
+    double scale = ctx->saved_data["scale"].toDouble();
+    const auto& dout = grads[0];
+    auto dv = at::matmul(p.transpose(-2, -1), dout);
+    auto dp = at::matmul(dout, v.transpose(-2, -1));
+    // Masked positions have p == 0, so their logits get no gradient.
+    auto ds = at::_softmax_backward_data(dp, p, -1, p.scalar_type()) * scale;
+    auto dq = at::matmul(ds, k);
+    auto dk = at::matmul(ds.transpose(-2, -1), q);
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Whether this kernel computes the call; anything else (and every invalid call, so that it
+// raises PyTorch's own error) goes to PyTorch's composite implementation.
+bool covered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+             const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+             bool enable_gqa) {
+  auto dt = q.scalar_type();
+  if (!(dt == at::kFloat || dt == at::kDouble) || k.scalar_type() != dt ||
+      v.scalar_type() != dt || q.is_nested() || dropout_p != 0.0 || enable_gqa) {
+    return false;
+  }
+  int64_t r = q.dim();
+  if (r < 3 || k.dim() != r || v.dim() != r) return false;
+  auto batch = [](const at::Tensor& t) { return t.sizes().slice(0, t.dim() - 2); };
+  if (batch(q) != batch(k) || batch(q) != batch(v) || q.size(-1) != k.size(-1) ||
+      k.size(-2) != v.size(-2) || q.size(-1) == 0) {
+    return false;
+  }
+  if (!mask) return true;
+  const auto& m = *mask;
+  bool mask_shape = m.dim() >= 2 && m.dim() <= r && (m.size(-2) == 1 || m.size(-2) == q.size(-2)) &&
+                    (m.size(-1) == 1 || m.size(-1) == k.size(-2));
+  for (int64_t d = 3; mask_shape && d <= m.dim(); ++d) {
+    mask_shape = m.size(-d) == 1 || m.size(-d) == q.size(-d);
+  }
+  return !is_causal && !m.requires_grad() && (m.scalar_type() == at::kBool || m.scalar_type() == dt) &&
+         mask_shape;
+}
+
+at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                std::optional<double> scale, bool enable_gqa) {
+  if (!covered(q, k, v, mask, dropout_p, is_causal, enable_gqa)) {
+    return at::native::scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale,
+                                                     enable_gqa);
+  }
+  double s = scale ? *scale : 1.0 / std::sqrt(double(q.size(-1)));
+  return Attention::apply(q, k, v, mask, is_causal, s);
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("scaled_dot_product_attention", TORCH_FN(dft::sdpa));
+}

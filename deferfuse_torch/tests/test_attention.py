@@ -1,0 +1,94 @@
+"""F.scaled_dot_product_attention on tpu: one autograd node (csrc/attention.cpp) whose forward
+and backward match CPU's flash attention within float32 rounding, in every mode; the cases it
+does not cover take PyTorch's own math path and still match CPU."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import assert_same, check
+
+ATOL = RTOL = 2e-5
+
+
+def qkv(b=2, h=3, lq=5, lk=7, e=8, ev=6, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, h, lq, e, generator=g, dtype=dtype),
+            torch.randn(b, h, lk, e, generator=g, dtype=dtype),
+            torch.randn(b, h, lk, ev, generator=g, dtype=dtype))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_and_its_gradients_match_cpu(mode, causal):
+    q, k, v = qkv()
+    assert_same(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                q, k, v, atol=ATOL, rtol=RTOL)
+
+
+def test_a_causal_square_attention_as_a_gpt_block_calls_it_matches_cpu(mode):
+    q, k, v = qkv(lq=16, lk=16, e=32, ev=32)
+    assert_same(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                q, k, v, atol=ATOL, rtol=RTOL)
+
+
+def test_a_given_scale_and_float64_match_cpu(mode):
+    q, k, v = qkv(dtype=torch.float64)
+    assert_same(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.3),
+                q, k, v, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (1, 7), (2, 1, 5, 7)])
+def test_a_boolean_mask_of_any_broadcast_shape_matches_cpu(mode, shape):
+    q, k, v = qkv()
+    mask = torch.rand(shape, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask[..., 0] = True  # no fully masked row: CPU's flash kernel and the math path disagree there
+    assert_same(lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask.to(q.device)), q, k, v, atol=ATOL, rtol=RTOL)
+
+
+def test_an_additive_float_mask_matches_cpu(mode):
+    q, k, v = qkv()
+    bias = torch.randn(5, 7, generator=torch.Generator().manual_seed(2))
+    assert_same(lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=bias.to(q.device)), q, k, v, atol=ATOL, rtol=RTOL)
+
+
+def test_a_three_dim_batch_matches_cpu(mode):
+    q, k, v = (t[0] for t in qkv())
+    assert_same(F.scaled_dot_product_attention, q, k, v, atol=ATOL, rtol=RTOL)
+
+
+def test_the_covered_call_is_one_autograd_node_and_dropout_keeps_the_math_path(mode):
+    q, k, v = (t.to("tpu").requires_grad_() for t in qkv())
+    fused = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert "Attention" in fused.grad_fn.name(), fused.grad_fn.name()
+    dropped = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    assert "Attention" not in dropped.grad_fn.name(), dropped.grad_fn.name()
+
+
+def test_grouped_query_attention_takes_the_math_path_and_matches_cpu(mode):
+    q, _, _ = qkv(h=4)
+    _, k, v = qkv(h=2, seed=3)
+    assert_same(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                q, k, v, atol=ATOL, rtol=RTOL)
+
+
+def test_a_bad_call_raises_cpus_error(mode):
+    q, k, v = qkv()
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    for dev in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError) as e:
+            F.scaled_dot_product_attention(q.to(dev), k.to(dev), v.to(dev),
+                                           attn_mask=mask.to(dev), is_causal=True)
+        if dev == "cpu":
+            want = str(e.value)
+    assert str(e.value) == want
+
+
+def test_inference_without_grad_matches_cpu(mode):
+    q, k, v = qkv()
+    with torch.no_grad():
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        got = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"),
+                                             is_causal=True)
+    check(got, want, atol=ATOL, rtol=RTOL)
