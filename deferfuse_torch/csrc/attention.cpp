@@ -30,10 +30,29 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
+// A batched matrix product on the runtime's MATMUL op, which takes any batch strides:
+// at::matmul would first copy a head-split view (q, k, v as nanoGPT and Hugging Face models
+// make them, [batch, heads, seq, dim] views of one [batch, seq, 3 * d] projection) into a
+// contiguous 3-D batch. Tensors the dispatcher must see go through at::matmul: fake and
+// functional tensors while torch.compile traces, and products autograd must record (a
+// double backward: grad mode on).
+at::Tensor product(const at::Tensor& a, const at::Tensor& b) {
+  auto direct = [](const at::Tensor& t) {
+    auto keys = t.key_set();
+    return t.device().type() == c10::DeviceType::PrivateUse1 &&
+           !keys.has(c10::DispatchKey::Python) && !keys.has(c10::DispatchKey::Functionalize);
+  };
+  if (!at::GradMode::is_enabled() && direct(a) && direct(b)) {
+    return run(DFUSE_OP_KIND_MATMUL, nullptr, Operands().t(a).t(b),
+               "scaled_dot_product_attention");
+  }
+  return at::matmul(a, b);
+}
+
 // The attention logits q @ k^T * scale with the mask applied (masked positions -inf).
 at::Tensor masked_logits(const at::Tensor& q, const at::Tensor& k,
                          const std::optional<at::Tensor>& mask, bool is_causal, double scale) {
-  auto s = at::matmul(q, k.transpose(-2, -1)) * scale;
+  auto s = product(q, k.transpose(-2, -1)) * scale;
   int64_t L = q.size(-2), S = k.size(-2);
   auto neg_inf = at::full({}, -std::numeric_limits<double>::infinity(), s.options());
   if (is_causal) {
@@ -57,7 +76,7 @@ class Attention : public torch::autograd::Function<Attention> {
     auto p = at::_softmax(masked_logits(q, k, mask, is_causal, scale), -1, false);
     ctx->save_for_backward({q, k, v, p});
     ctx->saved_data["scale"] = scale;
-    return at::matmul(p, v);
+    return product(p, v);
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
@@ -65,12 +84,12 @@ class Attention : public torch::autograd::Function<Attention> {
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &p = saved[3];
     double scale = ctx->saved_data["scale"].toDouble();
     const auto& dout = grads[0];
-    auto dv = at::matmul(p.transpose(-2, -1), dout);
-    auto dp = at::matmul(dout, v.transpose(-2, -1));
+    auto dv = product(p.transpose(-2, -1), dout);
+    auto dp = product(dout, v.transpose(-2, -1));
     // Masked positions have p == 0, so their logits get no gradient.
     auto ds = at::_softmax_backward_data(dp, p, -1, p.scalar_type()) * scale;
-    auto dq = at::matmul(ds, k);
-    auto dk = at::matmul(ds.transpose(-2, -1), q);
+    auto dq = product(ds, k);
+    auto dk = product(ds.transpose(-2, -1), q);
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
