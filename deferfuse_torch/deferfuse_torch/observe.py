@@ -23,6 +23,11 @@ _SKIP = "\n".join([os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
                    os.path.dirname(os.path.abspath(contextlib.__file__)) + os.sep + "contextlib"])
 
 
+# Which frames are the user's is known from import on: DEFERFUSE_LOG's lines name source lines
+# without explain or trace running.
+_ops.observe_set(False, _SKIP)
+
+
 @contextlib.contextmanager
 def _noting():
     """Notes the source line of each sync point and fallback while the block runs."""
