@@ -148,10 +148,9 @@ void note_op_line() {
       g_notes.push_back({"line", std::to_string(id), where});
     }
   }
-  // Named before any op carries it; observe_take restarts the ids, so a reused id is renamed.
-  if (fresh && g_log && log_cuts()) {
-    check(dfuse_source_name(rt(), id, where.c_str()), "source name");
-  }
+  // Named before any op carries it (a trace file's and the log's cuts name it); once per
+  // line. observe_take restarts the ids, so a reused id is renamed.
+  if (fresh) check(dfuse_source_name(rt(), id, where.c_str()), "source name");
   if (id != t_line) {
     t_line = id;
     apply_tag();

@@ -197,10 +197,10 @@ def test_report_renders_in_headless_chromium_with_the_timeline_drawn(defer, tmp_
 
 SCRIPT = """
 import torch, deferfuse_torch
-x = torch.ones(4).to("tpu")
+x = torch.ones(4, 4).to("tpu")
 with deferfuse_torch.mode("defer"):
-    y = (x * 2).exp().sum()
-    print(y.item())
+    y = (x * 2).exp() @ x
+    print(y.sum().item())
 """
 
 
@@ -220,6 +220,11 @@ def test_DEFERFUSE_TRACE_writes_the_whole_runs_timeline_at_exit(tmp_path):
     trace = json.loads(path.read_text())
     assert [f["args"]["reason"] for f in spans(trace, "flush")] == ["host_read"]
     assert spans(trace, "run"), "the fused program ran"
+    # The source lines are noted for the whole run, as trace() notes them for its block.
+    marks = [e for e in trace["traceEvents"] if e.get("cat") == "mark"]
+    assert [m["args"]["detail"] for m in marks] == [f"{tmp_path}/user_script.py:6 in <module>"]
+    cuts = {e["name"]: e["args"] for e in trace["traceEvents"] if e.get("cat") == "cut"}
+    assert cuts["cut (unfusable)"]["source"] == f"{tmp_path}/user_script.py:5 in <module>", cuts
 
 
 LOG_SCRIPT = """

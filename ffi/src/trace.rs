@@ -235,9 +235,10 @@ pub unsafe extern "C" fn dfuse_log_cuts(rt: *const DfuseRuntime, on: *mut u32) -
 }
 
 /// Names source id `id` (the high 32 bits of the tags `dfuse_profiler_tag` sets) with `name`,
-/// such as "train.py:12 in step": what the log prints for a cut at an op recorded with that
-/// id (see `dfuse_log_cuts`). A new name for an id replaces the old one. 0 means "no source"
-/// and cannot be named (`DFUSE_STATUS_INVALID_ARGUMENT`).
+/// such as "train.py:12 in step": a cut at an op recorded with that id names it, as
+/// `args.source` in a trace file and in the log (see `dfuse_log_cuts`). A new name for an id
+/// replaces the old one. 0 means "no source" and cannot be named
+/// (`DFUSE_STATUS_INVALID_ARGUMENT`).
 ///
 /// # Safety
 /// `name` must be NULL or a NUL-terminated string.

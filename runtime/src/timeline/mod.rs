@@ -286,7 +286,7 @@ impl Timeline {
         });
     }
 
-    /// An instant event now (a cut event is also logged with its source, see sources.rs).
+    /// An instant event now (a cut event also names its source, see sources.rs).
     pub fn instant(
         &self,
         track: Track,
@@ -295,7 +295,7 @@ impl Timeline {
         args: Vec<(&'static str, Arg)>,
     ) {
         let now = self.now();
-        let ev = Event {
+        let mut ev = Event {
             name: name.into(),
             cat,
             track,
@@ -303,8 +303,8 @@ impl Timeline {
             dur_ns: None,
             args,
         };
-        if cat == "cut" && self.state.load(Ordering::Relaxed) & LOGGING != 0 {
-            self.log_cut(&ev);
+        if cat == "cut" {
+            self.name_cut(&mut ev);
         }
         self.record(ev);
     }

@@ -1,9 +1,9 @@
 //! The user's source lines in the log. The runtime's `cut` line names the op a fusion cut was
 //! at; only the host knows which line of the user's program recorded that op. So a host tags
 //! the ops it records ([`Timeline::set_tag`]: a source id in the tag's high 32 bits) and names
-//! each id once ([`Timeline::name_source`]); while the log prints cuts, the timeline records
-//! the cut events (with the tag of the op cut at) and prints, after each cut line, a line
-//! naming its source.
+//! each id once ([`Timeline::name_source`]). A cut event (with the tag of the op cut at) then
+//! names its source: in a trace file as `args.source`, and, while the log prints cuts (the
+//! timeline then records the cut events without a file), in a line after each cut line.
 //!
 //! Off (the log does not print cuts), nothing of this runs. On, the timeline's hooks run as
 //! for a trace with no file (each event is made and dropped), and ops recorded in defer mode
@@ -40,20 +40,29 @@ impl Timeline {
             .insert(id, text.to_string());
     }
 
-    /// Prints the source line of the op a cut event was at (its `tag` argument).
-    pub(super) fn log_cut(&self, ev: &Event) {
+    /// Adds to a cut event the source line of the op it was at (the source id its `tag`
+    /// carries, as the host named it): a trace file's cut shows it as `args.source`, and the
+    /// log, when it prints cuts, prints it after the cut line.
+    pub(super) fn name_cut(&self, ev: &mut Event) {
         let id = ev.args.iter().find_map(|(k, v)| match (k, v) {
-            (&"tag", Arg::U(t)) => Some((t >> 32) as u32),
+            (&"tag", Arg::U(t)) if t >> 32 != 0 => Some((t >> 32) as u32),
             _ => None,
         });
-        let sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
-        let at = match id.filter(|&i| i != 0) {
-            Some(i) => sources
-                .get(&i)
-                .map_or("(an unnamed source)", String::as_str),
-            None => "(no source line)",
-        };
-        tracing::debug!(target: CUT_TARGET, "{} at {at}", ev.name);
+        let name = id.and_then(|i| {
+            let sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+            sources.get(&i).cloned()
+        });
+        if self.logs_cuts() {
+            let at = match (id, &name) {
+                (_, Some(n)) => n.as_str(),
+                (Some(_), None) => "(an unnamed source)",
+                (None, None) => "(no source line)",
+            };
+            tracing::debug!(target: CUT_TARGET, "{} at {at}", ev.name);
+        }
+        if let Some(n) = name {
+            ev.args.push(("source", Arg::S(n)));
+        }
     }
 }
 
@@ -108,6 +117,24 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("cut (shape) at (no source line)"), "{text}");
+    }
+
+    #[test]
+    fn a_traced_cut_carries_the_name_of_its_source() {
+        let t = Timeline::default();
+        let p = std::env::temp_dir().join(format!("dfuse-sources-{}.json", std::process::id()));
+        t.start(&p, 8).unwrap();
+        t.name_source(2, "model.py:7 in f");
+        cut(&t, Some(2 << 32));
+        cut(&t, Some(9));
+        t.stop().unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        let _ = std::fs::remove_file(p);
+        assert_eq!(
+            text.matches("\"source\":\"model.py:7 in f\"").count(),
+            1,
+            "{text}"
+        );
     }
 
     #[test]
