@@ -1,6 +1,7 @@
 // The source lines behind sync points and CPU fallbacks (see observe.h), kept in a log that
 // deferfuse_torch.explain() reads, added to a running timeline trace as marks, and printed
-// when DEFERFUSE_LOG is set.
+// when DEFERFUSE_LOG is set; and the source line of each recorded op, named to the runtime,
+// whose cut events (and, when DEFERFUSE_LOG prints cuts, cut lines) carry it.
 #include "observe.h"
 
 #include "common.h"
@@ -117,6 +118,17 @@ void note(const char* kind, const char* what) {
   }
 }
 
+// Whether the runtime's log prints fusion cuts (DEFERFUSE_LOG at debug): then every op is
+// tagged with its source line, as under explain, and each line is named to the runtime, which
+// prints it after each cut line. Asked once.
+bool log_cuts() {
+  static const bool on = [] {
+    uint32_t v = 0;
+    return dfuse_log_cuts(rt(), &v) == DFUSE_STATUS_OK && v != 0;
+  }();
+  return on;
+}
+
 void note_op_line() {
   std::vector<std::string> skip;
   {
@@ -126,14 +138,19 @@ void note_op_line() {
   // As in note(): the frames are read without holding g_mu.
   std::string where = user_line(skip);
   uint32_t id = 0;
+  bool fresh = false;
   {
     std::lock_guard<std::mutex> g(g_mu);
-    auto [it, fresh] = g_line_ids.emplace(where, uint32_t(g_line_ids.size() + 1));
+    auto [it, added] = g_line_ids.emplace(where, uint32_t(g_line_ids.size() + 1));
     id = it->second;
+    fresh = added;
     if (fresh && g_notes.size() < kMaxNotes) {
       g_notes.push_back({"line", std::to_string(id), where});
     }
   }
+  // Named before any op carries it (a trace file's and the log's cuts name it); once per
+  // line. observe_take restarts the ids, so a reused id is renamed.
+  if (fresh) check(dfuse_source_name(rt(), id, where.c_str()), "source name");
   if (id != t_line) {
     t_line = id;
     apply_tag();
@@ -189,9 +206,9 @@ void note_sync(const char* what) { note("sync", what); }
 void note_fallback(const char* name) { note("fallback", name); }
 
 void note_op() {
-  // Only explain and trace read cut lines; DEFERFUSE_LOG alone does not pay a frame walk
-  // per op.
-  if (g_on.load(std::memory_order_relaxed)) note_op_line();
+  // explain and trace read cut lines, and so does the log when it prints cuts: a frame walk
+  // per op then (a debugging mode). Otherwise one relaxed load and one bool.
+  if (g_on.load(std::memory_order_relaxed) || (g_log && log_cuts())) note_op_line();
 }
 
 void set_correlation_tag(uint32_t id) {

@@ -13,9 +13,9 @@ void note_sync(const char* what);
 // The op `name` is about to run on the CPU fallback.
 void note_fallback(const char* name);
 
-// An op is about to be recorded: while explain() or trace() runs, the runtime's tag on this
-// thread names the user's source line, so a fusion cut at this op names it in the timeline.
-// Off, one relaxed atomic load.
+// An op is about to be recorded: while explain() or trace() runs, or DEFERFUSE_LOG prints
+// fusion cuts, the runtime's tag on this thread names the user's source line, so a fusion cut
+// at this op names it in the timeline and in the log. Off, one relaxed atomic load and one bool.
 void note_op();
 
 // torch.profiler's correlation id of the op this thread is in (0: none). The runtime's tag

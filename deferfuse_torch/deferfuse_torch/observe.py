@@ -23,6 +23,12 @@ _SKIP = "\n".join([os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
                    os.path.dirname(os.path.abspath(contextlib.__file__)) + os.sep + "contextlib"])
 
 
+# Which frames are the user's is known from import on: DEFERFUSE_LOG's lines name source lines
+# without explain or trace running. A whole-run DEFERFUSE_TRACE notes them from import on, so
+# its sync points, fallbacks and cuts name their lines as trace() does.
+_ops.observe_set(bool(os.environ.get("DEFERFUSE_TRACE")), _SKIP)
+
+
 @contextlib.contextmanager
 def _noting():
     """Notes the source line of each sync point and fallback while the block runs."""
@@ -48,6 +54,8 @@ def _write_env_trace():
     written, at exit instead."""
     if not os.environ.get("DEFERFUSE_TRACE"):
         return
+    # This synchronize is the trace's own sync point, not the user's: not noted.
+    _ops.observe_set(False, _SKIP)
     try:
         _device.synchronize()
         _ops.trace_control("", 0)

@@ -137,6 +137,14 @@ def test_report_writes_one_page_with_the_timeline_regions_and_graphs(defer, tmp_
         assert "Graphviz <code>dot</code> is not installed" in page and "digraph" in page
 
 
+def test_report_without_graphviz_shows_each_graph_as_dot_source_with_a_note(monkeypatch):
+    from deferfuse_torch.report import _graph
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    html = _graph({"dot": "digraph g { a -> b }", "text": "loop"})
+    assert "Graphviz <code>dot</code> is not installed" in html, html
+    assert "apt-get install graphviz" in html and "digraph g { a -&gt; b }" in html, html
+
+
 def chromium():
     """Headless Chromium, or a skip saying how to get it (a failure where CI installs it:
     DEFERFUSE_REQUIRE_CHROMIUM=1)."""
@@ -189,10 +197,10 @@ def test_report_renders_in_headless_chromium_with_the_timeline_drawn(defer, tmp_
 
 SCRIPT = """
 import torch, deferfuse_torch
-x = torch.ones(4).to("tpu")
+x = torch.ones(4, 4).to("tpu")
 with deferfuse_torch.mode("defer"):
-    y = (x * 2).exp().sum()
-    print(y.item())
+    y = (x * 2).exp() @ x
+    print(y.sum().item())
 """
 
 
@@ -212,12 +220,61 @@ def test_DEFERFUSE_TRACE_writes_the_whole_runs_timeline_at_exit(tmp_path):
     trace = json.loads(path.read_text())
     assert [f["args"]["reason"] for f in spans(trace, "flush")] == ["host_read"]
     assert spans(trace, "run"), "the fused program ran"
+    # The source lines are noted for the whole run, as trace() notes them for its block.
+    marks = [e for e in trace["traceEvents"] if e.get("cat") == "mark"]
+    assert [m["args"]["detail"] for m in marks] == [f"{tmp_path}/user_script.py:6 in <module>"]
+    cuts = {e["name"]: e["args"] for e in trace["traceEvents"] if e.get("cat") == "cut"}
+    assert cuts["cut (unfusable)"]["source"] == f"{tmp_path}/user_script.py:5 in <module>", cuts
 
 
-def test_DEFERFUSE_LOG_names_the_source_line_of_a_sync_point(tmp_path):
-    r = run_script(tmp_path, DEFERFUSE_LOG="debug")
-    assert "deferfuse_torch: sync item at " in r.stderr
-    assert "user_script.py:6 in <module>" in r.stderr, r.stderr
+LOG_SCRIPT = """
+import torch, deferfuse_torch
+x, w = torch.randn(8, 8).to("tpu"), torch.randn(8, 8).to("tpu")
+with deferfuse_torch.mode("defer"):
+    a = x.exp()
+    b = a @ w  # CUT: a matmul is no loop op
+    print(b.relu().sum().item())  # SYNC
+    torch.special.i0(x)  # FALLBACK: no tpu kernel
+"""
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory):
+    """The stderr of LOG_SCRIPT run with DEFERFUSE_LOG at the level that prints cuts, and a
+    function giving "user_log.py:N in <module>" for the line holding a marker."""
+    import sys
+    script = tmp_path_factory.mktemp("log") / "user_log.py"
+    script.write_text(LOG_SCRIPT)
+    e = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(deferfuse_torch.__file__)),
+             DEFERFUSE_LOG="deferfuse_runtime=debug")
+    r = subprocess.run([sys.executable, str(script)], env=e, capture_output=True, text=True,
+                       timeout=300, check=True)
+    lines = LOG_SCRIPT.split("\n")
+
+    def at(marker):
+        n = next(i for i, l in enumerate(lines) if marker in l) + 1
+        return f"{script}:{n} in <module>"
+    return r.stderr.splitlines(), at
+
+
+def test_DEFERFUSE_LOG_names_the_source_line_of_a_sync_point(logged):
+    stderr, at = logged
+    assert f"deferfuse_torch: sync item at {at('SYNC')}" in stderr, stderr
+
+
+def test_DEFERFUSE_LOG_names_the_source_line_of_a_fusion_cut(logged):
+    stderr, at = logged
+    cuts = [l for l in stderr if l.endswith(f"cut (unfusable) at {at('CUT')}")]
+    assert cuts, "\n".join(stderr)
+    # It follows the runtime's own cut line, which names the op.
+    before = stderr[stderr.index(cuts[0]) - 1]
+    assert "cut op=" in before and "matmul" in before, before
+
+
+def test_DEFERFUSE_LOG_names_the_source_line_of_a_cpu_fallback(logged):
+    stderr, at = logged
+    fallbacks = [l for l in stderr if l.startswith("deferfuse_torch: fallback aten::")]
+    assert fallbacks and all(l.endswith(f" at {at('FALLBACK')}") for l in fallbacks), stderr
 
 
 def test_every_stats_counter_and_reason_is_documented_in_the_readme():

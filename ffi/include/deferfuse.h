@@ -1762,6 +1762,30 @@ DfuseStatus dfuse_profiler_capture(const struct DfuseRuntime *rt,
 DfuseStatus dfuse_profiler_tag(const struct DfuseRuntime *rt, uint64_t tag);
 
 /**
+ * Writes 1 to `*on` when the runtime's log prints fusion cuts (`DEFERFUSE_LOG` at debug for
+ * the runtime), else 0. A host backend then tags each op it records with its source
+ * (`dfuse_profiler_tag`, the source id in the high 32 bits) and names each id once
+ * (`dfuse_source_name`): the log follows each cut line with the user's source line of the op
+ * it cut at. Finding an op's source line costs the host, which pays it only when this is 1.
+ *
+ * # Safety
+ * `on` must be NULL or point to a writable `uint32_t`.
+ */
+DfuseStatus dfuse_log_cuts(const struct DfuseRuntime *rt, uint32_t *on);
+
+/**
+ * Names source id `id` (the high 32 bits of the tags `dfuse_profiler_tag` sets) with `name`,
+ * such as "train.py:12 in step": a cut at an op recorded with that id names it, as
+ * `args.source` in a trace file and in the log (see `dfuse_log_cuts`). A new name for an id
+ * replaces the old one. 0 means "no source" and cannot be named
+ * (`DFUSE_STATUS_INVALID_ARGUMENT`).
+ *
+ * # Safety
+ * `name` must be NULL or a NUL-terminated string.
+ */
+DfuseStatus dfuse_source_name(const struct DfuseRuntime *rt, uint32_t id, const char *name);
+
+/**
  * Moves up to `cap` collected runs, oldest first, into `out[0..*n]`; call again until `*n`
  * is less than `cap` to take them all.
  *

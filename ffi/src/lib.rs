@@ -64,9 +64,10 @@ pub use tensor::{
     dfuse_tensor_to_host_for_size,
 };
 pub use trace::{
-    dfuse_profiler_capture, dfuse_profiler_enable, dfuse_profiler_point, dfuse_profiler_tag,
-    dfuse_profiler_take, dfuse_trace_active, dfuse_trace_mark, dfuse_trace_start, dfuse_trace_stop,
-    DfuseProfiledRun, DFUSE_PROFILED_LABEL_LEN,
+    dfuse_log_cuts, dfuse_profiler_capture, dfuse_profiler_enable, dfuse_profiler_point,
+    dfuse_profiler_tag, dfuse_profiler_take, dfuse_source_name, dfuse_trace_active,
+    dfuse_trace_mark, dfuse_trace_start, dfuse_trace_stop, DfuseProfiledRun,
+    DFUSE_PROFILED_LABEL_LEN,
 };
 pub use types::{
     DfuseBackend, DfuseBufferState, DfuseCutReason, DfuseDtype, DfuseMode, DfuseOperand,

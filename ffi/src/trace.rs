@@ -217,6 +217,51 @@ pub unsafe extern "C" fn dfuse_profiler_tag(rt: *const DfuseRuntime, tag: u64) -
     })
 }
 
+/// Writes 1 to `*on` when the runtime's log prints fusion cuts (`DEFERFUSE_LOG` at debug for
+/// the runtime), else 0. A host backend then tags each op it records with its source
+/// (`dfuse_profiler_tag`, the source id in the high 32 bits) and names each id once
+/// (`dfuse_source_name`): the log follows each cut line with the user's source line of the op
+/// it cut at. Finding an op's source line costs the host, which pays it only when this is 1.
+///
+/// # Safety
+/// `on` must be NULL or point to a writable `uint32_t`.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_log_cuts(rt: *const DfuseRuntime, on: *mut u32) -> DfuseStatus {
+    guard("dfuse_log_cuts", || {
+        let rt = runtime(rt)?;
+        // SAFETY: the caller's contract.
+        unsafe { write_out(on, "on", rt.logs_cuts() as u32) }
+    })
+}
+
+/// Names source id `id` (the high 32 bits of the tags `dfuse_profiler_tag` sets) with `name`,
+/// such as "train.py:12 in step": a cut at an op recorded with that id names it, as
+/// `args.source` in a trace file and in the log (see `dfuse_log_cuts`). A new name for an id
+/// replaces the old one. 0 means "no source" and cannot be named
+/// (`DFUSE_STATUS_INVALID_ARGUMENT`).
+///
+/// # Safety
+/// `name` must be NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_source_name(
+    rt: *const DfuseRuntime,
+    id: u32,
+    name: *const c_char,
+) -> DfuseStatus {
+    guard("dfuse_source_name", || {
+        let rt = runtime(rt)?;
+        if id == 0 {
+            return Err(invalid(
+                "id = 0: source id 0 means no source; name ids from 1".to_string(),
+            ));
+        }
+        // SAFETY: the caller's contract.
+        let name = unsafe { text(name, "name") }?;
+        rt.name_source(id, name);
+        Ok(())
+    })
+}
+
 /// Moves up to `cap` collected runs, oldest first, into `out[0..*n]`; call again until `*n`
 /// is less than `cap` to take them all.
 ///
@@ -283,6 +328,32 @@ mod tests {
         unsafe { CStr::from_ptr(last_error_ptr()) }
             .to_string_lossy()
             .into_owned()
+    }
+
+    #[test]
+    fn a_source_name_needs_an_id_from_1_and_a_name() {
+        let rt = runtime();
+        let mut on = 9u32;
+        // SAFETY: live runtime, valid strings and out-pointers.
+        unsafe {
+            assert_eq!(dfuse_log_cuts(rt, &mut on), DfuseStatus::Ok);
+            assert!(on <= 1, "{on}");
+            assert_eq!(
+                dfuse_source_name(rt, 1, c"train.py:3".as_ptr()),
+                DfuseStatus::Ok
+            );
+            assert_eq!(
+                dfuse_source_name(rt, 0, c"train.py:3".as_ptr()),
+                DfuseStatus::InvalidArgument
+            );
+            assert!(last_error().contains("id = 0"), "{}", last_error());
+            assert_eq!(
+                dfuse_source_name(rt, 2, ptr::null()),
+                DfuseStatus::InvalidArgument
+            );
+            assert!(last_error().contains("name is NULL"), "{}", last_error());
+            dfuse_runtime_destroy(rt);
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! prints the runtime's logs (flushes, cuts and their reasons, with the op that triggered
 //! them) to stderr. A host that installed its own `tracing` subscriber keeps it.
 
+use std::io::IsTerminal;
 use std::sync::Once;
 
 static INIT: Once = Once::new();
@@ -13,6 +14,8 @@ pub fn init_from_env() {
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
                 .with_writer(std::io::stderr)
+                // Colour codes only for a person at a terminal, not in a file or a pipe.
+                .with_ansi(std::io::stderr().is_terminal())
                 .try_init();
         }
     });

@@ -89,6 +89,7 @@ impl Runtime {
         host.set_live_limit(resolve_memory_limit(&config)?);
         let trace_events = resolve_trace_events(&config)?;
         let timeline = Arc::new(Timeline::default());
+        timeline.log_cuts_if_enabled();
         if let Some(path) = resolve_trace(&config) {
             timeline.start(&path, trace_events).map_err(|e| {
                 Error::Config(format!(
@@ -627,7 +628,7 @@ impl Drop for Runtime {
         // Other threads' entries stay (a few bytes each): ids are never reused.
         mode::forget(self.id);
         // A trace started by DEFERFUSE_TRACE (or never stopped) is written now.
-        if self.timeline.on() {
+        if self.timeline.tracing() {
             if let Err(e) = self.timeline.stop() {
                 tracing::warn!(error = %e, "could not write the timeline");
             }

@@ -111,3 +111,48 @@ impl Counters {
         self.sync_points[r as usize].fetch_add(1, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The field names in (part of) a struct's `Debug` print: the words ending with ':'.
+    fn field_names(s: &str) -> Vec<&str> {
+        s.split_whitespace()
+            .filter_map(|t| t.strip_suffix(':'))
+            .collect()
+    }
+
+    #[test]
+    fn every_counter_is_documented_in_the_readmes_counters_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
+        let readme = std::fs::read_to_string(path).unwrap();
+        let table = readme
+            .split("**The counters.**")
+            .nth(1)
+            .and_then(|t| t.split("\n## ").next())
+            .expect("README has a counters table");
+        let text = format!("{:?}", Stats::default());
+        let (own, backend) = text
+            .split_once("backend: BackendCounters {")
+            .expect("Stats prints its backend counters");
+        let mut names: Vec<String> = field_names(own)
+            .into_iter()
+            .map(|n| match n {
+                "cuts" | "sync_points" => format!("`{n}[reason]`"),
+                _ => format!("`{n}`"),
+            })
+            .collect();
+        names.extend(
+            field_names(backend)
+                .iter()
+                .map(|n| format!("`backend.{n}`")),
+        );
+        assert!(names.len() > 20, "{names:?}");
+        let missing: Vec<&String> = names.iter().filter(|n| !table.contains(*n)).collect();
+        assert!(
+            missing.is_empty(),
+            "README's counters table does not name {missing:?}"
+        );
+    }
+}

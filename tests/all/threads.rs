@@ -173,8 +173,8 @@ fn in_place_updates_equal_one_thread() {
 }
 
 /// Ten parameters of different shapes, each updated in place as an optimizer does: ten
-/// independent regions in one flush.
-fn optimizer_step(rt: &Runtime) -> Vec<Handle> {
+/// independent regions in one flush (the timeline suite draws them on its worker tracks).
+pub(crate) fn optimizer_step(rt: &Runtime) -> Vec<Handle> {
     let mut params = vec![];
     for k in 0..10 {
         let n = 100 + 997 * k;

@@ -116,6 +116,11 @@ fn a_training_step_traces_its_flushes_plan_lookups_compiles_and_runs() {
         .collect();
     assert_eq!(reasons, ["host_read", "synchronize"]);
     assert_eq!(flushes[0]["args"]["ops"], 4, "matmul, sub, mul, mean");
+    assert!(
+        flushes[0]["args"]["steps"].as_u64().unwrap() >= 1,
+        "{}",
+        flushes[0]
+    );
     assert_eq!(spans(&v, "plan").len(), 2);
     let compiles = spans(&v, "compile");
     assert!(!compiles.is_empty(), "a first step compiles");
@@ -138,6 +143,57 @@ fn a_training_step_traces_its_flushes_plan_lookups_compiles_and_runs() {
     assert!(spans(&v, "copy")
         .iter()
         .any(|c| c["name"] == "copy to host" && c["args"]["bytes"] == 4));
+    assert!(
+        spans(&v, "wait").iter().any(|w| w["name"] == "synchronize"),
+        "the step's synchronize waits for its stream"
+    );
+}
+
+#[test]
+fn programs_run_side_by_side_are_drawn_on_one_track_per_cpu_worker() {
+    let path = tmp("workers");
+    let r = Runtime::new(Config {
+        mode: Some(Mode::Defer),
+        num_threads: 2,
+        ..Default::default()
+    })
+    .unwrap();
+    r.trace_start(&path, 0).unwrap();
+    let params = crate::threads::optimizer_step(&r);
+    r.synchronize(0).unwrap();
+    r.trace_stop().unwrap();
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(path);
+    let events = v["traceEvents"].as_array().unwrap();
+    let workers: Vec<u64> = events
+        .iter()
+        .filter(|e| {
+            e["name"] == "thread_name"
+                && e["args"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("cpu worker "))
+        })
+        .map(|e| e["tid"].as_u64().unwrap())
+        .collect();
+    assert!(!workers.is_empty(), "a named track per CPU worker");
+    let runs = spans(&v, "run");
+    let on_workers: Vec<&&Value> = runs
+        .iter()
+        .filter(|r| workers.contains(&r["tid"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        on_workers.len(),
+        params.len(),
+        "each update ran on a worker"
+    );
+    assert!(on_workers.iter().all(|r| r["args"]["threads"] == 1));
+    assert!(
+        !spans(&v, "wave").is_empty(),
+        "the wave is drawn on the stream's track"
+    );
+    for p in params {
+        r.release(p).unwrap();
+    }
 }
 
 #[test]

@@ -166,6 +166,8 @@ static void every_call_rejects_runtime(DfuseRuntime *rt, DfuseStatus want, uint6
     DfuseProfiledRun runs[2];
     MISUSE(want, dfuse_profiler_capture(rt, 16, &dr));
     MISUSE(want, dfuse_profiler_tag(rt, 7));
+    MISUSE(want, dfuse_log_cuts(rt, &u));
+    MISUSE(want, dfuse_source_name(rt, 1, "train.py:3 in step"));
     MISUSE(want, dfuse_profiler_take(rt, runs, 2, &ev));
     double ms = 0;
     DfuseMemoryInfo mem;
@@ -250,6 +252,9 @@ static void null_and_misaligned_pointers(DfuseRuntime *rt) {
     MISUSE(INVALID_ARGUMENT, dfuse_trace_mark(rt, 0, "mark", NULL));
     MISUSE(INVALID_HANDLE, dfuse_trace_mark(rt, 12345, "mark", "detail"));
     MISUSE(INVALID_ARGUMENT, dfuse_profiler_enable(rt, 2));
+    MISUSE(INVALID_ARGUMENT, dfuse_log_cuts(rt, NULL));
+    MISUSE(INVALID_ARGUMENT, dfuse_source_name(rt, 0, "train.py:3 in step")); /* 0: no source */
+    MISUSE(INVALID_ARGUMENT, dfuse_source_name(rt, 1, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_profiler_point(rt, NULL));
     DfuseProfiledRun taken[2];
     uint64_t n_taken = 0;

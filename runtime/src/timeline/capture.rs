@@ -55,7 +55,7 @@ impl Timeline {
     /// Whether a run must describe itself (its label): a trace or a capture wants it.
     #[inline(always)]
     pub fn describes(&self) -> bool {
-        self.on() || self.capturing()
+        self.tracing() || self.capturing()
     }
 
     /// Starts collecting runs, keeping at most `max_runs` (the oldest dropped beyond); runs

@@ -27,7 +27,7 @@ impl Runtime {
 
     /// Whether a trace is running.
     pub fn tracing(&self) -> bool {
-        self.timeline.on()
+        self.timeline.tracing()
     }
 
     /// Adds an instant event a host backend knows about (a sync point's source line, an op
@@ -36,7 +36,7 @@ impl Runtime {
         // The stream is checked either way: a bad handle is an error whether or not a trace
         // runs.
         let s = self.stream(stream)?;
-        if !self.timeline.on() {
+        if !self.timeline.tracing() {
             return Ok(());
         }
         self.timeline.instant(
@@ -81,6 +81,19 @@ impl Runtime {
     /// Removes and returns up to `max` collected runs, oldest first.
     pub fn profiler_take(&self, max: usize) -> Vec<CapturedRun> {
         self.timeline.capture_take(max)
+    }
+
+    /// Whether the log prints fusion cuts (`DEFERFUSE_LOG` at debug): a host backend then
+    /// tags each op it records with its source ([`Runtime::profiler_tag`], the source id in the
+    /// high 32 bits) and names each source id ([`Runtime::name_source`]), so that each cut line
+    /// is followed by the user's source line of the op it cut at.
+    pub fn logs_cuts(&self) -> bool {
+        self.timeline.logs_cuts()
+    }
+
+    /// Names source id `id` (the high 32 bits of a host's tag) for the log's cut lines.
+    pub fn name_source(&self, id: u32, text: &str) {
+        self.timeline.name_source(id, text)
     }
 
     /// Sets the calling thread's tag, carried by the runs prepared on it from now on: a

@@ -4,16 +4,19 @@
 //!
 //! Off, it costs one relaxed atomic load per hook ([`Timeline::on`]); the record path of an op
 //! has no hook at all. On, events go to a ring buffer of a fixed number of events, so a long
-//! run holds bounded memory: the oldest events are dropped, and the file says how many.
+//! run holds bounded memory: the oldest events are dropped, and the file says how many. The
+//! log can read the same events (sources.rs): while it prints fusion cuts, each cut event
+//! also prints the source line of the op it cut at.
 
 mod capture;
 mod control;
 mod json;
 mod label;
+mod sources;
 
 use crate::error::{Error, Result};
 use deferfuse_fusion::{Binding, Region};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
@@ -98,21 +101,25 @@ pub struct TraceSummary {
 }
 
 /// `Timeline::state` bits: a trace runs; program run time is summed for a profiler; program
-/// runs are collected for a profiler (capture.rs).
+/// runs are collected for a profiler (capture.rs); the log prints each cut's source line
+/// (sources.rs).
 const TRACING: u8 = 1;
 const PROFILING: u8 = 2;
 const CAPTURING: u8 = 4;
+const LOGGING: u8 = 8;
 
 /// The runtime's timeline recorder, and the device-time clock torch.profiler reads.
 pub struct Timeline {
-    /// [`TRACING`] | [`PROFILING`] | [`CAPTURING`]: one byte, so a hook's "anything to do?"
-    /// is one load.
+    /// [`TRACING`] | [`PROFILING`] | [`CAPTURING`] | [`LOGGING`]: one byte, so a hook's
+    /// "anything to do?" is one load.
     state: AtomicU8,
     /// Nanoseconds programs ran, summed while [`PROFILING`] (see [`Timeline::busy_ns`]).
     busy: AtomicU64,
     session: Mutex<Option<Session>>,
     /// The runs collected for a profiler while [`CAPTURING`].
     capture: Mutex<Option<capture::Capture>>,
+    /// The host's names of the source ids its tags carry (sources.rs).
+    sources: Mutex<HashMap<u32, String>>,
     epoch: Instant,
 }
 
@@ -130,23 +137,31 @@ impl Default for Timeline {
             busy: AtomicU64::new(0),
             session: Mutex::new(None),
             capture: Mutex::new(None),
+            sources: Mutex::new(HashMap::new()),
             epoch: Instant::now(),
         }
     }
 }
 
 impl Timeline {
-    /// Whether a trace is running: the one check every hook makes (a relaxed load).
+    /// Whether events are recorded (a trace runs, or the log prints cuts with their source
+    /// lines): the one check every hook makes (a relaxed load).
     #[inline(always)]
     pub fn on(&self) -> bool {
+        self.state.load(Ordering::Relaxed) & (TRACING | LOGGING) != 0
+    }
+
+    /// Whether a trace is running (a file will be written); the log alone does not count.
+    #[inline(always)]
+    pub fn tracing(&self) -> bool {
         self.state.load(Ordering::Relaxed) & TRACING != 0
     }
 
     /// Whether program runs are timed (a trace runs, or a profiler reads device time): the
-    /// one check a prepared step makes.
+    /// one check a prepared step makes. The log reads no run, so it does not time them.
     #[inline(always)]
     pub fn timing(&self) -> bool {
-        self.state.load(Ordering::Relaxed) != 0
+        self.state.load(Ordering::Relaxed) & !LOGGING != 0
     }
 
     /// Starts or stops summing program run time for [`Timeline::busy_ns`].
@@ -271,7 +286,7 @@ impl Timeline {
         });
     }
 
-    /// An instant event now.
+    /// An instant event now (a cut event also names its source, see sources.rs).
     pub fn instant(
         &self,
         track: Track,
@@ -280,14 +295,18 @@ impl Timeline {
         args: Vec<(&'static str, Arg)>,
     ) {
         let now = self.now();
-        self.record(Event {
+        let mut ev = Event {
             name: name.into(),
             cat,
             track,
             start_ns: now,
             dur_ns: None,
             args,
-        });
+        };
+        if cat == "cut" {
+            self.name_cut(&mut ev);
+        }
+        self.record(ev);
     }
 
     /// Notes a region that ran in this trace (its label, text and graph go into the file once
@@ -348,7 +367,7 @@ impl RunTrace {
         if state & CAPTURING != 0 {
             tl.capture_run(self.stream, self.tag, &self.label, track, start_ns, end);
         }
-        if !tl.on() {
+        if !tl.tracing() {
             return;
         }
         let threads = if matches!(track, Track::Worker(_)) {
