@@ -147,6 +147,12 @@ mod tests {
         }
     }
 
+    /// Adds `checks` to `c` (as the trait objects values carry).
+    fn carry(c: &Carried, checks: &[&Arc<Fixed>]) {
+        let v: Vec<Arc<dyn DeviceCheck>> = checks.iter().map(|&x| x.clone() as _).collect();
+        c.add(&v);
+    }
+
     fn check(error: Option<&'static str>) -> Arc<Fixed> {
         Arc::new(Fixed {
             error,
@@ -158,8 +164,8 @@ mod tests {
     fn the_first_failed_check_to_reach_a_value_is_its_error() {
         let c = Carried::default();
         let (ok, a, b) = (check(None), check(Some("a")), check(Some("b")));
-        c.add(&[ok.clone(), a.clone()]);
-        c.add(&[b.clone(), a.clone()]);
+        carry(&c, &[&ok, &a]);
+        carry(&c, &[&b, &a]);
         let e = c.resolve().unwrap().expect("a check failed");
         assert_eq!(e.to_string(), "a");
         assert!(!c.any(), "resolved checks are no longer carried");
@@ -175,13 +181,13 @@ mod tests {
         let c = Carried::default();
         let (unread, bad) = (check(Some("first")), check(Some("second")));
         bad.outcome().unwrap();
-        c.add(&[bad.clone()]);
+        carry(&c, &[&bad]);
         assert_eq!(
             c.known_failure().map(|e| e.to_string()).as_deref(),
             Some("second")
         );
         let c = Carried::default();
-        c.add(&[unread.clone(), bad.clone()]);
+        carry(&c, &[&unread, &bad]);
         assert!(c.known_failure().is_none(), "the unread one may fail first");
         assert_eq!(unread.reads.load(Ordering::Relaxed), 0, "nothing was read");
     }
@@ -190,9 +196,9 @@ mod tests {
     fn checks_known_to_have_passed_stop_travelling() {
         let c = Carried::default();
         let ok = check(None);
-        c.add(&[ok.clone()]);
+        carry(&c, &[&ok]);
         assert_eq!(c.resolve().unwrap().map(|e| e.to_string()), None);
-        c.add(&[ok.clone()]);
+        carry(&c, &[&ok]);
         assert!(!c.any() && c.snapshot().is_empty());
     }
 }
