@@ -16,6 +16,7 @@
 
 use crate::alloc::{HostAllocator, Storage};
 use crate::backend::DeviceValue;
+use crate::checks::{Carried, DeviceCheck};
 use crate::error::{Error, Result};
 use crate::stream::Progress;
 use deferfuse_fusion::BufferId;
@@ -87,6 +88,8 @@ pub struct Buffer {
     /// Whether `resident` may be `Some`: a lock-free answer for the common case of a buffer
     /// that only lives on the host (every operand of every CPU launch asks).
     has_resident: AtomicBool,
+    /// Device checks the value depends on that nobody has read yet (see `checks`).
+    checks: Carried,
 }
 
 impl Buffer {
@@ -105,6 +108,7 @@ impl Buffer {
             failed: AtomicBool::new(false),
             resident: Mutex::new(None),
             has_resident: AtomicBool::new(false),
+            checks: Carried::default(),
         }
     }
 
@@ -120,6 +124,7 @@ impl Buffer {
         *self.failed.get_mut() = false;
         *self.resident.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
         *self.has_resident.get_mut() = false;
+        self.checks.clear();
     }
 
     /// Records that a write to this buffer was lost because its flush failed with `e`.
@@ -145,6 +150,38 @@ impl Buffer {
             Some(e) => Err(e.clone()),
             None => Ok(()),
         }
+    }
+
+    /// Makes the value depend on `checks` too (it was computed from their program's results),
+    /// until a sync point reads them (see `checks`).
+    pub fn carry_checks(&self, checks: &[Arc<dyn DeviceCheck>]) {
+        self.checks.add(checks);
+    }
+
+    /// The unread device checks the value depends on, for what is computed from it.
+    pub fn carried_checks(&self) -> Vec<Arc<dyn DeviceCheck>> {
+        self.checks.snapshot()
+    }
+
+    /// [`Buffer::failure`], after reading the device checks the value depends on: a failed
+    /// one fails the buffer with its error, as if it had failed at its launch. For sync points
+    /// and host routines; an op being recorded asks [`Buffer::failure`], which never waits
+    /// for the device.
+    pub fn resolve_checks(&self) -> Result<()> {
+        if let Some(e) = self.checks.resolve()? {
+            self.fail(&e);
+        }
+        self.failure()
+    }
+
+    /// [`Buffer::failure`], or the error of a device check the value depends on that was read
+    /// already (a stream synchronize reads them): what an op recorded on the value reports,
+    /// without waiting for the device.
+    pub fn known_failure(&self) -> Result<()> {
+        if let Some(e) = self.checks.known_failure() {
+            self.fail(&e);
+        }
+        self.failure()
     }
 
     /// The storage, allocating it zero-filled on first use (a tensor never written reads as

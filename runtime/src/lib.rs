@@ -10,6 +10,7 @@
 pub mod alloc;
 pub mod backend;
 pub mod buffer;
+pub mod checks;
 pub mod config;
 mod dump;
 pub mod error;

@@ -175,8 +175,9 @@ impl Runtime {
             }
             e => e,
         })?;
-        // Its value was lost to a failed flush: computing from it would use stale memory.
-        t.buffer.failure()?;
+        // Its value was lost to a failed flush (or a device check it depends on failed, as a
+        // synchronize found): computing from it would use stale memory.
+        t.buffer.known_failure()?;
         Ok(t)
     }
 

@@ -233,15 +233,18 @@ impl Runtime {
     }
 
     /// Waits for everything launched on `s` (a span on its host track while tracing).
+    /// The backend's device checks are read here too (a synchronize is a sync point).
     fn wait_stream(&self, s: &Stream) -> Result<()> {
         if !self.timeline.on() {
-            return s.synchronize();
+            s.synchronize()?;
+            return self.exec.backend.read_device_checks();
         }
         let t0 = self.timeline.now();
         let r = s.synchronize();
         self.timeline
             .span(Track::StreamHost(s.id), "wait", "synchronize", t0, vec![]);
-        r
+        r?;
+        self.exec.backend.read_device_checks()
     }
 
     /// True once everything issued to the stream has completed; pending deferred work is
@@ -309,10 +312,11 @@ impl Runtime {
             .is_none_or(|p| p.progress.completed() >= p.seq))
     }
 
-    /// Blocks the host until the event's point is reached.
+    /// Blocks the host until the event's point is reached; a sync point, so the backend's
+    /// device checks are read too (see `checks`).
     pub fn synchronize_event(&self, e: Handle) -> Result<()> {
         self.events.get(e)?.wait();
-        Ok(())
+        self.exec.backend.read_device_checks()
     }
 
     /// Milliseconds between two recorded timing events' points, waiting for both.
@@ -433,7 +437,7 @@ impl Runtime {
     /// later unrelated sync point does not report it again.
     pub(crate) fn wait_written(&self, buffer: &Buffer, reason: SyncReason) -> Result<bool> {
         let Some(w) = buffer.writer() else {
-            buffer.failure()?;
+            buffer.resolve_checks()?;
             return Ok(false);
         };
         let mut flushed = false;
@@ -456,8 +460,9 @@ impl Runtime {
             }
         }
         // The flush run above may have failed before launching this buffer's writer, or the
-        // writer failed in an earlier sync point's wait.
-        buffer.failure()?;
+        // writer failed in an earlier sync point's wait, or a device check the value depends
+        // on failed (read here, the sync point, not after its launch).
+        buffer.resolve_checks()?;
         Ok(flushed)
     }
 

@@ -69,6 +69,15 @@ impl Job {
     }
 
     fn run_untraced(&self) -> Result<()> {
+        // Unread device checks pass on to what is computed from their values, ahead of any
+        // the program adds itself (see `checks`).
+        let carried: Vec<_> = self.bufs[..self.binding.n_inputs]
+            .iter()
+            .flat_map(|b| b.carried_checks())
+            .collect();
+        for b in self.outputs() {
+            b.carry_checks(&carried);
+        }
         // An input whose producer failed at run time (an index out of bounds) holds no value:
         // its failure passes on to what this job would have computed from it.
         let r = match self.bufs[..self.binding.n_inputs]

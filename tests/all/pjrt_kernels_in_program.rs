@@ -296,3 +296,60 @@ fn a_bad_scatter_index_fails_with_the_cpu_backends_error() {
         );
     }
 }
+
+/// Launches what is recorded and polls until it ran: the programs run, but no sync point
+/// reads anything.
+fn run_unread(rt: &Runtime) {
+    while !rt.query_stream(0).expect("query") {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_programs_bounds_check_is_read_at_the_sync_point_that_needs_it_not_after_its_launch() {
+    let Some(p) = plugin() else { return };
+    let rt = runtime(BackendKind::Pjrt, Some(p));
+    let x = tensor(&rt, DType::F32, &[2, 5], &[1.0; 10]);
+    let idx = tensor(&rt, DType::I64, &[2, 1], &[0.0, 4.0]);
+    let loss = sum_all(
+        &rt,
+        op(&rt, gather(1), &[t(mul(&rt, t(x), f(2.0))), t(idx)]),
+    );
+    let downloads = || rt.stats().backend.device_downloads;
+    let before = downloads();
+    run_unread(&rt);
+    assert_eq!(downloads(), before, "the program ran and nothing came back");
+    assert_eq!(read_f32(&rt, loss).unwrap(), [4.0]);
+    assert_eq!(
+        downloads() - before,
+        2,
+        "the check and the value, at the read"
+    );
+}
+
+#[test]
+fn a_value_computed_from_a_bad_index_before_a_sync_point_read_it_fails_where_it_is_read() {
+    let Some(p) = plugin() else { return };
+    let rt = runtime(BackendKind::Pjrt, Some(p));
+    let (g, _) = step_with_index(&rt, 0.0);
+    run_unread(&rt);
+    // Recorded before any sync point read the check: it runs in a second program, and its
+    // value carries the gather's error (the CPU backend refuses the op itself, its gather
+    // having raised at launch; see the next test for what a sync point changes).
+    let later = mul(&rt, t(g), f(2.0));
+    let msg = "gather: index 9 is out of bounds for dim 1 with size 5";
+    assert_index_error(&read_f32(&rt, later).unwrap_err(), msg);
+}
+
+#[test]
+fn after_a_synchronize_an_op_on_a_value_from_a_bad_index_is_refused_as_on_the_cpu_backend() {
+    let Some(rts) = both() else { return };
+    for rt in &rts {
+        let (g, _) = step_with_index(rt, 0.0);
+        rt.synchronize(0)
+            .expect("the failure is carried, not raised");
+        let e = rt.op(0, Op::Binary(BinaryOp::Mul), &[t(g), f(2.0)], None);
+        let msg = "gather: index 9 is out of bounds for dim 1 with size 5";
+        assert_index_error(&e.unwrap_err(), msg);
+    }
+}

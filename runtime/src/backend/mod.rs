@@ -101,10 +101,15 @@ pub trait HostProgram: Send + Sync {
 }
 
 impl<T: HostProgram> Program for T {
-    /// Writes back any newer device copy of every operand first and drops the device copies
-    /// of the outputs (the host now holds their value); this costs nothing when no buffer has
-    /// a device copy.
+    /// Reads the device checks the inputs depend on (`checks`), writes back any newer device
+    /// copy of every operand first and drops the device copies of the outputs (the host now
+    /// holds their value); this costs nothing when no buffer has a device copy.
     unsafe fn run(&self, binding: &Binding, bufs: &[Arc<Buffer>]) -> Result<()> {
+        // A routine on host bytes may raise on values computed from a bad index (an index
+        // gathered through it); the bad index's own error comes first, as at its launch.
+        for b in &bufs[..binding.n_inputs] {
+            b.resolve_checks()?;
+        }
         for b in bufs {
             b.host_coherent()?;
         }
@@ -153,6 +158,13 @@ pub trait Backend: Send + Sync {
     /// ([`BackendCounters::shape_compiles`]) as `programs_compiled` and `compile_ns`.
     fn compiles_on_first_run(&self) -> bool {
         false
+    }
+
+    /// Reads the device checks of every program that ran (`crate::checks`), at a stream
+    /// synchronize: an op recorded afterwards on a value computed from a bad index is then
+    /// refused at record time. Backends whose programs raise at launch have none.
+    fn read_device_checks(&self) -> Result<()> {
+        Ok(())
     }
 
     /// Counters beyond the program cache's. Backends whose programs serve every shape and

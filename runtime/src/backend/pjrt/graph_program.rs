@@ -8,12 +8,11 @@
 //! donated to the program that updates them (see `graph`), and the results become the buffers'
 //! device copies. f16, bf16, u8 and bool buffers go through the host, as in one-region programs.
 
-use super::client::{DeviceBuffer, Executable};
+use super::client::Executable;
 use super::graph::{self, Layout, ScalarKind};
-use super::graph_kernel::{Check, CHECK_WORDS};
+use super::launch_checks::LaunchChecks;
 use super::resident::{self, DeviceArray};
 use super::{compile, stage, Arg, Shared};
-use crate::backend::host_kernels::out_of_bounds;
 use crate::backend::Program;
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
@@ -113,27 +112,6 @@ impl GraphProgram {
         Ok(c)
     }
 
-    /// Per bounds check, the host routine's error when it failed (read from the module's
-    /// check result); empty when none failed.
-    fn failed_checks(&self, checks: &[Check], flags: &DeviceBuffer) -> Result<Vec<Option<Error>>> {
-        let mut bytes = vec![0u8; checks.len() * CHECK_WORDS * 8];
-        flags.download(&mut bytes)?;
-        self.shared
-            .counters
-            .downloads
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let word =
-            |i: usize| i64::from_ne_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        Ok(checks
-            .iter()
-            .enumerate()
-            .map(|(k, c)| {
-                (word(k * CHECK_WORDS) != 0)
-                    .then(|| out_of_bounds(c.op, word(k * CHECK_WORDS + 1), c.dim, c.size))
-            })
-            .collect())
-    }
-
     /// The packed scalar arrays of one launch (see `graph::Layout::scalars`).
     fn scalar_args(&self, c: &Compiled, b: &Binding) -> Result<Vec<Arg>> {
         c.layout
@@ -190,24 +168,28 @@ impl Program for GraphProgram {
                 c.layout.checks.len()
             )));
         }
-        let failed = match has_checks {
+        // The checks stay on the device until a sync point reads them (`launch_checks`); each
+        // output carries those its values flow from, so every later use of a value computed
+        // from a bad index reports the check's error, and the other outputs keep theirs.
+        let counters = &self.shared.counters;
+        let launch = match has_checks {
             true => {
                 let flags = outs.pop().expect("the checks are the last result");
-                self.failed_checks(&c.layout.checks, &flags)?
+                let checks = c.layout.checks.clone();
+                let launch = Arc::new(LaunchChecks::new(checks, flags, counters.clone()));
+                self.shared.unread_checks.add(&launch);
+                Some(launch)
             }
-            false => Vec::new(),
+            false => None,
         };
-        let counters = &self.shared.counters;
         for (k, (out, &j)) in outs.into_iter().zip(&c.layout.outputs).enumerate() {
             let b = &bufs[j];
-            // A value computed from a bad index is never read: every later use of the buffer
-            // reports the check's error (the executor's rule for a failed program). The
-            // result is stored even so: donation consumed the old device copy.
-            let bad = c.layout.output_checks[k]
-                .iter()
-                .find_map(|&x| failed.get(x).cloned().flatten());
-            if let Some(e) = bad {
-                b.fail(&e);
+            if let Some(launch) = &launch {
+                let carried: Vec<_> = c.layout.output_checks[k]
+                    .iter()
+                    .map(|&x| launch.check(x))
+                    .collect();
+                b.carry_checks(&carried);
             }
             let d = binding.operands[j].dtype;
             let staging = flat(j);

@@ -27,6 +27,7 @@ mod graph_kernel;
 mod graph_program;
 mod hlo;
 mod identity;
+mod launch_checks;
 mod ops;
 mod process;
 mod resident;
@@ -87,6 +88,8 @@ struct Shared {
     disk: Option<Disk>,
     counters: Arc<PjrtCounters>,
     relayouts: resident::Relayouts,
+    /// Launches whose bounds checks no sync point has read yet.
+    unread_checks: launch_checks::Unread,
 }
 
 fn open_disk(plugin: &Path, client: &Client) -> Result<Option<Disk>> {
@@ -189,6 +192,7 @@ impl PjrtBackend {
                 disk,
                 counters: Arc::default(),
                 relayouts: Default::default(),
+                unread_checks: Default::default(),
             }),
         })
     }
@@ -237,6 +241,10 @@ impl Backend for PjrtBackend {
 
     fn compiles_on_first_run(&self) -> bool {
         true
+    }
+
+    fn read_device_checks(&self) -> Result<()> {
+        self.shared.unread_checks.read_all()
     }
 
     fn counters(&self) -> BackendCounters {
