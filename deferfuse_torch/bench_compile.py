@@ -10,10 +10,12 @@
 
 2. What replaying a compiled graph costs beyond its programs: a graph of --ops elementwise
    ops on a 16-element tensor (so the programs' own work is negligible), called over and
-   over. Shown: the whole call (the call, then torch.tpu.synchronize()), its two halves (the
-   Python call, in which Dynamo's guards, AOTAutograd's wrapper and the FX graph's Python
-   dispatch each op to the device, which records it; then the synchronize, which flushes:
-   plan-cache lookup and the programs), and the same ops run eagerly in defer mode.
+   over. Shown: the whole call (the call, then torch.tpu.synchronize()) and its two halves:
+   the Python call (Dynamo's guards, AOTAutograd's wrapper and the captured graph's launch,
+   which queues its programs on the stream) and the synchronize (the programs running, and
+   the wait for them); then the runtime's launch alone (torch.ops.deferfuse.graph_launch on a
+   graph captured by hand: no Dynamo, no AOTAutograd), and the same ops run eagerly in defer
+   mode (each op dispatched from Python and recorded, then a flush with a plan-cache hit).
 
 Usage: python bench_compile.py [--models mlp,mlp_small,nanogpt] [--steps N] [--warmup N]
                                [--threads N] [--ops N] [--calls N] [--no-train]"""
@@ -132,12 +134,26 @@ def chain(n_ops):
     return f
 
 
+def captured_launch(f, x):
+    """f's ops on x captured as a runtime graph by hand: a function launching it on its
+    input (what a compiled call does below Dynamo and AOTAutograd)."""
+    ops = torch.ops.deferfuse
+    with deferfuse_torch.mode("defer"):
+        ops.graph_capture_begin()
+        y = f(x)
+        graph, why = ops.graph_capture_end([x], [y])
+    assert graph != 0, why
+    return lambda x: ops.graph_launch(graph, [x])[0]
+
+
 def bench_replay(args):
     f = chain(args.ops)
     compiled = torch.compile(f, backend="tpu")
     x = torch.randn(16).to("tpu")
+    launch = captured_launch(f, x)
     results = {}
     for label, fn, mode in [("compiled (caller strict)", compiled, "strict"),
+                            ("graph_launch alone", launch, "strict"),
                             ("eager defer", f, "defer")]:
         with deferfuse_torch.mode(mode):
             for _ in range(5):

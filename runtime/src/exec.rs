@@ -16,7 +16,8 @@ use crate::wave::{Job, Wave};
 use deferfuse_cache::{fingerprint, Fingerprint, ProgramCache};
 use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::plan::PlanOptions;
-use deferfuse_fusion::{BufferId, Node, Step};
+use deferfuse_fusion::region::KeyMemo;
+use deferfuse_fusion::{Binding, BufferId, Node, Region, Step};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -78,14 +79,14 @@ impl Executor {
         }
         let nodes = pending.trace.take();
         let tags = std::mem::take(&mut pending.tags);
+        if let Some(c) = &mut pending.capture {
+            // The trace runs now, so the capture would miss its first ops.
+            c.break_with(format!("a sync point ({}) ran the trace", reason.name()));
+        }
         let mut buffers = std::mem::take(&mut pending.buffers);
         pending.bytes = 0;
         self.counters.sync(reason);
-        let opts = PlanOptions {
-            fuse: true,
-            max_ops_per_region: self.max_ops_per_region,
-            capabilities: self.backend.capabilities(),
-        };
+        let opts = self.plan_options();
         // The key was built as the nodes were recorded: only liveness is added here.
         let t0 = self.timeline.on().then(|| self.timeline.now());
         let hash = buffers.finish_key();
@@ -170,6 +171,15 @@ impl Executor {
         result.map(|()| true)
     }
 
+    /// How this runtime's flushes (and graph captures) are planned.
+    pub(crate) fn plan_options(&self) -> PlanOptions {
+        PlanOptions {
+            fuse: true,
+            max_ops_per_region: self.max_ops_per_region,
+            capabilities: self.backend.capabilities(),
+        }
+    }
+
     /// Runs one node now (strict and debug modes).
     pub(crate) fn run_now(
         &self,
@@ -213,7 +223,12 @@ impl Executor {
             Vec::new()
         };
         let mut launched = 0;
-        let r = self.launch_each(stream, steps, buffers, mode, inline, &mut launched);
+        // A deferred flush's independent steps run side by side where the backend can.
+        let side_by_side = mode == Mode::Defer && steps.len() > 1;
+        let jobs = steps
+            .into_iter()
+            .map(|step| self.prepare(step, buffers, mode, stream.id));
+        let r = self.launch_each(stream, jobs, side_by_side, inline, &mut launched);
         if let (Err(e), Mode::Defer) = (&r, mode) {
             for id in outputs[launched..].iter().flatten() {
                 if let Some(b) = buffers.find(*id) {
@@ -224,23 +239,24 @@ impl Executor {
         r
     }
 
-    fn launch_each(
+    /// Launches `jobs` in order, consecutive independent ones as one wave when `side_by_side`
+    /// and the backend can; `launched` counts the jobs launched (on an error, the ones before
+    /// the failing job ran and the caller fails the rest's outputs).
+    pub(crate) fn launch_each(
         &self,
         stream: &Stream,
-        steps: Vec<Step>,
-        buffers: &impl BufferLookup,
-        mode: Mode,
+        jobs: impl Iterator<Item = Result<Job>>,
+        side_by_side: bool,
         inline: bool,
         launched: &mut usize,
     ) -> Result<()> {
-        // A deferred flush's independent steps run side by side where the backend can.
-        let side = match mode {
-            Mode::Defer if steps.len() > 1 => self.backend.side_by_side(),
-            _ => None,
+        let side = match side_by_side {
+            true => self.backend.side_by_side(),
+            false => None,
         };
         let mut wave = Wave::default();
-        for step in steps {
-            let job = match self.prepare(step, buffers, mode, stream.id) {
+        for job in jobs {
+            let job = match job {
                 Ok(job) => job,
                 Err(e) => {
                     // The steps before this one run; this and later ones are failed.
@@ -279,11 +295,33 @@ impl Executor {
             check_bounds(&step, &bufs)?;
         }
         let program = self.program(&step, stream)?;
+        self.ready_job(
+            program,
+            (&step.region, &step.key),
+            Arc::new(step.binding),
+            bufs,
+            mode,
+            stream,
+        )
+    }
+
+    /// A job of `program` on `bufs` (the binding's operands, resolved), allocating the
+    /// storage of the buffers nothing has written yet. A captured graph's launch makes its
+    /// jobs here too, from the steps it planned once.
+    pub(crate) fn ready_job(
+        &self,
+        program: Arc<dyn Program>,
+        region: (&Arc<Region>, &KeyMemo),
+        binding: Arc<Binding>,
+        bufs: Vec<Arc<Buffer>>,
+        mode: Mode,
+        stream: u64,
+    ) -> Result<Job> {
         for (j, b) in bufs.iter().enumerate() {
             if !b.is_allocated() {
                 // A first writer that covers every byte needs no zero-fill.
-                let t = &step.binding.operands[j];
-                let covers = j >= step.binding.n_inputs
+                let t = &binding.operands[j];
+                let covers = j >= binding.n_inputs
                     && t.layout.is_contiguous()
                     && t.layout.offset == 0
                     && t.layout.numel() * t.dtype.size() == b.len;
@@ -300,27 +338,30 @@ impl Executor {
         let trace = self
             .timeline
             .timing()
-            .then(|| self.run_trace(&step, stream));
+            .then(|| self.run_trace(region, &binding, stream));
         Ok(Job {
             program,
-            binding: step.binding,
+            binding,
             bufs,
             poison: mode != Mode::Debug,
             trace,
         })
     }
 
-    /// What a timed run of `step` records (and the region, noted once per trace).
-    fn run_trace(&self, step: &Step, stream: u64) -> Box<RunTrace> {
+    /// What a timed run of a region records (and the region, noted once per trace).
+    fn run_trace(
+        &self,
+        (region, key): (&Arc<Region>, &KeyMemo),
+        binding: &Binding,
+        stream: u64,
+    ) -> Box<RunTrace> {
         // Set by `program`, which ran first.
-        let fingerprint = step
-            .key
-            .get_or_init(|| fingerprint(&step.region, self.backend.identity()).0);
+        let fingerprint = key.get_or_init(|| fingerprint(region, self.backend.identity()).0);
         // A profiler's clock alone needs only the run's time, not its description.
         let (label, shapes, bytes) = if self.timeline.describes() {
-            self.timeline.note_region(fingerprint, &step.region);
-            let (shapes, bytes) = binding_args(&step.binding);
-            (region_label(&step.region), shapes, bytes)
+            self.timeline.note_region(fingerprint, region);
+            let (shapes, bytes) = binding_args(binding);
+            (region_label(region), shapes, bytes)
         } else {
             (String::new(), String::new(), 0)
         };
@@ -382,7 +423,11 @@ impl Executor {
 
     /// The step's program from the cache, or compiled (a compile is a span on `stream`'s
     /// host track while tracing).
-    fn program(&self, step: &Step, stream: u64) -> Result<Arc<dyn crate::backend::Program>> {
+    pub(crate) fn program(
+        &self,
+        step: &Step,
+        stream: u64,
+    ) -> Result<Arc<dyn crate::backend::Program>> {
         let key = Fingerprint(
             step.key
                 .get_or_init(|| fingerprint(&step.region, self.backend.identity()).0),
