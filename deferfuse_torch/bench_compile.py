@@ -60,10 +60,15 @@ BATCHES = 4  # distinct batches each runner cycles through
 
 class CompiledStep:
     """An optimizer whose step() is torch.compile'd (model_zoo.train_step calls zero_grad()
-    and step())."""
+    and step()). On tpu it is made capturable (its step counts on the device, as CUDA graphs
+    need too): PyTorch keeps them on the CPU otherwise, and a graph computing on CPU tensors
+    is not captured (the README's torch.compile section)."""
 
     def __init__(self, opt, backend):
         self.opt = opt
+        if backend == "tpu":
+            for group in opt.param_groups:
+                group["capturable"] = True
         self.step = torch.compile(opt.step, backend=backend)
 
     def zero_grad(self):

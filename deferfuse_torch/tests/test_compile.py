@@ -146,6 +146,41 @@ def test_a_compiled_in_place_update_of_an_input_leaves_the_state_cpu_leaves():
         torch.testing.assert_close(wt.cpu(), w, rtol=RTOL, atol=ATOL)
 
 
+def test_a_compiled_capturable_adamw_step_is_launched_and_matches_eager():
+    model = mlp()
+    eager, compiled = copy.deepcopy(model).to("tpu"), copy.deepcopy(model).to("tpu")
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2, capturable=True)
+            for m in (eager, compiled)]
+    step = torch.compile(opts[1].step, backend="tpu")
+    x = torch.randn(16, 32).to("tpu")
+    for i in range(3):
+        for m in (eager, compiled):
+            m(x).square().mean().backward()
+        opts[0].step()
+        launches = compile_backend.counts["launches"]
+        step()
+    assert compile_backend.counts["launches"] == launches + 1
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.cpu(), a.cpu(), rtol=RTOL, atol=ATOL)
+
+
+def test_an_optimizer_step_with_cpu_step_counts_is_not_captured_and_matches_eager():
+    model = mlp()
+    eager, compiled = copy.deepcopy(model).to("tpu"), copy.deepcopy(model).to("tpu")
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, compiled)]
+    step = torch.compile(opts[1].step, backend="tpu")
+    x = torch.randn(16, 32).to("tpu")
+    refused = compile_backend.counts["refused"]
+    for i in range(3):
+        for m in (eager, compiled):
+            m(x).square().mean().backward()
+        opts[0].step()
+        step()
+    assert compile_backend.counts["refused"] == refused + 1
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.cpu(), a.cpu(), rtol=RTOL, atol=ATOL)
+
+
 def test_a_graph_with_a_random_op_is_not_captured_and_draws_new_numbers_each_call():
     compiled = torch.compile(lambda x: F.dropout(x, 0.5, training=True), backend="tpu")
     x = torch.ones(256).to("tpu")
