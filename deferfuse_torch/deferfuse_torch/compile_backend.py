@@ -13,6 +13,8 @@ as before: its ops are dispatched one by one into one deferred trace.
 This module imports torch._dynamo; the package registers the backend without importing it
 (`compile_hooks`)."""
 
+import os
+
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
@@ -78,6 +80,11 @@ def fallback_ops(gm: torch.fx.GraphModule) -> list:
 # What the captured graphs did in this process (tests and benches read it).
 counts = {"captures": 0, "launches": 0, "refused": 0, "fallback_calls": 0}
 
+# False: every compiled call dispatches its graph's ops one by one, as before graphs were
+# captured (DEFERFUSE_COMPILE_CAPTURE=0): rules the capture out when a compiled model
+# misbehaves, and is what bench_compile.py compares the launch with. Read at each first call.
+capture_enabled = os.environ.get("DEFERFUSE_COMPILE_CAPTURE", "1") != "0"
+
 
 def _key(args) -> tuple:
     """What a capture is valid for: each tensor's device, dtype, sizes, strides and offset,
@@ -134,6 +141,8 @@ class CapturedGraph:
         prev = _ops.get_mode()
         if prev == _DEBUG:
             return self.forward(*args)
+        if not capture_enabled:
+            return self._deferred(args, prev)
         key = _key(args)
         launch = self.captures.get(key)
         if isinstance(launch, _Launch):

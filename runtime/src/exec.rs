@@ -228,7 +228,7 @@ impl Executor {
         let jobs = steps
             .into_iter()
             .map(|step| self.prepare(step, buffers, mode, stream.id));
-        let r = self.launch_each(stream, jobs, side_by_side, inline, &mut launched);
+        let r = self.launch_each(stream, jobs, side_by_side, inline, false, &mut launched);
         if let (Err(e), Mode::Defer) = (&r, mode) {
             for id in outputs[launched..].iter().flatten() {
                 if let Some(b) = buffers.find(*id) {
@@ -241,13 +241,17 @@ impl Executor {
 
     /// Launches `jobs` in order, consecutive independent ones as one wave when `side_by_side`
     /// and the backend can; `launched` counts the jobs launched (on an error, the ones before
-    /// the failing job ran and the caller fails the rest's outputs).
+    /// the failing job ran and the caller fails the rest's outputs). With `one_unit`, all the
+    /// waves are handed to the stream as one unit of work: a captured graph's launch, where
+    /// handing each wave over (a channel send and a worker wake-up each) cost more than its
+    /// small programs take to run.
     pub(crate) fn launch_each(
         &self,
         stream: &Stream,
         jobs: impl Iterator<Item = Result<Job>>,
         side_by_side: bool,
         inline: bool,
+        one_unit: bool,
         launched: &mut usize,
     ) -> Result<()> {
         let side = match side_by_side {
@@ -255,22 +259,27 @@ impl Executor {
             false => None,
         };
         let mut wave = Wave::default();
+        let mut unit = one_unit.then(Unit::default);
+        let mut r = Ok(());
         for job in jobs {
             let job = match job {
                 Ok(job) => job,
                 Err(e) => {
                     // The steps before this one run; this and later ones are failed.
-                    self.launch_wave(stream, &mut wave, &side, inline, launched);
-                    return Err(e);
+                    r = Err(e);
+                    break;
                 }
             };
             if side.is_none() || !wave.admits(&job) {
-                self.launch_wave(stream, &mut wave, &side, inline, launched);
+                self.launch_wave(stream, &mut wave, &side, inline, unit.as_mut(), launched);
             }
             wave.push(job);
         }
-        self.launch_wave(stream, &mut wave, &side, inline, launched);
-        Ok(())
+        self.launch_wave(stream, &mut wave, &side, inline, unit.as_mut(), launched);
+        if let Some(unit) = unit {
+            self.launch_unit(stream, unit, inline);
+        }
+        r
     }
 
     /// Resolves a step's buffers, finds or compiles its program and allocates its outputs.
@@ -377,13 +386,14 @@ impl Executor {
         })
     }
 
-    /// Launches the wave's jobs (if any) as one unit of stream work.
+    /// Launches the wave's jobs (if any) as one unit of stream work, or adds them to `unit`.
     fn launch_wave(
         &self,
         stream: &Stream,
         wave: &mut Wave,
         side: &Option<Arc<dyn SideBySide>>,
         inline: bool,
+        unit: Option<&mut Unit>,
         launched: &mut usize,
     ) {
         if wave.jobs.is_empty() {
@@ -404,21 +414,55 @@ impl Executor {
                 .fetch_add(n as u64, Ordering::Relaxed);
         }
         let work = wave.take_work(side.clone(), stream.id);
+        self.counters
+            .programs_run
+            .fetch_add(n as u64, Ordering::Relaxed);
+        *launched += n;
+        match unit {
+            Some(u) => {
+                u.works.push(work);
+                u.outputs.extend(outputs);
+            }
+            None => self.launch_unit(
+                stream,
+                Unit {
+                    works: vec![work],
+                    outputs,
+                },
+                inline,
+            ),
+        }
+    }
+
+    /// Hands `unit` to the stream (its waves run in order; the first error is the unit's)
+    /// and records the stream as its outputs' writer.
+    fn launch_unit(&self, stream: &Stream, unit: Unit, inline: bool) {
+        let Unit { mut works, outputs } = unit;
+        let work = match works.len() {
+            0 => return,
+            1 => works.pop().expect("one work"),
+            _ => Box::new(move || {
+                let mut first = Ok(());
+                for w in works {
+                    let r = w();
+                    if first.is_ok() {
+                        first = r;
+                    }
+                }
+                first
+            }),
+        };
         let seq = if inline {
             stream.launch_or_run(work)
         } else {
             stream.launch(work)
         };
-        self.counters
-            .programs_run
-            .fetch_add(n as u64, Ordering::Relaxed);
         for b in &outputs {
             b.set_writer(Writer {
                 stream: stream.id,
                 done: Some((stream.progress.clone(), seq)),
             });
         }
-        *launched += n;
     }
 
     /// The step's program from the cache, or compiled (a compile is a span on `stream`'s
@@ -457,6 +501,13 @@ impl Executor {
             // The compiler's message as before; the key is in the dump and the timeline.
             .map_err(|e| Error::Backend(e.reason))
     }
+}
+
+/// Waves gathered to be handed to a stream as one unit of work, and the buffers they write.
+#[derive(Default)]
+struct Unit {
+    works: Vec<crate::stream::Work>,
+    outputs: Vec<Arc<Buffer>>,
 }
 
 /// Debug-mode check: every operand's view lies inside its buffer.

@@ -202,13 +202,51 @@ impl Graph {
                 operands,
             });
         }
-        Ok(Graph {
+        let mut g = Graph {
             slots: map.slots,
             needs,
             inputs: specs,
             steps,
             outputs: outs,
-        })
+        };
+        g.drop_unused_slots();
+        Ok(g)
+    }
+
+    /// Drops the slots no step, input or output names: the buffers fused away (most of a
+    /// long elementwise chain's), which a launch would otherwise make and drop every time.
+    fn drop_unused_slots(&mut self) {
+        let mut used = vec![false; self.slots.len()];
+        let named = self.inputs.iter().map(|i| i.buffer);
+        let named = named.chain(self.outputs.iter().map(|o| o.buffer));
+        for k in named.chain(self.steps.iter().flat_map(|s| s.operands.iter().copied())) {
+            used[k] = true;
+        }
+        let mut new_index = vec![usize::MAX; self.slots.len()];
+        let mut n = 0;
+        for (k, u) in used.iter().enumerate() {
+            if *u {
+                new_index[k] = n;
+                n += 1;
+            }
+        }
+        fn keep<T>(v: &mut Vec<T>, used: &[bool]) {
+            let mut k = 0;
+            v.retain(|_| {
+                k += 1;
+                used[k - 1]
+            });
+        }
+        keep(&mut self.slots, &used);
+        keep(&mut self.needs, &used);
+        let renumber = |k: &mut usize| *k = new_index[*k];
+        self.inputs.iter_mut().for_each(|i| renumber(&mut i.buffer));
+        self.outputs
+            .iter_mut()
+            .for_each(|o| renumber(&mut o.buffer));
+        for st in &mut self.steps {
+            st.operands.iter_mut().for_each(renumber);
+        }
     }
 
     /// The buffers of one launch, by slot: `inputs` checked against the capture, fresh
@@ -315,7 +353,7 @@ impl Executor {
         let mut launched = 0;
         let debug = mode == Mode::Debug;
         let side_by_side = !debug && g.steps.len() > 1;
-        let r = self.launch_each(stream, jobs, side_by_side, debug, &mut launched);
+        let r = self.launch_each(stream, jobs, side_by_side, debug, true, &mut launched);
         if let (Err(e), false) = (&r, debug) {
             for st in &g.steps[launched..] {
                 for &k in &st.operands[st.binding.n_inputs..] {
