@@ -125,7 +125,7 @@ fn random_op(p: &Pending) -> Option<String> {
 
 impl Graph {
     /// Plans the capture's trace (`p`, still pending) as a graph taking `inputs` and giving
-    /// `outputs`. Programs come from `program` (the executor's cache).
+    /// `outputs`. Programs come from `exec`'s cache (compiled here when missing).
     fn build(
         p: &Pending,
         first_buffer: BufferId,
