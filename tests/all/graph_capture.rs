@@ -310,3 +310,34 @@ fn a_tensor_the_graph_holds_is_read_at_each_launch() {
     let out = rt.graph_launch(0, g, &[x]).unwrap()[0];
     assert_eq!(bytes(&rt, out), bytes(&rt, add_held(&rt, &[x])[0]));
 }
+
+#[test]
+fn a_launch_waits_for_another_stream_s_pending_write_of_its_input() {
+    let rt = runtime(Mode::Defer);
+    let ins = [f32s(&rt, &[3, 4], 1), f32s(&rt, &[3, 4], 2)];
+    let (g, _) = capture(&rt, &ins, body);
+    let (x, x_eager) = (f32s(&rt, &[3, 4], 3), f32s(&rt, &[3, 4], 3));
+    let side = rt.create_stream().unwrap();
+    for h in [x, x_eager] {
+        rt.op(side, Op::Unary(UnaryOp::Exp), &[tt(h)], Some(h))
+            .unwrap();
+    }
+    // x's write is still pending on the other stream when the launch reads it.
+    let out = rt.graph_launch(0, g, &[x, ins[1]]).unwrap();
+    let want = body(&rt, &[x_eager, ins[1]]);
+    assert_eq!(bytes(&rt, out[1]), bytes(&rt, want[1]));
+}
+
+#[test]
+fn a_capture_longer_than_the_pending_limit_is_not_cut_by_it() {
+    let rt = Runtime::new(deferfuse::Config {
+        mode: Some(Mode::Defer),
+        max_pending_ops: 2,
+        ..Default::default()
+    })
+    .unwrap();
+    let ins = [f32s(&rt, &[2, 5], 1), f32s(&rt, &[2, 5], 2)];
+    let (g, _) = capture(&rt, &ins, body);
+    let out = rt.graph_launch(0, g, &ins).unwrap();
+    assert_eq!(bytes(&rt, out[1]), bytes(&rt, body(&rt, &ins)[1]));
+}
