@@ -10,10 +10,12 @@
 
 2. What replaying a compiled graph costs beyond its programs: a graph of --ops elementwise
    ops on a 16-element tensor (so the programs' own work is negligible), called over and
-   over. Shown: the whole call (the call, then torch.tpu.synchronize()), its two halves (the
-   Python call, in which Dynamo's guards, AOTAutograd's wrapper and the FX graph's Python
-   dispatch each op to the device, which records it; then the synchronize, which flushes:
-   plan-cache lookup and the programs), and the same ops run eagerly in defer mode.
+   over. Shown: the whole call (the call, then torch.tpu.synchronize()) and its two halves:
+   the Python call (Dynamo's guards, AOTAutograd's wrapper and the captured graph's launch,
+   which queues its programs on the stream) and the synchronize (the programs running, and
+   the wait for them); then the runtime's launch alone (torch.ops.deferfuse.graph_launch on a
+   graph captured by hand: no Dynamo, no AOTAutograd), and the same ops run eagerly in defer
+   mode (each op dispatched from Python and recorded, then a flush with a plan-cache hit).
 
 Usage: python bench_compile.py [--models mlp,mlp_small,nanogpt] [--steps N] [--warmup N]
                                [--threads N] [--ops N] [--calls N] [--no-train]"""
@@ -58,10 +60,15 @@ BATCHES = 4  # distinct batches each runner cycles through
 
 class CompiledStep:
     """An optimizer whose step() is torch.compile'd (model_zoo.train_step calls zero_grad()
-    and step())."""
+    and step()). On tpu it is made capturable (its step counts on the device, as CUDA graphs
+    need too): PyTorch keeps them on the CPU otherwise, and a graph computing on CPU tensors
+    is not captured (the README's torch.compile section)."""
 
     def __init__(self, opt, backend):
         self.opt = opt
+        if backend == "tpu":
+            for group in opt.param_groups:
+                group["capturable"] = True
         self.step = torch.compile(opt.step, backend=backend)
 
     def zero_grad(self):
@@ -132,13 +139,50 @@ def chain(n_ops):
     return f
 
 
+def captured_launch(f, x):
+    """f's ops on x captured as a runtime graph by hand: a function launching it on its
+    input (what a compiled call does below Dynamo and AOTAutograd)."""
+    ops = torch.ops.deferfuse
+    with deferfuse_torch.mode("defer"):
+        ops.graph_capture_begin()
+        y = f(x)
+        graph, why = ops.graph_capture_end([x], [y])
+    assert graph != 0, why
+    return lambda x: ops.graph_launch(graph, [x])[0]
+
+
+def program_time_us(fn, x, calls=50):
+    """The programs' own run time per call of fn(x), in microseconds: the runtime's timeline
+    times each program run (the "run" events)."""
+    import json
+    import tempfile
+    path = os.path.join(tempfile.mkdtemp(), "replay.json")
+    with deferfuse_torch.mode("strict"), deferfuse_torch.trace(path):
+        for _ in range(calls):
+            y = fn(x)
+            torch.tpu.synchronize()
+            del y
+    with open(path) as f:
+        events = json.load(f)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    return sum(e["dur"] for e in events if e.get("ph") == "X" and e.get("cat") == "run") / calls
+
+
 def bench_replay(args):
+    from deferfuse_torch import compile_backend
     f = chain(args.ops)
     compiled = torch.compile(f, backend="tpu")
+    # The same graph compiled again (another code object), dispatched op by op: the compiled
+    # path before graphs were captured.
+    dispatched = torch.compile(chain(args.ops), backend="tpu")
     x = torch.randn(16).to("tpu")
+    launch = captured_launch(f, x)
     results = {}
     for label, fn, mode in [("compiled (caller strict)", compiled, "strict"),
+                            ("compiled, op by op", dispatched, "strict"),
+                            ("graph_launch alone", launch, "strict"),
                             ("eager defer", f, "defer")]:
+        compile_backend.capture_enabled = fn is not dispatched
         with deferfuse_torch.mode(mode):
             for _ in range(5):
                 y = fn(x)
@@ -159,6 +203,7 @@ def bench_replay(args):
         per_call = {k: (s1[k] - s0[k]) / args.calls
                     for k in ("ops_recorded", "programs_run", "plans_reused",
                               "programs_compiled")}
+        compile_backend.capture_enabled = True
         results[label] = ({k: statistics.median(v) * 1e6 for k, v in
                            (("total", totals), ("call", calls), ("sync", syncs))}, per_call)
     return results
@@ -213,6 +258,10 @@ def main(args):
               f"programs compiled {per_call['programs_compiled']:.0f}")
     print(f"  one op dispatched from Python into the device (defer, recorded): "
           f"{time_per_op_dispatch():.2f} us")
+    x = torch.randn(16).to("tpu")
+    f = chain(args.ops)
+    print(f"  the launched programs' own run time (timeline): "
+          f"{program_time_us(captured_launch(f, x), x):.1f} us per call")
 
 
 if __name__ == "__main__":

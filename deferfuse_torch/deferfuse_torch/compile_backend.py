@@ -2,16 +2,18 @@
 
 Dynamo captures the Python code as FX graphs (guards, recompiles and graph breaks are Dynamo's
 own); AOTAutograd turns each into a functionalized forward graph and, when gradients are
-needed, a backward graph. Each of those graphs runs as one deferred trace: its ops are recorded
-in defer mode whatever the caller's eager mode is, so the runtime plans the whole graph as one
-flush (fusing across what eager code would have run op by op), and from the second call on the
-stream's plan cache hands back the same plan, so a replay is not planned again.
-
-The graphs' ops still reach the runtime one by one through PyTorch's dispatcher (the FX
-graph's Python code calls each ATen op), which is what a replay costs beyond its programs.
+needed, a backward graph. Each of those graphs is captured by the runtime as a graph at its
+first call for each input layout (`CapturedGraph`): its ops are recorded once, in defer mode
+whatever the caller's eager mode is, and the runtime plans the whole graph once. Every later
+call with inputs of the same sizes, strides and dtypes (and the same non-tensor arguments) is
+one `graph_launch`: the plan's programs run on the new inputs with no per-op dispatch through
+PyTorch. A graph the runtime cannot replay (a random op, a host read, a CPU fallback op) runs
+as before: its ops are dispatched one by one into one deferred trace.
 
 This module imports torch._dynamo; the package registers the backend without importing it
 (`compile_hooks`)."""
+
+import os
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -75,31 +77,137 @@ def fallback_ops(gm: torch.fx.GraphModule) -> list:
     return names
 
 
-class DeferredGraph:
-    """One AOTAutograd graph, run as one deferred trace.
+# What the captured graphs did in this process (tests and benches read it).
+counts = {"captures": 0, "launches": 0, "refused": 0, "fallback_calls": 0}
+
+# False: every compiled call dispatches its graph's ops one by one, as before graphs were
+# captured (DEFERFUSE_COMPILE_CAPTURE=0): rules the capture out when a compiled model
+# misbehaves, and is what bench_compile.py compares the launch with. Read at each first call.
+capture_enabled = os.environ.get("DEFERFUSE_COMPILE_CAPTURE", "1") != "0"
+
+
+def _key(args) -> tuple:
+    """What a capture is valid for: each tensor's device, dtype, sizes, strides and offset,
+    and every other argument's value (the graph's ops were recorded with them)."""
+    return tuple(
+        (a.device.type, a.dtype, a.shape, a.stride(), a.storage_offset())
+        if isinstance(a, torch.Tensor) else (type(a), a)
+        for a in args)
+
+
+class _Launch:
+    """One capture of a graph: its runtime graph, which arguments are its inputs, and how
+    each of the FX graph's outputs is made (a launch output, an argument, a constant)."""
+
+    def __init__(self, graph: int, inputs: list, outputs: list, as_tuple: bool):
+        self.graph = graph
+        self.inputs = inputs
+        self.outputs = outputs
+        self.as_tuple = as_tuple
+
+    def __call__(self, args):
+        res = _ops.graph_launch(self.graph, [args[i] for i in self.inputs])
+        counts["launches"] += 1
+        out = [res[v] if kind == "launch" else args[v] if kind == "arg" else v
+               for kind, v in self.outputs]
+        return tuple(out) if self.as_tuple else out
+
+    def __del__(self):
+        try:
+            _ops.graph_destroy(self.graph)
+        except Exception:  # the runtime went first, at interpreter exit
+            pass
+
+
+class CapturedGraph:
+    """One AOTAutograd graph: captured by the runtime at its first call per input layout and
+    launched on later ones (see the module doc).
 
     AOTAutograd calls it with the boxed calling convention (one list of arguments). Debug
-    mode is kept rather than
-    forced to defer: it exists to make each op wait and report its own error, which is what
-    someone debugging a compiled graph wants."""
+    mode keeps dispatching op by op: it exists to make each op wait and report its own error,
+    which is what someone debugging a compiled graph wants."""
 
     def __init__(self, gm: torch.fx.GraphModule):
         self.gm = gm
         # The generated code itself: GraphModule.__call__ adds nn.Module's hook handling.
         self.forward = gm.forward
+        # By `_key`: a `_Launch`, or a string saying why the capture was refused.
+        self.captures = {}
         # An instance attribute: AOTAutograd wraps the backward in torch._dynamo.disable,
         # whose functools.wraps copies the instance's __dict__ (not class attributes).
         self._boxed_call = True
 
     def __call__(self, args: list):
         prev = _ops.get_mode()
-        if prev == _DEFER or prev == _DEBUG:
+        if prev == _DEBUG:
+            return self.forward(*args)
+        if not capture_enabled:
+            return self._deferred(args, prev)
+        key = _key(args)
+        launch = self.captures.get(key)
+        if isinstance(launch, _Launch):
+            try:
+                return launch(args)
+            except ValueError:  # inputs aliased otherwise than at capture
+                pass
+        elif launch is None:
+            return self._capture(key, args, prev)
+        counts["fallback_calls"] += 1
+        return self._deferred(args, prev)
+
+    def _deferred(self, args, prev):
+        """The graph's ops dispatched one by one into one deferred trace."""
+        if prev == _DEFER:
             return self.forward(*args)
         _ops.set_mode(_DEFER)
         try:
             return self.forward(*args)
         finally:
             _ops.set_mode(prev)
+
+    def _capture(self, key, args, prev):
+        inputs = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        if any(args[i].device.type != "tpu" for i in inputs):
+            # A CPU tensor's value would be uploaded into the trace as a constant.
+            self._refuse(key, "a graph input is not on the tpu device")
+            return self._deferred(args, prev)
+        _ops.set_mode(_DEFER)
+        try:
+            _ops.graph_capture_begin()
+            try:
+                out = self.forward(*args)
+            except BaseException:
+                _ops.graph_capture_abort()
+                raise
+            self._end_capture(key, args, inputs, out)
+            return out
+        finally:
+            _ops.set_mode(prev)
+
+    def _end_capture(self, key, args, inputs, out):
+        by_id = {id(args[i]): i for i in inputs}
+        tensors, plan = [], []
+        for o in out:
+            if isinstance(o, torch.Tensor):
+                if id(o) in by_id:
+                    plan.append(("arg", by_id[id(o)]))
+                    continue
+                if o.device.type != "tpu":
+                    _ops.graph_capture_abort()
+                    return self._refuse(key, "a graph output is not on the tpu device")
+                plan.append(("launch", len(tensors)))
+                tensors.append(o)
+            else:
+                plan.append(("value", o))
+        graph, why = _ops.graph_capture_end([args[i] for i in inputs], tensors)
+        if graph == 0:
+            return self._refuse(key, why)
+        counts["captures"] += 1
+        self.captures[key] = _Launch(graph, inputs, plan, isinstance(out, tuple))
+
+    def _refuse(self, key, why: str):
+        counts["refused"] += 1
+        self.captures[key] = why
 
 
 def _compiling_fullgraph() -> bool:
@@ -123,14 +231,14 @@ def _graph_compiler(fullgraph: bool, which: str):
                     f"{', '.join(missing)} with no tpu kernel: it would run on the CPU fallback, "
                     "outside the graph's device program; compile without fullgraph=True to "
                     "let it run there")
-        return DeferredGraph(graph_order.reorder_for_fusion(gm))
+        return CapturedGraph(graph_order.reorder_for_fusion(gm))
     return compile_graph
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The Dynamo backend: AOTAutograd (functionalized forward and backward graphs, no
     decompositions beyond eager's own, so the graphs call the ops the device's kernels
-    cover), each graph run as a `DeferredGraph`."""
+    cover), each graph run as a `CapturedGraph`."""
     fullgraph = _compiling_fullgraph()
     return aot_autograd(
         fw_compiler=_graph_compiler(fullgraph, "forward"),

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import deferfuse_torch
+from deferfuse_torch import compile_backend
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -95,14 +96,15 @@ def test_compiled_transformer_block_trains_like_cpu():
     assert_trains_like_cpu(block(), batches, F.mse_loss)
 
 
-def test_a_compiled_graph_runs_as_one_deferred_trace_and_leaves_the_mode_as_it_was():
+def test_a_compiled_call_launches_its_captured_graph_recording_no_ops_and_keeps_the_mode():
     def f(x):
         return ((x * 2 + 1).relu() - x.exp()).sum(dim=1)
 
     x = torch.randn(64, 32)
     compiled = torch.compile(f, backend="tpu")
     xt = x.to("tpu")
-    compiled(xt).cpu()  # compiles; the runtime plans the trace
+    compiled(xt).cpu()  # compiles, and the runtime captures the graph
+    launches = compile_backend.counts["launches"]
     with deferfuse_torch.mode("strict"):
         before = deferfuse_torch.stats()
         got = compiled(xt)
@@ -110,11 +112,83 @@ def test_a_compiled_graph_runs_as_one_deferred_trace_and_leaves_the_mode_as_it_w
         got = got.cpu()
         after = deferfuse_torch.stats()
     torch.testing.assert_close(got, f(x), rtol=RTOL, atol=ATOL)
-    assert after["ops_recorded"] - before["ops_recorded"] >= 6
-    # Strict would run each op as its own program; the graph is one fused program, its plan
-    # the one the first call made.
+    assert compile_backend.counts["launches"] == launches + 1
+    # The replay dispatches no op: the captured plan's one fused program runs on the input.
+    assert after["ops_recorded"] == before["ops_recorded"]
     assert after["programs_run"] - before["programs_run"] == 1
-    assert after["plans_reused"] - before["plans_reused"] == 1
+
+
+def test_a_captured_graph_launched_on_new_inputs_matches_cpu():
+    def f(x, y):
+        return (x @ y).softmax(dim=-1) * y.sum()
+
+    compiled = torch.compile(f, backend="tpu")
+    for seed in range(3):
+        torch.manual_seed(seed)
+        x, y = torch.randn(8, 8), torch.randn(8, 8)
+        got = compiled(x.to("tpu"), y.to("tpu"))
+        torch.testing.assert_close(got.cpu(), f(x, y), rtol=RTOL, atol=ATOL)
+    assert compile_backend.counts["launches"] >= 2
+
+
+def test_a_compiled_in_place_update_of_an_input_leaves_the_state_cpu_leaves():
+    def f(w, g):
+        w.sub_(g * 0.5)
+        return (w * 2).sum()
+
+    compiled = torch.compile(f, backend="tpu")
+    w, g = torch.randn(6), torch.randn(6)
+    wt, gt = w.to("tpu"), g.to("tpu")
+    for _ in range(3):
+        got = compiled(wt, gt)
+        want = f(w, g)
+        torch.testing.assert_close(got.cpu(), want, rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(wt.cpu(), w, rtol=RTOL, atol=ATOL)
+
+
+def test_a_compiled_capturable_adamw_step_is_launched_and_matches_eager():
+    model = mlp()
+    eager, compiled = copy.deepcopy(model).to("tpu"), copy.deepcopy(model).to("tpu")
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2, capturable=True)
+            for m in (eager, compiled)]
+    step = torch.compile(opts[1].step, backend="tpu")
+    x = torch.randn(16, 32).to("tpu")
+    for i in range(3):
+        for m in (eager, compiled):
+            m(x).square().mean().backward()
+        opts[0].step()
+        launches = compile_backend.counts["launches"]
+        step()
+    assert compile_backend.counts["launches"] == launches + 1
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.cpu(), a.cpu(), rtol=RTOL, atol=ATOL)
+
+
+def test_an_optimizer_step_with_cpu_step_counts_is_not_captured_and_matches_eager():
+    model = mlp()
+    eager, compiled = copy.deepcopy(model).to("tpu"), copy.deepcopy(model).to("tpu")
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, compiled)]
+    step = torch.compile(opts[1].step, backend="tpu")
+    x = torch.randn(16, 32).to("tpu")
+    refused = compile_backend.counts["refused"]
+    for i in range(3):
+        for m in (eager, compiled):
+            m(x).square().mean().backward()
+        opts[0].step()
+        step()
+    assert compile_backend.counts["refused"] == refused + 1
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.cpu(), a.cpu(), rtol=RTOL, atol=ATOL)
+
+
+def test_a_graph_with_a_random_op_is_not_captured_and_draws_new_numbers_each_call():
+    compiled = torch.compile(lambda x: F.dropout(x, 0.5, training=True), backend="tpu")
+    x = torch.ones(256).to("tpu")
+    refused = compile_backend.counts["refused"]
+    a, b = compiled(x).cpu(), compiled(x).cpu()
+    assert compile_backend.counts["refused"] == refused + 1
+    assert not torch.equal(a, b)
+    assert set(a.unique().tolist()) <= {0.0, 2.0}
 
 
 def test_compiled_inference_matches_cpu():
@@ -139,11 +213,14 @@ def test_a_changing_batch_size_recompiles_once_and_compiles_no_new_programs():
     step(12)  # the second size: Dynamo recompiles with a symbolic batch dim
     step(16)  # programs of the symbolic graph are compiled on its first run
     programs = deferfuse_torch.stats()["programs_compiled"]
+    captures = compile_backend.counts["captures"]
     for batch in (20, 24, 40, 13):
         step(batch)
     assert counter.frame_count == 2
-    # Sizes are run-time arguments of the runtime's programs: no new program for new sizes.
+    # Sizes are run-time arguments of the runtime's programs: no new program for new sizes,
+    # only a capture of the forward and backward graphs per size.
     assert deferfuse_torch.stats()["programs_compiled"] == programs
+    assert compile_backend.counts["captures"] == captures + 2 * 4
 
 
 def test_a_graph_break_runs_both_pieces_through_the_backend():

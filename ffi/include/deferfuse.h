@@ -97,6 +97,12 @@ enum DfuseStatus
    * A bug: a panic was caught at the ABI boundary. The runtime stays usable.
    */
   DFUSE_STATUS_INTERNAL = 7,
+  /**
+   * `dfuse_graph_capture_end` refused the capture (a sync point, host read or random op in
+   * it; the message says which): the captured ops stay recorded and run as ordinary
+   * deferred ops, so the caller keeps issuing them op by op for this graph.
+   */
+  DFUSE_STATUS_NOT_CAPTURABLE = 8,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -1233,6 +1239,91 @@ const char *dfuse_last_error(void);
  * The library version, e.g. "0.1.0": a static string, never freed.
  */
 const char *dfuse_version(void);
+
+/**
+ * Starts capturing the ops recorded on `stream` (0 = default) as a graph. What is pending on
+ * the stream runs first. Record the graph's ops in defer mode, then end the capture with
+ * `dfuse_graph_capture_end` or `dfuse_graph_capture_abort`. A stream already capturing is
+ * `DFUSE_STATUS_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * Always safe to call; `rt` is checked against live runtimes.
+ */
+DfuseStatus dfuse_graph_capture_begin(const struct DfuseRuntime *rt, uint64_t stream);
+
+/**
+ * Ends the capture on `stream` and writes the new graph's handle to `*graph` (0 on
+ * failure): the `n_inputs` tensor handles at `inputs` become its input slots (a launch
+ * passes tensors of the same sizes, strides, offsets and dtypes), and each launch returns a
+ * new handle for each of the `n_outputs` tensors at `outputs`, a view of the same layout on
+ * that launch's buffers. The captured ops stay pending and run at the next sync point. A
+ * capture that cannot be replayed (a sync point, host read, random op, or op in another mode
+ * or on another stream while capturing) is `DFUSE_STATUS_NOT_CAPTURABLE`, its ops still
+ * pending as ordinary deferred ops. Destroy the graph with `dfuse_graph_destroy`.
+ *
+ * # Safety
+ * `inputs` and `outputs` must be NULL or readable for their counts (NULL only for a count of
+ * 0); `graph` must be NULL or point to a writable `uint64_t`.
+ */
+DfuseStatus dfuse_graph_capture_end(const struct DfuseRuntime *rt,
+                                    uint64_t stream,
+                                    const uint64_t *inputs,
+                                    size_t n_inputs,
+                                    const uint64_t *outputs,
+                                    size_t n_outputs,
+                                    uint64_t *graph);
+
+/**
+ * Ends the capture on `stream` without making a graph; its ops stay pending as deferred ops.
+ * For a caller whose graph failed halfway. A stream not capturing is
+ * `DFUSE_STATUS_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * Always safe to call; `rt` is checked against live runtimes.
+ */
+DfuseStatus dfuse_graph_capture_abort(const struct DfuseRuntime *rt, uint64_t stream);
+
+/**
+ * Writes how many input slots and outputs `graph` has to `*n_inputs` and `*n_outputs`.
+ *
+ * # Safety
+ * `n_inputs` and `n_outputs` must be NULL or point to a writable `size_t`.
+ */
+DfuseStatus dfuse_graph_arity(const struct DfuseRuntime *rt,
+                              uint64_t graph,
+                              size_t *n_inputs,
+                              size_t *n_outputs);
+
+/**
+ * Launches `graph` on `stream` (0 = default) with the `n_inputs` tensor handles at `inputs`
+ * (one per input slot, each of the sizes, strides, offset and dtype its slot had at capture)
+ * and writes a new handle for each of its outputs to `outputs` (`n_outputs` of them, as many
+ * as the graph has; release each). Work pending on the stream runs before it and work issued
+ * later runs after it, as for an op; nothing is recorded. A stale graph handle is
+ * `DFUSE_STATUS_INVALID_HANDLE`; a wrong count, shape, layout or dtype is
+ * `DFUSE_STATUS_INVALID_ARGUMENT`, the message naming the graph, the input slot, what the
+ * capture expects and what was given. Nothing runs when the call fails.
+ *
+ * # Safety
+ * `inputs` must be NULL or readable for `n_inputs` values (NULL only when 0); `outputs` must
+ * be NULL or writable for `n_outputs` values (NULL only when 0).
+ */
+DfuseStatus dfuse_graph_launch(const struct DfuseRuntime *rt,
+                               uint64_t stream,
+                               uint64_t graph,
+                               const uint64_t *inputs,
+                               size_t n_inputs,
+                               uint64_t *outputs,
+                               size_t n_outputs);
+
+/**
+ * Destroys `graph`; launches already issued finish. A stale handle is
+ * `DFUSE_STATUS_INVALID_HANDLE`.
+ *
+ * # Safety
+ * Always safe to call; `rt` is checked against live runtimes.
+ */
+DfuseStatus dfuse_graph_destroy(const struct DfuseRuntime *rt, uint64_t graph);
 
 /**
  * Writes the memory counters to `*out`.

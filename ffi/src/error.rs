@@ -36,6 +36,10 @@ pub enum DfuseStatus {
     Config = 6,
     /// A bug: a panic was caught at the ABI boundary. The runtime stays usable.
     Internal = 7,
+    /// `dfuse_graph_capture_end` refused the capture (a sync point, host read or random op in
+    /// it; the message says which): the captured ops stay recorded and run as ordinary
+    /// deferred ops, so the caller keeps issuing them op by op for this graph.
+    NotCapturable = 8,
 }
 
 impl From<Status> for DfuseStatus {
@@ -49,6 +53,7 @@ impl From<Status> for DfuseStatus {
             Status::Backend => DfuseStatus::Backend,
             Status::Config => DfuseStatus::Config,
             Status::Internal => DfuseStatus::Internal,
+            Status::NotCapturable => DfuseStatus::NotCapturable,
         }
     }
 }
@@ -255,6 +260,7 @@ mod tests {
             (Status::Backend, 5),
             (Status::Config, 6),
             (Status::Internal, 7),
+            (Status::NotCapturable, 8),
         ] {
             assert_eq!(s as i32, n);
             assert_eq!(DfuseStatus::from(s) as i32, n);

@@ -22,6 +22,9 @@ pub enum Status {
     Config = 6,
     /// A panic was caught at the boundary; the runtime stays usable.
     Internal = 7,
+    /// A graph capture was refused (a sync point, host read or random op in it): its ops run as
+    /// ordinary deferred ops and the caller keeps running them that way.
+    NotCapturable = 8,
 }
 
 /// Everything that can go wrong in the runtime. Messages say what was expected and what to do.
@@ -54,6 +57,10 @@ pub enum Error {
     /// value, the dim and its size.
     #[error("{0}")]
     IndexOutOfBounds(String),
+    /// A graph capture the runtime cannot replay (see [`crate::graph`]): the message says
+    /// what in the captured ops prevents it. Nothing is lost: the ops stay recorded.
+    #[error("not capturable: {0}")]
+    NotCapturable(String),
 }
 
 impl Error {
@@ -68,6 +75,7 @@ impl Error {
             Error::Config(_) => Status::Config,
             Error::Internal(_) => Status::Internal,
             Error::IndexOutOfBounds(_) => Status::BadOp,
+            Error::NotCapturable(_) => Status::NotCapturable,
         }
     }
 }

@@ -16,7 +16,8 @@ use crate::wave::{Job, Wave};
 use deferfuse_cache::{fingerprint, Fingerprint, ProgramCache};
 use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::plan::PlanOptions;
-use deferfuse_fusion::{BufferId, Node, Step};
+use deferfuse_fusion::region::KeyMemo;
+use deferfuse_fusion::{Binding, BufferId, Node, Region, Step};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -78,14 +79,14 @@ impl Executor {
         }
         let nodes = pending.trace.take();
         let tags = std::mem::take(&mut pending.tags);
+        if let Some(c) = &mut pending.capture {
+            // The trace runs now, so the capture would miss its first ops.
+            c.break_with(format!("a sync point ({}) ran the trace", reason.name()));
+        }
         let mut buffers = std::mem::take(&mut pending.buffers);
         pending.bytes = 0;
         self.counters.sync(reason);
-        let opts = PlanOptions {
-            fuse: true,
-            max_ops_per_region: self.max_ops_per_region,
-            capabilities: self.backend.capabilities(),
-        };
+        let opts = self.plan_options();
         // The key was built as the nodes were recorded: only liveness is added here.
         let t0 = self.timeline.on().then(|| self.timeline.now());
         let hash = buffers.finish_key();
@@ -170,6 +171,15 @@ impl Executor {
         result.map(|()| true)
     }
 
+    /// How this runtime's flushes (and graph captures) are planned.
+    pub(crate) fn plan_options(&self) -> PlanOptions {
+        PlanOptions {
+            fuse: true,
+            max_ops_per_region: self.max_ops_per_region,
+            capabilities: self.backend.capabilities(),
+        }
+    }
+
     /// Runs one node now (strict and debug modes).
     pub(crate) fn run_now(
         &self,
@@ -213,7 +223,12 @@ impl Executor {
             Vec::new()
         };
         let mut launched = 0;
-        let r = self.launch_each(stream, steps, buffers, mode, inline, &mut launched);
+        // A deferred flush's independent steps run side by side where the backend can.
+        let side_by_side = mode == Mode::Defer && steps.len() > 1;
+        let jobs = steps
+            .into_iter()
+            .map(|step| self.prepare(step, buffers, mode, stream.id));
+        let r = self.launch_each(stream, jobs, side_by_side, inline, false, &mut launched);
         if let (Err(e), Mode::Defer) = (&r, mode) {
             for id in outputs[launched..].iter().flatten() {
                 if let Some(b) = buffers.find(*id) {
@@ -224,37 +239,47 @@ impl Executor {
         r
     }
 
-    fn launch_each(
+    /// Launches `jobs` in order, consecutive independent ones as one wave when `side_by_side`
+    /// and the backend can; `launched` counts the jobs launched (on an error, the ones before
+    /// the failing job ran and the caller fails the rest's outputs). With `one_unit`, all the
+    /// waves are handed to the stream as one unit of work: a captured graph's launch, where
+    /// handing each wave over (a channel send and a worker wake-up each) cost more than its
+    /// small programs take to run.
+    pub(crate) fn launch_each(
         &self,
         stream: &Stream,
-        steps: Vec<Step>,
-        buffers: &impl BufferLookup,
-        mode: Mode,
+        jobs: impl Iterator<Item = Result<Job>>,
+        side_by_side: bool,
         inline: bool,
+        one_unit: bool,
         launched: &mut usize,
     ) -> Result<()> {
-        // A deferred flush's independent steps run side by side where the backend can.
-        let side = match mode {
-            Mode::Defer if steps.len() > 1 => self.backend.side_by_side(),
-            _ => None,
+        let side = match side_by_side {
+            true => self.backend.side_by_side(),
+            false => None,
         };
         let mut wave = Wave::default();
-        for step in steps {
-            let job = match self.prepare(step, buffers, mode, stream.id) {
+        let mut unit = one_unit.then(Unit::default);
+        let mut r = Ok(());
+        for job in jobs {
+            let job = match job {
                 Ok(job) => job,
                 Err(e) => {
                     // The steps before this one run; this and later ones are failed.
-                    self.launch_wave(stream, &mut wave, &side, inline, launched);
-                    return Err(e);
+                    r = Err(e);
+                    break;
                 }
             };
             if side.is_none() || !wave.admits(&job) {
-                self.launch_wave(stream, &mut wave, &side, inline, launched);
+                self.launch_wave(stream, &mut wave, &side, inline, unit.as_mut(), launched);
             }
             wave.push(job);
         }
-        self.launch_wave(stream, &mut wave, &side, inline, launched);
-        Ok(())
+        self.launch_wave(stream, &mut wave, &side, inline, unit.as_mut(), launched);
+        if let Some(unit) = unit {
+            self.launch_unit(stream, unit, inline);
+        }
+        r
     }
 
     /// Resolves a step's buffers, finds or compiles its program and allocates its outputs.
@@ -279,11 +304,33 @@ impl Executor {
             check_bounds(&step, &bufs)?;
         }
         let program = self.program(&step, stream)?;
+        self.ready_job(
+            program,
+            (&step.region, &step.key),
+            Arc::new(step.binding),
+            bufs,
+            mode,
+            stream,
+        )
+    }
+
+    /// A job of `program` on `bufs` (the binding's operands, resolved), allocating the
+    /// storage of the buffers nothing has written yet. A captured graph's launch makes its
+    /// jobs here too, from the steps it planned once.
+    pub(crate) fn ready_job(
+        &self,
+        program: Arc<dyn Program>,
+        region: (&Arc<Region>, &KeyMemo),
+        binding: Arc<Binding>,
+        bufs: Vec<Arc<Buffer>>,
+        mode: Mode,
+        stream: u64,
+    ) -> Result<Job> {
         for (j, b) in bufs.iter().enumerate() {
             if !b.is_allocated() {
                 // A first writer that covers every byte needs no zero-fill.
-                let t = &step.binding.operands[j];
-                let covers = j >= step.binding.n_inputs
+                let t = &binding.operands[j];
+                let covers = j >= binding.n_inputs
                     && t.layout.is_contiguous()
                     && t.layout.offset == 0
                     && t.layout.numel() * t.dtype.size() == b.len;
@@ -300,27 +347,30 @@ impl Executor {
         let trace = self
             .timeline
             .timing()
-            .then(|| self.run_trace(&step, stream));
+            .then(|| self.run_trace(region, &binding, stream));
         Ok(Job {
             program,
-            binding: step.binding,
+            binding,
             bufs,
             poison: mode != Mode::Debug,
             trace,
         })
     }
 
-    /// What a timed run of `step` records (and the region, noted once per trace).
-    fn run_trace(&self, step: &Step, stream: u64) -> Box<RunTrace> {
+    /// What a timed run of a region records (and the region, noted once per trace).
+    fn run_trace(
+        &self,
+        (region, key): (&Arc<Region>, &KeyMemo),
+        binding: &Binding,
+        stream: u64,
+    ) -> Box<RunTrace> {
         // Set by `program`, which ran first.
-        let fingerprint = step
-            .key
-            .get_or_init(|| fingerprint(&step.region, self.backend.identity()).0);
+        let fingerprint = key.get_or_init(|| fingerprint(region, self.backend.identity()).0);
         // A profiler's clock alone needs only the run's time, not its description.
         let (label, shapes, bytes) = if self.timeline.describes() {
-            self.timeline.note_region(fingerprint, &step.region);
-            let (shapes, bytes) = binding_args(&step.binding);
-            (region_label(&step.region), shapes, bytes)
+            self.timeline.note_region(fingerprint, region);
+            let (shapes, bytes) = binding_args(binding);
+            (region_label(region), shapes, bytes)
         } else {
             (String::new(), String::new(), 0)
         };
@@ -336,13 +386,14 @@ impl Executor {
         })
     }
 
-    /// Launches the wave's jobs (if any) as one unit of stream work.
+    /// Launches the wave's jobs (if any) as one unit of stream work, or adds them to `unit`.
     fn launch_wave(
         &self,
         stream: &Stream,
         wave: &mut Wave,
         side: &Option<Arc<dyn SideBySide>>,
         inline: bool,
+        unit: Option<&mut Unit>,
         launched: &mut usize,
     ) {
         if wave.jobs.is_empty() {
@@ -363,26 +414,64 @@ impl Executor {
                 .fetch_add(n as u64, Ordering::Relaxed);
         }
         let work = wave.take_work(side.clone(), stream.id);
+        self.counters
+            .programs_run
+            .fetch_add(n as u64, Ordering::Relaxed);
+        *launched += n;
+        match unit {
+            Some(u) => {
+                u.works.push(work);
+                u.outputs.extend(outputs);
+            }
+            None => self.launch_unit(
+                stream,
+                Unit {
+                    works: vec![work],
+                    outputs,
+                },
+                inline,
+            ),
+        }
+    }
+
+    /// Hands `unit` to the stream (its waves run in order; the first error is the unit's)
+    /// and records the stream as its outputs' writer.
+    fn launch_unit(&self, stream: &Stream, unit: Unit, inline: bool) {
+        let Unit { mut works, outputs } = unit;
+        let work = match works.len() {
+            0 => return,
+            1 => works.pop().expect("one work"),
+            _ => Box::new(move || {
+                let mut first = Ok(());
+                for w in works {
+                    let r = w();
+                    if first.is_ok() {
+                        first = r;
+                    }
+                }
+                first
+            }),
+        };
         let seq = if inline {
             stream.launch_or_run(work)
         } else {
             stream.launch(work)
         };
-        self.counters
-            .programs_run
-            .fetch_add(n as u64, Ordering::Relaxed);
         for b in &outputs {
             b.set_writer(Writer {
                 stream: stream.id,
                 done: Some((stream.progress.clone(), seq)),
             });
         }
-        *launched += n;
     }
 
     /// The step's program from the cache, or compiled (a compile is a span on `stream`'s
     /// host track while tracing).
-    fn program(&self, step: &Step, stream: u64) -> Result<Arc<dyn crate::backend::Program>> {
+    pub(crate) fn program(
+        &self,
+        step: &Step,
+        stream: u64,
+    ) -> Result<Arc<dyn crate::backend::Program>> {
         let key = Fingerprint(
             step.key
                 .get_or_init(|| fingerprint(&step.region, self.backend.identity()).0),
@@ -412,6 +501,13 @@ impl Executor {
             // The compiler's message as before; the key is in the dump and the timeline.
             .map_err(|e| Error::Backend(e.reason))
     }
+}
+
+/// Waves gathered to be handed to a stream as one unit of work, and the buffers they write.
+#[derive(Default)]
+struct Unit {
+    works: Vec<crate::stream::Work>,
+    outputs: Vec<Arc<Buffer>>,
 }
 
 /// Debug-mode check: every operand's view lies inside its buffer.

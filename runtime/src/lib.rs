@@ -16,6 +16,7 @@ mod dump;
 pub mod error;
 pub mod event;
 mod exec;
+pub mod graph;
 pub mod handle;
 mod log;
 pub mod mode;

@@ -1,7 +1,7 @@
 //! Recording: checks an op at its own call (shapes, dtypes, handles), makes its output, and
 //! hands the node to the stream: run now (strict, debug) or append to the trace (defer).
 
-use crate::buffer::{BufferState, Writer};
+use crate::buffer::{Buffer, BufferState, Writer};
 use crate::error::{Error, Result};
 use crate::handle::Handle;
 use crate::mode::Mode;
@@ -314,8 +314,11 @@ impl Runtime {
     /// Hands a checked node to its stream according to the calling thread's mode.
     pub(crate) fn record(&self, s: &Arc<Stream>, node: Node, buffers: Buffers) -> Result<()> {
         self.counters.ops_recorded.fetch_add(1, Ordering::Relaxed);
-        self.order_after_other_streams(s, &buffers)?;
+        self.order_after_other_streams(s, buffers.iter())?;
         let mode = self.mode();
+        if self.captures_active.load(Ordering::Relaxed) > 0 {
+            self.note_op_while_capturing(s, mode);
+        }
         let out = || {
             buffers
                 .get(node.output.buffer)
@@ -342,7 +345,11 @@ impl Runtime {
                     p.tags.push((i, tag));
                 }
             }
-            let reason = if p.trace.len() >= self.config.max_pending_ops {
+            // A capture's trace is the whole graph: its length and bytes are checked only
+            // when it ends.
+            let reason = if p.capture.is_some() {
+                None
+            } else if p.trace.len() >= self.config.max_pending_ops {
                 Some(SyncReason::MaxPending)
             } else if p.bytes > self.config.max_pending_bytes {
                 Some(SyncReason::MemoryBound)
@@ -368,8 +375,12 @@ impl Runtime {
 
     /// Reading (or writing) a buffer another stream produces: run that stream's pending work and
     /// make this stream wait for it on its worker.
-    fn order_after_other_streams(&self, s: &Arc<Stream>, buffers: &Buffers) -> Result<()> {
-        for b in buffers.iter() {
+    pub(crate) fn order_after_other_streams<'a>(
+        &self,
+        s: &Arc<Stream>,
+        buffers: impl Iterator<Item = &'a Arc<Buffer>>,
+    ) -> Result<()> {
+        for b in buffers {
             if b.written_by(s.id) {
                 continue;
             }

@@ -17,7 +17,7 @@ use crate::stream::Stream;
 use crate::timeline::{Arg, Timeline, Track};
 use deferfuse_fusion::ir::layout::checked_numel;
 use deferfuse_fusion::ir::{DType, Dims, Layout};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 
 /// What a tensor handle names: a view of a buffer.
@@ -38,6 +38,11 @@ pub struct Runtime {
     pub(crate) tensors: HandleTable<Tensor>,
     pub(crate) streams: HandleTable<Arc<Stream>>,
     pub(crate) events: HandleTable<EventState>,
+    /// Captured graphs ([`crate::graph`]).
+    pub(crate) graphs: HandleTable<Arc<crate::graph::Graph>>,
+    /// Streams capturing a graph now: while zero, recording and host reads skip every
+    /// capture check (one relaxed load).
+    pub(crate) captures_active: AtomicUsize,
     pub(crate) counters: Arc<Counters>,
     pub(crate) config: Config,
     /// Host memory, with the cache of freed blocks.
@@ -51,8 +56,9 @@ pub struct Runtime {
     /// The default stream itself (it is never destroyed): most ops name it, and this spares
     /// them a handle-table lookup.
     default_stream_ref: Arc<Stream>,
-    /// Buffer ids (the trace's and the planner's name for a buffer).
-    next_buffer: AtomicU64,
+    /// Buffer ids (the trace's and the planner's name for a buffer); increasing, so a graph
+    /// capture tells the buffers its ops made from older ones.
+    pub(crate) next_buffer: AtomicU64,
     /// Stream ids (what a buffer's writer and the timeline name a stream by); the default
     /// stream is 0.
     next_stream: AtomicU64,
@@ -113,6 +119,8 @@ impl Runtime {
             tensors: HandleTable::new("tensor", tag),
             streams,
             events: HandleTable::new("event", tag),
+            graphs: HandleTable::new("graph", tag),
+            captures_active: AtomicUsize::new(0),
             counters,
             host,
             spares: Spares::default(),
@@ -343,11 +351,15 @@ impl Runtime {
                     op()
                 ))
             })?;
+        Ok(self.new_buffer_bytes(bytes))
+    }
+
+    /// A new buffer of `bytes` bytes (a spare record when there is one).
+    pub(crate) fn new_buffer_bytes(&self, bytes: usize) -> Arc<Buffer> {
         let id = self.next_buffer.fetch_add(1, Ordering::Relaxed);
-        Ok(self
-            .spares
+        self.spares
             .take(id, bytes)
-            .unwrap_or_else(|| Arc::new(Buffer::new(id, bytes, self.host.clone()))))
+            .unwrap_or_else(|| Arc::new(Buffer::new(id, bytes, self.host.clone())))
     }
 
     #[inline(always)]
@@ -491,6 +503,8 @@ impl Runtime {
                 out.len()
             )));
         }
+        // A value read on the host would be baked into what the capture records next.
+        self.break_captures("a host read");
         // Every host read is a sync point, counted once: by the flush if it ran deferred work.
         if !self.wait_written(&t.buffer, reason)? {
             self.counters.sync(reason);

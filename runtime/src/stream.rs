@@ -202,6 +202,11 @@ impl PendingBuffers {
         self.find(id).is_none_or(|b| Arc::strong_count(b) > 1)
     }
 
+    /// Every buffer of the set: the named ones by number, then the extra ones.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Buffer>> {
+        self.named.iter().chain(&self.extra)
+    }
+
     /// Empties the set, keeping its allocations; the buffers it held are returned.
     pub fn drain(&mut self) -> impl Iterator<Item = Arc<Buffer>> + '_ {
         self.key.clear();
@@ -249,6 +254,9 @@ pub struct Pending {
     /// cut's timeline event names the tag of the op it cut at, which a host backend maps to
     /// the user's source line.
     pub tags: Vec<(usize, u64)>,
+    /// Set between a graph capture's begin and end: the trace is being captured as a graph
+    /// (see [`crate::graph`]), so it is not flushed for its length or bytes.
+    pub capture: Option<crate::graph::Capture>,
 }
 
 /// One stream: its pending trace, its queue and its worker.

@@ -21,7 +21,8 @@ const MAX_WAVE_ELEMS: usize = 1 << 18;
 /// A step ready to run: its program, binding and resolved buffers (inputs then outputs).
 pub(crate) struct Job {
     pub program: Arc<dyn Program>,
-    pub binding: Binding,
+    /// Shared: a captured graph's launches all run the binding it planned once.
+    pub binding: Arc<Binding>,
     pub bufs: Vec<Arc<Buffer>>,
     /// Whether a failure marks the outputs failed (strict and defer, where the error surfaces
     /// later); in debug mode it surfaces at the op itself, and a kernel that failed wrote

@@ -13,6 +13,7 @@ mod elementwise_ops;
 mod errors;
 mod fusion;
 mod fuzz_corpus;
+mod graph_capture;
 mod kernel_ops;
 mod memory;
 mod modes_and_sync;

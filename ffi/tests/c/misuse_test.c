@@ -178,6 +178,13 @@ static void every_call_rejects_runtime(DfuseRuntime *rt, DfuseStatus want, uint6
     MISUSE(want, dfuse_memory_info(rt, &mem));
     MISUSE(want, dfuse_memory_limit_set(rt, 0));
     MISUSE(want, dfuse_memory_peak_reset(rt));
+    uint64_t g = 0;
+    MISUSE(want, dfuse_graph_capture_begin(rt, s));
+    MISUSE(want, dfuse_graph_capture_end(rt, s, &t, 1, &t, 1, &g));
+    MISUSE(want, dfuse_graph_capture_abort(rt, s));
+    MISUSE(want, dfuse_graph_arity(rt, g, &n, &n));
+    MISUSE(want, dfuse_graph_launch(rt, s, g, &t, 1, &h, 1));
+    MISUSE(want, dfuse_graph_destroy(rt, g));
 }
 
 static void bad_runtime_pointers(void) {
@@ -563,6 +570,93 @@ static void bad_views(DfuseRuntime *rt) {
     still_usable(rt, __LINE__);
 }
 
+static bool error_says(const char *a, const char *b, const char *c) {
+    const char *m = dfuse_last_error();
+    return strstr(m, a) != NULL && strstr(m, b) != NULL && strstr(m, c) != NULL;
+}
+
+/* Captures y = x * 2 on the default stream (in defer mode whatever the runtime's mode). */
+static uint64_t capture_double(DfuseRuntime *rt, uint64_t x) {
+    uint64_t y = 0, g = 0;
+    DfuseAttrs mul = attrs(DFUSE_BINARY_OP_MUL);
+    DfuseOperand in[2] = {T(x), F(2.0)};
+    OK(dfuse_mode_push(rt, DFUSE_MODE_DEFER));
+    OK(dfuse_graph_capture_begin(rt, 0));
+    MISUSE(INVALID_ARGUMENT, dfuse_graph_capture_begin(rt, 0)); /* already capturing */
+    OK(dfuse_op(rt, 0, DFUSE_OP_KIND_BINARY, &mul, in, 2, 0, &y));
+    /* Pointer misuse is refused before the capture ends: it can still end. */
+    MISUSE(INVALID_ARGUMENT, dfuse_graph_capture_end(rt, 0, NULL, 1, &y, 1, &g));
+    MISUSE(INVALID_ARGUMENT, dfuse_graph_capture_end(rt, 0, &x, 1, &y, 1, NULL));
+    OK(dfuse_graph_capture_end(rt, 0, &x, 1, &y, 1, &g));
+    OK(dfuse_mode_pop(rt));
+    OK(dfuse_tensor_release(rt, y));
+    return g;
+}
+
+static void bad_graphs(DfuseRuntime *rt) {
+    printf("-- graphs: no capture begun, wrong inputs, null and stale graph handles\n");
+    uint64_t x = f32_2x3(rt), stale = f32_2x3(rt), g = 9, outs[2] = {0, 0};
+    size_t ni = 9, no = 9;
+    MISUSE(INVALID_ARGUMENT, dfuse_graph_capture_end(rt, 0, &x, 1, &x, 1, &g));
+    CHECK(g == 0 && strstr(dfuse_last_error(), "no capture begun") != NULL);
+    MISUSE(INVALID_ARGUMENT, dfuse_graph_capture_abort(rt, 0));
+    MISUSE(INVALID_HANDLE, dfuse_graph_capture_begin(rt, 12345));
+    g = capture_double(rt, x);
+    OK(dfuse_graph_arity(rt, g, &ni, &no));
+    CHECK(ni == 1 && no == 1);
+    MISUSE(INVALID_ARGUMENT, dfuse_graph_arity(rt, g, NULL, &no));
+    MISUSE(INVALID_ARGUMENT, dfuse_graph_launch(rt, 0, g, NULL, 1, outs, 1));
+    MISUSE(INVALID_ARGUMENT, dfuse_graph_launch(rt, 0, g, &x, 1, NULL, 1));
+    MISUSE(INVALID_ARGUMENT, dfuse_graph_launch(rt, 0, g, &x, 1, outs, 2));
+    CHECK(error_says("outputs", "has 1 outputs", "room for 2"));
+    const uint64_t two[2] = {x, x};
+    MISUSE(INVALID_ARGUMENT, dfuse_graph_launch(rt, 0, g, two, 2, outs, 1));
+    CHECK(error_says("graph 0x", "expected 1 inputs", "given 2"));
+    uint64_t wide = 0, ints = 0;
+    const int64_t S32[2] = {3, 2};
+    const int32_t I6[6] = {1, 2, 3, 4, 5, 6};
+    OK(dfuse_tensor_from_host(rt, V6, sizeof V6, DFUSE_DTYPE_F32, S32, 2, &wide));
+    OK(dfuse_tensor_from_host(rt, I6, sizeof I6, DFUSE_DTYPE_I32, S23, 2, &ints));
+    MISUSE(INVALID_ARGUMENT, dfuse_graph_launch(rt, 0, g, &wide, 1, outs, 1));
+    CHECK(error_says("input 0", "expected float32 [2, 3]", "given float32 [3, 2]"));
+    MISUSE(INVALID_ARGUMENT, dfuse_graph_launch(rt, 0, g, &ints, 1, outs, 1));
+    CHECK(error_says("input 0", "float32", "given int32"));
+    OK(dfuse_tensor_release(rt, stale));
+    MISUSE(INVALID_HANDLE, dfuse_graph_launch(rt, 0, g, &stale, 1, outs, 1));
+    CHECK(error_says("graph 0x", "input 0", "tensor"));
+    CHECK(outs[0] == 0);
+    OK(dfuse_graph_launch(rt, 0, g, &x, 1, outs, 1));
+    float got[6] = {0};
+    const uint64_t doubled = outs[0];
+    OK(dfuse_tensor_to_host(rt, doubled, got, sizeof got));
+    CHECK(got[5] == 12.0f);
+    OK(dfuse_graph_destroy(rt, g));
+    const uint64_t bad[2] = {0, g};
+    for (int i = 0; i < 2; i++) {
+        MISUSE(INVALID_HANDLE, dfuse_graph_launch(rt, 0, bad[i], &x, 1, outs, 1));
+        CHECK(outs[0] == 0);
+        MISUSE(INVALID_HANDLE, dfuse_graph_arity(rt, bad[i], &ni, &no));
+        MISUSE(INVALID_HANDLE, dfuse_graph_destroy(rt, bad[i]));
+    }
+    /* A host read inside a capture: refused, and its ops still run. */
+    uint64_t y = 0;
+    DfuseAttrs neg = attrs(DFUSE_UNARY_OP_NEG);
+    DfuseOperand in[1] = {T(x)};
+    OK(dfuse_mode_push(rt, DFUSE_MODE_DEFER));
+    OK(dfuse_graph_capture_begin(rt, 0));
+    OK(dfuse_op(rt, 0, DFUSE_OP_KIND_UNARY, &neg, in, 1, 0, &y));
+    OK(dfuse_tensor_to_host(rt, y, got, sizeof got));
+    CHECK(got[5] == -6.0f);
+    MISUSE(DFUSE_STATUS_NOT_CAPTURABLE, dfuse_graph_capture_end(rt, 0, &x, 1, &y, 1, &g));
+    CHECK(g == 0 && strstr(dfuse_last_error(), "host read") != NULL);
+    OK(dfuse_graph_capture_begin(rt, 0));
+    OK(dfuse_graph_capture_abort(rt, 0));
+    OK(dfuse_mode_pop(rt));
+    const uint64_t done[5] = {x, wide, ints, doubled, y};
+    for (int i = 0; i < 5; i++) OK(dfuse_tensor_release(rt, done[i]));
+    still_usable(rt, __LINE__);
+}
+
 static void bad_configs_and_env(void) {
     printf("-- bad configs and TORCH_TPU_* environment values\n");
     DfuseRuntime *rt = (DfuseRuntime *)(uintptr_t)0x40;
@@ -650,6 +744,7 @@ int main(void) {
         bad_enums_and_attrs(rt);
         bad_dtypes_shapes_and_lengths(rt);
         bad_views(rt);
+        bad_graphs(rt);
         DfuseStats stats;
         OK(dfuse_stats(rt, &stats));
         OK(dfuse_runtime_destroy(rt));
