@@ -49,22 +49,33 @@ void delete_ctx(void* p) {
   delete c;
 }
 
-c10::DataPtr make_data_ptr(uint64_t handle, uint32_t dtype, std::vector<int64_t> sizes,
-                           std::vector<int64_t> strides) {
+c10::DataPtr make_data_ptr(uint64_t handle, uint32_t dtype, DimVec sizes, DimVec strides) {
   auto* ctx = new StorageCtx{handle, dtype, std::move(sizes), std::move(strides)};
   note_storage_alloc(handle_bytes(*ctx));
   return c10::DataPtr(reinterpret_cast<void*>(handle), ctx, &delete_ctx,
                       c10::Device(c10::DeviceType::PrivateUse1, 0));
 }
 
-std::vector<int64_t> dense_strides(at::IntArrayRef sizes) {
-  std::vector<int64_t> st(sizes.size());
+DimVec dense_strides(at::IntArrayRef sizes) {
+  DimVec st(sizes.size());
   int64_t acc = 1;
   for (size_t i = sizes.size(); i-- > 0;) {
     st[i] = acc;
     acc *= std::max<int64_t>(sizes[i], 1);
   }
   return st;
+}
+
+// A Python number PyTorch wrapped as a 0-dim CPU tensor, read from its one element: x.item()
+// goes through the dispatcher (two op calls) for what is one load, on every `x + 1`.
+at::Scalar wrapped_value(const at::Tensor& x) {
+  const void* p = x.const_data_ptr();
+  switch (x.scalar_type()) {
+    case at::kDouble: return at::Scalar(*static_cast<const double*>(p));
+    case at::kLong: return at::Scalar(*static_cast<const int64_t*>(p));
+    case at::kBool: return at::Scalar(*static_cast<const bool*>(p));
+    default: return x.item();  // complex: Operands::s reports it
+  }
 }
 
 }  // namespace
@@ -113,6 +124,16 @@ Ref::~Ref() {
   if (owned_) dfuse_tensor_release(raw_runtime(), h_);
 }
 
+Ref& Ref::operator=(Ref&& o) noexcept {
+  if (this != &o) {
+    if (owned_) dfuse_tensor_release(raw_runtime(), h_);
+    h_ = o.h_;
+    owned_ = o.owned_;
+    o.owned_ = false;
+  }
+  return *this;
+}
+
 uint32_t to_dtype(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return DFUSE_DTYPE_F32;
@@ -146,8 +167,12 @@ const StorageCtx& storage_ctx(const at::Tensor& t) {
 }
 
 Ref ref(const at::Tensor& t) {
-  if (storage_ctx(t).dtype != to_dtype(t.scalar_type())) retype_byte_storage(t);
-  const StorageCtx& c = storage_ctx(t);
+  const StorageCtx* cp = &storage_ctx(t);
+  if (cp->dtype != to_dtype(t.scalar_type())) {
+    retype_byte_storage(t);
+    cp = &storage_ctx(t);  // the storage has a new context now
+  }
+  const StorageCtx& c = *cp;
   if (t.storage_offset() == 0 && t.sizes().equals(c.sizes) && t.strides().equals(c.strides)) {
     return Ref(c.handle, false);
   }
@@ -165,8 +190,8 @@ c10::Storage make_storage(at::ScalarType dtype, at::IntArrayRef sizes, at::IntAr
   auto cont = dense_strides(sizes);
   bool dense = strides.equals(cont) &&
                static_cast<size_t>(c10::multiply_integers(sizes)) * item == nbytes;
-  std::vector<int64_t> hs = dense ? sizes.vec() : std::vector<int64_t>{int64_t(nbytes / item)};
-  std::vector<int64_t> hst = dense ? cont : std::vector<int64_t>{1};
+  DimVec hs = dense ? DimVec(sizes.begin(), sizes.end()) : DimVec{int64_t(nbytes / item)};
+  DimVec hst = dense ? cont : DimVec{1};
   uint64_t h = 0;
   check(dfuse_tensor_empty(rt(), dt, hs.data(), hs.size(), &h), "allocating a tensor");
   return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
@@ -176,7 +201,8 @@ c10::Storage make_storage(at::ScalarType dtype, at::IntArrayRef sizes, at::IntAr
 
 c10::DataPtr data_ptr_for(uint64_t handle, uint32_t dtype, std::vector<int64_t> sizes,
                           std::vector<int64_t> strides) {
-  return make_data_ptr(handle, dtype, std::move(sizes), std::move(strides));
+  return make_data_ptr(handle, dtype, DimVec(sizes.begin(), sizes.end()),
+                       DimVec(strides.begin(), strides.end()));
 }
 
 at::Tensor wrap(uint64_t h) {
@@ -191,19 +217,27 @@ at::Tensor wrap(uint64_t h) {
       TORCH_CHECK(false, "deferfuse (", what, "): ", msg);
     }
   };
-  fail(dfuse_tensor_dtype(r, h, &dt), "result dtype");
-  fail(dfuse_tensor_ndim(r, h, &nd), "result ndim");
-  std::vector<int64_t> sizes(nd);
-  fail(dfuse_tensor_shape(r, h, sizes.data(), nd), "result shape");
+  // One call for dtype, rank and sizes (rank <= kInlineDims, nearly always); a larger rank
+  // asks again with room for it.
+  DimVec sizes(kInlineDims);
+  fail(dfuse_tensor_meta(r, h, &dt, sizes.data(), sizes.size(), &nd), "result dtype and shape");
+  if (nd > sizes.size()) {
+    sizes.resize(nd);
+    fail(dfuse_tensor_shape(r, h, sizes.data(), nd), "result shape");
+  }
+  sizes.resize(nd);
   at::ScalarType st = from_dtype(dt);
   auto strides = dense_strides(sizes);
   size_t nbytes = static_cast<size_t>(c10::multiply_integers(sizes)) * c10::elementSize(st);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
-                       make_data_ptr(h, dt, sizes, strides), tpu_allocator(), true);
+  c10::DataPtr dp = make_data_ptr(h, dt, std::move(sizes), std::move(strides));
+  // The context now owns the dims; the tensor's sizes are read from there.
+  at::IntArrayRef shape = static_cast<const StorageCtx*>(dp.get_context())->sizes;
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(dp), tpu_allocator(),
+                       true);
   auto t = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
       caffe2::TypeMeta::fromScalarType(st));
-  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
   return t;
 }
 
@@ -212,7 +246,7 @@ Operands& Operands::t(const at::Tensor& x) {
   if (x.device().is_cpu()) {
     TORCH_CHECK(x.dim() == 0, "tpu: expected all tensors on device tpu, got a CPU tensor of shape ",
                 x.sizes(), " (only 0-dim CPU tensors may mix with tpu tensors)");
-    if (x.unsafeGetTensorImpl()->is_wrapped_number()) return s(x.item());
+    if (x.unsafeGetTensorImpl()->is_wrapped_number()) return s(wrapped_value(x));
     auto c = x.contiguous();
     uint64_t h = 0;
     check(dfuse_tensor_from_host(rt(), c.data_ptr(), c.nbytes(), to_dtype(c.scalar_type()),

@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/Allocator.h>
+#include <c10/util/SmallVector.h>
 #include <cstdint>
 #include <vector>
 
@@ -32,13 +33,19 @@ uint32_t set_mode(uint32_t mode);
 // Raises a RuntimeError carrying dfuse_last_error() when `s` is not OK.
 void check(DfuseStatus s, const char* what);
 
+// Dims kept inline: a layout of up to this many dims costs no heap allocation (every op's
+// result makes one StorageCtx and every call one Operands, so heap vectors there were a
+// malloc/free pair each, several per op).
+constexpr size_t kInlineDims = 6;
+using DimVec = c10::SmallVector<int64_t, kInlineDims>;
+
 // The layout the storage's handle was created with: a handle whose tensor matches it exactly
 // is used as is, saving an as_strided call per operand.
 struct StorageCtx {
   uint64_t handle;
   uint32_t dtype;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
+  DimVec sizes;
+  DimVec strides;
 };
 
 // A handle for one kernel operand: borrowed (the storage's own) or owned (a view made for this
@@ -50,6 +57,8 @@ class Ref {
   Ref(const Ref&) = delete;
   Ref& operator=(const Ref&) = delete;
   Ref(Ref&& o) noexcept : h_(o.h_), owned_(o.owned_) { o.owned_ = false; }
+  // Operands keeps its Refs in a SmallVector, whose move assigns element by element.
+  Ref& operator=(Ref&& o) noexcept;
   ~Ref();
   uint64_t get() const { return h_; }
 
@@ -86,12 +95,15 @@ class Operands {
   const DfuseOperand* data() const { return ops_.data(); }
   size_t size() const { return ops_.size(); }
   // The tpu tensor operands, for run_into's overlap check.
-  const std::vector<at::TensorBase>& tpu_tensors() const { return tpu_; }
+  c10::ArrayRef<at::TensorBase> tpu_tensors() const { return tpu_; }
 
  private:
-  std::vector<DfuseOperand> ops_;
-  std::vector<Ref> keep_;
-  std::vector<at::TensorBase> tpu_;
+  // Inline for the common arities (unary to where/clamp/addmm); cat's longer lists spill to
+  // the heap.
+  static constexpr unsigned kInline = 4;
+  c10::SmallVector<DfuseOperand, kInline> ops_;
+  c10::SmallVector<Ref, kInline> keep_;
+  c10::SmallVector<at::TensorBase, kInline> tpu_;
 };
 
 DfuseAttrs attrs_sub(uint32_t sub_op);

@@ -1729,6 +1729,25 @@ DfuseStatus dfuse_tensor_strides(const struct DfuseRuntime *rt,
                                  size_t capacity);
 
 /**
+ * Writes the tensor's dtype (a `DfuseDtype`) to `*dtype` and its number of dims to `*ndim`,
+ * and, when `capacity` (the length of `sizes`) is at least that number, its sizes to
+ * `sizes[0..ndim]`; a smaller `capacity` leaves `sizes` untouched and is not an error (read
+ * `*ndim` and ask `dfuse_tensor_shape` with a large enough array). One call instead of
+ * `dfuse_tensor_dtype` + `dfuse_tensor_ndim` + `dfuse_tensor_shape`: a front end wraps every
+ * op's result this way, and each call costs a runtime and a handle lookup.
+ *
+ * # Safety
+ * `dtype` and `ndim` must be NULL or writable; `sizes` must be NULL or writable for
+ * `capacity` values.
+ */
+DfuseStatus dfuse_tensor_meta(const struct DfuseRuntime *rt,
+                              uint64_t tensor,
+                              uint32_t *dtype,
+                              int64_t *sizes,
+                              size_t capacity,
+                              size_t *ndim);
+
+/**
  * Writes the tensor's dtype (a `DfuseDtype`) to `*out`.
  *
  * # Safety

@@ -306,6 +306,39 @@ pub unsafe extern "C" fn dfuse_tensor_strides(
     })
 }
 
+/// Writes the tensor's dtype (a `DfuseDtype`) to `*dtype` and its number of dims to `*ndim`,
+/// and, when `capacity` (the length of `sizes`) is at least that number, its sizes to
+/// `sizes[0..ndim]`; a smaller `capacity` leaves `sizes` untouched and is not an error (read
+/// `*ndim` and ask `dfuse_tensor_shape` with a large enough array). One call instead of
+/// `dfuse_tensor_dtype` + `dfuse_tensor_ndim` + `dfuse_tensor_shape`: a front end wraps every
+/// op's result this way, and each call costs a runtime and a handle lookup.
+///
+/// # Safety
+/// `dtype` and `ndim` must be NULL or writable; `sizes` must be NULL or writable for
+/// `capacity` values.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_tensor_meta(
+    rt: *const DfuseRuntime,
+    tensor: u64,
+    dtype: *mut u32,
+    sizes: *mut i64,
+    capacity: usize,
+    ndim: *mut usize,
+) -> DfuseStatus {
+    guard("dfuse_tensor_meta", || {
+        let (d, s) = runtime(rt)?.dtype_and_sizes(tensor)?;
+        // SAFETY: the caller's contract.
+        unsafe {
+            write_out(dtype, "dtype", d as u32)?;
+            write_out(ndim, "ndim", s.len())?;
+            if capacity >= s.len() {
+                write_dims(sizes, capacity, "sizes", s.iter().map(|&x| x as i64))?;
+            }
+        }
+        Ok(())
+    })
+}
+
 /// Writes the tensor's dtype (a `DfuseDtype`) to `*out`.
 ///
 /// # Safety
@@ -362,6 +395,63 @@ pub unsafe extern "C" fn dfuse_tensor_release(rt: *const DfuseRuntime, tensor: u
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime_registry::{dfuse_runtime_create, dfuse_runtime_destroy};
+    use crate::types::DfuseDtype;
+    use std::ptr;
+
+    /// Runs `body` with a fresh runtime and a new int64 tensor of shape [2, 3, 4].
+    fn with_tensor(body: impl FnOnce(*mut DfuseRuntime, u64)) {
+        let mut rt = ptr::null_mut();
+        let sizes = [2i64, 3, 4];
+        let mut h = 0;
+        // SAFETY: valid out-pointers and a sizes array of its stated length.
+        unsafe {
+            assert_eq!(dfuse_runtime_create(ptr::null(), &mut rt), DfuseStatus::Ok);
+            let st = dfuse_tensor_empty(rt, DfuseDtype::I64 as u32, sizes.as_ptr(), 3, &mut h);
+            assert_eq!(st, DfuseStatus::Ok);
+        }
+        body(rt, h);
+        // SAFETY: a live runtime.
+        unsafe { dfuse_runtime_destroy(rt) };
+    }
+
+    #[test]
+    fn meta_writes_dtype_ndim_and_sizes_in_one_call() {
+        with_tensor(|rt, h| {
+            let (mut dt, mut nd, mut s) = (99u32, 0usize, [0i64; 8]);
+            // SAFETY: valid out-pointers; s is writable for its length.
+            let st = unsafe { dfuse_tensor_meta(rt, h, &mut dt, s.as_mut_ptr(), 8, &mut nd) };
+            assert_eq!(st, DfuseStatus::Ok);
+            assert_eq!(
+                (dt, nd, &s[..3]),
+                (DfuseDtype::I64 as u32, 3, &[2i64, 3, 4][..])
+            );
+        });
+    }
+
+    #[test]
+    fn meta_with_too_short_an_array_writes_ndim_and_leaves_the_sizes_alone() {
+        with_tensor(|rt, h| {
+            let (mut dt, mut nd, mut s) = (99u32, 0usize, [-1i64; 2]);
+            // SAFETY: valid out-pointers; s is writable for its length.
+            let st = unsafe { dfuse_tensor_meta(rt, h, &mut dt, s.as_mut_ptr(), 2, &mut nd) };
+            assert_eq!(st, DfuseStatus::Ok);
+            assert_eq!((dt, nd, s), (DfuseDtype::I64 as u32, 3, [-1, -1]));
+        });
+    }
+
+    #[test]
+    fn meta_of_a_released_handle_is_an_invalid_handle() {
+        with_tensor(|rt, h| {
+            let (mut dt, mut nd) = (0u32, 0usize);
+            // SAFETY: a live runtime and valid out-pointers; no sizes are asked for.
+            unsafe {
+                assert_eq!(dfuse_tensor_release(rt, h), DfuseStatus::Ok);
+                let st = dfuse_tensor_meta(rt, h, &mut dt, ptr::null_mut(), 0, &mut nd);
+                assert_eq!(st, DfuseStatus::InvalidHandle);
+            }
+        });
+    }
 
     #[test]
     fn half_precision_elements_decode() {

@@ -204,6 +204,16 @@ impl<T: Clone> HandleTable<T> {
         self.with_slot(h, |s, i| s.slots[i].value.clone().expect("checked live"))
     }
 
+    /// `f` applied to the object behind `h`, under its shard's lock: reading a field or two
+    /// (a tensor's dtype and sizes, what a front end asks of every op's result) without
+    /// cloning the whole object (a tensor's buffer `Arc` and both layouts).
+    #[inline(always)]
+    pub fn read<R>(&self, h: Handle, f: impl FnOnce(&T) -> R) -> Result<R> {
+        self.with_slot(h, |s, i| {
+            f(s.slots[i].value.as_ref().expect("checked live"))
+        })
+    }
+
     /// Replaces the object behind a live handle.
     pub fn update(&self, h: Handle, f: impl FnOnce(&mut T)) -> Result<()> {
         self.with_slot(h, |s, i| {

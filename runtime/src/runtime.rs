@@ -409,7 +409,13 @@ impl Runtime {
 
     /// The tensor's sizes.
     pub fn sizes(&self, h: Handle) -> Result<Dims> {
-        Ok(self.tensor(h)?.layout.sizes)
+        self.tensors.read(h, |t| t.layout.sizes.clone())
+    }
+
+    /// The tensor's dtype and sizes in one lookup: what a front end reads of each op's result
+    /// to wrap it (one call instead of two on the per-op path).
+    pub fn dtype_and_sizes(&self, h: Handle) -> Result<(DType, Dims)> {
+        self.tensors.read(h, |t| (t.dtype, t.layout.sizes.clone()))
     }
 
     /// The tensor's strides, in elements.
@@ -419,7 +425,7 @@ impl Runtime {
 
     /// The tensor's element type.
     pub fn dtype(&self, h: Handle) -> Result<DType> {
-        Ok(self.tensor(h)?.dtype)
+        self.tensors.read(h, |t| t.dtype)
     }
 
     /// Where the tensor's buffer is in its lifecycle.
