@@ -22,6 +22,13 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// The most elements (over all operands) a strict op may touch and still run on the calling
+/// thread when its stream is idle: handing it to the stream's worker costs a thread wake-up
+/// (microseconds; on a loaded machine a scheduler slice) that is more than such an op's whole
+/// run, while a larger op gains from running while the host records the next one. The op's
+/// result, errors and stream order are the same either way (`Stream::launch_or_run`).
+const STRICT_INLINE_MAX_ELEMS: usize = 1 << 14;
+
 /// Flush -> plan -> fingerprint -> program cache -> launch, for one runtime.
 pub(crate) struct Executor {
     /// Compiles regions; says what a region may hold (the planner cuts by it).
@@ -189,8 +196,16 @@ impl Executor {
         mode: Mode,
     ) -> Result<()> {
         let steps = lower_node(&node, 0);
-        // Debug mode waits for every op: it may as well run it on this thread.
-        self.launch_steps(stream, steps, &buffers, mode, mode == Mode::Debug)?;
+        // Debug mode waits for every op: it may as well run it on this thread. So does a
+        // small strict op when its stream is idle (see STRICT_INLINE_MAX_ELEMS).
+        let small = || {
+            steps.iter().all(|s| {
+                let elems: usize = s.binding.operands.iter().map(|t| t.layout.numel()).sum();
+                elems <= STRICT_INLINE_MAX_ELEMS
+            })
+        };
+        let inline = mode == Mode::Debug || (mode == Mode::Strict && small());
+        self.launch_steps(stream, steps, &buffers, mode, inline)?;
         if mode == Mode::Debug {
             stream.synchronize()?;
         }

@@ -147,6 +147,7 @@ static void every_call_rejects_runtime(DfuseRuntime *rt, DfuseStatus want, uint6
     MISUSE(want, dfuse_tensor_item(rt, t, &sc));
     MISUSE(want, dfuse_tensor_ndim(rt, t, &n));
     MISUSE(want, dfuse_tensor_shape(rt, t, dims, 4));
+    MISUSE(want, dfuse_tensor_meta(rt, t, &u, dims, 4, &n));
     MISUSE(want, dfuse_tensor_strides(rt, t, dims, 4));
     MISUSE(want, dfuse_tensor_dtype(rt, t, &u));
     MISUSE(want, dfuse_tensor_state(rt, t, &u));
@@ -237,6 +238,14 @@ static void null_and_misaligned_pointers(DfuseRuntime *rt) {
     MISUSE(INVALID_ARGUMENT, dfuse_tensor_item(rt, t, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_tensor_ndim(rt, t, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_tensor_shape(rt, t, NULL, 2));
+    {
+        uint32_t md = 0;
+        size_t mn = 0;
+        int64_t msizes[4];
+        MISUSE(INVALID_ARGUMENT, dfuse_tensor_meta(rt, t, NULL, msizes, 4, &mn));
+        MISUSE(INVALID_ARGUMENT, dfuse_tensor_meta(rt, t, &md, msizes, 4, NULL));
+        MISUSE(INVALID_ARGUMENT, dfuse_tensor_meta(rt, t, &md, NULL, 2, &mn));
+    }
     MISUSE(INVALID_ARGUMENT, dfuse_tensor_strides(rt, t, NULL, 2));
     MISUSE(INVALID_ARGUMENT, dfuse_tensor_dtype(rt, t, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_tensor_state(rt, t, NULL));
@@ -276,6 +285,11 @@ static void null_and_misaligned_pointers(DfuseRuntime *rt) {
     MISUSE(INVALID_ARGUMENT, dfuse_stream_create(rt, (uint64_t *)odd));
     MISUSE(INVALID_ARGUMENT, dfuse_profiler_capture(rt, 16, (uint64_t *)odd));
     MISUSE(INVALID_ARGUMENT, dfuse_tensor_shape(rt, t, (int64_t *)odd, 2));
+    {
+        uint32_t md = 0;
+        size_t mn = 0;
+        MISUSE(INVALID_ARGUMENT, dfuse_tensor_meta(rt, t, &md, (int64_t *)odd, 2, &mn));
+    }
     MISUSE(INVALID_ARGUMENT, dfuse_stats(rt, (DfuseStats *)odd));
     CHECK(words[0] == 0 && words[1] == 0);
     /* Lengths whose byte count cannot exist: rejected before the array is read. */
@@ -320,6 +334,7 @@ static void bad_handles(DfuseRuntime *rt) {
         MISUSE(INVALID_HANDLE, dfuse_tensor_item(rt, b, &sc));
         MISUSE(INVALID_HANDLE, dfuse_tensor_ndim(rt, b, &n));
         MISUSE(INVALID_HANDLE, dfuse_tensor_shape(rt, b, dims, 4));
+        MISUSE(INVALID_HANDLE, dfuse_tensor_meta(rt, b, &u, dims, 4, &n));
         MISUSE(INVALID_HANDLE, dfuse_tensor_strides(rt, b, dims, 4));
         MISUSE(INVALID_HANDLE, dfuse_tensor_dtype(rt, b, &u));
         MISUSE(INVALID_HANDLE, dfuse_tensor_state(rt, b, &u));
