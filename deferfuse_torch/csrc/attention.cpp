@@ -11,7 +11,7 @@
 // with CPU within float32 rounding, not bit for bit (tests/test_attention.py).
 //
 // Cases this kernel does not cover go to PyTorch's own composite implementation (its math path
-// on this device), unchanged: dropout, grouped query attention, a mask that requires grad or
+// on this device), unchanged: dropout, a mask that requires grad or
 // comes with is_causal, inputs whose batch dims differ (broadcast), dtypes other than
 // float32/float64 (autocast's half types keep the math path's upcasting), and invalid calls,
 // which so raise PyTorch's own errors.
@@ -125,12 +125,19 @@ bool covered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                 std::optional<double> scale, bool enable_gqa) {
-  if (!covered(q, k, v, mask, dropout_p, is_causal, enable_gqa)) {
+  // Grouped query attention: each key/value head serves a group of query heads. Repeating
+  // them, as PyTorch's math path does, lets autograd sum their gradients over each group.
+  int64_t heads = q.dim() >= 3 ? q.size(-3) : 0, kv_heads = k.dim() >= 3 ? k.size(-3) : 0;
+  bool gqa = enable_gqa && k.dim() == q.dim() && v.dim() == q.dim() && kv_heads > 0 &&
+             v.size(-3) == kv_heads && heads % kv_heads == 0 && heads != kv_heads;
+  auto k2 = gqa ? k.repeat_interleave(heads / kv_heads, -3) : k;
+  auto v2 = gqa ? v.repeat_interleave(heads / kv_heads, -3) : v;
+  if (!covered(q, k2, v2, mask, dropout_p, is_causal, enable_gqa && !gqa && heads != kv_heads)) {
     return at::native::scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale,
                                                      enable_gqa);
   }
   double s = scale ? *scale : 1.0 / std::sqrt(double(q.size(-1)));
-  return Attention::apply(q, k, v, mask, is_causal, s);
+  return Attention::apply(q, k2, v2, mask, is_causal, s);
 }
 
 }  // namespace

@@ -66,11 +66,30 @@ def test_the_covered_call_is_one_autograd_node_and_dropout_keeps_the_math_path(m
     assert "Attention" not in dropped.grad_fn.name(), dropped.grad_fn.name()
 
 
-def test_grouped_query_attention_takes_the_math_path_and_matches_cpu(mode):
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_query_attention_and_its_gradients_match_cpu(mode, causal):
     q, _, _ = qkv(h=4)
     _, k, v = qkv(h=2, seed=3)
-    assert_same(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
-                q, k, v, atol=ATOL, rtol=RTOL)
+    assert_same(lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, is_causal=causal, enable_gqa=True), q, k, v, atol=ATOL, rtol=RTOL)
+
+
+def test_grouped_query_attention_is_one_attention_node_after_the_head_repeat(mode):
+    q = qkv(h=4)[0].to("tpu").requires_grad_()
+    k, v = (t.to("tpu").requires_grad_() for t in qkv(h=2, seed=3)[1:])
+    y = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert "Attention" in y.grad_fn.name(), y.grad_fn.name()
+
+
+def test_heads_that_do_not_divide_raise_cpus_error(mode):
+    q = qkv(h=3)[0]
+    k, v = qkv(h=2, seed=3)[1:]
+    msgs = []
+    for dev in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError) as e:
+            F.scaled_dot_product_attention(q.to(dev), k.to(dev), v.to(dev), enable_gqa=True)
+        msgs.append(str(e.value))
+    assert msgs[0] == msgs[1]
 
 
 def test_a_bad_call_raises_cpus_error(mode):
