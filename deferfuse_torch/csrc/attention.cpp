@@ -10,11 +10,11 @@
 // flash attention, which rounds differently from its own math path too: the results agree
 // with CPU within float32 rounding, not bit for bit (tests/test_attention.py).
 //
-// Cases this kernel does not cover go to PyTorch's own composite implementation (its math path
-// on this device), unchanged: dropout, a mask that requires grad or
-// comes with is_causal, inputs whose batch dims differ (broadcast), dtypes other than
-// float32/float64 (autocast's half types keep the math path's upcasting), and invalid calls,
-// which so raise PyTorch's own errors.
+// Grouped-query attention repeats the key/value heads first, as the math path does. Cases this
+// kernel does not cover go to PyTorch's own composite implementation (its math path on this
+// device), unchanged: dropout, a mask that requires grad or comes with is_causal, inputs whose
+// batch dims differ (broadcast), dtypes other than float32/float64 (autocast's half types keep
+// the math path's upcasting), and invalid calls, so that they raise PyTorch's own errors.
 #include "common.h"
 
 #include <ATen/ops/scaled_dot_product_attention_native.h>
