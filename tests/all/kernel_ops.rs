@@ -17,18 +17,6 @@ use reference::RefTensor;
 /// Shapes of rank 1 to 3 (one with a size-1 dim).
 const SHAPES: [&[usize]; 4] = [&[7], &[4, 5], &[3, 1, 4], &[2, 3, 4]];
 
-fn gather(dim: usize) -> Op {
-    Op::Kernel(KernelOp::Gather { dim })
-}
-
-fn scatter(dim: usize, reduce: ScatterReduce, include_self: bool) -> Op {
-    Op::Kernel(KernelOp::Scatter {
-        dim,
-        reduce,
-        include_self,
-    })
-}
-
 fn random(dist: RandomDist, sizes: &[usize], dtype: DType) -> Op {
     Op::Kernel(KernelOp::Random {
         dist,

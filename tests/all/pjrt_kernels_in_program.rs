@@ -4,22 +4,13 @@
 //! sync point, with no value computed from it reaching the host. Tests read
 //! `DEFERFUSE_PJRT_PLUGIN` and skip with a message when it is not set.
 
-use deferfuse::fusion::ir::{KernelOp, ScatterReduce};
+use crate::harness::{gather, plugin, scatter};
+use deferfuse::fusion::ir::ScatterReduce;
 use deferfuse::{
     BackendKind, BinaryOp, Config, DType, Error, Handle, Input, Mode, Op, ReduceOp, Runtime,
     Scalar, View,
 };
 use std::path::PathBuf;
-
-fn plugin() -> Option<PathBuf> {
-    match std::env::var_os("DEFERFUSE_PJRT_PLUGIN") {
-        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-        _ => {
-            eprintln!("skipped: DEFERFUSE_PJRT_PLUGIN is not set (pip install xla-cpu-pjrt)");
-            None
-        }
-    }
-}
 
 fn runtime(backend: BackendKind, plugin: Option<PathBuf>) -> Runtime {
     Runtime::new(Config {
@@ -79,18 +70,6 @@ fn t(h: Handle) -> Input {
 
 fn f(v: f64) -> Input {
     Input::Scalar(Scalar::Float(v))
-}
-
-fn gather(dim: usize) -> Op {
-    Op::Kernel(KernelOp::Gather { dim })
-}
-
-fn scatter(dim: usize, reduce: ScatterReduce, include_self: bool) -> Op {
-    Op::Kernel(KernelOp::Scatter {
-        dim,
-        reduce,
-        include_self,
-    })
 }
 
 fn mul(rt: &Runtime, a: Input, b: Input) -> Handle {

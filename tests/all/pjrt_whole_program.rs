@@ -6,6 +6,7 @@
 #[allow(dead_code)]
 mod workloads;
 
+use crate::harness::plugin;
 use deferfuse::{
     BackendKind, BinaryOp, Config, DType, Handle, Input, Mode, Op, ReduceOp, Runtime, Scalar,
     Stats, UnaryOp, View,
@@ -16,16 +17,6 @@ use workloads::Workload;
 /// The MLP: 784-256-256-10, batch 64, AdamW.
 const WIDTHS: [usize; 4] = [784, 256, 256, 10];
 const BATCH: usize = 64;
-
-fn plugin() -> Option<PathBuf> {
-    match std::env::var_os("DEFERFUSE_PJRT_PLUGIN") {
-        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-        _ => {
-            eprintln!("skipped: DEFERFUSE_PJRT_PLUGIN is not set (pip install xla-cpu-pjrt)");
-            None
-        }
-    }
-}
 
 fn runtime(backend: BackendKind, plugin: Option<PathBuf>, mode: Mode) -> Runtime {
     Runtime::new(Config {

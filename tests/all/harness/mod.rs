@@ -16,6 +16,32 @@ pub fn on_pjrt() -> bool {
     std::env::var("DEFERFUSE_BACKEND").is_ok_and(|b| b == "pjrt")
 }
 
+/// The XLA CPU plugin's path from `DEFERFUSE_PJRT_PLUGIN`, or None (the caller skips) with a
+/// note saying how to get it.
+pub fn plugin() -> Option<std::path::PathBuf> {
+    match std::env::var_os("DEFERFUSE_PJRT_PLUGIN") {
+        Some(p) if !p.is_empty() => Some(std::path::PathBuf::from(p)),
+        _ => {
+            eprintln!("skipped: DEFERFUSE_PJRT_PLUGIN is not set (pip install xla-cpu-pjrt)");
+            None
+        }
+    }
+}
+
+/// The gather kernel op along `dim`.
+pub fn gather(dim: usize) -> Op {
+    Op::Kernel(deferfuse::fusion::ir::KernelOp::Gather { dim })
+}
+
+/// The scatter kernel op along `dim` with its reduction.
+pub fn scatter(dim: usize, reduce: deferfuse::fusion::ir::ScatterReduce, include_self: bool) -> Op {
+    Op::Kernel(deferfuse::fusion::ir::KernelOp::Scatter {
+        dim,
+        reduce,
+        include_self,
+    })
+}
+
 pub fn runtime(mode: Mode) -> Runtime {
     Runtime::new(Config {
         mode: Some(mode),
