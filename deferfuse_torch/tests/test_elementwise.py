@@ -78,6 +78,28 @@ def test_int_tensor_with_float_scalar_promotes(mode):
     check(i.to("tpu") + 1, i + 1)
 
 
+# CPU's pow special-cases these exponents (x*x, x*x*x, 1/(x*x), reciprocal, and 1); tpu
+# records the same ops, so the bits match, including x*x*x's two roundings where one pow call
+# rounds once. Signed zeros, infinities and NaN included.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("exponent", [2, 3, -2, -1, 1, 2.0, 3.0, 0])
+def test_pow_special_exponents_match_cpu_bit_for_bit(mode, exponent, dtype):
+    x = torch.cat([X.flatten() * 3, torch.tensor([0.0, -0.0, float("inf"), -float("inf"),
+                                                  float("nan"), 1e-20, 3e15])]).to(dtype)
+    want = x.pow(exponent)
+    got = x.to("tpu").pow(exponent)
+    assert got.dtype == want.dtype
+    assert torch.equal(got.cpu().nan_to_num(7.0), want.nan_to_num(7.0))
+    in_place = x.to("tpu")
+    in_place.pow_(exponent)
+    assert torch.equal(in_place.cpu().nan_to_num(7.0), want.nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("exponent", [0.5, -0.5, 2.5, -3, True])
+def test_pow_other_scalar_exponents(mode, exponent):
+    check(POS.to("tpu").pow(exponent), POS.pow(exponent))
+
+
 def test_pow_tensor_tensor(mode):
     check(torch.pow(POS.to("tpu"), Y.to("tpu")), torch.pow(POS, Y), rtol=1e-4, atol=1e-5)
 
