@@ -8,6 +8,7 @@ mod harness;
 mod reference;
 
 mod bounded;
+mod column_reductions;
 mod concurrency;
 mod elementwise_ops;
 mod errors;

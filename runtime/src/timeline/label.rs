@@ -21,7 +21,8 @@ pub fn region_label(r: &Region) -> String {
     }
 }
 
-fn loop_label(l: &LoopRegion) -> String {
+/// A loop region's label (`fused mul+add`, `row kernel mul+sum`).
+pub(crate) fn loop_label(l: &LoopRegion) -> String {
     let kind = if l.reduces.is_empty() {
         "fused"
     } else {

@@ -11,7 +11,7 @@
 mod capture;
 mod control;
 mod json;
-mod label;
+pub(crate) mod label;
 mod sources;
 
 use crate::error::{Error, Result};

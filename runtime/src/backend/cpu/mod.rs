@@ -126,8 +126,11 @@ impl CpuBackend {
         }
         let mut module = JITModule::new(jb);
         let sig = codegen::signature(&module);
+        // Named after the region (cranelift-jit lists JIT functions in /tmp/perf-PID.map), so
+        // `perf report` shows which fused loop the time went to, not one "kernel" for all.
+        let name = format!("df {}", crate::timeline::label::loop_label(region));
         let id = module
-            .declare_function("kernel", Linkage::Export, &sig)
+            .declare_function(&name, Linkage::Export, &sig)
             .map_err(|e| Error::Backend(format!("declaring kernel: {e}")))?;
         let mut ctx = Context::new();
         ctx.func.signature = sig;
@@ -195,8 +198,8 @@ impl Backend for CpuBackend {
         Ok(match region {
             Region::Loop(l) => {
                 let mut program = self.compile_loop(l)?;
-                if let Some((v, gathered)) = columns::variant(l) {
-                    let kernel = columns::ColumnKernel::new(self.compile_loop(&v)?, gathered);
+                if let Some((v, transposed)) = columns::variant(l) {
+                    let kernel = columns::ColumnKernel::new(self.compile_loop(&v)?, transposed);
                     program.columns = Some(Box::new(kernel));
                 }
                 Arc::new(program)
