@@ -30,12 +30,7 @@ pub enum Kind {
 /// Visits every number of binding `b` (a graph's) and its boundary buffers' byte lengths
 /// `lens`, in signature order, letting `f` replace each. One walk serves both reading the
 /// signature and writing a binding at another batch size, so the two cannot drift apart.
-fn walk(
-    g: &GraphRegion,
-    b: &mut Binding,
-    lens: &mut [usize],
-    f: &mut dyn FnMut(Kind, i64) -> i64,
-) {
+fn walk(g: &GraphRegion, b: &mut Binding, lens: &mut [usize], f: &mut dyn FnMut(Kind, i64) -> i64) {
     fn u(f: &mut dyn FnMut(Kind, i64) -> i64, k: Kind, x: &mut usize) {
         *x = f(k, *x as i64) as usize;
     }

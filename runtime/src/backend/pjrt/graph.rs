@@ -271,7 +271,8 @@ pub fn module(
             (Region::Kernel(_), None) => (None, vec![]),
             (Region::Kernel(_), Some(q)) => {
                 let c = pb.operands.iter().zip(&q.probe.parts[k].operands);
-                let c = c.map(|(x, y)| graph_bucket::coeffs(&x.layout.sizes, &y.layout.sizes, q.size));
+                let c =
+                    c.map(|(x, y)| graph_bucket::coeffs(&x.layout.sizes, &y.layout.sizes, q.size));
                 (None, c.collect::<Result<_, _>>()?)
             }
             (r, None) => (Some(stage::exact(r, pb)), vec![]),
@@ -357,14 +358,24 @@ pub fn module(
                 let at = |m: &mut Func, k: usize| graph_bucket::valid_size(m, 0, k, Some(n));
                 let dim = graph_kernel::indexed_dim(op);
                 graph_kernel::Valid {
-                    idx: c[1].iter().map(|&k| (k > 0).then(|| at(&mut m, k))).collect(),
+                    idx: c[1]
+                        .iter()
+                        .map(|&k| (k > 0).then(|| at(&mut m, k)))
+                        .collect(),
                     size: c[0]
                         .get(dim)
                         .filter(|&&k| k > 0)
                         .map(|&k| (k, at(&mut m, k))),
                 }
             });
-            let l = graph_kernel::lower(&mut m, op, &args, scalar.as_ref(), out.dtype, valid.as_ref());
+            let l = graph_kernel::lower(
+                &mut m,
+                op,
+                &args,
+                scalar.as_ref(),
+                out.dtype,
+                valid.as_ref(),
+            );
             let ins = part.operands[..pb.n_inputs].iter().map(|&gb| gb as usize);
             let mut t = taint.of(ins);
             t.push(checks.len());
@@ -425,7 +436,12 @@ pub fn module(
                 args.push(n);
             }
         }
-        args.push(graph_bucket::valid_sizes(&mut m, &p.valid, c, batch.as_ref()));
+        args.push(graph_bucket::valid_sizes(
+            &mut m,
+            &p.valid,
+            c,
+            batch.as_ref(),
+        ));
         let refs: Vec<&Val> = args.iter().collect();
         let results = m.call(&name, &refs, &tys);
         let t = taint.of(p.inputs.iter().map(|&j| part.operands[j] as usize));

@@ -140,11 +140,7 @@ pub fn check_placement(
     for (part, (vn, vb)) in g.parts.iter().zip(bn.parts.iter().zip(&pb.parts)) {
         let views = |b: &Binding| -> Vec<View> {
             match &*part.region {
-                Region::Kernel(_) => b
-                    .operands
-                    .iter()
-                    .map(|t| View::of_layout(t).0)
-                    .collect(),
+                Region::Kernel(_) => b.operands.iter().map(|t| View::of_layout(t).0).collect(),
                 r => {
                     let p = stage::exact(r, b);
                     b.operands
@@ -161,11 +157,7 @@ pub fn check_placement(
                 Err(format!(
                     "part {}: a view (sizes {:?}, strides {:?}, offset {}) of a buffer of {} \
                      elements {what}: the batch is not the outermost dim of that buffer",
-                    part.region,
-                    n.sizes,
-                    n.strides,
-                    n.offset,
-                    valid_len[gb]
+                    part.region, n.sizes, n.strides, n.offset, valid_len[gb]
                 ))
             };
             if n.sizes.len() != p.sizes.len() || n.strides != p.strides {

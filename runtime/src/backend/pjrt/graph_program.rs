@@ -10,8 +10,8 @@
 //! donated to the program that updates them (see `graph`), and the results become the buffers'
 //! device copies. f16, bf16, u8 and bool buffers go through the host, as in one-region programs.
 
-use super::client::Executable;
 use super::batch::{self, Kind, Template};
+use super::client::Executable;
 use super::graph::{self, Layout, ScalarKind};
 use super::graph_bucket;
 use super::launch_checks::LaunchChecks;
