@@ -4,17 +4,13 @@
 //! in the log) where the batch is not the outermost dim of a buffer. Tests read
 //! `DEFERFUSE_PJRT_PLUGIN` and skip with a message when it is not set.
 
-#[path = "../../benches/workloads.rs"]
-#[allow(dead_code)]
-mod workloads;
-
 use crate::harness::{gather, plugin};
+use crate::pjrt_whole_program::workloads::Workload;
 use deferfuse::{
     BackendKind, Config, DType, Handle, Input, Mode, Op, ReduceOp, Runtime, UnaryOp, View,
 };
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
-use workloads::Workload;
 
 fn runtime(backend: BackendKind, plugin: Option<PathBuf>) -> Runtime {
     Runtime::new(Config {

@@ -2,9 +2,10 @@
 //! programs, compiled once, with its parameters and optimizer state updated in place on the
 //! device. Tests read `DEFERFUSE_PJRT_PLUGIN` and skip with a message when it is not set.
 
+/// The bench workloads; `pjrt_buckets` runs the MLP's step too.
 #[path = "../../benches/workloads.rs"]
 #[allow(dead_code)]
-mod workloads;
+pub(crate) mod workloads;
 
 use crate::harness::plugin;
 use deferfuse::{
