@@ -1,8 +1,11 @@
 //! Whole-program modules: a [`GraphRegion`] (every op of a flush between two cuts) becomes one
-//! StableHLO module, compiled for the flush's exact shapes, and XLA fuses across its parts.
+//! StableHLO module, compiled for the flush's exact shapes or for a bucket of batch sizes
+//! (`graph_bucket`), and XLA fuses across its parts.
 //!
 //! Each part is lowered as in a one-region program (`emit::function`, at its exact sizes, so
-//! no masks) into a private function that `@main` calls; XLA inlines the calls. `@main` holds
+//! no masks; in a bucketed module at the bucket's sizes, masked with the valid sizes the
+//! module computes from the launch's batch) into a private function that `@main` calls; XLA
+//! inlines the calls. `@main` holds
 //! every buffer the graph touches as one flat array of the buffer's elements, in its dtype's
 //! compute element: a part's operand is a view of that array (a slice and reshape when the view
 //! is dense, plus a transpose when it is a permuted dense block, a gather by computed indices
