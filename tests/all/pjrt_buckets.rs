@@ -297,8 +297,12 @@ fn a_graph_whose_batch_is_not_outermost_compiles_per_size_and_says_why() {
 /// sum over [n, 3] rows, so the exp's result is restaged on the device between the two.
 fn restaged_row_sums(rt: &Runtime, n: usize) -> Vec<f32> {
     let x = f32s(rt, &batch_values(n), &[n, 3]);
-    let e = rt.op(0, Op::Unary(UnaryOp::Exp), &[t(x)], None).expect("exp");
-    let s = rt.op(0, reduce(ReduceOp::Sum, 1), &[t(e)], None).expect("sum");
+    let e = rt
+        .op(0, Op::Unary(UnaryOp::Exp), &[t(x)], None)
+        .expect("exp");
+    let s = rt
+        .op(0, reduce(ReduceOp::Sum, 1), &[t(e)], None)
+        .expect("sum");
     read_f32(rt, s)
 }
 
@@ -315,7 +319,15 @@ fn a_value_restaged_between_programs_keeps_its_rows_at_every_batch_size() {
     .expect("runtime");
     for n in [8, 5, 7, 3, 11] {
         let want = restaged_row_sums(&cpu, n);
-        assert_close(&format!("{n} rows"), &want, &restaged_row_sums(&pj, n), 1e-6);
+        assert_close(
+            &format!("{n} rows"),
+            &want,
+            &restaged_row_sums(&pj, n),
+            1e-6,
+        );
     }
-    assert!(pj.stats().backend.device_resident_hits > 0, "the sums read the exp's device copy");
+    assert!(
+        pj.stats().backend.device_resident_hits > 0,
+        "the sums read the exp's device copy"
+    );
 }
