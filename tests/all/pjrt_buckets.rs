@@ -6,6 +6,7 @@
 
 use crate::harness::{gather, plugin};
 use crate::pjrt_whole_program::workloads::Workload;
+use crate::pjrt_whole_program::{block_step, Block};
 use deferfuse::{
     BackendKind, Config, DType, Handle, Input, Mode, Op, ReduceOp, Runtime, UnaryOp, View,
 };
@@ -330,4 +331,31 @@ fn a_value_restaged_between_programs_keeps_its_rows_at_every_batch_size() {
         pj.stats().backend.device_resident_hits > 0,
         "the sums read the exp's device copy"
     );
+}
+
+#[test]
+fn a_transformer_block_whose_batch_changes_compiles_one_module_per_bucket() {
+    let Some(p) = plugin() else { return };
+    let (cpu, pj) = (
+        runtime(BackendKind::Cpu, None),
+        runtime(BackendKind::Pjrt, Some(p)),
+    );
+    let mut compiles = Vec::new();
+    for n in [8, 5, 6, 7] {
+        let (bc, bp) = (Block::sized(&cpu, n), Block::sized(&pj, n));
+        let before = compiled(&pj);
+        let (lc, lp) = (block_step(&cpu, &bc), block_step(&pj, &bp));
+        compiles.push(compiled(&pj) - before);
+        assert!(
+            (lc - lp).abs() <= 1e-4 * (1.0 + lc.abs()),
+            "batch {n}: cpu loss {lc}, pjrt loss {lp}"
+        );
+        for (k, (&c, &p)) in bc.weights.iter().zip(&bp.weights).enumerate() {
+            let (c, p) = (read_f32(&cpu, c), read_f32(&pj, p));
+            assert_close(&format!("batch {n}, weight {k}"), &c, &p, 1e-5);
+        }
+    }
+    // Attention's permuted views and batched matmuls over the padded batch: 5 compiles bucket
+    // 8's module, 6 and 7 run it.
+    assert_eq!(compiles[2..], [0, 0], "compiles per batch: {compiles:?}");
 }
