@@ -50,3 +50,43 @@ def test_a_second_process_trains_from_the_disk_cache_without_compiling(tmp_path)
     assert cold["total_compiled"] > 0
     assert warm["total_compiled"] == 0, warm["compiled"]
     assert warm["losses"] == cold["losses"]
+
+
+# pjrt_steps.py on mlp_small with each step's batch cut to its size: a training loop whose
+# batch changes (the last, smaller batch of an epoch).
+VARYING_BATCH = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import model_zoo
+import pjrt_steps
+sizes = [int(s) for s in sys.argv[2].split(",")]
+build = model_zoo.build
+def cut(name, size, steps):
+    w = build(name, size, steps)
+    w.batches = [{k: v[:n] for k, v in b.items()} for b, n in zip(w.batches, sizes)]
+    return w
+model_zoo.build = cut
+pjrt_steps.main("mlp_small", len(sizes))
+"""
+
+
+def test_a_changing_batch_size_compiles_one_module_per_bucket_with_cpu_losses():
+    env = dict(os.environ, DEFERFUSE_BACKEND="pjrt", TF_CPP_MIN_LOG_LEVEL="2")
+    env["PYTHONPATH"] = os.path.dirname(HERE) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("DEFERFUSE_CACHE_DIR", None)
+    # The first step also records the optimizer's setup: the steady step starts at the second.
+    sizes = [64, 64, 50, 33, 64]
+    out = subprocess.run([sys.executable, "-c", VARYING_BATCH, HERE, ",".join(map(str, sizes))],
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.splitlines()[-1])
+    assert r["fallbacks"] == {}
+    for k, (got, want) in enumerate(zip(r["losses"], r["cpu"])):
+        assert abs(got - want) <= LOSS_ATOL + LOSS_RTOL * abs(want), (k, got, want)
+    # 50 finds the batch and compiles bucket 64's module; 33 is in that bucket, and 64 has
+    # its exact module already. 33 compiles one small relayout of its input batch: the copy
+    # to the device left it as a flat [784 * 33] array padded to its own power of two (32768,
+    # where 50's and 64's are 65536), and the step's module takes it padded to 784 * 64.
+    assert r["compiled"][2] <= r["programs"][2], r["compiled"]
+    assert r["compiled"][3] <= 1, r["compiled"]
+    assert r["compiled"][4] == 0, r["compiled"]

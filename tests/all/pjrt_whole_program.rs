@@ -2,9 +2,10 @@
 //! programs, compiled once, with its parameters and optimizer state updated in place on the
 //! device. Tests read `DEFERFUSE_PJRT_PLUGIN` and skip with a message when it is not set.
 
+/// The bench workloads; `pjrt_buckets` runs the MLP's step too.
 #[path = "../../benches/workloads.rs"]
 #[allow(dead_code)]
-mod workloads;
+pub(crate) mod workloads;
 
 use crate::harness::plugin;
 use deferfuse::{
@@ -173,11 +174,13 @@ fn each_batch_size_compiles_one_module_and_a_repeated_size_none() {
 
 /// A transformer-like block: layer norm, multi-head attention (batched matmuls over permuted
 /// views, softmax), a GELU MLP, residuals, a mean-square loss; then every weight decays in
-/// place, as an optimizer step would. Sizes: batch 2, sequence 16, width 32, 4 heads, MLP 64.
-struct Block {
+/// place, as an optimizer step would. Sizes: batch 2 (or `batch`), sequence 16, width 32, 4
+/// heads, MLP 64.
+pub(crate) struct Block {
+    batch: usize,
     x: Handle,
     /// ln weight, wq, wk, wv, wo, w1, w2.
-    weights: Vec<Handle>,
+    pub(crate) weights: Vec<Handle>,
 }
 
 const B: usize = 2;
@@ -188,6 +191,11 @@ const FF: usize = 64;
 
 impl Block {
     fn new(rt: &Runtime) -> Block {
+        Block::sized(rt, B)
+    }
+
+    /// The block at batch `batch`.
+    pub(crate) fn sized(rt: &Runtime, batch: usize) -> Block {
         let input = |sizes: &[usize], seed: u64, scale: f32| {
             let n: usize = sizes.iter().product();
             let bytes: Vec<u8> = workloads::data(n, seed)
@@ -198,7 +206,8 @@ impl Block {
         };
         let s = 1.0 / (C as f32).sqrt();
         Block {
-            x: input(&[B * T, C], 1, 1.0),
+            batch,
+            x: input(&[batch * T, C], 1, 1.0),
             weights: vec![
                 input(&[C], 2, 0.5),
                 input(&[C, C], 3, s),
@@ -251,7 +260,10 @@ impl Block {
         let (_, k) = proj(h, w[2]);
         let (_, v) = proj(h, w[3]);
         let heads = |h: Handle, perm: Vec<i64>, view: &mut dyn FnMut(Handle, View) -> Handle| {
-            let r = view(h, View::Reshape(vec![B as i64, T as i64, H as i64, -1]));
+            let r = view(
+                h,
+                View::Reshape(vec![self.batch as i64, T as i64, H as i64, -1]),
+            );
             view(r, View::Permute(perm))
         };
         let q4 = heads(q, vec![0, 2, 1, 3], &mut view);
@@ -270,7 +282,7 @@ impl Block {
         let o = op(Op::Matmul, &[t(a), t(v4)]);
         let o = view(o, View::Permute(vec![0, 2, 1, 3]));
         let o = op(Op::Copy, &[t(o)]);
-        let o = view(o, View::Reshape(vec![(B * T) as i64, C as i64]));
+        let o = view(o, View::Reshape(vec![(self.batch * T) as i64, C as i64]));
         let wo = view(w[4], View::Transpose(0, 1));
         let o = op(Op::Matmul, &[t(o), t(wo)]);
         let y = op(bin(BinaryOp::Add), &[t(x), t(o)]);
@@ -321,7 +333,7 @@ fn a_transformer_block_step_is_one_xla_program_and_matches_the_cpu_backend() {
 }
 
 /// One block step on either backend: the loss read is the sync point.
-fn block_step(rt: &Runtime, b: &Block) -> f32 {
+pub(crate) fn block_step(rt: &Runtime, b: &Block) -> f32 {
     let loss = b.record(rt);
     let v = read_f32(rt, loss)[0];
     rt.synchronize(0).expect("sync");

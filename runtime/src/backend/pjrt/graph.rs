@@ -1,8 +1,11 @@
 //! Whole-program modules: a [`GraphRegion`] (every op of a flush between two cuts) becomes one
-//! StableHLO module, compiled for the flush's exact shapes, and XLA fuses across its parts.
+//! StableHLO module, compiled for the flush's exact shapes or for a bucket of batch sizes
+//! (`graph_bucket`), and XLA fuses across its parts.
 //!
 //! Each part is lowered as in a one-region program (`emit::function`, at its exact sizes, so
-//! no masks) into a private function that `@main` calls; XLA inlines the calls. `@main` holds
+//! no masks; in a bucketed module at the bucket's sizes, masked with the valid sizes the
+//! module computes from the launch's batch) into a private function that `@main` calls; XLA
+//! inlines the calls. `@main` holds
 //! every buffer the graph touches as one flat array of the buffer's elements, in its dtype's
 //! compute element: a part's operand is a view of that array (a slice and reshape when the view
 //! is dense, plus a transpose when it is a permuted dense block, a gather by computed indices
@@ -20,13 +23,15 @@
 //! which checks each output's value depends on (`Layout::output_checks`).
 
 use super::emit;
+use super::graph_bucket::{self, Bucket};
 use super::graph_kernel::{self, Check};
+use super::graph_view::View;
 use super::hlo::{Elem, Func, Ty, Val};
 use super::ops::cast;
 use super::stage;
 use deferfuse_fusion::ir::DType;
 use deferfuse_fusion::region::{GraphRegion, Region};
-use deferfuse_fusion::{Binding, TensorRef};
+use deferfuse_fusion::Binding;
 use std::collections::HashMap;
 
 /// How a scalar argument's 64 bits become its value (see `stage::scalar_bytes`).
@@ -38,6 +43,8 @@ pub enum ScalarKind {
     Gemm(DType),
     /// An arange's start or step (f64 bits as they are).
     F64,
+    /// The launch's batch size, for a bucketed module (`graph_bucket`); an i64.
+    Batch,
 }
 
 /// One scalar argument: part `part`'s slot `slot`.
@@ -54,8 +61,11 @@ pub struct Layout {
     /// The leading arguments: one 1-D array per element type, of these scalars in order.
     pub scalars: Vec<(Elem, Vec<ScalarSrc>)>,
     /// The binding inputs the module reads, in argument order after the scalar arrays, each
-    /// its buffer's flat array (`stage::flat`).
+    /// its buffer's flat array (`stage::flat_padded`, at `lens`).
     pub inputs: Vec<usize>,
+    /// Each binding operand's flat array length in the module: its buffer's, or for a
+    /// bucketed module the padded length at the bucket.
+    pub lens: Vec<usize>,
     /// The binding outputs, in result order (buffers with no elements are left out).
     pub outputs: Vec<usize>,
     /// The bounds checks of the gather and scatter parts, in part order: when there are any,
@@ -90,185 +100,12 @@ impl Taint {
     }
 }
 
-/// The dims a buffer of `n` elements is staged with (`stage::flat`): a 0-d array for one.
+/// The dims a buffer of `n` elements is staged with (`stage::flat_padded`): a 0-d array for one.
 pub fn flat_dims(n: usize) -> Vec<usize> {
     if n > 1 {
         vec![n]
     } else {
         vec![]
-    }
-}
-
-/// How a view's present dims sit in its buffer.
-enum Walk {
-    /// Row-major and dense: a slice of the flat array.
-    Dense,
-    /// Dense after permuting its dims: walking dims `order` (outermost first) is row-major.
-    Permuted(Vec<usize>),
-    /// Anything else: element indices are computed.
-    Strided,
-}
-
-fn row_major(sizes: &[usize], strides: &[isize], order: &[usize]) -> bool {
-    let mut step = 1isize;
-    for &k in order.iter().rev() {
-        if strides[k] != step {
-            return false;
-        }
-        step *= sizes[k] as isize;
-    }
-    true
-}
-
-fn walk_of(sizes: &[usize], strides: &[isize]) -> Walk {
-    let natural: Vec<usize> = (0..sizes.len()).collect();
-    if row_major(sizes, strides, &natural) {
-        return Walk::Dense;
-    }
-    let mut order = natural;
-    order.sort_by_key(|&k| std::cmp::Reverse(strides[k]));
-    if row_major(sizes, strides, &order) {
-        Walk::Permuted(order)
-    } else {
-        Walk::Strided
-    }
-}
-
-/// The flat index of every element of a view: `offset + sum(i_k * strides[k])`.
-fn indices(f: &mut Func, sizes: &[usize], strides: &[isize], offset: usize) -> Val {
-    let ty = Ty::new(Elem::I64, sizes);
-    let mut acc = f.iconst(offset as i64, ty.clone());
-    for (k, &st) in strides.iter().enumerate() {
-        let i = f.iota(k, ty.clone());
-        let s = f.iconst(st as i64, ty.clone());
-        let d = f.ew("multiply", &[&i, &s]);
-        acc = f.ew("add", &[&acc, &d]);
-    }
-    acc
-}
-
-/// A view as a part stages it: its present dims' sizes and strides, and its offset.
-struct View {
-    sizes: Vec<usize>,
-    strides: Vec<isize>,
-    offset: usize,
-    /// It steps along an empty dim: it has no elements (see `stage::walk`), whatever the
-    /// sizes of its present dims.
-    empty: bool,
-}
-
-impl View {
-    fn of(p: &stage::Staging, j: usize, t: &TensorRef) -> View {
-        let o = &p.sig.operands[j];
-        let dims: Vec<usize> = (0..o.map.len()).filter(|&d| o.present[d]).collect();
-        View {
-            sizes: dims.iter().map(|&d| p.valid[o.map[d]]).collect(),
-            strides: dims.iter().map(|&d| p.strides[j][d]).collect(),
-            offset: t.layout.offset,
-            empty: o
-                .map
-                .iter()
-                .zip(&p.strides[j])
-                .any(|(&d, &st)| p.valid[d] == 0 && st != 0),
-        }
-    }
-
-    /// Tensor `t`'s view as its layout gives it (a kernel part, which has no staging), less
-    /// the dims that do not move through memory (size 1, or broadcast with stride 0); also
-    /// the positions of the dims kept.
-    fn of_layout(t: &TensorRef) -> (View, Vec<usize>) {
-        let l = &t.layout;
-        let kept: Vec<usize> = (0..l.rank())
-            .filter(|&d| l.sizes[d] != 1 && l.strides[d] != 0)
-            .collect();
-        let view = View {
-            sizes: kept.iter().map(|&d| l.sizes[d]).collect(),
-            strides: kept.iter().map(|&d| l.strides[d]).collect(),
-            offset: l.offset,
-            empty: l.numel() == 0,
-        };
-        (view, kept)
-    }
-
-    fn numel(&self) -> usize {
-        if self.empty {
-            0
-        } else {
-            self.sizes.iter().product()
-        }
-    }
-
-    /// The view read from the flat array `buf`.
-    fn read(&self, f: &mut Func, buf: &Val) -> Val {
-        let n = self.numel();
-        if n == 0 {
-            return f.fconst(0.0, Ty::new(buf.ty.elem, &self.sizes));
-        }
-        let whole = self.offset == 0 && n == buf.ty.dims[0];
-        let block = |f: &mut Func| {
-            if whole {
-                buf.clone()
-            } else {
-                f.slice(buf, self.offset, self.offset + n)
-            }
-        };
-        match walk_of(&self.sizes, &self.strides) {
-            Walk::Dense => {
-                let b = block(f);
-                f.reshape(&b, &self.sizes)
-            }
-            Walk::Permuted(order) => {
-                let b = block(f);
-                let dims: Vec<usize> = order.iter().map(|&k| self.sizes[k]).collect();
-                let r = f.reshape(&b, &dims);
-                let mut back = vec![0; order.len()];
-                for (pos, &k) in order.iter().enumerate() {
-                    back[k] = pos;
-                }
-                f.transpose(&r, &back)
-            }
-            Walk::Strided => {
-                let idx = indices(f, &self.sizes, &self.strides, self.offset);
-                f.gather_1d(buf, &idx)
-            }
-        }
-    }
-
-    /// Whether writing the view replaces every element of a buffer of `n` elements.
-    fn covers(&self, n: usize) -> bool {
-        n > 0 && self.offset == 0 && self.numel() == n && !matches!(self.walk(), Walk::Strided)
-    }
-
-    fn walk(&self) -> Walk {
-        walk_of(&self.sizes, &self.strides)
-    }
-
-    /// `v` (the view's values) as a dense run of the buffer, in buffer order, when the view is
-    /// a dense block.
-    fn as_run(&self, f: &mut Func, v: &Val) -> Option<Val> {
-        let n = self.numel();
-        match self.walk() {
-            Walk::Dense => Some(f.reshape(v, &[n])),
-            Walk::Permuted(order) => {
-                let t = f.transpose(v, &order);
-                Some(f.reshape(&t, &[n]))
-            }
-            Walk::Strided => None,
-        }
-    }
-
-    /// The flat array `old` with the view's elements replaced by `v`.
-    fn write(&self, f: &mut Func, old: &Val, v: &Val) -> Val {
-        if self.numel() == 0 {
-            return old.clone();
-        }
-        match self.as_run(f, v) {
-            Some(run) => f.update_slice_1d(old, &run, self.offset),
-            None => {
-                let idx = indices(f, &self.sizes, &self.strides, self.offset);
-                f.scatter_1d(old, &idx, v, None)
-            }
-        }
     }
 }
 
@@ -278,6 +115,12 @@ struct Buffers {
     len: Vec<usize>,
     /// The binding input that carries each buffer's old value, if any.
     input: Vec<Option<usize>>,
+}
+
+/// The element count of every buffer of graph `g` bound to `b` (boundary buffers of `lens`
+/// elements; an intermediate one spans its views).
+pub fn buffer_lens(g: &GraphRegion, b: &Binding, lens: &[usize]) -> Vec<usize> {
+    Buffers::new(g, b, lens).len
 }
 
 impl Buffers {
@@ -349,6 +192,7 @@ fn elem_of(kind: ScalarKind) -> Elem {
     match kind {
         ScalarKind::Param(d) | ScalarKind::Gemm(d) => Elem::of(d),
         ScalarKind::F64 => Elem::F64,
+        ScalarKind::Batch => Elem::I64,
     }
 }
 
@@ -410,22 +254,51 @@ fn store(
 }
 
 /// The module for graph `g` bound to `b`, whose binding operands' buffers hold `lens`
-/// elements; and what it takes and gives.
-pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) {
+/// elements; and what it takes and gives. With `bucket`, `b` is the binding at the bucket and
+/// the module masks its padding (see `graph_bucket`); it fails, saying why, when a part cannot
+/// be bucketed.
+pub fn module(
+    g: &GraphRegion,
+    b: &Binding,
+    lens: &[usize],
+    bucket: Option<&Bucket>,
+) -> Result<(String, Layout), String> {
     let bufs = Buffers::new(g, b, lens);
-    // Kernel parts have no staging: their operands are read through their layouts.
-    let stagings: Vec<Option<stage::Staging>> = g
-        .parts
-        .iter()
-        .zip(&b.parts)
-        .map(|(p, pb)| match *p.region {
-            Region::Kernel(_) => None,
-            _ => Some(stage::exact(&p.region, pb)),
-        })
-        .collect();
+    // Kernel parts have no staging: their operands are read through their layouts. With a
+    // bucket, each part also has the batch coefficient of each dim of its space (loops,
+    // matmuls) or of each dim of each operand (kernels).
+    let mut stagings: Vec<Option<stage::Staging>> = Vec::new();
+    let mut coeffs: Vec<Vec<Vec<usize>>> = Vec::new();
+    for (k, (p, pb)) in g.parts.iter().zip(&b.parts).enumerate() {
+        let (staging, c) = match (&*p.region, bucket) {
+            (Region::Kernel(_), None) => (None, vec![]),
+            (Region::Kernel(_), Some(q)) => {
+                let c = pb.operands.iter().zip(&q.probe.parts[k].operands);
+                let c =
+                    c.map(|(x, y)| graph_bucket::coeffs(&x.layout.sizes, &y.layout.sizes, q.size));
+                (None, c.collect::<Result<_, _>>()?)
+            }
+            (r, None) => (Some(stage::exact(r, pb)), vec![]),
+            (r, Some(q)) => {
+                let (s, c) = graph_bucket::part_staging(r, pb, &q.probe.parts[k], q.size)?;
+                (Some(s), vec![c])
+            }
+        };
+        stagings.push(staging);
+        coeffs.push(c);
+    }
     let mut m = Func::default();
-    // The scalar arrays come first: their sizes are known before any part is emitted.
+    // The scalar arrays come first: their sizes are known before any part is emitted. A
+    // bucketed module's batch leads them.
     let mut scalars: Vec<(Elem, Vec<ScalarSrc>)> = Vec::new();
+    if bucket.is_some() {
+        let batch = ScalarSrc {
+            part: usize::MAX,
+            slot: 0,
+            kind: ScalarKind::Batch,
+        };
+        scalars.push((Elem::I64, vec![batch]));
+    }
     let mut at: Vec<Vec<(usize, usize)>> = Vec::new();
     for (k, (part, pb)) in g.parts.iter().zip(&b.parts).enumerate() {
         let mut mine = Vec::new();
@@ -449,6 +322,10 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
         .iter()
         .map(|(e, v)| m.arg(Ty::new(*e, &[v.len()])))
         .collect();
+    let batch = bucket.map(|_| {
+        let s = m.slice(&arrays[0], 0, 1);
+        m.reshape(&s, &[])
+    });
     let mut cur: Vec<Option<Val>> = vec![None; g.buffers as usize];
     let mut inputs: Vec<usize> = Vec::new();
     let mut functions: HashMap<String, String> = HashMap::new();
@@ -479,7 +356,29 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
                 m.reshape(&s, &[])
             });
             let out = &pb.operands[pb.n_inputs];
-            let l = graph_kernel::lower(&mut m, op, &args, scalar.as_ref(), out.dtype);
+            let valid = batch.as_ref().map(|n| {
+                let c = &coeffs[k];
+                let at = |m: &mut Func, k: usize| graph_bucket::valid_size(m, 0, k, Some(n));
+                let dim = graph_kernel::indexed_dim(op);
+                graph_kernel::Valid {
+                    idx: c[1]
+                        .iter()
+                        .map(|&k| (k > 0).then(|| at(&mut m, k)))
+                        .collect(),
+                    size: c[0]
+                        .get(dim)
+                        .filter(|&&k| k > 0)
+                        .map(|&k| (k, at(&mut m, k))),
+                }
+            });
+            let l = graph_kernel::lower(
+                &mut m,
+                op,
+                &args,
+                scalar.as_ref(),
+                out.dtype,
+                valid.as_ref(),
+            );
             let ins = part.operands[..pb.n_inputs].iter().map(|&gb| gb as usize);
             let mut t = taint.of(ins);
             t.push(checks.len());
@@ -530,16 +429,21 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
             let s = m.slice(&arrays[a], i, i + 1);
             args.push(m.reshape(&s, &[]));
         }
+        // The valid sizes: constants, or from the launch's batch in a bucketed module.
+        let no_batch = vec![0; p.valid.len()];
+        let c = coeffs[k].first().unwrap_or(&no_batch);
         if let Region::Loop(l) = &*part.region {
             if !l.reduces.is_empty() {
-                let n = *p.valid.last().expect("a space has dims") as i64;
-                args.push(m.iconst(n, Ty::new(Elem::I64, &[])));
+                let last = p.valid.len() - 1;
+                let n = graph_bucket::valid_size(&mut m, p.valid[last], c[last], batch.as_ref());
+                args.push(n);
             }
         }
-        let valid: Vec<String> = p.valid.iter().map(|v| v.to_string()).collect();
-        args.push(m.constant(
-            &format!("[{}]", valid.join(", ")),
-            Ty::new(Elem::I64, &[p.valid.len()]),
+        args.push(graph_bucket::valid_sizes(
+            &mut m,
+            &p.valid,
+            c,
+            batch.as_ref(),
         ));
         let refs: Vec<&Val> = args.iter().collect();
         let results = m.call(&name, &refs, &tys);
@@ -580,14 +484,16 @@ pub fn module(g: &GraphRegion, b: &Binding, lens: &[usize]) -> (String, Layout) 
     }
     let main = m.function("main", &results, &donate);
     let module = format!("module {{\n{text}{main}}}\n");
-    (
+    let lens = g.operands.iter().map(|&gb| bufs.len[gb as usize]).collect();
+    Ok((
         module,
         Layout {
             scalars,
             inputs,
+            lens,
             outputs,
             checks,
             output_checks,
         },
-    )
+    ))
 }

@@ -31,6 +31,55 @@ pub struct Check {
     pub op: &'static str,
     pub dim: usize,
     pub size: usize,
+    /// In a bucketed module, `k` when the dim's size is `k * batch` (the error names the
+    /// launch's valid size, not the padded one); else 0.
+    pub per_batch: usize,
+}
+
+impl Check {
+    /// The size the error names at a launch of batch `n`.
+    pub fn size_at(&self, n: usize) -> usize {
+        match self.per_batch {
+            0 => self.size,
+            k => k * n,
+        }
+    }
+}
+
+/// The valid part of a kernel part's operands in a bucketed module (`graph_bucket`): padded
+/// index elements are left out of the bounds check, gather nothing, and scatter nothing.
+pub struct Valid {
+    /// For each dim of the index tensor, its valid size (an i64 scalar) when it is padded.
+    pub idx: Vec<Option<Val>>,
+    /// The batch coefficient and valid size of the indexed operand's indexed dim, when it is
+    /// padded: an index must be below the valid size.
+    pub size: Option<(usize, Val)>,
+}
+
+/// Which dim of its operand kernel `k` indexes.
+pub fn indexed_dim(k: &KernelOp) -> usize {
+    match k {
+        KernelOp::Gather { dim } | KernelOp::Scatter { dim, .. } => *dim,
+        other => unreachable!("{} is not in LOWERED", other.name()),
+    }
+}
+
+/// Whether each element of index `idx` is a valid one: every padded dim's position below its
+/// valid size. `None` when nothing is padded.
+fn valid_mask(f: &mut Func, idx: &Val, valid: Option<&Valid>) -> Option<Val> {
+    let mut keep: Option<Val> = None;
+    for (d, n) in valid?.idx.iter().enumerate() {
+        let Some(n) = n else { continue };
+        let ty = Ty::new(Elem::I64, &idx.ty.dims);
+        let i = f.iota(d, ty.clone());
+        let nb = f.broadcast(n, &ty.dims, &[]);
+        let inside = f.compare("LT", &i, &nb);
+        keep = Some(match keep {
+            None => inside,
+            Some(k) => f.ew("and", &[&k, &inside]),
+        });
+    }
+    keep
 }
 
 /// Two i64s per check in the module's check result: 1 when an index is bad, and the first bad
@@ -86,15 +135,29 @@ fn flat_positions(f: &mut Func, idx: &Val, dim: usize, of: &[usize]) -> Val {
     acc
 }
 
-/// `[bad, first bad value]` of `idx` (i64) against `size` along `dim`, "first" in the host
-/// routine's order.
-fn bounds_flag(f: &mut Func, idx: &Val, dim: usize, size: usize) -> Val {
+/// `[bad, first bad value]` of `idx` (i64) against `size` along `dim` (the valid size
+/// from `valid` when that dim is padded), "first" in the host routine's order; padded index
+/// elements (`keep` false) are never bad.
+fn bounds_flag(
+    f: &mut Func,
+    idx: &Val,
+    dim: usize,
+    size: usize,
+    valid: Option<&Valid>,
+    keep: Option<&Val>,
+) -> Val {
     let ty = idx.ty.clone();
     let zero = f.iconst(0, ty.clone());
-    let n = f.iconst(size as i64, ty.clone());
+    let n = match valid.and_then(|v| v.size.as_ref()) {
+        Some((_, n)) => f.broadcast(n, &ty.dims, &[]),
+        None => f.iconst(size as i64, ty.clone()),
+    };
     let low = f.compare("LT", idx, &zero);
     let high = f.compare("GE", idx, &n);
-    let bad = f.ew("or", &[&low, &high]);
+    let mut bad = f.ew("or", &[&low, &high]);
+    if let Some(k) = keep {
+        bad = f.ew("and", &[&bad, k]);
+    }
     // The host routine walks rows along `dim`, the other dims outermost in row-major order.
     let dims = &ty.dims;
     let mut order: Vec<usize> = (0..dims.len()).filter(|&k| k != dim).collect();
@@ -157,33 +220,43 @@ fn int_range(d: DType) -> (i64, i64) {
 
 /// Lowers kernel `k` on its operand values (each at its tensor's sizes, in its compute
 /// element; `scalar` is a scatter's value when it has no src tensor) into a result of
-/// `out_dtype`'s compute element.
+/// `out_dtype`'s compute element. In a bucketed module, `valid` says which index elements
+/// are padding.
 pub fn lower(
     f: &mut Func,
     k: &KernelOp,
     inputs: &[Val],
     scalar: Option<&Val>,
     out_dtype: DType,
+    valid: Option<&Valid>,
 ) -> Lowered {
+    let check = |size: usize| Check {
+        op: k.name(),
+        dim: indexed_dim(k),
+        size,
+        per_batch: valid.and_then(|v| v.size.as_ref()).map_or(0, |s| s.0),
+    };
     match k {
         KernelOp::Gather { dim } => {
             let src = at_least_1d(f, &inputs[0]);
             let idx = at_least_1d(f, &inputs[1]);
             let idx = f.convert(&idx, Elem::I64);
             let size = src.ty.dims[*dim];
-            let flag = bounds_flag(f, &idx, *dim, size);
+            let keep = valid_mask(f, &idx, valid);
+            let flag = bounds_flag(f, &idx, *dim, size, valid, keep.as_ref());
             let pos = flat_positions(f, &idx, *dim, &src.ty.dims);
             let n: usize = src.ty.dims.iter().product();
             let flat = f.reshape(&src, &[n]);
-            let out = f.gather_1d(&flat, &pos);
+            let mut out = f.gather_1d(&flat, &pos);
+            if let Some(keep) = &keep {
+                // Padded rows gather nothing: the result's padding stays zero.
+                let zero = f.fconst(0.0, out.ty.clone());
+                out = f.select(keep, &out, &zero);
+            }
             let out = f.reshape(&out, &inputs[1].ty.dims);
             Lowered {
                 result: out,
-                check: Check {
-                    op: k.name(),
-                    dim: *dim,
-                    size,
-                },
+                check: check(size),
                 flag,
             }
         }
@@ -196,8 +269,16 @@ pub fn lower(
             let idx = at_least_1d(f, &inputs[1]);
             let idx = f.convert(&idx, Elem::I64);
             let size = this.ty.dims[*dim];
-            let flag = bounds_flag(f, &idx, *dim, size);
-            let pos = flat_positions(f, &idx, *dim, &this.ty.dims);
+            let keep = valid_mask(f, &idx, valid);
+            let flag = bounds_flag(f, &idx, *dim, size, valid, keep.as_ref());
+            let mut pos = flat_positions(f, &idx, *dim, &this.ty.dims);
+            let n: usize = this.ty.dims.iter().product();
+            if let Some(keep) = &keep {
+                // Padded index elements scatter nothing: XLA skips an update whose position is
+                // out of bounds.
+                let past = f.iconst(n as i64, pos.ty.clone());
+                pos = f.select(keep, &pos, &past);
+            }
             let upd = match inputs.get(2) {
                 Some(src) => {
                     let src = at_least_1d(f, src);
@@ -208,7 +289,6 @@ pub fn lower(
                     f.broadcast(s, &idx.ty.dims, &[])
                 }
             };
-            let n: usize = this.ty.dims.iter().product();
             let mut flat = f.reshape(&this, &[n]);
             if !include_self {
                 // Every element that receives values starts from them alone.
@@ -225,11 +305,7 @@ pub fn lower(
             let out = f.reshape(&out, &inputs[0].ty.dims);
             Lowered {
                 result: out,
-                check: Check {
-                    op: k.name(),
-                    dim: *dim,
-                    size,
-                },
+                check: check(size),
                 flag,
             }
         }

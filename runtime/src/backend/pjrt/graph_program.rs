@@ -1,15 +1,19 @@
 //! Running a whole-program region: one XLA executable per graph and exact signature (the
 //! sizes, strides and offsets of every part's views and the sizes of the buffers that cross the
 //! boundary), so a training loop that records the same step every iteration compiles it once
-//! and then launches it once per flush.
+//! and then launches it once per flush. Once a second signature of the graph says which of its
+//! numbers are the batch (`batch`), every other batch size runs the module of its bucket
+//! (`graph_bucket`): a loop whose batch changes compiles at most one more module per bucket.
 //!
-//! Buffers cross the boundary as flat arrays (`stage::flat`), kept on the device between
+//! Buffers cross the boundary as flat arrays (`stage::flat_padded`), kept on the device between
 //! flushes (`resident::input_arg`): a step's parameters and optimizer state are uploaded once,
 //! donated to the program that updates them (see `graph`), and the results become the buffers'
 //! device copies. f16, bf16, u8 and bool buffers go through the host, as in one-region programs.
 
+use super::batch::{self, Kind, Template};
 use super::client::Executable;
 use super::graph::{self, Layout, ScalarKind};
+use super::graph_bucket;
 use super::launch_checks::LaunchChecks;
 use super::resident::{self, DeviceArray};
 use super::{compile, stage, Arg, Shared};
@@ -27,19 +31,43 @@ use std::sync::{Arc, Mutex};
 /// the executables).
 const MAX_SIGNATURES: usize = 16;
 
+/// Leads a bucketed module's cache key (an exact signature starts with a byte length).
+const BUCKET_KEY: u64 = u64::MAX;
+
 /// An executable and what it takes and gives.
 struct Compiled {
     exe: Arc<Executable>,
     layout: Layout,
+    /// It serves a bucket of batch sizes: it takes the launch's batch, and its arrays are
+    /// padded (`Layout::lens`).
+    bucketed: bool,
 }
 
-/// A graph region's program: compiled per exact signature on first use.
+/// What the graph knows of its batch (see `batch`).
+enum Batch {
+    /// No signature seen yet.
+    Unknown,
+    /// The latest signature: the next different one says which numbers are the batch.
+    Seen(Vec<(Kind, i64)>),
+    Known(Template),
+}
+
+/// A graph's executables and what it learned of its batch.
+struct State {
+    /// Executables by exact signature, with the batch a bucketed one runs that signature at.
+    compiled: HashMap<Vec<u64>, (Arc<Compiled>, usize)>,
+    /// Bucketed executables by bucket; `None` where the graph cannot be bucketed.
+    buckets: HashMap<usize, Option<Arc<Compiled>>>,
+    batch: Batch,
+}
+
+/// A graph region's program: compiled per exact signature on first use, and per bucket of
+/// batch sizes once two signatures say which numbers are the batch (`graph_bucket`).
 pub struct GraphProgram {
     region: Region,
     fingerprint: Fingerprint,
     shared: Arc<Shared>,
-    /// This graph's executables by exact signature (`signature`).
-    compiled: Mutex<HashMap<Vec<u64>, Arc<Compiled>>>,
+    state: Mutex<State>,
 }
 
 impl GraphProgram {
@@ -48,7 +76,11 @@ impl GraphProgram {
             region: Region::Graph(g),
             fingerprint,
             shared,
-            compiled: Mutex::new(HashMap::new()),
+            state: Mutex::new(State {
+                compiled: HashMap::new(),
+                buckets: HashMap::new(),
+                batch: Batch::Unknown,
+            }),
         }
     }
 
@@ -59,72 +91,149 @@ impl GraphProgram {
         }
     }
 
-    /// Everything the module depends on besides the region: each boundary buffer's length,
-    /// every part's views and iteration space, and whether each matmul reads its old output.
-    fn signature(&self, b: &Binding, bufs: &[Arc<Buffer>]) -> Vec<u64> {
-        let mut k: Vec<u64> = bufs.iter().map(|x| x.len as u64).collect();
-        for (part, pb) in self.graph().parts.iter().zip(&b.parts) {
-            for t in &pb.operands {
-                let l = &t.layout;
-                k.push(l.offset as u64);
-                k.push(l.rank() as u64);
-                k.extend(l.sizes.iter().map(|&s| s as u64));
-                k.extend(l.strides.iter().map(|&s| s as u64));
-            }
-            if let Some(it) = &pb.iter {
-                k.push(it.rank() as u64 | (it.reduced as u64) << 32);
-                k.extend(it.sizes.iter().map(|&s| s as u64));
-                for st in &it.strides {
-                    k.extend(st.iter().map(|&s| s as u64));
-                }
-            }
-            if matches!(*part.region, Region::Matmul { .. }) {
-                k.push((f64::from_bits(pb.scalars[1]) == 0.0) as u64);
-            }
-        }
-        k
-    }
-
-    fn compiled(&self, b: &Binding, bufs: &[Arc<Buffer>]) -> Result<Arc<Compiled>> {
-        let key = self.signature(b, bufs);
-        let mut map = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = map.get(&key) {
+    /// The executable for binding `b` on `bufs`, and the batch to launch it at (0 for an
+    /// exact-size one).
+    fn compiled(&self, b: &Binding, bufs: &[Arc<Buffer>]) -> Result<(Arc<Compiled>, usize)> {
+        let lens: Vec<usize> = bufs.iter().map(|x| x.len).collect();
+        // Everything the module depends on besides the region: each boundary buffer's
+        // length, every part's views and iteration space, and whether each matmul reads its
+        // old output.
+        let numbers = batch::numbers(self.graph(), b, &lens);
+        let key: Vec<u64> = numbers.iter().map(|x| x.1 as u64).collect();
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = state.compiled.get(&key) {
             return Ok(c.clone());
         }
-        let lens: Vec<usize> = bufs
+        let found = match self.bucketed(&mut state, b, &lens, &numbers)? {
+            Some(found) => found,
+            None => (self.exact(b, &lens, &key)?, 0),
+        };
+        if state.compiled.len() >= MAX_SIGNATURES {
+            state.compiled.clear();
+        }
+        state.compiled.insert(key, found.clone());
+        Ok(found)
+    }
+
+    /// The module for `b`'s exact sizes.
+    fn exact(&self, b: &Binding, lens: &[usize], key: &[u64]) -> Result<Arc<Compiled>> {
+        let elems: Vec<usize> = lens
             .iter()
             .zip(&b.operands)
-            .map(|(x, t)| x.len / t.dtype.size())
+            .map(|(&l, t)| l / t.dtype.size())
             .collect();
-        let (mlir, layout) = graph::module(self.graph(), b, &lens);
+        let (mlir, layout) =
+            graph::module(self.graph(), b, &elems, None).map_err(Error::Internal)?;
         let exe = compile::executable(
             &self.shared,
             self.fingerprint,
-            &key,
+            key,
             &|| self.region.to_string(),
             || mlir,
         )?;
-        if map.len() >= MAX_SIGNATURES {
-            map.clear();
+        Ok(Arc::new(Compiled {
+            exe,
+            layout,
+            bucketed: false,
+        }))
+    }
+
+    /// The bucketed module serving signature `numbers`, and its batch; `None` (logged with
+    /// why) when it runs at its exact sizes: the first signature of the graph, a batch of one,
+    /// or a graph or signature the buckets cannot serve.
+    fn bucketed(
+        &self,
+        state: &mut State,
+        b: &Binding,
+        lens: &[usize],
+        numbers: &[(Kind, i64)],
+    ) -> Result<Option<(Arc<Compiled>, usize)>> {
+        let g = self.graph();
+        let t = match &state.batch {
+            Batch::Known(t) => t.clone(),
+            Batch::Unknown => {
+                state.batch = Batch::Seen(numbers.to_vec());
+                return Ok(None);
+            }
+            Batch::Seen(first) => match Template::infer(first, numbers) {
+                Ok(t) => {
+                    state.batch = Batch::Known(t.clone());
+                    t
+                }
+                Err(why) => {
+                    tracing::info!(
+                        graph = %self.fingerprint,
+                        "whole-flush module compiled for exact sizes: no batch dim found ({why})"
+                    );
+                    state.batch = Batch::Seen(numbers.to_vec());
+                    return Ok(None);
+                }
+            },
+        };
+        let Some(n) = t.batch_of(numbers) else {
+            tracing::info!(
+                graph = %self.fingerprint,
+                "whole-flush module compiled for exact sizes: its sizes are not the graph's \
+                 batch template's at any batch"
+            );
+            return Ok(None);
+        };
+        if n < 2 {
+            // A batch of one is its own bucket: the exact module is the bucket's.
+            return Ok(None);
         }
-        let c = Arc::new(Compiled { exe, layout });
-        map.insert(key, c.clone());
-        Ok(c)
+        let size = stage::bucket(n);
+        if let Some(c) = state.buckets.get(&size) {
+            return Ok(c.clone().map(|c| (c, n)));
+        }
+        let c = match graph_bucket::module(g, &t, b, lens, size) {
+            Ok((mlir, layout)) => {
+                let mut key = vec![BUCKET_KEY, size as u64];
+                key.extend(t.key());
+                let exe = compile::executable(
+                    &self.shared,
+                    self.fingerprint,
+                    &key,
+                    &|| self.region.to_string(),
+                    || mlir,
+                )?;
+                tracing::debug!(graph = %self.fingerprint, size, "whole-flush module for a bucket");
+                Some(Arc::new(Compiled {
+                    exe,
+                    layout,
+                    bucketed: true,
+                }))
+            }
+            Err(why) => {
+                tracing::info!(
+                    graph = %self.fingerprint,
+                    bucket = size,
+                    "whole-flush module compiled for exact sizes: it cannot be bucketed ({why})"
+                );
+                None
+            }
+        };
+        state.buckets.insert(size, c.clone());
+        Ok(c.map(|c| (c, n)))
     }
 
     /// The packed scalar arrays of one launch (see `graph::Layout::scalars`).
-    fn scalar_args(&self, c: &Compiled, b: &Binding) -> Result<Vec<Arg>> {
+    fn scalar_args(&self, c: &Compiled, b: &Binding, batch: usize) -> Result<Vec<Arg>> {
         c.layout
             .scalars
             .iter()
             .map(|(e, srcs)| {
                 let mut bytes = Vec::with_capacity(srcs.len() * e.size());
                 for s in srcs {
+                    if let ScalarKind::Batch = s.kind {
+                        bytes.extend((batch as i64).to_ne_bytes());
+                        continue;
+                    }
                     let bits = b.parts[s.part].scalars[s.slot];
                     bytes.extend(match s.kind {
                         ScalarKind::Param(d) => stage::scalar_bytes(bits, d),
                         ScalarKind::Gemm(d) => stage::gemm_scalar_bytes(bits, d),
-                        ScalarKind::F64 => bits.to_ne_bytes().to_vec(),
+                        ScalarKind::F64 | ScalarKind::Batch => bits.to_ne_bytes().to_vec(),
                     });
                 }
                 let ty = stage::pjrt_type(*e);
@@ -140,9 +249,13 @@ impl GraphProgram {
 
 impl Program for GraphProgram {
     unsafe fn run(&self, binding: &Binding, bufs: &[Arc<Buffer>]) -> Result<()> {
-        let c = self.compiled(binding, bufs)?;
-        let mut args = self.scalar_args(&c, binding)?;
-        let flat = |j: usize| stage::flat(bufs[j].len / binding.operands[j].dtype.size());
+        let (c, batch) = self.compiled(binding, bufs)?;
+        let mut args = self.scalar_args(&c, binding, batch)?;
+        // A bucketed module's arrays are padded: zero past the buffer's elements.
+        let flat = |j: usize| {
+            let n = bufs[j].len / binding.operands[j].dtype.size();
+            stage::flat_padded(n, c.layout.lens[j])
+        };
         for &j in &c.layout.inputs {
             let d = binding.operands[j].dtype;
             args.push(resident::input_arg(
@@ -175,7 +288,12 @@ impl Program for GraphProgram {
         let launch = match has_checks {
             true => {
                 let flags = outs.pop().expect("the checks are the last result");
-                let checks = c.layout.checks.clone();
+                let mut checks = c.layout.checks.clone();
+                if c.bucketed {
+                    for check in &mut checks {
+                        check.size = check.size_at(batch);
+                    }
+                }
                 let launch = Arc::new(LaunchChecks::new(checks, flags, counters.clone()));
                 self.shared.unread_checks.add(&launch);
                 Some(launch)

@@ -18,13 +18,16 @@
 //! The binding to the C API is our own (`ffi`, `client`): pjrt-rs 0.2.0 targets C API 0.54,
 //! which current plugins reject (shared/notes/pjrt.md).
 
+mod batch;
 mod client;
 mod compile;
 mod emit;
 mod ffi;
 mod graph;
+mod graph_bucket;
 mod graph_kernel;
 mod graph_program;
+mod graph_view;
 mod hlo;
 mod identity;
 mod launch_checks;

@@ -21,14 +21,46 @@ const MAX_RELAYOUTS: usize = 64;
 /// Compiled relayouts by (from, to) layout.
 pub type Relayouts = Mutex<HashMap<(DenseKey, DenseKey), Arc<Executable>>>;
 
+/// The relayout from `from` to `to` with as many outermost rows of each as both padded arrays
+/// hold (the same element count on both sides): one relayout that serves every outermost
+/// valid size up to that, or `None` when the valid elements do not fit it.
+fn all_rows(from: &DenseKey, to: &DenseKey) -> Option<(DenseKey, DenseKey)> {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    let inner = |k: &DenseKey| k.valid.iter().skip(1).product::<usize>().max(1);
+    let (fi, ti) = (inner(from), inner(to));
+    let cap = (from.padded.first()? * fi).min(to.padded.first()? * ti);
+    let lcm = fi / gcd(fi, ti) * ti;
+    let m = cap / lcm * lcm;
+    if m < from.valid.iter().product::<usize>() {
+        return None;
+    }
+    let rows = |k: &DenseKey, inner: usize| {
+        let mut k = k.clone();
+        k.valid[0] = m / inner;
+        k
+    };
+    Some((rows(from, fi), rows(to, ti)))
+}
+
 /// `from` restaged as `to` on the device (see `emit::relayout`), or `None` when the two are
 /// not the same value (dtype or element count differ) or the relayout cache is full.
+///
+/// The relayout moves whole outermost rows (see [`all_rows`]: e.g. `[n, 784]` padded to
+/// `[64, 1024]` into a flat `[784 n]` padded to `[784 * 64]`, all 64 rows), so one serves every
+/// `n`: the padding is zero, and the rows past `n` carry zeros into the padding of `to`. A
+/// loop whose batch changes then compiles one relayout per bucket instead of one per size.
 pub fn relayout(shared: &Shared, from: &DeviceArray, to: &DenseKey) -> Result<Option<DeviceArray>> {
     let numel = |k: &DenseKey| k.valid.iter().product::<usize>();
     if from.key.dtype != to.dtype || numel(&from.key) != numel(to) {
         return Ok(None);
     }
-    let pair = (from.key.clone(), to.clone());
+    let pair = all_rows(&from.key, to).unwrap_or_else(|| (from.key.clone(), to.clone()));
     let exe = {
         let mut cache = shared.relayouts.lock().unwrap_or_else(|p| p.into_inner());
         match cache.get(&pair) {
@@ -37,11 +69,11 @@ pub fn relayout(shared: &Shared, from: &DeviceArray, to: &DenseKey) -> Result<Op
             None => {
                 // Keyed by its module text, so a warm process loads it from the disk cache
                 // like any program instead of compiling it again.
-                let mlir = emit::relayout(&from.key, to);
+                let mlir = emit::relayout(&pair.0, &pair.1);
                 let fp = Fingerprint(xxhash_rust::xxh3::xxh3_128(mlir.as_bytes()));
                 let what = || "a relayout".to_string();
                 let e = super::compile::executable(shared, fp, &[], &what, || mlir)?;
-                cache.insert(pair, e.clone());
+                cache.insert(pair.clone(), e.clone());
                 e
             }
         }

@@ -224,14 +224,19 @@ fn staging(region: &Region, b: &Binding, exact: bool) -> Staging {
     }
 }
 
-/// The staging of a buffer's whole storage as one flat array of `n` elements: how a
-/// whole-program module takes and returns buffers.
-pub fn flat(n: usize) -> Staging {
+/// The staging of a buffer's whole storage of `n` elements as one flat array of `padded`
+/// elements, zero past `n`: how a whole-program module takes and returns buffers (`padded` is
+/// `n` but in a bucketed module, see `graph_bucket`).
+pub fn flat_padded(n: usize, padded: usize) -> Staging {
     Staging {
         sig: Signature {
-            space: vec![n],
-            operands: vec![operand(vec![0], &[1], &[n])],
-            exact: true,
+            space: vec![padded],
+            operands: vec![OperandSig {
+                map: vec![0],
+                present: vec![padded > 1],
+                view: None,
+            }],
+            exact: n == padded,
         },
         valid: vec![n],
         strides: vec![vec![1]],
