@@ -86,9 +86,11 @@ std::tuple<at::Tensor, at::Tensor> max_pool_forward(const at::Tensor& x0, const 
   auto x = batched(x0);
   int64_t N = x.size(0), C = x.size(1), K = p.kernel[0] * p.kernel[1];
   auto xp = pad_spatial(x, p.padding, p.after, -std::numeric_limits<double>::infinity());
-  auto win = window_view(xp, p.kernel, p.stride, p.dilation, p.out)
-                 .permute({0, 1, 4, 5, 2, 3})
-                 .reshape({N, C, p.out[0], p.out[1], K});
+  // [N, C, OH, OW, K]: each window's elements in a row for the row reductions.
+  auto win = at::empty({N, C, p.out[0], p.out[1], K}, x.options());
+  copy_windows(win.view({N, C, p.out[0], p.out[1], p.kernel[0], p.kernel[1]})
+                   .permute({0, 1, 4, 5, 2, 3}),
+               window_view(xp, p.kernel, p.stride, p.dilation, p.out), 2);
   auto values = reduce(win, DFUSE_REDUCE_OP_AMAX, {-1}, false);
   auto pos = reduce(win, DFUSE_REDUCE_OP_ARGMAX, {-1}, false).unsqueeze(-1);
   // indices = table[pos]: a one-hot pick over the K window positions.

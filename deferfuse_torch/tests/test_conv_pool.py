@@ -13,6 +13,8 @@ CONVS = {
     "conv2d_groups_dilation": ((2, 4, 9, 8), (6, 2, 2, 3),
                                dict(stride=(2, 1), padding=(0, 2), dilation=(2, 1), groups=2)),
     "conv2d_1x1": ((2, 5, 4, 4), (3, 5, 1, 1), dict()),
+    # 272 output positions a sample: a GEMM per sample (the cases above fold the batch).
+    "conv2d_gemm_per_sample": ((2, 3, 17, 16), (4, 3, 3, 3), dict(padding=1)),
     "conv2d_uncovered_tail": ((1, 2, 8, 8), (2, 2, 3, 3), dict(stride=3)),
     "conv1d": ((2, 3, 10), (5, 3, 3), dict(padding=2, stride=3)),
     "conv3d": ((1, 2, 5, 5, 4), (3, 2, 2, 2, 2), dict(padding=1)),
