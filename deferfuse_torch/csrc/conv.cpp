@@ -10,7 +10,11 @@
 // reuses the same three pieces with the roles of input and output swapped.
 #include "windows.h"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/library.h>
+
+#include <deque>
+#include <mutex>
 
 namespace dft {
 namespace {
@@ -109,15 +113,94 @@ at::Tensor columns(const at::Tensor& x, const Geometry& g) {
   return cols.view({g.G, g.Cg * g.K, g.N, g.L});
 }
 
+// The forward's columns, kept for the weight gradient: recomputing them is a second im2col
+// (padding + window copy) per convolution in backward. Kept only while autograd may ask (grad
+// mode on, weight requiring grad); matched to the input by identity (a weak reference, so a
+// freed input whose address another tensor reuses never matches), version (an in-place write
+// invalidates them) and geometry; dropped when taken; bounded in bytes (past the bound the
+// oldest go, and backward recomputes what it does not find).
+class ColumnsCache {
+ public:
+  void put(const at::Tensor& x, const Geometry& g, const at::Tensor& cols) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(entries_, [&](const Entry& e) {
+      bool dead = e.input.expired();
+      if (dead) bytes_ -= e.bytes;
+      return dead;
+    });
+    size_t bytes = cols.numel() * cols.element_size();
+    if (bytes > kBytes) return;
+    while (bytes_ + bytes > kBytes) {
+      bytes_ -= entries_.front().bytes;
+      entries_.pop_front();
+    }
+    entries_.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(x.getIntrusivePtr()),
+                        x._version(), key(x, g), cols, bytes});
+    bytes_ += bytes;
+  }
+
+  // The columns put for this x and geometry, or an undefined tensor.
+  at::Tensor take(const at::Tensor& x, const Geometry& g) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto k = key(x, g);
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      auto alive = it->input.lock();
+      if (alive.get() != x.unsafeGetTensorImpl() || it->version != x._version() || it->key != k) {
+        continue;
+      }
+      auto cols = std::move(it->cols);
+      bytes_ -= it->bytes;
+      entries_.erase(it);
+      return cols;
+    }
+    return at::Tensor();
+  }
+
+ private:
+  static constexpr size_t kBytes = size_t(256) << 20;
+
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::TensorImpl> input;
+    uint32_t version;
+    std::vector<int64_t> key;
+    at::Tensor cols;
+    size_t bytes;
+  };
+
+  // What, besides the input's identity and version, decides the columns.
+  static std::vector<int64_t> key(const at::Tensor& x, const Geometry& g) {
+    std::vector<int64_t> k(x.sizes().begin(), x.sizes().end());
+    k.insert(k.end(), x.strides().begin(), x.strides().end());
+    k.push_back(x.storage_offset());
+    k.push_back(g.G);
+    for (const auto* v : {&g.kernel, &g.stride, &g.padding, &g.dilation}) {
+      k.insert(k.end(), v->begin(), v->end());
+    }
+    return k;
+  }
+
+  std::mutex mu_;
+  std::deque<Entry> entries_;
+  size_t bytes_ = 0;
+};
+
+ColumnsCache& columns_cache() {
+  static ColumnsCache cache;
+  return cache;
+}
+
 // t [N, OC, out...] with its positions major: [G, OCg, N*L] (a copy), the layout the folded
 // GEMMs take the output gradient in.
 at::Tensor positions_major(const at::Tensor& t, const Geometry& g) {
   return t.reshape({g.N, g.G, g.OCg, g.L}).permute({1, 2, 0, 3}).reshape({g.G, g.OCg, g.N * g.L});
 }
 
-// conv(x, w): [N, OC, out...].
-at::Tensor conv_forward(const at::Tensor& x, const at::Tensor& w, const Geometry& g) {
+// conv(x, w): [N, OC, out...]. `keep`: a plain convolution's forward, whose columns its
+// weight gradient can reuse.
+at::Tensor conv_forward(const at::Tensor& x, const at::Tensor& w, const Geometry& g,
+                        bool keep = false) {
   auto cols = columns(x, g);
+  if (keep && at::GradMode::is_enabled() && w.requires_grad()) columns_cache().put(x, g, cols);
   auto wm = w.reshape({g.G, g.OCg, g.Cg * g.K});
   auto shape = with_spatial(g.N, g.OC, g.out);
   if (per_sample(g)) {
@@ -152,7 +235,9 @@ at::Tensor conv_input_grad(const at::Tensor& grad, const at::Tensor& go, const a
 // (sample, position) pairs: [G, OCg, N*L] @ [G, N*L, Cg*K], the columns read transposed.
 at::Tensor conv_weight_grad(const at::Tensor& go, const at::Tensor& x, const at::Tensor& w,
                             const Geometry& g) {
-  auto cols = columns(x, g).view({g.G, g.Cg * g.K, g.N * g.L});
+  auto cols = columns_cache().take(x, g);
+  if (!cols.defined()) cols = columns(x, g);
+  cols = cols.view({g.G, g.Cg * g.K, g.N * g.L});
   return batched_matmul(go, cols.transpose(1, 2)).view(w.sizes());
 }
 
@@ -203,8 +288,8 @@ at::Tensor convolution(const at::Tensor& x, const at::Tensor& w,
     auto go = per_sample(g) ? at::Tensor() : positions_major(x, g);
     return add_bias(conv_input_grad(x, go, w, g), bias);
   }
-  return add_bias(conv_forward(x, w, geometry(x.sizes(), w, stride, padding, dilation, groups)),
-                  bias);
+  return add_bias(
+      conv_forward(x, w, geometry(x.sizes(), w, stride, padding, dilation, groups), true), bias);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(

@@ -42,6 +42,42 @@ def test_convolution_of_a_non_contiguous_input_matches_cpu(mode):
     assert_same(lambda x, w: F.conv2d(x.permute(0, 3, 1, 2), w, padding=1), x, w, atol=2e-5)
 
 
+# The weight gradient reuses the columns the forward built from the same input (same tensor,
+# version and geometry); these cases would read another forward's columns if that match were
+# looser.
+def test_weight_gradients_match_cpu_when_one_input_feeds_two_convolution_geometries(mode):
+    torch.manual_seed(0)
+    x, w1, w2 = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(5, 3, 1, 1)
+
+    def two(x, w1, w2):
+        a, b = F.conv2d(x, w1, padding=1), F.conv2d(x, w2, stride=2)
+        return torch.cat([a.flatten(), b.flatten()])
+    assert_same(two, x, w1, w2, atol=2e-5)
+
+
+def test_weight_gradient_matches_cpu_after_forwards_whose_backward_never_ran(mode):
+    torch.manual_seed(0)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    for _ in range(3):  # their inputs die; another tensor may get the same address
+        F.conv2d(torch.randn(2, 3, 6, 6, device="tpu"), w.detach().to("tpu").requires_grad_())
+    x = torch.randn(2, 3, 6, 6)
+    assert_same(lambda x, w: F.conv2d(x, w, padding=1), x, w, atol=2e-5)
+
+
+def test_weight_gradient_matches_cpu_when_the_input_changed_in_place_since_an_earlier_forward(
+        mode):
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
+    grad = torch.randn(2, 4, 4, 4)
+    dx, dw = x.to("tpu"), w.to("tpu").requires_grad_()
+    F.conv2d(dx, dw)  # columns of x before the write below
+    dx.add_(1.0)
+    F.conv2d(dx, dw).backward(grad.to("tpu"))
+    cw = w.clone().requires_grad_()
+    F.conv2d(x + 1.0, cw).backward(grad)
+    check(dw.grad, cw.grad, atol=2e-5)
+
+
 TRANSPOSED = {
     "conv_transpose2d": ((2, 4, 5, 4), (4, 3, 3, 3), dict(padding=1)),
     "conv_transpose2d_stride_output_padding": ((2, 4, 4, 5), (4, 2, 3, 2),
