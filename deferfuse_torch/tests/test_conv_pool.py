@@ -121,6 +121,17 @@ def test_max_pool2d_of_an_unbatched_input_matches_cpu(mode):
     assert_same(lambda x: F.max_pool2d(x, 2), torch.randn(3, 6, 6))
 
 
+@pytest.mark.parametrize("dilation", [1, 2])
+def test_max_pool2d_of_a_window_of_only_minus_inf_takes_its_first_real_element(mode, dilation):
+    # PyTorch starts each window's index at its first element inside the input and keeps it
+    # when nothing beats -inf; the padding before it must not be picked.
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 7, 7)
+    x[:, :, :4, :4] = float("-inf")
+    assert_same(lambda x: F.max_pool2d(x, 3, stride=2, padding=1, dilation=dilation,
+                                       return_indices=True), x)
+
+
 def test_max_pool2d_gradient_accumulates_over_overlapping_windows(mode):
     # A constant-free ramp makes one element the max of several windows.
     x = torch.arange(36.0).view(1, 1, 6, 6)
