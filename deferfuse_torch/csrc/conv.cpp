@@ -1,14 +1,20 @@
 // Convolution (1-D, 2-D, 3-D; stride, padding, dilation, groups, bias; plain and transposed)
-// forward and backward as im2col + batched matmul: the padded input's windows are a free
-// as_strided view [N, C, k..., out...], copied once into columns [N, G, Cg*K, L] and multiplied
-// by the weight viewed as [G, OCg, Cg*K]. The input gradient is W^T @ grad_output scattered back
-// by add_windows (K in-place strided adds, no scatter op needed); the weight gradient is one
-// matmul of grad_output with the columns over the batch. A transposed convolution is the input
-// gradient of the plain convolution whose weight it shares, so it reuses the same three pieces
-// with the roles of input and output swapped.
+// forward and backward as im2col + GEMM: the padded input's windows are a free as_strided view
+// [N, C, k..., out...], copied once into columns laid out [C, k..., N, out...] and multiplied by
+// the weight viewed as [G, OCg, Cg*K]. That layout lets every GEMM read its operands as strided
+// views: per sample when a sample has many output positions, else with the batch folded into
+// the GEMM's columns (see kGemmPerSampleFromPositions). The input gradient is W^T @
+// grad_output scattered back by add_windows (K in-place strided adds, no scatter op needed);
+// the weight gradient is one GEMM of grad_output with the columns over the batch. A transposed
+// convolution is the input gradient of the plain convolution whose weight it shares, so it
+// reuses the same three pieces with the roles of input and output swapped.
 #include "windows.h"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/library.h>
+
+#include <deque>
+#include <mutex>
 
 namespace dft {
 namespace {
@@ -64,46 +70,175 @@ std::vector<int64_t> padded_sizes(const Geometry& g) {
   return s;
 }
 
-// The input's windows as columns [N, G, Cg*K, L].
-at::Tensor im2col(const at::Tensor& x, const Geometry& g) {
-  auto xp = pad_spatial(x, g.padding, g.padding, 0);
-  return window_view(xp, g.kernel, g.stride, g.dilation, g.out)
-      .reshape({g.N, g.G, g.Cg * g.K, g.L});
-}
-
 std::vector<int64_t> with_spatial(int64_t n, int64_t c, const std::vector<int64_t>& spatial) {
   std::vector<int64_t> s{n, c};
   s.insert(s.end(), spatial.begin(), spatial.end());
   return s;
 }
 
-// conv(x, w): [N, OC, out...].
-at::Tensor conv_forward(const at::Tensor& x, const at::Tensor& w, const Geometry& g) {
-  auto out = batched_matmul(w.reshape({g.G, g.OCg, g.Cg * g.K}), im2col(x, g));  // [N, G, OCg, L]
-  return out.view(with_spatial(g.N, g.OC, g.out));
+// Output positions per sample from which each sample gets a GEMM of its own (written straight
+// into the [N, OC, out...] result). Below it the batch is folded into the GEMM's columns
+// (N * L of them) and the result transposed once: a GEMM per sample re-packs the whole weight
+// for a handful of columns (resnet18's layer 4, 512 x 4608 by 4, ran at 5 GFLOP/s).
+constexpr int64_t kGemmPerSampleFromPositions = 256;
+
+bool per_sample(const Geometry& g) { return g.N == 1 || g.L >= kGemmPerSampleFromPositions; }
+
+// Columns and their input gradient are laid out [C, k..., N, out...]: the contraction dims
+// (C, k...) and the positions (N, out...) are each one stride apart, so GEMMs read them as
+// [G, Cg*K, N*L] (or per sample) without a copy. This permutes that layout's dims into the
+// window order [N, C, k..., out...].
+std::vector<int64_t> columns_to_window(const Geometry& g) {
+  int64_t d = g.kernel.size();
+  std::vector<int64_t> p{d + 1, 0};
+  for (int64_t i = 0; i < d; ++i) p.push_back(1 + i);
+  for (int64_t i = 0; i < d; ++i) p.push_back(d + 2 + i);
+  return p;
 }
 
-// d conv(x, w) / dx applied to grad [N, OC, out...]: [N, C, in...].
-at::Tensor conv_input_grad(const at::Tensor& grad, const at::Tensor& w, const Geometry& g) {
-  auto go = grad.reshape({g.N, g.G, g.OCg, g.L});
+std::vector<int64_t> columns_sizes(const Geometry& g) {
+  std::vector<int64_t> s{g.C};
+  s.insert(s.end(), g.kernel.begin(), g.kernel.end());
+  s.push_back(g.N);
+  s.insert(s.end(), g.out.begin(), g.out.end());
+  return s;
+}
+
+// im2col: x's windows copied once into columns [G, Cg*K, N, L].
+at::Tensor columns(const at::Tensor& x, const Geometry& g) {
+  auto xp = pad_spatial(x, g.padding, g.padding, 0);
+  auto cols = at::empty(columns_sizes(g), x.options());
+  copy_windows(cols.permute(columns_to_window(g)),
+               window_view(xp, g.kernel, g.stride, g.dilation, g.out), g.kernel.size());
+  return cols.view({g.G, g.Cg * g.K, g.N, g.L});
+}
+
+// The forward's columns, kept for the weight gradient: recomputing them is a second im2col
+// (padding + window copy) per convolution in backward. Kept only while autograd may ask (grad
+// mode on, weight requiring grad); matched to the input by identity (a weak reference, so a
+// freed input whose address another tensor reuses never matches), version (an in-place write
+// invalidates them) and geometry; dropped when taken; bounded in bytes (past the bound the
+// oldest go, and backward recomputes what it does not find).
+class ColumnsCache {
+ public:
+  void put(const at::Tensor& x, const Geometry& g, const at::Tensor& cols) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(entries_, [&](const Entry& e) {
+      bool dead = e.input.expired();
+      if (dead) bytes_ -= e.bytes;
+      return dead;
+    });
+    size_t bytes = cols.numel() * cols.element_size();
+    if (bytes > kBytes) return;
+    while (bytes_ + bytes > kBytes) {
+      bytes_ -= entries_.front().bytes;
+      entries_.pop_front();
+    }
+    entries_.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(x.getIntrusivePtr()),
+                        x._version(), key(x, g), cols, bytes});
+    bytes_ += bytes;
+  }
+
+  // The columns put for this x and geometry, or an undefined tensor.
+  at::Tensor take(const at::Tensor& x, const Geometry& g) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto k = key(x, g);
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      auto alive = it->input.lock();
+      if (alive.get() != x.unsafeGetTensorImpl() || it->version != x._version() || it->key != k) {
+        continue;
+      }
+      auto cols = std::move(it->cols);
+      bytes_ -= it->bytes;
+      entries_.erase(it);
+      return cols;
+    }
+    return at::Tensor();
+  }
+
+ private:
+  static constexpr size_t kBytes = size_t(256) << 20;
+
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::TensorImpl> input;
+    uint32_t version;
+    std::vector<int64_t> key;
+    at::Tensor cols;
+    size_t bytes;
+  };
+
+  // What, besides the input's identity and version, decides the columns.
+  static std::vector<int64_t> key(const at::Tensor& x, const Geometry& g) {
+    std::vector<int64_t> k(x.sizes().begin(), x.sizes().end());
+    k.insert(k.end(), x.strides().begin(), x.strides().end());
+    k.push_back(x.storage_offset());
+    k.push_back(g.G);
+    for (const auto* v : {&g.kernel, &g.stride, &g.padding, &g.dilation}) {
+      k.insert(k.end(), v->begin(), v->end());
+    }
+    return k;
+  }
+
+  std::mutex mu_;
+  std::deque<Entry> entries_;
+  size_t bytes_ = 0;
+};
+
+ColumnsCache& columns_cache() {
+  static ColumnsCache cache;
+  return cache;
+}
+
+// t [N, OC, out...] with its positions major: [G, OCg, N*L] (a copy), the layout the folded
+// GEMMs take the output gradient in.
+at::Tensor positions_major(const at::Tensor& t, const Geometry& g) {
+  return t.reshape({g.N, g.G, g.OCg, g.L}).permute({1, 2, 0, 3}).reshape({g.G, g.OCg, g.N * g.L});
+}
+
+// conv(x, w): [N, OC, out...]. `keep`: a plain convolution's forward, whose columns its
+// weight gradient can reuse.
+at::Tensor conv_forward(const at::Tensor& x, const at::Tensor& w, const Geometry& g,
+                        bool keep = false) {
+  auto cols = columns(x, g);
+  if (keep && at::GradMode::is_enabled() && w.requires_grad()) columns_cache().put(x, g, cols);
+  auto wm = w.reshape({g.G, g.OCg, g.Cg * g.K});
+  auto shape = with_spatial(g.N, g.OC, g.out);
+  if (per_sample(g)) {
+    return batched_matmul(wm, cols.permute({2, 0, 1, 3})).view(shape);  // [N, G, OCg, L]
+  }
+  auto folded = batched_matmul(wm, cols.view({g.G, g.Cg * g.K, g.N * g.L}));  // [G, OCg, N*L]
+  auto out = at::empty(shape, x.options());
+  out.view({g.N, g.OC, g.L}).copy_(folded.view({g.OC, g.N, g.L}).transpose(0, 1));
+  return out;
+}
+
+// d conv(x, w) / dx applied to grad [N, OC, out...]: [N, C, in...]. `go` is
+// positions_major(grad), which the folded GEMM takes (undefined when per_sample(g)).
+at::Tensor conv_input_grad(const at::Tensor& grad, const at::Tensor& go, const at::Tensor& w,
+                           const Geometry& g) {
   auto wt = w.reshape({g.G, g.OCg, g.Cg * g.K}).transpose(1, 2);
-  std::vector<int64_t> shape{g.N, g.C};
-  shape.insert(shape.end(), g.kernel.begin(), g.kernel.end());
-  shape.insert(shape.end(), g.out.begin(), g.out.end());
-  auto contrib = batched_matmul(wt, go).view(shape);  // [N, C, k..., out...]
+  std::vector<int64_t> window{g.N, g.C};
+  window.insert(window.end(), g.kernel.begin(), g.kernel.end());
+  window.insert(window.end(), g.out.begin(), g.out.end());
+  at::Tensor contrib;  // [N, C, k..., out...]
+  if (per_sample(g)) {
+    contrib = batched_matmul(wt, grad.reshape({g.N, g.G, g.OCg, g.L})).view(window);
+  } else {
+    contrib = batched_matmul(wt, go).view(columns_sizes(g)).permute(columns_to_window(g));
+  }
   auto buf = add_windows(contrib, padded_sizes(g), g.kernel, g.stride, g.dilation);
   auto in = with_spatial(g.N, g.C, g.in);
   return buf.sizes().equals(in) ? buf : unpad_spatial(buf, g.padding, g.in).contiguous();
 }
 
-// d conv(x, w) / dw applied to grad [N, OC, out...]: w's shape. One matmul over all (sample,
-// position) pairs: [G, OCg, N*L] @ [G, N*L, Cg*K].
-at::Tensor conv_weight_grad(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& w,
+// d conv(x, w) / dw applied to go = positions_major(grad): w's shape. One GEMM over all
+// (sample, position) pairs: [G, OCg, N*L] @ [G, N*L, Cg*K], the columns read transposed.
+at::Tensor conv_weight_grad(const at::Tensor& go, const at::Tensor& x, const at::Tensor& w,
                             const Geometry& g) {
-  auto gos = grad.reshape({g.N, g.G, g.OCg, g.L}).permute({1, 2, 0, 3})
-                 .reshape({g.G, g.OCg, g.N * g.L});
-  auto cols = im2col(x, g).permute({1, 0, 3, 2}).reshape({g.G, g.N * g.L, g.Cg * g.K});
-  return batched_matmul(gos, cols).view(w.sizes());
+  auto cols = columns_cache().take(x, g);
+  if (!cols.defined()) cols = columns(x, g);
+  cols = cols.view({g.G, g.Cg * g.K, g.N * g.L});
+  return batched_matmul(go, cols.transpose(1, 2)).view(w.sizes());
 }
 
 at::Tensor channel_sums(const at::Tensor& grad) {
@@ -150,10 +285,11 @@ at::Tensor convolution(const at::Tensor& x, const at::Tensor& w,
                        at::IntArrayRef output_padding, int64_t groups) {
   if (transposed) {
     auto g = transposed_geometry(x, w, stride, padding, dilation, output_padding, groups);
-    return add_bias(conv_input_grad(x, w, g), bias);
+    auto go = per_sample(g) ? at::Tensor() : positions_major(x, g);
+    return add_bias(conv_input_grad(x, go, w, g), bias);
   }
-  return add_bias(conv_forward(x, w, geometry(x.sizes(), w, stride, padding, dilation, groups)),
-                  bias);
+  return add_bias(
+      conv_forward(x, w, geometry(x.sizes(), w, stride, padding, dilation, groups), true), bias);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
@@ -165,11 +301,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     // The transposed output is the plain convolution's input: the roles swap.
     auto g = transposed_geometry(x, w, stride, padding, dilation, output_padding, groups);
     if (mask[0]) gx = conv_forward(grad, w, g);
-    if (mask[1]) gw = conv_weight_grad(x, grad, w, g);
+    if (mask[1]) gw = conv_weight_grad(positions_major(x, g), grad, w, g);
   } else {
     auto g = geometry(x.sizes(), w, stride, padding, dilation, groups);
-    if (mask[0]) gx = conv_input_grad(grad, w, g);
-    if (mask[1]) gw = conv_weight_grad(grad, x, w, g);
+    at::Tensor go;
+    if (mask[1] || (mask[0] && !per_sample(g))) go = positions_major(grad, g);
+    if (mask[0]) gx = conv_input_grad(grad, go, w, g);
+    if (mask[1]) gw = conv_weight_grad(go, x, w, g);
   }
   if (mask[2]) gb = channel_sums(grad);
   return {gx, gw, gb};

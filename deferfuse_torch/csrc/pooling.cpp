@@ -2,10 +2,13 @@
 // ceil_mode, divisor_override) and adaptive average / max (even and uneven windows), forward
 // and backward.
 //
-// Every window is read through window_view of a padded buffer (-inf for max, 0 for average);
-// backward adds each window's contribution back with add_windows. What depends only on the
-// geometry (each window position's flat input index, each window's divisor, the adaptive
-// averaging matrices) is computed on the host and uploaded, so no op needs a gather or scatter.
+// Every window is read through window_view of a padded buffer (-inf for max, 0 for average).
+// Average pooling's backward adds each window's contribution back with add_windows; max
+// pooling's picks each max's flat index from a table with one gather, and its backward adds
+// each output's gradient at that index with one scatter_add (one op each, where comparing every
+// window position against the index took two passes over K times the output). What depends only
+// on the geometry (each window position's flat input index, each window's divisor, the adaptive
+// averaging matrices) is computed on the host and uploaded.
 #include "windows.h"
 
 #include <cmath>
@@ -66,50 +69,52 @@ at::Tensor like_input(const at::Tensor& r, const at::Tensor& x) {
   return x.dim() == 3 ? r.squeeze(0) : r;
 }
 
-// [kh, kw, OH, OW]: the flat input index (h * W + w) each window position reads; positions in
-// the padding get indices no real element has.
+// [OH, OW, kh * kw]: the flat input index (h * W + w) each window position reads. A position in
+// the padding gets the window's first real element, the index PyTorch's CPU kernel starts from
+// and keeps when no element beats it (a window of -inf values).
 at::Tensor flat_index_table(const Pool& p) {
   std::vector<double> t;
-  for (int64_t ki = 0; ki < p.kernel[0]; ++ki)
-    for (int64_t kj = 0; kj < p.kernel[1]; ++kj)
-      for (int64_t oh = 0; oh < p.out[0]; ++oh)
-        for (int64_t ow = 0; ow < p.out[1]; ++ow) {
-          int64_t h = oh * p.stride[0] - p.padding[0] + ki * p.dilation[0];
-          int64_t w = ow * p.stride[1] - p.padding[1] + kj * p.dilation[1];
+  for (int64_t oh = 0; oh < p.out[0]; ++oh)
+    for (int64_t ow = 0; ow < p.out[1]; ++ow) {
+      int64_t h0 = oh * p.stride[0] - p.padding[0], w0 = ow * p.stride[1] - p.padding[1];
+      auto first_inside = [](int64_t start, int64_t dil) {
+        return start >= 0 ? start : start + ((-start + dil - 1) / dil) * dil;
+      };
+      int64_t first = first_inside(h0, p.dilation[0]) * p.in[1] + first_inside(w0, p.dilation[1]);
+      for (int64_t ki = 0; ki < p.kernel[0]; ++ki)
+        for (int64_t kj = 0; kj < p.kernel[1]; ++kj) {
+          int64_t h = h0 + ki * p.dilation[0], w = w0 + kj * p.dilation[1];
           bool inside = h >= 0 && h < p.in[0] && w >= 0 && w < p.in[1];
-          t.push_back(inside ? double(h * p.in[1] + w) : -1.0);
+          t.push_back(double(inside ? h * p.in[1] + w : first));
         }
-  return upload_table(t, {p.kernel[0], p.kernel[1], p.out[0], p.out[1]}, at::kLong);
+    }
+  return upload_table(t, {p.out[0], p.out[1], p.kernel[0] * p.kernel[1]}, at::kLong);
 }
 
 std::tuple<at::Tensor, at::Tensor> max_pool_forward(const at::Tensor& x0, const Pool& p) {
   auto x = batched(x0);
   int64_t N = x.size(0), C = x.size(1), K = p.kernel[0] * p.kernel[1];
   auto xp = pad_spatial(x, p.padding, p.after, -std::numeric_limits<double>::infinity());
-  auto win = window_view(xp, p.kernel, p.stride, p.dilation, p.out)
-                 .permute({0, 1, 4, 5, 2, 3})
-                 .reshape({N, C, p.out[0], p.out[1], K});
+  // [N, C, OH, OW, K]: each window's elements in a row for the row reductions.
+  auto win = at::empty({N, C, p.out[0], p.out[1], K}, x.options());
+  copy_windows(win.view({N, C, p.out[0], p.out[1], p.kernel[0], p.kernel[1]})
+                   .permute({0, 1, 4, 5, 2, 3}),
+               window_view(xp, p.kernel, p.stride, p.dilation, p.out), 2);
   auto values = reduce(win, DFUSE_REDUCE_OP_AMAX, {-1}, false);
   auto pos = reduce(win, DFUSE_REDUCE_OP_ARGMAX, {-1}, false).unsqueeze(-1);
-  // indices = table[pos]: a one-hot pick over the K window positions.
-  auto table = flat_index_table(p).view({K, p.out[0], p.out[1]}).permute({1, 2, 0});
-  DfuseAttrs a{};
-  a.dtype = DFUSE_DTYPE_I64;
-  auto ks = run(DFUSE_OP_KIND_ARANGE, &a,
-                Operands().s(at::Scalar(int64_t(0))).s(at::Scalar(K)).s(at::Scalar(int64_t(1))),
-                "max_pool2d window positions");
-  auto indices = reduce(dft::where(ks.eq(pos), table, 0), DFUSE_REDUCE_OP_SUM, {-1}, false);
+  auto indices = at::gather(flat_index_table(p).expand({N, C, p.out[0], p.out[1], K}), -1, pos)
+                     .squeeze(-1);
   return {like_input(values, x0), like_input(indices, x0)};
 }
 
-at::Tensor max_pool_backward(const at::Tensor& grad0, const at::Tensor& x0,
-                             const at::Tensor& indices0, const Pool& p) {
-  auto grad = batched(grad0).unsqueeze(2).unsqueeze(3);
-  auto indices = batched(indices0).unsqueeze(2).unsqueeze(3);
-  // [N, C, kh, kw, OH, OW]: each output's gradient at the window position it took its max from.
-  auto contrib = dft::where(indices.eq(flat_index_table(p)), grad, 0);
-  auto buf = add_windows(contrib, buffer_sizes(p), p.kernel, p.stride, p.dilation);
-  return like_input(unpad_spatial(buf, p.padding, p.in).contiguous(), x0);
+// Every output's gradient added at the input element its max came from, in output order as
+// PyTorch's CPU kernel adds them (overlapping windows may pick the same element).
+at::Tensor max_pool_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& indices) {
+  auto g = batched(grad), i = batched(indices), xb = batched(x);
+  int64_t N = xb.size(0), C = xb.size(1), H = xb.size(2), W = xb.size(3);
+  auto flat = at::zeros({N, C, H * W}, grad.options())
+                  .scatter_add(2, i.reshape({N, C, -1}), g.reshape({N, C, -1}));
+  return like_input(flat.view({N, C, H, W}), x);
 }
 
 std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(
@@ -123,8 +128,8 @@ at::Tensor max_pool2d_with_indices_backward(const at::Tensor& grad, const at::Te
                                             at::IntArrayRef kernel, at::IntArrayRef stride,
                                             at::IntArrayRef padding, at::IntArrayRef dilation,
                                             bool ceil_mode, const at::Tensor& indices) {
-  auto p = pool_geometry(x, kernel, stride, padding, dilation, ceil_mode, "max_pool2d_backward");
-  return max_pool_backward(grad, x, indices, p);
+  pool_geometry(x, kernel, stride, padding, dilation, ceil_mode, "max_pool2d_backward");
+  return max_pool_backward(grad, x, indices);
 }
 
 // [OH, OW]: what PyTorch's CPU kernel divides each window's sum by.
@@ -276,15 +281,9 @@ std::tuple<at::Tensor, at::Tensor> adaptive_max_pool2d(const at::Tensor& x, at::
   return max_pool_forward(x, pool_geometry(x, *k, *k, zero, one, false, "adaptive_max_pool2d"));
 }
 
-// Every output's gradient added at the input element its max came from (indices are flat
-// h * W + w), as PyTorch's CPU kernel does for even and uneven windows alike.
 at::Tensor adaptive_max_pool2d_backward(const at::Tensor& grad, const at::Tensor& x,
                                         const at::Tensor& indices) {
-  auto g = batched(grad), i = batched(indices), xb = batched(x);
-  int64_t N = xb.size(0), C = xb.size(1), H = xb.size(2), W = xb.size(3);
-  auto flat = at::zeros({N, C, H * W}, grad.options())
-                  .scatter_add(2, i.reshape({N, C, -1}), g.reshape({N, C, -1}));
-  return like_input(flat.view({N, C, H, W}), x);
+  return max_pool_backward(grad, x, indices);
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 // Sliding-window plumbing (see windows.h).
 #include "windows.h"
 
+#include <algorithm>
+#include <numeric>
+
 namespace dft {
 
 at::Tensor pad_spatial(const at::Tensor& x, at::IntArrayRef before, at::IntArrayRef after,
@@ -41,6 +44,27 @@ at::Tensor window_view(const at::Tensor& x, at::IntArrayRef kernel, at::IntArray
   return x.as_strided(sizes, strides, x.storage_offset());
 }
 
+// See walk_order: measured between layer 3's 16 positions (13 ns per element walked
+// naturally, 2 ns lead innermost) and layer 2's 64 (3 ns naturally, 6 ns lead innermost).
+constexpr int64_t kMinPositionsPerCall = 32;
+
+std::vector<int64_t> walk_order(at::IntArrayRef sizes, int64_t lead, int64_t positions) {
+  int64_t rank = sizes.size(), middle_end = rank - positions;
+  std::vector<int64_t> order(rank);
+  std::iota(order.begin(), order.end(), 0);
+  auto span = [&](int64_t from, int64_t to) {
+    return c10::multiply_integers(sizes.begin() + from, sizes.begin() + to);
+  };
+  if (span(middle_end, rank) >= kMinPositionsPerCall) return order;
+  std::rotate(order.begin(), order.begin() + lead, order.end());
+  return order;
+}
+
+void copy_windows(const at::Tensor& dst, const at::Tensor& src, int64_t d) {
+  auto order = walk_order(src.sizes(), src.dim() - 2 * d, d);
+  dst.permute(order).copy_(src.permute(order));
+}
+
 at::Tensor add_windows(const at::Tensor& contrib, at::IntArrayRef buf_spatial,
                        at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef dilation) {
   int64_t d = kernel.size(), lead = contrib.dim() - 2 * d;
@@ -63,7 +87,8 @@ at::Tensor add_windows(const at::Tensor& contrib, at::IntArrayRef buf_spatial,
       offset += k[i] * dilation[i] * buf.stride(lead + i);
       part = part.select(lead, k[i]);
     }
-    buf.as_strided(vs, vst, offset).add_(part);
+    auto order = walk_order(part.sizes(), lead, d);
+    buf.as_strided(vs, vst, offset).permute(order).add_(part.permute(order));
   }
   return buf;
 }

@@ -21,6 +21,20 @@ at::Tensor unpad_spatial(const at::Tensor& buf, at::IntArrayRef before, at::IntA
 at::Tensor window_view(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
                        at::IntArrayRef dilation, at::IntArrayRef out);
 
+// The order in which to walk the dims of a tensor [lead..., middle..., positions...] (`lead`
+// leading dims, `positions` trailing ones) elementwise. The CPU backend's loop runs the two
+// innermost dims per call and walks the others one call at a time, so the window positions
+// stay innermost (the order of memory on both sides) while they fill a call of
+// kMinPositionsPerCall elements; fewer, and the order is [middle..., positions..., lead...].
+// Measured on resnet18's im2col copies (1 thread): layer 4's windows [8, 512, 3, 3, 2, 2] took
+// 5 ms walked naturally (four elements a call), 1 ms lead innermost; layer 1's [8, 64, 3, 3,
+// 16, 16] took 1.5 ms naturally, 19 ms lead innermost (each element a page apart).
+std::vector<int64_t> walk_order(at::IntArrayRef sizes, int64_t lead, int64_t positions);
+
+// dst.copy_(src) for window-shaped tensors [lead..., k..., out...] (d = kernel dims), walked in
+// walk_order (im2col into columns of any layout, pooling's window copies).
+void copy_windows(const at::Tensor& dst, const at::Tensor& src, int64_t d);
+
 // col2im: a zero buffer of shape [lead..., buf_spatial...] into which every window slice
 // contrib[lead..., k..., out...] is added at the positions window_view reads it from.
 at::Tensor add_windows(const at::Tensor& contrib, at::IntArrayRef buf_spatial,

@@ -13,6 +13,8 @@ CONVS = {
     "conv2d_groups_dilation": ((2, 4, 9, 8), (6, 2, 2, 3),
                                dict(stride=(2, 1), padding=(0, 2), dilation=(2, 1), groups=2)),
     "conv2d_1x1": ((2, 5, 4, 4), (3, 5, 1, 1), dict()),
+    # 272 output positions a sample: a GEMM per sample (the cases above fold the batch).
+    "conv2d_gemm_per_sample": ((2, 3, 17, 16), (4, 3, 3, 3), dict(padding=1)),
     "conv2d_uncovered_tail": ((1, 2, 8, 8), (2, 2, 3, 3), dict(stride=3)),
     "conv1d": ((2, 3, 10), (5, 3, 3), dict(padding=2, stride=3)),
     "conv3d": ((1, 2, 5, 5, 4), (3, 2, 2, 2, 2), dict(padding=1)),
@@ -38,6 +40,42 @@ def test_convolution_of_a_non_contiguous_input_matches_cpu(mode):
     torch.manual_seed(0)
     x, w = torch.randn(2, 6, 6, 3), torch.randn(4, 3, 3, 3)
     assert_same(lambda x, w: F.conv2d(x.permute(0, 3, 1, 2), w, padding=1), x, w, atol=2e-5)
+
+
+# The weight gradient reuses the columns the forward built from the same input (same tensor,
+# version and geometry); these cases would read another forward's columns if that match were
+# looser.
+def test_weight_gradients_match_cpu_when_one_input_feeds_two_convolution_geometries(mode):
+    torch.manual_seed(0)
+    x, w1, w2 = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(5, 3, 1, 1)
+
+    def two(x, w1, w2):
+        a, b = F.conv2d(x, w1, padding=1), F.conv2d(x, w2, stride=2)
+        return torch.cat([a.flatten(), b.flatten()])
+    assert_same(two, x, w1, w2, atol=2e-5)
+
+
+def test_weight_gradient_matches_cpu_after_forwards_whose_backward_never_ran(mode):
+    torch.manual_seed(0)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    for _ in range(3):  # their inputs die; another tensor may get the same address
+        F.conv2d(torch.randn(2, 3, 6, 6, device="tpu"), w.detach().to("tpu").requires_grad_())
+    x = torch.randn(2, 3, 6, 6)
+    assert_same(lambda x, w: F.conv2d(x, w, padding=1), x, w, atol=2e-5)
+
+
+def test_weight_gradient_matches_cpu_when_the_input_changed_in_place_since_an_earlier_forward(
+        mode):
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
+    grad = torch.randn(2, 4, 4, 4)
+    dx, dw = x.to("tpu"), w.to("tpu").requires_grad_()
+    F.conv2d(dx, dw)  # columns of x before the write below
+    dx.add_(1.0)
+    F.conv2d(dx, dw).backward(grad.to("tpu"))
+    cw = w.clone().requires_grad_()
+    F.conv2d(x + 1.0, cw).backward(grad)
+    check(dw.grad, cw.grad, atol=2e-5)
 
 
 TRANSPOSED = {
@@ -81,6 +119,17 @@ def test_max_pool2d_values_indices_and_gradient_match_cpu(mode, case):
 def test_max_pool2d_of_an_unbatched_input_matches_cpu(mode):
     torch.manual_seed(0)
     assert_same(lambda x: F.max_pool2d(x, 2), torch.randn(3, 6, 6))
+
+
+@pytest.mark.parametrize("dilation", [1, 2])
+def test_max_pool2d_of_a_window_of_only_minus_inf_takes_its_first_real_element(mode, dilation):
+    # PyTorch starts each window's index at its first element inside the input and keeps it
+    # when nothing beats -inf; the padding before it must not be picked.
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 7, 7)
+    x[:, :, :4, :4] = float("-inf")
+    assert_same(lambda x: F.max_pool2d(x, 3, stride=2, padding=1, dilation=dilation,
+                                       return_indices=True), x)
 
 
 def test_max_pool2d_gradient_accumulates_over_overlapping_windows(mode):
