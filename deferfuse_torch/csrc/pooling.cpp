@@ -2,13 +2,12 @@
 // ceil_mode, divisor_override) and adaptive average / max (even and uneven windows), forward
 // and backward.
 //
-// Every window is read through window_view of a padded buffer (-inf for max, 0 for average).
-// Average pooling's backward adds each window's contribution back with add_windows; max
-// pooling's picks each max's flat index from a table with one gather, and its backward adds
-// each output's gradient at that index with one scatter_add (one op each, where comparing every
-// window position against the index took two passes over K times the output). What depends only
-// on the geometry (each window position's flat input index, each window's divisor, the adaptive
-// averaging matrices) is computed on the host and uploaded.
+// Every window is read through window_view of a padded buffer (-inf for max, 0 for average);
+// backward adds each window's contribution back with add_windows. What depends only on the
+// geometry (each window position's flat input index, each window's divisor, the adaptive
+// averaging matrices) is computed on the host and uploaded, so no op needs a gather or scatter
+// (the host gather and scatter kernels walk one element a row here: resnet18's max pool took
+// 2-3x longer through them).
 #include "windows.h"
 
 #include <cmath>
@@ -102,19 +101,30 @@ std::tuple<at::Tensor, at::Tensor> max_pool_forward(const at::Tensor& x0, const 
                window_view(xp, p.kernel, p.stride, p.dilation, p.out), 2);
   auto values = reduce(win, DFUSE_REDUCE_OP_AMAX, {-1}, false);
   auto pos = reduce(win, DFUSE_REDUCE_OP_ARGMAX, {-1}, false).unsqueeze(-1);
-  auto indices = at::gather(flat_index_table(p).expand({N, C, p.out[0], p.out[1], K}), -1, pos)
-                     .squeeze(-1);
+  // indices = table[pos]: a one-hot pick over the K window positions (one row-kernel pass; a
+  // gather op walks one element a row).
+  DfuseAttrs a{};
+  a.dtype = DFUSE_DTYPE_I64;
+  auto ks = run(DFUSE_OP_KIND_ARANGE, &a,
+                Operands().s(at::Scalar(int64_t(0))).s(at::Scalar(K)).s(at::Scalar(int64_t(1))),
+                "max_pool2d window positions");
+  auto indices =
+      reduce(dft::where(ks.eq(pos), flat_index_table(p), 0), DFUSE_REDUCE_OP_SUM, {-1}, false);
   return {like_input(values, x0), like_input(indices, x0)};
 }
 
-// Every output's gradient added at the input element its max came from, in output order as
-// PyTorch's CPU kernel adds them (overlapping windows may pick the same element).
-at::Tensor max_pool_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& indices) {
-  auto g = batched(grad), i = batched(indices), xb = batched(x);
-  int64_t N = xb.size(0), C = xb.size(1), H = xb.size(2), W = xb.size(3);
-  auto flat = at::zeros({N, C, H * W}, grad.options())
-                  .scatter_add(2, i.reshape({N, C, -1}), g.reshape({N, C, -1}));
-  return like_input(flat.view({N, C, H, W}), x);
+at::Tensor max_pool_backward(const at::Tensor& grad0, const at::Tensor& x0,
+                             const at::Tensor& indices0, const Pool& p) {
+  auto grad = batched(grad0).unsqueeze(2).unsqueeze(3);
+  auto indices = batched(indices0).unsqueeze(2).unsqueeze(3);
+  // [N, C, kh, kw, OH, OW]: each output's gradient at the window position it took its max
+  // from. A padding position whose table entry repeats the window's first real element gets it
+  // too, but adds into the padding, which is cut off.
+  auto table = flat_index_table(p).view({p.out[0], p.out[1], p.kernel[0], p.kernel[1]})
+                   .permute({2, 3, 0, 1});
+  auto contrib = dft::where(indices.eq(table), grad, 0);
+  auto buf = add_windows(contrib, buffer_sizes(p), p.kernel, p.stride, p.dilation);
+  return like_input(unpad_spatial(buf, p.padding, p.in).contiguous(), x0);
 }
 
 std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(
@@ -128,8 +138,8 @@ at::Tensor max_pool2d_with_indices_backward(const at::Tensor& grad, const at::Te
                                             at::IntArrayRef kernel, at::IntArrayRef stride,
                                             at::IntArrayRef padding, at::IntArrayRef dilation,
                                             bool ceil_mode, const at::Tensor& indices) {
-  pool_geometry(x, kernel, stride, padding, dilation, ceil_mode, "max_pool2d_backward");
-  return max_pool_backward(grad, x, indices);
+  auto p = pool_geometry(x, kernel, stride, padding, dilation, ceil_mode, "max_pool2d_backward");
+  return max_pool_backward(grad, x, indices, p);
 }
 
 // [OH, OW]: what PyTorch's CPU kernel divides each window's sum by.
@@ -281,9 +291,15 @@ std::tuple<at::Tensor, at::Tensor> adaptive_max_pool2d(const at::Tensor& x, at::
   return max_pool_forward(x, pool_geometry(x, *k, *k, zero, one, false, "adaptive_max_pool2d"));
 }
 
+// Every output's gradient added at the input element its max came from (indices are flat
+// h * W + w), as PyTorch's CPU kernel does for even and uneven windows alike.
 at::Tensor adaptive_max_pool2d_backward(const at::Tensor& grad, const at::Tensor& x,
                                         const at::Tensor& indices) {
-  return max_pool_backward(grad, x, indices);
+  auto g = batched(grad), i = batched(indices), xb = batched(x);
+  int64_t N = xb.size(0), C = xb.size(1), H = xb.size(2), W = xb.size(3);
+  auto flat = at::zeros({N, C, H * W}, grad.options())
+                  .scatter_add(2, i.reshape({N, C, -1}), g.reshape({N, C, -1}));
+  return like_input(flat.view({N, C, H, W}), x);
 }
 
 }  // namespace
