@@ -185,3 +185,17 @@ def test_a_cpu_result_of_the_graph_comes_back_as_a_cpu_tensor():
         want, want_t = f(x, s)
         assert t.device.type == "cpu" and torch.equal(t, want_t)
         assert torch.equal(got.cpu(), want)
+
+
+def test_a_cpu_tensor_the_graph_moves_to_the_device_is_uploaded_at_each_launch():
+    def f(x, c):
+        return x * c.to(x.device) + 1
+
+    compiled = torch.compile(f, backend="tpu")
+    x = torch.randn(3, 4)
+    launches = compile_backend.counts["launches"]
+    for seed in range(3):
+        torch.manual_seed(seed)
+        c = torch.randn(3, 4)
+        assert torch.equal(compiled(x.to("tpu"), c).cpu(), f(x, c))
+    assert compile_backend.counts["launches"] == launches + 2
