@@ -18,7 +18,8 @@
    mode (each op dispatched from Python and recorded, then a flush with a plan-cache hit).
 
 Usage: python bench_compile.py [--models mlp,mlp_small,nanogpt] [--steps N] [--warmup N]
-                               [--threads N] [--ops N] [--calls N] [--no-train]"""
+                               [--threads N] [--ops N] [--calls N] [--no-train]
+                               [--capturable]"""
 
 import argparse
 import os
@@ -35,6 +36,8 @@ def parse_args(argv):
     ap.add_argument("--ops", type=int, default=1000, help="ops in the replay graph")
     ap.add_argument("--calls", type=int, default=200, help="timed replays (default 200)")
     ap.add_argument("--no-train", action="store_true", help="only the replay measurement")
+    ap.add_argument("--capturable", action="store_true",
+                    help="tpu compiled: the optimizer's step counts on the device")
     return ap.parse_args(argv)
 
 
@@ -60,13 +63,14 @@ BATCHES = 4  # distinct batches each runner cycles through
 
 class CompiledStep:
     """An optimizer whose step() is torch.compile'd (model_zoo.train_step calls zero_grad()
-    and step()). On tpu it is made capturable (its step counts on the device, as CUDA graphs
-    need too): PyTorch keeps them on the CPU otherwise, and a graph computing on CPU tensors
-    is not captured (the README's torch.compile section)."""
+    and step()). With capturable (--capturable, tpu only) its step counts are kept on the
+    device, as CUDA graphs need; by default PyTorch keeps them on the CPU, and the compiled
+    step's CPU arithmetic runs in Python at each call before its device part is launched
+    (the README's torch.compile section)."""
 
-    def __init__(self, opt, backend):
+    def __init__(self, opt, backend, capturable=False):
         self.opt = opt
-        if backend == "tpu":
+        if backend == "tpu" and capturable:
             for group in opt.param_groups:
                 group["capturable"] = True
         self.step = torch.compile(opt.step, backend=backend)
@@ -78,7 +82,7 @@ class CompiledStep:
 class Runner:
     """One column: its own copy of the model, optimizer and batches."""
 
-    def __init__(self, label, w, device, backend=None):
+    def __init__(self, label, w, device, backend=None, capturable=False):
         self.label, self.w, self.device = label, w, device
         self.model = copy.deepcopy(w.model).to(device)
         opt = w.make_opt(self.model.parameters())
@@ -86,7 +90,7 @@ class Runner:
             self.forward, self.opt = self.model, opt
         else:
             self.forward = torch.compile(self.model, backend=backend)
-            self.opt = CompiledStep(opt, backend)
+            self.opt = CompiledStep(opt, backend, capturable)
         self.batches = [model_zoo.to_device(b, device) for b in w.batches]
         self.times, self.losses, self.ops, self.programs = [], [], [], []
 
@@ -116,7 +120,8 @@ class Runner:
 def bench_training(name, args):
     w = model_zoo.build(name, "bench", BATCHES)
     with deferfuse_torch.mode("defer"):
-        runners = [Runner("tpu compiled", w, "tpu", "tpu"), Runner("tpu defer", w, "tpu"),
+        runners = [Runner("tpu compiled", w, "tpu", "tpu", args.capturable),
+                   Runner("tpu defer", w, "tpu"),
                    Runner("inductor", w, "cpu", "inductor")]
         for i in range(args.warmup + args.steps):
             for r in runners:

@@ -135,6 +135,20 @@ std::vector<at::Tensor> launch(int64_t g, at::TensorList inputs) {
   return result;
 }
 
+// A CPU tensor's values as a new tpu tensor, copied now: the host values a split graph's
+// device part reads at each launch (compile_backend.py). `.to("tpu")` would record a copy op
+// that runs as a program of its own before every launch; this records nothing.
+at::Tensor upload(const at::Tensor& host) {
+  TORCH_CHECK(host.device().is_cpu(), "tpu graph_upload: expected a CPU tensor, given one on ",
+              host.device());
+  auto c = host.contiguous();
+  uint64_t h = 0;
+  check(dfuse_tensor_from_host(rt(), c.data_ptr(), c.nbytes(), to_dtype(c.scalar_type()),
+                               c.sizes().data(), c.dim(), &h),
+        "graph upload");
+  return wrap(h);
+}
+
 void destroy(int64_t g) {
   {
     std::lock_guard<std::mutex> lock(graphs_mu);
@@ -152,4 +166,5 @@ TORCH_LIBRARY_FRAGMENT(deferfuse, m) {
   m.def("graph_capture_end(Tensor[] inputs, Tensor[] outputs) -> (int, str)", &dft::capture_end);
   m.def("graph_launch(int graph, Tensor[] inputs) -> Tensor[]", &dft::launch);
   m.def("graph_destroy(int graph) -> ()", &dft::destroy);
+  m.def("graph_upload(Tensor host) -> Tensor", &dft::upload);
 }

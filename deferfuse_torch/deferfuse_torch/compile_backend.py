@@ -8,17 +8,21 @@ whatever the caller's eager mode is, and the runtime plans the whole graph once.
 call with inputs of the same sizes, strides and dtypes (and the same non-tensor arguments) is
 one `graph_launch`: the plan's programs run on the new inputs with no per-op dispatch through
 PyTorch. A graph the runtime cannot replay (a random op, a host read, a CPU fallback op) runs
-as before: its ops are dispatched one by one into one deferred trace.
+as before: its ops are dispatched one by one into one deferred trace. A graph that computes on
+CPU tensors too (a default optimizer's step counts) has its CPU ops run in Python at each call
+and only its device part captured (`host_split`). Each graph keeps at most MAX_CAPTURES
+captures, dropping the least recently called.
 
 This module imports torch._dynamo; the package registers the backend without importing it
 (`compile_hooks`)."""
 
+import collections
 import os
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
-from . import graph_order
+from . import graph_order, host_split
 from .device import MODES
 
 _ops = torch.ops.deferfuse
@@ -78,7 +82,7 @@ def fallback_ops(gm: torch.fx.GraphModule) -> list:
 
 
 # What the captured graphs did in this process (tests and benches read it).
-counts = {"captures": 0, "launches": 0, "refused": 0, "fallback_calls": 0}
+counts = {"captures": 0, "launches": 0, "refused": 0, "fallback_calls": 0, "evicted": 0}
 
 # False: every compiled call dispatches its graph's ops one by one, as before graphs were
 # captured (DEFERFUSE_COMPILE_CAPTURE=0): rules the capture out when a compiled model
@@ -112,16 +116,33 @@ class _Launch:
                for kind, v in self.outputs]
         return tuple(out) if self.as_tuple else out
 
+    def release(self):
+        """Destroys the runtime graph (and what it holds) now; the launch is unusable after."""
+        graph, self.graph = self.graph, 0
+        if graph:
+            _ops.graph_destroy(graph)
+
     def __del__(self):
         try:
-            _ops.graph_destroy(self.graph)
+            self.release()
         except Exception:  # the runtime went first, at interpreter exit
             pass
+
+
+# The captures one compiled graph keeps (one per input layout). Each holds a runtime graph:
+# its plan, and the tensors it holds. A graph called with more layouts (a batch size that
+# keeps changing) drops the one called least recently; that layout is captured again when it
+# comes back, its call dispatching the ops as any capture does.
+MAX_CAPTURES = 8
 
 
 class CapturedGraph:
     """One AOTAutograd graph: captured by the runtime at its first call per input layout and
     launched on later ones (see the module doc).
+
+    A graph that computes on CPU tensors too (a default optimizer's step counts) is split
+    (`host_split`): its host part runs op by op at every call, and only its device part is
+    captured and launched, taking the host values it reads as inputs.
 
     AOTAutograd calls it with the boxed calling convention (one list of arguments). Debug
     mode keeps dispatching op by op: it exists to make each op wait and report its own error,
@@ -131,8 +152,11 @@ class CapturedGraph:
         self.gm = gm
         # The generated code itself: GraphModule.__call__ adds nn.Module's hook handling.
         self.forward = gm.forward
-        # By `_key`: a `_Launch`, or a string saying why the capture was refused.
-        self.captures = {}
+        self.split = host_split.split(gm)
+        self.device_forward = self.forward if self.split is None else self.split.device.forward
+        # By `_key`, least recently called first (at most MAX_CAPTURES): a `_Launch`, or a
+        # string saying why the capture was refused.
+        self.captures = collections.OrderedDict()
         # An instance attribute: AOTAutograd wraps the backward in torch._dynamo.disable,
         # whose functools.wraps copies the instance's __dict__ (not class attributes).
         self._boxed_call = True
@@ -142,26 +166,35 @@ class CapturedGraph:
         if prev == _DEBUG:
             return self.forward(*args)
         if not capture_enabled:
-            return self._deferred(args, prev)
+            return self._deferred(self.forward, args, prev)
         key = _key(args)
         launch = self.captures.get(key)
-        if isinstance(launch, _Launch):
+        if launch is not None:
+            self.captures.move_to_end(key)
+        if isinstance(launch, str):
+            counts["fallback_calls"] += 1
+            return self._deferred(self.forward, args, prev)
+        split = self.split
+        if split is not None:
+            host_values = split.host(*args)
+            args = split.device_args(args, host_values)
+        if launch is None:
+            out = self._capture(key, args, prev)
+        else:
             try:
-                return launch(args)
+                out = launch(args)
             except ValueError:  # inputs aliased otherwise than at capture
-                pass
-        elif launch is None:
-            return self._capture(key, args, prev)
-        counts["fallback_calls"] += 1
-        return self._deferred(args, prev)
+                counts["fallback_calls"] += 1
+                out = self._deferred(self.device_forward, args, prev)
+        return out if split is None else split.outputs(out, host_values)
 
-    def _deferred(self, args, prev):
+    def _deferred(self, forward, args, prev):
         """The graph's ops dispatched one by one into one deferred trace."""
         if prev == _DEFER:
-            return self.forward(*args)
+            return forward(*args)
         _ops.set_mode(_DEFER)
         try:
-            return self.forward(*args)
+            return forward(*args)
         finally:
             _ops.set_mode(prev)
 
@@ -170,12 +203,12 @@ class CapturedGraph:
         if any(args[i].device.type != "tpu" for i in inputs):
             # A CPU tensor's value would be uploaded into the trace as a constant.
             self._refuse(key, "a graph input is not on the tpu device")
-            return self._deferred(args, prev)
+            return self._deferred(self.device_forward, args, prev)
         _ops.set_mode(_DEFER)
         try:
             _ops.graph_capture_begin()
             try:
-                out = self.forward(*args)
+                out = self.device_forward(*args)
             except BaseException:
                 _ops.graph_capture_abort()
                 raise
@@ -203,11 +236,21 @@ class CapturedGraph:
         if graph == 0:
             return self._refuse(key, why)
         counts["captures"] += 1
-        self.captures[key] = _Launch(graph, inputs, plan, isinstance(out, tuple))
+        self._remember(key, _Launch(graph, inputs, plan, isinstance(out, tuple)))
 
     def _refuse(self, key, why: str):
         counts["refused"] += 1
-        self.captures[key] = why
+        self._remember(key, why)
+
+    def _remember(self, key, entry):
+        """Keeps `entry` for `key`, dropping the least recently called capture past
+        MAX_CAPTURES (its runtime graph destroyed now, not when Python collects it)."""
+        self.captures[key] = entry
+        while len(self.captures) > MAX_CAPTURES:
+            _, old = self.captures.popitem(last=False)
+            counts["evicted"] += 1
+            if isinstance(old, _Launch):
+                old.release()
 
 
 def _compiling_fullgraph() -> bool:

@@ -93,6 +93,10 @@ def split_foreach(graph: torch.fx.Graph) -> bool:
                 if scalar_kwarg is not None and len(args) == 4:
                     kwargs[scalar_kwarg] = args.pop()
                 parts.append(graph.call_function(op, tuple(args), kwargs))
+                # Its example value: what later passes read (host_split, its devices).
+                vals = node.meta.get("val")
+                if isinstance(vals, (list, tuple)) and len(vals) == n:
+                    parts[-1].meta["val"] = vals[i]
         for u in users:
             u.replace_all_uses_with(parts[u.args[1]])
             graph.erase_node(u)

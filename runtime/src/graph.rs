@@ -95,6 +95,8 @@ pub struct Graph {
     inputs: Vec<InputSpec>,
     steps: Vec<GraphStep>,
     outputs: Vec<OutputSpec>,
+    /// Elements all the steps' operands hold together (see [`GRAPH_INLINE_MAX_ELEMS`]).
+    elems: usize,
 }
 
 /// The slots of a capture: each buffer's index, in order of first appearance.
@@ -202,12 +204,18 @@ impl Graph {
                 operands,
             });
         }
+        let elems = steps
+            .iter()
+            .flat_map(|st| &st.binding.operands)
+            .map(|t| t.layout.numel())
+            .sum();
         let mut g = Graph {
             slots: map.slots,
             needs,
             inputs: specs,
             steps,
             outputs: outs,
+            elems,
         };
         g.drop_unused_slots();
         Ok(g)
@@ -328,6 +336,17 @@ impl Graph {
     }
 }
 
+/// The most elements (over all its steps' operands) a graph may touch and still run on the
+/// launching thread when its stream is idle, as a small strict op does
+/// (`STRICT_INLINE_MAX_ELEMS` in `exec.rs`, which is 4096 times smaller): a compiled graph's
+/// caller issues little between launches (the next call's Python wrappers), so the overlap
+/// the stream's worker would give is worth less than the thread wake-up each hand-off costs.
+/// Measured with `bench_compile.py` (the README's torch.compile section): the small MLP's
+/// compiled step (its graphs touch about 0.3M to 2M elements) ran 8% faster with its launches
+/// inline than handed off; the large MLP's (up to about 13M) did not change. Past this bound a
+/// graph's programs run long enough that the caller's next work should overlap them.
+const GRAPH_INLINE_MAX_ELEMS: usize = 1 << 22;
+
 impl Executor {
     /// Launches a graph's steps on `bufs` (by slot) in order, as a flush launches its plan;
     /// a failure before launching a step fails the outputs of it and every later one.
@@ -353,7 +372,8 @@ impl Executor {
         let mut launched = 0;
         let debug = mode == Mode::Debug;
         let side_by_side = !debug && g.steps.len() > 1;
-        let r = self.launch_each(stream, jobs, side_by_side, debug, true, &mut launched);
+        let inline = debug || g.elems <= GRAPH_INLINE_MAX_ELEMS;
+        let r = self.launch_each(stream, jobs, side_by_side, inline, true, &mut launched);
         if let (Err(e), false) = (&r, debug) {
             for st in &g.steps[launched..] {
                 for &k in &st.operands[st.binding.n_inputs..] {

@@ -341,3 +341,51 @@ fn a_capture_longer_than_the_pending_limit_is_not_cut_by_it() {
     let out = rt.graph_launch(0, g, &ins).unwrap();
     assert_eq!(bytes(&rt, out[1]), bytes(&rt, body(&rt, &ins)[1]));
 }
+
+/// A matmul, an elementwise epilogue and a row sum (`[4, 8] @ [8, 6]`, then `exp(.) + 1`,
+/// summed over rows): on the CPU JIT a matmul region and a reduction region.
+fn matmul_body(rt: &Runtime, ins: &[Handle]) -> Vec<Handle> {
+    let m = run(rt, Op::Matmul, &[tt(ins[0]), tt(ins[1])]);
+    let e = bin(rt, BinaryOp::Add, tt(un(rt, UnaryOp::Exp, m)), fs(1.0));
+    vec![run(rt, red(ReduceOp::Sum, &[1], false), &[tt(e)])]
+}
+
+/// Programs run by `f` and a synchronize.
+fn programs_run(rt: &Runtime, f: impl FnOnce() -> Vec<Handle>) -> (u64, Vec<Handle>) {
+    rt.synchronize(0).unwrap();
+    let before = rt.stats().programs_run;
+    let out = f();
+    rt.synchronize(0).unwrap();
+    (rt.stats().programs_run - before, out)
+}
+
+#[test]
+fn a_launch_runs_the_programs_its_flush_would_one_on_a_backend_that_fuses_whole_programs() {
+    let rt = runtime(Mode::Defer);
+    let ins = [f32s(&rt, &[4, 8], 1), f32s(&rt, &[8, 6], 2)];
+    let (g, _) = capture(&rt, &ins, matmul_body);
+    let (launched, out) = programs_run(&rt, || rt.graph_launch(0, g, &ins).unwrap());
+    let (flushed, want) = programs_run(&rt, || matmul_body(&rt, &ins));
+    assert_eq!(launched, flushed);
+    // PJRT plans the capture as it plans a flush: one StableHLO module for the whole graph.
+    if rt.backend_name() == "pjrt" {
+        assert_eq!(launched, 1);
+    } else {
+        assert_eq!(launched, 2);
+    }
+    assert_eq!(bytes(&rt, out[0]), bytes(&rt, want[0]));
+}
+
+#[test]
+fn a_small_graph_launched_on_an_idle_stream_has_run_when_the_launch_returns() {
+    let rt = runtime(Mode::Defer);
+    let ins = [f32s(&rt, &[2, 5], 1), f32s(&rt, &[2, 5], 2)];
+    let (g, _) = capture(&rt, &ins, body);
+    rt.synchronize(0).unwrap();
+    // Run on the launching thread (no hand-off to the stream's worker), as a small strict op.
+    let out = rt.graph_launch(0, g, &ins).unwrap();
+    for h in &out {
+        assert_eq!(rt.state(*h).unwrap(), deferfuse::BufferState::Materialized);
+    }
+    assert_eq!(bytes(&rt, out[1]), bytes(&rt, body(&rt, &ins)[1]));
+}
