@@ -4,7 +4,7 @@
 //! record time excluded). Targets (issue 4): record <= 100 ns/op; a cache-hit flush <= 2 us
 //! plus 30 ns per op.
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{criterion_group, BenchmarkId, Criterion};
 use dfuse_ffi::*;
 use std::time::{Duration, Instant};
 
@@ -162,4 +162,26 @@ fn flush_hit(c: &mut Criterion) {
 }
 
 criterion_group!(benches, record, flush_hit);
-criterion_main!(benches);
+
+/// With `DFUSE_RECORD_OPS=N` set, records N ops (batches of 64, each flushed, as the criterion
+/// bench does) and exits without criterion: a fixed amount of work to run under callgrind
+/// (`--toggle-collect=dfuse_op --toggle-collect=dfuse_tensor_release`), whose instruction
+/// counts are steady where wall times on a shared machine are not.
+fn main() {
+    if let Some(n) = std::env::var("DFUSE_RECORD_OPS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        let rt = Rt::defer();
+        let attrs = add_attrs();
+        let mut x = rt.input();
+        for left in (0..n).step_by(64) {
+            x = rt.chain(x, (n - left).min(64), &attrs);
+            rt.sync();
+        }
+        rt.release(x);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
