@@ -6,31 +6,11 @@
 
 use crate::harness::{gather, plugin};
 use crate::pjrt_whole_program::workloads::Workload;
-use crate::pjrt_whole_program::{block_step, Block};
+use crate::pjrt_whole_program::{block_step, read_f32, runtime, Block};
 use deferfuse::{
     BackendKind, Config, DType, Handle, Input, Mode, Op, ReduceOp, Runtime, UnaryOp, View,
 };
-use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
-
-fn runtime(backend: BackendKind, plugin: Option<PathBuf>) -> Runtime {
-    Runtime::new(Config {
-        mode: Some(Mode::Defer),
-        backend: Some(backend),
-        pjrt_plugin: plugin,
-        ..Default::default()
-    })
-    .expect("runtime")
-}
-
-fn read_f32(rt: &Runtime, h: Handle) -> Vec<f32> {
-    let n: usize = rt.sizes(h).expect("sizes").iter().product();
-    let mut b = vec![0u8; n * 4];
-    rt.to_host(h, &mut b).expect("to_host");
-    b.chunks(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
 
 fn f32s(rt: &Runtime, v: &[f32], sizes: &[usize]) -> Handle {
     let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -105,8 +85,8 @@ fn an_mlp_step_whose_batch_changes_compiles_one_module_per_bucket_and_matches_th
     // A hidden width equal to the first batch: only the sizes that change are the batch.
     let widths = [64, 48, 64, 10];
     let (cpu, pj) = (
-        runtime(BackendKind::Cpu, None),
-        runtime(BackendKind::Pjrt, Some(p)),
+        runtime(BackendKind::Cpu, None, Mode::Defer),
+        runtime(BackendKind::Pjrt, Some(p), Mode::Defer),
     );
     let mut workloads = Vec::new();
     for n in [64, 50, 33] {
@@ -179,8 +159,8 @@ fn batch_reductions(rt: &Runtime, n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
 fn reductions_over_the_batch_leave_the_padded_rows_out() {
     let Some(p) = plugin() else { return };
     let (cpu, pj) = (
-        runtime(BackendKind::Cpu, None),
-        runtime(BackendKind::Pjrt, Some(p)),
+        runtime(BackendKind::Cpu, None, Mode::Defer),
+        runtime(BackendKind::Pjrt, Some(p), Mode::Defer),
     );
     let mut compiles = Vec::new();
     for n in [8, 5, 6, 7] {
@@ -225,8 +205,8 @@ fn gather_rows(rt: &Runtime, n: usize, bad: i64) -> Result<Vec<f32>, String> {
 fn a_gather_over_the_batch_checks_indices_against_the_valid_rows() {
     let Some(p) = plugin() else { return };
     let (cpu, pj) = (
-        runtime(BackendKind::Cpu, None),
-        runtime(BackendKind::Pjrt, Some(p)),
+        runtime(BackendKind::Cpu, None, Mode::Defer),
+        runtime(BackendKind::Pjrt, Some(p), Mode::Defer),
     );
     for n in [8, 5, 6] {
         let want = gather_rows(&cpu, n, 0).expect("cpu gather");
@@ -265,8 +245,8 @@ fn a_graph_whose_batch_is_not_outermost_compiles_per_size_and_says_why() {
     let Some(p) = plugin() else { return };
     let log = log();
     let (cpu, pj) = (
-        runtime(BackendKind::Cpu, None),
-        runtime(BackendKind::Pjrt, Some(p)),
+        runtime(BackendKind::Cpu, None, Mode::Defer),
+        runtime(BackendKind::Pjrt, Some(p), Mode::Defer),
     );
     for n in [4, 3] {
         let before = compiled(&pj);
@@ -310,7 +290,7 @@ fn restaged_row_sums(rt: &Runtime, n: usize) -> Vec<f32> {
 #[test]
 fn a_value_restaged_between_programs_keeps_its_rows_at_every_batch_size() {
     let Some(p) = plugin() else { return };
-    let cpu = runtime(BackendKind::Cpu, None);
+    let cpu = runtime(BackendKind::Cpu, None, Mode::Defer);
     let pj = Runtime::new(Config {
         mode: Some(Mode::Strict),
         backend: Some(BackendKind::Pjrt),
@@ -337,8 +317,8 @@ fn a_value_restaged_between_programs_keeps_its_rows_at_every_batch_size() {
 fn a_transformer_block_whose_batch_changes_compiles_one_module_per_bucket() {
     let Some(p) = plugin() else { return };
     let (cpu, pj) = (
-        runtime(BackendKind::Cpu, None),
-        runtime(BackendKind::Pjrt, Some(p)),
+        runtime(BackendKind::Cpu, None, Mode::Defer),
+        runtime(BackendKind::Pjrt, Some(p), Mode::Defer),
     );
     let mut compiles = Vec::new();
     for n in [8, 5, 6, 7] {

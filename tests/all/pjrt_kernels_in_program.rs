@@ -7,27 +7,17 @@
 use crate::harness::{gather, plugin, scatter};
 use deferfuse::fusion::ir::ScatterReduce;
 use deferfuse::{
-    BackendKind, BinaryOp, Config, DType, Error, Handle, Input, Mode, Op, ReduceOp, Runtime,
-    Scalar, View,
+    BackendKind, BinaryOp, DType, Error, Handle, Input, Mode, Op, ReduceOp, Runtime, Scalar, View,
 };
-use std::path::PathBuf;
 
-fn runtime(backend: BackendKind, plugin: Option<PathBuf>) -> Runtime {
-    Runtime::new(Config {
-        mode: Some(Mode::Defer),
-        backend: Some(backend),
-        pjrt_plugin: plugin,
-        ..Default::default()
-    })
-    .expect("runtime")
-}
+use crate::pjrt_whole_program::runtime;
 
 /// A CPU backend runtime and a PJRT one, both in defer mode.
 fn both() -> Option<[Runtime; 2]> {
     let p = plugin()?;
     Some([
-        runtime(BackendKind::Cpu, None),
-        runtime(BackendKind::Pjrt, Some(p)),
+        runtime(BackendKind::Cpu, None, Mode::Defer),
+        runtime(BackendKind::Pjrt, Some(p), Mode::Defer),
     ])
 }
 
@@ -287,7 +277,7 @@ fn run_unread(rt: &Runtime) {
 #[test]
 fn a_programs_bounds_check_is_read_at_the_sync_point_that_needs_it_not_after_its_launch() {
     let Some(p) = plugin() else { return };
-    let rt = runtime(BackendKind::Pjrt, Some(p));
+    let rt = runtime(BackendKind::Pjrt, Some(p), Mode::Defer);
     let x = tensor(&rt, DType::F32, &[2, 5], &[1.0; 10]);
     let idx = tensor(&rt, DType::I64, &[2, 1], &[0.0, 4.0]);
     let loss = sum_all(
@@ -309,7 +299,7 @@ fn a_programs_bounds_check_is_read_at_the_sync_point_that_needs_it_not_after_its
 #[test]
 fn a_value_computed_from_a_bad_index_before_a_sync_point_read_it_fails_where_it_is_read() {
     let Some(p) = plugin() else { return };
-    let rt = runtime(BackendKind::Pjrt, Some(p));
+    let rt = runtime(BackendKind::Pjrt, Some(p), Mode::Defer);
     let (g, _) = step_with_index(&rt, 0.0);
     run_unread(&rt);
     // Recorded before any sync point read the check: it runs in a second program, and its

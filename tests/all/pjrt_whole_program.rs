@@ -19,7 +19,8 @@ use workloads::Workload;
 const WIDTHS: [usize; 4] = [784, 256, 256, 10];
 const BATCH: usize = 64;
 
-fn runtime(backend: BackendKind, plugin: Option<PathBuf>, mode: Mode) -> Runtime {
+/// A runtime on `backend` (the PJRT suites share it).
+pub(crate) fn runtime(backend: BackendKind, plugin: Option<PathBuf>, mode: Mode) -> Runtime {
     Runtime::new(Config {
         mode: Some(mode),
         backend: Some(backend),
@@ -29,7 +30,8 @@ fn runtime(backend: BackendKind, plugin: Option<PathBuf>, mode: Mode) -> Runtime
     .expect("runtime")
 }
 
-fn read_f32(rt: &Runtime, h: Handle) -> Vec<f32> {
+/// The f32 values of `h`, read back to the host.
+pub(crate) fn read_f32(rt: &Runtime, h: Handle) -> Vec<f32> {
     let n: usize = rt.sizes(h).expect("sizes").iter().product();
     let mut b = vec![0u8; n * 4];
     rt.to_host(h, &mut b).expect("to_host");
