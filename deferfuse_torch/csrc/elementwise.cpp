@@ -81,9 +81,13 @@ at::Tensor pow_scalar_base(const at::Scalar& base, const at::Tensor& exp) {
 // as vector code that fuses with its neighbours, where the general pow is a libm call per lane
 // (~20 ns per element: RMSNorm's x.pow(2) and its backward's pow(3) were the slowest regions
 // of a Llama step). An exponent of 1 (pow(2)'s backward) is an exact multiply by one.
-at::Tensor pow_tensor_scalar(const at::Tensor& x, const at::Scalar& e) {
+bool pow_has_cpu_special_cases(const at::Tensor& x, const at::Scalar& e) {
   bool float_base = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
-  if (!float_base || e.isComplex() || e.isBoolean()) return binary(x, e, DFUSE_BINARY_OP_POW);
+  return float_base && !e.isComplex() && !e.isBoolean();
+}
+
+at::Tensor pow_tensor_scalar(const at::Tensor& x, const at::Scalar& e) {
+  if (!pow_has_cpu_special_cases(x, e)) return binary(x, e, DFUSE_BINARY_OP_POW);
   double v = e.toDouble();
   auto square = [&] { return b<DFUSE_BINARY_OP_MUL>(x, x); };
   if (v == 2.0) return square();
@@ -98,8 +102,7 @@ at::Tensor pow_tensor_scalar(const at::Tensor& x, const at::Scalar& e) {
 
 // In place, the specialised value is written back through `x`'s handle like any in-place op.
 at::Tensor& pow_tensor_scalar_(at::Tensor& x, const at::Scalar& e) {
-  bool float_base = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
-  if (!float_base || e.isComplex() || e.isBoolean()) return bs_<DFUSE_BINARY_OP_POW>(x, e);
+  if (!pow_has_cpu_special_cases(x, e)) return bs_<DFUSE_BINARY_OP_POW>(x, e);
   return x.copy_(pow_tensor_scalar(x, e));
 }
 

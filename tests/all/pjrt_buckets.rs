@@ -7,9 +7,7 @@
 use crate::harness::{gather, plugin};
 use crate::pjrt_whole_program::workloads::Workload;
 use crate::pjrt_whole_program::{block_step, read_f32, runtime, Block};
-use deferfuse::{
-    BackendKind, Config, DType, Handle, Input, Mode, Op, ReduceOp, Runtime, UnaryOp, View,
-};
+use deferfuse::{BackendKind, DType, Handle, Input, Mode, Op, ReduceOp, Runtime, UnaryOp, View};
 use std::sync::{Mutex, OnceLock};
 
 fn f32s(rt: &Runtime, v: &[f32], sizes: &[usize]) -> Handle {
@@ -291,13 +289,7 @@ fn restaged_row_sums(rt: &Runtime, n: usize) -> Vec<f32> {
 fn a_value_restaged_between_programs_keeps_its_rows_at_every_batch_size() {
     let Some(p) = plugin() else { return };
     let cpu = runtime(BackendKind::Cpu, None, Mode::Defer);
-    let pj = Runtime::new(Config {
-        mode: Some(Mode::Strict),
-        backend: Some(BackendKind::Pjrt),
-        pjrt_plugin: Some(p),
-        ..Default::default()
-    })
-    .expect("runtime");
+    let pj = runtime(BackendKind::Pjrt, Some(p), Mode::Strict);
     for n in [8, 5, 7, 3, 11] {
         let want = restaged_row_sums(&cpu, n);
         assert_close(
