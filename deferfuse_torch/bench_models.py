@@ -3,12 +3,16 @@ resnet18, nanoGPT) and of the two MLPs (784-1024-1024-10 and 784-256-256-10, bat
 four ways: torch CPU eager, torch.compile (inductor) on CPU, "tpu" strict and "tpu" defer.
 
 A step is forward, loss, backward, (clip_grad_norm_ for nanoGPT,) optimizer step, and ends with
-the loss read on the host (loss.item()) and, on tpu, torch.tpu.synchronize(): all its work has
-run. After the warm-up the runners step in turn (one step of each per round), so load from
-other processes hits them alike; each column is the median over --steps rounds. For the defer
-runner the table also shows what one step did, from deferfuse_torch.stats() and
-fallback_counts() deltas around it (medians over the rounds): ops recorded, programs run, sync
-points, and ops that ran on the CPU fallback (listed by name under the table). A runner that
+the loss read on the host (loss.item()), as a training loop that logs its loss does. A round
+is --steps-per-round such steps and, on tpu, one torch.tpu.synchronize() after them, so all
+their work is in the round's time, but a step's work after its loss (the backward and the
+optimizer, which `loss.item()` does not wait for) may run while the host records the next
+step, as on any asynchronous device. A step's time is its round's time over the steps in it.
+After the warm-up the runners take rounds in turn, so load from other processes hits them
+alike; each column is the median over --steps rounds. For the defer runner the table also shows
+what one step did, from deferfuse_torch.stats() and fallback_counts() deltas around a round
+(over its steps; medians over the rounds): ops recorded, programs run, sync points, and ops
+that ran on the CPU fallback (listed by name under the table). A runner that
 raises (e.g. an op with neither a kernel nor a fallback) is reported and skipped; the others
 go on.
 
@@ -16,7 +20,7 @@ Sizes: by default the zoo's "bench" sizes (nanoGPT: 4 layers, d 128, seq 64, bat
 --quick uses the tests' tiny sizes.
 
 Usage: python bench_models.py [--models gpt2,mlp] [--steps N] [--warmup N] [--threads N]
-                              [--quick] [--no-compile] [--json]"""
+                              [--steps-per-round K] [--quick] [--no-compile] [--json]"""
 
 import argparse
 import os
@@ -28,6 +32,8 @@ def parse_args(argv):
     ap.add_argument("--models", default="", help="comma-separated names (default: all)")
     ap.add_argument("--steps", type=int, default=10, help="timed rounds (default 10)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
+    ap.add_argument("--steps-per-round", type=int, default=3,
+                    help="training steps per timed round, one synchronize after them (default 3)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads and DEFERFUSE_NUM_THREADS (default 1)")
     ap.add_argument("--quick", action="store_true", help="the tests' tiny sizes")
@@ -71,19 +77,21 @@ class Runner:
         self.batches = [model_zoo.to_device(b, device) for b in w.batches]
         self.times, self.error, self.step_stats = [], None, []
 
-    def step(self, i, timed):
+    def round(self, i, steps, timed):
+        """Round i: `steps` training steps, each reading its loss, then (tpu) a synchronize."""
         if self.error is not None:
             return
-        batch = self.batches[i % len(self.batches)]
         ctx = deferfuse_torch.mode(self.mode) if self.mode else contextlib.nullcontext()
         try:
             with ctx:
                 before = self._counters()
                 t0 = time.perf_counter()
-                model_zoo.train_step(self.w, self.forward, self.opt, batch).item()
+                for k in range(steps):
+                    batch = self.batches[(i * steps + k) % len(self.batches)]
+                    model_zoo.train_step(self.w, self.forward, self.opt, batch).item()
                 if self.device == "tpu":
                     torch.tpu.synchronize()
-                dt = time.perf_counter() - t0
+                dt = (time.perf_counter() - t0) / steps
                 after = self._counters()
         except Exception as e:  # reported in the table; the other runners go on
             self.error = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -91,7 +99,7 @@ class Runner:
         if timed:
             self.times.append(dt)
             if before is not None:
-                self.step_stats.append(_delta(before, after))
+                self.step_stats.append(_delta(before, after, steps))
 
     def _counters(self):
         if self.mode != "defer":
@@ -102,13 +110,16 @@ class Runner:
         return statistics.median(self.times) * 1e3 if self.times and not self.error else None
 
 
-def _delta(before, after):
+def _delta(before, after, steps):
+    """Per step: the counters' change over a round of `steps` steps, divided by `steps`."""
     (s0, f0), (s1, f1) = before, after
-    fallbacks = {k: v - f0.get(k, 0) for k, v in f1.items() if v != f0.get(k, 0)}
-    return {"ops_recorded": s1["ops_recorded"] - s0["ops_recorded"],
-            "programs_run": s1["programs_run"] - s0["programs_run"],
-            "programs_compiled": s1["programs_compiled"] - s0["programs_compiled"],
-            "sync_points": sum(s1["sync_points"].values()) - sum(s0["sync_points"].values()),
+    fallbacks = {k: (v - f0.get(k, 0)) / steps for k, v in f1.items() if v != f0.get(k, 0)}
+    syncs = sum(s1["sync_points"].values()) - sum(s0["sync_points"].values())
+    return {"ops_recorded": (s1["ops_recorded"] - s0["ops_recorded"]) / steps,
+            "programs_run": (s1["programs_run"] - s0["programs_run"]) / steps,
+            "programs_compiled": (s1["programs_compiled"] - s0["programs_compiled"]) / steps,
+            # The round's closing synchronize finds nothing left to flush: it is not counted.
+            "sync_points": syncs / steps,
             "fallback_ops": sum(fallbacks.values()), "fallbacks": fallbacks}
 
 
@@ -128,7 +139,7 @@ def bench(name, args):
     runners += [Runner("strict", w, "tpu", "strict"), Runner("defer", w, "tpu", "defer")]
     for i in range(args.warmup + args.steps):
         for r in runners:
-            r.step(i, timed=i >= args.warmup)
+            r.round(i, args.steps_per_round, timed=i >= args.warmup)
     ms = {r.label: r.median_ms() for r in runners}
     ms.setdefault("compile", None)
     defer = runners[-1]
@@ -149,8 +160,9 @@ def _fmt(v, spec):
 
 def print_table(rows, args):
     size = "tiny (--quick)" if args.quick else "bench"
-    print(f"one training step, median of {args.steps} interleaved rounds after {args.warmup} "
-          f"warm-up; sizes: {size}; threads: {args.threads} (torch and deferfuse)")
+    print(f"one training step, median of {args.steps} interleaved rounds of "
+          f"{args.steps_per_round} steps after {args.warmup} warm-up; sizes: {size}; "
+          f"threads: {args.threads} (torch and deferfuse)")
     head = (f"{'model':15s} {'cpu ms':>8s} {'compile':>8s} {'strict':>8s} {'defer':>8s} "
             f"{'cpu/def':>7s} {'str/def':>7s} {'cpu/str':>7s} | {'ops':>5s} {'progs':>5s} "
             f"{'syncs':>5s} {'fallbk':>6s}")
@@ -188,6 +200,7 @@ def main(args):
     rows = [bench(n, args) for n in names]
     if args.json:
         print(json.dumps({"steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+                          "steps_per_round": args.steps_per_round,
                           "quick": args.quick, "models": rows}, indent=1))
     else:
         print_table(rows, args)

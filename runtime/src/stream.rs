@@ -38,7 +38,8 @@ const SPIN: Duration = Duration::from_micros(50);
 #[derive(Default)]
 struct ProgressState {
     completed: u64,
-    error: Option<Error>,
+    /// The first error not yet reported, with the sequence number of the job that failed.
+    error: Option<(u64, Error)>,
 }
 
 impl Progress {
@@ -46,7 +47,7 @@ impl Progress {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.completed += 1;
         if s.error.is_none() {
-            s.error = err;
+            s.error = err.map(|e| (s.completed, e));
         }
         self.done.store(s.completed, Ordering::Release);
         self.cv.notify_all();
@@ -74,11 +75,18 @@ impl Progress {
 
     /// Takes the first error a job reported since the last call (errors surface at syncs).
     pub fn take_error(&self) -> Option<Error> {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .error
-            .take()
+        self.take_error_through(u64::MAX)
+    }
+
+    /// Takes the first unreported error if one of the first `seq` jobs reported it. A wait for
+    /// job `seq` reports what happened up to it, never a later job's failure that merely
+    /// finished first: which sync point reports an error does not depend on timing.
+    pub fn take_error_through(&self, seq: u64) -> Option<Error> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match &s.error {
+            Some((at, _)) if *at <= seq => s.error.take().map(|(_, e)| e),
+            _ => None,
+        }
     }
 }
 
@@ -528,5 +536,21 @@ mod tests {
         s.launch_or_run(Box::new(|| Err(Error::Backend("boom".into()))));
         assert!(matches!(s.synchronize(), Err(Error::Backend(m)) if m == "boom"));
         assert!(s.synchronize().is_ok(), "an error is reported once");
+    }
+
+    #[test]
+    fn a_wait_for_a_job_reports_only_the_failures_up_to_it() {
+        let s = Stream::new(1).unwrap();
+        let ok = s.launch_or_run(Box::new(|| Ok(())));
+        let failed = s.launch_or_run(Box::new(|| Err(Error::Backend("later".into()))));
+        s.progress.wait(failed);
+        assert!(
+            s.progress.take_error_through(ok).is_none(),
+            "the later job's failure is not the earlier job's"
+        );
+        assert!(
+            matches!(s.progress.take_error_through(failed), Some(Error::Backend(m)) if m == "later")
+        );
+        assert!(s.synchronize().is_ok(), "taken once");
     }
 }

@@ -26,6 +26,7 @@ mod pjrt_buckets;
 mod pjrt_kernels_in_program;
 mod pjrt_whole_program;
 mod random_graphs;
+mod read_overlap;
 mod row_stash;
 mod smoke;
 mod threads;

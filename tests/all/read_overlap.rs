@@ -1,0 +1,139 @@
+//! A host read waits for what it reads: a deferred flush run for a read hands the steps after
+//! the read value's writer to the stream, so the host goes on (a training loop records its
+//! next step) while they run. Results, stream order and error reporting stay as specified.
+//! Runs on either backend (`DEFERFUSE_BACKEND=pjrt`: the whole-flush program is cut after the
+//! read's value, the rest is a second program).
+
+use crate::harness::*;
+use deferfuse::{BinaryOp, DType, Error, Handle, Mode, Op, ReduceOp, Runtime, UnaryOp};
+use serde_json::Value;
+
+/// x (8x8, values k/64), its sum of squares `loss`, then `tail = exp(x @ x)`: a matmul and a
+/// loop after the loss, as a training step's backward follows its loss.
+fn loss_then_tail(rt: &Runtime) -> (Handle, Handle, Vec<f64>) {
+    let xs: Vec<f64> = (0..64).map(|k| k as f64 / 64.0).collect();
+    let x = tensor(rt, DType::F32, &[8, 8], &xs);
+    let sq = bin(rt, BinaryOp::Mul, tt(x), tt(x));
+    let loss = run(rt, red(ReduceOp::Sum, &[], false), &[tt(sq)]);
+    let mm = run(rt, Op::Matmul, &[tt(x), tt(x)]);
+    let tail = un(rt, UnaryOp::Exp, mm);
+    (loss, tail, xs)
+}
+
+/// The reference of `tail` for x = `xs`, in f64.
+fn tail_ref(xs: &[f64]) -> Vec<f64> {
+    let mut out = Vec::new();
+    for i in 0..8 {
+        for j in 0..8 {
+            let dot: f64 = (0..8).map(|k| xs[i * 8 + k] * xs[k * 8 + j]).sum();
+            out.push(dot.exp());
+        }
+    }
+    out
+}
+
+/// Runs `f` with the timeline on and returns its flush spans' `after_read` arguments.
+fn after_read_of_flushes(rt: &Runtime, f: impl FnOnce()) -> Vec<u64> {
+    let path = std::env::temp_dir().join(format!(
+        "dfuse-read-overlap-{}-{:?}.json",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    rt.trace_start(&path, 0).unwrap();
+    f();
+    rt.trace_stop().unwrap();
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["cat"] == "flush" && e["ph"] == "X")
+        .map(|e| e["args"]["after_read"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_host_read_hands_the_steps_after_its_value_to_the_stream() {
+    let rt = runtime(Mode::Defer);
+    let (loss, tail, xs) = loss_then_tail(&rt);
+    let want: f64 = xs.iter().map(|v| v * v).sum();
+    let after = after_read_of_flushes(&rt, || {
+        let got = download(&rt, loss).data[0];
+        assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
+    });
+    assert_eq!(after.len(), 1, "one flush");
+    assert!(
+        after[0] >= 1,
+        "the matmul and exp run after the read: {after:?}"
+    );
+    let got = download(&rt, tail).data;
+    for (g, w) in got.iter().zip(tail_ref(&xs)) {
+        assert!((g - w).abs() <= 1e-5 * w, "{g} vs {w}");
+    }
+}
+
+#[test]
+fn a_read_of_the_flush_s_last_value_waits_for_all_of_it() {
+    let rt = runtime(Mode::Defer);
+    let (_, tail, _) = loss_then_tail(&rt);
+    let after = after_read_of_flushes(&rt, || {
+        download(&rt, tail);
+    });
+    assert_eq!(after, [0]);
+}
+
+#[test]
+fn a_synchronize_waits_for_the_whole_flush() {
+    let rt = runtime(Mode::Defer);
+    let (loss, tail, _) = loss_then_tail(&rt);
+    let after = after_read_of_flushes(&rt, || rt.synchronize(0).unwrap());
+    assert_eq!(after, [0]);
+    for h in [loss, tail] {
+        assert_eq!(
+            rt.state(h).unwrap(),
+            deferfuse::BufferState::Materialized,
+            "a synchronize leaves nothing running"
+        );
+    }
+}
+
+#[test]
+fn a_failure_after_the_read_value_fails_its_own_value_not_the_read() {
+    let rt = runtime(Mode::Defer);
+    let (loss, _, xs) = loss_then_tail(&rt);
+    // A gather with an index out of bounds: it fails when it runs, after the loss.
+    let src = tensor(&rt, DType::F32, &[2, 5], &[1.0; 10]);
+    let idx = tensor(&rt, DType::I64, &[2, 2], &[0.0, 4.0, 7.0, 1.0]);
+    let bad = run(&rt, gather(1), &[tt(src), tt(idx)]);
+    let want: f64 = xs.iter().map(|v| v * v).sum();
+    let got = download(&rt, loss).data[0];
+    assert!((got - want).abs() <= 1e-5 * want, "the loss reads fine");
+    let msg = "gather: index 7 is out of bounds for dim 1 with size 5";
+    let mut out = vec![0u8; 16];
+    let e = rt.to_host(bad, &mut out).unwrap_err();
+    assert!(matches!(e, Error::IndexOutOfBounds(_)), "{e:?}");
+    assert_eq!(e.to_string(), msg);
+}
+
+#[test]
+fn a_later_read_sees_the_values_the_steps_after_a_read_wrote_in_place() {
+    // An optimizer-like in-place update after the loss, then the next step reads the
+    // updated parameter: stream order holds across the split.
+    let rt = runtime(Mode::Defer);
+    let p = tensor(&rt, DType::F32, &[4], &[1.0, 2.0, 3.0, 4.0]);
+    for step in 0..3 {
+        let sq = bin(&rt, BinaryOp::Mul, tt(p), tt(p));
+        let loss = run(&rt, red(ReduceOp::Sum, &[], false), &[tt(sq)]);
+        let upd = bin(&rt, BinaryOp::Mul, tt(p), fs(0.5));
+        rt.op(0, Op::Binary(BinaryOp::Sub), &[tt(p), tt(upd)], Some(p))
+            .unwrap();
+        let scale = 0.25f64.powi(step);
+        let want = 30.0 * scale;
+        assert_eq!(download(&rt, loss).data, [want], "step {step}");
+        for h in [sq, loss, upd] {
+            rt.release(h).unwrap();
+        }
+    }
+    assert_eq!(download(&rt, p).data, [0.125, 0.25, 0.375, 0.5]);
+}
