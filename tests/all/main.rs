@@ -28,5 +28,6 @@ mod pjrt_whole_program;
 mod random_graphs;
 mod row_stash;
 mod smoke;
+mod strict_plans;
 mod threads;
 mod timeline;
