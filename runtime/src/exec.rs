@@ -30,8 +30,8 @@ use std::sync::Arc;
 const STRICT_INLINE_MAX_ELEMS: usize = 1 << 14;
 
 /// A stream's cache of ops run alone (strict, debug): each structure's lowered steps, with
-/// the program of each step.
-pub(crate) type OpPlans = NodeCache<Vec<Arc<dyn Program>>>;
+/// the program of each step (shared: a hit takes them with one reference count).
+pub(crate) type OpPlans = NodeCache<Arc<[Arc<dyn Program>]>>;
 
 /// Flush -> plan -> fingerprint -> program cache -> launch, for one runtime.
 pub(crate) struct Executor {
@@ -241,7 +241,7 @@ impl Executor {
         let r = self.launch_each(stream, jobs, false, inline, false, &mut 0);
         if let Some(miss) = miss.filter(|_| found.len() == n_steps) {
             let mut plans = stream.op_plans.lock().unwrap_or_else(|p| p.into_inner());
-            plans.insert(miss, found);
+            plans.insert(miss, found.into());
         }
         r?;
         if mode == Mode::Debug {

@@ -31,8 +31,8 @@ fn a_second_op_of_the_same_structure_reuses_the_first_ones_plan_and_program() {
         let st = rt.stats();
         assert_eq!(st.strict_plans_reused, 1, "{mode:?}");
         assert_eq!(
-            (st.cache_hits, st.cache_misses, st.programs_compiled),
-            (1, 1, 1),
+            (st.cache_hits, st.cache_misses),
+            (1, 1),
             "{mode:?}: a reused program still counts as a cache hit"
         );
     }
