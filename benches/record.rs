@@ -2,7 +2,8 @@
 //! (`dfuse_op` + `dfuse_tensor_release` of the previous value, as a front end would), and a
 //! flush whose plan and program are cached (`dfuse_stream_synchronize` after N recorded ops,
 //! record time excluded). Targets (issue 4): record <= 100 ns/op; a cache-hit flush <= 2 us
-//! plus 30 ns per op.
+//! plus 30 ns per op. A strict op (`dfuse_op` runs its program before returning) is timed too:
+//! issue 17's target is <= 2 us per strict op.
 
 use criterion::{criterion_group, BenchmarkId, Criterion};
 use dfuse_ffi::*;
@@ -12,9 +13,13 @@ struct Rt(*mut DfuseRuntime);
 
 impl Rt {
     fn defer() -> Rt {
+        Rt::new(DfuseMode::Defer)
+    }
+
+    fn new(mode: DfuseMode) -> Rt {
         let mut cfg: DfuseConfig = unsafe { std::mem::zeroed() };
         assert_eq!(unsafe { dfuse_config_default(&mut cfg) }, DfuseStatus::Ok);
-        cfg.mode = DfuseMode::Defer as u32;
+        cfg.mode = mode as u32;
         cfg.max_pending_ops = 1 << 20;
         cfg.num_threads = 1;
         let mut rt = std::ptr::null_mut();
@@ -161,18 +166,41 @@ fn flush_hit(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, record, flush_hit);
+/// A strict op: recorded, its program found (or its plan reused) and run on 8 elements before
+/// `dfuse_op` returns; the previous value is released as a front end would.
+fn strict_op(c: &mut Criterion) {
+    let rt = Rt::new(DfuseMode::Strict);
+    let attrs = add_attrs();
+    let mut x = rt.chain(rt.input(), 64, &attrs);
+    c.bench_function("c_abi/strict_op", |b| {
+        b.iter_custom(|iters| {
+            let t = Instant::now();
+            x = rt.chain(x, iters as usize, &attrs);
+            let total = t.elapsed();
+            rt.sync();
+            total
+        })
+    });
+}
+
+criterion_group!(benches, record, flush_hit, strict_op);
 
 /// With `DFUSE_RECORD_OPS=N` set, records N ops (batches of 64, each flushed, as the criterion
 /// bench does) and exits without criterion: a fixed amount of work to run under callgrind
 /// (`--toggle-collect=dfuse_op --toggle-collect=dfuse_tensor_release`), whose instruction
-/// counts are steady where wall times on a shared machine are not.
+/// counts are steady where wall times on a shared machine are not. With `DFUSE_RECORD_MODE=strict`
+/// too, the N ops run in strict mode instead (each its own program, run before `dfuse_op`
+/// returns).
 fn main() {
     if let Some(n) = std::env::var("DFUSE_RECORD_OPS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
-        let rt = Rt::defer();
+        let mode = match std::env::var("DFUSE_RECORD_MODE").as_deref() {
+            Ok("strict") => DfuseMode::Strict,
+            _ => DfuseMode::Defer,
+        };
+        let rt = Rt::new(mode);
         let attrs = add_attrs();
         let mut x = rt.input();
         for left in (0..n).step_by(64) {

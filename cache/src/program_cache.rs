@@ -113,6 +113,14 @@ impl<P: Clone> ProgramCache<P> {
         result
     }
 
+    /// Counts `n` hits a caller answered from programs it kept from earlier lookups (a
+    /// strict op's cached plan), so `hits` still counts every compiled program found. The
+    /// programs' last use is not refreshed: the caller holds them, and an evicted one stays
+    /// alive there.
+    pub fn count_hits(&self, n: u64) {
+        self.hits.fetch_add(n, Ordering::Relaxed);
+    }
+
     fn evict_over_capacity(&self) {
         while self.map.len() > self.capacity {
             let oldest = self

@@ -10,10 +10,12 @@ pub mod ir;
 pub mod iter;
 pub mod key;
 pub mod lower;
+pub mod node_cache;
 pub mod plan;
 pub mod plan_cache;
 pub mod reduce_geometry;
 pub mod region;
+pub mod scalar_slot;
 pub mod trace;
 
 pub use iter::{IterSpace, StrideKind};

@@ -7,6 +7,8 @@ use crate::reduce_geometry::reduce_space;
 use crate::region::{
     Binding, Instr, InstrKind, LoopOperand, LoopReduce, LoopRegion, Region, Step, ValueIdx,
 };
+pub(crate) use crate::scalar_slot::scalar_bits;
+pub use crate::scalar_slot::ScalarSlot;
 use crate::trace::{Node, Operand, TensorRef};
 use std::sync::Arc;
 
@@ -40,17 +42,24 @@ pub struct ScalarSrc {
     pub to: DType,
 }
 
-/// The 64 bits a kernel reads for scalar `s` used as a value of dtype `to`. A scalar becomes a
-/// bool by truthiness (0.5 -> true), like `torch.full(.., dtype=bool)`. A float16/bfloat16
-/// operand is rounded to that dtype first (through float32, as c10's `Half(float)` does): PyTorch
-/// casts a Python scalar to the op's dtype before computing, so `f16 + 0.1` adds 0.0999755859375
-/// (mul and div keep the scalar in float32 by computing in float32: see `infer_binary`).
-pub(crate) fn scalar_bits(s: Scalar, to: DType) -> u64 {
-    match to {
-        DType::Bool => (s.as_f64() != 0.0) as u64,
-        DType::F16 => f64::from(half::f16::from_f32(s.as_f64() as f32)).to_bits(),
-        DType::BF16 => f64::from(half::bf16::from_f32(s.as_f64() as f32)).to_bits(),
-        _ => s.bits_for(to.compute()),
+/// Steps that execute one node, and where each step's scalar slots come from (see
+/// [`ScalarSlot`]; one list per step, as long as its binding's scalars).
+pub struct Lowered {
+    /// The steps, in order.
+    pub steps: Vec<Step>,
+    /// Per step, the source of each of its scalar slots.
+    pub slots: Vec<Vec<ScalarSlot>>,
+}
+
+/// The scalar values a node's lowering depends on, beyond the scalar kinds its structural key
+/// holds: an addmm whose beta is zero drops its bias step (the bias is not read, so a NaN in it
+/// does not spread). A cached lowering fits a node only when this word is the same.
+pub fn lowering_word(node: &Node) -> u64 {
+    match (&node.op, node.inputs.first(), node.inputs.get(3)) {
+        (Op::Addmm, Some(Operand::Tensor(_)), Some(Operand::Scalar(beta))) => {
+            (beta.as_f64() == 0.0) as u64
+        }
+        _ => 0,
     }
 }
 
@@ -331,12 +340,32 @@ pub(crate) fn reduce_acc_dtype(op: ReduceOp, input: DType) -> DType {
 
 /// Lowers one recorded node to the steps that execute it.
 pub fn lower_node(node: &Node, index: usize) -> Vec<Step> {
+    lower_node_rebindable(node, index).steps
+}
+
+/// [`lower_node`], saying where each step's scalars come from.
+pub fn lower_node_rebindable(node: &Node, index: usize) -> Lowered {
     let out = &node.output;
+    let one = |step: Step, slots: Vec<ScalarSlot>| Lowered {
+        steps: vec![step],
+        slots: vec![slots],
+    };
     match &node.op {
         op if op.is_elementwise() => {
             let mut b = LoopBuilder::default();
             let v = emit_elementwise(&mut b, index, node);
-            vec![elementwise_step(b, vec![(v, out.clone())], vec![index])]
+            let slots = b
+                .scalar_src
+                .iter()
+                .map(|s| ScalarSlot::Bits {
+                    input: s.input,
+                    to: s.to,
+                })
+                .collect();
+            one(
+                elementwise_step(b, vec![(v, out.clone())], vec![index]),
+                slots,
+            )
         }
         Op::Reduce { op, dims, keepdim } => {
             let t = node.inputs[0].tensor().expect("reduce input is a tensor");
@@ -349,34 +378,45 @@ pub fn lower_node(node: &Node, index: usize) -> Vec<Step> {
                 "runtime must copy before a non-coalescing reduce"
             );
             // The store converts the folded value to the output dtype.
-            vec![loop_step(
+            let step = loop_step(
                 b,
                 vec![],
                 vec![(*op, v, Some(out.clone()))],
                 iter,
                 vec![index],
-            )]
+            );
+            one(step, Vec::new())
         }
         Op::Matmul | Op::Addmm => lower_matmul(node, index),
         Op::Arange { dtype } => {
-            let s = |i: usize| match &node.inputs[i] {
-                Operand::Scalar(s) => s.as_f64().to_bits(),
-                _ => 0,
-            };
-            vec![Step {
+            let slots = vec![
+                ScalarSlot::F64 {
+                    input: 0,
+                    absent: 0.0,
+                },
+                ScalarSlot::F64 {
+                    input: 2,
+                    absent: 0.0,
+                },
+            ];
+            let step = Step {
                 region: Arc::new(Region::Arange { dtype: *dtype }),
                 binding: Binding {
                     operands: vec![out.clone()],
                     iter: None,
-                    scalars: vec![s(0), s(2)],
+                    scalars: slots.iter().map(|s| s.bits(node)).collect(),
                     n_inputs: 0,
                     parts: Vec::new(),
                 },
                 nodes: vec![index],
                 key: Default::default(),
-            }]
+            };
+            one(step, slots)
         }
-        Op::Kernel(k) => vec![lower_kernel(node, k, index)],
+        Op::Kernel(k) => {
+            let (step, slots) = lower_kernel(node, k, index);
+            one(step, slots)
+        }
         Op::Cat { .. } => unreachable!("the runtime records cat as copies into slices"),
         other => unreachable!("no lowering for {other}"),
     }
@@ -384,7 +424,7 @@ pub fn lower_node(node: &Node, index: usize) -> Vec<Step> {
 
 /// A kernel op's one step: its tensor operands then the output; its scalars (scatter's value,
 /// random's seed and offset) in the result's dtype (ints stay ints: `Scalar::bits_for`).
-fn lower_kernel(node: &Node, k: &KernelOp, index: usize) -> Step {
+fn lower_kernel(node: &Node, k: &KernelOp, index: usize) -> (Step, Vec<ScalarSlot>) {
     let first = node.inputs.iter().find_map(|o| o.tensor()).map(|t| t.dtype);
     let result = k.result_dtype(first);
     let mut operands: Vec<TensorRef> = node
@@ -394,40 +434,42 @@ fn lower_kernel(node: &Node, k: &KernelOp, index: usize) -> Step {
         .collect();
     let n_inputs = operands.len();
     operands.push(node.output.clone());
-    let scalars = node
+    let slots: Vec<ScalarSlot> = node
         .inputs
         .iter()
-        .filter_map(|o| match o {
+        .enumerate()
+        .filter_map(|(input, o)| match o {
             Operand::Scalar(s) => Some(match s {
-                Scalar::Int(_) if matches!(k, KernelOp::Random { .. }) => s.as_i64() as u64,
-                _ => scalar_bits(*s, result),
+                Scalar::Int(_) if matches!(k, KernelOp::Random { .. }) => ScalarSlot::I64 { input },
+                _ => ScalarSlot::Bits { input, to: result },
             }),
             _ => None,
         })
         .collect();
-    Step {
+    let step = Step {
         region: Arc::new(Region::Kernel(k.canonical())),
         binding: Binding {
             operands,
             iter: None,
-            scalars,
+            scalars: slots.iter().map(|s| s.bits(node)).collect(),
             n_inputs,
             parts: Vec::new(),
         },
         nodes: vec![index],
         key: Default::default(),
-    }
+    };
+    (step, slots)
 }
 
-fn lower_matmul(node: &Node, index: usize) -> Vec<Step> {
+/// A matmul's GEMM step, after a copy of the bias into the output for an addmm whose beta is not
+/// zero (the GEMM then accumulates onto it, scaled by beta).
+fn lower_matmul(node: &Node, index: usize) -> Lowered {
     let out = &node.output;
+    let one = |v: f64| ScalarSlot::Const(v.to_bits());
     let (a, bm, bias, alpha, beta) = match node.op {
-        Op::Matmul => (&node.inputs[0], &node.inputs[1], None, 1.0, 0.0),
+        Op::Matmul => (&node.inputs[0], &node.inputs[1], None, one(1.0), one(0.0)),
         _ => {
-            let s = |i: usize| match &node.inputs[i] {
-                Operand::Scalar(s) => s.as_f64(),
-                _ => 1.0,
-            };
+            let s = |input: usize| ScalarSlot::F64 { input, absent: 1.0 };
             (
                 &node.inputs[1],
                 &node.inputs[2],
@@ -458,22 +500,28 @@ fn lower_matmul(node: &Node, index: usize) -> Vec<Step> {
     };
     let al = with_batch(&al);
     let bl = with_batch(&bl);
-    let mut steps = Vec::new();
+    let mut lowered = Lowered {
+        steps: Vec::new(),
+        slots: Vec::new(),
+    };
     let mut beta = beta;
     if let Some(Operand::Tensor(c)) = bias {
-        if beta != 0.0 {
+        // `lowering_word` tells this case apart for a cached lowering.
+        if f64::from_bits(beta.bits(node)) != 0.0 {
             let mut b = LoopBuilder::default();
             let v = b.operand(&Operand::Tensor(c.clone()), &out.layout.sizes, out.dtype);
-            steps.push(elementwise_step(b, vec![(v, out.clone())], vec![index]));
+            let copy = elementwise_step(b, vec![(v, out.clone())], vec![index]);
+            lowered.steps.push(copy);
+            lowered.slots.push(Vec::new());
         } else {
-            beta = 0.0;
+            beta = one(0.0);
         }
     }
     let t = |t: &TensorRef, l: Layout| TensorRef {
         layout: l,
         ..t.clone()
     };
-    steps.push(Step {
+    lowered.steps.push(Step {
         region: Arc::new(Region::Matmul {
             dtype: out.dtype,
             epilogue: None,
@@ -481,38 +529,13 @@ fn lower_matmul(node: &Node, index: usize) -> Vec<Step> {
         binding: Binding {
             operands: vec![t(a, al), t(bm, bl), t(out, ol)],
             iter: None,
-            scalars: vec![alpha.to_bits(), beta.to_bits()],
+            scalars: vec![alpha.bits(node), beta.bits(node)],
             n_inputs: 2,
             parts: Vec::new(),
         },
         nodes: vec![index],
         key: Default::default(),
     });
-    steps
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_scalar_used_as_float16_or_bfloat16_is_rounded_to_that_dtype_first() {
-        let f16_of_tenth = f64::from_bits(scalar_bits(Scalar::Float(0.1), DType::F16));
-        assert_eq!(f16_of_tenth, 0.0999755859375);
-        let bf16_of_tenth = f64::from_bits(scalar_bits(Scalar::Float(0.1), DType::BF16));
-        assert_eq!(bf16_of_tenth, 0.10009765625);
-        let big = f64::from_bits(scalar_bits(Scalar::Int(70000), DType::F16));
-        assert_eq!(big, f64::INFINITY, "70000 overflows float16 as in PyTorch");
-    }
-
-    #[test]
-    fn a_scalar_used_as_float32_or_float64_keeps_its_precision_there() {
-        let f32_bits = scalar_bits(Scalar::Float(0.1), DType::F32);
-        assert_eq!(
-            f64::from_bits(f32_bits),
-            0.1,
-            "the backend rounds f64 to f32 itself"
-        );
-        assert_eq!(scalar_bits(Scalar::Float(2.5), DType::Bool), 1);
-    }
+    lowered.slots.push(vec![alpha, beta]);
+    lowered
 }

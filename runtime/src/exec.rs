@@ -14,7 +14,7 @@ use crate::stream::{BufferLookup, OpBuffers, Stream};
 use crate::timeline::{binding_args, region_label, Arg, RunTrace, Timeline, Track};
 use crate::wave::{Job, Wave};
 use deferfuse_cache::{fingerprint, Fingerprint, ProgramCache};
-use deferfuse_fusion::lower::lower_node;
+use deferfuse_fusion::node_cache::{Lookup, NodeCache};
 use deferfuse_fusion::plan::PlanOptions;
 use deferfuse_fusion::region::KeyMemo;
 use deferfuse_fusion::{Binding, BufferId, Node, Region, Step};
@@ -28,6 +28,10 @@ use std::sync::Arc;
 /// run, while a larger op gains from running while the host records the next one. The op's
 /// result, errors and stream order are the same either way (`Stream::launch_or_run`).
 const STRICT_INLINE_MAX_ELEMS: usize = 1 << 14;
+
+/// A stream's cache of ops run alone (strict, debug): each structure's lowered steps, with
+/// the program of each step (shared: a hit takes them with one reference count).
+pub(crate) type OpPlans = NodeCache<Arc<[Arc<dyn Program>]>>;
 
 /// Flush -> plan -> fingerprint -> program cache -> launch, for one runtime.
 pub(crate) struct Executor {
@@ -162,10 +166,10 @@ impl Executor {
             _ => Vec::new(),
         };
         let after_read = rest.len();
-        let mut result = self.launch_steps(stream, steps, &buffers, Mode::Defer, inline);
+        let mut result = self.launch_steps(stream, steps, &buffers, inline);
         if !rest.is_empty() {
             result = match result {
-                Ok(()) => self.launch_steps(stream, rest, &buffers, Mode::Defer, false),
+                Ok(()) => self.launch_steps(stream, rest, &buffers, false),
                 Err(e) => {
                     // As within one launch: what comes after a failed step fails with it.
                     fail_outputs(&rest, &buffers, &e);
@@ -213,7 +217,10 @@ impl Executor {
         }
     }
 
-    /// Runs one node now (strict and debug modes).
+    /// Runs one node now (strict and debug modes). The stream's [`OpPlans`] give the steps
+    /// and programs of a node whose structure ran before (re-bound to this node's buffers and
+    /// scalars); a new structure is lowered and its programs found in the program cache, and
+    /// kept there once every program was found.
     pub(crate) fn run_now(
         &self,
         stream: &Stream,
@@ -221,7 +228,20 @@ impl Executor {
         buffers: OpBuffers,
         mode: Mode,
     ) -> Result<()> {
-        let steps = lower_node(&node, 0);
+        let mut plans = stream.op_plans.lock().unwrap_or_else(|p| p.into_inner());
+        let (steps, reused, miss) = match plans.lower(&node) {
+            Lookup::Hit { steps, payload } => (steps, Some(payload.clone()), None),
+            Lookup::Miss { steps, miss } => (steps, None, Some(miss)),
+        };
+        drop(plans);
+        if let Some(programs) = &reused {
+            self.counters
+                .strict_plans_reused
+                .fetch_add(1, Ordering::Relaxed);
+            // Found without a lookup, but found compiled all the same: `cache_hits` counts
+            // them as before.
+            self.cache.count_hits(programs.len() as u64);
+        }
         // Debug mode waits for every op: it may as well run it on this thread. So does a
         // small strict op when its stream is idle (see STRICT_INLINE_MAX_ELEMS).
         let small = || {
@@ -231,46 +251,58 @@ impl Executor {
             })
         };
         let inline = mode == Mode::Debug || (mode == Mode::Strict && small());
-        self.launch_steps(stream, steps, &buffers, mode, inline)?;
+        let n_steps = steps.len();
+        let mut found = Vec::new();
+        let jobs = steps.into_iter().enumerate().map(|(i, step)| {
+            self.prepare(step, &buffers, mode, stream.id, |step| match &reused {
+                Some(programs) => Ok(programs[i].clone()),
+                None => {
+                    let p = self.program(step, stream.id)?;
+                    found.push(p.clone());
+                    Ok(p)
+                }
+            })
+        });
+        // Strict and debug report a failure at the op: nothing to fail for later readers.
+        let r = self.launch_each(stream, jobs, false, inline, false, &mut 0);
+        if let Some(miss) = miss.filter(|_| found.len() == n_steps) {
+            let mut plans = stream.op_plans.lock().unwrap_or_else(|p| p.into_inner());
+            plans.insert(miss, found.into());
+        }
+        r?;
         if mode == Mode::Debug {
             stream.synchronize()?;
         }
         Ok(())
     }
 
-    /// Launches `steps` in order. In defer mode a failure (an allocation, a compile) marks the
-    /// outputs of the failing and every later step as failed, so reading them later reports
-    /// the error instead of stale memory; strict and debug report it at the op itself.
-    /// `inline`: the caller waits for these steps next, so they run on its thread when the
-    /// stream is idle (see [`Stream::launch_or_run`]).
+    /// Launches a deferred flush's `steps` in order. A failure (an allocation, a compile) marks
+    /// the outputs of the failing and every later step as failed, so reading them later
+    /// reports the error instead of stale memory. `inline`: the caller waits for these steps
+    /// next, so they run on its thread when the stream is idle (see [`Stream::launch_or_run`]).
     fn launch_steps(
         &self,
         stream: &Stream,
         steps: Vec<Step>,
         buffers: &impl BufferLookup,
-        mode: Mode,
         inline: bool,
     ) -> Result<()> {
-        // Only a deferred flush needs them (strict and debug report at the op).
-        let outputs: Vec<Vec<BufferId>> = if mode == Mode::Defer {
-            steps
-                .iter()
-                .map(|s| {
-                    let b = &s.binding;
-                    b.operands[b.n_inputs..].iter().map(|t| t.buffer).collect()
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let outputs: Vec<Vec<BufferId>> = steps
+            .iter()
+            .map(|s| {
+                let b = &s.binding;
+                b.operands[b.n_inputs..].iter().map(|t| t.buffer).collect()
+            })
+            .collect();
         let mut launched = 0;
-        // A deferred flush's independent steps run side by side where the backend can.
-        let side_by_side = mode == Mode::Defer && steps.len() > 1;
-        let jobs = steps
-            .into_iter()
-            .map(|step| self.prepare(step, buffers, mode, stream.id));
+        // Independent steps run side by side where the backend can.
+        let side_by_side = steps.len() > 1;
+        let jobs = steps.into_iter().map(|step| {
+            let program = |step: &Step| self.program(step, stream.id);
+            self.prepare(step, buffers, Mode::Defer, stream.id, program)
+        });
         let r = self.launch_each(stream, jobs, side_by_side, inline, false, &mut launched);
-        if let (Err(e), Mode::Defer) = (&r, mode) {
+        if let Err(e) = &r {
             for id in outputs[launched..].iter().flatten() {
                 if let Some(b) = buffers.find(*id) {
                     b.fail(e);
@@ -323,13 +355,15 @@ impl Executor {
         r
     }
 
-    /// Resolves a step's buffers, finds or compiles its program and allocates its outputs.
+    /// Resolves a step's buffers, gets its program from `program` (the program cache, or a
+    /// strict op's cached plan) and allocates its outputs.
     fn prepare(
         &self,
         step: Step,
         buffers: &impl BufferLookup,
         mode: Mode,
         stream: u64,
+        program: impl FnOnce(&Step) -> Result<Arc<dyn Program>>,
     ) -> Result<Job> {
         let bufs: Vec<Arc<Buffer>> = step
             .binding
@@ -344,7 +378,7 @@ impl Executor {
         if mode == Mode::Debug {
             check_bounds(&step, &bufs)?;
         }
-        let program = self.program(&step, stream)?;
+        let program = program(&step)?;
         self.ready_job(
             program,
             (&step.region, &step.key),

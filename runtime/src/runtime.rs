@@ -619,6 +619,7 @@ impl Runtime {
             dead_nodes: self.counters.dead_nodes.load(Ordering::Relaxed),
             unmaterialized: self.counters.unmaterialized.load(Ordering::Relaxed),
             plans_reused: self.counters.plans_reused.load(Ordering::Relaxed),
+            strict_plans_reused: self.counters.strict_plans_reused.load(Ordering::Relaxed),
             host_cache_hits: host.hits,
             host_cache_misses: host.misses,
             host_cached_bytes: host.cached_bytes,

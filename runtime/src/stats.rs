@@ -80,6 +80,9 @@ pub struct Stats {
     pub unmaterialized: u64,
     /// Flushes whose plan was reused from an earlier trace of the same structure.
     pub plans_reused: u64,
+    /// Ops run alone (strict, debug) whose lowered steps and programs were reused from an
+    /// earlier op of the same structure on their stream.
+    pub strict_plans_reused: u64,
     /// Host allocations served from the cache of freed blocks.
     pub host_cache_hits: u64,
     /// Host allocations that went to the system allocator.
@@ -103,6 +106,7 @@ pub(crate) struct Counters {
     pub dead_nodes: AtomicU64,
     pub unmaterialized: AtomicU64,
     pub plans_reused: AtomicU64,
+    pub strict_plans_reused: AtomicU64,
 }
 
 impl Counters {

@@ -4,6 +4,7 @@
 
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
+use crate::exec::OpPlans;
 use crossbeam_channel::{unbounded, Receiver, Sender, TryRecvError};
 use deferfuse_fusion::plan_cache::PlanCache;
 use deferfuse_fusion::{BufferId, Node, Trace, TraceKey};
@@ -273,6 +274,10 @@ pub struct Stream {
     pub id: u64,
     /// What the stream recorded and has not flushed yet.
     pub pending: Mutex<Pending>,
+    /// The lowered steps and programs of recent ops run alone here (strict, debug): an op of a
+    /// structure seen before skips lowering and the program lookup. Apart from `pending`: an op
+    /// run alone neither reads nor changes the trace.
+    pub(crate) op_plans: Mutex<OpPlans>,
     sender: Sender<Job>,
     /// Jobs submitted so far (the sequence number of the last one).
     submitted: Mutex<u64>,
@@ -294,6 +299,7 @@ impl Stream {
         Ok(Stream {
             id,
             pending: Mutex::new(Pending::default()),
+            op_plans: Mutex::new(OpPlans::default()),
             sender,
             submitted: Mutex::new(0),
             progress,

@@ -29,5 +29,6 @@ mod random_graphs;
 mod read_overlap;
 mod row_stash;
 mod smoke;
+mod strict_plans;
 mod threads;
 mod timeline;
