@@ -14,7 +14,12 @@ Two measurements per row, runners interleaved round by round, medians:
   chain    `--chain` GEMMs of that layout (fewer for large ones: ~20 ms of torch work) and one
            synchronize at the end, in us per GEMM: what a model's GEMMs cost.
 Columns: the times in us, and in brackets tpu's speed relative to torch (torch time / tpu time,
->= 1.00 means tpu is as fast or faster). Usage: python bench_gemm.py [--reps N] [--quick]"""
+>= 1.00 means tpu is as fast or faster). `--clock cpu` times CPU seconds instead of wall seconds
+(on a machine shared with other work, wall times measure the scheduler more than the GEMM):
+torch's thread alone, and tpu's whole process, so the stream's worker and the spinning waits
+count (which overstates tpu: spinning overlaps work in wall time); each run starts after a
+1 ms pause, so the worker's spin after the previous run is not counted.
+Usage: python bench_gemm.py [--reps N] [--quick] [--clock wall|cpu]"""
 
 import argparse
 import os
@@ -51,17 +56,25 @@ def cases(quick):
             lambda p, d: torch.bmm(p.transpose(1, 2), d))
 
 
+CPU_CLOCK = False
+
+
 def time_run(f, a, b, n, mode):
     """Seconds per GEMM for `n` GEMMs and one synchronize (none on CPU: `mode` is None). The
     results stay alive until the synchronize: a deferred op whose result is dropped unread
     need not run at all."""
     if mode is not None:
         deferfuse_torch.set_mode(mode)
-    t0 = time.perf_counter()
+    if CPU_CLOCK:
+        time.sleep(1e-3)
+        clock = time.thread_time if mode is None else time.process_time
+    else:
+        clock = time.perf_counter
+    t0 = clock()
     rs = [f(a, b) for _ in range(n)]
     if mode is not None:
         torch.tpu.synchronize()
-    dt = time.perf_counter() - t0
+    dt = clock() - t0
     del rs
     return dt / n
 
@@ -86,11 +99,15 @@ def main():
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--chain", type=int, default=50, help="most GEMMs per chain")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     a = ap.parse_args()
+    global CPU_CLOCK
+    CPU_CLOCK = a.clock == "cpu"
     torch.set_num_threads(1)
     torch.manual_seed(0)
     print(f"torch {torch.get_num_threads()} thread, tpu DEFERFUSE_NUM_THREADS="
-          f"{os.environ['DEFERFUSE_NUM_THREADS']}; us, [tpu speed / torch]")
+          f"{os.environ['DEFERFUSE_NUM_THREADS']}; {a.clock} clock, median of {a.reps}; "
+          "us, [tpu speed / torch]")
     print("| layout | rows | torch op | strict op+sync | defer op+sync "
           "| torch chain/GEMM | strict chain/GEMM | defer chain/GEMM |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
