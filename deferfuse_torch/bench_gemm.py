@@ -1,23 +1,38 @@
-"""GEMM on the layouts nn.Linear, attention and their backwards hand the device, tpu vs torch
-CPU eager, 1 thread, one run (issue 17's target: tpu >= torch on every one).
+"""GEMM on the layouts nn.Linear, attention and their backwards hand the device, tpu (strict and
+defer) vs torch CPU eager, 1 thread each, one run (issue 17's target: tpu >= torch on every one).
 
 For a Linear with weight W [out, in] and input x [batch, in]:
   forward   x @ W.t()      B is W transposed (column-major)
   grad_x    g @ W          both contiguous
   grad_W    g.t() @ x      A is g transposed
 and for attention over [batch * heads, seq, head_dim] views:
-  q @ k^T, p @ v, dO @ v^T, p^T @ dO.
-Each row times torch.mm/bmm on CPU and on tpu (the op and a synchronize, so a tpu time includes
-one launch, ~10-50 us), interleaved round by round; the medians and tpu/torch speed ratio are
-printed. Usage: python bench_gemm.py [--reps N] [--quick]"""
+  q @ k^T, p @ v, p^T @ dO.
+
+Two measurements per row, runners interleaved round by round, medians:
+  op+sync  one torch.mm/bmm; on tpu the op and a synchronize, so it includes one launch and
+           one wait (tens of us), which a model pays once per sync point, not per GEMM.
+  chain    `--chain` GEMMs of that layout (fewer for large ones: ~20 ms of torch work) and one
+           synchronize at the end, in us per GEMM: what a model's GEMMs cost.
+Columns: the times in us, and in brackets tpu's speed relative to torch (torch time / tpu time,
+>= 1.00 means tpu is as fast or faster). `--clock cpu` times CPU seconds instead of wall seconds
+(on a machine shared with other work, wall times measure the scheduler more than the GEMM):
+torch's thread alone, and tpu's whole process, so the stream's worker and the spinning waits
+count (which overstates tpu: spinning overlaps work in wall time); each run starts after a
+1 ms pause, so the worker's spin after the previous run is not counted.
+Usage: python bench_gemm.py [--reps N] [--quick] [--clock wall|cpu]"""
 
 import argparse
+import os
 import statistics
 import time
 
-import torch
+os.environ.setdefault("DEFERFUSE_NUM_THREADS", "1")
 
-import deferfuse_torch  # noqa: F401  (registers the device)
+import torch  # noqa: E402
+
+import deferfuse_torch  # noqa: E402  (registers the device)
+
+MODES = ("strict", "defer")
 
 
 def cases(quick):
@@ -41,41 +56,82 @@ def cases(quick):
             lambda p, d: torch.bmm(p.transpose(1, 2), d))
 
 
-def time_once(f, a, b, sync):
-    t0 = time.perf_counter()
-    r = f(a, b)
-    if sync:
+CPU_CLOCK = False
+
+
+def time_run(f, a, b, n, mode):
+    """Seconds per GEMM for `n` GEMMs and one synchronize (none on CPU: `mode` is None). The
+    results stay alive until the synchronize: a deferred op whose result is dropped unread
+    need not run at all."""
+    if mode is not None:
+        deferfuse_torch.set_mode(mode)
+    if CPU_CLOCK:
+        time.sleep(1e-3)
+        clock = time.thread_time if mode is None else time.process_time
+    else:
+        clock = time.perf_counter
+    t0 = clock()
+    rs = [f(a, b) for _ in range(n)]
+    if mode is not None:
         torch.tpu.synchronize()
-    dt = time.perf_counter() - t0
-    del r
-    return dt
+    dt = clock() - t0
+    del rs
+    return dt / n
+
+
+def measure(f, x, y, xt, yt, reps, max_chain):
+    """Medians in us: {(runner, kind): time}, runner "torch" or a mode, kind "op" or "chain"."""
+    runners = [("torch", x, y, None)] + [(m, xt, yt, m) for m in MODES]
+    for _, a, b, m in runners:  # warm-up: program caches, allocator pools
+        time_run(f, a, b, 2, m)
+    one = time_run(f, x, y, 1, None)
+    chain = max(2, min(max_chain, int(0.02 / max(one, 1e-7))))
+    times = {}
+    for _ in range(reps):
+        for name, a, b, m in runners:
+            times.setdefault((name, "op"), []).append(time_run(f, a, b, 1, m))
+            times.setdefault((name, "chain"), []).append(time_run(f, a, b, chain, m))
+    return {key: statistics.median(v) * 1e6 for key, v in times.items()}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--chain", type=int, default=50, help="most GEMMs per chain")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     a = ap.parse_args()
+    global CPU_CLOCK
+    CPU_CLOCK = a.clock == "cpu"
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    print("| layout | rows | torch CPU ms | tpu ms | tpu speed / torch |")
-    print("| --- | --- | --- | --- | --- |")
-    worst = None
-    for name, rows, make in cases(a.quick):
-        x, y, f = make()
-        xt, yt = x.to("tpu"), y.to("tpu")
-        for _ in range(2):
-            time_once(f, x, y, False)
-            time_once(f, xt, yt, True)
-        cpu, tpu = [], []
-        for _ in range(a.reps):
-            cpu.append(time_once(f, x, y, False))
-            tpu.append(time_once(f, xt, yt, True))
-        c, t = statistics.median(cpu) * 1e3, statistics.median(tpu) * 1e3
-        ratio = c / t
-        worst = ratio if worst is None else min(worst, ratio)
-        print(f"| {name} | {rows} | {c:.3f} | {t:.3f} | {ratio:.2f} |", flush=True)
-    print(f"\nslowest layout: tpu at {worst:.2f}x torch's speed (target: >= 1.0 on every row)")
+    print(f"torch {torch.get_num_threads()} thread, tpu DEFERFUSE_NUM_THREADS="
+          f"{os.environ['DEFERFUSE_NUM_THREADS']}; {a.clock} clock, median of {a.reps}; "
+          "us, [tpu speed / torch]")
+    print("| layout | rows | torch op | strict op+sync | defer op+sync "
+          "| torch chain/GEMM | strict chain/GEMM | defer chain/GEMM |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    worst = {}
+    prev = deferfuse_torch.get_mode()
+    try:
+        for name, rows, make in cases(a.quick):
+            x, y, f = make()
+            xt, yt = x.to("tpu"), y.to("tpu")
+            t = measure(f, x, y, xt, yt, a.reps, a.chain)
+            cells = []
+            for kind in ("op", "chain"):
+                base = t[("torch", kind)]
+                cells.append(f"{base:.1f}")
+                for m in MODES:
+                    ratio = base / t[(m, kind)]
+                    worst[(m, kind)] = min(worst.get((m, kind), ratio), ratio)
+                    cells.append(f"{t[(m, kind)]:.1f} [{ratio:.2f}]")
+            print(f"| {name} | {rows} | " + " | ".join(cells) + " |", flush=True)
+    finally:
+        deferfuse_torch.set_mode(prev)
+    print("\nslowest row, tpu speed / torch (target: >= 1.00):")
+    for kind, label in (("op", "op+sync"), ("chain", "chain")):
+        print(f"  {label}: " + ", ".join(f"{m} {worst[(m, kind)]:.2f}" for m in MODES))
 
 
 if __name__ == "__main__":

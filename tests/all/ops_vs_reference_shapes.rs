@@ -165,7 +165,7 @@ type ToScalar = fn(f64) -> Scalar;
 #[test]
 fn matmul_variants_match_reference() {
     use DType::*;
-    let shapes: [(&[usize], &[usize]); 12] = [
+    let shapes: [(&[usize], &[usize]); 13] = [
         (&[3, 4], &[4, 5]),
         (&[1, 1], &[1, 1]),
         (&[7, 33], &[33, 5]),
@@ -178,6 +178,7 @@ fn matmul_variants_match_reference() {
         (&[2, 1, 3, 4], &[5, 4, 6]),
         (&[6, 9], &[9, 1]),
         (&[1, 8], &[8, 40]),
+        (&[2, 300], &[300, 70]),
     ];
     let mut rng = Rng::new(20);
     let mut cases = Vec::new();

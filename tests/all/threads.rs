@@ -1,8 +1,8 @@
 //! Multithreaded execution: a program split over several threads computes exactly what one
 //! thread computes (bit for bit), in strict and defer mode, whatever the loop's shape: one long
 //! row cut into pieces, rows of strided or broadcast views, walked outer dims, row kernels,
-//! full reductions, matmul with and without a fused epilogue, in-place writes. Sizes are above
-//! the backend's serial threshold so the work really is split.
+//! full reductions, matmul with and without a fused epilogue (whole and in blocks of few rows),
+//! in-place writes. Sizes are above the backend's serial threshold so the work really is split.
 
 use crate::harness;
 
@@ -155,6 +155,31 @@ fn a_matmul_of_few_rows_split_by_columns_equals_one_thread() {
         let y = run(rt, Op::Matmul, &[tt(x), tt(wt)]);
         let y = bin(rt, BinaryOp::Add, tt(y), tt(bias));
         vec![plain, un(rt, UnaryOp::Relu, y)]
+    });
+}
+
+#[test]
+fn gemms_cut_into_blocks_of_few_rows_equal_one_thread() {
+    // Few-row blocks run the backend's small-GEMM kernel, whole products `matrixmultiply`: a
+    // 3-row last epilogue block (131 = 128 + 3 rows), 16-row thread chunks of 40 rows, single
+    // rows; k = 300 spans two of matrixmultiply's k-blocks, and alpha 0.5 its other rounding.
+    same_on_any_thread_count(|rt| {
+        let w = tensor(rt, DType::F32, &[128, 300], &values(128 * 300, 24));
+        let bias = tensor(rt, DType::F32, &[128], &values(128, 25));
+        let wt = view(rt, w, View::Transpose(0, 1));
+        let mut outs = vec![];
+        for (i, m) in [1, 3, 40, 131].into_iter().enumerate() {
+            let x = tensor(rt, DType::F32, &[m, 300], &values(m * 300, 26 + i as u64));
+            outs.push(run(rt, Op::Matmul, &[tt(x), tt(wt)]));
+            let y = run(rt, Op::Matmul, &[tt(x), tt(wt)]);
+            let y = bin(rt, BinaryOp::Add, tt(y), tt(bias));
+            outs.push(un(rt, UnaryOp::Relu, y));
+            let half = Input::Scalar(Scalar::Float(0.5));
+            let one = Input::Scalar(Scalar::Float(1.0));
+            let am = run(rt, Op::Addmm, &[tt(bias), tt(x), tt(wt), one, half]);
+            outs.push(un(rt, UnaryOp::Tanh, am));
+        }
+        outs
     });
 }
 

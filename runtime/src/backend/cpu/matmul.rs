@@ -1,6 +1,8 @@
-//! Matmul on the host: f32/f64 through `matrixmultiply` (strided, so views need no copy), f16
-//! and bf16 through f32, integers through a plain wrapping loop (rare in practice).
+//! Matmul on the host: f32/f64 through `matrixmultiply` (strided, so views need no copy; f32
+//! products of few rows through `small_gemm`, same bits), f16 and bf16 through f32, integers
+//! through a plain wrapping loop (rare in practice).
 
+use super::small_gemm;
 use deferfuse_fusion::ir::{DType, Layout};
 use half::{bf16, f16};
 
@@ -58,21 +60,13 @@ pub unsafe fn matmul(dtype: DType, a: Mat, b: Mat, c: Mat, alpha: f64, beta: f64
     let (rsb, csb) = st(b.layout);
     let (rsc, csc) = st(c.layout);
     for_each_batch(a.layout, b.layout, c.layout, |ao, bo, co| match dtype {
-        DType::F32 => matrixmultiply::sgemm(
-            m,
-            k,
-            n,
+        DType::F32 => small_gemm::sgemm(
+            (m, k, n),
             alpha as f32,
-            (a.ptr as *const f32).offset(ao),
-            rsa,
-            csa,
-            (b.ptr as *const f32).offset(bo),
-            rsb,
-            csb,
+            ((a.ptr as *const f32).offset(ao), rsa, csa),
+            ((b.ptr as *const f32).offset(bo), rsb, csb),
             beta as f32,
-            (c.ptr as *mut f32).offset(co),
-            rsc,
-            csc,
+            ((c.ptr as *mut f32).offset(co), rsc, csc),
         ),
         DType::F64 => matrixmultiply::dgemm(
             m,
@@ -111,21 +105,13 @@ pub unsafe fn matmul(dtype: DType, a: Mat, b: Mat, c: Mat, alpha: f64, beta: f64
             let av = gather(a.ptr, ao, m, k, rsa, csa);
             let bv = gather(b.ptr, bo, k, n, rsb, csb);
             let mut cv = gather(c.ptr, co, m, n, rsc, csc);
-            matrixmultiply::sgemm(
-                m,
-                k,
-                n,
+            small_gemm::sgemm(
+                (m, k, n),
                 alpha as f32,
-                av.as_ptr(),
-                k as isize,
-                1,
-                bv.as_ptr(),
-                n as isize,
-                1,
+                (av.as_ptr(), k as isize, 1),
+                (bv.as_ptr(), n as isize, 1),
                 if beta == 0.0 { 0.0 } else { beta as f32 },
-                cv.as_mut_ptr(),
-                n as isize,
-                1,
+                (cv.as_mut_ptr(), n as isize, 1),
             );
             for i in 0..m {
                 for j in 0..n {

@@ -8,6 +8,7 @@ mod jit_calls;
 mod lanes;
 mod matmul;
 mod parallel;
+mod small_gemm;
 mod stash;
 mod sweep;
 mod vmath;

@@ -1,0 +1,591 @@
+//! f32 GEMM for few output rows, giving `matrixmultiply::sgemm`'s bits without its costs there.
+//!
+//! `matrixmultiply` packs all of B (a transposing copy when B is a transposed weight, as in
+//! `x @ W.t()`) and runs an 8x8 register tile: with one output row it copies every element of B
+//! once and computes 8 rows to keep 1, so a `[1, 1024] @ [1024, 1024]` took ~7x MKL's time.
+//! Here the tile is 1-4 rows by 16-64 columns, B is read in place when its rows are contiguous,
+//! and a transposed B is transposed 8x8 in registers into a panel a few KiB long.
+//!
+//! Bit-identity: the runtime cuts one GEMM into row blocks (threads, epilogue blocks), so one
+//! output row may be computed here in one run and by `matrixmultiply` in another. Each element
+//! is computed as `matrixmultiply`'s FMA kernel computes an element of a partial ("masked")
+//! tile, which is every element of a GEMM with fewer than 8 rows: per block of [`KC`] products
+//! along k, in order, `acc = fma(a, b, acc)` from `+0`, then `t = fma(alpha, acc, +0)` and
+//! `c = t` (first block, `beta == 0`) or `c = c * beta' + t` (`beta' = beta` on the first
+//! block, 1 after). Its full 8x8 tiles compute `c = fma(alpha, acc, c * beta')` instead, which
+//! is the same number when `alpha == 1` (`acc` is never -0, starting from +0, so `acc + 0` is
+//! `acc`), so 8 or more rows take this path only then. On a CPU without AVX2 and FMA
+//! `matrixmultiply` uses another kernel, and this path is not taken.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// `matrixmultiply`'s sgemm k-block (`S_KC`): where its per-element sums restart from zero.
+/// The tests compare against `matrixmultiply` for k across several blocks, so a different value
+/// there fails them.
+const KC: usize = 256;
+
+/// Most output rows per call that take this path when B is transposed (`x @ W.t()`, `q @ k^T`),
+/// and when it is not: above them `matrixmultiply`'s packed 8x8 kernel is as fast (its packing
+/// of B is spread over many rows; a transposed B is slower for it to pack). Measured on
+/// `[m, 128] @ [128, 384]` and `[m, 1024] @ [1024, 1024]`: 1.4-2.5x faster at 16 rows with a
+/// transposed B, 1.1-1.3x at 8 rows and even at 16 with a plain one.
+const MAX_ROWS_TRANSPOSED_B: usize = 32;
+const MAX_ROWS: usize = 8;
+
+/// `c = alpha * a @ b + beta * c` for `a: [m, k]`, `b: [k, n]`, `c: [m, n]` with element
+/// strides `(rs*, cs*)`, bit for bit as `matrixmultiply::sgemm` computes it; this module's
+/// kernel for few rows, `matrixmultiply` otherwise.
+///
+/// # Safety
+/// As `matrixmultiply::sgemm`: the pointers are valid for every element the strides address,
+/// and `c` does not overlap `a` or `b`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn sgemm(
+    (m, k, n): (usize, usize, usize),
+    alpha: f32,
+    (a, rsa, csa): (*const f32, isize, isize),
+    (b, rsb, csb): (*const f32, isize, isize),
+    beta: f32,
+    (c, rsc, csc): (*mut f32, isize, isize),
+) {
+    #[cfg(target_arch = "x86_64")]
+    if takes_small_path((m, k, n), rsb, alpha) {
+        return small_sgemm(
+            (m, k, n),
+            alpha,
+            (a, rsa, csa),
+            (b, rsb, csb),
+            beta,
+            (c, rsc, csc),
+        );
+    }
+    matrixmultiply::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc);
+}
+
+/// Whether [`sgemm`] runs this module's kernel for the shape, B's row stride `rsb` (1: B is
+/// transposed) and `alpha`. Either path gives the same bits; this only picks the faster.
+pub fn takes_small_path((m, k, n): (usize, usize, usize), rsb: isize, alpha: f32) -> bool {
+    let max_rows = match (alpha == 1.0, rsb == 1) {
+        // Below 8 rows every `matrixmultiply` tile is partial, as every one here is.
+        (false, _) => 7,
+        (true, true) => MAX_ROWS_TRANSPOSED_B,
+        (true, false) => MAX_ROWS,
+    };
+    cfg!(target_arch = "x86_64") && (1..=max_rows).contains(&m) && k > 0 && n > 0 && has_fma_avx2()
+}
+
+/// The CPU features `matrixmultiply` picks its FMA kernel by (it ignores AVX-512 unless built
+/// with its `avx512` feature, which this workspace does not enable).
+fn has_fma_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Most elements of a transposed B that [`tile_transposed`] reads in place (256 KiB: half
+/// this machine's L2).
+const IN_REGS_MAX_B: usize = 1 << 16;
+
+/// Panel columns per vector register.
+const LANES: usize = 8;
+
+/// Rows and vectors of one register tile: `rows * vectors` accumulators, at least 8 of them
+/// when there are rows enough (an FMA's latency times the two FMA ports).
+fn tile_for(rows: usize) -> (usize, usize) {
+    match rows {
+        1 => (1, 8),
+        2 => (2, 4),
+        3 => (3, 2),
+        _ => (4, 2),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_sgemm(
+    (m, k, n): (usize, usize, usize),
+    alpha: f32,
+    (a, rsa, csa): (*const f32, isize, isize),
+    (b, rsb, csb): (*const f32, isize, isize),
+    beta: f32,
+    (c, rsc, csc): (*mut f32, isize, isize),
+) {
+    // One tile width for the whole call: the panel is packed once for all rows.
+    let (rows, nv) = tile_for(m);
+    let pw = nv * LANES;
+    let mut panel = vec![0f32; KC.min(k) * pw];
+    for j0 in (0..n).step_by(pw) {
+        let w = pw.min(n - j0);
+        for k0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - k0);
+            let b0 = b.offset(k0 as isize * rsb + j0 as isize * csb);
+            // B's rows are read in place when contiguous, the panel whole and read by one row
+            // tile only: a panel read again for every row tile is packed, since rows a
+            // power-of-two stride apart share a few L1 sets and would come from L2 each time.
+            // A transposed B read by one row tile is transposed straight into the sums: with
+            // one row, storing and reloading a panel cost more than the products. Not when B
+            // is larger than L2: the tile reads `pw` columns at once, more streams than the
+            // prefetchers follow, and the panel's eight at a time were 2.7x faster.
+            let one_tile = rows >= m && w == pw;
+            let in_regs = one_tile && rsb == 1 && k * n <= IN_REGS_MAX_B;
+            let (bp, bs) = if in_regs {
+                (b0, csb)
+            } else if one_tile && csb == 1 {
+                (b0, rsb)
+            } else {
+                pack_panel(&mut panel, b0, rsb, csb, kc, w, pw);
+                (panel.as_ptr(), pw as isize)
+            };
+            let fin = Finish {
+                alpha,
+                beta: if k0 == 0 { beta } else { 1.0 },
+                w,
+            };
+            let mut i0 = 0;
+            while i0 < m {
+                let (r, _) = tile_for(m - i0);
+                let ap = a.offset(i0 as isize * rsa + k0 as isize * csa);
+                let cp = c.offset(i0 as isize * rsc + j0 as isize * csc);
+                let blk = Block {
+                    kc,
+                    ap,
+                    rsa,
+                    csa,
+                    bp,
+                    bs,
+                    cp,
+                    rsc,
+                    csc,
+                };
+                match (r, nv) {
+                    (1, 8) if in_regs => tile_transposed::<1, 8>(&blk, &fin),
+                    (2, 4) if in_regs => tile_transposed::<2, 4>(&blk, &fin),
+                    (3, 2) if in_regs => tile_transposed::<3, 2>(&blk, &fin),
+                    (4, 2) if in_regs => tile_transposed::<4, 2>(&blk, &fin),
+                    (1, 8) => tile::<1, 8>(&blk, &fin),
+                    (2, 4) => tile::<2, 4>(&blk, &fin),
+                    (1, 2) => tile::<1, 2>(&blk, &fin),
+                    (2, 2) => tile::<2, 2>(&blk, &fin),
+                    (3, 2) => tile::<3, 2>(&blk, &fin),
+                    (4, 2) => tile::<4, 2>(&blk, &fin),
+                    _ => unreachable!("tile_for gives {r} rows for a call of {m} rows"),
+                }
+                i0 += r;
+            }
+        }
+    }
+}
+
+/// One register tile's operands: `kc` products from A's rows at `ap` and the panel at `bp`
+/// (row stride `bs`; for [`tile_transposed`], B itself with column stride `bs`), into C at `cp`.
+struct Block {
+    kc: usize,
+    ap: *const f32,
+    rsa: isize,
+    csa: isize,
+    bp: *const f32,
+    bs: isize,
+    cp: *mut f32,
+    rsc: isize,
+    csc: isize,
+}
+
+/// How a tile's sums reach C: `alpha`, this k-block's `beta` and the valid columns `w`.
+struct Finish {
+    alpha: f32,
+    beta: f32,
+    w: usize,
+}
+
+/// `R` rows by `NV * 8` columns: the sums over the block, then C as `matrixmultiply`'s masked
+/// tile writes it (see the module doc).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn tile<const R: usize, const NV: usize>(blk: &Block, fin: &Finish) {
+    let mut acc = [[_mm256_setzero_ps(); NV]; R];
+    let mut bp = blk.bp;
+    let mut ap = blk.ap;
+    for _ in 0..blk.kc {
+        let mut bv = [_mm256_setzero_ps(); NV];
+        for (v, x) in bv.iter_mut().enumerate() {
+            *x = _mm256_loadu_ps(bp.add(v * LANES));
+        }
+        for (r, row) in acc.iter_mut().enumerate() {
+            let av = _mm256_set1_ps(*ap.offset(r as isize * blk.rsa));
+            for (v, x) in row.iter_mut().enumerate() {
+                *x = _mm256_fmadd_ps(av, bv[v], *x);
+            }
+        }
+        bp = bp.offset(blk.bs);
+        ap = ap.offset(blk.csa);
+    }
+    finish(&acc, blk, fin);
+}
+
+/// As [`tile`], for a B whose columns are contiguous (`blk.bs` is its column stride): each 8x8
+/// block of B is transposed in registers and used at once, in the same order along k.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn tile_transposed<const R: usize, const NV: usize>(blk: &Block, fin: &Finish) {
+    let mut acc = [[_mm256_setzero_ps(); NV]; R];
+    let a = |r: usize, p: usize| *blk.ap.offset(r as isize * blk.rsa + p as isize * blk.csa);
+    let whole = blk.kc - blk.kc % LANES;
+    for p0 in (0..whole).step_by(LANES) {
+        for v in 0..NV {
+            let col = |j: usize| {
+                _mm256_loadu_ps(
+                    blk.bp
+                        .offset(p0 as isize + (v * LANES + j) as isize * blk.bs),
+                )
+            };
+            let t = transpose8([
+                col(0),
+                col(1),
+                col(2),
+                col(3),
+                col(4),
+                col(5),
+                col(6),
+                col(7),
+            ]);
+            for (q, bq) in t.iter().enumerate() {
+                for (r, row) in acc.iter_mut().enumerate() {
+                    row[v] = _mm256_fmadd_ps(_mm256_set1_ps(a(r, p0 + q)), *bq, row[v]);
+                }
+            }
+        }
+    }
+    for p in whole..blk.kc {
+        for v in 0..NV {
+            let e = |j: usize| {
+                *blk.bp
+                    .offset(p as isize + (v * LANES + j) as isize * blk.bs)
+            };
+            let bq = _mm256_setr_ps(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7));
+            for (r, row) in acc.iter_mut().enumerate() {
+                row[v] = _mm256_fmadd_ps(_mm256_set1_ps(a(r, p)), bq, row[v]);
+            }
+        }
+    }
+    finish(&acc, blk, fin);
+}
+
+/// Writes a tile's sums to C as `matrixmultiply`'s masked tile does (see the module doc).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn finish<const R: usize, const NV: usize>(
+    acc: &[[__m256; NV]; R],
+    blk: &Block,
+    fin: &Finish,
+) {
+    let alpha = _mm256_set1_ps(fin.alpha);
+    let zero = _mm256_setzero_ps();
+    for (r, row) in acc.iter().enumerate() {
+        let crow = blk.cp.offset(r as isize * blk.rsc);
+        for (v, x) in row.iter().enumerate() {
+            let t = _mm256_fmadd_ps(alpha, *x, zero);
+            let j0 = v * LANES;
+            if j0 >= fin.w {
+                break;
+            }
+            let cv = crow.offset(j0 as isize * blk.csc);
+            if blk.csc == 1 && j0 + LANES <= fin.w {
+                let out = if fin.beta == 0.0 {
+                    t
+                } else {
+                    _mm256_add_ps(
+                        _mm256_mul_ps(_mm256_loadu_ps(cv), _mm256_set1_ps(fin.beta)),
+                        t,
+                    )
+                };
+                _mm256_storeu_ps(cv, out);
+            } else {
+                let mut lanes = [0f32; LANES];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), t);
+                for (l, &tl) in lanes.iter().enumerate().take(fin.w - j0) {
+                    let p = cv.offset(l as isize * blk.csc);
+                    *p = if fin.beta == 0.0 {
+                        tl
+                    } else {
+                        *p * fin.beta + tl
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Copies `kc` rows of B's `w` columns at `b` (strides `rsb`, `csb`) into `panel` (row stride
+/// `pw`, columns past `w` zero). A transposed B (`rsb == 1`) is transposed 8x8 in registers.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn pack_panel(
+    panel: &mut [f32],
+    b: *const f32,
+    rsb: isize,
+    csb: isize,
+    kc: usize,
+    w: usize,
+    pw: usize,
+) {
+    let out = panel.as_mut_ptr();
+    let mut p0 = 0;
+    if csb == 1 && w == pw {
+        for p in 0..kc {
+            let (src, dst) = (b.offset(p as isize * rsb), out.add(p * pw));
+            for j in (0..pw).step_by(LANES) {
+                _mm256_storeu_ps(dst.add(j), _mm256_loadu_ps(src.add(j)));
+            }
+        }
+        return;
+    }
+    if rsb == 1 && w == pw {
+        // Eight columns at a time down the whole block: eight sequential read streams (all
+        // `pw` columns at once put `pw` lines a row stride apart in play, which for power-of-two
+        // strides share a few L1 sets and evict each other).
+        p0 = kc - kc % LANES;
+        for g in (0..pw).step_by(LANES) {
+            for q in (0..p0).step_by(LANES) {
+                let col = |j: usize| _mm256_loadu_ps(b.offset(q as isize + (g + j) as isize * csb));
+                let t = transpose8([
+                    col(0),
+                    col(1),
+                    col(2),
+                    col(3),
+                    col(4),
+                    col(5),
+                    col(6),
+                    col(7),
+                ]);
+                for (p, v) in t.iter().enumerate() {
+                    _mm256_storeu_ps(out.add((q + p) * pw + g), *v);
+                }
+            }
+        }
+    }
+    for p in p0..kc {
+        let row = out.add(p * pw);
+        for j in 0..pw {
+            *row.add(j) = if j < w {
+                *b.offset(p as isize * rsb + j as isize * csb)
+            } else {
+                0.0
+            };
+        }
+    }
+}
+
+/// `out[p][j] = rows[j][p]` for an 8x8 block of f32.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(s0, s4),
+        _mm256_permute2f128_ps::<0x20>(s1, s5),
+        _mm256_permute2f128_ps::<0x20>(s2, s6),
+        _mm256_permute2f128_ps::<0x20>(s3, s7),
+        _mm256_permute2f128_ps::<0x31>(s0, s4),
+        _mm256_permute2f128_ps::<0x31>(s1, s5),
+        _mm256_permute2f128_ps::<0x31>(s2, s6),
+        _mm256_permute2f128_ps::<0x31>(s3, s7),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deterministic f32 sequence in [-1, 1), with some exact zeros.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                if i % 11 == 3 {
+                    0.0
+                } else {
+                    (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+                }
+            })
+            .collect()
+    }
+
+    /// A matrix of `rows x cols` in a buffer, addressed with the strides given.
+    struct Strided {
+        data: Vec<f32>,
+        rs: isize,
+        cs: isize,
+    }
+
+    /// `rows x cols`: row-major, column-major, or every other element of a row-major buffer.
+    fn matrix(rows: usize, cols: usize, kind: &str, seed: u64) -> Strided {
+        let (rs, cs, len) = match kind {
+            "rows" => (cols as isize, 1, rows * cols),
+            "cols" => (1, rows as isize, rows * cols),
+            _ => (2 * cols as isize, 2, 2 * rows * cols),
+        };
+        Strided {
+            data: values(len, seed),
+            rs,
+            cs,
+        }
+    }
+
+    /// C from this module's `sgemm` and from `matrixmultiply::sgemm` on the same operands.
+    fn both(
+        (m, k, n): (usize, usize, usize),
+        (a_kind, b_kind): (&str, &str),
+        alpha: f32,
+        beta: f32,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let a = matrix(m, k, a_kind, 1 + (m * 31 + k) as u64);
+        let b = matrix(k, n, b_kind, 2 + (k * 17 + n) as u64);
+        let c0 = values(m * n, 3);
+        let (mut ours, mut theirs) = (c0.clone(), c0);
+        unsafe {
+            sgemm(
+                (m, k, n),
+                alpha,
+                (a.data.as_ptr(), a.rs, a.cs),
+                (b.data.as_ptr(), b.rs, b.cs),
+                beta,
+                (ours.as_mut_ptr(), n as isize, 1),
+            );
+            matrixmultiply::sgemm(
+                m,
+                k,
+                n,
+                alpha,
+                a.data.as_ptr(),
+                a.rs,
+                a.cs,
+                b.data.as_ptr(),
+                b.rs,
+                b.cs,
+                beta,
+                theirs.as_mut_ptr(),
+                n as isize,
+                1,
+            );
+        }
+        (ours, theirs)
+    }
+
+    fn assert_same_bits(ours: &[f32], theirs: &[f32], what: &str) {
+        for (i, (x, y)) in ours.iter().zip(theirs).enumerate() {
+            assert_eq!(x.to_bits(), y.to_bits(), "{what}: element {i}: {x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn few_rows_match_matrixmultiply_bit_for_bit_on_every_layout() {
+        let layouts = [
+            ("rows", "rows"),
+            ("rows", "cols"),
+            ("cols", "rows"),
+            ("gap", "gap"),
+        ];
+        for m in [1, 2, 3, 4, 5, 7, 8, 9, 16, 31, 32] {
+            for k in [1, 9, 256, 257, 600] {
+                for n in [1, 7, 16, 70] {
+                    for layout in layouts {
+                        for (alpha, beta) in [(1.0, 0.0), (1.0, 1.0), (1.0, 0.5), (0.5, 2.0)] {
+                            let (ours, theirs) = both((m, k, n), layout, alpha, beta);
+                            let what = format!("{m}x{k}x{n} {layout:?} alpha {alpha} beta {beta}");
+                            assert_same_bits(&ours, &theirs, &what);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_block_here_matches_the_same_rows_of_the_whole_product() {
+        // The runtime computes rows 40..45 of a 45-row GEMM on their own (a last block); the
+        // whole GEMM's rows 40..45 sit in matrixmultiply's full and partial tiles.
+        let (m, k, n) = (45, 600, 70);
+        let a = matrix(m, k, "rows", 5);
+        let b = matrix(k, n, "cols", 6);
+        let mut whole = vec![0f32; m * n];
+        let mut block = vec![0f32; 5 * n];
+        unsafe {
+            matrixmultiply::sgemm(
+                m,
+                k,
+                n,
+                1.0,
+                a.data.as_ptr(),
+                a.rs,
+                a.cs,
+                b.data.as_ptr(),
+                b.rs,
+                b.cs,
+                0.0,
+                whole.as_mut_ptr(),
+                n as isize,
+                1,
+            );
+            assert!(takes_small_path((5, k, n), b.rs, 1.0) || !has_fma_avx2());
+            sgemm(
+                (5, k, n),
+                1.0,
+                (a.data.as_ptr().add(40 * k), a.rs, a.cs),
+                (b.data.as_ptr(), b.rs, b.cs),
+                0.0,
+                (block.as_mut_ptr(), n as isize, 1),
+            );
+        }
+        assert_same_bits(&block, &whole[40 * n..], "rows 40..45 of 45");
+    }
+
+    #[test]
+    fn beta_zero_ignores_what_c_held() {
+        let (m, k, n) = (3, 20, 24);
+        let a = matrix(m, k, "rows", 7);
+        let b = matrix(k, n, "cols", 8);
+        let mut c = vec![f32::NAN; m * n];
+        unsafe {
+            sgemm(
+                (m, k, n),
+                1.0,
+                (a.data.as_ptr(), a.rs, a.cs),
+                (b.data.as_ptr(), b.rs, b.cs),
+                0.0,
+                (c.as_mut_ptr(), n as isize, 1),
+            );
+        }
+        assert!(c.iter().all(|x| x.is_finite()), "{c:?}");
+    }
+
+    #[test]
+    fn scaled_products_of_eight_or_more_rows_stay_with_matrixmultiply() {
+        // Its full tiles round alpha * acc + c once, a partial tile twice: only alpha == 1
+        // makes them agree, so a scaled product of a full tile's rows is left to it.
+        assert!(!takes_small_path((8, 64, 64), 1, 0.5));
+        assert!(!takes_small_path((8, 64, 64), 64, 2.0));
+    }
+}
