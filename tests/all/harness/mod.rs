@@ -486,23 +486,14 @@ impl Case {
     }
 }
 
-/// On PJRT, defer mode flushes after this many cases. XLA's compile time grows faster than the
-/// module (a 2,000-op flush of the binary sweep took 3.5 minutes to compile, 12x the ops of a
-/// 170-op flush at 30x its time), so one flush per sweep cost CI minutes without lowering any
-/// op another way: each op is still recorded, planned and lowered into a whole-flush module
-/// with many others.
-const PJRT_CASES_PER_FLUSH: usize = 128;
-
 /// Records every case (inputs placed as asked, then released: pending work must keep them
 /// alive) on one runtime per mode, asserts the modes agree bit for bit, and returns the
 /// reference mismatches.
 pub fn run_cases(cases: &[Case]) -> Vec<String> {
     let outs = run_in_every_mode(|rt| {
-        let chunked = rt.backend_name() == "pjrt" && rt.mode() == Mode::Defer;
         cases
             .iter()
-            .enumerate()
-            .map(|(n, c)| {
+            .map(|c| {
                 let ins: Vec<Input> = c
                     .inputs
                     .iter()
@@ -519,9 +510,6 @@ pub fn run_cases(cases: &[Case]) -> Vec<String> {
                     if let Input::Tensor(h) = i {
                         rt.release(h).unwrap();
                     }
-                }
-                if chunked && (n + 1) % PJRT_CASES_PER_FLUSH == 0 {
-                    rt.synchronize(0).expect("synchronize");
                 }
                 (c.name.clone(), out)
             })
