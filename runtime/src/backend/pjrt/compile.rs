@@ -1,8 +1,9 @@
 //! Where XLA compiles happen, and their accounting: an executable for a program at a signature
 //! comes from this process's memo (`process`), else the disk cache (`DEFERFUSE_CACHE_DIR`),
-//! else XLA. The backend's counters (`compiles`, `compile_ns`, `disk_hits`) are bumped here, at
-//! the real compile or load, so the runtime's `programs_compiled` and `compile_ns` report what
-//! XLA cost rather than the lazy program objects `Backend::compile` makes.
+//! else an executable this process compiled from the same module text, else XLA. The backend's
+//! counters (`compiles`, `compile_ns`, `disk_hits`) are bumped here, at the real compile or
+//! load, so the runtime's `programs_compiled` and `compile_ns` report what XLA cost rather than
+//! the lazy program objects `Backend::compile` makes.
 
 use super::client::Executable;
 use super::Shared;
@@ -74,13 +75,27 @@ pub fn executable(
             &mlir,
         );
     }
-    let exe = shared
-        .client
-        .compile(&mlir)
-        .map_err(|e| Error::Backend(format!("{e}\nwhile compiling region {}\n{mlir}", what())));
-    counters.compiles.fetch_add(1, Ordering::Relaxed);
-    counters.compile_ns.fetch_add(spent(), Ordering::Relaxed);
-    let exe = exe?;
+    // Another region may have emitted this very module (one whose views the staging erased):
+    // its executable is this one's, so XLA is not asked again.
+    let text = xxhash_rust::xxh3::xxh3_128(mlir.as_bytes());
+    let exe = match shared.device.executable_by_text(text) {
+        Some(exe) => {
+            tracing::debug!(region = %what(), "module text already compiled in this process");
+            exe
+        }
+        None => {
+            let exe = shared.client.compile(&mlir).map_err(|e| {
+                Error::Backend(format!("{e}\nwhile compiling region {}\n{mlir}", what()))
+            });
+            counters.compiles.fetch_add(1, Ordering::Relaxed);
+            counters.compile_ns.fetch_add(spent(), Ordering::Relaxed);
+            let exe = Arc::new(exe?);
+            shared.device.keep_by_text(text, exe.clone());
+            exe
+        }
+    };
+    // Written under this program's key even when the text was compiled for another region: a
+    // later process looks it up by this key before it has any module text.
     if let Some((d, k)) = &disk {
         // A cache that cannot be written only costs a recompile next time.
         match exe.serialize() {
@@ -92,7 +107,6 @@ pub fn executable(
             Err(e) => tracing::warn!("PJRT executable cannot be serialized: {e}"),
         }
     }
-    let exe = Arc::new(exe);
     shared
         .device
         .keep_executable(fingerprint.0, key.to_vec(), exe.clone());
