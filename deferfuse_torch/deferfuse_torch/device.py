@@ -27,7 +27,7 @@ _STAT_FIELDS = [
     "cache_evictions", "compile_ns", "bytes_allocated", "dead_nodes", "unmaterialized",
     "plans_reused", "host_cache_hits", "host_cache_misses", "host_cached_bytes",
 ]
-_CUT_REASONS = ["unfusable", "shape", "layout", "reduction", "max_ops", "host_read"]
+_CUT_REASONS = ["unfusable", "shape", "layout", "reduction", "max_ops"]
 _SYNC_REASONS = ["host_read", "synchronize", "event", "max_pending", "cross_stream",
                  "mode_switch", "memory_bound", "data_dependent_size"]
 

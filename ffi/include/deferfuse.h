@@ -50,7 +50,7 @@
 /**
  * How many entries `DfuseStats.cuts` has (one per `DfuseCutReason`).
  */
-#define DFUSE_CUT_REASON_COUNT 6
+#define DFUSE_CUT_REASON_COUNT 5
 
 /**
  * What every `dfuse_*` call returns (except `dfuse_last_error` and `dfuse_version`).
@@ -325,11 +325,6 @@ enum DfuseCutReason
    * The loop reached `max_ops_per_region`.
    */
   DFUSE_CUT_REASON_MAX_OPS = 4,
-  /**
-   * PJRT: a host read's flush ends the program it waits for at the read's value; the rest
-   * of the flush is a second program that runs while the host goes on.
-   */
-  DFUSE_CUT_REASON_HOST_READ = 5,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

@@ -23,7 +23,7 @@ pub const DFUSE_MAX_REDUCE_DIMS: usize = 8;
 pub const DFUSE_SYNC_REASON_COUNT: usize = 8;
 
 /// How many entries `DfuseStats.cuts` has (one per `DfuseCutReason`).
-pub const DFUSE_CUT_REASON_COUNT: usize = 6;
+pub const DFUSE_CUT_REASON_COUNT: usize = 5;
 
 /// Eager modes, passed as `uint32_t`. The mode is per thread: `dfuse_mode_set`/`push`/`pop`
 /// change the calling thread's mode only, and that mode applies to every runtime the thread
@@ -121,9 +121,6 @@ pub enum DfuseCutReason {
     Reduction = 3,
     /// The loop reached `max_ops_per_region`.
     MaxOps = 4,
-    /// PJRT: a host read's flush ends the program it waits for at the read's value; the rest
-    /// of the flush is a second program that runs while the host goes on.
-    HostRead = 5,
 }
 
 /// `DfuseScalar.kind`: which field of the scalar holds its value.

@@ -115,10 +115,7 @@ impl Executor {
         let mut buffers = std::mem::take(&mut pending.buffers);
         pending.bytes = 0;
         self.counters.sync(reason);
-        let mut opts = self.plan_options();
-        if reason == SyncReason::HostRead && opts.capabilities.fuses_whole_programs {
-            opts.read_node = read.and_then(|b| nodes.iter().rposition(|n| n.output.buffer == b));
-        }
+        let opts = self.plan_options();
         // The key was built as the nodes were recorded: only liveness is added here.
         let t0 = self.timeline.on().then(|| self.timeline.now());
         let hash = buffers.finish_key();
@@ -229,7 +226,6 @@ impl Executor {
             fuse: true,
             max_ops_per_region: self.max_ops_per_region,
             capabilities: self.backend.capabilities(),
-            read_node: None,
         }
     }
 

@@ -43,14 +43,11 @@ pub enum CutReason {
     /// The loop reached the configured maximum of ops per region (for whole programs:
     /// [`Capabilities::max_region_ops`]).
     MaxOps = 4,
-    /// On a backend that fuses whole programs: the flush runs for a host read, and the program
-    /// the read waits for ends at the read's value (see [`PlanOptions::read_node`]).
-    HostRead = 5,
 }
 
 impl CutReason {
     /// Number of reasons (the length of `Plan::cuts`).
-    pub const COUNT: usize = 6;
+    pub const COUNT: usize = 5;
 
     /// The reason's name in stats and logs.
     pub fn name(self) -> &'static str {
@@ -60,7 +57,6 @@ impl CutReason {
             CutReason::Layout => "layout",
             CutReason::Reduction => "reduction",
             CutReason::MaxOps => "max_ops",
-            CutReason::HostRead => "host_read",
         }
     }
 }
@@ -74,12 +70,6 @@ pub struct PlanOptions {
     pub max_ops_per_region: usize,
     /// What the backend takes in one region (loop regions, or whole programs).
     pub capabilities: Capabilities,
-    /// The last node writing the value a host read waits for, when the flush runs for one.
-    /// A whole-program plan closes its program after that node, so the read waits for the
-    /// part of the flush it needs (a training step's forward, for `loss.item()`) while the
-    /// rest (the backward and the optimizer) runs as a second program after it, as the host
-    /// goes on recording. Loop plans ignore it: their steps already end near the value.
-    pub read_node: Option<usize>,
 }
 
 impl Default for PlanOptions {
@@ -88,7 +78,6 @@ impl Default for PlanOptions {
             fuse: true,
             max_ops_per_region: 64,
             capabilities: Capabilities::LOOPS,
-            read_node: None,
         }
     }
 }
@@ -324,14 +313,7 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
     }
     let needed = needed_nodes(nodes, live, &mut plan);
     if opts.capabilities.fuses_whole_programs {
-        whole::plan(
-            nodes,
-            &needed,
-            live,
-            &opts.capabilities,
-            opts.read_node,
-            &mut plan,
-        );
+        whole::plan(nodes, &needed, live, &opts.capabilities, &mut plan);
         return plan;
     }
     let mut readers: HashMap<BufferId, Vec<usize>> = HashMap::default();

@@ -164,14 +164,12 @@ fn close(mut g: Graph, facts: &Facts, plan: &mut Plan) {
 }
 
 /// Plans the needed nodes of `nodes` into whole-program steps (and the steps of the ops the
-/// backend cannot take), appending to `plan`. With `read_node`, the program holding that node
-/// ends after it (see [`super::PlanOptions::read_node`]).
+/// backend cannot take), appending to `plan`.
 pub(super) fn plan(
     nodes: &[Node],
     needed: &[bool],
     live: &dyn Fn(BufferId) -> bool,
     caps: &Capabilities,
-    read_node: Option<usize>,
     plan: &mut Plan,
 ) {
     let mut seen: HashSet<BufferId> = HashSet::default();
@@ -205,9 +203,6 @@ pub(super) fn plan(
     for (i, node) in nodes.iter().enumerate().filter(|(i, _)| needed[*i]) {
         let why = if !takes(node) {
             Some(CutReason::Unfusable)
-        } else if read_node.is_some_and(|r| r < i && graph.nodes.last().is_some_and(|&l| l <= r)) {
-            // The graph holds the read's value: what follows goes into the next program.
-            Some(CutReason::HostRead)
         } else if graph.nodes.len() >= caps.max_region_ops {
             Some(CutReason::MaxOps)
         } else if graph.dtype_conflict(node) {
