@@ -245,16 +245,7 @@ unsafe fn tile_transposed<const R: usize, const NV: usize>(blk: &Block, fin: &Fi
                         .offset(p0 as isize + (v * LANES + j) as isize * blk.bs),
                 )
             };
-            let t = transpose8([
-                col(0),
-                col(1),
-                col(2),
-                col(3),
-                col(4),
-                col(5),
-                col(6),
-                col(7),
-            ]);
+            let t = transpose8(std::array::from_fn(col));
             for (q, bq) in t.iter().enumerate() {
                 for (r, row) in acc.iter_mut().enumerate() {
                     row[v] = _mm256_fmadd_ps(_mm256_set1_ps(a(r, p0 + q)), *bq, row[v]);
@@ -354,16 +345,7 @@ unsafe fn pack_panel(
         for g in (0..pw).step_by(LANES) {
             for q in (0..p0).step_by(LANES) {
                 let col = |j: usize| _mm256_loadu_ps(b.offset(q as isize + (g + j) as isize * csb));
-                let t = transpose8([
-                    col(0),
-                    col(1),
-                    col(2),
-                    col(3),
-                    col(4),
-                    col(5),
-                    col(6),
-                    col(7),
-                ]);
+                let t = transpose8(std::array::from_fn(col));
                 for (p, v) in t.iter().enumerate() {
                     _mm256_storeu_ps(out.add((q + p) * pw + g), *v);
                 }
