@@ -1,12 +1,9 @@
-//! A host read waits for what it reads: a deferred flush run for a read hands the steps after
-//! the read value's writer to the stream, so the host goes on (a training loop records its
-//! next step) while they run. Results, stream order and error reporting stay as specified.
-//! Runs on either backend; on PJRT a flush is one program (`DEFERFUSE_BACKEND=pjrt`), so
-//! nothing is left to run after the read unless the flush was cut for another reason.
+//! A host read in defer mode: it reads the value its flush computed, reports the failures of
+//! the work it waited for and not those of later work, and later reads see what the flush
+//! wrote in place after the value, in stream order.
 
 use crate::harness::*;
 use deferfuse::{BinaryOp, DType, Error, Handle, Mode, Op, ReduceOp, Runtime, UnaryOp};
-use serde_json::Value;
 
 /// x (8x8, values k/64), its sum of squares `loss`, then `tail = exp(x @ x)`: a matmul and a
 /// loop after the loss, as a training step's backward follows its loss.
@@ -32,73 +29,16 @@ fn tail_ref(xs: &[f64]) -> Vec<f64> {
     out
 }
 
-/// Runs `f` with the timeline on and returns its flush spans' `after_read` arguments.
-fn after_read_of_flushes(rt: &Runtime, f: impl FnOnce()) -> Vec<u64> {
-    let path = std::env::temp_dir().join(format!(
-        "dfuse-read-overlap-{}-{:?}.json",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    rt.trace_start(&path, 0).unwrap();
-    f();
-    rt.trace_stop().unwrap();
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&path);
-    v["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["cat"] == "flush" && e["ph"] == "X")
-        .map(|e| e["args"]["after_read"].as_u64().unwrap())
-        .collect()
-}
-
 #[test]
-fn a_host_read_hands_the_steps_after_its_value_to_the_stream() {
+fn a_read_gets_its_value_and_a_later_read_the_work_recorded_after_it() {
     let rt = runtime(Mode::Defer);
     let (loss, tail, xs) = loss_then_tail(&rt);
     let want: f64 = xs.iter().map(|v| v * v).sum();
-    let after = after_read_of_flushes(&rt, || {
-        let got = download(&rt, loss).data[0];
-        assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
-    });
-    assert_eq!(after.len(), 1, "one flush");
-    if on_pjrt() {
-        assert_eq!(after, [0], "one whole-flush program");
-    } else {
-        assert!(
-            after[0] >= 1,
-            "the matmul and exp run after the read: {after:?}"
-        );
-    }
+    let got = download(&rt, loss).data[0];
+    assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
     let got = download(&rt, tail).data;
     for (g, w) in got.iter().zip(tail_ref(&xs)) {
         assert!((g - w).abs() <= 1e-5 * w, "{g} vs {w}");
-    }
-}
-
-#[test]
-fn a_read_of_the_flush_s_last_value_waits_for_all_of_it() {
-    let rt = runtime(Mode::Defer);
-    let (_, tail, _) = loss_then_tail(&rt);
-    let after = after_read_of_flushes(&rt, || {
-        download(&rt, tail);
-    });
-    assert_eq!(after, [0]);
-}
-
-#[test]
-fn a_synchronize_waits_for_the_whole_flush() {
-    let rt = runtime(Mode::Defer);
-    let (loss, tail, _) = loss_then_tail(&rt);
-    let after = after_read_of_flushes(&rt, || rt.synchronize(0).unwrap());
-    assert_eq!(after, [0]);
-    for h in [loss, tail] {
-        assert_eq!(
-            rt.state(h).unwrap(),
-            deferfuse::BufferState::Materialized,
-            "a synchronize leaves nothing running"
-        );
     }
 }
 
