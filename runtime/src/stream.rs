@@ -32,6 +32,12 @@ pub struct Progress {
     done: AtomicU64,
 }
 
+/// Most jobs a stream's host may queue ahead of its worker (see [`Stream::throttle`]): more
+/// than a training step of a small model launches in strict mode (a bound of 32 made the
+/// 784-256-256-10 MLP's strict step slower: its host waited several times a step), few
+/// enough that a loop with no sync point holds a bounded number of outputs.
+pub const MAX_QUEUED: u64 = 256;
+
 /// How long a waiter (or an idle worker) spins before it sleeps: waking a sleeping thread costs
 /// tens of microseconds here, more than most small programs take to run.
 const SPIN: Duration = Duration::from_micros(50);
@@ -315,9 +321,25 @@ impl Stream {
         *n
     }
 
-    /// Queues `work`; returns its sequence number.
+    /// Queues `work`; returns its sequence number. Waits first while more than
+    /// [`MAX_QUEUED`] jobs are ahead of it.
     pub fn launch(&self, work: Work) -> u64 {
-        self.submit(Job::Run(work))
+        let seq = self.submit(Job::Run(work));
+        self.throttle(seq);
+        seq
+    }
+
+    /// Lets the host run ahead of the worker by at most [`MAX_QUEUED`] jobs: each queued job
+    /// holds its outputs' memory from its launch, so an unbounded lead (strict mode's host
+    /// records an op in microseconds, the worker may take a hundred to run it) would hold a
+    /// fresh block per op, page-faulted in by the worker, instead of reusing the blocks the
+    /// finished ops free; and it would count against the memory limit.
+    /// Past the bound it waits until half of it is left, so a host that stays ahead waits
+    /// once per [`MAX_QUEUED`] / 2 launches rather than at every one.
+    fn throttle(&self, seq: u64) {
+        if seq > MAX_QUEUED && self.progress.done.load(Ordering::Acquire) < seq - MAX_QUEUED {
+            self.progress.wait(seq - MAX_QUEUED / 2);
+        }
     }
 
     /// Runs `work` on the calling thread when the stream is idle (everything submitted has
@@ -332,7 +354,10 @@ impl Stream {
         if self.progress.done.load(Ordering::Acquire) < *n {
             *n += 1;
             let _ = self.sender.send(Job::Run(work));
-            return *n;
+            let seq = *n;
+            drop(n);
+            self.throttle(seq);
+            return seq;
         }
         *n += 1;
         self.progress.complete(run_work(work));

@@ -119,3 +119,28 @@ fn a_zero_byte_cache_never_holds_memory() {
     r.release(h).unwrap();
     assert_eq!(r.stats().host_cached_bytes, 0);
 }
+
+#[test]
+fn a_strict_loop_without_sync_points_holds_a_bounded_number_of_outputs() {
+    // Each op's output is allocated at its launch and freed when its job has run: a host that
+    // ran ahead without bound would hold one block per op it launched.
+    use deferfuse::runtime::stream::MAX_QUEUED;
+    let n = 1 << 16;
+    let block = (n * 4) as u64;
+    let ops = 2 * MAX_QUEUED + 100;
+    let r = rt(Mode::Strict, 1 << 30);
+    let x = r.from_host(&f32s(&vec![0.5; n]), DType::F32, &[n]).unwrap();
+    for _ in 0..ops {
+        let y = r
+            .op(0, Op::Unary(UnaryOp::Exp), &[Input::Tensor(x)], None)
+            .unwrap();
+        r.release(y).unwrap();
+    }
+    r.synchronize_all().unwrap();
+    let peak = r.memory().peak_live_bytes;
+    assert!(
+        peak <= (MAX_QUEUED + 4) * block + block,
+        "{ops} strict ops of {block} bytes each peaked at {} blocks live",
+        peak / block
+    );
+}
