@@ -37,7 +37,8 @@ const MAX_ROWS: usize = 8;
 
 /// `c = alpha * a @ b + beta * c` for `a: [m, k]`, `b: [k, n]`, `c: [m, n]` with element
 /// strides `(rs*, cs*)`, bit for bit as `matrixmultiply::sgemm` computes it; this module's
-/// kernel for few rows, `matrixmultiply` otherwise.
+/// kernel for few rows, `packed_gemm`'s for more when alpha is 1, `matrixmultiply` otherwise
+/// (scaled products of 8+ rows, CPUs without AVX2 and FMA).
 ///
 /// # Safety
 /// As `matrixmultiply::sgemm`: the pointers are valid for every element the strides address,
