@@ -75,10 +75,11 @@ pub unsafe fn sgemm(
     PANELS.with(|cell| {
         let mut buf = cell.borrow_mut();
         let panels = KC.min(k) * NC.min(n.next_multiple_of(NR));
-        let rows = if csa == 1 {
-            0
+        // Room for `pack_rows`'s last 8-wide store past its last tile's last k.
+        let rows = if packs_rows(rsa, csa) {
+            MC.next_multiple_of(MR) * KC.min(k) + LANES
         } else {
-            MC.next_multiple_of(MR) * KC.min(k)
+            0
         };
         if buf.len() < panels + rows {
             buf.resize(panels + rows, 0.0);
@@ -199,6 +200,8 @@ unsafe fn packed_sgemm(
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn pack_rows(out: &mut [f32], a: *const f32, csa: isize, mc: usize, kc: usize) {
+    // The stores below are 8 wide: the last one ends `LANES - MR` past the last tile.
+    assert!(out.len() >= mc.next_multiple_of(MR) * kc + LANES - MR);
     for t in (0..mc).step_by(MR) {
         let rows = MR.min(mc - t);
         let (src, dst) = (a.add(t), out.as_mut_ptr().add(t * kc));
