@@ -1,6 +1,7 @@
 //! Matmul on the host: f32/f64 through `matrixmultiply` (strided, so views need no copy; f32
-//! products of few rows through `small_gemm`, same bits), f16 and bf16 through f32, integers
-//! through a plain wrapping loop (rare in practice).
+//! products through `small_gemm::sgemm`, which runs its own kernel for few rows and
+//! `packed_gemm`'s for more, same bits), f16 and bf16 through f32, integers through a plain
+//! wrapping loop (rare in practice).
 
 use super::small_gemm;
 use deferfuse_fusion::ir::{DType, Layout};

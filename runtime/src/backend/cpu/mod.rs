@@ -7,6 +7,7 @@ mod columns;
 mod jit_calls;
 mod lanes;
 mod matmul;
+mod packed_gemm;
 mod parallel;
 mod small_gemm;
 mod stash;

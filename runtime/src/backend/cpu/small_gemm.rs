@@ -25,7 +25,7 @@ use std::arch::x86_64::*;
 /// `matrixmultiply`'s sgemm k-block (`S_KC`): where its per-element sums restart from zero.
 /// The tests compare against `matrixmultiply` for k across several blocks, so a different value
 /// there fails them.
-const KC: usize = 256;
+pub(super) const KC: usize = 256;
 
 /// Most output rows per call that take this path when B is transposed (`x @ W.t()`, `q @ k^T`),
 /// and when it is not: above them `matrixmultiply`'s packed 8x8 kernel is as fast (its packing
@@ -37,7 +37,8 @@ const MAX_ROWS: usize = 8;
 
 /// `c = alpha * a @ b + beta * c` for `a: [m, k]`, `b: [k, n]`, `c: [m, n]` with element
 /// strides `(rs*, cs*)`, bit for bit as `matrixmultiply::sgemm` computes it; this module's
-/// kernel for few rows, `matrixmultiply` otherwise.
+/// kernel for few rows, `packed_gemm`'s for more when alpha is 1, `matrixmultiply` otherwise
+/// (scaled products of 8+ rows, CPUs without AVX2 and FMA).
 ///
 /// # Safety
 /// As `matrixmultiply::sgemm`: the pointers are valid for every element the strides address,
@@ -62,6 +63,16 @@ pub unsafe fn sgemm(
             (c, rsc, csc),
         );
     }
+    #[cfg(target_arch = "x86_64")]
+    if super::packed_gemm::takes_packed_path((m, k, n), alpha) {
+        return super::packed_gemm::sgemm(
+            (m, k, n),
+            (a, rsa, csa),
+            (b, rsb, csb),
+            beta,
+            (c, rsc, csc),
+        );
+    }
     matrixmultiply::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc);
 }
 
@@ -79,7 +90,7 @@ pub fn takes_small_path((m, k, n): (usize, usize, usize), rsb: isize, alpha: f32
 
 /// The CPU features `matrixmultiply` picks its FMA kernel by (it ignores AVX-512 unless built
 /// with its `avx512` feature, which this workspace does not enable).
-fn has_fma_avx2() -> bool {
+pub(super) fn has_fma_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2")
@@ -93,7 +104,7 @@ fn has_fma_avx2() -> bool {
 const IN_REGS_MAX_B: usize = 1 << 16;
 
 /// Panel columns per vector register.
-const LANES: usize = 8;
+pub(super) const LANES: usize = 8;
 
 /// Rows and vectors of one register tile: `rows * vectors` accumulators, at least 8 of them
 /// when there are rows enough (an FMA's latency times the two FMA ports).
@@ -185,30 +196,30 @@ unsafe fn small_sgemm(
 
 /// One register tile's operands: `kc` products from A's rows at `ap` and the panel at `bp`
 /// (row stride `bs`; for [`tile_transposed`], B itself with column stride `bs`), into C at `cp`.
-struct Block {
-    kc: usize,
-    ap: *const f32,
-    rsa: isize,
-    csa: isize,
-    bp: *const f32,
-    bs: isize,
-    cp: *mut f32,
-    rsc: isize,
-    csc: isize,
+pub(super) struct Block {
+    pub(super) kc: usize,
+    pub(super) ap: *const f32,
+    pub(super) rsa: isize,
+    pub(super) csa: isize,
+    pub(super) bp: *const f32,
+    pub(super) bs: isize,
+    pub(super) cp: *mut f32,
+    pub(super) rsc: isize,
+    pub(super) csc: isize,
 }
 
 /// How a tile's sums reach C: `alpha`, this k-block's `beta` and the valid columns `w`.
-struct Finish {
-    alpha: f32,
-    beta: f32,
-    w: usize,
+pub(super) struct Finish {
+    pub(super) alpha: f32,
+    pub(super) beta: f32,
+    pub(super) w: usize,
 }
 
 /// `R` rows by `NV * 8` columns: the sums over the block, then C as `matrixmultiply`'s masked
 /// tile writes it (see the module doc).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn tile<const R: usize, const NV: usize>(blk: &Block, fin: &Finish) {
+pub(super) unsafe fn tile<const R: usize, const NV: usize>(blk: &Block, fin: &Finish) {
     let mut acc = [[_mm256_setzero_ps(); NV]; R];
     let mut bp = blk.bp;
     let mut ap = blk.ap;
@@ -271,7 +282,7 @@ unsafe fn tile_transposed<const R: usize, const NV: usize>(blk: &Block, fin: &Fi
 /// Writes a tile's sums to C as `matrixmultiply`'s masked tile does (see the module doc).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn finish<const R: usize, const NV: usize>(
+pub(super) unsafe fn finish<const R: usize, const NV: usize>(
     acc: &[[__m256; NV]; R],
     blk: &Block,
     fin: &Finish,
@@ -317,7 +328,7 @@ unsafe fn finish<const R: usize, const NV: usize>(
 /// `pw`, columns past `w` zero). A transposed B (`rsb == 1`) is transposed 8x8 in registers.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn pack_panel(
+pub(super) unsafe fn pack_panel(
     panel: &mut [f32],
     b: *const f32,
     rsb: isize,
@@ -365,11 +376,11 @@ unsafe fn pack_panel(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// A deterministic f32 sequence in [-1, 1), with some exact zeros.
-    fn values(n: usize, seed: u64) -> Vec<f32> {
+    pub(in crate::backend::cpu) fn values(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..n)
             .map(|i| {
@@ -386,14 +397,19 @@ mod tests {
     }
 
     /// A matrix of `rows x cols` in a buffer, addressed with the strides given.
-    struct Strided {
-        data: Vec<f32>,
-        rs: isize,
-        cs: isize,
+    pub(in crate::backend::cpu) struct Strided {
+        pub(in crate::backend::cpu) data: Vec<f32>,
+        pub(in crate::backend::cpu) rs: isize,
+        pub(in crate::backend::cpu) cs: isize,
     }
 
     /// `rows x cols`: row-major, column-major, or every other element of a row-major buffer.
-    fn matrix(rows: usize, cols: usize, kind: &str, seed: u64) -> Strided {
+    pub(in crate::backend::cpu) fn matrix(
+        rows: usize,
+        cols: usize,
+        kind: &str,
+        seed: u64,
+    ) -> Strided {
         let (rs, cs, len) = match kind {
             "rows" => (cols as isize, 1, rows * cols),
             "cols" => (1, rows as isize, rows * cols),
@@ -446,7 +462,7 @@ mod tests {
         (ours, theirs)
     }
 
-    fn assert_same_bits(ours: &[f32], theirs: &[f32], what: &str) {
+    pub(in crate::backend::cpu) fn assert_same_bits(ours: &[f32], theirs: &[f32], what: &str) {
         for (i, (x, y)) in ours.iter().zip(theirs).enumerate() {
             assert_eq!(x.to_bits(), y.to_bits(), "{what}: element {i}: {x} vs {y}");
         }

@@ -1,0 +1,472 @@
+//! f32 GEMM of many rows, giving `matrixmultiply::sgemm`'s bits faster than it on AVX2+FMA cores.
+//!
+//! `matrixmultiply`'s 8x8 register tile issues 9 loads (8 broadcasts of A, one vector of B) per
+//! 8 FMAs; a core with two FMA ports and two vector loads per cycle is then load-bound. Here the
+//! tile is 6 rows by 16 columns: 6 broadcasts and 2 loads per 12 FMAs, so the FMAs bound it.
+//! B is packed once per call into 16-wide panels ([`NC`] columns by one k-block at a time, a
+//! block that stays in L2 while every row of A passes over it); A is read in place, or copied
+//! into row tiles when it is transposed with a long stride ([`PACK_ROWS_MIN_STRIDE`]). The
+//! tile's C lines are prefetched before its products ([`prefetch_c`]).
+//!
+//! Bit-identity: every element is summed as `small_gemm`'s module doc says `matrixmultiply`
+//! sums it (per [`KC`]-long k-block in k order, `acc = fma(a, b, acc)` from +0, then C updated
+//! once per block with `small_gemm`'s write-back), so the bits do not depend on the tile shape,
+//! the blocking or which of the three kernels a row block reaches. Only for `alpha == 1`, where
+//! `matrixmultiply`'s full and partial tiles agree. The tile's edges (the last rows, the last
+//! columns of a panel padded with zeros) keep that order per element, so they need no care.
+
+#[cfg(target_arch = "x86_64")]
+use super::small_gemm::{finish, pack_panel, tile, Block, Finish, LANES};
+use super::small_gemm::{has_fma_avx2, KC};
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Rows of one register tile (with two vectors of columns: 12 accumulators of the 16 registers).
+const MR: usize = 6;
+
+/// Columns of one packed panel: two vectors.
+#[cfg(target_arch = "x86_64")]
+const NR: usize = 2 * LANES;
+
+/// Columns of B packed at once: `KC * NC` floats is 256 KiB, half this machine's L2, so the
+/// packed block stays there while every row tile reads it.
+const NC: usize = 256;
+
+/// Rows of A that pass over the packed block before the next panel: `MC * KC` floats of A
+/// (72 KiB) stay in L2 while each 16-column panel (16 KiB) sits in L1.
+const MC: usize = 72;
+
+/// Fewest rows this kernel takes: below them each row tile of 6 would be mostly partial, and
+/// `small_gemm` takes most such products anyway.
+const MIN_ROWS: usize = 8;
+
+thread_local! {
+    /// The packed B block, kept between calls: a fresh 256 KiB buffer is a fresh mapping per
+    /// call (page faults on every batch of a `bmm`).
+    static PANELS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether [`sgemm`] takes the shape: `alpha == 1` (see the module doc), enough rows, and a CPU
+/// with the FMA kernel `matrixmultiply` would run.
+pub fn takes_packed_path((m, k, n): (usize, usize, usize), alpha: f32) -> bool {
+    cfg!(target_arch = "x86_64")
+        && alpha == 1.0
+        && m >= MIN_ROWS
+        && k > 0
+        && n > 0
+        && has_fma_avx2()
+}
+
+/// `c = a @ b + beta * c` for `a: [m, k]`, `b: [k, n]`, `c: [m, n]` with element strides
+/// `(rs*, cs*)`, bit for bit as `matrixmultiply::sgemm` computes it with `alpha == 1`.
+///
+/// # Safety
+/// As `matrixmultiply::sgemm`: the pointers are valid for every element the strides address,
+/// and `c` does not overlap `a` or `b`; [`takes_packed_path`] holds for the shape.
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn sgemm(
+    (m, k, n): (usize, usize, usize),
+    (a, rsa, csa): (*const f32, isize, isize),
+    (b, rsb, csb): (*const f32, isize, isize),
+    beta: f32,
+    (c, rsc, csc): (*mut f32, isize, isize),
+) {
+    PANELS.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        let panels = KC.min(k) * NC.min(n.next_multiple_of(NR));
+        // Room for `pack_rows`'s last 8-wide store past its last tile's last k.
+        let rows = if packs_rows(rsa, csa) {
+            MC.next_multiple_of(MR) * KC.min(k) + LANES
+        } else {
+            0
+        };
+        if buf.len() < panels + rows {
+            buf.resize(panels + rows, 0.0);
+        }
+        let (panels, rows) = buf.split_at_mut(panels);
+        packed_sgemm(
+            (m, k, n),
+            (a, rsa, csa),
+            (b, rsb, csb),
+            beta,
+            (c, rsc, csc),
+            (panels, rows),
+        );
+    });
+}
+
+/// Fewest floats between one k and the next in a transposed A for [`sgemm`] to copy A's row
+/// tiles together: from a page apart, a tile read in place puts each of its k on another page
+/// and line (24 bytes of each used), and every one misses the TLB for a vocabulary-sized
+/// stride. GPT-2's tied-embedding gradient `[50257, 1024] @ [1024, 128]` ran 6-8% faster
+/// packed; the layers' `[384..512, 1024] @ [1024, 128]` ran as fast either way, and attention's
+/// `p^T @ dO` (a stride of 64) slower packed, the copy being a larger share of a small product.
+const PACK_ROWS_MIN_STRIDE: isize = 1024;
+
+/// Whether [`sgemm`] copies A's row tiles together for A's strides (see
+/// [`PACK_ROWS_MIN_STRIDE`]); otherwise it reads A in place.
+fn packs_rows(rsa: isize, csa: isize) -> bool {
+    rsa == 1 && csa >= PACK_ROWS_MIN_STRIDE
+}
+
+/// [`sgemm`]'s loops: column blocks of [`NC`], k-blocks in order (each packed once), row blocks
+/// of [`MC`], 16-column panels, then row tiles of [`MR`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn packed_sgemm(
+    (m, k, n): (usize, usize, usize),
+    (a, rsa, csa): (*const f32, isize, isize),
+    (b, rsb, csb): (*const f32, isize, isize),
+    beta: f32,
+    (c, rsc, csc): (*mut f32, isize, isize),
+    (panels, a_rows): (&mut [f32], &mut [f32]),
+) {
+    for jc in (0..n).step_by(NC) {
+        let count = NC.min(n - jc).div_ceil(NR);
+        for k0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - k0);
+            for p in 0..count {
+                let j0 = jc + p * NR;
+                pack_panel(
+                    &mut panels[p * kc * NR..(p + 1) * kc * NR],
+                    b.offset(k0 as isize * rsb + j0 as isize * csb),
+                    rsb,
+                    csb,
+                    kc,
+                    NR.min(n - j0),
+                    NR,
+                );
+            }
+            // `matrixmultiply` scales C by beta on the first k-block only.
+            let beta = if k0 == 0 { beta } else { 1.0 };
+            for ic in (0..m).step_by(MC) {
+                let rows_end = (ic + MC).min(m);
+                let a_ic = a.offset(ic as isize * rsa + k0 as isize * csa);
+                let packed = packs_rows(rsa, csa);
+                if packed {
+                    pack_rows(a_rows, a_ic, csa, rows_end - ic, kc);
+                }
+                // Row `i`'s tile of A and its strides: in place, or its packed tile.
+                let a_tile = |i: usize| {
+                    if packed {
+                        (a_rows.as_ptr().add((i - ic) * kc), 1, MR as isize)
+                    } else {
+                        (a_ic.offset((i - ic) as isize * rsa), rsa, csa)
+                    }
+                };
+                for p in 0..count {
+                    let j0 = jc + p * NR;
+                    let fin = Finish {
+                        alpha: 1.0,
+                        beta,
+                        w: NR.min(n - j0),
+                    };
+                    let mut i = ic;
+                    while i < rows_end {
+                        let rows = MR.min(rows_end - i);
+                        let (ap, rsa, csa) = a_tile(i);
+                        let blk = Block {
+                            kc,
+                            ap,
+                            rsa,
+                            csa,
+                            bp: panels.as_ptr().add(p * kc * NR),
+                            bs: NR as isize,
+                            cp: c.offset(i as isize * rsc + j0 as isize * csc),
+                            rsc,
+                            csc,
+                        };
+                        prefetch_c(&blk, rows);
+                        match rows {
+                            6 if fin.w == NR && csc == 1 => store_full(&kernel(&blk), &blk, beta),
+                            6 => finish(&kernel(&blk), &blk, &fin),
+                            5 => tile::<5, 2>(&blk, &fin),
+                            4 => tile::<4, 2>(&blk, &fin),
+                            3 => tile::<3, 2>(&blk, &fin),
+                            2 => tile::<2, 2>(&blk, &fin),
+                            _ => tile::<1, 2>(&blk, &fin),
+                        }
+                        i += rows;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Copies `mc` rows of a transposed A's `kc` columns at `a` (column stride `csa`) into `out`
+/// as row tiles of [`MR`]: tile `t` at `t * kc * MR`, its rows' elements of each k together.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn pack_rows(out: &mut [f32], a: *const f32, csa: isize, mc: usize, kc: usize) {
+    // The stores below are 8 wide: the last one ends `LANES - MR` past the last tile.
+    assert!(out.len() >= mc.next_multiple_of(MR) * kc + LANES - MR);
+    for t in (0..mc).step_by(MR) {
+        let rows = MR.min(mc - t);
+        let (src, dst) = (a.add(t), out.as_mut_ptr().add(t * kc));
+        // A tile's elements of one k are contiguous: one masked load (it reads nothing past the
+        // tile's rows) and an 8-wide store whose last lanes the next k overwrites (the buffer
+        // has room for the last one's).
+        let lanes: [i32; LANES] = std::array::from_fn(|l| if l < rows { -1 } else { 0 });
+        let mask = _mm256_loadu_si256(lanes.as_ptr() as *const __m256i);
+        for p in 0..kc {
+            let v = _mm256_maskload_ps(src.offset(p as isize * csa), mask);
+            _mm256_storeu_ps(dst.add(p * MR), v);
+        }
+    }
+}
+
+/// `small_gemm::finish` for a whole 6x16 tile of a row-major C with `alpha == 1`: the same
+/// operations per element less its `fma(alpha, acc, 0)`, which is `acc` itself for alpha 1 (a
+/// sum from +0 is never -0). On attention's k = 32 products that write-back is a tenth of a
+/// tile's time.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn store_full(acc: &[[__m256; 2]; MR], blk: &Block, beta: f32) {
+    for (r, row) in acc.iter().enumerate() {
+        let crow = blk.cp.offset(r as isize * blk.rsc);
+        for (v, &x) in row.iter().enumerate() {
+            let cv = crow.add(v * LANES);
+            let out = if beta == 0.0 {
+                x
+            } else {
+                _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(cv), _mm256_set1_ps(beta)), x)
+            };
+            _mm256_storeu_ps(cv, out);
+        }
+    }
+}
+
+/// Asks for the tile's C lines before its products: its rows are far apart, so no hardware
+/// prefetcher fetches them, and the write-back otherwise waits on each miss (products with
+/// k = 128 and n = 512 ran 10-15% slower than `matrixmultiply` without this, 0-5% faster with).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn prefetch_c(blk: &Block, rows: usize) {
+    for r in 0..rows {
+        // Prefetches never fault, so an address past C's end is harmless (hence wrapping).
+        let first = blk.cp.wrapping_offset(r as isize * blk.rsc);
+        let last = first.wrapping_offset((NR - 1) as isize * blk.csc);
+        _mm_prefetch::<_MM_HINT_T0>(first as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(last as *const i8);
+    }
+}
+
+/// The 6x16 register tile: `blk.kc` products of A's six rows with the packed panel, each element's sum in k order from +0. Its own function, so that the
+/// twelve accumulators stay in registers whatever the caller's loops keep live.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline(never)]
+unsafe fn kernel(blk: &Block) -> [[__m256; 2]; MR] {
+    let (rsa, csa) = (blk.rsa, blk.csa);
+    let z = _mm256_setzero_ps();
+    let (mut c00, mut c01, mut c10, mut c11, mut c20, mut c21) = (z, z, z, z, z, z);
+    let (mut c30, mut c31, mut c40, mut c41, mut c50, mut c51) = (z, z, z, z, z, z);
+    // Rows 0-2 from `a`, rows 3-5 from `a3`: both reach their rows with one stride register.
+    let (mut a0, mut a3, mut b) = (blk.ap, blk.ap.offset(3 * rsa), blk.bp);
+    for _ in 0..blk.kc {
+        let b0 = _mm256_loadu_ps(b);
+        let b1 = _mm256_loadu_ps(b.add(LANES));
+        let x = _mm256_broadcast_ss(&*a0);
+        c00 = _mm256_fmadd_ps(x, b0, c00);
+        c01 = _mm256_fmadd_ps(x, b1, c01);
+        let x = _mm256_broadcast_ss(&*a0.offset(rsa));
+        c10 = _mm256_fmadd_ps(x, b0, c10);
+        c11 = _mm256_fmadd_ps(x, b1, c11);
+        let x = _mm256_broadcast_ss(&*a0.offset(2 * rsa));
+        c20 = _mm256_fmadd_ps(x, b0, c20);
+        c21 = _mm256_fmadd_ps(x, b1, c21);
+        let x = _mm256_broadcast_ss(&*a3);
+        c30 = _mm256_fmadd_ps(x, b0, c30);
+        c31 = _mm256_fmadd_ps(x, b1, c31);
+        let x = _mm256_broadcast_ss(&*a3.offset(rsa));
+        c40 = _mm256_fmadd_ps(x, b0, c40);
+        c41 = _mm256_fmadd_ps(x, b1, c41);
+        let x = _mm256_broadcast_ss(&*a3.offset(2 * rsa));
+        c50 = _mm256_fmadd_ps(x, b0, c50);
+        c51 = _mm256_fmadd_ps(x, b1, c51);
+        // Wrapping: after the last product the row pointers may pass A's end unread.
+        a0 = a0.wrapping_offset(csa);
+        a3 = a3.wrapping_offset(csa);
+        b = b.wrapping_add(NR);
+    }
+    [
+        [c00, c01],
+        [c10, c11],
+        [c20, c21],
+        [c30, c31],
+        [c40, c41],
+        [c50, c51],
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::small_gemm::tests::{assert_same_bits, matrix, values, Strided};
+
+    /// C (with strides `(rsc, csc)` into a buffer of `len`) from this module's `sgemm` and from
+    /// `matrixmultiply::sgemm` on the same operands.
+    fn both(
+        (m, k, n): (usize, usize, usize),
+        (a, b): (&Strided, &Strided),
+        beta: f32,
+        (rsc, csc): (isize, isize),
+    ) -> (Vec<f32>, Vec<f32>) {
+        let c0 = values(m * n, 3);
+        let (mut ours, mut theirs) = (c0.clone(), c0);
+        unsafe {
+            sgemm(
+                (m, k, n),
+                (a.data.as_ptr(), a.rs, a.cs),
+                (b.data.as_ptr(), b.rs, b.cs),
+                beta,
+                (ours.as_mut_ptr(), rsc, csc),
+            );
+            matrixmultiply::sgemm(
+                m,
+                k,
+                n,
+                1.0,
+                a.data.as_ptr(),
+                a.rs,
+                a.cs,
+                b.data.as_ptr(),
+                b.rs,
+                b.cs,
+                beta,
+                theirs.as_mut_ptr(),
+                rsc,
+                csc,
+            );
+        }
+        (ours, theirs)
+    }
+
+    /// Every layout of A and B (row-major, column-major as in `x @ W.t()` and `g.t() @ x`, and
+    /// every other element), beta 0, 1 and other, for the shapes given.
+    fn check_every_layout(ms: &[usize], ks: &[usize], ns: &[usize]) {
+        if !has_fma_avx2() {
+            return;
+        }
+        let kinds = ["rows", "cols", "gap"];
+        for &m in ms {
+            for &k in ks {
+                for &n in ns {
+                    for a_kind in kinds {
+                        for b_kind in kinds {
+                            let a = matrix(m, k, a_kind, 1 + (m * 31 + k) as u64);
+                            let b = matrix(k, n, b_kind, 2 + (k * 17 + n) as u64);
+                            for beta in [0.0, 1.0, 0.5] {
+                                let (ours, theirs) =
+                                    both((m, k, n), (&a, &b), beta, (n as isize, 1));
+                                let what = format!("{m}x{k}x{n} A {a_kind} B {b_kind} beta {beta}");
+                                assert_same_bits(&ours, &theirs, &what);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matches_matrixmultiply_bit_for_bit_on_every_layout_and_edge() {
+        // Rows: one tile and a partial one, several MC blocks with a partial last tile. k: one
+        // product, a partial k-block, several k-blocks. Columns: partial panels only, one full
+        // panel and a partial one, several panels.
+        check_every_layout(&[8, 13, 79], &[1, 9, 257, 600], &[1, 17, 70]);
+    }
+
+    #[test]
+    fn matches_matrixmultiply_across_column_blocks() {
+        // More columns than one packed block (NC), with a partial last panel.
+        check_every_layout(&[14], &[300], &[NC + 45]);
+    }
+
+    #[test]
+    fn matches_matrixmultiply_when_a_transposed_is_copied_into_row_tiles() {
+        // A column-major A of more rows than PACK_ROWS_MIN_STRIDE is packed; 1030 rows end in
+        // a partial MC block and a partial tile, 300 columns in a partial k-block.
+        let (m, k, n) = (1030, 300, 20);
+        assert!(packs_rows(1, m as isize));
+        let a = matrix(m, k, "cols", 9);
+        let b = matrix(k, n, "rows", 10);
+        for beta in [0.0, 1.0, 0.5] {
+            let (ours, theirs) = both((m, k, n), (&a, &b), beta, (n as isize, 1));
+            assert_same_bits(&ours, &theirs, &format!("A packed, beta {beta}"));
+        }
+    }
+
+    #[test]
+    fn matches_matrixmultiply_with_c_column_major() {
+        // The write-back's strided path: every C column is a vector of the tile.
+        let (m, k, n) = (20, 40, 33);
+        let a = matrix(m, k, "rows", 4);
+        let b = matrix(k, n, "cols", 5);
+        for beta in [0.0, 0.5] {
+            let (ours, theirs) = both((m, k, n), (&a, &b), beta, (1, m as isize));
+            assert_same_bits(&ours, &theirs, &format!("C column-major, beta {beta}"));
+        }
+    }
+
+    #[test]
+    fn a_row_block_or_column_block_matches_the_same_part_of_the_whole_product() {
+        // The runtime cuts a GEMM into row blocks (epilogues, threads) or column blocks (few
+        // rows): rows 30..77 or columns 21..64 computed alone give the whole product's bits.
+        let (m, k, n) = (77, 600, 64);
+        let a = matrix(m, k, "cols", 6);
+        let b = matrix(k, n, "rows", 7);
+        let (whole, _) = both((m, k, n), (&a, &b), 0.0, (n as isize, 1));
+        let mut rows = vec![0f32; 47 * n];
+        let mut cols = vec![0f32; m * 43];
+        unsafe {
+            sgemm(
+                (47, k, n),
+                (a.data.as_ptr().offset(30 * a.rs), a.rs, a.cs),
+                (b.data.as_ptr(), b.rs, b.cs),
+                0.0,
+                (rows.as_mut_ptr(), n as isize, 1),
+            );
+            sgemm(
+                (m, k, 43),
+                (a.data.as_ptr(), a.rs, a.cs),
+                (b.data.as_ptr().offset(21 * b.cs), b.rs, b.cs),
+                0.0,
+                (cols.as_mut_ptr(), 43, 1),
+            );
+        }
+        assert_same_bits(&rows, &whole[30 * n..], "rows 30..77 of 77");
+        let whole_cols: Vec<f32> = (0..m)
+            .flat_map(|i| whole[i * n + 21..i * n + 64].to_vec())
+            .collect();
+        assert_same_bits(&cols, &whole_cols, "columns 21..64 of 64");
+    }
+
+    #[test]
+    fn beta_zero_ignores_what_c_held() {
+        let (m, k, n) = (13, 20, 24);
+        let a = matrix(m, k, "rows", 7);
+        let b = matrix(k, n, "cols", 8);
+        let mut c = vec![f32::NAN; m * n];
+        unsafe {
+            sgemm(
+                (m, k, n),
+                (a.data.as_ptr(), a.rs, a.cs),
+                (b.data.as_ptr(), b.rs, b.cs),
+                0.0,
+                (c.as_mut_ptr(), n as isize, 1),
+            );
+        }
+        assert!(c.iter().all(|x| x.is_finite()), "{c:?}");
+    }
+
+    #[test]
+    fn scaled_products_and_few_rows_are_not_taken() {
+        // alpha != 1: matrixmultiply's full tiles round differently from its partial ones.
+        assert!(!takes_packed_path((64, 64, 64), 0.5));
+        assert!(!takes_packed_path((MIN_ROWS - 1, 64, 64), 1.0));
+        assert_eq!(takes_packed_path((64, 64, 64), 1.0), has_fma_avx2());
+    }
+}
