@@ -20,13 +20,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-5
 
 
-def run_steps(name, cache_dir=None, steps=4):
+def run_steps(name, cache_dir=None, steps=4, mode="defer"):
+    """pjrt_steps.py's JSON for `steps` steps of zoo model `name` in `mode`, on PJRT."""
     env = dict(os.environ, DEFERFUSE_BACKEND="pjrt", TF_CPP_MIN_LOG_LEVEL="2")
     env["PYTHONPATH"] = os.path.dirname(HERE) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("DEFERFUSE_CACHE_DIR", None)
     if cache_dir is not None:
         env["DEFERFUSE_CACHE_DIR"] = str(cache_dir)
-    out = subprocess.run([sys.executable, os.path.join(HERE, "pjrt_steps.py"), name, str(steps)],
+    out = subprocess.run([sys.executable, os.path.join(HERE, "pjrt_steps.py"), name, str(steps), mode],
                          env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.splitlines()[-1])

@@ -25,6 +25,7 @@ mod ops_vs_reference_shapes;
 mod ops_vs_reference_views;
 mod pjrt_buckets;
 mod pjrt_kernels_in_program;
+mod pjrt_parameter_updates;
 mod pjrt_whole_program;
 mod random_graphs;
 mod row_stash;

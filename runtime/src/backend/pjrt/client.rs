@@ -3,14 +3,11 @@
 //! `Send + Sync` handles that free themselves.
 
 use super::ffi::{self, Fn};
+use super::options;
 use crate::error::{Error, Result};
 use std::ffi::{c_char, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// Compile options: a serialized `CompileOptionsProto` with `executable_build_options {
-/// num_replicas: 1, num_partitions: 1 }`. Empty options crash the plugins (replica_count 0).
-const COMPILE_OPTIONS: [u8; 6] = [0x1a, 0x04, 0x20, 0x01, 0x28, 0x01];
 
 /// A dlopened plugin and its function table. Kept alive by every object made from it.
 pub struct Plugin {
@@ -169,6 +166,8 @@ pub struct Client {
     pub platform_name: String,
     /// The platform's version string, as the plugin reports it.
     pub platform_version: String,
+    /// What every module is compiled with (`options`: no XNNPACK dots on the CPU plugin).
+    compile_options: Vec<u8>,
 }
 
 // SAFETY: PJRT clients are thread-safe.
@@ -195,11 +194,13 @@ impl Client {
             device: std::ptr::null_mut(),
             platform_name: String::new(),
             platform_version: String::new(),
+            compile_options: Vec::new(),
         };
         let mut n = ffi::PJRT_Client_PlatformName_Args::new();
         n.client = raw;
         client.plugin.call(Fn::ClientPlatformName, &mut n)?;
         client.platform_name = owned_str(n.platform_name, n.platform_name_size);
+        client.compile_options = options::for_platform(&client.platform_name);
         let mut v = ffi::PJRT_Client_PlatformVersion_Args::new();
         v.client = raw;
         client.plugin.call(Fn::ClientPlatformVersion, &mut v)?;
@@ -229,10 +230,16 @@ impl Client {
         let mut a = ffi::PJRT_Client_Compile_Args::new();
         a.client = self.raw;
         a.program = &prog;
-        a.compile_options = COMPILE_OPTIONS.as_ptr() as *const c_char;
-        a.compile_options_size = COMPILE_OPTIONS.len();
+        a.compile_options = self.compile_options.as_ptr() as *const c_char;
+        a.compile_options_size = self.compile_options.len();
         self.plugin.call(Fn::ClientCompile, &mut a)?;
         self.executable(a.executable)
+    }
+
+    /// The serialized `CompileOptionsProto` every module is compiled with: part of what a
+    /// cached executable is valid for.
+    pub fn compile_options(&self) -> &[u8] {
+        &self.compile_options
     }
 
     /// Loads an executable serialized by [`Executable::serialize`] with the same plugin.

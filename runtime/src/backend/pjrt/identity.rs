@@ -2,7 +2,8 @@
 //!
 //! An executable from another plugin build can load and compute wrong numbers, and one built
 //! for other CPU features can fail to load (shared/notes/pjrt.md), so the disk-cache key covers
-//! the plugin file's bytes, its API and platform versions, and the host's CPU features.
+//! the plugin file's bytes, its API and platform versions, and the host's CPU features (and, in
+//! `open_disk`, the compile options: see `options`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

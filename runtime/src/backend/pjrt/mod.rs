@@ -32,6 +32,7 @@ mod hlo;
 mod identity;
 mod launch_checks;
 mod ops;
+mod options;
 mod process;
 mod resident;
 mod stage;
@@ -120,8 +121,11 @@ fn open_disk(plugin: &Path, client: &Client) -> Result<Option<Disk>> {
             plugin.display()
         ))
     })?;
+    // The compile options too: an executable cached before they changed (one with XNNPACK
+    // dots, see `options`) must not be loaded.
+    let opts = xxhash_rust::xxh3::xxh3_64(client.compile_options());
     let salt = format!(
-        "{so:032x}:{}.{}:{}:{}:{}",
+        "{so:032x}:{}.{}:{}:{}:{}:{opts:016x}",
         client.plugin.version.0,
         client.plugin.version.1,
         client.platform_name,
