@@ -158,7 +158,9 @@ fn capabilities_from_env() -> Result<Capabilities> {
         Err(_) => DEFAULT_MAX_REGION_OPS,
     };
     Ok(if whole {
-        Capabilities::whole_programs(max).with_kernels(graph_kernel::LOWERED)
+        Capabilities::whole_programs(max)
+            .with_kernels(graph_kernel::LOWERED)
+            .with_split_at_host_read()
     } else {
         Capabilities::LOOPS
     })
