@@ -20,9 +20,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-5
 
 
-def run_steps(name, cache_dir=None, steps=4, mode="defer"):
+def run_steps(name, cache_dir=None, steps=4, mode="defer", **extra_env):
     """pjrt_steps.py's JSON for `steps` steps of zoo model `name` in `mode`, on PJRT."""
-    env = dict(os.environ, DEFERFUSE_BACKEND="pjrt", TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, DEFERFUSE_BACKEND="pjrt", TF_CPP_MIN_LOG_LEVEL="2", **extra_env)
     env["PYTHONPATH"] = os.path.dirname(HERE) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("DEFERFUSE_CACHE_DIR", None)
     if cache_dir is not None:
@@ -38,11 +38,25 @@ def test_a_deferred_training_step_is_at_most_three_xla_programs_with_cpu_losses(
     r = run_steps(name)
     assert r["fallbacks"] == {}
     # The first step also runs the setup the optimizer records (its state's first values).
+    # Each flush a host read runs is two programs, the read value's and the rest, which runs
+    # while Python records the next step: the MLP and Llama read one loss per step (two
+    # programs), GPT-2 two values (three programs: its first read is its flush's last value).
     assert all(p <= 3 for p in r["programs"][1:]), r["programs"]
     for k, (got, want) in enumerate(zip(r["losses"], r["cpu"])):
         assert abs(got - want) <= LOSS_ATOL + LOSS_RTOL * abs(want), (k, got, want)
-    # The step's module is compiled once.
+    # The step's modules are compiled once.
     assert r["compiled"][2:] == [0] * (len(r["compiled"]) - 2), r["compiled"]
+
+
+def test_the_loss_read_splits_the_mlp_step_into_two_programs_unless_turned_off():
+    # On: the loss's program, which .item() waits for, and the backward and AdamW after it.
+    # DEFERFUSE_PJRT_SPLIT_READS=0: the whole flush is one program; the losses are CPU's
+    # either way.
+    for flag, want in [("1", 2), ("0", 1)]:
+        r = run_steps("mlp_small", DEFERFUSE_PJRT_SPLIT_READS=flag)
+        assert r["programs"][1:] == [want] * (len(r["programs"]) - 1), (flag, r["programs"])
+        for k, (got, cpu) in enumerate(zip(r["losses"], r["cpu"])):
+            assert abs(got - cpu) <= LOSS_ATOL + LOSS_RTOL * abs(cpu), (flag, k, got, cpu)
 
 
 def test_a_second_process_trains_from_the_disk_cache_without_compiling(tmp_path):
@@ -84,8 +98,9 @@ def test_a_changing_batch_size_compiles_one_module_per_bucket_with_cpu_losses():
     assert r["fallbacks"] == {}
     for k, (got, want) in enumerate(zip(r["losses"], r["cpu"])):
         assert abs(got - want) <= LOSS_ATOL + LOSS_RTOL * abs(want), (k, got, want)
-    # 50 finds the batch and compiles bucket 64's module; 33 is in that bucket, and 64 has
-    # its exact module already. 33 compiles one small relayout of its input batch: the copy
+    # 50 finds the batch and compiles bucket 64's modules (one per program: the step reads
+    # its loss, so it is the loss's program and the rest); 33 is in that bucket, and 64 has
+    # its exact modules already. 33 compiles one small relayout of its input batch: the copy
     # to the device left it as a flat [784 * 33] array padded to its own power of two (32768,
     # where 50's and 64's are 65536), and the step's module takes it padded to 784 * 64.
     assert r["compiled"][2] <= r["programs"][2], r["compiled"]

@@ -25,10 +25,12 @@ struct Template {
     dead_nodes: usize,
     unmaterialized: usize,
     cut_log: Vec<(usize, CutReason)>,
+    /// The options' read node: the same trace read at another node plans differently.
+    read_node: Option<usize>,
 }
 
 impl Template {
-    fn new(p: &Plan, words: Vec<u64>, buffers: &[BufferId]) -> Template {
+    fn new(p: &Plan, words: Vec<u64>, buffers: &[BufferId], read_node: Option<usize>) -> Template {
         let rel: HashMap<BufferId, u64> = buffers
             .iter()
             .enumerate()
@@ -50,6 +52,7 @@ impl Template {
             dead_nodes: p.dead_nodes,
             unmaterialized: p.unmaterialized,
             cut_log: p.cut_log.clone(),
+            read_node,
         }
     }
 
@@ -197,11 +200,10 @@ impl PlanCache {
         live: &dyn Fn(BufferId) -> bool,
         opts: &PlanOptions,
     ) -> (Plan, bool) {
-        if let Some(t) = self
-            .map
-            .get(&hash)
-            .and_then(|v| v.iter().find(|t| t.words == key.words()))
-        {
+        if let Some(t) = self.map.get(&hash).and_then(|v| {
+            v.iter()
+                .find(|t| t.words == key.words() && t.read_node == opts.read_node)
+        }) {
             if let Some(p) = t.instantiate(nodes, key.buffers()) {
                 return (p, true);
             }
@@ -231,6 +233,7 @@ impl PlanCache {
             &p,
             key.words().to_vec(),
             key.buffers(),
+            opts.read_node,
         ));
         (p, false)
     }

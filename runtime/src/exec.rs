@@ -93,11 +93,15 @@ impl Executor {
 
     /// Runs every op pending on `stream`; counts the sync point when there was work.
     /// Returns whether there was work (and so a sync point was counted). Buffers only this
-    /// flush held go to `spares`, for the next recorded ops' outputs.
+    /// flush held go to `spares`, for the next recorded ops' outputs. `read`: the buffer a
+    /// host read waits for, if any; on a backend that [splits at host
+    /// reads](deferfuse_fusion::plan::Capabilities::splits_at_host_read) the caller waits
+    /// only for the steps up to its writer (see [`split_at_read`]).
     pub(crate) fn flush(
         &self,
         stream: &Stream,
         reason: SyncReason,
+        read: Option<BufferId>,
         spares: &Spares,
     ) -> Result<bool> {
         let mut pending = stream.pending.lock().unwrap_or_else(|p| p.into_inner());
@@ -113,7 +117,10 @@ impl Executor {
         let mut buffers = std::mem::take(&mut pending.buffers);
         pending.bytes = 0;
         self.counters.sync(reason);
-        let opts = self.plan_options();
+        let mut opts = self.plan_options();
+        let read = read
+            .filter(|_| reason == SyncReason::HostRead && opts.capabilities.splits_at_host_read);
+        opts.read_node = read.and_then(|b| nodes.iter().rposition(|n| n.output.buffer == b));
         // The key was built as the nodes were recorded: only liveness is added here.
         let t0 = self.timeline.on().then(|| self.timeline.now());
         let hash = buffers.finish_key();
@@ -167,9 +174,27 @@ impl Executor {
         self.counters
             .unmaterialized
             .fetch_add(p.unmaterialized as u64, Ordering::Relaxed);
-        // The caller waits right after these: run on its thread if the stream is idle.
+        // The caller waits right after these: run on its thread if the stream is idle. A host
+        // read on a backend that splits there waits only for the steps up to its buffer's
+        // writer; the rest run on the worker while the host goes on (see `split_at_read`).
         let inline = matches!(reason, SyncReason::Synchronize | SyncReason::HostRead);
-        let result = self.launch_steps(stream, p.steps, &buffers, inline);
+        let mut steps = p.steps;
+        let rest = match read {
+            Some(b) => split_at_read(&mut steps, b),
+            None => Vec::new(),
+        };
+        let after_read = rest.len();
+        let mut result = self.launch_steps(stream, steps, &buffers, inline);
+        if !rest.is_empty() {
+            result = match result {
+                Ok(()) => self.launch_steps(stream, rest, &buffers, false),
+                Err(e) => {
+                    // As within one launch: what comes after a failed step fails with it.
+                    fail_outputs(&rest, &buffers, &e);
+                    Err(e)
+                }
+            };
+        }
         if let Some(t0) = t0 {
             let args = vec![
                 ("reason", Arg::S(reason.name().into())),
@@ -177,6 +202,8 @@ impl Executor {
                 ("steps", Arg::U(n_steps)),
                 ("dead", Arg::U(p.dead_nodes as u64)),
                 ("plan_hit", Arg::B(reused)),
+                // Steps the host did not wait for: they run after the read's value.
+                ("after_read", Arg::U(after_read as u64)),
                 ("last_op", Arg::S(nodes[nodes.len() - 1].to_string())),
             ];
             let name = format!("flush ({})", reason.name());
@@ -204,6 +231,7 @@ impl Executor {
             fuse: true,
             max_ops_per_region: self.max_ops_per_region,
             capabilities: self.backend.capabilities(),
+            read_node: None,
         }
     }
 
@@ -586,4 +614,34 @@ fn check_bounds(step: &Step, bufs: &[Arc<Buffer>]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Splits a host read's flush after the last step that writes `read`, returning the steps
+/// after it. The caller runs the first part on its own thread and hands the rest to the
+/// stream's worker, so the host goes on (a training loop records its next step) while the
+/// worker runs what the read does not need (`loss.item()` needs the forward, not the backward
+/// and the optimizer). Stream order is unchanged: later work queues behind the rest, and a
+/// read of any of its outputs waits for its writer. Empty when `read` is not written here or
+/// its writer is the last step.
+fn split_at_read(steps: &mut Vec<Step>, read: BufferId) -> Vec<Step> {
+    let writes = |s: &Step| {
+        let b = &s.binding;
+        b.operands[b.n_inputs..].iter().any(|t| t.buffer == read)
+    };
+    match steps.iter().rposition(writes) {
+        Some(i) if i + 1 < steps.len() => steps.split_off(i + 1),
+        _ => Vec::new(),
+    }
+}
+
+/// Marks every output of `steps` failed with `e` (they were never launched).
+fn fail_outputs(steps: &[Step], buffers: &impl BufferLookup, e: &Error) {
+    for s in steps {
+        let b = &s.binding;
+        for t in &b.operands[b.n_inputs..] {
+            if let Some(buf) = buffers.find(t.buffer) {
+                buf.fail(e);
+            }
+        }
+    }
 }

@@ -177,7 +177,7 @@ impl Runtime {
 
     /// Runs every op pending on `stream` (see [`Executor::flush`]); whether there was work.
     pub(crate) fn flush(&self, stream: &Stream, reason: SyncReason) -> Result<bool> {
-        self.exec.flush(stream, reason, &self.spares)
+        self.exec.flush(stream, reason, None, &self.spares)
     }
 
     // ---- streams and events ----
@@ -462,7 +462,7 @@ impl Runtime {
         if w.done.is_none() {
             let s = self.stream_by_id(w.stream);
             if let Some(s) = s {
-                flushed = self.flush(&s, reason)?;
+                flushed = self.exec.flush(&s, reason, Some(buffer.id), &self.spares)?;
             }
         }
         if let Some(Some((progress, seq))) = buffer.writer().map(|w| w.done) {

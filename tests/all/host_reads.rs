@@ -1,9 +1,13 @@
 //! A host read in defer mode: it reads the value its flush computed, reports the failures of
 //! the work it waited for and not those of later work, and later reads see what the flush
-//! wrote in place after the value, in stream order.
+//! wrote in place after the value, in stream order. On PJRT (`DEFERFUSE_BACKEND=pjrt`, a
+//! backend that splits at host reads) the read waits only for the program that computes its
+//! value, and the rest of the flush runs after it while the host goes on; the CPU backend
+//! waits for the whole flush.
 
 use crate::harness::*;
 use deferfuse::{BinaryOp, DType, Error, Handle, Mode, Op, ReduceOp, Runtime, UnaryOp};
+use serde_json::Value;
 
 /// x (8x8, values k/64), its sum of squares `loss`, then `tail = exp(x @ x)`: a matmul and a
 /// loop after the loss, as a training step's backward follows its loss.
@@ -39,6 +43,72 @@ fn a_read_gets_its_value_and_a_later_read_the_work_recorded_after_it() {
     let got = download(&rt, tail).data;
     for (g, w) in got.iter().zip(tail_ref(&xs)) {
         assert!((g - w).abs() <= 1e-5 * w, "{g} vs {w}");
+    }
+}
+
+/// Runs `f` with the timeline on and returns its flush spans' `after_read` arguments (the
+/// steps each flush ran after the value the host read).
+fn after_read_of_flushes(rt: &Runtime, f: impl FnOnce()) -> Vec<u64> {
+    let path = std::env::temp_dir().join(format!(
+        "dfuse-host-reads-{}-{:?}.json",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    rt.trace_start(&path, 0).unwrap();
+    f();
+    rt.trace_stop().unwrap();
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["cat"] == "flush" && e["ph"] == "X")
+        .map(|e| e["args"]["after_read"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_read_waits_only_for_its_value_s_program_on_pjrt_and_for_the_whole_flush_on_cpu() {
+    let rt = runtime(Mode::Defer);
+    let (loss, tail, xs) = loss_then_tail(&rt);
+    let want: f64 = xs.iter().map(|v| v * v).sum();
+    let after = after_read_of_flushes(&rt, || {
+        let got = download(&rt, loss).data[0];
+        assert!((got - want).abs() <= 1e-5 * want, "{got} vs {want}");
+    });
+    // PJRT: the loss's program, then the matmul and exp as a second one after the read. The
+    // CPU backend's loops share the cores the host records on: it waits for all of them.
+    let want_after = if on_pjrt() { [1] } else { [0] };
+    assert_eq!(after, want_after, "steps run after the read, per flush");
+    let got = download(&rt, tail).data;
+    for (g, w) in got.iter().zip(tail_ref(&xs)) {
+        assert!((g - w).abs() <= 1e-5 * w, "{g} vs {w}");
+    }
+}
+
+#[test]
+fn a_read_of_the_flush_s_last_value_waits_for_all_of_it() {
+    let rt = runtime(Mode::Defer);
+    let (_, tail, _) = loss_then_tail(&rt);
+    let after = after_read_of_flushes(&rt, || {
+        download(&rt, tail);
+    });
+    assert_eq!(after, [0]);
+}
+
+#[test]
+fn a_synchronize_waits_for_the_whole_flush() {
+    let rt = runtime(Mode::Defer);
+    let (loss, tail, _) = loss_then_tail(&rt);
+    let after = after_read_of_flushes(&rt, || rt.synchronize(0).unwrap());
+    assert_eq!(after, [0]);
+    for h in [loss, tail] {
+        assert_eq!(
+            rt.state(h).unwrap(),
+            deferfuse::BufferState::Materialized,
+            "a synchronize leaves nothing running"
+        );
     }
 }
 

@@ -96,7 +96,7 @@ fn an_mlp_step_whose_batch_changes_compiles_one_module_per_bucket_and_matches_th
         pj.synchronize(0).expect("sync");
         workloads.push((n, wc, wp));
     }
-    let mut compiles = Vec::new();
+    let (mut compiles, mut programs_per_step) = (Vec::new(), Vec::new());
     for (k, n) in [64, 50, 33, 64].into_iter().enumerate() {
         let (_, wc, wp) = workloads.iter().find(|w| w.0 == n).expect("workload");
         let (before, runs) = (compiled(&pj), pj.stats().programs_run);
@@ -108,10 +108,15 @@ fn an_mlp_step_whose_batch_changes_compiles_one_module_per_bucket_and_matches_th
             "step {k} (batch {n}): cpu loss {lc}, pjrt loss {lp}"
         );
         assert!(programs <= 3, "step {k}: {programs} XLA programs");
+        programs_per_step.push(programs);
     }
-    // 64 compiles its exact module; 50 finds the batch and compiles bucket 64's; 33 is in
-    // that bucket, and 64 has its module already.
-    assert!(compiles[1] <= 1, "batch 50 compiled {compiles:?}");
+    // 64 compiles its exact modules (the loss's program and the rest: the step reads its loss
+    // on the host); 50 finds the batch and compiles bucket 64's, one per program; 33 is in
+    // that bucket, and 64 has its modules already.
+    assert!(
+        compiles[1] <= programs_per_step[1],
+        "batch 50 compiled {compiles:?}, programs per step {programs_per_step:?}"
+    );
     assert_eq!(compiles[2..], [0, 0], "compiles per step: {compiles:?}");
     for (n, wc, wp) in &workloads {
         for k in 2..8 {

@@ -88,6 +88,9 @@ fn same_values_in_programs(programs: u64, build: impl Fn(&Runtime) -> Vec<Handle
         .collect();
     let outs = build(&pj);
     let before = pj.stats().programs_run;
+    // One flush for all of it: a host read would end the first program at its value (see
+    // `host_reads.rs`).
+    pj.synchronize(0).expect("sync");
     let got: Vec<Vec<f32>> = outs
         .into_iter()
         .map(|h| read_f32(&pj, h).expect("pjrt"))

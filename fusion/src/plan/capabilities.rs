@@ -24,6 +24,14 @@ pub struct Capabilities {
     /// program, bounds checks included); every other kernel op runs as its own step and cuts
     /// (counted as `unfusable`).
     pub kernels_in_region: KernelsInRegion,
+    /// A flush run for a host read waits only for the steps up to the read value's writer
+    /// (a whole program then ends at that value: see [`super::PlanOptions::read_node`]); the
+    /// rest runs on the stream's worker while the host goes on. A training step ends with
+    /// `loss.item()` after the optimizer, so the host records the next step while the
+    /// backward and the update run. It pays where programs run on threads of their own (XLA's
+    /// pool); on the CPU JIT the rest competes with the recording for the same cores, and
+    /// measured it did not pay there (commit a34d6ad), so loop backends wait for all of it.
+    pub splits_at_host_read: bool,
 }
 
 /// Which kernel ops a backend lowers into its whole programs. Gather and scatter are what a
@@ -64,15 +72,27 @@ impl Capabilities {
         fuses_whole_programs: false,
         max_region_ops: usize::MAX,
         kernels_in_region: KernelsInRegion::NONE,
+        splits_at_host_read: false,
     };
 
-    /// A backend whose compiler fuses whole programs, with regions of at most `max_ops` ops
-    /// and no kernel ops (see [`Capabilities::with_kernels`]).
+    /// A backend whose compiler fuses whole programs, with regions of at most `max_ops` ops,
+    /// no kernel ops (see [`Capabilities::with_kernels`]) and no split at host reads (see
+    /// [`Capabilities::with_split_at_host_read`]).
     pub fn whole_programs(max_ops: usize) -> Capabilities {
         Capabilities {
             fuses_whole_programs: true,
             max_region_ops: max_ops.max(1),
             kernels_in_region: KernelsInRegion::NONE,
+            splits_at_host_read: false,
+        }
+    }
+
+    /// The same, with host reads' flushes split at the read value (see
+    /// [`Capabilities::splits_at_host_read`]).
+    pub fn with_split_at_host_read(self) -> Capabilities {
+        Capabilities {
+            splits_at_host_read: true,
+            ..self
         }
     }
 

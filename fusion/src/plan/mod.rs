@@ -70,6 +70,15 @@ pub struct PlanOptions {
     pub max_ops_per_region: usize,
     /// What the backend takes in one region (loop regions, or whole programs).
     pub capabilities: Capabilities,
+    /// The last node writing the value a host read waits for, when the flush runs for one on
+    /// a backend that [splits at host reads](Capabilities::splits_at_host_read). A
+    /// whole-program plan closes its program after that node, so the read waits for the part
+    /// of the flush it needs (a training step's forward, for `loss.item()`) while the rest
+    /// (the backward and the optimizer) runs as a second program after it, as the host goes
+    /// on recording. It is not a fusion cut (`Plan::cuts` does not count it): the flush's
+    /// timeline span says how many steps ran after the read (`after_read`). Loop plans ignore
+    /// it: their steps already end near the value.
+    pub read_node: Option<usize>,
 }
 
 impl Default for PlanOptions {
@@ -78,6 +87,7 @@ impl Default for PlanOptions {
             fuse: true,
             max_ops_per_region: 64,
             capabilities: Capabilities::LOOPS,
+            read_node: None,
         }
     }
 }
@@ -313,7 +323,14 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
     }
     let needed = needed_nodes(nodes, live, &mut plan);
     if opts.capabilities.fuses_whole_programs {
-        whole::plan(nodes, &needed, live, &opts.capabilities, &mut plan);
+        whole::plan(
+            nodes,
+            &needed,
+            live,
+            &opts.capabilities,
+            opts.read_node,
+            &mut plan,
+        );
         return plan;
     }
     let mut readers: HashMap<BufferId, Vec<usize>> = HashMap::default();

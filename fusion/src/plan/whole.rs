@@ -164,12 +164,14 @@ fn close(mut g: Graph, facts: &Facts, plan: &mut Plan) {
 }
 
 /// Plans the needed nodes of `nodes` into whole-program steps (and the steps of the ops the
-/// backend cannot take), appending to `plan`.
+/// backend cannot take), appending to `plan`. With `read_node`, the program holding that node
+/// ends after it (see [`super::PlanOptions::read_node`]).
 pub(super) fn plan(
     nodes: &[Node],
     needed: &[bool],
     live: &dyn Fn(BufferId) -> bool,
     caps: &Capabilities,
+    read_node: Option<usize>,
     plan: &mut Plan,
 ) {
     let mut seen: HashSet<BufferId> = HashSet::default();
@@ -201,6 +203,11 @@ pub(super) fn plan(
                 .all(|t| t.layout.numel() > 0)
     };
     for (i, node) in nodes.iter().enumerate().filter(|(i, _)| needed[*i]) {
+        if read_node.is_some_and(|r| r < i && graph.nodes.last().is_some_and(|&l| l <= r)) {
+            // The graph holds the read's value: what follows is the next program, which runs
+            // while the host goes on. Not a fusion cut, so not counted as one.
+            close(std::mem::take(&mut graph), &facts, plan);
+        }
         let why = if !takes(node) {
             Some(CutReason::Unfusable)
         } else if graph.nodes.len() >= caps.max_region_ops {

@@ -3,7 +3,7 @@
 
 use crate::common::{bin, scalar, t, tensor, un};
 use deferfuse_fusion::ir::{BinaryOp, UnaryOp};
-use deferfuse_fusion::plan::PlanOptions;
+use deferfuse_fusion::plan::{Capabilities, PlanOptions};
 use deferfuse_fusion::plan_cache::PlanCache;
 use deferfuse_fusion::{BufferId, Node};
 use std::sync::Arc;
@@ -84,6 +84,27 @@ fn another_liveness_is_another_structure() {
         p.unmaterialized, 0,
         "the scratch value a handle holds is stored"
     );
+}
+
+#[test]
+fn a_host_read_at_another_node_is_another_plan() {
+    // On whole programs the read's node decides where the first program ends.
+    let mut cache = PlanCache::default();
+    let whole = PlanOptions {
+        capabilities: Capabilities::whole_programs(4096),
+        ..PlanOptions::default()
+    };
+    let read_scratch = PlanOptions {
+        read_node: Some(0),
+        ..whole
+    };
+    let live = |b: BufferId| (1..=3).contains(&b);
+    let (one, _) = cache.plan(&sgd(1, 0.1), &live, &whole);
+    let (two, reused) = cache.plan(&sgd(1, 0.1), &live, &read_scratch);
+    assert!(!reused);
+    assert_eq!((one.steps.len(), two.steps.len()), (1, 2));
+    let (_, reused) = cache.plan(&sgd(1, 0.2), &live, &read_scratch);
+    assert!(reused);
 }
 
 #[test]

@@ -139,6 +139,47 @@ fn a_kernel_op_runs_as_its_own_step_and_cuts_as_unfusable() {
 }
 
 #[test]
+fn a_host_read_ends_the_program_it_waits_for_at_the_read_value() {
+    // The host reads z (node 1): y and z make the first program, z * z and the sums the
+    // second, which reads z as its input. Not a fusion cut: no cut is counted or logged.
+    let opts = PlanOptions {
+        read_node: Some(1),
+        ..whole(4096)
+    };
+    let p = plan_with(&layer(), &[1, 2, 3, 5, 8], &opts);
+    assert_eq!(shape_of(&p), [("graph", 2), ("graph", 3)]);
+    assert_eq!(p.cuts, [0; CutReason::COUNT]);
+    assert!(p.cut_log.is_empty());
+    let first = &p.steps[0].binding;
+    assert!(first.operands[first.n_inputs..]
+        .iter()
+        .any(|t| t.buffer == 5));
+}
+
+#[test]
+fn a_host_read_of_the_last_value_leaves_one_program() {
+    let opts = PlanOptions {
+        read_node: Some(4),
+        ..whole(4096)
+    };
+    let p = plan_with(&layer(), &[1, 2, 3, 8], &opts);
+    assert_eq!(shape_of(&p), [("graph", 5)]);
+    assert_eq!(p.cuts, [0; CutReason::COUNT]);
+}
+
+#[test]
+fn loop_plans_ignore_the_read_node() {
+    let with_read = PlanOptions {
+        read_node: Some(1),
+        ..PlanOptions::default()
+    };
+    let a = plan_with(&layer(), &[1, 2, 3, 5, 8], &with_read);
+    let b = plan_with(&layer(), &[1, 2, 3, 5, 8], &PlanOptions::default());
+    assert_eq!(shape_of(&a), shape_of(&b));
+    assert_eq!(a.cuts, b.cuts);
+}
+
+#[test]
 fn the_size_bound_cuts_as_max_ops() {
     let p = plan_with(&layer(), &[1, 2, 3, 8], &whole(2));
     assert_eq!(shape_of(&p), [("graph", 2), ("graph", 2), ("rows", 1)]);

@@ -142,17 +142,12 @@ pub struct PjrtBackend {
 }
 
 /// Whole-program regions unless `DEFERFUSE_PJRT_WHOLE_FLUSH=0` (then the CPU backend's loop
-/// regions, one program each), bounded by `DEFERFUSE_PJRT_MAX_REGION_OPS` ops (default 4096).
+/// regions, one program each), bounded by `DEFERFUSE_PJRT_MAX_REGION_OPS` ops (default 4096),
+/// and split at host reads unless `DEFERFUSE_PJRT_SPLIT_READS=0` (a host that has no idle core
+/// for the rest to run on may prefer one program per flush: see the README's PJRT section).
 fn capabilities_from_env() -> Result<Capabilities> {
-    let whole = match std::env::var("DEFERFUSE_PJRT_WHOLE_FLUSH").as_deref() {
-        Err(_) | Ok("") | Ok("1") | Ok("true") => true,
-        Ok("0") | Ok("false") => false,
-        Ok(v) => {
-            return Err(Error::Config(format!(
-                "DEFERFUSE_PJRT_WHOLE_FLUSH={v:?}: expected 1, 0, true or false"
-            )))
-        }
-    };
+    let whole = env_flag("DEFERFUSE_PJRT_WHOLE_FLUSH")?;
+    let split = env_flag("DEFERFUSE_PJRT_SPLIT_READS")?;
     let max = match std::env::var("DEFERFUSE_PJRT_MAX_REGION_OPS") {
         Ok(v) => v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
             Error::Config(format!(
@@ -161,11 +156,27 @@ fn capabilities_from_env() -> Result<Capabilities> {
         })?,
         Err(_) => DEFAULT_MAX_REGION_OPS,
     };
-    Ok(if whole {
-        Capabilities::whole_programs(max).with_kernels(graph_kernel::LOWERED)
+    if !whole {
+        return Ok(Capabilities::LOOPS);
+    }
+    let caps = Capabilities::whole_programs(max).with_kernels(graph_kernel::LOWERED);
+    Ok(if split {
+        caps.with_split_at_host_read()
     } else {
-        Capabilities::LOOPS
+        caps
     })
+}
+
+/// An on/off setting `name` that is on when unset: 1, 0, true or false; anything else is a
+/// configuration error naming the variable and the value.
+fn env_flag(name: &str) -> Result<bool> {
+    match std::env::var(name).as_deref() {
+        Err(_) | Ok("") | Ok("1") | Ok("true") => Ok(true),
+        Ok("0") | Ok("false") => Ok(false),
+        Ok(v) => Err(Error::Config(format!(
+            "{name}={v:?}: expected 1, 0, true or false"
+        ))),
+    }
 }
 
 /// Ops one whole-program region holds by default: a transformer training step of a few
