@@ -442,6 +442,29 @@ pub(super) mod tests {
                 beta,
                 (ours.as_mut_ptr(), n as isize, 1),
             );
+        }
+        reference(
+            (m, k, n),
+            alpha,
+            (&a, &b),
+            beta,
+            (theirs.as_mut_ptr(), n as isize, 1),
+        );
+        (ours, theirs)
+    }
+
+    /// `c = alpha * a @ b + beta * c` by `matrixmultiply::sgemm`, the bits every kernel here
+    /// must give; `c` holds every element its strides address.
+    pub(in crate::backend::cpu) fn reference(
+        (m, k, n): (usize, usize, usize),
+        alpha: f32,
+        (a, b): (&Strided, &Strided),
+        beta: f32,
+        (c, rsc, csc): (*mut f32, isize, isize),
+    ) {
+        // SAFETY: `matrix` made `a` and `b` hold every element their strides address; the
+        // caller vouches for `c`.
+        unsafe {
             matrixmultiply::sgemm(
                 m,
                 k,
@@ -454,12 +477,11 @@ pub(super) mod tests {
                 b.rs,
                 b.cs,
                 beta,
-                theirs.as_mut_ptr(),
-                n as isize,
-                1,
+                c,
+                rsc,
+                csc,
             );
         }
-        (ours, theirs)
     }
 
     pub(in crate::backend::cpu) fn assert_same_bits(ours: &[f32], theirs: &[f32], what: &str) {
@@ -501,21 +523,12 @@ pub(super) mod tests {
         let mut whole = vec![0f32; m * n];
         let mut block = vec![0f32; 5 * n];
         unsafe {
-            matrixmultiply::sgemm(
-                m,
-                k,
-                n,
+            reference(
+                (m, k, n),
                 1.0,
-                a.data.as_ptr(),
-                a.rs,
-                a.cs,
-                b.data.as_ptr(),
-                b.rs,
-                b.cs,
+                (&a, &b),
                 0.0,
-                whole.as_mut_ptr(),
-                n as isize,
-                1,
+                (whole.as_mut_ptr(), n as isize, 1),
             );
             assert!(takes_small_path((5, k, n), b.rs, 1.0) || !has_fma_avx2());
             sgemm(
@@ -532,21 +545,24 @@ pub(super) mod tests {
 
     #[test]
     fn beta_zero_ignores_what_c_held() {
-        let (m, k, n) = (3, 20, 24);
-        let a = matrix(m, k, "rows", 7);
-        let b = matrix(k, n, "cols", 8);
-        let mut c = vec![f32::NAN; m * n];
-        unsafe {
-            sgemm(
-                (m, k, n),
-                1.0,
-                (a.data.as_ptr(), a.rs, a.cs),
-                (b.data.as_ptr(), b.rs, b.cs),
-                0.0,
-                (c.as_mut_ptr(), n as isize, 1),
-            );
+        // 3 rows take this module's kernel, 13 the packed one (`packed_gemm`).
+        for m in [3, 13] {
+            let (k, n) = (20, 24);
+            let a = matrix(m, k, "rows", 7);
+            let b = matrix(k, n, "cols", 8);
+            let mut c = vec![f32::NAN; m * n];
+            unsafe {
+                sgemm(
+                    (m, k, n),
+                    1.0,
+                    (a.data.as_ptr(), a.rs, a.cs),
+                    (b.data.as_ptr(), b.rs, b.cs),
+                    0.0,
+                    (c.as_mut_ptr(), n as isize, 1),
+                );
+            }
+            assert!(c.iter().all(|x| x.is_finite()), "{m} rows: {c:?}");
         }
-        assert!(c.iter().all(|x| x.is_finite()), "{c:?}");
     }
 
     #[test]
