@@ -47,6 +47,10 @@ struct ProgressState {
     completed: u64,
     /// The first error not yet reported, with the sequence number of the job that failed.
     error: Option<(u64, Error)>,
+    /// Threads asleep on the condition variable: a completion wakes them only when there are
+    /// some, since a wake is a system call (`futex`) even with no one to wake, and the worker
+    /// completes a job per strict op.
+    sleepers: u32,
 }
 
 impl Progress {
@@ -57,7 +61,11 @@ impl Progress {
             s.error = err.map(|e| (s.completed, e));
         }
         self.done.store(s.completed, Ordering::Release);
-        self.cv.notify_all();
+        let wake = s.sleepers > 0;
+        drop(s);
+        if wake {
+            self.cv.notify_all();
+        }
     }
 
     /// Waits until `seq` jobs have completed (spinning briefly first).
@@ -67,9 +75,16 @@ impl Progress {
             std::hint::spin_loop();
         }
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.completed >= seq {
+            return;
+        }
+        // Counted under the lock that `complete` takes, so a completion either comes before
+        // the check above or sees this sleeper.
+        s.sleepers += 1;
         while s.completed < seq {
             s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
         }
+        s.sleepers -= 1;
     }
 
     /// Jobs completed so far.
