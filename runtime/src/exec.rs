@@ -304,13 +304,7 @@ impl Executor {
         buffers: &impl BufferLookup,
         inline: bool,
     ) -> Result<()> {
-        let outputs: Vec<Vec<BufferId>> = steps
-            .iter()
-            .map(|s| {
-                let b = &s.binding;
-                b.operands[b.n_inputs..].iter().map(|t| t.buffer).collect()
-            })
-            .collect();
+        let outputs: Vec<Vec<BufferId>> = steps.iter().map(|s| outputs_of(s).collect()).collect();
         let mut launched = 0;
         // Independent steps run side by side where the backend can.
         let side_by_side = steps.len() > 1;
@@ -624,11 +618,7 @@ fn check_bounds(step: &Step, bufs: &[Arc<Buffer>]) -> Result<()> {
 /// read of any of its outputs waits for its writer. Empty when `read` is not written here or
 /// its writer is the last step.
 fn split_at_read(steps: &mut Vec<Step>, read: BufferId) -> Vec<Step> {
-    let writes = |s: &Step| {
-        let b = &s.binding;
-        b.operands[b.n_inputs..].iter().any(|t| t.buffer == read)
-    };
-    match steps.iter().rposition(writes) {
+    match steps.iter().rposition(|s| outputs_of(s).any(|b| b == read)) {
         Some(i) if i + 1 < steps.len() => steps.split_off(i + 1),
         _ => Vec::new(),
     }
@@ -636,12 +626,15 @@ fn split_at_read(steps: &mut Vec<Step>, read: BufferId) -> Vec<Step> {
 
 /// Marks every output of `steps` failed with `e` (they were never launched).
 fn fail_outputs(steps: &[Step], buffers: &impl BufferLookup, e: &Error) {
-    for s in steps {
-        let b = &s.binding;
-        for t in &b.operands[b.n_inputs..] {
-            if let Some(buf) = buffers.find(t.buffer) {
-                buf.fail(e);
-            }
+    for id in steps.iter().flat_map(outputs_of) {
+        if let Some(buf) = buffers.find(id) {
+            buf.fail(e);
         }
     }
+}
+
+/// The buffers `step` writes: its binding's operands after the inputs.
+fn outputs_of(step: &Step) -> impl Iterator<Item = BufferId> + '_ {
+    let b = &step.binding;
+    b.operands[b.n_inputs..].iter().map(|t| t.buffer)
 }
