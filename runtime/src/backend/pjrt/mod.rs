@@ -167,15 +167,13 @@ fn capabilities_from_env() -> Result<Capabilities> {
     })
 }
 
-/// An on/off setting `name` that is on when unset: 1, 0, true or false; anything else is a
-/// configuration error naming the variable and the value.
+/// An on/off setting `name` that is on when unset or empty, else parsed as the mode variables
+/// are ([`crate::mode::parse_flag`]: 1, 0, true or false; anything else is a configuration
+/// error naming the variable and the value).
 fn env_flag(name: &str) -> Result<bool> {
-    match std::env::var(name).as_deref() {
-        Err(_) | Ok("") | Ok("1") | Ok("true") => Ok(true),
-        Ok("0") | Ok("false") => Ok(false),
-        Ok(v) => Err(Error::Config(format!(
-            "{name}={v:?}: expected 1, 0, true or false"
-        ))),
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => crate::mode::parse_flag(name, Some(&v)),
+        _ => Ok(true),
     }
 }
 
