@@ -1382,6 +1382,31 @@ DfuseStatus dfuse_op(const struct DfuseRuntime *rt,
                      uint64_t *result);
 
 /**
+ * Opens an op group on the calling thread: until the matching `dfuse_op_group_end`, the ops
+ * this thread records in strict mode are deferred, then run together as one op's program(s)
+ * (fused as defer mode would fuse them; intermediates nothing holds are never written). Use it
+ * around a kernel that records one user-level op (a layer norm, an optimizer update) as several
+ * `dfuse_op` calls. Groups nest; debug and defer mode are unaffected.
+ *
+ * # Safety
+ * Always safe to call; `rt` is checked against live runtimes.
+ */
+DfuseStatus dfuse_op_group_begin(const struct DfuseRuntime *rt);
+
+/**
+ * Closes the calling thread's innermost op group. When it was the outermost one (and the
+ * thread is not in defer mode), the ops it deferred on `stream` (0 = default) are planned and
+ * launched now, asynchronously like a strict op (small ones on the calling thread). Release
+ * the handles of the group's intermediates before this call so they are never written. A
+ * launch failure is returned here; `DFUSE_STATUS_INVALID_ARGUMENT` when no group is open on
+ * this thread.
+ *
+ * # Safety
+ * Always safe to call; `rt` is checked against live runtimes.
+ */
+DfuseStatus dfuse_op_group_end(const struct DfuseRuntime *rt, uint64_t stream);
+
+/**
  * Writes the pending (recorded, not yet run) ops of `stream` (0 = default) as NUL-terminated
  * text, one op per line, to `buf[0..capacity]`, and the bytes the whole text needs (including
  * the NUL) to `*needed`. Call it with `capacity` 0 (and `buf` NULL) to learn the size; a

@@ -30,6 +30,7 @@ mod graph;
 mod kernel_op;
 mod memory;
 mod op;
+mod op_group;
 mod pending;
 mod runtime_registry;
 mod stream;
@@ -50,6 +51,7 @@ pub use memory::{
     dfuse_memory_info, dfuse_memory_limit_set, dfuse_memory_peak_reset, DfuseMemoryInfo,
 };
 pub use op::{dfuse_op, DfuseAttrs, DfuseBinaryOp, DfuseOpKind, DfuseReduceOp, DfuseUnaryOp};
+pub use op_group::{dfuse_op_group_begin, dfuse_op_group_end};
 pub use pending::dfuse_pending_dump;
 pub use runtime_registry::{
     dfuse_config_default, dfuse_mode_get, dfuse_mode_pop, dfuse_mode_push, dfuse_mode_set,

@@ -49,6 +49,26 @@ fn inline_cost(step: &Step) -> usize {
     }
 }
 
+/// Why a stream's pending trace runs now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flush {
+    /// A sync point (counted in `Stats::sync_points`).
+    Sync(SyncReason),
+    /// The end of a strict-mode op group: one ATen op's recorded ops, run as that op's
+    /// programs. Nothing waits for them, so it is not a sync point.
+    OpGroup,
+}
+
+impl Flush {
+    /// The name logs and the timeline give it: the sync reason's, or `op_group`.
+    fn name(self) -> &'static str {
+        match self {
+            Flush::Sync(r) => r.name(),
+            Flush::OpGroup => "op_group",
+        }
+    }
+}
+
 /// Flush -> plan -> fingerprint -> program cache -> launch, for one runtime.
 pub(crate) struct Executor {
     /// Compiles regions; says what a region may hold (the planner cuts by it).
@@ -104,22 +124,47 @@ impl Executor {
         read: Option<BufferId>,
         spares: &Spares,
     ) -> Result<bool> {
+        self.flush_trace(stream, Flush::Sync(reason), read, spares)
+    }
+
+    /// Runs the ops a strict-mode op group deferred on `stream` (see
+    /// [`crate::Runtime::end_op_group`]), planned and fused as a flush but not counted as a
+    /// sync point, and launched like a strict op: on the calling thread when small and the
+    /// stream is idle, else on the worker while the host goes on. A graph capture's trace is
+    /// left alone (it runs when the capture ends).
+    pub(crate) fn flush_op_group(&self, stream: &Stream, spares: &Spares) -> Result<bool> {
+        self.flush_trace(stream, Flush::OpGroup, None, spares)
+    }
+
+    fn flush_trace(
+        &self,
+        stream: &Stream,
+        cause: Flush,
+        read: Option<BufferId>,
+        spares: &Spares,
+    ) -> Result<bool> {
         let mut pending = stream.pending.lock().unwrap_or_else(|p| p.into_inner());
         if pending.trace.is_empty() {
+            return Ok(false);
+        }
+        if cause == Flush::OpGroup && pending.capture.is_some() {
             return Ok(false);
         }
         let nodes = pending.trace.take();
         let tags = std::mem::take(&mut pending.tags);
         if let Some(c) = &mut pending.capture {
             // The trace runs now, so the capture would miss its first ops.
-            c.break_with(format!("a sync point ({}) ran the trace", reason.name()));
+            c.break_with(format!("a sync point ({}) ran the trace", cause.name()));
         }
         let mut buffers = std::mem::take(&mut pending.buffers);
         pending.bytes = 0;
-        self.counters.sync(reason);
+        if let Flush::Sync(reason) = cause {
+            self.counters.sync(reason);
+        }
         let mut opts = self.plan_options();
-        let read = read
-            .filter(|_| reason == SyncReason::HostRead && opts.capabilities.splits_at_host_read);
+        let read = read.filter(|_| {
+            cause == Flush::Sync(SyncReason::HostRead) && opts.capabilities.splits_at_host_read
+        });
         opts.read_node = read.and_then(|b| nodes.iter().rposition(|n| n.output.buffer == b));
         // The key was built as the nodes were recorded: only liveness is added here.
         let t0 = self.timeline.on().then(|| self.timeline.now());
@@ -149,7 +194,7 @@ impl Executor {
             steps = p.steps.len(),
             dead = p.dead_nodes,
             unmaterialized = p.unmaterialized,
-            reason = reason.name(),
+            reason = cause.name(),
             last_op = %nodes.last().expect("a flushed trace is not empty"),
             "flush"
         );
@@ -177,8 +222,14 @@ impl Executor {
         // The caller waits right after these: run on its thread if the stream is idle. A host
         // read on a backend that splits there waits only for the steps up to its buffer's
         // writer; the rest run on the worker while the host goes on (see `split_at_read`).
-        let inline = matches!(reason, SyncReason::Synchronize | SyncReason::HostRead);
+        // An op group runs like a strict op: inline only when small.
         let mut steps = p.steps;
+        let inline = match cause {
+            Flush::Sync(r) => matches!(r, SyncReason::Synchronize | SyncReason::HostRead),
+            Flush::OpGroup => steps
+                .iter()
+                .all(|s| inline_cost(s) <= STRICT_INLINE_MAX_ELEMS),
+        };
         let rest = match read {
             Some(b) => split_at_read(&mut steps, b),
             None => Vec::new(),
@@ -197,7 +248,7 @@ impl Executor {
         }
         if let Some(t0) = t0 {
             let args = vec![
-                ("reason", Arg::S(reason.name().into())),
+                ("reason", Arg::S(cause.name().into())),
                 ("ops", Arg::U(nodes.len() as u64)),
                 ("steps", Arg::U(n_steps)),
                 ("dead", Arg::U(p.dead_nodes as u64)),
@@ -206,7 +257,7 @@ impl Executor {
                 ("after_read", Arg::U(after_read as u64)),
                 ("last_op", Arg::S(nodes[nodes.len() - 1].to_string())),
             ];
-            let name = format!("flush ({})", reason.name());
+            let name = format!("flush ({})", cause.name());
             self.timeline
                 .span(Track::StreamHost(stream.id), "flush", name, t0, args);
         }

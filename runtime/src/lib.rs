@@ -20,6 +20,7 @@ pub mod graph;
 pub mod handle;
 mod log;
 pub mod mode;
+mod op_group;
 pub mod record;
 pub mod runtime;
 pub mod stats;

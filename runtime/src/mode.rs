@@ -66,6 +66,9 @@ struct ThreadModes {
     runtime: u64,
     base: Option<Mode>,
     pushed: Vec<Mode>,
+    /// Open op groups (see [`crate::Runtime::begin_op_group`]): nested ones count, only the
+    /// outermost one's end runs the ops.
+    op_groups: u32,
 }
 
 thread_local! {
@@ -92,6 +95,7 @@ fn with_modes<R>(runtime: u64, f: impl FnOnce(&mut ThreadModes) -> R) -> R {
                     runtime,
                     base: None,
                     pushed: Vec::new(),
+                    op_groups: 0,
                 });
                 m.len() - 1
             }
@@ -108,6 +112,39 @@ pub(crate) fn current(runtime: u64, default: Mode) -> Mode {
             .find(|t| t.runtime == runtime)
             .and_then(|t| t.pushed.last().copied().or(t.base))
             .unwrap_or(default)
+    })
+}
+
+/// The mode the calling thread's next recorded op runs in on `runtime`: its mode, except that
+/// a strict op inside an op group is deferred until the group ends (one ATen op's several
+/// recorded ops run as one flush, as defer would run them).
+pub(crate) fn recording(runtime: u64, default: Mode) -> Mode {
+    MODES.with(|m| {
+        let m = m.borrow();
+        let t = m.iter().find(|t| t.runtime == runtime);
+        let mode = t
+            .and_then(|t| t.pushed.last().copied().or(t.base))
+            .unwrap_or(default);
+        match t {
+            Some(t) if t.op_groups > 0 && mode == Mode::Strict => Mode::Defer,
+            _ => mode,
+        }
+    })
+}
+
+/// Opens an op group on the calling thread (nested groups count).
+pub(crate) fn enter_group(runtime: u64) {
+    with_modes(runtime, |m| m.op_groups += 1)
+}
+
+/// Closes the calling thread's innermost op group; whether it was the outermost one (so its
+/// ops run now). An error when no group is open on this thread.
+pub(crate) fn leave_group(runtime: u64) -> Result<bool> {
+    with_modes(runtime, |m| {
+        m.op_groups = m.op_groups.checked_sub(1).ok_or_else(|| {
+            Error::InvalidArgument("op group end without a matching begin on this thread".into())
+        })?;
+        Ok(m.op_groups == 0)
     })
 }
 
@@ -194,6 +231,32 @@ mod tests {
         assert_eq!(current(b, Mode::Strict), Mode::Strict);
         assert!(pop(b).is_err(), "the push was on the other runtime");
         assert_eq!(current(a, Mode::Strict), Mode::Debug);
+    }
+
+    #[test]
+    fn strict_ops_inside_an_op_group_record_deferred() {
+        let a = new_runtime_id();
+        enter_group(a);
+        enter_group(a);
+        assert_eq!(recording(a, Mode::Strict), Mode::Defer);
+        assert!(
+            !leave_group(a).unwrap(),
+            "the inner group is not the outermost"
+        );
+        assert_eq!(recording(a, Mode::Strict), Mode::Defer);
+        assert!(leave_group(a).unwrap());
+        assert_eq!(recording(a, Mode::Strict), Mode::Strict);
+        assert!(leave_group(a).is_err(), "no group is open");
+    }
+
+    #[test]
+    fn an_op_group_leaves_debug_and_defer_modes_alone() {
+        let a = new_runtime_id();
+        enter_group(a);
+        assert_eq!(recording(a, Mode::Debug), Mode::Debug);
+        set(a, Mode::Defer);
+        assert_eq!(recording(a, Mode::Strict), Mode::Defer);
+        leave_group(a).unwrap();
     }
 
     #[test]

@@ -318,7 +318,7 @@ impl Runtime {
     pub(crate) fn record(&self, s: &Arc<Stream>, node: Node, buffers: Buffers) -> Result<()> {
         self.counters.ops_recorded.fetch_add(1, Ordering::Relaxed);
         self.order_after_other_streams(s, buffers.iter())?;
-        let mode = self.mode();
+        let mode = self.recording_mode();
         if self.captures_active.load(Ordering::Relaxed) > 0 {
             self.note_op_while_capturing(s, mode);
         }

@@ -51,7 +51,7 @@ pub struct Runtime {
     pub(crate) spares: Spares,
     default_mode: Mode,
     /// The key of each thread's modes on this runtime (see [`mode`]).
-    id: u64,
+    pub(crate) id: u64,
     default_stream: Handle,
     /// The default stream itself (it is never destroyed): most ops name it, and this spares
     /// them a handle-table lookup.
@@ -145,6 +145,12 @@ impl Runtime {
     /// The calling thread's mode on this runtime.
     pub fn mode(&self) -> Mode {
         mode::current(self.id, self.default_mode)
+    }
+
+    /// The mode the calling thread's next recorded op runs in: [`Runtime::mode`], except that
+    /// strict ops inside an op group are deferred (see [`Runtime::begin_op_group`]).
+    pub(crate) fn recording_mode(&self) -> Mode {
+        mode::recording(self.id, self.default_mode)
     }
 
     /// Replaces the calling thread's mode on this runtime: the top of its pushed modes, or

@@ -19,6 +19,7 @@ mod host_reads;
 mod kernel_ops;
 mod memory;
 mod modes_and_sync;
+mod op_groups;
 mod ops_vs_reference;
 mod ops_vs_reference_numeric;
 mod ops_vs_reference_shapes;
