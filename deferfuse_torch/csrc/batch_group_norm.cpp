@@ -161,11 +161,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward(
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("native_batch_norm", TORCH_FN(dft::batch_norm));
-  m.impl("native_batch_norm_backward", TORCH_FN(dft::batch_norm_backward));
+  m.impl("native_batch_norm", DFT_GROUPED(dft::batch_norm));
+  m.impl("native_batch_norm_backward", DFT_GROUPED(dft::batch_norm_backward));
   m.impl("_native_batch_norm_legit", TORCH_FN(dft::batch_norm_legit));
   m.impl("_native_batch_norm_legit.no_stats", TORCH_FN(dft::batch_norm_legit_no_stats));
   m.impl("_native_batch_norm_legit_no_training", TORCH_FN(dft::batch_norm_legit_no_training));
-  m.impl("native_group_norm", TORCH_FN(dft::group_norm));
-  m.impl("native_group_norm_backward", TORCH_FN(dft::group_norm_backward));
+  m.impl("native_group_norm", DFT_GROUPED(dft::group_norm));
+  m.impl("native_group_norm_backward", DFT_GROUPED(dft::group_norm_backward));
 }

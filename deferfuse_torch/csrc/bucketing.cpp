@@ -136,10 +136,10 @@ at::Tensor tpu_bincount(const at::Tensor& self, const std::optional<at::Tensor>&
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("searchsorted.Tensor", TORCH_FN(dft::tpu_searchsorted));
+  m.impl("searchsorted.Tensor", DFT_GROUPED(dft::tpu_searchsorted));
   m.impl("searchsorted.Scalar", TORCH_FN(dft::searchsorted_scalar));
-  m.impl("bucketize.Tensor", TORCH_FN(dft::tpu_bucketize));
+  m.impl("bucketize.Tensor", DFT_GROUPED(dft::tpu_bucketize));
   m.impl("bucketize.Scalar", TORCH_FN(dft::bucketize_scalar));
-  m.impl("histc", TORCH_FN(dft::tpu_histc));
-  m.impl("bincount", TORCH_FN(dft::tpu_bincount));
+  m.impl("histc", DFT_GROUPED(dft::tpu_histc));
+  m.impl("bincount", DFT_GROUPED(dft::tpu_bincount));
 }

@@ -120,6 +120,22 @@ void check(DfuseStatus s, const char* what) {
   }
 }
 
+OpGroup::OpGroup() {
+  if (get_mode() != DFUSE_MODE_STRICT) return;
+  check(dfuse_op_group_begin(rt()), "opening an op group");
+  open_ = true;
+}
+
+void OpGroup::end() {
+  if (!open_) return;
+  open_ = false;
+  check(dfuse_op_group_end(raw_runtime(), current_stream()), "running an op's group");
+}
+
+OpGroup::~OpGroup() {
+  if (open_) dfuse_op_group_end(raw_runtime(), current_stream());
+}
+
 Ref::~Ref() {
   if (owned_) dfuse_tensor_release(raw_runtime(), h_);
 }

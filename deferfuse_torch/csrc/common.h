@@ -12,6 +12,8 @@
 #include <c10/core/Allocator.h>
 #include <c10/util/SmallVector.h>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 extern "C" {
@@ -141,5 +143,46 @@ void retype_byte_storage(const at::Tensor& t);
 
 // The device's counters of ops that went to the CPU fallback.
 void count_fallback(const std::string& name);
+
+// One ATen op whose kernel records several dfuse_op calls runs in strict mode as that op's own
+// fused program(s), not one program per recorded piece (dfuse_op_group_begin/end): PyTorch's
+// CPU kernel for layer_norm or lerp_ is one pass over memory, and strict mode's "each op its own
+// program" means the ATen op. The group ends after the kernel has returned, when its
+// intermediates are released, so they are never written. Only strict mode opens one (debug
+// keeps its per-piece checks; defer fuses anyway). Register such a kernel with
+// DFT_GROUPED(fn) in place of TORCH_FN(fn).
+class OpGroup {
+ public:
+  OpGroup();
+  OpGroup(const OpGroup&) = delete;
+  OpGroup& operator=(const OpGroup&) = delete;
+  // Ends a group end() did not (the kernel threw): its recorded ops still run, errors dropped.
+  ~OpGroup();
+  // Ends the group, running its ops; raises their launch's error.
+  void end();
+
+ private:
+  bool open_ = false;
+};
+
+template <class F, F f>
+struct Grouped;
+
+template <class R, class... A, R (*f)(A...)>
+struct Grouped<R (*)(A...), f> {
+  static R call(A... a) {
+    OpGroup g;
+    if constexpr (std::is_void_v<R>) {
+      f(std::forward<A>(a)...);
+      g.end();
+    } else {
+      R r = f(std::forward<A>(a)...);
+      g.end();
+      return r;
+    }
+  }
+};
+
+#define DFT_GROUPED(fn) TORCH_FN((::dft::Grouped<decltype(&fn), &fn>::call))
 
 }  // namespace dft

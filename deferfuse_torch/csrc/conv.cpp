@@ -317,6 +317,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("convolution_overrideable", TORCH_FN(dft::convolution));
-  m.impl("convolution_backward_overrideable", TORCH_FN(dft::convolution_backward));
+  m.impl("convolution_overrideable", DFT_GROUPED(dft::convolution));
+  m.impl("convolution_backward_overrideable", DFT_GROUPED(dft::convolution_backward));
 }

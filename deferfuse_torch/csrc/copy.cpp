@@ -190,8 +190,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", TORCH_FN(dft::_copy_from_and_resize));
   m.impl("_to_copy", TORCH_FN(dft::_to_copy));
   m.impl("_local_scalar_dense", TORCH_FN(dft::_local_scalar_dense));
-  m.impl("fill_.Scalar", TORCH_FN(dft::fill_scalar_));
-  m.impl("fill_.Tensor", TORCH_FN(dft::fill_tensor_));
+  m.impl("fill_.Scalar", DFT_GROUPED(dft::fill_scalar_));
+  m.impl("fill_.Tensor", DFT_GROUPED(dft::fill_tensor_));
   m.impl("zero_", TORCH_FN(dft::zero_));
   m.impl("clone", TORCH_FN(dft::clone));
 }

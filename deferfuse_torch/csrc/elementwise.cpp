@@ -50,13 +50,31 @@ at::Tensor scaled(const at::Tensor& other, const at::Scalar& alpha) {
 }
 
 template <uint32_t OP>
-at::Tensor b_alpha(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
+at::Tensor b_alpha_pieces(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
   return b<OP>(x, scaled(y, alpha));
 }
 
 template <uint32_t OP>
-at::Tensor& b_alpha_(at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
+at::Tensor& b_alpha_pieces_(at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
   return b_<OP>(x, scaled(y, alpha));
+}
+
+// A tensor `other` scaled by alpha != 1 is two recorded ops (a multiply, then OP): in strict
+// mode they run as one op group, as PyTorch's one kernel; the usual alpha == 1 stays one op.
+bool scales_a_tensor(const at::Tensor& other, const at::Scalar& alpha) {
+  return !alpha.equal(1) && !is_wrapped(other);
+}
+
+template <uint32_t OP>
+at::Tensor b_alpha(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
+  if (!scales_a_tensor(y, alpha)) return b_alpha_pieces<OP>(x, y, alpha);
+  return Grouped<decltype(&b_alpha_pieces<OP>), &b_alpha_pieces<OP>>::call(x, y, alpha);
+}
+
+template <uint32_t OP>
+at::Tensor& b_alpha_(at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
+  if (!scales_a_tensor(y, alpha)) return b_alpha_pieces_<OP>(x, y, alpha);
+  return Grouped<decltype(&b_alpha_pieces_<OP>), &b_alpha_pieces_<OP>>::call(x, y, alpha);
 }
 
 template <uint32_t OP>
@@ -270,8 +288,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("div.out", TORCH_FN(dft::ew::b_out<DFUSE_BINARY_OP_DIV>));
   m.impl("pow.Tensor_Tensor", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_POW>));
   m.impl("pow_.Tensor", TORCH_FN(dft::ew::b_<DFUSE_BINARY_OP_POW>));
-  m.impl("pow.Tensor_Scalar", TORCH_FN(dft::pow_tensor_scalar));
-  m.impl("pow_.Scalar", TORCH_FN(dft::pow_tensor_scalar_));
+  m.impl("pow.Tensor_Scalar", DFT_GROUPED(dft::pow_tensor_scalar));
+  m.impl("pow_.Scalar", DFT_GROUPED(dft::pow_tensor_scalar_));
   m.impl("pow.Scalar", TORCH_FN(dft::pow_scalar_base));
   m.impl("maximum", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_MAXIMUM>));
   m.impl("minimum", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_MINIMUM>));
@@ -292,12 +310,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("clamp_max", TORCH_FN(dft::clamp_max));
   m.impl("clamp_min_", TORCH_FN(dft::clamp_min_));
   m.impl("clamp_max_", TORCH_FN(dft::clamp_max_));
-  m.impl("lerp.Scalar", TORCH_FN(dft::lerp));
-  m.impl("lerp_.Scalar", TORCH_FN(dft::lerp_));
-  m.impl("lerp.Tensor", TORCH_FN(dft::lerp_tensor));
-  m.impl("lerp_.Tensor", TORCH_FN(dft::lerp_tensor_));
-  m.impl("addcmul", TORCH_FN(dft::addcmul));
-  m.impl("addcmul_", TORCH_FN(dft::addcmul_));
-  m.impl("addcdiv", TORCH_FN(dft::addcdiv));
-  m.impl("addcdiv_", TORCH_FN(dft::addcdiv_));
+  m.impl("lerp.Scalar", DFT_GROUPED(dft::lerp));
+  m.impl("lerp_.Scalar", DFT_GROUPED(dft::lerp_));
+  m.impl("lerp.Tensor", DFT_GROUPED(dft::lerp_tensor));
+  m.impl("lerp_.Tensor", DFT_GROUPED(dft::lerp_tensor_));
+  m.impl("addcmul", DFT_GROUPED(dft::addcmul));
+  m.impl("addcmul_", DFT_GROUPED(dft::addcmul_));
+  m.impl("addcdiv", DFT_GROUPED(dft::addcdiv));
+  m.impl("addcdiv_", DFT_GROUPED(dft::addcdiv_));
 }

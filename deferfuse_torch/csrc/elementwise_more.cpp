@@ -145,9 +145,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("div_.Tensor_mode", TORCH_FN(dft::div_mode_));
   m.impl("div.out_mode", TORCH_FN(dft::div_mode_out));
   m.impl("div.Scalar_mode", TORCH_FN(dft::div_scalar_mode));
-  m.impl("nan_to_num", TORCH_FN(dft::tpu_nan_to_num));
+  m.impl("nan_to_num", DFT_GROUPED(dft::tpu_nan_to_num));
   m.impl("nan_to_num.out", TORCH_FN(dft::nan_to_num_out));
-  m.impl("logical_xor", TORCH_FN(dft::tpu_logical_xor));
-  m.impl("logit", TORCH_FN(dft::tpu_logit));
-  m.impl("logit_backward", TORCH_FN(dft::tpu_logit_backward));
+  m.impl("logical_xor", DFT_GROUPED(dft::tpu_logical_xor));
+  m.impl("logit", DFT_GROUPED(dft::tpu_logit));
+  m.impl("logit_backward", DFT_GROUPED(dft::tpu_logit_backward));
 }

@@ -96,7 +96,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("dot", TORCH_FN(dft::dot));
   m.impl("addmm", TORCH_FN(dft::addmm));
   m.impl("addmm_", TORCH_FN(dft::addmm_));
-  m.impl("baddbmm", TORCH_FN(dft::baddbmm));
-  m.impl("cat", TORCH_FN(dft::cat));
-  m.impl("arange.start_out", TORCH_FN(dft::arange_out));
+  m.impl("baddbmm", DFT_GROUPED(dft::baddbmm));
+  m.impl("cat", DFT_GROUPED(dft::cat));
+  m.impl("arange.start_out", DFT_GROUPED(dft::arange_out));
 }

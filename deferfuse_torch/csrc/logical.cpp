@@ -169,9 +169,9 @@ at::Tensor& masked_fill_t_(at::Tensor& self, const at::Tensor& mask, const at::T
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("all", TORCH_FN(dft::all_k));
-  m.impl("any", TORCH_FN(dft::any_k));
-  m.impl("all.dim", TORCH_FN(dft::all_dim));
-  m.impl("any.dim", TORCH_FN(dft::any_dim));
+  m.impl("any", DFT_GROUPED(dft::any_k));
+  m.impl("all.dim", DFT_GROUPED(dft::all_dim));
+  m.impl("any.dim", DFT_GROUPED(dft::any_dim));
   m.impl("all.out", TORCH_FN(dft::all_out));
   m.impl("any.out", TORCH_FN(dft::any_out));
   m.impl("all.all_out", TORCH_FN(dft::all_all_out));
@@ -185,8 +185,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("masked_fill_.Scalar", TORCH_FN(dft::masked_fill_s_));
   m.impl("masked_fill.Tensor", TORCH_FN(dft::masked_fill_t));
   m.impl("masked_fill_.Tensor", TORCH_FN(dft::masked_fill_t_));
-  m.impl("tril", TORCH_FN(dft::tril));
-  m.impl("triu", TORCH_FN(dft::triu));
+  m.impl("tril", DFT_GROUPED(dft::tril));
+  m.impl("triu", DFT_GROUPED(dft::triu));
   m.impl("tril_", TORCH_FN(dft::tril_));
   m.impl("triu_", TORCH_FN(dft::triu_));
   m.impl("tril.out", TORCH_FN(dft::tril_out));

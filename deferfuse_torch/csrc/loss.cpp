@@ -199,18 +199,18 @@ at::Tensor nll_loss2d_backward(const at::Tensor& grad, const at::Tensor& self,
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("mse_loss", TORCH_FN(dft::mse_loss));
-  m.impl("mse_loss_backward", TORCH_FN(dft::mse_loss_backward));
-  m.impl("smooth_l1_loss", TORCH_FN(dft::smooth_l1_loss));
-  m.impl("smooth_l1_loss_backward", TORCH_FN(dft::smooth_l1_loss_backward));
-  m.impl("huber_loss", TORCH_FN(dft::huber_loss));
-  m.impl("huber_loss_backward", TORCH_FN(dft::huber_loss_backward));
-  m.impl("binary_cross_entropy", TORCH_FN(dft::binary_cross_entropy));
-  m.impl("binary_cross_entropy_backward", TORCH_FN(dft::binary_cross_entropy_backward));
-  m.impl("soft_margin_loss", TORCH_FN(dft::soft_margin_loss));
-  m.impl("soft_margin_loss_backward", TORCH_FN(dft::soft_margin_loss_backward));
-  m.impl("nll_loss_forward", TORCH_FN(dft::nll_loss_forward));
-  m.impl("nll_loss_backward", TORCH_FN(dft::nll_loss_backward));
-  m.impl("nll_loss2d_forward", TORCH_FN(dft::nll_loss2d_forward));
-  m.impl("nll_loss2d_backward", TORCH_FN(dft::nll_loss2d_backward));
+  m.impl("mse_loss", DFT_GROUPED(dft::mse_loss));
+  m.impl("mse_loss_backward", DFT_GROUPED(dft::mse_loss_backward));
+  m.impl("smooth_l1_loss", DFT_GROUPED(dft::smooth_l1_loss));
+  m.impl("smooth_l1_loss_backward", DFT_GROUPED(dft::smooth_l1_loss_backward));
+  m.impl("huber_loss", DFT_GROUPED(dft::huber_loss));
+  m.impl("huber_loss_backward", DFT_GROUPED(dft::huber_loss_backward));
+  m.impl("binary_cross_entropy", DFT_GROUPED(dft::binary_cross_entropy));
+  m.impl("binary_cross_entropy_backward", DFT_GROUPED(dft::binary_cross_entropy_backward));
+  m.impl("soft_margin_loss", DFT_GROUPED(dft::soft_margin_loss));
+  m.impl("soft_margin_loss_backward", DFT_GROUPED(dft::soft_margin_loss_backward));
+  m.impl("nll_loss_forward", DFT_GROUPED(dft::nll_loss_forward));
+  m.impl("nll_loss_backward", DFT_GROUPED(dft::nll_loss_backward));
+  m.impl("nll_loss2d_forward", DFT_GROUPED(dft::nll_loss2d_forward));
+  m.impl("nll_loss2d_backward", DFT_GROUPED(dft::nll_loss2d_backward));
 }

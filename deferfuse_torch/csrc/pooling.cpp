@@ -306,12 +306,12 @@ at::Tensor adaptive_max_pool2d_backward(const at::Tensor& grad, const at::Tensor
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("max_pool2d_with_indices", TORCH_FN(dft::max_pool2d_with_indices));
-  m.impl("max_pool2d_with_indices_backward", TORCH_FN(dft::max_pool2d_with_indices_backward));
-  m.impl("avg_pool2d", TORCH_FN(dft::avg_pool2d));
-  m.impl("avg_pool2d_backward", TORCH_FN(dft::avg_pool2d_backward));
-  m.impl("_adaptive_avg_pool2d", TORCH_FN(dft::adaptive_avg_pool2d));
-  m.impl("_adaptive_avg_pool2d_backward", TORCH_FN(dft::adaptive_avg_pool2d_backward));
-  m.impl("adaptive_max_pool2d", TORCH_FN(dft::adaptive_max_pool2d));
-  m.impl("adaptive_max_pool2d_backward", TORCH_FN(dft::adaptive_max_pool2d_backward));
+  m.impl("max_pool2d_with_indices", DFT_GROUPED(dft::max_pool2d_with_indices));
+  m.impl("max_pool2d_with_indices_backward", DFT_GROUPED(dft::max_pool2d_with_indices_backward));
+  m.impl("avg_pool2d", DFT_GROUPED(dft::avg_pool2d));
+  m.impl("avg_pool2d_backward", DFT_GROUPED(dft::avg_pool2d_backward));
+  m.impl("_adaptive_avg_pool2d", DFT_GROUPED(dft::adaptive_avg_pool2d));
+  m.impl("_adaptive_avg_pool2d_backward", DFT_GROUPED(dft::adaptive_avg_pool2d_backward));
+  m.impl("adaptive_max_pool2d", DFT_GROUPED(dft::adaptive_max_pool2d));
+  m.impl("adaptive_max_pool2d_backward", DFT_GROUPED(dft::adaptive_max_pool2d_backward));
 }

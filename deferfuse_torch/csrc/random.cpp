@@ -313,17 +313,17 @@ TORCH_LIBRARY_FRAGMENT(deferfuse, m) {
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("uniform_", TORCH_FN(dft::uniform_));
-  m.impl("normal_", TORCH_FN(dft::normal_));
+  m.impl("uniform_", DFT_GROUPED(dft::uniform_));
+  m.impl("normal_", DFT_GROUPED(dft::normal_));
   m.impl("random_", TORCH_FN(dft::random_));
-  m.impl("random_.from", TORCH_FN(dft::random_from));
+  m.impl("random_.from", DFT_GROUPED(dft::random_from));
   m.impl("random_.to", TORCH_FN(dft::random_to));
   m.impl("exponential_", TORCH_FN(dft::exponential_));
-  m.impl("bernoulli_.float", TORCH_FN(dft::bernoulli_scalar_));
+  m.impl("bernoulli_.float", DFT_GROUPED(dft::bernoulli_scalar_));
   m.impl("bernoulli_.Tensor", TORCH_FN(dft::bernoulli_tensor_));
-  m.impl("bernoulli", TORCH_FN(dft::bernoulli));
-  m.impl("native_dropout", TORCH_FN(dft::native_dropout));
-  m.impl("native_dropout_backward", TORCH_FN(dft::native_dropout_backward));
-  m.impl("multinomial", TORCH_FN(dft::multinomial));
+  m.impl("bernoulli", DFT_GROUPED(dft::bernoulli));
+  m.impl("native_dropout", DFT_GROUPED(dft::native_dropout));
+  m.impl("native_dropout_backward", DFT_GROUPED(dft::native_dropout_backward));
+  m.impl("multinomial", DFT_GROUPED(dft::multinomial));
   m.impl("randperm.generator_out", TORCH_FN(dft::randperm_out));
 }

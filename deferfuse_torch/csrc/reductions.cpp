@@ -157,9 +157,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("argmin", TORCH_FN(dft::argmin));
   m.impl("max", TORCH_FN(dft::max_all));
   m.impl("min", TORCH_FN(dft::min_all));
-  m.impl("max.dim", TORCH_FN(dft::max_dim));
+  m.impl("max.dim", DFT_GROUPED(dft::max_dim));
   m.impl("min.dim", TORCH_FN(dft::min_dim));
-  m.impl("var.correction", TORCH_FN(dft::var_corr));
-  m.impl("std.correction", TORCH_FN(dft::std_));
-  m.impl("linalg_vector_norm", TORCH_FN(dft::vector_norm));
+  m.impl("var.correction", DFT_GROUPED(dft::var_corr));
+  m.impl("std.correction", DFT_GROUPED(dft::std_));
+  m.impl("linalg_vector_norm", DFT_GROUPED(dft::vector_norm));
 }

@@ -449,28 +449,28 @@ at::Tensor xlogy(const at::Tensor& x, const at::Tensor& y) {
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("upsample_nearest2d", TORCH_FN(dft::upsample_nearest2d));
-  m.impl("upsample_nearest2d_backward", TORCH_FN(dft::upsample_nearest2d_backward));
-  m.impl("_upsample_nearest_exact2d", TORCH_FN(dft::upsample_nearest_exact2d));
-  m.impl("_upsample_nearest_exact2d_backward", TORCH_FN(dft::upsample_nearest_exact2d_backward));
-  m.impl("upsample_nearest1d", TORCH_FN(dft::upsample_nearest1d));
-  m.impl("upsample_nearest1d_backward", TORCH_FN(dft::upsample_nearest1d_backward));
-  m.impl("reflection_pad1d", TORCH_FN(dft::pad<true>));
-  m.impl("reflection_pad2d", TORCH_FN(dft::pad<true>));
-  m.impl("replication_pad1d", TORCH_FN(dft::pad<false>));
-  m.impl("replication_pad2d", TORCH_FN(dft::pad<false>));
-  m.impl("reflection_pad1d_backward", TORCH_FN(dft::pad_backward<true>));
-  m.impl("reflection_pad2d_backward", TORCH_FN(dft::pad_backward<true>));
-  m.impl("replication_pad1d_backward", TORCH_FN(dft::pad_backward<false>));
-  m.impl("replication_pad2d_backward", TORCH_FN(dft::pad_backward<false>));
-  m.impl("upsample_bilinear2d", TORCH_FN(dft::up2d_smooth<false>));
-  m.impl("upsample_bilinear2d_backward", TORCH_FN(dft::up2d_smooth_back<false>));
-  m.impl("upsample_bicubic2d", TORCH_FN(dft::up2d_smooth<true>));
-  m.impl("upsample_bicubic2d_backward", TORCH_FN(dft::up2d_smooth_back<true>));
-  m.impl("upsample_linear1d", TORCH_FN(dft::upsample_linear1d));
-  m.impl("upsample_linear1d_backward", TORCH_FN(dft::upsample_linear1d_backward));
+  m.impl("upsample_nearest2d", DFT_GROUPED(dft::upsample_nearest2d));
+  m.impl("upsample_nearest2d_backward", DFT_GROUPED(dft::upsample_nearest2d_backward));
+  m.impl("_upsample_nearest_exact2d", DFT_GROUPED(dft::upsample_nearest_exact2d));
+  m.impl("_upsample_nearest_exact2d_backward", DFT_GROUPED(dft::upsample_nearest_exact2d_backward));
+  m.impl("upsample_nearest1d", DFT_GROUPED(dft::upsample_nearest1d));
+  m.impl("upsample_nearest1d_backward", DFT_GROUPED(dft::upsample_nearest1d_backward));
+  m.impl("reflection_pad1d", DFT_GROUPED(dft::pad<true>));
+  m.impl("reflection_pad2d", DFT_GROUPED(dft::pad<true>));
+  m.impl("replication_pad1d", DFT_GROUPED(dft::pad<false>));
+  m.impl("replication_pad2d", DFT_GROUPED(dft::pad<false>));
+  m.impl("reflection_pad1d_backward", DFT_GROUPED(dft::pad_backward<true>));
+  m.impl("reflection_pad2d_backward", DFT_GROUPED(dft::pad_backward<true>));
+  m.impl("replication_pad1d_backward", DFT_GROUPED(dft::pad_backward<false>));
+  m.impl("replication_pad2d_backward", DFT_GROUPED(dft::pad_backward<false>));
+  m.impl("upsample_bilinear2d", DFT_GROUPED(dft::up2d_smooth<false>));
+  m.impl("upsample_bilinear2d_backward", DFT_GROUPED(dft::up2d_smooth_back<false>));
+  m.impl("upsample_bicubic2d", DFT_GROUPED(dft::up2d_smooth<true>));
+  m.impl("upsample_bicubic2d_backward", DFT_GROUPED(dft::up2d_smooth_back<true>));
+  m.impl("upsample_linear1d", DFT_GROUPED(dft::upsample_linear1d));
+  m.impl("upsample_linear1d_backward", DFT_GROUPED(dft::upsample_linear1d_backward));
   m.impl("grid_sampler_2d", TORCH_FN(dft::grid_sampler_2d));
-  m.impl("xlogy.Tensor", TORCH_FN(dft::xlogy));
+  m.impl("xlogy.Tensor", DFT_GROUPED(dft::xlogy));
 }
 
 // grid_sampler_2d's gradient comes from autograd through its device ops (see above).

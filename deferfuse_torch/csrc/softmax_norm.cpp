@@ -89,10 +89,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_softmax", TORCH_FN(dft::softmax));
-  m.impl("_log_softmax", TORCH_FN(dft::log_softmax));
-  m.impl("_softmax_backward_data", TORCH_FN(dft::softmax_backward));
-  m.impl("_log_softmax_backward_data", TORCH_FN(dft::log_softmax_backward));
-  m.impl("native_layer_norm", TORCH_FN(dft::layer_norm));
-  m.impl("native_layer_norm_backward", TORCH_FN(dft::layer_norm_backward));
+  m.impl("_softmax", DFT_GROUPED(dft::softmax));
+  m.impl("_log_softmax", DFT_GROUPED(dft::log_softmax));
+  m.impl("_softmax_backward_data", DFT_GROUPED(dft::softmax_backward));
+  m.impl("_log_softmax_backward_data", DFT_GROUPED(dft::log_softmax_backward));
+  m.impl("native_layer_norm", DFT_GROUPED(dft::layer_norm));
+  m.impl("native_layer_norm_backward", DFT_GROUPED(dft::layer_norm_backward));
 }

@@ -284,26 +284,26 @@ at::Tensor& eye_out(c10::SymInt n, at::Tensor& out) { return eye_m_out(n, n, out
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("sort.stable", TORCH_FN(dft::sort_stable));
-  m.impl("sort.values_stable", TORCH_FN(dft::sort_values_stable));
-  m.impl("topk", TORCH_FN(dft::tpu_topk));
+  m.impl("sort.stable", DFT_GROUPED(dft::sort_stable));
+  m.impl("sort.values_stable", DFT_GROUPED(dft::sort_values_stable));
+  m.impl("topk", DFT_GROUPED(dft::tpu_topk));
   m.impl("topk.values", TORCH_FN(dft::topk_values));
-  m.impl("kthvalue.values", TORCH_FN(dft::kthvalue_values));
-  m.impl("median.dim_values", TORCH_FN(dft::median_dim_values));
-  m.impl("median", TORCH_FN(dft::tpu_median));
+  m.impl("kthvalue.values", DFT_GROUPED(dft::kthvalue_values));
+  m.impl("median.dim_values", DFT_GROUPED(dft::median_dim_values));
+  m.impl("median", DFT_GROUPED(dft::tpu_median));
   m.impl("cumsum", TORCH_FN(dft::tpu_cumsum));
   m.impl("cumprod", TORCH_FN(dft::tpu_cumprod));
   m.impl("cumsum_", TORCH_FN(dft::cumsum_));
   m.impl("cumprod_", TORCH_FN(dft::cumprod_));
   m.impl("cumsum.out", TORCH_FN(dft::cumsum_out));
   m.impl("cumprod.out", TORCH_FN(dft::cumprod_out));
-  m.impl("_cummax_helper", TORCH_FN(dft::cummaxmin_helper<true>));
-  m.impl("_cummin_helper", TORCH_FN(dft::cummaxmin_helper<false>));
+  m.impl("_cummax_helper", DFT_GROUPED(dft::cummaxmin_helper<true>));
+  m.impl("_cummin_helper", DFT_GROUPED(dft::cummaxmin_helper<false>));
   m.impl("_logcumsumexp", TORCH_FN(dft::tpu_logcumsumexp));
-  m.impl("count_nonzero.dim_IntList", TORCH_FN(dft::count_nonzero));
-  m.impl("var_mean.correction", TORCH_FN(dft::var_mean));
-  m.impl("_unique2", TORCH_FN(dft::unique2));
+  m.impl("count_nonzero.dim_IntList", DFT_GROUPED(dft::count_nonzero));
+  m.impl("var_mean.correction", DFT_GROUPED(dft::var_mean));
+  m.impl("_unique2", DFT_GROUPED(dft::unique2));
   m.impl("linspace.out", TORCH_FN(dft::linspace_out));
-  m.impl("eye.m_out", TORCH_FN(dft::eye_m_out));
-  m.impl("eye.out", TORCH_FN(dft::eye_out));
+  m.impl("eye.m_out", DFT_GROUPED(dft::eye_m_out));
+  m.impl("eye.out", DFT_GROUPED(dft::eye_out));
 }

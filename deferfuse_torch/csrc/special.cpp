@@ -211,7 +211,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   DF_SPECIAL(erfinv)
   DF_SPECIAL(lgamma)
   DF_SPECIAL(digamma)
-  m.impl("polygamma", TORCH_FN(dft::tpu_polygamma));
+  m.impl("polygamma", DFT_GROUPED(dft::tpu_polygamma));
   m.impl("polygamma.out", TORCH_FN(dft::polygamma_out));
   m.impl("polygamma_", TORCH_FN(dft::polygamma_));
 }
