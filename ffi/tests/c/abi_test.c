@@ -207,6 +207,25 @@ static void run_mode(uint32_t mode) {
     CHECK(got_mode == mode);
     EXPECT(DFUSE_STATUS_INVALID_ARGUMENT, dfuse_mode_pop(rt));
 
+    /* An op group in strict mode: two ops recorded inside it run as one program at its end,
+     * the released intermediate never written; -(-b) == b. */
+    OK(dfuse_mode_push(rt, DFUSE_MODE_STRICT));
+    DfuseStats before_group, after_group;
+    OK(dfuse_stats(rt, &before_group));
+    OK(dfuse_op_group_begin(rt));
+    uint64_t g1 = 0, g2 = 0;
+    OK(dfuse_op(rt, 0, DFUSE_OP_KIND_UNARY, &na, &bin, 1, 0, &g1));
+    DfuseOperand g1_in = tensor_operand(g1);
+    OK(dfuse_op(rt, 0, DFUSE_OP_KIND_UNARY, &na, &g1_in, 1, 0, &g2));
+    OK(dfuse_tensor_release(rt, g1));
+    OK(dfuse_op_group_end(rt, 0));
+    OK(dfuse_stats(rt, &after_group));
+    CHECK(after_group.programs_run - before_group.programs_run == 1);
+    OK(dfuse_mode_pop(rt));
+    EXPECT_F32(rt, g2, bv, 6, 0.0);
+    OK(dfuse_tensor_release(rt, g2));
+    EXPECT(DFUSE_STATUS_INVALID_ARGUMENT, dfuse_op_group_end(rt, 0));
+
     /* A second stream: x = -b on s2; record an event; the default stream waits for it and
      * computes y = x + 1. */
     uint64_t s2 = 0, ev = 0;

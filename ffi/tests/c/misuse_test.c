@@ -128,6 +128,8 @@ static void every_call_rejects_runtime(DfuseRuntime *rt, DfuseStatus want, uint6
     MISUSE(want, dfuse_mode_set(rt, DFUSE_MODE_STRICT));
     MISUSE(want, dfuse_mode_push(rt, DFUSE_MODE_STRICT));
     MISUSE(want, dfuse_mode_pop(rt));
+    MISUSE(want, dfuse_op_group_begin(rt));
+    MISUSE(want, dfuse_op_group_end(rt, 0));
     MISUSE(want, dfuse_release_cached_memory(rt, &h));
     MISUSE(want, dfuse_stats(rt, &stats));
     MISUSE(want, dfuse_stream_create(rt, &h));
@@ -438,6 +440,7 @@ static void bad_enums_and_attrs(DfuseRuntime *rt) {
     MISUSE(INVALID_ARGUMENT, dfuse_mode_set(rt, 3));
     MISUSE(INVALID_ARGUMENT, dfuse_mode_push(rt, DFUSE_MODE_FROM_ENV));
     MISUSE(INVALID_ARGUMENT, dfuse_mode_pop(rt)); /* nothing pushed */
+    MISUSE(INVALID_ARGUMENT, dfuse_op_group_end(rt, 0)); /* no group open */
     OK(dfuse_tensor_release(rt, x));
     still_usable(rt, __LINE__);
 }
