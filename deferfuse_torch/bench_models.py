@@ -102,7 +102,7 @@ class Runner:
                 self.step_stats.append(_delta(before, after, steps))
 
     def _counters(self):
-        if self.mode != "defer":
+        if self.mode is None:
             return None
         return deferfuse_torch.stats(), deferfuse_torch.fallback_counts()
 
@@ -142,7 +142,7 @@ def bench(name, args):
             r.round(i, args.steps_per_round, timed=i >= args.warmup)
     ms = {r.label: r.median_ms() for r in runners}
     ms.setdefault("compile", None)
-    defer = runners[-1]
+    strict, defer = runners[-2], runners[-1]
 
     def ratio(a, b):
         return ms[a] / ms[b] if ms[a] and ms[b] else None
@@ -150,6 +150,7 @@ def bench(name, args):
     return {"model": name, "description": w.description, "ms": ms,
             "cpu/defer": ratio("cpu", "defer"), "strict/defer": ratio("strict", "defer"),
             "cpu/strict": ratio("cpu", "strict"), "defer_step": _median_stats(defer.step_stats),
+            "strict_step": _median_stats(strict.step_stats),
             "errors": {r.label: r.error for r in runners if r.error}}
 
 
@@ -165,20 +166,22 @@ def print_table(rows, args):
           f"threads: {args.threads} (torch and deferfuse)")
     head = (f"{'model':15s} {'cpu ms':>8s} {'compile':>8s} {'strict':>8s} {'defer':>8s} "
             f"{'cpu/def':>7s} {'str/def':>7s} {'cpu/str':>7s} | {'ops':>5s} {'progs':>5s} "
-            f"{'syncs':>5s} {'fallbk':>6s}")
+            f"{'syncs':>5s} {'fallbk':>6s} {'s.progs':>7s}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        ms, d = r["ms"], r["defer_step"] or {}
+        ms, d, st = r["ms"], r["defer_step"] or {}, r["strict_step"] or {}
         print(f"{r['model']:15s} {_fmt(ms['cpu'], '8.2f')} {_fmt(ms['compile'], '8.2f')} "
               f"{_fmt(ms['strict'], '8.2f')} {_fmt(ms['defer'], '8.2f')} "
               f"{_fmt(r['cpu/defer'], '7.2f')} {_fmt(r['strict/defer'], '7.2f')} "
               f"{_fmt(r['cpu/strict'], '7.2f')} | {_fmt(d.get('ops_recorded'), '5.0f')} "
               f"{_fmt(d.get('programs_run'), '5.0f')} {_fmt(d.get('sync_points'), '5.0f')} "
-              f"{_fmt(d.get('fallback_ops'), '6.0f')}")
+              f"{_fmt(d.get('fallback_ops'), '6.0f')} {_fmt(st.get('programs_run'), '7.0f')}")
     print("\nms: per step; cpu/def = cpu ms / defer ms (above 1: defer is faster), likewise "
           "str/def and cpu/str.\nops, progs, syncs, fallbk: per defer step, ops recorded, "
-          "programs run, sync points, ops run on the CPU fallback.")
+          "programs run, sync points, ops run on the CPU fallback; s.progs: programs per strict "
+          "step\n(one per ATen op, a compound op such as layer_norm fused into one: see the "
+          "README's op groups).")
     for r in rows:
         notes = [r["description"]]
         if r["defer_step"] and r["defer_step"]["fallbacks"]:

@@ -1,6 +1,7 @@
-"""bench_models.py measures what it says: every runner gets timed steps, and the defer runner's
+"""bench_models.py measures what it says: every runner gets timed steps, and the tpu runners'
 per-step counters come from the runtime (an MLP step records ops, runs fewer programs than ops,
-syncs at loss.item() and sends nothing to the CPU fallback)."""
+syncs at loss.item() and sends nothing to the CPU fallback; its strict step runs each compound
+ATen op, AdamW's lerp_ for one, as one program)."""
 import os
 import sys
 
@@ -18,3 +19,6 @@ def test_mlp_row_has_every_runner_timed_and_the_defer_step_counted():
     assert 0 < step["programs_run"] < step["ops_recorded"]
     assert step["sync_points"] >= 1
     assert step["fallback_ops"] == 0 and step["fallbacks"] == {}
+    strict = row["strict_step"]
+    assert strict["ops_recorded"] == step["ops_recorded"]
+    assert step["programs_run"] < strict["programs_run"] < strict["ops_recorded"]
