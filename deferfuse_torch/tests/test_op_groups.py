@@ -104,3 +104,17 @@ def test_a_scaled_add_is_one_program_and_an_unscaled_one_runs_as_before():
     assert (n2["ops_recorded"], n2["programs_run"]) == (2, 1), n2
     assert (n1["ops_recorded"], n1["programs_run"]) == (1, 1), n1
     torch.testing.assert_close(scaled.cpu(), torch.add(a.cpu(), b.cpu(), alpha=-0.5))
+
+
+def test_a_strict_op_group_on_a_side_stream_runs_there_and_leaves_nothing_pending():
+    x = torch.randn(32, 48)
+    d = x.to("tpu")
+    side = torch.tpu.Stream()
+    side.wait_stream(torch.tpu.current_stream())
+    with deferfuse_torch.mode("strict"):
+        with torch.tpu.stream(side):
+            y = torch.softmax(d, -1)
+            # The group's end launched its program on this stream: nothing is left pending.
+            assert deferfuse_torch.dump_pending() == ""
+        torch.tpu.current_stream().wait_stream(side)
+    torch.testing.assert_close(y.cpu(), torch.softmax(x, -1))
