@@ -118,6 +118,14 @@ at::Tensor pow_tensor_scalar(const at::Tensor& x, const at::Scalar& e) {
   return binary(x, e, DFUSE_BINARY_OP_POW);
 }
 
+// x**3 and x**-2 record two ops (CPU rounds twice): one op group in strict mode. The other
+// exponents record one op and stay on the strict path (a group of one op only costs more).
+at::Tensor pow_tensor_scalar_entry(const at::Tensor& x, const at::Scalar& e) {
+  bool two_ops = pow_has_cpu_special_cases(x, e) && (e.toDouble() == 3.0 || e.toDouble() == -2.0);
+  if (!two_ops) return pow_tensor_scalar(x, e);
+  return Grouped<decltype(&pow_tensor_scalar), &pow_tensor_scalar>::call(x, e);
+}
+
 // In place, the specialised value is written back through `x`'s handle like any in-place op.
 at::Tensor& pow_tensor_scalar_(at::Tensor& x, const at::Scalar& e) {
   if (!pow_has_cpu_special_cases(x, e)) return bs_<DFUSE_BINARY_OP_POW>(x, e);
@@ -288,7 +296,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("div.out", TORCH_FN(dft::ew::b_out<DFUSE_BINARY_OP_DIV>));
   m.impl("pow.Tensor_Tensor", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_POW>));
   m.impl("pow_.Tensor", TORCH_FN(dft::ew::b_<DFUSE_BINARY_OP_POW>));
-  m.impl("pow.Tensor_Scalar", DFT_GROUPED(dft::pow_tensor_scalar));
+  m.impl("pow.Tensor_Scalar", TORCH_FN(dft::pow_tensor_scalar_entry));
   m.impl("pow_.Scalar", DFT_GROUPED(dft::pow_tensor_scalar_));
   m.impl("pow.Scalar", TORCH_FN(dft::pow_scalar_base));
   m.impl("maximum", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_MAXIMUM>));

@@ -118,3 +118,14 @@ def test_a_strict_op_group_on_a_side_stream_runs_there_and_leaves_nothing_pendin
             assert deferfuse_torch.dump_pending() == ""
         torch.tpu.current_stream().wait_stream(side)
     torch.testing.assert_close(y.cpu(), torch.softmax(x, -1))
+
+
+def test_a_cube_is_one_program_and_a_square_the_one_op_strict_path():
+    x = torch.randn(100)
+    d = x.to("tpu")
+    with deferfuse_torch.mode("strict"):
+        cube, n3 = counted(lambda: d.pow(3))
+        square, n2 = counted(lambda: d.pow(2))
+    assert (n3["ops_recorded"], n3["programs_run"]) == (2, 1), n3
+    assert (n2["ops_recorded"], n2["programs_run"]) == (1, 1), n2
+    assert torch.equal(cube.cpu(), x.pow(3)) and torch.equal(square.cpu(), x.pow(2))
