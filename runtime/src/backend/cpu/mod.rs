@@ -8,6 +8,8 @@ mod jit_calls;
 mod lanes;
 mod matmul;
 mod packed_gemm;
+#[cfg(target_arch = "x86_64")]
+mod packed_gemm_avx512;
 mod parallel;
 mod small_gemm;
 mod stash;
