@@ -180,8 +180,9 @@ unsafe fn kernel(blk: &Block) -> [[__m512; 2]; MR] {
         blk.ap.offset(9 * rsa),
     ];
     let mut b = blk.bp;
-    for _ in 0..blk.kc {
-        let b0 = _mm512_loadu_ps(b);
+    // One k step: B's two vectors, then each row's broadcast into its two sums.
+    let mut step = |base: &mut [*const f32; 4], b: &mut *const f32| {
+        let b0 = _mm512_loadu_ps(*b);
         let b1 = _mm512_loadu_ps(b.add(VL));
         for (g, &p) in base.iter().enumerate() {
             for j in 0..3 {
@@ -195,7 +196,14 @@ unsafe fn kernel(blk: &Block) -> [[__m512; 2]; MR] {
         for p in base.iter_mut() {
             *p = p.wrapping_offset(csa);
         }
-        b = b.wrapping_add(NR);
+        *b = b.wrapping_add(NR);
+    };
+    for _ in 0..blk.kc / 2 {
+        step(&mut base, &mut b);
+        step(&mut base, &mut b);
+    }
+    if blk.kc % 2 == 1 {
+        step(&mut base, &mut b);
     }
     acc
 }
