@@ -1,0 +1,135 @@
+"""Recurrent layers on "tpu": nn.LSTM, nn.GRU and their cells take PyTorch's fused-cell path on
+every device but CPU (_thnn_fused_lstm_cell / _thnn_fused_gru_cell, CUDA-only kernels), which
+the device composes from its own ops (csrc/rnn.cpp). Each must run with no CPU fallback and
+give CPU's outputs, gradients and training losses, in every mode."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import deferfuse_torch
+
+from conftest import check
+
+
+def both(module):
+    """The CPU module and its copy on tpu (same weights)."""
+    torch.manual_seed(0)
+    cpu = module()
+    return cpu, copy.deepcopy(cpu).to("tpu")
+
+
+def train_losses(model, loss_fn, steps=3):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = loss_fn(model)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_a_stacked_bidirectional_rnn_trains_with_cpus_losses_and_no_fallback(mode, kind):
+    cpu, dev = both(lambda: getattr(nn, kind)(8, 16, num_layers=2, batch_first=True,
+                                              bidirectional=True))
+    head_cpu, head_dev = both(lambda: nn.Linear(32, 3))
+    x, y = torch.randn(4, 7, 8), torch.tensor([0, 2, 1, 2])
+
+    def loss_fn(rnn, head, d):
+        out, _ = rnn(x.to(d))
+        return F.cross_entropy(head(out[:, -1]), y.to(d))
+
+    want = train_losses(nn.ModuleList([cpu, head_cpu]), lambda m: loss_fn(m[0], m[1], "cpu"))
+    deferfuse_torch.reset_fallback_counts()
+    got = train_losses(nn.ModuleList([dev, head_dev]), lambda m: loss_fn(m[0], m[1], "tpu"))
+    assert deferfuse_torch.fallback_counts() == {}
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for p, q in zip(dev.parameters(), cpu.parameters()):
+        check(p.detach(), q.detach(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["LSTMCell", "GRUCell"])
+def test_a_cell_gives_cpus_state_and_gradients(mode, kind):
+    cpu, dev = both(lambda: getattr(nn, kind)(6, 10))
+    x = torch.randn(5, 6)
+    h0 = torch.randn(5, 10)
+    state = (h0, torch.randn(5, 10)) if kind == "LSTMCell" else h0
+
+    def run(cell, d):
+        s = tuple(t.to(d) for t in state) if isinstance(state, tuple) else state.to(d)
+        out = cell(x.to(d), s)
+        h = out[0] if isinstance(out, tuple) else out
+        (h * torch.arange(10.0, device=d)).sum().backward()
+        return out
+
+    want = run(cpu, "cpu")
+    deferfuse_torch.reset_fallback_counts()
+    got = run(dev, "tpu")
+    assert deferfuse_torch.fallback_counts() == {}
+    for g, w in zip(got if isinstance(got, tuple) else (got,),
+                    want if isinstance(want, tuple) else (want,)):
+        check(g.detach(), w.detach())
+    for p, q in zip(dev.parameters(), cpu.parameters()):
+        check(p.grad, q.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_an_lstm_runs_under_inference_mode(mode):
+    # Below autograd the cell is the device kernel itself, not the autograd registration.
+    cpu, dev = both(lambda: nn.LSTM(8, 12, num_layers=2))
+    x = torch.randn(9, 3, 8)
+    with torch.inference_mode():
+        want, (wh, wc) = cpu(x)
+        deferfuse_torch.reset_fallback_counts()
+        got, (gh, gc) = dev(x.to("tpu"))
+        assert deferfuse_torch.fallback_counts() == {}
+        for g, w in ((got, want), (gh, wh), (gc, wc)):
+            check(g, w)
+
+
+def test_a_packed_padded_batch_gives_cpus_outputs_and_gradients(mode):
+    cpu, dev = both(lambda: nn.GRU(4, 6, batch_first=True))
+    x, lengths = torch.randn(3, 5, 4), torch.tensor([5, 3, 2])
+
+    def run(rnn, d):
+        packed = nn.utils.rnn.pack_padded_sequence(x.to(d), lengths, batch_first=True)
+        out, h = rnn(packed)
+        padded, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+        (padded.sum() + h.sum()).backward()
+        return padded
+
+    want = run(cpu, "cpu")
+    deferfuse_torch.reset_fallback_counts()
+    got = run(dev, "tpu")
+    assert deferfuse_torch.fallback_counts() == {}
+    check(got.detach(), want.detach())
+    for p, q in zip(dev.parameters(), cpu.parameters()):
+        check(p.grad, q.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_a_strict_lstm_cell_is_one_op_group_of_fewer_programs_than_ops():
+    # The fused cell's pieces (bias adds, activations, state update, workspace) are one op
+    # group: strict mode plans them together as it plans layer_norm's (one program per op
+    # before; the planner still cuts where the shapes change, at the gate chunks).
+    g_in, g_h, cx = torch.randn(4, 32), torch.randn(4, 32), torch.randn(4, 8)
+    b_in, b_h = torch.randn(32), torch.randn(32)
+    args = [t.to("tpu") for t in (g_in, g_h, cx, b_in, b_h)]
+    with deferfuse_torch.mode("strict"), torch.no_grad():
+        torch.tpu.synchronize()
+        before = deferfuse_torch.stats()
+        hy, cy, _ = torch.ops.aten._thnn_fused_lstm_cell(*args)
+        torch.tpu.synchronize()
+        after = deferfuse_torch.stats()
+    ops = after["ops_recorded"] - before["ops_recorded"]
+    programs = after["programs_run"] - before["programs_run"]
+    assert ops >= 10 and programs <= ops // 2, (ops, programs)
+    # CPU's cell on the same gates.
+    gates = (g_h + b_h) + (g_in + b_in)
+    i, f, g, o = gates.chunk(4, 1)
+    want_cy = torch.sigmoid(f) * cx + torch.sigmoid(i) * torch.tanh(g)
+    check(cy, want_cy)
+    check(hy, torch.sigmoid(o) * torch.tanh(want_cy))
