@@ -191,6 +191,19 @@ at::Tensor& clamp_min_(at::Tensor& x, const at::Scalar& lo) {
 at::Tensor& clamp_max_(at::Tensor& x, const at::Scalar& hi) {
   return clamp_s_(x, std::nullopt, hi);
 }
+// The tensor-bound forms (cosine_similarity clamps its norms with a tensor bound).
+at::Tensor clamp_min_t(const at::Tensor& x, const at::Tensor& lo) {
+  return clamp_t(x, lo, std::nullopt);
+}
+at::Tensor clamp_max_t(const at::Tensor& x, const at::Tensor& hi) {
+  return clamp_t(x, std::nullopt, hi);
+}
+at::Tensor& clamp_min_t_(at::Tensor& x, const at::Tensor& lo) {
+  return clamp_t_(x, lo, std::nullopt);
+}
+at::Tensor& clamp_max_t_(at::Tensor& x, const at::Tensor& hi) {
+  return clamp_t_(x, std::nullopt, hi);
+}
 
 // lerp: self + weight * (end - self), PyTorch's formula for |weight| < 0.5 (the optimizers'
 // case: 1 - beta1); for larger weights PyTorch uses end - (end - self) * (1 - weight).
@@ -318,6 +331,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("clamp_max", TORCH_FN(dft::clamp_max));
   m.impl("clamp_min_", TORCH_FN(dft::clamp_min_));
   m.impl("clamp_max_", TORCH_FN(dft::clamp_max_));
+  m.impl("clamp_min.Tensor", TORCH_FN(dft::clamp_min_t));
+  m.impl("clamp_max.Tensor", TORCH_FN(dft::clamp_max_t));
+  m.impl("clamp_min_.Tensor", TORCH_FN(dft::clamp_min_t_));
+  m.impl("clamp_max_.Tensor", TORCH_FN(dft::clamp_max_t_));
   m.impl("lerp.Scalar", DFT_GROUPED(dft::lerp));
   m.impl("lerp_.Scalar", DFT_GROUPED(dft::lerp_));
   m.impl("lerp.Tensor", DFT_GROUPED(dft::lerp_tensor));

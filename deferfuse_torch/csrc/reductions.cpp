@@ -142,6 +142,17 @@ at::Tensor vector_norm(const at::Tensor& x0, const at::Scalar& ord, at::Optional
   return at::pow(reduce(at::pow(a, p), DFUSE_REDUCE_OP_SUM, dims, keepdim), 1.0 / p);
 }
 
+// The legacy norm (torch.norm's C++ form, which F.pairwise_distance and triplet_margin_loss
+// call): linalg_vector_norm with p defaulting to 2.
+at::Tensor norm_dim(const at::Tensor& x, const std::optional<at::Scalar>& p, at::IntArrayRef dim,
+                    bool keepdim) {
+  return vector_norm(x, p.value_or(2.0), dim, keepdim, std::nullopt);
+}
+
+at::Tensor norm_all(const at::Tensor& x, const at::Scalar& p) {
+  return vector_norm(x, p, std::nullopt, false, std::nullopt);
+}
+
 }  // namespace
 }  // namespace dft
 
@@ -162,4 +173,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("var.correction", DFT_GROUPED(dft::var_corr));
   m.impl("std.correction", DFT_GROUPED(dft::std_));
   m.impl("linalg_vector_norm", DFT_GROUPED(dft::vector_norm));
+  m.impl("norm.ScalarOpt_dim", DFT_GROUPED(dft::norm_dim));
+  m.impl("norm.Scalar", DFT_GROUPED(dft::norm_all));
 }

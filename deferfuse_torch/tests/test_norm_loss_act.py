@@ -213,3 +213,49 @@ def test_normalize_and_clip_grad_norm_match_cpu_without_fallbacks(mode):
     check(total, nn.utils.clip_grad_norm_(model.parameters(), 0.5))
     for p, q in zip(model.parameters(), dev.parameters()):
         check(q.grad, p.grad)
+
+
+DISTANCES = {
+    "pairwise_distance": lambda a, b: F.pairwise_distance(a, b),
+    "pairwise_distance_p1_keepdim": lambda a, b: F.pairwise_distance(a, b, p=1.0, keepdim=True),
+    "cosine_similarity": lambda a, b: F.cosine_similarity(a, b, dim=1),
+    "triplet_margin_loss": lambda a, b: F.triplet_margin_loss(a[:3], b[:3], a[3:6]),
+    "legacy_norm_dim": lambda a, b: torch.norm(a - b, p=3, dim=1),
+    "legacy_norm_all": lambda a, b: torch.ops.aten.norm.Scalar(a * b, 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DISTANCES))
+def test_distance_matches_cpu_forward_and_backward_with_no_fallback(mode, case):
+    # at::norm (the legacy norm) and clamp_min with a tensor bound ran on the CPU fallback.
+    torch.manual_seed(0)
+    a, b = torch.randn(6, 5), torch.randn(6, 5)
+    ac, bc = a.clone().requires_grad_(), b.clone().requires_grad_()
+    out = DISTANCES[case](ac, bc)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    at, bt = a.to("tpu").requires_grad_(), b.to("tpu").requires_grad_()
+    deferfuse_torch.reset_fallback_counts()
+    dout = DISTANCES[case](at, bt)
+    dout.backward(grad.to("tpu"))
+    assert deferfuse_torch.fallback_counts() == {}
+    check(dout, out.detach())
+    check(at.grad, ac.grad, atol=2e-5)
+    check(bt.grad, bc.grad, atol=2e-5)
+
+
+def test_clamp_min_and_max_take_tensor_bounds_in_place_and_not(mode):
+    x = torch.randn(4, 6)
+    lo, hi = torch.full((6,), -0.3), torch.full((4, 1), 0.4, dtype=torch.float64)
+    xt = x.to("tpu")
+    deferfuse_torch.reset_fallback_counts()
+    check(torch.clamp_min(xt, lo.to("tpu")), torch.clamp_min(x, lo))
+    check(torch.clamp_max(xt, hi.to("tpu")), torch.clamp_max(x, hi))  # promotes to float64
+    y, yt = x.clone(), xt.clone()
+    y.clamp_min_(lo)
+    yt.clamp_min_(lo.to("tpu"))
+    check(yt, y)
+    y.clamp_max_(lo + 0.5)
+    yt.clamp_max_((lo + 0.5).to("tpu"))
+    check(yt, y)
+    assert deferfuse_torch.fallback_counts() == {}
