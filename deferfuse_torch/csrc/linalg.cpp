@@ -94,6 +94,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("bmm", TORCH_FN(dft::bmm));
   m.impl("mv", TORCH_FN(dft::mv));
   m.impl("dot", TORCH_FN(dft::dot));
+  // vdot conjugates its first argument: for the real dtypes the device has, it is dot
+  // (spectral_norm's power iteration calls it).
+  m.impl("vdot", TORCH_FN(dft::dot));
   m.impl("addmm", TORCH_FN(dft::addmm));
   m.impl("addmm_", TORCH_FN(dft::addmm_));
   m.impl("baddbmm", DFT_GROUPED(dft::baddbmm));

@@ -108,12 +108,18 @@ at::Tensor& triu_out(const at::Tensor& x, int64_t diagonal, at::Tensor& out) {
 }
 
 // masked_fill is where(mask, value, self) in self's dtype; the value is converted to that dtype
-// first (as PyTorch does), so the in-place form's write is never a narrowing cast.
-void check_mask(const at::Tensor& self, const at::Tensor& mask) {
+// first (as PyTorch does), so the in-place form's write is never a narrowing cast. The
+// out-of-place form broadcasts self and mask together, as CPU's does (Falcon's alibi masks a
+// [b, h, 1, s] tensor with a [b, 1, s, s] mask); the in-place form's mask must broadcast to
+// self, with CPU's message.
+void check_mask(const at::Tensor& self, const at::Tensor& mask, bool in_place) {
   TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_fill_ only supports boolean masks, but got "
               "mask with dtype ", mask.scalar_type());
-  TORCH_CHECK(at::infer_size(self.sizes(), mask.sizes()) == self.sizes(), "masked_fill: the mask "
-              "of shape ", mask.sizes(), " must broadcast to the tensor of shape ", self.sizes());
+  if (in_place) {
+    auto shape = at::infer_size(self.sizes(), mask.sizes());
+    TORCH_CHECK(shape == self.sizes(), "output with shape ", self.sizes(),
+                " doesn't match the broadcast shape ", at::IntArrayRef(shape));
+  }
 }
 
 at::Scalar value_as(const at::Tensor& self, const at::Scalar& v) {
@@ -123,8 +129,8 @@ at::Scalar value_as(const at::Tensor& self, const at::Scalar& v) {
 }
 
 Operands fill_operands(const at::Tensor& self, const at::Tensor& mask, const at::Tensor* value,
-                       const at::Scalar* scalar) {
-  check_mask(self, mask);
+                       const at::Scalar* scalar, bool in_place) {
+  check_mask(self, mask, in_place);
   Operands o;
   o.t(mask);
   if (scalar) {
@@ -143,23 +149,23 @@ Operands fill_operands(const at::Tensor& self, const at::Tensor& mask, const at:
 }
 
 at::Tensor masked_fill_s(const at::Tensor& self, const at::Tensor& mask, const at::Scalar& v) {
-  return cast(run(DFUSE_OP_KIND_WHERE, nullptr, fill_operands(self, mask, nullptr, &v),
+  return cast(run(DFUSE_OP_KIND_WHERE, nullptr, fill_operands(self, mask, nullptr, &v, false),
                   "masked_fill"), self.scalar_type());
 }
 
 at::Tensor& masked_fill_s_(at::Tensor& self, const at::Tensor& mask, const at::Scalar& v) {
-  run_into(DFUSE_OP_KIND_WHERE, nullptr, fill_operands(self, mask, nullptr, &v), self,
+  run_into(DFUSE_OP_KIND_WHERE, nullptr, fill_operands(self, mask, nullptr, &v, true), self,
            "masked_fill_");
   return self;
 }
 
 at::Tensor masked_fill_t(const at::Tensor& self, const at::Tensor& mask, const at::Tensor& v) {
-  return cast(run(DFUSE_OP_KIND_WHERE, nullptr, fill_operands(self, mask, &v, nullptr),
+  return cast(run(DFUSE_OP_KIND_WHERE, nullptr, fill_operands(self, mask, &v, nullptr, false),
                   "masked_fill"), self.scalar_type());
 }
 
 at::Tensor& masked_fill_t_(at::Tensor& self, const at::Tensor& mask, const at::Tensor& v) {
-  run_into(DFUSE_OP_KIND_WHERE, nullptr, fill_operands(self, mask, &v, nullptr), self,
+  run_into(DFUSE_OP_KIND_WHERE, nullptr, fill_operands(self, mask, &v, nullptr, true), self,
            "masked_fill_");
   return self;
 }

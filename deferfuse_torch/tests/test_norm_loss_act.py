@@ -173,6 +173,25 @@ def test_masked_fill_scalar_and_tensor_values_match_cpu(mode):
     check(ints, torch.arange(4).masked_fill(mask, 2.7))
 
 
+def test_masked_fill_broadcasts_self_with_a_larger_mask_as_cpu_does(mode):
+    # Falcon's alibi scores: a [b, h, 1, s] tensor filled through a [b, 1, s, s] mask gives
+    # [b, h, s, s]; gradients sum back to the input's shape.
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 1, 5)
+    mask = torch.rand(2, 1, 5, 5) > 0.5
+    assert_same(lambda x: x.masked_fill(mask.to(x.device), -2.0) * 3, x)
+    assert_same(lambda x: x.masked_fill(mask.to(x.device), torch.tensor(1.5)) * 3, x)
+
+
+def test_in_place_masked_fill_rejects_a_mask_larger_than_self_with_cpus_message():
+    x, mask = torch.zeros(2, 1, 5), torch.ones(2, 4, 5, dtype=torch.bool)
+    with pytest.raises(RuntimeError) as cpu:
+        x.masked_fill_(mask, 1.0)
+    with pytest.raises(RuntimeError) as tpu:
+        x.to("tpu").masked_fill_(mask.to("tpu"), 1.0)
+    assert str(tpu.value).split("\n")[0] == str(cpu.value).split("\n")[0]
+
+
 def test_masked_fill_rejects_a_non_bool_mask():
     with pytest.raises(RuntimeError, match="boolean masks"):
         torch.zeros(3).to("tpu").masked_fill(torch.ones(3, dtype=torch.long).to("tpu"), 1.0)
@@ -259,3 +278,44 @@ def test_clamp_min_and_max_take_tensor_bounds_in_place_and_not(mode):
     yt.clamp_max_((lo + 0.5).to("tpu"))
     check(yt, y)
     assert deferfuse_torch.fallback_counts() == {}
+
+
+class _Reparametrized(nn.Module):
+    """Weight norm over the first dim (a Linear), the last (a Conv1d's kernel, as wav2vec2's
+    positional convolution), the legacy hook form, and spectral norm (its power iteration's
+    vdot)."""
+
+    def __init__(self):
+        super().__init__()
+        from torch.nn.utils import parametrizations, weight_norm
+        self.a = parametrizations.weight_norm(nn.Linear(8, 16))
+        self.conv = parametrizations.weight_norm(nn.Conv1d(1, 1, 3, padding=1), dim=2)
+        self.b = parametrizations.spectral_norm(nn.Linear(16, 16))
+        self.c = weight_norm(nn.Linear(16, 3))
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        h = self.conv(h.unsqueeze(1)).squeeze(1)
+        return self.c(F.silu(self.b(h)))
+
+
+@pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")
+def test_weight_and_spectral_norm_train_with_cpus_losses_and_no_fallback(mode):
+    # _weight_norm_interface (and its backward) and vdot ran on the CPU fallback.
+    x, y = torch.randn(4, 8), torch.tensor([0, 1, 2, 0])
+    losses = {}
+    for dev in ("cpu", "tpu"):
+        torch.manual_seed(0)  # the legacy weight_norm's module cannot be deep-copied
+        model = _Reparametrized().to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        deferfuse_torch.reset_fallback_counts()
+        losses[dev] = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x.to(dev)), y.to(dev))
+            loss.backward()
+            opt.step()
+            losses[dev].append(loss.item())
+        if dev == "tpu":
+            assert deferfuse_torch.fallback_counts() == {}
+    torch.testing.assert_close(losses["tpu"], losses["cpu"], rtol=1e-5, atol=1e-6)
