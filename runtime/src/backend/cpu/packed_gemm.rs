@@ -99,24 +99,28 @@ unsafe fn sgemm_on(
     beta: f32,
     (c, rsc, csc): (*mut f32, isize, isize),
 ) {
-    // The packed blocks' sizes for the kernel that runs: its panel width, row tile and row
-    // block, and the slack its A packing stores past the last tile.
-    let (nr, nc, mr, mc, slack) = if wide {
-        (
-            avx512::NR,
-            avx512::NC,
-            avx512::MR,
-            avx512::MC,
-            avx512::ROWS_SLACK,
-        )
+    if wide {
+        with_buffers::<avx512::Wide>((m, k, n), (a, rsa, csa), (b, rsb, csb), beta, (c, rsc, csc))
     } else {
-        (NR, NC, MR, MC, LANES)
-    };
+        with_buffers::<Narrow>((m, k, n), (a, rsa, csa), (b, rsb, csb), beta, (c, rsc, csc))
+    }
+}
+
+/// Runs [`Tile::sgemm`] for tile `T` on this thread's packing buffers, sized for its panels
+/// and, when A's rows are packed, its row tiles.
+#[cfg(target_arch = "x86_64")]
+unsafe fn with_buffers<T: Tile>(
+    (m, k, n): (usize, usize, usize),
+    (a, rsa, csa): (*const f32, isize, isize),
+    (b, rsb, csb): (*const f32, isize, isize),
+    beta: f32,
+    (c, rsc, csc): (*mut f32, isize, isize),
+) {
     PANELS.with(|cell| {
         let mut buf = cell.borrow_mut();
-        let panels = KC.min(k) * nc.min(n.next_multiple_of(nr));
+        let panels = KC.min(k) * NC.min(n.next_multiple_of(T::NR));
         let rows = if packs_rows(rsa, csa) {
-            mc.next_multiple_of(mr) * KC.min(k) + slack
+            T::MC.next_multiple_of(T::MR) * KC.min(k) + T::ROWS_SLACK
         } else {
             0
         };
@@ -124,7 +128,7 @@ unsafe fn sgemm_on(
             buf.resize(panels + rows, 0.0);
         }
         let (panels, rows) = buf.split_at_mut(panels);
-        let args = (
+        T::sgemm(
             (m, k, n),
             (a, rsa, csa),
             (b, rsb, csb),
@@ -132,12 +136,46 @@ unsafe fn sgemm_on(
             (c, rsc, csc),
             (panels, rows),
         );
-        if wide {
-            avx512::packed_sgemm(args.0, args.1, args.2, args.3, args.4, args.5)
-        } else {
-            packed_sgemm(args.0, args.1, args.2, args.3, args.4, args.5)
-        }
     });
+}
+
+/// A register tile the blocked loops ([`blocked`]) run: its shape, how A's row tiles are
+/// packed for it, and how one tile of up to `MR` rows is summed and written. The 8-lane tile
+/// is [`Narrow`]; the 16-lane one is `packed_gemm_avx512::Wide`.
+#[cfg(target_arch = "x86_64")]
+pub(super) trait Tile {
+    /// Rows of a whole tile.
+    const MR: usize;
+    /// Columns of one packed panel of B.
+    const NR: usize;
+    /// Rows of A that pass over the packed block per panel (a multiple of `MR`).
+    const MC: usize;
+    /// Floats [`Tile::pack_rows`] may store past its last tile.
+    const ROWS_SLACK: usize;
+
+    /// The blocked loops with this tile, compiled for its CPU features (each implementation
+    /// is [`blocked`] under its own `target_feature`).
+    ///
+    /// # Safety
+    /// As [`sgemm`], on a CPU with the tile's features; `panels` and `a_rows` sized as
+    /// [`with_buffers`] sizes them.
+    unsafe fn sgemm(
+        mkn: (usize, usize, usize),
+        a: (*const f32, isize, isize),
+        b: (*const f32, isize, isize),
+        beta: f32,
+        c: (*mut f32, isize, isize),
+        buffers: (&mut [f32], &mut [f32]),
+    );
+
+    /// Copies `mc` rows of a transposed A's `kc` columns at `a` (column stride `csa`) into
+    /// `out` as row tiles of `MR`: tile `t` at `t * kc * MR`, its rows' elements of each k
+    /// together.
+    unsafe fn pack_rows(out: &mut [f32], a: *const f32, csa: isize, mc: usize, kc: usize);
+
+    /// The tile of `rows` rows (at most `MR`) at `blk`: its sums over the k-block, then C's
+    /// first `w` columns written with this block's `beta`.
+    unsafe fn tile(blk: &Block, rows: usize, beta: f32, w: usize);
 }
 
 /// Fewest floats between one k and the next in a transposed A for [`sgemm`] to copy A's row
@@ -150,15 +188,16 @@ const PACK_ROWS_MIN_STRIDE: isize = 1024;
 
 /// Whether [`sgemm`] copies A's row tiles together for A's strides (see
 /// [`PACK_ROWS_MIN_STRIDE`]); otherwise it reads A in place.
-pub(super) fn packs_rows(rsa: isize, csa: isize) -> bool {
+fn packs_rows(rsa: isize, csa: isize) -> bool {
     rsa == 1 && csa >= PACK_ROWS_MIN_STRIDE
 }
 
-/// [`sgemm`]'s loops: column blocks of [`NC`], k-blocks in order (each packed once), row blocks
-/// of [`MC`], 16-column panels, then row tiles of [`MR`].
+/// [`sgemm`]'s loops for tile `T`: column blocks of [`NC`], k-blocks in order (each packed
+/// once), row blocks of `T::MC`, `T::NR`-column panels, then row tiles of `T::MR`. Inlined into
+/// each tile's [`Tile::sgemm`], so it runs with that tile's CPU features.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn packed_sgemm(
+#[inline(always)]
+pub(super) unsafe fn blocked<T: Tile>(
     (m, k, n): (usize, usize, usize),
     (a, rsa, csa): (*const f32, isize, isize),
     (b, rsb, csb): (*const f32, isize, isize),
@@ -166,75 +205,110 @@ unsafe fn packed_sgemm(
     (c, rsc, csc): (*mut f32, isize, isize),
     (panels, a_rows): (&mut [f32], &mut [f32]),
 ) {
+    let packed = packs_rows(rsa, csa);
     for jc in (0..n).step_by(NC) {
-        let count = NC.min(n - jc).div_ceil(NR);
+        let count = NC.min(n - jc).div_ceil(T::NR);
         for k0 in (0..k).step_by(KC) {
             let kc = KC.min(k - k0);
             for p in 0..count {
-                let j0 = jc + p * NR;
+                let j0 = jc + p * T::NR;
                 pack_panel(
-                    &mut panels[p * kc * NR..(p + 1) * kc * NR],
+                    &mut panels[p * kc * T::NR..(p + 1) * kc * T::NR],
                     b.offset(k0 as isize * rsb + j0 as isize * csb),
                     rsb,
                     csb,
                     kc,
-                    NR.min(n - j0),
-                    NR,
+                    T::NR.min(n - j0),
+                    T::NR,
                 );
             }
             // `matrixmultiply` scales C by beta on the first k-block only.
             let beta = if k0 == 0 { beta } else { 1.0 };
-            for ic in (0..m).step_by(MC) {
-                let rows_end = (ic + MC).min(m);
+            for ic in (0..m).step_by(T::MC) {
+                let rows_end = (ic + T::MC).min(m);
                 let a_ic = a.offset(ic as isize * rsa + k0 as isize * csa);
-                let packed = packs_rows(rsa, csa);
                 if packed {
-                    pack_rows(a_rows, a_ic, csa, rows_end - ic, kc);
+                    T::pack_rows(a_rows, a_ic, csa, rows_end - ic, kc);
                 }
                 // Row `i`'s tile of A and its strides: in place, or its packed tile.
                 let a_tile = |i: usize| {
                     if packed {
-                        (a_rows.as_ptr().add((i - ic) * kc), 1, MR as isize)
+                        (a_rows.as_ptr().add((i - ic) * kc), 1, T::MR as isize)
                     } else {
                         (a_ic.offset((i - ic) as isize * rsa), rsa, csa)
                     }
                 };
                 for p in 0..count {
-                    let j0 = jc + p * NR;
-                    let fin = Finish {
-                        alpha: 1.0,
-                        beta,
-                        w: NR.min(n - j0),
-                    };
+                    let j0 = jc + p * T::NR;
                     let mut i = ic;
                     while i < rows_end {
-                        let rows = MR.min(rows_end - i);
+                        let rows = T::MR.min(rows_end - i);
                         let (ap, rsa, csa) = a_tile(i);
                         let blk = Block {
                             kc,
                             ap,
                             rsa,
                             csa,
-                            bp: panels.as_ptr().add(p * kc * NR),
-                            bs: NR as isize,
+                            bp: panels.as_ptr().add(p * kc * T::NR),
+                            bs: T::NR as isize,
                             cp: c.offset(i as isize * rsc + j0 as isize * csc),
                             rsc,
                             csc,
                         };
-                        prefetch_c(&blk, rows);
-                        match rows {
-                            6 if fin.w == NR && csc == 1 => store_full(&kernel(&blk), &blk, beta),
-                            6 => finish(&kernel(&blk), &blk, &fin),
-                            5 => tile::<5, 2>(&blk, &fin),
-                            4 => tile::<4, 2>(&blk, &fin),
-                            3 => tile::<3, 2>(&blk, &fin),
-                            2 => tile::<2, 2>(&blk, &fin),
-                            _ => tile::<1, 2>(&blk, &fin),
-                        }
+                        T::tile(&blk, rows, beta, T::NR.min(n - j0));
                         i += rows;
                     }
                 }
             }
+        }
+    }
+}
+
+/// The 8-lane tile: 6 rows by 16 columns (see the module doc).
+#[cfg(target_arch = "x86_64")]
+struct Narrow;
+
+#[cfg(target_arch = "x86_64")]
+impl Tile for Narrow {
+    const MR: usize = MR;
+    const NR: usize = NR;
+    const MC: usize = MC;
+    // `pack_rows`'s 8-wide stores end `LANES - MR` past the last tile.
+    const ROWS_SLACK: usize = LANES;
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn sgemm(
+        mkn: (usize, usize, usize),
+        a: (*const f32, isize, isize),
+        b: (*const f32, isize, isize),
+        beta: f32,
+        c: (*mut f32, isize, isize),
+        buffers: (&mut [f32], &mut [f32]),
+    ) {
+        blocked::<Narrow>(mkn, a, b, beta, c, buffers)
+    }
+
+    #[inline(always)]
+    unsafe fn pack_rows(out: &mut [f32], a: *const f32, csa: isize, mc: usize, kc: usize) {
+        pack_rows(out, a, csa, mc, kc)
+    }
+
+    #[inline(always)]
+    unsafe fn tile(blk: &Block, rows: usize, beta: f32, w: usize) {
+        prefetch_c(blk, rows);
+        let fin = Finish {
+            alpha: 1.0,
+            beta,
+            w,
+        };
+        match rows {
+            6 if w == NR && blk.csc == 1 => store_full(&kernel(blk), blk, beta),
+            6 => finish(&kernel(blk), blk, &fin),
+            5 => tile::<5, 2>(blk, &fin),
+            4 => tile::<4, 2>(blk, &fin),
+            3 => tile::<3, 2>(blk, &fin),
+            2 => tile::<2, 2>(blk, &fin),
+            _ => tile::<1, 2>(blk, &fin),
         }
     }
 }

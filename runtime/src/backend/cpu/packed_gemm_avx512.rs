@@ -1,39 +1,28 @@
-//! The AVX-512 form of `packed_gemm`'s kernel: the same loops and the same bits, with 16-lane
-//! vectors on cores that have them.
+//! The 16-lane register tile for `packed_gemm`'s blocked loops, on cores with AVX-512.
 //!
-//! On an AVX-512 core MKL runs its f32 GEMM with 16-lane FMAs (147 GFLOP/s on one core of the
-//! Xeon these benches ran on, against ~80 for the 8-lane kernel), so the 8-lane tile left the
-//! layers' products at about half of MKL's speed there. Here the tile is 12 rows by 32 columns
-//! (24 accumulators of the 32 vector registers; 12 broadcasts and 2 loads per 24 FMAs) on B
-//! packed into 32-wide panels.
+//! On an AVX-512 core MKL runs its f32 GEMM with 16-lane FMAs (190-230 GFLOP/s on one core of
+//! the Xeon these benches ran on, against ~100-110 for the 8-lane tile), so the 8-lane tile left
+//! the layers' products at about half of MKL's speed there. Here the tile is 12 rows by 32
+//! columns (24 accumulators of the 32 vector registers; 12 broadcasts and 2 loads per 24 FMAs)
+//! on B packed into 32-wide panels.
 //!
-//! Bit-identity is `packed_gemm`'s: every element is summed per [`KC`]-long k-block in k order,
-//! `acc = fma(a, b, acc)` from +0, and C is updated once per block (`c = acc`, or
+//! Bit-identity is `packed_gemm`'s: every element is summed per `small_gemm::KC`-long k-block
+//! in k order, `acc = fma(a, b, acc)` from +0, and C is updated once per block (`c = acc`, or
 //! `c * beta + acc`), whatever the vector width. Lanes are output columns, so the width changes
 //! which elements are computed together, never an element's own operations.
 
-use super::packed_gemm::packs_rows;
-use super::small_gemm::{pack_panel, Block, KC};
+use super::packed_gemm::{blocked, Tile};
+use super::small_gemm::Block;
 use std::arch::x86_64::*;
 
 /// Lanes of one vector.
 const VL: usize = 16;
 
 /// Rows of one register tile: 24 accumulators (two vectors per row) of the 32 registers.
-pub(super) const MR: usize = 12;
+const MR: usize = 12;
 
 /// Columns of one packed panel: two vectors.
-pub(super) const NR: usize = 2 * VL;
-
-/// Columns of B packed at once, as in `packed_gemm`: the packed block (256 KiB) stays in L2.
-pub(super) const NC: usize = 256;
-
-/// Rows of A that pass over the packed block per panel: a multiple of [`MR`] near
-/// `packed_gemm`'s 72 (A's block, 96 KiB, stays in L2 beside B's).
-pub(super) const MC: usize = 96;
-
-/// Slack past the last packed A tile: [`pack_rows`] stores 16 lanes for a tile of 12.
-pub(super) const ROWS_SLACK: usize = VL - MR;
+const NR: usize = 2 * VL;
 
 /// Whether this core runs the 16-lane kernel (AVX-512F beside the AVX2 and FMA that
 /// `packed_gemm` needs).
@@ -43,92 +32,51 @@ pub(super) fn has_avx512() -> bool {
         && is_x86_feature_detected!("fma")
 }
 
-/// `packed_gemm::packed_sgemm`'s loops with the 12x32 tile: column blocks of [`NC`], k-blocks
-/// in order (each packed once), row blocks of [`MC`], 32-column panels, row tiles of [`MR`].
-///
-/// # Safety
-/// As `packed_gemm::sgemm`, on a core where [`has_avx512`] holds; `panels` holds
-/// `KC.min(k) * NC.min(n.next_multiple_of(NR))` floats and, when A's rows are packed,
-/// `a_rows` holds `MC * KC.min(k) + ROWS_SLACK`.
-#[target_feature(enable = "avx512f,avx2,fma")]
-pub(super) unsafe fn packed_sgemm(
-    (m, k, n): (usize, usize, usize),
-    (a, rsa, csa): (*const f32, isize, isize),
-    (b, rsb, csb): (*const f32, isize, isize),
-    beta: f32,
-    (c, rsc, csc): (*mut f32, isize, isize),
-    (panels, a_rows): (&mut [f32], &mut [f32]),
-) {
-    let packed = packs_rows(rsa, csa);
-    for jc in (0..n).step_by(NC) {
-        let count = NC.min(n - jc).div_ceil(NR);
-        for k0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - k0);
-            for p in 0..count {
-                let j0 = jc + p * NR;
-                pack_panel(
-                    &mut panels[p * kc * NR..(p + 1) * kc * NR],
-                    b.offset(k0 as isize * rsb + j0 as isize * csb),
-                    rsb,
-                    csb,
-                    kc,
-                    NR.min(n - j0),
-                    NR,
-                );
-            }
-            // `matrixmultiply` scales C by beta on the first k-block only.
-            let beta = if k0 == 0 { beta } else { 1.0 };
-            for ic in (0..m).step_by(MC) {
-                let rows_end = (ic + MC).min(m);
-                let a_ic = a.offset(ic as isize * rsa + k0 as isize * csa);
-                if packed {
-                    pack_rows(a_rows, a_ic, csa, rows_end - ic, kc);
-                }
-                // Row `i`'s tile of A and its strides: in place, or its packed tile.
-                let a_tile = |i: usize| {
-                    if packed {
-                        (a_rows.as_ptr().add((i - ic) * kc), 1, MR as isize)
-                    } else {
-                        (a_ic.offset((i - ic) as isize * rsa), rsa, csa)
-                    }
-                };
-                for p in 0..count {
-                    let j0 = jc + p * NR;
-                    let w = NR.min(n - j0);
-                    let mut i = ic;
-                    while i < rows_end {
-                        let rows = MR.min(rows_end - i);
-                        let (ap, rsa, csa) = a_tile(i);
-                        let blk = Block {
-                            kc,
-                            ap,
-                            rsa,
-                            csa,
-                            bp: panels.as_ptr().add(p * kc * NR),
-                            bs: NR as isize,
-                            cp: c.offset(i as isize * rsc + j0 as isize * csc),
-                            rsc,
-                            csc,
-                        };
-                        prefetch_c(&blk, rows, w);
-                        match rows {
-                            12 => finish(&kernel(&blk), &blk, beta, w),
-                            11 => finish(&tile::<11>(&blk), &blk, beta, w),
-                            10 => finish(&tile::<10>(&blk), &blk, beta, w),
-                            9 => finish(&tile::<9>(&blk), &blk, beta, w),
-                            8 => finish(&tile::<8>(&blk), &blk, beta, w),
-                            7 => finish(&tile::<7>(&blk), &blk, beta, w),
-                            6 => finish(&tile::<6>(&blk), &blk, beta, w),
-                            5 => finish(&tile::<5>(&blk), &blk, beta, w),
-                            4 => finish(&tile::<4>(&blk), &blk, beta, w),
-                            3 => finish(&tile::<3>(&blk), &blk, beta, w),
-                            2 => finish(&tile::<2>(&blk), &blk, beta, w),
-                            _ => finish(&tile::<1>(&blk), &blk, beta, w),
-                        }
-                        i += rows;
-                    }
-                }
-            }
+/// The 16-lane tile: 12 rows by 32 columns, for `packed_gemm`'s blocked loops.
+pub(super) struct Wide;
+
+impl Tile for Wide {
+    const MR: usize = MR;
+    const NR: usize = NR;
+    /// A multiple of [`MR`] near the 8-lane tile's 72 rows (A's block, 96 KiB, stays in L2
+    /// beside B's).
+    const MC: usize = 96;
+    /// [`pack_rows`] stores 16 lanes for a tile of 12.
+    const ROWS_SLACK: usize = VL - MR;
+
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn sgemm(
+        mkn: (usize, usize, usize),
+        a: (*const f32, isize, isize),
+        b: (*const f32, isize, isize),
+        beta: f32,
+        c: (*mut f32, isize, isize),
+        buffers: (&mut [f32], &mut [f32]),
+    ) {
+        blocked::<Wide>(mkn, a, b, beta, c, buffers)
+    }
+
+    #[inline(always)]
+    unsafe fn pack_rows(out: &mut [f32], a: *const f32, csa: isize, mc: usize, kc: usize) {
+        pack_rows(out, a, csa, mc, kc)
+    }
+
+    #[inline(always)]
+    unsafe fn tile(blk: &Block, rows: usize, beta: f32, w: usize) {
+        prefetch_c(blk, rows, w);
+        match rows {
+            12 => finish(&kernel(blk), blk, beta, w),
+            11 => finish(&tile::<11>(blk), blk, beta, w),
+            10 => finish(&tile::<10>(blk), blk, beta, w),
+            9 => finish(&tile::<9>(blk), blk, beta, w),
+            8 => finish(&tile::<8>(blk), blk, beta, w),
+            7 => finish(&tile::<7>(blk), blk, beta, w),
+            6 => finish(&tile::<6>(blk), blk, beta, w),
+            5 => finish(&tile::<5>(blk), blk, beta, w),
+            4 => finish(&tile::<4>(blk), blk, beta, w),
+            3 => finish(&tile::<3>(blk), blk, beta, w),
+            2 => finish(&tile::<2>(blk), blk, beta, w),
+            _ => finish(&tile::<1>(blk), blk, beta, w),
         }
     }
 }
@@ -150,7 +98,7 @@ unsafe fn prefetch_c(blk: &Block, rows: usize, w: usize) {
 /// as row tiles of [`MR`]: tile `t` at `t * kc * MR`, its rows' elements of each k together.
 #[inline(always)]
 unsafe fn pack_rows(out: &mut [f32], a: *const f32, csa: isize, mc: usize, kc: usize) {
-    assert!(out.len() >= mc.next_multiple_of(MR) * kc + ROWS_SLACK);
+    assert!(out.len() >= mc.next_multiple_of(MR) * kc + (VL - MR));
     for t in (0..mc).step_by(MR) {
         let rows = MR.min(mc - t);
         let (src, dst) = (a.add(t), out.as_mut_ptr().add(t * kc));
