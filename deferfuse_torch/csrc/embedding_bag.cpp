@@ -1,0 +1,114 @@
+// nn.EmbeddingBag / F.embedding_bag on "tpu": each bag's rows summed, averaged or maxed.
+//
+// PyTorch's _embedding_bag is a fused kernel for CPU and CUDA only; on "tpu" it ran on the CPU
+// fallback, forward and backward. Here it is the device's ops: the rows looked up with
+// at::embedding (whose backward already handles padding_idx and scale_grad_by_freq), each
+// position's bag numbered from the offsets, then an index_add per bag (sum, mean) or, for max,
+// the first position holding each bag's maximum, gathered. Registered for autograd as well,
+// so the backward is autograd through those ops: the gradient of a max goes to that first
+// position, as CPU's does.
+//
+// Not checked, unlike CPU: that offsets[0] is 0 and that offsets increase (each would be a
+// host read of a device tensor, a sync point in defer mode); invalid offsets give unspecified
+// bags instead of an error. Rows past the table's end fail as index_select's do.
+#include "common.h"
+
+#include <torch/library.h>
+
+#include <limits>
+
+namespace dft {
+namespace {
+
+enum Mode : int64_t { kSum = 0, kMean = 1, kMax = 2 };
+
+using Bags = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+Bags embedding_bag(const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& offsets,
+                   bool scale_grad_by_freq, int64_t mode, bool sparse,
+                   const std::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
+                   int64_t padding_idx) {
+  TORCH_CHECK(indices.dim() == 1, "input has to be a 1D or 2D Tensor, but got Tensor of dimension ",
+              indices.dim());
+  TORCH_CHECK(offsets.dim() == 1, "offsets has to be a 1D Tensor, but got Tensor of dimension ",
+              offsets.dim());
+  TORCH_CHECK(weight.dim() == 2, "weight has to be a 2D Tensor, but got Tensor of dimension ",
+              weight.dim());
+  TORCH_CHECK(mode >= kSum && mode <= kMax, "embedding_bag: unknown mode ", mode);
+  TORCH_CHECK(!sparse, "tpu: embedding_bag with sparse=True is not supported: the device has no "
+              "sparse tensors; use sparse=False (dense gradients)");
+  bool weighted = per_sample_weights && per_sample_weights->defined();
+  TORCH_CHECK(!weighted || mode == kSum, "embedding_bag: per_sample_weights was not None. "
+              "per_sample_weights is only supported for mode='sum' (got mode='",
+              mode == kMean ? "mean" : "max", "'). Please open a feature request on GitHub.");
+  TORCH_CHECK(!(scale_grad_by_freq && mode == kMax),
+              "max mode does not support scaling the gradient by the frequency");
+  TORCH_CHECK(!include_last_offset || offsets.numel() >= 1,
+              "include_last_offset: number of offset should be at least 1");
+  const int64_t n = indices.numel();
+  const int64_t bags = include_last_offset ? offsets.numel() - 1 : offsets.numel();
+  const int64_t dim = weight.size(1);
+  auto idx_opts = indices.options();
+
+  // offset2bag[i]: the bag of position i. A 1 where each bag starts (a bag starting at n, an
+  // empty trailing one, lands in the extra slot), summed along: empty bags are skipped.
+  auto starts = offsets.slice(0, 0, bags).to(at::kLong);
+  auto marks = at::zeros({n + 1}, idx_opts.dtype(at::kLong))
+                   .index_add(0, starts, at::ones({bags}, idx_opts.dtype(at::kLong)));
+  auto offset2bag = marks.slice(0, 0, n).cumsum(0) - 1;
+
+  // Padding positions take no part: zero rows, not counted in a bag's size.
+  auto rows = at::embedding(weight, indices, padding_idx, scale_grad_by_freq, false);
+  at::Tensor keep;
+  if (padding_idx >= 0) {
+    keep = indices.ne(padding_idx);
+    rows = rows * keep.unsqueeze(1).to(rows.scalar_type());
+  }
+  auto counts = keep.defined() ? keep.to(at::kLong) : at::ones({n}, idx_opts.dtype(at::kLong));
+  auto bag_size = at::zeros({bags}, idx_opts.dtype(at::kLong)).index_add(0, offset2bag, counts);
+
+  at::Tensor out, max_indices;
+  if (mode == kMax) {
+    // The first position with each bag's maximum (CPU keeps the first of equal values), and
+    // its row gathered: an empty bag (or one of padding only) gives zeros and index -1.
+    auto where_rows = offset2bag.unsqueeze(1).expand({n, dim});
+    auto candidates = keep.defined()
+        ? at::where(keep.unsqueeze(1), rows, -std::numeric_limits<double>::infinity())
+        : rows;
+    auto best = at::full({bags, dim}, -std::numeric_limits<double>::infinity(), rows.options())
+                    .scatter_reduce(0, where_rows, candidates.detach(), "amax", true);
+    auto positions = at::arange(n, idx_opts.dtype(at::kLong)).unsqueeze(1).expand({n, dim});
+    auto is_best = candidates.detach().eq(best.index_select(0, offset2bag));
+    if (keep.defined()) is_best = is_best.logical_and(keep.unsqueeze(1));
+    auto first = at::full({bags, dim}, n, idx_opts.dtype(at::kLong))
+                     .scatter_reduce(0, where_rows, at::where(is_best, positions, n), "amin", true);
+    auto empty = first.eq(n);
+    auto safe = at::where(empty, 0, first);
+    out = at::where(empty.logical_not(), rows.gather(0, safe), 0);
+    max_indices = at::where(empty, -1, indices.to(at::kLong).index_select(0, safe.view(-1))
+                                           .view({bags, dim}))
+                      .to(indices.scalar_type());
+  } else {
+    if (weighted) rows = rows * per_sample_weights->unsqueeze(1).to(rows.scalar_type());
+    out = at::zeros({bags, dim}, rows.options()).index_add(0, offset2bag, rows);
+    if (mode == kMean) {
+      out = out / bag_size.clamp_min(1).unsqueeze(1).to(out.scalar_type());
+    }
+    max_indices = at::empty({0}, idx_opts);
+  }
+  return {out, offset2bag.to(indices.scalar_type()), bag_size.to(indices.scalar_type()),
+          max_indices};
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_embedding_bag", DFT_GROUPED(dft::embedding_bag));
+  m.impl("_embedding_bag_forward_only", DFT_GROUPED(dft::embedding_bag));
+}
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("_embedding_bag", DFT_GROUPED(dft::embedding_bag));
+  m.impl("_embedding_bag_forward_only", DFT_GROUPED(dft::embedding_bag));
+}

@@ -1,0 +1,90 @@
+"""nn.EmbeddingBag / F.embedding_bag on tpu (csrc/embedding_bag.cpp): sum, mean and max bags
+give CPU's outputs and weight gradients with no CPU fallback, in every mode, including
+padding_idx, per_sample_weights, include_last_offset, empty bags and 2-D input."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import deferfuse_torch
+from conftest import check
+
+
+def both(fn, weight, *args, psw=None):
+    """fn(weight, *args) on CPU and on tpu; the output and the weight's gradient (and the
+    per-sample weights' when given), after a backward with the same grad_output."""
+    results = []
+    for dev in ("cpu", "tpu"):
+        w = weight.detach().to(dev).requires_grad_()
+        p = psw.detach().to(dev).requires_grad_() if psw is not None else None
+        moved = [a.to(dev) if isinstance(a, torch.Tensor) else a for a in args]
+        deferfuse_torch.reset_fallback_counts()
+        out = fn(w, *moved, p) if psw is not None else fn(w, *moved)
+        torch.manual_seed(0)
+        out.backward(torch.randn(out.shape).to(dev))
+        if dev == "tpu":
+            assert deferfuse_torch.fallback_counts() == {}
+        results.append((out.detach(), w.grad, p.grad if p is not None else None))
+    (out, wg, pg), (dout, dwg, dpg) = results
+    check(dout, out)
+    check(dwg, wg)
+    if pg is not None:
+        check(dpg, pg)
+
+
+@pytest.mark.parametrize("bag_mode", ["sum", "mean", "max"])
+def test_bags_from_offsets_match_cpu_with_an_empty_bag(mode, bag_mode):
+    torch.manual_seed(0)
+    weight = torch.randn(10, 4)
+    indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    offsets = torch.tensor([0, 2, 2, 5])  # the second bag is empty
+    both(lambda w, i, o: F.embedding_bag(i, w, o, mode=bag_mode), weight, indices, offsets)
+
+
+@pytest.mark.parametrize("bag_mode", ["sum", "mean", "max"])
+def test_two_dimensional_input_and_padding_idx_match_cpu(mode, bag_mode):
+    torch.manual_seed(0)
+    weight = torch.randn(12, 5)
+    indices = torch.tensor([[0, 3, 3, 7], [7, 7, 7, 7], [2, 1, 0, 11]])  # bag 1: padding only
+    both(lambda w, i: F.embedding_bag(i, w, mode=bag_mode, padding_idx=7), weight, indices)
+
+
+def test_per_sample_weights_and_include_last_offset_match_cpu(mode):
+    torch.manual_seed(0)
+    weight, psw = torch.randn(8, 3), torch.randn(6)
+    indices, offsets = torch.tensor([0, 1, 7, 7, 2, 3]), torch.tensor([0, 3, 3, 6])
+    both(lambda w, i, o, p: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p,
+                                            include_last_offset=True),
+         weight, indices, offsets, psw=psw)
+
+
+def test_max_bags_send_the_gradient_to_the_first_maximum_as_cpu_does(mode):
+    weight = torch.tensor([[1.0, 5.0], [1.0, 2.0], [0.5, 5.0]])
+    indices, offsets = torch.tensor([0, 1, 2, 1]), torch.tensor([0, 3])
+    both(lambda w, i, o: F.embedding_bag(i, w, o, mode="max"), weight, indices, offsets)
+
+
+def test_the_module_trains_with_cpus_losses_and_scale_grad_by_freq(mode):
+    losses = {}
+    for dev in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        bag = torch.nn.EmbeddingBag(20, 6, mode="mean", scale_grad_by_freq=True).to(dev)
+        head = torch.nn.Linear(6, 2).to(dev)
+        opt = torch.optim.AdamW(list(bag.parameters()) + list(head.parameters()), lr=1e-2)
+        x, y = torch.randint(0, 20, (8, 5)), torch.randint(0, 2, (8,))
+        losses[dev] = []
+        deferfuse_torch.reset_fallback_counts()
+        for _ in range(3):
+            opt.zero_grad()
+            loss = F.cross_entropy(head(bag(x.to(dev))), y.to(dev))
+            loss.backward()
+            opt.step()
+            losses[dev].append(loss.item())
+        if dev == "tpu":
+            assert deferfuse_torch.fallback_counts() == {}
+    torch.testing.assert_close(losses["tpu"], losses["cpu"], rtol=1e-5, atol=1e-6)
+
+
+def test_sparse_gradients_are_refused_with_a_clear_error():
+    bag = torch.nn.EmbeddingBag(5, 2, sparse=True).to("tpu")
+    with pytest.raises(RuntimeError, match="sparse=True is not supported"):
+        bag(torch.tensor([[0, 1]]).to("tpu"))
