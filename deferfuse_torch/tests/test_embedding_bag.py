@@ -88,3 +88,13 @@ def test_sparse_gradients_are_refused_with_a_clear_error():
     bag = torch.nn.EmbeddingBag(5, 2, sparse=True).to("tpu")
     with pytest.raises(RuntimeError, match="sparse=True is not supported"):
         bag(torch.tensor([[0, 1]]).to("tpu"))
+
+
+def test_offsets_are_not_validated_a_difference_the_readme_states():
+    # CPU reads offsets[0] to check it is 0; on tpu that read would be a sync point, so the
+    # device takes the offsets as given (README, "nn.EmbeddingBag").
+    weight, indices, offsets = torch.randn(4, 2), torch.tensor([0, 1, 2]), torch.tensor([1, 2])
+    with pytest.raises(RuntimeError, match="offsets"):
+        F.embedding_bag(indices, weight, offsets)
+    out = F.embedding_bag(indices.to("tpu"), weight.to("tpu"), offsets.to("tpu"))
+    assert out.shape == (2, 2)
