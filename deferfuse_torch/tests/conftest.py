@@ -47,3 +47,25 @@ def assert_same(fn, *inputs, atol=1e-5, rtol=1e-5):
         check(g, w.detach(), atol=atol, rtol=rtol)
     for g, w in zip(got_g, want_g):
         check(g, w, atol=atol, rtol=rtol)
+
+
+def trains_like_cpu(build, loss_fn, steps=3, lr=1e-2):
+    """A model built for CPU and for tpu from the same seed (`build(device)` returns it on that
+    device), trained `steps` AdamW steps on `loss_fn(model, device)`: the tpu run must give
+    CPU's losses with no op on the CPU fallback."""
+    losses = {}
+    for dev in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        model = build(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        deferfuse_torch.reset_fallback_counts()
+        losses[dev] = []
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = loss_fn(model, dev)
+            loss.backward()
+            opt.step()
+            losses[dev].append(loss.item())
+        if dev == "tpu":
+            assert deferfuse_torch.fallback_counts() == {}
+    torch.testing.assert_close(losses["tpu"], losses["cpu"], rtol=1e-5, atol=1e-6)
