@@ -1,0 +1,167 @@
+// 3-D max and average pooling (nn.MaxPool3d, nn.AvgPool3d) on "tpu".
+//
+// The 2-D pooling (pooling.cpp) reads windows through strided views of a padded buffer; its
+// helpers are 2-D throughout. Here a window is read by a table of flat input positions, as
+// fold.cpp reads im2col's: entry (o, k) is where kernel offset k of output position o reads in
+// the [D * H * W] volume, gathered with one index_select into [N, C, O, K] and reduced along
+// K. A position outside the input reads a zero appended after the volume (average) or the
+// window's first real element (max, which is the index CPU's kernel starts from, so its
+// indices and the element its gradient goes to are CPU's). Registered for autograd as well:
+// the backward is autograd through the gather (an index_add), so the max's gradient goes to
+// the element whose index the forward returned. Shape errors are CPU's (PoolingChecks.h).
+#include "common.h"
+
+#include <ATen/native/Pool.h>
+#include <ATen/native/PoolingChecks.h>
+#include <torch/library.h>
+
+#include <array>
+
+namespace dft {
+namespace {
+
+struct Pool3d {
+  std::array<int64_t, 3> in, k, s, p, d, out;
+};
+
+std::array<int64_t, 3> triple(at::IntArrayRef v, const char* what, const char* op,
+                              std::array<int64_t, 3> if_empty) {
+  TORCH_CHECK(v.size() == 1 || v.size() == 3 || (v.empty() && if_empty[0] > 0), op, ": ", what,
+              " must either be a single int, or a tuple of three ints");
+  if (v.empty()) return if_empty;
+  return v.size() == 1 ? std::array<int64_t, 3>{v[0], v[0], v[0]}
+                       : std::array<int64_t, 3>{v[0], v[1], v[2]};
+}
+
+// `op` names the module in argument errors ("max_pool3d"), `fn` the kernel in shape errors
+// ("max_pool3d_with_indices()"), as CPU's messages do.
+Pool3d geometry(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
+                at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode, bool average,
+                const char* op, const char* fn) {
+  Pool3d g;
+  g.k = triple(kernel, "kernel_size", op, {0, 0, 0});
+  g.s = triple(stride, "stride", op, g.k);
+  g.p = triple(padding, "padding", op, {0, 0, 0});
+  g.d = triple(dilation, "dilation", op, {1, 1, 1});
+  TORCH_CHECK(x.dim() == 4 || x.dim() == 5,
+              "non-empty 4D or 5D (batch mode) tensor expected for input");
+  for (int i = 0; i < 3; ++i) {
+    g.in[i] = x.size(x.dim() - 3 + i);
+    g.out[i] = at::native::pooling_output_shape<int64_t>(g.in[i], g.k[i], g.p[i], g.s[i], g.d[i],
+                                                         ceil_mode);
+  }
+  at::native::pool3d_shape_check(x, x.size(x.dim() - 4), g.k[0], g.k[1], g.k[2], g.s[0], g.s[1],
+                                 g.s[2], g.p[0], g.p[1], g.p[2], g.d[0], g.d[1], g.d[2], g.in[0],
+                                 g.in[1], g.in[2], g.out[0], g.out[1], g.out[2], fn, average);
+  return g;
+}
+
+int64_t volume(const std::array<int64_t, 3>& v) { return v[0] * v[1] * v[2]; }
+
+// [O * K] flat input positions, output positions then kernel offsets in row-major order. An
+// outside position reads `outside` (a zero slot), or with outside < 0 the window's first real
+// element.
+at::Tensor window_table(const Pool3d& g, int64_t outside, const at::Device& device) {
+  auto table = at::empty({volume(g.out) * volume(g.k)}, at::kLong);
+  int64_t* t = table.data_ptr<int64_t>();
+  std::array<int64_t, 3> o{}, kk{};
+  for (o[0] = 0; o[0] < g.out[0]; ++o[0])
+    for (o[1] = 0; o[1] < g.out[1]; ++o[1])
+      for (o[2] = 0; o[2] < g.out[2]; ++o[2]) {
+        std::array<int64_t, 3> start, first;
+        for (int i = 0; i < 3; ++i) {
+          start[i] = o[i] * g.s[i] - g.p[i];
+          // The first in-range position of the window along dim i (dilation steps from start).
+          first[i] = start[i] >= 0 ? start[i]
+                                   : start[i] + ((-start[i] + g.d[i] - 1) / g.d[i]) * g.d[i];
+        }
+        int64_t first_flat = (first[0] * g.in[1] + first[1]) * g.in[2] + first[2];
+        for (kk[0] = 0; kk[0] < g.k[0]; ++kk[0])
+          for (kk[1] = 0; kk[1] < g.k[1]; ++kk[1])
+            for (kk[2] = 0; kk[2] < g.k[2]; ++kk[2]) {
+              bool inside = true;
+              int64_t flat = 0;
+              for (int i = 0; i < 3; ++i) {
+                int64_t at = start[i] + kk[i] * g.d[i];
+                inside = inside && at >= 0 && at < g.in[i];
+                flat = flat * g.in[i] + at;
+              }
+              *t++ = inside ? flat : (outside >= 0 ? outside : first_flat);
+            }
+      }
+  return table.to(device);
+}
+
+// The windows of x as [N, C, O, K], x padded with one zero after its volume when the table
+// reads it.
+at::Tensor windows(const at::Tensor& x5, const Pool3d& g, const at::Tensor& table, bool zero_slot) {
+  int64_t n = x5.size(0), c = x5.size(1);
+  auto flat = x5.reshape({n, c, volume(g.in)});
+  if (zero_slot) flat = at::constant_pad_nd(flat, {0, 1}, 0);
+  return flat.index_select(2, table).view({n, c, volume(g.out), volume(g.k)});
+}
+
+at::Tensor shaped(const at::Tensor& r, const at::Tensor& x, const Pool3d& g) {
+  int64_t n = r.size(0), c = r.size(1);
+  auto out = r.view({n, c, g.out[0], g.out[1], g.out[2]});
+  return x.dim() == 4 ? out.squeeze(0) : out;
+}
+
+std::tuple<at::Tensor, at::Tensor> max_pool3d_with_indices(
+    const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, bool ceil_mode) {
+  auto g = geometry(x, kernel, stride, padding, dilation, ceil_mode, false, "max_pool3d",
+                    "max_pool3d_with_indices()");
+  auto x5 = x.dim() == 4 ? x.unsqueeze(0) : x;
+  auto table = window_table(g, -1, x.device());
+  auto win = windows(x5, g, table, false);
+  auto pos = win.argmax(-1, /*keepdim=*/true);
+  auto values = win.gather(-1, pos).squeeze(-1);
+  auto indices = table.view({volume(g.out), volume(g.k)})
+                     .unsqueeze(0).unsqueeze(0)
+                     .expand({x5.size(0), x5.size(1), volume(g.out), volume(g.k)})
+                     .gather(-1, pos).squeeze(-1);
+  return {shaped(values, x, g), shaped(indices, x, g)};
+}
+
+at::Tensor avg_pool3d(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
+                      at::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
+                      std::optional<int64_t> divisor_override) {
+  TORCH_CHECK(!divisor_override || *divisor_override != 0, "divisor must be not zero");
+  auto g = geometry(x, kernel, stride, padding, {}, ceil_mode, true, "avg_pool3d", "avg_pool3d()");
+  auto x5 = x.dim() == 4 ? x.unsqueeze(0) : x;
+  auto table = window_table(g, volume(g.in), x.device());
+  auto sums = windows(x5, g, table, true).sum(-1);
+  // Each window's divisor, as CPU's kernel counts it: the window cut at the padded end (with
+  // count_include_pad) or at the input (without), or the override.
+  auto div = at::empty({volume(g.out)}, at::kDouble);
+  double* dv = div.data_ptr<double>();
+  std::array<int64_t, 3> o{};
+  for (o[0] = 0; o[0] < g.out[0]; ++o[0])
+    for (o[1] = 0; o[1] < g.out[1]; ++o[1])
+      for (o[2] = 0; o[2] < g.out[2]; ++o[2]) {
+        int64_t padded = 1, real = 1;
+        for (int i = 0; i < 3; ++i) {
+          int64_t start = o[i] * g.s[i] - g.p[i];
+          int64_t end = std::min(start + g.k[i], g.in[i] + g.p[i]);
+          padded *= end - start;
+          real *= std::min(end, g.in[i]) - std::max<int64_t>(start, 0);
+        }
+        *dv++ = double(divisor_override ? *divisor_override : count_include_pad ? padded : real);
+      }
+  auto out = sums / div.to(x.device()).to(sums.scalar_type());
+  return shaped(out, x, g);
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("max_pool3d_with_indices", DFT_GROUPED(dft::max_pool3d_with_indices));
+  m.impl("avg_pool3d", DFT_GROUPED(dft::avg_pool3d));
+}
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("max_pool3d_with_indices", DFT_GROUPED(dft::max_pool3d_with_indices));
+  m.impl("avg_pool3d", DFT_GROUPED(dft::avg_pool3d));
+}

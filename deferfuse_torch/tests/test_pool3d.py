@@ -1,0 +1,59 @@
+"""3-D max and average pooling on tpu (csrc/pool3d.cpp): CPU's values, indices and gradients
+with no CPU fallback, in every mode, and CPU's shape errors."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import deferfuse_torch
+from conftest import assert_same
+
+MAX = {
+    "2": dict(kernel_size=2),
+    "uneven, padded, ceil": dict(kernel_size=(2, 3, 2), stride=(1, 2, 2), padding=(1, 1, 0),
+                                 ceil_mode=True),
+    "dilated": dict(kernel_size=(2, 2, 3), stride=2, dilation=(1, 2, 1), padding=(0, 1, 1)),
+}
+AVG = {
+    "2": dict(kernel_size=2),
+    "padded, count_include_pad": dict(kernel_size=3, stride=2, padding=1),
+    "padded, real elements only, ceil": dict(kernel_size=(3, 2, 3), stride=2, padding=1,
+                                             count_include_pad=False, ceil_mode=True),
+    "divisor_override": dict(kernel_size=2, stride=(1, 2, 2), divisor_override=3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MAX))
+def test_max_pool3d_matches_cpu_values_indices_and_gradients(mode, case):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 7, 6)
+    assert_same(lambda t: F.max_pool3d(t, **MAX[case]) * 2, x)
+    got = F.max_pool3d(x.to("tpu"), return_indices=True, **MAX[case])[1]
+    want = F.max_pool3d(x, return_indices=True, **MAX[case])[1]
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("case", sorted(AVG))
+def test_avg_pool3d_matches_cpu_values_and_gradients(mode, case):
+    torch.manual_seed(0)
+    assert_same(lambda t: F.avg_pool3d(t, **AVG[case]) * 2, torch.randn(2, 3, 5, 7, 6))
+
+
+def test_unbatched_input_pools_as_on_cpu(mode):
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 5, 6)
+    assert_same(lambda t: F.max_pool3d(t, 2, padding=1), x)
+    assert_same(lambda t: F.avg_pool3d(t, 2), x)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: F.avg_pool3d(x, 7),  # the input is smaller than the kernel
+    lambda x: F.max_pool3d(x, 2, padding=2),  # padding above half the kernel
+    lambda x: F.max_pool3d(x.flatten(0, 2), 2),  # 3-D input
+])
+def test_bad_pooling_raises_cpus_errors(call):
+    x = torch.randn(1, 2, 4, 5, 6)
+    with pytest.raises(RuntimeError) as cpu:
+        call(x)
+    with pytest.raises(RuntimeError) as tpu:
+        call(x.to("tpu"))
+    assert str(tpu.value).split("\n")[0] == str(cpu.value).split("\n")[0]
