@@ -1,4 +1,5 @@
-// 3-D max and average pooling (nn.MaxPool3d, nn.AvgPool3d) on "tpu".
+// 3-D max, average and adaptive average pooling (nn.MaxPool3d, nn.AvgPool3d,
+// nn.AdaptiveAvgPool3d) and nearest 3-D upsampling on "tpu".
 //
 // The 2-D pooling (pooling.cpp) reads windows through strided views of a padded buffer; its
 // helpers are 2-D throughout. Here a window is read by a table of flat input positions, as
@@ -153,15 +154,106 @@ at::Tensor avg_pool3d(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayR
   return shaped(out, x, g);
 }
 
+
+// Adaptive average pooling: output position o along a dim averages input [floor(o * in / out),
+// ceil((o + 1) * in / out)), as CPU's kernel does; windows shorter than the longest read the
+// zero slot past the volume, and each output divides by its own window's size.
+at::Tensor adaptive_avg_pool3d(const at::Tensor& x, at::IntArrayRef output_size) {
+  TORCH_CHECK(output_size.size() == 3, "adaptive_avg_pool3d: output_size must be 3");
+  TORCH_CHECK(x.dim() == 4 || x.dim() == 5, "adaptive_avg_pool3d(): Expected 4D or 5D tensor, "
+              "but got ", x.sizes());
+  for (int64_t i = x.dim() - 4; i < x.dim(); ++i) {
+    TORCH_CHECK(x.size(i) > 0, "adaptive_avg_pool3d(): Expected input to have non-zero size for "
+                "non-batch dimensions, but input has sizes ", x.sizes(), " with dimension ", i,
+                " being empty");
+  }
+  Pool3d g;
+  std::array<std::vector<int64_t>, 3> starts, ends;
+  for (int i = 0; i < 3; ++i) {
+    g.in[i] = x.size(x.dim() - 3 + i);
+    g.out[i] = output_size[i];
+    g.k[i] = 0;
+    for (int64_t o = 0; o < g.out[i]; ++o) {
+      starts[i].push_back(o * g.in[i] / g.out[i]);
+      ends[i].push_back(((o + 1) * g.in[i] + g.out[i] - 1) / g.out[i]);
+      g.k[i] = std::max(g.k[i], ends[i].back() - starts[i].back());
+    }
+  }
+  auto table = at::empty({volume(g.out) * volume(g.k)}, at::kLong);
+  auto div = at::empty({volume(g.out)}, at::kDouble);
+  int64_t* t = table.data_ptr<int64_t>();
+  double* dv = div.data_ptr<double>();
+  for (int64_t a = 0; a < g.out[0]; ++a)
+    for (int64_t b = 0; b < g.out[1]; ++b)
+      for (int64_t c = 0; c < g.out[2]; ++c) {
+        std::array<int64_t, 3> o{a, b, c};
+        *dv++ = double((ends[0][a] - starts[0][a]) * (ends[1][b] - starts[1][b]) *
+                       (ends[2][c] - starts[2][c]));
+        for (int64_t i = 0; i < g.k[0]; ++i)
+          for (int64_t j = 0; j < g.k[1]; ++j)
+            for (int64_t l = 0; l < g.k[2]; ++l) {
+              std::array<int64_t, 3> at{starts[0][o[0]] + i, starts[1][o[1]] + j,
+                                        starts[2][o[2]] + l};
+              bool inside = at[0] < ends[0][o[0]] && at[1] < ends[1][o[1]] &&
+                            at[2] < ends[2][o[2]];
+              *t++ = inside ? (at[0] * g.in[1] + at[1]) * g.in[2] + at[2] : volume(g.in);
+            }
+      }
+  auto x5 = x.dim() == 4 ? x.unsqueeze(0) : x;
+  auto sums = windows(x5, g, table.to(x.device()), true).sum(-1);
+  return shaped(sums / div.to(x.device()).to(sums.scalar_type()), x, g);
+}
+
+// Nearest 3-D upsampling: each output reads one input element, CPU's nearest_idx per dim
+// (the same position, half the position when doubling, else floor(o * scale) in float).
+at::Tensor upsample_nearest3d(const at::Tensor& x, at::IntArrayRef output_size,
+                              std::optional<double> scale_d, std::optional<double> scale_h,
+                              std::optional<double> scale_w) {
+  TORCH_CHECK(output_size.size() == 3, "It is expected output_size equals to 3, but got size ",
+              output_size.size());
+  TORCH_CHECK(x.dim() == 5, "It is expected input_size equals to 5, but got size ", x.dim());
+  Pool3d g;
+  std::array<std::optional<double>, 3> scales{scale_d, scale_h, scale_w};
+  std::array<std::vector<int64_t>, 3> src;
+  for (int i = 0; i < 3; ++i) {
+    g.in[i] = x.size(2 + i);
+    g.out[i] = output_size[i];
+    g.k[i] = 1;
+    TORCH_CHECK(g.in[i] > 0 && g.out[i] > 0, "Input and output sizes should be greater than 0, "
+                "but got input (D: ", x.size(2), ", H: ", x.size(3), ", W: ", x.size(4),
+                ") output (D: ", output_size[0], ", H: ", output_size[1], ", W: ",
+                output_size[2], ")");
+    float scale = scales[i] && *scales[i] > 0. ? float(1.0 / *scales[i])
+                                               : float(g.in[i]) / float(g.out[i]);
+    for (int64_t o = 0; o < g.out[i]; ++o) {
+      src[i].push_back(g.out[i] == g.in[i]       ? o
+                       : g.out[i] == 2 * g.in[i] ? o >> 1
+                                                 : std::min(int64_t(std::floor(float(o) * scale)),
+                                                            g.in[i] - 1));
+    }
+  }
+  auto table = at::empty({volume(g.out)}, at::kLong);
+  int64_t* t = table.data_ptr<int64_t>();
+  for (int64_t a : src[0])
+    for (int64_t b : src[1])
+      for (int64_t c : src[2]) *t++ = (a * g.in[1] + b) * g.in[2] + c;
+  auto picked = windows(x, g, table.to(x.device()), false).squeeze(-1);
+  return picked.view({x.size(0), x.size(1), g.out[0], g.out[1], g.out[2]});
+}
+
 }  // namespace
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("max_pool3d_with_indices", DFT_GROUPED(dft::max_pool3d_with_indices));
   m.impl("avg_pool3d", DFT_GROUPED(dft::avg_pool3d));
+  m.impl("_adaptive_avg_pool3d", DFT_GROUPED(dft::adaptive_avg_pool3d));
+  m.impl("upsample_nearest3d", DFT_GROUPED(dft::upsample_nearest3d));
 }
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("max_pool3d_with_indices", DFT_GROUPED(dft::max_pool3d_with_indices));
   m.impl("avg_pool3d", DFT_GROUPED(dft::avg_pool3d));
+  m.impl("_adaptive_avg_pool3d", DFT_GROUPED(dft::adaptive_avg_pool3d));
+  m.impl("upsample_nearest3d", DFT_GROUPED(dft::upsample_nearest3d));
 }

@@ -57,3 +57,17 @@ def test_bad_pooling_raises_cpus_errors(call):
     with pytest.raises(RuntimeError) as tpu:
         call(x.to("tpu"))
     assert str(tpu.value).split("\n")[0] == str(cpu.value).split("\n")[0]
+
+
+@pytest.mark.parametrize("size", [(2, 3, 4), (5, 1, 6), (3, 7, 2)])
+def test_adaptive_avg_pool3d_matches_cpu_with_uneven_windows(mode, size):
+    torch.manual_seed(0)
+    assert_same(lambda t: F.adaptive_avg_pool3d(t, size) * 2, torch.randn(2, 3, 5, 7, 6))
+    assert_same(lambda t: F.adaptive_avg_pool3d(t, size), torch.randn(3, 5, 7, 6))
+
+
+@pytest.mark.parametrize("how", [dict(scale_factor=2), dict(size=(7, 10, 9)),
+                                 dict(scale_factor=1.5), dict(scale_factor=(1, 2, 0.5))])
+def test_nearest_3d_upsampling_matches_cpu_forward_and_backward(mode, how):
+    torch.manual_seed(0)
+    assert_same(lambda t: F.interpolate(t, mode="nearest", **how) * 2, torch.randn(2, 3, 4, 5, 6))
