@@ -1,5 +1,5 @@
-// 3-D max, average and adaptive average pooling (nn.MaxPool3d, nn.AvgPool3d,
-// nn.AdaptiveAvgPool3d) and nearest 3-D upsampling on "tpu".
+// 3-D max, average and adaptive pooling (nn.MaxPool3d, nn.AvgPool3d, nn.AdaptiveAvgPool3d,
+// nn.AdaptiveMaxPool3d) and nearest 3-D upsampling on "tpu".
 //
 // The 2-D pooling (pooling.cpp) reads windows through strided views of a padded buffer; its
 // helpers are 2-D throughout. Here a window is read by a table of flat input positions, as
@@ -108,13 +108,11 @@ at::Tensor shaped(const at::Tensor& r, const at::Tensor& x, const Pool3d& g) {
   return x.dim() == 4 ? out.squeeze(0) : out;
 }
 
-std::tuple<at::Tensor, at::Tensor> max_pool3d_with_indices(
-    const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding,
-    at::IntArrayRef dilation, bool ceil_mode) {
-  auto g = geometry(x, kernel, stride, padding, dilation, ceil_mode, false, "max_pool3d",
-                    "max_pool3d_with_indices()");
+// Each window's maximum (the first, in window order) and its flat input index, gathered from
+// the windows `table` reads.
+std::tuple<at::Tensor, at::Tensor> max_over(const at::Tensor& x, const Pool3d& g,
+                                            const at::Tensor& table) {
   auto x5 = x.dim() == 4 ? x.unsqueeze(0) : x;
-  auto table = window_table(g, -1, x.device());
   auto win = windows(x5, g, table, false);
   auto pos = win.argmax(-1, /*keepdim=*/true);
   auto values = win.gather(-1, pos).squeeze(-1);
@@ -123,6 +121,14 @@ std::tuple<at::Tensor, at::Tensor> max_pool3d_with_indices(
                      .expand({x5.size(0), x5.size(1), volume(g.out), volume(g.k)})
                      .gather(-1, pos).squeeze(-1);
   return {shaped(values, x, g), shaped(indices, x, g)};
+}
+
+std::tuple<at::Tensor, at::Tensor> max_pool3d_with_indices(
+    const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, bool ceil_mode) {
+  auto g = geometry(x, kernel, stride, padding, dilation, ceil_mode, false, "max_pool3d",
+                    "max_pool3d_with_indices()");
+  return max_over(x, g, window_table(g, -1, x.device()));
 }
 
 at::Tensor avg_pool3d(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
@@ -155,19 +161,20 @@ at::Tensor avg_pool3d(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayR
 }
 
 
-// Adaptive average pooling: output position o along a dim averages input [floor(o * in / out),
-// ceil((o + 1) * in / out)), as CPU's kernel does; windows shorter than the longest read the
-// zero slot past the volume, and each output divides by its own window's size.
-at::Tensor adaptive_avg_pool3d(const at::Tensor& x, at::IntArrayRef output_size) {
-  TORCH_CHECK(output_size.size() == 3, "adaptive_avg_pool3d: output_size must be 3");
-  TORCH_CHECK(x.dim() == 4 || x.dim() == 5, "adaptive_avg_pool3d(): Expected 4D or 5D tensor, "
-              "but got ", x.sizes());
+// Adaptive pooling's windows: output position o along a dim covers input
+// [floor(o * in / out), ceil((o + 1) * in / out)), as CPU's kernels do. The table's windows are
+// the longest one's size; a shorter window's extra entries read `outside` (the zero slot), or
+// with outside < 0 its first element. `sizes` receives each window's element count.
+at::Tensor adaptive_table(Pool3d& g, const at::Tensor& x, at::IntArrayRef output_size,
+                          int64_t outside, std::vector<double>* sizes, const char* op) {
+  TORCH_CHECK(output_size.size() == 3, op, ": output_size must be 3");
+  TORCH_CHECK(x.dim() == 4 || x.dim() == 5, op, "(): Expected 4D or 5D tensor, but got ",
+              x.sizes());
   for (int64_t i = x.dim() - 4; i < x.dim(); ++i) {
-    TORCH_CHECK(x.size(i) > 0, "adaptive_avg_pool3d(): Expected input to have non-zero size for "
-                "non-batch dimensions, but input has sizes ", x.sizes(), " with dimension ", i,
+    TORCH_CHECK(x.size(i) > 0, op, "(): Expected input to have non-zero size for non-batch "
+                "dimensions, but input has sizes ", x.sizes(), " with dimension ", i,
                 " being empty");
   }
-  Pool3d g;
   std::array<std::vector<int64_t>, 3> starts, ends;
   for (int i = 0; i < 3; ++i) {
     g.in[i] = x.size(x.dim() - 3 + i);
@@ -180,28 +187,46 @@ at::Tensor adaptive_avg_pool3d(const at::Tensor& x, at::IntArrayRef output_size)
     }
   }
   auto table = at::empty({volume(g.out) * volume(g.k)}, at::kLong);
-  auto div = at::empty({volume(g.out)}, at::kDouble);
   int64_t* t = table.data_ptr<int64_t>();
-  double* dv = div.data_ptr<double>();
+  auto flat = [&](int64_t d, int64_t h, int64_t w) { return (d * g.in[1] + h) * g.in[2] + w; };
   for (int64_t a = 0; a < g.out[0]; ++a)
     for (int64_t b = 0; b < g.out[1]; ++b)
       for (int64_t c = 0; c < g.out[2]; ++c) {
-        std::array<int64_t, 3> o{a, b, c};
-        *dv++ = double((ends[0][a] - starts[0][a]) * (ends[1][b] - starts[1][b]) *
-                       (ends[2][c] - starts[2][c]));
+        std::array<int64_t, 3> s0{starts[0][a], starts[1][b], starts[2][c]};
+        std::array<int64_t, 3> e0{ends[0][a], ends[1][b], ends[2][c]};
+        if (sizes) {
+          sizes->push_back(double((e0[0] - s0[0]) * (e0[1] - s0[1]) * (e0[2] - s0[2])));
+        }
         for (int64_t i = 0; i < g.k[0]; ++i)
           for (int64_t j = 0; j < g.k[1]; ++j)
             for (int64_t l = 0; l < g.k[2]; ++l) {
-              std::array<int64_t, 3> at{starts[0][o[0]] + i, starts[1][o[1]] + j,
-                                        starts[2][o[2]] + l};
-              bool inside = at[0] < ends[0][o[0]] && at[1] < ends[1][o[1]] &&
-                            at[2] < ends[2][o[2]];
-              *t++ = inside ? (at[0] * g.in[1] + at[1]) * g.in[2] + at[2] : volume(g.in);
+              bool inside = s0[0] + i < e0[0] && s0[1] + j < e0[1] && s0[2] + l < e0[2];
+              *t++ = inside            ? flat(s0[0] + i, s0[1] + j, s0[2] + l)
+                     : outside >= 0 ? outside
+                                    : flat(s0[0], s0[1], s0[2]);
             }
       }
+  return table.to(x.device());
+}
+
+at::Tensor adaptive_avg_pool3d(const at::Tensor& x, at::IntArrayRef output_size) {
+  Pool3d g;
+  std::vector<double> sizes;
+  int64_t zero_slot = x.dim() >= 4 ? x.size(-1) * x.size(-2) * x.size(-3) : 0;
+  auto table = adaptive_table(g, x, output_size, zero_slot, &sizes, "adaptive_avg_pool3d");
   auto x5 = x.dim() == 4 ? x.unsqueeze(0) : x;
-  auto sums = windows(x5, g, table.to(x.device()), true).sum(-1);
-  return shaped(sums / div.to(x.device()).to(sums.scalar_type()), x, g);
+  auto sums = windows(x5, g, table, true).sum(-1);
+  auto div = at::tensor(sizes, at::kDouble).to(x.device()).to(sums.scalar_type());
+  return shaped(sums / div, x, g);
+}
+
+// Adaptive max pooling: as max_pool3d over the adaptive windows, a shorter window's extra
+// entries repeating its first element (CPU's starting index).
+std::tuple<at::Tensor, at::Tensor> adaptive_max_pool3d(const at::Tensor& x,
+                                                       at::IntArrayRef output_size) {
+  Pool3d g;
+  auto table = adaptive_table(g, x, output_size, -1, nullptr, "adaptive_max_pool3d");
+  return max_over(x, g, table);
 }
 
 // Nearest 3-D upsampling: each output reads one input element, CPU's nearest_idx per dim
@@ -249,6 +274,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("avg_pool3d", DFT_GROUPED(dft::avg_pool3d));
   m.impl("_adaptive_avg_pool3d", DFT_GROUPED(dft::adaptive_avg_pool3d));
   m.impl("upsample_nearest3d", DFT_GROUPED(dft::upsample_nearest3d));
+  m.impl("adaptive_max_pool3d", DFT_GROUPED(dft::adaptive_max_pool3d));
 }
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
@@ -256,4 +282,5 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("avg_pool3d", DFT_GROUPED(dft::avg_pool3d));
   m.impl("_adaptive_avg_pool3d", DFT_GROUPED(dft::adaptive_avg_pool3d));
   m.impl("upsample_nearest3d", DFT_GROUPED(dft::upsample_nearest3d));
+  m.impl("adaptive_max_pool3d", DFT_GROUPED(dft::adaptive_max_pool3d));
 }

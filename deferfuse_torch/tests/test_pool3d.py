@@ -71,3 +71,25 @@ def test_adaptive_avg_pool3d_matches_cpu_with_uneven_windows(mode, size):
 def test_nearest_3d_upsampling_matches_cpu_forward_and_backward(mode, how):
     torch.manual_seed(0)
     assert_same(lambda t: F.interpolate(t, mode="nearest", **how) * 2, torch.randn(2, 3, 4, 5, 6))
+
+
+@pytest.mark.parametrize("size", [(2, 3, 4), (5, 1, 6), (3, 7, 2)])
+def test_adaptive_max_pool3d_matches_cpu_values_indices_and_gradients(mode, size):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 7, 6)
+    assert_same(lambda t: F.adaptive_max_pool3d(t, size) * 2, x)
+    got = F.adaptive_max_pool3d(x.to("tpu"), size, return_indices=True)[1]
+    assert torch.equal(got.cpu(), F.adaptive_max_pool3d(x, size, return_indices=True)[1])
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: F.adaptive_avg_pool3d(x.flatten(0, 2), 2),
+    lambda x: F.adaptive_max_pool3d(x[:, :, :0], 2),
+])
+def test_bad_adaptive_pooling_raises_cpus_errors(call):
+    x = torch.randn(1, 2, 4, 5, 6)
+    with pytest.raises(RuntimeError) as cpu:
+        call(x)
+    with pytest.raises(RuntimeError) as tpu:
+        call(x.to("tpu"))
+    assert str(tpu.value).split("\n")[0] == str(cpu.value).split("\n")[0]
