@@ -69,3 +69,12 @@ def trains_like_cpu(build, loss_fn, steps=3, lr=1e-2):
         if dev == "tpu":
             assert deferfuse_torch.fallback_counts() == {}
     torch.testing.assert_close(losses["tpu"], losses["cpu"], rtol=1e-5, atol=1e-6)
+
+
+def raises_like_cpu(call, x):
+    """call(x) raises on CPU and on tpu (x moved there), with the same first line."""
+    with pytest.raises(RuntimeError) as cpu:
+        call(x)
+    with pytest.raises(RuntimeError) as tpu:
+        call(x.to("tpu"))
+    assert str(tpu.value).split("\n")[0] == str(cpu.value).split("\n")[0]
