@@ -1,5 +1,5 @@
 // 3-D max, average and adaptive pooling (nn.MaxPool3d, nn.AvgPool3d, nn.AdaptiveAvgPool3d,
-// nn.AdaptiveMaxPool3d) and nearest 3-D upsampling on "tpu".
+// nn.AdaptiveMaxPool3d) on "tpu".
 //
 // The 2-D pooling (pooling.cpp) reads windows through strided views of a padded buffer; its
 // helpers are 2-D throughout. Here a window is read by a table of flat input positions, as
@@ -229,43 +229,6 @@ std::tuple<at::Tensor, at::Tensor> adaptive_max_pool3d(const at::Tensor& x,
   return max_over(x, g, table);
 }
 
-// Nearest 3-D upsampling: each output reads one input element, CPU's nearest_idx per dim
-// (the same position, half the position when doubling, else floor(o * scale) in float).
-at::Tensor upsample_nearest3d(const at::Tensor& x, at::IntArrayRef output_size,
-                              std::optional<double> scale_d, std::optional<double> scale_h,
-                              std::optional<double> scale_w) {
-  TORCH_CHECK(output_size.size() == 3, "It is expected output_size equals to 3, but got size ",
-              output_size.size());
-  TORCH_CHECK(x.dim() == 5, "It is expected input_size equals to 5, but got size ", x.dim());
-  Pool3d g;
-  std::array<std::optional<double>, 3> scales{scale_d, scale_h, scale_w};
-  std::array<std::vector<int64_t>, 3> src;
-  for (int i = 0; i < 3; ++i) {
-    g.in[i] = x.size(2 + i);
-    g.out[i] = output_size[i];
-    g.k[i] = 1;
-    TORCH_CHECK(g.in[i] > 0 && g.out[i] > 0, "Input and output sizes should be greater than 0, "
-                "but got input (D: ", x.size(2), ", H: ", x.size(3), ", W: ", x.size(4),
-                ") output (D: ", output_size[0], ", H: ", output_size[1], ", W: ",
-                output_size[2], ")");
-    float scale = scales[i] && *scales[i] > 0. ? float(1.0 / *scales[i])
-                                               : float(g.in[i]) / float(g.out[i]);
-    for (int64_t o = 0; o < g.out[i]; ++o) {
-      src[i].push_back(g.out[i] == g.in[i]       ? o
-                       : g.out[i] == 2 * g.in[i] ? o >> 1
-                                                 : std::min(int64_t(std::floor(float(o) * scale)),
-                                                            g.in[i] - 1));
-    }
-  }
-  auto table = at::empty({volume(g.out)}, at::kLong);
-  int64_t* t = table.data_ptr<int64_t>();
-  for (int64_t a : src[0])
-    for (int64_t b : src[1])
-      for (int64_t c : src[2]) *t++ = (a * g.in[1] + b) * g.in[2] + c;
-  auto picked = windows(x, g, table.to(x.device()), false).squeeze(-1);
-  return picked.view({x.size(0), x.size(1), g.out[0], g.out[1], g.out[2]});
-}
-
 }  // namespace
 }  // namespace dft
 
@@ -273,7 +236,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("max_pool3d_with_indices", DFT_GROUPED(dft::max_pool3d_with_indices));
   m.impl("avg_pool3d", DFT_GROUPED(dft::avg_pool3d));
   m.impl("_adaptive_avg_pool3d", DFT_GROUPED(dft::adaptive_avg_pool3d));
-  m.impl("upsample_nearest3d", DFT_GROUPED(dft::upsample_nearest3d));
   m.impl("adaptive_max_pool3d", DFT_GROUPED(dft::adaptive_max_pool3d));
 }
 
@@ -281,6 +243,5 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("max_pool3d_with_indices", DFT_GROUPED(dft::max_pool3d_with_indices));
   m.impl("avg_pool3d", DFT_GROUPED(dft::avg_pool3d));
   m.impl("_adaptive_avg_pool3d", DFT_GROUPED(dft::adaptive_avg_pool3d));
-  m.impl("upsample_nearest3d", DFT_GROUPED(dft::upsample_nearest3d));
   m.impl("adaptive_max_pool3d", DFT_GROUPED(dft::adaptive_max_pool3d));
 }

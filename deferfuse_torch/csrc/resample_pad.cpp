@@ -1,5 +1,5 @@
-// Upsampling (nearest and nearest-exact 1-D/2-D, linear 1-D, bilinear and bicubic 2-D) and
-// reflect/replicate padding (1-D, 2-D), forward and backward. Each is separable: per resized dim
+// Upsampling (nearest and nearest-exact 1-D/2-D, nearest 3-D, linear 1-D, bilinear and bicubic
+// 2-D, trilinear 3-D) and reflect/replicate padding (1-D, 2-D), forward and backward. Each is separable: per resized dim
 // an index_select (or, for linear and cubic, a weighted sum of two or four index_selects) with
 // source-index and weight tables computed on the host from the shapes alone (as PyTorch's CPU
 // kernels compute them), and each backward is the adjoint: index_adds per dim with the same
@@ -299,6 +299,40 @@ at::Tensor upsample_linear1d_backward(const at::Tensor& g, c10::SymIntArrayRef o
                        all_taps(i, o, false, align_corners, {s}, g.scalar_type()));
 }
 
+// 3-D (volumetric) resizing: the same separable tables over the three trailing dims.
+at::Tensor upsample_nearest3d(const at::Tensor& x, c10::SymIntArrayRef out,
+                              std::optional<double> sd, std::optional<double> sh,
+                              std::optional<double> sw) {
+  auto o = ints(out);
+  check_resize("upsample_nearest3d", x, 5, o);
+  return pick(x, last_dims(5, 3), nearest_tables(x.sizes(), o, {sd, sh, sw}, false));
+}
+
+at::Tensor upsample_nearest3d_backward(const at::Tensor& g, c10::SymIntArrayRef out,
+                                       c10::SymIntArrayRef in, std::optional<double> sd,
+                                       std::optional<double> sh, std::optional<double> sw) {
+  auto i = ints(in), o = ints(out);
+  return unpick(g, i, last_dims(5, 3), nearest_tables(i, o, {sd, sh, sw}, false));
+}
+
+at::Tensor upsample_trilinear3d(const at::Tensor& x, c10::SymIntArrayRef out, bool align_corners,
+                                std::optional<double> sd, std::optional<double> sh,
+                                std::optional<double> sw) {
+  auto o = ints(out);
+  check_resize("upsample_trilinear3d", x, 5, o);
+  return interpolate(x, last_dims(5, 3),
+                     all_taps(x.sizes(), o, false, align_corners, {sd, sh, sw}, x.scalar_type()));
+}
+
+at::Tensor upsample_trilinear3d_backward(const at::Tensor& g, c10::SymIntArrayRef out,
+                                         c10::SymIntArrayRef in, bool align_corners,
+                                         std::optional<double> sd, std::optional<double> sh,
+                                         std::optional<double> sw) {
+  auto i = ints(in), o = ints(out);
+  return uninterpolate(g, i, last_dims(5, 3),
+                       all_taps(i, o, false, align_corners, {sd, sh, sw}, g.scalar_type()));
+}
+
 // grid_sampler_2d (F.grid_sample on 4-D input): bilinear, nearest and bicubic; zeros, border
 // and reflection padding. Built from the device's elementwise ops and gather with PyTorch's
 // formulas (GridSamplerKernel.cpp), so it runs and fuses on the device. It is registered at the
@@ -469,6 +503,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("upsample_bicubic2d_backward", DFT_GROUPED(dft::up2d_smooth_back<true>));
   m.impl("upsample_linear1d", DFT_GROUPED(dft::upsample_linear1d));
   m.impl("upsample_linear1d_backward", DFT_GROUPED(dft::upsample_linear1d_backward));
+  m.impl("upsample_nearest3d", DFT_GROUPED(dft::upsample_nearest3d));
+  m.impl("upsample_nearest3d_backward", DFT_GROUPED(dft::upsample_nearest3d_backward));
+  m.impl("upsample_trilinear3d", DFT_GROUPED(dft::upsample_trilinear3d));
+  m.impl("upsample_trilinear3d_backward", DFT_GROUPED(dft::upsample_trilinear3d_backward));
   m.impl("grid_sampler_2d", TORCH_FN(dft::grid_sampler_2d));
   m.impl("xlogy.Tensor", DFT_GROUPED(dft::xlogy));
 }

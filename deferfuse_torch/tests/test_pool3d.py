@@ -61,13 +61,6 @@ def test_adaptive_avg_pool3d_matches_cpu_with_uneven_windows(mode, size):
     assert_same(lambda t: F.adaptive_avg_pool3d(t, size), torch.randn(3, 5, 7, 6))
 
 
-@pytest.mark.parametrize("how", [dict(scale_factor=2), dict(size=(7, 10, 9)),
-                                 dict(scale_factor=1.5), dict(scale_factor=(1, 2, 0.5))])
-def test_nearest_3d_upsampling_matches_cpu_forward_and_backward(mode, how):
-    torch.manual_seed(0)
-    assert_same(lambda t: F.interpolate(t, mode="nearest", **how) * 2, torch.randn(2, 3, 4, 5, 6))
-
-
 @pytest.mark.parametrize("size", [(2, 3, 4), (5, 1, 6), (3, 7, 2)])
 def test_adaptive_max_pool3d_matches_cpu_values_indices_and_gradients(mode, size):
     torch.manual_seed(0)

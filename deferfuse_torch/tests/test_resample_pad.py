@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import deferfuse_torch
-from conftest import check
+from conftest import assert_same, check
 
 
 @pytest.fixture(autouse=True)
@@ -53,3 +53,19 @@ def test_xlogy_and_kl_div(mode):
     q = torch.log_softmax(torch.randn(4, 5), -1)
     check(F.kl_div(q.to("tpu"), p.to("tpu"), reduction="batchmean"),
           F.kl_div(q, p, reduction="batchmean"))
+
+
+@pytest.mark.parametrize("how", [dict(scale_factor=2), dict(size=(7, 10, 9)),
+                                 dict(scale_factor=1.5), dict(scale_factor=(1, 2, 0.5))])
+def test_nearest_3d_upsampling_matches_cpu_forward_and_backward(mode, how):
+    torch.manual_seed(0)
+    assert_same(lambda t: F.interpolate(t, mode="nearest", **how) * 2, torch.randn(2, 3, 4, 5, 6))
+
+
+@pytest.mark.parametrize("how", [dict(scale_factor=2), dict(size=(7, 10, 9)),
+                                 dict(scale_factor=(1.5, 0.5, 2), align_corners=True),
+                                 dict(size=(3, 3, 3), align_corners=False)])
+def test_trilinear_3d_upsampling_matches_cpu_forward_and_backward(mode, how):
+    torch.manual_seed(0)
+    assert_same(lambda t: F.interpolate(t, mode="trilinear", **how) * 2,
+                torch.randn(2, 3, 4, 5, 6))
