@@ -7,8 +7,8 @@
 // index_select of the plane by that table, fold an index_add into a zero plane (overlapping
 // windows sum), then the padding cropped. Registered for autograd as well: each one's backward
 // is the other, through autograd of those two ops. The table depends only on the shapes; it is
-// built on the host and uploaded. Shape errors are CPU's own (im2col_shape_check.h).
-#include "common.h"
+// built on the host and uploaded (windows.h's upload_table). Shape errors are CPU's own (im2col_shape_check.h).
+#include "windows.h"
 
 #include <ATen/native/im2col_shape_check.h>
 #include <torch/library.h>
@@ -40,16 +40,15 @@ int64_t positions(int64_t size, int64_t pad, int64_t dil, int64_t k, int64_t s) 
 }
 
 // Flat positions in the padded [hp, wp] plane, ordered (i, j, oh, ow): [kh * kw * oh * ow].
-at::Tensor window_table(const Window& w, int64_t wp, int64_t oh, int64_t ow,
-                        const at::Device& device) {
-  auto table = at::empty({w.kh * w.kw * oh * ow}, at::kLong);
-  int64_t* p = table.data_ptr<int64_t>();
+at::Tensor window_table(const Window& w, int64_t wp, int64_t oh, int64_t ow) {
+  std::vector<double> t;
+  t.reserve(w.kh * w.kw * oh * ow);
   for (int64_t i = 0; i < w.kh; ++i)
     for (int64_t j = 0; j < w.kw; ++j)
       for (int64_t y = 0; y < oh; ++y)
         for (int64_t x = 0; x < ow; ++x)
-          *p++ = (y * w.sh + i * w.dh) * wp + (x * w.sw + j * w.dw);
-  return table.to(device);
+          t.push_back(double((y * w.sh + i * w.dh) * wp + (x * w.sw + j * w.dw)));
+  return upload_table(t, {int64_t(t.size())}, at::kLong);
 }
 
 at::Tensor im2col(const at::Tensor& input, at::IntArrayRef kernel, at::IntArrayRef dilation,
@@ -63,7 +62,7 @@ at::Tensor im2col(const at::Tensor& input, at::IntArrayRef kernel, at::IntArrayR
   int64_t oh = positions(h, w.ph, w.dh, w.kh, w.sh), ow = positions(wd, w.pw, w.dw, w.kw, w.sw);
   int64_t hp = h + 2 * w.ph, wp = wd + 2 * w.pw;
   auto padded = (w.ph || w.pw) ? at::constant_pad_nd(x, {w.pw, w.pw, w.ph, w.ph}, 0) : x;
-  auto table = window_table(w, wp, oh, ow, x.device());
+  auto table = window_table(w, wp, oh, ow);
   auto cols = padded.reshape({n, c, hp * wp}).index_select(2, table)
                   .view({n, c * w.kh * w.kw, oh * ow});
   return batched ? cols : cols.squeeze(0);
@@ -82,7 +81,7 @@ at::Tensor col2im(const at::Tensor& input, at::IntArrayRef output_size, at::IntA
   int64_t n = cols.size(0), c = cols.size(1) / (w.kh * w.kw);
   int64_t oh = positions(h, w.ph, w.dh, w.kh, w.sh), ow = positions(wd, w.pw, w.dw, w.kw, w.sw);
   int64_t hp = h + 2 * w.ph, wp = wd + 2 * w.pw;
-  auto table = window_table(w, wp, oh, ow, cols.device());
+  auto table = window_table(w, wp, oh, ow);
   auto plane = at::zeros({n, c, hp * wp}, cols.options())
                    .index_add(2, table, cols.reshape({n, c, w.kh * w.kw * oh * ow}));
   auto out = plane.view({n, c, hp, wp}).slice(2, w.ph, w.ph + h).slice(3, w.pw, w.pw + wd)

@@ -1,16 +1,16 @@
 // 3-D max, average and adaptive pooling (nn.MaxPool3d, nn.AvgPool3d, nn.AdaptiveAvgPool3d,
 // nn.AdaptiveMaxPool3d) on "tpu".
 //
-// The 2-D pooling (pooling.cpp) reads windows through strided views of a padded buffer; its
-// helpers are 2-D throughout. Here a window is read by a table of flat input positions, as
-// fold.cpp reads im2col's: entry (o, k) is where kernel offset k of output position o reads in
+// The 2-D pooling (pooling.cpp) copies windows out of strided views of a padded buffer, with
+// its geometry, index tables and adaptive matrices written for two dims. Here a window is read
+// by a table of flat input positions, as fold.cpp reads im2col's: entry (o, k) is where kernel offset k of output position o reads in
 // the [D * H * W] volume, gathered with one index_select into [N, C, O, K] and reduced along
 // K. A position outside the input reads a zero appended after the volume (average) or the
 // window's first real element (max, which is the index CPU's kernel starts from, so its
 // indices and the element its gradient goes to are CPU's). Registered for autograd as well:
 // the backward is autograd through the gather (an index_add), so the max's gradient goes to
 // the element whose index the forward returned. Shape errors are CPU's (PoolingChecks.h).
-#include "common.h"
+#include "windows.h"
 
 #include <ATen/native/Pool.h>
 #include <ATen/native/PoolingChecks.h>
@@ -25,13 +25,10 @@ struct Pool3d {
   std::array<int64_t, 3> in, k, s, p, d, out;
 };
 
-std::array<int64_t, 3> triple(at::IntArrayRef v, const char* what, const char* op,
-                              std::array<int64_t, 3> if_empty) {
-  TORCH_CHECK(v.size() == 1 || v.size() == 3 || (v.empty() && if_empty[0] > 0), op, ": ", what,
-              " must either be a single int, or a tuple of three ints");
-  if (v.empty()) return if_empty;
-  return v.size() == 1 ? std::array<int64_t, 3>{v[0], v[0], v[0]}
-                       : std::array<int64_t, 3>{v[0], v[1], v[2]};
+// `v` (one value or three) as three values.
+std::array<int64_t, 3> triple(at::IntArrayRef v, const char* op, const char* what) {
+  auto e = expand_param(v, 3, op, what);
+  return {e[0], e[1], e[2]};
 }
 
 // `op` names the module in argument errors ("max_pool3d"), `fn` the kernel in shape errors
@@ -40,10 +37,10 @@ Pool3d geometry(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef str
                 at::IntArrayRef padding, at::IntArrayRef dilation, bool ceil_mode, bool average,
                 const char* op, const char* fn) {
   Pool3d g;
-  g.k = triple(kernel, "kernel_size", op, {0, 0, 0});
-  g.s = triple(stride, "stride", op, g.k);
-  g.p = triple(padding, "padding", op, {0, 0, 0});
-  g.d = triple(dilation, "dilation", op, {1, 1, 1});
+  g.k = triple(kernel, op, "kernel_size");
+  g.s = stride.empty() ? g.k : triple(stride, op, "stride");
+  g.p = triple(padding, op, "padding");
+  g.d = dilation.empty() ? std::array<int64_t, 3>{1, 1, 1} : triple(dilation, op, "dilation");
   TORCH_CHECK(x.dim() == 4 || x.dim() == 5,
               "non-empty 4D or 5D (batch mode) tensor expected for input");
   for (int i = 0; i < 3; ++i) {
@@ -62,9 +59,9 @@ int64_t volume(const std::array<int64_t, 3>& v) { return v[0] * v[1] * v[2]; }
 // [O * K] flat input positions, output positions then kernel offsets in row-major order. An
 // outside position reads `outside` (a zero slot), or with outside < 0 the window's first real
 // element.
-at::Tensor window_table(const Pool3d& g, int64_t outside, const at::Device& device) {
-  auto table = at::empty({volume(g.out) * volume(g.k)}, at::kLong);
-  int64_t* t = table.data_ptr<int64_t>();
+at::Tensor window_table(const Pool3d& g, int64_t outside) {
+  std::vector<double> t;
+  t.reserve(volume(g.out) * volume(g.k));
   std::array<int64_t, 3> o{}, kk{};
   for (o[0] = 0; o[0] < g.out[0]; ++o[0])
     for (o[1] = 0; o[1] < g.out[1]; ++o[1])
@@ -87,10 +84,10 @@ at::Tensor window_table(const Pool3d& g, int64_t outside, const at::Device& devi
                 inside = inside && at >= 0 && at < g.in[i];
                 flat = flat * g.in[i] + at;
               }
-              *t++ = inside ? flat : (outside >= 0 ? outside : first_flat);
+              t.push_back(double(inside ? flat : (outside >= 0 ? outside : first_flat)));
             }
       }
-  return table.to(device);
+  return upload_table(t, {int64_t(t.size())}, at::kLong);
 }
 
 // The windows of x as [N, C, O, K], x padded with one zero after its volume when the table
@@ -128,7 +125,7 @@ std::tuple<at::Tensor, at::Tensor> max_pool3d_with_indices(
     at::IntArrayRef dilation, bool ceil_mode) {
   auto g = geometry(x, kernel, stride, padding, dilation, ceil_mode, false, "max_pool3d",
                     "max_pool3d_with_indices()");
-  return max_over(x, g, window_table(g, -1, x.device()));
+  return max_over(x, g, window_table(g, -1));
 }
 
 at::Tensor avg_pool3d(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
@@ -137,12 +134,11 @@ at::Tensor avg_pool3d(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayR
   TORCH_CHECK(!divisor_override || *divisor_override != 0, "divisor must be not zero");
   auto g = geometry(x, kernel, stride, padding, {}, ceil_mode, true, "avg_pool3d", "avg_pool3d()");
   auto x5 = x.dim() == 4 ? x.unsqueeze(0) : x;
-  auto table = window_table(g, volume(g.in), x.device());
+  auto table = window_table(g, volume(g.in));
   auto sums = windows(x5, g, table, true).sum(-1);
   // Each window's divisor, as CPU's kernel counts it: the window cut at the padded end (with
   // count_include_pad) or at the input (without), or the override.
-  auto div = at::empty({volume(g.out)}, at::kDouble);
-  double* dv = div.data_ptr<double>();
+  std::vector<double> div;
   std::array<int64_t, 3> o{};
   for (o[0] = 0; o[0] < g.out[0]; ++o[0])
     for (o[1] = 0; o[1] < g.out[1]; ++o[1])
@@ -154,9 +150,11 @@ at::Tensor avg_pool3d(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayR
           padded *= end - start;
           real *= std::min(end, g.in[i]) - std::max<int64_t>(start, 0);
         }
-        *dv++ = double(divisor_override ? *divisor_override : count_include_pad ? padded : real);
+        div.push_back(double(divisor_override ? *divisor_override
+                             : count_include_pad ? padded
+                                                 : real));
       }
-  auto out = sums / div.to(x.device()).to(sums.scalar_type());
+  auto out = sums / upload_table(div, {volume(g.out)}, sums.scalar_type());
   return shaped(out, x, g);
 }
 
@@ -186,8 +184,7 @@ at::Tensor adaptive_table(Pool3d& g, const at::Tensor& x, at::IntArrayRef output
       g.k[i] = std::max(g.k[i], ends[i].back() - starts[i].back());
     }
   }
-  auto table = at::empty({volume(g.out) * volume(g.k)}, at::kLong);
-  int64_t* t = table.data_ptr<int64_t>();
+  std::vector<double> t;
   auto flat = [&](int64_t d, int64_t h, int64_t w) { return (d * g.in[1] + h) * g.in[2] + w; };
   for (int64_t a = 0; a < g.out[0]; ++a)
     for (int64_t b = 0; b < g.out[1]; ++b)
@@ -201,12 +198,12 @@ at::Tensor adaptive_table(Pool3d& g, const at::Tensor& x, at::IntArrayRef output
           for (int64_t j = 0; j < g.k[1]; ++j)
             for (int64_t l = 0; l < g.k[2]; ++l) {
               bool inside = s0[0] + i < e0[0] && s0[1] + j < e0[1] && s0[2] + l < e0[2];
-              *t++ = inside            ? flat(s0[0] + i, s0[1] + j, s0[2] + l)
-                     : outside >= 0 ? outside
-                                    : flat(s0[0], s0[1], s0[2]);
+              t.push_back(double(inside         ? flat(s0[0] + i, s0[1] + j, s0[2] + l)
+                                 : outside >= 0 ? outside
+                                                : flat(s0[0], s0[1], s0[2])));
             }
       }
-  return table.to(x.device());
+  return upload_table(t, {int64_t(t.size())}, at::kLong);
 }
 
 at::Tensor adaptive_avg_pool3d(const at::Tensor& x, at::IntArrayRef output_size) {
@@ -216,7 +213,7 @@ at::Tensor adaptive_avg_pool3d(const at::Tensor& x, at::IntArrayRef output_size)
   auto table = adaptive_table(g, x, output_size, zero_slot, &sizes, "adaptive_avg_pool3d");
   auto x5 = x.dim() == 4 ? x.unsqueeze(0) : x;
   auto sums = windows(x5, g, table, true).sum(-1);
-  auto div = at::tensor(sizes, at::kDouble).to(x.device()).to(sums.scalar_type());
+  auto div = upload_table(sizes, {volume(g.out)}, sums.scalar_type());
   return shaped(sums / div, x, g);
 }
 
