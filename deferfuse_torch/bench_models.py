@@ -19,8 +19,17 @@ go on.
 Sizes: by default the zoo's "bench" sizes (nanoGPT: 4 layers, d 128, seq 64, batch 16, AdamW);
 --quick uses the tests' tiny sizes.
 
+With --breakdown, one more step per tpu mode runs under deferfuse_torch.explain() (its
+timeline on, which adds a little per program) and a second table says where it went: the
+host's recording (the step's Python up to its loss.item()), and the programs' time by kind
+(GEMM, reductions, elementwise loops, copies, kernels: observe.program_kind). Both modes run
+the same products, so a step's GEMM time bounds what fusion can gain: "str/def max" is the
+strict step's ms over the defer step's GEMM ms, the str/def ratio defer would reach if
+everything else cost nothing.
+
 Usage: python bench_models.py [--models gpt2,mlp] [--steps N] [--warmup N] [--threads N]
-                              [--steps-per-round K] [--quick] [--no-compile] [--json]"""
+                              [--steps-per-round K] [--quick] [--no-compile] [--json]
+                              [--breakdown]"""
 
 import argparse
 import os
@@ -40,6 +49,9 @@ def parse_args(argv):
     ap.add_argument("--no-compile", action="store_true",
                     help="skip torch.compile (compiling each model takes a while)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON only")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="after the timing, one more step per tpu mode under explain(): where "
+                         "its time went (host recording, programs by kind)")
     return ap.parse_args(argv)
 
 
@@ -101,6 +113,22 @@ class Runner:
             if before is not None:
                 self.step_stats.append(_delta(before, after, steps))
 
+    def breakdown(self, i):
+        """One step under explain(): {"record_ms": the host's time up to the loss read,
+        "device_ms": {kind: ms}, "programs": programs run}."""
+        record = []
+
+        def step():
+            batch = self.batches[i % len(self.batches)]
+            t0 = time.perf_counter()
+            loss = model_zoo.train_step(self.w, self.forward, self.opt, batch)
+            record.append((time.perf_counter() - t0) * 1e3)
+            loss.item()
+
+        with deferfuse_torch.mode(self.mode):
+            r = deferfuse_torch.explain(step)
+        return {"record_ms": record[0], "device_ms": r.device_ms, "programs": r.programs_run}
+
     def _counters(self):
         if self.mode is None:
             return None
@@ -143,6 +171,10 @@ def bench(name, args):
     ms = {r.label: r.median_ms() for r in runners}
     ms.setdefault("compile", None)
     strict, defer = runners[-2], runners[-1]
+    breakdown = {}
+    if args.breakdown:
+        i = args.warmup + args.steps
+        breakdown = {r.label: r.breakdown(i) for r in (strict, defer) if r.error is None}
 
     def ratio(a, b):
         return ms[a] / ms[b] if ms[a] and ms[b] else None
@@ -150,7 +182,7 @@ def bench(name, args):
     return {"model": name, "description": w.description, "ms": ms,
             "cpu/defer": ratio("cpu", "defer"), "strict/defer": ratio("strict", "defer"),
             "cpu/strict": ratio("cpu", "strict"), "defer_step": _median_stats(defer.step_stats),
-            "strict_step": _median_stats(strict.step_stats),
+            "strict_step": _median_stats(strict.step_stats), "breakdown": breakdown,
             "errors": {r.label: r.error for r in runners if r.error}}
 
 
@@ -191,6 +223,28 @@ def print_table(rows, args):
         print(f"  {r['model']}: " + "; ".join(notes))
 
 
+def print_breakdown(rows):
+    kinds = deferfuse_torch.observe.KINDS
+    print("\nwhere one step went (one step per mode under explain(); ms)")
+    head = (f"{'model':15s} {'mode':6s} {'record':>7s} {'progs':>5s} "
+            + " ".join(f"{k[:11]:>11s}" for k in kinds) + f" {'gemm %':>6s} {'str/def max':>11s}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        for mode, b in r["breakdown"].items():
+            dev = b["device_ms"]
+            total = sum(dev.values())
+            gemm = dev.get("gemm", 0.0)
+            ceiling = r["ms"]["strict"] / gemm if mode == "defer" and gemm and r["ms"]["strict"] else None
+            print(f"{r['model']:15s} {mode:6s} {b['record_ms']:7.2f} {b['programs']:5d} "
+                  + " ".join(_fmt(dev.get(k), "11.2f") for k in kinds)
+                  + f" {_fmt(100 * gemm / total if total else None, '6.0f')} "
+                  + _fmt(ceiling, "11.2f"))
+    print("record: the host's time to record the step up to its loss.item(); the kinds: "
+          "programs' run time\n(observe.program_kind); str/def max: strict ms / defer GEMM ms, "
+          "the ratio if all but the\nproducts cost nothing.")
+
+
 def main(args):
     torch.set_num_threads(args.threads)
     from transformers.utils import logging
@@ -207,6 +261,8 @@ def main(args):
                           "quick": args.quick, "models": rows}, indent=1))
     else:
         print_table(rows, args)
+        if args.breakdown:
+            print_breakdown(rows)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,7 @@ class Report:
         self.sync_lines = _lines(n for n in notes if n[0] == "sync")
         self.fallbacks = _lines(n for n in notes if n[0] == "fallback")
         self.regions = _regions(runs, timeline.get("deferfuse_regions", []))
+        self.device_ms = device_ms_by_kind(runs)
         self.cuts = {k: v for k, v in stats["cuts"].items() if v}
         # The op that started each new region, by reason (the planner's cut log), and the
         # source line that recorded it: a cut event's tag carries the line's id in its high
@@ -128,6 +129,7 @@ class Report:
             "sync_lines": {k: dict(v) for k, v in self.sync_lines.items()},
             "fallbacks": {k: dict(v) for k, v in self.fallbacks.items()},
             "regions": [dict(r) for r in self.regions],
+            "device_ms": dict(self.device_ms),
             "cuts": dict(self.cuts),
             "cut_ops": {k: list(v) for k, v in self.cut_ops.items()},
             "cut_lines": {k: dict(v) for k, v in self.cut_lines.items()},
@@ -153,6 +155,10 @@ class Report:
                 more = f" (+{len(ops) - 3} more)" if len(ops) > 3 else ""
                 out.append(f"  {reason}, at: " + "; ".join(ops[:3]) + more)
                 out += [f"    {n}x {where}" for where, n in self.cut_lines[reason].most_common(5)]
+        if self.device_ms:
+            total = sum(self.device_ms.values())
+            out.append(f"program time {total:.3f} ms: " + ", ".join(
+                f"{k} {v:.3f} ({100 * v / total:.0f}%)" for k, v in self.device_ms.items()))
         if self.regions:
             out.append("largest regions by time:")
             for r in self.regions[:10]:
@@ -187,6 +193,40 @@ def _regions(runs, regions):
     return sorted(by.values(), key=lambda r: -r["ms"])
 
 
+# The kinds of program a step's time is split into (`device_ms_by_kind`), in print order.
+KINDS = ("gemm", "reduce", "elementwise", "copy", "kernel", "graph")
+
+
+def program_kind(label):
+    """The kind of a program run from its timeline label (runtime/src/timeline/label.rs):
+    "gemm" (a matrix product, with or without a fused epilogue; convolutions run as one),
+    "reduce" (a loop with reductions: sums, softmax, norms), "elementwise" (a loop without
+    one), "copy" (a loop that only moves elements: a layout change, a gather of windows),
+    "graph" (a backend's whole-flush program or a captured graph) or "kernel" (gather,
+    scatter, sort...).
+    GEMM time is what fusion cannot remove: both modes run the same products."""
+    if label.startswith("matmul"):
+        return "gemm"
+    if label.startswith("row kernel"):
+        return "reduce"
+    if label == "fused copy":
+        return "copy"
+    if label.startswith("fused"):
+        return "elementwise"
+    if label.startswith("graph of"):
+        return "graph"
+    return "kernel"
+
+
+def device_ms_by_kind(runs):
+    """{kind: ms} of the timeline's program runs (see `program_kind`), kinds with no run left
+    out, in `KINDS` order."""
+    ms = collections.Counter()
+    for e in runs:
+        ms[program_kind(e["name"])] += e["dur"] / 1000.0
+    return {k: ms[k] for k in KINDS if ms[k]}
+
+
 def _delta(after, before):
     out = {}
     for k, v in after.items():
@@ -198,8 +238,9 @@ def explain(fn, *args, **kwargs):
     """Runs `fn(*args, **kwargs)` once (pending work before it runs first, pending work after
     it runs before the report is made) and returns a `Report`: ops recorded, programs run and
     compiled, sync points by reason with the source lines that forced them, CPU fallback ops
-    with their source lines, fusion cuts with the ops and source lines they cut at, and the
-    regions that took the most time. fn's return
+    with their source lines, fusion cuts with the ops and source lines they cut at, the
+    regions that took the most time and the programs' time by kind (`device_ms`: GEMM,
+    reductions, elementwise loops, copies, kernels). fn's return
     value is `report.result`. Fails if a trace is already running (DEFERFUSE_TRACE)."""
     _device.synchronize()
     _take_notes()

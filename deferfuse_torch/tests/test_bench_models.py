@@ -22,3 +22,16 @@ def test_mlp_row_has_every_runner_timed_and_the_defer_step_counted():
     strict = row["strict_step"]
     assert strict["ops_recorded"] == step["ops_recorded"]
     assert step["programs_run"] < strict["programs_run"] < strict["ops_recorded"]
+
+
+def test_breakdown_splits_each_tpu_step_into_recording_and_program_time_by_kind(capsys):
+    args = bench_models.parse_args(["--quick", "--no-compile", "--steps", "1", "--warmup", "1",
+                                    "--breakdown"])
+    row = bench_models.bench("mlp_small", args)
+    assert set(row["breakdown"]) == {"strict", "defer"}
+    for mode, b in row["breakdown"].items():
+        assert b["record_ms"] > 0 and b["programs"] > 0, mode
+        assert b["device_ms"]["gemm"] > 0 and b["device_ms"]["elementwise"] > 0, mode
+    bench_models.print_breakdown([row])
+    out = capsys.readouterr().out
+    assert "str/def max" in out and "mlp_small" in out

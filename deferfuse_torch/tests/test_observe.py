@@ -116,6 +116,32 @@ def test_explain_names_the_line_of_the_op_a_fusion_cut_was_at(defer):
     assert f"test_observe.py:{MATMUL_LINE}" in str(r)
 
 
+def one_of_each_kind(x, w, v, cols):
+    y = x @ w  # gemm
+    e = (v * 2 + 1).exp()  # elementwise (a shape of its own: its own region)
+    t = cols.t().contiguous()  # copy: only a layout change
+    return y.sum(1), e, t  # reduce
+
+
+def test_explain_splits_the_programs_time_by_kind(defer):
+    x, w = torch.randn(64, 32).to("tpu"), torch.randn(32, 16).to("tpu")
+    v, cols = torch.randn(7).to("tpu"), torch.randn(16, 24).to("tpu")
+    r = deferfuse_torch.explain(one_of_each_kind, x, w, v, cols)
+    assert set(r.device_ms) == {"gemm", "elementwise", "reduce", "copy"}, r.device_ms
+    assert all(ms > 0 for ms in r.device_ms.values())
+    total = sum(e["ms"] for e in r.regions)
+    assert sum(r.device_ms.values()) == pytest.approx(total)
+    assert "program time" in str(r) and r.as_dict()["device_ms"] == r.device_ms
+
+
+@pytest.mark.parametrize("label, kind", [
+    ("matmul.float32", "gemm"), ("matmul.float32 + add+relu", "gemm"),
+    ("row kernel mul+sum", "reduce"), ("fused mul+add", "elementwise"), ("fused copy", "copy"),
+    ("gather", "kernel"), ("arange.int64", "kernel"), ("graph of 12 steps", "graph")])
+def test_a_program_kind_is_read_off_its_timeline_label(label, kind):
+    assert deferfuse_torch.observe.program_kind(label) == kind
+
+
 def test_nothing_is_noted_outside_explain_and_trace(defer):
     make_step()()
     torch.ops.deferfuse.observe_take()
