@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+mod ahead;
 mod flush;
 
 /// The most elements (over all operands) a strict op may touch and still run on the calling
@@ -48,6 +49,32 @@ fn inline_cost(step: &Step) -> usize {
             ops[2].layout.numel() * k / 4
         }
         _ => ops.iter().map(|t| t.layout.numel()).sum(),
+    }
+}
+
+/// How launched work reaches its stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Launch {
+    /// Queued behind the stream's work, for its worker; the host goes on.
+    Queue,
+    /// The caller waits for it next: run on the calling thread when the stream is idle, else
+    /// queued (see [`Stream::launch_or_run`]).
+    RunIfIdle,
+    /// Run on the calling thread now, ahead of the stream's queued work, and outside its
+    /// sequence: only for work that touches nothing queued work touches (see
+    /// `flush::runs_ahead`), so the order it runs in cannot be told apart. Its error is
+    /// returned at once (and marks its outputs failed) instead of waiting for a sync point.
+    Ahead,
+}
+
+impl Launch {
+    /// [`Launch::RunIfIdle`] when the caller waits for the work next, else [`Launch::Queue`].
+    pub(crate) fn waited_for(inline: bool) -> Launch {
+        if inline {
+            Launch::RunIfIdle
+        } else {
+            Launch::Queue
+        }
     }
 }
 
@@ -149,7 +176,14 @@ impl Executor {
             })
         });
         // Strict and debug report a failure at the op: nothing to fail for later readers.
-        let r = self.launch_each(stream, jobs, false, inline, false, &mut 0);
+        let r = self.launch_each(
+            stream,
+            jobs,
+            false,
+            Launch::waited_for(inline),
+            false,
+            &mut 0,
+        );
         if let Some(miss) = miss.filter(|_| found.len() == n_steps) {
             let mut plans = stream.op_plans.lock().unwrap_or_else(|p| p.into_inner());
             plans.insert(miss, found.into());
@@ -163,14 +197,16 @@ impl Executor {
 
     /// Launches a deferred flush's `steps` in order. A failure (an allocation, a compile) marks
     /// the outputs of the failing and every later step as failed, so reading them later
-    /// reports the error instead of stale memory. `inline`: the caller waits for these steps
-    /// next, so they run on its thread when the stream is idle (see [`Stream::launch_or_run`]).
+    /// reports the error instead of stale memory. `launch`: how they reach the stream; with
+    /// `one_unit` all their waves are handed over as one unit of work (see
+    /// [`Executor::launch_each`]).
     fn launch_steps(
         &self,
         stream: &Stream,
         steps: Vec<Step>,
         buffers: &impl BufferLookup,
-        inline: bool,
+        launch: Launch,
+        one_unit: bool,
     ) -> Result<()> {
         let outputs: Vec<Vec<BufferId>> = steps.iter().map(|s| outputs_of(s).collect()).collect();
         let mut launched = 0;
@@ -180,7 +216,7 @@ impl Executor {
             let program = |step: &Step| self.program(step, stream.id);
             self.prepare(step, buffers, Mode::Defer, stream.id, program)
         });
-        let r = self.launch_each(stream, jobs, side_by_side, inline, false, &mut launched);
+        let r = self.launch_each(stream, jobs, side_by_side, launch, one_unit, &mut launched);
         if let Err(e) = &r {
             for id in outputs[launched..].iter().flatten() {
                 if let Some(b) = buffers.find(*id) {
@@ -194,15 +230,17 @@ impl Executor {
     /// Launches `jobs` in order, consecutive independent ones as one wave when `side_by_side`
     /// and the backend can; `launched` counts the jobs launched (on an error, the ones before
     /// the failing job ran and the caller fails the rest's outputs). With `one_unit`, all the
-    /// waves are handed to the stream as one unit of work: a captured graph's launch, where
-    /// handing each wave over (a channel send and a worker wake-up each) cost more than its
-    /// small programs take to run.
+    /// waves are handed to the stream as one unit of work: a captured graph's launch, or the
+    /// part of a flush the host does not wait for, where handing each wave over (a channel
+    /// send and a worker wake-up each, and the throttle's waits) cost more than its small
+    /// programs take to run. With [`Launch::Ahead`] the waves run here and the first error of
+    /// any is returned, after the rest ran (as within a unit).
     pub(crate) fn launch_each(
         &self,
         stream: &Stream,
         jobs: impl Iterator<Item = Result<Job>>,
         side_by_side: bool,
-        inline: bool,
+        launch: Launch,
         one_unit: bool,
         launched: &mut usize,
     ) -> Result<()> {
@@ -213,6 +251,7 @@ impl Executor {
         let mut wave = Wave::default();
         let mut unit = one_unit.then(Unit::default);
         let mut r = Ok(());
+        let mut ran = Ok(());
         for job in jobs {
             let job = match job {
                 Ok(job) => job,
@@ -223,15 +262,17 @@ impl Executor {
                 }
             };
             if side.is_none() || !wave.admits(&job) {
-                self.launch_wave(stream, &mut wave, &side, inline, unit.as_mut(), launched);
+                let w = self.launch_wave(stream, &mut wave, &side, launch, unit.as_mut(), launched);
+                ran = ran.and(w);
             }
             wave.push(job);
         }
-        self.launch_wave(stream, &mut wave, &side, inline, unit.as_mut(), launched);
+        let w = self.launch_wave(stream, &mut wave, &side, launch, unit.as_mut(), launched);
+        ran = ran.and(w);
         if let Some(unit) = unit {
-            self.launch_unit(stream, unit, inline);
+            ran = ran.and(self.launch_unit(stream, unit, launch));
         }
-        r
+        ran.and(r)
     }
 
     /// Resolves a step's buffers, gets its program from `program` (the program cache, or a
@@ -340,18 +381,26 @@ impl Executor {
         })
     }
 
-    /// Launches the wave's jobs (if any) as one unit of stream work, or adds them to `unit`.
+    /// Launches the wave's jobs (if any) as one unit of stream work, or adds them to `unit`;
+    /// the error is a [`Launch::Ahead`] run's.
     fn launch_wave(
         &self,
         stream: &Stream,
         wave: &mut Wave,
         side: &Option<Arc<dyn SideBySide>>,
-        inline: bool,
+        launch: Launch,
         unit: Option<&mut Unit>,
         launched: &mut usize,
-    ) {
+    ) -> Result<()> {
         if wave.jobs.is_empty() {
-            return;
+            return Ok(());
+        }
+        if launch != Launch::Ahead {
+            // Before the work can start: a later flush that runs ahead checks against it.
+            let newest = wave.jobs.iter().flat_map(|j| &j.bufs).map(|b| b.id).max();
+            if let Some(id) = newest {
+                stream.note_queued_buffer(id);
+            }
         }
         let outputs: Vec<Arc<Buffer>> = wave
             .jobs
@@ -376,6 +425,7 @@ impl Executor {
             Some(u) => {
                 u.works.push(work);
                 u.outputs.extend(outputs);
+                Ok(())
             }
             None => self.launch_unit(
                 stream,
@@ -383,17 +433,18 @@ impl Executor {
                     works: vec![work],
                     outputs,
                 },
-                inline,
+                launch,
             ),
         }
     }
 
     /// Hands `unit` to the stream (its waves run in order; the first error is the unit's)
-    /// and records the stream as its outputs' writer.
-    fn launch_unit(&self, stream: &Stream, unit: Unit, inline: bool) {
+    /// and records the stream as its outputs' writer; the error is a [`Launch::Ahead`]
+    /// run's.
+    fn launch_unit(&self, stream: &Stream, unit: Unit, launch: Launch) -> Result<()> {
         let Unit { mut works, outputs } = unit;
         let work = match works.len() {
-            0 => return,
+            0 => return Ok(()),
             1 => works.pop().expect("one work"),
             _ => Box::new(move || {
                 let mut first = Ok(());
@@ -406,10 +457,11 @@ impl Executor {
                 first
             }),
         };
-        let seq = if inline {
-            stream.launch_or_run(work)
-        } else {
-            stream.launch(work)
+        let (seq, r) = match launch {
+            Launch::Queue => (stream.launch(work), Ok(())),
+            Launch::RunIfIdle => (stream.launch_or_run(work), Ok(())),
+            // Job 0 of the stream: a wait for it is over at once (the work has run).
+            Launch::Ahead => (0, crate::stream::run_caught(work)),
         };
         for b in &outputs {
             b.set_writer(Writer {
@@ -417,6 +469,7 @@ impl Executor {
                 done: Some((stream.progress.clone(), seq)),
             });
         }
+        r
     }
 
     /// The step's program from the cache, or compiled (a compile is a span on `stream`'s

@@ -373,7 +373,8 @@ impl Executor {
         let debug = mode == Mode::Debug;
         let side_by_side = !debug && g.steps.len() > 1;
         let inline = debug || g.elems <= GRAPH_INLINE_MAX_ELEMS;
-        let r = self.launch_each(stream, jobs, side_by_side, inline, true, &mut launched);
+        let launch = crate::exec::Launch::waited_for(inline);
+        let r = self.launch_each(stream, jobs, side_by_side, launch, true, &mut launched);
         if let (Err(e), false) = (&r, debug) {
             for st in &g.steps[launched..] {
                 for &k in &st.operands[st.binding.n_inputs..] {

@@ -304,6 +304,12 @@ pub struct Stream {
     submitted: Mutex<u64>,
     /// Completion of the stream's jobs: what syncs and events wait on.
     pub progress: Arc<Progress>,
+    /// One more than the newest buffer id that work handed to the worker reads or writes (0
+    /// before any): ids only grow, so a buffer with a larger id is one no queued work touches
+    /// (see `exec::Launch::Ahead`).
+    queued_buffers_below: AtomicU64,
+    /// The sequence number of the last wait for another stream queued here (0 before any).
+    last_wait: AtomicU64,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -324,8 +330,27 @@ impl Stream {
             sender,
             submitted: Mutex::new(0),
             progress,
+            queued_buffers_below: AtomicU64::new(0),
+            last_wait: AtomicU64::new(0),
             worker: Mutex::new(Some(worker)),
         })
+    }
+
+    /// Notes that work about to be queued reads or writes buffers up to id `newest`.
+    pub(crate) fn note_queued_buffer(&self, newest: BufferId) {
+        self.queued_buffers_below
+            .fetch_max(newest + 1, Ordering::AcqRel);
+    }
+
+    /// Whether no work this stream has queued, finished or not, reads or writes buffer `id`
+    /// (it is newer than all of it).
+    pub(crate) fn untouched_by_queued_work(&self, id: BufferId) -> bool {
+        id >= self.queued_buffers_below.load(Ordering::Acquire)
+    }
+
+    /// Whether work handed to the worker has not finished yet.
+    pub fn busy(&self) -> bool {
+        self.progress.done.load(Ordering::Acquire) < self.last_seq()
     }
 
     fn submit(&self, job: Job) -> u64 {
@@ -381,7 +406,13 @@ impl Stream {
 
     /// Makes this stream wait until `other` has completed `seq` jobs.
     pub fn wait_for(&self, other: &Arc<Progress>, seq: u64) {
-        self.submit(Job::Wait(other.clone(), seq));
+        let at = self.submit(Job::Wait(other.clone(), seq));
+        self.last_wait.fetch_max(at, Ordering::AcqRel);
+    }
+
+    /// Whether a wait for another stream is queued here and not over yet.
+    pub(crate) fn waits_for_other_streams(&self) -> bool {
+        self.progress.done.load(Ordering::Acquire) < self.last_wait.load(Ordering::Acquire)
     }
 
     /// Sequence number of the last submitted job.
@@ -424,10 +455,15 @@ fn next_job(rx: &Receiver<Job>) -> Option<Job> {
 
 /// Runs one job's work; its error, or a panic turned into one.
 fn run_work(work: Work) -> Option<Error> {
+    run_caught(work).err()
+}
+
+/// Runs `work` on the calling thread, a panic turned into an error (work run ahead of a
+/// stream's queue, outside its sequence: see `exec::Launch::Ahead`).
+pub(crate) fn run_caught(work: Work) -> Result<()> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
-        Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(e),
-        Err(_) => Some(Error::Internal("a program panicked on its stream".into())),
+        Ok(r) => r,
+        Err(_) => Err(Error::Internal("a program panicked on its stream".into())),
     }
 }
 

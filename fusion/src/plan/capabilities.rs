@@ -28,9 +28,8 @@ pub struct Capabilities {
     /// (a whole program then ends at that value: see [`super::PlanOptions::read_node`]); the
     /// rest runs on the stream's worker while the host goes on. A training step ends with
     /// `loss.item()` after the optimizer, so the host records the next step while the
-    /// backward and the update run. It pays where programs run on threads of their own (XLA's
-    /// pool); on the CPU JIT the rest competes with the recording for the same cores, and
-    /// measured it did not pay there (commit a34d6ad), so loop backends wait for all of it.
+    /// backward and the update run. On the CPU JIT the rest runs on the stream's worker
+    /// thread, one core, while the host records on another (as strict mode's ops do).
     pub splits_at_host_read: bool,
 }
 
@@ -67,12 +66,13 @@ impl KernelsInRegion {
 }
 
 impl Capabilities {
-    /// A backend that compiles loop regions (the CPU JIT): the planner's own fusion rules.
+    /// A backend that compiles loop regions (the CPU JIT): the planner's own fusion rules,
+    /// and host reads split (the loss's read does not wait for the backward).
     pub const LOOPS: Capabilities = Capabilities {
         fuses_whole_programs: false,
         max_region_ops: usize::MAX,
         kernels_in_region: KernelsInRegion::NONE,
-        splits_at_host_read: false,
+        splits_at_host_read: true,
     };
 
     /// A backend whose compiler fuses whole programs, with regions of at most `max_ops` ops,

@@ -1,7 +1,8 @@
 //! Flushes: a stream's pending trace planned, its dead values dropped, and its steps launched,
 //! at a sync point or at the end of a strict-mode op group.
 
-use super::{fail_outputs, inline_cost, outputs_of, Executor, STRICT_INLINE_MAX_ELEMS};
+use super::ahead::split_ahead;
+use super::{fail_outputs, inline_cost, outputs_of, Executor, Launch, STRICT_INLINE_MAX_ELEMS};
 use crate::buffer::Spares;
 use crate::error::Result;
 use crate::stats::SyncReason;
@@ -82,6 +83,14 @@ impl Executor {
             self.counters.sync(reason);
         }
         let mut opts = self.plan_options();
+        // A read (of a value or for a size) on a loop backend whose stream is still busy.
+        let read_while_busy = read.filter(|_| {
+            matches!(
+                cause,
+                Flush::Sync(SyncReason::HostRead | SyncReason::DataDependentSize)
+            ) && !opts.capabilities.fuses_whole_programs
+                && stream.busy()
+        });
         let read = read.filter(|_| {
             cause == Flush::Sync(SyncReason::HostRead) && opts.capabilities.splits_at_host_read
         });
@@ -141,24 +150,34 @@ impl Executor {
             .fetch_add(p.unmaterialized as u64, Ordering::Relaxed);
         // The caller waits right after these: run on its thread if the stream is idle. A host
         // read on a backend that splits there waits only for the steps up to its buffer's
-        // writer; the rest run on the worker while the host goes on (see `split_at_read`).
-        // An op group runs like a strict op: inline only when small.
+        // writer; the rest run on the worker while the host goes on (see `split_at_read`),
+        // handed over as one unit. A read on a busy stream whose value needs nothing the
+        // queued work touches runs the steps it needs at once, and queues the others behind
+        // that work (see `ahead::split_ahead`). An op group runs like a strict op: inline
+        // only when small.
         let mut steps = p.steps;
+        let ahead = read_while_busy.and_then(|b| split_ahead(&mut steps, b, &buffers, stream));
         let inline = match cause {
             Flush::Sync(r) => matches!(r, SyncReason::Synchronize | SyncReason::HostRead),
             Flush::OpGroup => steps
                 .iter()
                 .all(|s| inline_cost(s) <= STRICT_INLINE_MAX_ELEMS),
         };
-        let rest = match read {
-            Some(b) => split_at_read(&mut steps, b),
-            None => Vec::new(),
+        let (first, rest, launch) = match ahead {
+            Some(ahead) => (ahead, steps, Launch::Ahead),
+            None => {
+                let rest = match read {
+                    Some(b) => split_at_read(&mut steps, b),
+                    None => Vec::new(),
+                };
+                (steps, rest, Launch::waited_for(inline))
+            }
         };
         let after_read = rest.len();
-        let mut result = self.launch_steps(stream, steps, &buffers, inline);
+        let mut result = self.launch_steps(stream, first, &buffers, launch, false);
         if !rest.is_empty() {
             result = match result {
-                Ok(()) => self.launch_steps(stream, rest, &buffers, false),
+                Ok(()) => self.launch_steps(stream, rest, &buffers, Launch::Queue, true),
                 Err(e) => {
                     // As within one launch: what comes after a failed step fails with it.
                     fail_outputs(&rest, &buffers, &e);
@@ -175,6 +194,8 @@ impl Executor {
                 ("plan_hit", Arg::B(reused)),
                 // Steps the host did not wait for: they run after the read's value.
                 ("after_read", Arg::U(after_read as u64)),
+                // Run at once, ahead of the stream's queued work.
+                ("ahead", Arg::B(launch == Launch::Ahead)),
                 ("last_op", Arg::S(nodes[nodes.len() - 1].to_string())),
             ];
             let name = format!("flush ({})", cause.name());
