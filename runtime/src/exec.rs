@@ -62,8 +62,9 @@ pub(crate) enum Launch {
     RunIfIdle,
     /// Run on the calling thread now, ahead of the stream's queued work, and outside its
     /// sequence: only for work that touches nothing queued work touches (see
-    /// `flush::runs_ahead`), so the order it runs in cannot be told apart. Its error is
-    /// returned at once (and marks its outputs failed) instead of waiting for a sync point.
+    /// `ahead::split_ahead`), so the order it runs in cannot be told apart. A launch error
+    /// (a compile, an allocation) is returned at once; a run's failure marks its outputs
+    /// failed, for the read to report.
     Ahead,
 }
 
