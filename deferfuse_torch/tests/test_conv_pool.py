@@ -132,6 +132,22 @@ def test_max_pool2d_of_a_window_of_only_minus_inf_takes_its_first_real_element(m
                                        return_indices=True), x)
 
 
+def test_max_pool2d_takes_the_first_of_equal_maxima_as_cpu_does(mode):
+    # Few distinct values: most windows hold their maximum more than once.
+    torch.manual_seed(0)
+    x = torch.randint(0, 3, (2, 3, 7, 7)).float()
+    assert_same(lambda x: F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True), x)
+
+
+def test_max_pool2d_of_a_window_with_nans_gives_nan_at_the_last_nan_as_cpu_does(mode):
+    x = torch.arange(49.0).view(1, 1, 7, 7).repeat(1, 2, 1, 1)
+    x[0, 0, 1, 1] = x[0, 0, 2, 2] = x[0, 1, 6, 6] = float("nan")
+    want_v, want_i = F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True)
+    got_v, got_i = F.max_pool2d(x.to("tpu"), 3, stride=2, padding=1, return_indices=True)
+    torch.testing.assert_close(got_v.cpu(), want_v, equal_nan=True)
+    assert torch.equal(got_i.cpu(), want_i)
+
+
 def test_max_pool2d_gradient_accumulates_over_overlapping_windows(mode):
     # A constant-free ramp makes one element the max of several windows.
     x = torch.arange(36.0).view(1, 1, 6, 6)
