@@ -10,6 +10,7 @@
 
 mod capabilities;
 mod group;
+mod reorder;
 mod whole;
 pub use capabilities::{Capabilities, KernelsInRegion};
 pub use group::MAX_LOADED_BUFFERS;
@@ -173,17 +174,20 @@ struct Facts<'a> {
     readers: HashMap<BufferId, Vec<usize>>,
     /// (buffer, node) pairs where the node's output is a fresh, full, contiguous tensor.
     fresh: HashSet<(BufferId, usize)>,
+    /// Each node's place in the order the planner visits them (see `reorder`).
+    position: Vec<usize>,
 }
 
 impl Facts<'_> {
-    /// Must the value `node` wrote to `t` reach memory, given that nodes up to `end` ran?
+    /// Must the value `node` wrote to `t` reach memory, given that the nodes visited up to
+    /// `end` ran?
     fn must_store(&self, t: &TensorRef, node: usize, end: usize) -> bool {
         (self.live)(t.buffer)
             || !self.fresh.contains(&(t.buffer, node))
             || self
                 .readers
                 .get(&t.buffer)
-                .is_some_and(|r| r.iter().any(|&j| j > end))
+                .is_some_and(|r| r.iter().any(|&j| self.position[j] > self.position[end]))
     }
 }
 
@@ -333,10 +337,16 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
         );
         return plan;
     }
+    let order = reorder::visit_order(nodes, &needed);
+    let mut position = vec![usize::MAX; nodes.len()];
+    for (k, &i) in order.iter().enumerate() {
+        position[i] = k;
+    }
     let mut readers: HashMap<BufferId, Vec<usize>> = HashMap::default();
     let mut seen: HashSet<BufferId> = HashSet::default();
     let mut fresh = HashSet::default();
-    for (i, n) in nodes.iter().enumerate().filter(|(i, _)| needed[*i]) {
+    for &i in &order {
+        let n = &nodes[i];
         for b in n.reads() {
             readers.entry(b).or_default().push(i);
             seen.insert(b);
@@ -351,6 +361,7 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
         live,
         readers,
         fresh,
+        position,
     };
     let mut group: Option<Group> = None;
     let mut pending_mm: Option<PendingMatmul> = None;
@@ -359,7 +370,8 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
         plan.cut_log.push((i, why));
         close(g, &facts, plan);
     };
-    for (i, node) in nodes.iter().enumerate().filter(|(i, _)| needed[*i]) {
+    for &i in &order {
+        let node = &nodes[i];
         match &node.op {
             op if op.is_elementwise() => {
                 let sizes = node.output.layout.sizes.clone();

@@ -355,3 +355,74 @@ fn every_step_names_the_nodes_it_runs_in_order() {
     let ran: Vec<usize> = p.steps.iter().flat_map(|s| s.nodes.clone()).collect();
     assert_eq!(ran, [0, 1, 2, 3, 4, 5]);
 }
+
+/// An optimizer's step over two parameters of different shapes, op-major as foreach ops
+/// record it: p1 (buffer 1, [4, 8]) and p2 (buffer 2, [16]) are scaled in place, then each
+/// gets its gradient (3, [4, 8]; 4, [16]) added in place.
+fn op_major_updates() -> Vec<Node> {
+    vec![
+        bin(
+            BinaryOp::Mul,
+            tensor(t(1, &[4, 8])),
+            scalar(0.9),
+            t(1, &[4, 8]),
+        ),
+        bin(BinaryOp::Mul, tensor(t(2, &[16])), scalar(0.9), t(2, &[16])),
+        bin(
+            BinaryOp::Add,
+            tensor(t(1, &[4, 8])),
+            tensor(t(3, &[4, 8])),
+            t(1, &[4, 8]),
+        ),
+        bin(
+            BinaryOp::Add,
+            tensor(t(2, &[16])),
+            tensor(t(4, &[16])),
+            t(2, &[16]),
+        ),
+    ]
+}
+
+#[test]
+fn independent_ops_of_one_shape_are_one_loop_though_another_shape_comes_between() {
+    let p = plan_with(&op_major_updates(), &[1, 2, 3, 4], &loops());
+    assert_eq!(shape_of(&p), [("loop", 2), ("loop", 2)]);
+    assert_eq!(p.cuts, {
+        let mut c = no_cuts();
+        c[CutReason::Shape as usize] = 1;
+        c
+    });
+    assert_eq!(outputs_of(&p, 0), [1]);
+    assert_eq!(outputs_of(&p, 1), [2]);
+}
+
+#[test]
+fn an_op_that_reads_what_a_later_shape_writes_is_not_moved_past_it() {
+    // p1's second update adds s = sum(p2) (buffer 5, broadcast), recorded after p2's scaling:
+    // it may not move up to p1's first op, before the sum it reads.
+    let mut nodes = op_major_updates();
+    nodes[2] = bin(
+        BinaryOp::Add,
+        tensor(t(1, &[4, 8])),
+        tensor(view(
+            t(5, &[1, 1]),
+            Layout::contiguous(&[1, 1]).expand(&[4, 8]),
+        )),
+        t(1, &[4, 8]),
+    );
+    nodes.insert(
+        2,
+        reduce(ReduceOp::Sum, &[0], true, t(2, &[16]), t(5, &[1])),
+    );
+    let p = plan_with(&nodes, &[1, 2, 5], &loops());
+    assert_eq!(
+        shape_of(&p),
+        [
+            ("loop", 1),
+            ("loop", 1),
+            ("rows", 1),
+            ("loop", 1),
+            ("loop", 1)
+        ]
+    );
+}
