@@ -4,6 +4,8 @@
 mod block_math;
 mod codegen;
 mod columns;
+#[cfg(target_arch = "x86_64")]
+mod gemv_avx512;
 mod jit_calls;
 mod lanes;
 mod matmul;

@@ -36,9 +36,10 @@ const MAX_ROWS_TRANSPOSED_B: usize = 32;
 const MAX_ROWS: usize = 8;
 
 /// `c = alpha * a @ b + beta * c` for `a: [m, k]`, `b: [k, n]`, `c: [m, n]` with element
-/// strides `(rs*, cs*)`, bit for bit as `matrixmultiply::sgemm` computes it; this module's
-/// kernel for few rows, `packed_gemm`'s for more when alpha is 1, `matrixmultiply` otherwise
-/// (scaled products of 8+ rows, CPUs without AVX2 and FMA).
+/// strides `(rs*, cs*)`, bit for bit as `matrixmultiply::sgemm` computes it: `gemv_avx512`'s
+/// kernel for 1-4 rows on AVX-512 cores, this module's for few rows, `packed_gemm`'s for more
+/// when alpha is 1, `matrixmultiply` otherwise (scaled products of 8+ rows, CPUs without AVX2
+/// and FMA).
 ///
 /// # Safety
 /// As `matrixmultiply::sgemm`: the pointers are valid for every element the strides address,
@@ -52,6 +53,17 @@ pub unsafe fn sgemm(
     beta: f32,
     (c, rsc, csc): (*mut f32, isize, isize),
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if super::gemv_avx512::takes((m, k, n), (rsb, csb)) {
+        return super::gemv_avx512::sgemm(
+            (m, k, n),
+            alpha,
+            (a, rsa, csa),
+            (b, rsb, csb),
+            beta,
+            (c, rsc, csc),
+        );
+    }
     #[cfg(target_arch = "x86_64")]
     if takes_small_path((m, k, n), rsb, alpha) {
         return small_sgemm(
