@@ -27,6 +27,27 @@ def test_float_reductions(mode, name, f):
     check(f(X.to("tpu")), f(X), atol=1e-5, rtol=1e-4)
 
 
+def _spread(shape):
+    """Random values spanning magnitudes, so that another summation order shows in the bits."""
+    n = torch.Size(shape).numel()
+    return torch.randn(shape) * torch.tensor([1.0, 1e-4, 1e4]).repeat(n // 3 + 1)[:n].view(shape)
+
+
+@pytest.mark.parametrize("shape,dim", [((16, 2, 2, 64, 32), 2), ((5, 4, 40), 1), ((64, 3), 1)])
+def test_a_sum_over_2_to_4_elements_gives_cpus_bits(mode, shape, dim):
+    # Recorded as 0 + x[.., 0, ..] + x[.., 1, ..] + ...: CPU's order for such a sum (grouped-
+    # query attention's backward sums over the 2 query heads sharing a key/value head).
+    x = _spread(shape)
+    assert torch.equal(x.to("tpu").sum(dim, keepdim=True).cpu(), x.sum(dim, keepdim=True))
+    assert torch.equal(x.to("tpu").sum(dim).cpu(), x.sum(dim))
+
+
+def test_a_sum_over_5_to_8_elements_is_within_rounding_of_cpus(mode):
+    # The same chain; CPU sums 5 or more in another order.
+    x = _spread((3, 8, 40))
+    check(x.to("tpu").sum(1), x.sum(1), atol=1e-5, rtol=1e-5)
+
+
 def test_arg_reductions(mode):
     t = X.to("tpu")
     check(t.argmax(1), X.argmax(1))

@@ -15,6 +15,7 @@ use crate::error::Result;
 use crate::handle::Handle;
 use crate::mode::{self, Mode};
 use crate::runtime::Runtime;
+use crate::stream::Stream;
 
 impl Runtime {
     /// Opens an op group on the calling thread: until the matching [`Runtime::end_op_group`],
@@ -35,6 +36,12 @@ impl Runtime {
         }
         let mut slot = None;
         let s = self.stream_ref(stream, &mut slot)?;
+        self.run_op_group(s)
+    }
+
+    /// Runs the ops an outermost op group, just closed on a thread not in defer mode,
+    /// deferred on `s`.
+    pub(crate) fn run_op_group(&self, s: &Stream) -> Result<()> {
         self.exec.flush_op_group(s, &self.spares)?;
         if self.mode() == Mode::Debug {
             // Only reached when the mode changed to debug inside the group: debug waits.

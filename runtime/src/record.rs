@@ -4,14 +4,16 @@
 use crate::buffer::{Buffer, BufferState, Writer};
 use crate::error::{Error, Result};
 use crate::handle::Handle;
-use crate::mode::Mode;
+use crate::mode::{self, Mode};
 use crate::runtime::{Runtime, Tensor};
 use crate::stats::SyncReason;
 use crate::stream::{OpBuffers, Stream};
 use deferfuse_fusion::ir::infer::can_cast;
 use deferfuse_fusion::ir::layout::fmt_dims;
-use deferfuse_fusion::ir::{infer_memo_operands, DType, Layout, Op, OpError, Scalar};
-use deferfuse_fusion::reduce_geometry::{reduce_needs_copy, reduced_dims};
+use deferfuse_fusion::ir::{
+    infer_memo_operands, BinaryOp, DType, Layout, Op, OpError, ReduceOp, Scalar,
+};
+use deferfuse_fusion::reduce_geometry::{reduce_needs_copy, reduced_dims, short_reduced_dim};
 use deferfuse_fusion::{Node, Operand, TensorRef};
 use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
@@ -125,6 +127,15 @@ impl Runtime {
             .expect("output buffer is tracked");
         match &node.op {
             Op::Cat { dim } => self.record_cat(s, *dim, &node.inputs, &output, &buffers)?,
+            Op::Reduce {
+                dims,
+                keepdim,
+                op: ReduceOp::Sum,
+            } if is_short_sum(&node.inputs[0], &output, inf.compute, dims) => {
+                let input = node.inputs[0].tensor().expect("checked by infer");
+                let dim = short_reduced_dim(&input.layout, dims).expect("checked above");
+                self.record_short_sum(s, dim, *keepdim, input, &output, &buffers)?
+            }
             Op::Reduce {
                 dims,
                 keepdim,
@@ -249,6 +260,52 @@ impl Runtime {
             self.record(s, node, buffers.clone())?;
         }
         Ok(())
+    }
+
+    /// A sum over one short dim (see [`short_reduced_dim`]) as the element-wise chain
+    /// `out = 0 + x[.., 0, ..]`, `out += x[.., i, ..]`: the order PyTorch's CPU kernel sums 2
+    /// to 4 elements in, so its bits there (5 to 8 it sums in another order); the leading
+    /// `0 +` turns a sum of -0s into +0, as there. One op group: strict runs it as one fused
+    /// program.
+    fn record_short_sum(
+        &self,
+        s: &Arc<Stream>,
+        dim: usize,
+        keepdim: bool,
+        input: &TensorRef,
+        out: &TensorRef,
+        buffers: &Buffers,
+    ) -> Result<()> {
+        let slice = |i: usize| {
+            let l = input.layout.slice(dim, i, 1, 1);
+            Operand::Tensor(TensorRef {
+                layout: if keepdim { l } else { l.squeeze(&[dim]) },
+                ..input.clone()
+            })
+        };
+        let add = |a: Operand, b: Operand| Node {
+            op: Op::Binary(BinaryOp::Add),
+            inputs: SmallVec::from_vec(vec![a, b]),
+            output: out.clone(),
+            compute: out.dtype,
+        };
+        mode::enter_group(self.id);
+        let mut recorded = self.record(
+            s,
+            add(Operand::Scalar(Scalar::Float(0.0)), slice(0)),
+            buffers.clone(),
+        );
+        for i in 1..input.layout.sizes[dim] {
+            if recorded.is_err() {
+                break;
+            }
+            let sum = Operand::Tensor(out.clone());
+            recorded = self.record(s, add(sum, slice(i)), buffers.clone());
+        }
+        if mode::leave_group(self.id)? && self.mode() != Mode::Defer {
+            self.run_op_group(s)?;
+        }
+        recorded
     }
 
     /// A reduction whose reduced dims cannot be walked as one: copy them last first.
@@ -404,6 +461,17 @@ impl Runtime {
         }
         Ok(())
     }
+}
+
+/// Whether a sum of `input` over `dims` into `out` is recorded by
+/// [`Runtime::record_short_sum`]: one short reduced dim, and no dtype change (a float16 sum
+/// accumulates in float32 and rounds once; a chain of adds would round at each step).
+fn is_short_sum(input: &Operand, out: &TensorRef, compute: DType, dims: &[usize]) -> bool {
+    let t = input.tensor().expect("checked by infer");
+    matches!(t.dtype, DType::F32 | DType::F64)
+        && t.dtype == out.dtype
+        && compute == out.dtype
+        && short_reduced_dim(&t.layout, dims).is_some()
 }
 
 /// An in-place op's result must have the out tensor's shape and be castable to its dtype, and

@@ -30,6 +30,7 @@ mod pjrt_parameter_updates;
 mod pjrt_whole_program;
 mod random_graphs;
 mod row_stash;
+mod short_reductions;
 mod smoke;
 mod strict_plans;
 mod threads;
