@@ -19,7 +19,8 @@
 //! The kernel computes the same instructions in the same order on the same values, so results
 //! are bit for bit those of the strided kernel; only the loads and stores differ.
 
-use super::{walked_offsets, LoopProgram, OperandList};
+use super::walk::walked_offsets;
+use super::{LoopProgram, OperandList};
 use crate::error::Result;
 use deferfuse_fusion::region::LoopRegion;
 use deferfuse_fusion::{Binding, IterSpace, StrideKind};
@@ -230,7 +231,7 @@ impl ColumnKernel {
                     for (s, &j) in self.ops.scattered.iter().enumerate() {
                         ptrs[j] = scratch[n_gathered + s].as_mut_ptr() as *mut u8;
                     }
-                    p.call(ptrs, &vstrides, &binding.scalars, rows, n_inner);
+                    p.call(&mut ptrs, &vstrides, &binding.scalars, rows, n_inner);
                     for (s, &j) in self.ops.scattered.iter().enumerate() {
                         let src = scratch[n_gathered + s].as_ptr() as *const u8;
                         let step = strides[2 * j + 1] as isize;

@@ -17,6 +17,7 @@ mod small_gemm;
 mod stash;
 mod sweep;
 mod vmath;
+mod walk;
 
 pub use block_math::limit_lanes as limit_row_routine_lanes;
 pub use jit_calls::erf64;
@@ -315,22 +316,23 @@ impl HostProgram for LoopProgram {
         }
         let outer_dims = r - 2;
         let walked: usize = iter.sizes[..outer_dims].iter().product();
-        let call = |at: &dyn Fn(usize) -> isize, rows: usize, len: usize| {
-            let ptrs: OperandList<*mut u8> = starts
-                .iter()
-                .enumerate()
-                .map(|(j, &s)| (s as *mut u8).offset(at(j)))
-                .collect();
-            self.call(ptrs, &strides, &binding.scalars, rows, len);
+        // The operands' pointers at byte offsets `at(j)` from their starts, written over the
+        // previous call's (one list per chunk, no copy per call).
+        let place = |ptrs: &mut OperandList<*mut u8>, at: &dyn Fn(usize) -> isize| {
+            for (j, (p, &s)) in ptrs.iter_mut().zip(&starts).enumerate() {
+                *p = (s as *mut u8).offset(at(j));
+            }
         };
+        let new_ptrs =
+            || -> OperandList<*mut u8> { starts.iter().map(|&s| s as *mut u8).collect() };
         if walked == 1 && n_outer == 1 && iter.reduced == 0 {
             // One long elementwise row: split it into cache-line-aligned pieces.
             return self.pool.for_chunks(n_inner, 1, CHUNK_ALIGN, &|c| {
-                call(
-                    &|j| c.start as isize * strides[2 * j + 1] as isize,
-                    1,
-                    c.len(),
-                );
+                let mut ptrs = new_ptrs();
+                place(&mut ptrs, &|j| {
+                    c.start as isize * strides[2 * j + 1] as isize
+                });
+                self.call(&mut ptrs, &strides, &binding.scalars, 1, c.len());
                 Ok(())
             });
         }
@@ -338,18 +340,23 @@ impl HostProgram for LoopProgram {
         // `u / n_outer`-th index of the dims the kernel does not walk.
         self.pool.for_chunks(walked * n_outer, n_inner, 1, &|c| {
             let mut u = c.start;
-            while u < c.end {
-                let (o, row) = (u / n_outer, u % n_outer);
+            let mut walk = walk::Walk::at(iter, &elem, u / n_outer);
+            let mut row = u % n_outer;
+            let mut ptrs = new_ptrs();
+            loop {
                 let rows = (n_outer - row).min(c.end - u);
-                let outer = walked_offsets(iter, &elem, o);
-                call(
-                    &|j| outer[j] + row as isize * strides[2 * j] as isize,
-                    rows,
-                    n_inner,
-                );
+                for (j, (p, &s)) in ptrs.iter_mut().zip(&starts).enumerate() {
+                    let at = walk.offsets[j] + row as isize * strides[2 * j] as isize;
+                    *p = (s as *mut u8).offset(at);
+                }
+                self.call(&mut ptrs, &strides, &binding.scalars, rows, n_inner);
                 u += rows;
+                if u >= c.end {
+                    return Ok(());
+                }
+                walk.step();
+                row = 0;
             }
-            Ok(())
         })
     }
 
@@ -361,13 +368,13 @@ impl HostProgram for LoopProgram {
 impl LoopProgram {
     /// Calls the kernel on `rows` rows of `len` elements at `ptrs`, with `strides` (per
     /// operand, then per scratch row), after appending this program's scratch rows when it
-    /// stashes values (see `stash`).
+    /// stashes values (see `stash`; removed again after the call).
     ///
     /// # Safety
     /// As [`HostProgram::run_host`]: `ptrs` and `strides` address live memory for the call.
     unsafe fn call(
         &self,
-        mut ptrs: OperandList<*mut u8>,
+        ptrs: &mut OperandList<*mut u8>,
         strides: &[i64],
         scalars: &[u64],
         rows: usize,
@@ -383,29 +390,17 @@ impl LoopProgram {
             )
         };
         if self.stash.is_empty() {
-            run(&ptrs);
+            run(ptrs);
         } else {
             let row_len = self.stash_rows.map_or(len, |b| b.min(len));
+            let operands = ptrs.len();
             stash::with_rows(&self.stash, row_len, |scratch| {
                 ptrs.extend_from_slice(scratch);
-                run(&ptrs);
+                run(ptrs);
             });
+            ptrs.truncate(operands);
         }
     }
-}
-
-/// Per operand, the byte offset of index `o` of the dims a kernel does not walk (all but the
-/// last two of `iter`); `elem` are the operands' element sizes.
-fn walked_offsets(iter: &IterSpace, elem: &[isize], mut o: usize) -> OperandList<isize> {
-    let mut offsets: OperandList<isize> = SmallVec::from_elem(0, elem.len());
-    for k in (0..iter.rank() - 2).rev() {
-        let i = (o % iter.sizes[k]) as isize;
-        o /= iter.sizes[k];
-        for (j, off) in offsets.iter_mut().enumerate() {
-            *off += i * iter.strides[j][k] * elem[j];
-        }
-    }
-    offsets
 }
 
 /// A GEMM, optionally followed by a fused epilogue loop run block of rows by block of rows.
