@@ -9,6 +9,7 @@ use crate::error::Result;
 use crate::timeline::{RunTrace, Timeline, Track};
 use deferfuse_fusion::{Binding, BufferId};
 use std::collections::HashSet;
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 /// Most steps one wave holds: bounds the work handed over at once (and the sets below).
@@ -117,20 +118,32 @@ impl Job {
 #[derive(Default)]
 pub(crate) struct Wave {
     pub jobs: Vec<Job>,
-    reads: HashSet<BufferId, ahash::RandomState>,
-    writes: HashSet<BufferId, ahash::RandomState>,
+    /// The buffers the first `noted` jobs read and write. Filled when a job asks to join, not
+    /// when one is pushed: a strict op's wave of one never hashes its buffers (a fixed-key
+    /// hasher, too: a seeded one drew its seed for every op).
+    reads: BufferSet,
+    writes: BufferSet,
+    noted: usize,
     /// A job too big for a wave is here: it runs alone.
     has_big: bool,
 }
 
+/// A set of buffer ids, hashed with fixed keys (ids are ours, not an attacker's).
+type BufferSet = HashSet<BufferId, BuildHasherDefault<ahash::AHasher>>;
+
 impl Wave {
     /// True when `job` may run at the same time as every job already here: it writes nothing
     /// they read or write, and reads nothing they write.
-    pub fn admits(&self, job: &Job) -> bool {
-        self.jobs.len() < MAX_WAVE
-            && !self.has_big
-            && job.small()
-            && self.independent(job.reads(), job.writes())
+    pub fn admits(&mut self, job: &Job) -> bool {
+        if self.jobs.len() >= MAX_WAVE || self.has_big || !job.small() {
+            return false;
+        }
+        for j in &self.jobs[self.noted..] {
+            self.reads.extend(j.reads());
+            self.writes.extend(j.writes());
+        }
+        self.noted = self.jobs.len();
+        self.independent(job.reads(), job.writes())
     }
 
     /// True when a step reading `reads` and writing `writes` conflicts with no job here.
@@ -145,17 +158,7 @@ impl Wave {
 
     pub fn push(&mut self, job: Job) {
         self.has_big |= !job.small();
-        self.note(job.reads(), job.writes());
         self.jobs.push(job);
-    }
-
-    fn note(
-        &mut self,
-        reads: impl Iterator<Item = BufferId>,
-        writes: impl Iterator<Item = BufferId>,
-    ) {
-        self.reads.extend(reads);
-        self.writes.extend(writes);
     }
 
     /// The wave's work, leaving the wave empty: one job runs on the stream's thread, several
@@ -168,6 +171,7 @@ impl Wave {
     ) -> crate::stream::Work {
         self.reads.clear();
         self.writes.clear();
+        self.noted = 0;
         self.has_big = false;
         let jobs = std::mem::take(&mut self.jobs);
         let on_stream = move || Track::StreamDevice(stream);
@@ -208,7 +212,8 @@ mod tests {
     /// A wave that has noted one step reading buffers 1, 2 and writing 3.
     fn wave() -> Wave {
         let mut w = Wave::default();
-        w.note([1, 2].into_iter(), [3].into_iter());
+        w.reads.extend([1, 2]);
+        w.writes.extend([3]);
         w
     }
 
