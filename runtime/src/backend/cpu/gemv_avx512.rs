@@ -37,8 +37,8 @@ const NC: usize = 1024;
 /// Whether [`sgemm`] takes the shape: few rows, and B transposed or, when it is large enough
 /// that its rows' trips from memory outweigh the sums' round trips through L1, with contiguous
 /// rows. Measured against `small_gemm`'s 8-lane path (best of 300 calls, alternating): a
-/// transposed B 1.1-1.4x faster from `[1, 64] @ [64, 64]` up, a plain one even at 16K elements
-/// and 1.3-2x faster from 64K.
+/// transposed B 1.1-1.4x faster from `[1, 64] @ [64, 64]` up, a plain one 0.9-1.06x at 16K
+/// elements (so left to `small_gemm` below 32K) and 1.3-2x faster from 64K.
 pub(super) fn takes((m, k, n): (usize, usize, usize), (rsb, csb): (isize, isize)) -> bool {
     (1..=MAX_ROWS).contains(&m)
         && k > 0
@@ -48,7 +48,7 @@ pub(super) fn takes((m, k, n): (usize, usize, usize), (rsb, csb): (isize, isize)
 }
 
 /// Fewest elements of a plain (row-contiguous) B for [`takes`].
-const MIN_PLAIN_B: usize = 1 << 14;
+const MIN_PLAIN_B: usize = 1 << 15;
 
 /// `c = alpha * a @ b + beta * c` for `m <= MAX_ROWS` rows and a B whose columns (`rsb == 1`)
 /// or rows (`csb == 1`) are contiguous, bit for bit as `matrixmultiply::sgemm`.
