@@ -557,11 +557,17 @@ pub(super) mod tests {
 
     #[test]
     fn beta_zero_ignores_what_c_held() {
-        // 3 rows take this module's kernel, 13 the packed one (`packed_gemm`).
-        for m in [3, 13] {
-            let (k, n) = (20, 24);
+        // On an AVX-512 core 3 rows take `gemv_avx512`'s transposed kernel (elsewhere this
+        // module's), as 2 rows of a large plain B take its row kernel; 5 rows take this
+        // module's kernel, 13 the packed one (`packed_gemm`).
+        for (m, (k, n), b_kind) in [
+            (3, (20, 24), "cols"),
+            (2, (300, 300), "rows"),
+            (5, (20, 24), "cols"),
+            (13, (20, 24), "cols"),
+        ] {
             let a = matrix(m, k, "rows", 7);
-            let b = matrix(k, n, "cols", 8);
+            let b = matrix(k, n, b_kind, 8);
             let mut c = vec![f32::NAN; m * n];
             unsafe {
                 sgemm(
