@@ -434,17 +434,20 @@ pub(super) mod tests {
         }
     }
 
-    /// C from this module's `sgemm` and from `matrixmultiply::sgemm` on the same operands.
-    fn both(
+    /// C from this module's `sgemm` and from `matrixmultiply::sgemm` on the same operands; C
+    /// row-major with column stride `csc` (the elements between its columns hold their start
+    /// values, which a kernel writing them would change).
+    pub(in crate::backend::cpu) fn both(
         (m, k, n): (usize, usize, usize),
         (a_kind, b_kind): (&str, &str),
-        alpha: f32,
-        beta: f32,
+        (alpha, beta): (f32, f32),
+        csc: usize,
     ) -> (Vec<f32>, Vec<f32>) {
         let a = matrix(m, k, a_kind, 1 + (m * 31 + k) as u64);
         let b = matrix(k, n, b_kind, 2 + (k * 17 + n) as u64);
-        let c0 = values(m * n, 3);
+        let c0 = values(m * n * csc, 3);
         let (mut ours, mut theirs) = (c0.clone(), c0);
+        let c = |p: *mut f32| (p, (n * csc) as isize, csc as isize);
         unsafe {
             sgemm(
                 (m, k, n),
@@ -452,16 +455,10 @@ pub(super) mod tests {
                 (a.data.as_ptr(), a.rs, a.cs),
                 (b.data.as_ptr(), b.rs, b.cs),
                 beta,
-                (ours.as_mut_ptr(), n as isize, 1),
+                c(ours.as_mut_ptr()),
             );
         }
-        reference(
-            (m, k, n),
-            alpha,
-            (&a, &b),
-            beta,
-            (theirs.as_mut_ptr(), n as isize, 1),
-        );
+        reference((m, k, n), alpha, (&a, &b), beta, c(theirs.as_mut_ptr()));
         (ours, theirs)
     }
 
@@ -515,7 +512,7 @@ pub(super) mod tests {
                 for n in [1, 7, 16, 70] {
                     for layout in layouts {
                         for (alpha, beta) in [(1.0, 0.0), (1.0, 1.0), (1.0, 0.5), (0.5, 2.0)] {
-                            let (ours, theirs) = both((m, k, n), layout, alpha, beta);
+                            let (ours, theirs) = both((m, k, n), layout, (alpha, beta), 1);
                             let what = format!("{m}x{k}x{n} {layout:?} alpha {alpha} beta {beta}");
                             assert_same_bits(&ours, &theirs, &what);
                         }
