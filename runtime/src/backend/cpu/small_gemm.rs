@@ -54,36 +54,18 @@ pub unsafe fn sgemm(
     (c, rsc, csc): (*mut f32, isize, isize),
 ) {
     #[cfg(target_arch = "x86_64")]
-    if super::gemv_avx512::takes((m, k, n), (rsb, csb)) {
-        return super::gemv_avx512::sgemm(
-            (m, k, n),
-            alpha,
-            (a, rsa, csa),
-            (b, rsb, csb),
-            beta,
-            (c, rsc, csc),
-        );
-    }
-    #[cfg(target_arch = "x86_64")]
-    if takes_small_path((m, k, n), rsb, alpha) {
-        return small_sgemm(
-            (m, k, n),
-            alpha,
-            (a, rsa, csa),
-            (b, rsb, csb),
-            beta,
-            (c, rsc, csc),
-        );
-    }
-    #[cfg(target_arch = "x86_64")]
-    if super::packed_gemm::takes_packed_path((m, k, n), alpha) {
-        return super::packed_gemm::sgemm(
-            (m, k, n),
-            (a, rsa, csa),
-            (b, rsb, csb),
-            beta,
-            (c, rsc, csc),
-        );
+    {
+        let mkn = (m, k, n);
+        let (av, bv, cv) = ((a, rsa, csa), (b, rsb, csb), (c, rsc, csc));
+        if super::gemv_avx512::takes(mkn, (rsb, csb)) {
+            return super::gemv_avx512::sgemm(mkn, alpha, av, bv, beta, cv);
+        }
+        if takes_small_path(mkn, rsb, alpha) {
+            return small_sgemm(mkn, alpha, av, bv, beta, cv);
+        }
+        if super::packed_gemm::takes_packed_path(mkn, alpha) {
+            return super::packed_gemm::sgemm(mkn, av, bv, beta, cv);
+        }
     }
     matrixmultiply::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc);
 }
