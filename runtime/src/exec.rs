@@ -122,6 +122,11 @@ impl Executor {
     }
 
     /// How this runtime's flushes (and graph captures) are planned.
+    /// Whether the backend compiles a whole flush as one program (PJRT's whole-flush mode).
+    pub(crate) fn fuses_whole_programs(&self) -> bool {
+        self.backend.capabilities().fuses_whole_programs
+    }
+
     pub(crate) fn plan_options(&self) -> PlanOptions {
         PlanOptions {
             fuse: true,

@@ -21,6 +21,7 @@ pub mod handle;
 mod log;
 pub mod mode;
 mod op_group;
+mod pipeline;
 pub mod record;
 pub mod runtime;
 pub mod stats;

@@ -132,6 +132,16 @@ pub(crate) fn recording(runtime: u64, default: Mode) -> Mode {
     })
 }
 
+/// Whether the calling thread has an op group open on `runtime`: its recorded ops are parts of
+/// one ATen op.
+pub(crate) fn in_op_group(runtime: u64) -> bool {
+    MODES.with(|m| {
+        m.borrow()
+            .iter()
+            .any(|t| t.runtime == runtime && t.op_groups > 0)
+    })
+}
+
 /// Opens an op group on the calling thread (nested groups count).
 pub(crate) fn enter_group(runtime: u64) {
     with_modes(runtime, |m| m.op_groups += 1)

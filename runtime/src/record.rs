@@ -416,9 +416,13 @@ impl Runtime {
             } else {
                 None
             };
+            let pipelined =
+                reason.is_none() && p.capture.is_none() && self.pipelines_at(p.trace.len());
             drop(p);
             if let Some(r) = reason {
                 self.flush(s, r)?;
+            } else if pipelined {
+                self.flush_pipelined(s)?;
             }
             return Ok(());
         }

@@ -4,8 +4,8 @@
 use crate::alloc::HostAllocator;
 use crate::buffer::{Buffer, BufferState, Spares};
 use crate::config::{
-    resolve_dump_dir, resolve_memory_limit, resolve_mode, resolve_threads, resolve_trace,
-    resolve_trace_events, Config,
+    resolve_dump_dir, resolve_memory_limit, resolve_mode, resolve_pipeline_ops, resolve_threads,
+    resolve_trace, resolve_trace_events, Config,
 };
 use crate::error::{Error, Result};
 use crate::event::EventState;
@@ -68,6 +68,8 @@ pub struct Runtime {
     pub(crate) timeline: Arc<Timeline>,
     /// Events a trace keeps unless its start says otherwise.
     pub(crate) trace_events: usize,
+    /// Deferred ops after which a stream hands them to its worker (`pipeline`); 0: off.
+    pub(crate) pipeline_ops: AtomicUsize,
 }
 
 static BOTH_FLAGS_WARNING: Once = Once::new();
@@ -85,6 +87,7 @@ impl Runtime {
         if config.max_pending_ops == 0 {
             return Err(Error::Config("max_pending_ops must be at least 1".into()));
         }
+        let pipeline_ops = resolve_pipeline_ops(&config)?;
         let tag = HandleTable::<()>::new_tag();
         let streams = HandleTable::new("stream", tag);
         let default_stream_ref = Arc::new(Stream::new(0)?);
@@ -134,6 +137,7 @@ impl Runtime {
             threads,
             timeline,
             trace_events,
+            pipeline_ops: AtomicUsize::new(pipeline_ops),
         })
     }
 
@@ -629,6 +633,7 @@ impl Runtime {
             host_cache_hits: host.hits,
             host_cache_misses: host.misses,
             host_cached_bytes: host.cached_bytes,
+            pipelined_flushes: self.counters.pipelined_flushes.load(Ordering::Relaxed),
             backend,
         }
     }

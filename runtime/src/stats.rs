@@ -89,6 +89,9 @@ pub struct Stats {
     pub host_cache_misses: u64,
     /// Bytes of freed host blocks held for reuse.
     pub host_cached_bytes: u64,
+    /// Defer-mode traces handed to the stream's worker without waiting, once they held
+    /// `pipeline_ops` ops (see [`crate::Runtime::set_pipeline_ops`]); not sync points.
+    pub pipelined_flushes: u64,
     /// What the backend counts itself (PJRT: shape compiles, the disk cache, device copies);
     /// zeros on the CPU backend.
     pub backend: BackendCounters,
@@ -107,6 +110,7 @@ pub(crate) struct Counters {
     pub unmaterialized: AtomicU64,
     pub plans_reused: AtomicU64,
     pub strict_plans_reused: AtomicU64,
+    pub pipelined_flushes: AtomicU64,
 }
 
 impl Counters {

@@ -24,6 +24,7 @@ mod ops_vs_reference;
 mod ops_vs_reference_numeric;
 mod ops_vs_reference_shapes;
 mod ops_vs_reference_views;
+mod pipelining;
 mod pjrt_buckets;
 mod pjrt_kernels_in_program;
 mod pjrt_parameter_updates;

@@ -19,6 +19,9 @@ enum Flush {
     /// The end of a strict-mode op group: one ATen op's recorded ops, run as that op's
     /// programs. Nothing waits for them, so it is not a sync point.
     OpGroup,
+    /// A defer-mode trace long enough to start running while the host records on (see
+    /// `crate::pipeline`). Nothing waits for it either.
+    Pipelined,
 }
 
 impl Flush {
@@ -27,6 +30,7 @@ impl Flush {
         match self {
             Flush::Sync(r) => r.name(),
             Flush::OpGroup => "op_group",
+            Flush::Pipelined => "pipelined",
         }
     }
 }
@@ -57,6 +61,12 @@ impl Executor {
         self.flush_trace(stream, Flush::OpGroup, None, spares)
     }
 
+    /// Hands `stream`'s pending trace to its worker, planned and fused as a flush but not
+    /// counted as a sync point (see `crate::pipeline`). A graph capture's trace is left alone.
+    pub(crate) fn flush_pipelined(&self, stream: &Stream, spares: &Spares) -> Result<bool> {
+        self.flush_trace(stream, Flush::Pipelined, None, spares)
+    }
+
     fn flush_trace(
         &self,
         stream: &Stream,
@@ -68,7 +78,8 @@ impl Executor {
         if pending.trace.is_empty() {
             return Ok(false);
         }
-        if cause == Flush::OpGroup && pending.capture.is_some() {
+        // A capture's trace is the whole graph: only a sync point runs (and breaks) it.
+        if !matches!(cause, Flush::Sync(_)) && pending.capture.is_some() {
             return Ok(false);
         }
         let nodes = pending.trace.take();
@@ -79,8 +90,14 @@ impl Executor {
         }
         let mut buffers = std::mem::take(&mut pending.buffers);
         pending.bytes = 0;
-        if let Flush::Sync(reason) = cause {
-            self.counters.sync(reason);
+        match cause {
+            Flush::Sync(reason) => self.counters.sync(reason),
+            Flush::Pipelined => {
+                self.counters
+                    .pipelined_flushes
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Flush::OpGroup => {}
         }
         let mut opts = self.plan_options();
         // A read (of a value or for a size) on a loop backend whose stream is still busy.
@@ -162,6 +179,8 @@ impl Executor {
             Flush::OpGroup => steps
                 .iter()
                 .all(|s| inline_cost(s) <= STRICT_INLINE_MAX_ELEMS),
+            // The point is to run while the host goes on.
+            Flush::Pipelined => false,
         };
         let (first, rest, launch) = match ahead {
             Some(ahead) => (ahead, steps, Launch::Ahead),
