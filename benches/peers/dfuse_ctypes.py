@@ -87,6 +87,7 @@ class DfuseStats(ctypes.Structure):
         ("host_cache_hits", ctypes.c_uint64),
         ("host_cache_misses", ctypes.c_uint64),
         ("host_cached_bytes", ctypes.c_uint64),
+        ("pipelined_flushes", ctypes.c_uint64),
         ("cuts", ctypes.c_uint64 * DFUSE_CUT_REASON_COUNT),
         ("sync_points", ctypes.c_uint64 * DFUSE_SYNC_REASON_COUNT),
     ]
@@ -108,8 +109,8 @@ EXPECTED_LAYOUTS = {
                        "max_pending_bytes": 24, "max_ops_per_region": 32,
                        "host_cache_bytes": 40, "backend": 48, "num_threads": 56,
                        "pjrt_plugin": 64}),
-    DfuseStats: (216, {"ops_recorded": 0, "bytes_allocated": 56, "host_cached_bytes": 104,
-                       "cuts": 112, "sync_points": 160}),
+    DfuseStats: (224, {"ops_recorded": 0, "bytes_allocated": 56, "host_cached_bytes": 104,
+                       "pipelined_flushes": 112, "cuts": 120, "sync_points": 168}),
     DfuseScalar: (24, {"kind": 0, "f": 8, "i": 16}),
 }
 

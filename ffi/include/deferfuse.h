@@ -1166,6 +1166,11 @@ typedef struct DfuseStats {
    */
   uint64_t host_cached_bytes;
   /**
+   * Defer-mode traces handed to the stream's worker once they held the pipelining
+   * threshold's ops (`dfuse_pipeline_ops_set`); not sync points.
+   */
+  uint64_t pipelined_flushes;
+  /**
    * Planner cuts, indexed by `DfuseCutReason`.
    */
   uint64_t cuts[DFUSE_CUT_REASON_COUNT];
@@ -1471,6 +1476,17 @@ DfuseStatus dfuse_mode_get(const struct DfuseRuntime *rt, uint32_t *out);
  * Always safe to call; `rt` is checked against live runtimes.
  */
 DfuseStatus dfuse_mode_set(const struct DfuseRuntime *rt, uint32_t mode);
+
+/**
+ * Sets the deferred ops after which a stream starts running them on its worker while the
+ * host records on (defer mode's pipelining; 0 turns it off) and writes the previous value to
+ * `previous`. `DEFERFUSE_PIPELINE_OPS` sets it at creation (default 64).
+ *
+ * # Safety
+ * `previous` must be NULL or point to a writable `uint64_t`; NULL is an error that changes
+ * nothing.
+ */
+DfuseStatus dfuse_pipeline_ops_set(const struct DfuseRuntime *rt, uint64_t ops, uint64_t *previous);
 
 /**
  * Pushes a mode on the calling thread's mode stack on `rt` (for a scoped mode switch); undo it with

@@ -129,7 +129,7 @@ pub(crate) fn invalid(msg: impl Into<String>) -> Error {
 }
 
 /// `what` is only formatted on error: these checks run on every call, the op path included.
-fn check_ptr<T>(p: *const T, name: &str, what: impl std::fmt::Display) -> Result<()> {
+pub(crate) fn check_ptr<T>(p: *const T, name: &str, what: impl std::fmt::Display) -> Result<()> {
     if p.is_null() {
         return Err(invalid(format!("{name} is NULL; pass {what}")));
     }

@@ -55,8 +55,8 @@ pub use op_group::{dfuse_op_group_begin, dfuse_op_group_end};
 pub use pending::dfuse_pending_dump;
 pub use runtime_registry::{
     dfuse_config_default, dfuse_mode_get, dfuse_mode_pop, dfuse_mode_push, dfuse_mode_set,
-    dfuse_release_cached_memory, dfuse_runtime_create, dfuse_runtime_destroy, dfuse_stats,
-    DfuseConfig, DfuseRuntime,
+    dfuse_pipeline_ops_set, dfuse_release_cached_memory, dfuse_runtime_create,
+    dfuse_runtime_destroy, dfuse_stats, DfuseConfig, DfuseRuntime,
 };
 pub use stream::{
     dfuse_device_synchronize, dfuse_event_create, dfuse_event_create_timing, dfuse_event_destroy,

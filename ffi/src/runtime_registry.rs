@@ -13,7 +13,7 @@
 //! lookup takes no lock. Destroying any runtime bumps the epoch first, so a remembered runtime
 //! is never handed out after its destroy began.
 
-use crate::error::{guard, invalid, read_in, write_out, DfuseStatus, Result};
+use crate::error::{check_ptr, guard, invalid, read_in, write_out, DfuseStatus, Result};
 use crate::types::{
     mode_from, DfuseBackend, DfuseStats, DFUSE_BACKEND_FROM_ENV, DFUSE_CUT_REASON_COUNT,
     DFUSE_MODE_FROM_ENV, DFUSE_SYNC_REASON_COUNT,
@@ -304,6 +304,38 @@ pub unsafe extern "C" fn dfuse_mode_set(rt: *const DfuseRuntime, mode: u32) -> D
     })
 }
 
+/// Sets the deferred ops after which a stream starts running them on its worker while the
+/// host records on (defer mode's pipelining; 0 turns it off) and writes the previous value to
+/// `previous`. `DEFERFUSE_PIPELINE_OPS` sets it at creation (default 64).
+///
+/// # Safety
+/// `previous` must be NULL or point to a writable `uint64_t`; NULL is an error that changes
+/// nothing.
+#[no_mangle]
+pub unsafe extern "C" fn dfuse_pipeline_ops_set(
+    rt: *const DfuseRuntime,
+    ops: u64,
+    previous: *mut u64,
+) -> DfuseStatus {
+    guard("dfuse_pipeline_ops_set", || {
+        let rt = runtime(rt)?;
+        let ops = usize::try_from(ops).map_err(|_| {
+            invalid(format!(
+                "ops = {ops} does not fit this machine's usize; expected a count of ops"
+            ))
+        })?;
+        // Checked before the change, so a bad pointer changes nothing.
+        check_ptr(
+            previous,
+            "previous",
+            "a pointer to writable memory for the result",
+        )?;
+        let old = rt.set_pipeline_ops(ops) as u64;
+        // SAFETY: the caller's contract.
+        unsafe { write_out(previous, "previous", old) }
+    })
+}
+
 /// Pushes a mode on the calling thread's mode stack on `rt` (for a scoped mode switch); undo it with
 /// `dfuse_mode_pop`.
 ///
@@ -377,6 +409,7 @@ pub unsafe extern "C" fn dfuse_stats(rt: *const DfuseRuntime, out: *mut DfuseSta
             host_cache_hits: s.host_cache_hits,
             host_cache_misses: s.host_cache_misses,
             host_cached_bytes: s.host_cached_bytes,
+            pipelined_flushes: s.pipelined_flushes,
             cuts: s.cuts,
             sync_points: s.sync_points,
         };

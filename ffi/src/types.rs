@@ -209,6 +209,9 @@ pub struct DfuseStats {
     pub host_cache_misses: u64,
     /// Bytes of freed host blocks held for reuse.
     pub host_cached_bytes: u64,
+    /// Defer-mode traces handed to the stream's worker once they held the pipelining
+    /// threshold's ops (`dfuse_pipeline_ops_set`); not sync points.
+    pub pipelined_flushes: u64,
     /// Planner cuts, indexed by `DfuseCutReason`.
     pub cuts: [u64; DFUSE_CUT_REASON_COUNT],
     /// Sync points, indexed by `DfuseSyncReason`.

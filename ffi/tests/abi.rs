@@ -659,3 +659,29 @@ fn a_memory_limit_turns_an_allocation_past_it_into_out_of_memory() {
         assert_eq!(info.peak_live_bytes, info.live_bytes);
     }
 }
+
+#[test]
+fn pipeline_ops_set_returns_the_previous_value() {
+    let rt = Rt::new(DfuseMode::Defer);
+    let mut previous = u64::MAX;
+    // SAFETY: a valid out-pointer.
+    ok(unsafe { dfuse_pipeline_ops_set(rt.0, 16, &mut previous) });
+    // SAFETY: as above.
+    ok(unsafe { dfuse_pipeline_ops_set(rt.0, 0, &mut previous) });
+    assert_eq!(previous, 16);
+}
+
+#[test]
+fn a_pipeline_ops_set_with_a_null_out_pointer_changes_nothing() {
+    let rt = Rt::new(DfuseMode::Defer);
+    let mut previous = 0;
+    // SAFETY: a valid out-pointer.
+    ok(unsafe { dfuse_pipeline_ops_set(rt.0, 16, &mut previous) });
+    // SAFETY: NULL is a documented misuse, reported as an error.
+    let st = unsafe { dfuse_pipeline_ops_set(rt.0, 3, ptr::null_mut()) };
+    assert_eq!(st, DfuseStatus::InvalidArgument);
+    assert!(last_error().contains("previous"), "{}", last_error());
+    // SAFETY: a valid out-pointer.
+    ok(unsafe { dfuse_pipeline_ops_set(rt.0, 16, &mut previous) });
+    assert_eq!(previous, 16, "the failed call left the value alone");
+}

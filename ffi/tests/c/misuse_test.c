@@ -128,6 +128,7 @@ static void every_call_rejects_runtime(DfuseRuntime *rt, DfuseStatus want, uint6
     MISUSE(want, dfuse_mode_set(rt, DFUSE_MODE_STRICT));
     MISUSE(want, dfuse_mode_push(rt, DFUSE_MODE_STRICT));
     MISUSE(want, dfuse_mode_pop(rt));
+    MISUSE(want, dfuse_pipeline_ops_set(rt, 8, &h));
     MISUSE(want, dfuse_op_group_begin(rt));
     MISUSE(want, dfuse_op_group_end(rt, 0));
     MISUSE(want, dfuse_release_cached_memory(rt, &h));
@@ -220,6 +221,7 @@ static void null_and_misaligned_pointers(DfuseRuntime *rt) {
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, DFUSE_OP_KIND_BINARY, &add, NULL, 2, 0, &h));
     CHECK(h == 0);
     MISUSE(INVALID_ARGUMENT, dfuse_mode_get(rt, NULL));
+    MISUSE(INVALID_ARGUMENT, dfuse_pipeline_ops_set(rt, 8, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_release_cached_memory(rt, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_stats(rt, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_stream_create(rt, NULL));
@@ -676,7 +678,7 @@ static void bad_graphs(DfuseRuntime *rt) {
 }
 
 static void bad_configs_and_env(void) {
-    printf("-- bad configs and TORCH_TPU_* environment values\n");
+    printf("-- bad configs, TORCH_TPU_* and DEFERFUSE_PIPELINE_OPS environment values\n");
     DfuseRuntime *rt = (DfuseRuntime *)(uintptr_t)0x40;
     DfuseConfig cfg;
     OK(dfuse_config_default(&cfg));
@@ -701,6 +703,19 @@ static void bad_configs_and_env(void) {
         }
         unsetenv(vars[v]);
     }
+    const char *bad_counts[3] = {"-1", "lots", "6.5"};
+    for (int i = 0; i < 3; i++) {
+        setenv("DEFERFUSE_PIPELINE_OPS", bad_counts[i], 1);
+        MISUSE(CONFIG, dfuse_runtime_create(NULL, &rt));
+        CHECK(strstr(dfuse_last_error(), "DEFERFUSE_PIPELINE_OPS") != NULL);
+    }
+    setenv("DEFERFUSE_PIPELINE_OPS", "0", 1);
+    OK(dfuse_runtime_create(NULL, &rt));
+    uint64_t ops = 99;
+    OK(dfuse_pipeline_ops_set(rt, 64, &ops));
+    CHECK(ops == 0);
+    OK(dfuse_runtime_destroy(rt));
+    unsetenv("DEFERFUSE_PIPELINE_OPS");
     setenv("TORCH_TPU_DEFER_AND_FUSE", " TRUE ", 1); /* case and blanks are forgiven */
     OK(dfuse_runtime_create(NULL, &rt));
     uint32_t mode = 99;
