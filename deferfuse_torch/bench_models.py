@@ -19,6 +19,10 @@ go on.
 Sizes: by default the zoo's "bench" sizes (nanoGPT: 4 layers, d 128, seq 64, batch 16, AdamW);
 --quick uses the tests' tiny sizes.
 
+With --no-pipeline-too, one more tpu runner takes its turn: defer with pipelining off
+(deferfuse_torch.set_pipeline_ops(0) around its rounds), so the table shows what defer's
+pipelining gains on each model side by side ("nopipe/def").
+
 With --breakdown, one more step per tpu mode runs under deferfuse_torch.explain() (its
 timeline on, which adds a little per program) and a second table says where it went: the
 host's recording (the step's Python up to its loss.item()), and the programs' time by kind
@@ -29,7 +33,7 @@ everything else cost nothing.
 
 Usage: python bench_models.py [--models gpt2,mlp] [--steps N] [--warmup N] [--threads N]
                               [--steps-per-round K] [--quick] [--no-compile] [--json]
-                              [--breakdown]"""
+                              [--breakdown] [--no-pipeline-too]"""
 
 import argparse
 import os
@@ -49,6 +53,9 @@ def parse_args(argv):
     ap.add_argument("--no-compile", action="store_true",
                     help="skip torch.compile (compiling each model takes a while)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON only")
+    ap.add_argument("--no-pipeline-too", action="store_true",
+                    help="one more runner: tpu defer with pipelining off (set_pipeline_ops(0)), "
+                         "and its ms over defer's as 'nopipe/def'")
     ap.add_argument("--breakdown", action="store_true",
                     help="after the timing, one more step per tpu mode under explain(): where "
                          "its time went (host recording, programs by kind)")
@@ -80,8 +87,10 @@ BATCHES = 4  # distinct batches each runner cycles through
 class Runner:
     """One way of running a workload: its own copy of the model, optimizer and batches."""
 
-    def __init__(self, label, w, device, mode=None, compiled=False):
+    def __init__(self, label, w, device, mode=None, compiled=False, pipeline_ops=None):
         self.label, self.w, self.device, self.mode = label, w, device, mode
+        # None: the runtime's setting; else set for this runner's rounds only.
+        self.pipeline_ops = pipeline_ops
         self.model = copy.deepcopy(w.model).to(device)
         # Only the module is compiled; the optimizer step stays eager in every column.
         self.forward = torch.compile(self.model, backend="inductor") if compiled else self.model
@@ -95,7 +104,7 @@ class Runner:
             return
         ctx = deferfuse_torch.mode(self.mode) if self.mode else contextlib.nullcontext()
         try:
-            with ctx:
+            with ctx, _pipeline_ops(self.pipeline_ops):
                 before = self._counters()
                 t0 = time.perf_counter()
                 for k in range(steps):
@@ -138,6 +147,19 @@ class Runner:
         return statistics.median(self.times) * 1e3 if self.times and not self.error else None
 
 
+@contextlib.contextmanager
+def _pipeline_ops(n):
+    """set_pipeline_ops(n) for the block (nothing when n is None)."""
+    if n is None:
+        yield
+        return
+    prev = deferfuse_torch.set_pipeline_ops(n)
+    try:
+        yield
+    finally:
+        deferfuse_torch.set_pipeline_ops(prev)
+
+
 def _delta(before, after, steps):
     """Per step: the counters' change over a round of `steps` steps, divided by `steps`."""
     (s0, f0), (s1, f1) = before, after
@@ -148,6 +170,7 @@ def _delta(before, after, steps):
             "programs_compiled": (s1["programs_compiled"] - s0["programs_compiled"]) / steps,
             # The round's closing synchronize finds nothing left to flush: it is not counted.
             "sync_points": syncs / steps,
+            "pipelined_flushes": (s1["pipelined_flushes"] - s0["pipelined_flushes"]) / steps,
             "fallback_ops": sum(fallbacks.values()), "fallbacks": fallbacks}
 
 
@@ -164,12 +187,15 @@ def bench(name, args):
     runners = [Runner("cpu", w, "cpu")]
     if not args.no_compile:
         runners.append(Runner("compile", w, "cpu", compiled=True))
+    if args.no_pipeline_too:
+        runners.append(Runner("nopipe", w, "tpu", "defer", pipeline_ops=0))
     runners += [Runner("strict", w, "tpu", "strict"), Runner("defer", w, "tpu", "defer")]
     for i in range(args.warmup + args.steps):
         for r in runners:
             r.round(i, args.steps_per_round, timed=i >= args.warmup)
     ms = {r.label: r.median_ms() for r in runners}
     ms.setdefault("compile", None)
+    ms.setdefault("nopipe", None)
     strict, defer = runners[-2], runners[-1]
     breakdown = {}
     if args.breakdown:
@@ -181,7 +207,8 @@ def bench(name, args):
 
     return {"model": name, "description": w.description, "ms": ms,
             "cpu/defer": ratio("cpu", "defer"), "strict/defer": ratio("strict", "defer"),
-            "cpu/strict": ratio("cpu", "strict"), "defer_step": _median_stats(defer.step_stats),
+            "cpu/strict": ratio("cpu", "strict"), "nopipe/defer": ratio("nopipe", "defer"),
+            "defer_step": _median_stats(defer.step_stats),
             "strict_step": _median_stats(strict.step_stats), "breakdown": breakdown,
             "errors": {r.label: r.error for r in runners if r.error}}
 
@@ -198,7 +225,9 @@ def print_table(rows, args):
           f"threads: {args.threads} (torch and deferfuse)")
     head = (f"{'model':15s} {'cpu ms':>8s} {'compile':>8s} {'strict':>8s} {'defer':>8s} "
             f"{'cpu/def':>7s} {'str/def':>7s} {'cpu/str':>7s} | {'ops':>5s} {'progs':>5s} "
-            f"{'syncs':>5s} {'fallbk':>6s} {'s.progs':>7s}")
+            f"{'syncs':>5s} {'pipe':>4s} {'fallbk':>6s} {'s.progs':>7s}")
+    if args.no_pipeline_too:
+        head += f" | {'nopipe':>8s} {'nopipe/def':>10s}"
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -208,12 +237,17 @@ def print_table(rows, args):
               f"{_fmt(r['cpu/defer'], '7.2f')} {_fmt(r['strict/defer'], '7.2f')} "
               f"{_fmt(r['cpu/strict'], '7.2f')} | {_fmt(d.get('ops_recorded'), '5.0f')} "
               f"{_fmt(d.get('programs_run'), '5.0f')} {_fmt(d.get('sync_points'), '5.0f')} "
-              f"{_fmt(d.get('fallback_ops'), '6.0f')} {_fmt(st.get('programs_run'), '7.0f')}")
+              f"{_fmt(d.get('pipelined_flushes'), '4.0f')} "
+              f"{_fmt(d.get('fallback_ops'), '6.0f')} {_fmt(st.get('programs_run'), '7.0f')}"
+              + (f" | {_fmt(ms['nopipe'], '8.2f')} {_fmt(r['nopipe/defer'], '10.2f')}"
+                 if args.no_pipeline_too else ""))
     print("\nms: per step; cpu/def = cpu ms / defer ms (above 1: defer is faster), likewise "
-          "str/def and cpu/str.\nops, progs, syncs, fallbk: per defer step, ops recorded, "
-          "programs run, sync points, ops run on the CPU fallback; s.progs: programs per strict "
-          "step\n(one per ATen op, a compound op such as layer_norm fused into one: see the "
-          "README's op groups).")
+          "str/def and cpu/str.\nops, progs, syncs, pipe, fallbk: per defer step, ops recorded, "
+          "programs run, sync points, pipelined flushes (set_pipeline_ops), ops run on the CPU "
+          "fallback; s.progs: programs per strict step\n(one per ATen op, a compound op such as "
+          "layer_norm fused into one: see the README's op groups)."
+          + ("\nnopipe: tpu defer with pipelining off; nopipe/def: its ms over defer's."
+             if args.no_pipeline_too else ""))
     for r in rows:
         notes = [r["description"]]
         if r["defer_step"] and r["defer_step"]["fallbacks"]:

@@ -26,6 +26,14 @@ int64_t set_mode_op(int64_t mode) {
   return set_mode(static_cast<uint32_t>(mode));
 }
 
+int64_t set_pipeline_ops_op(int64_t ops) {
+  TORCH_CHECK(ops >= 0, "tpu: set_pipeline_ops expects a count of ops >= 0 (0 turns pipelining "
+              "off), got ", ops);
+  uint64_t previous = 0;
+  check(dfuse_pipeline_ops_set(rt(), uint64_t(ops), &previous), "set_pipeline_ops");
+  return int64_t(previous);
+}
+
 // The DfuseStats fields in declaration order (the Python side names them).
 std::vector<int64_t> stats() {
   DfuseStats s{};
@@ -35,7 +43,7 @@ std::vector<int64_t> stats() {
       int64_t(s.cache_hits),     int64_t(s.cache_misses),      int64_t(s.cache_evictions),
       int64_t(s.compile_ns),     int64_t(s.bytes_allocated),   int64_t(s.dead_nodes),
       int64_t(s.unmaterialized), int64_t(s.plans_reused),      int64_t(s.host_cache_hits),
-      int64_t(s.host_cache_misses), int64_t(s.host_cached_bytes)};
+      int64_t(s.host_cache_misses), int64_t(s.host_cached_bytes), int64_t(s.pipelined_flushes)};
   for (auto c : s.cuts) v.push_back(int64_t(c));
   for (auto c : s.sync_points) v.push_back(int64_t(c));
   return v;
@@ -76,6 +84,7 @@ TORCH_LIBRARY(deferfuse, m) {
   m.def("get_mode() -> int", &dft::get_mode_op);
   m.def("set_mode(int mode) -> int", &dft::set_mode_op);
   m.def("stats() -> int[]", &dft::stats);
+  m.def("set_pipeline_ops(int ops) -> int", &dft::set_pipeline_ops_op);
   m.def("dump_pending() -> str", &dft::dump_pending);
   m.def("is_materialized(Tensor t) -> bool", &dft::is_materialized);
   m.def("release_cached_memory() -> int", &dft::release_cached_memory);

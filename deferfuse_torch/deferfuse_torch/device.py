@@ -26,6 +26,7 @@ _STAT_FIELDS = [
     "ops_recorded", "programs_compiled", "programs_run", "cache_hits", "cache_misses",
     "cache_evictions", "compile_ns", "bytes_allocated", "dead_nodes", "unmaterialized",
     "plans_reused", "host_cache_hits", "host_cache_misses", "host_cached_bytes",
+    "pipelined_flushes",
 ]
 _CUT_REASONS = ["unfusable", "shape", "layout", "reduction", "max_ops"]
 _SYNC_REASONS = ["host_read", "synchronize", "event", "max_pending", "cross_stream",
@@ -189,6 +190,16 @@ def mode(name: str):
         yield
     finally:
         set_mode(prev)
+
+
+def set_pipeline_ops(ops: int) -> int:
+    """Sets after how many deferred ops a stream starts running them while Python records on
+    (defer mode's pipelining; 0: only at sync points) and returns the previous value. The
+    default is 64, or DEFERFUSE_PIPELINE_OPS when set at start-up."""
+    if isinstance(ops, bool) or not isinstance(ops, int) or ops < 0:
+        raise ValueError(f"set_pipeline_ops expects an int >= 0 (0 turns pipelining off), "
+                         f"got {ops!r}")
+    return _ops.set_pipeline_ops(ops)
 
 
 def stats() -> dict:

@@ -101,6 +101,8 @@ class Report:
         self.programs_compiled = stats["programs_compiled"]
         self.compile_ms = sum(e["args"]["ms"] for e in compiles)
         self.sync_points = {k: v for k, v in stats["sync_points"].items() if v}
+        # Defer-mode traces handed to the worker while recording went on (not sync points).
+        self.pipelined_flushes = stats["pipelined_flushes"]
         self.sync_lines = _lines(n for n in notes if n[0] == "sync")
         self.fallbacks = _lines(n for n in notes if n[0] == "fallback")
         self.regions = _regions(runs, timeline.get("deferfuse_regions", []))
@@ -126,6 +128,7 @@ class Report:
             "programs_compiled": self.programs_compiled,
             "compile_ms": self.compile_ms,
             "sync_points": dict(self.sync_points),
+            "pipelined_flushes": self.pipelined_flushes,
             "sync_lines": {k: dict(v) for k, v in self.sync_lines.items()},
             "fallbacks": {k: dict(v) for k, v in self.fallbacks.items()},
             "regions": [dict(r) for r in self.regions],
@@ -141,6 +144,9 @@ class Report:
         if self.sync_points:
             out.append("sync points: " + ", ".join(
                 f"{k} {v}" for k, v in sorted(self.sync_points.items())))
+        if self.pipelined_flushes:
+            out.append(f"pipelined flushes: {self.pipelined_flushes} (traces that started "
+                       "running while recording went on: set_pipeline_ops)")
         for what, lines in self.sync_lines.items():
             out.append(f"  {what}:")
             out += [f"    {n}x {where}" for where, n in lines.most_common(5)]
