@@ -194,8 +194,9 @@ def mode(name: str):
 
 def set_pipeline_ops(ops: int) -> int:
     """Sets after how many deferred ops a stream starts running them while Python records on
-    (defer mode's pipelining; 0: only at sync points) and returns the previous value. The
-    default is 64, or DEFERFUSE_PIPELINE_OPS when set at start-up."""
+    (defer mode's pipelining, at the next matmul or kernel op; 0: only at sync points) and
+    returns the previous value. The default is 48, or DEFERFUSE_PIPELINE_OPS when set at
+    start-up."""
     if isinstance(ops, bool) or not isinstance(ops, int) or ops < 0:
         raise ValueError(f"set_pipeline_ops expects an int >= 0 (0 turns pipelining off), "
                          f"got {ops!r}")

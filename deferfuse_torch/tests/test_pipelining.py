@@ -1,6 +1,7 @@
-"""Defer mode's pipelining: after set_pipeline_ops(n) deferred ops (default 64) the stream starts
-running them while Python records on. Pipelined flushes are counted, are not sync points, and
-change no result: a training step gives the same bits with pipelining on or off."""
+"""Defer mode's pipelining: once set_pipeline_ops(n) deferred ops are held (default 48), the next
+matmul or kernel op starts running them while Python records on. Pipelined flushes are counted,
+are not sync points, and change no result: a training step gives the same bits with pipelining
+on or off."""
 import contextlib
 import copy
 
@@ -19,9 +20,10 @@ def pipeline_ops(n):
         deferfuse_torch.set_pipeline_ops(prev)
 
 
-def chain(x, n):
-    for i in range(n):
-        x = x * 0.5 + 0.25 if i % 2 == 0 else torch.tanh(x)
+def chain(x, w, n):
+    """n layers of `tanh(x @ w)`: a matmul, then an elementwise op."""
+    for _ in range(n):
+        x = torch.tanh(x @ w)
     return x
 
 
@@ -39,24 +41,30 @@ def test_a_bad_pipeline_ops_value_is_a_value_error(bad):
         deferfuse_torch.set_pipeline_ops(bad)
 
 
+def inputs():
+    x, w = torch.randn(8, 16), torch.randn(16, 16) / 4
+    return x, w, x.to("tpu"), w.to("tpu")
+
+
 def test_a_long_defer_trace_starts_running_before_a_sync_point():
-    x = torch.randn(64).to("tpu")
+    x, w, xt, wt = inputs()
     torch.tpu.synchronize()
-    with deferfuse_torch.mode("defer"), pipeline_ops(8):
+    with deferfuse_torch.mode("defer"), pipeline_ops(4):
         before = deferfuse_torch.stats()
-        y = chain(x, 12)  # 18 ops: two pipelined flushes
+        # 12 ops; 4 held before the 3rd and the 5th matmul: two pipelined flushes.
+        y = chain(xt, wt, 6)
         after = deferfuse_torch.stats()
     assert after["pipelined_flushes"] - before["pipelined_flushes"] == 2
     assert after["sync_points"] == before["sync_points"], "a pipelined flush is no sync point"
-    torch.testing.assert_close(y.cpu(), chain(x.cpu(), 12))
+    torch.testing.assert_close(y.cpu(), chain(x, w, 6))
 
 
 def test_pipelining_off_defers_until_a_sync_point():
-    x = torch.randn(64).to("tpu")
+    _, _, xt, wt = inputs()
     torch.tpu.synchronize()
     with deferfuse_torch.mode("defer"), pipeline_ops(0):
         before = deferfuse_torch.stats()["pipelined_flushes"]
-        y = chain(x, 200)
+        y = chain(xt, wt, 100)
         assert not deferfuse_torch.is_materialized(y)
         assert deferfuse_torch.stats()["pipelined_flushes"] == before
 
@@ -83,7 +91,7 @@ def _train(n_ops, steps=4):
 
 def test_a_training_step_gives_the_same_bits_with_pipelining_on_and_off():
     off_losses, off_weights = _train(0)
-    for n in (7, 64):
+    for n in (3, 48):
         losses, weights = _train(n)
         assert losses == off_losses, n
         for a, b in zip(weights, off_weights):
@@ -91,10 +99,10 @@ def test_a_training_step_gives_the_same_bits_with_pipelining_on_and_off():
 
 
 def test_explain_counts_pipelined_flushes_apart_from_sync_points():
-    x = torch.randn(64).to("tpu")
+    _, _, xt, wt = inputs()
     torch.tpu.synchronize()
-    with deferfuse_torch.mode("defer"), pipeline_ops(8):
-        r = deferfuse_torch.explain(lambda: chain(x, 12).sum().item())
+    with deferfuse_torch.mode("defer"), pipeline_ops(4):
+        r = deferfuse_torch.explain(lambda: chain(xt, wt, 6).sum().item())
     assert r.pipelined_flushes == 2
     assert r.sync_points == {"host_read": 1}
     assert "pipelined flushes: 2" in str(r) and r.as_dict()["pipelined_flushes"] == 2

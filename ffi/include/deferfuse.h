@@ -1480,7 +1480,8 @@ DfuseStatus dfuse_mode_set(const struct DfuseRuntime *rt, uint32_t mode);
 /**
  * Sets the deferred ops after which a stream starts running them on its worker while the
  * host records on (defer mode's pipelining; 0 turns it off) and writes the previous value to
- * `previous`. `DEFERFUSE_PIPELINE_OPS` sets it at creation (default 64).
+ * `previous`. `DEFERFUSE_PIPELINE_OPS` sets it at creation (default 48). The held ops go to the
+ * worker at the next matmul or kernel op, or once 8 times as many are held.
  *
  * # Safety
  * `previous` must be NULL or point to a writable `uint64_t`; NULL is an error that changes

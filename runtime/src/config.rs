@@ -27,8 +27,9 @@ pub struct Config {
     pub max_pending_bytes: usize,
     /// Most ops the planner puts in one loop region.
     pub max_ops_per_region: usize,
-    /// Deferred ops after which a stream hands its trace to its worker without waiting
-    /// (defer mode's pipelining: the programs run while the host records the next ops);
+    /// Deferred ops after which a stream hands its trace to its worker without waiting, at the
+    /// next matmul or kernel op (defer mode's pipelining: the programs run while the host
+    /// records the next ops; see `crate::pipeline`);
     /// `Some(0)` turns it off, `None` reads `DEFERFUSE_PIPELINE_OPS`, else
     /// [`DEFAULT_PIPELINE_OPS`]. See [`crate::Runtime::set_pipeline_ops`].
     pub pipeline_ops: Option<usize>,
@@ -134,11 +135,12 @@ fn parse_threads(v: &str) -> Result<Option<usize>> {
     }
 }
 
-/// Deferred ops per pipelined flush unless the config or `DEFERFUSE_PIPELINE_OPS` says
-/// otherwise. Measured on the model zoo's training steps (1 thread, side by side): 64 was
-/// fastest or within noise of it on every model; 32 cuts fused loops too often, 128 starts
-/// the worker later (the small MLP's step has 144 ops).
-pub const DEFAULT_PIPELINE_OPS: usize = 64;
+/// Deferred ops after which a stream hands them to its worker at the next matmul or kernel op
+/// (see `crate::pipeline`), unless the config or `DEFERFUSE_PIPELINE_OPS` says otherwise.
+/// Measured on the model zoo's training steps (1 thread, side by side, against 32 and 64):
+/// within noise on the transformers; on the MLPs 48 cut inside their backward, where 64 found
+/// no matmul before the optimizer (the small MLP's step has 144 ops).
+pub const DEFAULT_PIPELINE_OPS: usize = 48;
 
 /// Ops per pipelined flush: the config's, else `DEFERFUSE_PIPELINE_OPS`, else
 /// [`DEFAULT_PIPELINE_OPS`]; 0 means no pipelined flushes.

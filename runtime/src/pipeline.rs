@@ -7,21 +7,32 @@
 //! fused like any flush but is not a sync point: nothing waits for it (as a strict op group's
 //! flush), and it is counted in [`crate::stats::Stats::pipelined_flushes`].
 //!
-//! The cut is by op count alone, never by timing (whether the worker is idle), so the same
-//! program cuts its traces at the same ops every time: its plans and programs are reused, and
-//! its regions do not change from one step to the next. Cutting costs the fusion across the
-//! cut (a value used on both sides is written), which 64 ops keep small
-//! ([`crate::config::DEFAULT_PIPELINE_OPS`]). Never inside an op group: the cut waits for the
-//! first op after the group, so one ATen op's pieces (a layer norm's 9 ops, a foreach update)
-//! stay in one flush, and a strict op group is never split. Off while a graph is captured (its
-//! trace is the whole graph) and on backends that compile whole flushes
+//! Where the trace is cut: once it holds `pipeline_ops` ops, before the next op that starts a
+//! program of its own anyway (a matmul, addmm or kernel op: nothing before it fuses with it, so
+//! the cut costs no fusion); a trace with no such op is cut once it holds
+//! [`ELEMENTWISE_RUN_FACTOR`] times as many, and then never inside an op group (one ATen op's
+//! pieces, a layer norm's 9 ops or a foreach update, stay together). Cutting a run of
+//! elementwise ops writes the values used on both sides, and an optimizer's op-major foreach
+//! updates lose the loop each parameter's chain fuses into: the 784-1024-1024-10 MLP's defer
+//! step was ~2-6% slower when its AdamW update was cut every 64 ops.
+//!
+//! The cut depends on op counts and kinds alone, never on timing (whether the worker is idle),
+//! so a program cuts its traces at the same ops every time: its plans and programs are reused
+//! and its regions do not change from one step to the next. Only a thread in defer mode
+//! pipelines (a strict op group defers its ops too, and is never split); off while a graph is
+//! captured (its trace is the whole graph) and on backends that compile whole flushes
 //! (`fuses_whole_programs`: PJRT's whole-flush mode, where the point is one program per step).
 
 use crate::error::Result;
-use crate::mode;
+use crate::mode::{self, Mode};
 use crate::runtime::Runtime;
 use crate::stream::Stream;
+use deferfuse_fusion::ir::Op;
 use std::sync::atomic::Ordering;
+
+/// How many times `pipeline_ops` a trace holds before it is cut without a matmul or kernel op
+/// to cut before: an optimizer step's op-major updates (the MLPs': 90 ops) stay in one flush.
+pub const ELEMENTWISE_RUN_FACTOR: usize = 8;
 
 impl Runtime {
     /// Sets the deferred ops after which a stream starts running them on its worker (0: only
@@ -36,14 +47,30 @@ impl Runtime {
         self.pipeline_ops.load(Ordering::Relaxed)
     }
 
-    /// Whether a deferred trace of `len` ops, not part of a capture, is handed to the worker
-    /// now (by the calling thread, which just recorded its last op).
-    pub(crate) fn pipelines_at(&self, len: usize) -> bool {
+    /// Whether the `held` deferred ops (not a capture's) go to the worker before `op` is
+    /// recorded: `op` starts a program of its own and enough are held.
+    pub(crate) fn pipelines_before(&self, op: &Op, held: usize) -> bool {
         let every = self.pipeline_ops.load(Ordering::Relaxed);
         every > 0
-            && len >= every
+            && held >= every
+            && matches!(op, Op::Matmul | Op::Addmm | Op::Kernel(_))
+            && self.pipelines_here()
+    }
+
+    /// Whether the `held` deferred ops (not a capture's), the last just recorded, go to the
+    /// worker now: a run without an op to cut before has grown long, and no op group is open.
+    pub(crate) fn pipelines_after(&self, held: usize) -> bool {
+        let every = self.pipeline_ops.load(Ordering::Relaxed);
+        every > 0
+            && held >= every.saturating_mul(ELEMENTWISE_RUN_FACTOR)
             && !mode::in_op_group(self.id)
-            && !self.exec.fuses_whole_programs()
+            && self.pipelines_here()
+    }
+
+    /// The calling thread chose defer mode (not a strict op group's deferral) and the backend
+    /// runs flushes as loops.
+    fn pipelines_here(&self) -> bool {
+        self.mode() == Mode::Defer && !self.exec.fuses_whole_programs()
     }
 
     /// Hands `s`'s pending trace to its worker (see the module doc).

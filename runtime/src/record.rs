@@ -386,6 +386,11 @@ impl Runtime {
         };
         if mode == Mode::Defer {
             let mut p = s.pending.lock().unwrap_or_else(|p| p.into_inner());
+            if p.capture.is_none() && self.pipelines_before(&node.op, p.trace.len()) {
+                drop(p);
+                self.flush_pipelined(s)?;
+                p = s.pending.lock().unwrap_or_else(|p| p.into_inner());
+            }
             // Borrowed, not cloned: a clone and its drop are two atomic ops on every op.
             let out = out();
             out.mark_recorded();
@@ -417,7 +422,7 @@ impl Runtime {
                 None
             };
             let pipelined =
-                reason.is_none() && p.capture.is_none() && self.pipelines_at(p.trace.len());
+                reason.is_none() && p.capture.is_none() && self.pipelines_after(p.trace.len());
             drop(p);
             if let Some(r) = reason {
                 self.flush(s, r)?;
