@@ -252,8 +252,8 @@ impl PendingBuffers {
         // An extra copy of a named buffer would make it look held elsewhere.
         let key = &self.key;
         self.extra.retain(|b| key.number_of(b.id).is_none());
-        let named = &self.named;
-        self.key.finish(|i| Arc::strong_count(&named[i]) > 1)
+        let (named, writes) = (&self.named, &self.writes);
+        self.key.finish(|i| live_by_number(named, writes, i))
     }
 
     /// The pending trace's key (complete after [`PendingBuffers::finish_key`]).
@@ -261,10 +261,20 @@ impl PendingBuffers {
         &self.key
     }
 
-    /// Whether the buffer with id `id` is held by something besides this set (a buffer not in
-    /// the set counts as live, as the planner expects of unknown buffers).
+    /// Whether the buffer with id `id` is held by something besides this set. A buffer the
+    /// pending nodes only read counts as live, as one not in the set does: nothing in the
+    /// flush can make it dead, and whether queued work on the worker still holds it (a
+    /// pipelined flush's inputs, written by the one before) is timing, which must not reach
+    /// the plan cache's key.
     pub fn is_live(&self, id: BufferId) -> bool {
-        self.find(id).is_none_or(|b| Arc::strong_count(b) > 1)
+        match self.key.number_of(id) {
+            Some(i) => live_by_number(&self.named, &self.writes, i),
+            None => self
+                .extra
+                .iter()
+                .find(|b| b.id == id)
+                .is_none_or(|b| Arc::strong_count(b) > 1),
+        }
     }
 
     /// Every buffer of the set: the named ones by number, then the extra ones.
@@ -278,6 +288,11 @@ impl PendingBuffers {
         self.writes.clear();
         self.named.drain(..).chain(self.extra.drain(..))
     }
+}
+
+/// [`PendingBuffers::is_live`] for the named buffer number `i`.
+fn live_by_number(named: &[Arc<Buffer>], writes: &[u32], i: usize) -> bool {
+    writes[i] == 0 || Arc::strong_count(&named[i]) > 1
 }
 
 impl BufferLookup for PendingBuffers {
@@ -610,6 +625,23 @@ mod tests {
         );
         assert!(p.is_live(1) && !p.is_live(2));
         drop(x);
+    }
+
+    #[test]
+    fn a_buffer_the_trace_only_reads_is_live_whoever_holds_it() {
+        let key_with = |hold_input: bool| {
+            let mut p = PendingBuffers::default();
+            let op = buffers(&[1, 2]);
+            // Queued work on the worker may or may not still hold the input when the host
+            // flushes: that timing must not change the plan cache's key.
+            let held = hold_input.then(|| op.get(1).unwrap().clone());
+            p.record(&neg(1, 2), op);
+            p.finish_key();
+            assert!(p.is_live(1) && !p.is_live(2));
+            drop(held);
+            p.key().words().to_vec()
+        };
+        assert_eq!(key_with(true), key_with(false));
     }
 
     fn note_thread(tx: mpsc::Sender<ThreadId>) -> Work {
