@@ -123,7 +123,7 @@ pub(super) unsafe fn log16(x: __m512) -> __m512 {
     select(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x, r)
 }
 
-/// `erf8` on 16 lanes.
+/// `erf8` on 16 lanes (with its shortcut for a group whose lanes are all below 1).
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(super) unsafe fn erf16(x: __m512) -> __m512 {
@@ -131,16 +131,19 @@ pub(super) unsafe fn erf16(x: __m512) -> __m512 {
     let z = _mm512_mul_ps(x, x);
     let p = horner16(z, &ERF_SMALL);
     let small = _mm512_mul_ps(p, x);
+    let one = splat(1.0);
+    let is_small = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(ax, one);
+    if is_small == 0xffff {
+        return small;
+    }
     let t = _mm512_sub_ps(ax, splat(2.5));
     let q = horner16(t, &ERF_BIG);
     let e = exp16(q);
-    let one = splat(1.0);
     let big = _mm512_sub_ps(one, e);
     let sat = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(ax, splat(4.0));
     let big = select(sat, one, big);
     let sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(i32::MIN));
     let big = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(big), sign));
-    let is_small = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(ax, one);
     let r = select(is_small, small, big);
     select(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x, r)
 }
