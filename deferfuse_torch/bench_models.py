@@ -104,7 +104,7 @@ class Runner:
             return
         ctx = deferfuse_torch.mode(self.mode) if self.mode else contextlib.nullcontext()
         try:
-            with ctx, _pipeline_ops(self.pipeline_ops):
+            with ctx, deferfuse_torch.pipeline_ops(self.pipeline_ops):
                 before = self._counters()
                 t0 = time.perf_counter()
                 for k in range(steps):
@@ -145,19 +145,6 @@ class Runner:
 
     def median_ms(self):
         return statistics.median(self.times) * 1e3 if self.times and not self.error else None
-
-
-@contextlib.contextmanager
-def _pipeline_ops(n):
-    """set_pipeline_ops(n) for the block (nothing when n is None)."""
-    if n is None:
-        yield
-        return
-    prev = deferfuse_torch.set_pipeline_ops(n)
-    try:
-        yield
-    finally:
-        deferfuse_torch.set_pipeline_ops(prev)
 
 
 def _delta(before, after, steps):

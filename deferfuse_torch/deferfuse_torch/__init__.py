@@ -45,12 +45,12 @@ _compile_hooks.install()
 from .device import (  # noqa: E402,F401
     MODES, device_count, dump_pending, fallback_counts, get_mode, is_available,
     is_materialized, mode, release_cached_memory, reset_fallback_counts, set_mode,
-    set_pipeline_ops, stats, synchronize, current_device, version)
+    pipeline_ops, set_pipeline_ops, stats, synchronize, current_device, version)
 from .observe import Report, explain, trace  # noqa: E402,F401
 from .report import report  # noqa: E402,F401
 
 __all__ = [
     "MODES", "current_device", "device_count", "dump_pending", "fallback_counts", "get_mode",
     "is_available", "is_materialized", "mode", "release_cached_memory", "reset_fallback_counts",
-    "set_mode", "set_pipeline_ops", "stats", "synchronize", "version", "trace", "explain", "Report", "report",
+    "set_mode", "pipeline_ops", "set_pipeline_ops", "stats", "synchronize", "version", "trace", "explain", "Report", "report",
 ]

@@ -203,6 +203,20 @@ def set_pipeline_ops(ops: int) -> int:
     return _ops.set_pipeline_ops(ops)
 
 
+@contextlib.contextmanager
+def pipeline_ops(ops):
+    """`set_pipeline_ops(ops)` for a `with` block, the previous value restored after it (even
+    when the block raises); `None` leaves the setting as it is."""
+    if ops is None:
+        yield
+        return
+    prev = set_pipeline_ops(ops)
+    try:
+        yield
+    finally:
+        set_pipeline_ops(prev)
+
+
 def stats() -> dict:
     """The runtime's counters: ops, programs, cache, fusion, cuts and sync points by reason."""
     v = list(_ops.stats())

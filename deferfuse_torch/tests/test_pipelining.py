@@ -2,7 +2,6 @@
 matmul or kernel op starts running them while Python records on. Pipelined flushes are counted,
 are not sync points, and change no result: a training step gives the same bits with pipelining
 on or off."""
-import contextlib
 import copy
 
 import pytest
@@ -11,13 +10,7 @@ import torch
 import deferfuse_torch
 
 
-@contextlib.contextmanager
-def pipeline_ops(n):
-    prev = deferfuse_torch.set_pipeline_ops(n)
-    try:
-        yield
-    finally:
-        deferfuse_torch.set_pipeline_ops(prev)
+pipeline_ops = deferfuse_torch.pipeline_ops
 
 
 def chain(x, w, n):
@@ -31,6 +24,20 @@ def test_set_pipeline_ops_returns_the_previous_value():
     prev = deferfuse_torch.set_pipeline_ops(17)
     try:
         assert deferfuse_torch.set_pipeline_ops(33) == 17
+    finally:
+        deferfuse_torch.set_pipeline_ops(prev)
+
+
+def test_the_pipeline_ops_block_restores_the_previous_value_even_when_it_raises():
+    prev = deferfuse_torch.set_pipeline_ops(21)
+    try:
+        with pytest.raises(RuntimeError, match="inside"):
+            with deferfuse_torch.pipeline_ops(5):
+                assert deferfuse_torch.set_pipeline_ops(5) == 5
+                raise RuntimeError("inside")
+        with deferfuse_torch.pipeline_ops(None):
+            assert deferfuse_torch.set_pipeline_ops(21) == 21
+        assert deferfuse_torch.set_pipeline_ops(21) == 21
     finally:
         deferfuse_torch.set_pipeline_ops(prev)
 
