@@ -10,9 +10,6 @@ import torch
 import deferfuse_torch
 
 
-pipeline_ops = deferfuse_torch.pipeline_ops
-
-
 def chain(x, w, n):
     """n layers of `tanh(x @ w)`: a matmul, then an elementwise op."""
     for _ in range(n):
@@ -56,7 +53,7 @@ def inputs():
 def test_a_long_defer_trace_starts_running_before_a_sync_point():
     x, w, xt, wt = inputs()
     torch.tpu.synchronize()
-    with deferfuse_torch.mode("defer"), pipeline_ops(4):
+    with deferfuse_torch.mode("defer"), deferfuse_torch.pipeline_ops(4):
         before = deferfuse_torch.stats()
         # 12 ops; 4 held before the 3rd and the 5th matmul: two pipelined flushes.
         y = chain(xt, wt, 6)
@@ -69,7 +66,7 @@ def test_a_long_defer_trace_starts_running_before_a_sync_point():
 def test_pipelining_off_defers_until_a_sync_point():
     _, _, xt, wt = inputs()
     torch.tpu.synchronize()
-    with deferfuse_torch.mode("defer"), pipeline_ops(0):
+    with deferfuse_torch.mode("defer"), deferfuse_torch.pipeline_ops(0):
         before = deferfuse_torch.stats()["pipelined_flushes"]
         y = chain(xt, wt, 100)
         assert not deferfuse_torch.is_materialized(y)
@@ -85,7 +82,7 @@ def _train(n_ops, steps=4):
     batches = [(torch.randn(16, 32, generator=g), torch.randint(0, 8, (16,), generator=g))
                for _ in range(steps)]
     losses = []
-    with deferfuse_torch.mode("defer"), pipeline_ops(n_ops):
+    with deferfuse_torch.mode("defer"), deferfuse_torch.pipeline_ops(n_ops):
         for x, y in batches:
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x.to("tpu")), y.to("tpu"))
@@ -108,7 +105,7 @@ def test_a_training_step_gives_the_same_bits_with_pipelining_on_and_off():
 def test_explain_counts_pipelined_flushes_apart_from_sync_points():
     _, _, xt, wt = inputs()
     torch.tpu.synchronize()
-    with deferfuse_torch.mode("defer"), pipeline_ops(4):
+    with deferfuse_torch.mode("defer"), deferfuse_torch.pipeline_ops(4):
         r = deferfuse_torch.explain(lambda: chain(xt, wt, 6).sum().item())
     assert r.pipelined_flushes == 2
     assert r.sync_points == {"host_read": 1}
