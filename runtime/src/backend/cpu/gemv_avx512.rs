@@ -19,6 +19,10 @@
 //! output's dot product 16 k at a time, without transposing): the 16x16 transposes, 64
 //! shuffles per 256 elements at about one a cycle, bound it (a 1024x1024 weight ~85 us against
 //! MKL's ~65-90). Two groups of 16 columns, prefetched or not, were slower: 32 read streams.
+//! Since session 20 a product of at most four rows *in all* by a transposed B (batch-1
+//! generation) takes `gemv_dot`'s dot-product order instead, on every AVX2+FMA core; the
+//! transposed path here serves blocks of few rows cut from larger products (an epilogue's last
+//! block) and A operands whose rows are not contiguous.
 
 use super::small_gemm::KC;
 use std::arch::x86_64::*;

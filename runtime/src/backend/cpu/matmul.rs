@@ -1,7 +1,8 @@
 //! Matmul on the host: f32/f64 through `matrixmultiply` (strided, so views need no copy; f32
 //! products through `small_gemm::sgemm`, which runs its own kernel for few rows and
-//! `packed_gemm`'s for more, same bits), f16 and bf16 through f32, integers through a plain
-//! wrapping loop (rare in practice).
+//! `packed_gemm`'s for more, same bits; f32 products of at most four rows in all by a
+//! transposed B through `gemv_dot`, dot products in W's memory order), f16 and bf16 through
+//! f32, integers through a plain wrapping loop (rare in practice).
 
 use super::small_gemm;
 use deferfuse_fusion::ir::{DType, Layout};
@@ -42,11 +43,21 @@ fn for_each_batch(a: &Layout, b: &Layout, c: &Layout, mut f: impl FnMut(isize, i
     }
 }
 
-/// `c = alpha * a @ b + beta * c` over batch dims.
+/// `c = alpha * a @ b + beta * c` over batch dims, for `c`, a block of rows (or columns) of a
+/// product whose whole output has `whole_rows` rows: that count, never the block's, picks the
+/// order its f32 sums take (see `gemv_dot`), so a row's bits do not depend on the blocking.
 ///
 /// # Safety
 /// The pointers must be valid for every element their layouts address.
-pub unsafe fn matmul(dtype: DType, a: Mat, b: Mat, c: Mat, alpha: f64, beta: f64) {
+pub unsafe fn matmul(
+    dtype: DType,
+    a: Mat,
+    b: Mat,
+    c: Mat,
+    alpha: f64,
+    beta: f64,
+    whole_rows: usize,
+) {
     let r = c.layout.rank();
     let (m, k, n) = (
         a.layout.sizes[r - 2],
@@ -60,7 +71,20 @@ pub unsafe fn matmul(dtype: DType, a: Mat, b: Mat, c: Mat, alpha: f64, beta: f64
     let (rsa, csa) = st(a.layout);
     let (rsb, csb) = st(b.layout);
     let (rsc, csc) = st(c.layout);
+    #[cfg(target_arch = "x86_64")]
+    let dot_order = dtype == DType::F32 && super::gemv_dot::takes(whole_rows, (m, k, n), csa, rsb);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = whole_rows;
     for_each_batch(a.layout, b.layout, c.layout, |ao, bo, co| match dtype {
+        #[cfg(target_arch = "x86_64")]
+        DType::F32 if dot_order => super::gemv_dot::sgemm(
+            (m, k, n),
+            alpha as f32,
+            ((a.ptr as *const f32).offset(ao), rsa, csa),
+            ((b.ptr as *const f32).offset(bo), rsb, csb),
+            beta as f32,
+            ((c.ptr as *mut f32).offset(co), rsc, csc),
+        ),
         DType::F32 => small_gemm::sgemm(
             (m, k, n),
             alpha as f32,

@@ -6,6 +6,8 @@ mod codegen;
 mod columns;
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx512;
+#[cfg(target_arch = "x86_64")]
+mod gemv_dot;
 mod jit_calls;
 mod lanes;
 mod matmul;
@@ -475,7 +477,8 @@ impl MatmulProgram {
             ptr: bases[out] as *mut u8,
             layout: &ol,
         };
-        matmul::matmul(self.dtype, a, b, c, s(0), s(1));
+        let whole_rows = ops[out].layout.sizes[d];
+        matmul::matmul(self.dtype, a, b, c, s(0), s(1), whole_rows);
     }
 
     /// Runs `f` over the output rows in one chunk per thread (each chunk's GEMM packs B once),
