@@ -8,6 +8,8 @@ mod columns;
 mod gemv_avx512;
 #[cfg(target_arch = "x86_64")]
 mod gemv_dot;
+#[cfg(target_arch = "x86_64")]
+mod gemv_rows_avx2;
 mod jit_calls;
 mod lanes;
 mod matmul;

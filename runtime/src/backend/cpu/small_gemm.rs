@@ -37,7 +37,8 @@ const MAX_ROWS: usize = 8;
 
 /// `c = alpha * a @ b + beta * c` for `a: [m, k]`, `b: [k, n]`, `c: [m, n]` with element
 /// strides `(rs*, cs*)`, bit for bit as `matrixmultiply::sgemm` computes it: `gemv_avx512`'s
-/// kernel for 1-4 rows on AVX-512 cores, this module's for few rows, `packed_gemm`'s for more
+/// kernel for 1-4 rows on AVX-512 cores, `gemv_rows_avx2`'s for 1-4 rows by a large plain B
+/// on the others, this module's for few rows, `packed_gemm`'s for more
 /// when alpha is 1, `matrixmultiply` otherwise (scaled products of 8+ rows, CPUs without AVX2
 /// and FMA).
 ///
@@ -59,6 +60,9 @@ pub unsafe fn sgemm(
         let (av, bv, cv) = ((a, rsa, csa), (b, rsb, csb), (c, rsc, csc));
         if super::gemv_avx512::takes(mkn, (rsb, csb)) {
             return super::gemv_avx512::sgemm(mkn, alpha, av, bv, beta, cv);
+        }
+        if super::gemv_rows_avx2::takes(mkn, csb) {
+            return super::gemv_rows_avx2::sgemm(mkn, alpha, av, bv, beta, cv);
         }
         if takes_small_path(mkn, rsb, alpha) {
             return small_sgemm(mkn, alpha, av, bv, beta, cv);
