@@ -19,7 +19,9 @@ Columns: the times in us, and in brackets tpu's speed relative to torch (torch t
 torch's thread alone, and tpu's whole process, so the stream's worker and the spinning waits
 count (which overstates tpu: spinning overlaps work in wall time); each run starts after a
 1 ms pause, so the worker's spin after the previous run is not counted.
-Usage: python bench_gemm.py [--reps N] [--quick] [--clock wall|cpu]"""
+`--rows 1,4` keeps only the rows with those batch sizes (the Linear layouts' rows; attention's
+rows are its batch of heads).
+Usage: python bench_gemm.py [--reps N] [--quick] [--clock wall|cpu] [--rows 1,4]"""
 
 import argparse
 import os
@@ -36,7 +38,7 @@ MODES = ("strict", "defer")
 
 
 def cases(quick):
-    batches = [16, 256, 1024] if quick else [1, 16, 64, 256, 1024, 4096]
+    batches = [16, 256, 1024] if quick else [1, 4, 16, 64, 256, 1024, 4096]
     for (k, n) in ([(128, 384), (1024, 1024)] if not quick else [(128, 384)]):
         for b in batches:
             yield f"Linear {k}->{n} fwd x@W.t()", b, lambda b=b, k=k, n=n: (
@@ -100,6 +102,7 @@ def main():
     ap.add_argument("--chain", type=int, default=50, help="most GEMMs per chain")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    ap.add_argument("--rows", default="", help="comma-separated batch sizes to keep")
     a = ap.parse_args()
     global CPU_CLOCK
     CPU_CLOCK = a.clock == "cpu"
@@ -114,7 +117,10 @@ def main():
     worst = {}
     prev = deferfuse_torch.get_mode()
     try:
+        keep = {int(r) for r in a.rows.split(",") if r}
         for name, rows, make in cases(a.quick):
+            if keep and rows not in keep:
+                continue
             x, y, f = make()
             xt, yt = x.to("tpu"), y.to("tpu")
             t = measure(f, x, y, xt, yt, a.reps, a.chain)
