@@ -12,6 +12,7 @@ mod column_reductions;
 mod concurrency;
 mod elementwise_ops;
 mod errors;
+mod few_row_products;
 mod fusion;
 mod fuzz_corpus;
 mod graph_capture;
