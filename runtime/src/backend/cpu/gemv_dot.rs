@@ -147,13 +147,15 @@ unsafe fn dots<const R: usize, const J: usize>(
     }
     if p < k {
         // The last partial group, zero-padded; masked-off lanes are neither read nor faulted.
+        // The upper half's address may lie past the operand's end (`wrapping_add`: no
+        // in-bounds promise) when its mask selects nothing.
         let (m0, m1) = (lane_mask(k - p), lane_mask((k - p).saturating_sub(8)));
         for j in 0..J {
             let w0 = _mm256_maskload_ps(cols[j].add(p), m0);
-            let w1 = _mm256_maskload_ps(cols[j].add(p + 8), m1);
+            let w1 = _mm256_maskload_ps(cols[j].wrapping_add(p + 8), m1);
             for r in 0..R {
                 let x0 = _mm256_maskload_ps(rows[r].add(p), m0);
-                let x1 = _mm256_maskload_ps(rows[r].add(p + 8), m1);
+                let x1 = _mm256_maskload_ps(rows[r].wrapping_add(p + 8), m1);
                 lo[r][j] = _mm256_fmadd_ps(x0, w0, lo[r][j]);
                 hi[r][j] = _mm256_fmadd_ps(x1, w1, hi[r][j]);
             }
