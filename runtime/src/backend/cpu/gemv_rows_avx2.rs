@@ -169,31 +169,11 @@ unsafe fn finish(acc: __m256, alpha: f32, beta: f32, cp: *mut f32, csc: isize, v
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::small_gemm::tests::{assert_same_bits, matrix, reference, values};
+    use crate::backend::cpu::small_gemm::tests::{assert_same_bits, both_with, matrix};
 
     /// This kernel's C and `matrixmultiply`'s, C row-major with column stride `csc`.
-    fn both(
-        (m, k, n): (usize, usize, usize),
-        (alpha, beta): (f32, f32),
-        csc: usize,
-    ) -> (Vec<f32>, Vec<f32>) {
-        let a = matrix(m, k, "rows", 1 + (m * 31 + k) as u64);
-        let b = matrix(k, n, "rows", 2 + (k * 17 + n) as u64);
-        let c0 = values(m * n * csc, 3);
-        let (mut ours, mut theirs) = (c0.clone(), c0);
-        let c = |p: *mut f32| (p, (n * csc) as isize, csc as isize);
-        unsafe {
-            sgemm(
-                (m, k, n),
-                alpha,
-                (a.data.as_ptr(), a.rs, a.cs),
-                (b.data.as_ptr(), b.rs, b.cs),
-                beta,
-                c(ours.as_mut_ptr()),
-            );
-        }
-        reference((m, k, n), alpha, (&a, &b), beta, c(theirs.as_mut_ptr()));
-        (ours, theirs)
+    fn both(mkn: (usize, usize, usize), ab: (f32, f32), csc: usize) -> (Vec<f32>, Vec<f32>) {
+        both_with(sgemm, mkn, ("rows", "rows"), ab, csc)
     }
 
     #[test]

@@ -71,21 +71,9 @@ pub unsafe fn matmul(
     let (rsa, csa) = st(a.layout);
     let (rsb, csb) = st(b.layout);
     let (rsc, csc) = st(c.layout);
-    #[cfg(target_arch = "x86_64")]
-    let dot_order = dtype == DType::F32 && super::gemv_dot::takes(whole_rows, (m, k, n), csa, rsb);
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = whole_rows;
+    let sgemm = f32_kernel(whole_rows, (m, k, n), csa, rsb);
     for_each_batch(a.layout, b.layout, c.layout, |ao, bo, co| match dtype {
-        #[cfg(target_arch = "x86_64")]
-        DType::F32 if dot_order => super::gemv_dot::sgemm(
-            (m, k, n),
-            alpha as f32,
-            ((a.ptr as *const f32).offset(ao), rsa, csa),
-            ((b.ptr as *const f32).offset(bo), rsb, csb),
-            beta as f32,
-            ((c.ptr as *mut f32).offset(co), rsc, csc),
-        ),
-        DType::F32 => small_gemm::sgemm(
+        DType::F32 => sgemm(
             (m, k, n),
             alpha as f32,
             ((a.ptr as *const f32).offset(ao), rsa, csa),
@@ -161,6 +149,23 @@ pub unsafe fn matmul(
             beta as i64,
         ),
     });
+}
+
+/// The kernel whose summation order a block of a product of `whole_rows` rows takes: the dot
+/// order for few rows in all by a transposed B (A's column stride `csa`, B's row stride
+/// `rsb`), `matrixmultiply`'s order otherwise.
+fn f32_kernel(
+    whole_rows: usize,
+    mkn: (usize, usize, usize),
+    csa: isize,
+    rsb: isize,
+) -> small_gemm::SgemmFn {
+    #[cfg(target_arch = "x86_64")]
+    if super::gemv_dot::takes(whole_rows, mkn, csa, rsb) {
+        return super::gemv_dot::sgemm;
+    }
+    let _ = (whole_rows, mkn, csa, rsb);
+    small_gemm::sgemm
 }
 
 #[allow(clippy::too_many_arguments)]

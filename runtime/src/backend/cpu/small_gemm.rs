@@ -35,6 +35,18 @@ pub(super) const KC: usize = 256;
 const MAX_ROWS_TRANSPOSED_B: usize = 32;
 const MAX_ROWS: usize = 8;
 
+/// An f32 GEMM kernel with [`sgemm`]'s arguments: shape `(m, k, n)`, alpha, then each operand
+/// as a pointer and its (row, column) strides, beta between B and C. The kernels that give
+/// other orders or run on other CPUs share it, so callers can pick one as a value.
+pub(super) type SgemmFn = unsafe fn(
+    (usize, usize, usize),
+    f32,
+    (*const f32, isize, isize),
+    (*const f32, isize, isize),
+    f32,
+    (*mut f32, isize, isize),
+);
+
 /// `c = alpha * a @ b + beta * c` for `a: [m, k]`, `b: [k, n]`, `c: [m, n]` with element
 /// strides `(rs*, cs*)`, bit for bit as `matrixmultiply::sgemm` computes it: `gemv_avx512`'s
 /// kernel for 1-4 rows on AVX-512 cores, `gemv_rows_avx2`'s for 1-4 rows by a large plain B
@@ -424,6 +436,17 @@ pub(super) mod tests {
     /// row-major with column stride `csc` (the elements between its columns hold their start
     /// values, which a kernel writing them would change).
     pub(in crate::backend::cpu) fn both(
+        mkn: (usize, usize, usize),
+        layout: (&str, &str),
+        alpha_beta: (f32, f32),
+        csc: usize,
+    ) -> (Vec<f32>, Vec<f32>) {
+        both_with(sgemm, mkn, layout, alpha_beta, csc)
+    }
+
+    /// As [`both`], with `kernel` in place of this module's `sgemm` (a kernel's own tests).
+    pub(in crate::backend::cpu) fn both_with(
+        kernel: SgemmFn,
         (m, k, n): (usize, usize, usize),
         (a_kind, b_kind): (&str, &str),
         (alpha, beta): (f32, f32),
@@ -435,7 +458,7 @@ pub(super) mod tests {
         let (mut ours, mut theirs) = (c0.clone(), c0);
         let c = |p: *mut f32| (p, (n * csc) as isize, csc as isize);
         unsafe {
-            sgemm(
+            kernel(
                 (m, k, n),
                 alpha,
                 (a.data.as_ptr(), a.rs, a.cs),
