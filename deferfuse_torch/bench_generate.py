@@ -106,7 +106,10 @@ class Runner:
             with ctx, torch.no_grad():
                 before = deferfuse_torch.fallback_counts() if self.mode else {}
                 t0 = time.perf_counter()
+                # min_new_tokens: the end-of-text token must not stop a round early, or its
+                # time over --tokens would understate ms per token.
                 out = self.model.generate(self.prompt, max_new_tokens=self.args.tokens,
+                                          min_new_tokens=self.args.tokens,
                                           do_sample=False, use_cache=True,
                                           attention_mask=torch.ones_like(self.prompt),
                                           pad_token_id=self.args.vocab - 1)

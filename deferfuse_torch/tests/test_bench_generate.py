@@ -3,6 +3,10 @@ rounds, and the defer runner's generation sends nothing to the CPU fallback."""
 import os
 import sys
 
+import pytest
+
+pytest.importorskip("transformers")
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench_generate  # noqa: E402
 

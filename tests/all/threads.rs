@@ -184,6 +184,27 @@ fn gemms_cut_into_blocks_of_few_rows_equal_one_thread() {
 }
 
 #[test]
+fn products_of_few_rows_in_all_split_by_columns_equal_one_thread() {
+    // 1 and 4 rows by a transposed weight large enough (2M multiply-adds) that 3 threads split
+    // its columns: the products summed along W's rows (`gemv_dot`), alone and with a bias and
+    // activation after them.
+    same_on_any_thread_count(|rt| {
+        let w = tensor(rt, DType::F32, &[2048, 1024], &values(2048 * 1024, 30));
+        let bias = tensor(rt, DType::F32, &[2048], &values(2048, 31));
+        let wt = view(rt, w, View::Transpose(0, 1));
+        let mut outs = vec![];
+        for m in [1, 4] {
+            let x = tensor(rt, DType::F32, &[m, 1024], &values(m * 1024, 32 + m as u64));
+            outs.push(run(rt, Op::Matmul, &[tt(x), tt(wt)]));
+            let y = run(rt, Op::Matmul, &[tt(x), tt(wt)]);
+            let y = bin(rt, BinaryOp::Add, tt(y), tt(bias));
+            outs.push(un(rt, UnaryOp::Relu, y));
+        }
+        outs
+    });
+}
+
+#[test]
 fn in_place_updates_equal_one_thread() {
     same_on_any_thread_count(|rt| {
         let p = tensor(rt, DType::F32, &[SPLIT], &values(SPLIT, 14));

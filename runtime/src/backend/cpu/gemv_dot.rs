@@ -12,12 +12,14 @@
 //! for this order by the whole product's row count (`matmul::matmul`'s `whole_rows`), and every
 //! row of such a product, in every mode, on every thread count, gets the same bits.
 //!
-//! The order, which the unit tests pin against a scalar model ([`dot_model`]): two 8-lane sums,
+//! The order, which the unit tests pin against a scalar model (`dot_model`): two 8-lane sums,
 //! `lo` taking k = 16i..16i+8 and `hi` k = 16i+8..16i+16, each `acc = fma(x, w, acc)` from +0
 //! in k order (a last partial group of 16 as if padded with zeros); then `t = lo + hi`, halves
 //! added `t[i] + t[i + 4]`, then `u[i] + u[i + 2]`, then `v[0] + v[1]`; then `s * alpha` (unless
 //! alpha is 1) and `c * beta + that` (unless beta is 0, when C is not read). It does not depend
-//! on how many rows or outputs one pass of the kernel takes.
+//! on how many rows or outputs one pass of the kernel takes. It does depend on the operands'
+//! layout: `x @ W.t()` with W as a transposed view takes it, `x @ W.t().contiguous()` (a plain
+//! B) or an x whose rows are not contiguous keeps `matrixmultiply`'s; f32 only.
 
 use std::arch::x86_64::*;
 
@@ -60,8 +62,8 @@ pub(super) unsafe fn sgemm(
     let row = |r: usize| a.offset(r as isize * rsa);
     let mut r = 0;
     while r < m {
-        // Eight running sums per pass (two per row and output): as many as an FMA's latency
-        // times the two FMA ports keep busy, with few enough streams of W for the prefetchers.
+        // Six to eight running sums per pass (two per row and output): about as many as an
+        // FMA's latency times the two FMA ports keep busy, with few streams of W to prefetch.
         match m - r {
             1 => pass::<1, 4>(k, n, [row(r)], (b, csb), alpha, beta, c, r),
             2 => pass::<2, 2>(k, n, [row(r), row(r + 1)], (b, csb), alpha, beta, c, r),
