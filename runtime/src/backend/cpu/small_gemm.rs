@@ -564,7 +564,8 @@ pub(super) mod tests {
     #[test]
     fn beta_zero_ignores_what_c_held() {
         // On an AVX-512 core 3 rows take `gemv_avx512`'s transposed kernel (elsewhere this
-        // module's), as 2 rows of a large plain B take its row kernel; 5 rows take this
+        // module's), as 2 rows of a large plain B take its row kernel (`gemv_rows_avx2`'s on
+        // AVX2 cores); 5 rows take this
         // module's kernel, 13 the packed one (`packed_gemm`).
         for (m, (k, n), b_kind) in [
             (3, (20, 24), "cols"),
