@@ -7,6 +7,8 @@
 use crate::error::Error;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Elements below which a loop runs on the calling thread: waking workers costs a few
 /// microseconds, about what one core needs to stream this many elements.
@@ -96,27 +98,115 @@ impl Pool {
                     .get_or_insert(e);
             }
         };
-        // Every thread, the caller included, claims chunks from one counter until none are left:
-        // a caller outside the pool cannot steal rayon jobs, so handing it one fixed chunk
-        // left it idle while the workers ran the rest (two threads were no faster than one).
         let chunks = units.div_ceil(per);
-        let next = AtomicUsize::new(0);
-        let claim = || loop {
-            let c = next.fetch_add(1, Ordering::Relaxed);
-            if c >= chunks {
-                break;
-            }
-            run(c * per..((c + 1) * per).min(units));
-        };
-        pool.in_place_scope(|s| {
-            for _ in 1..self.threads.min(chunks) {
-                s.spawn(|_| claim());
-            }
-            claim();
-        });
+        let body = |c: usize| run(c * per..((c + 1) * per).min(units));
+        run_split(pool, self.threads.min(chunks) - 1, chunks, &body);
         match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+}
+
+/// How long a split's caller spins for a helper's last chunk before it sleeps: chunks are
+/// tens of microseconds, and a sleeping thread takes about as long to wake.
+const FINISH_SPIN: Duration = Duration::from_micros(10);
+
+/// Runs chunks `0..chunks` of `body` on the calling thread and on up to `helpers` pool threads.
+///
+/// Every thread, the caller included, claims chunks from one counter until none are left (a
+/// caller outside the pool cannot steal rayon jobs, so handing it one fixed chunk left it idle
+/// while the workers ran the rest). The caller waits only for
+/// chunks a helper has claimed, never for a helper to start: on a machine where every core is
+/// busy (the Python thread recording, the stream worker running programs) a woken pool thread
+/// often gets no core until the caller has run every chunk itself, and waiting for it to
+/// arrive and find nothing to do cost strict mode ~30 us per split (two threads were slower
+/// than one on the small MLP). A helper that starts after the split ended claims nothing and
+/// returns.
+fn run_split(
+    pool: &rayon::ThreadPool,
+    helpers: usize,
+    chunks: usize,
+    body: &(dyn Fn(usize) + Sync),
+) {
+    // SAFETY: the lifetime is erased so that helper jobs, which may outlive this call, can
+    // hold the split; `Split::claim` dereferences `body` only for a chunk it claimed below
+    // `chunks`, and this function returns only once all `chunks` claimed chunks are done
+    // (`wait_done`), so no dereference happens after `body`'s borrow ends.
+    let body: &'static (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(body) };
+    let split = Arc::new(Split {
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        chunks,
+        caller: std::thread::current(),
+        panic: Mutex::new(None),
+        body: ChunkBody(body),
+    });
+    for _ in 0..helpers {
+        let s = Arc::clone(&split);
+        pool.spawn(move || s.claim(true));
+    }
+    split.claim(false);
+    split.wait_done();
+    let payload = split.panic.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(p) = payload {
+        std::panic::resume_unwind(p);
+    }
+}
+
+/// One split's shared state; helper jobs hold it by `Arc` because they may start after the
+/// split returned.
+struct Split {
+    /// The next chunk to claim (claims past `chunks` find nothing).
+    next: AtomicUsize,
+    /// Chunks finished, by any thread.
+    done: AtomicUsize,
+    chunks: usize,
+    /// Woken by the helper that finishes the last chunk.
+    caller: std::thread::Thread,
+    /// The first panic in a chunk, re-raised on the caller once every chunk is done.
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    body: ChunkBody,
+}
+
+/// The split's chunk body, borrowed from the caller's stack (see the safety note in
+/// `run_split`).
+struct ChunkBody(&'static (dyn Fn(usize) + Sync));
+
+impl Split {
+    /// Runs chunks until none are left. A panic in a chunk is kept (and the chunk counted as
+    /// done) so that the caller never waits forever nor unwinds while a helper still runs.
+    fn claim(&self, helper: bool) {
+        loop {
+            let c = self.next.fetch_add(1, Ordering::Relaxed);
+            if c >= self.chunks {
+                return;
+            }
+            let body = self.body.0;
+            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(c))) {
+                self.panic
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(p);
+            }
+            let finished = self.done.fetch_add(1, Ordering::AcqRel) + 1;
+            if helper && finished == self.chunks {
+                self.caller.unpark();
+            }
+        }
+    }
+
+    /// Returns once every chunk is done (called by the caller after its own claims).
+    fn wait_done(&self) {
+        let start = Instant::now();
+        while self.done.load(Ordering::Acquire) < self.chunks {
+            if start.elapsed() < FINISH_SPIN {
+                std::hint::spin_loop();
+            } else {
+                // The helper finishing the last chunk unparks this thread; a wake-up for any
+                // other reason loops back to the check.
+                std::thread::park();
+            }
         }
     }
 }
@@ -208,6 +298,45 @@ mod tests {
             }
         });
         assert_eq!(r, Err("late chunk failed"));
+    }
+
+    #[test]
+    fn a_split_does_not_wait_for_a_helper_that_never_starts() {
+        use std::sync::mpsc;
+        let pool = std::sync::Arc::new(Pool::new(2).unwrap());
+        // Keep the only pool thread busy until the split is over.
+        let (release, blocked) = mpsc::channel::<()>();
+        let (started, is_started) = mpsc::channel();
+        pool.pool.as_ref().unwrap().spawn(move || {
+            started.send(()).unwrap();
+            let _ = blocked.recv();
+        });
+        is_started.recv().unwrap();
+        let (done, is_done) = mpsc::channel();
+        let p = std::sync::Arc::clone(&pool);
+        std::thread::spawn(move || done.send(chunks_of(&p, 1 << 20, 1, CHUNK_ALIGN)).unwrap());
+        let chunks = is_done
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the caller ran every chunk but kept waiting for the busy helper");
+        assert!(chunks.len() > 1);
+        release.send(()).unwrap();
+    }
+
+    #[test]
+    fn a_panic_in_a_chunk_reaches_the_caller_after_every_chunk_ran() {
+        let pool = Pool::new(2).unwrap();
+        let ran = AtomicUsize::new(0);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.for_chunks::<()>(1 << 20, 1, 1, &|r| {
+                ran.fetch_add(r.len(), Ordering::Relaxed);
+                assert!(r.start != 0, "first chunk fails");
+                Ok(())
+            })
+        }));
+        assert!(r.is_err());
+        assert_eq!(ran.into_inner(), 1 << 20);
+        // The pool still splits work afterwards.
+        assert!(chunks_of(&pool, 1 << 20, 1, CHUNK_ALIGN).len() > 1);
     }
 
     #[test]
