@@ -9,7 +9,8 @@ A round is one greedy `model.generate(prompt, max_new_tokens=N, do_sample=False,
 use_cache=True)`; its time over N is the round's ms per token. Each token ends in a host read
 (generate's stopping check), so no mode can run far ahead. After the warm-up the runners take
 rounds in turn, so load from other processes hits them alike; each column is the median over
---rounds rounds. Every runner must produce CPU's tokens (greedy, the same weights): a
+--rounds rounds. Before each round the previous runner's threads are let go quiet and the
+runner generates 2 tokens untimed (bench_settle.py says why). Every runner must produce CPU's tokens (greedy, the same weights): a
 different token is reported as an error, not timed. The defer runner also reports ops that ran
 on the CPU fallback per token (from fallback_counts(); 0 expected).
 
@@ -59,6 +60,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 import deferfuse_torch  # noqa: E402
+from bench_settle import settle  # noqa: E402
 
 RUNNERS = ("cpu", "strict", "defer")
 
@@ -104,16 +106,13 @@ class Runner:
         ctx = deferfuse_torch.mode(self.mode) if self.mode else contextlib.nullcontext()
         try:
             with ctx, torch.no_grad():
+                # The previous runner's threads go quiet and this one warms up first (see
+                # bench_settle): a short untimed generate.
+                settle()
+                self._generate(2).cpu()
                 before = deferfuse_torch.fallback_counts() if self.mode else {}
                 t0 = time.perf_counter()
-                # min_new_tokens: the end-of-text token must not stop a round early, or its
-                # time over --tokens would understate ms per token.
-                out = self.model.generate(self.prompt, max_new_tokens=self.args.tokens,
-                                          min_new_tokens=self.args.tokens,
-                                          do_sample=False, use_cache=True,
-                                          attention_mask=torch.ones_like(self.prompt),
-                                          pad_token_id=self.args.vocab - 1)
-                tokens = out.cpu()
+                tokens = self._generate(self.args.tokens).cpu()
                 dt = (time.perf_counter() - t0) / self.args.tokens
                 after = deferfuse_torch.fallback_counts() if self.mode else {}
         except Exception as e:  # reported in the table; the other runners go on
@@ -123,6 +122,14 @@ class Runner:
         if timed:
             self.times.append(dt)
             self.fallbacks.append(sum(after.values()) - sum(before.values()))
+
+    def _generate(self, n):
+        """Exactly n greedy tokens after the prompt (min_new_tokens: the end-of-text token must
+        not stop a round early, or its time over n would understate ms per token)."""
+        return self.model.generate(self.prompt, max_new_tokens=n, min_new_tokens=n,
+                                   do_sample=False, use_cache=True,
+                                   attention_mask=torch.ones_like(self.prompt),
+                                   pad_token_id=self.args.vocab - 1)
 
     def median_ms(self):
         return statistics.median(self.times) * 1e3 if self.times and not self.error else None

@@ -9,7 +9,10 @@ their work is in the round's time, but a step's work after its loss (the backwar
 optimizer, which `loss.item()` does not wait for) may run while the host records the next
 step, as on any asynchronous device. A step's time is its round's time over the steps in it.
 After the warm-up the runners take rounds in turn, so load from other processes hits them
-alike; each column is the median over --steps rounds. For the defer runner the table also shows
+alike; each column is the median over --steps rounds. Before each round the previous runner's
+threads are let go quiet (bench_settle.settle: torch's OpenMP workers spin ~10 ms after a
+parallel region) and the runner takes one untimed step, so a round measures the runner as a
+program running only it would see it. For the defer runner the table also shows
 what one step did, from deferfuse_torch.stats() and fallback_counts() deltas around a round
 (over its steps; medians over the rounds): ops recorded, programs run, sync points, and ops
 that ran on the CPU fallback (listed by name under the table). A runner that
@@ -77,6 +80,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 import deferfuse_torch  # noqa: E402
+from bench_settle import settle  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
 import model_zoo  # noqa: E402
@@ -105,6 +109,11 @@ class Runner:
         ctx = deferfuse_torch.mode(self.mode) if self.mode else contextlib.nullcontext()
         try:
             with ctx, deferfuse_torch.pipeline_ops(self.pipeline_ops):
+                settle()
+                lead = self.batches[(i * steps) % len(self.batches)]
+                model_zoo.train_step(self.w, self.forward, self.opt, lead).item()
+                if self.device == "tpu":
+                    torch.tpu.synchronize()
                 before = self._counters()
                 t0 = time.perf_counter()
                 for k in range(steps):
