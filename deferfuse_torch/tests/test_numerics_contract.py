@@ -137,3 +137,42 @@ def test_polygamma_of_order_two_and_up_differs_from_cpu_below_minus_ten(mode):
     want = torch.polygamma(2, x)
     torch.testing.assert_close(got[:2], want[:2], rtol=1e-9, atol=1e-9)
     assert not torch.isclose(got[2], want[2], rtol=1e-3)
+
+
+MATMUL_INTO_OPERAND = {
+    # name: (what it runs on `a` and `w`, the product it means)
+    "addmm_ into mat2": (lambda a, w: a.addmm_(w, a), lambda a, w: a + w @ a),
+    "baddbmm_ into batch1": (lambda a, w: a.unsqueeze(0).baddbmm_(a.unsqueeze(0), w.unsqueeze(0)),
+                             lambda a, w: a + a @ w),
+    "mm out= mat1": (lambda a, w: torch.mm(a, w, out=a), lambda a, w: a @ w),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MATMUL_INTO_OPERAND))
+def test_a_matmul_written_into_its_own_operand_gives_the_product_where_cpu_overwrites_it(mode,
+                                                                                         case):
+    # CPU's kernels write the output while they still read it as an operand (`torch.mm(a, w,
+    # out=a)` gives zeros there); tpu computes from the operands' values before the op. The
+    # README's table of differences states it.
+    run, product = MATMUL_INTO_OPERAND[case]
+    torch.manual_seed(0)
+    a, w = torch.randn(4, 4), torch.randn(4, 4)
+    want = product(a, w)
+    on_cpu = a.clone()
+    run(on_cpu, w)
+    assert not torch.allclose(on_cpu, want, atol=1e-5), "CPU now agrees: drop the README row"
+    on_tpu = a.to("tpu")
+    run(on_tpu, w.to("tpu"))
+    torch.testing.assert_close(on_tpu.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_addmm_into_its_first_operand_matches_cpu(mode):
+    torch.manual_seed(0)
+    a, w = torch.randn(4, 4), torch.randn(4, 4)
+    want = a.clone().addmm_(a.clone(), w)  # CPU's value, from unaliased operands
+    on_cpu = a.clone()
+    on_cpu.addmm_(on_cpu, w)
+    torch.testing.assert_close(on_cpu, want)
+    on_tpu = a.to("tpu")
+    on_tpu.addmm_(on_tpu, w.to("tpu"))
+    torch.testing.assert_close(on_tpu.cpu(), want, rtol=1e-5, atol=1e-5)
