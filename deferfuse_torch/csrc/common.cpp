@@ -322,6 +322,11 @@ at::Tensor run(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const
 void run_into(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const at::Tensor& out,
               const char* name) {
   for (const auto& t : in.tpu_tensors()) at::assert_no_partial_overlap(out, t);
+  run_into_from_old_values(kind, attrs, in, out, name);
+}
+
+void run_into_from_old_values(uint32_t kind, const DfuseAttrs* attrs, const Operands& in,
+                              const at::Tensor& out, const char* name) {
   Ref o = ref(out);
   uint64_t h = 0;
   note_op();

@@ -117,6 +117,11 @@ at::Tensor run(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const
 // input, a shifted window of it): the result would depend on the order elements are written.
 void run_into(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const at::Tensor& out,
               const char* name);
+// run_into for an op PyTorch does not check that way (addmm_): an input that partly overlaps
+// `out` is read from a copy the runtime takes first, so the result is computed from the
+// operands' values before the op.
+void run_into_from_old_values(uint32_t kind, const DfuseAttrs* attrs, const Operands& in,
+                              const at::Tensor& out, const char* name);
 
 // A CPU copy of a tpu tensor whose values decide the size of an op's output (nonzero, boolean
 // masks, unique): a sync point counted as DFUSE_SYNC_REASON_DATA_DEPENDENT_SIZE, not HOST_READ.

@@ -44,8 +44,11 @@ at::Tensor addmm(const at::Tensor& self, const at::Tensor& m1, const at::Tensor&
 
 at::Tensor& addmm_(at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2,
                    const at::Scalar& beta, const at::Scalar& alpha) {
-  run_into(DFUSE_OP_KIND_ADDMM, nullptr, Operands().t(self).t(m1).t(m2).s(beta).s(alpha), self,
-           "addmm_");
+  // CPU's addmm_ accepts a factor that overlaps self in any way (`a.addmm_(a.t(), w)`) and
+  // reads it while writing; here the runtime copies such a factor first (see the README's
+  // table of differences).
+  run_into_from_old_values(DFUSE_OP_KIND_ADDMM, nullptr,
+                           Operands().t(self).t(m1).t(m2).s(beta).s(alpha), self, "addmm_");
   return self;
 }
 

@@ -120,7 +120,7 @@ impl Runtime {
                 buffers.insert_new(buffer);
             }
         }
-        self.snapshot_overlapping_inputs(s, &mut node.inputs, &output, &mut buffers)?;
+        self.snapshot_overlapping_inputs(s, &node.op, &mut node.inputs, &output, &mut buffers)?;
         let out_buffer = buffers
             .get(output.buffer)
             .cloned()
@@ -195,18 +195,21 @@ impl Runtime {
         Ok(t)
     }
 
-    /// An input that is a different view of the buffer being written (`x[1:] += x[:-1]`) is
-    /// copied first, so every element reads the old contents, as in eager PyTorch.
+    /// An input that is a different view of the buffer being written (`x[1:] += x[:-1]`), or
+    /// the very output of an op that reads it elsewhere than at the written element (a matrix
+    /// product's factor: `a.addmm_(a, w)`), is copied first, so every element reads the old
+    /// contents, as in eager PyTorch.
     fn snapshot_overlapping_inputs(
         &self,
         s: &Arc<Stream>,
+        op: &Op,
         operands: &mut [Operand],
         out: &TensorRef,
         buffers: &mut Buffers,
     ) -> Result<()> {
-        for o in operands.iter_mut() {
+        for (i, o) in operands.iter_mut().enumerate() {
             let Operand::Tensor(t) = o else { continue };
-            if t.buffer != out.buffer || t.layout == out.layout {
+            if t.buffer != out.buffer || (t.layout == out.layout && op.may_read_its_own_output(i)) {
                 continue;
             }
             let tmp = self.new_buffer(t.dtype, &t.layout.sizes, || "copy")?;

@@ -575,3 +575,59 @@ fn in_place_f16_result_into_wider_out_is_rounded_to_f16() {
     });
     assert_eq!(outs[0].1.data, [1026.0, 1.0]);
 }
+
+#[test]
+fn a_matrix_product_written_into_its_own_factor_reads_the_factors_old_values() {
+    // `a.addmm_(a, w)`: the product reads a factor's rows and columns while it writes the
+    // output, so a factor that is the output itself is read from a copy. Small integers keep
+    // every sum exact; 96 x 96 spans several of the GEMM's blocks.
+    let n = 96;
+    let mut rng = Rng::new(7);
+    let ints = |rng: &mut Rng| {
+        let v: Vec<f64> = (0..n * n).map(|_| rng.int(-2, 2) as f64).collect();
+        RefTensor::new(DType::F32, &[n, n], v)
+    };
+    let (x0, w0) = (ints(&mut rng), ints(&mut rng));
+    let one = Scalar::Float(1.0);
+    let outs = run_in_every_mode(|rt| {
+        let w = upload(rt, &w0);
+        let into_x = |rt: &Runtime, op: Op, factors: &dyn Fn(Handle) -> Vec<Input>| {
+            let x = upload(rt, &x0);
+            rt.op(0, op, &factors(x), Some(x)).unwrap();
+            x
+        };
+        let addmm =
+            |a: Input, b: Input, c: Input| vec![a, b, c, Input::Scalar(one), Input::Scalar(one)];
+        vec![
+            (
+                "x+x@w",
+                into_x(rt, Op::Addmm, &|x| addmm(tt(x), tt(x), tt(w))),
+            ),
+            (
+                "x+w@x",
+                into_x(rt, Op::Addmm, &|x| addmm(tt(x), tt(w), tt(x))),
+            ),
+            (
+                "x+x@x",
+                into_x(rt, Op::Addmm, &|x| addmm(tt(x), tt(x), tt(x))),
+            ),
+            ("x@w", into_x(rt, Op::Matmul, &|x| vec![tt(x), tt(w)])),
+        ]
+        .into_iter()
+        .map(|(name, h)| (name.to_string(), h))
+        .collect()
+    });
+    let addmm = |c: &RefTensor, a: &RefTensor, b: &RefTensor| {
+        let s = Arg::S(one);
+        apply(&Op::Addmm, &[Arg::T(c), Arg::T(a), Arg::T(b), s, s])
+    };
+    expect(
+        &outs,
+        &[
+            ("x+x@w", addmm(&x0, &x0, &w0)),
+            ("x+w@x", addmm(&x0, &w0, &x0)),
+            ("x+x@x", addmm(&x0, &x0, &x0)),
+            ("x@w", apply(&Op::Matmul, &[Arg::T(&x0), Arg::T(&w0)])),
+        ],
+    );
+}

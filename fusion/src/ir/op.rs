@@ -543,6 +543,21 @@ impl Op {
         }
     }
 
+    /// Whether operand `operand` may be the op's own output (the same buffer and layout)
+    /// without a copy first. A matrix product reads its factors across whole rows and columns
+    /// while it writes the product, so a factor that is the output (`a.addmm_(a, w)`) must be
+    /// copied first; `addmm`'s `input` is read only at the element being written. Every other
+    /// op is safe: elementwise ops read the written element only, a reduction or `cat` whose
+    /// operand has the output's layout reads nothing else, and the host kernels (gather,
+    /// scatter, scans, sort) stage an output that shares a buffer with an operand themselves.
+    pub fn may_read_its_own_output(&self, operand: usize) -> bool {
+        match self {
+            Op::Matmul => false,
+            Op::Addmm => operand == 0,
+            _ => true,
+        }
+    }
+
     /// Elementwise ops: one output element depends on the same-index input elements only.
     pub(crate) fn is_elementwise(&self) -> bool {
         matches!(
