@@ -131,8 +131,8 @@ fn run_split(
 ) {
     // SAFETY: the lifetime is erased so that helper jobs, which may outlive this call, can
     // hold the split; `Split::claim` dereferences `body` only for a chunk it claimed below
-    // `chunks`, and this function returns only once all `chunks` claimed chunks are done
-    // (`wait_done`), so no dereference happens after `body`'s borrow ends.
+    // `chunks`, and this function returns (or unwinds) only once all `chunks` claimed chunks
+    // are done (`WaitOnDrop`), so no dereference happens after `body`'s borrow ends.
     let body: &'static (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(body) };
     let split = Arc::new(Split {
         next: AtomicUsize::new(0),
@@ -140,17 +140,29 @@ fn run_split(
         chunks,
         caller: std::thread::current(),
         panic: Mutex::new(None),
-        body: ChunkBody(body),
+        body: ChunkBody(body as *const _),
     });
     for _ in 0..helpers {
         let s = Arc::clone(&split);
         pool.spawn(move || s.claim(true));
     }
-    split.claim(false);
-    split.wait_done();
+    {
+        let _wait = WaitOnDrop(&split);
+        split.claim(false);
+    }
     let payload = split.panic.lock().unwrap_or_else(|p| p.into_inner()).take();
     if let Some(p) = payload {
         std::panic::resume_unwind(p);
+    }
+}
+
+/// Waits for every chunk of the split when dropped, so that the caller leaves `run_split` only
+/// after its helpers stopped using the borrowed body, even if it unwinds.
+struct WaitOnDrop<'a>(&'a Split);
+
+impl Drop for WaitOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.wait_done();
     }
 }
 
@@ -170,8 +182,13 @@ struct Split {
 }
 
 /// The split's chunk body, borrowed from the caller's stack (see the safety note in
-/// `run_split`).
-struct ChunkBody(&'static (dyn Fn(usize) + Sync));
+/// `run_split`): a pointer, not a reference, since the `Split` may outlive the borrow.
+struct ChunkBody(*const (dyn Fn(usize) + Sync));
+
+// SAFETY: the body is `Sync` (callable from any thread) and only called while the caller's
+// borrow lives (see `run_split`).
+unsafe impl Send for ChunkBody {}
+unsafe impl Sync for ChunkBody {}
 
 impl Split {
     /// Runs chunks until none are left. A panic in a chunk is kept (and the chunk counted as
@@ -182,7 +199,8 @@ impl Split {
             if c >= self.chunks {
                 return;
             }
-            let body = self.body.0;
+            // SAFETY: chunk `c` is claimed, so the caller is still waiting (see `run_split`).
+            let body = unsafe { &*self.body.0 };
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(c))) {
                 self.panic
                     .lock()
@@ -213,9 +231,26 @@ impl Split {
 
 thread_local! {
     /// Set while this thread runs one program of a wave: its loops run whole, on this thread.
-    /// A split inside would wait for helper jobs queued behind the wave's other programs,
-    /// and a caller outside the pool cannot run them meanwhile.
+    /// The wave's other programs already keep every thread busy, and a split's helper jobs
+    /// would queue behind them, so splitting one program would only add hand-offs.
     static IN_WAVE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread as running a wave's program until dropped, then restores the mark it
+/// found (also when the program panics: the stream worker survives a panic, and a mark left
+/// set would keep its later loops on one thread).
+struct InWave(bool);
+
+impl InWave {
+    fn enter() -> InWave {
+        InWave(IN_WAVE.replace(true))
+    }
+}
+
+impl Drop for InWave {
+    fn drop(&mut self) {
+        IN_WAVE.set(self.0);
+    }
 }
 
 /// Independent programs, one per chunk: every thread claims the next program until none are
@@ -228,10 +263,8 @@ impl crate::backend::SideBySide for Pool {
     ) -> crate::error::Result<()> {
         self.split(n, 1, n, 1, &|r| {
             r.into_iter().try_for_each(|k| {
-                let outer = IN_WAVE.replace(true);
-                let res = job(k);
-                IN_WAVE.set(outer);
-                res
+                let _in_wave = InWave::enter();
+                job(k)
             })
         })
     }
@@ -320,6 +353,51 @@ mod tests {
             .expect("the caller ran every chunk but kept waiting for the busy helper");
         assert!(chunks.len() > 1);
         release.send(()).unwrap();
+    }
+
+    #[test]
+    fn the_caller_waits_for_a_chunk_a_helper_is_still_running() {
+        use std::sync::atomic::AtomicBool;
+        let pool = Pool::new(2).unwrap();
+        let caller = std::thread::current().id();
+        let helper_claimed = AtomicBool::new(false);
+        let (started, finished) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        pool.for_chunks::<()>(1 << 20, 1, CHUNK_ALIGN, &|_| {
+            if std::thread::current().id() == caller {
+                // Let the helper claim a chunk before the caller runs out of them.
+                let start = Instant::now();
+                while !helper_claimed.load(Ordering::SeqCst)
+                    && start.elapsed() < Duration::from_secs(10)
+                {
+                    std::thread::yield_now();
+                }
+            } else {
+                helper_claimed.store(true, Ordering::SeqCst);
+                started.fetch_add(1, Ordering::SeqCst);
+                // Far longer than the caller's spin: it sleeps until this chunk is done.
+                std::thread::sleep(Duration::from_millis(30));
+                finished.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert!(
+            started.load(Ordering::SeqCst) > 0,
+            "the helper never ran a chunk"
+        );
+        assert_eq!(finished.into_inner(), started.into_inner());
+    }
+
+    #[test]
+    fn a_panicking_wave_program_leaves_the_thread_free_to_split_again() {
+        use crate::backend::SideBySide;
+        let pool = Pool::new(2).unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.run_all(1, &|_| panic!("a program of the wave fails"))
+        }));
+        assert!(r.is_err());
+        assert!(!IN_WAVE.get());
+        assert!(chunks_of(&pool, 1 << 20, 1, CHUNK_ALIGN).len() > 1);
     }
 
     #[test]
