@@ -209,7 +209,7 @@ impl Runtime {
     ) -> Result<()> {
         for (i, o) in operands.iter_mut().enumerate() {
             let Operand::Tensor(t) = o else { continue };
-            if t.buffer != out.buffer || (t.layout == out.layout && op.may_read_its_own_output(i)) {
+            if t.buffer != out.buffer || (t.layout == out.layout && op.can_run_in_place_on(i)) {
                 continue;
             }
             let tmp = self.new_buffer(t.dtype, &t.layout.sizes, || "copy")?;
