@@ -42,7 +42,9 @@ def settle(quiet_s=0.008, limit_s=0.25):
     while True:
         time.sleep(0.001)
         now, ran = time.perf_counter(), _others_run_ns()
+        if now - start >= limit_s:
+            return now - start
         if ran != last:
             last, since = ran, now
-        elif now - since >= quiet_s or now - start >= limit_s:
+        elif now - since >= quiet_s:
             return now - start

@@ -11,7 +11,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench_settle  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs /proc")
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"),
+    reason="needs Linux's per-thread schedstat")
 
 _libc = ctypes.CDLL(None)
 _buf = ctypes.create_string_buffer(8 << 20)
@@ -34,7 +36,8 @@ def test_settle_waits_until_a_busy_thread_stops():
     t = _busy_thread(0.1)
     waited = bench_settle.settle(limit_s=5.0)
     t.join()
-    assert waited >= 0.08
+    # Not the whole 0.1 s: a busy thread kept off the cores for 8 ms looks quiet.
+    assert waited >= 0.05
 
 
 def test_settle_gives_up_after_its_limit_when_a_thread_stays_busy():

@@ -140,7 +140,6 @@ def test_polygamma_of_order_two_and_up_differs_from_cpu_below_minus_ten(mode):
 
 
 
-
 MATMUL_INTO_OWN_OPERAND = {
     # name: (what it runs on `a` and `w`, writing into a, the product it means)
     "addmm_ into mat1": (lambda a, w: a.addmm_(a, w), lambda a, w: a + a @ w),
