@@ -129,17 +129,27 @@ fn reductions_over_leading_dims_and_everything_equal_one_thread() {
     });
 }
 
+/// `x @ w` twice: once alone, once followed by `+ bias` and ReLU (an epilogue the GEMM may
+/// fuse, which it can only while its own product is not also kept).
+fn product_alone_and_with_bias_relu(
+    rt: &Runtime,
+    x: Handle,
+    w: Handle,
+    bias: Handle,
+) -> [Handle; 2] {
+    let plain = run(rt, Op::Matmul, &[tt(x), tt(w)]);
+    let y = run(rt, Op::Matmul, &[tt(x), tt(w)]);
+    let y = bin(rt, BinaryOp::Add, tt(y), tt(bias));
+    [plain, un(rt, UnaryOp::Relu, y)]
+}
+
 #[test]
 fn matmul_with_and_without_epilogue_equals_one_thread() {
     same_on_any_thread_count(|rt| {
         let x = tensor(rt, DType::F32, &[300, 200], &values(60_000, 11));
         let w = tensor(rt, DType::F32, &[200, 150], &values(30_000, 12));
         let bias = tensor(rt, DType::F32, &[150], &values(150, 13));
-        let plain = run(rt, Op::Matmul, &[tt(x), tt(w)]);
-        let y = run(rt, Op::Matmul, &[tt(x), tt(w)]);
-        let y = bin(rt, BinaryOp::Add, tt(y), tt(bias));
-        let y = un(rt, UnaryOp::Relu, y);
-        vec![plain, y]
+        product_alone_and_with_bias_relu(rt, x, w, bias).to_vec()
     });
 }
 
@@ -151,10 +161,7 @@ fn a_matmul_of_few_rows_split_by_columns_equals_one_thread() {
         let w = tensor(rt, DType::F32, &[1000, 256], &values(256_000, 22));
         let bias = tensor(rt, DType::F32, &[1000], &values(1000, 23));
         let wt = view(rt, w, View::Transpose(0, 1));
-        let plain = run(rt, Op::Matmul, &[tt(x), tt(wt)]);
-        let y = run(rt, Op::Matmul, &[tt(x), tt(wt)]);
-        let y = bin(rt, BinaryOp::Add, tt(y), tt(bias));
-        vec![plain, un(rt, UnaryOp::Relu, y)]
+        product_alone_and_with_bias_relu(rt, x, wt, bias).to_vec()
     });
 }
 
@@ -170,10 +177,7 @@ fn gemms_cut_into_blocks_of_few_rows_equal_one_thread() {
         let mut outs = vec![];
         for (i, m) in [1, 3, 40, 131].into_iter().enumerate() {
             let x = tensor(rt, DType::F32, &[m, 300], &values(m * 300, 26 + i as u64));
-            outs.push(run(rt, Op::Matmul, &[tt(x), tt(wt)]));
-            let y = run(rt, Op::Matmul, &[tt(x), tt(wt)]);
-            let y = bin(rt, BinaryOp::Add, tt(y), tt(bias));
-            outs.push(un(rt, UnaryOp::Relu, y));
+            outs.extend(product_alone_and_with_bias_relu(rt, x, wt, bias));
             let half = Input::Scalar(Scalar::Float(0.5));
             let one = Input::Scalar(Scalar::Float(1.0));
             let am = run(rt, Op::Addmm, &[tt(bias), tt(x), tt(wt), one, half]);
@@ -195,10 +199,7 @@ fn products_of_few_rows_in_all_split_by_columns_equal_one_thread() {
         let mut outs = vec![];
         for m in [1, 4] {
             let x = tensor(rt, DType::F32, &[m, 1024], &values(m * 1024, 32 + m as u64));
-            outs.push(run(rt, Op::Matmul, &[tt(x), tt(wt)]));
-            let y = run(rt, Op::Matmul, &[tt(x), tt(wt)]);
-            let y = bin(rt, BinaryOp::Add, tt(y), tt(bias));
-            outs.push(un(rt, UnaryOp::Relu, y));
+            outs.extend(product_alone_and_with_bias_relu(rt, x, wt, bias));
         }
         outs
     });
