@@ -11,8 +11,9 @@ use_cache=True)`; its time over N is the round's ms per token. Each token ends i
 rounds in turn, so load from other processes hits them alike; each column is the median over
 --rounds rounds. Before each round the previous runner's threads are let go quiet and the
 runner generates 2 tokens untimed (bench_settle.py says why). Every runner must produce CPU's
-tokens (greedy, the same weights): a different token is reported as an error, not timed. The defer runner also reports ops that ran
-on the CPU fallback per token (from fallback_counts(); 0 expected).
+tokens (greedy, the same weights): a different token is reported as an error, not timed. The
+defer runner also reports ops that ran on the CPU fallback per token (from fallback_counts();
+0 expected).
 
 Usage: python bench_generate.py [--model gpt2|llama] [--d 768] [--layers 2] [--vocab 4096] [--batch 1]
                                 [--prompt 8] [--tokens 24] [--rounds 5] [--warmup 1]
