@@ -546,10 +546,11 @@ impl Op {
     /// Whether the op may run in place on operand `operand`, that is, with the operand being
     /// its own output (the same buffer and layout) and no copy of it taken first. A matrix
     /// product reads its factors across whole rows and columns while it writes the product,
-    /// so a factor that is the output (`a.addmm_(a, w)`) must be copied first; `addmm`'s `input` is read only at the element being written. Every other
-    /// op is safe: elementwise ops read the written element only, a reduction or `cat` whose
-    /// operand has the output's layout reads nothing else, and the host kernels (gather,
-    /// scatter, scans, sort) stage an output that shares a buffer with an operand themselves.
+    /// so a factor that is the output (`a.addmm_(a, w)`) must be copied first; `addmm`'s
+    /// `input` is read only at the element being written. Every other op is safe: elementwise
+    /// ops read the written element only, a reduction or `cat` whose operand has the output's
+    /// layout reads nothing else, and the host kernels (gather, scatter, scans, sort) stage an
+    /// output that shares a buffer with an operand themselves.
     pub fn can_run_in_place_on(&self, operand: usize) -> bool {
         match self {
             Op::Matmul => false,
