@@ -129,6 +129,14 @@ fn reductions_over_leading_dims_and_everything_equal_one_thread() {
     });
 }
 
+/// An nn.Linear's weight as `x @ W.t()` reads it (a transposed view of `[out, in]`) and its
+/// bias, from seeds `seed` and `seed + 1`.
+fn linear_weight(rt: &Runtime, out: usize, inp: usize, seed: u64) -> (Handle, Handle) {
+    let w = tensor(rt, DType::F32, &[out, inp], &values(out * inp, seed));
+    let bias = tensor(rt, DType::F32, &[out], &values(out, seed + 1));
+    (view(rt, w, View::Transpose(0, 1)), bias)
+}
+
 /// `x @ w` twice: once alone, once followed by `+ bias` and ReLU (an epilogue the GEMM may
 /// fuse, which it can only while its own product is not also kept).
 fn product_alone_and_with_bias_relu(
@@ -158,9 +166,7 @@ fn a_matmul_of_few_rows_split_by_columns_equals_one_thread() {
     // 24 rows are too few to share out; the threads take columns of the output instead.
     same_on_any_thread_count(|rt| {
         let x = tensor(rt, DType::F32, &[24, 256], &values(24 * 256, 21));
-        let w = tensor(rt, DType::F32, &[1000, 256], &values(256_000, 22));
-        let bias = tensor(rt, DType::F32, &[1000], &values(1000, 23));
-        let wt = view(rt, w, View::Transpose(0, 1));
+        let (wt, bias) = linear_weight(rt, 1000, 256, 22);
         product_alone_and_with_bias_relu(rt, x, wt, bias).to_vec()
     });
 }
@@ -171,9 +177,7 @@ fn gemms_cut_into_blocks_of_few_rows_equal_one_thread() {
     // 3-row last epilogue block (131 = 128 + 3 rows), 16-row thread chunks of 40 rows, single
     // rows; k = 300 spans two of matrixmultiply's k-blocks, and alpha 0.5 its other rounding.
     same_on_any_thread_count(|rt| {
-        let w = tensor(rt, DType::F32, &[128, 300], &values(128 * 300, 24));
-        let bias = tensor(rt, DType::F32, &[128], &values(128, 25));
-        let wt = view(rt, w, View::Transpose(0, 1));
+        let (wt, bias) = linear_weight(rt, 128, 300, 24);
         let mut outs = vec![];
         for (i, m) in [1, 3, 40, 131].into_iter().enumerate() {
             let x = tensor(rt, DType::F32, &[m, 300], &values(m * 300, 26 + i as u64));
@@ -193,9 +197,7 @@ fn products_of_few_rows_in_all_split_by_columns_equal_one_thread() {
     // its columns: the products summed along W's rows (`gemv_dot`), alone and with a bias and
     // activation after them.
     same_on_any_thread_count(|rt| {
-        let w = tensor(rt, DType::F32, &[2048, 1024], &values(2048 * 1024, 30));
-        let bias = tensor(rt, DType::F32, &[2048], &values(2048, 31));
-        let wt = view(rt, w, View::Transpose(0, 1));
+        let (wt, bias) = linear_weight(rt, 2048, 1024, 30);
         let mut outs = vec![];
         for m in [1, 4] {
             let x = tensor(rt, DType::F32, &[m, 1024], &values(m * 1024, 32 + m as u64));
