@@ -127,6 +127,14 @@ fn tile_for(rows: usize) -> (usize, usize) {
     }
 }
 
+/// Vectors per tile row for a panel of `w` valid columns, at most `nv`: the fewest (a power
+/// of two) that hold them. A panel narrower than the tile was padded to the tile's width, and
+/// the padding packed and multiplied: a depthwise convolution's weight gradient (`[1, 2048]
+/// @ [2048, 9]` per channel) ran 64 columns to keep 9, ten times torch's time.
+fn vectors_for(w: usize, nv: usize) -> usize {
+    w.div_ceil(LANES).next_power_of_two().min(nv)
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
@@ -138,11 +146,14 @@ unsafe fn small_sgemm(
     beta: f32,
     (c, rsc, csc): (*mut f32, isize, isize),
 ) {
-    // One tile width for the whole call: the panel is packed once for all rows.
-    let (rows, nv) = tile_for(m);
-    let pw = nv * LANES;
-    let mut panel = vec![0f32; KC.min(k) * pw];
-    for j0 in (0..n).step_by(pw) {
+    // One tile width per panel: the panel is packed once for all rows; only a last, narrower
+    // panel (or a narrow B) takes fewer vectors.
+    let (rows, nv_max) = tile_for(m);
+    let step = nv_max * LANES;
+    let mut panel = vec![0f32; KC.min(k) * vectors_for(n, nv_max) * LANES];
+    for j0 in (0..n).step_by(step) {
+        let nv = vectors_for(n - j0, nv_max);
+        let pw = nv * LANES;
         let w = pw.min(n - j0);
         for k0 in (0..k).step_by(KC) {
             let kc = KC.min(k - k0);
@@ -185,23 +196,43 @@ unsafe fn small_sgemm(
                     rsc,
                     csc,
                 };
-                match (r, nv) {
-                    (1, 8) if in_regs => tile_transposed::<1, 8>(&blk, &fin),
-                    (2, 4) if in_regs => tile_transposed::<2, 4>(&blk, &fin),
-                    (3, 2) if in_regs => tile_transposed::<3, 2>(&blk, &fin),
-                    (4, 2) if in_regs => tile_transposed::<4, 2>(&blk, &fin),
-                    (1, 8) => tile::<1, 8>(&blk, &fin),
-                    (2, 4) => tile::<2, 4>(&blk, &fin),
-                    (1, 2) => tile::<1, 2>(&blk, &fin),
-                    (2, 2) => tile::<2, 2>(&blk, &fin),
-                    (3, 2) => tile::<3, 2>(&blk, &fin),
-                    (4, 2) => tile::<4, 2>(&blk, &fin),
-                    _ => unreachable!("tile_for gives {r} rows for a call of {m} rows"),
-                }
+                run_tile(r, nv, in_regs, &blk, &fin);
                 i0 += r;
             }
         }
     }
+}
+
+/// Runs the `r` by `nv` vectors tile on `blk`: [`tile_transposed`] when B is read in place by
+/// columns (`in_regs`), else [`tile`]. `tile_for` and `vectors_for` give at most 8 vectors in
+/// all and never more than `tile_for`'s for the rows.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn run_tile(r: usize, nv: usize, in_regs: bool, blk: &Block, fin: &Finish) {
+    macro_rules! pick {
+        ($(($r:literal, $nv:literal)),*) => {
+            match (r, nv, in_regs) {
+                $(
+                    ($r, $nv, true) => tile_transposed::<$r, $nv>(blk, fin),
+                    ($r, $nv, false) => tile::<$r, $nv>(blk, fin),
+                )*
+                _ => unreachable!("no {r} x {nv} tile"),
+            }
+        };
+    }
+    pick!(
+        (1, 1),
+        (1, 2),
+        (1, 4),
+        (1, 8),
+        (2, 1),
+        (2, 2),
+        (2, 4),
+        (3, 1),
+        (3, 2),
+        (4, 1),
+        (4, 2)
+    )
 }
 
 /// One register tile's operands: `kc` products from A's rows at `ap` and the panel at `bp`
@@ -335,7 +366,9 @@ pub(super) unsafe fn finish<const R: usize, const NV: usize>(
 }
 
 /// Copies `kc` rows of B's `w` columns at `b` (strides `rsb`, `csb`) into `panel` (row stride
-/// `pw`, columns past `w` zero). A transposed B (`rsb == 1`) is transposed 8x8 in registers.
+/// `pw`, columns past `w` zero). A transposed B (`rsb == 1`) is transposed 8x8 in registers; a
+/// panel narrower than its tile reads its last vector of each row under a mask (or a zero
+/// column), so narrow products pack at the speed of wide ones.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(super) unsafe fn pack_panel(
@@ -349,24 +382,36 @@ pub(super) unsafe fn pack_panel(
 ) {
     let out = panel.as_mut_ptr();
     let mut p0 = 0;
-    if csb == 1 && w == pw {
+    if csb == 1 {
         for p in 0..kc {
             let (src, dst) = (b.offset(p as isize * rsb), out.add(p * pw));
             for j in (0..pw).step_by(LANES) {
-                _mm256_storeu_ps(dst.add(j), _mm256_loadu_ps(src.add(j)));
+                let v = if j + LANES <= w {
+                    _mm256_loadu_ps(src.add(j))
+                } else if j < w {
+                    _mm256_maskload_ps(src.add(j), first_lanes(w - j))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                _mm256_storeu_ps(dst.add(j), v);
             }
         }
         return;
     }
-    if rsb == 1 && w == pw {
+    if rsb == 1 {
         // Eight columns at a time down the whole block: eight sequential read streams (all
         // `pw` columns at once put `pw` lines a row stride apart in play, which for power-of-two
         // strides share a few L1 sets and evict each other).
         p0 = kc - kc % LANES;
         for g in (0..pw).step_by(LANES) {
             for q in (0..p0).step_by(LANES) {
-                let col = |j: usize| _mm256_loadu_ps(b.offset(q as isize + (g + j) as isize * csb));
-                let t = transpose8(std::array::from_fn(col));
+                // A loop, not `array::from_fn`: its closure does not inherit this function's
+                // target features, and its loads became calls (a fifth of a narrow product).
+                let mut cols = [_mm256_setzero_ps(); LANES];
+                for (j, col) in cols.iter_mut().enumerate().take(w.saturating_sub(g)) {
+                    *col = _mm256_loadu_ps(b.offset(q as isize + (g + j) as isize * csb));
+                }
+                let t = transpose8(cols);
                 for (p, v) in t.iter().enumerate() {
                     _mm256_storeu_ps(out.add((q + p) * pw + g), *v);
                 }
@@ -385,216 +430,15 @@ pub(super) unsafe fn pack_panel(
     }
 }
 
-#[cfg(test)]
-pub(super) mod tests {
-    use super::*;
-
-    /// A deterministic f32 sequence in [-1, 1), with some exact zeros.
-    pub(in crate::backend::cpu) fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                if i % 11 == 3 {
-                    0.0
-                } else {
-                    (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-                }
-            })
-            .collect()
-    }
-
-    /// A matrix of `rows x cols` in a buffer, addressed with the strides given.
-    pub(in crate::backend::cpu) struct Strided {
-        pub(in crate::backend::cpu) data: Vec<f32>,
-        pub(in crate::backend::cpu) rs: isize,
-        pub(in crate::backend::cpu) cs: isize,
-    }
-
-    /// `rows x cols`: row-major, column-major, or every other element of a row-major buffer.
-    pub(in crate::backend::cpu) fn matrix(
-        rows: usize,
-        cols: usize,
-        kind: &str,
-        seed: u64,
-    ) -> Strided {
-        let (rs, cs, len) = match kind {
-            "rows" => (cols as isize, 1, rows * cols),
-            "cols" => (1, rows as isize, rows * cols),
-            _ => (2 * cols as isize, 2, 2 * rows * cols),
-        };
-        Strided {
-            data: values(len, seed),
-            rs,
-            cs,
-        }
-    }
-
-    /// C from this module's `sgemm` and from `matrixmultiply::sgemm` on the same operands; C
-    /// row-major with column stride `csc` (the elements between its columns hold their start
-    /// values, which a kernel writing them would change).
-    pub(in crate::backend::cpu) fn both(
-        mkn: (usize, usize, usize),
-        layout: (&str, &str),
-        alpha_beta: (f32, f32),
-        csc: usize,
-    ) -> (Vec<f32>, Vec<f32>) {
-        both_with(sgemm, mkn, layout, alpha_beta, csc)
-    }
-
-    /// As [`both`], with `kernel` in place of this module's `sgemm` (a kernel's own tests).
-    pub(in crate::backend::cpu) fn both_with(
-        kernel: SgemmFn,
-        (m, k, n): (usize, usize, usize),
-        (a_kind, b_kind): (&str, &str),
-        (alpha, beta): (f32, f32),
-        csc: usize,
-    ) -> (Vec<f32>, Vec<f32>) {
-        let a = matrix(m, k, a_kind, 1 + (m * 31 + k) as u64);
-        let b = matrix(k, n, b_kind, 2 + (k * 17 + n) as u64);
-        let c0 = values(m * n * csc, 3);
-        let (mut ours, mut theirs) = (c0.clone(), c0);
-        let c = |p: *mut f32| (p, (n * csc) as isize, csc as isize);
-        unsafe {
-            kernel(
-                (m, k, n),
-                alpha,
-                (a.data.as_ptr(), a.rs, a.cs),
-                (b.data.as_ptr(), b.rs, b.cs),
-                beta,
-                c(ours.as_mut_ptr()),
-            );
-        }
-        reference((m, k, n), alpha, (&a, &b), beta, c(theirs.as_mut_ptr()));
-        (ours, theirs)
-    }
-
-    /// `c = alpha * a @ b + beta * c` by `matrixmultiply::sgemm`, the bits every kernel here
-    /// must give; `c` holds every element its strides address.
-    pub(in crate::backend::cpu) fn reference(
-        (m, k, n): (usize, usize, usize),
-        alpha: f32,
-        (a, b): (&Strided, &Strided),
-        beta: f32,
-        (c, rsc, csc): (*mut f32, isize, isize),
-    ) {
-        // SAFETY: `matrix` made `a` and `b` hold every element their strides address; the
-        // caller vouches for `c`.
-        unsafe {
-            matrixmultiply::sgemm(
-                m,
-                k,
-                n,
-                alpha,
-                a.data.as_ptr(),
-                a.rs,
-                a.cs,
-                b.data.as_ptr(),
-                b.rs,
-                b.cs,
-                beta,
-                c,
-                rsc,
-                csc,
-            );
-        }
-    }
-
-    pub(in crate::backend::cpu) fn assert_same_bits(ours: &[f32], theirs: &[f32], what: &str) {
-        for (i, (x, y)) in ours.iter().zip(theirs).enumerate() {
-            assert_eq!(x.to_bits(), y.to_bits(), "{what}: element {i}: {x} vs {y}");
-        }
-    }
-
-    #[test]
-    fn few_rows_match_matrixmultiply_bit_for_bit_on_every_layout() {
-        let layouts = [
-            ("rows", "rows"),
-            ("rows", "cols"),
-            ("cols", "rows"),
-            ("gap", "gap"),
-        ];
-        for m in [1, 2, 3, 4, 5, 7, 8, 9, 16, 31, 32] {
-            for k in [1, 9, 256, 257, 600] {
-                for n in [1, 7, 16, 70] {
-                    for layout in layouts {
-                        for (alpha, beta) in [(1.0, 0.0), (1.0, 1.0), (1.0, 0.5), (0.5, 2.0)] {
-                            let (ours, theirs) = both((m, k, n), layout, (alpha, beta), 1);
-                            let what = format!("{m}x{k}x{n} {layout:?} alpha {alpha} beta {beta}");
-                            assert_same_bits(&ours, &theirs, &what);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_row_block_here_matches_the_same_rows_of_the_whole_product() {
-        // The runtime computes rows 40..45 of a 45-row GEMM on their own (a last block); the
-        // whole GEMM's rows 40..45 sit in matrixmultiply's full and partial tiles.
-        let (m, k, n) = (45, 600, 70);
-        let a = matrix(m, k, "rows", 5);
-        let b = matrix(k, n, "cols", 6);
-        let mut whole = vec![0f32; m * n];
-        let mut block = vec![0f32; 5 * n];
-        unsafe {
-            reference(
-                (m, k, n),
-                1.0,
-                (&a, &b),
-                0.0,
-                (whole.as_mut_ptr(), n as isize, 1),
-            );
-            assert!(takes_small_path((5, k, n), b.rs, 1.0) || !has_fma_avx2());
-            sgemm(
-                (5, k, n),
-                1.0,
-                (a.data.as_ptr().add(40 * k), a.rs, a.cs),
-                (b.data.as_ptr(), b.rs, b.cs),
-                0.0,
-                (block.as_mut_ptr(), n as isize, 1),
-            );
-        }
-        assert_same_bits(&block, &whole[40 * n..], "rows 40..45 of 45");
-    }
-
-    #[test]
-    fn beta_zero_ignores_what_c_held() {
-        // On an AVX-512 core 3 rows take `gemv_avx512`'s transposed kernel (elsewhere this
-        // module's), as 2 rows of a large plain B take its row kernel (`gemv_rows_avx2`'s on
-        // AVX2 cores); 5 rows take this
-        // module's kernel, 13 the packed one (`packed_gemm`).
-        for (m, (k, n), b_kind) in [
-            (3, (20, 24), "cols"),
-            (2, (300, 300), "rows"),
-            (5, (20, 24), "cols"),
-            (13, (20, 24), "cols"),
-        ] {
-            let a = matrix(m, k, "rows", 7);
-            let b = matrix(k, n, b_kind, 8);
-            let mut c = vec![f32::NAN; m * n];
-            unsafe {
-                sgemm(
-                    (m, k, n),
-                    1.0,
-                    (a.data.as_ptr(), a.rs, a.cs),
-                    (b.data.as_ptr(), b.rs, b.cs),
-                    0.0,
-                    (c.as_mut_ptr(), n as isize, 1),
-                );
-            }
-            assert!(c.iter().all(|x| x.is_finite()), "{m} rows: {c:?}");
-        }
-    }
-
-    #[test]
-    fn scaled_products_of_eight_or_more_rows_stay_with_matrixmultiply() {
-        // Its full tiles round alpha * acc + c once, a partial tile twice: only alpha == 1
-        // makes them agree, so a scaled product of a full tile's rows is left to it.
-        assert!(!takes_small_path((8, 64, 64), 1, 0.5));
-        assert!(!takes_small_path((8, 64, 64), 64, 2.0));
-    }
+/// A `maskload` mask of the first `count` lanes (`count < 8`).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn first_lanes(count: usize) -> __m256i {
+    _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(count as i32),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    )
 }
+
+#[cfg(test)]
+pub(super) mod tests;
