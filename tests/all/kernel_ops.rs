@@ -233,6 +233,50 @@ fn row_scatters_with_an_expanded_index_round_each_step_as_the_element_walk() {
 }
 
 #[test]
+fn scatters_along_the_last_dim_round_each_step_as_the_element_walk() {
+    // Bilinear interpolation's backward along the width: a wider source summed into each row
+    // at an index every row shares (expanded) or each row has its own; duplicates in every row.
+    let mut rng = Rng::new(47);
+    for dtype in [DType::F32, DType::F64] {
+        let (rows, width, n) = (6, 13, 29);
+        let this = rng.tensor(dtype, &[rows, width], 1e3, 0, false);
+        let src = rng.tensor(dtype, &[rows, n], 1e3, 0, false);
+        let row_ids = index(&mut rng, &[n], width, DType::I64);
+        let shared = RefTensor::new(DType::I64, &[rows, n], row_ids.data.repeat(rows));
+        let own = index(&mut rng, &[rows, n], width, DType::I32);
+        for reduce in [ScatterReduce::Sum, ScatterReduce::Assign] {
+            for p in PLACES {
+                let out = run_in_every_mode(|rt| {
+                    let t = place(rt, &this, p);
+                    let s = place(rt, &src, p);
+                    let row = view(rt, upload(rt, &row_ids), View::Unsqueeze(0));
+                    let wide = view(rt, row, View::Expand(vec![rows as i64, n as i64]));
+                    let op = scatter(1, reduce, true);
+                    vec![
+                        (
+                            "shared".into(),
+                            run(rt, op.clone(), &[tt(t), tt(wide), tt(s)]),
+                        ),
+                        (
+                            "own".into(),
+                            run(rt, op, &[tt(t), tt(upload(rt, &own)), tt(s)]),
+                        ),
+                    ]
+                });
+                for (k, ids) in [&shared, &own].into_iter().enumerate() {
+                    let want = refk::scatter(&this, 1, ids, ScatterSrc::Tensor(&src), reduce, true);
+                    assert_equal(
+                        &format!("{reduce:?} {dtype} {p:?} {}", out[k].0),
+                        &out[k].1,
+                        &want,
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn row_gathers_with_an_expanded_index_match_the_reference_in_every_layout() {
     let mut rng = Rng::new(43);
     for dtype in [DType::F32, DType::F64, DType::BF16, DType::I64] {

@@ -213,30 +213,66 @@ impl Scatter {
 }
 
 impl Scatter {
-    /// Sum or assign whole f32/f64 rows when every row takes one index value (see
-    /// [`rows_of_one_index`]: embedding's backward, `index_add`), in native arithmetic, which
-    /// gives the bits of `float_step` (one f32 or f64 operation, rounded once). Rows combine
-    /// in the index's row-major order, as the element walk does. Returns false, doing
-    /// nothing, for any other case.
+    /// Sum or assign f32/f64 values in native arithmetic, which gives the bits of `float_step`
+    /// (one f32 or f64 operation, rounded once), in the index's row-major order, as the element
+    /// walk does: whole rows when every row takes one index value (see [`rows_of_one_index`]:
+    /// embedding's backward, `index_add`), element by element along the last dim. Returns
+    /// false, doing nothing, for any other case.
     fn combine_rows(&self, index: &View, src: &View, out: &View) -> bool {
         let sum = match self.reduce {
             ScatterReduce::Sum if self.include_self => true,
             ScatterReduce::Assign => false,
             _ => return false,
         };
+        if src.dtype != out.dtype || !matches!(out.dtype, DType::F32 | DType::F64) {
+            return false;
+        }
+        if self.dim == index.sizes.len() - 1 {
+            match out.dtype {
+                DType::F32 => combine_along_last::<f32>(sum, index, src, out),
+                _ => combine_along_last::<f64>(sum, index, src, out),
+            }
+            return true;
+        }
         let Some(last) = rows_of_one_index(self.dim, index, &[src, out]) else {
             return false;
         };
-        if src.dtype != out.dtype || src.strides[last] != 1 || out.strides[last] != 1 {
+        if src.strides[last] != 1 || out.strides[last] != 1 {
             return false;
         }
         match out.dtype {
             DType::F32 => combine_rows::<f32>(self.dim, last, sum, index, src, out),
-            DType::F64 => combine_rows::<f64>(self.dim, last, sum, index, src, out),
-            _ => return false,
+            _ => combine_rows::<f64>(self.dim, last, sum, index, src, out),
         }
         true
     }
+}
+
+/// `out[.., index[.., j]] (+)= src[.., j]` along the last dim (bilinear interpolation's
+/// backward along the width, which took 14 ns an element through the generic walk, 20 times
+/// the other dims' row path), in native arithmetic and the index's row-major order.
+fn combine_along_last<T: Copy + std::ops::Add<Output = T>>(
+    sum: bool,
+    index: &View,
+    src: &View,
+    out: &View,
+) {
+    let last = index.sizes.len() - 1;
+    let n = index.sizes[last] as isize;
+    let (is, ss, os) = (index.strides[last], src.strides[last], out.strides[last]);
+    for_each_row(&index.sizes, last, &[index, out, src], |_, o| {
+        for j in 0..n {
+            // SAFETY: every view lies inside its buffer and the index was checked, so the
+            // target is one of the output row's elements; the output is never the source's
+            // buffer (`Dst` stages it when it would be).
+            unsafe {
+                let v = read_i64(index.dtype, index.base, o[0] + j * is) as isize;
+                let from = *(src.base as *const T).offset(o[2] + j * ss);
+                let to = (out.base as *mut T).offset(o[1] + v * os);
+                *to = if sum { *to + from } else { from };
+            }
+        }
+    });
 }
 
 /// `out[..index[.., 0].., :] (+)= src[.., :]` row by row; rows are contiguous.
