@@ -1,0 +1,398 @@
+// nn.LSTM and nn.GRU (at::lstm, at::gru on padded input) on "tpu" as one autograd node per
+// call, with their own backward.
+//
+// PyTorch's composite RNN on a device other than CPU computes both gate products of every
+// step (input and hidden) and one fused cell op (rnn.cpp), and autograd records every one of
+// them: a 2-layer LSTM over 32 steps was ~4,000 recorded ops per training step, 385 of them
+// small matmuls, 3x CPU's time (where oneDNN runs whole layers). Here, as CPU's own composite
+// and cuDNN do, each layer's input products for all steps are one GEMM, each step is its
+// hidden product and the gate arithmetic (recorded below autograd), and the backward walks the
+// steps in reverse computing only the gate gradients and the hidden-state product, then takes
+// the weight gradients as one GEMM per weight over all steps (K = steps x batch) instead of
+// one small product per step summed by autograd.
+//
+// Each step computes in the order CPU's cells do (gates = hidden product + input product, CPU's
+// activations and state update; the backward uses sigmoid_backward and tanh_backward as
+// autograd through CPU's cell would), so values agree with CPU within float32 rounding: the
+// weight gradients sum over steps in one product, not step by step.
+//
+// Calls this does not cover keep PyTorch's composite path (and its errors): other dtypes
+// (autocast's half types), projections (proj_size), inputs that are not 3-D or empty,
+// parameters not on "tpu", and tensors the dispatcher must see whole (torch.compile's fake and
+// functional tensors). A double backward (create_graph=True) runs the forward again with
+// autograd on (the same dropout masks) and differentiates that, so it sees every dependency.
+// Packed sequences take the composite path (lstm.data, gru.data are not registered here).
+#include "common.h"
+
+#include <ATen/ops/gru_native.h>
+#include <ATen/ops/lstm_native.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+namespace dft {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// One call's configuration: what the forward computed and the backward retraces.
+struct Config {
+  bool lstm;
+  bool biases;
+  int64_t layers;
+  int64_t dirs;
+  double dropout;  // applied between layers; 0 when not training
+  bool batch_first;
+
+  int64_t gates() const { return lstm ? 4 : 3; }
+  // (w_ih, w_hh[, b_ih, b_hh]) for layer l, direction d.
+  int64_t group(int64_t l, int64_t d) const { return (l * dirs + d) * (biases ? 4 : 2); }
+  // Tensors saved per step: lstm i, f, g, o, c, h_prev, c_prev; gru r, z, n, hidden n gate,
+  // h_prev.
+  int64_t per_step() const { return lstm ? 7 : 5; }
+};
+
+at::Tensor product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
+}
+
+// What the backward needs beyond the call's inputs, filled by the forward when autograd will
+// ask: each layer's input (time-major, after dropout), the dropout masks, and per layer and
+// direction the per-step tensors in time order (Config::per_step of them a step).
+struct Saved {
+  std::vector<at::Tensor> layer_inputs, masks;
+  std::vector<std::vector<at::Tensor>> steps;
+};
+
+// One direction of one layer over x [T, B, I] from state (h, c): its outputs [T, B, H] and
+// final state.
+struct Direction {
+  at::Tensor out, h, c;
+};
+
+Direction run_direction(const Config& cfg, const at::Tensor& x, at::TensorList params,
+                        int64_t l, int64_t d, at::Tensor h, at::Tensor c,
+                        std::vector<at::Tensor>* save) {
+  int64_t T = x.size(0), B = x.size(1), k = cfg.group(l, d);
+  const auto &w_ih = params[k], &w_hh = params[k + 1];
+  at::Tensor b_ih = cfg.biases ? params[k + 2] : at::Tensor();
+  at::Tensor b_hh = cfg.biases ? params[k + 3] : at::Tensor();
+  auto xg = product(x.reshape({T * B, x.size(2)}), w_ih, b_ih).view({T, B, -1}).unbind(0);
+  std::vector<at::Tensor> outs(T);
+  if (save) save->assign(T * cfg.per_step(), at::Tensor());
+  for (int64_t s = 0; s < T; ++s) {
+    int64_t t = d == 0 ? s : T - 1 - s;
+    auto hg = product(h, w_hh, b_hh);
+    at::Tensor* slot = save ? save->data() + t * cfg.per_step() : nullptr;
+    if (cfg.lstm) {
+      auto gates = (hg + xg[t]).chunk(4, 1);
+      auto i = gates[0].sigmoid(), f = gates[1].sigmoid();
+      auto g = gates[2].tanh(), o = gates[3].sigmoid();
+      auto c_next = f * c + i * g;
+      auto h_next = o * c_next.tanh();
+      if (slot) {
+        for (const auto& v : {i, f, g, o, c_next, h, c}) *slot++ = v;
+      }
+      h = h_next;
+      c = c_next;
+    } else {
+      auto ig = xg[t].chunk(3, 1), hc = hg.chunk(3, 1);
+      auto r = (hc[0] + ig[0]).sigmoid();
+      auto z = (hc[1] + ig[1]).sigmoid();
+      auto n = (ig[2] + hc[2] * r).tanh();
+      auto h_next = (h - n) * z + n;
+      if (slot) {
+        for (const auto& v : {r, z, n, hc[2], h}) *slot++ = v;
+      }
+      h = h_next;
+    }
+    outs[t] = h;
+  }
+  return {at::stack(outs), h, c};
+}
+
+// The forward of every layer: (output, hy, cy). Dropout draws its masks, or applies `replay`'s
+// (the masks a first run drew).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_forward(
+    const Config& cfg, const at::Tensor& input, at::TensorList hx, at::TensorList params,
+    Saved* saved, const std::vector<at::Tensor>* replay = nullptr) {
+  auto x = cfg.batch_first ? input.transpose(0, 1) : input;
+  std::vector<at::Tensor> hs, cs;
+  if (saved) saved->steps.resize(cfg.layers * cfg.dirs);
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    if (saved) saved->layer_inputs.push_back(x);
+    std::vector<at::Tensor> outs;
+    for (int64_t d = 0; d < cfg.dirs; ++d) {
+      int64_t j = l * cfg.dirs + d;
+      auto r = run_direction(cfg, x, params, l, d, hx[0][j], cfg.lstm ? hx[1][j] : at::Tensor(),
+                             saved ? &saved->steps[j] : nullptr);
+      outs.push_back(r.out);
+      hs.push_back(r.h);
+      if (cfg.lstm) cs.push_back(r.c);
+    }
+    x = cfg.dirs == 1 ? outs[0] : at::cat(outs, 2);
+    if (cfg.dropout > 0 && l + 1 < cfg.layers) {
+      if (replay) {
+        x = at::native_dropout_backward(x, (*replay)[l], 1.0 / (1.0 - cfg.dropout));
+        continue;
+      }
+      auto [dropped, mask] = at::native_dropout(x, cfg.dropout, true);
+      if (saved) saved->masks.push_back(mask);
+      x = dropped;
+    }
+  }
+  auto out = cfg.batch_first ? x.transpose(0, 1) : x;
+  return {out, at::stack(hs), cfg.lstm ? at::stack(cs) : at::Tensor()};
+}
+
+// a + b where either may be undefined (no gradient reached that way).
+at::Tensor add_grads(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined()) return b;
+  if (!b.defined()) return a;
+  return a + b;
+}
+
+// Gradients of one direction of one layer: dx [T, B, I] and the state's, accumulating the
+// weights' into grads at the group's slots.
+struct DirectionGrads {
+  at::Tensor dx, dh0, dc0;
+};
+
+DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::TensorList params,
+                                  int64_t l, int64_t d, const std::vector<at::Tensor>& steps,
+                                  const at::Tensor& dy, at::Tensor dh, at::Tensor dc,
+                                  tensor_list& grads, int64_t params_at) {
+  int64_t T = x.size(0), B = x.size(1), H = params[cfg.group(l, d) + 1].size(1);
+  int64_t k = cfg.group(l, d);
+  const auto &w_ih = params[k], &w_hh = params[k + 1];
+  auto dys = dy.defined() ? dy.unbind(0) : std::vector<at::Tensor>();
+  auto zeros = at::zeros({B, H}, x.options());
+  std::vector<at::Tensor> d_ig(T), d_hg(T), h_prev(T);
+  for (int64_t s = 0; s < T; ++s) {
+    int64_t t = d == 0 ? T - 1 - s : s;
+    const at::Tensor* v = steps.data() + t * cfg.per_step();
+    auto dh_t = add_grads(dys.empty() ? at::Tensor() : dys[t], dh);
+    if (!dh_t.defined()) dh_t = zeros;
+    if (cfg.lstm) {
+      const auto &i = v[0], &f = v[1], &g = v[2], &o = v[3], &c = v[4], &c_prev = v[6];
+      h_prev[t] = v[5];
+      auto tc = c.tanh();
+      auto d_o = dh_t * tc;
+      auto dc_t = add_grads(at::tanh_backward(dh_t * o, tc), dc);
+      d_ig[t] = at::cat({at::sigmoid_backward(dc_t * g, i), at::sigmoid_backward(dc_t * c_prev, f),
+                         at::tanh_backward(dc_t * i, g), at::sigmoid_backward(d_o, o)},
+                        1);
+      d_hg[t] = d_ig[t];
+      dc = dc_t * f;
+      dh = at::mm(d_ig[t], w_hh);
+    } else {
+      const auto &r = v[0], &z = v[1], &n = v[2], &hn = v[3];
+      h_prev[t] = v[4];
+      auto d_hmn = dh_t * z;  // through (h - n) * z
+      auto dz = dh_t * (h_prev[t] - n);
+      auto dn = at::tanh_backward(dh_t - d_hmn, n);
+      auto dr = at::sigmoid_backward(dn * hn, r);
+      auto dz_pre = at::sigmoid_backward(dz, z);
+      d_ig[t] = at::cat({dr, dz_pre, dn}, 1);
+      d_hg[t] = at::cat({dr, dz_pre, dn * r}, 1);
+      dh = d_hmn + at::mm(d_hg[t], w_hh);
+    }
+  }
+  int64_t G = cfg.gates() * H;
+  auto dgi = at::stack(d_ig).view({T * B, G});
+  auto dgh = cfg.lstm ? dgi : at::stack(d_hg).view({T * B, G});
+  auto x2 = x.reshape({T * B, x.size(2)});
+  grads[params_at + k] = at::mm(dgi.t(), x2);
+  grads[params_at + k + 1] = at::mm(dgh.t(), at::stack(h_prev).view({T * B, H}));
+  if (cfg.biases) {
+    grads[params_at + k + 2] = dgi.sum(0);
+    grads[params_at + k + 3] = dgh.sum(0);
+  }
+  return {at::mm(dgi, w_ih).view({T, B, -1}), dh, dc};
+}
+
+// The backward with create_graph: the forward again, recorded by autograd from the saved
+// inputs (dropout replaying the first run's masks), differentiated with its graph kept, so a
+// second backward reaches every dependency (the saved activations of the first run are not
+// connected to the weights).
+tensor_list double_backward(const Config& cfg, const std::vector<at::Tensor>& inputs,
+                            at::TensorList hx, at::TensorList params,
+                            const std::vector<at::Tensor>& masks, const tensor_list& grad_outputs,
+                            tensor_list& grads) {
+  auto [out, hy, cy] = run_forward(cfg, inputs[0], hx, params, nullptr, &masks);
+  tensor_list outs, gos, wrt;
+  std::vector<size_t> slots;
+  for (const auto& [o, g] : {std::pair{out, grad_outputs[0]}, std::pair{hy, grad_outputs[1]},
+                             std::pair{cy, cfg.lstm ? grad_outputs[2] : at::Tensor()}}) {
+    if (o.defined() && g.defined()) {
+      outs.push_back(o);
+      gos.push_back(g);
+    }
+  }
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (inputs[k].requires_grad()) {
+      wrt.push_back(inputs[k]);
+      slots.push_back(k);
+    }
+  }
+  if (outs.empty() || wrt.empty()) return grads;
+  auto g = torch::autograd::grad(outs, wrt, gos, /*retain_graph=*/true, /*create_graph=*/true,
+                                 /*allow_unused=*/true);
+  for (size_t k = 0; k < slots.size(); ++k) grads[slots[k]] = g[k];
+  return grads;
+}
+
+class RnnLayers : public torch::autograd::Function<RnnLayers> {
+ public:
+  static tensor_list forward(AutogradContext* ctx, const at::Tensor& input, at::TensorList hx,
+                             at::TensorList params, bool lstm, bool biases, int64_t layers,
+                             double dropout, bool train, bool bidirectional, bool batch_first) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    Config cfg{lstm, biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first};
+    Saved saved;
+    auto [out, hy, cy] = run_forward(cfg, input, hx, params, &saved);
+    std::vector<at::Tensor> inputs{input};
+    inputs.insert(inputs.end(), hx.begin(), hx.end());
+    inputs.insert(inputs.end(), params.begin(), params.end());
+    ctx->save_for_backward(inputs);
+    ctx->saved_data["config"] = std::vector<double>{double(lstm), double(biases), double(layers),
+                                                    double(cfg.dirs), cfg.dropout,
+                                                    double(batch_first), double(hx.size())};
+    ctx->saved_data["layer_inputs"] = saved.layer_inputs;
+    ctx->saved_data["masks"] = saved.masks;
+    for (size_t j = 0; j < saved.steps.size(); ++j) {
+      ctx->saved_data["steps" + std::to_string(j)] = saved.steps[j];
+    }
+    return lstm ? tensor_list{out, hy, cy} : tensor_list{out, hy};
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    auto c = ctx->saved_data["config"].toDoubleVector();
+    Config cfg{c[0] != 0, c[1] != 0, int64_t(c[2]), int64_t(c[3]), c[4], c[5] != 0};
+    int64_t n_hx = int64_t(c[6]);
+    auto inputs = ctx->get_saved_variables();  // input, hx..., params...
+    at::TensorList hx(inputs.data() + 1, n_hx);
+    at::TensorList params(inputs.data() + 1 + n_hx, inputs.size() - 1 - n_hx);
+    auto masks = ctx->saved_data["masks"].toTensorVector();
+    // Gradients for every forward argument: input, hx..., params..., seven non-tensors.
+    tensor_list grads(inputs.size() + 7);
+    if (at::GradMode::is_enabled()) {
+      return double_backward(cfg, inputs, hx, params, masks, grad_outputs, grads);
+    }
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto layer_inputs = ctx->saved_data["layer_inputs"].toTensorVector();
+    const auto& dout = grad_outputs[0];
+    const auto& dhy = grad_outputs[1];
+    at::Tensor dcy = cfg.lstm ? grad_outputs[2] : at::Tensor();
+    int64_t params_at = 1 + n_hx;
+    auto dy = dout.defined() && cfg.batch_first ? dout.transpose(0, 1) : dout;
+    std::vector<at::Tensor> dh0(cfg.layers * cfg.dirs), dc0(cfg.layers * cfg.dirs);
+    for (int64_t l = cfg.layers - 1; l >= 0; --l) {
+      const auto& x = layer_inputs[l];
+      at::Tensor dx;
+      for (int64_t d = 0; d < cfg.dirs; ++d) {
+        int64_t j = l * cfg.dirs + d;
+        int64_t H = params[cfg.group(l, d) + 1].size(1);
+        auto dyd = dy.defined() && cfg.dirs == 2 ? dy.narrow(2, d * H, H) : dy;
+        auto steps = ctx->saved_data["steps" + std::to_string(j)].toTensorVector();
+        auto r = backward_direction(cfg, x, params, l, d, steps, dyd,
+                                    dhy.defined() ? dhy[j] : at::Tensor(),
+                                    dcy.defined() ? dcy[j] : at::Tensor(), grads, params_at);
+        dx = add_grads(dx, r.dx);
+        dh0[j] = r.dh0;
+        dc0[j] = r.dc0;
+      }
+      if (l > 0 && !masks.empty()) {
+        dx = at::native_dropout_backward(dx, masks[l - 1], 1.0 / (1.0 - cfg.dropout));
+      }
+      dy = dx;
+    }
+    grads[0] = cfg.batch_first ? dy.transpose(0, 1) : dy;
+    auto state = [&](std::vector<at::Tensor>& v) {
+      for (auto& t : v) {
+        if (!t.defined()) t = at::zeros_like(hx[0][0]);
+      }
+      return at::stack(v);
+    };
+    grads[1] = state(dh0);
+    if (cfg.lstm) grads[2] = state(dc0);
+    return grads;
+  }
+};
+
+// Whether the call is this file's: see the header comment for what keeps PyTorch's path.
+bool covered(const at::Tensor& input, at::TensorList hx, at::TensorList params, bool lstm,
+             bool biases, int64_t layers, double dropout, bool train, bool bidirectional,
+             bool batch_first) {
+  auto dt = input.scalar_type();
+  auto direct = [&](const at::Tensor& t) {
+    auto keys = t.key_set();
+    return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 &&
+           t.scalar_type() == dt && !keys.has(c10::DispatchKey::Python) &&
+           !keys.has(c10::DispatchKey::Functionalize);
+  };
+  int64_t dirs = bidirectional ? 2 : 1;
+  if (!(dt == at::kFloat || dt == at::kDouble) || input.dim() != 3 || input.numel() == 0 ||
+      layers < 1 || int64_t(hx.size()) != (lstm ? 2 : 1) ||
+      (train && layers > 1 && !(dropout >= 0 && dropout < 1)) ||
+      int64_t(params.size()) != layers * dirs * (biases ? 4 : 2) || !direct(input)) {
+    return false;
+  }
+  int64_t B = input.size(batch_first ? 0 : 1), H = hx[0].dim() == 3 ? hx[0].size(2) : 0;
+  for (const auto& t : hx) {
+    if (!direct(t) || t.dim() != 3 || t.size(0) != layers * dirs || t.size(1) != B ||
+        t.size(2) != H) {
+      return false;  // PyTorch's path raises its own error
+    }
+  }
+  int64_t G = (lstm ? 4 : 3) * H;
+  for (int64_t g = 0; g < layers * dirs; ++g) {
+    const auto* p = params.data() + g * (biases ? 4 : 2);
+    int64_t in = g < dirs ? input.size(2) : dirs * H;
+    if (!direct(p[0]) || !direct(p[1]) || p[0].dim() != 2 || p[1].dim() != 2 ||
+        p[0].size(0) != G || p[0].size(1) != in || p[1].size(0) != G || p[1].size(1) != H) {
+      return false;  // a projection (proj_size) or a shape PyTorch will reject
+    }
+    if (biases && (!direct(p[2]) || !direct(p[3]) || p[2].sizes() != at::IntArrayRef{G} ||
+                   p[3].sizes() != at::IntArrayRef{G})) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at::TensorList hx,
+                                                    at::TensorList params, bool biases,
+                                                    int64_t layers, double dropout, bool train,
+                                                    bool bidirectional, bool batch_first) {
+  if (!covered(input, hx, params, true, biases, layers, dropout, train, bidirectional,
+               batch_first)) {
+    return at::native::lstm(input, hx, params, biases, layers, dropout, train, bidirectional,
+                            batch_first);
+  }
+  auto r = RnnLayers::apply(input, hx, params, true, biases, layers, dropout, train,
+                            bidirectional, batch_first);
+  return {r[0], r[1], r[2]};
+}
+
+std::tuple<at::Tensor, at::Tensor> gru(const at::Tensor& input, const at::Tensor& hx,
+                                       at::TensorList params, bool biases, int64_t layers,
+                                       double dropout, bool train, bool bidirectional,
+                                       bool batch_first) {
+  if (!covered(input, hx, params, false, biases, layers, dropout, train, bidirectional,
+               batch_first)) {
+    return at::native::gru(input, hx, params, biases, layers, dropout, train, bidirectional,
+                           batch_first);
+  }
+  auto r = RnnLayers::apply(input, at::TensorList(hx), params, false, biases, layers, dropout,
+                            train, bidirectional, batch_first);
+  return {r[0], r[1]};
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("lstm.input", TORCH_FN(dft::lstm));
+  m.impl("gru.input", TORCH_FN(dft::gru));
+}

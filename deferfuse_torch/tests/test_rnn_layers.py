@@ -1,0 +1,143 @@
+"""nn.LSTM and nn.GRU on padded input as one autograd node per call (csrc/rnn_layers.cpp): each
+layer's input products as one GEMM, the steps below autograd, a backward of its own with the
+weight gradients as one product over all steps. Outputs, final states and every gradient must
+be CPU's (within float32 rounding: the weight gradients sum over steps in another order), in
+every mode; what the node does not cover keeps PyTorch's path."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import deferfuse_torch
+
+from conftest import check
+
+
+def pair(make):
+    torch.manual_seed(0)
+    cpu = make()
+    return cpu, copy.deepcopy(cpu).to("tpu")
+
+
+def run(rnn, x, state, grads, device):
+    """Forward from `state`, backward of every output against its random grad; returns the
+    outputs and the gradients of x, of the state and of every parameter."""
+    x = x.detach().clone().to(device).requires_grad_()
+    state = tuple(s.detach().clone().to(device).requires_grad_() for s in state)
+    out, last = rnn(x, state if len(state) == 2 else state[0])
+    last = last if isinstance(last, tuple) else (last,)
+    loss = sum((t * g.to(device)).sum() for t, g in zip((out, *last), grads) if g is not None)
+    loss.backward()
+    return [out, *last], [x.grad, *(s.grad for s in state), *(p.grad for p in rnn.parameters())]
+
+
+CASES = [
+    # kind, batch_first, bidirectional, bias, layers, dtype
+    ("LSTM", False, True, True, 3, torch.float32),
+    ("LSTM", True, False, False, 1, torch.float32),
+    ("LSTM", True, True, True, 2, torch.float64),
+    ("GRU", True, True, True, 2, torch.float32),
+    ("GRU", False, False, False, 1, torch.float32),
+]
+
+
+@pytest.mark.parametrize("kind,batch_first,bidirectional,bias,layers,dtype", CASES)
+def test_outputs_final_state_and_every_gradient_match_cpu(
+        mode, kind, batch_first, bidirectional, bias, layers, dtype):
+    cpu, dev = pair(lambda: getattr(nn, kind)(5, 7, num_layers=layers, bias=bias,
+                                              batch_first=batch_first,
+                                              bidirectional=bidirectional).to(dtype))
+    T, B, D = 6, 3, 2 if bidirectional else 1
+    x = torch.randn((B, T, 5) if batch_first else (T, B, 5), dtype=dtype)
+    state = tuple(torch.randn(layers * D, B, 7, dtype=dtype) for _ in range(2 if kind == "LSTM"
+                                                                             else 1))
+    grads = [torch.randn((B, T, D * 7) if batch_first else (T, B, D * 7), dtype=dtype)]
+    grads += [torch.randn(layers * D, B, 7, dtype=dtype) for _ in state]
+    want_out, want_grads = run(cpu, x, state, grads, "cpu")
+    deferfuse_torch.reset_fallback_counts()
+    got_out, got_grads = run(dev, x, state, grads, "tpu")
+    assert deferfuse_torch.fallback_counts() == {}
+    for g, w in zip(got_out, want_out):
+        check(g.detach(), w.detach())
+    for g, w in zip(got_grads, want_grads):
+        check(g, w, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_a_gradient_through_the_final_state_alone_matches_cpu(mode, kind):
+    # The output gets no gradient: the backward starts from h_n (and c_n) only.
+    cpu, dev = pair(lambda: getattr(nn, kind)(4, 6, num_layers=2))
+    x = torch.randn(5, 2, 4)
+    state = tuple(torch.randn(2, 2, 6) for _ in range(2 if kind == "LSTM" else 1))
+    grads = [None] + [torch.randn(2, 2, 6) for _ in state]
+    want_out, want_grads = run(cpu, x, state, grads, "cpu")
+    got_out, got_grads = run(dev, x, state, grads, "tpu")
+    for g, w in zip(got_grads, want_grads):
+        check(g, w, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_a_layer_call_is_one_autograd_node(kind):
+    # The weights' gradient accumulators hang off the output's node directly: no per-step
+    # products or cells in between.
+    _, dev = pair(lambda: getattr(nn, kind)(4, 6, num_layers=2))
+    out, _ = dev(torch.randn(5, 2, 4, device="tpu"))
+    children = {id(f.variable) for f, _ in out.grad_fn.next_functions
+                if f is not None and hasattr(f, "variable")}
+    assert {id(p) for p in dev.parameters()} <= children
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_dropout_between_layers_draws_the_masks_f_dropout_draws(mode, kind):
+    # Same seed: a 2-layer RNN with dropout equals its two layers run apart with F.dropout
+    # between them (the same draws from the device's generator), values and gradients.
+    torch.manual_seed(0)
+    whole = getattr(nn, kind)(4, 6, num_layers=2, dropout=0.4).to("tpu")
+    first, second = getattr(nn, kind)(4, 6).to("tpu"), getattr(nn, kind)(6, 6).to("tpu")
+    with torch.no_grad():
+        for name, p in whole.named_parameters():
+            layer, suffix = (first, name) if name.endswith("l0") else (second, name[:-1] + "0")
+            getattr(layer, suffix).copy_(p)
+    x = torch.randn(5, 3, 4, device="tpu")
+    torch.manual_seed(7)
+    got, _ = whole(x)
+    torch.manual_seed(7)
+    want, _ = second(F.dropout(first(x)[0], 0.4, training=True))
+    check(got.detach(), want.detach().cpu())
+    got.sum().backward()
+    want.sum().backward()
+    pairs = [(p, getattr(first if n.endswith("l0") else second, n if n.endswith("l0")
+                         else n[:-1] + "0")) for n, p in whole.named_parameters()]
+    for p, q in pairs:
+        check(p.grad, q.grad.cpu(), atol=1e-5, rtol=1e-4)
+
+
+def test_a_double_backward_through_an_lstm_matches_cpu(mode):
+    cpu, dev = pair(lambda: nn.LSTM(3, 4))
+    x = torch.randn(4, 2, 3)
+
+    def grads(rnn, device):
+        xd = x.to(device).requires_grad_()
+        out, _ = rnn(xd)
+        (gx,) = torch.autograd.grad((out ** 2).sum(), xd, create_graph=True)
+        gx.pow(2).sum().backward()
+        return [p.grad for p in rnn.parameters()]
+
+    for g, w in zip(grads(dev, "tpu"), grads(cpu, "cpu")):
+        check(g, w, atol=1e-5, rtol=1e-4)
+
+
+def test_an_lstm_with_a_projection_keeps_pytorchs_path_and_cpus_results(mode):
+    cpu, dev = pair(lambda: nn.LSTM(4, 8, proj_size=3, num_layers=2))
+    x = torch.randn(5, 2, 4)
+    want, _ = cpu(x)
+    want.sum().backward()
+    deferfuse_torch.reset_fallback_counts()
+    got, _ = dev(x.to("tpu"))
+    got.sum().backward()
+    assert deferfuse_torch.fallback_counts() == {}
+    check(got.detach(), want.detach())
+    for p, q in zip(dev.parameters(), cpu.parameters()):
+        check(p.grad, q.grad, atol=1e-5, rtol=1e-4)
