@@ -1,6 +1,7 @@
 """One training step of each model-zoo model (tests/model_zoo.py: GPT-2, Llama, BERT, ViT,
-resnet18, nanoGPT) and of the two MLPs (784-1024-1024-10 and 784-256-256-10, batch 64), timed
-four ways: torch CPU eager, torch.compile (inductor) on CPU, "tpu" strict and "tpu" defer.
+resnet18, nanoGPT, LSTM LM) and of the two MLPs (784-1024-1024-10 and 784-256-256-10, batch
+64), timed four ways: torch CPU eager, torch.compile (inductor) on CPU, "tpu" strict and "tpu"
+defer.
 
 A step is forward, loss, backward, (clip_grad_norm_ for nanoGPT,) optimizer step, and ends with
 the loss read on the host (loss.item()), as a training loop that logs its loss does. A round

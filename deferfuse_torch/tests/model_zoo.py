@@ -30,6 +30,7 @@ TIES = {
              ("cls.predictions.decoder.bias", "cls.predictions.bias")],
     "nanogpt": [("lm_head.weight", "wte.weight")],
     "nanogpt_masked": [("lm_head.weight", "wte.weight")],
+    "lstm": [("head.weight", "emb.weight")],
 }
 
 
@@ -116,6 +117,8 @@ DIMS = {
     "resnet18": {"tiny": dict(image=32, batch=8), "bench": dict(image=64, batch=8)},
     "nanogpt": {"tiny": dict(d=32, layers=2, heads=2, vocab=64, seq=16, batch=2),
                 "bench": dict(d=128, layers=4, heads=4, vocab=65, seq=64, batch=16)},
+    "lstm": {"tiny": dict(d=32, layers=2, vocab=64, seq=16, batch=2),
+             "bench": dict(d=128, layers=2, vocab=256, seq=64, batch=16)},
     "mlp": {"tiny": dict(sizes=(784, 1024, 1024, 10), batch=64),
             "bench": dict(sizes=(784, 1024, 1024, 10), batch=64)},
     "mlp_small": {"tiny": dict(sizes=(784, 256, 256, 10), batch=64),
@@ -310,6 +313,34 @@ def nanogpt_masked(size, steps, dropout=0.0):
     return _nanogpt("nanogpt_masked", False, size, steps, dropout)
 
 
+class LSTMLanguageModel(nn.Module):
+    """PyTorch's word_language_model example: embedding, a stacked nn.LSTM with dropout
+    between its layers, a linear decoder tied to the embedding."""
+
+    def __init__(self, vocab, d, layers, dropout):
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        self.emb = nn.Embedding(vocab, d)
+        self.rnn = nn.LSTM(d, d, layers, dropout=dropout, batch_first=True)
+        self.head = nn.Linear(d, vocab)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx):
+        out, _ = self.rnn(self.drop(self.emb(idx)))
+        return self.head(self.drop(out))
+
+
+def lstm(size, steps, dropout=0.0):
+    c = DIMS["lstm"][size]
+    torch.manual_seed(0)
+    model = LSTMLanguageModel(c["vocab"], c["d"], c["layers"], dropout)
+    ids = _token_batches(steps, c["batch"], c["seq"] + 1, c["vocab"])
+    batches = [{"x": t[:, :-1], "y": t[:, 1:]} for t in ids]
+    return Workload("lstm", model, batches, _logits_loss, adamw, clip=0.25, tied=TIES["lstm"],
+                    description=f"LSTM LM {c['layers']}L d{c['d']} seq {c['seq']} batch "
+                                f"{c['batch']}, tied decoder, AdamW + clip_grad_norm_")
+
+
 def _mlp(name, size, steps):
     c = DIMS[name][size]
     torch.manual_seed(0)
@@ -336,7 +367,7 @@ def mlp_small(size, steps, dropout=0.0):
 
 # The zoo of real model families (the tests' list); the bench adds the MLPs.
 ZOO = {"gpt2": gpt2, "llama": llama, "bert": bert, "vit": vit, "resnet18": resnet18,
-       "nanogpt": nanogpt, "nanogpt_masked": nanogpt_masked}
+       "nanogpt": nanogpt, "nanogpt_masked": nanogpt_masked, "lstm": lstm}
 ALL = dict(ZOO, mlp=mlp, mlp_small=mlp_small)
 
 

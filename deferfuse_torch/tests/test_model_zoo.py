@@ -157,7 +157,7 @@ def train_with_dropout(name, mode, seed):
     return train(w, "tpu", mode)[0]
 
 
-@pytest.mark.parametrize("name", ["nanogpt", "nanogpt_masked", "gpt2"])
+@pytest.mark.parametrize("name", ["nanogpt", "nanogpt_masked", "gpt2", "lstm"])
 def test_training_with_dropout_repeats_under_the_same_seed_in_strict_and_defer(name):
     strict = train_with_dropout(name, "strict", 3)
     assert train_with_dropout(name, "strict", 3) == strict
