@@ -8,11 +8,20 @@
 // the weight gradient is one GEMM of grad_output with the columns over the batch. A transposed
 // convolution is the input gradient of the plain convolution whose weight it shares, so it
 // reuses the same three pieces with the roles of input and output swapped.
+//
+// A depthwise convolution (one input and one output channel per group: MobileNet, EfficientNet,
+// ConvNeXt) has no contraction to speak of, so im2col copies K values per input element for
+// a product of one row and col2im adds K slices back: with unit strides its forward and input
+// gradient are instead a sum over the kernel taps of a strided view of the padded input (or
+// gradient) times the tap's weight per channel, one fused loop in defer mode (ConvNeXt's 7x7
+// at 8x48x16x16, forward and backward: 16.1 -> 8.7 ms). Its weight gradient keeps the columns'
+// product.
 #include "windows.h"
 
 #include <ATen/core/grad_mode.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <deque>
 #include <mutex>
 
@@ -241,6 +250,58 @@ at::Tensor conv_weight_grad(const at::Tensor& go, const at::Tensor& x, const at:
   return batched_matmul(go, cols.transpose(1, 2)).view(w.sizes());
 }
 
+// One input and one output channel per group: see the header comment.
+bool depthwise(const Geometry& g) { return g.Cg == 1 && g.OCg == 1; }
+
+// sum over the kernel taps t of view_t * w[:, t] per channel, where view_t = windows[..., t,
+// ...] of `windows` [N, C, k..., out...]; the tap t's weight is w's tap `flip ? K-1-t : t`.
+at::Tensor sum_over_taps(const at::Tensor& windows, const at::Tensor& w, const Geometry& g,
+                         bool flip) {
+  int64_t d = g.kernel.size();
+  auto wt = w.reshape({g.C, g.K});
+  std::vector<int64_t> per_channel(d + 2, 1);
+  per_channel[1] = g.C;
+  at::Tensor acc;
+  for (int64_t t = 0; t < g.K; ++t) {
+    at::Tensor view = windows;
+    for (int64_t i = d, rest = t; i-- > 0; rest /= g.kernel[i]) {
+      view = view.select(2 + i, rest % g.kernel[i]);
+    }
+    auto term = view * wt.select(1, flip ? g.K - 1 - t : t).view(per_channel);
+    acc = acc.defined() ? acc + term : term;
+  }
+  return acc;
+}
+
+// The depthwise convolution's forward, [N, C, out...].
+at::Tensor depthwise_forward(const at::Tensor& x, const at::Tensor& w, const Geometry& g) {
+  auto xp = pad_spatial(x, g.padding, g.padding, 0);
+  return sum_over_taps(window_view(xp, g.kernel, g.stride, g.dilation, g.out), w, g, false);
+}
+
+// Its input gradient for stride 1: the padded input position p + i receives grad at output
+// positions i + p - t * dilation, so with grad padded by dilation * (k - 1) on both sides, gx[i]
+// = sum over t of w[k-1-t] * padded_grad[i + p + t * dilation].
+at::Tensor depthwise_input_grad(const at::Tensor& grad, const at::Tensor& w, const Geometry& g) {
+  int64_t d = g.kernel.size();
+  std::vector<int64_t> reach(d), ones(d, 1);
+  for (int64_t i = 0; i < d; ++i) reach[i] = g.dilation[i] * (g.kernel[i] - 1);
+  auto gp = pad_spatial(grad, reach, reach, 0);
+  for (int64_t i = 0; i < d; ++i) {
+    gp = gp.narrow(2 + i, g.padding[i], gp.size(2 + i) - g.padding[i]);
+  }
+  return sum_over_taps(window_view(gp, g.kernel, ones, g.dilation, g.in), w, g, true);
+}
+
+// Whether a convolution's forward and input gradient are sums over the kernel taps: depthwise
+// with unit strides. With other strides the input gradient takes col2im, whose weight gradient
+// reads the forward's columns, and the columns' forward was the faster there (8x144x16x16 3x3
+// stride 2, forward and backward: 2.6 ms against 3.1).
+bool taps_path(const Geometry& g) {
+  return depthwise(g) &&
+         std::all_of(g.stride.begin(), g.stride.end(), [](int64_t s) { return s == 1; });
+}
+
 at::Tensor channel_sums(const at::Tensor& grad) {
   std::vector<int64_t> dims{0};
   for (int64_t i = 2; i < grad.dim(); ++i) dims.push_back(i);
@@ -288,8 +349,8 @@ at::Tensor convolution(const at::Tensor& x, const at::Tensor& w,
     auto go = per_sample(g) ? at::Tensor() : positions_major(x, g);
     return add_bias(conv_input_grad(x, go, w, g), bias);
   }
-  return add_bias(
-      conv_forward(x, w, geometry(x.sizes(), w, stride, padding, dilation, groups), true), bias);
+  auto g = geometry(x.sizes(), w, stride, padding, dilation, groups);
+  return add_bias(taps_path(g) ? depthwise_forward(x, w, g) : conv_forward(x, w, g, true), bias);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
@@ -304,9 +365,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     if (mask[1]) gw = conv_weight_grad(positions_major(x, g), grad, w, g);
   } else {
     auto g = geometry(x.sizes(), w, stride, padding, dilation, groups);
+    bool taps = taps_path(g);
     at::Tensor go;
-    if (mask[1] || (mask[0] && !per_sample(g))) go = positions_major(grad, g);
-    if (mask[0]) gx = conv_input_grad(grad, go, w, g);
+    if (mask[1] || (mask[0] && !taps && !per_sample(g))) go = positions_major(grad, g);
+    if (mask[0]) gx = taps ? depthwise_input_grad(grad, w, g) : conv_input_grad(grad, go, w, g);
     if (mask[1]) gw = conv_weight_grad(go, x, w, g);
   }
   if (mask[2]) gb = channel_sums(grad);

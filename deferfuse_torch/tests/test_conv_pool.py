@@ -10,6 +10,13 @@ from conftest import assert_same, check
 CONVS = {
     "conv2d_padding": ((2, 3, 7, 6), (4, 3, 3, 3), dict(padding=1)),
     "conv2d_depthwise_stride": ((2, 4, 9, 8), (4, 1, 3, 3), dict(stride=2, padding=1, groups=4)),
+    # Depthwise: the forward and the stride-1 input gradient as a sum over the kernel taps.
+    "conv2d_depthwise_7x7": ((2, 6, 9, 8), (6, 1, 7, 7), dict(padding=3, groups=6)),
+    "conv2d_depthwise_dilated": ((2, 4, 9, 8), (4, 1, 3, 3),
+                                 dict(padding=(2, 0), dilation=(2, 1), groups=4)),
+    "conv2d_depthwise_multiplier": ((2, 3, 7, 6), (6, 1, 3, 3), dict(padding=1, groups=3)),
+    "conv1d_depthwise_short_padding": ((2, 3, 10), (3, 1, 5), dict(padding=1, groups=3)),
+    "conv3d_depthwise": ((1, 2, 5, 5, 4), (2, 1, 3, 3, 3), dict(padding=1, groups=2)),
     "conv2d_groups_dilation": ((2, 4, 9, 8), (6, 2, 2, 3),
                                dict(stride=(2, 1), padding=(0, 2), dilation=(2, 1), groups=2)),
     "conv2d_1x1": ((2, 5, 4, 4), (3, 5, 1, 1), dict()),
