@@ -235,7 +235,8 @@ fn row_scatters_with_an_expanded_index_round_each_step_as_the_element_walk() {
 #[test]
 fn scatters_along_the_last_dim_round_each_step_as_the_element_walk() {
     // Bilinear interpolation's backward along the width: a wider source summed into each row
-    // at an index every row shares (expanded) or each row has its own; duplicates in every row.
+    // at an index every row shares (expanded) or each row has its own, or in runs of one
+    // target; duplicates in every row.
     let mut rng = Rng::new(47);
     for dtype in [DType::F32, DType::F64] {
         let (rows, width, n) = (6, 13, 29);
@@ -244,6 +245,14 @@ fn scatters_along_the_last_dim_round_each_step_as_the_element_walk() {
         let row_ids = index(&mut rng, &[n], width, DType::I64);
         let shared = RefTensor::new(DType::I64, &[rows, n], row_ids.data.repeat(rows));
         let own = index(&mut rng, &[rows, n], width, DType::I32);
+        // Runs of two (nearest upsampling's backward): each target takes consecutive values.
+        let runs = RefTensor::new(
+            DType::I64,
+            &[rows, n],
+            (0..rows * n)
+                .map(|e| ((e % n) / 2 % width) as f64)
+                .collect(),
+        );
         for reduce in [ScatterReduce::Sum, ScatterReduce::Assign] {
             for p in PLACES {
                 let out = run_in_every_mode(|rt| {
@@ -252,18 +261,17 @@ fn scatters_along_the_last_dim_round_each_step_as_the_element_walk() {
                     let row = view(rt, upload(rt, &row_ids), View::Unsqueeze(0));
                     let wide = view(rt, row, View::Expand(vec![rows as i64, n as i64]));
                     let op = scatter(1, reduce, true);
+                    let (o, r) = (upload(rt, &own), upload(rt, &runs));
                     vec![
                         (
                             "shared".into(),
                             run(rt, op.clone(), &[tt(t), tt(wide), tt(s)]),
                         ),
-                        (
-                            "own".into(),
-                            run(rt, op, &[tt(t), tt(upload(rt, &own)), tt(s)]),
-                        ),
+                        ("own".into(), run(rt, op.clone(), &[tt(t), tt(o), tt(s)])),
+                        ("runs".into(), run(rt, op, &[tt(t), tt(r), tt(s)])),
                     ]
                 });
-                for (k, ids) in [&shared, &own].into_iter().enumerate() {
+                for (k, ids) in [&shared, &own, &runs].into_iter().enumerate() {
                     let want = refk::scatter(&this, 1, ids, ScatterSrc::Tensor(&src), reduce, true);
                     assert_equal(
                         &format!("{reduce:?} {dtype} {p:?} {}", out[k].0),

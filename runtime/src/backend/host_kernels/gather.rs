@@ -1,6 +1,6 @@
 //! `torch.gather`: `out[..i..] = src[..index[..i..]..]` along one dim.
 
-use super::elem::{convert, read_i64};
+use super::elem::{convert, read_i64, with_index_reader};
 use super::{for_each_row, out_of_bounds, View};
 use crate::error::Result;
 use smallvec::SmallVec;
@@ -46,12 +46,12 @@ pub(super) fn run(dim: usize, src: &View, index: &View, out: &View) -> Result<()
         return Ok(());
     }
     if src.dtype == out.dtype {
-        match src.dtype.size() {
-            8 => gather_same::<u64>(dim, src, index, out),
-            4 => gather_same::<u32>(dim, src, index, out),
-            2 => gather_same::<u16>(dim, src, index, out),
-            _ => gather_same::<u8>(dim, src, index, out),
-        }
+        with_index_reader!(index.dtype, |read| match src.dtype.size() {
+            8 => gather_same::<u64>(dim, src, index, out, read),
+            4 => gather_same::<u32>(dim, src, index, out, read),
+            2 => gather_same::<u16>(dim, src, index, out, read),
+            _ => gather_same::<u8>(dim, src, index, out, read),
+        });
         return Ok(());
     }
     let n = index.sizes[dim];
@@ -91,7 +91,13 @@ pub(super) fn rows_of_one_index(dim: usize, index: &View, others: &[&View]) -> O
 /// The element walk for a source and output of one dtype: each element's bits moved as one
 /// `T` (the dtype's width). `convert`'s dtype dispatch per element was most of a gather along
 /// the last dim (bilinear interpolation's forward: 4 ns an element).
-fn gather_same<T: Copy>(dim: usize, src: &View, index: &View, out: &View) {
+fn gather_same<T: Copy>(
+    dim: usize,
+    src: &View,
+    index: &View,
+    out: &View,
+    read: impl Fn(*const u8, isize) -> isize,
+) {
     let n = index.sizes[dim] as isize;
     let (is, os, ss) = (index.strides[dim], out.strides[dim], src.strides[dim]);
     for_each_row(&index.sizes, dim, &[index, out, src], |_, o| {
@@ -99,7 +105,7 @@ fn gather_same<T: Copy>(dim: usize, src: &View, index: &View, out: &View) {
             // SAFETY: as the walk in `run`: the index was checked, so the source element is
             // one of the source view's; `T` is the views' element width.
             unsafe {
-                let v = read_i64(index.dtype, index.base, o[0] + j * is) as isize;
+                let v = read(index.base, o[0] + j * is);
                 *(out.base as *mut T).offset(o[1] + j * os) =
                     *(src.base as *const T).offset(o[2] + v * ss);
             }

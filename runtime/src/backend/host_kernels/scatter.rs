@@ -3,7 +3,9 @@
 //! row-major order of the index, each step rounded to the dtype as torch's CPU kernels do, so
 //! the result is deterministic (with `assign`, the last duplicate wins).
 
-use super::elem::{float_step, read_f64, read_i64, round_to, wrap_to, write_f64, write_i64};
+use super::elem::{
+    float_step, read_f64, read_i64, round_to, with_index_reader, wrap_to, write_f64, write_i64,
+};
 use super::gather::{check_indices, rows_of_one_index};
 use super::{for_each_row, View};
 use crate::error::Result;
@@ -257,20 +259,51 @@ fn combine_along_last<T: Copy + std::ops::Add<Output = T>>(
     src: &View,
     out: &View,
 ) {
+    with_index_reader!(index.dtype, |read| {
+        combine_along_last_with::<T>(sum, index, src, out, read)
+    })
+}
+
+/// [`combine_along_last`] with the index's elements read by `read` (one load of the index's
+/// own type instead of a dtype dispatch per element).
+fn combine_along_last_with<T: Copy + std::ops::Add<Output = T>>(
+    sum: bool,
+    index: &View,
+    src: &View,
+    out: &View,
+    read: impl Fn(*const u8, isize) -> isize + Copy,
+) {
     let last = index.sizes.len() - 1;
     let n = index.sizes[last] as isize;
     let (is, ss, os) = (index.strides[last], src.strides[last], out.strides[last]);
+    let out_base = out.base as *mut T;
+    if n == 0 {
+        return;
+    }
     for_each_row(&index.sizes, last, &[index, out, src], |_, o| {
-        for j in 0..n {
-            // SAFETY: every view lies inside its buffer and the index was checked, so the
-            // target is one of the output row's elements; the output is never the source's
-            // buffer (`Dst` stages it when it would be).
-            unsafe {
-                let v = read_i64(index.dtype, index.base, o[0] + j * is) as isize;
+        // The target's running value stays in a register while consecutive values go to it
+        // (nearest upsampling's backward sends each run of `scale` values to one element):
+        // the same operations in the same order as storing and reloading it each time, without
+        // a dependency through memory per element (with the typed index read: 5.1 -> 2.2 ns an
+        // element, rows of 64).
+        // SAFETY: every view lies inside its buffer and the index was checked, so each target
+        // is one of the output row's elements; the output is never the source's buffer (`Dst`
+        // stages it when it would be).
+        unsafe {
+            let target = |j: isize| o[1] + read(index.base, o[0] + j * is) * os;
+            let mut at = target(0);
+            let mut value = *out_base.offset(at);
+            for j in 0..n {
+                let t = target(j);
+                if t != at {
+                    *out_base.offset(at) = value;
+                    at = t;
+                    value = *out_base.offset(at);
+                }
                 let from = *(src.base as *const T).offset(o[2] + j * ss);
-                let to = (out.base as *mut T).offset(o[1] + v * os);
-                *to = if sum { *to + from } else { from };
+                value = if sum { value + from } else { from };
             }
+            *out_base.offset(at) = value;
         }
     });
 }
