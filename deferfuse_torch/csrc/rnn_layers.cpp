@@ -24,6 +24,8 @@
 // Packed sequences take the composite path (lstm.data, gru.data are not registered here).
 #include "common.h"
 
+#include <algorithm>
+
 #include <ATen/ops/gru_native.h>
 #include <ATen/ops/lstm_native.h>
 #include <torch/autograd.h>
@@ -56,9 +58,9 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b
   return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
 }
 
-// What the backward needs beyond the call's inputs, filled by the forward when autograd will
-// ask: each layer's input (time-major, after dropout), the dropout masks, and per layer and
-// direction the per-step tensors in time order (Config::per_step of them a step).
+// What the backward needs beyond the call's inputs, filled by a forward that autograd will
+// differentiate: each layer's input (time-major, after dropout), the dropout masks, and per
+// layer and direction the per-step tensors in time order (Config::per_step of them a step).
 struct Saved {
   std::vector<at::Tensor> layer_inputs, masks;
   std::vector<std::vector<at::Tensor>> steps;
@@ -161,7 +163,7 @@ struct DirectionGrads {
 DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::TensorList params,
                                   int64_t l, int64_t d, const std::vector<at::Tensor>& steps,
                                   const at::Tensor& dy, at::Tensor dh, at::Tensor dc,
-                                  tensor_list& grads, int64_t params_at) {
+                                  tensor_list& grads, int64_t params_at, bool want_dx) {
   int64_t T = x.size(0), B = x.size(1), H = params[cfg.group(l, d) + 1].size(1);
   int64_t k = cfg.group(l, d);
   const auto &w_ih = params[k], &w_hh = params[k + 1];
@@ -208,7 +210,7 @@ DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::Te
     grads[params_at + k + 2] = dgi.sum(0);
     grads[params_at + k + 3] = dgh.sum(0);
   }
-  return {at::mm(dgi, w_ih).view({T, B, -1}), dh, dc};
+  return {want_dx ? at::mm(dgi, w_ih).view({T, B, -1}) : at::Tensor(), dh, dc};
 }
 
 // The backward with create_graph: the forward again, recorded by autograd from the saved
@@ -229,8 +231,13 @@ tensor_list double_backward(const Config& cfg, const std::vector<at::Tensor>& in
       gos.push_back(g);
     }
   }
+  // A tensor passed twice (lstm(x, (h, h)), one weight in two slots) is differentiated once:
+  // autograd adds what each slot returns, and grad() gives each copy the whole gradient.
+  std::vector<const c10::TensorImpl*> seen;
   for (size_t k = 0; k < inputs.size(); ++k) {
-    if (inputs[k].requires_grad()) {
+    const auto* impl = inputs[k].unsafeGetTensorImpl();
+    if (inputs[k].requires_grad() && std::find(seen.begin(), seen.end(), impl) == seen.end()) {
+      seen.push_back(impl);
       wrt.push_back(inputs[k]);
       slots.push_back(k);
     }
@@ -251,36 +258,50 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
     Config cfg{lstm, biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first};
     Saved saved;
     auto [out, hy, cy] = run_forward(cfg, input, hx, params, &saved);
-    std::vector<at::Tensor> inputs{input};
-    inputs.insert(inputs.end(), hx.begin(), hx.end());
-    inputs.insert(inputs.end(), params.begin(), params.end());
-    ctx->save_for_backward(inputs);
-    ctx->saved_data["config"] = std::vector<double>{double(lstm), double(biases), double(layers),
-                                                    double(cfg.dirs), cfg.dropout,
-                                                    double(batch_first), double(hx.size())};
-    ctx->saved_data["layer_inputs"] = saved.layer_inputs;
-    ctx->saved_data["masks"] = saved.masks;
-    for (size_t j = 0; j < saved.steps.size(); ++j) {
-      ctx->saved_data["steps" + std::to_string(j)] = saved.steps[j];
-    }
+    // Everything through save_for_backward (released after the backward, version-checked):
+    // input, hx..., params..., the inputs of layers 1.., the masks, then each layer and
+    // direction's steps.
+    std::vector<at::Tensor> keep{input};
+    keep.insert(keep.end(), hx.begin(), hx.end());
+    keep.insert(keep.end(), params.begin(), params.end());
+    keep.insert(keep.end(), saved.layer_inputs.begin() + 1, saved.layer_inputs.end());
+    keep.insert(keep.end(), saved.masks.begin(), saved.masks.end());
+    for (const auto& steps : saved.steps) keep.insert(keep.end(), steps.begin(), steps.end());
+    ctx->save_for_backward(keep);
+    ctx->set_materialize_grads(false);
+    ctx->saved_data["config"] = std::vector<double>{
+        double(lstm),      double(biases),        double(layers),
+        double(cfg.dirs),  cfg.dropout,           double(batch_first),
+        double(hx.size()), double(params.size()), double(saved.masks.size()),
+        double(input.size(batch_first ? 1 : 0))};
     return lstm ? tensor_list{out, hy, cy} : tensor_list{out, hy};
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     auto c = ctx->saved_data["config"].toDoubleVector();
     Config cfg{c[0] != 0, c[1] != 0, int64_t(c[2]), int64_t(c[3]), c[4], c[5] != 0};
-    int64_t n_hx = int64_t(c[6]);
-    auto inputs = ctx->get_saved_variables();  // input, hx..., params...
+    int64_t n_hx = int64_t(c[6]), n_params = int64_t(c[7]), n_masks = int64_t(c[8]);
+    int64_t T = int64_t(c[9]);
+    auto kept = ctx->get_saved_variables();  // in the order forward saved them
+    auto next = kept.begin();
+    auto take = [&](int64_t n) {
+      std::vector<at::Tensor> v(next, next + n);
+      next += n;
+      return v;
+    };
+    auto inputs = take(1 + n_hx + n_params);
     at::TensorList hx(inputs.data() + 1, n_hx);
-    at::TensorList params(inputs.data() + 1 + n_hx, inputs.size() - 1 - n_hx);
-    auto masks = ctx->saved_data["masks"].toTensorVector();
+    at::TensorList params(inputs.data() + 1 + n_hx, n_params);
+    auto layer_inputs = take(cfg.layers - 1);
+    layer_inputs.insert(layer_inputs.begin(),
+                        cfg.batch_first ? inputs[0].transpose(0, 1) : inputs[0]);
+    auto masks = take(n_masks);
     // Gradients for every forward argument: input, hx..., params..., seven non-tensors.
     tensor_list grads(inputs.size() + 7);
     if (at::GradMode::is_enabled()) {
       return double_backward(cfg, inputs, hx, params, masks, grad_outputs, grads);
     }
     at::AutoDispatchBelowADInplaceOrView below;
-    auto layer_inputs = ctx->saved_data["layer_inputs"].toTensorVector();
     const auto& dout = grad_outputs[0];
     const auto& dhy = grad_outputs[1];
     at::Tensor dcy = cfg.lstm ? grad_outputs[2] : at::Tensor();
@@ -294,10 +315,12 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
         int64_t j = l * cfg.dirs + d;
         int64_t H = params[cfg.group(l, d) + 1].size(1);
         auto dyd = dy.defined() && cfg.dirs == 2 ? dy.narrow(2, d * H, H) : dy;
-        auto steps = ctx->saved_data["steps" + std::to_string(j)].toTensorVector();
+        auto steps = std::vector<at::Tensor>(next + j * T * cfg.per_step(),
+                                             next + (j + 1) * T * cfg.per_step());
         auto r = backward_direction(cfg, x, params, l, d, steps, dyd,
                                     dhy.defined() ? dhy[j] : at::Tensor(),
-                                    dcy.defined() ? dcy[j] : at::Tensor(), grads, params_at);
+                                    dcy.defined() ? dcy[j] : at::Tensor(), grads, params_at,
+                                    l > 0 || ctx->needs_input_grad(0));
         dx = add_grads(dx, r.dx);
         dh0[j] = r.dh0;
         dc0[j] = r.dc0;
@@ -307,7 +330,7 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
       }
       dy = dx;
     }
-    grads[0] = cfg.batch_first ? dy.transpose(0, 1) : dy;
+    if (dy.defined()) grads[0] = cfg.batch_first ? dy.transpose(0, 1) : dy;
     auto state = [&](std::vector<at::Tensor>& v) {
       for (auto& t : v) {
         if (!t.defined()) t = at::zeros_like(hx[0][0]);
@@ -361,6 +384,23 @@ bool covered(const at::Tensor& input, at::TensorList hx, at::TensorList params, 
   return true;
 }
 
+// Whether autograd will differentiate the call: grad mode on and some input requiring grad.
+bool records(const at::Tensor& input, at::TensorList hx, at::TensorList params) {
+  auto wants = [](const at::Tensor& t) { return t.requires_grad(); };
+  return at::GradMode::is_enabled() &&
+         (input.requires_grad() || std::any_of(hx.begin(), hx.end(), wants) ||
+          std::any_of(params.begin(), params.end(), wants));
+}
+
+// The forward alone (no_grad, eval without gradients): nothing kept for a backward.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_only(
+    bool lstm, const at::Tensor& input, at::TensorList hx, at::TensorList params, bool biases,
+    int64_t layers, double dropout, bool train, bool bidirectional, bool batch_first) {
+  at::AutoDispatchBelowADInplaceOrView guard;
+  Config cfg{lstm, biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first};
+  return run_forward(cfg, input, hx, params, nullptr);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at::TensorList hx,
                                                     at::TensorList params, bool biases,
                                                     int64_t layers, double dropout, bool train,
@@ -369,6 +409,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at:
                batch_first)) {
     return at::native::lstm(input, hx, params, biases, layers, dropout, train, bidirectional,
                             batch_first);
+  }
+  if (!records(input, hx, params)) {
+    auto [out, hy, cy] = forward_only(true, input, hx, params, biases, layers, dropout, train,
+                                      bidirectional, batch_first);
+    return {out, hy, cy};
   }
   auto r = RnnLayers::apply(input, hx, params, true, biases, layers, dropout, train,
                             bidirectional, batch_first);
@@ -383,6 +428,11 @@ std::tuple<at::Tensor, at::Tensor> gru(const at::Tensor& input, const at::Tensor
                batch_first)) {
     return at::native::gru(input, hx, params, biases, layers, dropout, train, bidirectional,
                            batch_first);
+  }
+  if (!records(input, hx, params)) {
+    auto [out, hy, cy] = forward_only(false, input, hx, params, biases, layers, dropout, train,
+                                      bidirectional, batch_first);
+    return {out, hy};
   }
   auto r = RnnLayers::apply(input, at::TensorList(hx), params, false, biases, layers, dropout,
                             train, bidirectional, batch_first);

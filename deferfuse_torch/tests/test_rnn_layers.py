@@ -141,3 +141,36 @@ def test_an_lstm_with_a_projection_keeps_pytorchs_path_and_cpus_results(mode):
     check(got.detach(), want.detach())
     for p, q in zip(dev.parameters(), cpu.parameters()):
         check(p.grad, q.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_a_state_passed_twice_gets_its_gradient_once_in_a_double_backward(mode):
+    # lstm(x, (h, h)): autograd adds the gradients of both slots; each must hold its own part.
+    cpu, dev = pair(lambda: nn.LSTM(3, 4))
+    x, h = torch.randn(4, 2, 3), torch.randn(1, 2, 4)
+
+    def grads(rnn, device):
+        xd, hd = x.to(device).requires_grad_(), h.detach().clone().to(device).requires_grad_()
+        out, _ = rnn(xd, (hd, hd))
+        (gh,) = torch.autograd.grad((out ** 2).sum(), hd, create_graph=True)
+        gh.pow(2).sum().backward()
+        return [gh.detach(), *(p.grad for p in rnn.parameters())]
+
+    for g, w in zip(grads(dev, "tpu"), grads(cpu, "cpu")):
+        check(g, w, atol=1e-5, rtol=1e-4)
+
+
+def test_the_steps_kept_for_the_backward_are_freed_by_it():
+    # With the loss (and so the graph) still referenced, what the node kept per step goes once
+    # its backward ran: a training loop holding last step's loss does not hold its activations.
+    rnn = nn.LSTM(16, 64, num_layers=2).to("tpu")
+    x = torch.randn(50, 8, 16, device="tpu")
+    torch.tpu.synchronize()
+    base = torch.tpu.memory_allocated()
+    out, _ = rnn(x)
+    loss = out.sum()
+    torch.tpu.synchronize()
+    held = torch.tpu.memory_allocated() - base
+    loss.backward()
+    torch.tpu.synchronize()
+    after = torch.tpu.memory_allocated() - base
+    assert after < held / 2, (held, after)
