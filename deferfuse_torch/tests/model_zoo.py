@@ -324,6 +324,10 @@ class LSTMLanguageModel(nn.Module):
         self.rnn = nn.LSTM(d, d, layers, dropout=dropout, batch_first=True)
         self.head = nn.Linear(d, vocab)
         self.head.weight = self.emb.weight
+        # The example's initialisation: N(0, 1) embeddings tied to the decoder give logits
+        # hundreds wide.
+        nn.init.uniform_(self.emb.weight, -0.1, 0.1)
+        nn.init.zeros_(self.head.bias)
 
     def forward(self, idx):
         out, _ = self.rnn(self.drop(self.emb(idx)))
