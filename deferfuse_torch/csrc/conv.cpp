@@ -294,11 +294,13 @@ at::Tensor depthwise_input_grad(const at::Tensor& grad, const at::Tensor& w, con
 }
 
 // Whether a convolution's forward and input gradient are sums over the kernel taps: depthwise
-// with unit strides. With other strides the input gradient takes col2im, whose weight gradient
-// reads the forward's columns, and the columns' forward was the faster there (8x144x16x16 3x3
-// stride 2, forward and backward: 2.6 ms against 3.1).
+// with unit strides and at most kMaxTaps taps. With other strides the input gradient takes
+// col2im, whose weight gradient reads the forward's columns, and the columns' forward was the
+// faster there (8x144x16x16 3x3 stride 2, forward and backward: 2.6 ms against 3.1).
+constexpr int64_t kMaxTaps = 64;  // 7x7 (ConvNeXt); a 7x7x7 kernel would record 686 ops a call
+
 bool taps_path(const Geometry& g) {
-  return depthwise(g) &&
+  return depthwise(g) && g.K <= kMaxTaps &&
          std::all_of(g.stride.begin(), g.stride.end(), [](int64_t s) { return s == 1; });
 }
 

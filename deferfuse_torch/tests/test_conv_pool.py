@@ -17,6 +17,9 @@ CONVS = {
     "conv2d_depthwise_multiplier": ((2, 3, 7, 6), (6, 1, 3, 3), dict(padding=1, groups=3)),
     "conv1d_depthwise_short_padding": ((2, 3, 10), (3, 1, 5), dict(padding=1, groups=3)),
     "conv3d_depthwise": ((1, 2, 5, 5, 4), (2, 1, 3, 3, 3), dict(padding=1, groups=2)),
+    # 75 taps: past the tap sums' bound, the product path.
+    "conv3d_depthwise_large_kernel": ((1, 2, 6, 6, 4), (2, 1, 5, 5, 3),
+                                      dict(padding=(2, 2, 1), groups=2)),
     "conv2d_groups_dilation": ((2, 4, 9, 8), (6, 2, 2, 3),
                                dict(stride=(2, 1), padding=(0, 2), dilation=(2, 1), groups=2)),
     "conv2d_1x1": ((2, 5, 4, 4), (3, 5, 1, 1), dict()),
