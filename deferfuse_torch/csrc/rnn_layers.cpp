@@ -392,13 +392,19 @@ bool records(const at::Tensor& input, at::TensorList hx, at::TensorList params) 
           std::any_of(params.begin(), params.end(), wants));
 }
 
-// The forward alone (no_grad, eval without gradients): nothing kept for a backward.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_only(
-    bool lstm, const at::Tensor& input, at::TensorList hx, at::TensorList params, bool biases,
-    int64_t layers, double dropout, bool train, bool bidirectional, bool batch_first) {
+// A covered call: the node when autograd will differentiate it, else the forward alone
+// (no_grad, eval without gradients), keeping nothing for a backward.
+tensor_list run_layers(bool lstm, const at::Tensor& input, at::TensorList hx,
+                       at::TensorList params, bool biases, int64_t layers, double dropout,
+                       bool train, bool bidirectional, bool batch_first) {
+  if (records(input, hx, params)) {
+    return RnnLayers::apply(input, hx, params, lstm, biases, layers, dropout, train,
+                            bidirectional, batch_first);
+  }
   at::AutoDispatchBelowADInplaceOrView guard;
   Config cfg{lstm, biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first};
-  return run_forward(cfg, input, hx, params, nullptr);
+  auto [out, hy, cy] = run_forward(cfg, input, hx, params, nullptr);
+  return {out, hy, cy};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at::TensorList hx,
@@ -410,13 +416,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at:
     return at::native::lstm(input, hx, params, biases, layers, dropout, train, bidirectional,
                             batch_first);
   }
-  if (!records(input, hx, params)) {
-    auto [out, hy, cy] = forward_only(true, input, hx, params, biases, layers, dropout, train,
-                                      bidirectional, batch_first);
-    return {out, hy, cy};
-  }
-  auto r = RnnLayers::apply(input, hx, params, true, biases, layers, dropout, train,
-                            bidirectional, batch_first);
+  auto r = run_layers(true, input, hx, params, biases, layers, dropout, train, bidirectional,
+                      batch_first);
   return {r[0], r[1], r[2]};
 }
 
@@ -429,13 +430,8 @@ std::tuple<at::Tensor, at::Tensor> gru(const at::Tensor& input, const at::Tensor
     return at::native::gru(input, hx, params, biases, layers, dropout, train, bidirectional,
                            batch_first);
   }
-  if (!records(input, hx, params)) {
-    auto [out, hy, cy] = forward_only(false, input, hx, params, biases, layers, dropout, train,
-                                      bidirectional, batch_first);
-    return {out, hy};
-  }
-  auto r = RnnLayers::apply(input, at::TensorList(hx), params, false, biases, layers, dropout,
-                            train, bidirectional, batch_first);
+  auto r = run_layers(false, input, at::TensorList(hx), params, biases, layers, dropout, train,
+                      bidirectional, batch_first);
   return {r[0], r[1]};
 }
 

@@ -174,3 +174,16 @@ def test_the_steps_kept_for_the_backward_are_freed_by_it():
     torch.tpu.synchronize()
     after = torch.tpu.memory_allocated() - base
     assert after < held / 2, (held, after)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_under_no_grad_the_forward_alone_gives_cpus_outputs(mode, kind):
+    cpu, dev = pair(lambda: getattr(nn, kind)(4, 6, num_layers=2, bidirectional=True))
+    x = torch.randn(5, 3, 4)
+    with torch.no_grad():
+        want, want_h = cpu(x)
+        got, got_h = dev(x.to("tpu"))
+    assert got.grad_fn is None
+    check(got, want)
+    for g, w in zip(got_h if kind == "LSTM" else (got_h,), want_h if kind == "LSTM" else (want_h,)):
+        check(g, w)
