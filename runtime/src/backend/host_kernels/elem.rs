@@ -43,14 +43,14 @@ macro_rules! with_index_reader {
         match $dtype {
             deferfuse_fusion::ir::DType::I64 => {
                 // SAFETY: see the macro's doc.
-                let $read = |p: *const u8, off: isize| unsafe { *(p as *const i64).offset(off) };
-                let $read = move |p: *const u8, off: isize| $read(p, off) as isize;
+                let $read =
+                    |p: *const u8, off: isize| unsafe { *(p as *const i64).offset(off) as isize };
                 $body
             }
             deferfuse_fusion::ir::DType::I32 => {
                 // SAFETY: see the macro's doc.
-                let $read = |p: *const u8, off: isize| unsafe { *(p as *const i32).offset(off) };
-                let $read = move |p: *const u8, off: isize| $read(p, off) as isize;
+                let $read =
+                    |p: *const u8, off: isize| unsafe { *(p as *const i32).offset(off) as isize };
                 $body
             }
             dt => {

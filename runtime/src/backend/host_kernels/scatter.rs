@@ -230,10 +230,10 @@ impl Scatter {
             return false;
         }
         if self.dim == index.sizes.len() - 1 {
-            match out.dtype {
-                DType::F32 => combine_along_last::<f32>(sum, index, src, out),
-                _ => combine_along_last::<f64>(sum, index, src, out),
-            }
+            with_index_reader!(index.dtype, |read| match out.dtype {
+                DType::F32 => combine_along_last::<f32>(sum, index, src, out, read),
+                _ => combine_along_last::<f64>(sum, index, src, out, read),
+            });
             return true;
         }
         let Some(last) = rows_of_one_index(self.dim, index, &[src, out]) else {
@@ -253,25 +253,14 @@ impl Scatter {
 /// `out[.., index[.., j]] (+)= src[.., j]` along the last dim (bilinear interpolation's
 /// backward along the width, which took 14 ns an element through the generic walk, 20 times
 /// the other dims' row path), in native arithmetic and the index's row-major order.
+/// The index's elements are read by `read` (one load of the index's own type, not a dtype
+/// dispatch per element).
 fn combine_along_last<T: Copy + std::ops::Add<Output = T>>(
     sum: bool,
     index: &View,
     src: &View,
     out: &View,
-) {
-    with_index_reader!(index.dtype, |read| {
-        combine_along_last_with::<T>(sum, index, src, out, read)
-    })
-}
-
-/// [`combine_along_last`] with the index's elements read by `read` (one load of the index's
-/// own type instead of a dtype dispatch per element).
-fn combine_along_last_with<T: Copy + std::ops::Add<Output = T>>(
-    sum: bool,
-    index: &View,
-    src: &View,
-    out: &View,
-    read: impl Fn(*const u8, isize) -> isize + Copy,
+    read: impl Fn(*const u8, isize) -> isize,
 ) {
     let last = index.sizes.len() - 1;
     let n = index.sizes[last] as isize;
