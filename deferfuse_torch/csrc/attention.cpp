@@ -37,12 +37,7 @@ using torch::autograd::tensor_list;
 // functional tensors while torch.compile traces, and products autograd must record (a
 // double backward: grad mode on).
 at::Tensor product(const at::Tensor& a, const at::Tensor& b) {
-  auto direct = [](const at::Tensor& t) {
-    auto keys = t.key_set();
-    return t.device().type() == c10::DeviceType::PrivateUse1 &&
-           !keys.has(c10::DispatchKey::Python) && !keys.has(c10::DispatchKey::Functionalize);
-  };
-  if (!at::GradMode::is_enabled() && direct(a) && direct(b)) {
+  if (!at::GradMode::is_enabled() && recordable(a) && recordable(b)) {
     return run(DFUSE_OP_KIND_MATMUL, nullptr, Operands().t(a).t(b),
                "scaled_dot_product_attention");
   }

@@ -182,6 +182,12 @@ const StorageCtx& storage_ctx(const at::Tensor& t) {
   return *static_cast<const StorageCtx*>(dp.get_context());
 }
 
+bool recordable(const at::Tensor& t) {
+  auto keys = t.key_set();
+  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 &&
+         !keys.has(c10::DispatchKey::Python) && !keys.has(c10::DispatchKey::Functionalize);
+}
+
 Ref ref(const at::Tensor& t) {
   const StorageCtx* cp = &storage_ctx(t);
   if (cp->dtype != to_dtype(t.scalar_type())) {

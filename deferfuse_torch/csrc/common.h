@@ -78,6 +78,11 @@ const StorageCtx& storage_ctx(const at::Tensor& t);
 // A handle addressing exactly t's elements (storage + storage_offset + strides).
 Ref ref(const at::Tensor& t);
 
+// Whether a kernel may record ops on t itself, below the dispatcher: a tpu tensor that is not
+// one of the fake or functional tensors torch.compile traces with (those must reach the
+// dispatcher, op by op, to be traced).
+bool recordable(const at::Tensor& t);
+
 // Wraps a new handle (this function takes over its one reference) as a tpu tensor.
 at::Tensor wrap(uint64_t handle);
 

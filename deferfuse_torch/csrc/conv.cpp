@@ -250,9 +250,6 @@ at::Tensor conv_weight_grad(const at::Tensor& go, const at::Tensor& x, const at:
   return batched_matmul(go, cols.transpose(1, 2)).view(w.sizes());
 }
 
-// One input and one output channel per group: see the header comment.
-bool depthwise(const Geometry& g) { return g.Cg == 1 && g.OCg == 1; }
-
 // sum over the kernel taps t of view_t * w[:, t] per channel, where view_t = windows[..., t,
 // ...] of `windows` [N, C, k..., out...]; the tap t's weight is w's tap `flip ? K-1-t : t`.
 at::Tensor sum_over_taps(const at::Tensor& windows, const at::Tensor& w, const Geometry& g,
@@ -300,7 +297,8 @@ at::Tensor depthwise_input_grad(const at::Tensor& grad, const at::Tensor& w, con
 constexpr int64_t kMaxTaps = 64;  // 7x7 (ConvNeXt); a 7x7x7 kernel would record 686 ops a call
 
 bool taps_path(const Geometry& g) {
-  return depthwise(g) && g.K <= kMaxTaps &&
+  bool depthwise = g.Cg == 1 && g.OCg == 1;  // one input and one output channel per group
+  return depthwise && g.K <= kMaxTaps &&
          std::all_of(g.stride.begin(), g.stride.end(), [](int64_t s) { return s == 1; });
 }
 

@@ -331,14 +331,9 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
       dy = dx;
     }
     if (dy.defined()) grads[0] = cfg.batch_first ? dy.transpose(0, 1) : dy;
-    auto state = [&](std::vector<at::Tensor>& v) {
-      for (auto& t : v) {
-        if (!t.defined()) t = at::zeros_like(hx[0][0]);
-      }
-      return at::stack(v);
-    };
-    grads[1] = state(dh0);
-    if (cfg.lstm) grads[2] = state(dc0);
+    // Every direction's walk ends with a state gradient (zeros where none reached it).
+    grads[1] = at::stack(dh0);
+    if (cfg.lstm) grads[2] = at::stack(dc0);
     return grads;
   }
 };
@@ -348,12 +343,7 @@ bool covered(const at::Tensor& input, at::TensorList hx, at::TensorList params, 
              bool biases, int64_t layers, double dropout, bool train, bool bidirectional,
              bool batch_first) {
   auto dt = input.scalar_type();
-  auto direct = [&](const at::Tensor& t) {
-    auto keys = t.key_set();
-    return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 &&
-           t.scalar_type() == dt && !keys.has(c10::DispatchKey::Python) &&
-           !keys.has(c10::DispatchKey::Functionalize);
-  };
+  auto direct = [&](const at::Tensor& t) { return recordable(t) && t.scalar_type() == dt; };
   int64_t dirs = bidirectional ? 2 : 1;
   if (!(dt == at::kFloat || dt == at::kDouble) || input.dim() != 3 || input.numel() == 0 ||
       layers < 1 || int64_t(hx.size()) != (lstm ? 2 : 1) ||
