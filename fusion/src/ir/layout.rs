@@ -157,6 +157,54 @@ impl Layout {
             .any(|(&s, &st)| s > 1 && st == 0)
     }
 
+    /// True when no element index is in both `self` and `other` (two views of one buffer):
+    /// then a loop may write one while it reads or writes the other. Exact for views with the
+    /// same sizes and strides (the pieces `cat` and `stack` write, interleaved columns), by
+    /// the index ranges otherwise; `false` whenever that cannot be shown.
+    pub fn disjoint(&self, other: &Layout) -> bool {
+        if self.numel() == 0 || other.numel() == 0 {
+            return true;
+        }
+        let (a, b) = (self.index_range(), other.index_range());
+        if a.1 < b.0 || b.1 < a.0 {
+            return true;
+        }
+        if self.sizes != other.sizes || self.strides != other.strides {
+            return false;
+        }
+        // Same steps: they share an element iff the offsets differ by sum(c_k * stride_k)
+        // for some |c_k| < size_k. Outermost step first; `reach` bounds what the rest add.
+        let mut steps: SmallVec<[(i128, i128); 6]> = self
+            .sizes
+            .iter()
+            .zip(&self.strides)
+            .filter(|&(&s, &st)| s > 1 && st != 0)
+            .map(|(&s, &st)| ((st as i128).abs(), s as i128 - 1))
+            .collect();
+        steps.sort_unstable_by_key(|s| std::cmp::Reverse(s.0));
+        let mut budget = 256;
+        !offset_reachable(
+            other.offset as i128 - self.offset as i128,
+            &steps,
+            &mut budget,
+        )
+    }
+
+    /// The lowest and highest element index the (non-empty) layout touches.
+    fn index_range(&self) -> (i128, i128) {
+        let mut lo = self.offset as i128;
+        let mut hi = lo;
+        for (&s, &st) in self.sizes.iter().zip(&self.strides) {
+            let d = (s as i128 - 1) * st as i128;
+            if d < 0 {
+                lo += d;
+            } else {
+                hi += d;
+            }
+        }
+        (lo, hi)
+    }
+
     /// `view`/`reshape` without copying, or `None` when the strides make that impossible (the
     /// caller then copies to a contiguous buffer first, like `reshape` does).
     pub fn reshape(&self, new: &[usize]) -> Option<Layout> {
@@ -349,9 +397,118 @@ pub fn broadcast_shapes(op: &str, a: &[usize], b: &[usize], operand: &str) -> Op
     Ok(out)
 }
 
+/// True when `delta = sum(c_k * step_k)` for integers `|c_k| <= max_k` over `steps` (pairs
+/// `(step_k, max_k)`, largest step first). Each step's coefficient is bounded by what the smaller
+/// steps can still add, so nested strides try one or two values per dim; past `budget` tries
+/// the answer is `true` (not shown disjoint).
+fn offset_reachable(delta: i128, steps: &[(i128, i128)], budget: &mut u32) -> bool {
+    let Some((&(step, max), rest)) = steps.split_first() else {
+        return delta == 0;
+    };
+    let reach: i128 = rest.iter().map(|&(st, m)| st * m).sum();
+    let lo = (delta - reach).div_euclid(step) + i128::from((delta - reach).rem_euclid(step) != 0);
+    let (lo, hi) = (lo.max(-max), (delta + reach).div_euclid(step).min(max));
+    for c in lo..=hi {
+        if *budget == 0 {
+            return true;
+        }
+        *budget -= 1;
+        if offset_reachable(delta - c * step, rest, budget) {
+            return true;
+        }
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn strided(sizes: &[usize], strides: &[isize], offset: usize) -> Layout {
+        Layout {
+            sizes: SmallVec::from_slice(sizes),
+            strides: SmallVec::from_slice(strides),
+            offset,
+        }
+    }
+
+    #[test]
+    fn the_pieces_of_a_cat_along_any_dim_are_disjoint() {
+        let whole = Layout::contiguous(&[16, 512]);
+        let piece = |k: usize| whole.slice(1, k * 128, 128, 1);
+        assert!(piece(0).disjoint(&piece(1)));
+        assert!(piece(3).disjoint(&piece(1)));
+        let rows = Layout::contiguous(&[64, 16, 128]);
+        assert!(rows.select(0, 5).disjoint(&rows.select(0, 6)));
+        assert!(rows.select(0, 63).disjoint(&rows.select(0, 0)));
+    }
+
+    #[test]
+    fn interleaved_columns_are_disjoint_and_shifted_windows_are_not() {
+        let x = Layout::contiguous(&[4, 8]);
+        assert!(x.slice(1, 0, 4, 2).disjoint(&x.slice(1, 1, 4, 2)));
+        assert!(!x.slice(1, 0, 4, 2).disjoint(&x.slice(1, 2, 3, 2)));
+        assert!(!x.slice(1, 0, 4, 1).disjoint(&x.slice(1, 2, 4, 1)));
+        assert!(!x.disjoint(&x));
+    }
+
+    #[test]
+    fn views_that_share_an_element_are_not_disjoint() {
+        // Row 1 of a [4, 8] and column 3: element [1, 3].
+        let x = Layout::contiguous(&[4, 8]);
+        assert!(!x.select(0, 1).disjoint(&x.select(1, 3)));
+        // Same steps, offsets 9 apart: [1, 1] of one is [0, 0] of the other.
+        assert!(!strided(&[3, 3], &[8, 1], 0).disjoint(&strided(&[3, 3], &[8, 1], 9)));
+        // A broadcast read of one element inside a written row.
+        assert!(!strided(&[4], &[1], 8).disjoint(&strided(&[4], &[0], 10)));
+        assert!(strided(&[4], &[1], 8).disjoint(&strided(&[4], &[0], 12)));
+    }
+
+    #[test]
+    fn views_with_steps_that_do_not_nest_are_decided_exactly_or_not_claimed() {
+        // Steps 3 and 2 over the same sizes: offsets 1 apart meet (3 - 2 = 1).
+        let a = strided(&[5, 5], &[3, 2], 0);
+        assert!(!a.disjoint(&strided(&[5, 5], &[3, 2], 1)));
+        // Even steps never reach an odd offset difference.
+        let e = strided(&[5, 5], &[4, 2], 0);
+        assert!(e.disjoint(&strided(&[5, 5], &[4, 2], 1)));
+        assert!(strided(&[0, 3], &[3, 1], 0).disjoint(&e));
+    }
+
+    /// Every element index of `l`.
+    fn indices(l: &Layout) -> Vec<i128> {
+        let mut out = vec![l.offset as i128];
+        for (&s, &st) in l.sizes.iter().zip(&l.strides) {
+            out = (0..s as i128)
+                .flat_map(|i| out.iter().map(move |&o| o + i * st as i128))
+                .collect();
+        }
+        out
+    }
+
+    #[test]
+    fn disjoint_agrees_with_the_element_sets_of_small_views() {
+        let mut checked = 0;
+        for sizes in [[2, 3], [3, 3], [4, 2], [1, 5]] {
+            for strides in [[3, 1], [5, 1], [4, 2], [3, 2], [1, 4], [0, 1], [6, 3]] {
+                let a = strided(&sizes, &strides, 10);
+                let ia = indices(&a);
+                for offset in 0..24 {
+                    for other_sizes in [sizes, [2, 2]] {
+                        let b = strided(&other_sizes, &strides, offset);
+                        let meet = indices(&b).iter().any(|i| ia.contains(i));
+                        if meet {
+                            assert!(!a.disjoint(&b), "{a:?} {b:?} share an element");
+                        } else if other_sizes == sizes {
+                            assert!(a.disjoint(&b), "{a:?} {b:?}: exact for equal steps");
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 4 * 7 * 24 * 2);
+    }
 
     #[test]
     fn extent_saturates_instead_of_wrapping() {

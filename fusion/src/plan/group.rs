@@ -124,24 +124,30 @@ impl Group {
                     .forwards
                     .iter()
                     .any(|(f, _)| f.buffer == t.buffer && f.layout == view && f.dtype == t.dtype)
+                && !writes.all(|w| w.dtype == t.dtype && w.layout.disjoint(&view))
             {
+                // Read back through another view of what the loop wrote: the loop would load
+                // memory it has not stored yet. A view apart from every write loads what was
+                // there before the loop, which is its value.
                 return Some(CutReason::Layout);
             }
         }
         let out = node.output.layout.expand(&self.sizes);
         let b = node.output.buffer;
+        // Writing through another view of a buffer the loop reads or writes: an element both
+        // views name would be read or stored out of program order. Views that share no element
+        // (the pieces of a `cat` or `stack`) cannot race, so one loop may write them all.
+        let apart = |l: &Layout| *l != out && l.disjoint(&out);
         if self
             .reads
             .get(&b)
-            .is_some_and(|ls| ls.iter().any(|l| *l != out))
+            .is_some_and(|ls| ls.iter().any(|l| *l != out && !apart(l)))
         {
             return Some(CutReason::Layout);
         }
-        if self
-            .written
-            .iter()
-            .any(|(w, _, _)| w.buffer == b && w.layout != out)
-            || self.reduces.iter().any(|r| r.output.buffer == b)
+        if self.written.iter().any(|(w, _, _)| {
+            w.buffer == b && w.layout != out && !(w.dtype == node.output.dtype && apart(&w.layout))
+        }) || self.reduces.iter().any(|r| r.output.buffer == b)
         {
             return Some(CutReason::Layout);
         }

@@ -139,6 +139,46 @@ fn writing_a_buffer_the_loop_reads_through_another_view_cuts_as_layout() {
     assert_eq!(p.cut_log, [(1, CutReason::Layout)]);
 }
 
+/// `exp` of buffer `src` ([4, 4]) written into columns `at..at + 4` of buffer 3 ([4, 8]), as
+/// `cat` writes its pieces.
+fn exp_into_columns(src: u64, at: usize) -> Node {
+    let piece = view(
+        t(3, &[4, 4]),
+        Layout::contiguous(&[4, 8]).slice(1, at, 4, 1),
+    );
+    un(UnaryOp::Exp, t(src, &[4, 4]), piece)
+}
+
+#[test]
+fn writes_to_pieces_of_one_buffer_that_share_no_element_are_one_loop() {
+    let nodes = vec![exp_into_columns(1, 0), exp_into_columns(2, 4)];
+    let p = plan_with(&nodes, &[1, 2, 3], &loops());
+    assert_eq!(shape_of(&p), [("loop", 2)]);
+    assert_eq!(p.cuts, no_cuts());
+    assert_eq!(outputs_of(&p, 0), [3, 3]);
+}
+
+#[test]
+fn writes_to_pieces_of_one_buffer_that_overlap_cut_as_layout() {
+    let nodes = vec![exp_into_columns(1, 0), exp_into_columns(2, 2)];
+    let p = plan_with(&nodes, &[1, 2, 3], &loops());
+    assert_eq!(shape_of(&p), [("loop", 1), ("loop", 1)]);
+    assert_eq!(p.cut_log, [(1, CutReason::Layout)]);
+}
+
+#[test]
+fn reading_a_piece_the_loop_did_not_write_joins_and_loads_it() {
+    // Columns 0..4 written, then columns 4..8 (written before the loop) read back.
+    let right = view(t(3, &[4, 4]), Layout::contiguous(&[4, 8]).slice(1, 4, 4, 1));
+    let nodes = vec![
+        exp_into_columns(1, 0),
+        bin(BinaryOp::Add, tensor(right), scalar(1.0), t(4, &[4, 4])),
+    ];
+    let p = plan_with(&nodes, &[1, 3, 4], &loops());
+    assert_eq!(shape_of(&p), [("loop", 2)]);
+    assert_eq!(p.cuts, no_cuts());
+}
+
 #[test]
 fn only_the_last_write_to_a_view_reaches_memory() {
     // p *= 0.5; p -= g (`in_place_update`): one loop, p stored once.
