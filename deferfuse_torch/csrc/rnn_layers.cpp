@@ -83,32 +83,39 @@ Direction run_direction(const Config& cfg, const at::Tensor& x, at::TensorList p
   std::vector<at::Tensor> outs(T);
   if (save) save->assign(T * cfg.per_step(), at::Tensor());
   for (int64_t s = 0; s < T; ++s) {
-    int64_t t = d == 0 ? s : T - 1 - s;
-    auto hg = product(h, w_hh, b_hh);
-    at::Tensor* slot = save ? save->data() + t * cfg.per_step() : nullptr;
-    if (cfg.lstm) {
-      auto gates = (hg + xg[t]).chunk(4, 1);
-      auto i = gates[0].sigmoid(), f = gates[1].sigmoid();
-      auto g = gates[2].tanh(), o = gates[3].sigmoid();
-      auto c_next = f * c + i * g;
-      auto h_next = o * c_next.tanh();
-      if (slot) {
-        for (const auto& v : {i, f, g, o, c_next, h, c}) *slot++ = v;
+    // Strict mode runs a step as CPU's cell does, one product and one pass over the gates,
+    // not one program per gate op. The step's temporaries (its hidden product, the gates) die
+    // with the lambda, before the group ends, so they are never written.
+    OpGroup step;
+    [&] {
+      int64_t t = d == 0 ? s : T - 1 - s;
+      auto hg = product(h, w_hh, b_hh);
+      at::Tensor* slot = save ? save->data() + t * cfg.per_step() : nullptr;
+      if (cfg.lstm) {
+        auto gates = (hg + xg[t]).chunk(4, 1);
+        auto i = gates[0].sigmoid(), f = gates[1].sigmoid();
+        auto g = gates[2].tanh(), o = gates[3].sigmoid();
+        auto c_next = f * c + i * g;
+        auto h_next = o * c_next.tanh();
+        if (slot) {
+          for (const auto& v : {i, f, g, o, c_next, h, c}) *slot++ = v;
+        }
+        h = h_next;
+        c = c_next;
+      } else {
+        auto ig = xg[t].chunk(3, 1), hc = hg.chunk(3, 1);
+        auto r = (hc[0] + ig[0]).sigmoid();
+        auto z = (hc[1] + ig[1]).sigmoid();
+        auto n = (ig[2] + hc[2] * r).tanh();
+        auto h_next = (h - n) * z + n;
+        if (slot) {
+          for (const auto& v : {r, z, n, hc[2], h}) *slot++ = v;
+        }
+        h = h_next;
       }
-      h = h_next;
-      c = c_next;
-    } else {
-      auto ig = xg[t].chunk(3, 1), hc = hg.chunk(3, 1);
-      auto r = (hc[0] + ig[0]).sigmoid();
-      auto z = (hc[1] + ig[1]).sigmoid();
-      auto n = (ig[2] + hc[2] * r).tanh();
-      auto h_next = (h - n) * z + n;
-      if (slot) {
-        for (const auto& v : {r, z, n, hc[2], h}) *slot++ = v;
-      }
-      h = h_next;
-    }
-    outs[t] = h;
+      outs[t] = h;
+    }();
+    step.end();
   }
   return {at::stack(outs), h, c};
 }
@@ -171,34 +178,39 @@ DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::Te
   auto zeros = at::zeros({B, H}, x.options());
   std::vector<at::Tensor> d_ig(T), d_hg(T), h_prev(T);
   for (int64_t s = 0; s < T; ++s) {
-    int64_t t = d == 0 ? T - 1 - s : s;
-    const at::Tensor* v = steps.data() + t * cfg.per_step();
-    auto dh_t = add_grads(dys.empty() ? at::Tensor() : dys[t], dh);
-    if (!dh_t.defined()) dh_t = zeros;
-    if (cfg.lstm) {
-      const auto &i = v[0], &f = v[1], &g = v[2], &o = v[3], &c = v[4], &c_prev = v[6];
-      h_prev[t] = v[5];
-      auto tc = c.tanh();
-      auto d_o = dh_t * tc;
-      auto dc_t = add_grads(at::tanh_backward(dh_t * o, tc), dc);
-      d_ig[t] = at::cat({at::sigmoid_backward(dc_t * g, i), at::sigmoid_backward(dc_t * c_prev, f),
-                         at::tanh_backward(dc_t * i, g), at::sigmoid_backward(d_o, o)},
-                        1);
-      d_hg[t] = d_ig[t];
-      dc = dc_t * f;
-      dh = at::mm(d_ig[t], w_hh);
-    } else {
-      const auto &r = v[0], &z = v[1], &n = v[2], &hn = v[3];
-      h_prev[t] = v[4];
-      auto d_hmn = dh_t * z;  // through (h - n) * z
-      auto dz = dh_t * (h_prev[t] - n);
-      auto dn = at::tanh_backward(dh_t - d_hmn, n);
-      auto dr = at::sigmoid_backward(dn * hn, r);
-      auto dz_pre = at::sigmoid_backward(dz, z);
-      d_ig[t] = at::cat({dr, dz_pre, dn}, 1);
-      d_hg[t] = at::cat({dr, dz_pre, dn * r}, 1);
-      dh = d_hmn + at::mm(d_hg[t], w_hh);
-    }
+    OpGroup step;  // one step's gate gradients and hidden product, as in the forward
+    [&] {
+      int64_t t = d == 0 ? T - 1 - s : s;
+      const at::Tensor* v = steps.data() + t * cfg.per_step();
+      auto dh_t = add_grads(dys.empty() ? at::Tensor() : dys[t], dh);
+      if (!dh_t.defined()) dh_t = zeros;
+      if (cfg.lstm) {
+        const auto &i = v[0], &f = v[1], &g = v[2], &o = v[3], &c = v[4], &c_prev = v[6];
+        h_prev[t] = v[5];
+        auto tc = c.tanh();
+        auto d_o = dh_t * tc;
+        auto dc_t = add_grads(at::tanh_backward(dh_t * o, tc), dc);
+        d_ig[t] = at::cat({at::sigmoid_backward(dc_t * g, i),
+                           at::sigmoid_backward(dc_t * c_prev, f), at::tanh_backward(dc_t * i, g),
+                           at::sigmoid_backward(d_o, o)},
+                          1);
+        d_hg[t] = d_ig[t];
+        dc = dc_t * f;
+        dh = at::mm(d_ig[t], w_hh);
+      } else {
+        const auto &r = v[0], &z = v[1], &n = v[2], &hn = v[3];
+        h_prev[t] = v[4];
+        auto d_hmn = dh_t * z;  // through (h - n) * z
+        auto dz = dh_t * (h_prev[t] - n);
+        auto dn = at::tanh_backward(dh_t - d_hmn, n);
+        auto dr = at::sigmoid_backward(dn * hn, r);
+        auto dz_pre = at::sigmoid_backward(dz, z);
+        d_ig[t] = at::cat({dr, dz_pre, dn}, 1);
+        d_hg[t] = at::cat({dr, dz_pre, dn * r}, 1);
+        dh = d_hmn + at::mm(d_hg[t], w_hh);
+      }
+    }();
+    step.end();
   }
   int64_t G = cfg.gates() * H;
   auto dgi = at::stack(d_ig).view({T * B, G});

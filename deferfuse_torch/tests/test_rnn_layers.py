@@ -90,6 +90,22 @@ def test_a_layer_call_is_one_autograd_node(kind):
 
 
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_a_strict_step_runs_a_few_programs_not_one_per_gate_op(kind):
+    # Each step is an op group: its hidden product and its gate arithmetic run as a fused
+    # flush of just that step would (3-4 programs), not one program per recorded op (~11).
+    _, dev = pair(lambda: getattr(nn, kind)(8, 16))
+    steps = 12
+    x = torch.randn(steps, 3, 8, device="tpu")
+    with deferfuse_torch.mode("strict"), torch.no_grad():
+        dev(x)
+        torch.tpu.synchronize()
+        before = deferfuse_torch.stats()["programs_run"]
+        dev(x)[0].cpu()
+        programs = deferfuse_torch.stats()["programs_run"] - before
+    assert programs <= 4 * steps + 6, programs
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
 def test_dropout_between_layers_draws_the_masks_f_dropout_draws(mode, kind):
     # Same seed: a 2-layer RNN with dropout equals its two layers run apart with F.dropout
     # between them (the same draws from the device's generator), values and gradients.
