@@ -123,37 +123,53 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_legit_no_training(
   return batch_norm(x, weight, bias, running_mean, running_var, false, momentum, eps);
 }
 
+// Group norm works on x as [N, G, C/G, HxW]: the group statistics reduce dims 2 and 3 (one
+// contiguous row per group), and the per-channel weight and bias broadcast as [1, G, C/G, 1]
+// over the same shape, so the statistics, the normalization and the affine are one row kernel
+// in defer mode (a [N, C, HxW] view for the affine was a shape change: 13 programs for a
+// forward and backward instead of 5). Sums run over the same elements in the same order.
+struct GroupShape {
+  int64_t N, G, D, HxW;
+  std::vector<int64_t> x() const { return {N, G, D, HxW}; }
+  std::vector<int64_t> stat() const { return {N, G, 1, 1}; }
+  std::vector<int64_t> channel() const { return {1, G, D, 1}; }
+};
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm(
     const at::Tensor& x, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, int64_t N, int64_t C, int64_t HxW, int64_t group,
     double eps) {
   TORCH_CHECK(group > 0 && C % group == 0, "group_norm: expected the number of channels ", C,
               " to be divisible by num_groups=", group);
-  auto xg = x.reshape({N, group, -1});
-  auto mean = reduce(xg, DFUSE_REDUCE_OP_MEAN, {2}, false);
-  auto xc = xg - mean.unsqueeze(-1);
-  auto rstd = inv_std(reduce(xc * xc, DFUSE_REDUCE_OP_MEAN, {2}, false), eps);
-  auto y = (xc * rstd.unsqueeze(-1)).view({N, C, HxW});
-  if (has(weight)) y = y * weight->view({1, C, 1});
-  if (has(bias)) y = y + bias->view({1, C, 1});
-  return {y.view(x.sizes()), mean, rstd};
+  GroupShape s{N, group, C / group, HxW};
+  auto x4 = x.reshape(s.x());
+  // keepdim: the statistics' arithmetic has the row kernel's row shape and joins it.
+  auto mean = reduce(x4, DFUSE_REDUCE_OP_MEAN, {2, 3}, true);
+  auto xc = x4 - mean;
+  auto rstd = inv_std(reduce(xc * xc, DFUSE_REDUCE_OP_MEAN, {2, 3}, true), eps);
+  auto y = xc * rstd;
+  if (has(weight)) y = y * weight->view(s.channel());
+  if (has(bias)) y = y + bias->view(s.channel());
+  return {y.view(x.sizes()), mean.view({N, group}), rstd.view({N, group})};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward(
     const at::Tensor& grad, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
     const std::optional<at::Tensor>& weight, int64_t N, int64_t C, int64_t HxW, int64_t group,
     std::array<bool, 3> mask) {
-  auto xhat = (x.reshape({N, group, -1}) - mean.unsqueeze(-1)) * rstd.unsqueeze(-1);
-  auto g3 = grad.reshape({N, C, HxW});
+  GroupShape s{N, group, C / group, HxW};
+  auto rstd4 = rstd.view(s.stat());
+  auto xhat = (x.reshape(s.x()) - mean.view(s.stat())) * rstd4;
+  auto g4 = grad.reshape(s.x());
   at::Tensor gx, gw, gb;
   if (mask[0]) {
-    auto g = (has(weight) ? g3 * weight->view({1, C, 1}) : g3).view({N, group, -1});
-    auto g_mean = reduce(g, DFUSE_REDUCE_OP_MEAN, {2}, true);
-    auto gx_mean = reduce(g * xhat, DFUSE_REDUCE_OP_MEAN, {2}, true);
-    gx = ((g - g_mean - xhat * gx_mean) * rstd.unsqueeze(-1)).view(x.sizes());
+    auto g = has(weight) ? g4 * weight->view(s.channel()) : g4;
+    auto g_mean = reduce(g, DFUSE_REDUCE_OP_MEAN, {2, 3}, true);
+    auto gx_mean = reduce(g * xhat, DFUSE_REDUCE_OP_MEAN, {2, 3}, true);
+    gx = ((g - g_mean - xhat * gx_mean) * rstd4).view(x.sizes());
   }
-  if (mask[1]) gw = reduce(g3 * xhat.view({N, C, HxW}), DFUSE_REDUCE_OP_SUM, {0, 2}, false);
-  if (mask[2]) gb = reduce(g3, DFUSE_REDUCE_OP_SUM, {0, 2}, false);
+  if (mask[1]) gw = reduce(g4 * xhat, DFUSE_REDUCE_OP_SUM, {0, 3}, false).view({C});
+  if (mask[2]) gb = reduce(g4, DFUSE_REDUCE_OP_SUM, {0, 3}, false).view({C});
   return {gx, gw, gb};
 }
 

@@ -41,6 +41,13 @@ NORMS = {
     "batch_norm_no_running_stats": (lambda: nn.BatchNorm2d(3, track_running_stats=False),
                                     (4, 3, 5, 6)),
     "group_norm": (lambda: nn.GroupNorm(2, 4), (3, 4, 5, 6)),
+    # One group (LayerNorm over C, H, W), a group per channel, no affine, 1-D and 3-D inputs.
+    "group_norm_one_group": (lambda: nn.GroupNorm(1, 6), (2, 6, 3, 4)),
+    "group_norm_group_per_channel": (lambda: nn.GroupNorm(6, 6), (2, 6, 3, 4)),
+    "group_norm_no_affine": (lambda: nn.GroupNorm(3, 6, affine=False), (2, 6, 3, 4)),
+    "group_norm_1d": (lambda: nn.GroupNorm(2, 6), (4, 6, 7)),
+    "group_norm_3d": (lambda: nn.GroupNorm(4, 8), (2, 8, 3, 2, 5)),
+    "group_norm_no_spatial_dims": (lambda: nn.GroupNorm(2, 6), (5, 6)),
     "instance_norm": (lambda: nn.InstanceNorm2d(4, affine=True), (3, 4, 5, 6)),
 }
 
