@@ -168,8 +168,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward(
     auto gx_mean = reduce(g * xhat, DFUSE_REDUCE_OP_MEAN, {2, 3}, true);
     gx = ((g - g_mean - xhat * gx_mean) * rstd4).view(x.sizes());
   }
-  if (mask[1]) gw = reduce(g4 * xhat, DFUSE_REDUCE_OP_SUM, {0, 3}, false).view({C});
-  if (mask[2]) gb = reduce(g4, DFUSE_REDUCE_OP_SUM, {0, 3}, false).view({C});
+  // Per channel over [N, C, HxW]: a [N, G, C/G, HxW] reduction over dims 0 and 3 copied its
+  // input through a slower 4-D walk first.
+  if (mask[1]) gw = reduce((g4 * xhat).view({N, C, HxW}), DFUSE_REDUCE_OP_SUM, {0, 2}, false);
+  if (mask[2]) gb = reduce(grad.reshape({N, C, HxW}), DFUSE_REDUCE_OP_SUM, {0, 2}, false);
   return {gx, gw, gb};
 }
 
