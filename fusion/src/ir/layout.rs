@@ -512,11 +512,7 @@ mod tests {
 
     #[test]
     fn extent_saturates_instead_of_wrapping() {
-        let l = |sizes: &[usize], strides: &[isize], offset: usize| Layout {
-            sizes: SmallVec::from_slice(sizes),
-            strides: SmallVec::from_slice(strides),
-            offset,
-        };
+        let l = strided;
         // 4 * 2^62 wraps to 0 in isize: the view would look like it fits in one element.
         assert_eq!(l(&[5], &[1 << 62], 0).extent(), usize::MAX);
         assert_eq!(l(&[2], &[1], usize::MAX).extent(), usize::MAX);

@@ -137,16 +137,12 @@ impl Group {
         // Writing through another view of a buffer the loop reads or writes: an element both
         // views name would be read or stored out of program order. Views that share no element
         // (the pieces of a `cat` or `stack`) cannot race, so one loop may write them all.
-        let apart = |l: &Layout| *l != out && l.disjoint(&out);
-        if self
-            .reads
-            .get(&b)
-            .is_some_and(|ls| ls.iter().any(|l| *l != out && !apart(l)))
-        {
+        let races = |l: &Layout| *l != out && !l.disjoint(&out);
+        if self.reads.get(&b).is_some_and(|ls| ls.iter().any(races)) {
             return Some(CutReason::Layout);
         }
         if self.written.iter().any(|(w, _, _)| {
-            w.buffer == b && w.layout != out && !(w.dtype == node.output.dtype && apart(&w.layout))
+            w.buffer == b && (races(&w.layout) || (w.layout != out && w.dtype != node.output.dtype))
         }) || self.reduces.iter().any(|r| r.output.buffer == b)
         {
             return Some(CutReason::Layout);
