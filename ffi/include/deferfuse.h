@@ -485,6 +485,16 @@ enum DfuseOpKind
    * element e's value depends only on (seed, offset, e).
    */
   DFUSE_OP_KIND_RANDOM = 15,
+  /**
+   * A depthwise convolution (groups = channels, one output channel per group) or one of its
+   * gradients (`attrs->sub_op`, a `DfuseDepthwisePart`), over `attrs->n_dims` (1 to 3)
+   * spatial dims: `attrs->dims[0..n]` are the kernel sizes, `attrs->stride`,
+   * `attrs->padding` and `attrs->dilation[0..n]` the geometry, and for the input gradient
+   * `attrs->dims[n..2n]` the input's spatial sizes. Inputs: FORWARD x `[N, C, in...]` and
+   * weight `[C, 1, k...]`; INPUT_GRAD grad `[N, C, out...]` and weight; WEIGHT_GRAD grad and
+   * x. One floating dtype for both; the result has it.
+   */
+  DFUSE_OP_KIND_DEPTHWISE_CONV = 16,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -908,6 +918,35 @@ typedef uint32_t DfuseRandomDist;
 #endif // __cplusplus
 
 /**
+ * `attrs->sub_op` for `DFUSE_OP_KIND_DEPTHWISE_CONV`; the numbers are the runtime's.
+ */
+enum DfuseDepthwisePart
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * the convolution: inputs x and weight
+   */
+  DFUSE_DEPTHWISE_PART_FORWARD = 0,
+  /**
+   * its gradient with respect to x: inputs grad and weight
+   */
+  DFUSE_DEPTHWISE_PART_INPUT_GRAD = 1,
+  /**
+   * its gradient with respect to the weight: inputs grad and x
+   */
+  DFUSE_DEPTHWISE_PART_WEIGHT_GRAD = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum DfuseDepthwisePart DfuseDepthwisePart;
+#else
+typedef uint32_t DfuseDepthwisePart;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * `dfuse_view`'s `kind`, and what `args` holds for it.
  */
 enum DfuseViewKind
@@ -1032,6 +1071,18 @@ typedef struct DfuseAttrs {
    * SCAN: non-zero when `dtype` holds torch's `dtype=` argument.
    */
   uint8_t has_dtype;
+  /**
+   * DEPTHWISE_CONV: the stride of each spatial dim (`n_dims` of them).
+   */
+  int64_t stride[3];
+  /**
+   * DEPTHWISE_CONV: the zero padding on both sides of each spatial dim.
+   */
+  int64_t padding[3];
+  /**
+   * DEPTHWISE_CONV: the spacing of the kernel taps along each spatial dim.
+   */
+  int64_t dilation[3];
 } DfuseAttrs;
 
 /**

@@ -1,10 +1,12 @@
-//! The attributes of the kernel op kinds (GATHER, SCATTER, SCAN, SORT, RANDOM): their sub-op
-//! enums and how `DfuseAttrs` becomes the runtime's `KernelOp`.
+//! The attributes of the kernel op kinds (GATHER, SCATTER, SCAN, SORT, RANDOM, DEPTHWISE_CONV):
+//! their sub-op enums and how `DfuseAttrs` becomes the runtime's `KernelOp`.
 
 use crate::error::{invalid, Result};
 use crate::op::{wrap_dims, DfuseAttrs};
 use crate::types::{dtype_from, sizes_from, DFUSE_MAX_REDUCE_DIMS};
-use deferfuse_fusion::ir::{Dims, KernelOp, RandomDist, ScanOp, ScatterReduce};
+use deferfuse_fusion::ir::{
+    Depthwise, DepthwisePart, Dims, KernelOp, RandomDist, ScanOp, ScatterReduce,
+};
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_SCATTER`; the numbers are the runtime's.
 #[repr(u32)]
@@ -42,6 +44,49 @@ pub enum DfuseRandomDist {
     Uniform = 0,
     /// standard normal (`randn`)
     Normal = 1,
+}
+
+/// `attrs->sub_op` for `DFUSE_OP_KIND_DEPTHWISE_CONV`; the numbers are the runtime's.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DfuseDepthwisePart {
+    /// the convolution: inputs x and weight
+    Forward = 0,
+    /// its gradient with respect to x: inputs grad and weight
+    InputGrad = 1,
+    /// its gradient with respect to the weight: inputs grad and x
+    WeightGrad = 2,
+}
+
+/// The depthwise convolution of `attrs` (kind 16): the sizes and geometry checked for what the
+/// C side can get wrong (counts, signs); the shapes are the runtime's to check.
+pub(crate) fn build_depthwise(a: &DfuseAttrs) -> Result<KernelOp> {
+    let part = DepthwisePart::from_u32(a.sub_op).ok_or_else(|| {
+        invalid(format!(
+            "attrs->sub_op = {} is not a DfuseDepthwisePart; expected 0..={}",
+            a.sub_op,
+            DepthwisePart::ALL.len() - 1
+        ))
+    })?;
+    let n = a.n_dims;
+    if !(1..=3).contains(&n) {
+        return Err(invalid(format!(
+            "depthwise_conv: attrs->n_dims = {n}; expected 1 to 3 spatial dims"
+        )));
+    }
+    let field =
+        |v: &[i64], what: &str| -> Result<Dims> { Ok(Dims::from_vec(sizes_from(v, what)?)) };
+    Ok(KernelOp::Depthwise(Box::new(Depthwise {
+        part,
+        kernel: field(&a.dims[..n], "attrs->dims (the kernel sizes)")?,
+        stride: field(&a.stride[..n], "attrs->stride")?,
+        padding: field(&a.padding[..n], "attrs->padding")?,
+        dilation: field(&a.dilation[..n], "attrs->dilation")?,
+        input: match part {
+            DepthwisePart::InputGrad => field(&a.dims[n..2 * n], "attrs->dims (the input sizes)")?,
+            _ => Dims::new(),
+        },
+    })))
 }
 
 /// The `KernelOp` of kind 11..=15 with attributes `a`; `rank` gives the first tensor input's
@@ -142,6 +187,57 @@ mod tests {
         for (x, y) in r.iter().zip(RandomDist::ALL) {
             assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
         }
+        let d = [
+            DfuseDepthwisePart::Forward,
+            DfuseDepthwisePart::InputGrad,
+            DfuseDepthwisePart::WeightGrad,
+        ];
+        assert_eq!(d.len(), DepthwisePart::ALL.len());
+        for (x, y) in d.iter().zip(DepthwisePart::ALL) {
+            assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
+        }
+    }
+
+    #[test]
+    fn depthwise_reads_the_input_sizes_only_for_the_input_gradient() {
+        let mut a = attrs(1, 0);
+        a.n_dims = 2;
+        a.dims[..4].copy_from_slice(&[3, 3, 15, 16]);
+        a.stride[..2].copy_from_slice(&[2, 2]);
+        a.padding[..2].copy_from_slice(&[1, 1]);
+        a.dilation[..2].copy_from_slice(&[1, 1]);
+        let KernelOp::Depthwise(d) = build_depthwise(&a).unwrap() else {
+            panic!("not a depthwise op")
+        };
+        assert_eq!(
+            (d.part, d.input.as_slice()),
+            (DepthwisePart::InputGrad, &[15, 16][..])
+        );
+        a.sub_op = 0;
+        let KernelOp::Depthwise(d) = build_depthwise(&a).unwrap() else {
+            panic!("not a depthwise op")
+        };
+        assert!(d.input.is_empty());
+    }
+
+    #[test]
+    fn depthwise_refuses_negative_geometry_and_bad_counts() {
+        let mut a = attrs(0, 0);
+        a.n_dims = 1;
+        a.dims[0] = 3;
+        a.stride[0] = -1;
+        let e = build_depthwise(&a).unwrap_err();
+        assert!(e.to_string().contains("attrs->stride"), "{e}");
+        a.n_dims = 4;
+        assert!(build_depthwise(&a)
+            .unwrap_err()
+            .to_string()
+            .contains("1 to 3"));
+        a.n_dims = 1;
+        a.stride[0] = 1;
+        a.sub_op = 3;
+        let e = build_depthwise(&a).unwrap_err();
+        assert!(e.to_string().contains("not a DfuseDepthwisePart"), "{e}");
     }
 
     #[test]

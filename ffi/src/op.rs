@@ -4,7 +4,7 @@
 //! `DFUSE_STATUS_BAD_OP` at the call).
 
 use crate::error::{guard, invalid, read_in, slice_in, write_out, DfuseStatus, Result};
-use crate::kernel_op::build_kernel_op;
+use crate::kernel_op::{build_depthwise, build_kernel_op};
 use crate::runtime_registry::{runtime, DfuseRuntime};
 use crate::types::{dtype_from, operand_from, DfuseOperand, DFUSE_MAX_REDUCE_DIMS};
 use deferfuse_fusion::ir::layout::wrap_dim;
@@ -60,6 +60,14 @@ pub enum DfuseOpKind {
     /// and floating `attrs->dtype`; inputs are two INT scalars, seed and offset. Philox4x32-10:
     /// element e's value depends only on (seed, offset, e).
     Random = 15,
+    /// A depthwise convolution (groups = channels, one output channel per group) or one of its
+    /// gradients (`attrs->sub_op`, a `DfuseDepthwisePart`), over `attrs->n_dims` (1 to 3)
+    /// spatial dims: `attrs->dims[0..n]` are the kernel sizes, `attrs->stride`,
+    /// `attrs->padding` and `attrs->dilation[0..n]` the geometry, and for the input gradient
+    /// `attrs->dims[n..2n]` the input's spatial sizes. Inputs: FORWARD x `[N, C, in...]` and
+    /// weight `[C, 1, k...]`; INPUT_GRAD grad `[N, C, out...]` and weight; WEIGHT_GRAD grad and
+    /// x. One floating dtype for both; the result has it.
+    DepthwiseConv = 16,
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_UNARY`; the numbers are the runtime's.
@@ -244,13 +252,34 @@ pub struct DfuseAttrs {
     pub descending: u8,
     /// SCAN: non-zero when `dtype` holds torch's `dtype=` argument.
     pub has_dtype: u8,
+    /// DEPTHWISE_CONV: the stride of each spatial dim (`n_dims` of them).
+    pub stride: [i64; 3],
+    /// DEPTHWISE_CONV: the zero padding on both sides of each spatial dim.
+    pub padding: [i64; 3],
+    /// DEPTHWISE_CONV: the spacing of the kernel taps along each spatial dim.
+    pub dilation: [i64; 3],
 }
 
 /// The op kind number's name, for messages.
 fn kind_name(kind: u32) -> &'static str {
     [
-        "UNARY", "BINARY", "WHERE", "CLAMP", "CAST", "COPY", "REDUCE", "CAT", "ARANGE", "MATMUL",
-        "ADDMM", "GATHER", "SCATTER", "SCAN", "SORT", "RANDOM",
+        "UNARY",
+        "BINARY",
+        "WHERE",
+        "CLAMP",
+        "CAST",
+        "COPY",
+        "REDUCE",
+        "CAT",
+        "ARANGE",
+        "MATMUL",
+        "ADDMM",
+        "GATHER",
+        "SCATTER",
+        "SCAN",
+        "SORT",
+        "RANDOM",
+        "DEPTHWISE_CONV",
     ]
     .get(kind as usize)
     .copied()
@@ -329,11 +358,15 @@ pub(crate) fn build_op(
             let a = need("attrs->dim and the op's other attributes")?;
             Op::Kernel(build_kernel_op(kind, a, rank)?)
         }
+        16 => {
+            let a = need("attrs->sub_op (a DfuseDepthwisePart) and the geometry")?;
+            Op::Kernel(build_depthwise(a)?)
+        }
         k => {
             return Err(invalid(format!(
-                "kind = {k} is not a DfuseOpKind; expected 0..=15 (UNARY, BINARY, WHERE, CLAMP, \
+                "kind = {k} is not a DfuseOpKind; expected 0..=16 (UNARY, BINARY, WHERE, CLAMP, \
                  CAST, COPY, REDUCE, CAT, ARANGE, MATMUL, ADDMM, GATHER, SCATTER, SCAN, SORT, \
-                 RANDOM)"
+                 RANDOM, DEPTHWISE_CONV)"
             )))
         }
     })
@@ -439,6 +472,9 @@ mod tests {
             include_self: 1,
             descending: 0,
             has_dtype: 0,
+            stride: [1; 3],
+            padding: [0; 3],
+            dilation: [1; 3],
         };
         a.dims[..dims.len()].copy_from_slice(dims);
         a
@@ -596,9 +632,14 @@ mod tests {
         assert!(e
             .to_string()
             .contains("sub_op = 23 is not a DfuseBinaryOp; expected 0..=22"));
+        let e = build_op(17, None, || Ok(None)).unwrap_err();
+        assert!(
+            e.to_string().contains("kind = 17 is not a DfuseOpKind"),
+            "{e}"
+        );
         let e = build_op(16, None, || Ok(None)).unwrap_err();
         assert!(
-            e.to_string().contains("kind = 16 is not a DfuseOpKind"),
+            e.to_string().contains("attrs is NULL; op kind DEPTHWISE_CONV"),
             "{e}"
         );
         let mut c = attrs(0, &[], false);

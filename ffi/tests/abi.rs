@@ -168,6 +168,9 @@ fn attrs(sub_op: u32) -> DfuseAttrs {
         include_self: 1,
         descending: 0,
         has_dtype: 0,
+        stride: [1; 3],
+        padding: [0; 3],
+        dilation: [1; 3],
     }
 }
 

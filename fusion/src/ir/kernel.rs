@@ -1,10 +1,11 @@
-//! Kernel ops: gather, scatter, scans, sort and random numbers. Each output element depends on
+//! Kernel ops: gather, scatter, scans, sort, random numbers and depthwise convolutions. Each output element depends on
 //! elements other than its own position (or on a counter), so none fuses into a loop: the
 //! planner cuts around them (`unfusable`) and a backend runs each as one host routine.
 //!
 //! The sub-enums are `repr(u32)` with explicit numbers because the C ABI passes them; append
 //! new values, never renumber.
 
+use super::depthwise::{infer_depthwise, Depthwise};
 use super::dtype::DType;
 use super::error::{OpError, OpResult};
 use super::infer::{ArgMeta, Inferred};
@@ -137,6 +138,9 @@ pub enum KernelOp {
         /// Dtype of the result (a float dtype).
         dtype: DType,
     },
+    /// A depthwise convolution's forward or one of its gradients (`depthwise.rs`); boxed, as
+    /// its geometry is several times the size of the other variants.
+    Depthwise(Box<Depthwise>),
 }
 
 impl KernelOp {
@@ -164,6 +168,7 @@ impl KernelOp {
                 dist: RandomDist::Normal,
                 ..
             } => "randn",
+            KernelOp::Depthwise(_) => "depthwise_conv",
         }
     }
 
@@ -190,6 +195,7 @@ impl KernelOp {
             KernelOp::Scan { .. } if first.is_float() => first,
             KernelOp::Scan { .. } | KernelOp::Sort { .. } => DType::I64,
             KernelOp::Random { dtype, .. } => *dtype,
+            KernelOp::Depthwise(_) => first,
         }
     }
 }
@@ -392,6 +398,7 @@ pub(super) fn infer_kernel(op: &Op, k: &KernelOp, args: &[ArgMeta]) -> OpResult<
                 compute: *dtype,
             })
         }
+        KernelOp::Depthwise(d) => infer_depthwise(d, args),
     }
 }
 
@@ -420,6 +427,7 @@ impl std::fmt::Display for KernelOp {
                 )
             }
             KernelOp::Random { sizes, dtype, .. } => write!(f, ".{dtype}{:?}", sizes.as_slice()),
+            KernelOp::Depthwise(d) => write!(f, "{d}"),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The IR: dtypes, layouts, ops, and the inference rules that give every op its output.
 
+pub mod depthwise;
 pub mod dtype;
 mod elementwise;
 pub mod error;
@@ -9,6 +10,7 @@ pub mod layout;
 pub mod op;
 mod shapes;
 
+pub use depthwise::{Depthwise, DepthwisePart};
 pub use dtype::{Category, DType};
 pub use error::{OpError, OpResult};
 pub use infer::{infer, infer_memo_operands, ArgMeta, Inferred};

@@ -1,12 +1,14 @@
-//! Reference semantics of the kernel ops (gather, scatter, scans, argsort), written from
-//! torch's documentation with whole index tuples, one element at a time.
+//! Reference semantics of the kernel ops (gather, scatter, scans, argsort, depthwise
+//! convolution), written from torch's documentation with whole index tuples, one element at a
+//! time.
 //!
 //! Float arithmetic steps follow torch's CPU kernels: scatter combines in the dtype (f16/bf16
 //! through f32, rounded each step), cumsum/cumprod accumulate in f64 for f32/f64 and in f32 for
-//! f16/bf16. Scattered values are combined in row-major order of the index.
+//! f16/bf16. Scattered values are combined in row-major order of the index. A depthwise
+//! convolution sums in f64 and rounds once to the dtype.
 
 use super::{cast_value, indices, numel, round_float, store, RefTensor};
-use deferfuse::fusion::ir::{ScanOp, ScatterReduce};
+use deferfuse::fusion::ir::{Depthwise, DepthwisePart, ScanOp, ScatterReduce};
 use deferfuse::DType;
 use std::cmp::Ordering;
 
@@ -190,4 +192,60 @@ pub fn argsort(x: &RefTensor, dim: usize, descending: bool) -> RefTensor {
         sizes: x.sizes.clone(),
         data,
     }
+}
+
+/// A depthwise convolution's part `k` of operands `a` and `b` (forward: x `[N, C, in...]`, w
+/// `[C, 1, k...]`; input gradient: grad `[N, C, out...]`, w; weight gradient: grad, x), from
+/// the definition: for every sample, channel, output position `o` and tap `t`, the input
+/// position of spatial dim `i` is `o[i] * stride[i] - padding[i] + t[i] * dilation[i]`; where
+/// every dim's position is inside the input, the term `x * w` (forward), `grad * w` (input
+/// gradient) or `grad * x` (weight gradient) is added to the result element it belongs to. The
+/// sums are in f64, rounded once to the operands' dtype (so `|a|`, `|b|` of float64 give the sum
+/// of the terms' magnitudes, for accumulation tolerances).
+pub fn depthwise(k: &Depthwise, a: &RefTensor, b: &RefTensor) -> RefTensor {
+    let d = k.kernel.len();
+    let (n, c) = (a.sizes[0], a.sizes[1]);
+    let input: Vec<usize> = match k.part {
+        DepthwisePart::Forward => a.sizes[2..].to_vec(),
+        DepthwisePart::InputGrad => k.input.to_vec(),
+        DepthwisePart::WeightGrad => b.sizes[2..].to_vec(),
+    };
+    let out: Vec<usize> = (0..d)
+        .map(|i| {
+            (input[i] + 2 * k.padding[i] - k.dilation[i] * (k.kernel[i] - 1) - 1) / k.stride[i] + 1
+        })
+        .collect();
+    let lead = |spatial: &[usize]| [&[n, c][..], spatial].concat();
+    let weight = [&[c, 1][..], &k.kernel[..]].concat();
+    if k.part != DepthwisePart::Forward {
+        assert_eq!(a.sizes, lead(&out), "the gradient's shape");
+    }
+    let sizes = match k.part {
+        DepthwisePart::Forward => lead(&out),
+        DepthwisePart::InputGrad => lead(&input),
+        DepthwisePart::WeightGrad => weight.clone(),
+    };
+    let mut data = vec![0.0; numel(&sizes)];
+    for o in indices(&lead(&out)) {
+        for t in indices(&k.kernel) {
+            let p: Vec<i64> = (0..d)
+                .map(|i| {
+                    (o[2 + i] * k.stride[i] + t[i] * k.dilation[i]) as i64 - k.padding[i] as i64
+                })
+                .collect();
+            if p.iter().zip(&input).any(|(&p, &s)| p < 0 || p >= s as i64) {
+                continue;
+            }
+            let xi: Vec<usize> =
+                [&o[..2], &p.iter().map(|&v| v as usize).collect::<Vec<_>>()].concat();
+            let wi: Vec<usize> = [&[o[1], 0][..], &t[..]].concat();
+            let (at, term) = match k.part {
+                DepthwisePart::Forward => (position(&sizes, &o), a.at(&xi) * b.at(&wi)),
+                DepthwisePart::InputGrad => (position(&sizes, &xi), a.at(&o) * b.at(&wi)),
+                DepthwisePart::WeightGrad => (position(&sizes, &wi), a.at(&o) * b.at(&xi)),
+            };
+            data[at] += term;
+        }
+    }
+    RefTensor::new(a.dtype, &sizes, data)
 }

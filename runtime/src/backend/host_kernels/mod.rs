@@ -1,9 +1,10 @@
-//! Host implementations of the kernel ops (gather, scatter, scans, sort, random numbers): plain
-//! loops over host memory, generic over dtype, reading every operand through its layout
-//! (strides, offset; an expanded index has stride 0). Both backends run them: the CPU backend
+//! Host implementations of the kernel ops (gather, scatter, scans, sort, random numbers,
+//! depthwise convolutions): loops over host memory, generic over dtype, reading every operand
+//! through its layout (strides, offset; an expanded index has stride 0). Both backends run them: the CPU backend
 //! directly, the PJRT backend on host bytes (`HostProgram` writes device values back
 //! first), so results are the same bits on either and in every mode.
 
+mod depthwise;
 pub(crate) mod elem;
 mod gather;
 mod random;
@@ -69,6 +70,7 @@ impl HostProgram for KernelProgram {
             KernelOp::Random { dist, .. } => {
                 random::run(*dist, binding.scalars[0], binding.scalars[1], &dst.view)
             }
+            KernelOp::Depthwise(k) => depthwise::run(k, &inputs[0], &inputs[1], &dst.view),
         }
         dst.finish();
         Ok(())
