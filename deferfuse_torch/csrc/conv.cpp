@@ -10,12 +10,11 @@
 // reuses the same three pieces with the roles of input and output swapped.
 //
 // A depthwise convolution (one input and one output channel per group: MobileNet, EfficientNet,
-// ConvNeXt) has no contraction to speak of, so im2col copies K values per input element for
-// a product of one row and col2im adds K slices back: with unit strides its forward and input
-// gradient are instead a sum over the kernel taps of a strided view of the padded input (or
-// gradient) times the tap's weight per channel, one fused loop in defer mode (ConvNeXt's 7x7
-// at 8x48x16x16, forward and backward: 16.1 -> 8.7 ms). Its weight gradient keeps the columns'
-// product.
+// ConvNeXt) has no contraction to speak of: im2col copies K values per input element for a
+// product of one row, and a sum over the kernel taps of shifted views is K loads per output
+// element through as many views. Its forward and both gradients are the runtime's depthwise
+// kernel op instead (DFUSE_OP_KIND_DEPTHWISE_CONV), which reads each channel's few rows from
+// cache (ConvNeXt's 7x7 at 8x48x16x16, forward and backward: see the README).
 #include "windows.h"
 
 #include <ATen/core/grad_mode.h>
@@ -250,56 +249,29 @@ at::Tensor conv_weight_grad(const at::Tensor& go, const at::Tensor& x, const at:
   return batched_matmul(go, cols.transpose(1, 2)).view(w.sizes());
 }
 
-// sum over the kernel taps t of view_t * w[:, t] per channel, where view_t = windows[..., t,
-// ...] of `windows` [N, C, k..., out...]; the tap t's weight is w's tap `flip ? K-1-t : t`.
-at::Tensor sum_over_taps(const at::Tensor& windows, const at::Tensor& w, const Geometry& g,
-                         bool flip) {
-  int64_t d = g.kernel.size();
-  auto wt = w.reshape({g.C, g.K});
-  std::vector<int64_t> per_channel(d + 2, 1);
-  per_channel[1] = g.C;
-  at::Tensor acc;
-  for (int64_t t = 0; t < g.K; ++t) {
-    at::Tensor view = windows;
-    for (int64_t i = d, rest = t; i-- > 0; rest /= g.kernel[i]) {
-      view = view.select(2 + i, rest % g.kernel[i]);
-    }
-    auto term = view * wt.select(1, flip ? g.K - 1 - t : t).view(per_channel);
-    acc = acc.defined() ? acc + term : term;
+// A depthwise convolution: one input and one output channel per group, a float dtype.
+bool is_depthwise(const Geometry& g, const at::Tensor& x) {
+  return g.Cg == 1 && g.OCg == 1 && at::isFloatingType(x.scalar_type());
+}
+
+// The runtime's depthwise convolution op for `part` of geometry g.
+DfuseAttrs depthwise_attrs(const Geometry& g, uint32_t part) {
+  DfuseAttrs a = attrs_sub(part);
+  size_t d = g.kernel.size();
+  a.n_dims = d;
+  for (size_t i = 0; i < d; ++i) {
+    a.dims[i] = g.kernel[i];
+    a.dims[d + i] = g.in[i];
+    a.stride[i] = g.stride[i];
+    a.padding[i] = g.padding[i];
+    a.dilation[i] = g.dilation[i];
   }
-  return acc;
+  return a;
 }
 
-// The depthwise convolution's forward, [N, C, out...].
-at::Tensor depthwise_forward(const at::Tensor& x, const at::Tensor& w, const Geometry& g) {
-  auto xp = pad_spatial(x, g.padding, g.padding, 0);
-  return sum_over_taps(window_view(xp, g.kernel, g.stride, g.dilation, g.out), w, g, false);
-}
-
-// Its input gradient for stride 1: the padded input position p + i receives grad at output
-// positions i + p - t * dilation, so with grad padded by dilation * (k - 1) on both sides, gx[i]
-// = sum over t of w[k-1-t] * padded_grad[i + p + t * dilation].
-at::Tensor depthwise_input_grad(const at::Tensor& grad, const at::Tensor& w, const Geometry& g) {
-  int64_t d = g.kernel.size();
-  std::vector<int64_t> reach(d), ones(d, 1);
-  for (int64_t i = 0; i < d; ++i) reach[i] = g.dilation[i] * (g.kernel[i] - 1);
-  auto gp = pad_spatial(grad, reach, reach, 0);
-  for (int64_t i = 0; i < d; ++i) {
-    gp = gp.narrow(2 + i, g.padding[i], gp.size(2 + i) - g.padding[i]);
-  }
-  return sum_over_taps(window_view(gp, g.kernel, ones, g.dilation, g.in), w, g, true);
-}
-
-// Whether a convolution's forward and input gradient are sums over the kernel taps: depthwise
-// with unit strides and at most kMaxTaps taps. With other strides the input gradient takes
-// col2im, whose weight gradient reads the forward's columns, and the columns' forward was the
-// faster there (8x144x16x16 3x3 stride 2, forward and backward: 2.6 ms against 3.1).
-constexpr int64_t kMaxTaps = 64;  // 7x7 (ConvNeXt); a 7x7x7 kernel would record 686 ops a call
-
-bool taps_path(const Geometry& g) {
-  bool depthwise = g.Cg == 1 && g.OCg == 1;  // one input and one output channel per group
-  return depthwise && g.K <= kMaxTaps &&
-         std::all_of(g.stride.begin(), g.stride.end(), [](int64_t s) { return s == 1; });
+at::Tensor depthwise(const Geometry& g, uint32_t part, const at::Tensor& a, const at::Tensor& b) {
+  auto attrs = depthwise_attrs(g, part);
+  return run(DFUSE_OP_KIND_DEPTHWISE_CONV, &attrs, Operands().t(a).t(b), "convolution");
 }
 
 at::Tensor channel_sums(const at::Tensor& grad) {
@@ -350,7 +322,8 @@ at::Tensor convolution(const at::Tensor& x, const at::Tensor& w,
     return add_bias(conv_input_grad(x, go, w, g), bias);
   }
   auto g = geometry(x.sizes(), w, stride, padding, dilation, groups);
-  return add_bias(taps_path(g) ? depthwise_forward(x, w, g) : conv_forward(x, w, g, true), bias);
+  if (is_depthwise(g, x)) return add_bias(depthwise(g, DFUSE_DEPTHWISE_PART_FORWARD, x, w), bias);
+  return add_bias(conv_forward(x, w, g, true), bias);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
@@ -365,11 +338,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     if (mask[1]) gw = conv_weight_grad(positions_major(x, g), grad, w, g);
   } else {
     auto g = geometry(x.sizes(), w, stride, padding, dilation, groups);
-    bool taps = taps_path(g);
-    at::Tensor go;
-    if (mask[1] || (mask[0] && !taps && !per_sample(g))) go = positions_major(grad, g);
-    if (mask[0]) gx = taps ? depthwise_input_grad(grad, w, g) : conv_input_grad(grad, go, w, g);
-    if (mask[1]) gw = conv_weight_grad(go, x, w, g);
+    if (is_depthwise(g, x)) {
+      if (mask[0]) gx = depthwise(g, DFUSE_DEPTHWISE_PART_INPUT_GRAD, grad, w);
+      if (mask[1]) gw = depthwise(g, DFUSE_DEPTHWISE_PART_WEIGHT_GRAD, grad, x);
+    } else {
+      at::Tensor go;
+      if (mask[1] || (mask[0] && !per_sample(g))) go = positions_major(grad, g);
+      if (mask[0]) gx = conv_input_grad(grad, go, w, g);
+      if (mask[1]) gw = conv_weight_grad(go, x, w, g);
+    }
   }
   if (mask[2]) gb = channel_sums(grad);
   return {gx, gw, gb};
