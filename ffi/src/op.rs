@@ -639,7 +639,8 @@ mod tests {
         );
         let e = build_op(16, None, || Ok(None)).unwrap_err();
         assert!(
-            e.to_string().contains("attrs is NULL; op kind DEPTHWISE_CONV"),
+            e.to_string()
+                .contains("attrs is NULL; op kind DEPTHWISE_CONV"),
             "{e}"
         );
         let mut c = attrs(0, &[], false);

@@ -352,7 +352,7 @@ unsafe fn scatter_rows(
 /// The f32 gather with AVX: 8x8 tiles transposed in registers (eight row loads, eight row
 /// stores), the way f32 leading-dim reductions (every bias and layernorm gradient) run.
 #[cfg(target_arch = "x86_64")]
-pub(super) mod avx {
+pub(crate) mod avx {
     use std::arch::x86_64::*;
 
     /// As `gather_rows` for 4-byte elements (bit copies: any f32 or i32 value).
@@ -425,7 +425,7 @@ pub(super) mod avx {
     /// small GEMM's in-register transpose of B (`small_gemm.rs`).
     #[inline]
     #[target_feature(enable = "avx")]
-    pub(in crate::backend::cpu) unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    pub(crate) unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
         let t0 = _mm256_unpacklo_ps(r[0], r[1]);
         let t1 = _mm256_unpackhi_ps(r[0], r[1]);
         let t2 = _mm256_unpacklo_ps(r[2], r[3]);

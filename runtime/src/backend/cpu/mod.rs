@@ -3,7 +3,7 @@
 
 mod block_math;
 mod codegen;
-mod columns;
+pub(crate) mod columns;
 #[cfg(target_arch = "x86_64")]
 mod gemm_program;
 #[cfg(target_arch = "x86_64")]

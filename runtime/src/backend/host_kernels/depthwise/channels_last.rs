@@ -1,0 +1,349 @@
+//! Samples of `[N, C, spatial...]` views copied channels-last into scratch and back: a vector
+//! of [`LANES`] neighbouring channels per position, the accumulation type's values (f32 for
+//! f32, f16 and bf16; f64 for f64), so the depthwise loops read one tap of [`LANES`] channels
+//! with one vector load whatever the operand's layout or dtype.
+
+use super::super::elem::{read_f64, write_f64};
+use super::super::View;
+use deferfuse_fusion::ir::DType;
+
+/// Channels per vector: one 256-bit vector of f32.
+pub(super) const LANES: usize = 8;
+
+/// The accumulation type: f32 or f64.
+pub(super) trait Acc:
+    Copy + Default + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> + 'static
+{
+    /// The dtype whose elements are this type.
+    const NATIVE: DType;
+    fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+    /// `self * a + b` rounded once (an FMA instruction where the CPU has one, else libm's
+    /// `fma`: the same bits either way).
+    fn mul_add(self, a: Self, b: Self) -> Self;
+
+    /// Element `off` of a `dtype` buffer.
+    ///
+    /// # Safety
+    /// As [`read_f64`].
+    #[inline(always)]
+    unsafe fn load(dtype: DType, p: *const u8, off: isize) -> Self {
+        if dtype == Self::NATIVE {
+            *(p as *const Self).offset(off)
+        } else {
+            Self::from_f64(read_f64(dtype, p, off))
+        }
+    }
+
+    /// Stores the value into element `off` of a `dtype` buffer, rounding it to `dtype`.
+    ///
+    /// # Safety
+    /// As [`write_f64`].
+    #[inline(always)]
+    unsafe fn store(self, dtype: DType, p: *mut u8, off: isize) {
+        if dtype == Self::NATIVE {
+            *(p as *mut Self).offset(off) = self;
+        } else {
+            write_f64(dtype, p, off, self.to_f64());
+        }
+    }
+}
+
+impl Acc for f32 {
+    const NATIVE: DType = DType::F32;
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        // Exact: every value read is an f32, f16 or bf16.
+        v as f32
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    #[inline(always)]
+    fn mul_add(self, a: Self, b: Self) -> Self {
+        f32::mul_add(self, a, b)
+    }
+}
+
+impl Acc for f64 {
+    const NATIVE: DType = DType::F64;
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn mul_add(self, a: Self, b: Self) -> Self {
+        f64::mul_add(self, a, b)
+    }
+}
+/// One vector: [`LANES`] channels, aligned so that no vector load straddles two cache lines.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(32))]
+pub(super) struct Vector<T>(pub(super) [T; LANES]);
+
+impl<T> std::ops::Deref for Vector<T> {
+    type Target = [T; LANES];
+    fn deref(&self) -> &[T; LANES] {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for Vector<T> {
+    fn deref_mut(&mut self) -> &mut [T; LANES] {
+        &mut self.0
+    }
+}
+/// A channels-last scratch `[d0, d1, d2, vectors]` of vectors, zeroed when made.
+pub(super) struct Scratch<T> {
+    pub(super) dims: [usize; 3],
+    pub(super) vectors: usize,
+    pub(super) data: Vec<Vector<T>>,
+}
+
+impl<T: Acc> Scratch<T> {
+    pub(super) fn new(dims: [usize; 3], channels: usize) -> Scratch<T> {
+        let vectors = channels.div_ceil(LANES);
+        Scratch {
+            dims,
+            vectors,
+            data: vec![Vector::default(); dims.iter().product::<usize>() * vectors],
+        }
+    }
+
+    /// The vector index of position `z`'s first channel vector.
+    pub(super) fn at(&self, z: [usize; 3]) -> usize {
+        ((z[0] * self.dims[1] + z[1]) * self.dims[2] + z[2]) * self.vectors
+    }
+}
+
+/// A `[N, C, spatial...]` view: element offset of `(n, c)` and the spatial strides as three.
+pub(super) fn plane_of(v: &View, n: usize, c: usize) -> (isize, [isize; 3]) {
+    let d = v.sizes.len() - 2;
+    let mut strides = [0isize; 3];
+    strides[3 - d..].copy_from_slice(&v.strides[2..]);
+    let off = v.offset + n as isize * v.strides[0] + c as isize * v.strides[1];
+    (off, strides)
+}
+
+/// Calls `f(position, element offset)` for every position of `sizes` in row-major order.
+pub(super) fn each_position(
+    sizes: [usize; 3],
+    st: [isize; 3],
+    mut f: impl FnMut([usize; 3], isize),
+) {
+    for i in 0..sizes[0] {
+        for j in 0..sizes[1] {
+            for k in 0..sizes[2] {
+                f(
+                    [i, j, k],
+                    i as isize * st[0] + j as isize * st[1] + k as isize * st[2],
+                );
+            }
+        }
+    }
+}
+
+/// Where a view's positions go in a scratch: position `z` to `z * scale + shift` in each dim;
+/// those that land outside the scratch are left out.
+#[derive(Clone, Copy)]
+pub(super) struct Placement {
+    pub(super) scale: [usize; 3],
+    pub(super) shift: [isize; 3],
+}
+
+impl Placement {
+    /// Position `z` to `z + shift`.
+    pub(super) fn shifted(shift: [usize; 3]) -> Placement {
+        Placement {
+            scale: [1; 3],
+            shift: shift.map(|v| v as isize),
+        }
+    }
+
+    /// The positions `z < size` of dim `i` that land in `0..dim`.
+    fn range(&self, i: usize, size: usize, dim: usize) -> std::ops::Range<usize> {
+        let (m, a) = (self.scale[i] as isize, self.shift[i]);
+        let lo = if a >= 0 { 0 } else { (-a + m - 1) / m } as usize;
+        let last = dim as isize - 1 - a;
+        let hi = if last < 0 {
+            0
+        } else {
+            (last / m + 1).min(size as isize) as usize
+        };
+        lo.min(hi)..hi
+    }
+
+    pub(super) fn apply(&self, i: usize, z: usize) -> usize {
+        (z as isize * self.scale[i] as isize + self.shift[i]) as usize
+    }
+}
+
+/// Copies sample `n` of `v` (spatial `sizes`) into `s` as `place` says.
+///
+/// # Safety
+/// The view's elements lie inside its buffer.
+pub(super) unsafe fn fill<T: Acc>(
+    s: &mut Scratch<T>,
+    v: &View,
+    n: usize,
+    sizes: [usize; 3],
+    place: Placement,
+) {
+    let r: [std::ops::Range<usize>; 3] =
+        std::array::from_fn(|i| place.range(i, sizes[i], s.dims[i]));
+    let full = v.sizes[1] / LANES * LANES;
+    // Positions at the start of each row already copied for channels below `full`.
+    let mut tiled = 0;
+    #[cfg(target_arch = "x86_64")]
+    if let Some(s32) = (s as &mut dyn std::any::Any).downcast_mut::<Scratch<f32>>() {
+        if v.dtype == DType::F32 && place.scale[2] == 1 && plane_of(v, n, 0).1[2] == 1 && avx::ok()
+        {
+            tiled = avx::fill(s32, v, n, &r, place, full);
+        }
+    }
+    let step = place.scale[2] * s.vectors;
+    for c in 0..v.sizes[1] {
+        let (off, st) = plane_of(v, n, c);
+        let (vector, lane) = (c / LANES, c % LANES);
+        let k0 = r[2].start + if c < full { tiled } else { 0 };
+        for i in r[0].clone() {
+            for j in r[1].clone() {
+                let z = [place.apply(0, i), place.apply(1, j), place.apply(2, k0)];
+                let mut at = s.at(z) + vector;
+                let mut src = off + i as isize * st[0] + j as isize * st[1] + k0 as isize * st[2];
+                for _ in k0..r[2].end {
+                    s.data[at][lane] = T::load(v.dtype, v.base, src);
+                    at += step;
+                    src += st[2];
+                }
+            }
+        }
+    }
+}
+
+/// Copies `s` (spatial `sizes`) into sample `n` of `out`, rounding to its dtype.
+///
+/// # Safety
+/// As [`fill`].
+pub(super) unsafe fn store_sample<T: Acc>(s: &Scratch<T>, out: &View, n: usize, sizes: [usize; 3]) {
+    let full = out.sizes[1] / LANES * LANES;
+    let mut tiled = 0;
+    #[cfg(target_arch = "x86_64")]
+    if let Some(s32) = (s as &dyn std::any::Any).downcast_ref::<Scratch<f32>>() {
+        if out.dtype == DType::F32 && plane_of(out, n, 0).1[2] == 1 && avx::ok() {
+            tiled = avx::store(s32, out, n, sizes, full);
+        }
+    }
+    for c in 0..out.sizes[1] {
+        let (off, st) = plane_of(out, n, c);
+        let (vector, lane) = (c / LANES, c % LANES);
+        let k0 = if c < full { tiled } else { 0 };
+        for i in 0..sizes[0] {
+            for j in 0..sizes[1] {
+                let mut at = s.at([i, j, k0]) + vector;
+                let mut dst = off + i as isize * st[0] + j as isize * st[1] + k0 as isize * st[2];
+                for _ in k0..sizes[2] {
+                    s.data[at][lane].store(out.dtype, out.base, dst);
+                    at += s.vectors;
+                    dst += st[2];
+                }
+            }
+        }
+    }
+}
+
+/// The f32 copies with AVX: [`LANES`] channels by [`LANES`] positions of a row at a time,
+/// transposed in registers (eight row loads, eight vector stores), the way the CPU backend's
+/// column gathers run; an element-by-element copy took as long as a 7x7 convolution's taps.
+#[cfg(target_arch = "x86_64")]
+mod avx {
+    use super::{plane_of, Placement, Scratch, View, LANES};
+    use crate::backend::cpu::columns::avx::transpose8;
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    pub(super) fn ok() -> bool {
+        std::arch::is_x86_feature_detected!("avx")
+    }
+
+    /// `fill`'s copy for the channels below `full` (a multiple of [`LANES`]) and the first
+    /// positions of each row, in whole tiles; returns how many positions of a row it copied.
+    /// The view's rows have unit stride and `place` does not scale them.
+    ///
+    /// # Safety
+    /// As `fill`; the CPU has AVX.
+    #[target_feature(enable = "avx")]
+    pub(super) unsafe fn fill(
+        s: &mut Scratch<f32>,
+        v: &View,
+        n: usize,
+        r: &[Range<usize>; 3],
+        place: Placement,
+        full: usize,
+    ) -> usize {
+        let tiled = r[2].len() / LANES * LANES;
+        let st = plane_of(v, n, 0).1;
+        let base = v.base as *const f32;
+        let (vectors, data) = (s.vectors, s.data.as_mut_ptr() as *mut f32);
+        for c0 in (0..full).step_by(LANES) {
+            let offs: [isize; LANES] = std::array::from_fn(|q| plane_of(v, n, c0 + q).0);
+            for i in r[0].clone() {
+                for j in r[1].clone() {
+                    let row = i as isize * st[0] + j as isize * st[1];
+                    for k in (r[2].start..r[2].start + tiled).step_by(LANES) {
+                        let rows = offs.map(|o| _mm256_loadu_ps(base.offset(o + row + k as isize)));
+                        let z = [place.apply(0, i), place.apply(1, j), place.apply(2, k)];
+                        let at = s.at(z) + c0 / LANES;
+                        for (m, t) in transpose8(rows).into_iter().enumerate() {
+                            _mm256_storeu_ps(data.add((at + m * vectors) * LANES), t);
+                        }
+                    }
+                }
+            }
+        }
+        tiled
+    }
+
+    /// `store_sample`'s copy for the channels below `full` and the first positions of each
+    /// row, in whole tiles; returns how many positions of a row it copied. The output's rows
+    /// have unit stride.
+    ///
+    /// # Safety
+    /// As `store_sample`; the CPU has AVX.
+    #[target_feature(enable = "avx")]
+    pub(super) unsafe fn store(
+        s: &Scratch<f32>,
+        out: &View,
+        n: usize,
+        sizes: [usize; 3],
+        full: usize,
+    ) -> usize {
+        let tiled = sizes[2] / LANES * LANES;
+        let st = plane_of(out, n, 0).1;
+        let base = out.base as *mut f32;
+        let (vectors, data) = (s.vectors, s.data.as_ptr() as *const f32);
+        for c0 in (0..full).step_by(LANES) {
+            let offs: [isize; LANES] = std::array::from_fn(|q| plane_of(out, n, c0 + q).0);
+            for i in 0..sizes[0] {
+                for j in 0..sizes[1] {
+                    let row = i as isize * st[0] + j as isize * st[1];
+                    for k in (0..tiled).step_by(LANES) {
+                        let at = s.at([i, j, k]) + c0 / LANES;
+                        let vecs: [__m256; LANES] = std::array::from_fn(|m| {
+                            _mm256_loadu_ps(data.add((at + m * vectors) * LANES))
+                        });
+                        for (q, t) in transpose8(vecs).into_iter().enumerate() {
+                            _mm256_storeu_ps(base.offset(offs[q] + row + k as isize), t);
+                        }
+                    }
+                }
+            }
+        }
+        tiled
+    }
+}

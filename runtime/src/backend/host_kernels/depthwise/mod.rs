@@ -1,0 +1,195 @@
+//! Depthwise convolution (`KernelOp::Depthwise`): the forward and both gradients, vectorized
+//! over channels.
+//!
+//! Each sample is first copied channels-last into a zero-padded scratch of the accumulation
+//! type (f32 for f32, f16 and bf16; f64 for f64), channels rounded up to [`LANES`]: the same
+//! tap of [`LANES`] neighbouring channels is then one vector load, whatever the spatial size
+//! (EfficientNet's last stages are 1x1 and 2x2 with a thousand channels, ConvNeXt's 16x16 with
+//! 48), the operand's layout or dtype, and the inner loops need no bounds checks. An output
+//! vector is a sum over the taps in row-major tap order, `acc = fma(x, w, acc)` from zero (one
+//! rounding per tap; libm's `fma` where the CPU has no FMA unit, so every CPU gives the same
+//! bits), computed for [`UNITS`] output positions at once: independent sums, so the FMAs'
+//! latency overlaps.
+//!
+//! The input gradient is the same loop over the gradient spread onto the input's grid (with a
+//! stride above 1 the positions between stay zero) with the taps flipped. The weight gradient
+//! of a channel and tap is one sum over the samples and output positions, in that order, of
+//! the gradient times the tap's shifted input, [`TAP_GROUP`] taps at a time.
+
+mod channels_last;
+mod loops;
+
+use super::View;
+use channels_last::{
+    each_position, fill, plane_of, store_sample, Acc, Placement, Scratch, Vector, LANES,
+};
+use deferfuse_fusion::ir::{DType, Depthwise, DepthwisePart};
+use loops::{sum_over_taps, tap_dots, TAP_GROUP};
+
+/// The geometry over exactly three spatial dims (missing leading dims have size 1, one tap).
+struct Geometry {
+    kernel: [usize; 3],
+    stride: [usize; 3],
+    padding: [usize; 3],
+    dilation: [usize; 3],
+    /// The convolution's input and output spatial sizes.
+    input: [usize; 3],
+    output: [usize; 3],
+}
+
+/// `v` (1 to 3 values) right-aligned into three, the rest `fill`.
+fn three(v: &[usize], fill: usize) -> [usize; 3] {
+    let mut out = [fill; 3];
+    out[3 - v.len()..].copy_from_slice(v);
+    out
+}
+/// Computes `k` for operands `a`, `b` (see `DepthwisePart`) into `out`, a view of the
+/// operand's dtype.
+pub(super) fn run(k: &Depthwise, a: &View, b: &View, out: &View) {
+    let (input, output) = match k.part {
+        DepthwisePart::Forward => (&a.sizes[2..], &out.sizes[2..]),
+        DepthwisePart::InputGrad => (&out.sizes[2..], &a.sizes[2..]),
+        DepthwisePart::WeightGrad => (&b.sizes[2..], &a.sizes[2..]),
+    };
+    let g = Geometry {
+        kernel: three(&k.kernel, 1),
+        stride: three(&k.stride, 1),
+        padding: three(&k.padding, 0),
+        dilation: three(&k.dilation, 1),
+        input: three(input, 1),
+        output: three(output, 1),
+    };
+    // SAFETY: the runtime checked every operand's view against its buffer, and the op's
+    // shapes against each other when it was recorded.
+    unsafe {
+        match out.dtype {
+            DType::F64 => run_as::<f64>(k.part, &g, a, b, out),
+            _ => run_as::<f32>(k.part, &g, a, b, out),
+        }
+    }
+}
+
+/// Every tap's offset (in vectors) in a scratch of `dims` with `vectors` per position, in
+/// row-major tap order (`flip`: reversed).
+fn tap_offsets(g: &Geometry, dims: [usize; 3], vectors: usize, flip: bool) -> Vec<usize> {
+    let mut offs = Vec::with_capacity(g.kernel.iter().product());
+    for i in 0..g.kernel[0] {
+        for j in 0..g.kernel[1] {
+            for l in 0..g.kernel[2] {
+                let z = [i * g.dilation[0], j * g.dilation[1], l * g.dilation[2]];
+                offs.push(((z[0] * dims[1] + z[1]) * dims[2] + z[2]) * vectors);
+            }
+        }
+    }
+    if flip {
+        offs.reverse();
+    }
+    offs
+}
+
+/// The scratch index (in vectors) of the first tap of each output position of `sizes`, read
+/// at `stride` from a scratch of `dims` with `vectors` per position.
+fn first_taps(
+    sizes: [usize; 3],
+    stride: [usize; 3],
+    dims: [usize; 3],
+    vectors: usize,
+) -> Vec<usize> {
+    let mut out = Vec::with_capacity(sizes.iter().product());
+    each_position(sizes, [0; 3], |z, _| {
+        let p = [z[0] * stride[0], z[1] * stride[1], z[2] * stride[2]];
+        out.push(((p[0] * dims[1] + p[1]) * dims[2] + p[2]) * vectors);
+    });
+    out
+}
+
+unsafe fn run_as<T: Acc>(part: DepthwisePart, g: &Geometry, a: &View, b: &View, out: &View) {
+    let (n, c) = (a.sizes[0], a.sizes[1]);
+    let padded: [usize; 3] = std::array::from_fn(|i| g.input[i] + 2 * g.padding[i]);
+    match part {
+        DepthwisePart::Forward | DepthwisePart::InputGrad => {
+            let forward = part == DepthwisePart::Forward;
+            // The input gradient is a stride-1 convolution of the gradient spread onto the
+            // input's grid (gradient position o at o * stride - padding + before, where
+            // `before` puts input position 0's last tap at 0) with the taps flipped.
+            let before: [usize; 3] = std::array::from_fn(|i| (g.kernel[i] - 1) * g.dilation[i]);
+            let (dims, stride, result) = if forward {
+                (padded, g.stride, g.output)
+            } else {
+                (
+                    std::array::from_fn(|i| g.input[i] + before[i]),
+                    [1; 3],
+                    g.input,
+                )
+            };
+            let mut x = Scratch::<T>::new(dims, c);
+            let taps = tap_offsets(g, dims, x.vectors, !forward);
+            let starts = first_taps(result, stride, dims, x.vectors);
+            let w = weights::<T>(b, c, taps.len());
+            let mut acc = Scratch::<T>::new(result, c);
+            let place = if forward {
+                Placement::shifted(g.padding)
+            } else {
+                Placement {
+                    scale: g.stride,
+                    shift: std::array::from_fn(|i| before[i] as isize - g.padding[i] as isize),
+                }
+            };
+            let sizes = if forward { g.input } else { g.output };
+            for ni in 0..n {
+                // Every sample writes the same positions: the others stay zero.
+                fill(&mut x, a, ni, sizes, place);
+                sum_over_taps(&x.data, &taps, &w, &starts, x.vectors, &mut acc.data);
+                store_sample(&acc, out, ni, result);
+            }
+        }
+        DepthwisePart::WeightGrad => {
+            let mut x = Scratch::<T>::new(padded, c);
+            let taps = tap_offsets(g, padded, x.vectors, false);
+            let starts = first_taps(g.output, g.stride, padded, x.vectors);
+            let mut grad = Scratch::<T>::new(g.output, c);
+            let groups = taps.len().div_ceil(TAP_GROUP);
+            let mut sums = vec![Vector::<T>::default(); groups * TAP_GROUP * x.vectors];
+            for ni in 0..n {
+                fill(&mut x, b, ni, g.input, Placement::shifted(g.padding));
+                fill(&mut grad, a, ni, g.output, Placement::shifted([0; 3]));
+                tap_dots(&x.data, &grad.data, &taps, &starts, x.vectors, &mut sums);
+            }
+            for ci in 0..c {
+                let (off, _) = plane_of(out, ci, 0);
+                for t in 0..taps.len() {
+                    let v = sums[t * x.vectors + ci / LANES][ci % LANES];
+                    v.store(out.dtype, out.base, off + weight_offset(out, t));
+                }
+            }
+        }
+    }
+}
+
+/// The element offset of tap `t` (row-major over the kernel dims) in a `[C, 1, k...]` view,
+/// relative to its channel's first element.
+fn weight_offset(w: &View, mut t: usize) -> isize {
+    let mut off = 0isize;
+    for i in (2..w.sizes.len()).rev() {
+        off += (t % w.sizes[i]) as isize * w.strides[i];
+        t /= w.sizes[i];
+    }
+    off
+}
+
+/// The weights `[C, 1, k...]` as `[taps, vectors]` (channels past `c` are zero).
+///
+/// # Safety
+/// The view's elements lie inside its buffer.
+unsafe fn weights<T: Acc>(w: &View, c: usize, taps: usize) -> Vec<Vector<T>> {
+    let vectors = c.div_ceil(LANES);
+    let mut out = vec![Vector::<T>::default(); taps * vectors];
+    for ci in 0..c {
+        let (off, _) = plane_of(w, ci, 0);
+        for t in 0..taps {
+            out[t * vectors + ci / LANES][ci % LANES] =
+                T::load(w.dtype, w.base, off + weight_offset(w, t));
+        }
+    }
+    out
+}
