@@ -86,6 +86,10 @@ impl Acc for f64 {
 #[repr(C, align(32))]
 pub(super) struct Vector<T>(pub(super) [T; LANES]);
 
+// `Scratch::lanes` reads vectors as their values back to back: no padding between them.
+const _: () = assert!(std::mem::size_of::<Vector<f32>>() == 4 * LANES);
+const _: () = assert!(std::mem::size_of::<Vector<f64>>() == 8 * LANES);
+
 impl<T> std::ops::Deref for Vector<T> {
     type Target = [T; LANES];
     fn deref(&self) -> &[T; LANES] {
@@ -115,19 +119,60 @@ impl<T: Acc> Scratch<T> {
         }
     }
 
+    /// The scratch as one slice of values, channel `c` of vector index `v` at `v * LANES + c`.
+    pub(super) fn lanes(&self) -> &[T] {
+        // SAFETY: `Vector<T>` is `repr(C)` around `[T; LANES]`, its size a multiple of it.
+        unsafe {
+            std::slice::from_raw_parts(self.data.as_ptr() as *const T, self.data.len() * LANES)
+        }
+    }
+
+    /// As [`Scratch::lanes`], writable.
+    pub(super) fn lanes_mut(&mut self) -> &mut [T] {
+        // SAFETY: as in `lanes`.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.data.as_mut_ptr() as *mut T,
+                self.data.len() * LANES,
+            )
+        }
+    }
+
     /// The vector index of position `z`'s first channel vector.
     pub(super) fn at(&self, z: [usize; 3]) -> usize {
         ((z[0] * self.dims[1] + z[1]) * self.dims[2] + z[2]) * self.vectors
     }
 }
 
-/// A `[N, C, spatial...]` view: element offset of `(n, c)` and the spatial strides as three.
-pub(super) fn plane_of(v: &View, n: usize, c: usize) -> (isize, [isize; 3]) {
-    let d = v.sizes.len() - 2;
-    let mut strides = [0isize; 3];
-    strides[3 - d..].copy_from_slice(&v.strides[2..]);
-    let off = v.offset + n as isize * v.strides[0] + c as isize * v.strides[1];
-    (off, strides)
+/// A `[N, C, spatial...]` view's element offsets, its strides read once (reading them per
+/// channel from the view cost more than EfficientNet's 1x1 convolutions themselves).
+#[derive(Clone, Copy)]
+pub(super) struct Planes {
+    offset: isize,
+    sample: isize,
+    channel: isize,
+    /// The spatial strides, as three.
+    pub(super) spatial: [isize; 3],
+}
+
+impl Planes {
+    pub(super) fn of(v: &View) -> Planes {
+        let d = v.sizes.len() - 2;
+        let mut spatial = [0isize; 3];
+        spatial[3 - d..].copy_from_slice(&v.strides[2..]);
+        Planes {
+            offset: v.offset,
+            sample: v.strides[0],
+            channel: v.strides[1],
+            spatial,
+        }
+    }
+
+    /// The element offset of `(n, c)`'s first element.
+    #[inline(always)]
+    pub(super) fn at(&self, n: usize, c: usize) -> isize {
+        self.offset + n as isize * self.sample + c as isize * self.channel
+    }
 }
 
 /// Calls `f(position, element offset)` for every position of `sizes` in row-major order.
@@ -197,29 +242,29 @@ pub(super) unsafe fn fill<T: Acc>(
     let r: [std::ops::Range<usize>; 3] =
         std::array::from_fn(|i| place.range(i, sizes[i], s.dims[i]));
     let full = v.sizes[1] / LANES * LANES;
+    let planes = Planes::of(v);
     // Positions at the start of each row already copied for channels below `full`.
     let mut tiled = 0;
     #[cfg(target_arch = "x86_64")]
     if let Some(s32) = (s as &mut dyn std::any::Any).downcast_mut::<Scratch<f32>>() {
-        if v.dtype == DType::F32 && place.scale[2] == 1 && plane_of(v, n, 0).1[2] == 1 && avx::ok()
-        {
-            tiled = avx::fill(s32, v, n, &r, place, full);
+        if v.dtype == DType::F32 && place.scale[2] == 1 && planes.spatial[2] == 1 && avx::ok() {
+            tiled = avx::fill(s32, v, &planes, n, &r, place, full);
         }
     }
-    let step = place.scale[2] * s.vectors;
-    for c in 0..v.sizes[1] {
-        let (off, st) = plane_of(v, n, c);
-        let (vector, lane) = (c / LANES, c % LANES);
-        let k0 = r[2].start + if c < full { tiled } else { 0 };
-        for i in r[0].clone() {
-            for j in r[1].clone() {
-                let z = [place.apply(0, i), place.apply(1, j), place.apply(2, k0)];
-                let mut at = s.at(z) + vector;
-                let mut src = off + i as isize * st[0] + j as isize * st[1] + k0 as isize * st[2];
-                for _ in k0..r[2].end {
-                    s.data[at][lane] = T::load(v.dtype, v.base, src);
-                    at += step;
-                    src += st[2];
+    // The rest position by position, its channels in the inner loop: one contiguous run of the
+    // scratch, and of the view too when a channel's plane is one element (1x1 convolutions).
+    let (st, channels) = (planes.spatial, v.sizes[1]);
+    for i in r[0].clone() {
+        for j in r[1].clone() {
+            for k in r[2].clone() {
+                let first = if k - r[2].start < tiled { full } else { 0 };
+                let z = [place.apply(0, i), place.apply(1, j), place.apply(2, k)];
+                let at = s.at(z) * LANES;
+                let src =
+                    planes.at(n, 0) + i as isize * st[0] + j as isize * st[1] + k as isize * st[2];
+                let dst = &mut s.lanes_mut()[at..at + channels];
+                for (c, d) in dst.iter_mut().enumerate().skip(first) {
+                    *d = T::load(v.dtype, v.base, src + c as isize * planes.channel);
                 }
             }
         }
@@ -232,25 +277,25 @@ pub(super) unsafe fn fill<T: Acc>(
 /// As [`fill`].
 pub(super) unsafe fn store_sample<T: Acc>(s: &Scratch<T>, out: &View, n: usize, sizes: [usize; 3]) {
     let full = out.sizes[1] / LANES * LANES;
+    let planes = Planes::of(out);
     let mut tiled = 0;
     #[cfg(target_arch = "x86_64")]
     if let Some(s32) = (s as &dyn std::any::Any).downcast_ref::<Scratch<f32>>() {
-        if out.dtype == DType::F32 && plane_of(out, n, 0).1[2] == 1 && avx::ok() {
-            tiled = avx::store(s32, out, n, sizes, full);
+        if out.dtype == DType::F32 && planes.spatial[2] == 1 && avx::ok() {
+            tiled = avx::store(s32, out, &planes, n, sizes, full);
         }
     }
-    for c in 0..out.sizes[1] {
-        let (off, st) = plane_of(out, n, c);
-        let (vector, lane) = (c / LANES, c % LANES);
-        let k0 = if c < full { tiled } else { 0 };
-        for i in 0..sizes[0] {
-            for j in 0..sizes[1] {
-                let mut at = s.at([i, j, k0]) + vector;
-                let mut dst = off + i as isize * st[0] + j as isize * st[1] + k0 as isize * st[2];
-                for _ in k0..sizes[2] {
-                    s.data[at][lane].store(out.dtype, out.base, dst);
-                    at += s.vectors;
-                    dst += st[2];
+    // The rest position by position, as in `fill`.
+    let (st, channels) = (planes.spatial, out.sizes[1]);
+    for i in 0..sizes[0] {
+        for j in 0..sizes[1] {
+            for k in 0..sizes[2] {
+                let first = if k < tiled { full } else { 0 };
+                let at = s.at([i, j, k]) * LANES;
+                let dst =
+                    planes.at(n, 0) + i as isize * st[0] + j as isize * st[1] + k as isize * st[2];
+                for (c, v) in s.lanes()[at..at + channels].iter().enumerate().skip(first) {
+                    v.store(out.dtype, out.base, dst + c as isize * planes.channel);
                 }
             }
         }
@@ -262,7 +307,7 @@ pub(super) unsafe fn store_sample<T: Acc>(s: &Scratch<T>, out: &View, n: usize, 
 /// column gathers run; an element-by-element copy took as long as a 7x7 convolution's taps.
 #[cfg(target_arch = "x86_64")]
 mod avx {
-    use super::{plane_of, Placement, Scratch, View, LANES};
+    use super::{Placement, Planes, Scratch, View, LANES};
     use crate::backend::cpu::columns::avx::transpose8;
     use std::arch::x86_64::*;
     use std::ops::Range;
@@ -281,17 +326,18 @@ mod avx {
     pub(super) unsafe fn fill(
         s: &mut Scratch<f32>,
         v: &View,
+        planes: &Planes,
         n: usize,
         r: &[Range<usize>; 3],
         place: Placement,
         full: usize,
     ) -> usize {
         let tiled = r[2].len() / LANES * LANES;
-        let st = plane_of(v, n, 0).1;
+        let st = planes.spatial;
         let base = v.base as *const f32;
         let (vectors, data) = (s.vectors, s.data.as_mut_ptr() as *mut f32);
         for c0 in (0..full).step_by(LANES) {
-            let offs: [isize; LANES] = std::array::from_fn(|q| plane_of(v, n, c0 + q).0);
+            let offs: [isize; LANES] = std::array::from_fn(|q| planes.at(n, c0 + q));
             for i in r[0].clone() {
                 for j in r[1].clone() {
                     let row = i as isize * st[0] + j as isize * st[1];
@@ -319,16 +365,17 @@ mod avx {
     pub(super) unsafe fn store(
         s: &Scratch<f32>,
         out: &View,
+        planes: &Planes,
         n: usize,
         sizes: [usize; 3],
         full: usize,
     ) -> usize {
         let tiled = sizes[2] / LANES * LANES;
-        let st = plane_of(out, n, 0).1;
+        let st = planes.spatial;
         let base = out.base as *mut f32;
         let (vectors, data) = (s.vectors, s.data.as_ptr() as *const f32);
         for c0 in (0..full).step_by(LANES) {
-            let offs: [isize; LANES] = std::array::from_fn(|q| plane_of(out, n, c0 + q).0);
+            let offs: [isize; LANES] = std::array::from_fn(|q| planes.at(n, c0 + q));
             for i in 0..sizes[0] {
                 for j in 0..sizes[1] {
                     let row = i as isize * st[0] + j as isize * st[1];

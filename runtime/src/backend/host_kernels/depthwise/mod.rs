@@ -6,7 +6,8 @@
 //! tap of [`LANES`] neighbouring channels is then one vector load, whatever the spatial size
 //! (EfficientNet's last stages are 1x1 and 2x2 with a thousand channels, ConvNeXt's 16x16 with
 //! 48), the operand's layout or dtype, and the inner loops need no bounds checks. An output
-//! vector is a sum over the taps in row-major tap order, `acc = fma(x, w, acc)` from zero (one
+//! vector is a sum over the live taps (those that read an input element for some output
+//! position) in row-major tap order, `acc = fma(x, w, acc)` from zero (one
 //! rounding per tap; libm's `fma` where the CPU has no FMA unit, so every CPU gives the same
 //! bits), computed for [`UNITS`] output positions at once: independent sums, so the FMAs'
 //! latency overlaps.
@@ -21,7 +22,7 @@ mod loops;
 
 use super::View;
 use channels_last::{
-    each_position, fill, plane_of, store_sample, Acc, Placement, Scratch, Vector, LANES,
+    each_position, fill, store_sample, Acc, Placement, Planes, Scratch, Vector, LANES,
 };
 use deferfuse_fusion::ir::{DType, Depthwise, DepthwisePart};
 use loops::{sum_over_taps, tap_dots, TAP_GROUP};
@@ -69,22 +70,50 @@ pub(super) fn run(k: &Depthwise, a: &View, b: &View, out: &View) {
     }
 }
 
-/// Every tap's offset (in vectors) in a scratch of `dims` with `vectors` per position, in
-/// row-major tap order (`flip`: reversed).
-fn tap_offsets(g: &Geometry, dims: [usize; 3], vectors: usize, flip: bool) -> Vec<usize> {
-    let mut offs = Vec::with_capacity(g.kernel.iter().product());
-    for i in 0..g.kernel[0] {
-        for j in 0..g.kernel[1] {
-            for l in 0..g.kernel[2] {
-                let z = [i * g.dilation[0], j * g.dilation[1], l * g.dilation[2]];
-                offs.push(((z[0] * dims[1] + z[1]) * dims[2] + z[2]) * vectors);
+/// The taps that read an input element for at least one output position, row-major, as
+/// `(tap, its row-major index)`: the others read only padding, whose products add nothing, so
+/// a 5x5 kernel over a 1x1 input (EfficientNet's last stages) costs one tap, not 25.
+fn live_taps(g: &Geometry) -> Vec<([usize; 3], usize)> {
+    let live = |i: usize| -> Vec<usize> {
+        (0..g.kernel[i])
+            .filter(|&t| {
+                (0..g.output[i]).any(|o| {
+                    let p = (o * g.stride[i] + t * g.dilation[i]) as isize - g.padding[i] as isize;
+                    (0..g.input[i] as isize).contains(&p)
+                })
+            })
+            .collect()
+    };
+    let (l0, l1, l2) = (live(0), live(1), live(2));
+    let mut taps = Vec::with_capacity(l0.len() * l1.len() * l2.len());
+    for &i in &l0 {
+        for &j in &l1 {
+            for &l in &l2 {
+                taps.push(([i, j, l], (i * g.kernel[1] + j) * g.kernel[2] + l));
             }
         }
     }
-    if flip {
-        offs.reverse();
-    }
-    offs
+    taps
+}
+
+/// Each tap's offset (in vectors) in a scratch of `dims` with `vectors` per position; `flip`:
+/// the offset of the mirrored tap (`kernel - 1 - t` in each dim).
+fn tap_offsets(
+    g: &Geometry,
+    taps: &[([usize; 3], usize)],
+    dims: [usize; 3],
+    vectors: usize,
+    flip: bool,
+) -> Vec<usize> {
+    taps.iter()
+        .map(|&(t, _)| {
+            let z: [usize; 3] = std::array::from_fn(|i| {
+                let t = if flip { g.kernel[i] - 1 - t[i] } else { t[i] };
+                t * g.dilation[i]
+            });
+            ((z[0] * dims[1] + z[1]) * dims[2] + z[2]) * vectors
+        })
+        .collect()
 }
 
 /// The scratch index (in vectors) of the first tap of each output position of `sizes`, read
@@ -123,9 +152,12 @@ unsafe fn run_as<T: Acc>(part: DepthwisePart, g: &Geometry, a: &View, b: &View, 
                 )
             };
             let mut x = Scratch::<T>::new(dims, c);
-            let taps = tap_offsets(g, dims, x.vectors, !forward);
+            // Input position p + before reads gradient position (p - t) for tap t: a tap is
+            // live for the input gradient exactly when it is for the forward.
+            let live = live_taps(g);
+            let taps = tap_offsets(g, &live, dims, x.vectors, !forward);
             let starts = first_taps(result, stride, dims, x.vectors);
-            let w = weights::<T>(b, c, taps.len());
+            let w = weights::<T>(b, c, &live);
             let mut acc = Scratch::<T>::new(result, c);
             let place = if forward {
                 Placement::shifted(g.padding)
@@ -145,7 +177,8 @@ unsafe fn run_as<T: Acc>(part: DepthwisePart, g: &Geometry, a: &View, b: &View, 
         }
         DepthwisePart::WeightGrad => {
             let mut x = Scratch::<T>::new(padded, c);
-            let taps = tap_offsets(g, padded, x.vectors, false);
+            let live = live_taps(g);
+            let taps = tap_offsets(g, &live, padded, x.vectors, false);
             let starts = first_taps(g.output, g.stride, padded, x.vectors);
             let mut grad = Scratch::<T>::new(g.output, c);
             let groups = taps.len().div_ceil(TAP_GROUP);
@@ -155,40 +188,56 @@ unsafe fn run_as<T: Acc>(part: DepthwisePart, g: &Geometry, a: &View, b: &View, 
                 fill(&mut grad, a, ni, g.output, Placement::shifted([0; 3]));
                 tap_dots(&x.data, &grad.data, &taps, &starts, x.vectors, &mut sums);
             }
+            // A tap that is not live sums nothing: zero.
+            let mut sum_of = vec![None; g.kernel.iter().product()];
+            for (i, &(_, flat)) in live.iter().enumerate() {
+                sum_of[flat] = Some(i);
+            }
+            let (tap_at, planes) = (tap_elements(out), Planes::of(out));
             for ci in 0..c {
-                let (off, _) = plane_of(out, ci, 0);
-                for t in 0..taps.len() {
-                    let v = sums[t * x.vectors + ci / LANES][ci % LANES];
-                    v.store(out.dtype, out.base, off + weight_offset(out, t));
+                let off = planes.at(ci, 0);
+                for (&at, which) in tap_at.iter().zip(&sum_of) {
+                    let v = which.map_or(T::default(), |i| {
+                        sums[i * x.vectors + ci / LANES][ci % LANES]
+                    });
+                    v.store(out.dtype, out.base, off + at);
                 }
             }
         }
     }
 }
 
-/// The element offset of tap `t` (row-major over the kernel dims) in a `[C, 1, k...]` view,
-/// relative to its channel's first element.
-fn weight_offset(w: &View, mut t: usize) -> isize {
-    let mut off = 0isize;
-    for i in (2..w.sizes.len()).rev() {
-        off += (t % w.sizes[i]) as isize * w.strides[i];
-        t /= w.sizes[i];
-    }
-    off
+/// The element offset of each tap (row-major over the kernel dims) in a `[C, 1, k...]` view,
+/// relative to its channel's first element (computed once: a division per dim and tap cost
+/// more than EfficientNet's 1x1 convolutions themselves).
+fn tap_elements(w: &View) -> Vec<isize> {
+    let taps: usize = w.sizes[2..].iter().product();
+    (0..taps)
+        .map(|mut t| {
+            let mut off = 0isize;
+            for i in (2..w.sizes.len()).rev() {
+                off += (t % w.sizes[i]) as isize * w.strides[i];
+                t /= w.sizes[i];
+            }
+            off
+        })
+        .collect()
 }
 
-/// The weights `[C, 1, k...]` as `[taps, vectors]` (channels past `c` are zero).
+/// The weights `[C, 1, k...]` of the `taps` as `[taps, vectors]` (channels past `c` are
+/// zero).
 ///
 /// # Safety
 /// The view's elements lie inside its buffer.
-unsafe fn weights<T: Acc>(w: &View, c: usize, taps: usize) -> Vec<Vector<T>> {
+unsafe fn weights<T: Acc>(w: &View, c: usize, taps: &[([usize; 3], usize)]) -> Vec<Vector<T>> {
     let vectors = c.div_ceil(LANES);
-    let mut out = vec![Vector::<T>::default(); taps * vectors];
+    let mut out = vec![Vector::<T>::default(); taps.len() * vectors];
+    let (tap_at, planes) = (tap_elements(w), Planes::of(w));
     for ci in 0..c {
-        let (off, _) = plane_of(w, ci, 0);
-        for t in 0..taps {
+        let off = planes.at(ci, 0);
+        for (t, &(_, flat)) in taps.iter().enumerate() {
             out[t * vectors + ci / LANES][ci % LANES] =
-                T::load(w.dtype, w.base, off + weight_offset(w, t));
+                T::load(w.dtype, w.base, off + tap_at[flat]);
         }
     }
     out
