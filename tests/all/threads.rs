@@ -2,7 +2,8 @@
 //! thread computes (bit for bit), in strict and defer mode, whatever the loop's shape: one long
 //! row cut into pieces, rows of strided or broadcast views, walked outer dims, row kernels,
 //! full reductions, matmul with and without a fused epilogue (whole and in blocks of few rows),
-//! in-place writes. Sizes are above the backend's serial threshold so the work really is split.
+//! in-place writes, depthwise convolutions split by channels. Sizes are above the backend's
+//! serial threshold so the work really is split.
 
 use crate::harness;
 
@@ -253,4 +254,29 @@ fn one_thread_runs_independent_updates_one_by_one() {
     optimizer_step(&rt);
     rt.synchronize_all().unwrap();
     assert_eq!(rt.stats().programs_side_by_side, 0);
+}
+
+#[test]
+fn a_depthwise_convolution_split_by_channels_equals_one_thread() {
+    use deferfuse::fusion::ir::{Depthwise, DepthwisePart, KernelOp};
+    // 52 channels: six whole vectors of 8 and a partial one, so jobs get unequal windows.
+    let (n, c, h) = (2, 52, 13);
+    let conv = |part| {
+        Op::Kernel(KernelOp::Depthwise(Box::new(Depthwise {
+            part,
+            kernel: [5, 5][..].into(),
+            stride: [2, 2][..].into(),
+            padding: [2, 2][..].into(),
+            dilation: [1, 1][..].into(),
+            input: [h, h][..].into(),
+        })))
+    };
+    same_on_any_thread_count(|rt| {
+        let x = tensor(rt, DType::F32, &[n, c, h, h], &values(n * c * h * h, 5));
+        let w = tensor(rt, DType::F32, &[c, 1, 5, 5], &values(c * 25, 6));
+        let y = run(rt, conv(DepthwisePart::Forward), &[tt(x), tt(w)]);
+        let gx = run(rt, conv(DepthwisePart::InputGrad), &[tt(y), tt(w)]);
+        let gw = run(rt, conv(DepthwisePart::WeightGrad), &[tt(y), tt(x)]);
+        vec![y, gx, gw]
+    });
 }

@@ -234,7 +234,7 @@ impl Backend for CpuBackend {
                 pool: self.pool.clone(),
             }),
             Region::Arange { dtype } => Arc::new(ArangeProgram(*dtype)),
-            Region::Kernel(k) => super::host_kernels::program(k),
+            Region::Kernel(k) => super::host_kernels::program_on(k, self.side_by_side()),
             Region::Graph(_) => {
                 return Err(Error::Backend(
                     "the CPU backend compiles loop regions; its capabilities never ask the \

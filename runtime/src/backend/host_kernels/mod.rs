@@ -14,7 +14,7 @@ mod sort;
 
 pub use random::philox4x32_10;
 
-use super::{HostProgram, Program};
+use super::{HostProgram, Program, SideBySide};
 use crate::error::{Error, Result};
 use deferfuse_fusion::ir::{DType, KernelOp};
 use deferfuse_fusion::{Binding, TensorRef};
@@ -23,10 +23,16 @@ use std::sync::Arc;
 
 /// The program of a kernel region: nothing to compile, the op's host routine runs as is.
 pub fn program(op: &KernelOp) -> Arc<dyn Program> {
-    Arc::new(KernelProgram(op.clone()))
+    program_on(op, None)
 }
 
-struct KernelProgram(KernelOp);
+/// [`program`], splitting the routines that can (depthwise convolution, by channels) over
+/// `threads`: each output element is computed the same way whichever job it falls in.
+pub fn program_on(op: &KernelOp, threads: Option<Arc<dyn SideBySide>>) -> Arc<dyn Program> {
+    Arc::new(KernelProgram(op.clone(), threads))
+}
+
+struct KernelProgram(KernelOp, Option<Arc<dyn SideBySide>>);
 
 impl HostProgram for KernelProgram {
     unsafe fn run_host(&self, binding: &Binding, bases: &[*mut u8]) -> Result<()> {
@@ -70,7 +76,9 @@ impl HostProgram for KernelProgram {
             KernelOp::Random { dist, .. } => {
                 random::run(*dist, binding.scalars[0], binding.scalars[1], &dst.view)
             }
-            KernelOp::Depthwise(k) => depthwise::run(k, &inputs[0], &inputs[1], &dst.view),
+            KernelOp::Depthwise(k) => {
+                depthwise::run(k, &inputs[0], &inputs[1], &dst.view, self.1.as_deref())?
+            }
         }
         dst.finish();
         Ok(())

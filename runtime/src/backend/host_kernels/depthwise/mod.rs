@@ -21,6 +21,8 @@ mod channels_last;
 mod loops;
 
 use super::View;
+use crate::backend::SideBySide;
+use crate::error::Result;
 use channels_last::{
     each_position, fill, store_sample, Acc, Placement, Planes, Scratch, Vector, LANES,
 };
@@ -44,9 +46,74 @@ fn three(v: &[usize], fill: usize) -> [usize; 3] {
     out[3 - v.len()..].copy_from_slice(v);
     out
 }
+/// Multiply-adds below which a call runs on one thread: about what waking another costs.
+const SERIAL_BELOW_MACS: usize = 1 << 16;
+
+/// Most jobs a call is split into (whole channel vectors each).
+const MAX_JOBS: usize = 8;
+
+/// A job's operands: views of raw pointers, shared by jobs that each write their own channels.
+struct Operands<'a>(&'a View, &'a View, &'a View);
+
+// SAFETY: every job reads the inputs and writes only its own window of the output's channels.
+unsafe impl Sync for Operands<'_> {}
+
+/// `v` with dim `dim` narrowed to `r`.
+fn window(v: &View, dim: usize, r: &std::ops::Range<usize>) -> View {
+    let mut w = View {
+        base: v.base,
+        dtype: v.dtype,
+        sizes: v.sizes.clone(),
+        strides: v.strides.clone(),
+        offset: v.offset + r.start as isize * v.strides[dim],
+    };
+    w.sizes[dim] = r.len();
+    w
+}
+
 /// Computes `k` for operands `a`, `b` (see `DepthwisePart`) into `out`, a view of the
-/// operand's dtype.
-pub(super) fn run(k: &Depthwise, a: &View, b: &View, out: &View) {
+/// operand's dtype; split by channels over `threads` when there is work enough. Every channel
+/// is computed alone, so the bits do not depend on the split.
+pub(super) fn run(
+    k: &Depthwise,
+    a: &View,
+    b: &View,
+    out: &View,
+    threads: Option<&dyn SideBySide>,
+) -> Result<()> {
+    let c = a.sizes[1];
+    let vectors = c.div_ceil(LANES);
+    let positions: usize = match k.part {
+        DepthwisePart::InputGrad => out.sizes[2..].iter().product(),
+        _ => a.sizes[2..].iter().product(),
+    };
+    let work = a.sizes[0] * c * positions * k.taps();
+    let jobs = vectors.min(MAX_JOBS);
+    let Some(threads) = threads.filter(|_| jobs > 1 && work >= SERIAL_BELOW_MACS) else {
+        run_channels(k, a, b, out);
+        return Ok(());
+    };
+    // The weight is `[C, 1, k...]`: its channels are dim 0.
+    let (b_dim, out_dim) = match k.part {
+        DepthwisePart::WeightGrad => (1, 0),
+        _ => (0, 1),
+    };
+    let ops = Operands(a, b, out);
+    threads.run_all(jobs, &|j| {
+        let range = (j * vectors / jobs * LANES)..((j + 1) * vectors / jobs * LANES).min(c);
+        let Operands(a, b, out) = &ops;
+        run_channels(
+            k,
+            &window(a, 1, &range),
+            &window(b, b_dim, &range),
+            &window(out, out_dim, &range),
+        );
+        Ok(())
+    })
+}
+
+/// [`run`] on one thread.
+fn run_channels(k: &Depthwise, a: &View, b: &View, out: &View) {
     let (input, output) = match k.part {
         DepthwisePart::Forward => (&a.sizes[2..], &out.sizes[2..]),
         DepthwisePart::InputGrad => (&out.sizes[2..], &a.sizes[2..]),
