@@ -1,11 +1,14 @@
 //! Gather and scatter inside whole-program modules on the real XLA plugin: a step that picks a
 //! loss's targets, looks up embeddings or accumulates their gradients stays one XLA program,
 //! gives the CPU backend's values, and a bad index fails with the CPU backend's error at the
-//! sync point, with no value computed from it reaching the host. Tests read
-//! `DEFERFUSE_PJRT_PLUGIN` and skip with a message when it is not set.
+//! sync point, with no value computed from it reaching the host. Depthwise convolutions and
+//! their gradients stay in the program too. Tests read `DEFERFUSE_PJRT_PLUGIN` and skip with a
+//! message when it is not set.
 
-use crate::harness::{gather, plugin, scatter};
-use deferfuse::fusion::ir::ScatterReduce;
+use crate::harness::{download, gather, plugin, scatter, upload, Rng};
+use crate::reference::kernels as refk;
+use crate::reference::RefTensor;
+use deferfuse::fusion::ir::{Depthwise, DepthwisePart, KernelOp, ScatterReduce};
 use deferfuse::{
     BackendKind, BinaryOp, DType, Error, Handle, Input, Mode, Op, ReduceOp, Runtime, Scalar, View,
 };
@@ -324,4 +327,230 @@ fn after_a_synchronize_an_op_on_a_value_from_a_bad_index_is_refused_as_on_the_cp
         let msg = "gather: index 9 is out of bounds for dim 1 with size 5";
         assert_index_error(&e.unwrap_err(), msg);
     }
+}
+
+/// A depthwise convolution for the tests below: batch, channels, input sizes and geometry.
+struct Conv {
+    name: &'static str,
+    n: usize,
+    c: usize,
+    input: &'static [usize],
+    kernel: &'static [usize],
+    stride: &'static [usize],
+    padding: &'static [usize],
+    dilation: &'static [usize],
+}
+
+#[rustfmt::skip]
+const CONVS: &[Conv] = &[
+    Conv { name: "2-D 3x3 p1", n: 2, c: 5, input: &[7, 9], kernel: &[3, 3], stride: &[1, 1], padding: &[1, 1], dilation: &[1, 1] },
+    Conv { name: "2-D 7x7 p3 (ConvNeXt)", n: 2, c: 8, input: &[10, 9], kernel: &[7, 7], stride: &[1, 1], padding: &[3, 3], dilation: &[1, 1] },
+    Conv { name: "2-D 3x3 s2 p1 (downsampling)", n: 2, c: 4, input: &[9, 8], kernel: &[3, 3], stride: &[2, 2], padding: &[1, 1], dilation: &[1, 1] },
+    Conv { name: "2-D 5x5 s2 p2", n: 1, c: 3, input: &[8, 11], kernel: &[5, 5], stride: &[2, 2], padding: &[2, 2], dilation: &[1, 1] },
+    Conv { name: "2-D 3x3 d2 p2", n: 1, c: 3, input: &[9, 9], kernel: &[3, 3], stride: &[1, 1], padding: &[2, 2], dilation: &[2, 2] },
+    Conv { name: "2-D 3x5 s(2,1) p(1,2) d(1,2)", n: 2, c: 3, input: &[7, 10], kernel: &[3, 5], stride: &[2, 1], padding: &[1, 2], dilation: &[1, 2] },
+    // Padding past the dilated kernel: the input gradient crops its spread gradient.
+    Conv { name: "2-D 3x3 p3", n: 1, c: 2, input: &[4, 5], kernel: &[3, 3], stride: &[1, 1], padding: &[3, 3], dilation: &[1, 1] },
+    // A stride above the kernel: some input positions are read by no output.
+    Conv { name: "2-D 2x2 s3", n: 2, c: 2, input: &[8, 7], kernel: &[2, 2], stride: &[3, 3], padding: &[0, 0], dilation: &[1, 1] },
+    Conv { name: "1-D k3 p1", n: 2, c: 3, input: &[11], kernel: &[3], stride: &[1], padding: &[1], dilation: &[1] },
+    Conv { name: "1-D k5 s2 p3 d2", n: 2, c: 4, input: &[13], kernel: &[5], stride: &[2], padding: &[3], dilation: &[2] },
+    Conv { name: "3-D 3x3x3 s(1,2,1) p1", n: 2, c: 3, input: &[4, 5, 3], kernel: &[3, 3, 3], stride: &[1, 2, 1], padding: &[1, 1, 1], dilation: &[1, 1, 1] },
+];
+
+impl Conv {
+    fn part(&self, part: DepthwisePart) -> Depthwise {
+        let input = match part {
+            DepthwisePart::InputGrad => self.input,
+            _ => &[],
+        };
+        Depthwise {
+            part,
+            kernel: self.kernel.into(),
+            stride: self.stride.into(),
+            padding: self.padding.into(),
+            dilation: self.dilation.into(),
+            input: input.into(),
+        }
+    }
+
+    fn op(&self, part: DepthwisePart) -> Op {
+        Op::Kernel(KernelOp::Depthwise(Box::new(self.part(part))))
+    }
+
+    /// `[n, C, spatial...]`.
+    fn lead(&self, n: usize, spatial: &[usize]) -> Vec<usize> {
+        [&[n, self.c][..], spatial].concat()
+    }
+
+    fn out(&self) -> Vec<usize> {
+        self.part(DepthwisePart::Forward)
+            .output_sizes(self.input)
+            .expect("a valid geometry")
+            .to_vec()
+    }
+}
+
+/// The host operands of a convolution step at batch `n`: x, w, and the upstream gradient u.
+struct ConvStep {
+    x: RefTensor,
+    w: RefTensor,
+    u: RefTensor,
+}
+
+impl ConvStep {
+    fn new(conv: &Conv, n: usize, dtype: DType, seed: u64) -> ConvStep {
+        let mut rng = Rng::new(seed);
+        let weight = [&[conv.c, 1][..], conv.kernel].concat();
+        ConvStep {
+            x: rng.tensor(dtype, &conv.lead(n, conv.input), 1.0, 0, false),
+            w: rng.tensor(dtype, &weight, 1.0, 0, false),
+            u: rng.tensor(dtype, &conv.lead(n, &conv.out()), 1.0, 0, false),
+        }
+    }
+
+    /// Records a layer's forward and backward with elementwise ops around each part, so every
+    /// part's operands and result are values inside the flush: `y = conv(1.5 x, w) * 2`,
+    /// `gx = conv_input_grad(0.5 u, w) + 1.5 x`, `gw = conv_weight_grad(0.5 u, 1.5 x) * 3`.
+    fn record(&self, rt: &Runtime, conv: &Conv) -> Vec<Handle> {
+        let (x, w, u) = (
+            upload(rt, &self.x),
+            upload(rt, &self.w),
+            upload(rt, &self.u),
+        );
+        let x2 = mul(rt, t(x), f(1.5));
+        let y = op(rt, conv.op(DepthwisePart::Forward), &[t(x2), t(w)]);
+        let g = mul(rt, t(u), f(0.5));
+        let gx = op(rt, conv.op(DepthwisePart::InputGrad), &[t(g), t(w)]);
+        let gw = op(rt, conv.op(DepthwisePart::WeightGrad), &[t(g), t(x2)]);
+        vec![
+            mul(rt, t(y), f(2.0)),
+            op(rt, Op::Binary(BinaryOp::Add), &[t(gx), t(x2)]),
+            mul(rt, t(gw), f(3.0)),
+        ]
+    }
+
+    /// How far apart two backends' values of each result of [`ConvStep::record`] may be: each
+    /// backend's sum of `terms` products is within `terms * u` of the sum of the terms'
+    /// magnitudes (`u` the accumulation's unit roundoff, f32 for f16 and bf16), in any order;
+    /// each rounds the part's result to the dtype, and the elementwise op's after it, once
+    /// (half an ulp each; f16's subnormal step near zero).
+    fn tolerances(&self, conv: &Conv) -> Vec<Vec<f64>> {
+        let dtype = self.x.dtype;
+        let scaled = |t: &RefTensor, s: f64| {
+            let data = t.data.iter().map(|v| v * s).collect();
+            RefTensor::new(dtype, &t.sizes, data)
+        };
+        let (x2, g) = (scaled(&self.x, 1.5), scaled(&self.u, 0.5));
+        let (u_acc, u_dtype, tiny) = match dtype {
+            DType::F64 => (2f64.powi(-53), 2f64.powi(-53), 0.0),
+            DType::F32 => (2f64.powi(-24), 2f64.powi(-24), 0.0),
+            DType::F16 => (2f64.powi(-24), 2f64.powi(-11), 2f64.powi(-24)),
+            _ => (2f64.powi(-24), 2f64.powi(-8), 0.0),
+        };
+        let n = self.x.sizes[0];
+        let taps: usize = conv.kernel.iter().product();
+        let positions: usize = conv.out().iter().product();
+        let parts = [
+            (DepthwisePart::Forward, (&x2, &self.w), 2.0, taps, None),
+            (
+                DepthwisePart::InputGrad,
+                (&g, &self.w),
+                1.0,
+                taps,
+                Some(&x2),
+            ),
+            (
+                DepthwisePart::WeightGrad,
+                (&g, &x2),
+                3.0,
+                n * positions,
+                None,
+            ),
+        ];
+        parts
+            .into_iter()
+            .map(|(part, (a, b), factor, terms, plus)| {
+                let k = conv.part(part);
+                let sum = refk::depthwise(&k, a, b);
+                let magnitude = refk::depthwise(&k, &a.abs_f64(), &b.abs_f64());
+                (0..sum.data.len())
+                    .map(|i| {
+                        let part = factor * sum.data[i];
+                        let value = part + plus.map_or(0.0, |p| p.data[i]);
+                        let accumulation = 2.05 * terms as f64 * u_acc * factor * magnitude.data[i];
+                        let roundings = 2.1 * u_dtype * (part.abs() + value.abs());
+                        accumulation + roundings + 4.0 * tiny
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// Asserts `got`'s values (PJRT's) are within `tol` of `want`'s (the CPU backend's).
+fn assert_within(what: &str, want: &[RefTensor], got: &[RefTensor], tol: &[Vec<f64>]) {
+    for (k, ((w, g), tol)) in want.iter().zip(got).zip(tol).enumerate() {
+        assert_eq!(w.sizes, g.sizes, "{what}: result {k}'s sizes");
+        for (i, ((a, b), tol)) in w.data.iter().zip(&g.data).zip(tol).enumerate() {
+            assert!(
+                (a - b).abs() <= *tol,
+                "{what}: result {k}[{i}]: cpu {a}, pjrt {b} (tolerance {tol:e})"
+            );
+        }
+    }
+}
+
+/// Runs `conv`'s step at batch `n` on both backends and checks the PJRT flush was one XLA
+/// program, with no cut (the convolution did not run as a host routine), of the CPU
+/// backend's values.
+fn conv_step_is_one_program(rts: &[Runtime; 2], conv: &Conv, n: usize, dtype: DType, seed: u64) {
+    let what = format!("{} {dtype} batch {n}", conv.name);
+    let step = ConvStep::new(conv, n, dtype, seed);
+    let [cpu, pj] = rts;
+    let outs = step.record(cpu, conv);
+    let want: Vec<RefTensor> = outs.iter().map(|&h| download(cpu, h)).collect();
+    let outs = step.record(pj, conv);
+    let (runs, cuts) = (pj.stats().programs_run, pj.stats().cuts);
+    pj.synchronize(0).expect("sync");
+    let got: Vec<RefTensor> = outs.iter().map(|&h| download(pj, h)).collect();
+    assert_eq!(pj.stats().programs_run - runs, 1, "{what}: XLA programs");
+    assert_eq!(pj.stats().cuts, cuts, "{what}: cuts");
+    assert_within(&what, &want, &got, &step.tolerances(conv));
+    for h in outs {
+        pj.release(h).expect("release");
+    }
+}
+
+#[test]
+fn depthwise_convolutions_and_their_gradients_stay_in_the_flushs_program() {
+    let Some(rts) = both() else { return };
+    for (k, conv) in CONVS.iter().enumerate() {
+        conv_step_is_one_program(&rts, conv, conv.n, DType::F32, k as u64 + 1);
+    }
+}
+
+#[test]
+fn f64_f16_and_bf16_depthwise_convolutions_stay_in_the_flushs_program() {
+    let Some(rts) = both() else { return };
+    for dtype in [DType::F64, DType::F16, DType::BF16] {
+        for (k, conv) in [&CONVS[0], &CONVS[5], &CONVS[9]].into_iter().enumerate() {
+            conv_step_is_one_program(&rts, conv, conv.n, dtype, 100 + k as u64);
+        }
+    }
+}
+
+#[test]
+fn a_depthwise_step_whose_batch_changes_runs_its_buckets_module() {
+    let Some(rts) = both() else { return };
+    let conv = &CONVS[2];
+    let mut compiles = Vec::new();
+    // 8 compiles its exact module; 6 finds the batch and compiles bucket 8's, whose padded
+    // samples must add nothing to the weight gradient; 5 runs bucket 8's module as it is.
+    for (k, n) in [8, 6, 5].into_iter().enumerate() {
+        let before = rts[1].stats().programs_compiled;
+        conv_step_is_one_program(&rts, conv, n, DType::F32, 200 + k as u64);
+        compiles.push(rts[1].stats().programs_compiled - before);
+    }
+    assert_eq!(compiles[2], 0, "compiles per step: {compiles:?}");
 }

@@ -34,8 +34,9 @@ pub struct Capabilities {
 }
 
 /// Which kernel ops a backend lowers into its whole programs. Gather and scatter are what a
-/// training step needs (a loss's target check, embeddings and their backward): without them
-/// each one cuts the step's program in two.
+/// training step needs (a loss's target check, embeddings and their backward), and depthwise
+/// convolutions what a MobileNet, EfficientNet or ConvNeXt step is made of: without them each
+/// one cuts the step's program in two, with a download and an upload around a host routine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct KernelsInRegion {
     /// `gather` (and so `index_select` and embedding lookups), any dtype.
@@ -43,6 +44,9 @@ pub struct KernelsInRegion {
     /// The scatter reductions lowered, for f32, f64, i32 and i64 results (f16/bf16 round
     /// each combining step on the host, which a fused program does not reproduce).
     pub scatter: &'static [ScatterReduce],
+    /// Depthwise convolutions (`KernelOp::Depthwise`), all three parts, every float dtype
+    /// (f16 and bf16 accumulate in f32 and round once, as the host routine does).
+    pub depthwise: bool,
 }
 
 impl KernelsInRegion {
@@ -50,6 +54,7 @@ impl KernelsInRegion {
     pub const NONE: KernelsInRegion = KernelsInRegion {
         gather: false,
         scatter: &[],
+        depthwise: false,
     };
 
     /// Whether kernel `k` with result dtype `dtype` may sit inside a whole program.
@@ -60,6 +65,7 @@ impl KernelsInRegion {
                 self.scatter.contains(reduce)
                     && matches!(dtype, DType::F32 | DType::F64 | DType::I32 | DType::I64)
             }
+            KernelOp::Depthwise(_) => self.depthwise,
             _ => false,
         }
     }
@@ -118,5 +124,37 @@ impl Capabilities {
 impl Default for Capabilities {
     fn default() -> Self {
         Capabilities::LOOPS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Depthwise, DepthwisePart};
+    use smallvec::smallvec;
+
+    #[test]
+    fn a_depthwise_convolution_sits_in_a_whole_program_only_where_the_backend_lowers_it() {
+        let k = KernelOp::Depthwise(Box::new(Depthwise {
+            part: DepthwisePart::WeightGrad,
+            kernel: smallvec![3, 3],
+            stride: smallvec![1, 1],
+            padding: smallvec![1, 1],
+            dilation: smallvec![1, 1],
+            input: smallvec![],
+        }));
+        let lowered = KernelsInRegion {
+            depthwise: true,
+            ..KernelsInRegion::NONE
+        };
+        for d in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            assert!(lowered.takes(&k, d), "{d}");
+            assert!(!KernelsInRegion::NONE.takes(&k, d), "{d}");
+        }
+        let whole = Capabilities::whole_programs(64);
+        let op = Op::Kernel(k);
+        assert!(!whole.takes(&op, DType::F32));
+        assert!(whole.with_kernels(lowered).takes(&op, DType::F32));
+        assert!(!Capabilities::LOOPS.takes(&op, DType::F32));
     }
 }

@@ -307,6 +307,7 @@ fn with_gather_and_scatter_sum() -> PlanOptions {
         capabilities: Capabilities::whole_programs(4096).with_kernels(KernelsInRegion {
             gather: true,
             scatter: &[ScatterReduce::Sum],
+            depthwise: false,
         }),
         ..PlanOptions::default()
     }

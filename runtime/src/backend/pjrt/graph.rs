@@ -18,9 +18,10 @@
 //! Scalars (a learning rate, AdamW's bias corrections) change every step: they are arguments,
 //! packed into one 1-D array per element type, so a launch uploads a handful of small arrays.
 //!
-//! Gather and scatter parts have no staging: their operands are read through their layouts and
-//! lowered by `graph_kernel`, whose bounds checks become one extra i64 result; the layout says
-//! which checks each output's value depends on (`Layout::output_checks`).
+//! Kernel parts (gather, scatter, depthwise convolutions) have no staging: their operands are
+//! read through their layouts and lowered by `graph_kernel`, whose bounds checks (gather's and
+//! scatter's) become one extra i64 result; the layout says which checks each output's value
+//! depends on (`Layout::output_checks`).
 
 use super::emit;
 use super::graph_bucket::{self, Bucket};
@@ -381,9 +382,11 @@ pub fn module(
             );
             let ins = part.operands[..pb.n_inputs].iter().map(|&gb| gb as usize);
             let mut t = taint.of(ins);
-            t.push(checks.len());
-            checks.push(l.check);
-            flags.push(l.flag);
+            if let Some((check, flag)) = l.check {
+                t.push(checks.len());
+                checks.push(check);
+                flags.push(flag);
+            }
             let gb = part.operands[pb.n_inputs] as usize;
             let (view, kept) = View::of_layout(out);
             taint.write(gb, &t, view.covers(bufs.len[gb]));

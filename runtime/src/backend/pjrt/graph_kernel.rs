@@ -10,7 +10,11 @@
 //! the program reads it after the launch, and the outputs computed from a bad index carry the
 //! host routine's error to their next use, so none of their values reaches the host
 //! (`graph_program`).
+//!
+//! Depthwise convolutions are lowered by `graph_depthwise`; they read no index and have no
+//! check.
 
+use super::graph_depthwise;
 use super::hlo::{Elem, Func, Ty, Val};
 use deferfuse_fusion::ir::{DType, KernelOp, ScatterReduce};
 use deferfuse_fusion::plan::KernelsInRegion;
@@ -18,10 +22,12 @@ use deferfuse_fusion::plan::KernelsInRegion;
 /// The kernel ops this backend lowers into whole programs. Sum, amax and amin give the host
 /// routine's values whatever order XLA combines duplicates in (sums up to rounding, which the
 /// suites' cross-mode tolerance covers); assign (the last duplicate wins), prod and mean stay
-/// host routines.
+/// host routines. Depthwise convolutions give the host routine's values up to the order of
+/// their sums.
 pub const LOWERED: KernelsInRegion = KernelsInRegion {
     gather: true,
     scatter: &[ScatterReduce::Sum, ScatterReduce::Amax, ScatterReduce::Amin],
+    depthwise: true,
 };
 
 /// A part's bounds check: the op and dim it names in its error, and the size indices must be
@@ -56,10 +62,12 @@ pub struct Valid {
     pub size: Option<(usize, Val)>,
 }
 
-/// Which dim of its operand kernel `k` indexes.
+/// Which dim of its operand kernel `k` indexes (a depthwise convolution's: its batch dim, the
+/// one a bucketed module pads).
 pub fn indexed_dim(k: &KernelOp) -> usize {
     match k {
         KernelOp::Gather { dim } | KernelOp::Scatter { dim, .. } => *dim,
+        KernelOp::Depthwise(_) => 0,
         other => unreachable!("{} is not in LOWERED", other.name()),
     }
 }
@@ -89,9 +97,9 @@ pub const CHECK_WORDS: usize = 2;
 /// A lowered kernel part: its result and the bounds check its values depend on.
 pub struct Lowered {
     pub result: Val,
-    pub check: Check,
-    /// `[bad, first bad value]`, an i64 `[2]`.
-    pub flag: Val,
+    /// The check, and its `[bad, first bad value]` (an i64 `[2]`); `None` for a part that
+    /// reads no index (a depthwise convolution).
+    pub check: Option<(Check, Val)>,
 }
 
 /// The host routines see a 0-dim tensor as one element of a 1-dim one (see
@@ -256,8 +264,7 @@ pub fn lower(
             let out = f.reshape(&out, &inputs[1].ty.dims);
             Lowered {
                 result: out,
-                check: check(size),
-                flag,
+                check: Some((check(size), flag)),
             }
         }
         KernelOp::Scatter {
@@ -305,10 +312,13 @@ pub fn lower(
             let out = f.reshape(&out, &inputs[0].ty.dims);
             Lowered {
                 result: out,
-                check: check(size),
-                flag,
+                check: Some((check(size), flag)),
             }
         }
+        KernelOp::Depthwise(d) => Lowered {
+            result: graph_depthwise::lower(f, d, inputs),
+            check: None,
+        },
         other => unreachable!("{} is not in LOWERED", other.name()),
     }
 }

@@ -279,6 +279,103 @@ impl Func {
         self.op("pad", &[v, &zero], &attrs, ty)
     }
 
+    /// `v` with zeros added before (`low`) and after (`high`) each dim and `interior` zeros
+    /// between its elements; a negative `low` or `high` drops that many elements instead.
+    pub fn pad(&mut self, v: &Val, low: &[i64], high: &[i64], interior: &[usize]) -> Val {
+        let n = v.ty.dims.len();
+        if low.iter().chain(high).all(|&x| x == 0) && interior.iter().all(|&x| x == 0) {
+            return v.clone();
+        }
+        let dims: Vec<usize> = (0..n)
+            .map(|d| {
+                let s = v.ty.dims[d] as i64;
+                let spread = s + (s - 1).max(0) * interior[d] as i64;
+                let len = spread + low[d] + high[d];
+                assert!(len >= 0, "a pad leaves a negative size");
+                len as usize
+            })
+            .collect();
+        let zero = self.fconst(0.0, Ty::new(v.ty.elem, &[]));
+        let list = |v: &[i64]| match v {
+            [] => "array<i64>".to_string(),
+            _ => {
+                let items: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+                format!("array<i64: {}>", items.join(", "))
+            }
+        };
+        let attrs = format!(
+            "edge_padding_low = {}, edge_padding_high = {}, interior_padding = {}",
+            list(low),
+            list(high),
+            arr(interior)
+        );
+        let ty = Ty::new(v.ty.elem, &dims);
+        self.op("pad", &[v, &zero], &attrs, ty)
+    }
+
+    /// Every `strides[d]`-th element of `v` along each dim `d` from `start[d]`, `count[d]` of
+    /// them.
+    pub fn slice_strided(
+        &mut self,
+        v: &Val,
+        start: &[usize],
+        count: &[usize],
+        strides: &[usize],
+    ) -> Val {
+        if start.iter().all(|&x| x == 0) && count == v.ty.dims && strides.iter().all(|&x| x == 1) {
+            return v.clone();
+        }
+        let limit: Vec<usize> = (0..start.len())
+            .map(|d| match count[d] {
+                0 => start[d],
+                c => start[d] + (c - 1) * strides[d] + 1,
+            })
+            .collect();
+        let attrs = format!(
+            "start_indices = {}, limit_indices = {}, strides = {}",
+            arr(start),
+            arr(&limit),
+            arr(strides)
+        );
+        let ty = Ty::new(v.ty.elem, count);
+        self.op("slice", &[v], &attrs, ty)
+    }
+
+    /// A convolution of `lhs` (`[batch, features, spatial...]`) with kernel `rhs`
+    /// (`[out features, in features per group, spatial...]`) in `groups` feature groups, with
+    /// no padding and no input dilation: output position `o` of each spatial dim `d` sums
+    /// window position `j` at input position `o * strides[d] + j * dilation[d]`. The result,
+    /// `[batch, out features, spatial...]`, has the sizes `out`.
+    pub fn convolution(
+        &mut self,
+        lhs: &Val,
+        rhs: &Val,
+        groups: usize,
+        strides: &[usize],
+        dilation: &[usize],
+        out: &[usize],
+    ) -> Val {
+        let d = strides.len();
+        let spatial: Vec<String> = (0..d).map(|i| i.to_string()).collect();
+        let spatial = spatial.join(", ");
+        let zeros = vec!["[0, 0]"; d].join(", ");
+        let attrs = format!(
+            "batch_group_count = 1 : i64, dimension_numbers = #stablehlo.conv<[b, f, \
+             {spatial}]x[o, i, {spatial}]->[b, f, {spatial}]>, feature_group_count = {groups} \
+             : i64, lhs_dilation = {}, padding = dense<[{zeros}]> : tensor<{d}x2xi64>, \
+             rhs_dilation = {}, window_strides = {}",
+            arr(&vec![1; d]),
+            arr(dilation),
+            arr(strides)
+        );
+        self.op(
+            "convolution",
+            &[lhs, rhs],
+            &attrs,
+            Ty::new(lhs.ty.elem, out),
+        )
+    }
+
     /// `v[start..start+1]` along each dim in `at`, other dims whole.
     pub fn slice_first(&mut self, v: &Val, at: &[usize]) -> Val {
         let limit: Vec<usize> =

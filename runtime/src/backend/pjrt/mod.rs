@@ -25,6 +25,7 @@ mod emit;
 mod ffi;
 mod graph;
 mod graph_bucket;
+mod graph_depthwise;
 mod graph_kernel;
 mod graph_program;
 mod graph_view;
@@ -230,8 +231,9 @@ impl Backend for PjrtBackend {
 
     fn compile(&self, region: &Region) -> Result<Arc<dyn Program>> {
         if let Region::Kernel(k) = region {
-            // Gather, scatter, scans, sort and random numbers run as host routines on host
-            // bytes: the host-program `run` writes device values back first (see README).
+            // Kernel ops outside a whole program (gather, scatter, scans, sort, random
+            // numbers, depthwise convolutions) run as host routines on host bytes: the
+            // host-program `run` writes device values back first (see README).
             return Ok(super::host_kernels::program(k));
         }
         if let Region::Graph(g) = region {
