@@ -40,6 +40,30 @@ def test_convolution_matches_cpu_forward_and_backward(mode, case):
     assert_same(lambda x, w, b: conv(x, w, b, **kw), x, w, b, atol=2e-5)
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_depthwise_convolution_runs_one_kernel_per_part_and_no_product(stride):
+    # The forward, the input gradient and the weight gradient are each one depthwise kernel
+    # program; im2col (a copy and a batched product) or a sum of shifted views is not used.
+    import deferfuse_torch
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 9, 9, device="tpu", requires_grad=True)
+    w = torch.randn(16, 1, 5, 5, device="tpu", requires_grad=True)
+    g = torch.randn(2, 16, (9 + 4 - 5) // stride + 1, (9 + 4 - 5) // stride + 1, device="tpu")
+
+    def step():
+        y = F.conv2d(x, w, padding=2, stride=stride, groups=16)
+        gx, gw = torch.autograd.grad(y, (x, w), g)
+        return gx.sum().item() + gw.sum().item()
+
+    with deferfuse_torch.mode("strict"):
+        step()
+        report = deferfuse_torch.explain(step)
+    runs = [e["name"] for e in report.timeline["traceEvents"] if e.get("cat") == "run"]
+    assert runs.count("depthwise_conv") == 3, runs
+    assert not any(r.startswith("matmul") for r in runs), runs
+    assert not report.fallbacks
+
+
 def test_convolution_without_bias_matches_cpu(mode):
     torch.manual_seed(0)
     x, w = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
