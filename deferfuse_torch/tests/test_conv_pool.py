@@ -64,6 +64,28 @@ def test_a_depthwise_convolution_runs_one_kernel_per_part_and_no_product(stride)
     assert not report.fallbacks
 
 
+def test_a_depthwise_convolution_with_an_infinite_weight_matches_cpu_at_the_border(mode):
+    # PyTorch's CPU kernel never multiplies the padding in the forward and the input gradient
+    # (an infinite weight leaves border outputs finite), but does in the weight gradient (an
+    # infinite gradient makes every tap NaN).
+    torch.manual_seed(0)
+    x, w = torch.randn(1, 8, 4, 4), torch.randn(8, 1, 3, 3)
+    w[0, 0, 0, 0] = float("inf")
+    w[3, 0, 2, 1] = float("-inf")
+    g = torch.randn(1, 8, 4, 4)
+    g[0, 5, 1, 2] = float("inf")
+
+    def run(device):
+        xd = x.to(device).requires_grad_()
+        wd = w.to(device).requires_grad_()
+        y = F.conv2d(xd, wd, padding=1, groups=8)
+        gx, gw = torch.autograd.grad(y, (xd, wd), g.to(device))
+        return [t.cpu() for t in (y, gx, gw)]
+
+    for got, want in zip(run("tpu"), run("cpu")):
+        torch.testing.assert_close(got, want, equal_nan=True, atol=2e-5, rtol=1e-5)
+
+
 def test_convolution_without_bias_matches_cpu(mode):
     torch.manual_seed(0)
     x, w = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)

@@ -83,7 +83,9 @@ pub(crate) fn build_depthwise(a: &DfuseAttrs) -> Result<KernelOp> {
         padding: field(&a.padding[..n], "attrs->padding")?,
         dilation: field(&a.dilation[..n], "attrs->dilation")?,
         input: match part {
-            DepthwisePart::InputGrad => field(&a.dims[n..2 * n], "attrs->dims (the input sizes)")?,
+            DepthwisePart::InputGrad => {
+                field(&a.dims[n..2 * n], "attrs->dims[n_dims..] (the input sizes)")?
+            }
             _ => Dims::new(),
         },
     })))

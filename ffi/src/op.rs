@@ -262,28 +262,12 @@ pub struct DfuseAttrs {
 
 /// The op kind number's name, for messages.
 fn kind_name(kind: u32) -> &'static str {
-    [
-        "UNARY",
-        "BINARY",
-        "WHERE",
-        "CLAMP",
-        "CAST",
-        "COPY",
-        "REDUCE",
-        "CAT",
-        "ARANGE",
-        "MATMUL",
-        "ADDMM",
-        "GATHER",
-        "SCATTER",
-        "SCAN",
-        "SORT",
-        "RANDOM",
-        "DEPTHWISE_CONV",
-    ]
-    .get(kind as usize)
-    .copied()
-    .unwrap_or("?")
+    #[rustfmt::skip]
+    const NAMES: [&str; 17] = [
+        "UNARY", "BINARY", "WHERE", "CLAMP", "CAST", "COPY", "REDUCE", "CAT", "ARANGE", "MATMUL",
+        "ADDMM", "GATHER", "SCATTER", "SCAN", "SORT", "RANDOM", "DEPTHWISE_CONV",
+    ];
+    NAMES.get(kind as usize).copied().unwrap_or("?")
 }
 
 /// Builds the runtime op for `kind` and `attrs`. `rank` gives the rank of the first tensor

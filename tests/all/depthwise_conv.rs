@@ -36,6 +36,11 @@ const GEOS: &[Geo] = &[
     Geo { name: "2-D 3x3 s2 p1 (downsampling)", n: 1, c: 4, input: &[9, 8], kernel: &[3, 3], stride: &[2, 2], padding: &[1, 1], dilation: &[1, 1] },
     Geo { name: "2-D 7x7 p3, 48 channels (ConvNeXt)", n: 1, c: 48, input: &[8, 8], kernel: &[7, 7], stride: &[1, 1], padding: &[3, 3], dilation: &[1, 1] },
     Geo { name: "2-D 7x7 p3 on 16x16, N=2", n: 2, c: 3, input: &[16, 16], kernel: &[7, 7], stride: &[1, 1], padding: &[3, 3], dilation: &[1, 1] },
+    // 20 channels on rows of 17: whole 8x8 tiles, a row's leftover positions and leftover
+    // channels, all copied their own way.
+    Geo { name: "2-D 3x3 p1, 20 channels on 9x17", n: 2, c: 20, input: &[9, 17], kernel: &[3, 3], stride: &[1, 1], padding: &[1, 1], dilation: &[1, 1] },
+    // The input gradient spreads a strided gradient over 12 channels (tiles, scaled placement).
+    Geo { name: "2-D 5x5 s2 p2, 12 channels on 11x10", n: 1, c: 12, input: &[11, 10], kernel: &[5, 5], stride: &[2, 2], padding: &[2, 2], dilation: &[1, 1] },
     // Inner outputs read taps outside the input on both sides at once.
     Geo { name: "2-D 7x7 p3 on 5x6", n: 2, c: 3, input: &[5, 6], kernel: &[7, 7], stride: &[1, 1], padding: &[3, 3], dilation: &[1, 1] },
     Geo { name: "2-D 5x5 p2, N=3", n: 3, c: 2, input: &[5, 6], kernel: &[5, 5], stride: &[1, 1], padding: &[2, 2], dilation: &[1, 1] },

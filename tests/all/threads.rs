@@ -261,14 +261,17 @@ fn a_depthwise_convolution_split_by_channels_equals_one_thread() {
     use deferfuse::fusion::ir::{Depthwise, DepthwisePart, KernelOp};
     // 52 channels: six whole vectors of 8 and a partial one, so jobs get unequal windows.
     let (n, c, h) = (2, 52, 13);
-    let conv = |part| {
+    let conv = |part: DepthwisePart| {
         Op::Kernel(KernelOp::Depthwise(Box::new(Depthwise {
             part,
             kernel: [5, 5][..].into(),
             stride: [2, 2][..].into(),
             padding: [2, 2][..].into(),
             dilation: [1, 1][..].into(),
-            input: [h, h][..].into(),
+            input: match part {
+                DepthwisePart::InputGrad => [h, h][..].into(),
+                _ => Default::default(),
+            },
         })))
     };
     same_on_any_thread_count(|rt| {

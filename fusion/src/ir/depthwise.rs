@@ -66,16 +66,22 @@ pub struct Depthwise {
 
 impl Depthwise {
     /// The output size of each spatial dim for an input of spatial sizes `input`, or the first
-    /// dim whose (padded) input is shorter than its dilated kernel.
+    /// dim whose (padded) input is shorter than its dilated kernel (or whose sizes overflow:
+    /// the C ABI passes any non-negative 64-bit value).
     pub fn output_sizes(&self, input: &[usize]) -> Result<Dims, usize> {
         (0..input.len())
             .map(|i| {
-                let span = self.dilation[i] * (self.kernel[i] - 1) + 1;
-                let padded = input[i] + 2 * self.padding[i];
-                if padded < span {
-                    Err(i)
-                } else {
-                    Ok((padded - span) / self.stride[i] + 1)
+                let span = self.dilation[i]
+                    .checked_mul(self.kernel[i] - 1)
+                    .and_then(|s| s.checked_add(1));
+                let padded = self.padding[i]
+                    .checked_mul(2)
+                    .and_then(|p| p.checked_add(input[i]));
+                match (span, padded) {
+                    (Some(span), Some(padded)) if padded >= span => {
+                        Ok((padded - span) / self.stride[i] + 1)
+                    }
+                    _ => Err(i),
                 }
             })
             .collect()
@@ -132,7 +138,9 @@ pub(super) fn infer_depthwise(k: &Depthwise, args: &[ArgMeta]) -> OpResult<Infer
         && k.kernel.iter().all(|&x| x >= 1)
         && k.stride.iter().all(|&x| x >= 1)
         && k.dilation.iter().all(|&x| x >= 1)
-        && (k.part != DepthwisePart::InputGrad || k.input.len() == d);
+        // The input sizes belong to the input gradient alone: two ops that differ only in an
+        // ignored field would compare unequal yet print alike.
+        && k.input.len() == if k.part == DepthwisePart::InputGrad { d } else { 0 };
     if !geometry_ok {
         return Err(OpError::new(
             name,
@@ -312,6 +320,25 @@ mod tests {
     fn a_kernel_longer_than_the_padded_input_is_refused() {
         let op = conv(DepthwisePart::Forward, 7, 1, 0, &[]);
         let e = infer(&op, &[t(&[1, 2, 5, 9]), t(&[2, 1, 7, 7])]).unwrap_err();
+        assert!(e.expected.contains("spatial dim 0"), "{e}");
+    }
+
+    #[test]
+    fn input_sizes_are_refused_outside_the_input_gradient() {
+        let op = conv(DepthwisePart::Forward, 3, 1, 1, &[6, 6]);
+        let e = infer(&op, &[t(&[1, 2, 6, 6]), t(&[2, 1, 3, 3])]).unwrap_err();
+        assert_eq!(e.operand, "geometry");
+    }
+
+    #[test]
+    fn a_geometry_whose_sizes_overflow_is_refused() {
+        let Op::Kernel(KernelOp::Depthwise(mut k)) = conv(DepthwisePart::Forward, 3, 1, 1, &[])
+        else {
+            unreachable!()
+        };
+        k.dilation = smallvec![usize::MAX / 2, 1];
+        let op = Op::Kernel(KernelOp::Depthwise(k));
+        let e = infer(&op, &[t(&[1, 2, 6, 6]), t(&[2, 1, 3, 3])]).unwrap_err();
         assert!(e.expected.contains("spatial dim 0"), "{e}");
     }
 

@@ -1,6 +1,7 @@
-//! Kernel ops: gather, scatter, scans, sort, random numbers and depthwise convolutions. Each output element depends on
-//! elements other than its own position (or on a counter), so none fuses into a loop: the
-//! planner cuts around them (`unfusable`) and a backend runs each as one host routine.
+//! Kernel ops: gather, scatter, scans, sort, random numbers and depthwise convolutions. Each
+//! output element depends on elements other than its own position (or on a counter), so none
+//! fuses into a loop: the planner cuts around them (`unfusable`) and a backend runs each as one
+//! host routine.
 //!
 //! The sub-enums are `repr(u32)` with explicit numbers because the C ABI passes them; append
 //! new values, never renumber.

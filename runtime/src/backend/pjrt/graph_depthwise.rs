@@ -16,12 +16,12 @@
 //! - weight gradient: per tap, the gradient times the forward's window of the input, summed
 //!   over the batch and the output positions: one `[C]` reduction per tap.
 //!
-//! Except the f32 weight gradient: one convolution with a group per channel
-//! (`weight_grad_conv`). Measured on the xla-cpu-pjrt plugin at ConvNeXt's sizes (N 8, C 96,
-//! 56x56, 7x7), that convolution ran five times faster than the reductions; grouped
-//! convolutions for the forward and the input gradient ran two to three times slower than
-//! their sums of windows, and every f64 grouped convolution far slower (XLA's CPU compiler
-//! expands those into dense ones).
+//! Except the weight gradient computed in f32 (f32, f16, bf16): one convolution with a group
+//! per channel (`weight_grad_conv`). Measured on the xla-cpu-pjrt plugin at ConvNeXt's sizes
+//! (N 8, C 96, 56x56, 7x7), that convolution ran five times faster than the reductions;
+//! grouped convolutions for the forward and the input gradient ran two to three times slower
+//! than their sums of windows, and every f64 grouped convolution far slower (XLA's CPU
+//! compiler expands those into dense ones).
 //!
 //! Values are in their compute element (f16 and bf16 as f32, like the host routine's
 //! accumulation), rounded once when the part's result is stored (`graph::stored`).
@@ -139,8 +139,9 @@ pub fn lower(f: &mut Func, k: &Depthwise, inputs: &[Val]) -> Val {
             let interior: Vec<usize> = k.stride.iter().map(|&s| s - 1).collect();
             let spread = pad_spatial(f, a, &low, &high, &interior);
             let w2 = f.reshape(b, &[c, taps.len()]);
-            // The host routine sums the flipped taps in order: the last tap first.
-            let starts = taps.iter().enumerate().rev().map(|(number, t)| {
+            // In tap order, as the host routine sums them: tap t's weight times the window at
+            // its mirrored tap's offset.
+            let starts = taps.iter().enumerate().map(|(number, t)| {
                 let start = (0..t.len())
                     .map(|i| (k.kernel[i] - 1 - t[i]) * k.dilation[i])
                     .collect();

@@ -21,6 +21,7 @@ pub(super) trait Acc:
     /// `self * a + b` rounded once (an FMA instruction where the CPU has one, else libm's
     /// `fma`: the same bits either way).
     fn mul_add(self, a: Self, b: Self) -> Self;
+    fn is_finite(self) -> bool;
 
     /// Element `off` of a `dtype` buffer.
     ///
@@ -64,6 +65,10 @@ impl Acc for f32 {
     fn mul_add(self, a: Self, b: Self) -> Self {
         f32::mul_add(self, a, b)
     }
+    #[inline(always)]
+    fn is_finite(self) -> bool {
+        f32::is_finite(self)
+    }
 }
 
 impl Acc for f64 {
@@ -80,8 +85,14 @@ impl Acc for f64 {
     fn mul_add(self, a: Self, b: Self) -> Self {
         f64::mul_add(self, a, b)
     }
+    #[inline(always)]
+    fn is_finite(self) -> bool {
+        f64::is_finite(self)
+    }
 }
-/// One vector: [`LANES`] channels, aligned so that no vector load straddles two cache lines.
+
+/// One vector: [`LANES`] channels, aligned to its size for f32 (so no f32 vector load straddles
+/// two cache lines; an f64 vector is two loads, each inside one line).
 #[derive(Clone, Copy, Default)]
 #[repr(C, align(32))]
 pub(super) struct Vector<T>(pub(super) [T; LANES]);
@@ -102,6 +113,7 @@ impl<T> std::ops::DerefMut for Vector<T> {
         &mut self.0
     }
 }
+
 /// A channels-last scratch `[d0, d1, d2, vectors]` of vectors, zeroed when made.
 pub(super) struct Scratch<T> {
     pub(super) dims: [usize; 3],

@@ -9,6 +9,7 @@ pub(super) const UNITS: usize = 8;
 
 /// Taps whose weight-gradient sums run side by side, sharing each load of the gradient.
 pub(super) const TAP_GROUP: usize = 8;
+
 /// `acc[p][v] = sum over taps t of x[starts[p] + taps[t] + v] * w[t][v]` for every output
 /// position `p` and channel vector `v`.
 pub(super) fn sum_over_taps<T: Acc>(

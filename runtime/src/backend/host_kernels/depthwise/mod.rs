@@ -18,6 +18,7 @@
 //! the gradient times the tap's shifted input, [`TAP_GROUP`] taps at a time.
 
 mod channels_last;
+mod exact;
 mod loops;
 
 use super::View;
@@ -46,6 +47,7 @@ fn three(v: &[usize], fill: usize) -> [usize; 3] {
     out[3 - v.len()..].copy_from_slice(v);
     out
 }
+
 /// Multiply-adds below which a call runs on one thread: about what waking another costs.
 const SERIAL_BELOW_MACS: usize = 1 << 16;
 
@@ -137,17 +139,21 @@ fn run_channels(k: &Depthwise, a: &View, b: &View, out: &View) {
     }
 }
 
-/// The taps that read an input element for at least one output position, row-major, as
-/// `(tap, its row-major index)`: the others read only padding, whose products add nothing, so
-/// a 5x5 kernel over a 1x1 input (EfficientNet's last stages) costs one tap, not 25.
-fn live_taps(g: &Geometry) -> Vec<([usize; 3], usize)> {
+/// The taps, row-major, as `(tap, its row-major index)`; with `only_live`, those that read an
+/// input element for at least one output position: the others read only padding, which
+/// PyTorch's CPU kernel never multiplies in the forward and the input gradient, so a 5x5
+/// kernel over a 1x1 input (EfficientNet's last stages) costs one tap there, not 25. (Its
+/// weight gradient does multiply the padding: an infinite gradient gives NaN for every tap.)
+fn taps_of(g: &Geometry, only_live: bool) -> Vec<([usize; 3], usize)> {
     let live = |i: usize| -> Vec<usize> {
         (0..g.kernel[i])
             .filter(|&t| {
-                (0..g.output[i]).any(|o| {
-                    let p = (o * g.stride[i] + t * g.dilation[i]) as isize - g.padding[i] as isize;
-                    (0..g.input[i] as isize).contains(&p)
-                })
+                !only_live
+                    || (0..g.output[i]).any(|o| {
+                        let p =
+                            (o * g.stride[i] + t * g.dilation[i]) as isize - g.padding[i] as isize;
+                        (0..g.input[i] as isize).contains(&p)
+                    })
             })
             .collect()
     };
@@ -204,6 +210,9 @@ unsafe fn run_as<T: Acc>(part: DepthwisePart, g: &Geometry, a: &View, b: &View, 
     let padded: [usize; 3] = std::array::from_fn(|i| g.input[i] + 2 * g.padding[i]);
     match part {
         DepthwisePart::Forward | DepthwisePart::InputGrad => {
+            if out.sizes.iter().product::<usize>() == 0 {
+                return;
+            }
             let forward = part == DepthwisePart::Forward;
             // The input gradient is a stride-1 convolution of the gradient spread onto the
             // input's grid (gradient position o at o * stride - padding + before, where
@@ -221,10 +230,13 @@ unsafe fn run_as<T: Acc>(part: DepthwisePart, g: &Geometry, a: &View, b: &View, 
             let mut x = Scratch::<T>::new(dims, c);
             // Input position p + before reads gradient position (p - t) for tap t: a tap is
             // live for the input gradient exactly when it is for the forward.
-            let live = live_taps(g);
+            let live = taps_of(g, true);
             let taps = tap_offsets(g, &live, dims, x.vectors, !forward);
             let starts = first_taps(result, stride, dims, x.vectors);
             let w = weights::<T>(b, c, &live);
+            if !w.iter().all(|v| v.iter().all(|x| x.is_finite())) {
+                return exact::run::<T>(forward, g, a, b, out);
+            }
             let mut acc = Scratch::<T>::new(result, c);
             let place = if forward {
                 Placement::shifted(g.padding)
@@ -244,29 +256,26 @@ unsafe fn run_as<T: Acc>(part: DepthwisePart, g: &Geometry, a: &View, b: &View, 
         }
         DepthwisePart::WeightGrad => {
             let mut x = Scratch::<T>::new(padded, c);
-            let live = live_taps(g);
-            let taps = tap_offsets(g, &live, padded, x.vectors, false);
+            // Every tap, as PyTorch's CPU kernel (see `taps_of`).
+            let every = taps_of(g, false);
+            let taps = tap_offsets(g, &every, padded, x.vectors, false);
             let starts = first_taps(g.output, g.stride, padded, x.vectors);
             let mut grad = Scratch::<T>::new(g.output, c);
             let groups = taps.len().div_ceil(TAP_GROUP);
             let mut sums = vec![Vector::<T>::default(); groups * TAP_GROUP * x.vectors];
-            for ni in 0..n {
-                fill(&mut x, b, ni, g.input, Placement::shifted(g.padding));
-                fill(&mut grad, a, ni, g.output, Placement::shifted([0; 3]));
-                tap_dots(&x.data, &grad.data, &taps, &starts, x.vectors, &mut sums);
-            }
-            // A tap that is not live sums nothing: zero.
-            let mut sum_of = vec![None; g.kernel.iter().product()];
-            for (i, &(_, flat)) in live.iter().enumerate() {
-                sum_of[flat] = Some(i);
+            // No output position (or no sample): every sum is zero.
+            if !starts.is_empty() {
+                for ni in 0..n {
+                    fill(&mut x, b, ni, g.input, Placement::shifted(g.padding));
+                    fill(&mut grad, a, ni, g.output, Placement::shifted([0; 3]));
+                    tap_dots(&x.data, &grad.data, &taps, &starts, x.vectors, &mut sums);
+                }
             }
             let (tap_at, planes) = (tap_elements(out), Planes::of(out));
             for ci in 0..c {
                 let off = planes.at(ci, 0);
-                for (&at, which) in tap_at.iter().zip(&sum_of) {
-                    let v = which.map_or(T::default(), |i| {
-                        sums[i * x.vectors + ci / LANES][ci % LANES]
-                    });
+                for (t, &at) in tap_at.iter().enumerate() {
+                    let v = sums[t * x.vectors + ci / LANES][ci % LANES];
                     v.store(out.dtype, out.base, off + at);
                 }
             }
