@@ -42,6 +42,30 @@ from . import compile_hooks as _compile_hooks  # noqa: E402
 # torch.compile(model, backend="tpu"); plain torch.compile raises a message saying so.
 _compile_hooks.install()
 
+def _check_autograd_engine():
+    """PyTorch's autograd engine sizes its per-device queues once, at the first backward of the
+    process, from the devices registered then: after a backward that ran before this import it
+    has no queue for "tpu", and every backward through a tpu tensor fails inside PyTorch with
+    an internal assert ("device_ready_queues_"). A one-element backward here finds out, and says
+    what to do instead of leaving the user that assert."""
+    import warnings
+    t = torch.zeros((), device="tpu", requires_grad=True)
+    try:
+        torch.autograd.grad(t * 1.0, t)
+    except RuntimeError as e:
+        if "device_ready_queues_" not in str(e):
+            raise
+        warnings.warn(
+            "deferfuse_torch was imported after a backward pass already ran in this process: "
+            "PyTorch's autograd engine has no queue for the \"tpu\" device, so backward through "
+            "tpu tensors will fail with an internal assert. Import deferfuse_torch before the "
+            "first .backward() / torch.autograd.grad call (for example at the top of the "
+            "script).", RuntimeWarning, stacklevel=3)
+
+
+_check_autograd_engine()
+
+
 from .device import (  # noqa: E402,F401
     MODES, device_count, dump_pending, fallback_counts, get_mode, is_available,
     is_materialized, mode, release_cached_memory, reset_fallback_counts, set_mode,

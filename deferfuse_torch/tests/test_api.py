@@ -129,3 +129,32 @@ def test_save_and_load_keep_values_and_aliasing():
     torch.testing.assert_close((back["t"] * 1).cpu(), t.cpu())
     back["t"].add_(1.0)  # the row still aliases the loaded tensor
     torch.testing.assert_close(back["row"].cpu(), t[1].cpu() + 1.0)
+
+
+def test_importing_after_a_cpu_backward_warns_that_tpu_backward_cannot_run():
+    # PyTorch's autograd engine fixes its device queues at the process's first backward.
+    import subprocess
+    import sys
+    code = ("import warnings, torch\n"
+            "x = torch.ones(2, requires_grad=True); (x * 2).sum().backward()\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import deferfuse_torch\n"
+            "print(any('Import deferfuse_torch before the first' in str(m.message) for m in w))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
+
+
+def test_importing_first_gives_no_warning_and_backward_runs():
+    import subprocess
+    import sys
+    code = ("import warnings\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import torch, deferfuse_torch\n"
+            "x = torch.ones(2, requires_grad=True); (x * 2).sum().backward()\n"
+            "y = torch.ones(2, device='tpu', requires_grad=True); (y * 3).sum().backward()\n"
+            "print([str(m.message)[:80] for m in w if 'deferfuse' in str(m.message)],"
+            " y.grad.cpu().tolist())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[] [3.0, 3.0]", out.stderr[-2000:]
