@@ -9,24 +9,13 @@ use crate::reference;
 use deferfuse::fusion::ir::{Depthwise, DepthwisePart, KernelOp};
 use deferfuse::fusion::plan::CutReason;
 use deferfuse::{BinaryOp, DType, Error, Handle, Input, Mode, Op, Runtime, Scalar, UnaryOp, View};
+use harness::depthwise::ConvGeometry as Geo;
 use harness::*;
 use reference::kernels as refk;
 use reference::views::{self as rv, RefLayout};
 use reference::{apply, Arg, RefTensor};
 
 const PARTS: [DepthwisePart; 3] = DepthwisePart::ALL;
-
-/// A batch, channel count, input's spatial sizes and the convolution's geometry.
-struct Geo {
-    name: &'static str,
-    n: usize,
-    c: usize,
-    input: &'static [usize],
-    kernel: &'static [usize],
-    stride: &'static [usize],
-    padding: &'static [usize],
-    dilation: &'static [usize],
-}
 
 #[rustfmt::skip]
 const GEOS: &[Geo] = &[
@@ -58,48 +47,17 @@ const GEOS: &[Geo] = &[
 ];
 
 impl Geo {
-    fn depthwise(&self, part: DepthwisePart) -> Depthwise {
-        let input = if part == DepthwisePart::InputGrad {
-            self.input
-        } else {
-            &[]
-        };
-        Depthwise {
-            part,
-            kernel: self.kernel.into(),
-            stride: self.stride.into(),
-            padding: self.padding.into(),
-            dilation: self.dilation.into(),
-            input: input.into(),
-        }
-    }
-
-    fn op(&self, part: DepthwisePart) -> Op {
-        Op::Kernel(KernelOp::Depthwise(Box::new(self.depthwise(part))))
-    }
-
-    /// `[N, C, spatial...]`.
-    fn lead(&self, spatial: &[usize]) -> Vec<usize> {
-        [&[self.n, self.c][..], spatial].concat()
-    }
-
+    /// The output's shape `[N, C, out...]`.
     fn out(&self) -> Vec<usize> {
-        let sizes = self
-            .depthwise(DepthwisePart::Forward)
-            .output_sizes(self.input);
-        self.lead(&sizes.expect("a valid geometry"))
-    }
-
-    fn weight(&self) -> Vec<usize> {
-        [&[self.c, 1][..], self.kernel].concat()
+        self.lead(self.n, &self.out_sizes())
     }
 
     /// Random operands of `part` (values in [-2, 2], a quarter multiples of 0.5, some zeros).
     fn operands(&self, part: DepthwisePart, dtype: DType, rng: &mut Rng) -> (RefTensor, RefTensor) {
         let (a, b) = match part {
-            DepthwisePart::Forward => (self.lead(self.input), self.weight()),
+            DepthwisePart::Forward => (self.lead(self.n, self.input), self.weight()),
             DepthwisePart::InputGrad => (self.out(), self.weight()),
-            DepthwisePart::WeightGrad => (self.out(), self.lead(self.input)),
+            DepthwisePart::WeightGrad => (self.out(), self.lead(self.n, self.input)),
         };
         (
             rng.tensor(dtype, &a, 2.0, 0, false),

@@ -5,10 +5,11 @@
 //! their gradients stay in the program too. Tests read `DEFERFUSE_PJRT_PLUGIN` and skip with a
 //! message when it is not set.
 
+use crate::harness::depthwise::ConvGeometry as Conv;
 use crate::harness::{download, gather, plugin, scatter, upload, Rng};
 use crate::reference::kernels as refk;
 use crate::reference::RefTensor;
-use deferfuse::fusion::ir::{Depthwise, DepthwisePart, KernelOp, ScatterReduce};
+use deferfuse::fusion::ir::{DepthwisePart, ScatterReduce};
 use deferfuse::{
     BackendKind, BinaryOp, DType, Error, Handle, Input, Mode, Op, ReduceOp, Runtime, Scalar, View,
 };
@@ -329,18 +330,6 @@ fn after_a_synchronize_an_op_on_a_value_from_a_bad_index_is_refused_as_on_the_cp
     }
 }
 
-/// A depthwise convolution for the tests below: batch, channels, input sizes and geometry.
-struct Conv {
-    name: &'static str,
-    n: usize,
-    c: usize,
-    input: &'static [usize],
-    kernel: &'static [usize],
-    stride: &'static [usize],
-    padding: &'static [usize],
-    dilation: &'static [usize],
-}
-
 #[rustfmt::skip]
 const CONVS: &[Conv] = &[
     Conv { name: "2-D 3x3 p1", n: 2, c: 5, input: &[7, 9], kernel: &[3, 3], stride: &[1, 1], padding: &[1, 1], dilation: &[1, 1] },
@@ -358,39 +347,6 @@ const CONVS: &[Conv] = &[
     Conv { name: "3-D 3x3x3 s(1,2,1) p1", n: 2, c: 3, input: &[4, 5, 3], kernel: &[3, 3, 3], stride: &[1, 2, 1], padding: &[1, 1, 1], dilation: &[1, 1, 1] },
 ];
 
-impl Conv {
-    fn part(&self, part: DepthwisePart) -> Depthwise {
-        let input = match part {
-            DepthwisePart::InputGrad => self.input,
-            _ => &[],
-        };
-        Depthwise {
-            part,
-            kernel: self.kernel.into(),
-            stride: self.stride.into(),
-            padding: self.padding.into(),
-            dilation: self.dilation.into(),
-            input: input.into(),
-        }
-    }
-
-    fn op(&self, part: DepthwisePart) -> Op {
-        Op::Kernel(KernelOp::Depthwise(Box::new(self.part(part))))
-    }
-
-    /// `[n, C, spatial...]`.
-    fn lead(&self, n: usize, spatial: &[usize]) -> Vec<usize> {
-        [&[n, self.c][..], spatial].concat()
-    }
-
-    fn out(&self) -> Vec<usize> {
-        self.part(DepthwisePart::Forward)
-            .output_sizes(self.input)
-            .expect("a valid geometry")
-            .to_vec()
-    }
-}
-
 /// The host operands of a convolution step at batch `n`: x, w, and the upstream gradient u.
 struct ConvStep {
     x: RefTensor,
@@ -405,7 +361,7 @@ impl ConvStep {
         ConvStep {
             x: rng.tensor(dtype, &conv.lead(n, conv.input), 1.0, 0, false),
             w: rng.tensor(dtype, &weight, 1.0, 0, false),
-            u: rng.tensor(dtype, &conv.lead(n, &conv.out()), 1.0, 0, false),
+            u: rng.tensor(dtype, &conv.lead(n, &conv.out_sizes()), 1.0, 0, false),
         }
     }
 
@@ -450,7 +406,7 @@ impl ConvStep {
         };
         let n = self.x.sizes[0];
         let taps: usize = conv.kernel.iter().product();
-        let positions: usize = conv.out().iter().product();
+        let positions: usize = conv.out_sizes().iter().product();
         let parts = [
             (DepthwisePart::Forward, (&x2, &self.w), 2.0, taps, None),
             (
@@ -471,7 +427,7 @@ impl ConvStep {
         parts
             .into_iter()
             .map(|(part, (a, b), factor, terms, plus)| {
-                let k = conv.part(part);
+                let k = conv.depthwise(part);
                 let sum = refk::depthwise(&k, a, b);
                 let magnitude = refk::depthwise(&k, &a.abs_f64(), &b.abs_f64());
                 (0..sum.data.len())

@@ -2,6 +2,8 @@
 //! strided and transposed views), running one program in every mode, tolerances and a PRNG.
 #![allow(dead_code)]
 
+pub mod depthwise;
+
 use crate::reference::views::RefLayout;
 use crate::reference::{apply, check, indices, Arg, RefTensor};
 use deferfuse::{
