@@ -52,7 +52,7 @@ fn taps(k: &Depthwise) -> Vec<Vec<usize>> {
 }
 
 /// `[N, C]` followed by `spatial`.
-fn lead(n: usize, c: usize, spatial: &[usize]) -> Vec<usize> {
+fn lead<T: Copy>(n: T, c: T, spatial: &[T]) -> Vec<T> {
     let mut v = vec![n, c];
     v.extend_from_slice(spatial);
     v
@@ -69,13 +69,12 @@ fn tap_weight(f: &mut Func, w2: &Val, t: usize, dims: &[usize]) -> Val {
 /// `v` zero-padded by `low` and `high` on its spatial dims (negative: cropped), with
 /// `interior` zeros between the elements of each.
 fn pad_spatial(f: &mut Func, v: &Val, low: &[i64], high: &[i64], interior: &[usize]) -> Val {
-    f.pad(v, &lead_i64(low), &lead_i64(high), &lead(0, 0, interior))
-}
-
-fn lead_i64(spatial: &[i64]) -> Vec<i64> {
-    let mut v = vec![0, 0];
-    v.extend_from_slice(spatial);
-    v
+    f.pad(
+        v,
+        &lead(0, 0, low),
+        &lead(0, 0, high),
+        &lead(0, 0, interior),
+    )
 }
 
 /// The sum over `taps` (in that order) of `v`'s window of each tap times the tap's weight

@@ -100,7 +100,7 @@ pub struct Func {
 }
 
 /// An MLIR dense i64 array attribute (`array<i64>` when empty: `array<i64: >` does not parse).
-fn arr(v: &[usize]) -> String {
+fn arr<T: std::fmt::Display>(v: &[T]) -> String {
     if v.is_empty() {
         return "array<i64>".into();
     }
@@ -264,19 +264,13 @@ impl Func {
 
     /// `v` padded with zeros at the end of each dim up to `dims`.
     pub fn pad_zeros(&mut self, v: &Val, dims: &[usize]) -> Val {
-        if v.ty.dims == dims {
-            return v.clone();
-        }
-        let zero = self.fconst(0.0, Ty::new(v.ty.elem, &[]));
-        let high: Vec<usize> = dims.iter().zip(&v.ty.dims).map(|(a, b)| a - b).collect();
-        let attrs = format!(
-            "edge_padding_low = {}, edge_padding_high = {}, interior_padding = {}",
-            arr(&vec![0; dims.len()]),
-            arr(&high),
-            arr(&vec![0; dims.len()])
-        );
-        let ty = Ty::new(v.ty.elem, dims);
-        self.op("pad", &[v, &zero], &attrs, ty)
+        let high: Vec<i64> = dims
+            .iter()
+            .zip(&v.ty.dims)
+            .map(|(&a, &b)| a as i64 - b as i64)
+            .collect();
+        let n = dims.len();
+        self.pad(v, &vec![0; n], &high, &vec![0; n])
     }
 
     /// `v` with zeros added before (`low`) and after (`high`) each dim and `interior` zeros
@@ -296,17 +290,10 @@ impl Func {
             })
             .collect();
         let zero = self.fconst(0.0, Ty::new(v.ty.elem, &[]));
-        let list = |v: &[i64]| match v {
-            [] => "array<i64>".to_string(),
-            _ => {
-                let items: Vec<String> = v.iter().map(|x| x.to_string()).collect();
-                format!("array<i64: {}>", items.join(", "))
-            }
-        };
         let attrs = format!(
             "edge_padding_low = {}, edge_padding_high = {}, interior_padding = {}",
-            list(low),
-            list(high),
+            arr(low),
+            arr(high),
             arr(interior)
         );
         let ty = Ty::new(v.ty.elem, &dims);

@@ -11,9 +11,7 @@ use deferfuse_fusion::ir::DType;
 pub(super) const LANES: usize = 8;
 
 /// The accumulation type: f32 or f64.
-pub(super) trait Acc:
-    Copy + Default + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> + 'static
-{
+pub(super) trait Acc: Copy + Default + 'static {
     /// The dtype whose elements are this type.
     const NATIVE: DType;
     fn from_f64(v: f64) -> Self;

@@ -169,38 +169,30 @@ fn taps_of(g: &Geometry, only_live: bool) -> Vec<([usize; 3], usize)> {
     taps
 }
 
-/// Each tap's offset (in vectors) in a scratch of `dims` with `vectors` per position; `flip`:
-/// the offset of the mirrored tap (`kernel - 1 - t` in each dim).
-fn tap_offsets(
+/// Each tap's offset (in vectors) in scratch `x`; `flip`: the offset of the mirrored tap
+/// (`kernel - 1 - t` in each dim).
+fn tap_offsets<T: Acc>(
     g: &Geometry,
     taps: &[([usize; 3], usize)],
-    dims: [usize; 3],
-    vectors: usize,
+    x: &Scratch<T>,
     flip: bool,
 ) -> Vec<usize> {
     taps.iter()
         .map(|&(t, _)| {
-            let z: [usize; 3] = std::array::from_fn(|i| {
+            x.at(std::array::from_fn(|i| {
                 let t = if flip { g.kernel[i] - 1 - t[i] } else { t[i] };
                 t * g.dilation[i]
-            });
-            ((z[0] * dims[1] + z[1]) * dims[2] + z[2]) * vectors
+            }))
         })
         .collect()
 }
 
-/// The scratch index (in vectors) of the first tap of each output position of `sizes`, read
-/// at `stride` from a scratch of `dims` with `vectors` per position.
-fn first_taps(
-    sizes: [usize; 3],
-    stride: [usize; 3],
-    dims: [usize; 3],
-    vectors: usize,
-) -> Vec<usize> {
+/// The index in scratch `x` (in vectors) of the first tap of each output position of `sizes`,
+/// read at `stride`.
+fn first_taps<T: Acc>(sizes: [usize; 3], stride: [usize; 3], x: &Scratch<T>) -> Vec<usize> {
     let mut out = Vec::with_capacity(sizes.iter().product());
     each_position(sizes, [0; 3], |z, _| {
-        let p = [z[0] * stride[0], z[1] * stride[1], z[2] * stride[2]];
-        out.push(((p[0] * dims[1] + p[1]) * dims[2] + p[2]) * vectors);
+        out.push(x.at(std::array::from_fn(|i| z[i] * stride[i])));
     });
     out
 }
@@ -227,16 +219,16 @@ unsafe fn run_as<T: Acc>(part: DepthwisePart, g: &Geometry, a: &View, b: &View, 
                     g.input,
                 )
             };
-            let mut x = Scratch::<T>::new(dims, c);
             // Input position p + before reads gradient position (p - t) for tap t: a tap is
             // live for the input gradient exactly when it is for the forward.
             let live = taps_of(g, true);
-            let taps = tap_offsets(g, &live, dims, x.vectors, !forward);
-            let starts = first_taps(result, stride, dims, x.vectors);
             let w = weights::<T>(b, c, &live);
             if !w.iter().all(|v| v.iter().all(|x| x.is_finite())) {
                 return exact::run::<T>(forward, g, a, b, out);
             }
+            let mut x = Scratch::<T>::new(dims, c);
+            let taps = tap_offsets(g, &live, &x, !forward);
+            let starts = first_taps(result, stride, &x);
             let mut acc = Scratch::<T>::new(result, c);
             let place = if forward {
                 Placement::shifted(g.padding)
@@ -250,7 +242,7 @@ unsafe fn run_as<T: Acc>(part: DepthwisePart, g: &Geometry, a: &View, b: &View, 
             for ni in 0..n {
                 // Every sample writes the same positions: the others stay zero.
                 fill(&mut x, a, ni, sizes, place);
-                sum_over_taps(&x.data, &taps, &w, &starts, x.vectors, &mut acc.data);
+                sum_over_taps(&x.data, &w, &taps, &starts, x.vectors, &mut acc.data);
                 store_sample(&acc, out, ni, result);
             }
         }
@@ -258,8 +250,8 @@ unsafe fn run_as<T: Acc>(part: DepthwisePart, g: &Geometry, a: &View, b: &View, 
             let mut x = Scratch::<T>::new(padded, c);
             // Every tap, as PyTorch's CPU kernel (see `taps_of`).
             let every = taps_of(g, false);
-            let taps = tap_offsets(g, &every, padded, x.vectors, false);
-            let starts = first_taps(g.output, g.stride, padded, x.vectors);
+            let taps = tap_offsets(g, &every, &x, false);
+            let starts = first_taps(g.output, g.stride, &x);
             let mut grad = Scratch::<T>::new(g.output, c);
             let groups = taps.len().div_ceil(TAP_GROUP);
             let mut sums = vec![Vector::<T>::default(); groups * TAP_GROUP * x.vectors];
