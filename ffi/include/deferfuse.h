@@ -495,6 +495,14 @@ enum DfuseOpKind
    * x. One floating dtype for both; the result has it.
    */
   DFUSE_OP_KIND_DEPTHWISE_CONV = 16,
+  /**
+   * `torch._grouped_mm` with offsets: inputs a, b (one floating dtype) and offs (a 1-D int32
+   * or int64 tensor of G cumulative group ends); `attrs->sub_op` (a `DfuseGroupedMm`) names
+   * the dim the offsets cut. Group g covers `[offs[g-1], offs[g])` (from 0), each end
+   * clamped to the dim; what no group covers is zero. The offsets are read when the op
+   * runs, so recording it is no sync point. The result has a's dtype.
+   */
+  DFUSE_OP_KIND_GROUPED_MM = 17,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -943,6 +951,36 @@ enum DfuseDepthwisePart
 typedef enum DfuseDepthwisePart DfuseDepthwisePart;
 #else
 typedef uint32_t DfuseDepthwisePart;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * `attrs->sub_op` for `DFUSE_OP_KIND_GROUPED_MM`: which operand dim the offsets cut into
+ * groups; the numbers are the runtime's.
+ */
+enum DfuseGroupedMm
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * `a [M, K]` cut by rows, `b [G, K, N]`: result `[M, N]` (torch's 2-D x 3-D)
+   */
+  DFUSE_GROUPED_MM_ROWS = 0,
+  /**
+   * `a [G, M, K]`, `b [K, N]` cut by columns: result `[M, N]` (3-D x 2-D)
+   */
+  DFUSE_GROUPED_MM_COLS = 1,
+  /**
+   * `a [M, K]`, `b [K, N]`, both cut along K: result `[G, M, N]` (2-D x 2-D)
+   */
+  DFUSE_GROUPED_MM_CONTRACTION = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum DfuseGroupedMm DfuseGroupedMm;
+#else
+typedef uint32_t DfuseGroupedMm;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 

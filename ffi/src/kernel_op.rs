@@ -1,11 +1,12 @@
-//! The attributes of the kernel op kinds (GATHER, SCATTER, SCAN, SORT, RANDOM, DEPTHWISE_CONV):
+//! The attributes of the kernel op kinds (GATHER, SCATTER, SCAN, SORT, RANDOM, DEPTHWISE_CONV,
+//! GROUPED_MM):
 //! their sub-op enums and how `DfuseAttrs` becomes the runtime's `KernelOp`.
 
 use crate::error::{invalid, Result};
 use crate::op::{wrap_dims, DfuseAttrs};
 use crate::types::{dtype_from, sizes_from, DFUSE_MAX_REDUCE_DIMS};
 use deferfuse_fusion::ir::{
-    Depthwise, DepthwisePart, Dims, KernelOp, RandomDist, ScanOp, ScatterReduce,
+    Depthwise, DepthwisePart, Dims, GroupedMatmul, KernelOp, RandomDist, ScanOp, ScatterReduce,
 };
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_SCATTER`; the numbers are the runtime's.
@@ -56,6 +57,32 @@ pub enum DfuseDepthwisePart {
     InputGrad = 1,
     /// its gradient with respect to the weight: inputs grad and x
     WeightGrad = 2,
+}
+
+/// `attrs->sub_op` for `DFUSE_OP_KIND_GROUPED_MM`: which operand dim the offsets cut into
+/// groups; the numbers are the runtime's.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DfuseGroupedMm {
+    /// `a [M, K]` cut by rows, `b [G, K, N]`: result `[M, N]` (torch's 2-D x 3-D)
+    Rows = 0,
+    /// `a [G, M, K]`, `b [K, N]` cut by columns: result `[M, N]` (3-D x 2-D)
+    Cols = 1,
+    /// `a [M, K]`, `b [K, N]`, both cut along K: result `[G, M, N]` (2-D x 2-D)
+    Contraction = 2,
+}
+
+/// The grouped product of `attrs` (kind 17).
+pub(crate) fn build_grouped_mm(a: &DfuseAttrs) -> Result<KernelOp> {
+    GroupedMatmul::from_u32(a.sub_op)
+        .map(KernelOp::GroupedMatmul)
+        .ok_or_else(|| {
+            invalid(format!(
+                "attrs->sub_op = {} is not a DfuseGroupedMm; expected 0..={}",
+                a.sub_op,
+                GroupedMatmul::ALL.len() - 1
+            ))
+        })
 }
 
 /// The depthwise convolution of `attrs` (kind 16): the sizes and geometry checked for what the
@@ -196,6 +223,15 @@ mod tests {
         ];
         assert_eq!(d.len(), DepthwisePart::ALL.len());
         for (x, y) in d.iter().zip(DepthwisePart::ALL) {
+            assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
+        }
+        let g = [
+            DfuseGroupedMm::Rows,
+            DfuseGroupedMm::Cols,
+            DfuseGroupedMm::Contraction,
+        ];
+        assert_eq!(g.len(), GroupedMatmul::ALL.len());
+        for (x, y) in g.iter().zip(GroupedMatmul::ALL) {
             assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
         }
     }

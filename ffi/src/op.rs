@@ -4,7 +4,7 @@
 //! `DFUSE_STATUS_BAD_OP` at the call).
 
 use crate::error::{guard, invalid, read_in, slice_in, write_out, DfuseStatus, Result};
-use crate::kernel_op::{build_depthwise, build_kernel_op};
+use crate::kernel_op::{build_depthwise, build_grouped_mm, build_kernel_op};
 use crate::runtime_registry::{runtime, DfuseRuntime};
 use crate::types::{dtype_from, operand_from, DfuseOperand, DFUSE_MAX_REDUCE_DIMS};
 use deferfuse_fusion::ir::layout::wrap_dim;
@@ -68,6 +68,12 @@ pub enum DfuseOpKind {
     /// weight `[C, 1, k...]`; INPUT_GRAD grad `[N, C, out...]` and weight; WEIGHT_GRAD grad and
     /// x. One floating dtype for both; the result has it.
     DepthwiseConv = 16,
+    /// `torch._grouped_mm` with offsets: inputs a, b (one floating dtype) and offs (a 1-D int32
+    /// or int64 tensor of G cumulative group ends); `attrs->sub_op` (a `DfuseGroupedMm`) names
+    /// the dim the offsets cut. Group g covers `[offs[g-1], offs[g])` (from 0), each end
+    /// clamped to the dim; what no group covers is zero. The offsets are read when the op
+    /// runs, so recording it is no sync point. The result has a's dtype.
+    GroupedMm = 17,
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_UNARY`; the numbers are the runtime's.
@@ -263,9 +269,9 @@ pub struct DfuseAttrs {
 /// The op kind number's name, for messages.
 fn kind_name(kind: u32) -> &'static str {
     #[rustfmt::skip]
-    const NAMES: [&str; 17] = [
+    const NAMES: [&str; 18] = [
         "UNARY", "BINARY", "WHERE", "CLAMP", "CAST", "COPY", "REDUCE", "CAT", "ARANGE", "MATMUL",
-        "ADDMM", "GATHER", "SCATTER", "SCAN", "SORT", "RANDOM", "DEPTHWISE_CONV",
+        "ADDMM", "GATHER", "SCATTER", "SCAN", "SORT", "RANDOM", "DEPTHWISE_CONV", "GROUPED_MM",
     ];
     NAMES.get(kind as usize).copied().unwrap_or("?")
 }
@@ -346,11 +352,12 @@ pub(crate) fn build_op(
             let a = need("attrs->sub_op (a DfuseDepthwisePart) and the geometry")?;
             Op::Kernel(build_depthwise(a)?)
         }
+        17 => Op::Kernel(build_grouped_mm(need("attrs->sub_op (a DfuseGroupedMm)")?)?),
         k => {
             return Err(invalid(format!(
-                "kind = {k} is not a DfuseOpKind; expected 0..=16 (UNARY, BINARY, WHERE, CLAMP, \
+                "kind = {k} is not a DfuseOpKind; expected 0..=17 (UNARY, BINARY, WHERE, CLAMP, \
                  CAST, COPY, REDUCE, CAT, ARANGE, MATMUL, ADDMM, GATHER, SCATTER, SCAN, SORT, \
-                 RANDOM, DEPTHWISE_CONV)"
+                 RANDOM, DEPTHWISE_CONV, GROUPED_MM)"
             )))
         }
     })
@@ -616,9 +623,20 @@ mod tests {
         assert!(e
             .to_string()
             .contains("sub_op = 23 is not a DfuseBinaryOp; expected 0..=22"));
+        let e = build_op(18, None, || Ok(None)).unwrap_err();
+        assert!(
+            e.to_string().contains("kind = 18 is not a DfuseOpKind"),
+            "{e}"
+        );
         let e = build_op(17, None, || Ok(None)).unwrap_err();
         assert!(
-            e.to_string().contains("kind = 17 is not a DfuseOpKind"),
+            e.to_string().contains("attrs is NULL; op kind GROUPED_MM"),
+            "{e}"
+        );
+        let e = build_op(17, Some(&attrs(3, &[], false)), || Ok(None)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("sub_op = 3 is not a DfuseGroupedMm; expected 0..=2"),
             "{e}"
         );
         let e = build_op(16, None, || Ok(None)).unwrap_err();

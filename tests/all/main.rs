@@ -17,6 +17,7 @@ mod few_row_products;
 mod fusion;
 mod fuzz_corpus;
 mod graph_capture;
+mod grouped_mm;
 mod host_reads;
 mod kernel_ops;
 mod memory;

@@ -1,7 +1,7 @@
-//! Kernel ops: gather, scatter, scans, sort, random numbers and depthwise convolutions. Each
-//! output element depends on elements other than its own position (or on a counter), so none
-//! fuses into a loop: the planner cuts around them (`unfusable`) and a backend runs each as one
-//! host routine.
+//! Kernel ops: gather, scatter, scans, sort, random numbers, depthwise convolutions and grouped
+//! matrix products. Each output element depends on elements other than its own position (or on
+//! a counter), so none fuses into a loop: the planner cuts around them (`unfusable`) and a
+//! backend runs each as one host routine.
 //!
 //! The sub-enums are `repr(u32)` with explicit numbers because the C ABI passes them; append
 //! new values, never renumber.
@@ -9,6 +9,7 @@
 use super::depthwise::{infer_depthwise, Depthwise};
 use super::dtype::DType;
 use super::error::{OpError, OpResult};
+use super::grouped_matmul::{infer_grouped_matmul, GroupedMatmul};
 use super::infer::{ArgMeta, Inferred};
 use super::layout::{fmt_dims, wrap_dim, Dims};
 use super::op::{Op, Scalar};
@@ -142,6 +143,9 @@ pub enum KernelOp {
     /// A depthwise convolution's forward or one of its gradients (`depthwise.rs`); boxed, as
     /// its geometry is several times the size of the other variants.
     Depthwise(Box<Depthwise>),
+    /// A grouped matrix product (`torch._grouped_mm`, `grouped_matmul.rs`): operands a, b and
+    /// the int offsets that cut one of their dims into groups; the result has a's dtype.
+    GroupedMatmul(GroupedMatmul),
 }
 
 impl KernelOp {
@@ -170,6 +174,7 @@ impl KernelOp {
                 ..
             } => "randn",
             KernelOp::Depthwise(_) => "depthwise_conv",
+            KernelOp::GroupedMatmul(_) => "grouped_mm",
         }
     }
 
@@ -196,7 +201,7 @@ impl KernelOp {
             KernelOp::Scan { .. } if first.is_float() => first,
             KernelOp::Scan { .. } | KernelOp::Sort { .. } => DType::I64,
             KernelOp::Random { dtype, .. } => *dtype,
-            KernelOp::Depthwise(_) => first,
+            KernelOp::Depthwise(_) | KernelOp::GroupedMatmul(_) => first,
         }
     }
 }
@@ -400,6 +405,7 @@ pub(super) fn infer_kernel(op: &Op, k: &KernelOp, args: &[ArgMeta]) -> OpResult<
             })
         }
         KernelOp::Depthwise(d) => infer_depthwise(d, args),
+        KernelOp::GroupedMatmul(g) => infer_grouped_matmul(*g, args),
     }
 }
 
@@ -429,6 +435,7 @@ impl std::fmt::Display for KernelOp {
             }
             KernelOp::Random { sizes, dtype, .. } => write!(f, ".{dtype}{:?}", sizes.as_slice()),
             KernelOp::Depthwise(d) => write!(f, "{d}"),
+            KernelOp::GroupedMatmul(g) => write!(f, ".{g}"),
         }
     }
 }

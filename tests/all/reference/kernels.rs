@@ -1,14 +1,14 @@
 //! Reference semantics of the kernel ops (gather, scatter, scans, argsort, depthwise
-//! convolution), written from torch's documentation with whole index tuples, one element at a
+//! convolution, grouped matrix product), written from torch's documentation with whole index tuples, one element at a
 //! time.
 //!
 //! Float arithmetic steps follow torch's CPU kernels: scatter combines in the dtype (f16/bf16
 //! through f32, rounded each step), cumsum/cumprod accumulate in f64 for f32/f64 and in f32 for
 //! f16/bf16. Scattered values are combined in row-major order of the index. A depthwise
-//! convolution sums in f64 and rounds once to the dtype.
+//! convolution and a grouped product sum in f64 and round once to the dtype.
 
 use super::{cast_value, indices, numel, round_float, store, RefTensor};
-use deferfuse::fusion::ir::{Depthwise, DepthwisePart, ScanOp, ScatterReduce};
+use deferfuse::fusion::ir::{Depthwise, DepthwisePart, GroupedMatmul, ScanOp, ScatterReduce};
 use deferfuse::DType;
 use std::cmp::Ordering;
 
@@ -248,4 +248,52 @@ pub fn depthwise(k: &Depthwise, a: &RefTensor, b: &RefTensor) -> RefTensor {
         }
     }
     RefTensor::new(a.dtype, &sizes, data)
+}
+
+/// `torch._grouped_mm(a, b, offs)` for `case`, element by element: group g covers
+/// `[offs[g-1], offs[g])` of the cut dim (from 0), each end clamped to it, as torch slices it.
+/// Ranges may overlap (offsets that decrease): each group's product reads its own range, and
+/// in the row and column cases a later group's rows replace an earlier one's (torch writes
+/// them in group order). What no group covers is zero (torch leaves it uninitialised).
+pub fn grouped_mm(case: GroupedMatmul, a: &RefTensor, b: &RefTensor, offs: &[i64]) -> RefTensor {
+    let (extent, sizes) = match case {
+        GroupedMatmul::Rows => (a.sizes[0], vec![a.sizes[0], b.sizes[2]]),
+        GroupedMatmul::Cols => (b.sizes[1], vec![a.sizes[1], b.sizes[1]]),
+        GroupedMatmul::Contraction => (a.sizes[1], vec![offs.len(), a.sizes[0], b.sizes[1]]),
+    };
+    let clamp = |v: i64| v.clamp(0, extent as i64) as usize;
+    let ranges: Vec<std::ops::Range<usize>> = offs
+        .iter()
+        .enumerate()
+        .map(|(g, &end)| {
+            let start = if g == 0 { 0 } else { offs[g - 1] };
+            clamp(start)..clamp(end)
+        })
+        .collect();
+    // The group whose rows (columns) a position of the cut dim ends up with: the last.
+    let last = |p: usize| ranges.iter().rposition(|r| r.contains(&p));
+    let k_all = a.sizes[a.rank() - 1];
+    let mut out = RefTensor::new(a.dtype, &sizes, vec![0.0; numel(&sizes)]);
+    for (pos, idx) in indices(&sizes).into_iter().enumerate() {
+        let v: f64 = match case {
+            GroupedMatmul::Rows => match last(idx[0]) {
+                Some(g) => (0..k_all)
+                    .map(|k| a.at(&[idx[0], k]) * b.at(&[g, k, idx[1]]))
+                    .sum(),
+                None => 0.0,
+            },
+            GroupedMatmul::Cols => match last(idx[1]) {
+                Some(g) => (0..k_all)
+                    .map(|k| a.at(&[g, idx[0], k]) * b.at(&[k, idx[1]]))
+                    .sum(),
+                None => 0.0,
+            },
+            GroupedMatmul::Contraction => ranges[idx[0]]
+                .clone()
+                .map(|k| a.at(&[idx[1], k]) * b.at(&[k, idx[2]]))
+                .sum(),
+        };
+        out.data[pos] = round_float(v, a.dtype);
+    }
+    out
 }

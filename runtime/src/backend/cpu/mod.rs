@@ -13,7 +13,7 @@ mod gemv_dot;
 mod gemv_rows_avx2;
 mod jit_calls;
 mod lanes;
-mod matmul;
+pub(crate) mod matmul;
 mod packed_gemm;
 #[cfg(target_arch = "x86_64")]
 mod packed_gemm_avx512;

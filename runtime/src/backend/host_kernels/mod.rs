@@ -1,5 +1,5 @@
 //! Host implementations of the kernel ops (gather, scatter, scans, sort, random numbers,
-//! depthwise convolutions): loops over host memory, generic over dtype, reading every operand
+//! depthwise convolutions, grouped matrix products): loops over host memory, generic over dtype, reading every operand
 //! through its layout (strides, offset; an expanded index has stride 0). Both backends run
 //! them: the CPU backend directly, the PJRT backend on host bytes (`HostProgram` writes device
 //! values back first), so results are the same bits on either and in every mode.
@@ -7,6 +7,7 @@
 mod depthwise;
 pub(crate) mod elem;
 mod gather;
+mod grouped_matmul;
 mod random;
 mod scan;
 mod scatter;
@@ -78,6 +79,9 @@ impl HostProgram for KernelProgram {
             }
             KernelOp::Depthwise(k) => {
                 depthwise::run(k, &inputs[0], &inputs[1], &dst.view, self.1.as_deref())?
+            }
+            KernelOp::GroupedMatmul(case) => {
+                grouped_matmul::run(*case, &inputs[0], &inputs[1], &inputs[2], &dst.view)
             }
         }
         dst.finish();
