@@ -8,6 +8,8 @@
 
 #include <torch/library.h>
 
+#include <cmath>
+
 namespace dft {
 namespace {
 
@@ -79,18 +81,29 @@ at::Tensor bucketize_scalar(const at::Scalar& self, const at::Tensor& boundaries
 // histc: `bins` equal bins over [min, max] (the data's own range when min == max, widened by
 // one each way when that is empty too); values outside are not counted, the last bin includes
 // max. The range stays on the device: no sync.
+//
+// Integer inputs are counted as CUDA counts them (PyTorch's CPU kernel refuses them): a result
+// of the input's dtype, min and max truncated to it, bins found in float64 (exact for the
+// integer division CUDA does on values below 2^53). Hugging Face's mixture-of-experts layers
+// count tokens per expert with histc of int32 ids on every device but the CPU and MPS.
 at::Tensor tpu_histc(const at::Tensor& self, int64_t bins, const at::Scalar& min,
                      const at::Scalar& max) {
   TORCH_CHECK(bins > 0, "histc: bins must be > 0, but got ", bins, " for dimension 0");
-  TORCH_CHECK(self.is_floating_point(), "histc: \"histogram_cpu\" not implemented for '",
+  const bool integral = at::isIntegralType(self.scalar_type(), /*includeBool=*/false);
+  TORCH_CHECK(self.is_floating_point() || integral, "histc: \"histogram_cpu\" not implemented for '",
               self.scalar_type(), "'");
   double lo_s = min.toDouble(), hi_s = max.toDouble();
+  if (integral) {
+    lo_s = std::trunc(lo_s);
+    hi_s = std::trunc(hi_s);
+  }
   TORCH_CHECK(lo_s <= hi_s, "histc: min should not exceed max, but got min ", lo_s, " max ", hi_s);
   auto hist = at::zeros({bins}, self.options());
   if (self.numel() == 0) return hist;
   auto x = self.reshape({-1});
-  auto lo = at::scalar_tensor(lo_s, self.options());
-  auto hi = at::scalar_tensor(hi_s, self.options());
+  if (integral) x = x.to(at::kDouble);
+  auto lo = at::scalar_tensor(lo_s, x.options());
+  auto hi = at::scalar_tensor(hi_s, x.options());
   if (lo_s == hi_s) {
     lo = x.min();
     hi = x.max();

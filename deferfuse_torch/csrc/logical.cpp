@@ -1,4 +1,5 @@
-// Boolean reductions (all/any), isneginf/isposinf, tril/triu, masked_fill and where's out= form:
+// Boolean reductions (all/any), isneginf/isposinf, tril/triu and their index lists
+// (tril_indices/triu_indices), masked_fill and where's out= form:
 // what the math path of scaled_dot_product_attention and masking code call, kept off the CPU
 // fallback.
 #include "common.h"
@@ -107,6 +108,28 @@ at::Tensor& triu_out(const at::Tensor& x, int64_t diagonal, at::Tensor& out) {
   return assign_out(out, tri(x, diagonal, false));
 }
 
+// tril_indices/triu_indices: the indices depend only on three integers, so PyTorch's CPU
+// kernel builds them (its checks and errors included) and they are uploaded as torch.tensor's
+// values are: recorded, no sync point. DLRM's feature interaction reads its pairs this way.
+at::Tensor tri_indices(bool lower, int64_t row, int64_t col, int64_t offset,
+                       std::optional<at::ScalarType> dtype, std::optional<at::Device> device) {
+  auto opts = at::TensorOptions().dtype(dtype.value_or(at::kLong));
+  auto host = lower ? at::tril_indices(row, col, offset, opts) : at::triu_indices(row, col, offset, opts);
+  auto out = at::empty(host.sizes(), host.options().device(device.value_or(c10::Device("tpu"))));
+  out.copy_(host);
+  return out;
+}
+at::Tensor tril_indices(int64_t row, int64_t col, int64_t offset,
+                        std::optional<at::ScalarType> dtype, std::optional<at::Layout>,
+                        std::optional<at::Device> device, std::optional<bool>) {
+  return tri_indices(true, row, col, offset, dtype, device);
+}
+at::Tensor triu_indices(int64_t row, int64_t col, int64_t offset,
+                        std::optional<at::ScalarType> dtype, std::optional<at::Layout>,
+                        std::optional<at::Device> device, std::optional<bool>) {
+  return tri_indices(false, row, col, offset, dtype, device);
+}
+
 // masked_fill is where(mask, value, self) in self's dtype; the value is converted to that dtype
 // first (as PyTorch does), so the in-place form's write is never a narrowing cast. The
 // out-of-place form broadcasts self and mask together, as CPU's does (Falcon's alibi masks a
@@ -197,4 +220,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("triu_", TORCH_FN(dft::triu_));
   m.impl("tril.out", TORCH_FN(dft::tril_out));
   m.impl("triu.out", TORCH_FN(dft::triu_out));
+  m.impl("tril_indices", TORCH_FN(dft::tril_indices));
+  m.impl("triu_indices", TORCH_FN(dft::triu_indices));
 }
