@@ -3,7 +3,7 @@
 //! GEMM (`cpu::matmul`, the same kernels and summation order as `mm` on that block).
 
 use super::elem::{read_i64, write_f64};
-use super::{for_each_row, View};
+use super::View;
 use crate::backend::cpu::matmul::{matmul, Mat};
 use deferfuse_fusion::ir::{GroupedMatmul, Layout};
 use smallvec::smallvec;
@@ -34,32 +34,56 @@ fn block(
 /// # Safety
 /// Every view must lie inside its buffer; `out` must not overlap `a`, `b` or `offs`.
 pub(super) unsafe fn run(case: GroupedMatmul, a: &View, b: &View, offs: &View, out: &View) {
-    zero(out);
-    let groups = offs.sizes[0];
     let extent = match case {
         GroupedMatmul::Rows => a.sizes[0],
         GroupedMatmul::Cols => b.sizes[1],
         GroupedMatmul::Contraction => a.sizes[1],
     };
-    let clamp = |v: i64| v.clamp(0, extent as i64) as usize;
     let (m_all, k_all, n_all) = match case {
         GroupedMatmul::Rows => (a.sizes[0], a.sizes[1], b.sizes[2]),
         GroupedMatmul::Cols => (a.sizes[1], a.sizes[2], b.sizes[1]),
         GroupedMatmul::Contraction => (a.sizes[0], a.sizes[1], b.sizes[1]),
     };
-    let mut start = 0i64;
-    for g in 0..groups {
-        let end = read_i64(
-            offs.dtype,
-            offs.base,
-            offs.offset + g as isize * offs.strides[0],
-        );
-        let (lo, hi) = (clamp(start), clamp(end));
-        start = end;
-        if hi <= lo {
+    let ranges = group_ranges(offs, extent);
+    // Only what no product writes is zeroed (a pass over the whole output cost as much as the
+    // products of a 1024-token expert layer).
+    match case {
+        GroupedMatmul::Rows | GroupedMatmul::Cols => {
+            let mut covered = vec![false; extent];
+            for r in &ranges {
+                covered[r.clone()].fill(true);
+            }
+            let mut p = 0;
+            while p < extent {
+                let len = covered[p..]
+                    .iter()
+                    .take_while(|&&c| c == covered[p])
+                    .count();
+                if !covered[p] {
+                    zero(
+                        &match case {
+                            GroupedMatmul::Rows => block(out, None, (p, 0), len, n_all),
+                            _ => block(out, None, (0, p), m_all, len),
+                        },
+                        out,
+                    );
+                }
+                p += len;
+            }
+        }
+        GroupedMatmul::Contraction => {
+            for (g, r) in ranges.iter().enumerate() {
+                if r.is_empty() {
+                    zero(&block(out, Some(g), (0, 0), m_all, n_all), out);
+                }
+            }
+        }
+    }
+    for (g, r) in ranges.into_iter().enumerate() {
+        if r.is_empty() {
             continue;
         }
-        let len = hi - lo;
+        let (lo, len) = (r.start, r.len());
         let (la, lb, lc) = match case {
             GroupedMatmul::Rows => (
                 block(a, None, (lo, 0), len, k_all),
@@ -78,6 +102,7 @@ pub(super) unsafe fn run(case: GroupedMatmul, a: &View, b: &View, offs: &View, o
             ),
         };
         let rows = lc.sizes[0];
+        // beta = 0: the block is written without being read.
         matmul(
             out.dtype,
             Mat {
@@ -99,14 +124,39 @@ pub(super) unsafe fn run(case: GroupedMatmul, a: &View, b: &View, offs: &View, o
     }
 }
 
-/// Writes zero to every element of `v`.
-unsafe fn zero(v: &View) {
-    let last = v.sizes.len() - 1;
-    let (n, step) = (v.sizes[last], v.strides[last]);
-    for_each_row(&v.sizes, last, &[v], |_, o| {
-        for i in 0..n as isize {
-            // SAFETY: the caller's contract: the view lies inside its buffer.
-            unsafe { write_f64(v.dtype, v.base, o[0] + i * step, 0.0) };
+/// Each group's range of the cut dim: `[offs[g - 1], offs[g])` from 0, each end clamped to
+/// `[0, extent]` (empty when the end comes first).
+unsafe fn group_ranges(offs: &View, extent: usize) -> Vec<std::ops::Range<usize>> {
+    let clamp = |v: i64| v.clamp(0, extent as i64) as usize;
+    let mut start = 0i64;
+    (0..offs.sizes[0])
+        .map(|g| {
+            let end = read_i64(
+                offs.dtype,
+                offs.base,
+                offs.offset + g as isize * offs.strides[0],
+            );
+            let r = clamp(start)..clamp(end).max(clamp(start));
+            start = end;
+            r
+        })
+        .collect()
+}
+
+/// Writes zero to every element of the 2-D block `l` of `of`'s buffer (all-zero bytes, which is
+/// zero in every dtype).
+unsafe fn zero(l: &Layout, of: &View) {
+    let size = of.dtype.size();
+    let (rows, cols) = (l.sizes[0], l.sizes[1]);
+    let (rs, cs) = (l.strides[0], l.strides[1]);
+    for i in 0..rows as isize {
+        let row = l.offset as isize + i * rs;
+        if cs == 1 {
+            std::ptr::write_bytes(of.base.offset(row * size as isize), 0, cols * size);
+        } else {
+            for j in 0..cols as isize {
+                write_f64(of.dtype, of.base, row + j * cs, 0.0);
+            }
         }
-    });
+    }
 }
