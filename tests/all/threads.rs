@@ -2,8 +2,8 @@
 //! thread computes (bit for bit), in strict and defer mode, whatever the loop's shape: one long
 //! row cut into pieces, rows of strided or broadcast views, walked outer dims, row kernels,
 //! full reductions, matmul with and without a fused epilogue (whole and in blocks of few rows),
-//! in-place writes, depthwise convolutions split by channels. Sizes are above the backend's
-//! serial threshold so the work really is split.
+//! in-place writes, depthwise convolutions split by channels, grouped products by row windows.
+//! Sizes are above the backend's serial threshold so the work really is split.
 
 use crate::harness;
 
@@ -280,6 +280,30 @@ fn a_depthwise_convolution_split_by_channels_equals_one_thread() {
         let y = run(rt, conv(DepthwisePart::Forward), &[tt(x), tt(w)]);
         let gx = run(rt, conv(DepthwisePart::InputGrad), &[tt(y), tt(w)]);
         let gw = run(rt, conv(DepthwisePart::WeightGrad), &[tt(y), tt(x)]);
+        vec![y, gx, gw]
+    });
+}
+
+#[test]
+fn a_grouped_product_split_by_row_windows_equals_one_thread() {
+    use deferfuse::fusion::ir::{GroupedMatmul, KernelOp};
+    // 4 experts over 700 tokens (uneven groups, one empty, rows past the last offset), then its
+    // input and weight gradients: above the split threshold in every case.
+    let (m, k, n) = (700, 96, 80);
+    let op = |case| Op::Kernel(KernelOp::GroupedMatmul(case));
+    same_on_any_thread_count(|rt| {
+        let x = tensor(rt, DType::F32, &[m, k], &values(m * k, 7));
+        let w = tensor(rt, DType::F32, &[4, k, n], &values(4 * k * n, 8));
+        let offs = tensor(rt, DType::I32, &[4], &[300.0, 300.0, 517.0, 690.0]);
+        let y = run(rt, op(GroupedMatmul::Rows), &[tt(x), tt(w), tt(offs)]);
+        let wt = view(rt, w, View::Transpose(-1, -2));
+        let gx = run(rt, op(GroupedMatmul::Rows), &[tt(y), tt(wt), tt(offs)]);
+        let xt = view(rt, x, View::Transpose(-1, -2));
+        let gw = run(
+            rt,
+            op(GroupedMatmul::Contraction),
+            &[tt(xt), tt(y), tt(offs)],
+        );
         vec![y, gx, gw]
     });
 }

@@ -27,8 +27,9 @@ pub fn program(op: &KernelOp) -> Arc<dyn Program> {
     program_on(op, None)
 }
 
-/// [`program`], splitting the routines that can (depthwise convolution, by channels) over
-/// `threads`: each output element is computed the same way whichever job it falls in.
+/// [`program`], splitting the routines that can (depthwise convolution by channels, grouped
+/// products by windows of each group's rows) over `threads`: each output element is computed
+/// the same way whichever job it falls in.
 pub fn program_on(op: &KernelOp, threads: Option<Arc<dyn SideBySide>>) -> Arc<dyn Program> {
     Arc::new(KernelProgram(op.clone(), threads))
 }
@@ -80,9 +81,12 @@ impl HostProgram for KernelProgram {
             KernelOp::Depthwise(k) => {
                 depthwise::run(k, &inputs[0], &inputs[1], &dst.view, self.1.as_deref())?
             }
-            KernelOp::GroupedMatmul(case) => {
-                grouped_matmul::run(*case, &inputs[0], &inputs[1], &inputs[2], &dst.view)
-            }
+            KernelOp::GroupedMatmul(case) => grouped_matmul::run(
+                *case,
+                (&inputs[0], &inputs[1], &inputs[2]),
+                &dst.view,
+                self.1.as_deref(),
+            )?,
         }
         dst.finish();
         Ok(())
