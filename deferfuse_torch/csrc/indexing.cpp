@@ -313,8 +313,12 @@ Linearized linearize(const at::Tensor& self, const c10::List<std::optional<at::T
       ++d;
       continue;
     }
+    // Index tensors on the CPU are taken as CUDA takes them (BEiT's relative position index is
+    // built on the host): a mask's true positions found there (no device read), an index
+    // uploaded.
+    const bool on_host = t->device().is_cpu();
     if (t->scalar_type() == at::kBool || t->scalar_type() == at::kByte) {
-      auto nz = tpu_nonzero(*t);
+      auto nz = on_host ? at::nonzero(*t).to(self.device()) : tpu_nonzero(*t);
       for (int64_t k = 0; k < t->dim(); ++k) {
         TORCH_CHECK(t->size(k) == self.size(d + k), "The shape of the mask ", t->sizes(),
                     " at index ", k, " does not match the shape of the indexed tensor ",
@@ -325,7 +329,7 @@ Linearized linearize(const at::Tensor& self, const c10::List<std::optional<at::T
       d += t->dim();
     } else {
       check_index_dtype(*t, "index");
-      idx.push_back(*t);
+      idx.push_back(on_host ? t->to(self.device()) : *t);
       dims.push_back(d++);
     }
   }

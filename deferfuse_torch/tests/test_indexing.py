@@ -2,8 +2,8 @@
 index_select, gather, scatter (all reductions), index_add, index_fill, embedding and its
 backward, advanced indexing (get and put, also with masks and negative indices), masked_select,
 nonzero, isin, cumsum/cumprod, sort, topk, median, kthvalue, unique, out-of-range indices
-raising instead of returning a value, and data-dependent output sizes syncing under their own
-reason."""
+raising instead of returning a value, data-dependent output sizes syncing under their own
+reason, and index tensors on the CPU (taken as CUDA takes them)."""
 
 import pytest
 import torch
@@ -218,3 +218,29 @@ def test_histc_and_searchsorted_stay_on_the_device_without_a_sync():
     assert after == before
     check(h, torch.histc(x, 7))
     check(s, torch.searchsorted(torch.arange(-2.0, 2.0, 0.5), x))
+
+
+def test_index_tensors_on_the_cpu_index_a_tpu_tensor_as_cuda_allows(mode):
+    # BEiT builds its relative position index on the host and indexes a device table with it.
+    x = torch.randn(6, 5)
+    idx = torch.tensor([[4, 0], [2, 2]])
+    mask = torch.tensor([True, False, True, True, False, False])
+    check(tpu(x)[idx], x[idx])
+    check(tpu(x)[:, idx], x[:, idx])
+    check(tpu(x)[mask], x[mask])
+    got, want = tpu(x), x.clone()
+    got[idx[0]] = 7.0
+    want[idx[0]] = 7.0
+    check(got, want)
+
+
+def test_a_cpu_mask_needs_no_device_read():
+    x = torch.randn(6, 5)
+    mask = torch.tensor([True, False, True, True, False, False])
+    with deferfuse_torch.mode("defer"):
+        dx = tpu(x) * 2.0
+        before = deferfuse_torch.stats()["sync_points"]
+        picked = dx[mask]
+        after = deferfuse_torch.stats()["sync_points"]
+    assert after == before
+    check(picked, (x * 2.0)[mask])
