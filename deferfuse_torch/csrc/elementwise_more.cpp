@@ -1,8 +1,8 @@
 // More elementwise kernels, each one runtime op: bitwise and/or/xor/not, division with rounding
 // modes (floor_divide, div(rounding_mode=...)), fmod, atan2, trunc, log2, log10, sinh, cosh,
 // tan, asin, acos, atan, asinh, acosh, atanh (autograd's formulas for them use ops that have
-// kernels too), and the
-// compositions nan_to_num, logical_xor and logit (+ backward). Functional, in-place and out=
+// kernels too), and the compositions nan_to_num, logical_xor, logit (+ backward), frac,
+// logaddexp and hardshrink (+ backward), each in PyTorch's CPU formula. Functional, in-place and out=
 // variants: structured ops reach the out= kernel from PyTorch's composite functional forms too.
 #include "elementwise_ops.h"
 
@@ -97,6 +97,49 @@ at::Tensor tpu_logit_backward(const at::Tensor& grad, const at::Tensor& x,
   return at::where(x.lt(lo).logical_or(x.gt(hi)), at::Scalar(fill), d);
 }
 
+// The functional result `r` written into `out` (resized to it), for the out= forms.
+at::Tensor& into(const at::Tensor& r, at::Tensor& out, const char* name) {
+  resized(r, out);
+  run_into(DFUSE_OP_KIND_COPY, nullptr, Operands().t(r), out, name);
+  return out;
+}
+
+// frac(x) = x - trunc(x): the sign of x, NaN for infinities (CPU's formula).
+at::Tensor tpu_frac(const at::Tensor& x) { return x - at::trunc(x); }
+at::Tensor& frac_(at::Tensor& x) { return x.copy_(tpu_frac(x)); }
+at::Tensor& frac_out(const at::Tensor& x, at::Tensor& out) {
+  return into(tpu_frac(x), out, "frac (out=)");
+}
+
+// logaddexp(a, b) = max + log1p(exp(-|a - b|)), and a itself when both are the same infinity
+// (CPU's formula: inf - inf would give NaN).
+at::Tensor tpu_logaddexp(const at::Tensor& a, const at::Tensor& b) {
+  auto same_inf = at::isinf(a).logical_and(a.eq(b));
+  auto r = at::maximum(a, b) + at::log1p(at::exp(-at::abs(a - b)));
+  return at::where(same_inf, a.to(r.scalar_type()), r);
+}
+at::Tensor& logaddexp_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  return into(tpu_logaddexp(a, b), out, "logaddexp (out=)");
+}
+
+// hardshrink: 0 for -lambd <= x <= lambd, else x (NaN stays NaN); its gradient likewise.
+at::Tensor tpu_hardshrink(const at::Tensor& x, const at::Scalar& lambd) {
+  auto inside = x.ge(-lambd.toDouble()).logical_and(x.le(lambd));
+  return at::where(inside, at::zeros({}, x.options()), x);
+}
+at::Tensor& hardshrink_out(const at::Tensor& x, const at::Scalar& lambd, at::Tensor& out) {
+  return into(tpu_hardshrink(x, lambd), out, "hardshrink (out=)");
+}
+at::Tensor tpu_hardshrink_backward(const at::Tensor& grad, const at::Tensor& x,
+                                   const at::Scalar& lambd) {
+  auto inside = x.ge(-lambd.toDouble()).logical_and(x.le(lambd));
+  return at::where(inside, at::zeros({}, grad.options()), grad);
+}
+at::Tensor& hardshrink_backward_out(const at::Tensor& grad, const at::Tensor& x,
+                                    const at::Scalar& lambd, at::Tensor& out) {
+  return into(tpu_hardshrink_backward(grad, x, lambd), out, "hardshrink_backward (out=)");
+}
+
 at::Tensor tpu_logical_xor(const at::Tensor& x, const at::Tensor& y) {
   return b<DFUSE_BINARY_OP_NE>(cast(x, at::kBool), cast(y, at::kBool));
 }
@@ -150,4 +193,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("logical_xor", DFT_GROUPED(dft::tpu_logical_xor));
   m.impl("logit", DFT_GROUPED(dft::tpu_logit));
   m.impl("logit_backward", DFT_GROUPED(dft::tpu_logit_backward));
+  m.impl("frac", DFT_GROUPED(dft::tpu_frac));
+  m.impl("frac_", TORCH_FN(dft::frac_));
+  m.impl("frac.out", TORCH_FN(dft::frac_out));
+  m.impl("logaddexp", DFT_GROUPED(dft::tpu_logaddexp));
+  m.impl("logaddexp.out", TORCH_FN(dft::logaddexp_out));
+  m.impl("hardshrink", DFT_GROUPED(dft::tpu_hardshrink));
+  m.impl("hardshrink.out", TORCH_FN(dft::hardshrink_out));
+  m.impl("hardshrink_backward", DFT_GROUPED(dft::tpu_hardshrink_backward));
+  m.impl("hardshrink_backward.grad_input", TORCH_FN(dft::hardshrink_backward_out));
 }

@@ -1,6 +1,6 @@
 // Indexing kernels: index_select, gather, the scatter family, index_add, index_fill, embedding's
 // backward, advanced indexing (x[idx], x[idx] = v, x[mask]), masked_select, masked_scatter_,
-// nonzero, isin and flip.
+// nonzero, isin, flip, roll and channel_shuffle.
 // All of them are the runtime's gather or scatter over an index view: index_select's 1-D index,
 // for example, is viewed with stride 0 along every other dim, so no expanded copy is made.
 // Ops whose output size depends on the data (nonzero, boolean masks) read the mask on the host:
@@ -291,6 +291,22 @@ at::Tensor tpu_roll(const at::Tensor& self, c10::SymIntArrayRef shifts_, at::Int
   return r.is_same(self) ? self.clone() : r;
 }
 
+// channel_shuffle (nn.ChannelShuffle): channels [g, c/g] transposed to [c/g, g], a view and one
+// copy, as CPU's kernel computes it (its backward is a channel_shuffle of the gradient).
+at::Tensor tpu_channel_shuffle(const at::Tensor& self, c10::SymInt groups_) {
+  int64_t groups = groups_.expect_int();
+  TORCH_CHECK(self.dim() > 2, "channel_shuffle expects input to have at least 3 dimensions, but "
+              "got input with sizes ", self.sizes());
+  TORCH_CHECK(groups > 0, "Number of groups to divide channels in must be positive.",
+              " Value of groups:", groups);
+  int64_t c = self.size(1);
+  TORCH_CHECK(c % groups == 0, "Number of channels must be divisible by groups. Got ", c,
+              " channels and ", groups, " groups.");
+  std::vector<int64_t> split = {self.size(0), groups, c / groups};
+  for (int64_t d = 2; d < self.dim(); ++d) split.push_back(self.size(d));
+  return self.reshape(split).transpose(1, 2).contiguous().view(self.sizes());
+}
+
 // Advanced indexing, in the form both x[indices] and x[indices] = v use: the indexed dims moved
 // to the front and flattened into one, the index tensors (broadcast) combined into one linear
 // index into that dim, and where the indexed dims go in the result.
@@ -466,6 +482,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("masked_scatter_", DFT_GROUPED(dft::masked_scatter_));
   m.impl("flip", DFT_GROUPED(dft::tpu_flip));
   m.impl("roll", DFT_GROUPED(dft::tpu_roll));
+  m.impl("channel_shuffle", DFT_GROUPED(dft::tpu_channel_shuffle));
   m.impl("index.Tensor", DFT_GROUPED(dft::index_tensor));
   m.impl("_index_put_impl_", DFT_GROUPED(dft::index_put_));
   m.impl("isin.Tensor_Tensor", DFT_GROUPED(dft::tpu_isin_tt));

@@ -1,4 +1,4 @@
-// Boolean reductions (all/any), isneginf/isposinf, tril/triu and their index lists
+// Boolean reductions (all/any, equal), isneginf/isposinf, tril/triu and their index lists
 // (tril_indices/triu_indices), masked_fill and where's out= form:
 // what the math path of scaled_dot_product_attention and masking code call, kept off the CPU
 // fallback.
@@ -106,6 +106,14 @@ at::Tensor& tril_out(const at::Tensor& x, int64_t diagonal, at::Tensor& out) {
 }
 at::Tensor& triu_out(const at::Tensor& x, int64_t diagonal, at::Tensor& out) {
   return assign_out(out, tri(x, diagonal, false));
+}
+
+// torch.equal: same sizes and every element equal (after type promotion, as on CPU; NaN is
+// unequal): one bool read from the device instead of two tensors copied to the host.
+bool tpu_equal(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.sizes().equals(b.sizes())) return false;
+  if (a.numel() == 0) return true;
+  return at::eq(a, b).all().item<bool>();
 }
 
 // tril_indices/triu_indices: the indices depend only on three integers, so PyTorch's CPU
@@ -220,6 +228,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("triu_", TORCH_FN(dft::triu_));
   m.impl("tril.out", TORCH_FN(dft::tril_out));
   m.impl("triu.out", TORCH_FN(dft::triu_out));
+  m.impl("equal", TORCH_FN(dft::tpu_equal));
   m.impl("tril_indices", TORCH_FN(dft::tril_indices));
   m.impl("triu_indices", TORCH_FN(dft::triu_indices));
 }

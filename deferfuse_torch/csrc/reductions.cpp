@@ -1,5 +1,6 @@
-// Reductions: sum, mean, prod, amax/amin, argmax/argmin, max/min (full and per dim), var/std,
-// and linalg_vector_norm (what clip_grad_norm_ and F.normalize call).
+// Reductions: sum, mean, prod, amax/amin, argmax/argmin, max/min (full and per dim), var/std
+// (and var_mean/std_mean), trace, and linalg_vector_norm (what clip_grad_norm_ and F.normalize
+// call).
 #include "common.h"
 
 #include <torch/library.h>
@@ -119,6 +120,25 @@ at::Tensor std_(const at::Tensor& x, at::OptionalIntArrayRef dim,
   return unary(var_corr(x, dim, correction, keepdim), DFUSE_UNARY_OP_SQRT);
 }
 
+// var_mean / std_mean: the two reductions, each as its own op computes it (autograd's formula
+// combines their gradients).
+std::tuple<at::Tensor, at::Tensor> var_mean(const at::Tensor& x, at::OptionalIntArrayRef dim,
+                                            const std::optional<at::Scalar>& correction,
+                                            bool keepdim) {
+  return {var_corr(x, dim, correction, keepdim), reduce(x, DFUSE_REDUCE_OP_MEAN, dims_of(dim), keepdim)};
+}
+std::tuple<at::Tensor, at::Tensor> std_mean(const at::Tensor& x, at::OptionalIntArrayRef dim,
+                                            const std::optional<at::Scalar>& correction,
+                                            bool keepdim) {
+  return {std_(x, dim, correction, keepdim), reduce(x, DFUSE_REDUCE_OP_MEAN, dims_of(dim), keepdim)};
+}
+
+// trace: the sum of the main diagonal (a view), integers summed as int64 like sum.
+at::Tensor trace(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2, "trace: expected a matrix, but got tensor with dim ", x.dim());
+  return dft::sum(x.diagonal(), std::nullopt, false, std::nullopt);
+}
+
 // ||x||_p over dims: sqrt(sum x^2), sum |x|, max |x| (inf), min |x| (-inf), the count of
 // non-zeros (0), else (sum |x|^p)^(1/p).
 at::Tensor vector_norm(const at::Tensor& x0, const at::Scalar& ord, at::OptionalIntArrayRef dim,
@@ -172,6 +192,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("min.dim", TORCH_FN(dft::min_dim));
   m.impl("var.correction", DFT_GROUPED(dft::var_corr));
   m.impl("std.correction", DFT_GROUPED(dft::std_));
+  m.impl("var_mean.correction", DFT_GROUPED(dft::var_mean));
+  m.impl("std_mean.correction", DFT_GROUPED(dft::std_mean));
+  m.impl("trace", DFT_GROUPED(dft::trace));
   m.impl("linalg_vector_norm", DFT_GROUPED(dft::vector_norm));
   m.impl("norm.ScalarOpt_dim", DFT_GROUPED(dft::norm_dim));
   m.impl("norm.Scalar", DFT_GROUPED(dft::norm_all));
