@@ -117,3 +117,14 @@ def test_channel_shuffle_matches_cpu_forward_and_backward(mode):
     assert_same(lambda x: torch.nn.ChannelShuffle(3)(x), torch.randn(2, 6, 4, 5))
     with pytest.raises(RuntimeError, match="divisible by groups"):
         F.channel_shuffle(torch.randn(2, 6, 3).to("tpu"), 4)
+
+
+def test_cdist_inf_splits_the_gradient_between_tied_columns_where_cpu_gives_each_all_of_it():
+    # The README's differences table: amax's gradient rule, not _cdist_backward's.
+    a = torch.tensor([[0.0, 0.0]], requires_grad=True)
+    b = torch.tensor([[1.0, -1.0]])
+    torch.cdist(a, b, p=float("inf")).sum().backward()
+    assert a.grad.tolist() == [[-1.0, 1.0]]
+    at = a.detach().to("tpu").requires_grad_()
+    torch.cdist(at, b.to("tpu"), p=float("inf")).sum().backward()
+    assert at.grad.cpu().tolist() == [[-0.5, 0.5]]
