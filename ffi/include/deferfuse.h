@@ -503,6 +503,16 @@ enum DfuseOpKind
    * runs, so recording it is no sync point. The result has a's dtype.
    */
   DFUSE_OP_KIND_GROUPED_MM = 17,
+  /**
+   * A part of `F.ctc_loss` (`attrs->sub_op`, a `DfuseCtcPart`) with `attrs->dims[0]` the
+   * blank label and `attrs->dims[1]` the longest target. Targets are one 1-D int64 tensor
+   * (concatenated, or a padded `[N, S]` flattened) and lengths an int64 `[N, 3]` tensor of
+   * each sample's input length, target length and target offset. ALPHA: log_probs `[T, N,
+   * C]` (float32 or float64), targets, lengths -> `[N, T, 2 * dims[1] + 1]`; LOSS:
+   * log_alpha, lengths -> `[N]`; GRAD: grad `[N]`, log_probs, targets, lengths, loss,
+   * log_alpha -> `[T, N, C]`. A length or label out of range is reported when the op runs.
+   */
+  DFUSE_OP_KIND_CTC_LOSS = 18,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -981,6 +991,37 @@ enum DfuseGroupedMm
 typedef enum DfuseGroupedMm DfuseGroupedMm;
 #else
 typedef uint32_t DfuseGroupedMm;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * `attrs->sub_op` for `DFUSE_OP_KIND_CTC_LOSS`: which part of the loss; the numbers are the
+ * runtime's.
+ */
+enum DfuseCtcPart
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * the log-alphas: inputs log_probs, targets, lengths
+   */
+  DFUSE_CTC_PART_ALPHA = 0,
+  /**
+   * the loss per sample: inputs log_alpha, lengths
+   */
+  DFUSE_CTC_PART_LOSS = 1,
+  /**
+   * the gradient with respect to log_probs: inputs grad, log_probs, targets, lengths, loss,
+   * log_alpha
+   */
+  DFUSE_CTC_PART_GRAD = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum DfuseCtcPart DfuseCtcPart;
+#else
+typedef uint32_t DfuseCtcPart;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 

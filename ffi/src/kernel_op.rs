@@ -1,12 +1,13 @@
 //! The attributes of the kernel op kinds (GATHER, SCATTER, SCAN, SORT, RANDOM, DEPTHWISE_CONV,
-//! GROUPED_MM):
+//! GROUPED_MM, CTC_LOSS):
 //! their sub-op enums and how `DfuseAttrs` becomes the runtime's `KernelOp`.
 
 use crate::error::{invalid, Result};
 use crate::op::{wrap_dims, DfuseAttrs};
 use crate::types::{dtype_from, sizes_from, DFUSE_MAX_REDUCE_DIMS};
 use deferfuse_fusion::ir::{
-    Depthwise, DepthwisePart, Dims, GroupedMatmul, KernelOp, RandomDist, ScanOp, ScatterReduce,
+    Ctc, CtcPart, Depthwise, DepthwisePart, Dims, GroupedMatmul, KernelOp, RandomDist, ScanOp,
+    ScatterReduce,
 };
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_SCATTER`; the numbers are the runtime's.
@@ -83,6 +84,38 @@ pub(crate) fn build_grouped_mm(a: &DfuseAttrs) -> Result<KernelOp> {
                 GroupedMatmul::ALL.len() - 1
             ))
         })
+}
+
+/// `attrs->sub_op` for `DFUSE_OP_KIND_CTC_LOSS`: which part of the loss; the numbers are the
+/// runtime's.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DfuseCtcPart {
+    /// the log-alphas: inputs log_probs, targets, lengths
+    Alpha = 0,
+    /// the loss per sample: inputs log_alpha, lengths
+    Loss = 1,
+    /// the gradient with respect to log_probs: inputs grad, log_probs, targets, lengths, loss,
+    /// log_alpha
+    Grad = 2,
+}
+
+/// The CTC loss part of `attrs` (kind 18): `dims[0]` the blank label, `dims[1]` the longest
+/// target, both non-negative.
+pub(crate) fn build_ctc(a: &DfuseAttrs) -> Result<KernelOp> {
+    let part = CtcPart::from_u32(a.sub_op).ok_or_else(|| {
+        invalid(format!(
+            "attrs->sub_op = {} is not a DfuseCtcPart; expected 0..={}",
+            a.sub_op,
+            CtcPart::ALL.len() - 1
+        ))
+    })?;
+    let v = sizes_from(&a.dims[..2], "attrs->dims (blank, longest target)")?;
+    Ok(KernelOp::Ctc(Ctc {
+        part,
+        blank: v[0],
+        max_target: v[1],
+    }))
 }
 
 /// The depthwise convolution of `attrs` (kind 16): the sizes and geometry checked for what the
@@ -231,6 +264,11 @@ mod tests {
             DfuseGroupedMm::Contraction,
         ];
         assert_eq!(g.len(), GroupedMatmul::ALL.len());
+        let c = [DfuseCtcPart::Alpha, DfuseCtcPart::Loss, DfuseCtcPart::Grad];
+        assert_eq!(c.len(), CtcPart::ALL.len());
+        for (x, y) in c.iter().zip(CtcPart::ALL) {
+            assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
+        }
         for (x, y) in g.iter().zip(GroupedMatmul::ALL) {
             assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
         }

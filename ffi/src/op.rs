@@ -4,7 +4,7 @@
 //! `DFUSE_STATUS_BAD_OP` at the call).
 
 use crate::error::{guard, invalid, read_in, slice_in, write_out, DfuseStatus, Result};
-use crate::kernel_op::{build_depthwise, build_grouped_mm, build_kernel_op};
+use crate::kernel_op::{build_ctc, build_depthwise, build_grouped_mm, build_kernel_op};
 use crate::runtime_registry::{runtime, DfuseRuntime};
 use crate::types::{dtype_from, operand_from, DfuseOperand, DFUSE_MAX_REDUCE_DIMS};
 use deferfuse_fusion::ir::layout::wrap_dim;
@@ -74,6 +74,14 @@ pub enum DfuseOpKind {
     /// clamped to the dim; what no group covers is zero. The offsets are read when the op
     /// runs, so recording it is no sync point. The result has a's dtype.
     GroupedMm = 17,
+    /// A part of `F.ctc_loss` (`attrs->sub_op`, a `DfuseCtcPart`) with `attrs->dims[0]` the
+    /// blank label and `attrs->dims[1]` the longest target. Targets are one 1-D int64 tensor
+    /// (concatenated, or a padded `[N, S]` flattened) and lengths an int64 `[N, 3]` tensor of
+    /// each sample's input length, target length and target offset. ALPHA: log_probs `[T, N,
+    /// C]` (float32 or float64), targets, lengths -> `[N, T, 2 * dims[1] + 1]`; LOSS:
+    /// log_alpha, lengths -> `[N]`; GRAD: grad `[N]`, log_probs, targets, lengths, loss,
+    /// log_alpha -> `[T, N, C]`. A length or label out of range is reported when the op runs.
+    CtcLoss = 18,
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_UNARY`; the numbers are the runtime's.
@@ -269,9 +277,10 @@ pub struct DfuseAttrs {
 /// The op kind number's name, for messages.
 fn kind_name(kind: u32) -> &'static str {
     #[rustfmt::skip]
-    const NAMES: [&str; 18] = [
+    const NAMES: [&str; 19] = [
         "UNARY", "BINARY", "WHERE", "CLAMP", "CAST", "COPY", "REDUCE", "CAT", "ARANGE", "MATMUL",
         "ADDMM", "GATHER", "SCATTER", "SCAN", "SORT", "RANDOM", "DEPTHWISE_CONV", "GROUPED_MM",
+        "CTC_LOSS",
     ];
     NAMES.get(kind as usize).copied().unwrap_or("?")
 }
@@ -353,11 +362,14 @@ pub(crate) fn build_op(
             Op::Kernel(build_depthwise(a)?)
         }
         17 => Op::Kernel(build_grouped_mm(need("attrs->sub_op (a DfuseGroupedMm)")?)?),
+        18 => Op::Kernel(build_ctc(need(
+            "attrs->sub_op (a DfuseCtcPart), the blank and the longest target",
+        )?)?),
         k => {
             return Err(invalid(format!(
-                "kind = {k} is not a DfuseOpKind; expected 0..=17 (UNARY, BINARY, WHERE, CLAMP, \
+                "kind = {k} is not a DfuseOpKind; expected 0..=18 (UNARY, BINARY, WHERE, CLAMP, \
                  CAST, COPY, REDUCE, CAT, ARANGE, MATMUL, ADDMM, GATHER, SCATTER, SCAN, SORT, \
-                 RANDOM, DEPTHWISE_CONV, GROUPED_MM)"
+                 RANDOM, DEPTHWISE_CONV, GROUPED_MM, CTC_LOSS)"
             )))
         }
     })
@@ -623,9 +635,17 @@ mod tests {
         assert!(e
             .to_string()
             .contains("sub_op = 23 is not a DfuseBinaryOp; expected 0..=22"));
-        let e = build_op(18, None, || Ok(None)).unwrap_err();
+        let e = build_op(19, None, || Ok(None)).unwrap_err();
         assert!(
-            e.to_string().contains("kind = 18 is not a DfuseOpKind"),
+            e.to_string().contains("kind = 19 is not a DfuseOpKind"),
+            "{e}"
+        );
+        let mut ctc = attrs(0, &[0, -1], false);
+        ctc.n_dims = 2;
+        let e = build_op(18, Some(&ctc), || Ok(None)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("attrs->dims (blank, longest target)"),
             "{e}"
         );
         let e = build_op(17, None, || Ok(None)).unwrap_err();

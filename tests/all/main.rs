@@ -10,6 +10,7 @@ mod reference;
 mod bounded;
 mod column_reductions;
 mod concurrency;
+mod ctc_loss;
 mod depthwise_conv;
 mod elementwise_ops;
 mod errors;

@@ -1,11 +1,12 @@
-//! Kernel ops: gather, scatter, scans, sort, random numbers, depthwise convolutions and grouped
-//! matrix products. Each output element depends on elements other than its own position (or on
-//! a counter), so none fuses into a loop: the planner cuts around them (`unfusable`) and a
-//! backend runs each as one host routine.
+//! Kernel ops: gather, scatter, scans, sort, random numbers, depthwise convolutions, grouped
+//! matrix products and the CTC loss. Each output element depends on elements other than its own
+//! position (or on a counter), so none fuses into a loop: the planner cuts around them
+//! (`unfusable`) and a backend runs each as one host routine.
 //!
 //! The sub-enums are `repr(u32)` with explicit numbers because the C ABI passes them; append
 //! new values, never renumber.
 
+use super::ctc::{infer_ctc, Ctc};
 use super::depthwise::{infer_depthwise, Depthwise};
 use super::dtype::DType;
 use super::error::{OpError, OpResult};
@@ -146,6 +147,8 @@ pub enum KernelOp {
     /// A grouped matrix product (`torch._grouped_mm`, `grouped_matmul.rs`): operands a, b and
     /// the int offsets that cut one of their dims into groups; the result has a's dtype.
     GroupedMatmul(GroupedMatmul),
+    /// A part of the CTC loss (`ctc.rs`): its alphas, its per-sample loss or its gradient.
+    Ctc(Ctc),
 }
 
 impl KernelOp {
@@ -175,6 +178,7 @@ impl KernelOp {
             } => "randn",
             KernelOp::Depthwise(_) => "depthwise_conv",
             KernelOp::GroupedMatmul(_) => "grouped_mm",
+            KernelOp::Ctc(_) => "ctc_loss",
         }
     }
 
@@ -202,6 +206,8 @@ impl KernelOp {
             KernelOp::Scan { .. } | KernelOp::Sort { .. } => DType::I64,
             KernelOp::Random { dtype, .. } => *dtype,
             KernelOp::Depthwise(_) | KernelOp::GroupedMatmul(_) => first,
+            // Grad's first operand is the gradient, of log_probs' dtype too.
+            KernelOp::Ctc(_) => first,
         }
     }
 }
@@ -406,6 +412,7 @@ pub(super) fn infer_kernel(op: &Op, k: &KernelOp, args: &[ArgMeta]) -> OpResult<
         }
         KernelOp::Depthwise(d) => infer_depthwise(d, args),
         KernelOp::GroupedMatmul(g) => infer_grouped_matmul(*g, args),
+        KernelOp::Ctc(c) => infer_ctc(c, args),
     }
 }
 
@@ -436,6 +443,7 @@ impl std::fmt::Display for KernelOp {
             KernelOp::Random { sizes, dtype, .. } => write!(f, ".{dtype}{:?}", sizes.as_slice()),
             KernelOp::Depthwise(d) => write!(f, "{d}"),
             KernelOp::GroupedMatmul(g) => write!(f, ".{g}"),
+            KernelOp::Ctc(c) => write!(f, "{c}"),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The IR: dtypes, layouts, ops, and the inference rules that give every op its output.
 
+mod ctc;
 pub mod depthwise;
 pub mod dtype;
 mod elementwise;
@@ -11,6 +12,7 @@ pub mod layout;
 pub mod op;
 mod shapes;
 
+pub use ctc::{Ctc, CtcPart};
 pub use depthwise::{Depthwise, DepthwisePart};
 pub use dtype::{Category, DType};
 pub use error::{OpError, OpResult};

@@ -1,9 +1,10 @@
 //! Host implementations of the kernel ops (gather, scatter, scans, sort, random numbers,
-//! depthwise convolutions, grouped matrix products): loops over host memory, generic over dtype, reading every operand
+//! depthwise convolutions, grouped matrix products, the CTC loss): loops over host memory, generic over dtype, reading every operand
 //! through its layout (strides, offset; an expanded index has stride 0). Both backends run
 //! them: the CPU backend directly, the PJRT backend on host bytes (`HostProgram` writes device
 //! values back first), so results are the same bits on either and in every mode.
 
+mod ctc;
 mod depthwise;
 pub(crate) mod elem;
 mod gather;
@@ -87,6 +88,7 @@ impl HostProgram for KernelProgram {
                 &dst.view,
                 self.1.as_deref(),
             )?,
+            KernelOp::Ctc(k) => ctc::run(k, &inputs, &dst.view)?,
         }
         dst.finish();
         Ok(())
