@@ -15,6 +15,7 @@
 use super::dtype::DType;
 use super::error::{OpError, OpResult};
 use super::infer::{ArgMeta, Inferred};
+use super::kernel::tensor;
 use super::layout::{fmt_dims, Dims};
 use smallvec::smallvec;
 
@@ -82,21 +83,6 @@ impl std::fmt::Display for Ctc {
 
 const NAME: &str = "ctc_loss";
 
-fn operand<'a>(args: &'a [ArgMeta], i: usize, what: &str) -> OpResult<(DType, &'a Dims)> {
-    match args.get(i) {
-        Some(ArgMeta::Tensor { dtype, sizes }) => Ok((*dtype, sizes)),
-        other => Err(OpError::new(
-            NAME,
-            format!("input {i} ({what})"),
-            "a tensor",
-            match other {
-                Some(a) => format!("{a:?}"),
-                None => "nothing".into(),
-            },
-        )),
-    }
-}
-
 fn expect(i: usize, what: &str, ok: bool, want: String, got: &Dims, dtype: DType) -> OpResult<()> {
     if ok {
         return Ok(());
@@ -122,7 +108,7 @@ pub(super) fn infer_ctc(k: &Ctc, args: &[ArgMeta]) -> OpResult<Inferred> {
     }
     let mut ops = Vec::with_capacity(names.len());
     for (i, what) in names.iter().enumerate() {
-        ops.push(operand(args, i, what)?);
+        ops.push(tensor(NAME, args, i, what)?);
     }
     let find = |name: &str| names.iter().position(|n| *n == name);
     // lengths: [N, 3] int64, N from it.

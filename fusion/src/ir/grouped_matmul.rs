@@ -11,6 +11,7 @@
 use super::dtype::DType;
 use super::error::{OpError, OpResult};
 use super::infer::{ArgMeta, Inferred};
+use super::kernel::tensor;
 use super::layout::{fmt_dims, Dims};
 use smallvec::smallvec;
 
@@ -74,21 +75,6 @@ impl std::fmt::Display for GroupedMatmul {
 
 const NAME: &str = "grouped_mm";
 
-fn operand<'a>(args: &'a [ArgMeta], i: usize, what: &str) -> OpResult<(DType, &'a Dims)> {
-    match args.get(i) {
-        Some(ArgMeta::Tensor { dtype, sizes }) => Ok((*dtype, sizes)),
-        other => Err(OpError::new(
-            NAME,
-            format!("input {i} ({what})"),
-            "a tensor",
-            match other {
-                Some(a) => format!("{a:?}"),
-                None => "nothing".into(),
-            },
-        )),
-    }
-}
-
 /// Output dtype and shape of a grouped product over operands `a`, `b`, `offs`, or why they do
 /// not fit `case`.
 pub(super) fn infer_grouped_matmul(case: GroupedMatmul, args: &[ArgMeta]) -> OpResult<Inferred> {
@@ -100,9 +86,9 @@ pub(super) fn infer_grouped_matmul(case: GroupedMatmul, args: &[ArgMeta]) -> OpR
             format!("{}", args.len()),
         ));
     }
-    let (ad, a) = operand(args, 0, "a")?;
-    let (bd, b) = operand(args, 1, "b")?;
-    let (od, offs) = operand(args, 2, "offs")?;
+    let (ad, a) = tensor(NAME, args, 0, "a")?;
+    let (bd, b) = tensor(NAME, args, 1, "b")?;
+    let (od, offs) = tensor(NAME, args, 2, "offs")?;
     if !ad.is_float() {
         return Err(OpError::new(
             NAME,

@@ -213,7 +213,7 @@ impl KernelOp {
 }
 
 /// The tensor operand `i` of a kernel op, or an error naming it.
-fn tensor<'a>(
+pub(super) fn tensor<'a>(
     name: &str,
     args: &'a [ArgMeta],
     i: usize,
