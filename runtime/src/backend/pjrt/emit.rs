@@ -374,16 +374,15 @@ fn matmul(f: &mut Func, dtype: DType, epilogue: Option<&LoopRegion>, sig: &Signa
     od.truncate(nb);
     od.push(a.ty.dims[nb]);
     od.push(b.ty.dims[nb + 1]);
-    let attrs = format!(
-        "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [{}], \
-         rhs_batching_dimensions = [{}], lhs_contracting_dimensions = [{}], \
-         rhs_contracting_dimensions = [{}]>",
+    let dims = format!(
+        "#stablehlo.dot<lhs_batching_dimensions = [{}], rhs_batching_dimensions = [{}], \
+         lhs_contracting_dimensions = [{}], rhs_contracting_dimensions = [{}]>",
         list(&batch),
         list(&batch),
         nb + 1,
         nb
     );
-    let p = f.op("dot_general", &[&a, &b], &attrs, Ty::new(e, &od));
+    let p = f.dot_general(&a, &b, &dims, Ty::new(e, &od));
     let al = f.broadcast(&alpha, &od, &[]);
     let be = f.broadcast(&beta, &od, &[]);
     let scaled = f.ew("multiply", &[&al, &p]);
