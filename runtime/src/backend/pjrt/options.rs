@@ -17,6 +17,16 @@
 //! `xla_cpu_use_xnnpack = false`: dots run as Eigen kernels, which read their operands at every
 //! launch. Other platforms get no override (the option is the CPU compiler's).
 //! `tests/all/pjrt_parameter_updates.rs` pins it.
+//!
+//! # Why excess precision is off everywhere
+//!
+//! The runtime's f16 and bf16 values are rounded each time an op stores them, as PyTorch's
+//! eager ops and the CPU backend round them. XLA may drop a round trip through a narrow type
+//! (`xla_allow_excess_precision`, on by default), so a value a program keeps in f32 between two
+//! ops differs from the stored-and-reloaded one: on an H200 (session 25) an f16 depthwise
+//! convolution scaled and added in one whole program came out ~4 f16 ulps from the CPU
+//! backend's, and with the flag off it matched (`pjrt_kernels_in_program.rs`). TorchTPU keeps
+//! the same default (`torch.backends.tpu.allow_excess_precision = False`).
 
 /// `CompileOptionsProto.executable_build_options` (field 3): `num_replicas: 1` (field 4) and
 /// `num_partitions: 1` (field 5). Empty options crash the plugins (replica_count 0).
@@ -29,10 +39,14 @@ const ENV_OVERRIDES_FIELD: u8 = 7;
 /// doc).
 const CPU_XNNPACK_FLAG: &str = "xla_cpu_use_xnnpack";
 
+/// The `DebugOptions` flag that lets XLA skip roundings to narrow floats (see the module doc).
+const EXCESS_PRECISION_FLAG: &str = "xla_allow_excess_precision";
+
 /// The serialized compile options for a plugin whose platform is `platform` ("cpu", "tpu",
 /// "cuda", ...).
 pub fn for_platform(platform: &str) -> Vec<u8> {
     let mut out = BUILD_OPTIONS.to_vec();
+    env_override_bool(&mut out, EXCESS_PRECISION_FLAG, false);
     if platform.eq_ignore_ascii_case("cpu") {
         env_override_bool(&mut out, CPU_XNNPACK_FLAG, false);
     }
@@ -67,15 +81,25 @@ fn len_field(out: &mut Vec<u8>, field: u8, bytes: &[u8]) {
 mod tests {
     use super::*;
 
+    /// The build options and the excess-precision override every platform gets.
+    fn common() -> Vec<u8> {
+        let mut want = BUILD_OPTIONS.to_vec();
+        // field 7, 32 bytes: { 1: "xla_allow_excess_precision" (26 bytes), 2: { 2: false } }
+        want.extend([0x3a, 32, 0x0a, 26]);
+        want.extend(b"xla_allow_excess_precision");
+        want.extend([0x12, 2, 0x10, 0]);
+        want
+    }
+
     #[test]
-    fn other_platforms_get_only_the_build_options() {
-        assert_eq!(for_platform("tpu"), BUILD_OPTIONS);
-        assert_eq!(for_platform("cuda"), BUILD_OPTIONS);
+    fn every_platform_compiles_without_excess_precision() {
+        assert_eq!(for_platform("tpu"), common());
+        assert_eq!(for_platform("cuda"), common());
     }
 
     #[test]
     fn the_cpu_plugin_compiles_without_xnnpack_dots() {
-        let mut want = BUILD_OPTIONS.to_vec();
+        let mut want = common();
         // field 7, 25 bytes: { 1: "xla_cpu_use_xnnpack" (19 bytes), 2: { 2: false } }
         want.extend([0x3a, 25, 0x0a, 19]);
         want.extend(b"xla_cpu_use_xnnpack");
