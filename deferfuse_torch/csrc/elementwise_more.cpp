@@ -21,6 +21,13 @@ at::Tensor& resized(const at::Tensor& like, at::Tensor& out) {
   return out;
 }
 
+// The functional result `r` written into `out` (resized to it), for the out= forms.
+at::Tensor& into(const at::Tensor& r, at::Tensor& out, const char* name) {
+  resized(r, out);
+  run_into(DFUSE_OP_KIND_COPY, nullptr, Operands().t(r), out, name);
+  return out;
+}
+
 uint32_t div_op(std::optional<c10::string_view> mode) {
   if (!mode) return DFUSE_BINARY_OP_DIV;
   if (*mode == "floor") return DFUSE_BINARY_OP_FLOOR_DIVIDE;
@@ -73,10 +80,7 @@ at::Tensor tpu_nan_to_num(const at::Tensor& x, std::optional<double> nan, std::o
 at::Tensor& nan_to_num_out(const at::Tensor& x, std::optional<double> nan,
                            std::optional<double> pos, std::optional<double> neg,
                            at::Tensor& out) {
-  auto r = tpu_nan_to_num(x, nan, pos, neg);
-  resized(r, out);
-  run_into(DFUSE_OP_KIND_COPY, nullptr, Operands().t(r), out, "nan_to_num (out=)");
-  return out;
+  return into(tpu_nan_to_num(x, nan, pos, neg), out, "nan_to_num (out=)");
 }
 
 // logit(x) = log(x / (1 - x)), x first clamped to [eps, 1 - eps] when eps >= 0 is given
@@ -95,13 +99,6 @@ at::Tensor tpu_logit_backward(const at::Tensor& grad, const at::Tensor& x,
   double lo = clamped ? *eps : 0.0, hi = clamped ? 1.0 - *eps : 1.0;
   auto fill = clamped ? 0.0 : std::numeric_limits<double>::quiet_NaN();
   return at::where(x.lt(lo).logical_or(x.gt(hi)), at::Scalar(fill), d);
-}
-
-// The functional result `r` written into `out` (resized to it), for the out= forms.
-at::Tensor& into(const at::Tensor& r, at::Tensor& out, const char* name) {
-  resized(r, out);
-  run_into(DFUSE_OP_KIND_COPY, nullptr, Operands().t(r), out, name);
-  return out;
 }
 
 // frac(x) = x - trunc(x): the sign of x, NaN for infinities (CPU's formula).
@@ -123,17 +120,18 @@ at::Tensor& logaddexp_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& 
 }
 
 // hardshrink: 0 for -lambd <= x <= lambd, else x (NaN stays NaN); its gradient likewise.
+at::Tensor shrunk(const at::Tensor& x, const at::Scalar& lambd) {
+  return x.ge(-lambd.toDouble()).logical_and(x.le(lambd));
+}
 at::Tensor tpu_hardshrink(const at::Tensor& x, const at::Scalar& lambd) {
-  auto inside = x.ge(-lambd.toDouble()).logical_and(x.le(lambd));
-  return at::where(inside, at::zeros({}, x.options()), x);
+  return at::where(shrunk(x, lambd), at::zeros({}, x.options()), x);
 }
 at::Tensor& hardshrink_out(const at::Tensor& x, const at::Scalar& lambd, at::Tensor& out) {
   return into(tpu_hardshrink(x, lambd), out, "hardshrink (out=)");
 }
 at::Tensor tpu_hardshrink_backward(const at::Tensor& grad, const at::Tensor& x,
                                    const at::Scalar& lambd) {
-  auto inside = x.ge(-lambd.toDouble()).logical_and(x.le(lambd));
-  return at::where(inside, at::zeros({}, grad.options()), grad);
+  return at::where(shrunk(x, lambd), at::zeros({}, grad.options()), grad);
 }
 at::Tensor& hardshrink_backward_out(const at::Tensor& grad, const at::Tensor& x,
                                     const at::Scalar& lambd, at::Tensor& out) {

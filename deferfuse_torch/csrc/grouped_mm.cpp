@@ -78,8 +78,8 @@ at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const std::optio
   auto [size, stride] =
       at::native::compute_grouped_gemm_output_size_stride(a, b, offs, a.scalar_type());
   auto out = at::empty_strided(size, stride, a.options());
-  if (!offs.has_value()) {  // 3-D x 3-D: a batched product
-    out.copy_(at::bmm(a, b));
+  if (!offs.has_value()) {  // 3-D x 3-D: a batched product, written into the padded result
+    run_into(DFUSE_OP_KIND_MATMUL, nullptr, Operands().t(a).t(b), out, "grouped_mm");
     return out;
   }
   const bool a2 = a.dim() == 2, b2 = b.dim() == 2;

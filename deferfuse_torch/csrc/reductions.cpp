@@ -96,9 +96,11 @@ std::tuple<at::Tensor, at::Tensor> min_dim(const at::Tensor& x, int64_t dim, boo
           reduce(x, DFUSE_REDUCE_OP_ARGMIN, {dim}, keepdim)};
 }
 
-// var = sum((x - mean)^2) / (n - correction), the two-pass formula PyTorch's CPU kernel matches.
-at::Tensor var_corr(const at::Tensor& x, at::OptionalIntArrayRef dim,
-               const std::optional<at::Scalar>& correction, bool keepdim) {
+// var = sum((x - mean)^2) / (n - correction), the two-pass formula PyTorch's CPU kernel matches;
+// returned with the mean it subtracted (in var's shape), which var_mean and std_mean return too.
+std::pair<at::Tensor, at::Tensor> var_and_mean(const at::Tensor& x, at::OptionalIntArrayRef dim,
+                                               const std::optional<at::Scalar>& correction,
+                                               bool keepdim) {
   TORCH_CHECK(at::isFloatingType(x.scalar_type()), "tpu: var/std need a floating point input, got ",
               x.scalar_type());
   auto dims = dims_of(dim);
@@ -112,7 +114,13 @@ at::Tensor var_corr(const at::Tensor& x, at::OptionalIntArrayRef dim,
   auto m = reduce(x, DFUSE_REDUCE_OP_MEAN, dims, true);
   auto d = x - m;
   auto s = reduce(d * d, DFUSE_REDUCE_OP_SUM, dims, keepdim);
-  return s / std::max(double(n) - c, 0.0);
+  auto var = s / std::max(double(n) - c, 0.0);
+  return {var, keepdim ? m : m.view(var.sizes())};
+}
+
+at::Tensor var_corr(const at::Tensor& x, at::OptionalIntArrayRef dim,
+                    const std::optional<at::Scalar>& correction, bool keepdim) {
+  return var_and_mean(x, dim, correction, keepdim).first;
 }
 
 at::Tensor std_(const at::Tensor& x, at::OptionalIntArrayRef dim,
@@ -120,17 +128,19 @@ at::Tensor std_(const at::Tensor& x, at::OptionalIntArrayRef dim,
   return unary(var_corr(x, dim, correction, keepdim), DFUSE_UNARY_OP_SQRT);
 }
 
-// var_mean / std_mean: the two reductions, each as its own op computes it (autograd's formula
-// combines their gradients).
+// var_mean / std_mean: one mean serves both results (autograd's formula combines their
+// gradients).
 std::tuple<at::Tensor, at::Tensor> var_mean(const at::Tensor& x, at::OptionalIntArrayRef dim,
                                             const std::optional<at::Scalar>& correction,
                                             bool keepdim) {
-  return {var_corr(x, dim, correction, keepdim), reduce(x, DFUSE_REDUCE_OP_MEAN, dims_of(dim), keepdim)};
+  auto [var, mean] = var_and_mean(x, dim, correction, keepdim);
+  return {var, mean};
 }
 std::tuple<at::Tensor, at::Tensor> std_mean(const at::Tensor& x, at::OptionalIntArrayRef dim,
                                             const std::optional<at::Scalar>& correction,
                                             bool keepdim) {
-  return {std_(x, dim, correction, keepdim), reduce(x, DFUSE_REDUCE_OP_MEAN, dims_of(dim), keepdim)};
+  auto [var, mean] = var_and_mean(x, dim, correction, keepdim);
+  return {unary(var, DFUSE_UNARY_OP_SQRT), mean};
 }
 
 // trace: the sum of the main diagonal (a view), integers summed as int64 like sum.
