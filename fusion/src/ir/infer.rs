@@ -8,7 +8,6 @@ use super::layout::{broadcast_shapes, fmt_dims, Dims};
 use super::op::{Op, Scalar};
 use super::shapes::matmul_shape;
 use super::shapes::{check_matmul_dtypes, check_numel, infer_arange, infer_cat, infer_reduce};
-use crate::trace::Operand;
 use smallvec::SmallVec;
 
 /// What inference needs to know of one operand.
@@ -48,104 +47,6 @@ pub struct Inferred {
     pub sizes: Dims,
     /// The dtype operands are converted to for the arithmetic.
     pub compute: DType,
-}
-
-/// Whether two operand lists are the same for inference: scalars compare by kind and bits
-/// (so `0.0` and `-0.0`, or two NaNs, are told apart or matched exactly, never by `==`).
-fn same_args(a: &[ArgMeta], b: &[ArgMeta]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| match (x, y) {
-            (
-                ArgMeta::Tensor { dtype, sizes },
-                ArgMeta::Tensor {
-                    dtype: d2,
-                    sizes: s2,
-                },
-            ) => dtype == d2 && sizes == s2,
-            (ArgMeta::Scalar(p), ArgMeta::Scalar(q)) => same_scalar(p, q),
-            (ArgMeta::Absent, ArgMeta::Absent) => true,
-            _ => false,
-        })
-}
-
-/// [`same_args`] against a node's operands.
-fn same_operands(a: &[ArgMeta], b: &[Operand]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| match (x, y) {
-            (ArgMeta::Tensor { dtype, sizes }, Operand::Tensor(t)) => {
-                *dtype == t.dtype && sizes.as_slice() == t.layout.sizes.as_slice()
-            }
-            (ArgMeta::Scalar(p), Operand::Scalar(q)) => same_scalar(p, q),
-            (ArgMeta::Absent, Operand::Absent) => true,
-            _ => false,
-        })
-}
-
-/// Same kind and bits.
-fn same_scalar(p: &Scalar, q: &Scalar) -> bool {
-    match (p, q) {
-        (Scalar::Float(u), Scalar::Float(v)) => u.to_bits() == v.to_bits(),
-        (Scalar::Int(u), Scalar::Int(v)) => u == v,
-        (Scalar::Bool(u), Scalar::Bool(v)) => u == v,
-        _ => false,
-    }
-}
-
-/// The last successful inference on this thread: (op, operands, result).
-type Memo = Option<(Op, SmallVec<[ArgMeta; 3]>, Inferred)>;
-
-thread_local! {
-    static LAST: std::cell::RefCell<Memo> = const { std::cell::RefCell::new(None) };
-}
-
-/// [`infer`], answered from the calling thread's last inference when the op and operands are
-/// the same: a model records long runs of one op on one shape (an elementwise chain, a layer
-/// repeated), and comparing is several times cheaper than inferring again (~400 instructions
-/// for a binary op). Errors are never remembered, so each one is built at its own call.
-pub(crate) fn infer_memo(op: &Op, args: &[ArgMeta]) -> OpResult<Inferred> {
-    if let Some(inf) = memo_hit(op, |a| same_args(a, args)) {
-        return Ok(inf);
-    }
-    let inf = infer(op, args)?;
-    let _ = LAST.try_with(|l| {
-        *l.borrow_mut() = Some((op.clone(), args.iter().cloned().collect(), inf.clone()));
-    });
-    Ok(inf)
-}
-
-/// The remembered inference, if it was of `op` and operands `same` accepts.
-#[inline]
-fn memo_hit(op: &Op, same: impl Fn(&[ArgMeta]) -> bool) -> Option<Inferred> {
-    LAST.try_with(|l| match &*l.borrow() {
-        Some((o, a, inf)) if o == op && same(a) => Some(Inferred {
-            dtype: inf.dtype,
-            sizes: super::layout::dims_from(&inf.sizes),
-            compute: inf.compute,
-        }),
-        _ => None,
-    })
-    .ok()
-    .flatten()
-}
-
-/// [`infer_memo`] for a node's operands: compared with the memo as they are, and described as
-/// [`ArgMeta`]s only on a miss (copying each tensor operand's sizes into one cost ~45
-/// instructions per operand of every recorded op).
-pub fn infer_memo_operands(op: &Op, inputs: &[Operand]) -> OpResult<Inferred> {
-    if let Some(inf) = memo_hit(op, |a| same_operands(a, inputs)) {
-        return Ok(inf);
-    }
-    let args: SmallVec<[ArgMeta; 3]> = inputs.iter().map(meta_of).collect();
-    infer_memo(op, &args)
-}
-
-/// What inference looks at of a trace operand.
-fn meta_of(o: &Operand) -> ArgMeta {
-    match o {
-        Operand::Tensor(t) => ArgMeta::tensor(t.dtype, &t.layout.sizes),
-        Operand::Scalar(v) => ArgMeta::Scalar(*v),
-        Operand::Absent => ArgMeta::Absent,
-    }
 }
 
 /// PyTorch's `result_type`: tensors with dims win over zero-dim tensors, which win over Python
@@ -396,60 +297,6 @@ mod tests {
     use crate::ir::shapes::arange_len;
     use crate::ir::{BinaryOp, ReduceOp};
     use smallvec::smallvec;
-
-    #[test]
-    fn the_memo_answers_a_nodes_operands_as_their_metas() {
-        use crate::ir::Layout;
-        use crate::trace::TensorRef;
-        let add = Op::Binary(BinaryOp::Add);
-        let x = |dtype| {
-            Operand::Tensor(TensorRef {
-                buffer: 1,
-                layout: Layout::contiguous(&[2, 3]),
-                dtype,
-            })
-        };
-        let cases = [
-            [x(DType::F32), Operand::Scalar(Scalar::Float(1.0))],
-            [x(DType::I32), Operand::Scalar(Scalar::Float(1.0))],
-            [x(DType::I32), Operand::Scalar(Scalar::Int(1))],
-            [x(DType::I32), Operand::Scalar(Scalar::Int(1))],
-            [x(DType::I32), Operand::Absent],
-        ];
-        for ops in &cases {
-            let metas: Vec<ArgMeta> = ops.iter().map(meta_of).collect();
-            assert_eq!(infer_memo_operands(&add, ops), infer(&add, &metas));
-        }
-    }
-
-    #[test]
-    fn the_memo_answers_only_for_the_same_op_and_operands() {
-        let add = Op::Binary(BinaryOp::Add);
-        let int8 = ArgMeta::tensor(DType::I32, &[8]);
-        let float = [int8.clone(), ArgMeta::Scalar(Scalar::Float(1.0))];
-        let int = [int8.clone(), ArgMeta::Scalar(Scalar::Int(1))];
-        for args in [&float, &int, &float, &float] {
-            assert_eq!(infer_memo(&add, args), infer(&add, args));
-        }
-        let wider = [ArgMeta::tensor(DType::I32, &[2, 8]), int[1].clone()];
-        assert_eq!(infer_memo(&add, &wider).unwrap().sizes.as_slice(), &[2, 8]);
-        let mul = Op::Binary(BinaryOp::Div);
-        assert_eq!(infer_memo(&mul, &int).unwrap().dtype, DType::F32);
-    }
-
-    #[test]
-    fn the_memo_never_remembers_an_error() {
-        let add = Op::Binary(BinaryOp::Add);
-        let bad = [
-            ArgMeta::tensor(DType::F32, &[3]),
-            ArgMeta::tensor(DType::F32, &[4]),
-        ];
-        assert!(infer_memo(&add, &bad).is_err());
-        assert!(infer_memo(&add, &bad).is_err());
-        let good = [bad[0].clone(), bad[0].clone()];
-        assert!(infer_memo(&add, &good).is_ok());
-        assert!(infer_memo(&add, &bad).is_err());
-    }
 
     fn t(d: DType, s: &[usize]) -> ArgMeta {
         ArgMeta::tensor(d, s)
