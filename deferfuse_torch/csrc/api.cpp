@@ -4,6 +4,7 @@
 #include "common.h"
 #include "streams.h"
 #include "observe.h"
+#include "tables.h"
 
 #include <torch/library.h>
 
@@ -67,6 +68,7 @@ bool is_materialized(const at::Tensor& t) {
 }
 
 int64_t release_cached_memory() {
+  clear_uploaded_tables();
   uint64_t freed = 0;
   check(dfuse_release_cached_memory(rt(), &freed), "release_cached_memory");
   return int64_t(freed);

@@ -7,7 +7,7 @@
 // index_select of the plane by that table, fold an index_add into a zero plane (overlapping
 // windows sum), then the padding cropped. Registered for autograd as well: each one's backward
 // is the other, through autograd of those two ops. The table depends only on the shapes; it is
-// built on the host and uploaded (windows.h's upload_table). Shape errors are CPU's own (im2col_shape_check.h).
+// built on the host and uploaded (tables.h's upload_table). Shape errors are CPU's own (im2col_shape_check.h).
 #include "windows.h"
 
 #include <ATen/native/im2col_shape_check.h>

@@ -5,6 +5,7 @@
 // kernels compute them), and each backward is the adjoint: index_adds per dim with the same
 // tables, so both run on the device.
 #include "kernel_ops.h"
+#include "tables.h"
 
 #include <torch/library.h>
 
@@ -18,13 +19,14 @@ namespace {
 
 using Table = std::vector<int64_t>;
 
-at::Tensor upload(const Table& t, const at::Tensor& like) {
-  return at::tensor(t, at::TensorOptions().dtype(at::kLong)).to(like.device());
+// A source-index table on the device (kept by content: see tables.h).
+at::Tensor upload(const Table& t) {
+  return upload_table(t, {int64_t(t.size())});
 }
 
 // out = x with dim d[k] replaced by x.select(d[k], table[k][i]) for each output index i.
 at::Tensor pick(at::Tensor x, const std::vector<int64_t>& dims, const std::vector<Table>& tables) {
-  for (size_t k = 0; k < dims.size(); ++k) x = at::index_select(x, dims[k], upload(tables[k], x));
+  for (size_t k = 0; k < dims.size(); ++k) x = at::index_select(x, dims[k], upload(tables[k]));
   return x;
 }
 
@@ -34,7 +36,7 @@ at::Tensor unpick(at::Tensor g, at::IntArrayRef in_sizes, const std::vector<int6
   for (size_t k = dims.size(); k-- > 0;) {
     auto sizes = g.sizes().vec();
     sizes[dims[k]] = in_sizes[dims[k]];
-    g = at::zeros(sizes, g.options()).index_add(dims[k], upload(tables[k], g), g);
+    g = at::zeros(sizes, g.options()).index_add(dims[k], upload(tables[k]), g);
   }
   return g;
 }
@@ -131,8 +133,7 @@ at::Tensor weights(const std::vector<double>& w, int64_t dim, int64_t rank,
                    const at::Tensor& like) {
   std::vector<int64_t> shape(rank - dim, 1);
   shape[0] = int64_t(w.size());
-  auto t = at::tensor(w, at::TensorOptions().dtype(at::kDouble)).view(shape);
-  return t.to(like.scalar_type()).to(like.device());
+  return upload_table(w, shape, like.scalar_type());
 }
 
 // Half and bfloat16 are interpolated in float and rounded once, as PyTorch's CPU kernels do.
@@ -146,7 +147,7 @@ at::Tensor interpolate(at::Tensor x, const std::vector<int64_t>& dims,
   for (size_t k = dims.size(); k-- > 0;) {
     at::Tensor acc;
     for (size_t j = 0; j < taps[k].idx.size(); ++j) {
-      auto term = at::index_select(x, dims[k], upload(taps[k].idx[j], x)) *
+      auto term = at::index_select(x, dims[k], upload(taps[k].idx[j])) *
                   weights(taps[k].w[j], dims[k], x.dim(), x);
       acc = j == 0 ? term : acc + term;
     }
@@ -166,7 +167,7 @@ at::Tensor uninterpolate(at::Tensor g, at::IntArrayRef in_sizes, const std::vect
     auto acc = at::zeros(sizes, g.options());
     for (size_t j = 0; j < taps[k].idx.size(); ++j) {
       auto w = weights(taps[k].w[j], dims[k], g.dim(), g);
-      acc.index_add_(dims[k], upload(taps[k].idx[j], g), g * w);
+      acc.index_add_(dims[k], upload(taps[k].idx[j]), g * w);
     }
     g = acc;
   }

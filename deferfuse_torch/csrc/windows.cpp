@@ -97,12 +97,6 @@ at::Tensor batched_matmul(const at::Tensor& a, const at::Tensor& b) {
   return run(DFUSE_OP_KIND_MATMUL, nullptr, Operands().t(a).t(b), "matmul");
 }
 
-at::Tensor upload_table(const std::vector<double>& values, at::IntArrayRef sizes,
-                        at::ScalarType dtype) {
-  auto host = at::tensor(values, at::kDouble).view(sizes).to(dtype);
-  return host.to(c10::Device(c10::DeviceType::PrivateUse1, 0));
-}
-
 std::vector<int64_t> expand_param(at::IntArrayRef v, int64_t d, const char* op, const char* name) {
   TORCH_CHECK(v.size() == 1 || static_cast<int64_t>(v.size()) == d, op, ": expected ", name,
               " to have 1 or ", d, " values, got ", v);

@@ -1,10 +1,11 @@
 // Sliding-window plumbing shared by convolution and pooling: padding into a filled buffer,
 // the free as_strided view of every window, col2im as in-place adds into strided slices (so
-// backward needs no scatter op), and uploading small host-computed tables (window divisors,
-// window index maps, averaging matrices) that depend only on the geometry.
+// backward needs no scatter op); the small host-computed tables the window ops use (window
+// divisors, window index maps, averaging matrices) come from tables.h.
 #pragma once
 
 #include "common.h"
+#include "tables.h"
 
 namespace dft {
 
@@ -43,10 +44,6 @@ at::Tensor add_windows(const at::Tensor& contrib, at::IntArrayRef buf_spatial,
 // a @ b with torch.matmul's batch broadcasting, recorded as one op (im2col products, the
 // adaptive pooling matrices).
 at::Tensor batched_matmul(const at::Tensor& a, const at::Tensor& b);
-
-// A host-computed table as a tpu tensor of `dtype` (int64 or a float type).
-at::Tensor upload_table(const std::vector<double>& values, at::IntArrayRef sizes,
-                        at::ScalarType dtype);
 
 // Python-style list arguments: one value for every spatial dim, or the same value repeated.
 std::vector<int64_t> expand_param(at::IntArrayRef v, int64_t d, const char* op, const char* name);

@@ -1,6 +1,8 @@
 """Nearest upsampling and reflect/replicate padding on tpu against CPU, forward and backward,
 in every eager mode, with no CPU fallback; and xlogy (kl_div's op)."""
 
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -69,3 +71,46 @@ def test_trilinear_3d_upsampling_matches_cpu_forward_and_backward(mode, how):
     torch.manual_seed(0)
     assert_same(lambda t: F.interpolate(t, mode="trilinear", **how) * 2,
                 torch.randn(2, 3, 4, 5, 6))
+
+
+def _allocated():
+    """Bytes of live tpu storage, once the work recorded so far has run."""
+    gc.collect()
+    torch.tpu.synchronize()
+    return torch.tpu.memory_allocated()
+
+
+def test_a_repeated_resize_uploads_its_tables_once(mode):
+    # The source-index and weight tables depend only on the geometry: the first resize of a
+    # new geometry keeps them on the device, a second one of the same geometry adds only its
+    # result.
+    x = torch.randn(2, 3, 5, 7).to("tpu")
+    torch.tpu.empty_cache()  # tables an earlier test kept
+    before = _allocated()
+    y1 = F.interpolate(x, size=(11, 13), mode="bilinear", align_corners=False)
+    first = _allocated() - before
+    y2 = F.interpolate(x, size=(11, 13), mode="bilinear", align_corners=False)
+    second = _allocated() - before - first
+    assert second == y2.nbytes
+    assert first > y1.nbytes
+
+
+def test_a_kept_table_is_not_changed_by_writing_into_a_result(mode):
+    x = torch.randn(1, 2, 4, 4)
+    fn = lambda t: F.interpolate(t, scale_factor=2, mode="bilinear")  # noqa: E731
+    fn(x.to("tpu")).mul_(0).add_(7)
+    check(fn(x.to("tpu")), fn(x))
+    p = lambda t: F.adaptive_avg_pool2d(t, 3)  # noqa: E731
+    p(x.to("tpu")).zero_()
+    check(p(x.to("tpu")), p(x))
+
+
+def test_empty_cache_gives_back_the_kept_tables(mode):
+    x = torch.randn(1, 1, 6, 6).to("tpu")
+    torch.tpu.empty_cache()
+    before = _allocated()
+    y = F.interpolate(x, size=(17, 19), mode="bicubic")
+    del y
+    assert _allocated() > before
+    torch.tpu.empty_cache()
+    assert _allocated() == before
