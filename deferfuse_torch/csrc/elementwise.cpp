@@ -230,8 +230,17 @@ at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar&
   return lerp_value(self, end, w);
 }
 
+// The formula's last op writes straight into self: copying a new result into self was one
+// more recorded op per parameter in every Adam/AdamW step (its exp_avg update).
 at::Tensor& lerp_(at::Tensor& self, const at::Tensor& end, const at::Scalar& w) {
-  return self.copy_(lerp_value(self, end, w));
+  auto diff = b<DFUSE_BINARY_OP_SUB>(end, self);
+  double wd = w.toDouble();
+  if (std::abs(wd) < 0.5) return b_<DFUSE_BINARY_OP_ADD>(self, binary(diff, w, DFUSE_BINARY_OP_MUL));
+  auto a = attrs_sub(DFUSE_BINARY_OP_SUB);
+  run_into(DFUSE_OP_KIND_BINARY, &a,
+           Operands().t(end).t(binary(diff, at::Scalar(1.0 - wd), DFUSE_BINARY_OP_MUL)), self,
+           "lerp_");
+  return self;
 }
 
 // addcmul: self + value * t1 * t2; addcdiv: self + value * t1 / t2 (PyTorch's order).

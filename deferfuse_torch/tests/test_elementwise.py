@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+import deferfuse_torch
+
 from conftest import check
 
 torch.manual_seed(0)
@@ -163,6 +165,21 @@ def test_optimizer_update_ops(mode):
     check(ta, a)
     check(torch.lerp(tb, tc, 0.9), torch.lerp(b, c, 0.9))
 
+
+
+@pytest.mark.parametrize("w", [0.1, 0.9, -0.7])
+def test_in_place_lerp_is_its_formula_written_into_self_with_no_copy(mode, w):
+    # Each formula's last op writes into self: three recorded ops, as many as the value
+    # needs (a copy_ of a new result was a fourth, once per parameter per Adam step).
+    a, e = X.clone(), Y.clone()
+    ta, te = a.to("tpu"), e.to("tpu")
+    alias = ta.view(-1)
+    torch.tpu.synchronize()
+    before = deferfuse_torch.stats()["ops_recorded"]
+    ta.lerp_(te, w)
+    assert deferfuse_torch.stats()["ops_recorded"] - before == 3
+    check(ta, a.lerp_(e, w))
+    check(alias, a.view(-1))
 
 def test_activation_backward(mode):
     for f in (torch.relu, torch.tanh, torch.sigmoid, torch.nn.functional.gelu,
