@@ -109,6 +109,13 @@ std::tuple<at::Tensor, at::Tensor> max_pool_forward(const at::Tensor& x0, const 
     values = at::where(take, v, values);
     indices = at::where(take, table.select(2, k), indices);
   }
+  // With one window position no where() made new tensors: values would be a view of the input
+  // (kernel 1, stride 1) and indices one of the kept table (tables.h), where PyTorch returns
+  // new tensors a caller may write into.
+  if (K == 1) {
+    values = values.clone(at::MemoryFormat::Contiguous);
+    indices = indices.clone(at::MemoryFormat::Contiguous);
+  }
   return {like_input(values.contiguous(), x0), like_input(indices.contiguous(), x0)};
 }
 

@@ -172,6 +172,28 @@ def test_max_pool2d_values_indices_and_gradient_match_cpu(mode, case):
     assert_same(lambda x: F.max_pool2d(x, return_indices=True, **kw), x)
 
 
+
+@pytest.mark.parametrize("pool_fn", [
+    lambda t: F.max_pool2d(t, 1, stride=1, return_indices=True),
+    lambda t: F.max_pool2d(t, 1, stride=2, return_indices=True),
+    lambda t: F.adaptive_max_pool2d(t, 4, return_indices=True),
+], ids=["kernel1", "kernel1_stride2", "adaptive_to_same_size"])
+@pytest.mark.parametrize("size", [(2, 3, 4, 4), (1, 1, 4, 4)])
+def test_max_pool2d_with_one_window_position_returns_new_tensors(mode, pool_fn, size):
+    # Neither its values (a view of the input, kernel 1 stride 1) nor its indices (a view of
+    # the index table the device keeps for the geometry) may alias: writing into them must
+    # leave the input, and the next pooling's indices, as they were, as on CPU.
+    x = torch.randn(*size)
+    xt = x.to("tpu")
+    values, indices = pool_fn(xt)
+    values.add_(1)
+    indices.add_(100)
+    assert torch.equal(xt.cpu(), x)
+    want_values, want_indices = pool_fn(x)
+    again_values, again_indices = pool_fn(xt)
+    assert torch.equal(again_values.cpu(), want_values)
+    assert torch.equal(again_indices.cpu(), want_indices)
+
 def test_max_pool2d_of_an_unbatched_input_matches_cpu(mode):
     torch.manual_seed(0)
     assert_same(lambda x: F.max_pool2d(x, 2), torch.randn(3, 6, 6))
