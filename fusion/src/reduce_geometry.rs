@@ -8,13 +8,16 @@ use crate::ir::{Dims, Layout, Strides};
 use crate::iter::IterSpace;
 use smallvec::SmallVec;
 
-/// Dims of `rank` a reduction folds (`dims` empty means all), sorted and deduplicated.
+/// Dims of `rank` a reduction folds (`dims` empty means all), sorted and deduplicated. A 0-dim
+/// tensor's dim 0 (or -1), which PyTorch accepts (`x.sum(0)`, `softmax(x, -1)`), names the
+/// tensor itself: no dim to fold, the result is its one element.
 pub fn reduced_dims(dims: &[usize], rank: usize) -> Dims {
     let mut r: Dims = if dims.is_empty() {
         (0..rank).collect()
     } else {
         dims.iter()
             .map(|&d| wrap_dim("reduce", d as i64, rank).unwrap_or(d))
+            .filter(|&d| d < rank)
             .collect()
     };
     r.sort_unstable();

@@ -45,7 +45,9 @@ fn reduce_tol(op: ReduceOp, dtype: DType) -> Tol {
 
 #[test]
 fn reductions_over_any_dims_with_keepdim_match_reference() {
-    let shapes: [(&[usize], &[&[usize]]); 6] = [
+    let shapes: [(&[usize], &[&[usize]]); 7] = [
+        // A 0-dim tensor's dim 0 is the tensor itself (`x.sum(0)` of a scalar is x).
+        (&[], &[&[], &[0]]),
         (&[1], &[&[], &[0]]),
         (&[7], &[&[], &[0]]),
         (&[1000], &[&[], &[0]]),

@@ -5,12 +5,13 @@ use super::{cast_value, check, indices, numel, Arg, RefTensor};
 use deferfuse::fusion::ir::Dims;
 use deferfuse::{DType, Op, ReduceOp};
 
-/// The reduced dims (empty = all), sorted and deduplicated.
+/// The reduced dims (empty = all), sorted and deduplicated; a 0-dim tensor's dim 0 is the
+/// tensor itself (PyTorch's rule), nothing to reduce over.
 pub fn reduced_dims(dims: &[usize], rank: usize) -> Vec<usize> {
     let mut r: Vec<usize> = if dims.is_empty() {
         (0..rank).collect()
     } else {
-        dims.to_vec()
+        dims.iter().copied().filter(|&d| d < rank).collect()
     };
     r.sort_unstable();
     r.dedup();
