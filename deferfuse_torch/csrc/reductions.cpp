@@ -98,9 +98,10 @@ std::tuple<at::Tensor, at::Tensor> min_dim(const at::Tensor& x, int64_t dim, boo
 
 // var = sum((x - mean)^2) / (n - correction), the two-pass formula PyTorch's CPU kernel matches;
 // returned with the mean it subtracted (in var's shape), which var_mean and std_mean return too.
+// `op` names the caller in CPU's warning when no degree of freedom is left.
 std::pair<at::Tensor, at::Tensor> var_and_mean(const at::Tensor& x, at::OptionalIntArrayRef dim,
                                                const std::optional<at::Scalar>& correction,
-                                               bool keepdim) {
+                                               bool keepdim, const char* op) {
   TORCH_CHECK(at::isFloatingType(x.scalar_type()), "tpu: var/std need a floating point input, got ",
               x.scalar_type());
   auto dims = dims_of(dim);
@@ -108,9 +109,15 @@ std::pair<at::Tensor, at::Tensor> var_and_mean(const at::Tensor& x, at::Optional
   if (dims.empty()) {
     n = x.numel();
   } else {
-    for (auto d : dims) n *= x.size(d);
+    // A 0-dim tensor's dim 0 (or -1) is the tensor itself: one element per result.
+    for (auto d : dims) n *= x.dim() == 0 ? 1 : x.size(d);
   }
   double c = correction ? correction->toDouble() : 1.0;
+  // PyTorch's warn_invalid_degrees_of_freedom: elements per result (0 for an empty input).
+  if (double(x.numel() == 0 ? 0 : n) - c <= 0) {
+    TORCH_WARN(op, "(): degrees of freedom is <= 0. Correction should be strictly less than the "
+               "reduction factor (input numel divided by output numel).");
+  }
   auto m = reduce(x, DFUSE_REDUCE_OP_MEAN, dims, true);
   auto d = x - m;
   auto s = reduce(d * d, DFUSE_REDUCE_OP_SUM, dims, keepdim);
@@ -120,12 +127,12 @@ std::pair<at::Tensor, at::Tensor> var_and_mean(const at::Tensor& x, at::Optional
 
 at::Tensor var_corr(const at::Tensor& x, at::OptionalIntArrayRef dim,
                     const std::optional<at::Scalar>& correction, bool keepdim) {
-  return var_and_mean(x, dim, correction, keepdim).first;
+  return var_and_mean(x, dim, correction, keepdim, "var").first;
 }
 
 at::Tensor std_(const at::Tensor& x, at::OptionalIntArrayRef dim,
                 const std::optional<at::Scalar>& correction, bool keepdim) {
-  return unary(var_corr(x, dim, correction, keepdim), DFUSE_UNARY_OP_SQRT);
+  return unary(var_and_mean(x, dim, correction, keepdim, "std").first, DFUSE_UNARY_OP_SQRT);
 }
 
 // var_mean / std_mean: one mean serves both results (autograd's formula combines their
@@ -133,13 +140,13 @@ at::Tensor std_(const at::Tensor& x, at::OptionalIntArrayRef dim,
 std::tuple<at::Tensor, at::Tensor> var_mean(const at::Tensor& x, at::OptionalIntArrayRef dim,
                                             const std::optional<at::Scalar>& correction,
                                             bool keepdim) {
-  auto [var, mean] = var_and_mean(x, dim, correction, keepdim);
+  auto [var, mean] = var_and_mean(x, dim, correction, keepdim, "var_mean");
   return {var, mean};
 }
 std::tuple<at::Tensor, at::Tensor> std_mean(const at::Tensor& x, at::OptionalIntArrayRef dim,
                                             const std::optional<at::Scalar>& correction,
                                             bool keepdim) {
-  auto [var, mean] = var_and_mean(x, dim, correction, keepdim);
+  auto [var, mean] = var_and_mean(x, dim, correction, keepdim, "std_mean");
   return {unary(var, DFUSE_UNARY_OP_SQRT), mean};
 }
 

@@ -1,6 +1,6 @@
 // Sorting, scans and the ops built on them: sort, topk, median, kthvalue, cumsum, cumprod,
 // cummax, cummin, logcumsumexp, unique; and small creation/reduction ops with no better home:
-// count_nonzero, var_mean, linspace, eye. Sorting is the runtime's stable argsort plus a gather
+// count_nonzero, linspace, eye. Sorting is the runtime's stable argsort plus a gather
 // of the values.
 #include "kernel_ops.h"
 
@@ -215,12 +215,6 @@ at::Tensor count_nonzero(const at::Tensor& self, at::IntArrayRef dims) {
   return reduce(cast(self.ne(0), at::kLong), DFUSE_REDUCE_OP_SUM, dims, false);
 }
 
-std::tuple<at::Tensor, at::Tensor> var_mean(const at::Tensor& self, at::OptionalIntArrayRef dim,
-                                            const std::optional<at::Scalar>& correction,
-                                            bool keepdim) {
-  return {at::var(self, dim, correction, keepdim), at::mean(self, dim, keepdim)};
-}
-
 // Sorted unique values: a stable sort, the first element of each run of equal values (a host
 // read: how many there are decides the output's size), and each element's run as its inverse.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> unique2(const at::Tensor& self, bool,
@@ -301,7 +295,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_cummin_helper", DFT_GROUPED(dft::cummaxmin_helper<false>));
   m.impl("_logcumsumexp", TORCH_FN(dft::tpu_logcumsumexp));
   m.impl("count_nonzero.dim_IntList", DFT_GROUPED(dft::count_nonzero));
-  m.impl("var_mean.correction", DFT_GROUPED(dft::var_mean));
   m.impl("_unique2", DFT_GROUPED(dft::unique2));
   m.impl("linspace.out", TORCH_FN(dft::linspace_out));
   m.impl("eye.m_out", DFT_GROUPED(dft::eye_m_out));
