@@ -302,7 +302,16 @@ Geometry transposed_geometry(const at::Tensor& x, const at::Tensor& w, at::IntAr
     sizes.push_back((x.size(2 + i) - 1) * s[i] - 2 * p[i] + dil[i] * (w.size(2 + i) - 1) + op[i] +
                     1);
   }
-  return geometry(sizes, w, s, p, dil, groups);
+  auto g = geometry(sizes, w, s, p, dil, groups);
+  // An output_padding of at least the stride (allowed while below the dilation) leaves room
+  // for more windows than x has positions; the windows are x's, the rest of the output only
+  // padding.
+  g.L = 1;
+  for (int64_t i = 0; i < d; ++i) {
+    g.out[i] = x.size(2 + i);
+    g.L *= g.out[i];
+  }
+  return g;
 }
 
 at::Tensor add_bias(const at::Tensor& out, const std::optional<at::Tensor>& bias) {

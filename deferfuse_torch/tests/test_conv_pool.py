@@ -142,6 +142,13 @@ TRANSPOSED = {
                                          dict(stride=(1, 2), dilation=(2, 1), groups=2)),
     "conv_transpose1d": ((2, 3, 6), (3, 5, 4), dict(stride=3, padding=2)),
     "conv_transpose3d": ((1, 2, 3, 3, 2), (2, 3, 2, 2, 2), dict(stride=2)),
+    # output_padding at least the stride (PyTorch allows it below the dilation): the output
+    # has room for more windows than the input has positions.
+    "conv_transpose2d_output_padding_past_stride": (
+        (2, 2, 4, 4), (2, 2, 4, 5),
+        dict(stride=(3, 2), padding=(1, 2), output_padding=(2, 3), groups=2, dilation=(4, 4))),
+    "conv_transpose1d_output_padding_past_stride": ((2, 2, 5), (2, 3, 3),
+                                                    dict(output_padding=1, dilation=2)),
 }
 
 
