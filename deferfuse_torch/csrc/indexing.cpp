@@ -39,8 +39,11 @@ at::Tensor tpu_index_select(const at::Tensor& self, int64_t dim, const at::Tenso
   check_index_dtype(index, "index_select");
   TORCH_CHECK(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
   if (self.dim() == 0) {
-    // A 0-dim source has one element; every index must be 0.
-    return gather_op(self.reshape({1}), 0, index.reshape({-1})).reshape(index.sizes());
+    // A 0-dim source has one element and takes one index (which must be 0); the result is
+    // 0-dim like the source, as on CPU.
+    TORCH_CHECK(index.numel() == 1, "index_select(): Index to scalar can have only 1 value, got ",
+                index.numel(), " value(s)");
+    return gather_op(self.reshape({1}), 0, index.reshape({1})).reshape({});
   }
   dim = at::maybe_wrap_dim(dim, self.dim());
   return gather_op(self, dim, expand_index(index, self.sizes(), dim));

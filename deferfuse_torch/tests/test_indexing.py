@@ -38,6 +38,16 @@ def test_index_select_of_a_transposed_view(mode):
     check(tpu(x).t().index_select(0, tpu(i)), x.t().index_select(0, i))
 
 
+
+@pytest.mark.parametrize("index", [[0], 0], ids=["one_element_vector", "0-dim"])
+def test_index_select_of_a_0_dim_tensor_is_0_dim(mode, index):
+    x, i = torch.tensor(2.5), torch.tensor(index)
+    got, want = tpu(x).index_select(0, tpu(i)), x.index_select(0, i)
+    assert got.shape == want.shape == torch.Size([])
+    check(got, want)
+    with pytest.raises(RuntimeError, match="Index to scalar can have only 1 value"):
+        tpu(x).index_select(0, tpu(torch.tensor([0, 0])))
+
 def test_gather_and_take_along_dim(mode):
     x = torch.randn(3, 5)
     i = torch.randint(0, 5, (3, 4))
