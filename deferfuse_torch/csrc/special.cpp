@@ -72,11 +72,11 @@ at::Tensor erfinv_math(const at::Tensor& x) {
 // The recurrence's shift: z = x + kShift where x < kShift (else x), and the terms
 // f(x), f(x + 1), ..., f(x + kShift - 1) summed where shifted (else 0).
 template <typename Term>
-std::pair<at::Tensor, at::Tensor> shifted(const at::Tensor& x, Term term) {
-  auto small = x.lt(double(kShift));
+std::pair<at::Tensor, at::Tensor> shifted(const at::Tensor& x, Term term, int shift = kShift) {
+  auto small = x.lt(double(shift));
   at::Tensor sum = term(x);
-  for (int k = 1; k < kShift; ++k) sum = sum + term(x + double(k));
-  return {at::where(small, x + double(kShift), x),
+  for (int k = 1; k < shift; ++k) sum = sum + term(x + double(k));
+  return {at::where(small, x + double(shift), x),
           at::where(small, sum, at::zeros({}, x.options()))};
 }
 
@@ -127,13 +127,16 @@ at::Tensor psi_series(int64_t n, const at::Tensor& z) {
   return n % 2 == 1 ? v : -v;
 }
 
-// psi^(n)(x) = psi^(n)(x + kShift) + (-1)^(n+1) n! sum_k 1 / (x + k)^(n+1) (digamma: less
-// sum_k 1 / (x + k)).
-at::Tensor psi_shifted(int64_t n, const at::Tensor& x) {
+// psi^(n)(x) = psi^(n)(x + shift) + (-1)^(n+1) n! sum_k 1 / (x + k)^(n+1) (digamma: less
+// sum_k 1 / (x + k)). The series is accurate at z >= kShift: x >= 0 with the default shift.
+at::Tensor psi_shifted(int64_t n, const at::Tensor& x, int shift = kShift) {
   double fact = std::tgamma(double(n) + 1);
-  auto [z, sum] = shifted(x, [&](const at::Tensor& t) {
-    return n == 0 ? at::reciprocal(t) : at::pow(at::reciprocal(t), double(n + 1));
-  });
+  auto [z, sum] = shifted(
+      x,
+      [&](const at::Tensor& t) {
+        return n == 0 ? at::reciprocal(t) : at::pow(at::reciprocal(t), double(n + 1));
+      },
+      shift);
   auto series = psi_series(n, z);
   if (n == 0) return series - sum;
   return series + (n % 2 == 1 ? fact : -fact) * sum;
@@ -151,10 +154,14 @@ at::Tensor digamma_math(const at::Tensor& x) {
 }
 
 // trigamma (n = 1) reflects below 0.5 as CPU does: pi^2 / sin^2(pi x) - trigamma(1 - x); for
-// n >= 2 CPU sums the Hurwitz zeta series at x itself, which the shift does for x > -kShift.
+// n >= 2 CPU sums the Hurwitz zeta series at x itself (no reflection), which a shift of
+// 2 kShift does accurately for x > -kShift (a shift of kShift left z = x + 10 near 1 for
+// x near -9, and the series 0.4% off).
 at::Tensor polygamma_math(int64_t n, const at::Tensor& x) {
   if (n == 0) return digamma_math(x);
-  if (n >= 2) return at::where(nonpositive_int(x), at::Scalar(kNaN), psi_shifted(n, x));
+  if (n >= 2) {
+    return at::where(nonpositive_int(x), at::Scalar(kNaN), psi_shifted(n, x, 2 * kShift));
+  }
   auto left = x.lt(0.5);
   auto right = psi_shifted(1, at::where(left, 1 - x, x));
   auto s = at::sin(kPi * frac_to_nearest(x));
