@@ -56,44 +56,56 @@ void check_nonempty(const at::Tensor& x, const char* op) {
               "== 0. Specify the reduction dim with the 'dim' argument.");
 }
 
+// The runtime's max/min/arg reductions take numbers; CPU orders bool as false < true, which
+// is uint8's 0 < 1 (an attention mask's max()).
+at::Tensor ordered_reduce(const at::Tensor& x, uint32_t op, at::IntArrayRef dims, bool keepdim) {
+  if (x.scalar_type() != at::kBool) return reduce(x, op, dims, keepdim);
+  auto r = reduce(cast(x, at::kByte), op, dims, keepdim);
+  return (op == DFUSE_REDUCE_OP_AMAX || op == DFUSE_REDUCE_OP_AMIN) ? cast(r, at::kBool) : r;
+}
+
 at::Tensor amax(const at::Tensor& x, at::IntArrayRef dim, bool keepdim) {
-  return reduce(x, DFUSE_REDUCE_OP_AMAX, dim, keepdim);
+  return ordered_reduce(x, DFUSE_REDUCE_OP_AMAX, dim, keepdim);
 }
 
 at::Tensor amin(const at::Tensor& x, at::IntArrayRef dim, bool keepdim) {
-  return reduce(x, DFUSE_REDUCE_OP_AMIN, dim, keepdim);
+  return ordered_reduce(x, DFUSE_REDUCE_OP_AMIN, dim, keepdim);
 }
 
 at::Tensor argmax(const at::Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   if (!dim) check_nonempty(x, "argmax");
-  return reduce(x, DFUSE_REDUCE_OP_ARGMAX, dim ? std::vector<int64_t>{*dim} : std::vector<int64_t>{},
-                dim ? keepdim : false);
+  TORCH_CHECK_NOT_IMPLEMENTED(x.scalar_type() != at::kBool, "argmax(): does not support bool input");
+  return ordered_reduce(x, DFUSE_REDUCE_OP_ARGMAX,
+                        dim ? std::vector<int64_t>{*dim} : std::vector<int64_t>{},
+                        dim ? keepdim : false);
 }
 
 at::Tensor argmin(const at::Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   if (!dim) check_nonempty(x, "argmin");
-  return reduce(x, DFUSE_REDUCE_OP_ARGMIN, dim ? std::vector<int64_t>{*dim} : std::vector<int64_t>{},
-                dim ? keepdim : false);
+  TORCH_CHECK_NOT_IMPLEMENTED(x.scalar_type() != at::kBool, "argmin(): does not support bool input");
+  return ordered_reduce(x, DFUSE_REDUCE_OP_ARGMIN,
+                        dim ? std::vector<int64_t>{*dim} : std::vector<int64_t>{},
+                        dim ? keepdim : false);
 }
 
 at::Tensor max_all(const at::Tensor& x) {
   check_nonempty(x, "max");
-  return reduce(x, DFUSE_REDUCE_OP_AMAX, {}, false);
+  return ordered_reduce(x, DFUSE_REDUCE_OP_AMAX, {}, false);
 }
 
 at::Tensor min_all(const at::Tensor& x) {
   check_nonempty(x, "min");
-  return reduce(x, DFUSE_REDUCE_OP_AMIN, {}, false);
+  return ordered_reduce(x, DFUSE_REDUCE_OP_AMIN, {}, false);
 }
 
 std::tuple<at::Tensor, at::Tensor> max_dim(const at::Tensor& x, int64_t dim, bool keepdim) {
-  return {reduce(x, DFUSE_REDUCE_OP_AMAX, {dim}, keepdim),
-          reduce(x, DFUSE_REDUCE_OP_ARGMAX, {dim}, keepdim)};
+  return {ordered_reduce(x, DFUSE_REDUCE_OP_AMAX, {dim}, keepdim),
+          ordered_reduce(x, DFUSE_REDUCE_OP_ARGMAX, {dim}, keepdim)};
 }
 
 std::tuple<at::Tensor, at::Tensor> min_dim(const at::Tensor& x, int64_t dim, bool keepdim) {
-  return {reduce(x, DFUSE_REDUCE_OP_AMIN, {dim}, keepdim),
-          reduce(x, DFUSE_REDUCE_OP_ARGMIN, {dim}, keepdim)};
+  return {ordered_reduce(x, DFUSE_REDUCE_OP_AMIN, {dim}, keepdim),
+          ordered_reduce(x, DFUSE_REDUCE_OP_ARGMIN, {dim}, keepdim)};
 }
 
 // var = sum((x - mean)^2) / (n - correction), the two-pass formula PyTorch's CPU kernel matches;

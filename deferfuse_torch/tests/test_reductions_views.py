@@ -229,3 +229,22 @@ def test_var_and_std_warn_as_cpu_does_when_no_degree_of_freedom_is_left(mode, na
     want = warnings_of(x)
     assert want, "CPU warns here"
     assert warnings_of(x.to("tpu")) == want
+
+
+@pytest.mark.parametrize("fn", [
+    lambda t: t.max(), lambda t: t.min(), lambda t: t.amax(1), lambda t: t.amin((0, 2)),
+    lambda t: t.max(1), lambda t: t.min(2, keepdim=True),
+], ids=["max", "min", "amax", "amin", "max_dim", "min_dim"])
+def test_max_and_min_of_a_bool_tensor_order_false_before_true(mode, fn):
+    m = torch.rand(3, 4, 5, generator=torch.Generator().manual_seed(0)) > 0.5
+    want, got = fn(m), fn(m.to("tpu"))
+    for w, g in zip(want if isinstance(want, tuple) else (want,),
+                    got if isinstance(got, tuple) else (got,)):
+        assert g.dtype == w.dtype and torch.equal(g.cpu(), w)
+
+
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+def test_argmax_and_argmin_refuse_a_bool_tensor_as_cpu_does(mode, name):
+    m = torch.ones(3, dtype=torch.bool)
+    with pytest.raises(NotImplementedError, match=f"{name}\\(\\): does not support bool input"):
+        getattr(torch, name)(m.to("tpu"))
