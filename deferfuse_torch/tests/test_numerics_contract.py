@@ -176,3 +176,19 @@ def test_a_matmul_written_into_its_own_operand_gives_the_product_of_the_old_valu
     on_tpu = a.to("tpu")
     run(on_tpu, w.to("tpu"))
     torch.testing.assert_close(on_tpu.cpu(), product(a, w), rtol=1e-4, atol=1e-4)
+
+
+def test_equal_values_keep_their_index_order_in_unstable_sort_topk_and_kthvalue(mode):
+    """The device sorts stably always: among equal values the lower index comes first, where
+    CPU's unstable sort, topk and kthvalue may pick any (their documented freedom). Values
+    are CPU's."""
+    x = torch.tensor([3, 1, 3, 2, 1, 3, 2, 1])
+    xt = x.to("tpu")
+    values, indices = torch.sort(xt, stable=False)
+    assert torch.equal(values.cpu(), torch.sort(x).values)
+    assert indices.cpu().tolist() == [1, 4, 7, 3, 6, 0, 2, 5]
+    values, indices = torch.topk(xt, 4)
+    assert torch.equal(values.cpu(), torch.topk(x, 4).values)
+    assert indices.cpu().tolist() == [0, 2, 5, 3]
+    value, index = torch.kthvalue(xt, 2)
+    assert value.item() == torch.kthvalue(x, 2).values.item() and index.item() == 4
