@@ -1,7 +1,6 @@
 // Device copies of host-built constant tables, kept by content (see tables.h).
 #include "tables.h"
 
-#include <cstring>
 #include <list>
 #include <mutex>
 #include <string>
@@ -38,6 +37,7 @@ class TableCache {
     }
   }
 
+  // The tensors are released after the lock is let go (releasing calls into the runtime).
   void clear() {
     std::list<std::pair<std::string, at::Tensor>> dropped;
     {
@@ -79,6 +79,9 @@ template <typename T>
 at::Tensor kept_upload(const std::vector<T>& values, at::IntArrayRef sizes, at::ScalarType dtype,
                        at::ScalarType host_dtype, char kind) {
   auto upload = [&] {
+    // A normal tensor even when first asked for under torch.inference_mode(): a kept table
+    // outlives that block, and autograd refuses to save an inference tensor later.
+    c10::InferenceMode normal(false);
     auto host = at::tensor(values, host_dtype).view(sizes).to(dtype);
     return host.to(c10::Device(c10::DeviceType::PrivateUse1, 0));
   };
