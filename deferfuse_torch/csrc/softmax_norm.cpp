@@ -7,32 +7,44 @@
 namespace dft {
 namespace {
 
-at::Tensor in_float(const at::Tensor& x, bool half_to_float) {
-  return half_to_float ? cast(x, at::kFloat) : x;
+// float16 and bfloat16 are computed in float32 and rounded once at the end, as PyTorch's CPU
+// kernels do: rounding every op in the half type put softmax up to 6 ulps, and layer_norm's
+// outputs near 0 hundreds of ulps, off CPU's.
+at::Tensor opmath(const at::Tensor& t) {
+  auto st = t.scalar_type();
+  return (st == at::kHalf || st == at::kBFloat16) ? cast(t, at::kFloat) : t;
+}
+
+// The result of a half input in float32 (half_to_float) or rounded back to the input's dtype.
+at::Tensor softmax_result(const at::Tensor& r, const at::Tensor& x0, bool half_to_float) {
+  return half_to_float ? r : cast(r, x0.scalar_type());
 }
 
 at::Tensor softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
-  auto x = in_float(x0, half_to_float);
+  auto x = opmath(x0);
   auto m = reduce(x, DFUSE_REDUCE_OP_AMAX, {dim}, true);
   auto e = at::exp(x - m);
-  return e / reduce(e, DFUSE_REDUCE_OP_SUM, {dim}, true);
+  return softmax_result(e / reduce(e, DFUSE_REDUCE_OP_SUM, {dim}, true), x0, half_to_float);
 }
 
 at::Tensor log_softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
-  auto x = in_float(x0, half_to_float);
+  auto x = opmath(x0);
   auto m = reduce(x, DFUSE_REDUCE_OP_AMAX, {dim}, true);
   auto shifted = x - m;
-  return shifted - at::log(reduce(at::exp(shifted), DFUSE_REDUCE_OP_SUM, {dim}, true));
+  auto r = shifted - at::log(reduce(at::exp(shifted), DFUSE_REDUCE_OP_SUM, {dim}, true));
+  return softmax_result(r, x0, half_to_float);
 }
 
-at::Tensor softmax_backward(const at::Tensor& grad, const at::Tensor& out, int64_t dim,
+at::Tensor softmax_backward(const at::Tensor& grad0, const at::Tensor& out0, int64_t dim,
                             at::ScalarType input_dtype) {
+  auto grad = opmath(grad0), out = opmath(out0);
   auto dot = reduce(grad * out, DFUSE_REDUCE_OP_SUM, {dim}, true);
   return cast(out * (grad - dot), input_dtype);
 }
 
-at::Tensor log_softmax_backward(const at::Tensor& grad, const at::Tensor& out, int64_t dim,
+at::Tensor log_softmax_backward(const at::Tensor& grad0, const at::Tensor& out0, int64_t dim,
                                 at::ScalarType input_dtype) {
+  auto grad = opmath(grad0), out = opmath(out0);
   auto s = reduce(grad, DFUSE_REDUCE_OP_SUM, {dim}, true);
   return cast(grad - at::exp(out) * s, input_dtype);
 }
@@ -48,25 +60,31 @@ std::vector<int64_t> norm_dims(const at::Tensor& x, at::IntArrayRef normalized_s
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm(
-    const at::Tensor& x, at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+    const at::Tensor& x0, at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps) {
-  auto dims = norm_dims(x, normalized_shape);
+  auto dims = norm_dims(x0, normalized_shape);
+  auto x = opmath(x0);
   auto mean = reduce(x, DFUSE_REDUCE_OP_MEAN, dims, true);
   auto xc = x - mean;
   auto var = reduce(xc * xc, DFUSE_REDUCE_OP_MEAN, dims, true);
   auto rstd = at::rsqrt(var + eps);
   auto out = xc * rstd;
-  if (weight && weight->defined()) out = out * *weight;
-  if (bias && bias->defined()) out = out + *bias;
-  return {out, mean, rstd};
+  bool has_weight = weight && weight->defined();
+  if (has_weight) out = out * opmath(*weight);
+  if (bias && bias->defined()) out = out + opmath(*bias);
+  // CPU's statistics are float32 when a half input has float32 parameters, else the input's.
+  auto xt = x0.scalar_type();
+  auto stats = has_weight && weight->scalar_type() != xt ? weight->scalar_type() : xt;
+  return {cast(out, xt), cast(mean, stats), cast(rstd, stats)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
-    const at::Tensor& grad, const at::Tensor& x, at::IntArrayRef normalized_shape,
+    const at::Tensor& grad0, const at::Tensor& x0, at::IntArrayRef normalized_shape,
     const at::Tensor& mean, const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, std::array<bool, 3> mask) {
-  auto dims = norm_dims(x, normalized_shape);
-  auto xhat = (x - mean) * rstd;
+  auto dims = norm_dims(x0, normalized_shape);
+  auto grad = opmath(grad0), x = opmath(x0);
+  auto xhat = (x - opmath(mean)) * opmath(rstd);
   std::vector<int64_t> batch;
   for (int64_t d = 0; d < dims.front(); ++d) batch.push_back(d);
   // A reduction over no dims means "all dims" to the runtime; over no batch dims it is identity.
@@ -75,13 +93,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
   };
   at::Tensor dx, dw, db;
   if (mask[0]) {
-    auto g = (weight && weight->defined()) ? grad * *weight : grad;
+    auto g = (weight && weight->defined()) ? grad * opmath(*weight) : grad;
     auto g_mean = reduce(g, DFUSE_REDUCE_OP_MEAN, dims, true);
     auto gx_mean = reduce(g * xhat, DFUSE_REDUCE_OP_MEAN, dims, true);
-    dx = (g - g_mean - xhat * gx_mean) * rstd;
+    dx = cast((g - g_mean - xhat * gx_mean) * opmath(rstd), x0.scalar_type());
   }
-  if (mask[1] && weight && weight->defined()) dw = sum_batch(grad * xhat);
-  if (mask[2] && bias && bias->defined()) db = sum_batch(grad);
+  if (mask[1] && weight && weight->defined()) {
+    dw = cast(sum_batch(grad * xhat), weight->scalar_type());
+  }
+  if (mask[2] && bias && bias->defined()) db = cast(sum_batch(grad), bias->scalar_type());
   return {dx, dw, db};
 }
 

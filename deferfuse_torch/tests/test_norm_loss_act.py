@@ -313,3 +313,29 @@ def test_weight_and_spectral_norm_train_with_cpus_losses_and_no_fallback(mode):
     x, y = torch.randn(4, 8), torch.tensor([0, 1, 2, 0])
     trains_like_cpu(lambda dev: _Reparametrized().to(dev),
                     lambda model, dev: F.cross_entropy(model(x.to(dev)), y.to(dev)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fn", [
+    lambda x, w, b: torch.softmax(x, -1),
+    lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
+    lambda x, w, b: F.layer_norm(x, (x.shape[-1],)),
+], ids=["softmax", "layer_norm", "layer_norm_no_affine"])
+def test_half_softmax_and_layer_norm_compute_in_float32_and_round_once_as_cpu(mode, fn, dtype):
+    # Rounding every op in the half type put softmax up to 6 ulps and layer_norm's outputs
+    # near 0 hundreds of ulps off CPU's; computed in float32 they are CPU's bits (within one
+    # rounding for float16).
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 64, generator=g).to(dtype)
+    w, b = torch.randn(64, generator=g).to(dtype), torch.randn(64, generator=g).to(dtype)
+    want = fn(x, w, b)
+    got = fn(x.to("tpu"), w.to("tpu"), b.to("tpu"))
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.cpu(), want, rtol=2 ** -10, atol=1e-5)
+    xg = x.clone().requires_grad_()
+    xt = x.to("tpu").requires_grad_()
+    up = torch.randn(16, 64, generator=g).to(dtype)
+    fn(xg, w, b).backward(up)
+    fn(xt, w.to("tpu"), b.to("tpu")).backward(up.to("tpu"))
+    assert xt.grad.dtype == dtype
+    torch.testing.assert_close(xt.grad.cpu(), xg.grad, rtol=2 ** -7, atol=1e-3)
