@@ -205,6 +205,14 @@ at::Tensor& clamp_max_t_(at::Tensor& x, const at::Tensor& hi) {
   return clamp_t_(x, std::nullopt, hi);
 }
 
+// float16/bfloat16 operands of the optimizers' update ops (lerp, addcmul, addcdiv: a model
+// trained in bfloat16 with Adam) are computed in float32 and rounded once, as PyTorch's CPU
+// kernels do; rounding each piece in the half dtype drifted from CPU's parameters step by step.
+bool is_half(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
+}
+at::Tensor opmath(const at::Tensor& t) { return is_half(t) ? cast(t, at::kFloat) : t; }
+
 // lerp: self + weight * (end - self), PyTorch's formula for |weight| < 0.5 (the optimizers'
 // case: 1 - beta1); for larger weights PyTorch uses end - (end - self) * (1 - weight).
 at::Tensor lerp_value(const at::Tensor& self, const at::Tensor& end, const at::Scalar& w) {
@@ -227,15 +235,19 @@ at::Tensor& lerp_tensor_(at::Tensor& self, const at::Tensor& end, const at::Tens
 }
 
 at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar& w) {
+  if (is_half(self)) return cast(lerp_value(opmath(self), opmath(end), w), self.scalar_type());
   return lerp_value(self, end, w);
 }
 
 // The formula's last op writes straight into self: copying a new result into self was one
 // more recorded op per parameter in every Adam/AdamW step (its exp_avg update).
 at::Tensor& lerp_(at::Tensor& self, const at::Tensor& end, const at::Scalar& w) {
+  if (is_half(self)) return self.copy_(lerp_value(opmath(self), opmath(end), w));
   auto diff = b<DFUSE_BINARY_OP_SUB>(end, self);
   double wd = w.toDouble();
-  if (std::abs(wd) < 0.5) return b_<DFUSE_BINARY_OP_ADD>(self, binary(diff, w, DFUSE_BINARY_OP_MUL));
+  if (std::abs(wd) < 0.5) {
+    return b_<DFUSE_BINARY_OP_ADD>(self, binary(diff, w, DFUSE_BINARY_OP_MUL));
+  }
   auto a = attrs_sub(DFUSE_BINARY_OP_SUB);
   run_into(DFUSE_OP_KIND_BINARY, &a,
            Operands().t(end).t(binary(diff, at::Scalar(1.0 - wd), DFUSE_BINARY_OP_MUL)), self,
@@ -245,25 +257,52 @@ at::Tensor& lerp_(at::Tensor& self, const at::Tensor& end, const at::Scalar& w) 
 
 // addcmul: self + value * t1 * t2; addcdiv: self + value * t1 / t2 (PyTorch's order).
 at::Tensor addcmul(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
+                   const at::Scalar& value);
+at::Tensor addcdiv(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
+                   const at::Scalar& value);
+
+// A half result computed in float32: the formula on float32 operands, rounded once.
+template <typename F>
+at::Tensor in_float_once(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
+                         F formula) {
+  auto rt = c10::promoteTypes(at::result_type(self, t1), t2.scalar_type());
+  return cast(formula(opmath(self), opmath(t1), opmath(t2)), rt);
+}
+
+at::Tensor addcmul(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
                    const at::Scalar& value) {
+  if (is_half(self) || is_half(t1) || is_half(t2)) {
+    return in_float_once(self, t1, t2, [&](const at::Tensor& a, const at::Tensor& b,
+                                           const at::Tensor& c) {
+      return dft::addcmul(a, b, c, value);  // qualified: at::addcmul is found by ADL too
+    });
+  }
   auto p = binary(b<DFUSE_BINARY_OP_MUL>(t1, t2), value, DFUSE_BINARY_OP_MUL);
   return b<DFUSE_BINARY_OP_ADD>(self, p);
 }
 
 at::Tensor& addcmul_(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
                      const at::Scalar& value) {
+  if (is_half(self)) return self.copy_(dft::addcmul(opmath(self), opmath(t1), opmath(t2), value));
   auto p = binary(b<DFUSE_BINARY_OP_MUL>(t1, t2), value, DFUSE_BINARY_OP_MUL);
   return b_<DFUSE_BINARY_OP_ADD>(self, p);
 }
 
 at::Tensor addcdiv(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
                    const at::Scalar& value) {
+  if (is_half(self) || is_half(t1) || is_half(t2)) {
+    return in_float_once(self, t1, t2, [&](const at::Tensor& a, const at::Tensor& b,
+                                           const at::Tensor& c) {
+      return dft::addcdiv(a, b, c, value);
+    });
+  }
   auto q = binary(b<DFUSE_BINARY_OP_DIV>(t1, t2), value, DFUSE_BINARY_OP_MUL);
   return b<DFUSE_BINARY_OP_ADD>(self, q);
 }
 
 at::Tensor& addcdiv_(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
                      const at::Scalar& value) {
+  if (is_half(self)) return self.copy_(dft::addcdiv(opmath(self), opmath(t1), opmath(t2), value));
   auto q = binary(b<DFUSE_BINARY_OP_DIV>(t1, t2), value, DFUSE_BINARY_OP_MUL);
   return b_<DFUSE_BINARY_OP_ADD>(self, q);
 }
