@@ -376,6 +376,12 @@ at::Tensor cast(const at::Tensor& x, at::ScalarType to) {
   return run(DFUSE_OP_KIND_CAST, &a, Operands().t(x), "cast");
 }
 
+bool is_reduced_float(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+at::Tensor opmath(const at::Tensor& x) {
+  return is_reduced_float(x.scalar_type()) ? cast(x, at::kFloat) : x;
+}
+
 at::Tensor where(const at::Tensor& c, const at::Tensor& x, const at::Scalar& y) {
   return run(DFUSE_OP_KIND_WHERE, nullptr, Operands().t(c).t(x).s(y), "where");
 }

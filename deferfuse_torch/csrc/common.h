@@ -139,6 +139,13 @@ at::Tensor binary(const at::Tensor& a, const at::Scalar& b, uint32_t op);
 at::Tensor binary(const at::Scalar& a, const at::Tensor& b, uint32_t op);
 at::Tensor reduce(const at::Tensor& x, uint32_t op, at::IntArrayRef dims, bool keepdim);
 at::Tensor cast(const at::Tensor& x, at::ScalarType to);
+
+// float16 and bfloat16, which PyTorch's CPU kernels compute in float32 (their "opmath" type)
+// and round once; composed kernels that round each op in the half type drift from CPU's bits.
+bool is_reduced_float(at::ScalarType t);
+
+// x in its opmath dtype: cast to float32 when float16 or bfloat16, else x itself.
+at::Tensor opmath(const at::Tensor& x);
 at::Tensor where(const at::Tensor& c, const at::Tensor& a, const at::Scalar& b);
 
 // A uint8 view of a storage of another dtype (how PyTorch copies raw storages): true when `t`

@@ -208,10 +208,7 @@ at::Tensor& clamp_max_t_(at::Tensor& x, const at::Tensor& hi) {
 // float16/bfloat16 operands of the optimizers' update ops (lerp, addcmul, addcdiv: a model
 // trained in bfloat16 with Adam) are computed in float32 and rounded once, as PyTorch's CPU
 // kernels do; rounding each piece in the half dtype drifted from CPU's parameters step by step.
-bool is_half(const at::Tensor& t) {
-  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
-}
-at::Tensor opmath(const at::Tensor& t) { return is_half(t) ? cast(t, at::kFloat) : t; }
+bool is_half(const at::Tensor& t) { return is_reduced_float(t.scalar_type()); }
 
 // lerp: self + weight * (end - self), PyTorch's formula for |weight| < 0.5 (the optimizers'
 // case: 1 - beta1); for larger weights PyTorch uses end - (end - self) * (1 - weight).

@@ -74,7 +74,8 @@ at::Tensor amin(const at::Tensor& x, at::IntArrayRef dim, bool keepdim) {
 
 at::Tensor argmax(const at::Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   if (!dim) check_nonempty(x, "argmax");
-  TORCH_CHECK_NOT_IMPLEMENTED(x.scalar_type() != at::kBool, "argmax(): does not support bool input");
+  TORCH_CHECK_NOT_IMPLEMENTED(x.scalar_type() != at::kBool,
+                              "argmax(): does not support bool input");
   return ordered_reduce(x, DFUSE_REDUCE_OP_ARGMAX,
                         dim ? std::vector<int64_t>{*dim} : std::vector<int64_t>{},
                         dim ? keepdim : false);
@@ -82,7 +83,8 @@ at::Tensor argmax(const at::Tensor& x, std::optional<int64_t> dim, bool keepdim)
 
 at::Tensor argmin(const at::Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   if (!dim) check_nonempty(x, "argmin");
-  TORCH_CHECK_NOT_IMPLEMENTED(x.scalar_type() != at::kBool, "argmin(): does not support bool input");
+  TORCH_CHECK_NOT_IMPLEMENTED(x.scalar_type() != at::kBool,
+                              "argmin(): does not support bool input");
   return ordered_reduce(x, DFUSE_REDUCE_OP_ARGMIN,
                         dim ? std::vector<int64_t>{*dim} : std::vector<int64_t>{},
                         dim ? keepdim : false);

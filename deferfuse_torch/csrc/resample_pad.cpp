@@ -136,14 +136,12 @@ at::Tensor weights(const std::vector<double>& w, int64_t dim, int64_t rank,
   return upload_table(w, shape, like.scalar_type());
 }
 
-// Half and bfloat16 are interpolated in float and rounded once, as PyTorch's CPU kernels do.
-bool reduced(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
-
 // Last dim first, as PyTorch's kernel interpolates the innermost dim inside the outer ones.
+// Half and bfloat16 are interpolated in float and rounded once, as PyTorch's CPU kernels do.
 at::Tensor interpolate(at::Tensor x, const std::vector<int64_t>& dims,
                        const std::vector<Taps>& taps) {
   auto dtype = x.scalar_type();
-  if (reduced(dtype)) x = x.to(at::kFloat);
+  if (is_reduced_float(dtype)) x = x.to(at::kFloat);
   for (size_t k = dims.size(); k-- > 0;) {
     at::Tensor acc;
     for (size_t j = 0; j < taps[k].idx.size(); ++j) {
@@ -160,7 +158,7 @@ at::Tensor interpolate(at::Tensor x, const std::vector<int64_t>& dims,
 at::Tensor uninterpolate(at::Tensor g, at::IntArrayRef in_sizes, const std::vector<int64_t>& dims,
                          const std::vector<Taps>& taps) {
   auto dtype = g.scalar_type();
-  if (reduced(dtype)) g = g.to(at::kFloat);
+  if (is_reduced_float(dtype)) g = g.to(at::kFloat);
   for (size_t k = 0; k < dims.size(); ++k) {
     auto sizes = g.sizes().vec();
     sizes[dims[k]] = in_sizes[dims[k]];

@@ -7,13 +7,9 @@
 namespace dft {
 namespace {
 
-// float16 and bfloat16 are computed in float32 and rounded once at the end, as PyTorch's CPU
-// kernels do: rounding every op in the half type put softmax up to 6 ulps, and layer_norm's
-// outputs near 0 hundreds of ulps, off CPU's.
-at::Tensor opmath(const at::Tensor& t) {
-  auto st = t.scalar_type();
-  return (st == at::kHalf || st == at::kBFloat16) ? cast(t, at::kFloat) : t;
-}
+// float16 and bfloat16 are computed in float32 (opmath) and rounded once at the end, as
+// PyTorch's CPU kernels do: rounding every op in the half type put softmax up to 6 ulps, and
+// layer_norm's outputs near 0 hundreds of ulps, off CPU's.
 
 // The result of a half input in float32 (half_to_float) or rounded back to the input's dtype.
 at::Tensor softmax_result(const at::Tensor& r, const at::Tensor& x0, bool half_to_float) {

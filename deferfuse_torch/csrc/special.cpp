@@ -45,7 +45,7 @@ at::ScalarType result_type(const at::Tensor& x) {
 template <typename Math>
 at::Tensor in_opmath(const at::Tensor& self, Math math) {
   auto rt = result_type(self);
-  auto ct = (rt == at::kHalf || rt == at::kBFloat16) ? at::kFloat : rt;
+  auto ct = is_reduced_float(rt) ? at::kFloat : rt;
   auto r = math(self.scalar_type() == ct ? self : self.to(ct));
   return r.scalar_type() == rt ? r : r.to(rt);
 }
