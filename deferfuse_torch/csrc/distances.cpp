@@ -47,8 +47,8 @@ at::Tensor pdist_forward(const at::Tensor& x, double p) {
   TORCH_CHECK(at::isFloatingType(x.scalar_type()), "pdist only supports floating-point dtypes");
   TORCH_CHECK(p >= 0, "pdist only supports non-negative p values");
   int64_t n = x.size(0);
-  if (n <= 1) return at::empty({0}, x.options());
-  // The pairs i < j in row-major order, as the CPU kernel lists them.
+  // The pairs i < j in row-major order, as the CPU kernel lists them (none for n <= 1: the
+  // empty result still comes from x, so autograd sees it as x's, as CPU's does).
   auto pairs = at::triu_indices(n, n, 1, x.options().dtype(at::kLong));
   auto d = x.index_select(0, pairs[0]) - x.index_select(0, pairs[1]);
   return at::linalg_vector_norm(d, p, -1);

@@ -61,6 +61,15 @@ def test_pdist_of_one_row_is_empty(mode):
     check(F.pdist(torch.randn(1, 4).to("tpu")), F.pdist(torch.randn(1, 4)))
 
 
+def test_pdist_of_one_row_stays_in_the_graph_with_a_zero_gradient(mode):
+    # CPU's empty result still has x's grad_fn: summing it into a loss gives x a zero gradient.
+    x = torch.randn(1, 4).to("tpu").requires_grad_()
+    d = F.pdist(x)
+    assert d.requires_grad
+    d.sum().backward()
+    check(x.grad, torch.zeros(1, 4))
+
+
 SPECIALS = torch.tensor([-2.5, -1.0, -0.3, 0.0, 0.4, 1.75, 30.0, float("inf"), -float("inf"),
                          float("nan")])
 
