@@ -8,15 +8,19 @@ and on CPU, and lists where tpu differs:
   error     tpu raised where CPU did not
   aliasing  an output shares storage with an input on one device and not on the other
 
-Each op stops at its first differing sample. Random ops are skipped; samples whose ops draw
-random numbers (dropout_p > 0) or read storage outside the view they were given (as_strided's
-partial views: the copy to tpu holds only the view) show up as "wrong" and are not bugs; nor
+Each op stops at its first differing sample. Random ops are skipped, and so is a sample whose
+CPU result changes with the seed (dropout_p > 0, training=True). Samples that read storage
+outside the view they were given (as_strided's partial views: the copy to tpu holds only the
+view) show up as "wrong" and are not bugs; nor
 are complex, sparse, int8/int16 and uint64 errors (the device has no such dtypes or layouts),
 nor tensor_split's refusal of a tpu tensor of split points (PyTorch's own check: the sweep
 moves every tensor argument).
 Needs `pip install expecttest` (torch.testing._internal imports it).
 
-Usage: python opinfo_sweep.py [--dtype float32] [--samples 4] [--ops name,name]"""
+With --grad it compares the inputs' gradients instead (ops that support autograd; the outputs
+weighted by the same pseudo-random cotangents on both devices).
+
+Usage: python opinfo_sweep.py [--dtype float32] [--samples 4] [--ops name,name] [--grad]"""
 
 import argparse
 import collections
@@ -37,9 +41,11 @@ def to_tpu(x):
         # With the sample's strides where they allow it: a non-contiguous input stays one.
         try:
             t = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="tpu")
-            return t.copy_(x.detach())
+            t.copy_(x.detach())
         except RuntimeError:
-            return x.detach().to("tpu")
+            t = x.detach().to("tpu")
+        # A leaf like the sample's, so --grad can ask for its gradient.
+        return t.requires_grad_(x.requires_grad)
     if isinstance(x, (list, tuple)):
         return type(x)(to_tpu(y) for y in x)
     if isinstance(x, dict):
@@ -65,16 +71,46 @@ def aliasing(inputs, outputs):
                  for o in outputs)
 
 
-def check_sample(op, s):
-    """None when tpu agrees with CPU on this sample, else (class, message)."""
+def same(a, b):
+    return len(a) == len(b) and all(
+        x.shape == y.shape and torch.equal(x.nan_to_num(), y.nan_to_num())
+        if x.dtype.is_floating_point else torch.equal(x, y) for x, y in zip(a, b))
+
+
+def gradients(outputs, inputs):
+    """The inputs' gradients of the float outputs weighted by fixed pseudo-random cotangents
+    (drawn on CPU from one seed, so both devices get the same ones)."""
+    outs = [o for o in outputs if o.requires_grad and o.dtype.is_floating_point]
+    wrt = [i for i in inputs if i.requires_grad]
+    if not outs or not wrt:
+        return []
+    gen = torch.Generator().manual_seed(0)
+    cot = [torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in outs]
+    grads = torch.autograd.grad(outs, wrt, cot, allow_unused=True)
+    return [torch.zeros_like(i) if g is None else g for i, g in zip(wrt, grads)]
+
+
+def check_sample(op, s, grad=False):
+    """None when tpu agrees with CPU on this sample, else (class, message). With grad, the
+    inputs' gradients are compared instead of the outputs' values."""
     args = [s.input] + list(s.args)
+
+    def on_cpu(seed):
+        torch.manual_seed(seed)
+        out = op(*args, **s.kwargs)
+        return gradients(tensors(out), tensors(args) + tensors(s.kwargs)) if grad else out
+
     try:
-        want = op(*args, **s.kwargs)
+        want = on_cpu(0)
+        if not same(tensors(want), tensors(on_cpu(1))):
+            return None  # the sample draws random numbers (dropout_p > 0, training=True, ...)
     except Exception:
         return None  # CPU refuses it too
     targs, tkw = to_tpu(args), to_tpu(s.kwargs)
     try:
         got = op(*targs, **tkw)
+        if grad:
+            got = gradients(tensors(got), tensors(targs) + tensors(tkw))
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         return ("internal" if "panic" in msg else "error", msg)
@@ -88,6 +124,8 @@ def check_sample(op, s):
             torch.testing.assert_close(b.cpu(), a, equal_nan=True, **tol)
     except AssertionError as e:
         return ("wrong", str(e).strip().splitlines()[0])
+    if grad:
+        return None
     cpu_alias = aliasing(tensors(args) + tensors(s.kwargs), w)
     tpu_alias = aliasing(tensors(targs) + tensors(tkw), g)
     if cpu_alias != tpu_alias:
@@ -100,8 +138,14 @@ def main():
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--samples", type=int, default=4, help="samples per op (default 4)")
     ap.add_argument("--ops", default="", help="comma-separated op names (default: all)")
+    ap.add_argument("--grad", action="store_true",
+                    help="compare the inputs' gradients (ops that support autograd)")
     a = ap.parse_args()
+    from torch.testing._internal import common_methods_invocations as cmi
     from torch.testing._internal.common_methods_invocations import op_db
+    # OpInfo wraps ops that draw random numbers in a fixed seed; without it their CPU result
+    # changes with the seed, which check_sample uses to skip them.
+    cmi.wrapper_set_seed = lambda op, *args, **kwargs: op(*args, **kwargs)
     warnings.filterwarnings("ignore")
     dtype = getattr(torch, a.dtype)
     only = set(a.ops.split(",")) if a.ops else None
@@ -118,11 +162,14 @@ def main():
             continue
         if dtype not in op.supported_dtypes("cpu"):
             continue
+        if a.grad and (not op.supports_autograd
+                       or dtype not in op.supported_backward_dtypes("cpu")):
+            continue
         checked += 1
         signal.alarm(20)
         try:
-            for s in list(op.sample_inputs("cpu", dtype, requires_grad=False))[:a.samples]:
-                r = check_sample(op, s)
+            for s in list(op.sample_inputs("cpu", dtype, requires_grad=a.grad))[:a.samples]:
+                r = check_sample(op, s, a.grad)
                 if r:
                     shapes = [tuple(t.shape) for t in tensors([s.input] + list(s.args))][:3]
                     found[r[0]].append(f"{name} {shapes}: {r[1][:160]}")
@@ -133,7 +180,7 @@ def main():
             found["skipped"].append(f"{name}: {type(e).__name__}")
         finally:
             signal.alarm(0)
-    print(f"{checked} ops checked on {a.dtype}")
+    print(f"{checked} ops checked on {a.dtype}" + (", gradients" if a.grad else ""))
     for kind in ("internal", "wrong", "error", "aliasing", "timeout", "skipped"):
         print(f"== {kind}: {len(found[kind])}")
         for line in found[kind]:
