@@ -248,3 +248,13 @@ def test_argmax_and_argmin_refuse_a_bool_tensor_as_cpu_does(mode, name):
     m = torch.ones(3, dtype=torch.bool)
     with pytest.raises(NotImplementedError, match=f"{name}\\(\\): does not support bool input"):
         getattr(torch, name)(m.to("tpu"))
+
+
+@pytest.mark.parametrize("shape", [(5, 0), (2, 0, 3)])
+@pytest.mark.parametrize("fn", ["sum", "mean", "prod", "nansum"])
+def test_reductions_of_an_empty_tensor_over_any_dims_are_cpus(mode, shape, fn):
+    # A full reduction of a [5, 0] tensor panicked in the runtime's reduction geometry.
+    x = torch.randn(shape)
+    for dims in [None, 0, 1] + ([] if fn == "prod" else [(0, 1)]):  # prod takes one dim
+        args = () if dims is None else (dims,)
+        check(getattr(x.to("tpu"), fn)(*args), getattr(x, fn)(*args))

@@ -62,10 +62,17 @@ pub(crate) fn reduce_space_for(sizes: &[usize], dims: &[usize], strides: &[Strid
     let mut s: Dims = order.iter().map(|&d| sizes[d]).collect();
     // A trailing unit dim makes a reduction over nothing (a 0-dim input) still one inner dim.
     s.push(1);
+    // With no element to read (`x.sum()` of a [5, 0] tensor), where the reduced dims point does
+    // not matter: zero strides make them one dim, so no copy is needed and each output (if
+    // any) gets the fold's identity.
+    let empty = sizes.contains(&0);
     let st: Vec<Strides> = strides
         .iter()
         .map(|x| {
-            let mut v: Strides = order.iter().map(|&d| x[d]).collect();
+            let mut v: Strides = order
+                .iter()
+                .map(|&d| if empty && red.contains(&d) { 0 } else { x[d] })
+                .collect();
             v.push(0);
             v
         })

@@ -45,9 +45,12 @@ fn reduce_tol(op: ReduceOp, dtype: DType) -> Tol {
 
 #[test]
 fn reductions_over_any_dims_with_keepdim_match_reference() {
-    let shapes: [(&[usize], &[&[usize]]); 7] = [
+    let shapes: [(&[usize], &[&[usize]]); 9] = [
         // A 0-dim tensor's dim 0 is the tensor itself (`x.sum(0)` of a scalar is x).
         (&[], &[&[], &[0]]),
+        // Empty tensors: every output the fold's identity (or none), whichever dim is empty.
+        (&[5, 0], &[&[], &[0], &[1]]),
+        (&[2, 0, 3], &[&[], &[1], &[0, 2], &[2]]),
         (&[1], &[&[], &[0]]),
         (&[7], &[&[], &[0]]),
         (&[1000], &[&[], &[0]]),
