@@ -16,7 +16,14 @@ at::Tensor softmax_result(const at::Tensor& r, const at::Tensor& x0, bool half_t
   return half_to_float ? r : cast(r, x0.scalar_type());
 }
 
+// An empty input (its reduced dim may be the empty one, where amax has nothing to take the
+// max of) gives an empty result, as on CPU.
+at::Tensor empty_softmax(const at::Tensor& x0, bool half_to_float) {
+  return at::empty(x0.sizes(), x0.options().dtype(half_to_float ? at::kFloat : x0.scalar_type()));
+}
+
 at::Tensor softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
+  if (x0.numel() == 0) return empty_softmax(x0, half_to_float);
   auto x = opmath(x0);
   auto m = reduce(x, DFUSE_REDUCE_OP_AMAX, {dim}, true);
   auto e = at::exp(x - m);
@@ -24,6 +31,7 @@ at::Tensor softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
 }
 
 at::Tensor log_softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
+  if (x0.numel() == 0) return empty_softmax(x0, half_to_float);
   auto x = opmath(x0);
   auto m = reduce(x, DFUSE_REDUCE_OP_AMAX, {dim}, true);
   auto shifted = x - m;

@@ -339,3 +339,14 @@ def test_half_softmax_and_layer_norm_compute_in_float32_and_round_once_as_cpu(mo
     fn(xt, w.to("tpu"), b.to("tpu")).backward(up.to("tpu"))
     assert xt.grad.dtype == dtype
     torch.testing.assert_close(xt.grad.cpu(), xg.grad, rtol=2 ** -7, atol=1e-3)
+
+
+@pytest.mark.parametrize("fn", [torch.softmax, torch.log_softmax, F.softmin],
+                         ids=["softmax", "log_softmax", "softmin"])
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_softmax_of_an_empty_tensor_is_empty_as_on_cpu(mode, fn, dim):
+    # The reduced dim may be the empty one: amax of nothing is an error, CPU's softmax is not.
+    x = torch.randn(5, 0, 0)
+    got = fn(x.to("tpu").requires_grad_(), dim)
+    check(got, fn(x, dim))
+    got.sum().backward()
