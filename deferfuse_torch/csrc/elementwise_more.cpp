@@ -84,9 +84,14 @@ at::Tensor& nan_to_num_out(const at::Tensor& x, std::optional<double> nan,
 }
 
 // logit(x) = log(x / (1 - x)), x first clamped to [eps, 1 - eps] when eps >= 0 is given
-// (PyTorch's CPU formula, so x = 1 gives inf).
+// (PyTorch's CPU formula, so x = 1 gives inf). The clamp is CPU's `x < lo ? lo : x > hi ? hi
+// : x`, which, unlike at::clamp, gives lo when eps > 0.5 makes lo > hi.
 at::Tensor tpu_logit(const at::Tensor& x, std::optional<double> eps) {
-  auto z = (eps && *eps >= 0) ? at::clamp(x, *eps, 1.0 - *eps) : x;
+  auto z = x;
+  if (eps && *eps >= 0) {
+    double lo = *eps, hi = 1.0 - *eps;
+    z = at::where(x.lt(lo), at::Scalar(lo), at::where(x.gt(hi), at::Scalar(hi), x));
+  }
   return at::log(z / (1 - z));
 }
 

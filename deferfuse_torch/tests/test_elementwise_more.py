@@ -71,3 +71,11 @@ def test_nan_to_num_and_logical_xor(mode):
 def test_bitwise_ops_on_floats_raise_like_cpu(mode):
     with pytest.raises(RuntimeError, match="bitwise"):
         torch.bitwise_and(tpu(torch.ones(2)), tpu(torch.ones(2))).cpu()
+
+
+@pytest.mark.parametrize("eps", [None, 0.2, 0.6])
+def test_logit_clamps_as_cpu_even_when_eps_is_past_one_half(mode, eps):
+    # CPU clamps with `x < eps ? eps : x > 1 - eps ? 1 - eps : x`: with eps > 0.5 (lo > hi) a
+    # small x becomes eps, where at::clamp would give 1 - eps.
+    x = torch.tensor([0.0, 0.03, 0.3, 0.5, 0.7, 0.97, 1.0, float("nan")])
+    check(torch.logit(x.to("tpu"), eps), torch.logit(x, eps))
