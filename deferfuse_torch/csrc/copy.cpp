@@ -177,8 +177,27 @@ at::Tensor& fill_tensor_(at::Tensor& self, const at::Tensor& value) {
 
 at::Tensor& zero_(at::Tensor& self) { return fill_scalar_(self, at::Scalar(0)); }
 
-at::Tensor clone(const at::Tensor& self, std::optional<at::MemoryFormat>) {
-  return run(DFUSE_OP_KIND_COPY, nullptr, Operands().t(self), "clone");
+// CPU's layout rules: Preserve keeps a dense input's strides (a transpose's clone is still
+// transposed, a channels-last tensor's still channels-last) and otherwise takes the layout
+// the input suggests; an explicit format is obeyed (`x.contiguous(memory_format=...)`).
+at::Tensor clone(const at::Tensor& self, std::optional<at::MemoryFormat> mf) {
+  auto fmt = mf.value_or(at::MemoryFormat::Preserve);
+  if (self.is_contiguous() && fmt != at::MemoryFormat::ChannelsLast &&
+      fmt != at::MemoryFormat::ChannelsLast3d) {
+    return run(DFUSE_OP_KIND_COPY, nullptr, Operands().t(self), "clone");
+  }
+  at::Tensor out;
+  if (fmt == at::MemoryFormat::Preserve && self.is_non_overlapping_and_dense()) {
+    out = at::empty_strided(self.sizes(), self.strides(), self.options());
+  } else {
+    if (fmt == at::MemoryFormat::Preserve) fmt = self.suggest_memory_format();
+    if (fmt == at::MemoryFormat::Contiguous) {
+      return run(DFUSE_OP_KIND_COPY, nullptr, Operands().t(self), "clone");
+    }
+    out = at::empty(self.sizes(), self.options().memory_format(fmt));
+  }
+  run_into(DFUSE_OP_KIND_COPY, nullptr, Operands().t(self), out, "clone");
+  return out;
 }
 
 }  // namespace

@@ -242,11 +242,24 @@ at::Tensor empty_memory_format(at::IntArrayRef size, std::optional<at::ScalarTyp
   check_device(device, layout);
   auto st = dtype.value_or(at::get_default_dtype_as_scalartype());
   auto fmt = mf.value_or(at::MemoryFormat::Contiguous);
-  TORCH_CHECK(fmt == at::MemoryFormat::Contiguous || fmt == at::MemoryFormat::Preserve,
-              "tpu: memory format ", fmt, " is not supported (only contiguous)");
   for (auto s : size) TORCH_CHECK(s >= 0, "tpu: negative dimension ", s, " in size ", size);
-  auto strides = c10::contiguous_strides(size);
   size_t nbytes = at::detail::computeStorageNbytesContiguous(size, c10::elementSize(st));
+  if (fmt == at::MemoryFormat::ChannelsLast || fmt == at::MemoryFormat::ChannelsLast3d) {
+    // `model.to(memory_format=torch.channels_last)`: the same bytes, channels innermost. Ops
+    // read any strides; their results are contiguous (README: *Where tpu differs*).
+    TORCH_CHECK(size.size() == (fmt == at::MemoryFormat::ChannelsLast ? 4u : 5u),
+                "tpu: memory format ", fmt, " needs a ",
+                fmt == at::MemoryFormat::ChannelsLast ? 4 : 5, "-d size, got ", size);
+    auto strides = fmt == at::MemoryFormat::ChannelsLast ? c10::get_channels_last_strides_2d(size)
+                                                         : c10::get_channels_last_strides_3d(size);
+    auto t = make_tensor(make_storage(st, size, strides, nbytes), st);
+    t.unsafeGetTensorImpl()->set_sizes_and_strides(size, strides);
+    return t;
+  }
+  TORCH_CHECK(fmt == at::MemoryFormat::Contiguous || fmt == at::MemoryFormat::Preserve,
+              "tpu: memory format ", fmt, " is not supported (contiguous, channels_last and ",
+              "channels_last_3d are)");
+  auto strides = c10::contiguous_strides(size);
   auto t = make_tensor(make_storage(st, size, strides, nbytes), st);
   t.unsafeGetTensorImpl()->set_sizes_contiguous(size);
   return t;

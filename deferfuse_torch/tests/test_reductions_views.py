@@ -258,3 +258,33 @@ def test_reductions_of_an_empty_tensor_over_any_dims_are_cpus(mode, shape, fn):
     for dims in [None, 0, 1] + ([] if fn == "prod" else [(0, 1)]):  # prod takes one dim
         args = () if dims is None else (dims,)
         check(getattr(x.to("tpu"), fn)(*args), getattr(x, fn)(*args))
+
+
+@pytest.mark.parametrize("name,f", [
+    ("clone_channels_last", lambda t: t.clone(memory_format=torch.channels_last)),
+    ("contiguous_channels_last", lambda t: t.contiguous(memory_format=torch.channels_last)),
+    ("clone_of_transpose_stays_transposed", lambda t: t.transpose(1, 2).clone()),
+    ("clone_of_channels_last", lambda t: t.to(memory_format=torch.channels_last).clone()),
+    ("clone_of_strided_slice", lambda t: t[:, :, ::2].clone()),
+    ("clone_of_channels_last_slice", lambda t: t.to(memory_format=torch.channels_last)[:, 1:].clone()),
+    ("clone_to_contiguous", lambda t: t.permute(3, 2, 1, 0).clone(memory_format=torch.contiguous_format)),
+    ("empty_channels_last", lambda t: torch.empty(t.shape, device=t.device, memory_format=torch.channels_last).copy_(t)),
+])
+def test_clone_and_memory_formats_give_cpus_strides(mode, name, f):
+    # clone returned a contiguous tensor whatever its input and memory_format asked, and a
+    # channels-last tensor could not be made at all.
+    x = torch.randn(2, 3, 4, 5)
+    want, got = f(x), f(x.to("tpu"))
+    assert got.stride() == want.stride()
+    check(got, want)
+
+
+def test_op_results_on_channels_last_inputs_are_contiguous_where_cpu_keeps_channels_last(mode):
+    # Stated difference (README): the values are CPU's, the layout is not propagated.
+    x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    w = torch.randn(4, 3, 3, 3).to(memory_format=torch.channels_last)
+    for f in (lambda t, k: t * 2 + 1, torch.conv2d):
+        want, got = f(x, w), f(x.to("tpu"), w.to("tpu"))
+        assert want.is_contiguous(memory_format=torch.channels_last)
+        assert got.is_contiguous()
+        check(got, want, atol=1e-5, rtol=1e-5)
