@@ -70,6 +70,12 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
+# Read as an attribute (not through is_initialized()) by torch.utils.checkpoint: without it,
+# a checkpointed block's recomputation did not restore the tpu generator and drew a
+# different dropout mask than its forward.
+_initialized = True
+
+
 def is_initialized() -> bool:
     """The runtime is created on first use; the device is always ready for it."""
     return True

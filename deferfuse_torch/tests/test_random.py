@@ -105,3 +105,26 @@ def test_dropout_zeroes_p_and_scales_survivors_and_backward_uses_the_mask(mode):
 def test_dropout_outside_training_is_the_identity(mode):
     x = torch.randn(10, device="tpu")
     assert torch.equal(F.dropout(x, 0.5, training=False).cpu(), x.cpu())
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpointing_recomputes_the_same_dropout_mask(mode, use_reentrant):
+    # torch.utils.checkpoint saves and restores the device generator only for a device module
+    # with `_initialized` set: without it the recomputation drew another mask, and the
+    # gradient no longer matched the forward.
+    lin = torch.nn.Linear(8, 8).to("tpu")
+    x = torch.randn(4, 8).to("tpu").requires_grad_()
+
+    def block(t):
+        return F.dropout(torch.relu(lin(t)), 0.5, training=True)
+
+    torch.manual_seed(1)
+    y = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=use_reentrant)
+    y.sum().backward()
+    got = x.grad.clone()
+    x.grad = None
+    torch.manual_seed(1)
+    want_y = block(x)
+    want_y.sum().backward()
+    assert torch.equal(y.detach().cpu(), want_y.detach().cpu())
+    assert torch.equal(got.cpu(), x.grad.cpu())
