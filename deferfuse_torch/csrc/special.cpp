@@ -157,16 +157,23 @@ at::Tensor digamma_math(const at::Tensor& x) {
 // n >= 2 CPU sums the Hurwitz zeta series at x itself (no reflection), which a shift of
 // 2 kShift does accurately for x > -kShift (a shift of kShift left z = x + 10 near 1 for
 // x near -9, and the series 0.4% off).
+// At the poles and infinities the values are CPU's: for n >= 2 its zeta(n + 1, x) is inf at
+// 0, the negative integers and -inf (so +-n! inf) and NaN at +inf; trigamma's reflection
+// takes sin(pi x), NaN at -inf.
 at::Tensor polygamma_math(int64_t n, const at::Tensor& x) {
   if (n == 0) return digamma_math(x);
   if (n >= 2) {
-    return at::where(nonpositive_int(x), at::Scalar(kNaN), psi_shifted(n, x, 2 * kShift));
+    auto r = psi_shifted(n, x, 2 * kShift);
+    auto pole = nonpositive_int(x).logical_or(x.eq(-kInf));
+    r = at::where(pole, at::Scalar(n % 2 == 1 ? kInf : -kInf), r);
+    return at::where(x.eq(kInf), at::Scalar(kNaN), r);
   }
   auto left = x.lt(0.5);
   auto right = psi_shifted(1, at::where(left, 1 - x, x));
   auto s = at::sin(kPi * frac_to_nearest(x));
   auto r = at::where(left, kPi * kPi / (s * s) - right, right);
-  return at::where(nonpositive_int(x), at::Scalar(kInf), r);
+  r = at::where(nonpositive_int(x), at::Scalar(kInf), r);
+  return at::where(x.eq(-kInf), at::Scalar(kNaN), r);
 }
 
 at::Tensor tpu_erfinv(const at::Tensor& self) { return in_opmath(self, erfinv_math); }
