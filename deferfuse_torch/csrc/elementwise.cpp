@@ -168,13 +168,34 @@ Operands clamp_t_operands(const at::Tensor& x, const std::optional<at::Tensor>& 
   return o;
 }
 
+// CPU's clamp_min/clamp_max take bools with tensor bounds (false < true): max with lo is
+// `or`, min with hi `and`; its clamp kernel refuses them. The runtime's clamp takes numbers.
+bool all_bool(const at::Tensor& x, const std::optional<at::Tensor>& lo,
+              const std::optional<at::Tensor>& hi) {
+  auto is_bool = [](const std::optional<at::Tensor>& t) {
+    return !t || !t->defined() || t->scalar_type() == at::kBool;
+  };
+  return x.scalar_type() == at::kBool && is_bool(lo) && is_bool(hi);
+}
+
+at::Tensor clamp_bool(const at::Tensor& x, const std::optional<at::Tensor>& lo,
+                      const std::optional<at::Tensor>& hi) {
+  clamp_t_operands(x, lo, hi);  // its check that a bound is given
+  auto r = x;
+  if (lo && lo->defined()) r = r.logical_or(*lo);
+  if (hi && hi->defined()) r = r.logical_and(*hi);
+  return r;
+}
+
 at::Tensor clamp_t(const at::Tensor& x, const std::optional<at::Tensor>& lo,
                    const std::optional<at::Tensor>& hi) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!all_bool(x, lo, hi), "\"clamp_cpu\" not implemented for 'Bool'");
   return run(DFUSE_OP_KIND_CLAMP, nullptr, clamp_t_operands(x, lo, hi), "clamp");
 }
 
 at::Tensor& clamp_t_(at::Tensor& x, const std::optional<at::Tensor>& lo,
                      const std::optional<at::Tensor>& hi) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!all_bool(x, lo, hi), "\"clamp_cpu\" not implemented for 'Bool'");
   run_into(DFUSE_OP_KIND_CLAMP, nullptr, clamp_t_operands(x, lo, hi), x, "clamp_");
   return x;
 }
@@ -193,15 +214,19 @@ at::Tensor& clamp_max_(at::Tensor& x, const at::Scalar& hi) {
 }
 // The tensor-bound forms (cosine_similarity clamps its norms with a tensor bound).
 at::Tensor clamp_min_t(const at::Tensor& x, const at::Tensor& lo) {
+  if (all_bool(x, lo, std::nullopt)) return clamp_bool(x, lo, std::nullopt);
   return clamp_t(x, lo, std::nullopt);
 }
 at::Tensor clamp_max_t(const at::Tensor& x, const at::Tensor& hi) {
+  if (all_bool(x, std::nullopt, hi)) return clamp_bool(x, std::nullopt, hi);
   return clamp_t(x, std::nullopt, hi);
 }
 at::Tensor& clamp_min_t_(at::Tensor& x, const at::Tensor& lo) {
+  if (all_bool(x, lo, std::nullopt)) return x.copy_(clamp_bool(x, lo, std::nullopt));
   return clamp_t_(x, lo, std::nullopt);
 }
 at::Tensor& clamp_max_t_(at::Tensor& x, const at::Tensor& hi) {
+  if (all_bool(x, std::nullopt, hi)) return x.copy_(clamp_bool(x, std::nullopt, hi));
   return clamp_t_(x, std::nullopt, hi);
 }
 

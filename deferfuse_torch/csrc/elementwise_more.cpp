@@ -86,7 +86,11 @@ at::Tensor& nan_to_num_out(const at::Tensor& x, std::optional<double> nan,
 // logit(x) = log(x / (1 - x)), x first clamped to [eps, 1 - eps] when eps >= 0 is given
 // (PyTorch's CPU formula, so x = 1 gives inf). The clamp is CPU's `x < lo ? lo : x > hi ? hi
 // : x`, which, unlike at::clamp, gives lo when eps > 0.5 makes lo > hi.
-at::Tensor tpu_logit(const at::Tensor& x, std::optional<double> eps) {
+at::Tensor tpu_logit(const at::Tensor& x0, std::optional<double> eps) {
+  // Integers and bools are computed in the default float dtype, as on CPU.
+  auto x = at::isFloatingType(x0.scalar_type())
+               ? x0
+               : cast(x0, c10::typeMetaToScalarType(at::get_default_dtype()));
   auto z = x;
   if (eps && *eps >= 0) {
     double lo = *eps, hi = 1.0 - *eps;

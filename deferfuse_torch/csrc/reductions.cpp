@@ -12,11 +12,18 @@ std::vector<int64_t> dims_of(at::OptionalIntArrayRef dim) {
   return dim ? dim->vec() : std::vector<int64_t>{};
 }
 
+// A sum or product asked for as bool (`x.prod(dtype=torch.bool)`) is CPU's any/all: the
+// runtime's sums and products of bools are int64, so it folds in int64 and compares.
+at::Tensor bool_fold(const at::Tensor& x, uint32_t op, std::vector<int64_t> dims, bool keepdim) {
+  return reduce(cast(cast(x, at::kBool), at::kLong), op, dims, keepdim).ne(0);
+}
+
 at::Tensor sum(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
                std::optional<at::ScalarType> dtype) {
   // PyTorch sums integers and bools as int64 unless told otherwise.
   at::ScalarType to = dtype.value_or(
       at::isIntegralType(x.scalar_type(), /*includeBool=*/true) ? at::kLong : x.scalar_type());
+  if (to == at::kBool) return bool_fold(x, DFUSE_REDUCE_OP_SUM, dims_of(dim), keepdim);
   return reduce(cast(x, to), DFUSE_REDUCE_OP_SUM, dims_of(dim), keepdim);
 }
 
@@ -42,12 +49,14 @@ at::Tensor prod_dim(const at::Tensor& x, int64_t dim, bool keepdim,
                     std::optional<at::ScalarType> dtype) {
   at::ScalarType to = dtype.value_or(
       at::isIntegralType(x.scalar_type(), true) ? at::kLong : x.scalar_type());
+  if (to == at::kBool) return bool_fold(x, DFUSE_REDUCE_OP_PROD, {dim}, keepdim);
   return reduce(cast(x, to), DFUSE_REDUCE_OP_PROD, {dim}, keepdim);
 }
 
 at::Tensor prod(const at::Tensor& x, std::optional<at::ScalarType> dtype) {
   at::ScalarType to = dtype.value_or(
       at::isIntegralType(x.scalar_type(), true) ? at::kLong : x.scalar_type());
+  if (to == at::kBool) return bool_fold(x, DFUSE_REDUCE_OP_PROD, {}, false);
   return reduce(cast(x, to), DFUSE_REDUCE_OP_PROD, {}, false);
 }
 

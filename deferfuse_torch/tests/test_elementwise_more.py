@@ -79,3 +79,22 @@ def test_logit_clamps_as_cpu_even_when_eps_is_past_one_half(mode, eps):
     # small x becomes eps, where at::clamp would give 1 - eps.
     x = torch.tensor([0.0, 0.03, 0.3, 0.5, 0.7, 0.97, 1.0, float("nan")])
     check(torch.logit(x.to("tpu"), eps), torch.logit(x, eps))
+
+
+def test_clamp_of_bools_by_tensor_bounds_is_cpus(mode):
+    # CPU orders false < true; the runtime's clamp refused bools.
+    b = torch.tensor([[True, False], [True, True]])
+    lo, hi = torch.tensor(True), torch.tensor([True, False])
+    for f in (lambda t, l, h: torch.clamp_min(t, l), lambda t, l, h: torch.clamp_max(t, h),
+              lambda t, l, h: t.clone().clamp_max_(h)):
+        check(f(tpu(b), tpu(lo), tpu(hi)), f(b, lo, hi))
+    # CPU's clamp kernel itself refuses them.
+    for t in (b, tpu(b)):
+        with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+            torch.clamp(t, lo.to(t.device), hi.to(t.device))
+
+
+@pytest.mark.parametrize("x", [torch.tensor([True, False]), torch.tensor([0, 1, 2])],
+                         ids=["bool", "int64"])
+def test_logit_of_bools_and_integers_is_computed_in_float_as_on_cpu(mode, x):
+    check(torch.logit(tpu(x)), torch.logit(x))

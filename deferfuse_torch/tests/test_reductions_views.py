@@ -288,3 +288,12 @@ def test_op_results_on_channels_last_inputs_are_contiguous_where_cpu_keeps_chann
         assert want.is_contiguous(memory_format=torch.channels_last)
         assert got.is_contiguous()
         check(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("f", [lambda t: t.prod(dtype=torch.bool), lambda t: t.prod(1, dtype=torch.bool),
+                               lambda t: t.sum(dtype=torch.bool), lambda t: t.sum(0, dtype=torch.bool)],
+                         ids=["prod", "prod_dim", "sum", "sum_dim"])
+def test_sum_and_prod_asked_for_as_bool_are_any_and_all(mode, f):
+    # The runtime's bool sums and products are int64: asked for bool, CPU gives bool.
+    for x in (torch.tensor([[True, False], [True, True]]), torch.tensor([[3, 0], [0, 0]])):
+        check(f(x.to("tpu")), f(x))
