@@ -107,7 +107,8 @@ at::Tensor elu_backward(const at::Tensor& grad, const at::Scalar& alpha, const a
 }
 
 at::Tensor hardtanh(const at::Tensor& x, const at::Scalar& lo, const at::Scalar& hi) {
-  return at::clamp(x, lo, hi);
+  // The result keeps x's dtype (an integer tensor stays one), as CPU's hardtanh_out.
+  return cast(at::clamp(x, lo, hi), x.scalar_type());
 }
 
 at::Tensor& hardtanh_(at::Tensor& x, const at::Scalar& lo, const at::Scalar& hi) {

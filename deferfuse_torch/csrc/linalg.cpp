@@ -55,7 +55,11 @@ at::Tensor& addmm_(at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2,
 // baddbmm: beta * self + alpha * bmm(batch1, batch2); beta = 0 ignores self (NaN included), as
 // PyTorch documents.
 at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& b1, const at::Tensor& b2,
-                   const at::Scalar& beta, const at::Scalar& alpha) {
+                   const at::Scalar& beta0, const at::Scalar& alpha0) {
+  // Integer products take alpha and beta as integers (truncated), as CPU's kernel does.
+  bool integral = !at::isFloatingType(at::result_type(b1, b2));
+  auto beta = integral ? at::Scalar(beta0.toLong()) : beta0;
+  auto alpha = integral ? at::Scalar(alpha0.toLong()) : alpha0;
   auto p = dft::bmm(b1, b2);  // qualified: at::bmm is found by ADL too
   if (!alpha.equal(1)) p = p * alpha;
   if (beta.equal(0)) return p.expand(at::infer_size(self.sizes(), p.sizes())).clone();

@@ -154,7 +154,7 @@ at::Tensor avg_pool3d(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayR
                              : count_include_pad ? padded
                                                  : real));
       }
-  auto out = sums / upload_table(div, {volume(g.out)}, sums.scalar_type());
+  auto out = window_mean(sums, upload_table(div, {volume(g.out)}, sums.scalar_type()));
   return shaped(out, x, g);
 }
 

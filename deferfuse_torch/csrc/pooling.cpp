@@ -186,7 +186,8 @@ at::Tensor avg_pool2d(const at::Tensor& x0, at::IntArrayRef kernel, at::IntArray
   auto xp = pad_spatial(batched(x0), p.padding, p.after, 0);
   auto sums = reduce(window_view(xp, p.kernel, p.stride, p.dilation, p.out), DFUSE_REDUCE_OP_SUM,
                      {2, 3}, false);
-  return like_input(sums / avg_divisors(p, count_include_pad, divisor, x0.scalar_type()), x0);
+  return like_input(window_mean(sums, avg_divisors(p, count_include_pad, divisor, x0.scalar_type())),
+                    x0);
 }
 
 at::Tensor avg_pool2d_backward(const at::Tensor& grad0, const at::Tensor& x0,

@@ -103,4 +103,9 @@ std::vector<int64_t> expand_param(at::IntArrayRef v, int64_t d, const char* op, 
   return v.size() == 1 ? std::vector<int64_t>(d, v[0]) : v.vec();
 }
 
+at::Tensor window_mean(const at::Tensor& sums, const at::Tensor& divisors) {
+  if (at::isFloatingType(sums.scalar_type())) return sums / divisors;
+  return at::div(sums, divisors, "trunc");
+}
+
 }  // namespace dft

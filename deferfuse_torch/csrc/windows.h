@@ -22,6 +22,10 @@ at::Tensor unpad_spatial(const at::Tensor& buf, at::IntArrayRef before, at::IntA
 at::Tensor window_view(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
                        at::IntArrayRef dilation, at::IntArrayRef out);
 
+// Average pooling's window sums over their divisors; integer windows divide as CPU's kernel
+// does (truncating toward zero), floats divide.
+at::Tensor window_mean(const at::Tensor& sums, const at::Tensor& divisors);
+
 // The order in which to walk the dims of a tensor [lead..., middle..., positions...] (`lead`
 // leading dims, `positions` trailing ones) elementwise. The CPU backend's loop runs the two
 // innermost dims per call and walks the others one call at a time, so the window positions

@@ -1,5 +1,7 @@
 """Convolution and pooling on tpu match CPU in forward and backward (gradients through autograd)
 in every eager mode, with zero CPU-fallback ops."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -280,3 +282,13 @@ def test_adaptive_avg_pool2d_keeps_an_inf_in_its_own_window_when_sizes_divide(mo
     x = torch.ones(1, 1, 4, 4)
     x[0, 0, 0, 0] = float("inf")
     check(F.adaptive_avg_pool2d(x.to("tpu"), 2), F.adaptive_avg_pool2d(x, 2))
+
+
+@pytest.mark.parametrize("pool,shape", [(F.avg_pool1d, (1, 2, 9)), (F.avg_pool2d, (1, 2, 5, 5)),
+                                        (F.avg_pool3d, (1, 2, 3, 4, 4))],
+                         ids=["1d", "2d", "3d"])
+def test_average_pooling_of_integers_truncates_as_cpu(mode, pool, shape):
+    # The result was float; CPU keeps int64 and divides each window's sum truncating.
+    x = torch.arange(-40, -40 + math.prod(shape)).reshape(shape)
+    check(pool(x.to("tpu"), 2, 2, 1), pool(x, 2, 2, 1))
+    check(pool(x.to("tpu"), 3, 1, 1, count_include_pad=False), pool(x, 3, 1, 1, count_include_pad=False))

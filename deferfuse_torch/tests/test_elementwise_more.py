@@ -3,6 +3,7 @@ logical_xor on tpu against CPU in every eager mode, with no CPU fallback."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import deferfuse_torch
 from conftest import check
@@ -98,3 +99,15 @@ def test_clamp_of_bools_by_tensor_bounds_is_cpus(mode):
                          ids=["bool", "int64"])
 def test_logit_of_bools_and_integers_is_computed_in_float_as_on_cpu(mode, x):
     check(torch.logit(tpu(x)), torch.logit(x))
+
+
+def test_hardtanh_and_baddbmm_of_integers_keep_int64_as_on_cpu(mode):
+    # Both returned float; CPU's baddbmm also truncates alpha and beta to integers.
+    x = torch.tensor([[-7, -3, 0, 5, 12, -1]])
+    check(F.hardtanh(tpu(x)), F.hardtanh(x))
+    check(F.hardtanh(tpu(x), -2.5, 4.5), F.hardtanh(x, -2.5, 4.5))
+    g = torch.Generator().manual_seed(0)
+    c, a, b = (torch.randint(-5, 5, s, generator=g) for s in [(2, 3, 2), (2, 3, 4), (2, 4, 2)])
+    for beta, alpha in [(1, 1), (0.2, 0.6), (1.7, 2.6)]:
+        check(torch.baddbmm(tpu(c), tpu(a), tpu(b), beta=beta, alpha=alpha),
+              torch.baddbmm(c, a, b, beta=beta, alpha=alpha))
