@@ -36,16 +36,34 @@ at::Tensor affine(const at::Tensor& x, const at::Tensor& mean, const at::Tensor&
   return x * per_channel(alpha, x) + per_channel(beta, x);
 }
 
+// float16/bfloat16: CPU's kernels compute in float32 and round each result once; its
+// statistics take the weight's dtype (float32 weights with a half input: float32 statistics).
+at::ScalarType stat_dtype(const at::Tensor& x, const std::optional<at::Tensor>& weight) {
+  return has(weight) ? weight->scalar_type() : x.scalar_type();
+}
+
+at::Tensor rounded_to(const at::Tensor& t, at::ScalarType dtype) {
+  return t.defined() && t.scalar_type() != dtype ? cast(t, dtype) : t;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm(
     const at::Tensor& x, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps) {
   TORCH_CHECK(x.dim() >= 2, "batch_norm: expected an input with at least 2 dims [N, C, ...], got ",
               x.sizes());
+  if (is_reduced_float(x.scalar_type())) {
+    // The running statistics stay themselves: their update is computed in float32 and
+    // written (rounded once) into them.
+    auto [y, mean, invstd] = batch_norm(opmath(x), opmath(weight), opmath(bias), running_mean,
+                                        running_var, training, momentum, eps);
+    auto st = stat_dtype(x, weight);
+    return {cast(y, x.scalar_type()), rounded_to(mean, st), rounded_to(invstd, st)};
+  }
   if (!training) {
     TORCH_CHECK(has(running_mean) && has(running_var), "batch_norm: running_mean and running_var "
                 "must be defined in evaluation mode");
-    auto out = affine(x, *running_mean, inv_std(*running_var, eps), weight, bias);
+    auto out = affine(x, opmath(*running_mean), inv_std(opmath(*running_var), eps), weight, bias);
     return {out, at::empty({0}, x.options()), at::empty({0}, x.options())};
   }
   auto dims = batch_dims(x);
@@ -70,6 +88,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward(
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
     const std::optional<at::Tensor>& save_mean, const std::optional<at::Tensor>& save_invstd,
     bool train, double eps, std::array<bool, 3> mask) {
+  if (is_reduced_float(x.scalar_type())) {
+    auto [gx, gw, gb] = batch_norm_backward(opmath(grad), opmath(x), opmath(weight),
+                                            opmath(running_mean), opmath(running_var),
+                                            opmath(save_mean), opmath(save_invstd), train, eps,
+                                            mask);
+    auto st = stat_dtype(x, weight);
+    return {rounded_to(gx, x.scalar_type()), rounded_to(gw, st), rounded_to(gb, st)};
+  }
   at::Tensor mean, invstd;
   if (train) {
     TORCH_CHECK(has(save_mean) && has(save_invstd), "batch_norm_backward: training mode needs "
@@ -143,6 +169,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm(
     double eps) {
   TORCH_CHECK(group > 0 && C % group == 0, "group_norm: expected the number of channels ", C,
               " to be divisible by num_groups=", group);
+  if (is_reduced_float(x.scalar_type())) {
+    auto [y, mean, rstd] =
+        group_norm(opmath(x), opmath(weight), opmath(bias), N, C, HxW, group, eps);
+    auto st = stat_dtype(x, weight);
+    return {cast(y, x.scalar_type()), rounded_to(mean, st), rounded_to(rstd, st)};
+  }
   GroupShape s{N, group, C / group, HxW};
   auto x4 = x.reshape(s.x());
   // keepdim: the statistics' arithmetic has the row kernel's row shape and joins it.
@@ -159,6 +191,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward(
     const at::Tensor& grad, const at::Tensor& x, const at::Tensor& mean, const at::Tensor& rstd,
     const std::optional<at::Tensor>& weight, int64_t N, int64_t C, int64_t HxW, int64_t group,
     std::array<bool, 3> mask) {
+  if (is_reduced_float(x.scalar_type())) {
+    auto [gx, gw, gb] = group_norm_backward(opmath(grad), opmath(x), opmath(mean), opmath(rstd),
+                                            opmath(weight), N, C, HxW, group, mask);
+    auto st = stat_dtype(x, weight);
+    return {rounded_to(gx, x.scalar_type()), rounded_to(gw, st), rounded_to(gb, st)};
+  }
   GroupShape s{N, group, C / group, HxW};
   auto rstd4 = rstd.view(s.stat());
   auto xhat = (x.reshape(s.x()) - mean.view(s.stat())) * rstd4;

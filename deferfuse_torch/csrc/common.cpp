@@ -382,6 +382,11 @@ at::Tensor opmath(const at::Tensor& x) {
   return is_reduced_float(x.scalar_type()) ? cast(x, at::kFloat) : x;
 }
 
+std::optional<at::Tensor> opmath(const std::optional<at::Tensor>& x) {
+  if (!x || !x->defined()) return x;
+  return opmath(*x);
+}
+
 at::Tensor where(const at::Tensor& c, const at::Tensor& x, const at::Scalar& y) {
   return run(DFUSE_OP_KIND_WHERE, nullptr, Operands().t(c).t(x).s(y), "where");
 }

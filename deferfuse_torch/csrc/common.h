@@ -146,6 +146,15 @@ bool is_reduced_float(at::ScalarType t);
 
 // x in its opmath dtype: cast to float32 when float16 or bfloat16, else x itself.
 at::Tensor opmath(const at::Tensor& x);
+std::optional<at::Tensor> opmath(const std::optional<at::Tensor>& x);
+
+// `kernel(x)` for a composed kernel whose CPU counterpart computes half inputs in float32:
+// x is computed in float32 and the result rounded once to x's dtype.
+template <typename Kernel>
+at::Tensor rounded_once(const at::Tensor& x, Kernel kernel) {
+  if (!is_reduced_float(x.scalar_type())) return kernel(x);
+  return cast(kernel(cast(x, at::kFloat)), x.scalar_type());
+}
 at::Tensor where(const at::Tensor& c, const at::Tensor& a, const at::Scalar& b);
 
 // A uint8 view of a storage of another dtype (how PyTorch copies raw storages): true when `t`

@@ -183,11 +183,13 @@ at::Tensor avg_pool2d(const at::Tensor& x0, at::IntArrayRef kernel, at::IntArray
                       at::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
                       std::optional<int64_t> divisor) {
   auto p = avg_geometry(x0, kernel, stride, padding, ceil_mode, divisor, "avg_pool2d");
-  auto xp = pad_spatial(batched(x0), p.padding, p.after, 0);
-  auto sums = reduce(window_view(xp, p.kernel, p.stride, p.dilation, p.out), DFUSE_REDUCE_OP_SUM,
-                     {2, 3}, false);
-  return like_input(window_mean(sums, avg_divisors(p, count_include_pad, divisor, x0.scalar_type())),
-                    x0);
+  return rounded_once(x0, [&](const at::Tensor& x) {
+    auto xp = pad_spatial(batched(x), p.padding, p.after, 0);
+    auto sums = reduce(window_view(xp, p.kernel, p.stride, p.dilation, p.out),
+                       DFUSE_REDUCE_OP_SUM, {2, 3}, false);
+    auto divisors = avg_divisors(p, count_include_pad, divisor, x.scalar_type());
+    return like_input(window_mean(sums, divisors), x);
+  });
 }
 
 at::Tensor avg_pool2d_backward(const at::Tensor& grad0, const at::Tensor& x0,
@@ -230,25 +232,29 @@ std::optional<std::vector<int64_t>> even_windows(const at::Tensor& x, at::IntArr
 
 // Uneven windows: out = A_h @ x @ A_w^T, each averaging matrix applied along its dim. The
 // matrices' zeros multiply every element, so an inf in the input makes NaNs in other windows.
-at::Tensor adaptive_avg_pool2d(const at::Tensor& x, at::IntArrayRef out) {
-  check_adaptive(x, out, "adaptive_avg_pool2d");
-  std::vector<int64_t> zero{0, 0};
-  if (auto k = even_windows(x, out)) {
-    return dft::avg_pool2d(x, *k, *k, zero, false, true, std::nullopt);
-  }
-  auto rows = adaptive_matrix(x.size(-2), out[0], x.scalar_type());
-  auto cols = adaptive_matrix(x.size(-1), out[1], x.scalar_type());
-  return batched_matmul(rows, batched_matmul(x, cols.t()));
+at::Tensor adaptive_avg_pool2d(const at::Tensor& x0, at::IntArrayRef out) {
+  check_adaptive(x0, out, "adaptive_avg_pool2d");
+  return rounded_once(x0, [&](const at::Tensor& x) {
+    std::vector<int64_t> zero{0, 0};
+    if (auto k = even_windows(x, out)) {
+      return dft::avg_pool2d(x, *k, *k, zero, false, true, std::nullopt);
+    }
+    auto rows = adaptive_matrix(x.size(-2), out[0], x.scalar_type());
+    auto cols = adaptive_matrix(x.size(-1), out[1], x.scalar_type());
+    return batched_matmul(rows, batched_matmul(x, cols.t()));
+  });
 }
 
-at::Tensor adaptive_avg_pool2d_backward(const at::Tensor& grad, const at::Tensor& x) {
-  std::vector<int64_t> out{grad.size(-2), grad.size(-1)}, zero{0, 0};
-  if (auto k = even_windows(x, out)) {
-    return dft::avg_pool2d_backward(grad, x, *k, *k, zero, false, true, std::nullopt);
-  }
-  auto rows = adaptive_matrix(x.size(-2), out[0], x.scalar_type());
-  auto cols = adaptive_matrix(x.size(-1), out[1], x.scalar_type());
-  return batched_matmul(rows.t(), batched_matmul(grad, cols));
+at::Tensor adaptive_avg_pool2d_backward(const at::Tensor& grad0, const at::Tensor& x) {
+  std::vector<int64_t> out{grad0.size(-2), grad0.size(-1)}, zero{0, 0};
+  return rounded_once(grad0, [&](const at::Tensor& grad) {
+    if (auto k = even_windows(x, out)) {
+      return dft::avg_pool2d_backward(grad, opmath(x), *k, *k, zero, false, true, std::nullopt);
+    }
+    auto rows = adaptive_matrix(x.size(-2), out[0], grad.scalar_type());
+    auto cols = adaptive_matrix(x.size(-1), out[1], grad.scalar_type());
+    return batched_matmul(rows.t(), batched_matmul(grad, cols));
+  });
 }
 
 // [OH, OW, KH * KW]: the flat input index (h * W + w) of every element of each uneven adaptive

@@ -350,3 +350,30 @@ def test_softmax_of_an_empty_tensor_is_empty_as_on_cpu(mode, fn, dim):
     got = fn(x.to("tpu").requires_grad_(), dim)
     check(got, fn(x, dim))
     got.sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fn", [
+    lambda x, w, b: F.group_norm(x, 2, w, b),
+    lambda x, w, b: F.adaptive_avg_pool2d(x, (3, 2)),
+    lambda x, w, b: F.avg_pool2d(x, 3, 2, 1),
+    lambda x, w, b: F.interpolate(x, scale_factor=2, mode="bilinear"),
+], ids=["group_norm", "adaptive_avg_pool2d", "avg_pool2d", "bilinear"])
+def test_half_group_norm_pooling_and_resize_compute_in_float32_and_round_once(mode, fn, dtype):
+    # Rounding each op in the half dtype put these up to a few ulps off CPU's kernels, which
+    # compute in float32 and round once: now within one rounding of the dtype (uneven adaptive
+    # windows average by a matrix product, so a sum may round differently).
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 7, 6, generator=g).to(dtype)
+    w, b = torch.randn(4, generator=g).to(dtype), torch.randn(4, generator=g).to(dtype)
+    want = fn(x, w, b)
+    got = fn(x.to("tpu"), w.to("tpu"), b.to("tpu"))
+    assert got.dtype == want.dtype
+    one_ulp = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
+    torch.testing.assert_close(got.cpu(), want, rtol=one_ulp, atol=1e-5)
+    xg, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+    up = torch.randn(want.shape, generator=g).to(dtype)
+    fn(xg, w, b).backward(up)
+    fn(xt, w.to("tpu"), b.to("tpu")).backward(up.to("tpu"))
+    assert xt.grad.dtype == dtype
+    torch.testing.assert_close(xt.grad.cpu(), xg.grad, rtol=2 ** -7, atol=1e-3)
