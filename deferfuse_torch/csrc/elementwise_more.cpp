@@ -2,7 +2,8 @@
 // modes (floor_divide, div(rounding_mode=...)), fmod, atan2, trunc, log2, log10, sinh, cosh,
 // tan, asin, acos, atan, asinh, acosh, atanh (autograd's formulas for them use ops that have
 // kernels too), and the compositions nan_to_num, logical_xor, logit (+ backward), frac,
-// logaddexp and hardshrink (+ backward), each in PyTorch's CPU formula. Functional, in-place and out=
+// logaddexp, logaddexp2, hypot, sinc, heaviside and hardshrink (+ backward), each in PyTorch's
+// CPU formula. Functional, in-place and out=
 // variants: structured ops reach the out= kernel from PyTorch's composite functional forms too.
 #include "elementwise_ops.h"
 
@@ -147,6 +148,74 @@ at::Tensor& hardshrink_backward_out(const at::Tensor& grad, const at::Tensor& x,
   return into(tpu_hardshrink_backward(grad, x, lambd), out, "hardshrink_backward (out=)");
 }
 
+// The dtype a float-valued binary op computes in: integers and bools promote to the default
+// float dtype, as TensorIterator's "promote integer inputs to float" ops do on CPU.
+at::ScalarType float_result(const at::Tensor& a, const at::Tensor& b) {
+  auto t = at::result_type(a, b);
+  return at::isFloatingType(t) ? t : c10::typeMetaToScalarType(at::get_default_dtype());
+}
+
+// hypot(a, b) = sqrt(a^2 + b^2) without overflow: computed in float64 for narrower floats
+// (where it rounds once, as glibc's hypotf), scaled by the larger magnitude in float64; inf
+// when either is infinite, even against NaN (C's rule).
+at::Tensor tpu_hypot(const at::Tensor& a0, const at::Tensor& b0) {
+  auto t = float_result(a0, b0);
+  at::Tensor r;
+  if (t != at::kDouble) {
+    auto a = cast(a0, at::kDouble), b = cast(b0, at::kDouble);
+    r = cast(at::sqrt(a * a + b * b), t);
+  } else {
+    auto a = at::abs(a0), b = at::abs(b0);
+    auto hi = at::maximum(a, b), lo = at::minimum(a, b);
+    auto q = lo / at::where(hi.eq(0), at::Scalar(1.0), hi);
+    r = hi * at::sqrt(1 + q * q);
+  }
+  return at::where(at::isinf(a0).logical_or(at::isinf(b0)), at::Scalar(INFINITY), r);
+}
+at::Tensor& hypot_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  return into(tpu_hypot(a, b), out, "hypot (out=)");
+}
+
+// logaddexp2(a, b) = max + log1p(2^-|a - b|) / ln 2, and a itself when both are the same
+// infinity (CPU's formula).
+at::Tensor tpu_logaddexp2(const at::Tensor& a0, const at::Tensor& b0) {
+  auto t = float_result(a0, b0);
+  // Half dtypes in float32, rounded once.
+  auto ct = is_reduced_float(t) ? at::kFloat : t;
+  auto a = cast(a0, ct), b = cast(b0, ct);
+  auto same_inf = at::isinf(a).logical_and(a.eq(b));
+  auto r = at::maximum(a, b) + at::log1p(at::exp(-at::abs(a - b) * M_LN2)) * (1.0 / M_LN2);
+  return cast(at::where(same_inf, a, r), t);
+}
+at::Tensor& logaddexp2_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  return into(tpu_logaddexp2(a, b), out, "logaddexp2 (out=)");
+}
+
+// sinc(x) = sin(pi x) / (pi x), 1 at 0 (CPU's formula, pi x in the computing dtype).
+at::Tensor tpu_sinc(const at::Tensor& x0) {
+  auto x = at::isFloatingType(x0.scalar_type())
+               ? x0
+               : cast(x0, c10::typeMetaToScalarType(at::get_default_dtype()));
+  return rounded_once(x, [](const at::Tensor& x) {
+    auto px = x * M_PI;
+    return at::where(x.eq(0), at::Scalar(1.0), at::sin(px) / px);
+  });
+}
+at::Tensor& sinc_out(const at::Tensor& x, at::Tensor& out) {
+  return into(tpu_sinc(x), out, "sinc (out=)");
+}
+
+// heaviside(x, values): values where x is 0, else 1 for x > 0 and 0 otherwise (NaN included),
+// as CPU's kernel; like CPU it takes one dtype for both.
+at::Tensor tpu_heaviside(const at::Tensor& x, const at::Tensor& values) {
+  TORCH_CHECK(x.scalar_type() == values.scalar_type(),
+              "heaviside is not yet implemented for tensors with different dtypes");
+  return at::where(x.eq(0), values, cast(x.gt(0), x.scalar_type()));
+}
+at::Tensor& heaviside_out(const at::Tensor& x, const at::Tensor& values, at::Tensor& out) {
+  return into(tpu_heaviside(x, values), out, "heaviside (out=)");
+}
+
 at::Tensor tpu_logical_xor(const at::Tensor& x, const at::Tensor& y) {
   return b<DFUSE_BINARY_OP_NE>(cast(x, at::kBool), cast(y, at::kBool));
 }
@@ -205,6 +274,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("frac.out", TORCH_FN(dft::frac_out));
   m.impl("logaddexp", DFT_GROUPED(dft::tpu_logaddexp));
   m.impl("logaddexp.out", TORCH_FN(dft::logaddexp_out));
+  m.impl("hypot", DFT_GROUPED(dft::tpu_hypot));
+  m.impl("hypot.out", TORCH_FN(dft::hypot_out));
+  m.impl("logaddexp2", DFT_GROUPED(dft::tpu_logaddexp2));
+  m.impl("logaddexp2.out", TORCH_FN(dft::logaddexp2_out));
+  m.impl("sinc", DFT_GROUPED(dft::tpu_sinc));
+  m.impl("sinc.out", TORCH_FN(dft::sinc_out));
+  m.impl("heaviside", DFT_GROUPED(dft::tpu_heaviside));
+  m.impl("heaviside.out", TORCH_FN(dft::heaviside_out));
   m.impl("hardshrink", DFT_GROUPED(dft::tpu_hardshrink));
   m.impl("hardshrink.out", TORCH_FN(dft::hardshrink_out));
   m.impl("hardshrink_backward", DFT_GROUPED(dft::tpu_hardshrink_backward));

@@ -27,6 +27,13 @@ at::Tensor sum(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
   return reduce(cast(x, to), DFUSE_REDUCE_OP_SUM, dims_of(dim), keepdim);
 }
 
+// nansum: NaNs count as 0 (nanmean divides it by the count of the others).
+at::Tensor nansum(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
+                  std::optional<at::ScalarType> dtype) {
+  auto zeroed = at::isFloatingType(x.scalar_type()) ? at::where(at::isnan(x), at::Scalar(0), x) : x;
+  return dft::sum(zeroed, dim, keepdim, dtype);
+}
+
 // sum(out=): the result takes out's dtype unless one is given (logsumexp's CPU composite sums
 // through here).
 at::Tensor& sum_out(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
@@ -218,6 +225,7 @@ at::Tensor norm_all(const at::Tensor& x, const at::Scalar& p) {
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("sum.dim_IntList", TORCH_FN(dft::sum));
+  m.impl("nansum", TORCH_FN(dft::nansum));
   m.impl("sum.IntList_out", TORCH_FN(dft::sum_out));
   m.impl("mean.dim", TORCH_FN(dft::mean));
   m.impl("prod.dim_int", TORCH_FN(dft::prod_dim));
