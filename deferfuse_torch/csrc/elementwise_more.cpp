@@ -2,8 +2,8 @@
 // modes (floor_divide, div(rounding_mode=...)), fmod, atan2, trunc, log2, log10, sinh, cosh,
 // tan, asin, acos, atan, asinh, acosh, atanh (autograd's formulas for them use ops that have
 // kernels too), and the compositions nan_to_num, logical_xor, logit (+ backward), frac,
-// logaddexp, logaddexp2, hypot, sinc, heaviside and hardshrink (+ backward), each in PyTorch's
-// CPU formula. Functional, in-place and out=
+// logaddexp, logaddexp2, hypot, sinc, heaviside, fmax/fmin, threshold, special.xlog1py,
+// special.entr, hardshrink and softshrink (+ backward), each in PyTorch's CPU formula. Functional, in-place and out=
 // variants: structured ops reach the out= kernel from PyTorch's composite functional forms too.
 #include "elementwise_ops.h"
 
@@ -216,6 +216,74 @@ at::Tensor& heaviside_out(const at::Tensor& x, const at::Tensor& values, at::Ten
   return into(tpu_heaviside(x, values), out, "heaviside (out=)");
 }
 
+// fmax/fmin: the other operand where one is NaN (NaN only when both are), as C's fmax.
+template <bool MAX>
+at::Tensor tpu_fminmax(const at::Tensor& a, const at::Tensor& b) {
+  auto m = MAX ? at::maximum(a, b) : at::minimum(a, b);
+  if (!at::isFloatingType(m.scalar_type())) return m;
+  auto ac = cast(a, m.scalar_type()), bc = cast(b, m.scalar_type());
+  return at::where(ac.isnan(), bc, at::where(bc.isnan(), ac, m));
+}
+template <bool MAX>
+at::Tensor& fminmax_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  return into(tpu_fminmax<MAX>(a, b), out, MAX ? "fmax (out=)" : "fmin (out=)");
+}
+
+// threshold(x, th, value) = x <= th ? value : x, in x's dtype (CPU's kernel, which compares
+// a half x with th in float32: th is not rounded to the half dtype first).
+at::Tensor tpu_threshold(const at::Tensor& x, const at::Scalar& th, const at::Scalar& value) {
+  return at::where(opmath(x).le(th), cast(at::scalar_tensor(value, x.options()), x.scalar_type()),
+                   x);
+}
+at::Tensor& threshold_out(const at::Tensor& x, const at::Scalar& th, const at::Scalar& value,
+                          at::Tensor& out) {
+  return into(tpu_threshold(x, th, value), out, "threshold (out=)");
+}
+
+// softshrink: x - l above l, x + l below -l, else 0 (NaN stays NaN: CPU's `x * 0`); its
+// gradient passes where |x| > l (and at NaN).
+at::Tensor tpu_softshrink(const at::Tensor& x, const at::Scalar& l) {
+  double v = l.toDouble();
+  return at::where(x.gt(v), x - v, at::where(x.lt(-v), x + v, x * 0));
+}
+at::Tensor& softshrink_out(const at::Tensor& x, const at::Scalar& l, at::Tensor& out) {
+  return into(tpu_softshrink(x, l), out, "softshrink (out=)");
+}
+at::Tensor tpu_softshrink_backward(const at::Tensor& grad, const at::Tensor& x,
+                                   const at::Scalar& l) {
+  double v = l.toDouble();
+  return at::where(x.ge(-v).logical_and(x.le(v)), at::zeros({}, grad.options()), grad);
+}
+at::Tensor& softshrink_backward_out(const at::Tensor& grad, const at::Tensor& x,
+                                    const at::Scalar& l, at::Tensor& out) {
+  return into(tpu_softshrink_backward(grad, x, l), out, "softshrink_backward (out=)");
+}
+
+// special.xlog1py: 0 where x == 0, NaN where y is NaN, else x * log1p(y); special.entr:
+// -x log x for x > 0, 0 at 0, -inf below, NaN stays (CPU's formulas).
+at::Tensor tpu_xlog1py(const at::Tensor& x0, const at::Tensor& y0) {
+  auto t = float_result(x0, y0);
+  auto x = cast(x0, t), y = cast(y0, t);
+  auto r = at::where(x.eq(0), at::zeros({}, x.options()), x * at::log1p(y));
+  return at::where(y.isnan(), y, r);
+}
+at::Tensor& xlog1py_out(const at::Tensor& x, const at::Tensor& y, at::Tensor& out) {
+  return into(tpu_xlog1py(x, y), out, "special_xlog1py (out=)");
+}
+at::Tensor tpu_entr(const at::Tensor& x0) {
+  auto x = at::isFloatingType(x0.scalar_type())
+               ? x0
+               : cast(x0, c10::typeMetaToScalarType(at::get_default_dtype()));
+  return rounded_once(x, [](const at::Tensor& x) {
+    auto edge = at::where(x.eq(0), at::zeros({}, x.options()),
+                          at::full({}, -INFINITY, x.options()));
+    return at::where(x.isnan(), x, at::where(x.gt(0), -x * at::log(x), edge));
+  });
+}
+at::Tensor& entr_out(const at::Tensor& x, at::Tensor& out) {
+  return into(tpu_entr(x), out, "special_entr (out=)");
+}
+
 at::Tensor tpu_logical_xor(const at::Tensor& x, const at::Tensor& y) {
   return b<DFUSE_BINARY_OP_NE>(cast(x, at::kBool), cast(y, at::kBool));
 }
@@ -282,6 +350,20 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("sinc.out", TORCH_FN(dft::sinc_out));
   m.impl("heaviside", DFT_GROUPED(dft::tpu_heaviside));
   m.impl("heaviside.out", TORCH_FN(dft::heaviside_out));
+  m.impl("fmax", DFT_GROUPED(dft::tpu_fminmax<true>));
+  m.impl("fmax.out", TORCH_FN(dft::fminmax_out<true>));
+  m.impl("fmin", DFT_GROUPED(dft::tpu_fminmax<false>));
+  m.impl("fmin.out", TORCH_FN(dft::fminmax_out<false>));
+  m.impl("threshold", DFT_GROUPED(dft::tpu_threshold));
+  m.impl("threshold.out", TORCH_FN(dft::threshold_out));
+  m.impl("softshrink", DFT_GROUPED(dft::tpu_softshrink));
+  m.impl("softshrink.out", TORCH_FN(dft::softshrink_out));
+  m.impl("softshrink_backward", DFT_GROUPED(dft::tpu_softshrink_backward));
+  m.impl("softshrink_backward.grad_input", TORCH_FN(dft::softshrink_backward_out));
+  m.impl("special_xlog1py", DFT_GROUPED(dft::tpu_xlog1py));
+  m.impl("special_xlog1py.out", TORCH_FN(dft::xlog1py_out));
+  m.impl("special_entr", DFT_GROUPED(dft::tpu_entr));
+  m.impl("special_entr.out", TORCH_FN(dft::entr_out));
   m.impl("hardshrink", DFT_GROUPED(dft::tpu_hardshrink));
   m.impl("hardshrink.out", TORCH_FN(dft::hardshrink_out));
   m.impl("hardshrink_backward", DFT_GROUPED(dft::tpu_hardshrink_backward));

@@ -88,6 +88,15 @@ at::Tensor amin(const at::Tensor& x, at::IntArrayRef dim, bool keepdim) {
   return ordered_reduce(x, DFUSE_REDUCE_OP_AMIN, dim, keepdim);
 }
 
+// aminmax: both at once (two reductions; defer fuses them over one read of x).
+std::tuple<at::Tensor, at::Tensor> aminmax(const at::Tensor& x, std::optional<int64_t> dim,
+                                           bool keepdim) {
+  std::vector<int64_t> dims;
+  if (dim) dims.push_back(*dim);
+  if (!dim) check_nonempty(x, "aminmax");
+  return {dft::amin(x, dims, dim ? keepdim : false), dft::amax(x, dims, dim ? keepdim : false)};
+}
+
 at::Tensor argmax(const at::Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   if (!dim) check_nonempty(x, "argmax");
   TORCH_CHECK_NOT_IMPLEMENTED(x.scalar_type() != at::kBool,
@@ -232,6 +241,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("prod", TORCH_FN(dft::prod));
   m.impl("amax", TORCH_FN(dft::amax));
   m.impl("amin", TORCH_FN(dft::amin));
+  m.impl("aminmax", TORCH_FN(dft::aminmax));
   m.impl("argmax", TORCH_FN(dft::argmax));
   m.impl("argmin", TORCH_FN(dft::argmin));
   m.impl("max", TORCH_FN(dft::max_all));

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import deferfuse_torch
-from conftest import check
+from conftest import assert_same, check
 
 
 @pytest.fixture(autouse=True)
@@ -127,3 +127,24 @@ def test_hypot_logaddexp2_sinc_heaviside_and_nansum_run_on_the_device_as_cpu(mod
     # not overflow at 3e20 and is inf against NaN, as C's.
     a, b = (t.to(dtype) for t in SPECIAL_PAIRS)
     check(fn(tpu(a), tpu(b)), fn(a, b), atol=0, rtol=1e-6 if dtype != torch.bfloat16 else 2 ** -8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fn", [torch.fmax, torch.fmin, lambda a, b: F.threshold(a, 0.3, -7.0),
+                                lambda a, b: F.softshrink(a, 0.5), torch.special.xlog1py,
+                                lambda a, b: torch.special.entr(a),
+                                lambda a, b: torch.aminmax(a.reshape(2, 5), dim=1),
+                                lambda a, b: torch.aminmax(b[:5])],
+                         ids=["fmax", "fmin", "threshold", "softshrink", "xlog1py", "entr",
+                              "aminmax_dim", "aminmax"])
+def test_fmax_fmin_threshold_softshrink_xlog1py_entr_and_aminmax_run_on_the_device(mode, fn, dtype):
+    # They ran on the CPU fallback (the autouse fixture checks there is none now).
+    a, b = (t.to(dtype) for t in SPECIAL_PAIRS)
+    want, got = fn(a, b), fn(tpu(a), tpu(b))
+    for w, g in zip(want if isinstance(want, tuple) else [want], got if isinstance(got, tuple) else [got]):
+        check(g, w, atol=0, rtol=1e-6 if dtype != torch.bfloat16 else 2 ** -8)
+
+
+def test_softshrink_gradient_passes_outside_the_band(mode):
+    x = torch.tensor([-1.0, -0.5, 0.2, 0.5, 0.7, float("nan")])
+    assert_same(lambda t: F.softshrink(t, 0.5), x)
