@@ -3,8 +3,9 @@
 // tan, asin, acos, atan, asinh, acosh, atanh (autograd's formulas for them use ops that have
 // kernels too), and the compositions nan_to_num, logical_xor, logit (+ backward), frac,
 // logaddexp, logaddexp2, hypot, sinc, heaviside, fmax/fmin, threshold, special.xlog1py,
-// special.entr, hardshrink and softshrink (+ backward), each in PyTorch's CPU formula. Functional, in-place and out=
-// variants: structured ops reach the out= kernel from PyTorch's composite functional forms too.
+// special.entr, hardshrink and softshrink (+ backward), each in PyTorch's CPU formula.
+// Functional, in-place and out= variants: structured ops reach the out= kernel from PyTorch's
+// composite functional forms too.
 #include "elementwise_ops.h"
 
 #include <ATen/ExpandUtils.h>

@@ -1,4 +1,5 @@
-// nn.Unfold / nn.Fold (F.unfold, F.fold: at::im2col, at::col2im) on "tpu".
+// nn.Unfold / nn.Fold (F.unfold, F.fold: at::im2col, at::col2im) on "tpu", and the gradient of
+// Tensor.unfold (unfold_backward).
 //
 // PyTorch implements both as CPU and CUDA kernels only, so on "tpu" they ran on the CPU
 // fallback, forward and backward. Here each is one gather or one scatter-add over the padded
@@ -89,12 +90,36 @@ at::Tensor col2im(const at::Tensor& input, at::IntArrayRef output_size, at::IntA
   return batched ? out : out.squeeze(0);
 }
 
+// The gradient of Tensor.unfold(dim, size, step) (sliding windows as a view, e.g. framing a
+// signal or cutting patches): each window's gradient added back at its positions. Windows
+// that do not overlap (step >= size) are one copy into the same unfold view of a zero tensor;
+// overlapping ones add one kernel offset at a time, each a strided slice with no overlap.
+at::Tensor unfold_backward(const at::Tensor& grad, c10::SymIntArrayRef input_sizes, int64_t dim,
+                           int64_t size, int64_t step) {
+  auto sizes = C10_AS_INTARRAYREF_SLOW(input_sizes);
+  auto out = at::zeros(sizes, grad.options());
+  if (grad.numel() == 0) return out;
+  dim = at::maybe_wrap_dim(dim, std::max<int64_t>(int64_t(sizes.size()), 1));
+  auto windows =
+      out.dim() == 0 ? out.reshape({1}).unfold(0, size, step) : out.unfold(dim, size, step);
+  if (step >= size) {
+    windows.copy_(grad);
+    return out;
+  }
+  for (int64_t k = 0; k < size; ++k) {
+    auto dst = windows.select(-1, k);
+    dst.copy_(dst + grad.select(-1, k));
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("im2col", DFT_GROUPED(dft::im2col));
   m.impl("col2im", DFT_GROUPED(dft::col2im));
+  m.impl("unfold_backward", DFT_GROUPED(dft::unfold_backward));
 }
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {

@@ -1,6 +1,6 @@
-// Indexing kernels: index_select, gather, the scatter family, index_add, index_fill, embedding's
-// backward, advanced indexing (x[idx], x[idx] = v, x[mask]), masked_select, masked_scatter_,
-// nonzero, isin, flip, roll and channel_shuffle.
+// Indexing kernels: index_select, gather, the scatter family, index_add, index_copy,
+// index_fill, embedding's backward, advanced indexing (x[idx], x[idx] = v, x[mask]),
+// masked_select, masked_scatter_, nonzero, isin, flip, roll and channel_shuffle.
 // All of them are the runtime's gather or scatter over an index view: index_select's 1-D index,
 // for example, is viewed with stride 0 along every other dim, so no expanded copy is made.
 // Ops whose output size depends on the data (nonzero, boolean masks) read the mask on the host:
@@ -173,6 +173,48 @@ at::Tensor& index_add_(at::Tensor& self, int64_t dim, const at::Tensor& index,
 at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                           const at::Tensor& source, const at::Scalar& alpha, at::Tensor& out) {
   auto r = tpu_index_add(self, dim, index, source, alpha);
+  out.resize_(r.sizes());
+  return assign(out, r);
+}
+
+// index_copy: source's slices written at the indexed positions of dim (a scatter); HF's
+// static KV cache writes each step's keys and values this way.
+at::Tensor tpu_index_copy(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                          const at::Tensor& source) {
+  TORCH_CHECK_INDEX(index.dim() <= 1, "index_copy_(): Index should have dimension 1 or 0 (got ",
+                    index.dim(), ")");
+  TORCH_CHECK_INDEX(index.scalar_type() == at::kLong,
+                    "index_copy_(): Expected a long tensor for index, but got ",
+                    index.scalar_type());
+  TORCH_CHECK(self.scalar_type() == source.scalar_type(), "index_copy_(): self and source "
+              "expected to have the same dtype, but got (self) ", self.scalar_type(),
+              " and (source) ", source.scalar_type());
+  if (self.dim() == 0) {
+    return tpu_index_copy(self.reshape({1}), 0, index.reshape({-1}), source.reshape({-1}))
+        .reshape({});
+  }
+  dim = at::maybe_wrap_dim(dim, self.dim());
+  auto src = source.dim() == 0 ? source.reshape({1}) : source;
+  bool same_slices = src.dim() == self.dim();
+  for (int64_t d = 0; same_slices && d < self.dim(); ++d) {
+    same_slices = d == dim || src.size(d) == self.size(d);
+  }
+  TORCH_CHECK_INDEX(same_slices, "index_copy_(): Source/destination tensor must have same slice "
+                    "shapes. Destination slice shape: ", self.sizes(), " at dimension ", dim,
+                    " and source slice shape: ", src.sizes(), " at dimension ", dim, ".");
+  TORCH_CHECK_INDEX(index.numel() == src.size(dim), "index_copy_(): Number of indices (",
+                    index.numel(), ") should be equal to source.size(dim) (", src.size(dim), ")");
+  return scatter_op(self, dim, expand_index(index, src.sizes(), dim), src, ScatterReduce::Assign);
+}
+
+at::Tensor& index_copy_(at::Tensor& self, int64_t dim, const at::Tensor& index,
+                        const at::Tensor& source) {
+  return assign(self, tpu_index_copy(self, dim, index, source));
+}
+
+at::Tensor& index_copy_out(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                           const at::Tensor& source, at::Tensor& out) {
+  auto r = tpu_index_copy(self, dim, index, source);
   out.resize_(r.sizes());
   return assign(out, r);
 }
@@ -476,6 +518,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("index_add", DFT_GROUPED(dft::tpu_index_add));
   m.impl("index_add_", TORCH_FN(dft::index_add_));
   m.impl("index_add.out", TORCH_FN(dft::index_add_out));
+  m.impl("index_copy", DFT_GROUPED(dft::tpu_index_copy));
+  m.impl("index_copy_", TORCH_FN(dft::index_copy_));
+  m.impl("index_copy.out", TORCH_FN(dft::index_copy_out));
   m.impl("index_fill_.int_Scalar", DFT_GROUPED(dft::index_fill_));
   m.impl("index_fill_.int_Tensor", DFT_GROUPED(dft::index_fill_tensor_));
   m.impl("embedding_dense_backward", DFT_GROUPED(dft::embedding_dense_backward));

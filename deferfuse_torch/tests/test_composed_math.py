@@ -137,3 +137,11 @@ def test_cdist_inf_splits_the_gradient_between_tied_columns_where_cpu_gives_each
     at = a.detach().to("tpu").requires_grad_()
     torch.cdist(at, b.to("tpu"), p=float("inf")).sum().backward()
     assert at.grad.cpu().tolist() == [[-0.5, 0.5]]
+
+
+@pytest.mark.parametrize("shape,dim,size,step", [((10,), 0, 3, 1), ((10,), 0, 3, 3),
+                                                  ((4, 9), 1, 4, 2), ((2, 3, 8), -1, 5, 5),
+                                                  ((), 0, 1, 1)])
+def test_tensor_unfold_backward_adds_each_windows_gradient_back(mode, shape, dim, size, step):
+    # unfold_backward ran on the CPU fallback (framing a signal, cutting patches).
+    assert_same(lambda x: x.unfold(dim, size, step), torch.randn(shape))

@@ -254,3 +254,32 @@ def test_a_cpu_mask_needs_no_device_read():
         after = deferfuse_torch.stats()["sync_points"]
     assert after == before
     check(picked, (x * 2.0)[mask])
+
+
+def test_index_copy_writes_source_slices_at_the_indexed_positions(mode):
+    # It ran on the CPU fallback; HF's static KV cache writes every step through it.
+    x, src = torch.zeros(3, 5, 2), torch.randn(3, 2, 2)
+    idx = torch.tensor([4, 1])
+    check(x.to("tpu").index_copy(1, idx.to("tpu"), src.to("tpu")), x.index_copy(1, idx, src))
+    got = x.to("tpu")
+    got.index_copy_(1, idx.to("tpu"), src.to("tpu"))
+    check(got, x.clone().index_copy_(1, idx, src))
+    with pytest.raises(IndexError, match="same slice shapes"):
+        x.to("tpu").index_copy(1, idx.to("tpu"), torch.randn(3, 2, 3).to("tpu"))
+
+
+def test_llama_generate_with_a_static_cache_gives_cpus_tokens_with_no_fallback(mode):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 100, (1, 5))
+    kw = dict(max_new_tokens=6, do_sample=False, cache_implementation="static", pad_token_id=0)
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+        deferfuse_torch.reset_fallback_counts()
+        got = model.to("tpu").generate(ids.to("tpu"), **kw)
+    assert deferfuse_torch.fallback_counts() == {}
+    assert torch.equal(got.cpu(), want)
