@@ -377,3 +377,23 @@ def test_half_group_norm_pooling_and_resize_compute_in_float32_and_round_once(mo
     fn(xt, w.to("tpu"), b.to("tpu")).backward(up.to("tpu"))
     assert xt.grad.dtype == dtype
     torch.testing.assert_close(xt.grad.cpu(), xg.grad, rtol=2 ** -7, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_vector_norm_and_clip_grad_norm_compute_in_float32_and_round_once(mode, dtype):
+    # |x|^p was rounded to the half dtype before the sum: ord=6 of -8.5 gave 8.5625 in bfloat16.
+    x = torch.tensor(-8.5, dtype=dtype)
+    check(torch.linalg.vector_norm(x.to("tpu"), 6), torch.linalg.vector_norm(x, 6), atol=0, rtol=0)
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(64, 64, generator=g).to(dtype) for _ in range(3)]
+    norms, clipped = {}, {}
+    for dev in ("cpu", "tpu"):
+        ps = [torch.zeros(64, 64, dtype=dtype, device=dev, requires_grad=True) for _ in grads]
+        for p, gr in zip(ps, grads):
+            p.grad = gr.clone().to(dev)  # clipping scales the grads in place
+        norms[dev] = torch.nn.utils.clip_grad_norm_(ps, 1.0).cpu()
+        clipped[dev] = [p.grad.cpu() for p in ps]
+    one_ulp = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
+    torch.testing.assert_close(norms["tpu"], norms["cpu"], rtol=one_ulp, atol=0)
+    for a, b in zip(clipped["tpu"], clipped["cpu"]):
+        torch.testing.assert_close(a, b, rtol=one_ulp, atol=1e-5)
