@@ -56,8 +56,14 @@ at::Tensor& addmm_(at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2,
 // PyTorch documents.
 at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& b1, const at::Tensor& b2,
                    const at::Scalar& beta0, const at::Scalar& alpha0) {
+  // Half dtypes: the product, its scaling and the sum in float32, rounded once (CPU's kernel;
+  // rounding the product first differed from it on a quarter of the elements).
+  auto t = at::result_type(b1, b2);
+  if (is_reduced_float(t) && self.scalar_type() == t) {
+    return cast(dft::baddbmm(opmath(self), opmath(b1), opmath(b2), beta0, alpha0), t);
+  }
   // Integer products take alpha and beta as integers (truncated), as CPU's kernel does.
-  bool integral = !at::isFloatingType(at::result_type(b1, b2));
+  bool integral = !at::isFloatingType(t);
   auto beta = integral ? at::Scalar(beta0.toLong()) : beta0;
   auto alpha = integral ? at::Scalar(alpha0.toLong()) : alpha0;
   auto p = dft::bmm(b1, b2);  // qualified: at::bmm is found by ADL too

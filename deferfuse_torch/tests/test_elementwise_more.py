@@ -148,3 +148,14 @@ def test_fmax_fmin_threshold_softshrink_xlog1py_entr_and_aminmax_run_on_the_devi
 def test_softshrink_gradient_passes_outside_the_band(mode):
     x = torch.tensor([-1.0, -0.5, 0.2, 0.5, 0.7, float("nan")])
     assert_same(lambda t: F.softshrink(t, 0.5), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_baddbmm_rounds_once_as_cpu(mode, dtype):
+    # The product was rounded before its scaling and sum: a quarter of the elements differed.
+    # Now within one rounding (the float32 sums' order may cross a rounding boundary).
+    g = torch.Generator().manual_seed(0)
+    c, a, b = (torch.randn(s, generator=g).to(dtype) for s in [(2, 16, 32), (2, 16, 64), (2, 64, 32)])
+    one_ulp = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
+    check(torch.baddbmm(tpu(c), tpu(a), tpu(b), beta=0.5, alpha=1.5),
+          torch.baddbmm(c, a, b, beta=0.5, alpha=1.5), atol=0, rtol=one_ulp)
