@@ -32,13 +32,17 @@ at::Tensor any_dims(const at::Tensor& x, at::IntArrayRef dims, bool keepdim) {
 
 // A 0-dim input reduces over "no dims" in PyTorch (the value itself); the runtime's empty dim
 // list means all dims, which for a 0-dim tensor is the same thing.
-at::Tensor all_k(const at::Tensor& x) { return all_dims(x, {}, false); }
-at::Tensor any_k(const at::Tensor& x) { return any_dims(x, {}, false); }
+// PyTorch keeps uint8 for all/any of a uint8 tensor (its legacy rule), bool otherwise.
+at::Tensor logical_result(const at::Tensor& r, const at::Tensor& x) {
+  return x.scalar_type() == at::kByte ? cast(r, at::kByte) : r;
+}
+at::Tensor all_k(const at::Tensor& x) { return logical_result(all_dims(x, {}, false), x); }
+at::Tensor any_k(const at::Tensor& x) { return logical_result(any_dims(x, {}, false), x); }
 at::Tensor all_dim(const at::Tensor& x, int64_t dim, bool keepdim) {
-  return x.dim() == 0 ? all_k(x) : all_dims(x, {dim}, keepdim);
+  return x.dim() == 0 ? all_k(x) : logical_result(all_dims(x, {dim}, keepdim), x);
 }
 at::Tensor any_dim(const at::Tensor& x, int64_t dim, bool keepdim) {
-  return x.dim() == 0 ? any_k(x) : any_dims(x, {dim}, keepdim);
+  return x.dim() == 0 ? any_k(x) : logical_result(any_dims(x, {dim}, keepdim), x);
 }
 at::Tensor& all_out(const at::Tensor& x, int64_t dim, bool keepdim, at::Tensor& out) {
   return assign_out(out, all_dim(x, dim, keepdim));

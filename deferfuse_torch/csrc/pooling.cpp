@@ -90,10 +90,22 @@ at::Tensor flat_index_table(const Pool& p) {
   return upload_table(t, {p.out[0], p.out[1], p.kernel[0] * p.kernel[1]}, at::kLong);
 }
 
+// What max pooling pads with, so a padding position never wins: -inf for floats, the dtype's
+// minimum for integers (0 put a window of negative int32 values at 0).
+at::Scalar lowest_value(at::ScalarType t) {
+  if (at::isFloatingType(t)) return -std::numeric_limits<double>::infinity();
+  switch (t) {
+    case at::kInt: return std::numeric_limits<int32_t>::lowest();
+    case at::kByte: return 0;
+    case at::kBool: return false;
+    default: return std::numeric_limits<int64_t>::lowest();
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor> max_pool_forward(const at::Tensor& x0, const Pool& p) {
   auto x = batched(x0);
   int64_t K = p.kernel[0] * p.kernel[1];
-  auto xp = pad_spatial(x, p.padding, p.after, -std::numeric_limits<double>::infinity());
+  auto xp = pad_spatial(x, p.padding, p.after, lowest_value(x.scalar_type()));
   // [N, C, kh, kw, OH, OW]: window position k of every output is one strided view.
   auto win = window_view(xp, p.kernel, p.stride, p.dilation, p.out).flatten(2, 3);
   auto table = flat_index_table(p);  // [OH, OW, K]

@@ -24,7 +24,9 @@ at::Tensor sum(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
   at::ScalarType to = dtype.value_or(
       at::isIntegralType(x.scalar_type(), /*includeBool=*/true) ? at::kLong : x.scalar_type());
   if (to == at::kBool) return bool_fold(x, DFUSE_REDUCE_OP_SUM, dims_of(dim), keepdim);
-  return reduce(cast(x, to), DFUSE_REDUCE_OP_SUM, dims_of(dim), keepdim);
+  // The runtime folds narrower integers in int64: a dtype asked for (tensordot asks int32)
+  // is the result's.
+  return cast(reduce(cast(x, to), DFUSE_REDUCE_OP_SUM, dims_of(dim), keepdim), to);
 }
 
 // nansum: NaNs count as 0 (nanmean divides it by the count of the others).
@@ -57,14 +59,14 @@ at::Tensor prod_dim(const at::Tensor& x, int64_t dim, bool keepdim,
   at::ScalarType to = dtype.value_or(
       at::isIntegralType(x.scalar_type(), true) ? at::kLong : x.scalar_type());
   if (to == at::kBool) return bool_fold(x, DFUSE_REDUCE_OP_PROD, {dim}, keepdim);
-  return reduce(cast(x, to), DFUSE_REDUCE_OP_PROD, {dim}, keepdim);
+  return cast(reduce(cast(x, to), DFUSE_REDUCE_OP_PROD, {dim}, keepdim), to);
 }
 
 at::Tensor prod(const at::Tensor& x, std::optional<at::ScalarType> dtype) {
   at::ScalarType to = dtype.value_or(
       at::isIntegralType(x.scalar_type(), true) ? at::kLong : x.scalar_type());
   if (to == at::kBool) return bool_fold(x, DFUSE_REDUCE_OP_PROD, {}, false);
-  return reduce(cast(x, to), DFUSE_REDUCE_OP_PROD, {}, false);
+  return cast(reduce(cast(x, to), DFUSE_REDUCE_OP_PROD, {}, false), to);
 }
 
 void check_nonempty(const at::Tensor& x, const char* op) {

@@ -292,3 +292,13 @@ def test_average_pooling_of_integers_truncates_as_cpu(mode, pool, shape):
     x = torch.arange(-40, -40 + math.prod(shape)).reshape(shape)
     check(pool(x.to("tpu"), 2, 2, 1), pool(x, 2, 2, 1))
     check(pool(x.to("tpu"), 3, 1, 1, count_include_pad=False), pool(x, 3, 1, 1, count_include_pad=False))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_max_pooling_of_negative_integers_never_picks_the_padding(mode, dtype):
+    # Integer inputs were padded with 0, which beat a window of negative values.
+    x = -torch.arange(1, 37, dtype=dtype).reshape(1, 2, 3, 6)
+    want_v, want_i = F.max_pool2d(x, 3, 2, 1, ceil_mode=True, return_indices=True)
+    got_v, got_i = F.max_pool2d(x.to("tpu"), 3, 2, 1, ceil_mode=True, return_indices=True)
+    check(got_v, want_v)
+    check(got_i, want_i)

@@ -297,3 +297,18 @@ def test_sum_and_prod_asked_for_as_bool_are_any_and_all(mode, f):
     # The runtime's bool sums and products are int64: asked for bool, CPU gives bool.
     for x in (torch.tensor([[True, False], [True, True]]), torch.tensor([[3, 0], [0, 0]])):
         check(f(x.to("tpu")), f(x))
+
+
+def test_integer_sums_and_products_asked_for_a_dtype_return_it(mode):
+    # The runtime folds int32 in int64; tensordot asks sum(dtype=int32) and got int64.
+    a = torch.randint(-4, 5, (2, 2, 1), dtype=torch.int32)
+    b = torch.randint(-4, 5, (2, 1, 2), dtype=torch.int32)
+    check(torch.tensordot(a.to("tpu"), b.to("tpu"), ([0, 1], [2, 0])), torch.tensordot(a, b, ([0, 1], [2, 0])))
+    check(a.to("tpu").sum(0, dtype=torch.int32), a.sum(0, dtype=torch.int32))
+    check(a.to("tpu").prod(1, dtype=torch.int32), a.prod(1, dtype=torch.int32))
+
+
+def test_all_and_any_of_uint8_stay_uint8_as_on_cpu(mode):
+    u = torch.tensor([[1, 0, 3], [2, 2, 2]], dtype=torch.uint8)
+    for f in (torch.all, torch.any, lambda t: t.all(1), lambda t: t.any(0, keepdim=True)):
+        check(f(u.to("tpu")), f(u))
