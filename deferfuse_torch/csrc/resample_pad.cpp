@@ -253,11 +253,14 @@ std::vector<Taps> all_taps(at::IntArrayRef in, const std::vector<int64_t>& out, 
   return t;
 }
 
+// Nearest resizing only picks elements, so it takes uint8 images as CPU does; the smooth
+// modes take floats here (CPU's uint8 bilinear/bicubic rounds in its own fixed-point way).
 void check_resize(const char* op, const at::Tensor& x, int64_t rank,
-                  const std::vector<int64_t>& out) {
+                  const std::vector<int64_t>& out, bool picks_only = false) {
   TORCH_CHECK(x.dim() == rank, op, ": expected a ", rank, "-D input (batch, channels, spatial), "
               "got a ", x.dim(), "-D one of shape ", x.sizes());
-  TORCH_CHECK(x.is_floating_point(), op, ": expected a floating input, got ", x.scalar_type());
+  TORCH_CHECK(x.is_floating_point() || (picks_only && x.scalar_type() == at::kByte), op,
+              ": expected a floating input, got ", x.scalar_type());
   for (auto o : out) TORCH_CHECK(o > 0, op, ": output sizes must be positive, got ", out);
   for (int64_t d = 2; d < rank; ++d) {
     TORCH_CHECK(x.size(d) > 0, op, ": input spatial sizes must be positive, got ", x.sizes());
@@ -311,7 +314,7 @@ at::Tensor upsample_nearest3d(const at::Tensor& x, c10::SymIntArrayRef out,
                               std::optional<double> sd, std::optional<double> sh,
                               std::optional<double> sw) {
   auto o = ints(out);
-  check_resize("upsample_nearest3d", x, 5, o);
+  check_resize("upsample_nearest3d", x, 5, o, /*picks_only=*/true);
   return pick(x, last_dims(5, 3), nearest_tables(x.sizes(), o, {sd, sh, sw}, false));
 }
 

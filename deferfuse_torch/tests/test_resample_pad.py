@@ -114,3 +114,10 @@ def test_empty_cache_gives_back_the_kept_tables(mode):
     assert _allocated() > before
     torch.tpu.empty_cache()
     assert _allocated() == before
+
+
+def test_nearest_3d_resizing_takes_uint8_volumes_as_cpu(mode):
+    # It refused them ("expected a floating input"); nearest only picks elements.
+    x = torch.randint(0, 256, (1, 2, 3, 4, 5), dtype=torch.uint8)
+    check(F.interpolate(x.to("tpu"), scale_factor=2, mode="nearest"),
+          F.interpolate(x, scale_factor=2, mode="nearest"))
