@@ -57,7 +57,13 @@ at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tens
 }
 
 at::Tensor tpu_gather(const at::Tensor& self, int64_t dim, const at::Tensor& index, bool) {
+  // CPU checks the index dtype only when there is an index to read.
+  if (index.numel() == 0) return at::empty(index.sizes(), self.options());
   check_index_dtype(index, "gather");
+  // A 0-dim input takes an index of one element of rank 0 or 1 (CPU's result: its shape).
+  if (self.dim() == 0 && index.dim() == 1) {
+    return gather_op(self.reshape({1}), 0, index).reshape(index.sizes());
+  }
   return gather_op(self, at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1)), index);
 }
 
@@ -83,41 +89,50 @@ int64_t wrap(const at::Tensor& self, int64_t dim) {
   return at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
 }
 
+// The scatter family's index: CPU checks its dtype only when it has elements (gather's
+// backward scatters through an empty uint8 index), so an empty one of any dtype is an empty
+// int64 index here.
+at::Tensor scatter_index(const at::Tensor& index, const char* op) {
+  if (index.numel() == 0) return cast(index, at::kLong);
+  check_index_dtype(index, op);
+  return index;
+}
+
 at::Tensor scatter_src(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                        const at::Tensor& src) {
-  check_index_dtype(index, "scatter");
-  return scatter_op(self, wrap(self, dim), index, src, ScatterReduce::Assign);
+  auto idx = scatter_index(index, "scatter");
+  return scatter_op(self, wrap(self, dim), idx, src, ScatterReduce::Assign);
 }
 
 at::Tensor scatter_value(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                          const at::Scalar& value) {
-  check_index_dtype(index, "scatter");
-  return scatter_value_op(self, wrap(self, dim), index, value, ScatterReduce::Assign);
+  auto idx = scatter_index(index, "scatter");
+  return scatter_value_op(self, wrap(self, dim), idx, value, ScatterReduce::Assign);
 }
 
 at::Tensor scatter_reduce_src(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                               const at::Tensor& src, c10::string_view reduce) {
-  check_index_dtype(index, "scatter");
-  return scatter_op(self, wrap(self, dim), index, src, parse_reduce(reduce, false));
+  auto idx = scatter_index(index, "scatter");
+  return scatter_op(self, wrap(self, dim), idx, src, parse_reduce(reduce, false));
 }
 
 at::Tensor scatter_reduce_value(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                                 const at::Scalar& value, c10::string_view reduce) {
-  check_index_dtype(index, "scatter");
-  return scatter_value_op(self, wrap(self, dim), index, value, parse_reduce(reduce, false));
+  auto idx = scatter_index(index, "scatter");
+  return scatter_value_op(self, wrap(self, dim), idx, value, parse_reduce(reduce, false));
 }
 
 at::Tensor tpu_scatter_add(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                        const at::Tensor& src) {
-  check_index_dtype(index, "scatter_add");
-  return scatter_op(self, wrap(self, dim), index, src, ScatterReduce::Sum);
+  auto idx = scatter_index(index, "scatter_add");
+  return scatter_op(self, wrap(self, dim), idx, src, ScatterReduce::Sum);
 }
 
 at::Tensor scatter_reduce_two(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                               const at::Tensor& src, c10::string_view reduce,
                               bool include_self) {
-  check_index_dtype(index, "scatter_reduce");
-  return scatter_op(self, wrap(self, dim), index, src, parse_reduce(reduce, true), include_self);
+  auto idx = scatter_index(index, "scatter_reduce");
+  return scatter_op(self, wrap(self, dim), idx, src, parse_reduce(reduce, true), include_self);
 }
 
 at::Tensor& scatter_src_(at::Tensor& self, int64_t dim, const at::Tensor& index,

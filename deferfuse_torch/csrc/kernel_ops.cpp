@@ -35,6 +35,13 @@ at::Tensor gather_op(const at::Tensor& src, int64_t dim, const at::Tensor& index
 
 at::Tensor scatter_op(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                       const at::Tensor& src, ScatterReduce reduce, bool include_self) {
+  // Nothing to write (an empty index of any shape, as gather's backward makes): self's values.
+  if (index.numel() == 0) return self.clone();
+  // A 0-dim self takes a one-element 1-D index (gather's backward of a 0-dim input), as on CPU.
+  if (self.dim() == 0 && index.dim() == 1) {
+    return scatter_op(self.reshape({1}), 0, index, src.reshape({-1}), reduce, include_self)
+        .reshape({});
+  }
   auto a = scatter_attrs(dim, reduce, include_self);
   return run(DFUSE_OP_KIND_SCATTER, &a,
              Operands().t(self).t(index).t(cast(src, self.scalar_type())), "scatter");
@@ -42,6 +49,10 @@ at::Tensor scatter_op(const at::Tensor& self, int64_t dim, const at::Tensor& ind
 
 at::Tensor scatter_value_op(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                             const at::Scalar& value, ScatterReduce reduce) {
+  if (index.numel() == 0) return self.clone();
+  if (self.dim() == 0 && index.dim() == 1) {
+    return scatter_value_op(self.reshape({1}), 0, index, value, reduce).reshape({});
+  }
   auto a = scatter_attrs(dim, reduce, true);
   return run(DFUSE_OP_KIND_SCATTER, &a, Operands().t(self).t(index).s(value), "scatter");
 }

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import deferfuse_torch
-from conftest import check
+from conftest import assert_same, check
 
 
 @pytest.fixture(autouse=True)
@@ -283,3 +283,19 @@ def test_llama_generate_with_a_static_cache_gives_cpus_tokens_with_no_fallback(m
         got = model.to("tpu").generate(ids.to("tpu"), **kw)
     assert deferfuse_torch.fallback_counts() == {}
     assert torch.equal(got.cpu(), want)
+
+
+def test_gather_and_scatter_with_an_empty_index_of_any_dtype_or_rank_are_cpus(mode):
+    # CPU checks the index only when it has elements (gather's backward scatters through it).
+    x = torch.randn(5)
+    for idx in (torch.empty(0, dtype=torch.uint8), torch.empty(2, 0, dtype=torch.long)):
+        check(torch.gather(x.to("tpu"), 0, idx.to("tpu")), torch.gather(x, 0, idx))
+        check(x.to("tpu").scatter_add(0, idx.to("tpu"), torch.empty(idx.shape).to("tpu")),
+              x.scatter_add(0, idx, torch.empty(idx.shape)))
+    xt = x.to("tpu").requires_grad_()
+    torch.gather(xt, 0, torch.empty(2, 0, dtype=torch.long).to("tpu")).sum().backward()
+    check(xt.grad, torch.zeros(5))
+
+
+def test_gather_of_a_0_dim_input_takes_a_one_element_index_forward_and_backward(mode):
+    assert_same(lambda t: torch.gather(t, 0, torch.tensor([0]).to(t.device)), torch.tensor(2.5))
