@@ -83,6 +83,34 @@ at::Tensor leaky_relu_backward(const at::Tensor& grad, const at::Tensor& self,
   return at::where(self > 0, grad, grad * slope);
 }
 
+// rrelu (nn.RReLU): in training each negative element's slope is drawn from U(lower, upper)
+// and kept in `noise` (1 where x >= 0) for the backward; in evaluation the slope is
+// (lower + upper) / 2, a leaky_relu (CPU's formulas; the draws are the device's stream).
+at::Tensor& rrelu_with_noise_(at::Tensor& x, at::Tensor& noise, const at::Scalar& lower,
+                              const at::Scalar& upper, bool training,
+                              std::optional<at::Generator> gen) {
+  double lo = lower.toDouble(), hi = upper.toDouble();
+  if (!training) return dft::leaky_relu_(x, (lo + hi) / 2);
+  auto slopes = at::empty_like(x).uniform_(lo, hi, gen);
+  noise.copy_(at::where(x >= 0, at::ones({}, x.options()), slopes));
+  return x.copy_(x * noise);
+}
+
+at::Tensor rrelu_with_noise(const at::Tensor& x, at::Tensor& noise, const at::Scalar& lower,
+                            const at::Scalar& upper, bool training,
+                            std::optional<at::Generator> gen) {
+  auto r = x.clone();
+  return dft::rrelu_with_noise_(r, noise, lower, upper, training, gen);
+}
+
+at::Tensor rrelu_with_noise_backward(const at::Tensor& grad, const at::Tensor& x,
+                                     const at::Tensor& noise, const at::Scalar& lower,
+                                     const at::Scalar& upper, bool training, bool self_is_result) {
+  double lo = lower.toDouble(), hi = upper.toDouble();
+  if (training && hi - lo > 1e-6) return grad * noise;
+  return dft::leaky_relu_backward(grad, x, (lo + hi) / 2, self_is_result);
+}
+
 // elu: x * scale for x > 0, else expm1(x * input_scale) * alpha * scale.
 at::Tensor elu(const at::Tensor& x, const at::Scalar& alpha, const at::Scalar& scale,
                const at::Scalar& input_scale) {
@@ -202,6 +230,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("leaky_relu", DFT_GROUPED(dft::leaky_relu));
   m.impl("leaky_relu_", DFT_GROUPED(dft::leaky_relu_));
   m.impl("leaky_relu_backward", DFT_GROUPED(dft::leaky_relu_backward));
+  m.impl("rrelu_with_noise", DFT_GROUPED(dft::rrelu_with_noise));
+  m.impl("rrelu_with_noise_", DFT_GROUPED(dft::rrelu_with_noise_));
+  m.impl("rrelu_with_noise_backward", DFT_GROUPED(dft::rrelu_with_noise_backward));
   m.impl("elu", DFT_GROUPED(dft::elu));
   m.impl("elu_", DFT_GROUPED(dft::elu_));
   m.impl("elu_backward", DFT_GROUPED(dft::elu_backward));

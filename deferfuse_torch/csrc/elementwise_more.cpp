@@ -2,8 +2,9 @@
 // modes (floor_divide, div(rounding_mode=...)), fmod, atan2, trunc, log2, log10, sinh, cosh,
 // tan, asin, acos, atan, asinh, acosh, atanh (autograd's formulas for them use ops that have
 // kernels too), and the compositions nan_to_num, logical_xor, logit (+ backward), frac,
-// logaddexp, logaddexp2, hypot, sinc, heaviside, fmax/fmin, threshold, special.xlog1py,
-// special.entr, hardshrink and softshrink (+ backward), each in PyTorch's CPU formula.
+// logaddexp, logaddexp2, hypot, exp2, sinc, heaviside, fmax/fmin, threshold, special.xlog1py,
+// special.entr, take/put_, hardshrink and softshrink (+ backward), each in PyTorch's CPU
+// formula.
 // Functional, in-place and out= variants: structured ops reach the out= kernel from PyTorch's
 // composite functional forms too.
 #include "elementwise_ops.h"
@@ -192,6 +193,49 @@ at::Tensor& logaddexp2_out(const at::Tensor& a, const at::Tensor& b, at::Tensor&
   return into(tpu_logaddexp2(a, b), out, "logaddexp2 (out=)");
 }
 
+// exp2(x) = 2^x: float32 and the half dtypes through float64 (rounded once, as exp2f);
+// float64 as exp(x ln 2). Integers and bools give the default float dtype.
+at::Tensor tpu_exp2(const at::Tensor& x0) {
+  auto t = at::isFloatingType(x0.scalar_type())
+               ? x0.scalar_type()
+               : c10::typeMetaToScalarType(at::get_default_dtype());
+  return cast(at::exp(cast(x0, at::kDouble) * M_LN2), t);
+}
+at::Tensor& exp2_(at::Tensor& x) { return into(tpu_exp2(x), x, "exp2_"); }
+at::Tensor& exp2_out(const at::Tensor& x, at::Tensor& out) {
+  return into(tpu_exp2(x), out, "exp2 (out=)");
+}
+
+// take(x, index): x's elements in row-major order, negative indices from the end; put_
+// writes (or adds) src there, through a contiguous copy when x is not one.
+at::Tensor flat_index(const at::Tensor& x, const at::Tensor& index) {
+  auto i = index.reshape({-1});
+  return at::where(i.lt(0), i + x.numel(), i);
+}
+at::Tensor tpu_take(const at::Tensor& x, const at::Tensor& index) {
+  TORCH_CHECK_INDEX(index.scalar_type() == at::kLong, "take(): Expected a long tensor for index, "
+                    "but got ", index.scalar_type());
+  if (index.numel() == 0) return at::empty(index.sizes(), x.options());
+  return x.reshape({-1}).index_select(0, flat_index(x, index)).reshape(index.sizes());
+}
+at::Tensor& take_out(const at::Tensor& x, const at::Tensor& index, at::Tensor& out) {
+  return into(tpu_take(x, index), out, "take (out=)");
+}
+at::Tensor& put_(at::Tensor& x, const at::Tensor& index, const at::Tensor& src, bool accumulate) {
+  TORCH_CHECK_INDEX(index.scalar_type() == at::kLong, "put_(): Expected a long tensor for index, "
+                    "but got ", index.scalar_type());
+  TORCH_CHECK(index.numel() == src.numel(), "put_(): Expected source and index to have the same "
+              "number of elements, but got source.numel() = ", src.numel(), ", index.numel() = ",
+              index.numel());
+  if (index.numel() == 0) return x;
+  auto flat = x.is_contiguous() ? x.view({-1}) : x.contiguous().view({-1});
+  auto i = flat_index(x, index);
+  auto v = src.reshape({-1}).to(x.scalar_type());
+  if (accumulate) flat.index_add_(0, i, v); else flat.index_copy_(0, i, v);
+  if (!x.is_contiguous()) x.copy_(flat.view(x.sizes()));
+  return x;
+}
+
 // sinc(x) = sin(pi x) / (pi x), 1 at 0 (CPU's formula, pi x in the computing dtype).
 at::Tensor tpu_sinc(const at::Tensor& x0) {
   auto x = at::isFloatingType(x0.scalar_type())
@@ -347,6 +391,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("hypot.out", TORCH_FN(dft::hypot_out));
   m.impl("logaddexp2", DFT_GROUPED(dft::tpu_logaddexp2));
   m.impl("logaddexp2.out", TORCH_FN(dft::logaddexp2_out));
+  m.impl("exp2", DFT_GROUPED(dft::tpu_exp2));
+  m.impl("exp2_", TORCH_FN(dft::exp2_));
+  m.impl("exp2.out", TORCH_FN(dft::exp2_out));
+  m.impl("take", DFT_GROUPED(dft::tpu_take));
+  m.impl("take.out", TORCH_FN(dft::take_out));
+  m.impl("put_", TORCH_FN(dft::put_));
   m.impl("sinc", DFT_GROUPED(dft::tpu_sinc));
   m.impl("sinc.out", TORCH_FN(dft::sinc_out));
   m.impl("heaviside", DFT_GROUPED(dft::tpu_heaviside));

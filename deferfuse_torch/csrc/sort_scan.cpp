@@ -262,6 +262,19 @@ at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t
   return assign(out, at::where(i.lt(double(steps / 2)), up, down));
 }
 
+// logspace: base to the power of linspace's exponents (CPU's formula); integer results are
+// computed in float64 and truncated, as CPU casts them.
+at::Tensor& logspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps,
+                         double base, at::Tensor& out) {
+  TORCH_CHECK(steps >= 0, "number of steps must be non-negative");
+  auto dt = at::isFloatingType(out.scalar_type()) ? out.scalar_type() : at::kDouble;
+  auto exps = at::empty({0}, out.options().dtype(dt));
+  linspace_out(start, end, steps, exps);
+  out.resize_({steps});
+  if (steps == 0) return out;
+  return assign(out, cast(at::pow(base, exps), out.scalar_type()));
+}
+
 at::Tensor& eye_m_out(c10::SymInt n_, c10::SymInt m_, at::Tensor& out) {
   int64_t n = n_.expect_int(), m = m_.expect_int();
   TORCH_CHECK(n >= 0 && m >= 0, "eye: n and m must be non-negative, got ", n, " and ", m);
@@ -297,6 +310,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("count_nonzero.dim_IntList", DFT_GROUPED(dft::count_nonzero));
   m.impl("_unique2", DFT_GROUPED(dft::unique2));
   m.impl("linspace.out", TORCH_FN(dft::linspace_out));
+  m.impl("logspace.out", TORCH_FN(dft::logspace_out));
   m.impl("eye.m_out", DFT_GROUPED(dft::eye_m_out));
   m.impl("eye.out", DFT_GROUPED(dft::eye_out));
 }

@@ -159,3 +159,34 @@ def test_half_baddbmm_rounds_once_as_cpu(mode, dtype):
     one_ulp = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
     check(torch.baddbmm(tpu(c), tpu(a), tpu(b), beta=0.5, alpha=1.5),
           torch.baddbmm(c, a, b, beta=0.5, alpha=1.5), atol=0, rtol=one_ulp)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_exp2_take_put_and_logspace_run_on_the_device_as_cpu(mode, dtype):
+    # They ran on the CPU fallback.
+    x = torch.tensor([[-3.5, 0.0, 1.0], [10.25, -126.0, 127.5]], dtype=dtype)
+    tol = dict(atol=0, rtol=2 ** -7 if dtype == torch.bfloat16 else 1e-6)
+    check(torch.exp2(tpu(x)), torch.exp2(x), **tol)
+    idx = torch.tensor([[5, -1], [0, 2]])
+    check(torch.take(tpu(x), tpu(idx)), torch.take(x, idx))
+    for accumulate in (False, True):
+        src = torch.tensor([1.5, 2.5, -4.0], dtype=dtype)
+        want = x.t().clone().put_(torch.tensor([4, 0, -1]), src, accumulate=accumulate)
+        got = tpu(x).t().clone().put_(tpu(torch.tensor([4, 0, -1])), tpu(src), accumulate=accumulate)
+        check(got, want)
+    check(torch.logspace(-2, 3, 7, base=2.0, dtype=dtype, device="tpu"),
+          torch.logspace(-2, 3, 7, base=2.0, dtype=dtype), **tol)
+
+
+def test_rrelu_in_evaluation_is_cpus_and_in_training_draws_a_slope_per_negative_element(mode):
+    x = torch.tensor([-2.0, -0.5, 0.0, 1.5, -7.0, 3.0])
+    check(F.rrelu(tpu(x), 0.1, 0.3, training=False), F.rrelu(x, 0.1, 0.3, training=False))
+    xt = tpu(x).requires_grad_()
+    y = F.rrelu(xt, 0.1, 0.3, training=True)
+    y.sum().backward()
+    slopes = (y.detach() / xt.detach()).cpu()
+    neg = x < 0
+    assert torch.equal(y.detach().cpu()[~neg], x[~neg])
+    assert ((slopes[neg] >= 0.1) & (slopes[neg] <= 0.3)).all()
+    torch.testing.assert_close(xt.grad.cpu()[neg], slopes[neg])
+    assert torch.equal(xt.grad.cpu()[~neg], torch.ones(int((~neg).sum())))
