@@ -1,7 +1,7 @@
-// Sorting, scans and the ops built on them: sort, topk, median, kthvalue, cumsum, cumprod,
-// cummax, cummin, logcumsumexp, unique; and small creation/reduction ops with no better home:
-// count_nonzero, linspace, eye. Sorting is the runtime's stable argsort plus a gather
-// of the values.
+// Sorting, scans and the ops built on them: sort, topk, median, nanmedian, kthvalue, cumsum,
+// cumprod, cummax, cummin, logcumsumexp, unique; and small creation/reduction ops with no
+// better home: count_nonzero, linspace, logspace, eye. Sorting is the runtime's stable argsort
+// plus a gather of the values.
 #include "kernel_ops.h"
 
 #include <ATen/WrapDimUtils.h>
@@ -112,6 +112,45 @@ at::Tensor tpu_median(const at::Tensor& self) {
   TORCH_CHECK(self.numel() > 0, "median() input tensor cannot be empty");
   auto flat = self.reshape({-1});
   return std::get<0>(kth(flat, (flat.size(0) + 1) / 2, 0, false, true));
+}
+
+// nanmedian: the median of each row's non-NaN values (the lower of the two middle ones), NaN
+// for a row of NaNs only; the NaNs sort last, so it is the sorted row's element
+// (count - 1) / 2.
+std::tuple<at::Tensor, at::Tensor> nan_median(const at::Tensor& self, int64_t dim, bool keepdim) {
+  auto x = self.dim() == 0 ? self.reshape({1}) : self;
+  dim = at::maybe_wrap_dim(dim, x.dim());
+  TORCH_CHECK_INDEX(x.size(dim) > 0, "nanmedian(): Expected reduction dim ", dim,
+                    " to have non-zero size.");
+  auto order = argsort_op(x, dim, false);
+  auto count = reduce(cast(x.isnan().logical_not(), at::kLong), DFUSE_REDUCE_OP_SUM, {dim}, true);
+  auto pos = at::floor_divide(at::clamp_min(count - 1, 0), 2);
+  auto idx = gather_op(order, dim, pos);
+  auto val = gather_op(x, dim, idx);
+  if (!keepdim) {
+    val = val.squeeze(dim);
+    idx = idx.squeeze(dim);
+  }
+  if (self.dim() == 0) return {val.reshape({}), idx.reshape({})};
+  return {val, idx};
+}
+
+std::tuple<at::Tensor&, at::Tensor&> nanmedian_dim_values(const at::Tensor& self, int64_t dim,
+                                                          bool keepdim, at::Tensor& values,
+                                                          at::Tensor& indices) {
+  auto [v, i] = at::isFloatingType(self.scalar_type())
+                    ? nan_median(self, dim, keepdim)
+                    : kth(self, ((self.dim() == 0 ? 1 : self.size(dim)) + 1) / 2, dim, keepdim,
+                          false);
+  assign_out(values, v);
+  assign_out(indices, i);
+  return {values, indices};
+}
+
+at::Tensor tpu_nanmedian(const at::Tensor& self) {
+  TORCH_CHECK(self.numel() > 0, "nanmedian() input tensor cannot be empty");
+  if (!at::isFloatingType(self.scalar_type())) return tpu_median(self);
+  return std::get<0>(nan_median(self.reshape({-1}), 0, false));
 }
 
 at::ScalarType scan_dtype(const at::Tensor& x, std::optional<at::ScalarType> dtype) {
@@ -298,6 +337,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("kthvalue.values", DFT_GROUPED(dft::kthvalue_values));
   m.impl("median.dim_values", DFT_GROUPED(dft::median_dim_values));
   m.impl("median", DFT_GROUPED(dft::tpu_median));
+  m.impl("nanmedian.dim_values", DFT_GROUPED(dft::nanmedian_dim_values));
+  m.impl("nanmedian", DFT_GROUPED(dft::tpu_nanmedian));
   m.impl("cumsum", TORCH_FN(dft::tpu_cumsum));
   m.impl("cumprod", TORCH_FN(dft::tpu_cumprod));
   m.impl("cumsum_", TORCH_FN(dft::cumsum_));

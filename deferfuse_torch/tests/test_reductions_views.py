@@ -312,3 +312,14 @@ def test_all_and_any_of_uint8_stay_uint8_as_on_cpu(mode):
     u = torch.tensor([[1, 0, 3], [2, 2, 2]], dtype=torch.uint8)
     for f in (torch.all, torch.any, lambda t: t.all(1), lambda t: t.any(0, keepdim=True)):
         check(f(u.to("tpu")), f(u))
+
+
+def test_nanmedian_skips_nans_and_is_nan_only_for_a_row_of_nans(mode):
+    # It ran on the CPU fallback.
+    nan = float("nan")
+    x = torch.tensor([[1.0, nan, 3.0, -2.0], [nan, nan, nan, nan], [5.0, 4.0, nan, 6.0]])
+    check(torch.nanmedian(x.to("tpu")), torch.nanmedian(x))
+    got, want = torch.nanmedian(x.to("tpu"), 1), torch.nanmedian(x, 1)
+    check(got.values, want.values)
+    check(got.indices[[0, 2]], want.indices[[0, 2]])  # a row of NaNs: any NaN's index
+    check(torch.nanmedian(x.to("tpu"), 0, keepdim=True).values, torch.nanmedian(x, 0, keepdim=True).values)
