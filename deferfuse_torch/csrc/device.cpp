@@ -265,6 +265,16 @@ at::Tensor empty_memory_format(at::IntArrayRef size, std::optional<at::ScalarTyp
   return t;
 }
 
+// Autograd's zero gradients (sign's, sgn's): CPU makes a storage-less "ZeroTensor"; here a
+// tensor of zeros, which every op reads as such (it ran on the CPU fallback).
+at::Tensor efficient_zero_tensor(at::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                                 std::optional<at::Layout> layout,
+                                 std::optional<at::Device> device, std::optional<bool>) {
+  check_device(device, layout);
+  auto st = dtype.value_or(at::get_default_dtype_as_scalartype());
+  return at::zeros(size, at::TensorOptions().dtype(st).device(c10::DeviceType::PrivateUse1, 0));
+}
+
 at::Tensor empty_strided(at::IntArrayRef size, at::IntArrayRef stride,
                          std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
                          std::optional<at::Device> device, std::optional<bool>) {
@@ -342,6 +352,7 @@ struct HooksInit {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", TORCH_FN(dft::empty_memory_format));
   m.impl("empty_strided", TORCH_FN(dft::empty_strided));
+  m.impl("_efficientzerotensor", TORCH_FN(dft::efficient_zero_tensor));
   m.impl("resize_", TORCH_FN(dft::resize_));
   // Views only change metadata over the shared storage; the CPU implementations touch no data,
   // and kernels later address (storage, offset, strides) through dfuse_as_strided.

@@ -190,3 +190,9 @@ def test_rrelu_in_evaluation_is_cpus_and_in_training_draws_a_slope_per_negative_
     assert ((slopes[neg] >= 0.1) & (slopes[neg] <= 0.3)).all()
     torch.testing.assert_close(xt.grad.cpu()[neg], slopes[neg])
     assert torch.equal(xt.grad.cpu()[~neg], torch.ones(int((~neg).sum())))
+
+
+def test_sign_and_sgn_in_a_graph_give_cpus_gradients_on_the_device(mode):
+    # Their zero gradient is an "efficient zero tensor", which took the CPU fallback.
+    x = torch.tensor([-1.5, 0.0, 2.0, -0.25])
+    assert_same(lambda t: torch.sgn(t) * t + torch.sign(t), x)
