@@ -3,8 +3,8 @@
 // tan, asin, acos, atan, asinh, acosh, atanh (autograd's formulas for them use ops that have
 // kernels too), and the compositions nan_to_num, logical_xor, logit (+ backward), frac,
 // logaddexp, logaddexp2, hypot, exp2, sinc, heaviside, fmax/fmin, threshold, special.xlog1py,
-// special.entr, take/put_, hardshrink and softshrink (+ backward), each in PyTorch's CPU
-// formula.
+// special.entr, take/put_, bit shifts, hardshrink and softshrink (+ backward), each in
+// PyTorch's CPU formula.
 // Functional, in-place and out= variants: structured ops reach the out= kernel from PyTorch's
 // composite functional forms too.
 #include "elementwise_ops.h"
@@ -191,6 +191,63 @@ at::Tensor tpu_logaddexp2(const at::Tensor& a0, const at::Tensor& b0) {
 }
 at::Tensor& logaddexp2_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   return into(tpu_logaddexp2(a, b), out, "logaddexp2 (out=)");
+}
+
+// bitwise_left_shift / bitwise_right_shift on integers, as CPU's kernel: a shift by a negative
+// amount or by the type's width or more gives 0 (left) or the sign (right: -1 or 0). Built
+// from multiplications (which wrap) and floor divisions by powers of two, one per bit of the
+// shift amount.
+template <bool LEFT>
+at::Tensor tpu_shift(const at::Tensor& a0, const at::Tensor& b0) {
+  auto t = at::result_type(a0, b0);
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isIntegralType(t, /*includeBool=*/false),
+                              LEFT ? "\"lshift_cpu\"" : "\"rshift_cpu\"",
+                              " not implemented for '", t, "'");
+  // A Python number (`torch.bitwise_right_shift(x, 2)`, `2 << x`) arrives as a 0-dim CPU tensor.
+  auto dev = a0.device().is_cpu() ? b0.options() : a0.options();
+  auto on_device = [&](const at::Tensor& v) {
+    return v.device().is_cpu() ? at::scalar_tensor(v.item(), dev.dtype(t)) : cast(v, t);
+  };
+  auto a = on_device(a0), b = on_device(b0);
+  int64_t bits = int64_t(c10::elementSize(t)) * 8;
+  bool is_signed = t != at::kByte;
+  int64_t max_shift = LEFT ? bits : bits - (is_signed ? 1 : 0);
+  // A uint8 amount of 128 or more is negative as CPU's signed cast reads it: >= max_shift too.
+  auto valid = b.ge(0).logical_and(b.lt(max_shift));
+  auto s = at::where(valid, b, at::zeros({}, b.options()));
+  auto r = a;
+  for (int64_t k = 0; (int64_t(1) << k) < max_shift; ++k) {
+    auto bit = at::bitwise_and(s, int64_t(1) << k).ne(0);
+    // 2^(2^k); for uint8 and int32 the multiplier stays within the type (shifts < 8, < 32).
+    int64_t f = int64_t(1) << (int64_t(1) << k);
+    r = at::where(bit, LEFT ? r * f : at::floor_divide(r, f), r);
+  }
+  if (LEFT) return at::where(valid, r, at::zeros({}, r.options()));
+  auto sign = is_signed ? cast(a.lt(0), t).neg() : at::zeros({}, a.options());
+  return at::where(valid, r, sign);
+}
+template <bool LEFT>
+at::Tensor& shift_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  return into(tpu_shift<LEFT>(a, b), out, LEFT ? "bitwise_left_shift (out=)"
+                                                : "bitwise_right_shift (out=)");
+}
+template <bool LEFT>
+at::Tensor& shift_(at::Tensor& a, const at::Tensor& b) {
+  return into(tpu_shift<LEFT>(a, b), a, LEFT ? "bitwise_left_shift_" : "bitwise_right_shift_");
+}
+// `x << 2`, `x >>= y`: Python's operators reach these forms. An integer amount keeps x's
+// dtype (a wrapped number does not promote).
+at::Tensor shift_amount(const at::Tensor& a, const at::Scalar& b) {
+  return b.isIntegral(false) ? at::scalar_tensor(b, a.options())
+                             : at::scalar_tensor(b, a.options().dtype(at::kDouble));
+}
+template <bool LEFT>
+at::Tensor tpu_shift_scalar(const at::Tensor& a, const at::Scalar& b) {
+  return tpu_shift<LEFT>(a, shift_amount(a, b));
+}
+template <bool LEFT>
+at::Tensor& shift_scalar_(at::Tensor& a, const at::Scalar& b) {
+  return shift_<LEFT>(a, shift_amount(a, b));
 }
 
 // exp2(x) = 2^x: float32 and the half dtypes through float64 (rounded once, as exp2f);
@@ -391,6 +448,20 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("hypot.out", TORCH_FN(dft::hypot_out));
   m.impl("logaddexp2", DFT_GROUPED(dft::tpu_logaddexp2));
   m.impl("logaddexp2.out", TORCH_FN(dft::logaddexp2_out));
+  m.impl("bitwise_left_shift.Tensor", DFT_GROUPED(dft::tpu_shift<true>));
+  m.impl("bitwise_left_shift.Tensor_out", TORCH_FN(dft::shift_out<true>));
+  m.impl("bitwise_left_shift_.Tensor", TORCH_FN(dft::shift_<true>));
+  m.impl("bitwise_right_shift.Tensor", DFT_GROUPED(dft::tpu_shift<false>));
+  m.impl("bitwise_right_shift.Tensor_out", TORCH_FN(dft::shift_out<false>));
+  m.impl("bitwise_right_shift_.Tensor", TORCH_FN(dft::shift_<false>));
+  m.impl("__lshift__.Tensor", DFT_GROUPED(dft::tpu_shift<true>));
+  m.impl("__lshift__.Scalar", DFT_GROUPED(dft::tpu_shift_scalar<true>));
+  m.impl("__ilshift__.Tensor", TORCH_FN(dft::shift_<true>));
+  m.impl("__ilshift__.Scalar", TORCH_FN(dft::shift_scalar_<true>));
+  m.impl("__rshift__.Tensor", DFT_GROUPED(dft::tpu_shift<false>));
+  m.impl("__rshift__.Scalar", DFT_GROUPED(dft::tpu_shift_scalar<false>));
+  m.impl("__irshift__.Tensor", TORCH_FN(dft::shift_<false>));
+  m.impl("__irshift__.Scalar", TORCH_FN(dft::shift_scalar_<false>));
   m.impl("exp2", DFT_GROUPED(dft::tpu_exp2));
   m.impl("exp2_", TORCH_FN(dft::exp2_));
   m.impl("exp2.out", TORCH_FN(dft::exp2_out));

@@ -196,3 +196,23 @@ def test_sign_and_sgn_in_a_graph_give_cpus_gradients_on_the_device(mode):
     # Their zero gradient is an "efficient zero tensor", which took the CPU fallback.
     x = torch.tensor([-1.5, 0.0, 2.0, -0.25])
     assert_same(lambda t: torch.sgn(t) * t + torch.sign(t), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int32, torch.int64])
+def test_bit_shifts_are_cpus_including_out_of_range_amounts(mode, dtype):
+    # They ran on the CPU fallback. A negative amount or one of the type's width or more gives
+    # 0 (left) or the sign (right).
+    info = torch.iinfo(dtype)
+    signed = dtype != torch.uint8
+    a = torch.tensor([info.min, -7 if signed else 7, 0, 1, 5, info.max, 123, -123 if signed else 200], dtype=dtype)
+    b = torch.tensor([0, 1, 3, 7, 8, 31 if signed else 9, 63 if dtype == torch.int64 else 2, -1 if signed else 130], dtype=dtype)
+    check(tpu(a) << tpu(b), a << b)
+    check(tpu(a) >> tpu(b), a >> b)
+    check(tpu(a) << 3, a << 3)
+    check(torch.bitwise_right_shift(tpu(a), 2), torch.bitwise_right_shift(a, 2))
+    got, want = tpu(a), a.clone()
+    got <<= tpu(b)
+    want <<= b
+    check(got, want)
+    with pytest.raises(NotImplementedError, match="not implemented for 'Float'"):
+        tpu(torch.randn(3)) << 1
