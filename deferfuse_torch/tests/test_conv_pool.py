@@ -291,7 +291,8 @@ def test_average_pooling_of_integers_truncates_as_cpu(mode, pool, shape):
     # The result was float; CPU keeps int64 and divides each window's sum truncating.
     x = torch.arange(-40, -40 + math.prod(shape)).reshape(shape)
     check(pool(x.to("tpu"), 2, 2, 1), pool(x, 2, 2, 1))
-    check(pool(x.to("tpu"), 3, 1, 1, count_include_pad=False), pool(x, 3, 1, 1, count_include_pad=False))
+    check(pool(x.to("tpu"), 3, 1, 1, count_include_pad=False),
+          pool(x, 3, 1, 1, count_include_pad=False))
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])

@@ -113,8 +113,9 @@ def test_hardtanh_and_baddbmm_of_integers_keep_int64_as_on_cpu(mode):
               torch.baddbmm(c, a, b, beta=beta, alpha=alpha))
 
 
-SPECIAL_PAIRS = (torch.tensor([0.0, -0.0, 1.5, -2.0, 3e20, float("inf"), -float("inf"), float("nan"), 1e-30, 0.3]),
-                 torch.tensor([0.0, 2.0, -1.5, 4.0, 3e20, float("nan"), -float("inf"), 1.0, 1e-30, -0.7]))
+INF, NAN = float("inf"), float("nan")
+SPECIAL_PAIRS = (torch.tensor([0.0, -0.0, 1.5, -2.0, 3e20, INF, -INF, NAN, 1e-30, 0.3]),
+                 torch.tensor([0.0, 2.0, -1.5, 4.0, 3e20, NAN, -INF, 1.0, 1e-30, -0.7]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -141,7 +142,8 @@ def test_fmax_fmin_threshold_softshrink_xlog1py_entr_and_aminmax_run_on_the_devi
     # They ran on the CPU fallback (the autouse fixture checks there is none now).
     a, b = (t.to(dtype) for t in SPECIAL_PAIRS)
     want, got = fn(a, b), fn(tpu(a), tpu(b))
-    for w, g in zip(want if isinstance(want, tuple) else [want], got if isinstance(got, tuple) else [got]):
+    as_list = lambda r: list(r) if isinstance(r, tuple) else [r]  # noqa: E731
+    for w, g in zip(as_list(want), as_list(got)):
         check(g, w, atol=0, rtol=1e-6 if dtype != torch.bfloat16 else 2 ** -8)
 
 
@@ -155,7 +157,8 @@ def test_half_baddbmm_rounds_once_as_cpu(mode, dtype):
     # The product was rounded before its scaling and sum: a quarter of the elements differed.
     # Now within one rounding (the float32 sums' order may cross a rounding boundary).
     g = torch.Generator().manual_seed(0)
-    c, a, b = (torch.randn(s, generator=g).to(dtype) for s in [(2, 16, 32), (2, 16, 64), (2, 64, 32)])
+    shapes = [(2, 16, 32), (2, 16, 64), (2, 64, 32)]
+    c, a, b = (torch.randn(s, generator=g).to(dtype) for s in shapes)
     one_ulp = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
     check(torch.baddbmm(tpu(c), tpu(a), tpu(b), beta=0.5, alpha=1.5),
           torch.baddbmm(c, a, b, beta=0.5, alpha=1.5), atol=0, rtol=one_ulp)
@@ -172,7 +175,8 @@ def test_exp2_take_put_and_logspace_run_on_the_device_as_cpu(mode, dtype):
     for accumulate in (False, True):
         src = torch.tensor([1.5, 2.5, -4.0], dtype=dtype)
         want = x.t().clone().put_(torch.tensor([4, 0, -1]), src, accumulate=accumulate)
-        got = tpu(x).t().clone().put_(tpu(torch.tensor([4, 0, -1])), tpu(src), accumulate=accumulate)
+        idx = torch.tensor([4, 0, -1])
+        got = tpu(x).t().clone().put_(tpu(idx), tpu(src), accumulate=accumulate)
         check(got, want)
     check(torch.logspace(-2, 3, 7, base=2.0, dtype=dtype, device="tpu"),
           torch.logspace(-2, 3, 7, base=2.0, dtype=dtype), **tol)
@@ -204,8 +208,10 @@ def test_bit_shifts_are_cpus_including_out_of_range_amounts(mode, dtype):
     # 0 (left) or the sign (right).
     info = torch.iinfo(dtype)
     signed = dtype != torch.uint8
-    a = torch.tensor([info.min, -7 if signed else 7, 0, 1, 5, info.max, 123, -123 if signed else 200], dtype=dtype)
-    b = torch.tensor([0, 1, 3, 7, 8, 31 if signed else 9, 63 if dtype == torch.int64 else 2, -1 if signed else 130], dtype=dtype)
+    a = torch.tensor([info.min, -7 if signed else 7, 0, 1, 5, info.max, 123,
+                      -123 if signed else 200], dtype=dtype)
+    b = torch.tensor([0, 1, 3, 7, 8, 31 if signed else 9, 63 if dtype == torch.int64 else 2,
+                      -1 if signed else 130], dtype=dtype)
     check(tpu(a) << tpu(b), a << b)
     check(tpu(a) >> tpu(b), a >> b)
     check(tpu(a) << 3, a << 3)

@@ -266,9 +266,12 @@ def test_reductions_of_an_empty_tensor_over_any_dims_are_cpus(mode, shape, fn):
     ("clone_of_transpose_stays_transposed", lambda t: t.transpose(1, 2).clone()),
     ("clone_of_channels_last", lambda t: t.to(memory_format=torch.channels_last).clone()),
     ("clone_of_strided_slice", lambda t: t[:, :, ::2].clone()),
-    ("clone_of_channels_last_slice", lambda t: t.to(memory_format=torch.channels_last)[:, 1:].clone()),
-    ("clone_to_contiguous", lambda t: t.permute(3, 2, 1, 0).clone(memory_format=torch.contiguous_format)),
-    ("empty_channels_last", lambda t: torch.empty(t.shape, device=t.device, memory_format=torch.channels_last).copy_(t)),
+    ("clone_of_channels_last_slice",
+     lambda t: t.to(memory_format=torch.channels_last)[:, 1:].clone()),
+    ("clone_to_contiguous",
+     lambda t: t.permute(3, 2, 1, 0).clone(memory_format=torch.contiguous_format)),
+    ("empty_channels_last",
+     lambda t: torch.empty(t.shape, device=t.device, memory_format=torch.channels_last).copy_(t)),
 ])
 def test_clone_and_memory_formats_give_cpus_strides(mode, name, f):
     # clone returned a contiguous tensor whatever its input and memory_format asked, and a
@@ -290,8 +293,10 @@ def test_op_results_on_channels_last_inputs_are_contiguous_where_cpu_keeps_chann
         check(got, want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("f", [lambda t: t.prod(dtype=torch.bool), lambda t: t.prod(1, dtype=torch.bool),
-                               lambda t: t.sum(dtype=torch.bool), lambda t: t.sum(0, dtype=torch.bool)],
+@pytest.mark.parametrize("f", [lambda t: t.prod(dtype=torch.bool),
+                               lambda t: t.prod(1, dtype=torch.bool),
+                               lambda t: t.sum(dtype=torch.bool),
+                               lambda t: t.sum(0, dtype=torch.bool)],
                          ids=["prod", "prod_dim", "sum", "sum_dim"])
 def test_sum_and_prod_asked_for_as_bool_are_any_and_all(mode, f):
     # The runtime's bool sums and products are int64: asked for bool, CPU gives bool.
@@ -303,7 +308,8 @@ def test_integer_sums_and_products_asked_for_a_dtype_return_it(mode):
     # The runtime folds int32 in int64; tensordot asks sum(dtype=int32) and got int64.
     a = torch.randint(-4, 5, (2, 2, 1), dtype=torch.int32)
     b = torch.randint(-4, 5, (2, 1, 2), dtype=torch.int32)
-    check(torch.tensordot(a.to("tpu"), b.to("tpu"), ([0, 1], [2, 0])), torch.tensordot(a, b, ([0, 1], [2, 0])))
+    dims = ([0, 1], [2, 0])
+    check(torch.tensordot(a.to("tpu"), b.to("tpu"), dims), torch.tensordot(a, b, dims))
     check(a.to("tpu").sum(0, dtype=torch.int32), a.sum(0, dtype=torch.int32))
     check(a.to("tpu").prod(1, dtype=torch.int32), a.prod(1, dtype=torch.int32))
 
@@ -322,4 +328,5 @@ def test_nanmedian_skips_nans_and_is_nan_only_for_a_row_of_nans(mode):
     got, want = torch.nanmedian(x.to("tpu"), 1), torch.nanmedian(x, 1)
     check(got.values, want.values)
     check(got.indices[[0, 2]], want.indices[[0, 2]])  # a row of NaNs: any NaN's index
-    check(torch.nanmedian(x.to("tpu"), 0, keepdim=True).values, torch.nanmedian(x, 0, keepdim=True).values)
+    check(torch.nanmedian(x.to("tpu"), 0, keepdim=True).values,
+          torch.nanmedian(x, 0, keepdim=True).values)
