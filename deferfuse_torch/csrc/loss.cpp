@@ -1,8 +1,8 @@
 // Losses, forward and backward: the elementwise ones (mse, smooth_l1, huber,
-// binary_cross_entropy on probabilities, soft_margin), each following PyTorch's CPU formula
-// including which branch a boundary point takes and the order of the final scaling; and
-// nll_loss / nll_loss2d (what cross_entropy lowers to). nll_loss2d moves the class dim last and
-// reuses the 2-D nll_loss on [N*H*W, C].
+// binary_cross_entropy on probabilities, soft_margin) and multi_margin, each following
+// PyTorch's CPU formula including which branch a boundary point takes and the order of the
+// final scaling; and nll_loss / nll_loss2d (what cross_entropy lowers to). nll_loss2d moves
+// the class dim last and reuses the 2-D nll_loss on [N*H*W, C].
 // nll_loss picks input[n, target[n]] without a gather op: a one-hot mask built from
 // arange(C) == target[:, None] selects it, and the same mask carries the class weights and
 // ignore_index, so forward and backward stay on the device.
@@ -195,6 +195,64 @@ at::Tensor nll_loss2d_backward(const at::Tensor& grad, const at::Tensor& self,
       .contiguous();
 }
 
+// multi_margin_loss: for each sample, sum over the other classes j of
+// max(0, margin - x[y] + x[j])^p, times weight[y], over C (CPU's formula, p 1 or 2). The
+// target's one-hot mask (as nll_loss) picks x[y]; a term counts where it is > 0.
+struct MultiMargin {
+  at::Tensor x, onehot, z, active, w;  // x [N, C]; the rest broadcast to it
+};
+
+MultiMargin multi_margin_terms(const at::Tensor& self, const at::Tensor& target,
+                               const at::Scalar& margin,
+                               const std::optional<at::Tensor>& weight) {
+  TORCH_CHECK(self.dim() <= 2 && self.numel() > 0, "Expected non-empty vector or matrix with "
+              "optional 0-dim batch size, but got: ", self.sizes());
+  auto x = self.dim() == 2 ? self : self.reshape({1, -1});
+  auto y = target.reshape({-1, 1});
+  TORCH_CHECK(y.size(0) == x.size(0), "inconsistent target size, expected ", x.size(0),
+              " but got ", target.sizes());
+  auto classes = at::arange(x.size(1), target.options().dtype(at::kLong));
+  auto onehot = classes.eq(y);
+  auto xy = reduce(at::where(onehot, x, at::zeros({}, x.options())), DFUSE_REDUCE_OP_SUM, {1},
+                   true);
+  auto z = (x - xy) + margin.toDouble();
+  auto active = z.gt(0).logical_and(onehot.logical_not());
+  at::Tensor w;
+  if (weight && weight->defined()) {
+    w = gather_op(*weight, 0, target.reshape({-1})).reshape({-1, 1});
+  }
+  return {x, onehot, z, active, w};
+}
+
+at::Tensor multi_margin_loss(const at::Tensor& self, const at::Tensor& target,
+                             const at::Scalar& p, const at::Scalar& margin,
+                             const std::optional<at::Tensor>& weight, int64_t reduction) {
+  TORCH_CHECK(p.toLong() == 1 || p.toLong() == 2, "only p == 1 and p == 2 supported");
+  auto m = multi_margin_terms(self, target, margin, weight);
+  auto term = p.toLong() == 1 ? m.z : m.z * m.z;
+  if (m.w.defined()) term = term * m.w;
+  auto per = reduce(at::where(m.active, term, at::zeros({}, term.options())), DFUSE_REDUCE_OP_SUM,
+                    {1}, false) / double(m.x.size(1));
+  if (reduction == kNone) return self.dim() == 2 ? per : per.reshape(target.sizes());
+  return reduced(per, reduction);
+}
+
+at::Tensor multi_margin_loss_backward(const at::Tensor& grad, const at::Tensor& self,
+                                      const at::Tensor& target, const at::Scalar& p,
+                                      const at::Scalar& margin,
+                                      const std::optional<at::Tensor>& weight,
+                                      int64_t reduction) {
+  auto m = multi_margin_terms(self, target, margin, weight);
+  auto h = p.toLong() == 1 ? at::ones_like(m.z) : m.z * 2.0;
+  if (m.w.defined()) h = h * m.w;
+  double scale = 1.0 / double(m.x.size(1)) / (reduction == kMean ? double(m.x.size(0)) : 1.0);
+  auto g = reduction == kNone ? grad.reshape({-1, 1}) : grad;
+  h = at::where(m.active, h, at::zeros({}, h.options())) * scale * g;
+  auto on_target = reduce(h, DFUSE_REDUCE_OP_SUM, {1}, true);
+  auto gx = h - at::where(m.onehot, on_target, at::zeros({}, h.options()));
+  return gx.reshape(self.sizes());
+}
+
 }  // namespace
 }  // namespace dft
 
@@ -213,4 +271,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("nll_loss_backward", DFT_GROUPED(dft::nll_loss_backward));
   m.impl("nll_loss2d_forward", DFT_GROUPED(dft::nll_loss2d_forward));
   m.impl("nll_loss2d_backward", DFT_GROUPED(dft::nll_loss2d_backward));
+  m.impl("multi_margin_loss", DFT_GROUPED(dft::multi_margin_loss));
+  m.impl("multi_margin_loss_backward", DFT_GROUPED(dft::multi_margin_loss_backward));
 }

@@ -397,3 +397,14 @@ def test_half_vector_norm_and_clip_grad_norm_compute_in_float32_and_round_once(m
     torch.testing.assert_close(norms["tpu"], norms["cpu"], rtol=one_ulp, atol=0)
     for a, b in zip(clipped["tpu"], clipped["cpu"]):
         torch.testing.assert_close(a, b, rtol=one_ulp, atol=1e-5)
+
+
+@pytest.mark.parametrize("p,weighted,reduction", [(1, False, "mean"), (2, True, "sum"),
+                                                  (1, True, "none")])
+def test_multi_margin_loss_and_its_gradient_are_cpus(mode, p, weighted, reduction):
+    # It ran on the CPU fallback, forward and backward.
+    x, y = torch.randn(6, 5), torch.tensor([0, 4, 2, 2, 1, 3])
+    w = torch.rand(5) if weighted else None
+    assert_same(lambda t: F.multi_margin_loss(t, y.to(t.device), p=p, margin=0.7,
+                                              weight=None if w is None else w.to(t.device),
+                                              reduction=reduction), x)
