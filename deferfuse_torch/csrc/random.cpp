@@ -131,6 +131,33 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std,
   return self;
 }
 
+// normal(mean, std) with a tensor mean and/or std: mean + std * z, z standard normal over the
+// broadcast shape. A float std is checked; a tensor std's elements are not (CPU raises for a
+// negative one; checking would read them back every call): stated in the README, as
+// multinomial's probabilities.
+at::Tensor normal_tensor_tensor(const at::Tensor& mean, const at::Tensor& std,
+                                std::optional<at::Generator> gen) {
+  auto dt = at::result_type(mean, std);
+  TORCH_CHECK(at::isFloatingType(dt), "normal expects floating mean and std, got ", dt);
+  auto z = draw(at::infer_size(mean.sizes(), std.sizes()), dt, Dist::Normal, gen);
+  return mean + std * z;
+}
+
+at::Tensor normal_tensor_float(const at::Tensor& mean, double std,
+                               std::optional<at::Generator> gen) {
+  TORCH_CHECK(std >= 0.0, "normal expects std >= 0.0, but found std ", std);
+  TORCH_CHECK(at::isFloatingType(mean.scalar_type()), "normal expects a floating mean, got ",
+              mean.scalar_type());
+  return draw(mean.sizes(), mean.scalar_type(), Dist::Normal, gen) * std + mean;
+}
+
+at::Tensor normal_float_tensor(double mean, const at::Tensor& std,
+                               std::optional<at::Generator> gen) {
+  TORCH_CHECK(at::isFloatingType(std.scalar_type()), "normal expects a floating std, got ",
+              std.scalar_type());
+  return std * draw(std.sizes(), std.scalar_type(), Dist::Normal, gen) + mean;
+}
+
 // Integers drawn uniformly from [from, from + range) as floor(u * range) + from, with u in f64
 // (53 random bits): exact for ranges up to 2^53.
 at::Tensor& random_range(at::Tensor& self, int64_t from, uint64_t range,
@@ -315,6 +342,9 @@ TORCH_LIBRARY_FRAGMENT(deferfuse, m) {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("uniform_", DFT_GROUPED(dft::uniform_));
   m.impl("normal_", DFT_GROUPED(dft::normal_));
+  m.impl("normal.Tensor_Tensor", DFT_GROUPED(dft::normal_tensor_tensor));
+  m.impl("normal.Tensor_float", DFT_GROUPED(dft::normal_tensor_float));
+  m.impl("normal.float_Tensor", DFT_GROUPED(dft::normal_float_tensor));
   m.impl("random_", TORCH_FN(dft::random_));
   m.impl("random_.from", DFT_GROUPED(dft::random_from));
   m.impl("random_.to", TORCH_FN(dft::random_to));

@@ -131,6 +131,30 @@ def test_multinomial_draws_without_checking_the_probabilities_where_cpu_raises(m
     assert got.dtype == torch.int64 and ((got >= 0) & (got < 3)).all()
 
 
+def test_normal_with_a_tensor_std_draws_without_checking_its_sign_where_cpu_raises(mode):
+    """CPU raises on a negative element of a tensor std; checking would read std back every
+    call, so the device draws mean + std * z instead. A float std is checked as on CPU."""
+    mean, std = torch.zeros(3), -torch.ones(3)
+    with pytest.raises(RuntimeError, match="std >= 0.0"):
+        torch.normal(mean, std)
+    assert torch.normal(mean.to("tpu"), std.to("tpu")).cpu().isfinite().all()
+    with pytest.raises(RuntimeError, match="std >= 0.0"):
+        torch.normal(mean.to("tpu"), -1.0)
+
+
+def test_normal_with_tensor_mean_and_std_has_their_moments_and_broadcast_shape(mode):
+    # It ran on the CPU fallback.
+    import deferfuse_torch
+    deferfuse_torch.reset_fallback_counts()
+    torch.manual_seed(0)
+    mean = torch.full((100_000,), 3.0, device="tpu")
+    for r in (torch.normal(mean, torch.full_like(mean, 2.0)), torch.normal(mean, 2.0),
+              torch.normal(3.0, torch.full_like(mean, 2.0))):
+        assert abs(r.mean().item() - 3.0) < 0.05 and abs(r.std().item() - 2.0) < 0.05
+    assert torch.normal(torch.zeros(2, 3, device="tpu"), torch.ones(3, device="tpu")).shape == (2, 3)
+    assert deferfuse_torch.fallback_counts() == {}
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_polygamma_at_poles_and_infinities_is_cpus(mode, n):
     # n >= 2 gave NaN at 0 and the negative integers, where CPU's zeta gives +-inf. Trigamma
