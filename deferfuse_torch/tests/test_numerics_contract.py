@@ -228,3 +228,15 @@ def test_equal_values_keep_their_index_order_in_unstable_sort_topk_and_kthvalue(
     assert indices.cpu().tolist() == [0, 2, 5, 3]
     value, index = torch.kthvalue(xt, 2)
     assert value.item() == torch.kthvalue(x, 2).values.item() and index.item() == 4
+
+
+@pytest.mark.parametrize("dtype,rtol", [(torch.float32, 2.4e-7), (torch.float64, 1e-13)])
+def test_erfc_keeps_its_relative_accuracy_into_the_far_tail(mode, dtype, rtol):
+    # It ran on the CPU fallback. 1 - erf(x) would lose every digit past x ~ 4 (erfc(9) is
+    # 4e-37); the continued fraction keeps them. Float32 within one ulp of CPU's erfcf (which
+    # is itself up to ~1 ulp from the exact value), float64 within 1e-13.
+    x = torch.cat([torch.linspace(-6, 9, 3001), torch.tensor([0.0, 1.5, 3.0])]).to(dtype)
+    torch.testing.assert_close(torch.erfc(x.to("tpu")).cpu(), torch.erfc(x), rtol=rtol, atol=0)
+    special = torch.tensor([float("inf"), -float("inf"), float("nan")], dtype=dtype)
+    torch.testing.assert_close(torch.erfc(special.to("tpu")).cpu(), torch.erfc(special),
+                               equal_nan=True)
