@@ -272,10 +272,8 @@ at::Tensor up2d_smooth(const at::Tensor& x, c10::SymIntArrayRef out, bool align_
                        std::optional<double> sh, std::optional<double> sw) {
   auto o = ints(out);
   check_resize(CUBIC ? "upsample_bicubic2d" : "upsample_bilinear2d", x, 4, o);
-  return rounded_once(x, [&](const at::Tensor& x) {
-    return interpolate(x, last_dims(4, 2),
-                       all_taps(x.sizes(), o, CUBIC, align_corners, {sh, sw}, x.scalar_type()));
-  });
+  return interpolate(x, last_dims(4, 2),
+                     all_taps(x.sizes(), o, CUBIC, align_corners, {sh, sw}, x.scalar_type()));
 }
 
 template <bool CUBIC>
@@ -283,30 +281,24 @@ at::Tensor up2d_smooth_back(const at::Tensor& g, c10::SymIntArrayRef out, c10::S
                             bool align_corners, std::optional<double> sh,
                             std::optional<double> sw) {
   auto i = ints(in), o = ints(out);
-  return rounded_once(g, [&](const at::Tensor& g) {
-    return uninterpolate(g, i, last_dims(4, 2),
-                         all_taps(i, o, CUBIC, align_corners, {sh, sw}, g.scalar_type()));
-  });
+  return uninterpolate(g, i, last_dims(4, 2),
+                       all_taps(i, o, CUBIC, align_corners, {sh, sw}, g.scalar_type()));
 }
 
 at::Tensor upsample_linear1d(const at::Tensor& x, c10::SymIntArrayRef out, bool align_corners,
                              std::optional<double> s) {
   auto o = ints(out);
   check_resize("upsample_linear1d", x, 3, o);
-  return rounded_once(x, [&](const at::Tensor& x) {
-    return interpolate(x, last_dims(3, 1),
-                       all_taps(x.sizes(), o, false, align_corners, {s}, x.scalar_type()));
-  });
+  return interpolate(x, last_dims(3, 1),
+                     all_taps(x.sizes(), o, false, align_corners, {s}, x.scalar_type()));
 }
 
 at::Tensor upsample_linear1d_backward(const at::Tensor& g, c10::SymIntArrayRef out,
                                       c10::SymIntArrayRef in, bool align_corners,
                                       std::optional<double> s) {
   auto i = ints(in), o = ints(out);
-  return rounded_once(g, [&](const at::Tensor& g) {
-    return uninterpolate(g, i, last_dims(3, 1),
-                         all_taps(i, o, false, align_corners, {s}, g.scalar_type()));
-  });
+  return uninterpolate(g, i, last_dims(3, 1),
+                       all_taps(i, o, false, align_corners, {s}, g.scalar_type()));
 }
 
 // 3-D (volumetric) resizing: the same separable tables over the three trailing dims.
@@ -330,10 +322,8 @@ at::Tensor upsample_trilinear3d(const at::Tensor& x, c10::SymIntArrayRef out, bo
                                 std::optional<double> sw) {
   auto o = ints(out);
   check_resize("upsample_trilinear3d", x, 5, o);
-  return rounded_once(x, [&](const at::Tensor& x) {
-    return interpolate(x, last_dims(5, 3),
-                       all_taps(x.sizes(), o, false, align_corners, {sd, sh, sw}, x.scalar_type()));
-  });
+  return interpolate(x, last_dims(5, 3),
+                     all_taps(x.sizes(), o, false, align_corners, {sd, sh, sw}, x.scalar_type()));
 }
 
 at::Tensor upsample_trilinear3d_backward(const at::Tensor& g, c10::SymIntArrayRef out,
@@ -341,10 +331,8 @@ at::Tensor upsample_trilinear3d_backward(const at::Tensor& g, c10::SymIntArrayRe
                                          std::optional<double> sd, std::optional<double> sh,
                                          std::optional<double> sw) {
   auto i = ints(in), o = ints(out);
-  return rounded_once(g, [&](const at::Tensor& g) {
-    return uninterpolate(g, i, last_dims(5, 3),
-                         all_taps(i, o, false, align_corners, {sd, sh, sw}, g.scalar_type()));
-  });
+  return uninterpolate(g, i, last_dims(5, 3),
+                       all_taps(i, o, false, align_corners, {sd, sh, sw}, g.scalar_type()));
 }
 
 // grid_sampler_2d (F.grid_sample on 4-D input): bilinear, nearest and bicubic; zeros, border

@@ -360,9 +360,10 @@ def test_softmax_of_an_empty_tensor_is_empty_as_on_cpu(mode, fn, dim):
     lambda x, w, b: F.interpolate(x, scale_factor=2, mode="bilinear"),
 ], ids=["group_norm", "adaptive_avg_pool2d", "avg_pool2d", "bilinear"])
 def test_half_group_norm_pooling_and_resize_compute_in_float32_and_round_once(mode, fn, dtype):
-    # Rounding each op in the half dtype put these up to a few ulps off CPU's kernels, which
-    # compute in float32 and round once: now within one rounding of the dtype (uneven adaptive
-    # windows average by a matrix product, so a sum may round differently).
+    # Rounding each op in the half dtype put group norm and the pooling up to a few ulps off
+    # CPU's kernels, which compute in float32 and round once (bilinear already did): now within
+    # one rounding of the dtype (uneven adaptive windows average by a matrix product, so a sum
+    # may round differently).
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 4, 7, 6, generator=g).to(dtype)
     w, b = torch.randn(4, generator=g).to(dtype), torch.randn(4, generator=g).to(dtype)
