@@ -378,6 +378,10 @@ at::Tensor cast(const at::Tensor& x, at::ScalarType to) {
 
 bool is_reduced_float(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
+at::ScalarType float_dtype(const at::Tensor& x) {
+  return x.is_floating_point() ? x.scalar_type() : at::get_default_dtype_as_scalartype();
+}
+
 at::Tensor opmath(const at::Tensor& x) {
   return is_reduced_float(x.scalar_type()) ? cast(x, at::kFloat) : x;
 }

@@ -144,6 +144,10 @@ at::Tensor cast(const at::Tensor& x, at::ScalarType to);
 // and round once; composed kernels that round each op in the half type drift from CPU's bits.
 bool is_reduced_float(at::ScalarType t);
 
+// The dtype an op with a floating result gives for x: x's own when floating, else the default
+// float dtype (integers and bools promote, as TensorIterator's float ops do on CPU).
+at::ScalarType float_dtype(const at::Tensor& x);
+
 // x in its opmath dtype: cast to float32 when float16 or bfloat16, else x itself.
 at::Tensor opmath(const at::Tensor& x);
 std::optional<at::Tensor> opmath(const std::optional<at::Tensor>& x);

@@ -91,9 +91,7 @@ at::Tensor& nan_to_num_out(const at::Tensor& x, std::optional<double> nan,
 // : x`, which, unlike at::clamp, gives lo when eps > 0.5 makes lo > hi.
 at::Tensor tpu_logit(const at::Tensor& x0, std::optional<double> eps) {
   // Integers and bools are computed in the default float dtype, as on CPU.
-  auto x = at::isFloatingType(x0.scalar_type())
-               ? x0
-               : cast(x0, c10::typeMetaToScalarType(at::get_default_dtype()));
+  auto x = cast(x0, float_dtype(x0));
   auto z = x;
   if (eps && *eps >= 0) {
     double lo = *eps, hi = 1.0 - *eps;
@@ -154,7 +152,7 @@ at::Tensor& hardshrink_backward_out(const at::Tensor& grad, const at::Tensor& x,
 // float dtype, as TensorIterator's "promote integer inputs to float" ops do on CPU.
 at::ScalarType float_result(const at::Tensor& a, const at::Tensor& b) {
   auto t = at::result_type(a, b);
-  return at::isFloatingType(t) ? t : c10::typeMetaToScalarType(at::get_default_dtype());
+  return at::isFloatingType(t) ? t : at::get_default_dtype_as_scalartype();
 }
 
 // hypot(a, b) = sqrt(a^2 + b^2) without overflow: computed in float64 for narrower floats
@@ -253,10 +251,7 @@ at::Tensor& shift_scalar_(at::Tensor& a, const at::Scalar& b) {
 // exp2(x) = 2^x: float32 and the half dtypes through float64 (rounded once, as exp2f);
 // float64 as exp(x ln 2). Integers and bools give the default float dtype.
 at::Tensor tpu_exp2(const at::Tensor& x0) {
-  auto t = at::isFloatingType(x0.scalar_type())
-               ? x0.scalar_type()
-               : c10::typeMetaToScalarType(at::get_default_dtype());
-  return cast(at::exp(cast(x0, at::kDouble) * M_LN2), t);
+  return cast(at::exp(cast(x0, at::kDouble) * M_LN2), float_dtype(x0));
 }
 at::Tensor& exp2_(at::Tensor& x) { return into(tpu_exp2(x), x, "exp2_"); }
 at::Tensor& exp2_out(const at::Tensor& x, at::Tensor& out) {
@@ -295,9 +290,7 @@ at::Tensor& put_(at::Tensor& x, const at::Tensor& index, const at::Tensor& src, 
 
 // sinc(x) = sin(pi x) / (pi x), 1 at 0 (CPU's formula, pi x in the computing dtype).
 at::Tensor tpu_sinc(const at::Tensor& x0) {
-  auto x = at::isFloatingType(x0.scalar_type())
-               ? x0
-               : cast(x0, c10::typeMetaToScalarType(at::get_default_dtype()));
+  auto x = cast(x0, float_dtype(x0));
   return rounded_once(x, [](const at::Tensor& x) {
     auto px = x * M_PI;
     return at::where(x.eq(0), at::Scalar(1.0), at::sin(px) / px);
@@ -373,9 +366,7 @@ at::Tensor& xlog1py_out(const at::Tensor& x, const at::Tensor& y, at::Tensor& ou
   return into(tpu_xlog1py(x, y), out, "special_xlog1py (out=)");
 }
 at::Tensor tpu_entr(const at::Tensor& x0) {
-  auto x = at::isFloatingType(x0.scalar_type())
-               ? x0
-               : cast(x0, c10::typeMetaToScalarType(at::get_default_dtype()));
+  auto x = cast(x0, float_dtype(x0));
   return rounded_once(x, [](const at::Tensor& x) {
     auto edge = at::where(x.eq(0), at::zeros({}, x.options()),
                           at::full({}, -INFINITY, x.options()));
