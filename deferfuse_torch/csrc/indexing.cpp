@@ -90,11 +90,9 @@ int64_t wrap(const at::Tensor& self, int64_t dim) {
 }
 
 // The scatter family's index: CPU checks its dtype only when it has elements (gather's
-// backward scatters through an empty uint8 index), so an empty one of any dtype is an empty
-// int64 index here.
-at::Tensor scatter_index(const at::Tensor& index, const char* op) {
-  if (index.numel() == 0) return cast(index, at::kLong);
-  check_index_dtype(index, op);
+// backward scatters through an empty uint8 index); scatter_op returns self for an empty one.
+const at::Tensor& scatter_index(const at::Tensor& index, const char* op) {
+  if (index.numel() > 0) check_index_dtype(index, op);
   return index;
 }
 

@@ -138,10 +138,11 @@ std::tuple<at::Tensor, at::Tensor> nan_median(const at::Tensor& self, int64_t di
 std::tuple<at::Tensor&, at::Tensor&> nanmedian_dim_values(const at::Tensor& self, int64_t dim,
                                                           bool keepdim, at::Tensor& values,
                                                           at::Tensor& indices) {
-  auto [v, i] = at::isFloatingType(self.scalar_type())
-                    ? nan_median(self, dim, keepdim)
-                    : kth(self, ((self.dim() == 0 ? 1 : self.size(dim)) + 1) / 2, dim, keepdim,
-                          false);
+  // Without NaNs (integers) it is the median.
+  if (!at::isFloatingType(self.scalar_type())) {
+    return median_dim_values(self, dim, keepdim, values, indices);
+  }
+  auto [v, i] = nan_median(self, dim, keepdim);
   assign_out(values, v);
   assign_out(indices, i);
   return {values, indices};
