@@ -5,7 +5,8 @@
 //! tile is 6 rows by 16 columns: 6 broadcasts and 2 loads per 12 FMAs, so the FMAs bound it.
 //! B is packed once per call into 16-wide panels ([`NC`] columns by one k-block at a time, a
 //! block that stays in L2 while every row of A passes over it); A is read in place, or copied
-//! into row tiles when it is transposed with a long stride ([`PACK_ROWS_MIN_STRIDE`]). The
+//! into row tiles where reading it in place is slow (`pack_a`: a transposed A with a long
+//! stride, a plain one whose rows are a multiple of 4 KiB apart). The
 //! tile's C lines are prefetched before its products ([`prefetch_c`]).
 //!
 //! On AVX-512 cores the same loops run a 12x32 tile of 16-lane vectors instead
@@ -27,6 +28,9 @@ use std::cell::RefCell;
 
 #[cfg(target_arch = "x86_64")]
 use super::packed_gemm_avx512 as avx512;
+use pack_a::packs_rows;
+
+pub(super) mod pack_a;
 
 /// Rows of one register tile (with two vectors of columns: 12 accumulators of the 16 registers).
 const MR: usize = 6;
@@ -168,28 +172,20 @@ pub(super) trait Tile {
         buffers: (&mut [f32], &mut [f32]),
     );
 
-    /// Copies `mc` rows of a transposed A's `kc` columns at `a` (column stride `csa`) into
-    /// `out` as row tiles of `MR`: tile `t` at `t * kc * MR`, its rows' elements of each k
-    /// together.
-    unsafe fn pack_rows(out: &mut [f32], a: *const f32, csa: isize, mc: usize, kc: usize);
+    /// Copies `mc` rows of A's `kc` columns at `a` (`strides`: row and column, for which
+    /// `pack_a::packs_rows` holds) into `out` as row tiles of `MR`: tile `t` at
+    /// `t * kc * MR`, its rows' elements of each k together.
+    unsafe fn pack_rows(
+        out: &mut [f32],
+        a: *const f32,
+        strides: (isize, isize),
+        mc: usize,
+        kc: usize,
+    );
 
     /// The tile of `rows` rows (at most `MR`) at `blk`: its sums over the k-block, then C's
     /// first `w` columns written with this block's `beta`.
     unsafe fn tile(blk: &Block, rows: usize, beta: f32, w: usize);
-}
-
-/// Fewest floats between one k and the next in a transposed A for [`sgemm`] to copy A's row
-/// tiles together: from a page apart, a tile read in place puts each of its k on another page
-/// and line (24 bytes of each used), and every one misses the TLB for a vocabulary-sized
-/// stride. GPT-2's tied-embedding gradient `[50257, 1024] @ [1024, 128]` ran 6-8% faster
-/// packed; the layers' `[384..512, 1024] @ [1024, 128]` ran as fast either way, and attention's
-/// `p^T @ dO` (a stride of 64) slower packed, the copy being a larger share of a small product.
-const PACK_ROWS_MIN_STRIDE: isize = 1024;
-
-/// Whether [`sgemm`] copies A's row tiles together for A's strides (see
-/// [`PACK_ROWS_MIN_STRIDE`]); otherwise it reads A in place.
-fn packs_rows(rsa: isize, csa: isize) -> bool {
-    rsa == 1 && csa >= PACK_ROWS_MIN_STRIDE
 }
 
 /// [`sgemm`]'s loops for tile `T`: column blocks of [`NC`], k-blocks in order (each packed
@@ -228,7 +224,7 @@ pub(super) unsafe fn blocked<T: Tile>(
                 let rows_end = (ic + T::MC).min(m);
                 let a_ic = a.offset(ic as isize * rsa + k0 as isize * csa);
                 if packed {
-                    T::pack_rows(a_rows, a_ic, csa, rows_end - ic, kc);
+                    T::pack_rows(a_rows, a_ic, (rsa, csa), rows_end - ic, kc);
                 }
                 // Row `i`'s tile of A and its strides: in place, or its packed tile.
                 let a_tile = |i: usize| {
@@ -273,8 +269,7 @@ impl Tile for Narrow {
     const MR: usize = MR;
     const NR: usize = NR;
     const MC: usize = MC;
-    // `pack_rows`'s 8-wide stores end `LANES - MR` past the last tile.
-    const ROWS_SLACK: usize = LANES;
+    const ROWS_SLACK: usize = pack_a::slack(MR);
 
     #[target_feature(enable = "avx2,fma")]
     unsafe fn sgemm(
@@ -289,8 +284,14 @@ impl Tile for Narrow {
     }
 
     #[inline(always)]
-    unsafe fn pack_rows(out: &mut [f32], a: *const f32, csa: isize, mc: usize, kc: usize) {
-        pack_rows(out, a, csa, mc, kc)
+    unsafe fn pack_rows(
+        out: &mut [f32],
+        a: *const f32,
+        (rsa, csa): (isize, isize),
+        mc: usize,
+        kc: usize,
+    ) {
+        pack_a::pack_rows(out, a, (rsa, csa), mc, kc)
     }
 
     #[inline(always)]
@@ -309,28 +310,6 @@ impl Tile for Narrow {
             3 => tile::<3, 2>(blk, &fin),
             2 => tile::<2, 2>(blk, &fin),
             _ => tile::<1, 2>(blk, &fin),
-        }
-    }
-}
-
-/// Copies `mc` rows of a transposed A's `kc` columns at `a` (column stride `csa`) into `out`
-/// as row tiles of [`MR`]: tile `t` at `t * kc * MR`, its rows' elements of each k together.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn pack_rows(out: &mut [f32], a: *const f32, csa: isize, mc: usize, kc: usize) {
-    // The stores below are 8 wide: the last one ends `LANES - MR` past the last tile.
-    assert!(out.len() >= mc.next_multiple_of(MR) * kc + LANES - MR);
-    for t in (0..mc).step_by(MR) {
-        let rows = MR.min(mc - t);
-        let (src, dst) = (a.add(t), out.as_mut_ptr().add(t * kc));
-        // A tile's elements of one k are contiguous: one masked load (it reads nothing past the
-        // tile's rows) and an 8-wide store whose last lanes the next k overwrites (the buffer
-        // has room for the last one's).
-        let lanes: [i32; LANES] = std::array::from_fn(|l| if l < rows { -1 } else { 0 });
-        let mask = _mm256_loadu_si256(lanes.as_ptr() as *const __m256i);
-        for p in 0..kc {
-            let v = _mm256_maskload_ps(src.offset(p as isize * csa), mask);
-            _mm256_storeu_ps(dst.add(p * MR), v);
         }
     }
 }
@@ -526,8 +505,8 @@ mod tests {
 
     #[test]
     fn matches_matrixmultiply_when_a_transposed_is_copied_into_row_tiles() {
-        // A column-major A of more rows than PACK_ROWS_MIN_STRIDE is packed; 1030 rows end in
-        // a partial MC block and a partial tile, 300 columns in a partial k-block.
+        // A column-major A of more rows than `pack_a::PACK_ROWS_MIN_STRIDE` is packed; 1030
+        // rows end in a partial MC block and a partial tile, 300 columns in a partial k-block.
         let (m, k, n) = (1030, 300, 20);
         assert!(packs_rows(1, m as isize));
         let a = matrix(m, k, "cols", 9);
@@ -536,6 +515,36 @@ mod tests {
             let (ours, theirs) = both((m, k, n), (&a, &b), beta, (n as isize, 1));
             assert_same_bits(&ours, &theirs, &format!("A packed, beta {beta}"));
         }
+    }
+
+    #[test]
+    fn matches_matrixmultiply_when_a_plain_a_with_rows_4_kib_apart_is_copied_into_row_tiles() {
+        // 79 rows end in a partial MC block and a partial tile; k = 1024 is whole blocks of
+        // eight k, k = 300 ends in a partial k-block whose last 4 k are copied one by one.
+        let (m, n) = (79, 20);
+        for k in [1024, 300] {
+            let a = Strided {
+                data: values(m * 1024, 11),
+                rs: 1024,
+                cs: 1,
+            };
+            let b = matrix(k, n, "cols", 12);
+            for beta in [0.0, 1.0, 0.5] {
+                let (ours, theirs) = both((m, k, n), (&a, &b), beta, (n as isize, 1));
+                assert_same_bits(&ours, &theirs, &format!("k {k}, A packed, beta {beta}"));
+            }
+        }
+    }
+
+    #[test]
+    fn a_plain_a_is_copied_only_when_its_rows_share_l1_sets() {
+        assert!(packs_rows(1024, 1));
+        assert!(packs_rows(4096, 1));
+        assert!(!packs_rows(1040, 1), "padded rows are read in place");
+        assert!(
+            !packs_rows(512, 1),
+            "2 KiB apart: three rows per set, read in place"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! `c * beta + acc`), whatever the vector width. Lanes are output columns, so the width changes
 //! which elements are computed together, never an element's own operations.
 
+use super::packed_gemm::pack_a::pack_plain_rows;
 use super::packed_gemm::{blocked, Tile};
 use super::small_gemm::Block;
 use std::arch::x86_64::*;
@@ -57,8 +58,18 @@ impl Tile for Wide {
     }
 
     #[inline(always)]
-    unsafe fn pack_rows(out: &mut [f32], a: *const f32, csa: isize, mc: usize, kc: usize) {
-        pack_rows(out, a, csa, mc, kc)
+    unsafe fn pack_rows(
+        out: &mut [f32],
+        a: *const f32,
+        (rsa, csa): (isize, isize),
+        mc: usize,
+        kc: usize,
+    ) {
+        if rsa == 1 {
+            pack_rows(out, a, csa, mc, kc)
+        } else {
+            pack_plain_rows::<MR>(out, a, rsa, mc, kc)
+        }
     }
 
     #[inline(always)]
@@ -95,7 +106,8 @@ unsafe fn prefetch_c(blk: &Block, rows: usize, w: usize) {
 }
 
 /// Copies `mc` rows of a transposed A's `kc` columns at `a` (column stride `csa`) into `out`
-/// as row tiles of [`MR`]: tile `t` at `t * kc * MR`, its rows' elements of each k together.
+/// as row tiles of [`MR`]: tile `t` at `t * kc * MR`, its rows' elements of each k together
+/// (a plain A's: `pack_a::pack_plain_rows`).
 #[inline(always)]
 unsafe fn pack_rows(out: &mut [f32], a: *const f32, csa: isize, mc: usize, kc: usize) {
     assert!(out.len() >= mc.next_multiple_of(MR) * kc + (VL - MR));
