@@ -80,7 +80,9 @@ Direction run_direction(const Config& cfg, const at::Tensor& x, at::TensorList p
   at::Tensor b_ih = cfg.biases ? params[k + 2] : at::Tensor();
   at::Tensor b_hh = cfg.biases ? params[k + 3] : at::Tensor();
   auto xg = product(x.reshape({T * B, x.size(2)}), w_ih, b_ih).view({T, B, -1}).unbind(0);
-  std::vector<at::Tensor> outs(T);
+  // Each step's h is written into its place here by the step's own program (one loop with the
+  // gates), not gathered by a stack after the last step (a copy program per step).
+  auto out = at::empty({T, B, h.size(-1)}, h.options());
   if (save) save->assign(T * cfg.per_step(), at::Tensor());
   for (int64_t s = 0; s < T; ++s) {
     // Strict mode runs a step as CPU's cell does, one product and one pass over the gates,
@@ -113,11 +115,11 @@ Direction run_direction(const Config& cfg, const at::Tensor& x, at::TensorList p
         }
         h = h_next;
       }
-      outs[t] = h;
+      out.select(0, t).copy_(h);
     }();
     step.end();
   }
-  return {at::stack(outs), h, c};
+  return {out, h, c};
 }
 
 // The forward of every layer: (output, hy, cy). Dropout draws its masks, or applies `replay`'s
@@ -176,7 +178,22 @@ DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::Te
   const auto &w_ih = params[k], &w_hh = params[k + 1];
   auto dys = dy.defined() ? dy.unbind(0) : std::vector<at::Tensor>();
   auto zeros = at::zeros({B, H}, x.options());
-  std::vector<at::Tensor> d_ig(T), d_hg(T), h_prev(T);
+  int64_t G = cfg.gates() * H;
+  // Each step's gate gradients are written into their place for the weight gradients' products
+  // by the step's own program, not gathered by a stack after the last step.
+  auto dgi_steps = at::empty({T, B, G}, x.options());
+  auto dgh_steps = cfg.lstm ? dgi_steps : at::empty({T, B, G}, x.options());
+  // Writes the pieces side by side into step t's row of `steps`, as `cat` would write them.
+  auto into = [](const at::Tensor& steps, int64_t t, std::initializer_list<at::Tensor> pieces) {
+    auto slot = steps.select(0, t);
+    int64_t at = 0;
+    for (const auto& p : pieces) {
+      slot.narrow(1, at, p.size(1)).copy_(p);
+      at += p.size(1);
+    }
+    return slot;
+  };
+  std::vector<at::Tensor> h_prev(T);
   for (int64_t s = 0; s < T; ++s) {
     OpGroup step;  // one step's gate gradients and hidden product, as in the forward
     [&] {
@@ -190,13 +207,12 @@ DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::Te
         auto tc = c.tanh();
         auto d_o = dh_t * tc;
         auto dc_t = add_grads(at::tanh_backward(dh_t * o, tc), dc);
-        d_ig[t] = at::cat({at::sigmoid_backward(dc_t * g, i),
-                           at::sigmoid_backward(dc_t * c_prev, f), at::tanh_backward(dc_t * i, g),
-                           at::sigmoid_backward(d_o, o)},
-                          1);
-        d_hg[t] = d_ig[t];
+        auto d_gates = into(dgi_steps, t,
+                            {at::sigmoid_backward(dc_t * g, i),
+                             at::sigmoid_backward(dc_t * c_prev, f), at::tanh_backward(dc_t * i, g),
+                             at::sigmoid_backward(d_o, o)});
         dc = dc_t * f;
-        dh = at::mm(d_ig[t], w_hh);
+        dh = at::mm(d_gates, w_hh);
       } else {
         const auto &r = v[0], &z = v[1], &n = v[2], &hn = v[3];
         h_prev[t] = v[4];
@@ -205,16 +221,14 @@ DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::Te
         auto dn = at::tanh_backward(dh_t - d_hmn, n);
         auto dr = at::sigmoid_backward(dn * hn, r);
         auto dz_pre = at::sigmoid_backward(dz, z);
-        d_ig[t] = at::cat({dr, dz_pre, dn}, 1);
-        d_hg[t] = at::cat({dr, dz_pre, dn * r}, 1);
-        dh = d_hmn + at::mm(d_hg[t], w_hh);
+        into(dgi_steps, t, {dr, dz_pre, dn});
+        dh = d_hmn + at::mm(into(dgh_steps, t, {dr, dz_pre, dn * r}), w_hh);
       }
     }();
     step.end();
   }
-  int64_t G = cfg.gates() * H;
-  auto dgi = at::stack(d_ig).view({T * B, G});
-  auto dgh = cfg.lstm ? dgi : at::stack(d_hg).view({T * B, G});
+  auto dgi = dgi_steps.view({T * B, G});
+  auto dgh = dgh_steps.view({T * B, G});
   auto x2 = x.reshape({T * B, x.size(2)});
   grads[params_at + k] = at::mm(dgi.t(), x2);
   grads[params_at + k + 1] = at::mm(dgh.t(), at::stack(h_prev).view({T * B, H}));
