@@ -186,10 +186,10 @@ DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::Te
   // Writes the pieces side by side into step t's row of `steps`, as `cat` would write them.
   auto into = [](const at::Tensor& steps, int64_t t, std::initializer_list<at::Tensor> pieces) {
     auto slot = steps.select(0, t);
-    int64_t at = 0;
+    int64_t col = 0;
     for (const auto& p : pieces) {
-      slot.narrow(1, at, p.size(1)).copy_(p);
-      at += p.size(1);
+      slot.narrow(1, col, p.size(1)).copy_(p);
+      col += p.size(1);
     }
     return slot;
   };
