@@ -71,7 +71,6 @@ pub(super) unsafe fn pack_rows(
     mc: usize,
     kc: usize,
 ) {
-    assert!(out.len() >= mc.next_multiple_of(MR) * kc + slack(MR));
     if rsa == 1 {
         pack_transposed_rows(out, a, csa, mc, kc)
     } else {
@@ -83,6 +82,7 @@ pub(super) unsafe fn pack_rows(
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn pack_transposed_rows(out: &mut [f32], a: *const f32, csa: isize, mc: usize, kc: usize) {
+    assert!(out.len() >= mc.next_multiple_of(MR) * kc + slack(MR));
     for t in (0..mc).step_by(MR) {
         let rows = MR.min(mc - t);
         let (src, dst) = (a.add(t), out.as_mut_ptr().add(t * kc));
