@@ -20,7 +20,7 @@
 //! columns of a panel padded with zeros) keep that order per element, so they need no care.
 
 #[cfg(target_arch = "x86_64")]
-use super::small_gemm::{finish, pack_panel, tile, Block, Finish, LANES};
+use super::small_gemm::{finish, tile, Block, Finish, LANES};
 use super::small_gemm::{has_fma_avx2, KC};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -31,6 +31,7 @@ use super::packed_gemm_avx512 as avx512;
 use pack_a::packs_rows;
 
 pub(super) mod pack_a;
+mod pack_b;
 
 /// Rows of one register tile (with two vectors of columns: 12 accumulators of the 16 registers).
 const MR: usize = 6;
@@ -206,18 +207,14 @@ pub(super) unsafe fn blocked<T: Tile>(
         let count = NC.min(n - jc).div_ceil(T::NR);
         for k0 in (0..k).step_by(KC) {
             let kc = KC.min(k - k0);
-            for p in 0..count {
-                let j0 = jc + p * T::NR;
-                pack_panel(
-                    &mut panels[p * kc * T::NR..(p + 1) * kc * T::NR],
-                    b.offset(k0 as isize * rsb + j0 as isize * csb),
-                    rsb,
-                    csb,
-                    kc,
-                    T::NR.min(n - j0),
-                    T::NR,
-                );
-            }
+            pack_b::pack_block(
+                panels,
+                b.offset(k0 as isize * rsb + jc as isize * csb),
+                (rsb, csb),
+                kc,
+                NC.min(n - jc),
+                T::NR,
+            );
             // `matrixmultiply` scales C by beta on the first k-block only.
             let beta = if k0 == 0 { beta } else { 1.0 };
             for ic in (0..m).step_by(T::MC) {
@@ -598,5 +595,60 @@ mod tests {
         assert!(!takes_packed_path((64, 64, 64), 0.5));
         assert!(!takes_packed_path((MIN_ROWS - 1, 64, 64), 1.0));
         assert_eq!(takes_packed_path((64, 64, 64), 1.0), has_fma_avx2());
+    }
+}
+
+#[cfg(test)]
+mod tmp_timing {
+    use crate::backend::cpu::small_gemm::tests::matrix;
+    #[test]
+    #[ignore]
+    fn tmp_time_packed() {
+        let shapes: Vec<(usize, usize, usize, &str, &str)> = std::env::var("SHAPES")
+            .unwrap()
+            .split(';')
+            .map(|s| {
+                let v: Vec<&str> = s.split(',').collect();
+                (
+                    v[0].parse().unwrap(),
+                    v[1].parse().unwrap(),
+                    v[2].parse().unwrap(),
+                    if v[3] == "r" { "rows" } else { "cols" },
+                    if v[4] == "r" { "rows" } else { "cols" },
+                )
+            })
+            .collect();
+        for (m, k, n, la, lb) in shapes {
+            let a = matrix(m, k, la, 1);
+            let b = matrix(k, n, lb, 2);
+            let mut c = vec![0f32; m * n];
+            let reps = (300_000_000 / (m * k * n)).max(5);
+            let mut t = |f: &dyn Fn(&mut Vec<f32>)| {
+                let mut best = f64::MAX;
+                for _ in 0..7 {
+                    let t0 = std::time::Instant::now();
+                    for _ in 0..reps {
+                        f(&mut c);
+                    }
+                    best = best.min(t0.elapsed().as_secs_f64() / reps as f64 * 1e6);
+                }
+                best
+            };
+            let mkn = (m, k, n);
+            let av = (a.data.as_ptr(), a.rs, a.cs);
+            let bv = (b.data.as_ptr(), b.rs, b.cs);
+            let g = t(&|c| unsafe {
+                crate::backend::cpu::small_gemm::sgemm(
+                    mkn,
+                    1.0,
+                    av,
+                    bv,
+                    0.0,
+                    (c.as_mut_ptr(), n as isize, 1),
+                )
+            });
+            let gf = |us: f64| 2.0 * (m * k * n) as f64 / us / 1e3;
+            eprintln!("{m}x{k}x{n} A {la} B {lb}: {g:.2} us ({:.0} GF/s)", gf(g));
+        }
     }
 }
