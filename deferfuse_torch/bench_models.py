@@ -20,6 +20,10 @@ that ran on the CPU fallback (listed by name under the table). A runner that
 raises (e.g. an op with neither a kernel nor a fallback) is reported and skipped; the others
 go on.
 
+With --more, the models beyond the zoo follow it (tests/model_zoo_more.py: MobileNetV2,
+EfficientNet-B0, DistilBERT, T5, Qwen2, nn.TransformerEncoder, a bidirectional GRU, a 1-D
+convolution audio encoder, a U-Net); --models may name any model of either list.
+
 Sizes: by default the zoo's "bench" sizes (nanoGPT: 4 layers, d 128, seq 64, batch 16, AdamW);
 --quick uses the tests' tiny sizes.
 
@@ -37,7 +41,7 @@ everything else cost nothing.
 
 Usage: python bench_models.py [--models gpt2,mlp] [--steps N] [--warmup N] [--threads N]
                               [--steps-per-round K] [--quick] [--no-compile] [--json]
-                              [--breakdown] [--no-pipeline-too]"""
+                              [--breakdown] [--no-pipeline-too] [--more]"""
 
 import argparse
 import os
@@ -60,6 +64,8 @@ def parse_args(argv):
     ap.add_argument("--no-pipeline-too", action="store_true",
                     help="one more runner: tpu defer with pipelining off (set_pipeline_ops(0)), "
                          "and its ms over defer's as 'nopipe/def'")
+    ap.add_argument("--more", action="store_true",
+                    help="after the zoo, the models beyond it (tests/model_zoo_more.py)")
     ap.add_argument("--breakdown", action="store_true",
                     help="after the timing, one more step per tpu mode under explain(): where "
                          "its time went (host recording, programs by kind)")
@@ -85,6 +91,7 @@ from bench_settle import settle  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
 import model_zoo  # noqa: E402
+import model_zoo_more  # noqa: E402
 
 BATCHES = 4  # distinct batches each runner cycles through
 
@@ -179,8 +186,15 @@ def _median_stats(steps):
     return out
 
 
+def build(name, size):
+    """The workload `name` of the zoo or of the models beyond it."""
+    if name in model_zoo_more.MORE:
+        return model_zoo_more.build(name, size, BATCHES)
+    return model_zoo.build(name, size, BATCHES)
+
+
 def bench(name, args):
-    w = model_zoo.build(name, "tiny" if args.quick else "bench", BATCHES)
+    w = build(name, "tiny" if args.quick else "bench")
     runners = [Runner("cpu", w, "cpu")]
     if not args.no_compile:
         runners.append(Runner("compile", w, "cpu", compiled=True))
@@ -276,15 +290,24 @@ def print_breakdown(rows):
           "the ratio if all but the\nproducts cost nothing.")
 
 
+def model_names(args):
+    """The models to time, in order: --models's, else the zoo and the MLPs (and with --more the
+    models beyond the zoo). Exits naming the known models when --models names another."""
+    known = dict(model_zoo.ALL, **model_zoo_more.MORE)
+    names = [n for n in args.models.split(",") if n] or list(model_zoo.ALL)
+    if args.more and not args.models:
+        names += list(model_zoo_more.MORE)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        sys.exit(f"bench_models: unknown model(s) {unknown}; expected some of {sorted(known)}")
+    return names
+
+
 def main(args):
     torch.set_num_threads(args.threads)
     from transformers.utils import logging
     logging.set_verbosity_error()  # config notices, one per model, would break up the table
-    names = [n for n in args.models.split(",") if n] or list(model_zoo.ALL)
-    unknown = [n for n in names if n not in model_zoo.ALL]
-    if unknown:
-        sys.exit(f"bench_models: unknown model(s) {unknown}; expected some of "
-                 f"{sorted(model_zoo.ALL)}")
+    names = model_names(args)
     rows = [bench(n, args) for n in names]
     if args.json:
         print(json.dumps({"steps": args.steps, "warmup": args.warmup, "threads": args.threads,

@@ -50,3 +50,20 @@ def test_no_pipeline_too_times_defer_without_pipelining_beside_it(capsys):
     assert row["defer_step"]["pipelined_flushes"] >= 1
     bench_models.print_table([row], args)
     assert "nopipe/def" in capsys.readouterr().out
+
+
+def test_more_times_the_models_beyond_the_zoo_after_it():
+    names = bench_models.model_names(bench_models.parse_args(["--more"]))
+    zoo = list(bench_models.model_zoo.ALL)
+    assert names[:len(zoo)] == zoo
+    assert names[len(zoo):] == list(bench_models.model_zoo_more.MORE)
+    assert bench_models.model_names(bench_models.parse_args([])) == zoo
+
+
+def test_models_names_a_model_beyond_the_zoo_and_its_row_is_timed():
+    args = bench_models.parse_args(["--quick", "--no-compile", "--steps", "1", "--warmup", "1",
+                                    "--models", "gru"])
+    assert bench_models.model_names(args) == ["gru"]
+    row = bench_models.bench("gru", args)
+    assert row["errors"] == {}
+    assert all(row["ms"][r] > 0 for r in ("cpu", "strict", "defer"))
