@@ -6,22 +6,32 @@ use deferfuse_fusion::ir::{DType, Layout, Op, UnaryOp};
 use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::trace::{Node, Operand, TensorRef};
 use deferfuse_runtime::alloc::HostAllocator;
-use deferfuse_runtime::backend::cpu::{limit_row_routine_lanes, CpuBackend};
+use deferfuse_runtime::backend::cpu::{limit_row_routine_lanes, CpuBackend, SHORT_ROW};
 use deferfuse_runtime::backend::{Backend, Program};
 use deferfuse_runtime::buffer::Buffer;
 use std::sync::Arc;
 
 /// A compiled `op(x)` over a contiguous f32 vector of `n` elements.
 fn program(backend: &CpuBackend, op: UnaryOp, n: usize) -> (Arc<dyn Program>, Node) {
-    let t = |buffer| TensorRef {
+    program_on(backend, op, Layout::contiguous(&[n]), &[n])
+}
+
+/// A compiled `y = op(x)`, x laid out as `x_layout`, y contiguous of shape `shape`.
+fn program_on(
+    backend: &CpuBackend,
+    op: UnaryOp,
+    x_layout: Layout,
+    shape: &[usize],
+) -> (Arc<dyn Program>, Node) {
+    let t = |buffer, layout| TensorRef {
         buffer,
-        layout: Layout::contiguous(&[n]),
+        layout,
         dtype: DType::F32,
     };
     let node = Node {
         op: Op::Unary(op),
-        inputs: [Operand::Tensor(t(1))].into_iter().collect(),
-        output: t(2),
+        inputs: [Operand::Tensor(t(1, x_layout))].into_iter().collect(),
+        output: t(2, Layout::contiguous(shape)),
         compute: DType::F32,
     };
     let step = lower_node(&node, 0).pop().expect("one step");
@@ -29,20 +39,40 @@ fn program(backend: &CpuBackend, op: UnaryOp, n: usize) -> (Arc<dyn Program>, No
 }
 
 fn run(backend: &CpuBackend, op: UnaryOp, xs: &[f32]) -> Vec<u32> {
-    let (prog, node) = program(backend, op, xs.len());
+    run_rows(backend, op, xs, 1)
+}
+
+/// `op` over `xs` read as rows of `row` elements each followed by as many unread ones (so the
+/// loop cannot merge them into one row), written contiguously: the bits of each result.
+fn run_rows(backend: &CpuBackend, op: UnaryOp, xs: &[f32], row: usize) -> Vec<u32> {
+    let (shape, layout, spread) = if row == 1 {
+        (vec![xs.len()], Layout::contiguous(&[xs.len()]), xs.to_vec())
+    } else {
+        let rows = xs.len() / row;
+        let mut layout = Layout::contiguous(&[rows, row]);
+        layout.strides = [2 * row as isize, 1].into_iter().collect();
+        let spread: Vec<f32> = xs
+            .chunks(row)
+            .flat_map(|c| c.iter().copied().chain(std::iter::repeat_n(f32::NAN, row)))
+            .collect();
+        (vec![rows, row], layout, spread)
+    };
+    let (prog, node) = program_on(backend, op, layout, &shape);
     let step = lower_node(&node, 0).pop().expect("one step");
     let pool = HostAllocator::new(0);
-    let bytes = 4 * xs.len();
-    let x = Arc::new(Buffer::new(1, bytes, pool.clone()));
-    let y = Arc::new(Buffer::new(2, bytes, pool));
+    let n: usize = shape.iter().product();
+    let x = Arc::new(Buffer::new(1, 4 * spread.len(), pool.clone()));
+    let y = Arc::new(Buffer::new(2, 4 * n, pool));
     let x_base = x.storage_for_overwrite().unwrap().ptr();
-    // SAFETY: the buffer was just allocated with room for the n f32s.
-    unsafe { std::ptr::copy_nonoverlapping(xs.as_ptr() as *const u8, x_base, bytes) };
-    // SAFETY: both buffers hold the n f32s the binding describes; nothing else uses them.
+    // SAFETY: the buffer was just allocated with room for the spread f32s.
+    unsafe {
+        std::ptr::copy_nonoverlapping(spread.as_ptr() as *const u8, x_base, 4 * spread.len())
+    };
+    // SAFETY: both buffers hold the f32s the binding describes; nothing else uses them.
     unsafe { prog.run(&step.binding, &[x, y.clone()]).unwrap() };
     let y_base = y.storage().unwrap().ptr() as *const f32;
     // SAFETY: the program wrote the n f32s of y.
-    let ys = unsafe { std::slice::from_raw_parts(y_base, xs.len()) };
+    let ys = unsafe { std::slice::from_raw_parts(y_base, n) };
     ys.iter().map(|v| v.to_bits()).collect()
 }
 
@@ -158,4 +188,44 @@ fn loops_call_a_row_routine_only_when_the_host_has_one() {
         "{}",
         listing(&inline)
     );
+}
+
+#[test]
+fn rows_shorter_and_longer_than_short_row_match_the_inline_code() {
+    // A loop whose rows are short runs its inline variant (`SHORT_ROW`), longer ones the row
+    // routines: both on rows of every length around the switch, every op.
+    let Some((fast, inline)) = both() else { return };
+    for row in (1..=2 * SHORT_ROW).chain([100]) {
+        let xs: Vec<f32> = (0..row * 37)
+            .map(|i| (i as f32 * 0.37).sin() * 6.0)
+            .collect();
+        let want = run(&inline, UnaryOp::Exp, &xs);
+        assert_eq!(
+            run_rows(&fast, UnaryOp::Exp, &xs, row),
+            want,
+            "exp, rows of {row}"
+        );
+        for op in OPS {
+            assert_eq!(
+                run_rows(&fast, op, &xs, row),
+                run_rows(&inline, op, &xs, row),
+                "{op:?}, rows of {row}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_loop_calling_a_row_routine_also_has_an_inline_variant_for_short_rows() {
+    let Some(_) = both() else { return };
+    let keep = CpuBackend::new(true, 1).unwrap();
+    let listing = program(&keep, UnaryOp::Exp, 4096).0.listing();
+    let (blocked, short) = listing
+        .split_once(&format!("for rows shorter than {SHORT_ROW}: inline"))
+        .expect("a short-row variant");
+    assert!(blocked.contains("call fn0"), "{blocked}");
+    assert!(!short.contains("call fn0"), "{short}");
+    let without = keep.without_row_routines();
+    let listing = program(&without, UnaryOp::Exp, 4096).0.listing();
+    assert!(!listing.contains("for rows shorter than"), "{listing}");
 }
