@@ -6,7 +6,7 @@ use deferfuse_fusion::ir::{DType, Layout, Op, UnaryOp};
 use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::trace::{Node, Operand, TensorRef};
 use deferfuse_runtime::alloc::HostAllocator;
-use deferfuse_runtime::backend::cpu::{limit_row_routine_lanes, CpuBackend, SHORT_ROW};
+use deferfuse_runtime::backend::cpu::{limit_row_routine_lanes, CpuBackend};
 use deferfuse_runtime::backend::{Backend, Program};
 use deferfuse_runtime::buffer::Buffer;
 use std::sync::Arc;
@@ -191,11 +191,11 @@ fn loops_call_a_row_routine_only_when_the_host_has_one() {
 }
 
 #[test]
-fn rows_shorter_and_longer_than_short_row_match_the_inline_code() {
-    // A loop whose rows are short runs its inline variant (`SHORT_ROW`), longer ones the row
-    // routines: both on rows of every length around the switch, every op.
+fn rows_of_every_length_taken_in_groups_match_the_inline_code() {
+    // Rows shorter than a block (1024) run in groups filling a block, the last group partial
+    // (37 rows of each length); longer rows block by block.
     let Some((fast, inline)) = both() else { return };
-    for row in (1..=2 * SHORT_ROW).chain([100]) {
+    for row in (1..=33).chain([100, 341, 1000, 1023, 1024, 1025]) {
         let xs: Vec<f32> = (0..row * 37)
             .map(|i| (i as f32 * 0.37).sin() * 6.0)
             .collect();
@@ -213,19 +213,4 @@ fn rows_shorter_and_longer_than_short_row_match_the_inline_code() {
             );
         }
     }
-}
-
-#[test]
-fn a_loop_calling_a_row_routine_also_has_an_inline_variant_for_short_rows() {
-    let Some(_) = both() else { return };
-    let keep = CpuBackend::new(true, 1).unwrap();
-    let listing = program(&keep, UnaryOp::Exp, 4096).0.listing();
-    let (blocked, short) = listing
-        .split_once(&format!("for rows shorter than {SHORT_ROW}: inline"))
-        .expect("a short-row variant");
-    assert!(blocked.contains("call fn0"), "{blocked}");
-    assert!(!short.contains("call fn0"), "{short}");
-    let without = keep.without_row_routines();
-    let listing = program(&without, UnaryOp::Exp, 4096).0.listing();
-    assert!(!listing.contains("for rows shorter than"), "{listing}");
 }

@@ -39,9 +39,9 @@ pub fn signature(module: &JITModule) -> Signature {
 /// Per-operand row state inside the outer loop.
 #[derive(Clone)]
 pub struct Operand {
-    desc: LoopOperand,
-    row: Value,
-    inner: Value,
+    pub(super) desc: LoopOperand,
+    pub(super) row: Value,
+    pub(super) inner: Value,
 }
 
 pub struct Kernel<'r> {
@@ -451,6 +451,27 @@ pub fn build(
         })
         .collect();
 
+    if region.reduces.is_empty() && schedule.blocked() {
+        // Rows shorter than a block run in groups of rows (see `row_groups`).
+        let grouped = e.b.create_block();
+        let per_row = e.b.create_block();
+        let short =
+            e.b.ins()
+                .icmp_imm_s(IntCC::SignedLessThan, n_inner, super::sweep::BLOCK as i64);
+        e.b.ins().brif(short, grouped, &[], per_row, &[]);
+        e.b.switch_to_block(grouped);
+        let rows = super::row_groups::Rows {
+            region,
+            descs: &descs,
+            bases: &bases,
+            stash_base,
+            params: &params,
+            n_inner,
+        };
+        rows.emit(&mut e, schedule, n_outer);
+        e.b.ins().return_(&[]);
+        e.b.switch_to_block(per_row);
+    }
     let outer_head = e.b.create_block();
     let o = e.b.append_block_param(outer_head, I64);
     let outer_body = e.b.create_block();

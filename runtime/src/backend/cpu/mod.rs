@@ -18,6 +18,7 @@ mod packed_gemm;
 #[cfg(target_arch = "x86_64")]
 mod packed_gemm_avx512;
 mod parallel;
+mod row_groups;
 mod small_gemm;
 mod stash;
 mod sweep;
@@ -127,19 +128,7 @@ impl CpuBackend {
         self.pool.threads()
     }
 
-    /// Compiles `region`'s loop kernel; when it makes values with `block_math`'s row
-    /// routines, also the same loop computing them inline, for short rows (see
-    /// [`SHORT_ROW`]).
     fn compile_loop(&self, region: &LoopRegion) -> Result<LoopProgram> {
-        let mut program = self.compile_loop_with(region, self.block_math)?;
-        if program.blocked {
-            program.short_rows = Some(Box::new(self.compile_loop_with(region, false)?));
-        }
-        Ok(program)
-    }
-
-    /// Compiles `region`'s loop kernel, calling `block_math`'s row routines when `block_math`.
-    fn compile_loop_with(&self, region: &LoopRegion, block_math: bool) -> Result<LoopProgram> {
         let mut jb =
             JITBuilder::with_isa(self.isa.clone(), cranelift_module::default_libcall_names());
         for (name, ptr) in jit_calls::symbols()
@@ -158,7 +147,7 @@ impl CpuBackend {
             .map_err(|e| Error::Backend(format!("declaring kernel: {e}")))?;
         let mut ctx = Context::new();
         ctx.func.signature = sig;
-        let schedule = sweep::schedule(region, block_math);
+        let schedule = sweep::schedule(region, self.block_math);
         {
             let mut fctx = self.builder_ctx.lock().unwrap_or_else(|p| p.into_inner());
             let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
@@ -199,10 +188,8 @@ impl CpuBackend {
             } else {
                 None
             },
-            blocked: schedule.blocked(),
             stash: schedule.slots,
             columns: None,
-            short_rows: None,
         })
     }
 }
@@ -272,20 +259,7 @@ struct LoopProgram {
     stash_rows: Option<usize>,
     /// For a reduction over leading dims, the kernel that takes its rows gathered.
     columns: Option<Box<columns::ColumnKernel>>,
-    /// Whether some value is made by a row routine, in block phases (see `stash`).
-    blocked: bool,
-    /// For a `blocked` loop, the same loop with every value computed inline: it runs rows
-    /// shorter than [`SHORT_ROW`].
-    short_rows: Option<Box<LoopProgram>>,
 }
-
-/// Row length below which a loop whose values come from row routines (`block_math`) runs its
-/// inline variant instead. A row routine runs per row: its operand stored to a scratch row,
-/// one call, the results loaded back. On rows of a few elements (a per-channel scale and SiLU
-/// over EfficientNet's 2x2 feature maps: rows of 4) that cost 17.5 ns an element for a SiLU
-/// and a sigmoid, 10.3 at rows of 9, where the inline code costs 4.8 and 5.8; from rows of 16
-/// the routines are as fast (4.0 against 4.4) and faster beyond (1.1 against 4.1 at 1024).
-pub const SHORT_ROW: usize = 16;
 
 // SAFETY: after finalization the module's code is immutable; it is only freed on drop.
 unsafe impl Send for LoopProgram {}
@@ -346,11 +320,6 @@ impl HostProgram for LoopProgram {
                 return c.run(binding, iter, &starts, &strides, &elem);
             }
         }
-        if let Some(short) = &self.short_rows {
-            if n_inner < SHORT_ROW {
-                return short.run_host(binding, bases);
-            }
-        }
         let outer_dims = r - 2;
         let walked: usize = iter.sizes[..outer_dims].iter().product();
         // The operands' pointers at byte offsets `at(j)` from their starts, written over the
@@ -398,13 +367,7 @@ impl HostProgram for LoopProgram {
     }
 
     fn listing(&self) -> String {
-        match &self.short_rows {
-            Some(short) => format!(
-                "{}\n; ==== for rows shorter than {SHORT_ROW}: inline ====\n{}",
-                self.listing, short.listing
-            ),
-            None => self.listing.clone(),
-        }
+        self.listing.clone()
     }
 }
 
@@ -435,7 +398,10 @@ impl LoopProgram {
         if self.stash.is_empty() {
             run(ptrs);
         } else {
-            let row_len = self.stash_rows.map_or(len, |b| b.min(len));
+            // Rows shorter than a block share it (`row_groups`).
+            let row_len = self
+                .stash_rows
+                .map_or(len, |b| b.min(len.saturating_mul(rows)));
             let operands = ptrs.len();
             stash::with_rows(&self.stash, row_len, |scratch| {
                 ptrs.extend_from_slice(scratch);

@@ -13,7 +13,8 @@
 //! in a *block phase* before the sweep that first needs it: a pass stores the routine's operand
 //! to the value's scratch row, the routine overwrites the row with its results, and every later
 //! pass loads them. An elementwise loop with such a value runs its phases and its pass block by
-//! block, so its scratch rows stay in L1.
+//! block, so its scratch rows stay in L1; rows shorter than a block in groups of rows that fill
+//! one (`row_groups`).
 //!
 //! The scratch rows are operands after the region's own (inputs, element outputs, reduction
 //! outputs): the executor passes one row per slot (`n_inner` elements of the slot's dtype, or

@@ -9,7 +9,7 @@
 use super::block_math;
 use super::codegen::{block_args, flatten, loop_test, params_like, Kernel};
 use super::lanes::{lane_ty, Emitter, V};
-use super::stash::{RowSchedule, SweepSchedule};
+use super::stash::{BlockPhase, RowSchedule, SweepSchedule};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F64, I64};
 use cranelift_codegen::ir::{BlockArg, InstBuilder, Value};
@@ -248,21 +248,55 @@ fn run_phases(
     reduced: &[(Value, DType)],
 ) {
     for ph in &sp.phases {
-        let stashes = [(ph.input, ph.slot)];
-        let sweep = Sweep {
-            k,
-            n,
-            mask: &ph.mask,
-            reduced,
-            stores: &[],
-            loads: &ph.loads,
-            stashes: &stashes,
-        };
-        elementwise_sweep(&sweep, e);
-        let symbol = block_math::symbol(ph.op).expect("scheduled ops have a routine");
-        let row = k.stash_row(ph.slot);
-        e.call(symbol, &[row, n], &[I64, I64], I64);
+        phase_pass(k, e, n, ph, reduced);
+        phase_call(k, e, n, ph);
     }
+}
+
+/// The pass of block phase `ph` over a row of `n` elements: the routine's operand, stored to
+/// the phase's slot (its routine not yet called).
+pub fn phase_pass(
+    k: &Kernel,
+    e: &mut Emitter,
+    n: Value,
+    ph: &BlockPhase,
+    reduced: &[(Value, DType)],
+) {
+    let stashes = [(ph.input, ph.slot)];
+    let sweep = Sweep {
+        k,
+        n,
+        mask: &ph.mask,
+        reduced,
+        stores: &[],
+        loads: &ph.loads,
+        stashes: &stashes,
+    };
+    elementwise_sweep(&sweep, e);
+}
+
+/// Calls block phase `ph`'s routine on the first `len` elements of its slot's scratch row.
+pub fn phase_call(k: &Kernel, e: &mut Emitter, len: Value, ph: &BlockPhase) {
+    let symbol = block_math::symbol(ph.op).expect("scheduled ops have a routine");
+    let row = k.stash_row(ph.slot);
+    e.call(symbol, &[row, len], &[I64, I64], I64);
+}
+
+/// An elementwise loop's pass over a row of `n` elements after its block phases: every
+/// output, the phases' values loaded from their slots.
+pub fn elementwise_pass(k: &Kernel, e: &mut Emitter, n: Value, schedule: &RowSchedule) {
+    let all: Vec<usize> = (0..k.region.outputs.len()).collect();
+    let sp = &schedule.sweeps[0];
+    let sweep = Sweep {
+        k,
+        n,
+        mask: &sp.mask,
+        reduced: &[],
+        stores: &all,
+        loads: &sp.loads,
+        stashes: &sp.stores,
+    };
+    elementwise_sweep(&sweep, e);
 }
 
 /// Main loop of 4 elements, then a tail of 1, storing the outputs `stores`.
