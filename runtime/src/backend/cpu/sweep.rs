@@ -171,18 +171,8 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value, schedule: &RowSchedule) {
         }
         // Block by block: the phases and the pass of each block run over its scratch rows.
         k.for_blocks(e, n, BLOCK as i64, &mut |kb, e, len| {
-            let sp = &schedule.sweeps[0];
-            run_phases(kb, e, len, sp, &[]);
-            let sweep = Sweep {
-                k: kb,
-                n: len,
-                mask: &sp.mask,
-                reduced: &[],
-                stores: &all,
-                loads: &sp.loads,
-                stashes: &sp.stores,
-            };
-            elementwise_sweep(&sweep, e);
+            run_phases(kb, e, len, &schedule.sweeps[0], &[]);
+            elementwise_pass(kb, e, len, schedule);
         });
         return;
     }
