@@ -15,10 +15,9 @@ import functools
 import pytest
 import torch
 
-import deferfuse_torch
 import model_zoo
 import model_zoo_more
-from test_model_zoo import LOSS_ATOL, LOSS_RTOL, STATE_ATOL, STATE_RTOL, STEPS, train
+from test_model_zoo import STEPS, assert_trains_like_cpu, train
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -59,19 +58,4 @@ def test_to_tpu_keeps_qwen2s_tied_embedding_one_parameter():
 @pytest.mark.parametrize("mode", ["strict", "defer"])
 @pytest.mark.parametrize("name", list(model_zoo_more.MORE))
 def test_training_matches_cpu_with_zero_fallbacks(name, mode):
-    w = workload(name)
-    want, want_state = cpu_run(name)
-    deferfuse_torch.reset_fallback_counts()
-    got, model = train(w, "tpu", mode)
-    fallbacks = deferfuse_torch.fallback_counts()
-    torch.testing.assert_close(
-        torch.tensor(got, dtype=torch.float64), torch.tensor(want, dtype=torch.float64),
-        rtol=LOSS_RTOL, atol=LOSS_ATOL,
-        msg=lambda m: f"{name} {mode}: tpu losses {got} vs CPU {want} (fallbacks {fallbacks})"
-                      f"\n{m}")
-    got_state = {k: v.cpu() for k, v in model.state_dict().items()}
-    assert got_state.keys() == want_state.keys()
-    for key, value in want_state.items():
-        torch.testing.assert_close(got_state[key], value, rtol=STATE_RTOL, atol=STATE_ATOL,
-                                   msg=lambda m: f"{name} {mode}: {key} after training\n{m}")
-    assert fallbacks == {}, f"{name} {mode}: ops ran on CPU"
+    assert_trains_like_cpu(name, mode, workload(name), cpu_run(name))
