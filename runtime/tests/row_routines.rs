@@ -2,8 +2,10 @@
 //! 4-lane code they replace, for every input, every length and every position in a row: strict
 //! and defer mode, and hosts with and without AVX2, agree.
 
-use deferfuse_fusion::ir::{DType, Layout, Op, UnaryOp};
+use deferfuse_fusion::ir::{DType, Layout, Op, ReduceOp, UnaryOp};
 use deferfuse_fusion::lower::lower_node;
+use deferfuse_fusion::plan::{plan, PlanOptions};
+use deferfuse_fusion::region::Region;
 use deferfuse_fusion::trace::{Node, Operand, TensorRef};
 use deferfuse_runtime::alloc::HostAllocator;
 use deferfuse_runtime::backend::cpu::{limit_row_routine_lanes, CpuBackend};
@@ -210,6 +212,105 @@ fn rows_of_every_length_taken_in_groups_match_the_inline_code() {
                 run_rows(&fast, op, &xs, row),
                 run_rows(&inline, op, &xs, row),
                 "{op:?}, rows of {row}"
+            );
+        }
+    }
+}
+
+/// `y = op(x)` over x read as rows of `row` (as `run_rows` reads it) and `s = sum(y)` of each
+/// row, planned into one row kernel (its routine call in the first sweep, before the sum):
+/// the bits of y, then of s.
+fn run_row_kernel(backend: &CpuBackend, op: UnaryOp, xs: &[f32], row: usize) -> Vec<u32> {
+    let rows = xs.len() / row;
+    let mut x_layout = Layout::contiguous(&[rows, row]);
+    x_layout.strides = [2 * row as isize, 1].into_iter().collect();
+    let t = |buffer, layout| TensorRef {
+        buffer,
+        layout,
+        dtype: DType::F32,
+    };
+    let nodes = [
+        Node {
+            op: Op::Unary(op),
+            inputs: [Operand::Tensor(t(1, x_layout))].into_iter().collect(),
+            output: t(2, Layout::contiguous(&[rows, row])),
+            compute: DType::F32,
+        },
+        Node {
+            op: Op::Reduce {
+                op: ReduceOp::Sum,
+                dims: [1].into_iter().collect(),
+                keepdim: false,
+            },
+            inputs: [Operand::Tensor(t(2, Layout::contiguous(&[rows, row])))]
+                .into_iter()
+                .collect(),
+            output: t(3, Layout::contiguous(&[rows])),
+            compute: DType::F32,
+        },
+    ];
+    let steps = plan(&nodes, &|b| b == 2 || b == 3, &PlanOptions::default()).steps;
+    assert_eq!(steps.len(), 1, "one fused step");
+    let step = &steps[0];
+    assert!(
+        matches!(&*step.region, Region::Loop(l) if !l.reduces.is_empty()),
+        "a row kernel"
+    );
+    let prog = backend.compile(&step.region).unwrap();
+    let spread: Vec<f32> = xs
+        .chunks(row)
+        .flat_map(|c| c.iter().copied().chain(std::iter::repeat_n(f32::NAN, row)))
+        .collect();
+    let pool = HostAllocator::new(0);
+    let bufs: Vec<Arc<Buffer>> = step
+        .binding
+        .operands
+        .iter()
+        .map(|o| {
+            let n = if o.buffer == 1 {
+                spread.len()
+            } else {
+                o.layout.numel()
+            };
+            Arc::new(Buffer::new(o.buffer, 4 * n, pool.clone()))
+        })
+        .collect();
+    let at = |id| {
+        let j = step.binding.operands.iter().position(|o| o.buffer == id);
+        &bufs[j.expect("an operand")]
+    };
+    let x = at(1);
+    let x_base = x.storage_for_overwrite().unwrap().ptr();
+    // SAFETY: x's buffer was just allocated with room for the spread f32s.
+    unsafe {
+        std::ptr::copy_nonoverlapping(spread.as_ptr() as *const u8, x_base, 4 * spread.len())
+    };
+    // SAFETY: every buffer holds the f32s the binding describes; nothing else uses them.
+    unsafe { prog.run(&step.binding, &bufs).unwrap() };
+    let mut bits = Vec::new();
+    for (id, n) in [(2, rows * row), (3, rows)] {
+        let b = at(id);
+        // SAFETY: the program wrote the n f32s of this output.
+        let vs = unsafe { std::slice::from_raw_parts(b.storage().unwrap().ptr() as *const f32, n) };
+        bits.extend(vs.iter().map(|v| v.to_bits()));
+    }
+    bits
+}
+
+#[test]
+fn a_row_kernel_over_rows_of_every_length_taken_in_groups_matches_the_inline_code() {
+    // Its routine call is in the first sweep (before the sum), so short rows run in groups:
+    // the values and each row's sum as the inline code gives them.
+    let Some((fast, inline)) = both() else { return };
+    for row in (1..=33).chain([100, 1000, 1023, 1024, 1025]) {
+        let xs: Vec<f32> = (0..row * 37)
+            .map(|i| (i as f32 * 0.37).sin() * 6.0)
+            .collect();
+        for op in OPS {
+            assert_eq!(
+                run_row_kernel(&fast, op, &xs, row),
+                run_row_kernel(&inline, op, &xs, row),
+                "{op:?} and its row sums, rows of {row}"
             );
         }
     }

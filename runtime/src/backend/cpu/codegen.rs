@@ -451,7 +451,7 @@ pub fn build(
         })
         .collect();
 
-    if region.reduces.is_empty() && schedule.blocked() {
+    if schedule.groups_rows() {
         // Rows shorter than a block run in groups of rows (see `row_groups`).
         let grouped = e.b.create_block();
         let per_row = e.b.create_block();

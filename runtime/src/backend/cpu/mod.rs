@@ -188,6 +188,7 @@ impl CpuBackend {
             } else {
                 None
             },
+            groups_rows: schedule.groups_rows(),
             stash: schedule.slots,
             columns: None,
         })
@@ -257,6 +258,8 @@ struct LoopProgram {
     stash: Vec<DType>,
     /// Elements per scratch row when the loop runs block by block (else a row's length).
     stash_rows: Option<usize>,
+    /// Whether rows shorter than a block run in groups (`row_groups`), sharing scratch rows.
+    groups_rows: bool,
     /// For a reduction over leading dims, the kernel that takes its rows gathered.
     columns: Option<Box<columns::ColumnKernel>>,
 }
@@ -398,10 +401,13 @@ impl LoopProgram {
         if self.stash.is_empty() {
             run(ptrs);
         } else {
-            // Rows shorter than a block share it (`row_groups`).
-            let row_len = self
-                .stash_rows
-                .map_or(len, |b| b.min(len.saturating_mul(rows)));
+            // Rows shorter than a block share the scratch, in groups of rows (`row_groups`).
+            let grouped = len.saturating_mul(rows).min(sweep::BLOCK);
+            let row_len = match self.stash_rows {
+                Some(b) => b.min(len.saturating_mul(rows)),
+                None if self.groups_rows && len < sweep::BLOCK => grouped,
+                None => len,
+            };
             let operands = ptrs.len();
             stash::with_rows(&self.stash, row_len, |scratch| {
                 ptrs.extend_from_slice(scratch);

@@ -1,4 +1,4 @@
-//! Elementwise loops whose values come from row routines, over rows shorter than a block.
+//! Loops whose values come from row routines, over rows shorter than a block.
 //!
 //! Such a loop runs each block of a row in phases (see `stash`): a pass storing a routine's
 //! operand to a scratch row, one routine call, then the pass computing the outputs. Row by
@@ -10,11 +10,16 @@
 //! same operations as row by row, so the bits are the same. A per-channel scale, SiLU and
 //! sigmoid over rows of 4 / 9 / 16 / 32 elements: 17.5 / 10.3 / 4.0 / 2.4 ns an element row
 //! by row, 2.7 / 2.0 / 1.6 / 1.4 in groups (1.1 on rows of 1024, one block a row).
+//!
+//! A row kernel (a loop with reductions) is grouped the same way when all its routine calls
+//! are in its first sweep, before any reduction (a SiLU whose mean it takes: squeeze-and-
+//! excitation's pooling); the rest of each row (its reduction sweeps, its late sweep) then runs
+//! row by row, reading the group's scratch rows at that row's place.
 
 use super::codegen::{loop_test, Kernel, Operand};
 use super::lanes::Emitter;
 use super::stash::RowSchedule;
-use super::sweep::{elementwise_pass, phase_call, phase_pass, BLOCK};
+use super::sweep::{phase_call, phase_pass, row_after_group_phases, BLOCK};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::I64;
 use cranelift_codegen::ir::{BlockArg, InstBuilder, Value};
@@ -58,7 +63,7 @@ impl Rows<'_> {
             phase_call(&k, e, len, ph);
         }
         self.each_row(e, first, count, &mut |k, e| {
-            elementwise_pass(k, e, self.n_inner, schedule)
+            row_after_group_phases(k, e, self.n_inner, schedule)
         });
         let next = e.b.ins().iadd(first, per_group);
         e.b.ins().jump(head, &[BlockArg::Value(next)]);

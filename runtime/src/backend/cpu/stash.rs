@@ -136,6 +136,12 @@ impl RowSchedule {
     pub fn blocked(&self) -> bool {
         self.sweeps.iter().any(|s| !s.phases.is_empty())
     }
+
+    /// True when short rows can run in groups (`row_groups`): there are block phases, and all
+    /// of them are the first sweep's, so none needs a row's reduction results.
+    pub fn groups_rows(&self) -> bool {
+        self.blocked() && self.sweeps.iter().skip(1).all(|s| s.phases.is_empty())
+    }
 }
 
 /// The values of `mask` that are loaded rather than computed (slots assigned later).

@@ -176,6 +176,30 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value, schedule: &RowSchedule) {
         });
         return;
     }
+    reduce_sweeps(k, e, n, schedule, false);
+}
+
+/// A row whose first sweep's block phases already ran for its group of rows (`row_groups`):
+/// what [`row`] emits after them.
+pub fn row_after_group_phases(k: &Kernel, e: &mut Emitter, n: Value, schedule: &RowSchedule) {
+    if k.region.reduces.is_empty() {
+        elementwise_pass(k, e, n, schedule);
+    } else {
+        reduce_sweeps(k, e, n, schedule, true);
+    }
+}
+
+/// A row kernel's sweeps over one row: one per reduction, then the late sweep; the first
+/// sweep's block phases are left out when `first_phases_done`.
+fn reduce_sweeps(
+    k: &Kernel,
+    e: &mut Emitter,
+    n: Value,
+    schedule: &RowSchedule,
+    first_phases_done: bool,
+) {
+    let region = k.region;
+    let all: Vec<usize> = (0..region.outputs.len()).collect();
     let sw = sweep_of(region);
     let stores_in = |p: usize| -> Vec<usize> {
         all.iter()
@@ -188,7 +212,9 @@ pub fn row(k: &Kernel, e: &mut Emitter, n: Value, schedule: &RowSchedule) {
     for (p, r) in region.reduces.iter().enumerate() {
         let stores = stores_in(p);
         let sp = &schedule.sweeps[p];
-        run_phases(k, e, n, sp, &reduced);
+        if !(first_phases_done && p == 0) {
+            run_phases(k, e, n, sp, &reduced);
+        }
         let d = region.body[r.value as usize].dtype;
         let sweep = Sweep {
             k,
