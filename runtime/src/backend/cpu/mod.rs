@@ -183,11 +183,7 @@ impl CpuBackend {
             module: Some(module),
             listing,
             pool: self.pool.clone(),
-            stash_rows: if schedule.blocked() && region.reduces.is_empty() {
-                Some(sweep::BLOCK)
-            } else {
-                None
-            },
+            blocks: schedule.blocked() && region.reduces.is_empty(),
             groups_rows: schedule.groups_rows(),
             stash: schedule.slots,
             columns: None,
@@ -256,8 +252,9 @@ struct LoopProgram {
     pool: Arc<Pool>,
     /// The dtypes of the scratch rows each call passes after the operands (see `stash`).
     stash: Vec<DType>,
-    /// Elements per scratch row when the loop runs block by block (else a row's length).
-    stash_rows: Option<usize>,
+    /// Whether the loop runs block by block (an elementwise loop with block phases): its
+    /// scratch rows hold one block, not a row.
+    blocks: bool,
     /// Whether rows shorter than a block run in groups (`row_groups`), sharing scratch rows.
     groups_rows: bool,
     /// For a reduction over leading dims, the kernel that takes its rows gathered.
@@ -401,12 +398,11 @@ impl LoopProgram {
         if self.stash.is_empty() {
             run(ptrs);
         } else {
-            // Rows shorter than a block share the scratch, in groups of rows (`row_groups`).
-            let grouped = len.saturating_mul(rows).min(sweep::BLOCK);
-            let row_len = match self.stash_rows {
-                Some(b) => b.min(len.saturating_mul(rows)),
-                None if self.groups_rows && len < sweep::BLOCK => grouped,
-                None => len,
+            // A block, or the rows of a group of short rows (`row_groups`): at most a block.
+            let row_len = if self.blocks || (self.groups_rows && len < sweep::BLOCK) {
+                len.saturating_mul(rows).min(sweep::BLOCK)
+            } else {
+                len
             };
             let operands = ptrs.len();
             stash::with_rows(&self.stash, row_len, |scratch| {

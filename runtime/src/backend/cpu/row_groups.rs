@@ -43,31 +43,22 @@ impl Rows<'_> {
     pub fn emit(&self, e: &mut Emitter, schedule: &RowSchedule, n_outer: Value) {
         let block = e.b.ins().iconst(I64, BLOCK as i64);
         let per_group = e.b.ins().udiv(block, self.n_inner);
-        let head = e.b.create_block();
-        let first = e.b.append_block_param(head, I64);
-        let body = e.b.create_block();
-        let exit = e.b.create_block();
-        let zero = e.b.ins().iconst(I64, 0);
-        e.b.ins().jump(head, &[BlockArg::Value(zero)]);
-        e.b.switch_to_block(head);
-        loop_test(e.b, IntCC::SignedLessThan, first, n_outer, body, exit, &[]);
-        e.b.switch_to_block(body);
-        let left = e.b.ins().isub(n_outer, first);
-        let count = e.b.ins().smin(left, per_group);
-        let len = e.b.ins().imul(count, self.n_inner);
-        for ph in &schedule.sweeps[0].phases {
+        counted_loop(e, n_outer, per_group, &mut |e, first| {
+            let left = e.b.ins().isub(n_outer, first);
+            let count = e.b.ins().smin(left, per_group);
+            let len = e.b.ins().imul(count, self.n_inner);
+            for ph in &schedule.sweeps[0].phases {
+                self.each_row(e, first, count, &mut |k, e| {
+                    phase_pass(k, e, self.n_inner, ph, &[])
+                });
+                let zero = e.b.ins().iconst(I64, 0);
+                let k = self.kernel(e, first, zero);
+                phase_call(&k, e, len, ph);
+            }
             self.each_row(e, first, count, &mut |k, e| {
-                phase_pass(k, e, self.n_inner, ph, &[])
+                row_after_group_phases(k, e, self.n_inner, schedule)
             });
-            let k = self.kernel(e, first, zero);
-            phase_call(&k, e, len, ph);
-        }
-        self.each_row(e, first, count, &mut |k, e| {
-            row_after_group_phases(k, e, self.n_inner, schedule)
         });
-        let next = e.b.ins().iadd(first, per_group);
-        e.b.ins().jump(head, &[BlockArg::Value(next)]);
-        e.b.switch_to_block(exit);
     }
 
     /// Emits `f` for each of the `count` rows from row `first`, on a kernel addressing it.
@@ -78,20 +69,11 @@ impl Rows<'_> {
         count: Value,
         f: &mut dyn FnMut(&Kernel, &mut Emitter),
     ) {
-        let head = e.b.create_block();
-        let r = e.b.append_block_param(head, I64);
-        let body = e.b.create_block();
-        let exit = e.b.create_block();
-        let zero = e.b.ins().iconst(I64, 0);
-        e.b.ins().jump(head, &[BlockArg::Value(zero)]);
-        e.b.switch_to_block(head);
-        loop_test(e.b, IntCC::SignedLessThan, r, count, body, exit, &[]);
-        e.b.switch_to_block(body);
-        let k = self.kernel(e, first, r);
-        f(&k, e);
-        let next = e.b.ins().iadd_imm_s(r, 1);
-        e.b.ins().jump(head, &[BlockArg::Value(next)]);
-        e.b.switch_to_block(exit);
+        let one = e.b.ins().iconst(I64, 1);
+        counted_loop(e, count, one, &mut |e, r| {
+            let k = self.kernel(e, first, r);
+            f(&k, e);
+        });
     }
 
     /// The kernel at row `first + r`, its scratch rows at the `r`-th row's place in them.
@@ -125,4 +107,27 @@ impl Rows<'_> {
             params: self.params.to_vec(),
         }
     }
+}
+
+/// Emits `body(i)` for `i` = 0, `step`, `2 * step`, ... while `i < end`; returns in the block
+/// after the loop.
+fn counted_loop(
+    e: &mut Emitter,
+    end: Value,
+    step: Value,
+    body: &mut dyn FnMut(&mut Emitter, Value),
+) {
+    let head = e.b.create_block();
+    let i = e.b.append_block_param(head, I64);
+    let inside = e.b.create_block();
+    let exit = e.b.create_block();
+    let zero = e.b.ins().iconst(I64, 0);
+    e.b.ins().jump(head, &[BlockArg::Value(zero)]);
+    e.b.switch_to_block(head);
+    loop_test(e.b, IntCC::SignedLessThan, i, end, inside, exit, &[]);
+    e.b.switch_to_block(inside);
+    body(e, i);
+    let next = e.b.ins().iadd(i, step);
+    e.b.ins().jump(head, &[BlockArg::Value(next)]);
+    e.b.switch_to_block(exit);
 }
