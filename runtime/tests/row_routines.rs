@@ -5,7 +5,7 @@
 use deferfuse_fusion::ir::{DType, Layout, Op, ReduceOp, UnaryOp};
 use deferfuse_fusion::lower::lower_node;
 use deferfuse_fusion::plan::{plan, PlanOptions};
-use deferfuse_fusion::region::Region;
+use deferfuse_fusion::region::{Region, Step};
 use deferfuse_fusion::trace::{Node, Operand, TensorRef};
 use deferfuse_runtime::alloc::HostAllocator;
 use deferfuse_runtime::backend::cpu::{limit_row_routine_lanes, CpuBackend};
@@ -44,38 +44,66 @@ fn run(backend: &CpuBackend, op: UnaryOp, xs: &[f32]) -> Vec<u32> {
     run_rows(backend, op, xs, 1)
 }
 
-/// `op` over `xs` read as rows of `row` elements each followed by as many unread ones (so the
-/// loop cannot merge them into one row), written contiguously: the bits of each result.
-fn run_rows(backend: &CpuBackend, op: UnaryOp, xs: &[f32], row: usize) -> Vec<u32> {
-    let (shape, layout, spread) = if row == 1 {
-        (vec![xs.len()], Layout::contiguous(&[xs.len()]), xs.to_vec())
-    } else {
-        let rows = xs.len() / row;
-        let mut layout = Layout::contiguous(&[rows, row]);
-        layout.strides = [2 * row as isize, 1].into_iter().collect();
-        let spread: Vec<f32> = xs
-            .chunks(row)
-            .flat_map(|c| c.iter().copied().chain(std::iter::repeat_n(f32::NAN, row)))
-            .collect();
-        (vec![rows, row], layout, spread)
+/// x read as rows of `row` elements each followed by as many unread ones (so a loop cannot
+/// merge them into one row): its layout and its buffer's values. Rows of 1: `xs` as it is.
+fn spread_rows(xs: &[f32], row: usize) -> (Layout, Vec<f32>) {
+    if row == 1 {
+        return (Layout::contiguous(&[xs.len()]), xs.to_vec());
+    }
+    let mut layout = Layout::contiguous(&[xs.len() / row, row]);
+    layout.strides = [2 * row as isize, 1].into_iter().collect();
+    let spread = xs
+        .chunks(row)
+        .flat_map(|c| c.iter().copied().chain(std::iter::repeat_n(f32::NAN, row)))
+        .collect();
+    (layout, spread)
+}
+
+/// Runs `prog` on `step`'s binding with buffer 1 holding `x` and a fresh buffer for each other
+/// operand: the bits of each of `outputs` (buffer, elements), in order.
+fn run_step(prog: &dyn Program, step: &Step, x: &[f32], outputs: &[(u64, usize)]) -> Vec<u32> {
+    let pool = HostAllocator::new(0);
+    let operands = &step.binding.operands;
+    let bufs: Vec<Arc<Buffer>> = operands
+        .iter()
+        .map(|o| {
+            let n = if o.buffer == 1 {
+                x.len()
+            } else {
+                o.layout.numel()
+            };
+            Arc::new(Buffer::new(o.buffer, 4 * n, pool.clone()))
+        })
+        .collect();
+    let at = |id| {
+        &bufs[operands
+            .iter()
+            .position(|o| o.buffer == id)
+            .expect("an operand")]
     };
+    let x_base = at(1).storage_for_overwrite().unwrap().ptr();
+    // SAFETY: x's buffer was just allocated with room for its f32s.
+    unsafe { std::ptr::copy_nonoverlapping(x.as_ptr() as *const u8, x_base, 4 * x.len()) };
+    // SAFETY: every buffer holds the f32s the binding describes; nothing else uses them.
+    unsafe { prog.run(&step.binding, &bufs).unwrap() };
+    let mut bits = Vec::new();
+    for &(id, n) in outputs {
+        let base = at(id).storage().unwrap().ptr() as *const f32;
+        // SAFETY: the program wrote the n f32s of this output.
+        let vs = unsafe { std::slice::from_raw_parts(base, n) };
+        bits.extend(vs.iter().map(|v| v.to_bits()));
+    }
+    bits
+}
+
+/// `op` over `xs` read as rows of `row` (`spread_rows`), written contiguously: the bits of
+/// each result.
+fn run_rows(backend: &CpuBackend, op: UnaryOp, xs: &[f32], row: usize) -> Vec<u32> {
+    let (layout, spread) = spread_rows(xs, row);
+    let shape = layout.sizes.to_vec();
     let (prog, node) = program_on(backend, op, layout, &shape);
     let step = lower_node(&node, 0).pop().expect("one step");
-    let pool = HostAllocator::new(0);
-    let n: usize = shape.iter().product();
-    let x = Arc::new(Buffer::new(1, 4 * spread.len(), pool.clone()));
-    let y = Arc::new(Buffer::new(2, 4 * n, pool));
-    let x_base = x.storage_for_overwrite().unwrap().ptr();
-    // SAFETY: the buffer was just allocated with room for the spread f32s.
-    unsafe {
-        std::ptr::copy_nonoverlapping(spread.as_ptr() as *const u8, x_base, 4 * spread.len())
-    };
-    // SAFETY: both buffers hold the f32s the binding describes; nothing else uses them.
-    unsafe { prog.run(&step.binding, &[x, y.clone()]).unwrap() };
-    let y_base = y.storage().unwrap().ptr() as *const f32;
-    // SAFETY: the program wrote the n f32s of y.
-    let ys = unsafe { std::slice::from_raw_parts(y_base, n) };
-    ys.iter().map(|v| v.to_bits()).collect()
+    run_step(&*prog, &step, &spread, &[(2, xs.len())])
 }
 
 /// Backends with and without the row routines, or None (after saying so) on a host without
@@ -222,18 +250,18 @@ fn rows_of_every_length_taken_in_groups_match_the_inline_code() {
 /// the bits of y, then of s.
 fn run_row_kernel(backend: &CpuBackend, op: UnaryOp, xs: &[f32], row: usize) -> Vec<u32> {
     let rows = xs.len() / row;
-    let mut x_layout = Layout::contiguous(&[rows, row]);
-    x_layout.strides = [2 * row as isize, 1].into_iter().collect();
+    let (x_layout, spread) = spread_rows(xs, row);
     let t = |buffer, layout| TensorRef {
         buffer,
         layout,
         dtype: DType::F32,
     };
+    let y = t(2, Layout::contiguous(&[rows, row]));
     let nodes = [
         Node {
             op: Op::Unary(op),
             inputs: [Operand::Tensor(t(1, x_layout))].into_iter().collect(),
-            output: t(2, Layout::contiguous(&[rows, row])),
+            output: y.clone(),
             compute: DType::F32,
         },
         Node {
@@ -242,9 +270,7 @@ fn run_row_kernel(backend: &CpuBackend, op: UnaryOp, xs: &[f32], row: usize) -> 
                 dims: [1].into_iter().collect(),
                 keepdim: false,
             },
-            inputs: [Operand::Tensor(t(2, Layout::contiguous(&[rows, row])))]
-                .into_iter()
-                .collect(),
+            inputs: [Operand::Tensor(y)].into_iter().collect(),
             output: t(3, Layout::contiguous(&[rows])),
             compute: DType::F32,
         },
@@ -257,44 +283,7 @@ fn run_row_kernel(backend: &CpuBackend, op: UnaryOp, xs: &[f32], row: usize) -> 
         "a row kernel"
     );
     let prog = backend.compile(&step.region).unwrap();
-    let spread: Vec<f32> = xs
-        .chunks(row)
-        .flat_map(|c| c.iter().copied().chain(std::iter::repeat_n(f32::NAN, row)))
-        .collect();
-    let pool = HostAllocator::new(0);
-    let bufs: Vec<Arc<Buffer>> = step
-        .binding
-        .operands
-        .iter()
-        .map(|o| {
-            let n = if o.buffer == 1 {
-                spread.len()
-            } else {
-                o.layout.numel()
-            };
-            Arc::new(Buffer::new(o.buffer, 4 * n, pool.clone()))
-        })
-        .collect();
-    let at = |id| {
-        let j = step.binding.operands.iter().position(|o| o.buffer == id);
-        &bufs[j.expect("an operand")]
-    };
-    let x = at(1);
-    let x_base = x.storage_for_overwrite().unwrap().ptr();
-    // SAFETY: x's buffer was just allocated with room for the spread f32s.
-    unsafe {
-        std::ptr::copy_nonoverlapping(spread.as_ptr() as *const u8, x_base, 4 * spread.len())
-    };
-    // SAFETY: every buffer holds the f32s the binding describes; nothing else uses them.
-    unsafe { prog.run(&step.binding, &bufs).unwrap() };
-    let mut bits = Vec::new();
-    for (id, n) in [(2, rows * row), (3, rows)] {
-        let b = at(id);
-        // SAFETY: the program wrote the n f32s of this output.
-        let vs = unsafe { std::slice::from_raw_parts(b.storage().unwrap().ptr() as *const f32, n) };
-        bits.extend(vs.iter().map(|v| v.to_bits()));
-    }
-    bits
+    run_step(&*prog, step, &spread, &[(2, rows * row), (3, rows)])
 }
 
 #[test]
