@@ -234,45 +234,37 @@ impl Kernel<'_> {
         block: i64,
         f: &mut dyn FnMut(&Kernel, &mut Emitter, Value),
     ) {
-        let head = e.b.create_block();
-        let start = e.b.append_block_param(head, I64);
-        let body = e.b.create_block();
-        let exit = e.b.create_block();
-        let zero = e.b.ins().iconst(I64, 0);
-        e.b.ins().jump(head, &[BlockArg::Value(zero)]);
-        e.b.switch_to_block(head);
-        loop_test(e.b, IntCC::SignedLessThan, start, n, body, exit, &[]);
-        e.b.switch_to_block(body);
-        let rest = e.b.ins().isub(n, start);
         let cap = e.b.ins().iconst(I64, block);
-        let len = e.b.ins().smin(rest, cap);
-        let ops = self
-            .ops
-            .iter()
-            .enumerate()
-            .map(|(j, op)| {
-                let off = match op.desc.inner {
-                    _ if j >= self.stash_base => return op.clone(),
-                    StrideKind::Bcast => return op.clone(),
-                    StrideKind::Contig => e.b.ins().imul_imm_s(start, op.desc.dtype.size() as i64),
-                    StrideKind::Strided => e.b.ins().imul(start, op.inner),
-                };
-                Operand {
-                    row: e.b.ins().iadd(op.row, off),
-                    ..op.clone()
-                }
-            })
-            .collect();
-        let kb = Kernel {
-            region: self.region,
-            ops,
-            stash_base: self.stash_base,
-            params: self.params.clone(),
-        };
-        f(&kb, e, len);
-        let next = e.b.ins().iadd_imm_s(start, block);
-        e.b.ins().jump(head, &[BlockArg::Value(next)]);
-        e.b.switch_to_block(exit);
+        counted_loop(e, n, cap, &mut |e, start| {
+            let rest = e.b.ins().isub(n, start);
+            let len = e.b.ins().smin(rest, cap);
+            let ops = self
+                .ops
+                .iter()
+                .enumerate()
+                .map(|(j, op)| {
+                    let off = match op.desc.inner {
+                        _ if j >= self.stash_base => return op.clone(),
+                        StrideKind::Bcast => return op.clone(),
+                        StrideKind::Contig => {
+                            e.b.ins().imul_imm_s(start, op.desc.dtype.size() as i64)
+                        }
+                        StrideKind::Strided => e.b.ins().imul(start, op.inner),
+                    };
+                    Operand {
+                        row: e.b.ins().iadd(op.row, off),
+                        ..op.clone()
+                    }
+                })
+                .collect();
+            let kb = Kernel {
+                region: self.region,
+                ops,
+                stash_base: self.stash_base,
+                params: self.params.clone(),
+            };
+            f(&kb, e, len);
+        });
     }
 
     /// Loads `e.width` stashed values of slot `slot` at element `i`.
@@ -525,6 +517,29 @@ pub fn build(
 /// A fresh builder context (kept by the backend and reused across compiles).
 pub fn new_builder_context() -> FunctionBuilderContext {
     FunctionBuilderContext::new()
+}
+
+/// Emits `body(i)` for `i` = 0, `step`, `2 * step`, ... while `i < end`; returns in the block
+/// after the loop.
+pub fn counted_loop(
+    e: &mut Emitter,
+    end: Value,
+    step: Value,
+    body: &mut dyn FnMut(&mut Emitter, Value),
+) {
+    let head = e.b.create_block();
+    let i = e.b.append_block_param(head, I64);
+    let inside = e.b.create_block();
+    let exit = e.b.create_block();
+    let zero = e.b.ins().iconst(I64, 0);
+    e.b.ins().jump(head, &[BlockArg::Value(zero)]);
+    e.b.switch_to_block(head);
+    loop_test(e.b, IntCC::SignedLessThan, i, end, inside, exit, &[]);
+    e.b.switch_to_block(inside);
+    body(e, i);
+    let next = e.b.ins().iadd(i, step);
+    e.b.ins().jump(head, &[BlockArg::Value(next)]);
+    e.b.switch_to_block(exit);
 }
 
 /// Ends a loop header: on to `body` while `x cc y` holds, else to `exit` with `exit_args`.

@@ -16,13 +16,12 @@
 //! excitation's pooling); the rest of each row (its reduction sweeps, its late sweep) then runs
 //! row by row, reading the group's scratch rows at that row's place.
 
-use super::codegen::{loop_test, Kernel, Operand};
+use super::codegen::{counted_loop, Kernel, Operand};
 use super::lanes::Emitter;
 use super::stash::RowSchedule;
 use super::sweep::{phase_call, phase_pass, row_after_group_phases, BLOCK};
-use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::I64;
-use cranelift_codegen::ir::{BlockArg, InstBuilder, Value};
+use cranelift_codegen::ir::{InstBuilder, Value};
 use deferfuse_fusion::region::{LoopOperand, LoopRegion};
 
 /// What a kernel needs to address any row: the operands' descriptions and (base, outer
@@ -107,27 +106,4 @@ impl Rows<'_> {
             params: self.params.to_vec(),
         }
     }
-}
-
-/// Emits `body(i)` for `i` = 0, `step`, `2 * step`, ... while `i < end`; returns in the block
-/// after the loop.
-fn counted_loop(
-    e: &mut Emitter,
-    end: Value,
-    step: Value,
-    body: &mut dyn FnMut(&mut Emitter, Value),
-) {
-    let head = e.b.create_block();
-    let i = e.b.append_block_param(head, I64);
-    let inside = e.b.create_block();
-    let exit = e.b.create_block();
-    let zero = e.b.ins().iconst(I64, 0);
-    e.b.ins().jump(head, &[BlockArg::Value(zero)]);
-    e.b.switch_to_block(head);
-    loop_test(e.b, IntCC::SignedLessThan, i, end, inside, exit, &[]);
-    e.b.switch_to_block(inside);
-    body(e, i);
-    let next = e.b.ins().iadd(i, step);
-    e.b.ins().jump(head, &[BlockArg::Value(next)]);
-    e.b.switch_to_block(exit);
 }
