@@ -4,7 +4,8 @@
 //! 8 FMAs; a core with two FMA ports and two vector loads per cycle is then load-bound. Here the
 //! tile is 6 rows by 16 columns: 6 broadcasts and 2 loads per 12 FMAs, so the FMAs bound it.
 //! B is packed once per call into 16-wide panels ([`NC`] columns by one k-block at a time, a
-//! block that stays in L2 while every row of A passes over it); A is read in place, or copied
+//! block that stays in L2 while every row of A passes over it), or read in place when A has few
+//! rows (`pack_b::reads_in_place`); A is read in place, or copied
 //! into row tiles where reading it in place is slow (`pack_a`: a transposed A with a long
 //! stride, a plain one whose rows are a multiple of 4 KiB apart). The
 //! tile's C lines are prefetched before its products ([`prefetch_c`]).
@@ -203,18 +204,33 @@ pub(super) unsafe fn blocked<T: Tile>(
     (panels, a_rows): (&mut [f32], &mut [f32]),
 ) {
     let packed = packs_rows(rsa, csa);
+    let in_place = pack_b::reads_in_place(m, csb, T::MC);
     for jc in (0..n).step_by(NC) {
         let count = NC.min(n - jc).div_ceil(T::NR);
         for k0 in (0..k).step_by(KC) {
             let kc = KC.min(k - k0);
-            pack_b::pack_block(
-                panels,
-                b.offset(k0 as isize * rsb + jc as isize * csb),
-                (rsb, csb),
-                kc,
-                NC.min(n - jc),
-                T::NR,
-            );
+            let width = NC.min(n - jc);
+            if !in_place {
+                pack_b::pack_block(
+                    panels,
+                    b.offset(k0 as isize * rsb + jc as isize * csb),
+                    (rsb, csb),
+                    kc,
+                    width,
+                    T::NR,
+                );
+            } else if width % T::NR != 0 {
+                // Only the last, partial panel (see `pack_b::reads_in_place`).
+                let p = width / T::NR;
+                pack_b::pack_block(
+                    &mut panels[p * kc * T::NR..],
+                    b.offset(k0 as isize * rsb + (jc + p * T::NR) as isize * csb),
+                    (rsb, csb),
+                    kc,
+                    width % T::NR,
+                    T::NR,
+                );
+            }
             // `matrixmultiply` scales C by beta on the first k-block only.
             let beta = if k0 == 0 { beta } else { 1.0 };
             for ic in (0..m).step_by(T::MC) {
@@ -233,6 +249,11 @@ pub(super) unsafe fn blocked<T: Tile>(
                 };
                 for p in 0..count {
                     let j0 = jc + p * T::NR;
+                    let (bp, bs) = if in_place && j0 + T::NR <= n {
+                        (b.offset(k0 as isize * rsb + j0 as isize), rsb)
+                    } else {
+                        (panels.as_ptr().add(p * kc * T::NR), T::NR as isize)
+                    };
                     let mut i = ic;
                     while i < rows_end {
                         let rows = T::MR.min(rows_end - i);
@@ -242,8 +263,8 @@ pub(super) unsafe fn blocked<T: Tile>(
                             ap,
                             rsa,
                             csa,
-                            bp: panels.as_ptr().add(p * kc * T::NR),
-                            bs: T::NR as isize,
+                            bp,
+                            bs,
                             cp: c.offset(i as isize * rsc + j0 as isize * csc),
                             rsc,
                             csc,
@@ -347,8 +368,10 @@ unsafe fn prefetch_c(blk: &Block, rows: usize) {
     }
 }
 
-/// The 6x16 register tile: `blk.kc` products of A's six rows with the packed panel, each element's sum in k order from +0. Its own function, so that the
-/// twelve accumulators stay in registers whatever the caller's loops keep live.
+/// The 6x16 register tile: `blk.kc` products of A's six rows with B's panel (packed, or B
+/// itself read in place: rows `blk.bs` apart), each element's sum in k order from +0. Its own
+/// function, so that the twelve accumulators stay in registers whatever the caller's loops
+/// keep live.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline(never)]
@@ -383,7 +406,7 @@ unsafe fn kernel(blk: &Block) -> [[__m256; 2]; MR] {
         // Wrapping: after the last product the row pointers may pass A's end unread.
         a0 = a0.wrapping_offset(csa);
         a3 = a3.wrapping_offset(csa);
-        b = b.wrapping_add(NR);
+        b = b.wrapping_offset(blk.bs);
     }
     [
         [c00, c01],
@@ -541,6 +564,22 @@ mod tests {
         assert!(
             !packs_rows(512, 1),
             "2 KiB apart: three rows per set, read in place"
+        );
+    }
+
+    #[test]
+    fn a_plain_b_is_read_in_place_only_while_a_fits_one_row_block() {
+        // The layout tests above take both sides: 8 to 79 rows in place (79 above the 8-lane
+        // tile's block, copied there), 100 copied on the 16-lane tile.
+        assert!(pack_b::reads_in_place(96, 1, 96));
+        assert!(!pack_b::reads_in_place(97, 1, 96));
+        assert!(
+            !pack_b::reads_in_place(8, 2, 96),
+            "strided columns are copied"
+        );
+        assert!(
+            !pack_b::reads_in_place(8, 64, 96),
+            "a transposed B is copied"
         );
     }
 

@@ -124,10 +124,11 @@ unsafe fn pack_rows(out: &mut [f32], a: *const f32, csa: isize, mc: usize, kc: u
     }
 }
 
-/// The 12x32 register tile: `blk.kc` products of A's twelve rows with the packed panel, each
-/// element's sum in k order from +0. Its own function, so that the 24 accumulators stay in
-/// registers whatever the caller's loops keep live. Rows are reached from four base pointers
-/// three rows apart, each with `0`, `rsa` and `2 * rsa` (x86 addressing scales 4 and 8).
+/// The 12x32 register tile: `blk.kc` products of A's twelve rows with B's panel (packed, or B
+/// itself read in place: rows `blk.bs` apart), each element's sum in k order from +0. Its own
+/// function, so that the 24 accumulators stay in registers whatever the caller's loops keep
+/// live. Rows are reached from four base pointers three rows apart, each with `0`, `rsa` and
+/// `2 * rsa` (x86 addressing scales 4 and 8).
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline(never)]
 unsafe fn kernel(blk: &Block) -> [[__m512; 2]; MR] {
@@ -156,7 +157,7 @@ unsafe fn kernel(blk: &Block) -> [[__m512; 2]; MR] {
         for p in base.iter_mut() {
             *p = p.wrapping_offset(csa);
         }
-        *b = b.wrapping_add(NR);
+        *b = b.wrapping_offset(blk.bs);
     };
     for _ in 0..blk.kc / 2 {
         step(&mut base, &mut b);
