@@ -84,6 +84,10 @@ Direction run_direction(const Config& cfg, const at::Tensor& x, at::TensorList p
   // gates), not gathered by a stack after the last step (a copy program per step).
   auto out = at::empty({T, B, h.size(-1)}, h.options());
   if (save) save->assign(T * cfg.per_step(), at::Tensor());
+  // W_hh^T laid out once for all steps: each step's `h @ W_hh^T` then reads a plain B, which
+  // the runtime's few-row GEMM reads in place, where a transposed one is transposed again
+  // every step (`[16, 128] @ [128, 512]`: 31 -> 23 us a call, the same bits).
+  auto w_hh_t = w_hh.t().contiguous();
   for (int64_t s = 0; s < T; ++s) {
     // Strict mode runs a step as CPU's cell does, one product and one pass over the gates,
     // not one program per gate op. The step's temporaries (its hidden product, the gates) die
@@ -91,7 +95,7 @@ Direction run_direction(const Config& cfg, const at::Tensor& x, at::TensorList p
     OpGroup step;
     [&] {
       int64_t t = d == 0 ? s : T - 1 - s;
-      auto hg = product(h, w_hh, b_hh);
+      auto hg = b_hh.defined() ? at::addmm(b_hh, h, w_hh_t) : at::mm(h, w_hh_t);
       at::Tensor* slot = save ? save->data() + t * cfg.per_step() : nullptr;
       if (cfg.lstm) {
         auto gates = (hg + xg[t]).chunk(4, 1);
