@@ -513,6 +513,17 @@ enum DfuseOpKind
    * log_alpha -> `[T, N, C]`. A length or label out of range is reported when the op runs.
    */
   DFUSE_OP_KIND_CTC_LOSS = 18,
+  /**
+   * A dense convolution of stride 1 and one group, float32: inputs x `[N, C, in...]` and
+   * weight `[OC, C, k...]` over `attrs->n_dims` (1 to 3) spatial dims, with
+   * `attrs->padding[0..n]` zeros on both sides and `attrs->dilation[0..n]` between taps;
+   * the result is `[N, OC, in + 2 * padding - dilation * (k - 1)]`. Computed without
+   * writing its columns. `attrs->sub_op` (a `DfuseConvWeight`) MIRRORED reads a weight
+   * `[C, OC, k...]` transposed with every tap reversed: the input gradient of a stride-1
+   * convolution by that weight is this op on its output gradient with padding `dilation *
+   * (k - 1) - padding`.
+   */
+  DFUSE_OP_KIND_CONV = 19,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -1026,6 +1037,32 @@ typedef uint32_t DfuseCtcPart;
 #endif // __cplusplus
 
 /**
+ * `attrs->sub_op` for `DFUSE_OP_KIND_CONV`: how the weight is read.
+ */
+enum DfuseConvWeight
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * as given, `[OC, C, k...]`: the convolution itself
+   */
+  DFUSE_CONV_WEIGHT_PLAIN = 0,
+  /**
+   * a forward weight `[C, OC, k...]` read transposed with every tap reversed: the op is that
+   * convolution's input gradient (x its output gradient)
+   */
+  DFUSE_CONV_WEIGHT_MIRRORED = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum DfuseConvWeight DfuseConvWeight;
+#else
+typedef uint32_t DfuseConvWeight;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * `dfuse_view`'s `kind`, and what `args` holds for it.
  */
 enum DfuseViewKind
@@ -1155,11 +1192,11 @@ typedef struct DfuseAttrs {
    */
   int64_t stride[3];
   /**
-   * DEPTHWISE_CONV: the zero padding on both sides of each spatial dim.
+   * DEPTHWISE_CONV, CONV: the zero padding on both sides of each spatial dim.
    */
   int64_t padding[3];
   /**
-   * DEPTHWISE_CONV: the spacing of the kernel taps along each spatial dim.
+   * DEPTHWISE_CONV, CONV: the spacing of the kernel taps along each spatial dim.
    */
   int64_t dilation[3];
 } DfuseAttrs;

@@ -1,13 +1,13 @@
 //! The attributes of the kernel op kinds (GATHER, SCATTER, SCAN, SORT, RANDOM, DEPTHWISE_CONV,
-//! GROUPED_MM, CTC_LOSS):
+//! GROUPED_MM, CTC_LOSS, CONV):
 //! their sub-op enums and how `DfuseAttrs` becomes the runtime's `KernelOp`.
 
 use crate::error::{invalid, Result};
 use crate::op::{wrap_dims, DfuseAttrs};
 use crate::types::{dtype_from, sizes_from, DFUSE_MAX_REDUCE_DIMS};
 use deferfuse_fusion::ir::{
-    Ctc, CtcPart, Depthwise, DepthwisePart, Dims, GroupedMatmul, KernelOp, RandomDist, ScanOp,
-    ScatterReduce,
+    Conv, Ctc, CtcPart, Depthwise, DepthwisePart, Dims, GroupedMatmul, KernelOp, RandomDist,
+    ScanOp, ScatterReduce,
 };
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_SCATTER`; the numbers are the runtime's.
@@ -46,6 +46,17 @@ pub enum DfuseRandomDist {
     Uniform = 0,
     /// standard normal (`randn`)
     Normal = 1,
+}
+
+/// `attrs->sub_op` for `DFUSE_OP_KIND_CONV`: how the weight is read.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DfuseConvWeight {
+    /// as given, `[OC, C, k...]`: the convolution itself
+    Plain = 0,
+    /// a forward weight `[C, OC, k...]` read transposed with every tap reversed: the op is that
+    /// convolution's input gradient (x its output gradient)
+    Mirrored = 1,
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_DEPTHWISE_CONV`; the numbers are the runtime's.
@@ -148,6 +159,34 @@ pub(crate) fn build_depthwise(a: &DfuseAttrs) -> Result<KernelOp> {
             }
             _ => Dims::new(),
         },
+    })))
+}
+
+/// The dense stride-1 convolution of `attrs` (kind 19): the spatial dim count and the
+/// geometry's signs checked; the shapes are the runtime's to check.
+pub(crate) fn build_conv(a: &DfuseAttrs) -> Result<KernelOp> {
+    let n = a.n_dims;
+    if !(1..=3).contains(&n) {
+        return Err(invalid(format!(
+            "conv: attrs->n_dims = {n}; expected 1 to 3 spatial dims"
+        )));
+    }
+    let field =
+        |v: &[i64], what: &str| -> Result<Dims> { Ok(Dims::from_vec(sizes_from(v, what)?)) };
+    let mirrored = match a.sub_op {
+        v if v == DfuseConvWeight::Plain as u32 => false,
+        v if v == DfuseConvWeight::Mirrored as u32 => true,
+        v => {
+            return Err(invalid(format!(
+                "conv: attrs->sub_op = {v} is not a DfuseConvWeight; expected 0 (PLAIN) or 1 \
+                 (MIRRORED)"
+            )))
+        }
+    };
+    Ok(KernelOp::Conv(Box::new(Conv {
+        padding: field(&a.padding[..n], "attrs->padding")?,
+        dilation: field(&a.dilation[..n], "attrs->dilation")?,
+        mirrored,
     })))
 }
 
@@ -314,6 +353,42 @@ mod tests {
         a.sub_op = 3;
         let e = build_depthwise(&a).unwrap_err();
         assert!(e.to_string().contains("not a DfuseDepthwisePart"), "{e}");
+    }
+
+    #[test]
+    fn conv_reads_its_geometry_and_how_the_weight_is_read() {
+        let mut a = attrs(DfuseConvWeight::Mirrored as u32, 0);
+        a.n_dims = 2;
+        a.padding[..2].copy_from_slice(&[2, 0]);
+        a.dilation[..2].copy_from_slice(&[1, 3]);
+        let KernelOp::Conv(c) = build_conv(&a).unwrap() else {
+            panic!("not a conv op")
+        };
+        assert_eq!(
+            (c.padding.as_slice(), c.dilation.as_slice(), c.mirrored),
+            (&[2, 0][..], &[1, 3][..], true)
+        );
+        a.sub_op = DfuseConvWeight::Plain as u32;
+        let KernelOp::Conv(c) = build_conv(&a).unwrap() else {
+            panic!("not a conv op")
+        };
+        assert!(!c.mirrored);
+    }
+
+    #[test]
+    fn conv_refuses_an_unknown_weight_reading_negative_padding_and_bad_counts() {
+        let mut a = attrs(2, 0);
+        a.n_dims = 1;
+        a.dilation[0] = 1;
+        let e = build_conv(&a).unwrap_err();
+        assert!(e.to_string().contains("not a DfuseConvWeight"), "{e}");
+        a.sub_op = 0;
+        a.padding[0] = -1;
+        let e = build_conv(&a).unwrap_err();
+        assert!(e.to_string().contains("attrs->padding"), "{e}");
+        a.n_dims = 0;
+        let e = build_conv(&a).unwrap_err();
+        assert!(e.to_string().contains("1 to 3"), "{e}");
     }
 
     #[test]

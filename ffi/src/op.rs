@@ -4,7 +4,7 @@
 //! `DFUSE_STATUS_BAD_OP` at the call).
 
 use crate::error::{guard, invalid, read_in, slice_in, write_out, DfuseStatus, Result};
-use crate::kernel_op::{build_ctc, build_depthwise, build_grouped_mm, build_kernel_op};
+use crate::kernel_op::{build_conv, build_ctc, build_depthwise, build_grouped_mm, build_kernel_op};
 use crate::runtime_registry::{runtime, DfuseRuntime};
 use crate::types::{dtype_from, operand_from, DfuseOperand, DFUSE_MAX_REDUCE_DIMS};
 use deferfuse_fusion::ir::layout::wrap_dim;
@@ -82,6 +82,15 @@ pub enum DfuseOpKind {
     /// log_alpha, lengths -> `[N]`; GRAD: grad `[N]`, log_probs, targets, lengths, loss,
     /// log_alpha -> `[T, N, C]`. A length or label out of range is reported when the op runs.
     CtcLoss = 18,
+    /// A dense convolution of stride 1 and one group, float32: inputs x `[N, C, in...]` and
+    /// weight `[OC, C, k...]` over `attrs->n_dims` (1 to 3) spatial dims, with
+    /// `attrs->padding[0..n]` zeros on both sides and `attrs->dilation[0..n]` between taps;
+    /// the result is `[N, OC, in + 2 * padding - dilation * (k - 1)]`. Computed without
+    /// writing its columns. `attrs->sub_op` (a `DfuseConvWeight`) MIRRORED reads a weight
+    /// `[C, OC, k...]` transposed with every tap reversed: the input gradient of a stride-1
+    /// convolution by that weight is this op on its output gradient with padding `dilation *
+    /// (k - 1) - padding`.
+    Conv = 19,
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_UNARY`; the numbers are the runtime's.
@@ -268,19 +277,19 @@ pub struct DfuseAttrs {
     pub has_dtype: u8,
     /// DEPTHWISE_CONV: the stride of each spatial dim (`n_dims` of them).
     pub stride: [i64; 3],
-    /// DEPTHWISE_CONV: the zero padding on both sides of each spatial dim.
+    /// DEPTHWISE_CONV, CONV: the zero padding on both sides of each spatial dim.
     pub padding: [i64; 3],
-    /// DEPTHWISE_CONV: the spacing of the kernel taps along each spatial dim.
+    /// DEPTHWISE_CONV, CONV: the spacing of the kernel taps along each spatial dim.
     pub dilation: [i64; 3],
 }
 
 /// The op kind number's name, for messages.
 fn kind_name(kind: u32) -> &'static str {
     #[rustfmt::skip]
-    const NAMES: [&str; 19] = [
+    const NAMES: [&str; 20] = [
         "UNARY", "BINARY", "WHERE", "CLAMP", "CAST", "COPY", "REDUCE", "CAT", "ARANGE", "MATMUL",
         "ADDMM", "GATHER", "SCATTER", "SCAN", "SORT", "RANDOM", "DEPTHWISE_CONV", "GROUPED_MM",
-        "CTC_LOSS",
+        "CTC_LOSS", "CONV",
     ];
     NAMES.get(kind as usize).copied().unwrap_or("?")
 }
@@ -365,11 +374,14 @@ pub(crate) fn build_op(
         18 => Op::Kernel(build_ctc(need(
             "attrs->sub_op (a DfuseCtcPart), the blank and the longest target",
         )?)?),
+        19 => Op::Kernel(build_conv(need(
+            "attrs->n_dims, attrs->padding and attrs->dilation",
+        )?)?),
         k => {
             return Err(invalid(format!(
-                "kind = {k} is not a DfuseOpKind; expected 0..=18 (UNARY, BINARY, WHERE, CLAMP, \
+                "kind = {k} is not a DfuseOpKind; expected 0..=19 (UNARY, BINARY, WHERE, CLAMP, \
                  CAST, COPY, REDUCE, CAT, ARANGE, MATMUL, ADDMM, GATHER, SCATTER, SCAN, SORT, \
-                 RANDOM, DEPTHWISE_CONV, GROUPED_MM, CTC_LOSS)"
+                 RANDOM, DEPTHWISE_CONV, GROUPED_MM, CTC_LOSS, CONV)"
             )))
         }
     })

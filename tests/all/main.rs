@@ -11,6 +11,7 @@ mod bounded;
 mod column_reductions;
 mod concurrency;
 mod ctc_loss;
+mod dense_conv;
 mod depthwise_conv;
 mod elementwise_ops;
 mod errors;

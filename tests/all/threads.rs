@@ -2,7 +2,8 @@
 //! thread computes (bit for bit), in strict and defer mode, whatever the loop's shape: one long
 //! row cut into pieces, rows of strided or broadcast views, walked outer dims, row kernels,
 //! full reductions, matmul with and without a fused epilogue (whole and in blocks of few rows),
-//! in-place writes, depthwise convolutions split by channels, grouped products by row windows.
+//! in-place writes, depthwise convolutions split by channels, dense convolutions by samples,
+//! grouped products by row windows.
 //! Sizes are above the backend's serial threshold so the work really is split.
 
 use crate::harness;
@@ -281,6 +282,22 @@ fn a_depthwise_convolution_split_by_channels_equals_one_thread() {
         let gx = run(rt, conv(DepthwisePart::InputGrad), &[tt(y), tt(w)]);
         let gw = run(rt, conv(DepthwisePart::WeightGrad), &[tt(y), tt(x)]);
         vec![y, gx, gw]
+    });
+}
+
+#[test]
+fn a_dense_convolution_split_by_samples_equals_one_thread() {
+    use deferfuse::fusion::ir::{Conv, KernelOp};
+    let (n, c, oc, h) = (3, 16, 24, 22);
+    let conv = Op::Kernel(KernelOp::Conv(Box::new(Conv {
+        padding: [1, 1][..].into(),
+        dilation: [1, 1][..].into(),
+        mirrored: false,
+    })));
+    same_on_any_thread_count(|rt| {
+        let x = tensor(rt, DType::F32, &[n, c, h, h], &values(n * c * h * h, 7));
+        let w = tensor(rt, DType::F32, &[oc, c, 3, 3], &values(oc * c * 9, 8));
+        vec![run(rt, conv.clone(), &[tt(x), tt(w)])]
     });
 }
 

@@ -6,6 +6,7 @@
 //! The sub-enums are `repr(u32)` with explicit numbers because the C ABI passes them; append
 //! new values, never renumber.
 
+use super::conv::{infer_conv, Conv};
 use super::ctc::{infer_ctc, Ctc};
 use super::depthwise::{infer_depthwise, Depthwise};
 use super::dtype::DType;
@@ -149,6 +150,9 @@ pub enum KernelOp {
     GroupedMatmul(GroupedMatmul),
     /// A part of the CTC loss (`ctc.rs`): its alphas, its per-sample loss or its gradient.
     Ctc(Ctc),
+    /// A dense stride-1 convolution (`conv.rs`), whose columns are never written; boxed like
+    /// `Depthwise`.
+    Conv(Box<Conv>),
 }
 
 impl KernelOp {
@@ -179,6 +183,7 @@ impl KernelOp {
             KernelOp::Depthwise(_) => "depthwise_conv",
             KernelOp::GroupedMatmul(_) => "grouped_mm",
             KernelOp::Ctc(_) => "ctc_loss",
+            KernelOp::Conv(_) => "conv",
         }
     }
 
@@ -205,7 +210,7 @@ impl KernelOp {
             KernelOp::Scan { .. } if first.is_float() => first,
             KernelOp::Scan { .. } | KernelOp::Sort { .. } => DType::I64,
             KernelOp::Random { dtype, .. } => *dtype,
-            KernelOp::Depthwise(_) | KernelOp::GroupedMatmul(_) => first,
+            KernelOp::Depthwise(_) | KernelOp::GroupedMatmul(_) | KernelOp::Conv(_) => first,
             // Grad's first operand is the gradient, of log_probs' dtype too.
             KernelOp::Ctc(_) => first,
         }
@@ -413,6 +418,7 @@ pub(super) fn infer_kernel(op: &Op, k: &KernelOp, args: &[ArgMeta]) -> OpResult<
         KernelOp::Depthwise(d) => infer_depthwise(d, args),
         KernelOp::GroupedMatmul(g) => infer_grouped_matmul(*g, args),
         KernelOp::Ctc(c) => infer_ctc(c, args),
+        KernelOp::Conv(c) => infer_conv(c, args),
     }
 }
 
@@ -444,6 +450,7 @@ impl std::fmt::Display for KernelOp {
             KernelOp::Depthwise(d) => write!(f, "{d}"),
             KernelOp::GroupedMatmul(g) => write!(f, ".{g}"),
             KernelOp::Ctc(c) => write!(f, "{c}"),
+            KernelOp::Conv(c) => write!(f, "{c}"),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The IR: dtypes, layouts, ops, and the inference rules that give every op its output.
 
+pub mod conv;
 mod ctc;
 pub mod depthwise;
 pub mod dtype;
@@ -13,6 +14,7 @@ pub mod layout;
 pub mod op;
 mod shapes;
 
+pub use conv::Conv;
 pub use ctc::{Ctc, CtcPart};
 pub use depthwise::{Depthwise, DepthwisePart};
 pub use dtype::{Category, DType};

@@ -8,7 +8,7 @@
 //! convolution and a grouped product sum in f64 and round once to the dtype.
 
 use super::{cast_value, indices, numel, round_float, store, RefTensor};
-use deferfuse::fusion::ir::{Depthwise, DepthwisePart, GroupedMatmul, ScanOp, ScatterReduce};
+use deferfuse::fusion::ir::{Conv, Depthwise, DepthwisePart, GroupedMatmul, ScanOp, ScatterReduce};
 use deferfuse::DType;
 use std::cmp::Ordering;
 
@@ -248,6 +248,43 @@ pub fn depthwise(k: &Depthwise, a: &RefTensor, b: &RefTensor) -> RefTensor {
         }
     }
     RefTensor::new(a.dtype, &sizes, data)
+}
+
+/// The dense stride-1 convolution `conv(x, w)` (x `[N, C, in...]`, w `[OC, C, k...]`), term by
+/// term in f64: output position `o` of each spatial dim reads input position `o - padding + t *
+/// dilation` for each tap `t`, zero outside the input.
+pub fn conv(k: &Conv, x: &RefTensor, w: &RefTensor) -> RefTensor {
+    let d = k.padding.len();
+    let (n, c, oc) = (x.sizes[0], x.sizes[1], w.sizes[0]);
+    let input = &x.sizes[2..];
+    let kernel = &w.sizes[2..];
+    let out: Vec<usize> = (0..d)
+        .map(|i| input[i] + 2 * k.padding[i] - k.dilation[i] * (kernel[i] - 1))
+        .collect();
+    let sizes = [&[n, oc][..], &out].concat();
+    let mut data = vec![0.0; numel(&sizes)];
+    for o in indices(&sizes) {
+        let mut sum = 0.0;
+        for ci in 0..c {
+            for t in indices(kernel) {
+                let p: Vec<i64> = (0..d)
+                    .map(|i| (o[2 + i] + t[i] * k.dilation[i]) as i64 - k.padding[i] as i64)
+                    .collect();
+                if p.iter().zip(input).any(|(&p, &s)| p < 0 || p >= s as i64) {
+                    continue;
+                }
+                let xi: Vec<usize> = [
+                    &[o[0], ci][..],
+                    &p.iter().map(|&v| v as usize).collect::<Vec<_>>(),
+                ]
+                .concat();
+                let wi: Vec<usize> = [&[o[1], ci][..], &t[..]].concat();
+                sum += x.at(&xi) * w.at(&wi);
+            }
+        }
+        data[position(&sizes, &o)] = sum;
+    }
+    RefTensor::new(x.dtype, &sizes, data)
 }
 
 /// `torch._grouped_mm(a, b, offs)` for `case`, element by element: group g covers

@@ -1,9 +1,10 @@
 //! Host implementations of the kernel ops (gather, scatter, scans, sort, random numbers,
-//! depthwise convolutions, grouped matrix products, the CTC loss): loops over host memory, generic over dtype, reading every operand
+//! depthwise and dense stride-1 convolutions, grouped matrix products, the CTC loss): loops over host memory, generic over dtype, reading every operand
 //! through its layout (strides, offset; an expanded index has stride 0). Both backends run
 //! them: the CPU backend directly, the PJRT backend on host bytes (`HostProgram` writes device
 //! values back first), so results are the same bits on either and in every mode.
 
+mod conv;
 mod ctc;
 mod depthwise;
 pub(crate) mod elem;
@@ -89,6 +90,9 @@ impl HostProgram for KernelProgram {
                 self.1.as_deref(),
             )?,
             KernelOp::Ctc(k) => ctc::run(k, &inputs, &dst.view)?,
+            KernelOp::Conv(k) => {
+                conv::run(k, &inputs[0], &inputs[1], &dst.view, self.1.as_deref())?
+            }
         }
         dst.finish();
         Ok(())

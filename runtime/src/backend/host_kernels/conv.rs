@@ -1,0 +1,309 @@
+//! The dense stride-1 convolution (`KernelOp::Conv`) as blocks of columns copied just before
+//! their product, so neither the columns nor a transposed product's `C * K` values per
+//! position ever reach memory.
+//!
+//! Per sample, the input is copied once into a zero-padded grid (`P` positions per dim, rows
+//! of the grid contiguous). Every kernel tap of an output position is then a fixed offset into
+//! that grid, and so is a whole run of positions: column `j` of the "wide" position space (the
+//! first spatial dim at its output size, the others at their padded size) reads grid element
+//! `j + offset(c, tap)`. A block of wide columns is copied row by row (one contiguous run per
+//! `(c, tap)`) into a buffer that stays in L2, and multiplied by the weight viewed as `[OC, C *
+//! K]`; the wide result is cropped into the output (the positions past each row's output size
+//! are computed and dropped: `(P - out) / out` more columns, 3% for a 64-wide map with a 3x3
+//! kernel). Each output element is the product's sum over `(c, tap)` in that order, as the
+//! GEMM kernels sum it whatever the blocking, so results do not depend on the blocks or the
+//! threads.
+
+use super::View;
+use crate::backend::cpu::matmul::{matmul, Mat};
+use crate::backend::SideBySide;
+use crate::error::{Error, Result};
+use deferfuse_fusion::ir::{Conv, DType, Layout};
+use smallvec::{smallvec, SmallVec};
+use std::cell::RefCell;
+
+/// Bytes of one block of columns (`C * K` rows by a multiple of 32 columns): half of this
+/// machine's L2, so the block stays there while the product reads it.
+const BLOCK_BYTES: usize = 256 << 10;
+
+/// Fewest multiply-adds worth splitting the samples over threads.
+const SERIAL_BELOW_MACS: usize = 1 << 22;
+
+thread_local! {
+    /// The padded input, the block of columns and the wide result, kept between calls: fresh
+    /// buffers of this size are fresh pages (faults and zeroing) every call.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+type Idx = SmallVec<[usize; 3]>;
+
+/// Calls `f(index)` for every index of `dims` in row-major order (once for no dims).
+fn for_each_index(dims: &[usize], mut f: impl FnMut(&[usize])) {
+    if dims.contains(&0) {
+        return;
+    }
+    let mut idx: Idx = smallvec![0; dims.len()];
+    loop {
+        f(&idx);
+        let mut d = dims.len();
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < dims[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// One call's sizes: what every sample shares.
+struct Geometry {
+    c: usize,
+    oc: usize,
+    input: Idx,
+    out: Idx,
+    padding: Idx,
+    /// Row-major strides of the padded grid.
+    grid_strides: Idx,
+    /// Floats of one channel's padded grid, with the zeros the last wide columns' taps read
+    /// past its end.
+    channel: usize,
+    /// Wide columns: `out[0]` times the grid's positions below the first dim.
+    wide: usize,
+    /// Grid offset of each tap, in the weight's row-major tap order.
+    taps: Vec<usize>,
+}
+
+impl Geometry {
+    fn new(k: &Conv, x: &View, w: &View, out: &View) -> Geometry {
+        let d = k.padding.len();
+        let input: Idx = x.sizes[2..].iter().copied().collect();
+        let kernel: Idx = w.sizes[2..].iter().copied().collect();
+        let padded: Idx = (0..d).map(|i| input[i] + 2 * k.padding[i]).collect();
+        let mut grid_strides: Idx = smallvec![1; d];
+        for i in (0..d.saturating_sub(1)).rev() {
+            grid_strides[i] = grid_strides[i + 1] * padded[i + 1];
+        }
+        let span = |i: usize| k.dilation[i] * (kernel[i] - 1);
+        // The last wide column's farthest tap reads this far past the grid's end: the spans of
+        // the dims below the first, each at its stride.
+        let past_end: usize = (1..d).map(|i| span(i) * grid_strides[i]).sum();
+        let mut taps = Vec::new();
+        for_each_index(&kernel, |t| {
+            taps.push((0..d).map(|i| t[i] * k.dilation[i] * grid_strides[i]).sum());
+        });
+        let out_sizes: Idx = out.sizes[2..].iter().copied().collect();
+        Geometry {
+            c: x.sizes[1],
+            oc: out.sizes[1],
+            wide: out_sizes[0] * grid_strides[0],
+            channel: padded[0] * grid_strides[0] + past_end,
+            input,
+            out: out_sizes,
+            padding: k.padding.iter().copied().collect(),
+            grid_strides,
+            taps,
+        }
+    }
+
+    /// Rows of the product's contraction: `C * K`.
+    fn rows(&self) -> usize {
+        self.c * self.taps.len()
+    }
+
+    /// Wide columns per block of columns: a multiple of 32 (the widest GEMM tile's panel),
+    /// at least 32.
+    fn block_cols(&self) -> usize {
+        let fit = BLOCK_BYTES / 4 / self.rows().max(1);
+        (fit / 32 * 32).max(32).min(self.wide.next_multiple_of(32))
+    }
+}
+
+/// Element offset of `idx` (a spatial index) in a view whose spatial strides are `strides`.
+fn spatial_offset(idx: &[usize], strides: &[isize]) -> isize {
+    idx.iter().zip(strides).map(|(&i, &s)| i as isize * s).sum()
+}
+
+/// `out = conv(x, w)` (see [`Conv`]), split over `threads` by samples when there is work
+/// enough.
+///
+/// # Safety
+/// Every view lies inside its buffer and is float32; `out` does not overlap `x` or `w`.
+pub(super) unsafe fn run(
+    k: &Conv,
+    x: &View,
+    w: &View,
+    out: &View,
+    threads: Option<&dyn SideBySide>,
+) -> Result<()> {
+    if [x.dtype, w.dtype, out.dtype]
+        .iter()
+        .any(|&d| d != DType::F32)
+    {
+        return Err(Error::Internal(format!(
+            "conv: float32 operands expected, got {} x {} -> {}",
+            x.dtype, w.dtype, out.dtype
+        )));
+    }
+    if out.numel() == 0 {
+        return Ok(());
+    }
+    let g = Geometry::new(k, x, w, out);
+    let n = x.sizes[0];
+    let weight = dense_weight(k.mirrored, w, &g);
+    let macs = out.numel() * g.rows();
+    let sample = |s: usize| {
+        SCRATCH.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            // SAFETY: the caller's contract; each sample writes only its own output slice.
+            unsafe { run_sample(&g, x, &weight, out, s, &mut buf) }
+        })
+    };
+    match threads.filter(|_| n > 1 && macs >= SERIAL_BELOW_MACS) {
+        Some(threads) => {
+            let shared = Shared(&sample);
+            threads.run_all(n, &|s| {
+                let Shared(sample) = &shared;
+                sample(s);
+                Ok(())
+            })
+        }
+        None => {
+            (0..n).for_each(sample);
+            Ok(())
+        }
+    }
+}
+
+/// The weight as the dense `[OC, C * K]` matrix the product reads, each row's taps in the
+/// kernel's row-major order: `w` itself, or (`mirrored`) `w`'s `[C, OC, k...]` read transposed
+/// with every tap reversed.
+unsafe fn dense_weight(mirrored: bool, w: &View, g: &Geometry) -> Vec<f32> {
+    let kernel = &w.sizes[2..];
+    let mut taps = Vec::with_capacity(g.taps.len());
+    for_each_index(kernel, |t| {
+        let at = |i: usize| if mirrored { kernel[i] - 1 - t[i] } else { t[i] };
+        taps.push(
+            (0..kernel.len())
+                .map(|i| at(i) as isize * w.strides[2 + i])
+                .sum::<isize>(),
+        );
+    });
+    let (to_out, to_in) = match mirrored {
+        false => (w.strides[0], w.strides[1]),
+        true => (w.strides[1], w.strides[0]),
+    };
+    let p = w.base as *const f32;
+    let mut v = Vec::with_capacity(g.oc * g.rows());
+    for o in 0..g.oc {
+        for c in 0..g.c {
+            let row = w.offset + o as isize * to_out + c as isize * to_in;
+            v.extend(taps.iter().map(|&t| *p.offset(row + t)));
+        }
+    }
+    v
+}
+
+/// The routine the threads share.
+struct Shared<'a, F>(&'a F);
+
+// SAFETY: each sample reads the operands and writes only its own slice of the output, from its
+// own thread's scratch.
+unsafe impl<F> Sync for Shared<'_, F> {}
+
+/// Sample `s` of the convolution, in scratch `buf` (grown as needed).
+unsafe fn run_sample(
+    g: &Geometry,
+    x: &View,
+    weight: &[f32],
+    out: &View,
+    s: usize,
+    buf: &mut Vec<f32>,
+) {
+    let cols = g.block_cols();
+    let (grid_len, block_len, wide_len) = (g.c * g.channel, g.rows() * cols, g.oc * g.wide);
+    if buf.len() < grid_len + block_len + wide_len {
+        buf.resize(grid_len + block_len + wide_len, 0.0);
+    }
+    let (grid, rest) = buf.split_at_mut(grid_len);
+    let (block, wide) = rest.split_at_mut(block_len);
+    let wide = &mut wide[..wide_len];
+    // The padded input: zeros, then each input row at its place.
+    grid.fill(0.0);
+    let d = g.input.len();
+    let last = d - 1;
+    let xs = &x.strides[2..];
+    let x0 = x.offset + s as isize * x.strides[0];
+    for c in 0..g.c {
+        for_each_index(&g.input[..last], |i| {
+            let to: usize = (0..last)
+                .map(|a| (i[a] + g.padding[a]) * g.grid_strides[a])
+                .sum::<usize>()
+                + g.padding[last]
+                + c * g.channel;
+            let from = x0 + c as isize * x.strides[1] + spatial_offset(i, xs);
+            for e in 0..g.input[last] {
+                grid[to + e] = *(x.base as *const f32).offset(from + e as isize * xs[last]);
+            }
+        });
+    }
+    // The wide result, a block of columns at a time.
+    let rows = g.rows();
+    let mut j0 = 0;
+    while j0 < g.wide {
+        let nb = cols.min(g.wide - j0);
+        for c in 0..g.c {
+            for (t, &off) in g.taps.iter().enumerate() {
+                let r = c * g.taps.len() + t;
+                let from = c * g.channel + off + j0;
+                block[r * nb..(r + 1) * nb].copy_from_slice(&grid[from..from + nb]);
+            }
+        }
+        let layout = |sizes: [usize; 2], strides: [isize; 2], offset: usize| Layout {
+            sizes: smallvec![sizes[0], sizes[1]],
+            strides: smallvec![strides[0], strides[1]],
+            offset,
+        };
+        let (la, lb) = (
+            layout([g.oc, rows], [rows as isize, 1], 0),
+            layout([rows, nb], [nb as isize, 1], 0),
+        );
+        let lc = layout([g.oc, nb], [g.wide as isize, 1], j0);
+        matmul(
+            DType::F32,
+            Mat {
+                ptr: weight.as_ptr() as *mut u8,
+                layout: &la,
+            },
+            Mat {
+                ptr: block.as_mut_ptr() as *mut u8,
+                layout: &lb,
+            },
+            Mat {
+                ptr: wide.as_mut_ptr() as *mut u8,
+                layout: &lc,
+            },
+            1.0,
+            0.0,
+            g.oc,
+        );
+        j0 += nb;
+    }
+    // The output positions of the wide result, row by row of the last dim.
+    let os = &out.strides[2..];
+    let o0 = out.offset + s as isize * out.strides[0];
+    let grid_strides: SmallVec<[isize; 3]> = g.grid_strides.iter().map(|&v| v as isize).collect();
+    for oc in 0..g.oc {
+        for_each_index(&g.out[..last], |i| {
+            let from = oc * g.wide + spatial_offset(i, &grid_strides[..last]) as usize;
+            let to = o0 + oc as isize * out.strides[1] + spatial_offset(i, os);
+            for e in 0..g.out[last] {
+                *(out.base as *mut f32).offset(to + e as isize * os[last]) = wide[from + e];
+            }
+        });
+    }
+}

@@ -1,0 +1,289 @@
+//! The dense stride-1 convolution kernel op (`KernelOp::Conv`) against the reference in
+//! `reference/kernels.rs`, in strict, debug and defer mode (which must agree bit for bit), over
+//! 1-D, 2-D and 3-D geometries and operand layouts, and its record-time errors.
+
+use crate::harness;
+use crate::reference;
+
+use deferfuse::fusion::ir::{Conv, KernelOp};
+use deferfuse::{DType, Error, Op, Runtime};
+use harness::*;
+use reference::kernels as refk;
+use reference::RefTensor;
+
+/// A batch, channels in and out, the input's spatial sizes and the kernel's geometry.
+struct Geo {
+    name: &'static str,
+    n: usize,
+    c: usize,
+    oc: usize,
+    input: &'static [usize],
+    kernel: &'static [usize],
+    padding: &'static [usize],
+    dilation: &'static [usize],
+}
+
+#[rustfmt::skip]
+const GEOS: &[Geo] = &[
+    Geo { name: "1-D k3 p1", n: 2, c: 3, oc: 4, input: &[9], kernel: &[3], padding: &[1], dilation: &[1] },
+    Geo { name: "1-D k5 p0 d2", n: 1, c: 2, oc: 3, input: &[12], kernel: &[5], padding: &[0], dilation: &[2] },
+    Geo { name: "2-D 3x3 p1, 16 channels on 16x16", n: 2, c: 16, oc: 16, input: &[16, 16], kernel: &[3, 3], padding: &[1, 1], dilation: &[1, 1] },
+    // 288 rows of columns: blocks of 224 wide columns, 440 of them (two blocks, one partial).
+    Geo { name: "2-D 3x3 p1, 32 channels on 20x20", n: 1, c: 32, oc: 8, input: &[20, 20], kernel: &[3, 3], padding: &[1, 1], dilation: &[1, 1] },
+    Geo { name: "2-D 3x5 p(1,0)", n: 2, c: 3, oc: 2, input: &[7, 9], kernel: &[3, 5], padding: &[1, 0], dilation: &[1, 1] },
+    Geo { name: "2-D 3x3 p0", n: 2, c: 3, oc: 4, input: &[8, 7], kernel: &[3, 3], padding: &[0, 0], dilation: &[1, 1] },
+    Geo { name: "2-D 3x3 d2 p2", n: 1, c: 3, oc: 5, input: &[9, 8], kernel: &[3, 3], padding: &[2, 2], dilation: &[2, 2] },
+    Geo { name: "2-D 1x1", n: 2, c: 5, oc: 3, input: &[4, 4], kernel: &[1, 1], padding: &[0, 0], dilation: &[1, 1] },
+    // The kernel is larger than the input; border outputs read nothing but padding.
+    Geo { name: "2-D 7x7 p3 on 5x6", n: 2, c: 2, oc: 3, input: &[5, 6], kernel: &[7, 7], padding: &[3, 3], dilation: &[1, 1] },
+    Geo { name: "2-D 3x3 p2 (a border of padding only)", n: 1, c: 2, oc: 2, input: &[4, 4], kernel: &[3, 3], padding: &[2, 2], dilation: &[1, 1] },
+    // More output channels than the GEMM's one row block.
+    Geo { name: "2-D 3x3 p1, 100 output channels", n: 1, c: 3, oc: 100, input: &[6, 7], kernel: &[3, 3], padding: &[1, 1], dilation: &[1, 1] },
+    Geo { name: "2-D 3x3 p1, one input channel", n: 3, c: 1, oc: 4, input: &[5, 5], kernel: &[3, 3], padding: &[1, 1], dilation: &[1, 1] },
+    Geo { name: "3-D 2x3x2 p(1,2,0) d(2,1,2)", n: 1, c: 2, oc: 3, input: &[5, 4, 6], kernel: &[2, 3, 2], padding: &[1, 2, 0], dilation: &[2, 1, 2] },
+];
+
+impl Geo {
+    fn conv(&self, mirrored: bool) -> Conv {
+        Conv {
+            padding: self.padding.into(),
+            dilation: self.dilation.into(),
+            mirrored,
+        }
+    }
+
+    fn op(&self, mirrored: bool) -> Op {
+        Op::Kernel(KernelOp::Conv(Box::new(self.conv(mirrored))))
+    }
+
+    fn x(&self) -> Vec<usize> {
+        [&[self.n, self.c][..], self.input].concat()
+    }
+
+    /// The weight's shape as given: `[OC, C, k...]`, or mirrored `[C, OC, k...]`.
+    fn w(&self, mirrored: bool) -> Vec<usize> {
+        let (a, b) = if mirrored {
+            (self.c, self.oc)
+        } else {
+            (self.oc, self.c)
+        };
+        [&[a, b][..], self.kernel].concat()
+    }
+
+    /// Random operands (values in [-2, 2], some zeros).
+    fn operands(&self, mirrored: bool, rng: &mut Rng) -> (RefTensor, RefTensor) {
+        (
+            rng.tensor(DType::F32, &self.x(), 2.0, 0, false),
+            rng.tensor(DType::F32, &self.w(mirrored), 2.0, 0, false),
+        )
+    }
+
+    /// The terms each output element sums: channels times taps.
+    fn terms(&self) -> usize {
+        self.c * self.kernel.iter().product::<usize>()
+    }
+}
+
+/// A mirrored weight `[C, OC, k...]` as the plain one it stands for: `[OC, C, k...]`, every
+/// tap reversed.
+fn unmirrored(w: &RefTensor) -> RefTensor {
+    let kernel = &w.sizes[2..];
+    let sizes = [&[w.sizes[1], w.sizes[0]][..], kernel].concat();
+    let data = reference::indices(&sizes)
+        .into_iter()
+        .map(|i| {
+            let taps = (0..kernel.len()).map(|d| kernel[d] - 1 - i[2 + d]);
+            let from: Vec<usize> = [i[1], i[0]].into_iter().chain(taps).collect();
+            w.at(&from)
+        })
+        .collect();
+    RefTensor::new(w.dtype, &sizes, data)
+}
+
+/// `got` against the reference: within f32 accumulation over `terms` products of the sum of
+/// their magnitudes (the dot product bound for any order), plus the result's own rounding.
+fn against_reference(
+    ctx: &str,
+    g: &Geo,
+    mirrored: bool,
+    (x, w): &(RefTensor, RefTensor),
+    got: &RefTensor,
+) -> Result<(), String> {
+    let k = g.conv(false);
+    let w = if mirrored { unmirrored(w) } else { w.clone() };
+    let want = refk::conv(&k, x, &w);
+    let scale = refk::conv(&k, &x.abs_f64(), &w.abs_f64());
+    let tol = Tol {
+        rel: 2f64.powi(-24),
+        abs: 0.0,
+        scaled: 1.02 * g.terms() as f64 * (2f64.powi(-24) + 2f64.powi(-53)),
+    };
+    compare(ctx, got, &want, tol, Some(&scale))
+}
+
+/// Runs every geometry on operands placed as `places` say, in every mode (bit for bit alike),
+/// and checks each result against the reference.
+fn check(mirrored: bool, places: (Place, Place), seed: u64) {
+    let mut rng = Rng::new(seed);
+    let operands: Vec<_> = GEOS
+        .iter()
+        .map(|g| g.operands(mirrored, &mut rng))
+        .collect();
+    let outs = run_in_every_mode(|rt| {
+        GEOS.iter()
+            .zip(&operands)
+            .map(|(g, (x, w))| {
+                let ins = [tt(place(rt, x, places.0)), tt(place(rt, w, places.1))];
+                (g.name.to_string(), run(rt, g.op(mirrored), &ins))
+            })
+            .collect()
+    });
+    let failures: Vec<String> = GEOS
+        .iter()
+        .zip(&operands)
+        .zip(&outs)
+        .filter_map(|((g, xw), (name, got))| {
+            let ctx = format!("mirrored {mirrored}, {places:?} {name}");
+            against_reference(&ctx, g, mirrored, xw, got).err()
+        })
+        .collect();
+    assert_no_failures(&failures);
+}
+
+#[test]
+fn contiguous_operands_match_the_reference_in_every_mode() {
+    check(false, (Place::Contig, Place::Contig), 1);
+}
+
+#[test]
+fn strided_and_transposed_operand_views_match_the_reference_in_every_mode() {
+    check(false, (Place::Strided, Place::Transposed), 2);
+    check(false, (Place::Transposed, Place::Strided), 3);
+}
+
+#[test]
+fn a_mirrored_weight_is_read_transposed_with_its_taps_reversed() {
+    check(true, (Place::Contig, Place::Contig), 4);
+    check(true, (Place::Strided, Place::Transposed), 5);
+}
+
+#[test]
+fn a_mirrored_convolution_is_the_input_gradient_of_the_plain_one() {
+    // d/dx of sum(conv(x, w) * g) at stride 1 is the mirrored convolution of g by w with
+    // padding span - 1 - padding: checked on one geometry against the reference's own sums
+    // (each input element's gradient sums g times the weight over the outputs it reaches).
+    let g = &GEOS[4]; // 2-D 3x5 p(1,0)
+    let mut rng = Rng::new(6);
+    let x_shape = g.x();
+    let w = rng.tensor(DType::F32, &g.w(false), 2.0, 0, false);
+    let y_shape = refk::conv(
+        &g.conv(false),
+        &RefTensor::new(DType::F32, &x_shape, vec![0.0; reference::numel(&x_shape)]),
+        &w,
+    )
+    .sizes;
+    let grad = rng.tensor(DType::F32, &y_shape, 2.0, 0, false);
+    let gradient_padding: Vec<usize> = (0..g.kernel.len())
+        .map(|i| g.dilation[i] * (g.kernel[i] - 1) - g.padding[i])
+        .collect();
+    let op = Op::Kernel(KernelOp::Conv(Box::new(Conv {
+        padding: gradient_padding.as_slice().into(),
+        dilation: g.dilation.into(),
+        mirrored: true,
+    })));
+    let outs = run_in_every_mode(|rt| {
+        let ins = [tt(upload(rt, &grad)), tt(upload(rt, &w))];
+        vec![("gx".into(), run(rt, op.clone(), &ins))]
+    });
+    // The gradient by definition: gx[x_i] = sum over outputs o and taps t that read x_i.
+    let mut want = vec![0.0; reference::numel(&x_shape)];
+    for o in reference::indices(&y_shape) {
+        for ci in 0..g.c {
+            for t in reference::indices(g.kernel) {
+                let p: Vec<i64> = (0..t.len())
+                    .map(|i| (o[2 + i] + t[i] * g.dilation[i]) as i64 - g.padding[i] as i64)
+                    .collect();
+                if p.iter().zip(g.input).any(|(&p, &s)| p < 0 || p >= s as i64) {
+                    continue;
+                }
+                let xi: Vec<usize> = [o[0], ci]
+                    .into_iter()
+                    .chain(p.iter().map(|&v| v as usize))
+                    .collect();
+                let wi: Vec<usize> = [o[1], ci].into_iter().chain(t.iter().copied()).collect();
+                let at = reference::indices(&x_shape)
+                    .iter()
+                    .position(|i| *i == xi)
+                    .unwrap();
+                want[at] += grad.at(&o) * w.at(&wi);
+            }
+        }
+    }
+    let want = RefTensor::new(DType::F32, &x_shape, want);
+    let tol = Tol {
+        rel: 2f64.powi(-22),
+        abs: 1e-5,
+        scaled: 0.0,
+    };
+    compare("input gradient", &outs[0].1, &want, tol, None).unwrap();
+}
+
+#[test]
+fn a_small_1d_convolution_has_the_hand_computed_values() {
+    // x [1, 2, 3, 4], w [1, 10, 100], padding 1: out[o] = x[o-1] + 10 x[o] + 100 x[o+1].
+    let g = &GEOS[0];
+    let x = RefTensor::new(DType::F32, &[1, 1, 4], vec![1.0, 2.0, 3.0, 4.0]);
+    let w = RefTensor::new(DType::F32, &[1, 1, 3], vec![1.0, 10.0, 100.0]);
+    let outs = run_in_every_mode(|rt| {
+        let ins = [tt(upload(rt, &x)), tt(upload(rt, &w))];
+        vec![("out".into(), run(rt, g.op(false), &ins))]
+    });
+    let want = [210.0, 321.0, 432.0, 43.0];
+    assert_eq!(outs[0].1.data, want);
+    assert_eq!(
+        refk::conv(&g.conv(false), &x, &w).data,
+        want,
+        "the reference"
+    );
+}
+
+/// The error recording conv on operands of `x` and `w` (shapes, dtypes) gives.
+fn record_error(g: &Geo, x: (DType, &[usize]), w: (DType, &[usize])) -> String {
+    let rt = Runtime::new(Default::default()).unwrap();
+    let hx = tensor(&rt, x.0, x.1, &vec![0.0; x.1.iter().product()]);
+    let hw = tensor(&rt, w.0, w.1, &vec![0.0; w.1.iter().product()]);
+    match rt.op(0, g.op(false), &[tt(hx), tt(hw)], None) {
+        Err(e @ Error::Op(_)) => e.to_string(),
+        other => panic!("expected a record-time op error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_weight_of_another_channel_count_fails_at_record_naming_the_weight() {
+    let e = record_error(
+        &GEOS[2],
+        (DType::F32, &[1, 16, 8, 8]),
+        (DType::F32, &[4, 8, 3, 3]),
+    );
+    assert!(e.contains("conv") && e.contains("weight"), "{e}");
+}
+
+#[test]
+fn a_float16_input_fails_at_record_naming_the_dtype() {
+    let e = record_error(
+        &GEOS[2],
+        (DType::F16, &[1, 16, 8, 8]),
+        (DType::F16, &[4, 16, 3, 3]),
+    );
+    assert!(e.contains("float32"), "{e}");
+}
+
+#[test]
+fn a_kernel_longer_than_the_padded_input_fails_at_record() {
+    let e = record_error(
+        &GEOS[5],
+        (DType::F32, &[1, 3, 2, 8]),
+        (DType::F32, &[4, 3, 3, 3]),
+    );
+    assert!(e.contains("spatial dim 0"), "{e}");
+}
