@@ -4,7 +4,9 @@
 // the weight viewed as [G, OCg, Cg*K]. That layout lets every GEMM read its operands as strided
 // views: per sample when a sample has many output positions, else with the batch folded into
 // the GEMM's columns (see kGemmPerSampleFromPositions). The input gradient is W^T @
-// grad_output scattered back by add_windows (K in-place strided adds, no scatter op needed);
+// grad_output scattered back by add_windows (K in-place strided adds, no scatter op needed),
+// or at stride 1 the runtime's convolution op on grad_output by the mirrored weight
+// (input_grad_as_conv), which writes no columns;
 // the weight gradient is one GEMM of grad_output with the columns over the batch. A transposed
 // convolution is the input gradient of the plain convolution whose weight it shares, so it
 // reuses the same three pieces with the roles of input and output swapped.
@@ -220,10 +222,60 @@ at::Tensor conv_forward(const at::Tensor& x, const at::Tensor& w, const Geometry
   return out;
 }
 
+// Per spatial dim, the padding of the gradient whose convolution by the flipped weight is the
+// input gradient at stride 1: span - 1 - padding.
+std::vector<int64_t> input_grad_padding(const Geometry& g) {
+  std::vector<int64_t> q;
+  for (size_t i = 0; i < g.kernel.size(); ++i) {
+    q.push_back(g.dilation[i] * (g.kernel[i] - 1) - g.padding[i]);
+  }
+  return q;
+}
+
+// Whether the input gradient runs as the runtime's dense stride-1 convolution
+// (DFUSE_OP_KIND_CONV) of the gradient by the weight transposed and flipped, which writes
+// neither W^T @ grad's Cin * K values per position nor add_windows' K read-modify-write passes
+// over the input (one thread, [4, C, H, W] by a 3x3 C -> C weight: C 16 at 64x64 4.3 -> 1.8 ms,
+// C 32 at 32x32 2.5 -> 1.35, C 64 at 16x16 1.6 -> 1.1; the U-Net's defer step 65-69 -> 57 ms).
+// It needs one
+// group, float32, stride 1, a padding of at most span - 1 (the gradient's own padding is then
+// not negative) and an input of exactly the size that stride-1 convolution gives (a transposed
+// convolution's output_padding can make it longer). And enough positions per sample: the op
+// multiplies sample by sample, so a small map is a product of few columns that reads the whole
+// weight per sample (resnet18's 8x8 to 2x2 layers at batch 8 ran 1.3x slower that way than
+// folded into one product); from kGemmPerSampleFromPositions on, the products per sample are
+// wide enough.
+bool input_grad_as_conv(const Geometry& g, const at::Tensor& grad) {
+  if (g.G != 1 || grad.scalar_type() != at::kFloat) return false;
+  if (g.L < kGemmPerSampleFromPositions) return false;
+  auto q = input_grad_padding(g);
+  for (size_t i = 0; i < q.size(); ++i) {
+    int64_t span = g.dilation[i] * (g.kernel[i] - 1) + 1;
+    if (g.stride[i] != 1 || q[i] < 0) return false;
+    if (g.in[i] != grad.size(2 + i) + 2 * q[i] - (span - 1)) return false;
+  }
+  return true;
+}
+
+// d conv(x, w) / dx as input_grad_as_conv says: the op reads w [OC, C, k...] transposed with
+// its taps reversed (DFUSE_CONV_WEIGHT_MIRRORED), so no transposing or flipping op runs first.
+at::Tensor input_grad_by_conv(const at::Tensor& grad, const at::Tensor& w, const Geometry& g) {
+  DfuseAttrs a = attrs_sub(DFUSE_CONV_WEIGHT_MIRRORED);
+  auto q = input_grad_padding(g);
+  a.n_dims = q.size();
+  for (size_t i = 0; i < q.size(); ++i) {
+    a.padding[i] = q[i];
+    a.dilation[i] = g.dilation[i];
+  }
+  return run(DFUSE_OP_KIND_CONV, &a, Operands().t(grad).t(w), "convolution");
+}
+
 // d conv(x, w) / dx applied to grad [N, OC, out...]: [N, C, in...]. `go` is
-// positions_major(grad), which the folded GEMM takes (undefined when per_sample(g)).
+// positions_major(grad), which the folded GEMM takes (undefined when per_sample(g) or
+// input_grad_as_conv(g, grad)).
 at::Tensor conv_input_grad(const at::Tensor& grad, const at::Tensor& go, const at::Tensor& w,
                            const Geometry& g) {
+  if (input_grad_as_conv(g, grad)) return input_grad_by_conv(grad, w, g);
   auto wt = w.reshape({g.G, g.OCg, g.Cg * g.K}).transpose(1, 2);
   std::vector<int64_t> window{g.N, g.C};
   window.insert(window.end(), g.kernel.begin(), g.kernel.end());
@@ -327,7 +379,8 @@ at::Tensor convolution(const at::Tensor& x, const at::Tensor& w,
                        at::IntArrayRef output_padding, int64_t groups) {
   if (transposed) {
     auto g = transposed_geometry(x, w, stride, padding, dilation, output_padding, groups);
-    auto go = per_sample(g) ? at::Tensor() : positions_major(x, g);
+    bool folded = !per_sample(g) && !input_grad_as_conv(g, x);
+    auto go = folded ? positions_major(x, g) : at::Tensor();
     return add_bias(conv_input_grad(x, go, w, g), bias);
   }
   auto g = geometry(x.sizes(), w, stride, padding, dilation, groups);
@@ -352,7 +405,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
       if (mask[1]) gw = depthwise(g, DFUSE_DEPTHWISE_PART_WEIGHT_GRAD, grad, x);
     } else {
       at::Tensor go;
-      if (mask[1] || (mask[0] && !per_sample(g))) go = positions_major(grad, g);
+      bool folded_input_grad = mask[0] && !per_sample(g) && !input_grad_as_conv(g, grad);
+      if (mask[1] || folded_input_grad) go = positions_major(grad, g);
       if (mask[0]) gx = conv_input_grad(grad, go, w, g);
       if (mask[1]) gw = conv_weight_grad(go, x, w, g);
     }
