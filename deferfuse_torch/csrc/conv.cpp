@@ -222,6 +222,17 @@ at::Tensor conv_forward(const at::Tensor& x, const at::Tensor& w, const Geometry
   return out;
 }
 
+// A 1x1 kernel at stride 1 without padding (MobileNet's and EfficientNet's pointwise
+// convolutions): each position's window is the position itself, so W^T @ grad is the input
+// gradient as it stands, with nothing to scatter or gather.
+bool whole_window(const Geometry& g) {
+  if (g.K != 1) return false;
+  for (size_t i = 0; i < g.kernel.size(); ++i) {
+    if (g.stride[i] != 1 || g.padding[i] != 0) return false;
+  }
+  return true;
+}
+
 // Per spatial dim, the padding of the gradient whose convolution by the flipped weight is the
 // input gradient at stride 1: span - 1 - padding.
 std::vector<int64_t> input_grad_padding(const Geometry& g) {
@@ -247,7 +258,7 @@ std::vector<int64_t> input_grad_padding(const Geometry& g) {
 // wide enough.
 bool input_grad_as_conv(const Geometry& g, const at::Tensor& grad) {
   if (g.G != 1 || grad.scalar_type() != at::kFloat) return false;
-  if (g.L < kGemmPerSampleFromPositions) return false;
+  if (g.L < kGemmPerSampleFromPositions || whole_window(g)) return false;
   auto q = input_grad_padding(g);
   for (size_t i = 0; i < q.size(); ++i) {
     int64_t span = g.dilation[i] * (g.kernel[i] - 1) + 1;
@@ -286,8 +297,11 @@ at::Tensor conv_input_grad(const at::Tensor& grad, const at::Tensor& go, const a
   } else {
     contrib = batched_matmul(wt, go).view(columns_sizes(g)).permute(columns_to_window(g));
   }
-  auto buf = add_windows(contrib, padded_sizes(g), g.kernel, g.stride, g.dilation);
   auto in = with_spatial(g.N, g.C, g.in);
+  // The product's own result (a copy only when the batch was folded into its columns), not a
+  // zero buffer plus one window added into it.
+  if (whole_window(g)) return contrib.reshape(in);
+  auto buf = add_windows(contrib, padded_sizes(g), g.kernel, g.stride, g.dilation);
   return buf.sizes().equals(in) ? buf : unpad_spatial(buf, g.padding, g.in).contiguous();
 }
 

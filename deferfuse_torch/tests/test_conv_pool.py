@@ -25,6 +25,10 @@ CONVS = {
     "conv2d_groups_dilation": ((2, 4, 9, 8), (6, 2, 2, 3),
                                dict(stride=(2, 1), padding=(0, 2), dilation=(2, 1), groups=2)),
     "conv2d_1x1": ((2, 5, 4, 4), (3, 5, 1, 1), dict()),
+    # A 1x1 kernel's input gradient is the product itself (per sample here; folded above);
+    # padded, its windows go through add_windows.
+    "conv2d_1x1_per_sample": ((2, 5, 16, 16), (3, 5, 1, 1), dict()),
+    "conv2d_1x1_padded": ((2, 3, 5, 5), (2, 3, 1, 1), dict(padding=1)),
     # 272 output positions a sample: a GEMM per sample (the cases above fold the batch).
     "conv2d_gemm_per_sample": ((2, 3, 17, 16), (4, 3, 3, 3), dict(padding=1)),
     "conv2d_uncovered_tail": ((1, 2, 8, 8), (2, 2, 3, 3), dict(stride=3)),
@@ -157,6 +161,7 @@ TRANSPOSED = {
     # convolution; output_padding (allowed below the dilation) makes the output longer than
     # that convolution gives, which takes the product path.
     "conv_transpose2d_stride1_large": ((2, 4, 16, 16), (4, 3, 3, 3), dict(padding=1)),
+    "conv_transpose2d_1x1": ((2, 4, 16, 16), (4, 3, 1, 1), dict()),
     "conv_transpose2d_stride1_output_padding": ((2, 3, 6, 5), (3, 2, 3, 3),
                                                 dict(dilation=2, output_padding=1)),
     "conv_transpose2d_stride_output_padding": ((2, 4, 4, 5), (4, 2, 3, 2),
