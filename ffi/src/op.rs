@@ -647,9 +647,14 @@ mod tests {
         assert!(e
             .to_string()
             .contains("sub_op = 23 is not a DfuseBinaryOp; expected 0..=22"));
+        let e = build_op(20, None, || Ok(None)).unwrap_err();
+        assert!(
+            e.to_string().contains("kind = 20 is not a DfuseOpKind"),
+            "{e}"
+        );
         let e = build_op(19, None, || Ok(None)).unwrap_err();
         assert!(
-            e.to_string().contains("kind = 19 is not a DfuseOpKind"),
+            e.to_string().contains("attrs is NULL; op kind CONV"),
             "{e}"
         );
         let mut ctc = attrs(0, &[0, -1], false);
