@@ -15,6 +15,7 @@
 use super::dtype::DType;
 use super::error::{OpError, OpResult};
 use super::infer::{ArgMeta, Inferred};
+use super::kernel::tensor;
 use super::layout::{fmt_dims, Dims};
 
 const NAME: &str = "conv";
@@ -72,22 +73,6 @@ impl std::fmt::Display for Conv {
     }
 }
 
-/// Operand `i`'s dtype and shape, or an error naming it.
-fn operand<'a>(args: &'a [ArgMeta], i: usize, what: &str) -> OpResult<(DType, &'a Dims)> {
-    match args.get(i) {
-        Some(ArgMeta::Tensor { dtype, sizes }) => Ok((*dtype, sizes)),
-        other => Err(OpError::new(
-            NAME,
-            format!("input {i} ({what})"),
-            "a tensor",
-            match other {
-                Some(a) => format!("{a:?}"),
-                None => "nothing".into(),
-            },
-        )),
-    }
-}
-
 /// Output dtype and shape of a dense stride-1 convolution, or why it is invalid.
 pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     let d = k.padding.len();
@@ -107,8 +92,8 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
             format!("{}", args.len()),
         ));
     }
-    let (dx, x) = operand(args, 0, "x")?;
-    let (dw, w) = operand(args, 1, "weight")?;
+    let (dx, x) = tensor(NAME, args, 0, "x")?;
+    let (dw, w) = tensor(NAME, args, 1, "weight")?;
     for (i, what, dt) in [(0, "x", dx), (1, "weight", dw)] {
         if dt != DType::F32 {
             return Err(OpError::new(

@@ -37,27 +37,12 @@ thread_local! {
 
 type Idx = SmallVec<[usize; 3]>;
 
-/// Calls `f(index)` for every index of `dims` in row-major order (once for no dims).
+/// Calls `f(index)` for every index of `dims` in row-major order (once for no dims): the
+/// odometer of `for_each_row`, over one more dim of one element that it walks along.
 fn for_each_index(dims: &[usize], mut f: impl FnMut(&[usize])) {
-    if dims.contains(&0) {
-        return;
-    }
-    let mut idx: Idx = smallvec![0; dims.len()];
-    loop {
-        f(&idx);
-        let mut d = dims.len();
-        loop {
-            if d == 0 {
-                return;
-            }
-            d -= 1;
-            idx[d] += 1;
-            if idx[d] < dims[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
-    }
+    let mut sizes: Idx = dims.iter().copied().collect();
+    sizes.push(1);
+    super::for_each_row(&sizes, dims.len(), &[], |idx, _| f(&idx[..dims.len()]));
 }
 
 /// One call's sizes: what every sample shares.
