@@ -653,10 +653,7 @@ mod tests {
             "{e}"
         );
         let e = build_op(19, None, || Ok(None)).unwrap_err();
-        assert!(
-            e.to_string().contains("attrs is NULL; op kind CONV"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("attrs is NULL; op kind CONV"), "{e}");
         let mut ctc = attrs(0, &[0, -1], false);
         ctc.n_dims = 2;
         let e = build_op(18, Some(&ctc), || Ok(None)).unwrap_err();
