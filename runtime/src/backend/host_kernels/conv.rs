@@ -37,12 +37,29 @@ thread_local! {
 
 type Idx = SmallVec<[usize; 3]>;
 
-/// Calls `f(index)` for every index of `dims` in row-major order (once for no dims): the
-/// odometer of `for_each_row`, over one more dim of one element that it walks along.
+/// Calls `f(index)` for every index of `dims` in row-major order (once for no dims). Its own
+/// odometer, not `for_each_row`'s: that one's per-row bookkeeping made the input gradient of a
+/// `[4, 16, 64, 64]` gradient 1.7 -> 1.9 ms (its grid fill and crop walk short rows).
 fn for_each_index(dims: &[usize], mut f: impl FnMut(&[usize])) {
-    let mut sizes: Idx = dims.iter().copied().collect();
-    sizes.push(1);
-    super::for_each_row(&sizes, dims.len(), &[], |idx, _| f(&idx[..dims.len()]));
+    if dims.contains(&0) {
+        return;
+    }
+    let mut idx: Idx = smallvec![0; dims.len()];
+    loop {
+        f(&idx);
+        let mut d = dims.len();
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < dims[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
 }
 
 /// One call's sizes: what every sample shares.
