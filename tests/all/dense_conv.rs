@@ -40,6 +40,8 @@ const GEOS: &[Geo] = &[
     // More output channels than the GEMM's one row block.
     Geo { name: "2-D 3x3 p1, 100 output channels", n: 1, c: 3, oc: 100, input: &[6, 7], kernel: &[3, 3], padding: &[1, 1], dilation: &[1, 1] },
     Geo { name: "2-D 3x3 p1, one input channel", n: 3, c: 1, oc: 4, input: &[5, 5], kernel: &[3, 3], padding: &[1, 1], dilation: &[1, 1] },
+    // No input channels: every output is an empty sum, zero.
+    Geo { name: "2-D 3x3 p1, no input channels", n: 2, c: 0, oc: 3, input: &[4, 5], kernel: &[3, 3], padding: &[1, 1], dilation: &[1, 1] },
     Geo { name: "3-D 2x3x2 p(1,2,0) d(2,1,2)", n: 1, c: 2, oc: 3, input: &[5, 4, 6], kernel: &[2, 3, 2], padding: &[1, 2, 0], dilation: &[2, 1, 2] },
 ];
 
