@@ -8,9 +8,11 @@
 //! offset into the zero-padded input, so a backend can copy each block of columns just before
 //! the product reads it, from an input that stays in cache, and write only the output. The
 //! input gradient of a stride-1 convolution is itself one: the output gradient convolved with
-//! the weight transposed and flipped, padded by `span - 1 - padding`, so the frontend uses this
-//! op for both. Nothing fuses across it (its outputs depend on neighbouring elements), so it is
-//! a kernel op: the planner cuts around it and a backend runs it as one routine.
+//! the weight transposed and flipped (`Conv::mirrored`), padded by `span - 1 - padding`; the
+//! PyTorch frontend uses the op for that gradient (its forward keeps im2col, whose columns the
+//! weight gradient reuses). Nothing fuses across it (its outputs depend on neighbouring
+//! elements), so it is a kernel op: the planner cuts around it and a backend runs it as one
+//! routine.
 
 use super::dtype::DType;
 use super::error::{OpError, OpResult};
