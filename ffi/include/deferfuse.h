@@ -514,14 +514,15 @@ enum DfuseOpKind
    */
   DFUSE_OP_KIND_CTC_LOSS = 18,
   /**
-   * A dense convolution of stride 1 and one group, float32: inputs x `[N, C, in...]` and
-   * weight `[OC, C, k...]` over `attrs->n_dims` (1 to 3) spatial dims, with
-   * `attrs->padding[0..n]` zeros on both sides and `attrs->dilation[0..n]` between taps;
-   * the result is `[N, OC, in + 2 * padding - dilation * (k - 1)]`. Computed without
-   * writing its columns. `attrs->sub_op` (a `DfuseConvWeight`) MIRRORED reads a weight
-   * `[C, OC, k...]` transposed with every tap reversed: the input gradient of a stride-1
-   * convolution by that weight is this op on its output gradient with padding `dilation *
-   * (k - 1) - padding`.
+   * A dense convolution of stride 1 and one group, float32, over `attrs->n_dims` (1 to 3)
+   * spatial dims with `attrs->padding[0..n]` zeros on both sides and
+   * `attrs->dilation[0..n]` between taps, computed without writing its columns;
+   * `attrs->sub_op` (a `DfuseConvPart`) picks the product. FORWARD: x `[N, C, in...]` and
+   * weight `[OC, C, k...]` -> `[N, OC, in + 2 * padding - dilation * (k - 1)]`; INPUT_GRAD:
+   * a convolution's output gradient and its weight `[C, OC, k...]` (read transposed with
+   * every tap reversed) with padding `dilation * (k - 1) - padding` -> its input gradient;
+   * WEIGHT_GRAD: the output gradient `[N, OC, out...]` and x, `attrs->dims[0..n]` the
+   * kernel -> `[OC, C, k...]`.
    */
   DFUSE_OP_KIND_CONV = 19,
 };
@@ -1037,28 +1038,32 @@ typedef uint32_t DfuseCtcPart;
 #endif // __cplusplus
 
 /**
- * `attrs->sub_op` for `DFUSE_OP_KIND_CONV`: how the weight is read.
+ * `attrs->sub_op` for `DFUSE_OP_KIND_CONV`: which product; the numbers are the runtime's.
  */
-enum DfuseConvWeight
+enum DfuseConvPart
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
   : uint32_t
 #endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
  {
   /**
-   * as given, `[OC, C, k...]`: the convolution itself
+   * the convolution: inputs x and weight `[OC, C, k...]`
    */
-  DFUSE_CONV_WEIGHT_PLAIN = 0,
+  DFUSE_CONV_PART_FORWARD = 0,
   /**
-   * a forward weight `[C, OC, k...]` read transposed with every tap reversed: the op is that
-   * convolution's input gradient (x its output gradient)
+   * the input gradient: inputs the output gradient and the forward's weight `[C, OC, k...]`
+   * (read transposed with every tap reversed), padding `dilation * (k - 1) - padding`
    */
-  DFUSE_CONV_WEIGHT_MIRRORED = 1,
+  DFUSE_CONV_PART_INPUT_GRAD = 1,
+  /**
+   * the weight gradient: inputs the output gradient and x; `attrs->dims[0..n]` the kernel
+   */
+  DFUSE_CONV_PART_WEIGHT_GRAD = 2,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
-typedef enum DfuseConvWeight DfuseConvWeight;
+typedef enum DfuseConvPart DfuseConvPart;
 #else
-typedef uint32_t DfuseConvWeight;
+typedef uint32_t DfuseConvPart;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 

@@ -6,8 +6,8 @@ use crate::error::{invalid, Result};
 use crate::op::{wrap_dims, DfuseAttrs};
 use crate::types::{dtype_from, sizes_from, DFUSE_MAX_REDUCE_DIMS};
 use deferfuse_fusion::ir::{
-    Conv, Ctc, CtcPart, Depthwise, DepthwisePart, Dims, GroupedMatmul, KernelOp, RandomDist,
-    ScanOp, ScatterReduce,
+    Conv, ConvPart, Ctc, CtcPart, Depthwise, DepthwisePart, Dims, GroupedMatmul, KernelOp,
+    RandomDist, ScanOp, ScatterReduce,
 };
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_SCATTER`; the numbers are the runtime's.
@@ -48,15 +48,17 @@ pub enum DfuseRandomDist {
     Normal = 1,
 }
 
-/// `attrs->sub_op` for `DFUSE_OP_KIND_CONV`: how the weight is read.
+/// `attrs->sub_op` for `DFUSE_OP_KIND_CONV`: which product; the numbers are the runtime's.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DfuseConvWeight {
-    /// as given, `[OC, C, k...]`: the convolution itself
-    Plain = 0,
-    /// a forward weight `[C, OC, k...]` read transposed with every tap reversed: the op is that
-    /// convolution's input gradient (x its output gradient)
-    Mirrored = 1,
+pub enum DfuseConvPart {
+    /// the convolution: inputs x and weight `[OC, C, k...]`
+    Forward = 0,
+    /// the input gradient: inputs the output gradient and the forward's weight `[C, OC, k...]`
+    /// (read transposed with every tap reversed), padding `dilation * (k - 1) - padding`
+    InputGrad = 1,
+    /// the weight gradient: inputs the output gradient and x; `attrs->dims[0..n]` the kernel
+    WeightGrad = 2,
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_DEPTHWISE_CONV`; the numbers are the runtime's.
@@ -162,8 +164,8 @@ pub(crate) fn build_depthwise(a: &DfuseAttrs) -> Result<KernelOp> {
     })))
 }
 
-/// The dense stride-1 convolution of `attrs` (kind 19): the spatial dim count and the
-/// geometry's signs checked; the shapes are the runtime's to check.
+/// The dense stride-1 convolution of `attrs` (kind 19): the part, the spatial dim count and
+/// the geometry's signs checked; the shapes are the runtime's to check.
 pub(crate) fn build_conv(a: &DfuseAttrs) -> Result<KernelOp> {
     let n = a.n_dims;
     if !(1..=3).contains(&n) {
@@ -171,22 +173,23 @@ pub(crate) fn build_conv(a: &DfuseAttrs) -> Result<KernelOp> {
             "conv: attrs->n_dims = {n}; expected 1 to 3 spatial dims"
         )));
     }
+    let part = ConvPart::from_u32(a.sub_op).ok_or_else(|| {
+        invalid(format!(
+            "conv: attrs->sub_op = {} is not a DfuseConvPart; expected 0..={}",
+            a.sub_op,
+            ConvPart::ALL.len() - 1
+        ))
+    })?;
     let field =
         |v: &[i64], what: &str| -> Result<Dims> { Ok(Dims::from_vec(sizes_from(v, what)?)) };
-    let mirrored = match a.sub_op {
-        v if v == DfuseConvWeight::Plain as u32 => false,
-        v if v == DfuseConvWeight::Mirrored as u32 => true,
-        v => {
-            return Err(invalid(format!(
-                "conv: attrs->sub_op = {v} is not a DfuseConvWeight; expected 0 (PLAIN) or 1 \
-                 (MIRRORED)"
-            )))
-        }
-    };
     Ok(KernelOp::Conv(Box::new(Conv {
+        part,
         padding: field(&a.padding[..n], "attrs->padding")?,
         dilation: field(&a.dilation[..n], "attrs->dilation")?,
-        mirrored,
+        kernel: match part {
+            ConvPart::WeightGrad => field(&a.dims[..n], "attrs->dims (the kernel sizes)")?,
+            _ => Dims::new(),
+        },
     })))
 }
 
@@ -356,32 +359,38 @@ mod tests {
     }
 
     #[test]
-    fn conv_reads_its_geometry_and_how_the_weight_is_read() {
-        let mut a = attrs(DfuseConvWeight::Mirrored as u32, 0);
+    fn conv_reads_the_kernel_sizes_only_for_the_weight_gradient() {
+        let mut a = attrs(DfuseConvPart::WeightGrad as u32, 0);
         a.n_dims = 2;
+        a.dims[..2].copy_from_slice(&[3, 5]);
         a.padding[..2].copy_from_slice(&[2, 0]);
         a.dilation[..2].copy_from_slice(&[1, 3]);
         let KernelOp::Conv(c) = build_conv(&a).unwrap() else {
             panic!("not a conv op")
         };
         assert_eq!(
-            (c.padding.as_slice(), c.dilation.as_slice(), c.mirrored),
-            (&[2, 0][..], &[1, 3][..], true)
+            (
+                c.part,
+                c.padding.as_slice(),
+                c.dilation.as_slice(),
+                c.kernel.as_slice()
+            ),
+            (ConvPart::WeightGrad, &[2, 0][..], &[1, 3][..], &[3, 5][..])
         );
-        a.sub_op = DfuseConvWeight::Plain as u32;
+        a.sub_op = DfuseConvPart::InputGrad as u32;
         let KernelOp::Conv(c) = build_conv(&a).unwrap() else {
             panic!("not a conv op")
         };
-        assert!(!c.mirrored);
+        assert_eq!((c.part, c.kernel.len()), (ConvPart::InputGrad, 0));
     }
 
     #[test]
-    fn conv_refuses_an_unknown_weight_reading_negative_padding_and_bad_counts() {
-        let mut a = attrs(2, 0);
+    fn conv_refuses_an_unknown_part_negative_padding_and_bad_counts() {
+        let mut a = attrs(3, 0);
         a.n_dims = 1;
         a.dilation[0] = 1;
         let e = build_conv(&a).unwrap_err();
-        assert!(e.to_string().contains("not a DfuseConvWeight"), "{e}");
+        assert!(e.to_string().contains("not a DfuseConvPart"), "{e}");
         a.sub_op = 0;
         a.padding[0] = -1;
         let e = build_conv(&a).unwrap_err();
@@ -389,6 +398,19 @@ mod tests {
         a.n_dims = 0;
         let e = build_conv(&a).unwrap_err();
         assert!(e.to_string().contains("1 to 3"), "{e}");
+    }
+
+    #[test]
+    fn conv_parts_have_the_runtime_s_numbers() {
+        let p = [
+            DfuseConvPart::Forward,
+            DfuseConvPart::InputGrad,
+            DfuseConvPart::WeightGrad,
+        ];
+        assert_eq!(p.len(), ConvPart::ALL.len());
+        for (x, y) in p.iter().zip(ConvPart::ALL) {
+            assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
+        }
     }
 
     #[test]

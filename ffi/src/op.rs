@@ -82,14 +82,15 @@ pub enum DfuseOpKind {
     /// log_alpha, lengths -> `[N]`; GRAD: grad `[N]`, log_probs, targets, lengths, loss,
     /// log_alpha -> `[T, N, C]`. A length or label out of range is reported when the op runs.
     CtcLoss = 18,
-    /// A dense convolution of stride 1 and one group, float32: inputs x `[N, C, in...]` and
-    /// weight `[OC, C, k...]` over `attrs->n_dims` (1 to 3) spatial dims, with
-    /// `attrs->padding[0..n]` zeros on both sides and `attrs->dilation[0..n]` between taps;
-    /// the result is `[N, OC, in + 2 * padding - dilation * (k - 1)]`. Computed without
-    /// writing its columns. `attrs->sub_op` (a `DfuseConvWeight`) MIRRORED reads a weight
-    /// `[C, OC, k...]` transposed with every tap reversed: the input gradient of a stride-1
-    /// convolution by that weight is this op on its output gradient with padding `dilation *
-    /// (k - 1) - padding`.
+    /// A dense convolution of stride 1 and one group, float32, over `attrs->n_dims` (1 to 3)
+    /// spatial dims with `attrs->padding[0..n]` zeros on both sides and
+    /// `attrs->dilation[0..n]` between taps, computed without writing its columns;
+    /// `attrs->sub_op` (a `DfuseConvPart`) picks the product. FORWARD: x `[N, C, in...]` and
+    /// weight `[OC, C, k...]` -> `[N, OC, in + 2 * padding - dilation * (k - 1)]`; INPUT_GRAD:
+    /// a convolution's output gradient and its weight `[C, OC, k...]` (read transposed with
+    /// every tap reversed) with padding `dilation * (k - 1) - padding` -> its input gradient;
+    /// WEIGHT_GRAD: the output gradient `[N, OC, out...]` and x, `attrs->dims[0..n]` the
+    /// kernel -> `[OC, C, k...]`.
     Conv = 19,
 }
 

@@ -5,7 +5,7 @@
 use crate::harness;
 use crate::reference;
 
-use deferfuse::fusion::ir::{Conv, KernelOp};
+use deferfuse::fusion::ir::{Conv, ConvPart, Dims, KernelOp};
 use deferfuse::{DType, Error, Op, Runtime};
 use harness::*;
 use reference::kernels as refk;
@@ -48,10 +48,33 @@ const GEOS: &[Geo] = &[
 impl Geo {
     fn conv(&self, mirrored: bool) -> Conv {
         Conv {
+            part: if mirrored {
+                ConvPart::InputGrad
+            } else {
+                ConvPart::Forward
+            },
             padding: self.padding.into(),
             dilation: self.dilation.into(),
-            mirrored,
+            kernel: Dims::new(),
         }
+    }
+
+    /// The weight gradient's op: the kernel sizes given, as its operands do not hold them.
+    fn weight_grad(&self) -> Conv {
+        Conv {
+            part: ConvPart::WeightGrad,
+            kernel: self.kernel.into(),
+            ..self.conv(false)
+        }
+    }
+
+    /// The output's shape `[N, OC, out...]`.
+    fn out(&self) -> Vec<usize> {
+        let out = self
+            .conv(false)
+            .output_sizes(self.input, self.kernel)
+            .unwrap();
+        [&[self.n, self.oc][..], &out].concat()
     }
 
     fn op(&self, mirrored: bool) -> Op {
@@ -190,8 +213,7 @@ fn a_mirrored_convolution_is_the_input_gradient_of_the_plain_one() {
         .collect();
     let op = Op::Kernel(KernelOp::Conv(Box::new(Conv {
         padding: gradient_padding.as_slice().into(),
-        dilation: g.dilation.into(),
-        mirrored: true,
+        ..g.conv(true)
     })));
     let outs = run_in_every_mode(|rt| {
         let ins = [tt(upload(rt, &grad)), tt(upload(rt, &w))];
@@ -247,6 +269,60 @@ fn a_small_1d_convolution_has_the_hand_computed_values() {
         want,
         "the reference"
     );
+}
+
+#[test]
+fn the_weight_gradient_matches_the_reference_in_every_mode() {
+    for (places, seed) in [
+        ((Place::Contig, Place::Contig), 7),
+        ((Place::Strided, Place::Transposed), 8),
+    ] {
+        let mut rng = Rng::new(seed);
+        let operands: Vec<_> = GEOS
+            .iter()
+            .map(|g| {
+                (
+                    rng.tensor(DType::F32, &g.out(), 2.0, 0, false),
+                    rng.tensor(DType::F32, &g.x(), 2.0, 0, false),
+                )
+            })
+            .collect();
+        let outs = run_in_every_mode(|rt| {
+            GEOS.iter()
+                .zip(&operands)
+                .map(|(g, (grad, x))| {
+                    let ins = [tt(place(rt, grad, places.0)), tt(place(rt, x, places.1))];
+                    let op = Op::Kernel(KernelOp::Conv(Box::new(g.weight_grad())));
+                    (g.name.to_string(), run(rt, op, &ins))
+                })
+                .collect()
+        });
+        let failures: Vec<String> = GEOS
+            .iter()
+            .zip(&operands)
+            .zip(&outs)
+            .filter_map(|((g, (grad, x)), (name, got))| {
+                let k = g.weight_grad();
+                let want = refk::conv_weight_grad(&k, grad, x);
+                let scale = refk::conv_weight_grad(&k, &grad.abs_f64(), &x.abs_f64());
+                let terms = g.out()[2..].iter().product::<usize>() * g.n;
+                let tol = Tol {
+                    rel: 2f64.powi(-24),
+                    abs: 0.0,
+                    scaled: 1.02 * terms as f64 * (2f64.powi(-24) + 2f64.powi(-53)),
+                };
+                compare(
+                    &format!("weight gradient {places:?} {name}"),
+                    got,
+                    &want,
+                    tol,
+                    Some(&scale),
+                )
+                .err()
+            })
+            .collect();
+        assert_no_failures(&failures);
+    }
 }
 
 /// The error recording conv on operands of `x` and `w` (shapes, dtypes) gives.

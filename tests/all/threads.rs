@@ -287,17 +287,25 @@ fn a_depthwise_convolution_split_by_channels_equals_one_thread() {
 
 #[test]
 fn a_dense_convolution_split_by_samples_equals_one_thread() {
-    use deferfuse::fusion::ir::{Conv, KernelOp};
+    use deferfuse::fusion::ir::{Conv, ConvPart, KernelOp};
     let (n, c, oc, h) = (3, 16, 24, 22);
-    let conv = Op::Kernel(KernelOp::Conv(Box::new(Conv {
-        padding: [1, 1][..].into(),
-        dilation: [1, 1][..].into(),
-        mirrored: false,
-    })));
+    let conv = |part: ConvPart| {
+        Op::Kernel(KernelOp::Conv(Box::new(Conv {
+            part,
+            padding: [1, 1][..].into(),
+            dilation: [1, 1][..].into(),
+            kernel: match part {
+                ConvPart::WeightGrad => [3, 3][..].into(),
+                _ => Default::default(),
+            },
+        })))
+    };
     same_on_any_thread_count(|rt| {
         let x = tensor(rt, DType::F32, &[n, c, h, h], &values(n * c * h * h, 7));
         let w = tensor(rt, DType::F32, &[oc, c, 3, 3], &values(oc * c * 9, 8));
-        vec![run(rt, conv.clone(), &[tt(x), tt(w)])]
+        let y = run(rt, conv(ConvPart::Forward), &[tt(x), tt(w)]);
+        let gw = run(rt, conv(ConvPart::WeightGrad), &[tt(y), tt(x)]);
+        vec![y, gw]
     });
 }
 

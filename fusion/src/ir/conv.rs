@@ -8,9 +8,9 @@
 //! offset into the zero-padded input, so a backend can copy each block of columns just before
 //! the product reads it, from an input that stays in cache, and write only the output. The
 //! input gradient of a stride-1 convolution is itself one: the output gradient convolved with
-//! the weight transposed and flipped (`Conv::mirrored`), padded by `span - 1 - padding`; the
-//! PyTorch frontend uses the op for that gradient (its forward keeps im2col, whose columns the
-//! weight gradient reuses). Nothing fuses across it (its outputs depend on neighbouring
+//! the weight transposed and flipped (`ConvPart::InputGrad`), padded by `span - 1 - padding`;
+//! the weight gradient multiplies the same blocks of columns by their positions' gradient
+//! (`ConvPart::WeightGrad`). Nothing fuses across it (its outputs depend on neighbouring
 //! elements), so it is a kernel op: the planner cuts around it and a backend runs it as one
 //! routine.
 
@@ -22,22 +22,50 @@ use super::layout::{fmt_dims, Dims};
 
 const NAME: &str = "conv";
 
-/// A dense stride-1 convolution's geometry, per spatial dim (1 to 3 of them, all of the same
-/// length): output position `o` of a dim reads input position `o - padding + t * dilation` for
-/// each tap `t < kernel` (the weight's spatial size); positions outside the input read zero.
-/// Operands: x `[N, C, in...]` and w `[OC, C, k...]`, float32; result `[N, OC, out...]` with
-/// `out = in + 2 * padding - dilation * (k - 1)`.
+/// Which product of a dense stride-1 convolution the op computes. `repr(u32)` with explicit
+/// numbers because the C ABI passes them; append new values, never renumber.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConvPart {
+    /// `out = conv(x, w)`: operands x `[N, C, in...]` and w `[OC, C, k...]`; result `[N, OC,
+    /// out...]`.
+    Forward = 0,
+    /// The forward of the weight transposed with every spatial dim reversed: operands x and a
+    /// forward convolution's weight `[C, OC, k...]` (`C` being that convolution's output
+    /// channels); result `[N, OC, out...]`. With x a convolution's output gradient and padding
+    /// `span - 1 -` its padding, this is its input gradient, with no transposing or flipping
+    /// op recorded before it.
+    InputGrad = 1,
+    /// `d out / d w` summed over the batch: operands grad `[N, OC, out...]` and x `[N, C,
+    /// in...]`; result `[OC, C, k...]` (the geometry's `kernel`).
+    WeightGrad = 2,
+}
+
+impl ConvPart {
+    /// Every variant, indexed by its ABI number.
+    pub const ALL: [ConvPart; 3] = [ConvPart::Forward, ConvPart::InputGrad, ConvPart::WeightGrad];
+
+    /// Decodes an ABI number; `None` for an unknown value.
+    pub fn from_u32(v: u32) -> Option<ConvPart> {
+        ConvPart::ALL.get(v as usize).copied()
+    }
+}
+
+/// A dense stride-1 convolution's part and geometry, per spatial dim (1 to 3 of them, all of
+/// the same length): output position `o` of a dim reads input position `o - padding + t *
+/// dilation` for each tap `t < k` (the kernel's spatial size); positions outside the input
+/// read zero. float32 only; `out = in + 2 * padding - dilation * (k - 1)`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Conv {
+    /// Which product.
+    pub part: ConvPart,
     /// Zero padding on both sides per spatial dim.
     pub padding: Dims,
     /// Spacing of the taps per spatial dim (at least 1).
     pub dilation: Dims,
-    /// The weight is given as `[C, OC, k...]` (a forward convolution's weight, `C` here being
-    /// its output channels) and read transposed with every spatial dim reversed: the op is
-    /// then that convolution's input gradient (x its output gradient, padding `span - 1 -` its
-    /// padding), with no transposing or flipping op recorded before it.
-    pub mirrored: bool,
+    /// The kernel's spatial sizes; read by `WeightGrad` only, whose operands do not hold the
+    /// weight (empty for the other parts).
+    pub kernel: Dims,
 }
 
 impl Conv {
@@ -67,22 +95,31 @@ impl std::fmt::Display for Conv {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            ".p{:?}.d{:?}{}",
+            ".{:?}.p{:?}.d{:?}",
+            self.part,
             self.padding.as_slice(),
-            self.dilation.as_slice(),
-            if self.mirrored { ".mirrored" } else { "" }
-        )
+            self.dilation.as_slice()
+        )?;
+        if self.part == ConvPart::WeightGrad {
+            write!(f, ".k{:?}", self.kernel.as_slice())?;
+        }
+        Ok(())
     }
 }
 
 /// Output dtype and shape of a dense stride-1 convolution, or why it is invalid.
 pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     let d = k.padding.len();
-    if !(1..=3).contains(&d) || k.dilation.len() != d || k.dilation.contains(&0) {
+    let kernel_ok = match k.part {
+        ConvPart::WeightGrad => k.kernel.len() == d && !k.kernel.contains(&0),
+        _ => k.kernel.is_empty(),
+    };
+    if !(1..=3).contains(&d) || k.dilation.len() != d || k.dilation.contains(&0) || !kernel_ok {
         return Err(OpError::new(
             NAME,
             "geometry",
-            "1 to 3 spatial dims, each with a padding and a dilation of at least 1",
+            "1 to 3 spatial dims, each with a padding and a dilation of at least 1 (and, for the \
+             weight gradient, a kernel size of at least 1)",
             format!("{k}"),
         ));
     }
@@ -90,13 +127,17 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
         return Err(OpError::new(
             NAME,
             "inputs",
-            "2 operands (x, weight)",
+            "2 operands",
             format!("{}", args.len()),
         ));
     }
-    let (dx, x) = tensor(NAME, args, 0, "x")?;
-    let (dw, w) = tensor(NAME, args, 1, "weight")?;
-    for (i, what, dt) in [(0, "x", dx), (1, "weight", dw)] {
+    let (first, second) = match k.part {
+        ConvPart::Forward | ConvPart::InputGrad => ("x", "weight"),
+        ConvPart::WeightGrad => ("grad", "x"),
+    };
+    let (d0, a) = tensor(NAME, args, 0, first)?;
+    let (d1, b) = tensor(NAME, args, 1, second)?;
+    for (i, what, dt) in [(0, first, d0), (1, second, d1)] {
         if dt != DType::F32 {
             return Err(OpError::new(
                 NAME,
@@ -106,45 +147,78 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
             ));
         }
     }
-    // The weight's (output, input) channel dims, as stored.
-    let (w_out, w_in) = if k.mirrored { (1, 0) } else { (0, 1) };
-    for (i, what, s) in [(0, "x", x), (1, "weight", w)] {
+    let shape_of = |i: usize| match (i, k.part) {
+        (0, ConvPart::WeightGrad) => "[N, OC, out...]",
+        (0, _) | (1, ConvPart::WeightGrad) => "[N, C, spatial...]",
+        (_, ConvPart::Forward) => "[OC, C, k...]",
+        (_, _) => "[C, OC, k...] (a forward weight, read mirrored)",
+    };
+    for (i, what, s) in [(0, first, a), (1, second, b)] {
         if s.len() != d + 2 {
-            let dims = match (i, k.mirrored) {
-                (0, _) => "[N, C, spatial...]",
-                (_, false) => "[OC, C, k...]",
-                (_, true) => "[C, OC, k...] (mirrored)",
-            };
             return Err(OpError::new(
                 NAME,
                 format!("input {i} ({what})"),
-                format!("{} dims {dims} for {d} spatial dims", d + 2),
+                format!("{} dims {} for {d} spatial dims", d + 2, shape_of(i)),
                 format!("shape {}", fmt_dims(s)),
             ));
         }
     }
-    if w[w_in] != x[1] || w[2..].contains(&0) {
-        let want = match k.mirrored {
-            false => format!("[OC, {}, k...]", x[1]),
-            true => format!("[{}, OC, k...] (mirrored)", x[1]),
-        };
-        return Err(OpError::new(
-            NAME,
-            "input 1 (weight)",
-            format!("{want} with every k at least 1"),
-            format!("shape {}", fmt_dims(w)),
-        ));
-    }
-    let out = k.output_sizes(&x[2..], &w[2..]).map_err(|i| {
+    let too_short = |i: usize, input: &[usize], kernel: &[usize]| {
         OpError::new(
             NAME,
             "geometry",
             format!("a padded input at least as long as the dilated kernel in spatial dim {i}"),
-            format!("input {} and weight {} with {k}", fmt_dims(x), fmt_dims(w)),
+            format!(
+                "input {} and kernel {} with {k}",
+                fmt_dims(input),
+                fmt_dims(kernel)
+            ),
         )
-    })?;
-    let mut sizes = Dims::from_slice(&[x[0], w[w_out]]);
-    sizes.extend_from_slice(&out);
+    };
+    let sizes = match k.part {
+        ConvPart::Forward | ConvPart::InputGrad => {
+            // The weight's (output, input) channel dims, as stored.
+            let (w_out, w_in) = if k.part == ConvPart::InputGrad {
+                (1, 0)
+            } else {
+                (0, 1)
+            };
+            if b[w_in] != a[1] || b[2..].contains(&0) {
+                return Err(OpError::new(
+                    NAME,
+                    "input 1 (weight)",
+                    format!("{} with {} there and every k at least 1", shape_of(1), a[1]),
+                    format!("shape {}", fmt_dims(b)),
+                ));
+            }
+            let out = k
+                .output_sizes(&a[2..], &b[2..])
+                .map_err(|i| too_short(i, &a[2..], &b[2..]))?;
+            let mut sizes = Dims::from_slice(&[a[0], b[w_out]]);
+            sizes.extend_from_slice(&out);
+            sizes
+        }
+        ConvPart::WeightGrad => {
+            let out = k
+                .output_sizes(&b[2..], &k.kernel)
+                .map_err(|i| too_short(i, &b[2..], &k.kernel))?;
+            if a[0] != b[0] || a[2..] != out[..] {
+                return Err(OpError::new(
+                    NAME,
+                    "input 0 (grad)",
+                    format!(
+                        "[{}, OC, {}] (x's batch, the output's size)",
+                        b[0],
+                        fmt_dims(&out)
+                    ),
+                    format!("shape {}", fmt_dims(a)),
+                ));
+            }
+            let mut sizes = Dims::from_slice(&[a[1], b[1]]);
+            sizes.extend_from_slice(&k.kernel);
+            sizes
+        }
+    };
     Ok(Inferred {
         dtype: DType::F32,
         sizes,
@@ -160,9 +234,10 @@ mod tests {
 
     fn conv(p: usize, d: usize) -> Op {
         Op::Kernel(KernelOp::Conv(Box::new(Conv {
+            part: ConvPart::Forward,
             padding: smallvec![p, p],
             dilation: smallvec![d, d],
-            mirrored: false,
+            kernel: Dims::new(),
         })))
     }
 
@@ -181,21 +256,36 @@ mod tests {
     #[test]
     fn a_mirrored_weight_gives_its_second_dim_s_channels() {
         let op = Op::Kernel(KernelOp::Conv(Box::new(Conv {
+            part: ConvPart::InputGrad,
             padding: smallvec![1, 1],
             dilation: smallvec![1, 1],
-            mirrored: true,
+            kernel: Dims::new(),
         })));
         let r = infer(&op, &[t(&[2, 8, 15, 16]), t(&[8, 4, 3, 3])]).unwrap();
         assert_eq!(r.sizes.as_slice(), &[2, 4, 15, 16]);
         let e = infer(&op, &[t(&[2, 8, 15, 16]), t(&[4, 8, 3, 3])]).unwrap_err();
-        assert!(e.expected.contains("[8, OC, k...] (mirrored)"), "{e}");
+        assert!(e.expected.contains("read mirrored"), "{e}");
+    }
+
+    #[test]
+    fn the_weight_gradient_has_the_weight_s_shape_and_checks_the_gradient_s() {
+        let op = Op::Kernel(KernelOp::Conv(Box::new(Conv {
+            part: ConvPart::WeightGrad,
+            padding: smallvec![1, 0],
+            dilation: smallvec![1, 1],
+            kernel: smallvec![3, 5],
+        })));
+        let r = infer(&op, &[t(&[2, 4, 15, 12]), t(&[2, 8, 15, 16])]).unwrap();
+        assert_eq!(r.sizes.as_slice(), &[4, 8, 3, 5]);
+        let e = infer(&op, &[t(&[2, 4, 15, 16]), t(&[2, 8, 15, 16])]).unwrap_err();
+        assert_eq!(e.operand, "input 0 (grad)");
     }
 
     #[test]
     fn a_weight_of_another_input_channel_count_is_named() {
         let e = infer(&conv(1, 1), &[t(&[2, 8, 6, 6]), t(&[4, 3, 3, 3])]).unwrap_err();
         assert_eq!(e.operand, "input 1 (weight)");
-        assert!(e.expected.contains("[OC, 8, k...]"), "{e}");
+        assert!(e.expected.contains("[OC, C, k...] with 8 there"), "{e}");
     }
 
     #[test]

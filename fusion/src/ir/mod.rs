@@ -14,7 +14,7 @@ pub mod layout;
 pub mod op;
 mod shapes;
 
-pub use conv::Conv;
+pub use conv::{Conv, ConvPart};
 pub use ctc::{Ctc, CtcPart};
 pub use depthwise::{Depthwise, DepthwisePart};
 pub use dtype::{Category, DType};

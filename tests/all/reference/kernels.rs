@@ -287,6 +287,36 @@ pub fn conv(k: &Conv, x: &RefTensor, w: &RefTensor) -> RefTensor {
     RefTensor::new(x.dtype, &sizes, data)
 }
 
+/// The weight gradient `[OC, C, k...]` of the dense stride-1 convolution `k` (its `kernel`
+/// giving k) whose input is x `[N, C, in...]` and output gradient grad `[N, OC, out...]`, term
+/// by term in f64.
+pub fn conv_weight_grad(k: &Conv, grad: &RefTensor, x: &RefTensor) -> RefTensor {
+    let d = k.padding.len();
+    let (c, oc) = (x.sizes[1], grad.sizes[1]);
+    let input = &x.sizes[2..];
+    let sizes = [&[oc, c][..], &k.kernel[..]].concat();
+    let mut data = vec![0.0; numel(&sizes)];
+    for o in indices(&grad.sizes) {
+        for ci in 0..c {
+            for t in indices(&k.kernel) {
+                let p: Vec<i64> = (0..d)
+                    .map(|i| (o[2 + i] + t[i] * k.dilation[i]) as i64 - k.padding[i] as i64)
+                    .collect();
+                if p.iter().zip(input).any(|(&p, &s)| p < 0 || p >= s as i64) {
+                    continue;
+                }
+                let xi: Vec<usize> = [o[0], ci]
+                    .into_iter()
+                    .chain(p.iter().map(|&v| v as usize))
+                    .collect();
+                let wi: Vec<usize> = [o[1], ci].into_iter().chain(t.iter().copied()).collect();
+                data[position(&sizes, &wi)] += grad.at(&o) * x.at(&xi);
+            }
+        }
+    }
+    RefTensor::new(x.dtype, &sizes, data)
+}
+
 /// `torch._grouped_mm(a, b, offs)` for `case`, element by element: group g covers
 /// `[offs[g-1], offs[g])` of the cut dim (from 0), each end clamped to it, as torch slices it.
 /// Ranges may overlap (offsets that decrease): each group's product reads its own range, and

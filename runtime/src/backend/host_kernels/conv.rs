@@ -12,13 +12,14 @@
 //! are computed and dropped: `(P - out) / out` more columns, 3% for a 64-wide map with a 3x3
 //! kernel). Each output element is the product's sum over `(c, tap)` in that order, as the
 //! GEMM kernels sum it whatever the blocking, so results do not depend on the blocks or the
-//! threads.
+//! threads. The weight gradient reads the same blocks, multiplied by the gradient laid out
+//! over the wide positions (`weight_grad`).
 
 use super::View;
 use crate::backend::cpu::matmul::{matmul, Mat};
 use crate::backend::SideBySide;
 use crate::error::{Error, Result};
-use deferfuse_fusion::ir::{Conv, DType, Layout};
+use deferfuse_fusion::ir::{Conv, ConvPart, DType, Layout};
 use smallvec::{smallvec, SmallVec};
 use std::cell::RefCell;
 
@@ -81,10 +82,11 @@ struct Geometry {
 }
 
 impl Geometry {
-    fn new(k: &Conv, x: &View, w: &View, out: &View) -> Geometry {
+    /// The geometry of `k` over input `x` with a kernel of spatial sizes `kernel`, an output of
+    /// spatial sizes `out` and `oc` output channels.
+    fn new(k: &Conv, x: &View, kernel: &[usize], out: &[usize], oc: usize) -> Geometry {
         let d = k.padding.len();
         let input: Idx = x.sizes[2..].iter().copied().collect();
-        let kernel: Idx = w.sizes[2..].iter().copied().collect();
         let padded: Idx = (0..d).map(|i| input[i] + 2 * k.padding[i]).collect();
         let mut grid_strides: Idx = smallvec![1; d];
         for i in (0..d.saturating_sub(1)).rev() {
@@ -95,13 +97,13 @@ impl Geometry {
         // the dims below the first, each at its stride.
         let past_end: usize = (1..d).map(|i| span(i) * grid_strides[i]).sum();
         let mut taps = Vec::new();
-        for_each_index(&kernel, |t| {
+        for_each_index(kernel, |t| {
             taps.push((0..d).map(|i| t[i] * k.dilation[i] * grid_strides[i]).sum());
         });
-        let out_sizes: Idx = out.sizes[2..].iter().copied().collect();
+        let out_sizes: Idx = out.iter().copied().collect();
         Geometry {
             c: x.sizes[1],
-            oc: out.sizes[1],
+            oc,
             wide: out_sizes[0] * grid_strides[0],
             channel: padded[0] * grid_strides[0] + past_end,
             input,
@@ -154,9 +156,15 @@ pub(super) unsafe fn run(
     if out.numel() == 0 {
         return Ok(());
     }
-    let g = Geometry::new(k, x, w, out);
+    if k.part == ConvPart::WeightGrad {
+        // x and w are the gradient and the input here.
+        let (grad, x) = (x, w);
+        let g = Geometry::new(k, x, &k.kernel, &grad.sizes[2..], grad.sizes[1]);
+        return SCRATCH.with(|cell| weight_grad(&g, grad, x, out, &mut cell.borrow_mut()));
+    }
+    let g = Geometry::new(k, x, &w.sizes[2..], &out.sizes[2..], out.sizes[1]);
     let n = x.sizes[0];
-    let weight = dense_weight(k.mirrored, w, &g);
+    let weight = dense_weight(k.part == ConvPart::InputGrad, w, &g);
     let macs = out.numel() * g.rows();
     let sample = |s: usize| {
         SCRATCH.with(|cell| {
@@ -179,6 +187,139 @@ pub(super) unsafe fn run(
             Ok(())
         }
     }
+}
+
+/// Sample `s` of `x` into `grid` (`g.c * g.channel` floats): zeros, then each input row at its
+/// place in the padded grid.
+unsafe fn fill_grid(g: &Geometry, x: &View, s: usize, grid: &mut [f32]) {
+    grid.fill(0.0);
+    let d = g.input.len();
+    let last = d - 1;
+    let xs = &x.strides[2..];
+    let x0 = x.offset + s as isize * x.strides[0];
+    for c in 0..g.c {
+        for_each_index(&g.input[..last], |i| {
+            let to: usize = (0..last)
+                .map(|a| (i[a] + g.padding[a]) * g.grid_strides[a])
+                .sum::<usize>()
+                + g.padding[last]
+                + c * g.channel;
+            let from = x0 + c as isize * x.strides[1] + spatial_offset(i, xs);
+            for e in 0..g.input[last] {
+                grid[to + e] = *(x.base as *const f32).offset(from + e as isize * xs[last]);
+            }
+        });
+    }
+}
+
+/// The block of columns of the `block.len() / g.rows()` wide positions from `j0`: row `(c,
+/// tap)` is the grid's run at the tap's offset.
+fn fill_block(g: &Geometry, grid: &[f32], j0: usize, block: &mut [f32]) {
+    let nb = block.len() / g.rows().max(1);
+    for c in 0..g.c {
+        for (t, &off) in g.taps.iter().enumerate() {
+            let r = c * g.taps.len() + t;
+            let from = c * g.channel + off + j0;
+            block[r * nb..(r + 1) * nb].copy_from_slice(&grid[from..from + nb]);
+        }
+    }
+}
+
+/// A 2-D layout.
+fn layout2(sizes: [usize; 2], strides: [isize; 2], offset: usize) -> Layout {
+    Layout {
+        sizes: smallvec![sizes[0], sizes[1]],
+        strides: smallvec![strides[0], strides[1]],
+        offset,
+    }
+}
+
+/// The weight gradient `[OC, C, k...]` of the convolution whose input is `x` and output
+/// gradient `grad`: per sample, the gradient laid out over the wide positions (zeros at the
+/// positions past each row's output size), then per block of columns `dW^T += block @
+/// grad_block^T` (`[C * K, OC]`, the contraction over the block's positions, accumulated into
+/// zeros). Samples and blocks are summed in order, on one thread, so the bits do not depend on
+/// the thread count.
+unsafe fn weight_grad(
+    g: &Geometry,
+    grad: &View,
+    x: &View,
+    out: &View,
+    buf: &mut Vec<f32>,
+) -> Result<()> {
+    let rows = g.rows();
+    let cols = g.block_cols();
+    let (grid_len, block_len, wide_len) = (g.c * g.channel, rows * cols, g.oc * g.wide);
+    if buf.len() < grid_len + block_len + wide_len {
+        buf.resize(grid_len + block_len + wide_len, 0.0);
+    }
+    let (grid, rest) = buf.split_at_mut(grid_len);
+    let (block, wide) = rest.split_at_mut(block_len);
+    let wide = &mut wide[..wide_len];
+    // dW^T [C * K, OC]: the product's rows are the block's, so it reads the block in place.
+    let mut acc = vec![0f32; rows * g.oc];
+    let last = g.out.len() - 1;
+    let gs = &grad.strides[2..];
+    let grid_strides: SmallVec<[isize; 3]> = g.grid_strides.iter().map(|&v| v as isize).collect();
+    for s in 0..grad.sizes[0] {
+        fill_grid(g, x, s, grid);
+        wide.fill(0.0);
+        let g0 = grad.offset + s as isize * grad.strides[0];
+        for oc in 0..g.oc {
+            for_each_index(&g.out[..last], |i| {
+                let to = oc * g.wide + spatial_offset(i, &grid_strides[..last]) as usize;
+                let from = g0 + oc as isize * grad.strides[1] + spatial_offset(i, gs);
+                for e in 0..g.out[last] {
+                    wide[to + e] = *(grad.base as *const f32).offset(from + e as isize * gs[last]);
+                }
+            });
+        }
+        let mut j0 = 0;
+        while j0 < g.wide {
+            let nb = cols.min(g.wide - j0);
+            fill_block(g, grid, j0, &mut block[..rows * nb]);
+            let (la, lb, lc) = (
+                layout2([rows, nb], [nb as isize, 1], 0),
+                layout2([nb, g.oc], [1, g.wide as isize], j0),
+                layout2([rows, g.oc], [g.oc as isize, 1], 0),
+            );
+            matmul(
+                DType::F32,
+                Mat {
+                    ptr: block.as_mut_ptr() as *mut u8,
+                    layout: &la,
+                },
+                Mat {
+                    ptr: wide.as_mut_ptr() as *mut u8,
+                    layout: &lb,
+                },
+                Mat {
+                    ptr: acc.as_mut_ptr() as *mut u8,
+                    layout: &lc,
+                },
+                1.0,
+                1.0,
+                rows,
+            );
+            j0 += nb;
+        }
+    }
+    // dW [OC, C, k...] from dW^T, row (c, tap) by row.
+    let taps = g.taps.len();
+    let ws = &out.strides[2..];
+    let kernel: Idx = out.sizes[2..].iter().copied().collect();
+    let mut tap_offsets = Vec::with_capacity(taps);
+    for_each_index(&kernel, |t| tap_offsets.push(spatial_offset(t, ws)));
+    for c in 0..g.c {
+        for (t, &to) in tap_offsets.iter().enumerate() {
+            for oc in 0..g.oc {
+                let at =
+                    out.offset + oc as isize * out.strides[0] + c as isize * out.strides[1] + to;
+                *(out.base as *mut f32).offset(at) = acc[(c * taps + t) * g.oc + oc];
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The weight as the dense `[OC, C * K]` matrix the product reads, each row's taps in the
@@ -234,47 +375,18 @@ unsafe fn run_sample(
     let (grid, rest) = buf.split_at_mut(grid_len);
     let (block, wide) = rest.split_at_mut(block_len);
     let wide = &mut wide[..wide_len];
-    // The padded input: zeros, then each input row at its place.
-    grid.fill(0.0);
-    let d = g.input.len();
-    let last = d - 1;
-    let xs = &x.strides[2..];
-    let x0 = x.offset + s as isize * x.strides[0];
-    for c in 0..g.c {
-        for_each_index(&g.input[..last], |i| {
-            let to: usize = (0..last)
-                .map(|a| (i[a] + g.padding[a]) * g.grid_strides[a])
-                .sum::<usize>()
-                + g.padding[last]
-                + c * g.channel;
-            let from = x0 + c as isize * x.strides[1] + spatial_offset(i, xs);
-            for e in 0..g.input[last] {
-                grid[to + e] = *(x.base as *const f32).offset(from + e as isize * xs[last]);
-            }
-        });
-    }
+    fill_grid(g, x, s, grid);
     // The wide result, a block of columns at a time.
     let rows = g.rows();
     let mut j0 = 0;
     while j0 < g.wide {
         let nb = cols.min(g.wide - j0);
-        for c in 0..g.c {
-            for (t, &off) in g.taps.iter().enumerate() {
-                let r = c * g.taps.len() + t;
-                let from = c * g.channel + off + j0;
-                block[r * nb..(r + 1) * nb].copy_from_slice(&grid[from..from + nb]);
-            }
-        }
-        let layout = |sizes: [usize; 2], strides: [isize; 2], offset: usize| Layout {
-            sizes: smallvec![sizes[0], sizes[1]],
-            strides: smallvec![strides[0], strides[1]],
-            offset,
-        };
+        fill_block(g, grid, j0, &mut block[..rows * nb]);
         let (la, lb) = (
-            layout([g.oc, rows], [rows as isize, 1], 0),
-            layout([rows, nb], [nb as isize, 1], 0),
+            layout2([g.oc, rows], [rows as isize, 1], 0),
+            layout2([rows, nb], [nb as isize, 1], 0),
         );
-        let lc = layout([g.oc, nb], [g.wide as isize, 1], j0);
+        let lc = layout2([g.oc, nb], [g.wide as isize, 1], j0);
         matmul(
             DType::F32,
             Mat {
@@ -296,6 +408,7 @@ unsafe fn run_sample(
         j0 += nb;
     }
     // The output positions of the wide result, row by row of the last dim.
+    let last = g.out.len() - 1;
     let os = &out.strides[2..];
     let o0 = out.offset + s as isize * out.strides[0];
     let grid_strides: SmallVec<[isize; 3]> = g.grid_strides.iter().map(|&v| v as isize).collect();
