@@ -4,10 +4,10 @@
 // the weight viewed as [G, OCg, Cg*K]. That layout lets every GEMM read its operands as strided
 // views: per sample when a sample has many output positions, else with the batch folded into
 // the GEMM's columns (see kGemmPerSampleFromPositions). The input gradient is W^T @
-// grad_output scattered back by add_windows (K in-place strided adds, no scatter op needed),
-// or at stride 1 the runtime's convolution op on grad_output by the mirrored weight
-// (input_grad_as_conv), which writes no columns;
-// the weight gradient is one GEMM of grad_output with the columns over the batch. A transposed
+// grad_output scattered back by add_windows (K in-place strided adds, no scatter op needed);
+// the weight gradient is one GEMM of grad_output with the columns over the batch. At stride 1
+// on maps of 256+ positions a sample, all three run on the runtime's convolution op instead
+// (on_conv_op), which writes no columns at all. A transposed
 // convolution is the input gradient of the plain convolution whose weight it shares, so it
 // reuses the same three pieces with the roles of input and output swapped.
 //
@@ -205,10 +205,55 @@ at::Tensor positions_major(const at::Tensor& t, const Geometry& g) {
   return t.reshape({g.N, g.G, g.OCg, g.L}).permute({1, 2, 0, 3}).reshape({g.G, g.OCg, g.N * g.L});
 }
 
+// A 1x1 kernel at stride 1 without padding (MobileNet's and EfficientNet's pointwise
+// convolutions): each position's window is the position itself, so W^T @ grad is the input
+// gradient as it stands, with nothing to scatter or gather.
+bool whole_window(const Geometry& g) {
+  if (g.K != 1) return false;
+  for (size_t i = 0; i < g.kernel.size(); ++i) {
+    if (g.stride[i] != 1 || g.padding[i] != 0) return false;
+  }
+  return true;
+}
+
+// Whether this convolution's products run on the runtime's dense stride-1 convolution op
+// (DFUSE_OP_KIND_CONV), which never writes columns: blocks of them are copied from a padded
+// copy of the sample right before their product. It needs one group, float32, stride 1, a
+// kernel that is more than the position itself (whole_window), and enough positions per
+// sample: the op multiplies sample by sample, so a small map is a product of few columns that
+// reads the whole weight per sample (resnet18's 8x8 to 2x2 layers at batch 8 ran 1.3x slower
+// that way than folded into one product); from kGemmPerSampleFromPositions on, the products
+// per sample are wide enough.
+bool on_conv_op(const Geometry& g, at::ScalarType dtype) {
+  if (g.G != 1 || dtype != at::kFloat) return false;
+  if (g.L < kGemmPerSampleFromPositions || whole_window(g)) return false;
+  for (auto s : g.stride) {
+    if (s != 1) return false;
+  }
+  return true;
+}
+
+// The conv op's attributes for `part` of geometry g with `padding` (the weight gradient also
+// takes the kernel sizes, which its operands do not hold).
+DfuseAttrs conv_op_attrs(const Geometry& g, uint32_t part, const std::vector<int64_t>& padding) {
+  DfuseAttrs a = attrs_sub(part);
+  a.n_dims = g.kernel.size();
+  for (size_t i = 0; i < g.kernel.size(); ++i) {
+    a.dims[i] = g.kernel[i];
+    a.padding[i] = padding[i];
+    a.dilation[i] = g.dilation[i];
+  }
+  return a;
+}
+
 // conv(x, w): [N, OC, out...]. `keep`: a plain convolution's forward, whose columns its
 // weight gradient can reuse.
 at::Tensor conv_forward(const at::Tensor& x, const at::Tensor& w, const Geometry& g,
                         bool keep = false) {
+  if (on_conv_op(g, x.scalar_type())) {
+    auto attrs = conv_op_attrs(g, DFUSE_CONV_PART_FORWARD, g.padding);
+    return run(DFUSE_OP_KIND_CONV, &attrs, Operands().t(x).t(w), "convolution");
+  }
   auto cols = columns(x, g);
   if (keep && at::GradMode::is_enabled() && w.requires_grad()) columns_cache().put(x, g, cols);
   auto wm = w.reshape({g.G, g.OCg, g.Cg * g.K});
@@ -222,17 +267,6 @@ at::Tensor conv_forward(const at::Tensor& x, const at::Tensor& w, const Geometry
   return out;
 }
 
-// A 1x1 kernel at stride 1 without padding (MobileNet's and EfficientNet's pointwise
-// convolutions): each position's window is the position itself, so W^T @ grad is the input
-// gradient as it stands, with nothing to scatter or gather.
-bool whole_window(const Geometry& g) {
-  if (g.K != 1) return false;
-  for (size_t i = 0; i < g.kernel.size(); ++i) {
-    if (g.stride[i] != 1 || g.padding[i] != 0) return false;
-  }
-  return true;
-}
-
 // Per spatial dim, the padding of the gradient whose convolution by the flipped weight is the
 // input gradient at stride 1: span - 1 - padding.
 std::vector<int64_t> input_grad_padding(const Geometry& g) {
@@ -243,42 +277,37 @@ std::vector<int64_t> input_grad_padding(const Geometry& g) {
   return q;
 }
 
-// Whether the input gradient runs as the runtime's dense stride-1 convolution
-// (DFUSE_OP_KIND_CONV) of the gradient by the weight transposed and flipped, which writes
-// neither W^T @ grad's Cin * K values per position nor add_windows' K read-modify-write passes
-// over the input (one thread, [4, C, H, W] by a 3x3 C -> C weight: C 16 at 64x64 4.3 -> 1.8 ms,
-// C 32 at 32x32 2.5 -> 1.35, C 64 at 16x16 1.6 -> 1.1; the U-Net's defer step 65-69 -> 57 ms).
-// It needs one
-// group, float32, stride 1, a padding of at most span - 1 (the gradient's own padding is then
-// not negative) and an input of exactly the size that stride-1 convolution gives (a transposed
-// convolution's output_padding can make it longer). And enough positions per sample: the op
-// multiplies sample by sample, so a small map is a product of few columns that reads the whole
-// weight per sample (resnet18's 8x8 to 2x2 layers at batch 8 ran 1.3x slower that way than
-// folded into one product); from kGemmPerSampleFromPositions on, the products per sample are
-// wide enough.
+// Whether the input gradient runs on the conv op (on_conv_op) as the gradient's convolution
+// by the weight transposed and flipped, which writes neither W^T @ grad's Cin * K values per
+// position nor add_windows' K read-modify-write passes over the input (one thread, [4, C, H,
+// W] by a 3x3 C -> C weight: C 16 at 64x64 4.3 -> 1.8 ms, C 32 at 32x32 2.5 -> 1.35, C 64 at
+// 16x16 1.6 -> 1.1; the U-Net's defer step 65-69 -> 57 ms). Besides on_conv_op it needs a
+// padding of at most span - 1 (the gradient's own padding is then not negative) and an input
+// of exactly the size that stride-1 convolution gives (a transposed convolution's
+// output_padding can make it longer).
 bool input_grad_as_conv(const Geometry& g, const at::Tensor& grad) {
-  if (g.G != 1 || grad.scalar_type() != at::kFloat) return false;
-  if (g.L < kGemmPerSampleFromPositions || whole_window(g)) return false;
+  if (!on_conv_op(g, grad.scalar_type())) return false;
   auto q = input_grad_padding(g);
   for (size_t i = 0; i < q.size(); ++i) {
     int64_t span = g.dilation[i] * (g.kernel[i] - 1) + 1;
-    if (g.stride[i] != 1 || q[i] < 0) return false;
-    if (g.in[i] != grad.size(2 + i) + 2 * q[i] - (span - 1)) return false;
+    if (q[i] < 0 || g.in[i] != grad.size(2 + i) + 2 * q[i] - (span - 1)) return false;
   }
   return true;
 }
 
 // d conv(x, w) / dx as input_grad_as_conv says: the op reads w [OC, C, k...] transposed with
-// its taps reversed (DFUSE_CONV_WEIGHT_MIRRORED), so no transposing or flipping op runs first.
+// its taps reversed (DFUSE_CONV_PART_INPUT_GRAD), so no transposing or flipping op runs first.
 at::Tensor input_grad_by_conv(const at::Tensor& grad, const at::Tensor& w, const Geometry& g) {
-  DfuseAttrs a = attrs_sub(DFUSE_CONV_WEIGHT_MIRRORED);
-  auto q = input_grad_padding(g);
-  a.n_dims = q.size();
-  for (size_t i = 0; i < q.size(); ++i) {
-    a.padding[i] = q[i];
-    a.dilation[i] = g.dilation[i];
-  }
-  return run(DFUSE_OP_KIND_CONV, &a, Operands().t(grad).t(w), "convolution");
+  auto attrs = conv_op_attrs(g, DFUSE_CONV_PART_INPUT_GRAD, input_grad_padding(g));
+  return run(DFUSE_OP_KIND_CONV, &attrs, Operands().t(grad).t(w), "convolution");
+}
+
+// d conv(x, w) / dw on the conv op (on_conv_op): the same blocks of columns as the forward,
+// each multiplied by its positions' gradient, so the weight gradient needs no columns either
+// (and the forward keeps none for it).
+at::Tensor weight_grad_by_conv(const at::Tensor& grad, const at::Tensor& x, const Geometry& g) {
+  auto attrs = conv_op_attrs(g, DFUSE_CONV_PART_WEIGHT_GRAD, g.padding);
+  return run(DFUSE_OP_KIND_CONV, &attrs, Operands().t(grad).t(x), "convolution");
 }
 
 // d conv(x, w) / dx applied to grad [N, OC, out...]: [N, C, in...]. `go` is
@@ -419,10 +448,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
       if (mask[1]) gw = depthwise(g, DFUSE_DEPTHWISE_PART_WEIGHT_GRAD, grad, x);
     } else {
       at::Tensor go;
+      bool op = on_conv_op(g, x.scalar_type());
       bool folded_input_grad = mask[0] && !per_sample(g) && !input_grad_as_conv(g, grad);
-      if (mask[1] || folded_input_grad) go = positions_major(grad, g);
+      if ((mask[1] && !op) || folded_input_grad) go = positions_major(grad, g);
       if (mask[0]) gx = conv_input_grad(grad, go, w, g);
-      if (mask[1]) gw = conv_weight_grad(go, x, w, g);
+      if (mask[1]) gw = op ? weight_grad_by_conv(grad, x, g) : conv_weight_grad(go, x, w, g);
     }
   }
   if (mask[2]) gb = channel_sums(grad);
