@@ -225,6 +225,33 @@ fn fill_block(g: &Geometry, grid: &[f32], j0: usize, block: &mut [f32]) {
     }
 }
 
+/// `c = a @ b + beta * c` for f32 matrices in this routine's scratch, by the runtime's GEMM
+/// (`whole_rows`: the row count that picks its summation order, see `matmul`).
+///
+/// # Safety
+/// Each pointer is valid for every element its layout addresses; `c` overlaps neither.
+unsafe fn product(
+    (a, la): (*const f32, &Layout),
+    (b, lb): (*const f32, &Layout),
+    (c, lc): (*mut f32, &Layout),
+    beta: f64,
+    whole_rows: usize,
+) {
+    let mat = |ptr: *const f32, layout| Mat {
+        ptr: ptr as *mut u8,
+        layout,
+    };
+    matmul(
+        DType::F32,
+        mat(a, la),
+        mat(b, lb),
+        mat(c, lc),
+        1.0,
+        beta,
+        whole_rows,
+    );
+}
+
 /// A 2-D layout.
 fn layout2(sizes: [usize; 2], strides: [isize; 2], offset: usize) -> Layout {
     Layout {
@@ -283,21 +310,10 @@ unsafe fn weight_grad(
                 layout2([nb, g.oc], [1, g.wide as isize], j0),
                 layout2([rows, g.oc], [g.oc as isize, 1], 0),
             );
-            matmul(
-                DType::F32,
-                Mat {
-                    ptr: block.as_mut_ptr() as *mut u8,
-                    layout: &la,
-                },
-                Mat {
-                    ptr: wide.as_mut_ptr() as *mut u8,
-                    layout: &lb,
-                },
-                Mat {
-                    ptr: acc.as_mut_ptr() as *mut u8,
-                    layout: &lc,
-                },
-                1.0,
+            product(
+                (block.as_ptr(), &la),
+                (wide.as_ptr(), &lb),
+                (acc.as_mut_ptr(), &lc),
                 1.0,
                 rows,
             );
@@ -387,21 +403,10 @@ unsafe fn run_sample(
             layout2([rows, nb], [nb as isize, 1], 0),
         );
         let lc = layout2([g.oc, nb], [g.wide as isize, 1], j0);
-        matmul(
-            DType::F32,
-            Mat {
-                ptr: weight.as_ptr() as *mut u8,
-                layout: &la,
-            },
-            Mat {
-                ptr: block.as_mut_ptr() as *mut u8,
-                layout: &lb,
-            },
-            Mat {
-                ptr: wide.as_mut_ptr() as *mut u8,
-                layout: &lc,
-            },
-            1.0,
+        product(
+            (weight.as_ptr(), &la),
+            (block.as_ptr(), &lb),
+            (wide.as_mut_ptr(), &lc),
             0.0,
             g.oc,
         );
