@@ -250,56 +250,19 @@ pub fn depthwise(k: &Depthwise, a: &RefTensor, b: &RefTensor) -> RefTensor {
     RefTensor::new(a.dtype, &sizes, data)
 }
 
-/// The dense stride-1 convolution `conv(x, w)` (x `[N, C, in...]`, w `[OC, C, k...]`), term by
-/// term in f64: output position `o` of each spatial dim reads input position `o - padding + t *
-/// dilation` for each tap `t`, zero outside the input.
-pub fn conv(k: &Conv, x: &RefTensor, w: &RefTensor) -> RefTensor {
-    let d = k.padding.len();
-    let (n, c, oc) = (x.sizes[0], x.sizes[1], w.sizes[0]);
-    let input = &x.sizes[2..];
-    let kernel = &w.sizes[2..];
-    let out: Vec<usize> = (0..d)
-        .map(|i| input[i] + 2 * k.padding[i] - k.dilation[i] * (kernel[i] - 1))
-        .collect();
-    let sizes = [&[n, oc][..], &out].concat();
-    let mut data = vec![0.0; numel(&sizes)];
-    for o in indices(&sizes) {
-        let mut sum = 0.0;
+/// Calls `f(o, xi, wi)` for every term of the dense stride-1 convolution `k`: output index `o`
+/// of `out` (`[N, OC, out...]`), input channel `ci < c` and kernel tap `t`, with `xi = [n, ci,
+/// o - padding + t * dilation]` inside `input` (the input's spatial sizes) and `wi = [oc, ci,
+/// t]`. The one place the three parts below take the convolution's index relation from.
+fn conv_terms(
+    k: &Conv,
+    (out, c, input, kernel): (&[usize], usize, &[usize], &[usize]),
+    mut f: impl FnMut(&[usize], &[usize], &[usize]),
+) {
+    for o in indices(out) {
         for ci in 0..c {
             for t in indices(kernel) {
-                let p: Vec<i64> = (0..d)
-                    .map(|i| (o[2 + i] + t[i] * k.dilation[i]) as i64 - k.padding[i] as i64)
-                    .collect();
-                if p.iter().zip(input).any(|(&p, &s)| p < 0 || p >= s as i64) {
-                    continue;
-                }
-                let xi: Vec<usize> = [
-                    &[o[0], ci][..],
-                    &p.iter().map(|&v| v as usize).collect::<Vec<_>>(),
-                ]
-                .concat();
-                let wi: Vec<usize> = [&[o[1], ci][..], &t[..]].concat();
-                sum += x.at(&xi) * w.at(&wi);
-            }
-        }
-        data[position(&sizes, &o)] = sum;
-    }
-    RefTensor::new(x.dtype, &sizes, data)
-}
-
-/// The weight gradient `[OC, C, k...]` of the dense stride-1 convolution `k` (its `kernel`
-/// giving k) whose input is x `[N, C, in...]` and output gradient grad `[N, OC, out...]`, term
-/// by term in f64.
-pub fn conv_weight_grad(k: &Conv, grad: &RefTensor, x: &RefTensor) -> RefTensor {
-    let d = k.padding.len();
-    let (c, oc) = (x.sizes[1], grad.sizes[1]);
-    let input = &x.sizes[2..];
-    let sizes = [&[oc, c][..], &k.kernel[..]].concat();
-    let mut data = vec![0.0; numel(&sizes)];
-    for o in indices(&grad.sizes) {
-        for ci in 0..c {
-            for t in indices(&k.kernel) {
-                let p: Vec<i64> = (0..d)
+                let p: Vec<i64> = (0..kernel.len())
                     .map(|i| (o[2 + i] + t[i] * k.dilation[i]) as i64 - k.padding[i] as i64)
                     .collect();
                 if p.iter().zip(input).any(|(&p, &s)| p < 0 || p >= s as i64) {
@@ -310,10 +273,51 @@ pub fn conv_weight_grad(k: &Conv, grad: &RefTensor, x: &RefTensor) -> RefTensor 
                     .chain(p.iter().map(|&v| v as usize))
                     .collect();
                 let wi: Vec<usize> = [o[1], ci].into_iter().chain(t.iter().copied()).collect();
-                data[position(&sizes, &wi)] += grad.at(&o) * x.at(&xi);
+                f(&o, &xi, &wi);
             }
         }
     }
+}
+
+/// The dense stride-1 convolution `conv(x, w)` (x `[N, C, in...]`, w `[OC, C, k...]`), term by
+/// term in f64: output position `o` of each spatial dim reads input position `o - padding + t *
+/// dilation` for each tap `t`, zero outside the input.
+pub fn conv(k: &Conv, x: &RefTensor, w: &RefTensor) -> RefTensor {
+    let (input, kernel) = (&x.sizes[2..], &w.sizes[2..]);
+    let out: Vec<usize> = (0..input.len())
+        .map(|i| input[i] + 2 * k.padding[i] - k.dilation[i] * (kernel[i] - 1))
+        .collect();
+    let sizes = [&[x.sizes[0], w.sizes[0]][..], &out].concat();
+    let mut data = vec![0.0; numel(&sizes)];
+    conv_terms(k, (&sizes, x.sizes[1], input, kernel), |o, xi, wi| {
+        data[position(&sizes, o)] += x.at(xi) * w.at(wi);
+    });
+    RefTensor::new(x.dtype, &sizes, data)
+}
+
+/// The input gradient `[N, C, input...]` of the dense stride-1 convolution `k` by w `[OC, C,
+/// k...]` for output gradient grad `[N, OC, out...]`, term by term in f64: each input element
+/// sums the gradient times the weight over the outputs and taps that read it.
+pub fn conv_input_grad(k: &Conv, grad: &RefTensor, w: &RefTensor, input: &[usize]) -> RefTensor {
+    let sizes = [&[grad.sizes[0], w.sizes[1]][..], input].concat();
+    let mut data = vec![0.0; numel(&sizes)];
+    let spec = (&grad.sizes[..], w.sizes[1], input, &w.sizes[2..]);
+    conv_terms(k, spec, |o, xi, wi| {
+        data[position(&sizes, xi)] += grad.at(o) * w.at(wi);
+    });
+    RefTensor::new(grad.dtype, &sizes, data)
+}
+
+/// The weight gradient `[OC, C, k...]` of the dense stride-1 convolution `k` (its `kernel`
+/// giving k) whose input is x `[N, C, in...]` and output gradient grad `[N, OC, out...]`, term
+/// by term in f64.
+pub fn conv_weight_grad(k: &Conv, grad: &RefTensor, x: &RefTensor) -> RefTensor {
+    let sizes = [&[grad.sizes[1], x.sizes[1]][..], &k.kernel[..]].concat();
+    let mut data = vec![0.0; numel(&sizes)];
+    let spec = (&grad.sizes[..], x.sizes[1], &x.sizes[2..], &k.kernel[..]);
+    conv_terms(k, spec, |o, xi, wi| {
+        data[position(&sizes, wi)] += grad.at(o) * x.at(xi);
+    });
     RefTensor::new(x.dtype, &sizes, data)
 }
 
