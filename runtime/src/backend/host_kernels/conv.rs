@@ -63,6 +63,35 @@ fn for_each_index(dims: &[usize], mut f: impl FnMut(&[usize])) {
     }
 }
 
+/// Fills `row` from the elements `stride` apart at `from`: one copy when they are contiguous
+/// (the usual case; the element loop does not vectorize for a stride it cannot see).
+///
+/// # Safety
+/// `from` is valid for `row.len()` elements `stride` apart.
+unsafe fn read_run(row: &mut [f32], from: *const f32, stride: isize) {
+    if stride == 1 {
+        row.copy_from_slice(std::slice::from_raw_parts(from, row.len()));
+    } else {
+        for (e, v) in row.iter_mut().enumerate() {
+            *v = *from.offset(e as isize * stride);
+        }
+    }
+}
+
+/// Writes `row` to the elements `stride` apart at `to` ([`read_run`]'s mirror).
+///
+/// # Safety
+/// `to` is valid for `row.len()` elements `stride` apart and does not overlap `row`.
+unsafe fn write_run(to: *mut f32, stride: isize, row: &[f32]) {
+    if stride == 1 {
+        std::ptr::copy_nonoverlapping(row.as_ptr(), to, row.len());
+    } else {
+        for (e, &v) in row.iter().enumerate() {
+            *to.offset(e as isize * stride) = v;
+        }
+    }
+}
+
 /// One call's sizes: what every sample shares.
 struct Geometry {
     c: usize,
@@ -205,9 +234,8 @@ unsafe fn fill_grid(g: &Geometry, x: &View, s: usize, grid: &mut [f32]) {
                 + g.padding[last]
                 + c * g.channel;
             let from = x0 + c as isize * x.strides[1] + spatial_offset(i, xs);
-            for e in 0..g.input[last] {
-                grid[to + e] = *(x.base as *const f32).offset(from + e as isize * xs[last]);
-            }
+            let row = &mut grid[to..to + g.input[last]];
+            read_run(row, (x.base as *const f32).offset(from), xs[last]);
         });
     }
 }
@@ -296,9 +324,8 @@ unsafe fn weight_grad(
             for_each_index(&g.out[..last], |i| {
                 let to = oc * g.wide + spatial_offset(i, &grid_strides[..last]) as usize;
                 let from = g0 + oc as isize * grad.strides[1] + spatial_offset(i, gs);
-                for e in 0..g.out[last] {
-                    wide[to + e] = *(grad.base as *const f32).offset(from + e as isize * gs[last]);
-                }
+                let row = &mut wide[to..to + g.out[last]];
+                read_run(row, (grad.base as *const f32).offset(from), gs[last]);
             });
         }
         let mut j0 = 0;
@@ -421,9 +448,8 @@ unsafe fn run_sample(
         for_each_index(&g.out[..last], |i| {
             let from = oc * g.wide + spatial_offset(i, &grid_strides[..last]) as usize;
             let to = o0 + oc as isize * out.strides[1] + spatial_offset(i, os);
-            for e in 0..g.out[last] {
-                *(out.base as *mut f32).offset(to + e as isize * os[last]) = wide[from + e];
-            }
+            let row = &wide[from..from + g.out[last]];
+            write_run((out.base as *mut f32).offset(to), os[last], row);
         });
     }
 }
