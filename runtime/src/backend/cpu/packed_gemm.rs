@@ -11,7 +11,8 @@
 //! tile's C lines are prefetched before its products ([`prefetch_c`]).
 //!
 //! On AVX-512 cores the same loops run a 12x32 tile of 16-lane vectors instead
-//! (`packed_gemm_avx512`): 1.35-1.45x this kernel's speed there, the same bits.
+//! (`packed_gemm_avx512`): 1.35-1.45x this kernel's speed on a core that runs 512-bit
+//! operations at full width, the same bits; `choose_tile` says which tile runs a product.
 //!
 //! Bit-identity: every element is summed as `small_gemm`'s module doc says `matrixmultiply`
 //! sums it (per [`KC`]-long k-block in k order, `acc = fma(a, b, acc)` from +0, then C updated
@@ -31,6 +32,8 @@ use std::cell::RefCell;
 use super::packed_gemm_avx512 as avx512;
 use pack_a::packs_rows;
 
+#[cfg(target_arch = "x86_64")]
+mod choose_tile;
 pub(super) mod pack_a;
 mod pack_b;
 
@@ -73,11 +76,7 @@ pub fn takes_packed_path((m, k, n): (usize, usize, usize), alpha: f32) -> bool {
 /// `c = a @ b + beta * c` for `a: [m, k]`, `b: [k, n]`, `c: [m, n]` with element strides
 /// `(rs*, cs*)`, bit for bit as `matrixmultiply::sgemm` computes it with `alpha == 1`.
 ///
-/// The 16-lane tile runs it on AVX-512 cores unless B has at most [`NR`] (16) columns: there
-/// half of each 32-wide panel would be zeros, and the 8-lane tile's 16-wide panels ran such
-/// products 2x faster (Zen 4, one thread: `[144, 448] @ [448, 16]` 39 -> 19 us, `[1024, 128]
-/// @ [128, 16]` 80 -> 38 us; a convolution's weight gradient with 16 output channels is one).
-///
+/// On AVX-512 cores `choose_tile` says which register tile runs it.
 /// # Safety
 /// As `matrixmultiply::sgemm`: the pointers are valid for every element the strides address,
 /// and `c` does not overlap `a` or `b`; [`takes_packed_path`] holds for the shape.
@@ -90,7 +89,7 @@ pub unsafe fn sgemm(
     (c, rsc, csc): (*mut f32, isize, isize),
 ) {
     sgemm_on(
-        avx512::has_avx512() && n > NR,
+        avx512::has_avx512() && choose_tile::runs_wide((m, n), csb, <avx512::Wide as Tile>::MC),
         (m, k, n),
         (a, rsa, csa),
         (b, rsb, csb),
