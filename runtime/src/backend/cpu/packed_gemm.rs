@@ -89,7 +89,8 @@ pub unsafe fn sgemm(
     (c, rsc, csc): (*mut f32, isize, isize),
 ) {
     sgemm_on(
-        avx512::has_avx512() && choose_tile::runs_wide((m, n), csb, <avx512::Wide as Tile>::MC),
+        avx512::has_avx512()
+            && choose_tile::runs_wide((m, k, n), (rsa, csa), csb, <avx512::Wide as Tile>::MC),
         (m, k, n),
         (a, rsa, csa),
         (b, rsb, csb),
@@ -529,11 +530,17 @@ mod tests {
 
     #[test]
     fn matches_matrixmultiply_when_a_transposed_is_copied_into_row_tiles() {
-        // A column-major A of more rows than `pack_a::PACK_ROWS_MIN_STRIDE` is packed; 1030
-        // rows end in a partial MC block and a partial tile, 300 columns in a partial k-block.
+        // A column-major A whose columns are `pack_a::PACK_ROWS_MIN_STRIDE` apart is packed;
+        // 1030 rows end in a partial MC block and a partial tile, 300 columns in a partial
+        // k-block.
         let (m, k, n) = (1030, 300, 20);
-        assert!(packs_rows(1, m as isize));
-        let a = matrix(m, k, "cols", 9);
+        let cs = pack_a::PACK_ROWS_MIN_STRIDE;
+        assert!(packs_rows(1, cs) && !packs_rows(1, cs - 1));
+        let a = Strided {
+            data: values((k - 1) * cs as usize + m, 9),
+            rs: 1,
+            cs,
+        };
         let b = matrix(k, n, "rows", 10);
         for beta in [0.0, 1.0, 0.5] {
             let (ours, theirs) = both((m, k, n), (&a, &b), beta, (n as isize, 1));

@@ -9,25 +9,39 @@
 //! 148 -> 124 us), and nanoGPT, MobileNetV2 and resnet18 steps ran 2-6% faster on it. So the core is
 //! asked once, by timing both tiles on one packed product ([`calibrated_wide`]).
 //!
-//! Two shapes do not follow the calibration:
+//! Three shapes do not follow the calibration:
 //! - B with at most 16 columns runs the 8-lane tile: the 16-lane tile's 32-wide panel would be
 //!   half zeros (`[144, 448] @ [448, 16]` 39 -> 19 us; a convolution's weight gradient with 16
 //!   output channels is one);
 //! - a plain B read in place (few rows: `pack_b::reads_in_place`) runs the 16-lane tile: its
 //!   12-row tiles read each panel fewer times, and the 8-lane tile was slower there (`[16, 144]
-//!   @ [144, 448]` 22.1 vs 20.3 us, `[32, 288] @ [288, 1024]` 256 vs 188: rows 4 KiB apart).
+//!   @ [144, 448]` 22.1 vs 20.3 us, `[32, 288] @ [288, 1024]` 256 vs 188: rows 4 KiB apart);
+//! - so does a transposed A read in place (`pack_a::packs_rows` false) with k of 128 or more:
+//!   each k's twelve row values are adjacent, one line for twelve broadcasts where the 8-lane
+//!   tile's six use half of one (`[4608, 512] @ [512, 32]` 106 against 84 GFLOP/s, `[1024,
+//!   1024] @ [1024, 128]` 104 against 84, `[1152, 128] @ [128, 512]` 101 against 85). With
+//!   fewer k the 8-lane tile was faster (`[512, 32] @ [32, 4608]` 83 against 72, `[256, 64] @
+//!   [64, 2304]` 99 against 89: a weight gradient over few positions).
 
+use super::pack_a::packs_rows;
 use super::pack_b::reads_in_place;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-/// Whether the 16-lane tile runs a product of `m` rows and `n` columns whose B has column
-/// stride `csb`, on a core with AVX-512 (see the module doc); `wide_mc` is its row block.
-pub(super) fn runs_wide((m, n): (usize, usize), csb: isize, wide_mc: usize) -> bool {
+/// Whether the 16-lane tile runs a product of shape `(m, k, n)` whose A has strides `(rsa,
+/// csa)` and B column stride `csb`, on a core with AVX-512 (see the module doc); `wide_mc` is
+/// its row block.
+pub(super) fn runs_wide(
+    (m, k, n): (usize, usize, usize),
+    (rsa, csa): (isize, isize),
+    csb: isize,
+    wide_mc: usize,
+) -> bool {
     if n <= 16 {
         return false;
     }
-    reads_in_place(m, csb, wide_mc) || calibrated_wide()
+    let a_transposed_in_place = rsa == 1 && csa != 1 && !packs_rows(rsa, csa) && k >= 128;
+    reads_in_place(m, csb, wide_mc) || a_transposed_in_place || calibrated_wide()
 }
 
 /// The calibration's answer, measured on first use: whether the 16-lane tile ran a packed
@@ -85,14 +99,27 @@ mod tests {
     #[test]
     fn a_product_of_at_most_16_columns_runs_the_8_lane_tile() {
         for (m, n, csb) in [(144, 16, 1), (16, 16, 1), (1024, 8, 448), (96, 1, 1)] {
-            assert!(!runs_wide((m, n), csb, 96), "m {m} n {n} csb {csb}");
+            assert!(
+                !runs_wide((m, 512, n), (1, m as isize), csb, 96),
+                "m {m} n {n} csb {csb}"
+            );
         }
     }
 
     #[test]
     fn a_plain_b_read_in_place_runs_the_16_lane_tile() {
         for (m, n) in [(16, 448), (96, 4096), (12, 17)] {
-            assert!(runs_wide((m, n), 1, 96), "m {m} n {n}");
+            assert!(runs_wide((m, 64, n), (512, 1), 1, 96), "m {m} n {n}");
+        }
+    }
+
+    #[test]
+    fn a_transposed_a_read_in_place_with_k_of_128_or_more_runs_the_16_lane_tile() {
+        for (m, k, n) in [(4608, 512, 32), (1024, 1024, 128), (200, 128, 17)] {
+            assert!(
+                runs_wide((m, k, n), (1, m as isize), 128, 96),
+                "{m} {k} {n}"
+            );
         }
     }
 

@@ -21,12 +21,17 @@ use super::MR;
 use std::arch::x86_64::*;
 
 /// Fewest floats between one k and the next in a transposed A for `sgemm` to copy A's row
-/// tiles together: from a page apart, a tile read in place puts each of its k on another page
-/// and line (24 bytes of each used), and every one misses the TLB for a vocabulary-sized
-/// stride. GPT-2's tied-embedding gradient `[50257, 1024] @ [1024, 128]` ran 6-8% faster
-/// packed; the layers' `[384..512, 1024] @ [1024, 128]` ran as fast either way, and attention's
-/// `p^T @ dO` (a stride of 64) slower packed, the copy being a larger share of a small product.
-pub(super) const PACK_ROWS_MIN_STRIDE: isize = 1024;
+/// tiles together: from 128 KiB apart, each k of a tile read in place misses the TLB, and
+/// GPT-2's tied-embedding gradient `[50257, 1024] @ [1024, 128]` ran 6-8% faster packed (Xeon;
+/// on Zen 4 `[50257, 128] @ [128, 128]` 74 -> 79 GFLOP/s on the 16-lane tile). Below that the
+/// copy cost more than it saved on Zen 4 (the 16-lane tile, one thread, best of 7, packed -> in
+/// place): `[4608, 512] @ [512, 32]` (resnet18's last layers' input gradient, `W^T @ g`) 76 ->
+/// 106 GFLOP/s, `[4096, 256] @ [256, 32]` 63 -> 108, `[4608, 512] @ [512, 128]` 96 -> 107,
+/// `[8192, 256] @ [256, 128]` 91 -> 106, `[16384, 128] @ [128, 128]` 87 -> 96, `[1024, 1024] @
+/// [1024, 128]` 92 -> 103; the copy pays only across many panels of B (`[2048, 64] @ [64,
+/// 512]` 92 packed on the 8-lane tile against 87). The Xeon measured strides of 384-512 as
+/// fast either way and attention's `p^T @ dO` (a stride of 64) slower packed.
+pub(super) const PACK_ROWS_MIN_STRIDE: isize = 32768;
 
 /// Row strides (in floats) of a plain A whose row tiles are copied together: multiples of
 /// 4 KiB, the distance at which addresses share an L1 set (64 sets of 64-byte lines). Measured
