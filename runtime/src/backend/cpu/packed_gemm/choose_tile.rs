@@ -6,8 +6,8 @@
 //! 1.35-1.45x faster; on Zen 4, which splits each into two 256-bit halves, the 8-lane tile was
 //! as fast or faster wherever B is packed (one thread, best of 7: `[1024, 128] @ [128, 512]`
 //! 1,332 -> 1,249 us, `[2048, 2048] @ [2048, 2048]` 175 -> 168 ms, `[200, 300] @ [300, 100]`
-//! 148 -> 124 us), and nanoGPT, MobileNetV2 and resnet18 steps ran 2-6% faster on it. So the core is
-//! asked once, by timing both tiles on one packed product ([`calibrated_wide`]).
+//! 148 -> 124 us), and nanoGPT, MobileNetV2 and resnet18 steps ran 2-6% faster on it. So the
+//! core is asked once, by timing both tiles on one packed product ([`calibrated_wide`]).
 //!
 //! Three shapes do not follow the calibration:
 //! - B with at most 16 columns runs the 8-lane tile: the 16-lane tile's 32-wide panel would be
