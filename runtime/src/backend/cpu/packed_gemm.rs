@@ -77,6 +77,7 @@ pub fn takes_packed_path((m, k, n): (usize, usize, usize), alpha: f32) -> bool {
 /// `(rs*, cs*)`, bit for bit as `matrixmultiply::sgemm` computes it with `alpha == 1`.
 ///
 /// On AVX-512 cores `choose_tile` says which register tile runs it.
+///
 /// # Safety
 /// As `matrixmultiply::sgemm`: the pointers are valid for every element the strides address,
 /// and `c` does not overlap `a` or `b`; [`takes_packed_path`] holds for the shape.

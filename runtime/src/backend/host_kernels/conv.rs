@@ -143,6 +143,42 @@ impl Geometry {
         }
     }
 
+    /// This call's scratch in `buf` (grown as needed): the padded grid, one block of columns
+    /// and the wide result (or gradient).
+    fn scratch<'a>(&self, buf: &'a mut Vec<f32>) -> (&'a mut [f32], &'a mut [f32], &'a mut [f32]) {
+        let lens = [
+            self.c * self.channel,
+            self.rows() * self.block_cols(),
+            self.oc * self.wide,
+        ];
+        if buf.len() < lens.iter().sum() {
+            buf.resize(lens.iter().sum(), 0.0);
+        }
+        let (grid, rest) = buf.split_at_mut(lens[0]);
+        let (block, wide) = rest.split_at_mut(lens[1]);
+        (grid, block, &mut wide[..lens[2]])
+    }
+
+    /// Calls `f(wide_at, view_at)` for each row of the last spatial dim of every output
+    /// channel of sample `s` of `v` (an output-shaped view): where the row starts in the wide
+    /// layout and in `v`.
+    fn for_each_output_row(&self, v: &View, s: usize, mut f: impl FnMut(usize, isize)) {
+        let last = self.out.len() - 1;
+        let vs = &v.strides[2..];
+        let v0 = v.offset + s as isize * v.strides[0];
+        let grid_strides: SmallVec<[isize; 3]> =
+            self.grid_strides.iter().map(|&g| g as isize).collect();
+        for oc in 0..self.oc {
+            for_each_index(&self.out[..last], |i| {
+                let wide_at = oc * self.wide + spatial_offset(i, &grid_strides[..last]) as usize;
+                f(
+                    wide_at,
+                    v0 + oc as isize * v.strides[1] + spatial_offset(i, vs),
+                );
+            });
+        }
+    }
+
     /// Rows of the product's contraction: `C * K`.
     fn rows(&self) -> usize {
         self.c * self.taps.len()
@@ -302,32 +338,18 @@ unsafe fn weight_grad(
     out: &View,
     buf: &mut Vec<f32>,
 ) -> Result<()> {
-    let rows = g.rows();
-    let cols = g.block_cols();
-    let (grid_len, block_len, wide_len) = (g.c * g.channel, rows * cols, g.oc * g.wide);
-    if buf.len() < grid_len + block_len + wide_len {
-        buf.resize(grid_len + block_len + wide_len, 0.0);
-    }
-    let (grid, rest) = buf.split_at_mut(grid_len);
-    let (block, wide) = rest.split_at_mut(block_len);
-    let wide = &mut wide[..wide_len];
+    let (rows, cols) = (g.rows(), g.block_cols());
+    let (grid, block, wide) = g.scratch(buf);
     // dW^T [C * K, OC]: the product's rows are the block's, so it reads the block in place.
     let mut acc = vec![0f32; rows * g.oc];
-    let last = g.out.len() - 1;
-    let gs = &grad.strides[2..];
-    let grid_strides: SmallVec<[isize; 3]> = g.grid_strides.iter().map(|&v| v as isize).collect();
+    let (run, stride) = (g.out[g.out.len() - 1], grad.strides[grad.strides.len() - 1]);
     for s in 0..grad.sizes[0] {
         fill_grid(g, x, s, grid);
         wide.fill(0.0);
-        let g0 = grad.offset + s as isize * grad.strides[0];
-        for oc in 0..g.oc {
-            for_each_index(&g.out[..last], |i| {
-                let to = oc * g.wide + spatial_offset(i, &grid_strides[..last]) as usize;
-                let from = g0 + oc as isize * grad.strides[1] + spatial_offset(i, gs);
-                let row = &mut wide[to..to + g.out[last]];
-                read_run(row, (grad.base as *const f32).offset(from), gs[last]);
-            });
-        }
+        g.for_each_output_row(grad, s, |to, from| {
+            let row = &mut wide[to..to + run];
+            read_run(row, (grad.base as *const f32).offset(from), stride);
+        });
         let mut j0 = 0;
         while j0 < g.wide {
             let nb = cols.min(g.wide - j0);
@@ -410,17 +432,10 @@ unsafe fn run_sample(
     s: usize,
     buf: &mut Vec<f32>,
 ) {
-    let cols = g.block_cols();
-    let (grid_len, block_len, wide_len) = (g.c * g.channel, g.rows() * cols, g.oc * g.wide);
-    if buf.len() < grid_len + block_len + wide_len {
-        buf.resize(grid_len + block_len + wide_len, 0.0);
-    }
-    let (grid, rest) = buf.split_at_mut(grid_len);
-    let (block, wide) = rest.split_at_mut(block_len);
-    let wide = &mut wide[..wide_len];
+    let (rows, cols) = (g.rows(), g.block_cols());
+    let (grid, block, wide) = g.scratch(buf);
     fill_grid(g, x, s, grid);
     // The wide result, a block of columns at a time.
-    let rows = g.rows();
     let mut j0 = 0;
     while j0 < g.wide {
         let nb = cols.min(g.wide - j0);
@@ -440,16 +455,9 @@ unsafe fn run_sample(
         j0 += nb;
     }
     // The output positions of the wide result, row by row of the last dim.
-    let last = g.out.len() - 1;
-    let os = &out.strides[2..];
-    let o0 = out.offset + s as isize * out.strides[0];
-    let grid_strides: SmallVec<[isize; 3]> = g.grid_strides.iter().map(|&v| v as isize).collect();
-    for oc in 0..g.oc {
-        for_each_index(&g.out[..last], |i| {
-            let from = oc * g.wide + spatial_offset(i, &grid_strides[..last]) as usize;
-            let to = o0 + oc as isize * out.strides[1] + spatial_offset(i, os);
-            let row = &wide[from..from + g.out[last]];
-            write_run((out.base as *mut f32).offset(to), os[last], row);
-        });
-    }
+    let (run, stride) = (g.out[g.out.len() - 1], out.strides[out.strides.len() - 1]);
+    g.for_each_output_row(out, s, |from, to| {
+        let row = &wide[from..from + run];
+        write_run((out.base as *mut f32).offset(to), stride, row);
+    });
 }
