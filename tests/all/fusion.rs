@@ -275,6 +275,64 @@ fn independent_updates_of_one_shape_are_cut_by_their_memory_streams() {
     );
 }
 
+/// SGD with momentum and weight decay over `params` ([p, g, m] each), op-major as PyTorch's
+/// foreach optimizers record it: every parameter's op before the next op.
+fn sgd_step_op_major(r: &Runtime, params: &[[Handle; 3]], lr: f64) {
+    let each = |f: &dyn Fn(&[Handle; 3]) -> Handle| params.iter().map(f).collect::<Vec<_>>();
+    let decay = each(&|&[p, _, _]| bin(r, BinaryOp::Mul, t(p), s(5e-4)));
+    let grads: Vec<Handle> = params
+        .iter()
+        .zip(&decay)
+        .map(|(&[_, g, _], &d)| bin(r, BinaryOp::Add, t(g), t(d)))
+        .collect();
+    for &[_, _, m] in params {
+        r.op(0, Op::Binary(BinaryOp::Mul), &[t(m), s(0.9)], Some(m))
+            .unwrap();
+    }
+    for (&[_, _, m], &d) in params.iter().zip(&grads) {
+        r.op(0, Op::Binary(BinaryOp::Add), &[t(m), t(d)], Some(m))
+            .unwrap();
+    }
+    let steps = each(&|&[_, _, m]| bin(r, BinaryOp::Mul, t(m), s(lr)));
+    for (&[p, _, _], &st) in params.iter().zip(&steps) {
+        r.op(0, Op::Binary(BinaryOp::Sub), &[t(p), t(st)], Some(p))
+            .unwrap();
+    }
+    for h in decay.into_iter().chain(grads).chain(steps) {
+        r.release(h).unwrap();
+    }
+}
+
+#[test]
+fn op_major_updates_of_one_shape_fuse_parameter_by_parameter_and_equal_strict() {
+    let mut out = vec![];
+    for mode in [Mode::Strict, Mode::Defer] {
+        let r = rt(mode);
+        let mk = |seed| {
+            r.from_host(&f32s(&data(301, seed)), DType::F32, &[301])
+                .unwrap()
+        };
+        let params: Vec<[Handle; 3]> = (0..3)
+            .map(|k| [mk(60 + 3 * k), mk(61 + 3 * k), mk(62 + 3 * k)])
+            .collect();
+        r.synchronize(0).unwrap();
+        let before = r.stats().programs_run;
+        sgd_step_op_major(&r, &params, 1e-3);
+        r.synchronize(0).unwrap();
+        let programs = r.stats().programs_run - before;
+        let vals: Vec<(Vec<u32>, Vec<u32>)> = params
+            .iter()
+            .map(|&[p, _, m]| (read(&r, p), read(&r, m)))
+            .collect();
+        out.push((vals, programs));
+    }
+    assert_eq!(out[0].0, out[1].0, "defer must equal strict bit for bit");
+    // Chain by chain, two parameters' updates (p, g, m each) and the start of the third fill
+    // one loop's buffer bound; op-major, the momenta and decayed gradients were split over
+    // three loops.
+    assert_eq!(out[1].1, 2);
+}
+
 #[test]
 fn changing_scalars_and_batch_sizes_compile_nothing_after_the_first_iteration() {
     let r = rt(Mode::Defer);

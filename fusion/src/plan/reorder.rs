@@ -8,10 +8,24 @@
 //! state per op. Moved together, each parameter's chain is one loop. Only independent nodes
 //! change places, so every buffer sees its reads and writes in program order and the values
 //! are the same bits.
+//!
+//! Moving up alone still leaves several parameters *of one shape* op-major: each op's node
+//! lands after the previous parameter's node of that op, so the run reads `op1(p1) op1(p2)
+//! op2(p1) op2(p2) ...`. One loop over such a run loads every parameter's state at once and is
+//! cut at [`MAX_LOADED_BUFFERS`](super::MAX_LOADED_BUFFERS), and a value one op hands the next
+//! (AdamW's `sqrt(v)`, SGD's decayed gradient) then crosses the cut through memory. So each run
+//! of same-shape elementwise nodes is then reordered chain by chain ([`by_chain`]): the nodes
+//! that share a buffer one of them writes stay together in their order, one chain after
+//! another. resnet18's three `[512, 512, 3, 3]` SGD updates were two loops storing and
+//! reloading the decayed gradients and momenta between them; chain by chain they are two
+//! loops that store only the new momenta and parameters.
 
 use crate::trace::Node;
 use crate::BufferId;
 use smallvec::SmallVec;
+/// Std maps with a fast hasher: keys are our own buffer ids.
+type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, ahash::RandomState>;
 
 /// How far back (in nodes already placed) a node looks for its shape. A foreach op's node for
 /// one parameter is about a node per parameter (or two) after the previous op's, so this
@@ -58,7 +72,65 @@ pub(super) fn visit_order(nodes: &[Node], needed: &[bool]) -> Vec<usize> {
             None => order.push(i),
         }
     }
+    let mut start = 0;
+    while start < order.len() {
+        let same_run = |&k: &usize| {
+            let (a, b) = (&nodes[order[start]], &nodes[k]);
+            b.op.is_elementwise() && b.output.layout.sizes == a.output.layout.sizes
+        };
+        let len = match nodes[order[start]].op.is_elementwise() {
+            true => order[start..].iter().take_while(|k| same_run(k)).count(),
+            false => 1,
+        };
+        by_chain(&access, &mut order[start..start + len]);
+        start += len;
+    }
     order
+}
+
+/// Reorders `run` (consecutive elementwise nodes of one shape) chain by chain: nodes that
+/// touch a buffer some node of the run writes are one chain; chains go in the order of their
+/// first node, each keeping its nodes' order. Two nodes of different chains share no written
+/// buffer, so neither reads or writes what the other writes: they may trade places, and the
+/// first node stays first (a matmul's epilogue starts with it).
+fn by_chain(access: &[Access], run: &mut [usize]) {
+    if run.len() < 3 {
+        return;
+    }
+    let written: HashSet<BufferId> = run.iter().map(|&i| access[i].write).collect();
+    // Union-find over positions in the run, joined through the written buffers they touch.
+    let mut parent: Vec<usize> = (0..run.len()).collect();
+    fn root(parent: &mut [usize], mut x: usize) -> usize {
+        while parent[x] != x {
+            parent[x] = parent[parent[x]];
+            x = parent[x];
+        }
+        x
+    }
+    let mut first_toucher: HashMap<BufferId, usize> = HashMap::default();
+    for (pos, &i) in run.iter().enumerate() {
+        let a = &access[i];
+        for b in a.reads.iter().chain([&a.write]) {
+            if !written.contains(b) {
+                continue;
+            }
+            let other = *first_toucher.entry(*b).or_insert(pos);
+            let (x, y) = (root(&mut parent, pos), root(&mut parent, other));
+            // The earlier position is the root, so a chain's root is its first node.
+            parent[x.max(y)] = x.min(y);
+        }
+    }
+    let chain: Vec<usize> = (0..run.len()).map(|p| root(&mut parent, p)).collect();
+    let mut placed: Vec<(usize, usize)> = run
+        .iter()
+        .enumerate()
+        .map(|(p, &i)| (chain[p], i))
+        .collect();
+    // Stable: within a chain the nodes keep their order.
+    placed.sort_by_key(|&(c, _)| c);
+    for (slot, (_, i)) in run.iter_mut().zip(placed) {
+        *slot = i;
+    }
 }
 
 /// Where in `order` node `i` goes: just after the nearest placed elementwise node of its
