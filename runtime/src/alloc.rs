@@ -209,21 +209,24 @@ impl HostAllocator {
         let mut to_system: Vec<(NonNull<u8>, usize)> = Vec::new();
         {
             let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            // Updated by adding and subtracting, never stored: `allocate` subtracts a block it
+            // took after letting go of the lock. Only this lock's holder adds, so the bound
+            // holds; a subtraction racing with this read only makes it evict a little more.
             let mut cached = self.cached.load(Ordering::Relaxed);
             while cap <= self.limit && cached + cap > self.limit {
                 let Some(stale) = free.take_stalest(cap) else {
                     break;
                 };
                 cached -= stale.1;
+                self.cached.fetch_sub(stale.1, Ordering::Relaxed);
                 to_system.push(stale);
             }
             if cached + cap <= self.limit {
                 free.touch(cap).blocks.push(Block(ptr));
-                cached += cap;
+                self.cached.fetch_add(cap, Ordering::Relaxed);
             } else {
                 to_system.push((ptr, cap));
             }
-            self.cached.store(cached, Ordering::Relaxed);
         }
         for (p, cap) in to_system {
             // SAFETY: allocated by `allocate` with this capacity and alignment.
