@@ -2,8 +2,8 @@
 //! thread computes (bit for bit), in strict and defer mode, whatever the loop's shape: one long
 //! row cut into pieces, rows of strided or broadcast views, walked outer dims, row kernels,
 //! full reductions, matmul with and without a fused epilogue (whole and in blocks of few rows),
-//! in-place writes, depthwise convolutions split by channels, dense convolutions by samples,
-//! grouped products by row windows.
+//! in-place writes, depthwise convolutions split by channels, dense convolutions by samples
+//! (their weight gradients by input channels), grouped products by row windows.
 //! Sizes are above the backend's serial threshold so the work really is split.
 
 use crate::harness;
@@ -307,6 +307,27 @@ fn a_dense_convolution_split_by_samples_equals_one_thread() {
         let gw = run(rt, conv(ConvPart::WeightGrad), &[tt(y), tt(x)]);
         vec![y, gw]
     });
+}
+
+#[test]
+fn a_dense_convolution_weight_gradient_split_by_input_channels_equals_one_thread() {
+    use deferfuse::fusion::ir::{Conv, ConvPart, KernelOp};
+    // 13 input channels: ranges of 3 and 4 channels. With a 1x1 kernel a range is 3 or 4 rows
+    // of dW^T, few enough that its own row count would pick another summation order.
+    let (n, c, oc) = (2, 13, 32);
+    for (k, pad, h) in [(3, 1, 40), (1, 0, 80)] {
+        let weight_grad = Op::Kernel(KernelOp::Conv(Box::new(Conv {
+            part: ConvPart::WeightGrad,
+            padding: [pad, pad][..].into(),
+            dilation: [1, 1][..].into(),
+            kernel: [k, k][..].into(),
+        })));
+        same_on_any_thread_count(|rt| {
+            let x = tensor(rt, DType::F32, &[n, c, h, h], &values(n * c * h * h, 9));
+            let grad = tensor(rt, DType::F32, &[n, oc, h, h], &values(n * oc * h * h, 10));
+            vec![run(rt, weight_grad.clone(), &[tt(grad), tt(x)])]
+        });
+    }
 }
 
 #[test]

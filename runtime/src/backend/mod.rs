@@ -135,6 +135,10 @@ pub trait SideBySide: Send + Sync {
     /// Runs `job(k)` for every k in `0..n`, several at a time, and returns once all ran; the
     /// first error wins.
     fn run_all(&self, n: usize, job: &(dyn Fn(usize) -> Result<()> + Sync)) -> Result<()>;
+
+    /// How many jobs can run at once (the caller's thread included): a kernel that splits one
+    /// op into parts each paying a fixed share (a copy of a small operand) makes this many.
+    fn threads(&self) -> usize;
 }
 
 /// Compiles regions for one kind of device.

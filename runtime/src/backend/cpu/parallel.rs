@@ -268,6 +268,10 @@ impl crate::backend::SideBySide for Pool {
             })
         })
     }
+
+    fn threads(&self) -> usize {
+        self.threads
+    }
 }
 
 #[cfg(test)]
