@@ -151,6 +151,30 @@ pub unsafe fn matmul(
     });
 }
 
+/// `c = a @ B + beta * c` for f32, B's row `q` (`n` contiguous floats) at `b.offset(b_rows[q])`,
+/// where a kernel reads such a B in place (`packed_gemm::sgemm_b_rows`: the 16-lane tile, at
+/// most one row block of rows); `false`, having done nothing, elsewhere. The same bits as
+/// [`matmul`] on those rows copied into a matrix.
+///
+/// # Safety
+/// The pointers are valid for every element the strides and offsets address; `c` overlaps
+/// neither operand; `b_rows.len() == k`.
+pub unsafe fn sgemm_b_rows(
+    (m, k, n): (usize, usize, usize),
+    a: (*const f32, isize, isize),
+    b: (*const f32, &[isize]),
+    beta: f32,
+    c: (*mut f32, isize, isize),
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::packed_gemm::sgemm_b_rows((m, k, n), a, b, beta, c);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ((m, k, n), a, b, beta, c);
+        false
+    }
+}
+
 /// The kernel whose summation order a block of a product of `whole_rows` rows takes: the dot
 /// order for few rows in all by a transposed B (A's column stride `csa`, B's row stride
 /// `rsb`), `matrixmultiply`'s order otherwise.

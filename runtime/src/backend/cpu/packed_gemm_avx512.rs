@@ -75,19 +75,113 @@ impl Tile for Wide {
     #[inline(always)]
     unsafe fn tile(blk: &Block, rows: usize, beta: f32, w: usize) {
         prefetch_c(blk, rows, w);
-        match rows {
-            12 => finish(&kernel(blk), blk, beta, w),
-            11 => finish(&tile::<11>(blk), blk, beta, w),
-            10 => finish(&tile::<10>(blk), blk, beta, w),
-            9 => finish(&tile::<9>(blk), blk, beta, w),
-            8 => finish(&tile::<8>(blk), blk, beta, w),
-            7 => finish(&tile::<7>(blk), blk, beta, w),
-            6 => finish(&tile::<6>(blk), blk, beta, w),
-            5 => finish(&tile::<5>(blk), blk, beta, w),
-            4 => finish(&tile::<4>(blk), blk, beta, w),
-            3 => finish(&tile::<3>(blk), blk, beta, w),
-            2 => finish(&tile::<2>(blk), blk, beta, w),
-            _ => finish(&tile::<1>(blk), blk, beta, w),
+        if blk.brows.is_null() {
+            sums_to_c::<false>(blk, rows, beta, w)
+        } else {
+            sums_to_c::<true>(blk, rows, beta, w)
+        }
+    }
+}
+
+/// The tile of `rows` rows at `blk` summed and written to C; `INDIRECT`: B's rows at
+/// `blk.brows`' offsets (see [`Block`]).
+#[inline(always)]
+unsafe fn sums_to_c<const INDIRECT: bool>(blk: &Block, rows: usize, beta: f32, w: usize) {
+    match rows {
+        12 => finish(&kernel::<INDIRECT>(blk), blk, beta, w),
+        11 => finish(&tile::<11, INDIRECT>(blk), blk, beta, w),
+        10 => finish(&tile::<10, INDIRECT>(blk), blk, beta, w),
+        9 => finish(&tile::<9, INDIRECT>(blk), blk, beta, w),
+        8 => finish(&tile::<8, INDIRECT>(blk), blk, beta, w),
+        7 => finish(&tile::<7, INDIRECT>(blk), blk, beta, w),
+        6 => finish(&tile::<6, INDIRECT>(blk), blk, beta, w),
+        5 => finish(&tile::<5, INDIRECT>(blk), blk, beta, w),
+        4 => finish(&tile::<4, INDIRECT>(blk), blk, beta, w),
+        3 => finish(&tile::<3, INDIRECT>(blk), blk, beta, w),
+        2 => finish(&tile::<2, INDIRECT>(blk), blk, beta, w),
+        _ => finish(&tile::<1, INDIRECT>(blk), blk, beta, w),
+    }
+}
+
+/// Where row `q` of the tile's B starts: `bp + q * bs`, or (`INDIRECT`) `bp + brows[q]`.
+#[inline(always)]
+unsafe fn b_row<const INDIRECT: bool>(blk: &Block, q: usize) -> *const f32 {
+    if INDIRECT {
+        blk.bp.offset(*blk.brows.add(q))
+    } else {
+        blk.bp.wrapping_offset(q as isize * blk.bs)
+    }
+}
+
+/// `packed_gemm::sgemm_b_rows` on this tile: `blocked::<Wide>`'s loops for a B read in place
+/// (one row block, `m <= MC`), each B row found through `b_rows`; the last, partial panel
+/// copied into `panel` as `blocked` copies it. The same tiles in the same order, so the same
+/// bits as `blocked` on the rows copied into a plain B.
+///
+/// # Safety
+/// As `packed_gemm::sgemm_b_rows`, which sizes the buffers.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn sgemm_b_rows(
+    (m, k, n): (usize, usize, usize),
+    (a, rsa, csa): (*const f32, isize, isize),
+    (b, b_rows): (*const f32, &[isize]),
+    beta: f32,
+    (c, rsc, csc): (*mut f32, isize, isize),
+    (panel, a_rows): (&mut [f32], &mut [f32]),
+) {
+    use super::packed_gemm::pack_a::packs_rows;
+    use super::small_gemm::KC;
+    let packed = packs_rows(rsa, csa);
+    for jc in (0..n).step_by(super::packed_gemm::NC) {
+        let width = super::packed_gemm::NC.min(n - jc);
+        for k0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - k0);
+            let rows = &b_rows[k0..k0 + kc];
+            let last = jc + width / NR * NR;
+            if width % NR != 0 {
+                for (q, &off) in rows.iter().enumerate() {
+                    let (src, dst) = (b.offset(off).add(last), &mut panel[q * NR..(q + 1) * NR]);
+                    let w = width % NR;
+                    dst[..w].copy_from_slice(std::slice::from_raw_parts(src, w));
+                    dst[w..].fill(0.0);
+                }
+            }
+            // `matrixmultiply` scales C by beta on the first k-block only.
+            let beta = if k0 == 0 { beta } else { 1.0 };
+            let a_k = a.offset(k0 as isize * csa);
+            if packed {
+                Wide::pack_rows(a_rows, a_k, (rsa, csa), m, kc);
+            }
+            for j0 in (jc..jc + width).step_by(NR) {
+                let (bp, bs, brows) = if j0 < last {
+                    (b.add(j0), 0, rows.as_ptr())
+                } else {
+                    (panel.as_ptr(), NR as isize, std::ptr::null())
+                };
+                let mut i = 0;
+                while i < m {
+                    let tile_rows = MR.min(m - i);
+                    let (ap, rsa, csa) = if packed {
+                        (a_rows.as_ptr().add(i * kc), 1, MR as isize)
+                    } else {
+                        (a_k.offset(i as isize * rsa), rsa, csa)
+                    };
+                    let blk = Block {
+                        kc,
+                        ap,
+                        rsa,
+                        csa,
+                        bp,
+                        bs,
+                        brows,
+                        cp: c.offset(i as isize * rsc + j0 as isize * csc),
+                        rsc,
+                        csc,
+                    };
+                    Wide::tile(&blk, tile_rows, beta, NR.min(n - j0));
+                    i += tile_rows;
+                }
+            }
         }
     }
 }
@@ -131,7 +225,7 @@ unsafe fn pack_rows(out: &mut [f32], a: *const f32, csa: isize, mc: usize, kc: u
 /// `2 * rsa` (x86 addressing scales 4 and 8).
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline(never)]
-unsafe fn kernel(blk: &Block) -> [[__m512; 2]; MR] {
+unsafe fn kernel<const INDIRECT: bool>(blk: &Block) -> [[__m512; 2]; MR] {
     let (rsa, csa) = (blk.rsa, blk.csa);
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
     let mut base = [
@@ -141,10 +235,13 @@ unsafe fn kernel(blk: &Block) -> [[__m512; 2]; MR] {
         blk.ap.offset(9 * rsa),
     ];
     let mut b = blk.bp;
+    let mut q = 0;
     // One k step: B's two vectors, then each row's broadcast into its two sums.
-    let mut step = |base: &mut [*const f32; 4], b: &mut *const f32| {
-        let b0 = _mm512_loadu_ps(*b);
-        let b1 = _mm512_loadu_ps(b.add(VL));
+    let mut step = |base: &mut [*const f32; 4], b: &mut *const f32, q: &mut usize| {
+        let row = if INDIRECT { b_row::<true>(blk, *q) } else { *b };
+        *q += 1;
+        let b0 = _mm512_loadu_ps(row);
+        let b1 = _mm512_loadu_ps(row.add(VL));
         for (g, &p) in base.iter().enumerate() {
             for j in 0..3 {
                 let x = _mm512_set1_ps(*p.offset(j as isize * rsa));
@@ -160,11 +257,11 @@ unsafe fn kernel(blk: &Block) -> [[__m512; 2]; MR] {
         *b = b.wrapping_offset(blk.bs);
     };
     for _ in 0..blk.kc / 2 {
-        step(&mut base, &mut b);
-        step(&mut base, &mut b);
+        step(&mut base, &mut b, &mut q);
+        step(&mut base, &mut b, &mut q);
     }
     if blk.kc % 2 == 1 {
-        step(&mut base, &mut b);
+        step(&mut base, &mut b, &mut q);
     }
     acc
 }
@@ -172,12 +269,13 @@ unsafe fn kernel(blk: &Block) -> [[__m512; 2]; MR] {
 /// `R` rows (fewer than a whole tile) by 32 columns: the sums over the block, in the same order
 /// per element as [`kernel`].
 #[inline(always)]
-unsafe fn tile<const R: usize>(blk: &Block) -> [[__m512; 2]; R] {
+unsafe fn tile<const R: usize, const INDIRECT: bool>(blk: &Block) -> [[__m512; 2]; R] {
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     let (mut ap, mut bp) = (blk.ap, blk.bp);
-    for _ in 0..blk.kc {
-        let b0 = _mm512_loadu_ps(bp);
-        let b1 = _mm512_loadu_ps(bp.add(VL));
+    for q in 0..blk.kc {
+        let row = if INDIRECT { b_row::<true>(blk, q) } else { bp };
+        let b0 = _mm512_loadu_ps(row);
+        let b1 = _mm512_loadu_ps(row.add(VL));
         for (r, row) in acc.iter_mut().enumerate() {
             let x = _mm512_set1_ps(*ap.offset(r as isize * blk.rsa));
             row[0] = _mm512_fmadd_ps(x, b0, row[0]);
@@ -218,5 +316,82 @@ unsafe fn finish<const R: usize>(acc: &[[__m512; 2]; R], blk: &Block, beta: f32,
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::packed_gemm;
+    use super::super::small_gemm::tests::{assert_same_bits, matrix, reference, values, Strided};
+
+    /// `packed_gemm::sgemm_b_rows` with B's rows at scattered, overlapping offsets of one
+    /// buffer (as a convolution's rows lie in its padded input), against `matrixmultiply` on
+    /// those rows copied into a plain B: bit for bit, or `false` on a core without AVX-512.
+    fn check(m: usize, k: usize, n: usize, a_kind: &str) {
+        let pool = values(4 * k + n + 64, 21);
+        // Row q starts 3q + (q % 5) floats in: neighbours overlap, as taps of one grid do.
+        let offsets: Vec<isize> = (0..k).map(|q| (3 * q + q % 5) as isize).collect();
+        let gathered = Strided {
+            data: offsets
+                .iter()
+                .flat_map(|&o| pool[o as usize..o as usize + n].iter().copied())
+                .collect(),
+            rs: n as isize,
+            cs: 1,
+        };
+        let a = matrix(m, k, a_kind, 5 + m as u64);
+        for beta in [0.0, 1.0, 0.5] {
+            let c0 = values(m * n, 7);
+            let (mut ours, mut theirs) = (c0.clone(), c0);
+            let ran = unsafe {
+                packed_gemm::sgemm_b_rows(
+                    (m, k, n),
+                    (a.data.as_ptr(), a.rs, a.cs),
+                    (pool.as_ptr(), &offsets),
+                    beta,
+                    (ours.as_mut_ptr(), n as isize, 1),
+                )
+            };
+            if !ran {
+                assert!(!super::has_avx512() || m > 96, "{m}x{k}x{n} not run");
+                return;
+            }
+            let c = (theirs.as_mut_ptr(), n as isize, 1);
+            reference((m, k, n), 1.0, (&a, &gathered), beta, c);
+            let what = format!("{m}x{k}x{n} A {a_kind} beta {beta}");
+            assert_same_bits(&ours, &theirs, &what);
+        }
+    }
+
+    #[test]
+    fn a_b_given_by_row_offsets_matches_matrixmultiply_bit_for_bit() {
+        // Rows: partial tiles only, one whole tile and a partial one, a whole row block. k: a
+        // partial k-block, two k-blocks. Columns: a partial panel only, whole panels, more than
+        // one column block ending in a partial panel.
+        for m in [8, 16, 96] {
+            for k in [9, 300] {
+                for n in [17, 64, 300] {
+                    for a_kind in ["rows", "cols"] {
+                        check(m, k, n, a_kind);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn more_rows_than_one_row_block_are_left_to_the_caller() {
+        let offsets = vec![0isize; 4];
+        let (a, b, mut c) = (vec![0f32; 97 * 4], vec![0f32; 8], vec![0f32; 97 * 8]);
+        let ran = unsafe {
+            packed_gemm::sgemm_b_rows(
+                (97, 4, 8),
+                (a.as_ptr(), 4, 1),
+                (b.as_ptr(), &offsets),
+                0.0,
+                (c.as_mut_ptr(), 8, 1),
+            )
+        };
+        assert!(!ran);
     }
 }

@@ -192,6 +192,7 @@ unsafe fn small_sgemm(
                     csa,
                     bp,
                     bs,
+                    brows: std::ptr::null(),
                     cp,
                     rsc,
                     csc,
@@ -237,6 +238,7 @@ unsafe fn run_tile(r: usize, nv: usize, in_regs: bool, blk: &Block, fin: &Finish
 
 /// One register tile's operands: `kc` products from A's rows at `ap` and the panel at `bp`
 /// (row stride `bs`; for [`tile_transposed`], B itself with column stride `bs`), into C at `cp`.
+/// Where `brows` is not null (the 16-lane tile only), B's row `q` is at `bp + brows[q]` instead.
 pub(super) struct Block {
     pub(super) kc: usize,
     pub(super) ap: *const f32,
@@ -244,6 +246,7 @@ pub(super) struct Block {
     pub(super) csa: isize,
     pub(super) bp: *const f32,
     pub(super) bs: isize,
+    pub(super) brows: *const isize,
     pub(super) cp: *mut f32,
     pub(super) rsc: isize,
     pub(super) csc: isize,

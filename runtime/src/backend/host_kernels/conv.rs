@@ -18,7 +18,7 @@
 //! the thread count either.
 
 use super::View;
-use crate::backend::cpu::matmul::{matmul, Mat};
+use crate::backend::cpu::matmul::{matmul, sgemm_b_rows, Mat};
 use crate::backend::SideBySide;
 use crate::error::{Error, Result};
 use deferfuse_fusion::ir::{Conv, ConvPart, DType, Layout};
@@ -181,6 +181,18 @@ impl Geometry {
         }
     }
 
+    /// Where each row `(c, tap)` of the columns starts in the grid: the block of columns
+    /// starting at wide column `j0` has row `r` at `grid[row_offsets[r] + j0..]`.
+    fn row_offsets(&self) -> Vec<isize> {
+        (0..self.c)
+            .flat_map(|c| {
+                self.taps
+                    .iter()
+                    .map(move |&t| (c * self.channel + t) as isize)
+            })
+            .collect()
+    }
+
     /// Rows of the product's contraction: `C * K`.
     fn rows(&self) -> usize {
         self.c * self.taps.len()
@@ -230,12 +242,13 @@ pub(super) unsafe fn run(
     let g = Geometry::new(k, x, &w.sizes[2..], &out.sizes[2..], out.sizes[1]);
     let n = x.sizes[0];
     let weight = dense_weight(k.part == ConvPart::InputGrad, w, &g);
+    let offsets = g.row_offsets();
     let macs = out.numel() * g.rows();
     let sample = |s: usize| {
         SCRATCH.with(|cell| {
             let mut buf = cell.borrow_mut();
             // SAFETY: the caller's contract; each sample writes only its own output slice.
-            unsafe { run_sample(&g, x, &weight, out, s, &mut buf) }
+            unsafe { run_sample(&g, x, (&weight, &offsets), out, s, &mut buf) }
         })
     };
     match threads.filter(|_| n > 1 && macs >= SERIAL_BELOW_MACS) {
@@ -486,11 +499,13 @@ struct Shared<'a, F>(&'a F);
 // own thread's scratch.
 unsafe impl<F> Sync for Shared<'_, F> {}
 
-/// Sample `s` of the convolution, in scratch `buf` (grown as needed).
+/// Sample `s` of the convolution, in scratch `buf` (grown as needed): the product reads the
+/// columns where they lie in the grid (`offsets`, [`Geometry::row_offsets`]) where the GEMM has
+/// such a kernel, else copies them block by block.
 unsafe fn run_sample(
     g: &Geometry,
     x: &View,
-    weight: &[f32],
+    (weight, offsets): (&[f32], &[isize]),
     out: &View,
     s: usize,
     buf: &mut Vec<f32>,
@@ -498,8 +513,15 @@ unsafe fn run_sample(
     let (rows, cols) = (g.rows(), g.block_cols());
     let (grid, block, wide) = g.scratch(buf);
     fill_grid(g, x, s, grid);
-    // The wide result, a block of columns at a time.
-    let mut j0 = 0;
+    let in_place = sgemm_b_rows(
+        (g.oc, rows, g.wide),
+        (weight.as_ptr(), rows as isize, 1),
+        (grid.as_ptr(), offsets),
+        0.0,
+        (wide.as_mut_ptr(), g.wide as isize, 1),
+    );
+    // Else the wide result, a block of columns at a time.
+    let mut j0 = if in_place { g.wide } else { 0 };
     while j0 < g.wide {
         let nb = cols.min(g.wide - j0);
         fill_block(g, grid, j0, &mut block[..rows * nb]);
