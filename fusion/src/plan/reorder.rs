@@ -16,9 +16,9 @@
 //! (AdamW's `sqrt(v)`, SGD's decayed gradient) then crosses the cut through memory. So each run
 //! of same-shape elementwise nodes is then reordered chain by chain ([`by_chain`]): the nodes
 //! that share a buffer one of them writes stay together in their order, one chain after
-//! another. resnet18's three `[512, 512, 3, 3]` SGD updates were two loops storing and
+//! another. resnet18's three `[512, 512, 3, 3]` SGD updates were three loops storing and
 //! reloading the decayed gradients and momenta between them; chain by chain they are two
-//! loops that store only the new momenta and parameters.
+//! loops, and only the third weight's decayed gradient crosses between them.
 
 use crate::trace::Node;
 use crate::BufferId;
@@ -72,20 +72,28 @@ pub(super) fn visit_order(nodes: &[Node], needed: &[bool]) -> Vec<usize> {
             None => order.push(i),
         }
     }
+    for_each_same_shape_run(nodes, &mut order, |run| by_chain(&access, run));
+    order
+}
+
+/// Calls `f` on each maximal run of consecutive elementwise nodes of one shape in `order`.
+fn for_each_same_shape_run(nodes: &[Node], order: &mut [usize], mut f: impl FnMut(&mut [usize])) {
     let mut start = 0;
     while start < order.len() {
-        let same_run = |&k: &usize| {
-            let (a, b) = (&nodes[order[start]], &nodes[k]);
-            b.op.is_elementwise() && b.output.layout.sizes == a.output.layout.sizes
-        };
-        let len = match nodes[order[start]].op.is_elementwise() {
-            true => order[start..].iter().take_while(|k| same_run(k)).count(),
+        let first = &nodes[order[start]];
+        let len = match first.op.is_elementwise() {
+            true => order[start..]
+                .iter()
+                .take_while(|&&k| {
+                    let n = &nodes[k];
+                    n.op.is_elementwise() && n.output.layout.sizes == first.output.layout.sizes
+                })
+                .count(),
             false => 1,
         };
-        by_chain(&access, &mut order[start..start + len]);
+        f(&mut order[start..start + len]);
         start += len;
     }
-    order
 }
 
 /// Reorders `run` (consecutive elementwise nodes of one shape) chain by chain: nodes that

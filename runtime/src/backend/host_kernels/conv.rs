@@ -1,21 +1,24 @@
-//! The dense stride-1 convolution (`KernelOp::Conv`) as blocks of columns copied just before
-//! their product, so neither the columns nor a transposed product's `C * K` values per
+//! The dense stride-1 convolution (`KernelOp::Conv`) without im2col columns in memory: the
+//! product reads them where they lie in a padded copy of the input, or from blocks copied just
+//! before their product, so neither the columns nor a transposed product's `C * K` values per
 //! position ever reach memory.
 //!
 //! Per sample, the input is copied once into a zero-padded grid (`P` positions per dim, rows
 //! of the grid contiguous). Every kernel tap of an output position is then a fixed offset into
 //! that grid, and so is a whole run of positions: column `j` of the "wide" position space (the
 //! first spatial dim at its output size, the others at their padded size) reads grid element
-//! `j + offset(c, tap)`. A block of wide columns is copied row by row (one contiguous run per
-//! `(c, tap)`) into a buffer that stays in L2, and multiplied by the weight viewed as `[OC, C *
-//! K]`; the wide result is cropped into the output (the positions past each row's output size
-//! are computed and dropped: `(P - out) / out` more columns, 3% for a 64-wide map with a 3x3
-//! kernel). Each output element is the product's sum over `(c, tap)` in that order, as the
-//! GEMM kernels sum it whatever the blocking, so results do not depend on the blocks or the
-//! threads. The weight gradient reads the same blocks, multiplied by the gradient laid out
-//! over the wide positions (`weight_grad`); its threads take ranges of input channels, each
-//! summing its rows of the gradient over every sample in order, so its bits do not depend on
-//! the thread count either.
+//! `j + offset(c, tap)`. The product of the weight viewed as `[OC, C * K]` with those columns
+//! reads each row `(c, tap)` where it lies in the grid, through a table of offsets (the GEMM's
+//! `sgemm_b_rows`); where the GEMM has no such kernel, and for the weight gradient, a block of
+//! wide columns is copied row by row (one contiguous run per `(c, tap)`) into a buffer that
+//! stays in L2 and multiplied from there. The wide result is cropped into the output (the
+//! positions past each row's output size are computed and dropped: `(P - out) / out` more
+//! columns, 3% for a 64-wide map with a 3x3 kernel). Each output element is the product's sum
+//! over `(c, tap)` in that order, as the GEMM kernels sum it whatever the blocking, so results
+//! do not depend on the blocks, the threads or whether the columns were copied. The weight
+//! gradient reads the same blocks, multiplied by the gradient laid out over the wide positions
+//! (`weight_grad`); its threads take ranges of input channels, each summing its rows of the
+//! gradient over every sample in order, so its bits do not depend on the thread count either.
 
 use super::View;
 use crate::backend::cpu::matmul::{matmul, sgemm_b_rows, Mat};
@@ -271,8 +274,8 @@ pub(super) unsafe fn run(
 /// channels split in ranges over `threads` when there is work enough: a range's rows of `dW`
 /// are summed over every sample and block in the same order whatever the split (the blocks of
 /// columns and the product's summation order follow the whole gradient's `C * K` rows, not the
-/// range's), so the bits do not depend on the thread count. Each range fills its own channels of the grid and its own copy of the
-/// wide gradient (`OC` rows: the small operand).
+/// range's), so the bits do not depend on the thread count. Each range fills its own channels
+/// of the grid and its own copy of the wide gradient (`OC` rows: the small operand).
 ///
 /// # Safety
 /// As [`run`].
@@ -415,6 +418,10 @@ unsafe fn weight_grad(
     buf: &mut Vec<f32>,
 ) -> Result<()> {
     let rows = g.rows();
+    debug_assert!(
+        cols <= g.block_cols(),
+        "a range has fewer rows, so room for more columns"
+    );
     let (grid, block, wide) = g.scratch(buf);
     // dW^T [C * K, OC]: the product's rows are the block's, so it reads the block in place.
     let mut acc = vec![0f32; rows * g.oc];
