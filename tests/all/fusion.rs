@@ -30,6 +30,12 @@ fn data(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
+/// An f32 vector of `n` values from `seed`, as an optimizer's parameter or state.
+fn parameter(r: &Runtime, n: usize, seed: u32) -> Handle {
+    r.from_host(&f32s(&data(n, seed)), DType::F32, &[n])
+        .unwrap()
+}
+
 fn read(rt: &Runtime, h: Handle) -> Vec<u32> {
     let n: usize = rt.sizes(h).unwrap().iter().product();
     let mut b = vec![0u8; n * 4];
@@ -219,10 +225,7 @@ fn in_place_optimizer_update_fuses_and_equals_strict() {
     let mut out = vec![];
     for mode in [Mode::Strict, Mode::Defer] {
         let r = rt(mode);
-        let mk = |seed| {
-            r.from_host(&f32s(&data(301, seed)), DType::F32, &[301])
-                .unwrap()
-        };
+        let mk = |seed| parameter(&r, 301, seed);
         let (p, g, m, v) = (mk(6), mk(7), mk(8), mk(9));
         let v0 = r.op(0, Op::Unary(UnaryOp::Abs), &[t(v)], None).unwrap();
         for step in 0..3 {
@@ -243,10 +246,7 @@ fn independent_updates_of_one_shape_are_cut_by_their_memory_streams() {
     let mut out = vec![];
     for mode in [Mode::Strict, Mode::Defer] {
         let r = rt(mode);
-        let mk = |seed| {
-            r.from_host(&f32s(&data(301, seed)), DType::F32, &[301])
-                .unwrap()
-        };
+        let mk = |seed| parameter(&r, 301, seed);
         let params: Vec<[Handle; 4]> = (0..3)
             .map(|k| {
                 let v = mk(40 + 4 * k);
@@ -308,10 +308,7 @@ fn op_major_updates_of_one_shape_fuse_parameter_by_parameter_and_equal_strict() 
     let mut out = vec![];
     for mode in [Mode::Strict, Mode::Defer] {
         let r = rt(mode);
-        let mk = |seed| {
-            r.from_host(&f32s(&data(301, seed)), DType::F32, &[301])
-                .unwrap()
-        };
+        let mk = |seed| parameter(&r, 301, seed);
         let params: Vec<[Handle; 3]> = (0..3)
             .map(|k| [mk(60 + 3 * k), mk(61 + 3 * k), mk(62 + 3 * k)])
             .collect();
@@ -549,10 +546,7 @@ fn steady_state_loop_reuses_its_plan_with_new_scalars_and_buffers() {
     let mut results = vec![];
     for mode in [Mode::Strict, Mode::Defer] {
         let r = rt(mode);
-        let mk = |seed| {
-            r.from_host(&f32s(&data(64, seed)), DType::F32, &[64])
-                .unwrap()
-        };
+        let mk = |seed| parameter(&r, 64, seed);
         let (p, g, m, v) = (mk(20), mk(21), mk(22), mk(23));
         let v = r.op(0, Op::Unary(UnaryOp::Abs), &[t(v)], None).unwrap();
         read(&r, v);
