@@ -111,10 +111,11 @@ unsafe fn sgemm_on(
     beta: f32,
     (c, rsc, csc): (*mut f32, isize, isize),
 ) {
+    let b = (b, rsb, csb);
     if wide {
-        with_buffers::<avx512::Wide>((m, k, n), (a, rsa, csa), (b, rsb, csb), beta, (c, rsc, csc))
+        with_buffers::<avx512::Wide>((m, k, n), (a, rsa, csa), b, None, beta, (c, rsc, csc))
     } else {
-        with_buffers::<Narrow>((m, k, n), (a, rsa, csa), (b, rsb, csb), beta, (c, rsc, csc))
+        with_buffers::<Narrow>((m, k, n), (a, rsa, csa), b, None, beta, (c, rsc, csc))
     }
 }
 
@@ -139,23 +140,14 @@ pub unsafe fn sgemm_b_rows(
         return false;
     }
     assert_eq!(b_rows.len(), k, "one offset per row of B");
-    PANELS.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        let panel = KC.min(k) * <avx512::Wide as Tile>::NR;
-        let rows = <avx512::Wide as Tile>::MC * KC.min(k) + <avx512::Wide as Tile>::ROWS_SLACK;
-        if buf.len() < panel + rows {
-            buf.resize(panel + rows, 0.0);
-        }
-        let (panel, a_rows) = buf.split_at_mut(panel);
-        avx512::sgemm_b_rows(
-            (m, k, n),
-            (a, rsa, csa),
-            (b, b_rows),
-            beta,
-            (c, rsc, csc),
-            (panel, a_rows),
-        );
-    });
+    with_buffers::<avx512::Wide>(
+        (m, k, n),
+        (a, rsa, csa),
+        (b, 0, 1),
+        Some(b_rows),
+        beta,
+        (c, rsc, csc),
+    );
     true
 }
 
@@ -166,6 +158,7 @@ unsafe fn with_buffers<T: Tile>(
     (m, k, n): (usize, usize, usize),
     (a, rsa, csa): (*const f32, isize, isize),
     (b, rsb, csb): (*const f32, isize, isize),
+    b_rows: Option<&[isize]>,
     beta: f32,
     (c, rsc, csc): (*mut f32, isize, isize),
 ) {
@@ -184,7 +177,7 @@ unsafe fn with_buffers<T: Tile>(
         T::sgemm(
             (m, k, n),
             (a, rsa, csa),
-            (b, rsb, csb),
+            (b, rsb, csb, b_rows),
             beta,
             (c, rsc, csc),
             (panels, rows),
@@ -211,11 +204,12 @@ pub(super) trait Tile {
     ///
     /// # Safety
     /// As [`sgemm`], on a CPU with the tile's features; `panels` and `a_rows` sized as
-    /// [`with_buffers`] sizes them.
+    /// [`with_buffers`] sizes them; B's row offsets (`b`'s last part) only where the tile's
+    /// [`Tile::tile`] follows [`Block::brows`].
     unsafe fn sgemm(
         mkn: (usize, usize, usize),
         a: (*const f32, isize, isize),
-        b: (*const f32, isize, isize),
+        b: (*const f32, isize, isize, Option<&[isize]>),
         beta: f32,
         c: (*mut f32, isize, isize),
         buffers: (&mut [f32], &mut [f32]),
@@ -239,19 +233,21 @@ pub(super) trait Tile {
 
 /// [`sgemm`]'s loops for tile `T`: column blocks of [`NC`], k-blocks in order (each packed
 /// once), row blocks of `T::MC`, `T::NR`-column panels, then row tiles of `T::MR`. Inlined into
-/// each tile's [`Tile::sgemm`], so it runs with that tile's CPU features.
+/// each tile's [`Tile::sgemm`], so it runs with that tile's CPU features. With `b_rows` (see
+/// [`sgemm_b_rows`], which keeps to one row block) B's row `q` is at `b + b_rows[q]`, read in
+/// place.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(super) unsafe fn blocked<T: Tile>(
     (m, k, n): (usize, usize, usize),
     (a, rsa, csa): (*const f32, isize, isize),
-    (b, rsb, csb): (*const f32, isize, isize),
+    (b, rsb, csb, b_rows): (*const f32, isize, isize, Option<&[isize]>),
     beta: f32,
     (c, rsc, csc): (*mut f32, isize, isize),
     (panels, a_rows): (&mut [f32], &mut [f32]),
 ) {
     let packed = packs_rows(rsa, csa);
-    let in_place = pack_b::reads_in_place(m, csb, T::MC);
+    let in_place = b_rows.is_some() || pack_b::reads_in_place(m, csb, T::MC);
     for jc in (0..n).step_by(NC) {
         let count = NC.min(n - jc).div_ceil(T::NR);
         for k0 in (0..k).step_by(KC) {
@@ -269,14 +265,21 @@ pub(super) unsafe fn blocked<T: Tile>(
             } else if width % T::NR != 0 {
                 // Only the last, partial panel (see `pack_b::reads_in_place`).
                 let p = width / T::NR;
-                pack_b::pack_block(
-                    &mut panels[p * kc * T::NR..],
-                    b.offset(k0 as isize * rsb + (jc + p * T::NR) as isize * csb),
-                    (rsb, csb),
-                    kc,
-                    width % T::NR,
-                    T::NR,
-                );
+                let (panel, j) = (&mut panels[p * kc * T::NR..], jc + p * T::NR);
+                match b_rows {
+                    Some(rows) => {
+                        let rows = &rows[k0..k0 + kc];
+                        pack_b::pack_rows_at(panel, b.add(j), rows, width % T::NR, T::NR)
+                    }
+                    None => pack_b::pack_block(
+                        panel,
+                        b.offset(k0 as isize * rsb + j as isize * csb),
+                        (rsb, csb),
+                        kc,
+                        width % T::NR,
+                        T::NR,
+                    ),
+                }
             }
             // `matrixmultiply` scales C by beta on the first k-block only.
             let beta = if k0 == 0 { beta } else { 1.0 };
@@ -296,10 +299,18 @@ pub(super) unsafe fn blocked<T: Tile>(
                 };
                 for p in 0..count {
                     let j0 = jc + p * T::NR;
-                    let (bp, bs) = if in_place && j0 + T::NR <= n {
-                        (b.offset(k0 as isize * rsb + j0 as isize), rsb)
-                    } else {
-                        (panels.as_ptr().add(p * kc * T::NR), T::NR as isize)
+                    let (bp, bs, brows) = match b_rows {
+                        _ if !in_place || j0 + T::NR > n => (
+                            panels.as_ptr().add(p * kc * T::NR),
+                            T::NR as isize,
+                            std::ptr::null(),
+                        ),
+                        Some(rows) => (b.add(j0), 0, rows[k0..].as_ptr()),
+                        None => (
+                            b.offset(k0 as isize * rsb + j0 as isize),
+                            rsb,
+                            std::ptr::null(),
+                        ),
                     };
                     let mut i = ic;
                     while i < rows_end {
@@ -312,7 +323,7 @@ pub(super) unsafe fn blocked<T: Tile>(
                             csa,
                             bp,
                             bs,
-                            brows: std::ptr::null(),
+                            brows,
                             cp: c.offset(i as isize * rsc + j0 as isize * csc),
                             rsc,
                             csc,
@@ -341,7 +352,7 @@ impl Tile for Narrow {
     unsafe fn sgemm(
         mkn: (usize, usize, usize),
         a: (*const f32, isize, isize),
-        b: (*const f32, isize, isize),
+        b: (*const f32, isize, isize, Option<&[isize]>),
         beta: f32,
         c: (*mut f32, isize, isize),
         buffers: (&mut [f32], &mut [f32]),
@@ -362,6 +373,7 @@ impl Tile for Narrow {
 
     #[inline(always)]
     unsafe fn tile(blk: &Block, rows: usize, beta: f32, w: usize) {
+        debug_assert!(blk.brows.is_null(), "B row offsets are the 16-lane tile's");
         prefetch_c(blk, rows);
         let fin = Finish {
             alpha: 1.0,

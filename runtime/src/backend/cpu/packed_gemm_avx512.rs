@@ -49,7 +49,7 @@ impl Tile for Wide {
     unsafe fn sgemm(
         mkn: (usize, usize, usize),
         a: (*const f32, isize, isize),
-        b: (*const f32, isize, isize),
+        b: (*const f32, isize, isize, Option<&[isize]>),
         beta: f32,
         c: (*mut f32, isize, isize),
         buffers: (&mut [f32], &mut [f32]),
@@ -110,79 +110,6 @@ unsafe fn b_row<const INDIRECT: bool>(blk: &Block, q: usize) -> *const f32 {
         blk.bp.offset(*blk.brows.add(q))
     } else {
         blk.bp.wrapping_offset(q as isize * blk.bs)
-    }
-}
-
-/// `packed_gemm::sgemm_b_rows` on this tile: `blocked::<Wide>`'s loops for a B read in place
-/// (one row block, `m <= MC`), each B row found through `b_rows`; the last, partial panel
-/// copied into `panel` as `blocked` copies it. The same tiles in the same order, so the same
-/// bits as `blocked` on the rows copied into a plain B.
-///
-/// # Safety
-/// As `packed_gemm::sgemm_b_rows`, which sizes the buffers.
-#[target_feature(enable = "avx512f,avx2,fma")]
-pub(super) unsafe fn sgemm_b_rows(
-    (m, k, n): (usize, usize, usize),
-    (a, rsa, csa): (*const f32, isize, isize),
-    (b, b_rows): (*const f32, &[isize]),
-    beta: f32,
-    (c, rsc, csc): (*mut f32, isize, isize),
-    (panel, a_rows): (&mut [f32], &mut [f32]),
-) {
-    use super::packed_gemm::pack_a::packs_rows;
-    use super::small_gemm::KC;
-    let packed = packs_rows(rsa, csa);
-    for jc in (0..n).step_by(super::packed_gemm::NC) {
-        let width = super::packed_gemm::NC.min(n - jc);
-        for k0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - k0);
-            let rows = &b_rows[k0..k0 + kc];
-            let last = jc + width / NR * NR;
-            if width % NR != 0 {
-                for (q, &off) in rows.iter().enumerate() {
-                    let (src, dst) = (b.offset(off).add(last), &mut panel[q * NR..(q + 1) * NR]);
-                    let w = width % NR;
-                    dst[..w].copy_from_slice(std::slice::from_raw_parts(src, w));
-                    dst[w..].fill(0.0);
-                }
-            }
-            // `matrixmultiply` scales C by beta on the first k-block only.
-            let beta = if k0 == 0 { beta } else { 1.0 };
-            let a_k = a.offset(k0 as isize * csa);
-            if packed {
-                Wide::pack_rows(a_rows, a_k, (rsa, csa), m, kc);
-            }
-            for j0 in (jc..jc + width).step_by(NR) {
-                let (bp, bs, brows) = if j0 < last {
-                    (b.add(j0), 0, rows.as_ptr())
-                } else {
-                    (panel.as_ptr(), NR as isize, std::ptr::null())
-                };
-                let mut i = 0;
-                while i < m {
-                    let tile_rows = MR.min(m - i);
-                    let (ap, rsa, csa) = if packed {
-                        (a_rows.as_ptr().add(i * kc), 1, MR as isize)
-                    } else {
-                        (a_k.offset(i as isize * rsa), rsa, csa)
-                    };
-                    let blk = Block {
-                        kc,
-                        ap,
-                        rsa,
-                        csa,
-                        bp,
-                        bs,
-                        brows,
-                        cp: c.offset(i as isize * rsc + j0 as isize * csc),
-                        rsc,
-                        csc,
-                    };
-                    Wide::tile(&blk, tile_rows, beta, NR.min(n - j0));
-                    i += tile_rows;
-                }
-            }
-        }
     }
 }
 

@@ -87,3 +87,25 @@ pub(super) unsafe fn pack_block(
         );
     }
 }
+
+/// Copies the last, partial panel's `width` columns of B's rows found at `b + rows[q]` (see
+/// `sgemm_b_rows`) into `panel` (`rows.len()` rows of `nr`, the columns past `width` zero), as
+/// [`pack_block`] copies a plain B's.
+///
+/// # Safety
+/// Every `b.offset(rows[q])` is valid for `width` floats; `panel` holds `rows.len() * nr`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) unsafe fn pack_rows_at(
+    panel: &mut [f32],
+    b: *const f32,
+    rows: &[isize],
+    width: usize,
+    nr: usize,
+) {
+    for (q, &off) in rows.iter().enumerate() {
+        let dst = &mut panel[q * nr..(q + 1) * nr];
+        dst[..width].copy_from_slice(std::slice::from_raw_parts(b.offset(off), width));
+        dst[width..].fill(0.0);
+    }
+}
