@@ -46,7 +46,7 @@ const NR: usize = 2 * LANES;
 
 /// Columns of B packed at once: `KC * NC` floats is 256 KiB, half this machine's L2, so the
 /// packed block stays there while every row tile reads it.
-pub(super) const NC: usize = 256;
+const NC: usize = 256;
 
 /// Rows of A that pass over the packed block before the next panel: `MC * KC` floats of A
 /// (72 KiB) stay in L2 while each 16-column panel (16 KiB) sits in L1.

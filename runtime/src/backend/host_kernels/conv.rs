@@ -251,22 +251,32 @@ pub(super) unsafe fn run(
         SCRATCH.with(|cell| {
             let mut buf = cell.borrow_mut();
             // SAFETY: the caller's contract; each sample writes only its own output slice.
-            unsafe { run_sample(&g, x, (&weight, &offsets), out, s, &mut buf) }
+            unsafe { run_sample(&g, x, (&weight, &offsets), out, s, &mut buf) };
+            Ok(())
         })
     };
-    match threads.filter(|_| n > 1 && macs >= SERIAL_BELOW_MACS) {
+    jobs(
+        threads.filter(|_| n > 1 && macs >= SERIAL_BELOW_MACS),
+        n,
+        &sample,
+    )
+}
+
+/// Runs `job(0..n)`, side by side on `threads` when given, else in order on this thread.
+fn jobs(
+    threads: Option<&dyn SideBySide>,
+    n: usize,
+    job: &dyn Fn(usize) -> Result<()>,
+) -> Result<()> {
+    match threads {
         Some(threads) => {
-            let shared = Shared(&sample);
-            threads.run_all(n, &|s| {
-                let Shared(sample) = &shared;
-                sample(s);
-                Ok(())
+            let shared = Shared(job);
+            threads.run_all(n, &|j| {
+                let Shared(job) = &shared;
+                job(j)
             })
         }
-        None => {
-            (0..n).for_each(sample);
-            Ok(())
-        }
+        None => (0..n).try_for_each(job),
     }
 }
 
@@ -299,36 +309,14 @@ unsafe fn weight_grad_by_channels(
     };
     let range = |r: usize| {
         let (c0, c1) = (c * r / ranges, c * (r + 1) / ranges);
-        let (x, out) = (channels(x, c0..c1), channels(out, c0..c1));
+        let (x, out) = (x.narrowed(1, c0..c1), out.narrowed(1, c0..c1));
         let g = Geometry::new(k, &x, &k.kernel, &grad.sizes[2..], grad.sizes[1]);
         SCRATCH.with(|cell| {
             // SAFETY: the caller's contract; each range writes only its own channels of dW.
             unsafe { weight_grad(&g, grad, &x, &out, order, &mut cell.borrow_mut()) }
         })
     };
-    match threads.filter(|_| ranges > 1) {
-        Some(threads) => {
-            let shared = Shared(&range);
-            threads.run_all(ranges, &|r| {
-                let Shared(range) = &shared;
-                range(r)
-            })
-        }
-        None => range(0),
-    }
-}
-
-/// `v` ([N, C, ...] or [OC, C, ...]) restricted to the channels `r` of its dim 1.
-fn channels(v: &View, r: std::ops::Range<usize>) -> View {
-    let mut sizes = v.sizes.clone();
-    sizes[1] = r.len();
-    View {
-        base: v.base,
-        dtype: v.dtype,
-        sizes,
-        strides: v.strides.clone(),
-        offset: v.offset + r.start as isize * v.strides[1],
-    }
+    jobs(threads.filter(|_| ranges > 1), ranges, &range)
 }
 
 /// Sample `s` of `x` into `grid` (`g.c * g.channel` floats): zeros, then each input row at its
@@ -499,12 +487,12 @@ unsafe fn dense_weight(mirrored: bool, w: &View, g: &Geometry) -> Vec<f32> {
     v
 }
 
-/// The routine the threads share.
-struct Shared<'a, F>(&'a F);
+/// The job the threads share.
+struct Shared<'a>(&'a dyn Fn(usize) -> Result<()>);
 
-// SAFETY: each sample reads the operands and writes only its own slice of the output, from its
-// own thread's scratch.
-unsafe impl<F> Sync for Shared<'_, F> {}
+// SAFETY: each job (a sample, or a range of channels of the weight gradient) reads the
+// operands and writes only its own part of the output, from its own thread's scratch.
+unsafe impl Sync for Shared<'_> {}
 
 /// Sample `s` of the convolution, in scratch `buf` (grown as needed): the product reads the
 /// columns where they lie in the grid (`offsets`, [`Geometry::row_offsets`]) where the GEMM has

@@ -146,6 +146,20 @@ impl View {
         }
     }
 
+    /// This view with dim `dim` narrowed to `r`: the part of an operand one thread's share of
+    /// a kernel reads or writes (a range of channels).
+    pub fn narrowed(&self, dim: usize, r: std::ops::Range<usize>) -> View {
+        let mut sizes = self.sizes.clone();
+        sizes[dim] = r.len();
+        View {
+            base: self.base,
+            dtype: self.dtype,
+            sizes,
+            strides: self.strides.clone(),
+            offset: self.offset + r.start as isize * self.strides[dim],
+        }
+    }
+
     pub fn numel(&self) -> usize {
         self.sizes.iter().product()
     }

@@ -48,7 +48,7 @@ pub(super) const PLAIN_ROWS_ALIAS_STRIDE: isize = 1024;
 
 /// Whether `sgemm` copies A's row tiles together for A's strides `(rsa, csa)` (see the
 /// module doc).
-pub(in crate::backend::cpu) fn packs_rows(rsa: isize, csa: isize) -> bool {
+pub(super) fn packs_rows(rsa: isize, csa: isize) -> bool {
     let transposed = rsa == 1 && csa >= PACK_ROWS_MIN_STRIDE;
     let plain = csa == 1 && rsa > 0 && rsa % PLAIN_ROWS_ALIAS_STRIDE == 0;
     transposed || plain

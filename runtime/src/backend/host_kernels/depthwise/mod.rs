@@ -60,19 +60,6 @@ struct Operands<'a>(&'a View, &'a View, &'a View);
 // SAFETY: every job reads the inputs and writes only its own window of the output's channels.
 unsafe impl Sync for Operands<'_> {}
 
-/// `v` with dim `dim` narrowed to `r`.
-fn window(v: &View, dim: usize, r: &std::ops::Range<usize>) -> View {
-    let mut w = View {
-        base: v.base,
-        dtype: v.dtype,
-        sizes: v.sizes.clone(),
-        strides: v.strides.clone(),
-        offset: v.offset + r.start as isize * v.strides[dim],
-    };
-    w.sizes[dim] = r.len();
-    w
-}
-
 /// Computes `k` for operands `a`, `b` (see `DepthwisePart`) into `out`, a view of the
 /// operand's dtype; split by channels over `threads` when there is work enough. Every channel
 /// is computed alone, so the bits do not depend on the split.
@@ -106,9 +93,9 @@ pub(super) fn run(
         let Operands(a, b, out) = &ops;
         run_channels(
             k,
-            &window(a, 1, &range),
-            &window(b, b_dim, &range),
-            &window(out, out_dim, &range),
+            &a.narrowed(1, range.clone()),
+            &b.narrowed(b_dim, range.clone()),
+            &out.narrowed(out_dim, range),
         );
         Ok(())
     })
