@@ -9,6 +9,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/core/stack.h>
 #include <c10/core/Allocator.h>
 #include <c10/util/SmallVector.h>
 #include <cstdint>
@@ -19,6 +20,10 @@
 extern "C" {
 #include "deferfuse.h"
 }
+
+namespace c10 {
+class OperatorHandle;
+}  // namespace c10
 
 namespace dft {
 
@@ -173,6 +178,11 @@ void retype_byte_storage(const at::Tensor& t);
 
 // The device's counters of ops that went to the CPU fallback.
 void count_fallback(const std::string& name);
+
+// Runs an out= or in-place op that has no tpu kernel through its functional overload's tpu
+// kernel and a copy (out_variants.cpp); false, with the stack untouched, where it cannot, and
+// the CPU fallback runs it.
+bool run_through_functional(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // One ATen op whose kernel records several dfuse_op calls runs in strict mode as that op's own
 // fused program(s), not one program per recorded piece (dfuse_op_group_begin/end): PyTorch's

@@ -1,6 +1,9 @@
 // The boxed CPU fallback for every op without a tpu kernel, counting each op by name so a user
 // (and the tests) can see exactly what did not run on deferfuse.
 //
+// An out= or in-place overload whose functional overload has a tpu kernel runs on the device
+// instead (out_variants.cpp) and is not counted.
+//
 // at::native::cpu_fallback copies tensor arguments to the host, runs the CPU kernel and writes
 // back every argument the schema marks mutable (Tensor(a!), Tensor(a!)[], out=). Two cases
 // need more, and are handled around it here:
@@ -100,7 +103,31 @@ std::vector<Swap> swap_outs(const c10::FunctionSchema& s, torch::jit::Stack* sta
   return out;
 }
 
+// An out= argument on another device than the tpu inputs raises as CUDA's kernels do (the CPU
+// fallback would fail copying the result into it with a dispatcher error).
+void check_out_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto& args = op.schema().arguments();
+  size_t begin = stack.size() - args.size();
+  const c10::IValue* tpu = nullptr;
+  for (size_t i = 0; i < args.size() && tpu == nullptr; ++i) {
+    if (!args[i].is_out() && is_tpu_tensor(stack[begin + i])) tpu = &stack[begin + i];
+  }
+  if (tpu == nullptr) return;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& v = stack[begin + i];
+    if (!args[i].is_out() || !v.isTensor() || !v.toTensor().defined() || is_tpu_tensor(v)) {
+      continue;
+    }
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two ",
+                "devices, ", tpu->toTensor().device(), " and ", v.toTensor().device(),
+                "! (when checking argument ", args[i].name(), " of ", op.schema().name(), ".",
+                op.schema().overload_name(), ")");
+  }
+}
+
 void counting_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  check_out_devices(op, *stack);
+  if (run_through_functional(op, stack)) return;
   const auto& schema = op.schema();
   const auto& n = schema.operator_name();
   std::string name = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
