@@ -20,7 +20,13 @@ Needs `pip install expecttest` (torch.testing._internal imports it).
 With --grad it compares the inputs' gradients instead (ops that support autograd; the outputs
 weighted by the same pseudo-random cotangents on both devices).
 
-Usage: python opinfo_sweep.py [--dtype float32] [--samples 4] [--ops name,name] [--grad]"""
+With --out it calls each op that supports out= with outs of the result's dtype and shape and
+compares what they hold; one more class lists the ops whose out= call ran on the CPU fallback
+where the call without out= did not:
+
+  fallback  the out= overload has no tpu path (neither a kernel nor a functional overload's)
+
+Usage: python opinfo_sweep.py [--dtype float32] [--samples 4] [--ops name,name] [--grad | --out]"""
 
 import argparse
 import collections
@@ -90,6 +96,45 @@ def gradients(outputs, inputs):
     return [torch.zeros_like(i) if g is None else g for i, g in zip(wrt, grads)]
 
 
+def check_out_sample(op, s):
+    """check_sample for the op's out= form: None when the tpu outs hold CPU's values and the
+    call ran on the device wherever the call without out= did, else (class, message)."""
+    args = [s.input] + list(s.args)
+    try:
+        want = op(*args, **s.kwargs)
+        w = tensors(want)
+        if not w or not same(w, tensors(op(*args, **s.kwargs))):
+            return None  # no tensor result, or a random one
+        cpu_outs = [torch.empty_like(t) for t in w]
+        op(*args, **s.kwargs, out=cpu_outs[0] if isinstance(want, torch.Tensor) else
+           tuple(cpu_outs))
+    except Exception:
+        return None  # CPU refuses it
+    targs, tkw = to_tpu(args), to_tpu(s.kwargs)
+    if "device" in tkw:  # a factory (arange, zeros): its out= must be on the device it makes
+        tkw["device"] = "tpu"
+    outs = [torch.empty(t.shape, dtype=t.dtype, device="tpu") for t in w]
+    try:
+        deferfuse_torch.reset_fallback_counts()
+        op(*targs, **tkw)
+        plain = deferfuse_torch.fallback_counts()
+        deferfuse_torch.reset_fallback_counts()
+        op(*targs, **tkw, out=outs[0] if isinstance(want, torch.Tensor) else tuple(outs))
+        with_out = deferfuse_torch.fallback_counts()
+    except Exception as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return ("internal" if "panic" in msg else "error", msg)
+    try:
+        for a, b in zip(cpu_outs, outs):
+            tol = {} if a.dtype in (torch.float16, torch.bfloat16) else dict(atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(b.cpu(), a, equal_nan=True, **tol)
+    except AssertionError as e:
+        return ("wrong", str(e).strip().splitlines()[0])
+    if with_out and not plain:
+        return ("fallback", ", ".join(sorted(with_out)))
+    return None
+
+
 def check_sample(op, s, grad=False):
     """None when tpu agrees with CPU on this sample, else (class, message). With grad, the
     inputs' gradients are compared instead of the outputs' values."""
@@ -140,6 +185,8 @@ def main():
     ap.add_argument("--ops", default="", help="comma-separated op names (default: all)")
     ap.add_argument("--grad", action="store_true",
                     help="compare the inputs' gradients (ops that support autograd)")
+    ap.add_argument("--out", action="store_true",
+                    help="call the ops that support out= with outs and compare those")
     a = ap.parse_args()
     from torch.testing._internal import common_methods_invocations as cmi
     from torch.testing._internal.common_methods_invocations import op_db
@@ -162,6 +209,8 @@ def main():
             continue
         if dtype not in op.supported_dtypes("cpu"):
             continue
+        if a.out and not op.supports_out:
+            continue
         if a.grad and (not op.supports_autograd
                        or dtype not in op.supported_backward_dtypes("cpu")):
             continue
@@ -169,7 +218,7 @@ def main():
         signal.alarm(20)
         try:
             for s in list(op.sample_inputs("cpu", dtype, requires_grad=a.grad))[:a.samples]:
-                r = check_sample(op, s, a.grad)
+                r = check_out_sample(op, s) if a.out else check_sample(op, s, a.grad)
                 if r:
                     shapes = [tuple(t.shape) for t in tensors([s.input] + list(s.args))][:3]
                     found[r[0]].append(f"{name} {shapes}: {r[1][:160]}")
@@ -180,8 +229,9 @@ def main():
             found["skipped"].append(f"{name}: {type(e).__name__}")
         finally:
             signal.alarm(0)
-    print(f"{checked} ops checked on {a.dtype}" + (", gradients" if a.grad else ""))
-    for kind in ("internal", "wrong", "error", "aliasing", "timeout", "skipped"):
+    print(f"{checked} ops checked on {a.dtype}" + (", gradients" if a.grad else "")
+          + (", out=" if a.out else ""))
+    for kind in ("internal", "wrong", "error", "aliasing", "fallback", "timeout", "skipped"):
         print(f"== {kind}: {len(found[kind])}")
         for line in found[kind]:
             print("  ", line)
