@@ -208,19 +208,18 @@ fn check(bytes: &[u8], key: u128) -> Result<(), &'static str> {
 mod tests {
     use super::*;
 
-    fn temp_dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!(
-            "deferfuse-disk-{name}-{}-{:?}",
-            std::process::id(),
-            SystemTime::now()
-        ));
-        let _ = fs::remove_dir_all(&d);
-        d
+    /// A fresh directory, removed with its entries when the test ends.
+    fn temp_dir(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("deferfuse-disk-{name}-"))
+            .tempdir()
+            .unwrap()
     }
 
     #[test]
     fn a_stored_entry_reads_back() {
-        let c = DiskCache::open(&temp_dir("roundtrip"), 1 << 20).unwrap();
+        let dir = temp_dir("roundtrip");
+        let c = DiskCache::open(dir.path(), 1 << 20).unwrap();
         assert_eq!(c.get(7), None);
         c.put(7, b"program bytes").unwrap();
         assert_eq!(c.get(7).as_deref(), Some(&b"program bytes"[..]));
@@ -229,7 +228,8 @@ mod tests {
 
     #[test]
     fn a_truncated_entry_is_removed_and_missed() {
-        let c = DiskCache::open(&temp_dir("truncated"), 1 << 20).unwrap();
+        let dir = temp_dir("truncated");
+        let c = DiskCache::open(dir.path(), 1 << 20).unwrap();
         c.put(9, &[5u8; 100]).unwrap();
         let p = c.path(9);
         let bytes = fs::read(&p).unwrap();
@@ -241,7 +241,8 @@ mod tests {
 
     #[test]
     fn a_flipped_payload_byte_fails_the_checksum() {
-        let c = DiskCache::open(&temp_dir("flipped"), 1 << 20).unwrap();
+        let dir = temp_dir("flipped");
+        let c = DiskCache::open(dir.path(), 1 << 20).unwrap();
         c.put(3, &[1u8; 64]).unwrap();
         let p = c.path(3);
         let mut bytes = fs::read(&p).unwrap();
@@ -253,7 +254,8 @@ mod tests {
 
     #[test]
     fn the_directory_stays_within_its_bound_dropping_the_oldest() {
-        let c = DiskCache::open(&temp_dir("bound"), 3 * (HEADER as u64 + 1000)).unwrap();
+        let dir = temp_dir("bound");
+        let c = DiskCache::open(dir.path(), 3 * (HEADER as u64 + 1000)).unwrap();
         for k in 0..5u128 {
             c.put(k, &[k as u8; 1000]).unwrap();
             // Distinct modification times order the entries.
@@ -273,7 +275,7 @@ mod tests {
     #[test]
     fn concurrent_writers_of_one_key_leave_one_whole_entry() {
         let dir = temp_dir("concurrent");
-        let c = std::sync::Arc::new(DiskCache::open(&dir, 1 << 24).unwrap());
+        let c = std::sync::Arc::new(DiskCache::open(dir.path(), 1 << 24).unwrap());
         let threads: Vec<_> = (0..8)
             .map(|_| {
                 let c = c.clone();
@@ -292,7 +294,7 @@ mod tests {
         }
         assert_eq!(c.get(42), Some(vec![7u8; 4096]));
         assert_eq!(c.stats().corrupt, 0);
-        let temps = fs::read_dir(&dir)
+        let temps = fs::read_dir(dir.path())
             .unwrap()
             .flatten()
             .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))

@@ -262,22 +262,24 @@ fn stats_of(c: std::process::Child) -> (u64, u64, u64) {
     (num("compiles="), num("hits="), num("corrupt="))
 }
 
-fn fresh_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("deferfuse-pjrt-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A fresh directory, removed with its entries when the test ends.
+fn fresh_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("deferfuse-pjrt-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 #[test]
 fn a_second_process_loads_executables_from_the_disk_cache() {
     let Some(p) = plugin() else { return };
     let dir = fresh_dir("cross-process");
-    let (c1, h1, _) = stats_of(child(&dir, &p));
+    let (c1, h1, _) = stats_of(child(dir.path(), &p));
     assert!(
         c1 > 0 && h1 == 0,
         "first process compiles: {c1} compiles, {h1} hits"
     );
-    let (c2, h2, _) = stats_of(child(&dir, &p));
+    let (c2, h2, _) = stats_of(child(dir.path(), &p));
     assert_eq!((c2, h2), (0, c1), "second process compiles nothing");
 }
 
@@ -285,18 +287,18 @@ fn a_second_process_loads_executables_from_the_disk_cache() {
 fn a_corrupt_entry_is_removed_and_recompiled() {
     let Some(p) = plugin() else { return };
     let dir = fresh_dir("corrupt");
-    let (c1, _, _) = stats_of(child(&dir, &p));
-    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+    let (c1, _, _) = stats_of(child(dir.path(), &p));
+    for e in std::fs::read_dir(dir.path()).unwrap().flatten() {
         let bytes = std::fs::read(e.path()).unwrap();
         std::fs::write(e.path(), &bytes[..bytes.len() / 2]).unwrap();
     }
-    let (c2, h2, bad) = stats_of(child(&dir, &p));
+    let (c2, h2, bad) = stats_of(child(dir.path(), &p));
     assert_eq!(
         (c2, h2, bad),
         (c1, 0, c1),
         "every truncated entry is detected and recompiled"
     );
-    let (c3, h3, _) = stats_of(child(&dir, &p));
+    let (c3, h3, _) = stats_of(child(dir.path(), &p));
     assert_eq!(
         (c3, h3),
         (0, c1),
@@ -308,12 +310,12 @@ fn a_corrupt_entry_is_removed_and_recompiled() {
 fn concurrent_processes_share_one_cache_directory() {
     let Some(p) = plugin() else { return };
     let dir = fresh_dir("concurrent");
-    let kids: Vec<_> = (0..4).map(|_| child(&dir, &p)).collect();
+    let kids: Vec<_> = (0..4).map(|_| child(dir.path(), &p)).collect();
     for k in kids {
         let (_, _, bad) = stats_of(k);
         assert_eq!(bad, 0, "no process sees a partial entry");
     }
-    let (c, h, _) = stats_of(child(&dir, &p));
+    let (c, h, _) = stats_of(child(dir.path(), &p));
     assert_eq!(
         c, 0,
         "after the race every executable is on disk ({h} hits)"
@@ -325,17 +327,21 @@ fn the_dump_dir_receives_each_compiled_module_as_stablehlo_text() {
     let Some(p) = plugin() else { return };
     let dump = fresh_dir("dump");
     stats_of(child_with(
-        &fresh_dir("dump-cache"),
+        fresh_dir("dump-cache").path(),
         &p,
-        &[("DEFERFUSE_DUMP_DIR", &dump)],
+        &[("DEFERFUSE_DUMP_DIR", dump.path())],
     ));
-    let modules: Vec<String> = std::fs::read_dir(&dump)
+    let modules: Vec<String> = std::fs::read_dir(dump.path())
         .unwrap()
         .flatten()
         .filter(|e| e.path().extension().is_some_and(|x| x == "mlir"))
         .map(|e| std::fs::read_to_string(e.path()).unwrap())
         .collect();
-    assert!(!modules.is_empty(), "no .mlir file in {}", dump.display());
+    assert!(
+        !modules.is_empty(),
+        "no .mlir file in {}",
+        dump.path().display()
+    );
     assert!(modules.iter().all(|m| m.contains("func.func @main(")));
     assert!(modules.iter().any(|m| m.contains("stablehlo.reduce")));
 }
