@@ -1,4 +1,4 @@
-// Matrix products (mm, bmm, mv, dot, addmm, baddbmm), cat and arange.
+// Matrix products (mm, bmm, mv, dot, addmm, baddbmm, addmv, addbmm), cat and arange.
 #include "common.h"
 
 #include <ATen/ExpandUtils.h>
@@ -52,6 +52,19 @@ at::Tensor& addmm_(at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2,
   return self;
 }
 
+// beta * self + alpha * p for a product p of baddbmm's family: alpha and beta truncated to
+// integers for integer products, as CPU's kernels take them; beta = 0 ignores self (NaN
+// included), as PyTorch documents.
+at::Tensor scaled_sum(const at::Tensor& self, at::Tensor p, const at::Scalar& beta0,
+                      const at::Scalar& alpha0) {
+  bool integral = !at::isFloatingType(p.scalar_type());
+  auto beta = integral ? at::Scalar(beta0.toLong()) : beta0;
+  auto alpha = integral ? at::Scalar(alpha0.toLong()) : alpha0;
+  if (!alpha.equal(1)) p = p * alpha;
+  if (beta.equal(0)) return p.expand(at::infer_size(self.sizes(), p.sizes())).clone();
+  return (beta.equal(1) ? self : self * beta) + p;
+}
+
 // baddbmm: beta * self + alpha * bmm(batch1, batch2); beta = 0 ignores self (NaN included), as
 // PyTorch documents.
 at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& b1, const at::Tensor& b2,
@@ -62,14 +75,47 @@ at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& b1, const at::Tenso
   if (is_reduced_float(t) && self.scalar_type() == t) {
     return cast(dft::baddbmm(opmath(self), opmath(b1), opmath(b2), beta0, alpha0), t);
   }
-  // Integer products take alpha and beta as integers (truncated), as CPU's kernel does.
-  bool integral = !at::isFloatingType(t);
-  auto beta = integral ? at::Scalar(beta0.toLong()) : beta0;
-  auto alpha = integral ? at::Scalar(alpha0.toLong()) : alpha0;
-  auto p = dft::bmm(b1, b2);  // qualified: at::bmm is found by ADL too
-  if (!alpha.equal(1)) p = p * alpha;
-  if (beta.equal(0)) return p.expand(at::infer_size(self.sizes(), p.sizes())).clone();
-  return (beta.equal(1) ? self : self * beta) + p;
+  return scaled_sum(self, dft::bmm(b1, b2), beta0, alpha0);  // at::bmm is found by ADL too
+}
+
+// addmv: beta * self + alpha * (mat @ vec), with CPU's checks (torch.addmv, and mv's and a
+// vector matmul's out= forms, which PyTorch composes from addmv.out).
+at::Tensor addmv(const at::Tensor& self, const at::Tensor& mat, const at::Tensor& vec,
+                 const at::Scalar& beta, const at::Scalar& alpha) {
+  TORCH_CHECK(mat.dim() == 2 && vec.dim() == 1 && self.dim() <= 1,
+              "vector + matrix @ vector expected, got ", self.dim(), ", ", mat.dim(), ", ",
+              vec.dim());
+  TORCH_CHECK(mat.size(1) == vec.size(0) && (mat.size(0) == self.numel() || self.numel() == 1),
+              "size mismatch, got input (", self.numel(), "), mat (", mat.size(0), "x",
+              mat.size(1), "), vec (", vec.size(0), ")");
+  auto t = at::result_type(mat, vec);
+  if (is_reduced_float(t) && self.scalar_type() == t) {
+    return cast(dft::addmv(opmath(self), opmath(mat), opmath(vec), beta, alpha), t);
+  }
+  return scaled_sum(self, matmul2(mat, vec), beta, alpha);
+}
+
+// addbmm: beta * self + alpha * the sum over the batch of batch1[i] @ batch2[i], as one product
+// over every batch ([n, B * m] @ [B * m, p]) with CPU's checks; half dtypes sum batch by batch.
+at::Tensor addbmm(const at::Tensor& self, const at::Tensor& b1, const at::Tensor& b2,
+                  const at::Scalar& beta, const at::Scalar& alpha) {
+  // CPU's order: self expanded to the result's shape first, then the batches checked.
+  self.expand({b1.size(1), b2.size(2)});
+  TORCH_CHECK(b1.dim() == 3, "batch1 must be a 3D tensor");
+  TORCH_CHECK(b2.dim() == 3, "batch2 must be a 3D tensor");
+  TORCH_CHECK(b1.size(0) == b2.size(0), "batch1 and batch2 must have same number of batches, got ",
+              b1.size(0), " and ", b2.size(0));
+  TORCH_CHECK(b1.size(2) == b2.size(1), "Incompatible matrix sizes for bmm (", b1.size(1), "x",
+              b1.size(2), " and ", b2.size(1), "x", b2.size(2), ")");
+  int64_t n = b1.size(1), k = b1.size(0) * b1.size(2), p = b2.size(2);
+  if (is_reduced_float(b1.scalar_type()) && b1.size(0) > 0) {
+    // Half dtypes as CPU's kernel: one addmm_ per batch, each rounded to the dtype.
+    auto acc = self.expand({n, p}).clone();
+    for (int64_t i = 0; i < b1.size(0); ++i) acc.addmm_(b1[i], b2[i], i == 0 ? beta : 1, alpha);
+    return acc;
+  }
+  auto prod = matmul2(b1.permute({1, 0, 2}).reshape({n, k}), b2.reshape({k, p}));
+  return scaled_sum(self, prod, beta, alpha);
 }
 
 at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
@@ -113,6 +159,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("addmm", TORCH_FN(dft::addmm));
   m.impl("addmm_", TORCH_FN(dft::addmm_));
   m.impl("baddbmm", DFT_GROUPED(dft::baddbmm));
+  m.impl("addmv", DFT_GROUPED(dft::addmv));
+  m.impl("addbmm", DFT_GROUPED(dft::addbmm));
   m.impl("cat", DFT_GROUPED(dft::cat));
   m.impl("arange.start_out", DFT_GROUPED(dft::arange_out));
 }

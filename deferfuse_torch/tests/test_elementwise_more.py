@@ -164,6 +164,17 @@ def test_half_baddbmm_rounds_once_as_cpu(mode, dtype):
           torch.baddbmm(c, a, b, beta=0.5, alpha=1.5), atol=0, rtol=one_ulp)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_addbmm_rounds_batch_by_batch_as_cpu(mode, dtype):
+    # CPU sums the batches by one addmm_ each, rounding each to the dtype; one float32 sum
+    # rounded once was up to 16 ulps away from it.
+    g = torch.Generator().manual_seed(0)
+    c, a, b = (torch.randn(s, generator=g).to(dtype) for s in [(16, 32), (5, 16, 8), (5, 8, 32)])
+    one_ulp = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
+    check(torch.addbmm(tpu(c), tpu(a), tpu(b), beta=0.5, alpha=1.5),
+          torch.addbmm(c, a, b, beta=0.5, alpha=1.5), atol=0, rtol=one_ulp)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_exp2_take_put_and_logspace_run_on_the_device_as_cpu(mode, dtype):
     # They ran on the CPU fallback.

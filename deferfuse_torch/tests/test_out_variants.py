@@ -33,6 +33,10 @@ OUT_CALLS = {
                 (torch.empty(3), torch.empty(3, dtype=torch.long))),
     "eq": (lambda x, y, out: torch.eq(x, y, out=out), (X, X.where(X > 0, Y)),
            (torch.empty(3, 5, dtype=torch.bool),)),
+    # PyTorch composes these from addmv.out.
+    "mv": (lambda a, v, out: torch.mv(a, v, out=out), (A, B[:, 0]), (torch.empty(6),)),
+    "matmul_vector": (lambda a, v, out: torch.matmul(a, v, out=out), (A, B[:, 0]),
+                      (torch.empty(6),)),
 }
 
 
@@ -187,4 +191,20 @@ def test_an_out_variant_of_a_tensor_requiring_grad_gets_cpus_error():
     x = X.to("tpu").requires_grad_()
     with pytest.raises(RuntimeError) as tpu:
         torch.exp(x, out=torch.empty(3, 5, device="tpu"))
+    assert str(tpu.value).split("\n")[0] == str(cpu.value).split("\n")[0]
+
+
+@pytest.mark.parametrize("call", [
+    lambda s, a, b: torch.addbmm(s, a[0], b), lambda s, a, b: torch.addbmm(s, a, b[:1]),
+    lambda s, a, b: torch.addbmm(s, a, b[:, :2]), lambda s, a, b: torch.addbmm(s[:3], a, b),
+    lambda s, a, b: torch.addmv(s[:, 0], a[0], b[0, :2, 0]),
+    lambda s, a, b: torch.addmv(s, a[0], b[0, :, 0]),
+], ids=["batch1_2d", "batches_differ", "sizes_differ", "self_does_not_fit", "mv_sizes",
+        "mv_dims"])
+def test_addbmm_and_addmv_shape_errors_are_cpus(call):
+    inputs = torch.randn(4, 5), torch.randn(2, 4, 3), torch.randn(2, 3, 5)
+    with pytest.raises(RuntimeError) as cpu:
+        call(*inputs)
+    with pytest.raises(RuntimeError) as tpu:
+        call(*(t.to("tpu") for t in inputs))
     assert str(tpu.value).split("\n")[0] == str(cpu.value).split("\n")[0]
