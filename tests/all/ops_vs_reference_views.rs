@@ -202,6 +202,50 @@ fn views_are_read_correctly() {
     expect(&outs, &want);
 }
 
+/// An im2col-like window view: its rows (the last two dims, 4 x 4) are short, so the CPU
+/// backend's loops take a longer dim as the kernel's rows; values must not depend on that.
+#[test]
+fn window_views_with_short_rows_are_read_correctly() {
+    let mut rng = Rng::new(41);
+    let x = rng.tensor(DType::F32, &[2, 5, 6, 6], 50.0, 0, true);
+    let windows = RefLayout {
+        sizes: vec![2, 5, 3, 3, 4, 4],
+        strides: vec![180, 36, 6, 1, 6, 1],
+        offset: 0,
+    };
+    let want = windows.gather(&x);
+    let outs = run_in_every_mode(|rt| {
+        let h = view(
+            rt,
+            upload(rt, &x),
+            View::AsStrided {
+                sizes: windows.sizes.clone(),
+                strides: windows.strides.iter().map(|&s| s as isize).collect(),
+                offset: 0,
+            },
+        );
+        // The channels-first columns layout a convolution's GEMM reads, and x + x.
+        let cols = view(rt, h, View::Permute(vec![1, 2, 3, 0, 4, 5]));
+        vec![
+            ("copy".to_string(), run(rt, Op::Copy, &[tt(h)])),
+            ("columns".to_string(), run(rt, Op::Copy, &[tt(cols)])),
+            ("x + x".to_string(), bin(rt, BinaryOp::Add, tt(h), tt(h))),
+        ]
+    });
+    let twice = apply(&Op::Binary(BinaryOp::Add), &[Arg::T(&want), Arg::T(&want)]);
+    let columns = RefLayout::contiguous(&windows.sizes)
+        .permute(&[1, 2, 3, 0, 4, 5])
+        .gather(&want);
+    expect(
+        &outs,
+        &[
+            ("copy", want.clone()),
+            ("columns", columns),
+            ("x + x", twice),
+        ],
+    );
+}
+
 /// A storage and its writes through views, for the in-place reference.
 fn write(storage: &mut RefTensor, l: &RefLayout, v: &RefTensor) {
     l.scatter(storage, &v.cast(storage.dtype));

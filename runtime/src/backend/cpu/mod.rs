@@ -288,6 +288,11 @@ impl HostProgram for LoopProgram {
         {
             return Ok(()); // nothing to write
         }
+        let longer = match self.stash.is_empty() && self.columns.is_none() {
+            true => walk::with_longer_rows(iter),
+            false => None,
+        };
+        let iter = longer.as_ref().unwrap_or(iter);
         let r = iter.rank();
         let (n_outer, n_inner) = (iter.sizes[r - 2], iter.sizes[r - 1]);
         // Inline lists: a cache-hit flush of a small region spent a quarter of its allocator
