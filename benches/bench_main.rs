@@ -1,7 +1,8 @@
 //! deferfuse-bench: the README's main job. Runs the workloads of shared/notes/workloads.md on
 //! the CPU backend in strict and defer mode, on 1 thread and on every core, side by side in one
 //! run, and prints medians, effective GB/s, the share of a STREAM triad measured in the same
-//! run on as many threads, defer/strict ratios, and which of issue 4's targets this run meets. `--json` prints one JSON object per line instead. `--quick` uses
+//! run on as many threads (and the cores' f32 FMA peak, the GEMMs' ceiling), defer/strict
+//! ratios, and which of issue 4's targets this run meets. `--json` prints one JSON object per line instead. `--quick` uses
 //! smaller sizes and fewer repetitions (for CI smoke runs).
 
 #[path = "workloads.rs"]
@@ -51,6 +52,89 @@ fn stream_triad(threads: usize) -> f64 {
         .skip(1)
         .collect();
     (3 * n * 4) as f64 / median(times) / 1e9
+}
+
+/// Peak f32 FMA throughput of `threads` threads (GFLOP/s, an FMA counted as two): twelve
+/// independent accumulator vectors per thread (enough to hide an FMA's latency on two ports),
+/// the widest vectors the CPU has (512 bits with AVX-512F, else 256 with AVX2 and FMA), best
+/// of 5. The compute ceiling the GEMM's GFLOP/s compare with, as %triad is the memory one;
+/// None without FMA.
+fn fma_peak(threads: usize) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        let wide = has!("avx512f");
+        let narrow = has!("avx2") && has!("fma");
+        if !(wide || narrow) {
+            return None;
+        }
+        let per = 20_000_000 / threads.max(1) as u64;
+        let best = (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                std::thread::scope(|sc| {
+                    for _ in 0..threads {
+                        // SAFETY: the features each loop enables were detected above.
+                        sc.spawn(move || unsafe {
+                            std::hint::black_box(match wide {
+                                true => fma_chains_512(per),
+                                false => fma_chains_256(per),
+                            })
+                        });
+                    }
+                });
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::MAX, f64::min);
+        let lanes = if wide { 16.0 } else { 8.0 };
+        Some((per * threads as u64) as f64 * 12.0 * lanes * 2.0 / best / 1e9)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = threads;
+        None
+    }
+}
+
+/// `iters` rounds of one FMA on each of twelve 512-bit accumulators; their sum, so the work is
+/// kept.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_chains_512(iters: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let (m, c) = (_mm512_set1_ps(1.000_000_1), _mm512_set1_ps(1e-7));
+    let mut acc: [__m512; 12] = std::array::from_fn(|i| _mm512_set1_ps(i as f32 * 0.1));
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm512_fmadd_ps(*a, m, c);
+        }
+    }
+    let mut out = [0f32; 16];
+    let sum = acc
+        .iter()
+        .fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a));
+    _mm512_storeu_ps(out.as_mut_ptr(), sum);
+    out.iter().sum()
+}
+
+/// [`fma_chains_512`] on 256-bit vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_chains_256(iters: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let (m, c) = (_mm256_set1_ps(1.000_000_1), _mm256_set1_ps(1e-7));
+    let mut acc: [__m256; 12] = std::array::from_fn(|i| _mm256_set1_ps(i as f32 * 0.1));
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm256_fmadd_ps(*a, m, c);
+        }
+    }
+    let mut out = [0f32; 8];
+    let sum = acc
+        .iter()
+        .fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a));
+    _mm256_storeu_ps(out.as_mut_ptr(), sum);
+    out.iter().sum()
 }
 
 fn runtime(mode: Mode, threads: usize) -> Runtime {
@@ -202,6 +286,14 @@ fn main() {
                 "STREAM triad on this machine, {} thread(s): {:.1} GB/s",
                 a.threads, a.triad
             );
+        }
+        for &threads in &thread_counts {
+            if let Some(peak) = fma_peak(threads) {
+                println!(
+                    "f32 FMA peak on this machine, {threads} thread(s): {peak:.0} GFLOP/s \
+                     (the GEMMs' ceiling)"
+                );
+            }
         }
         println!(
             "{:<10} {:<12} {:>7} {:<7} {:>10} {:>8} {:>8} {:>14}",
