@@ -135,26 +135,22 @@ bool all_on_device(const c10::IValue& v) {
   return true;
 }
 
-// Whether `target` (an out, or self in place) overlaps itself or an input other than exactly.
-bool overlaps_badly(const at::Tensor& target, const std::vector<c10::IValue>& inputs) {
-  if (at::has_internal_overlap(target) != at::MemOverlap::No) return true;
+// How `target` (an out, or self in place) overlaps the tensor `inputs`.
+enum class Overlap { None, Exact, Partial };
+
+Overlap overlap_with(const at::Tensor& target, const std::vector<c10::IValue>& inputs) {
+  if (at::has_internal_overlap(target) != at::MemOverlap::No) return Overlap::Partial;
+  auto found = Overlap::None;
   for (const auto& v : inputs) {
     if (!v.isTensor() || !v.toTensor().defined()) continue;
     auto st = at::get_overlap_status(target, v.toTensor());
-    if (st != at::MemOverlapStatus::No && st != at::MemOverlapStatus::Full) return true;
-  }
-  return false;
-}
-
-// Whether `t` is exactly one of the tensor `inputs` (the same elements of the same storage).
-bool is_an_input(const at::Tensor& t, const std::vector<c10::IValue>& inputs) {
-  for (const auto& v : inputs) {
-    if (v.isTensor() && v.toTensor().defined() &&
-        at::get_overlap_status(t, v.toTensor()) == at::MemOverlapStatus::Full) {
-      return true;
+    if (st == at::MemOverlapStatus::Full) {
+      found = Overlap::Exact;
+    } else if (st != at::MemOverlapStatus::No) {
+      return Overlap::Partial;
     }
   }
-  return false;
+  return found;
 }
 
 }  // namespace
@@ -187,8 +183,9 @@ bool run_through_functional(const c10::OperatorHandle& op, torch::jit::Stack* st
   // an out that is exactly an input (PyTorch composes x.eq_(y) as eq.Tensor_out(x, y, out=x)).
   std::vector<bool> casts;
   for (const auto& t : targets) {
-    if (overlaps_badly(t, read)) return false;
-    casts.push_back(in_place || is_an_input(t, read));
+    auto o = overlap_with(t, read);
+    if (o == Overlap::Partial) return false;
+    casts.push_back(in_place || o == Overlap::Exact);
   }
   // In strict mode the op and its copy are one program, as PyTorch's out= kernel is one op.
   OpGroup group;
