@@ -16,6 +16,13 @@
 // autograd through CPU's cell would), so values agree with CPU within float32 rounding: the
 // weight gradients sum over steps in one product, not step by step.
 //
+// A float32 LSTM runs each layer's steps (forward, and backward) as one runtime kernel op
+// (DFUSE_OP_KIND_LSTM: the hidden products and the gate arithmetic of every step in one host
+// routine), so the host records a handful of ops per layer instead of ~10 per step: the LSTM
+// LM's training step was ~6,900 recorded ops and its recording, not its arithmetic, bounded
+// it. The op computes each step as the step-by-step ops below do (the same order, the same
+// activation routines). Other dtypes and the GRU record step by step.
+//
 // Calls this does not cover keep PyTorch's composite path (and its errors): other dtypes
 // (autocast's half types), projections (proj_size), inputs that are not 3-D or empty,
 // parameters not on "tpu", and tensors the dispatcher must see whole (torch.compile's fake and
@@ -45,6 +52,8 @@ struct Config {
   int64_t dirs;
   double dropout;  // applied between layers; 0 when not training
   bool batch_first;
+  // Each direction's steps as one kernel op (float32 LSTM), not recorded step by step.
+  bool kernel = false;
 
   int64_t gates() const { return lstm ? 4 : 3; }
   // (w_ih, w_hh[, b_ih, b_hh]) for layer l, direction d.
@@ -52,7 +61,23 @@ struct Config {
   // Tensors saved per step: lstm i, f, g, o, c, h_prev, c_prev; gru r, z, n, hidden n gate,
   // h_prev.
   int64_t per_step() const { return lstm ? 7 : 5; }
+  // Tensors saved per direction over T steps: the kernel op's result with h0 and c0, or the
+  // per-step tensors.
+  int64_t per_direction(int64_t T) const { return kernel ? 3 : T * per_step(); }
 };
+
+// Whether a covered call's directions run as the kernel op: a float32 LSTM.
+bool runs_as_kernel(bool lstm, const at::Tensor& input) {
+  return lstm && input.scalar_type() == at::kFloat;
+}
+
+// The kernel op's attributes: which half, and a reverse direction walking from the last step.
+DfuseAttrs lstm_attrs(uint32_t part, int64_t d) {
+  DfuseAttrs a = attrs_sub(part);
+  a.descending = d == 1;
+  return a;
+}
+
 
 at::Tensor product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
@@ -72,6 +97,23 @@ struct Direction {
   at::Tensor out, h, c;
 };
 
+// One direction's steps as the kernel op: its result [T, B, 6H] holds per step the gates
+// after their activations, c and h.
+Direction run_direction_kernel(const at::Tensor& xg, const at::Tensor& w_hh,
+                               const at::Tensor& b_hh, int64_t d, const at::Tensor& h0,
+                               const at::Tensor& c0, std::vector<at::Tensor>* save) {
+  int64_t T = xg.size(0), H = h0.size(-1);
+  // W_hh^T laid out once: the steps' products read a plain B in place.
+  Operands ops;
+  ops.t(xg).t(w_hh.t().contiguous()).t(h0).t(c0);
+  if (b_hh.defined()) ops.t(b_hh);
+  auto a = lstm_attrs(DFUSE_LSTM_PART_FORWARD, d);
+  auto y = run(DFUSE_OP_KIND_LSTM, &a, ops, "lstm");
+  if (save) *save = {y, h0, c0};
+  auto last = y.select(0, d == 0 ? T - 1 : 0);
+  return {y.narrow(2, 5 * H, H), last.narrow(1, 5 * H, H), last.narrow(1, 4 * H, H)};
+}
+
 Direction run_direction(const Config& cfg, const at::Tensor& x, at::TensorList params,
                         int64_t l, int64_t d, at::Tensor h, at::Tensor c,
                         std::vector<at::Tensor>* save) {
@@ -79,7 +121,9 @@ Direction run_direction(const Config& cfg, const at::Tensor& x, at::TensorList p
   const auto &w_ih = params[k], &w_hh = params[k + 1];
   at::Tensor b_ih = cfg.biases ? params[k + 2] : at::Tensor();
   at::Tensor b_hh = cfg.biases ? params[k + 3] : at::Tensor();
-  auto xg = product(x.reshape({T * B, x.size(2)}), w_ih, b_ih).view({T, B, -1}).unbind(0);
+  auto xg_all = product(x.reshape({T * B, x.size(2)}), w_ih, b_ih).view({T, B, -1});
+  if (cfg.kernel) return run_direction_kernel(xg_all, w_hh, b_hh, d, h, c, save);
+  auto xg = xg_all.unbind(0);
   // Each step's h is written into its place here by the step's own program (one loop with the
   // gates), not gathered by a stack after the last step (a copy program per step).
   auto out = at::empty({T, B, h.size(-1)}, h.options());
@@ -156,6 +200,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_forward(
       x = dropped;
     }
   }
+  // The kernel op's last layer leaves its h steps as a view of the op's result; the output is
+  // contiguous, as CPU's is.
+  if (!x.is_contiguous()) x = x.contiguous();
   auto out = cfg.batch_first ? x.transpose(0, 1) : x;
   return {out, at::stack(hs), cfg.lstm ? at::stack(cs) : at::Tensor()};
 }
@@ -173,10 +220,55 @@ struct DirectionGrads {
   at::Tensor dx, dh0, dc0;
 };
 
+// One direction's gradients through the kernel op: its result's rows 0..T are every step's
+// gate gradients (the weights' products read them), row T the gradients of h0 and c0.
+DirectionGrads backward_direction_kernel(const Config& cfg, const at::Tensor& x,
+                                         at::TensorList params, int64_t l, int64_t d,
+                                         const std::vector<at::Tensor>& saved,
+                                         const at::Tensor& dy, const at::Tensor& dh,
+                                         const at::Tensor& dc, tensor_list& grads,
+                                         int64_t params_at, bool want_dx) {
+  const auto &y = saved[0], &h0 = saved[1], &c0 = saved[2];
+  int64_t T = x.size(0), B = x.size(1), H = h0.size(-1), G = 4 * H, k = cfg.group(l, d);
+  const auto &w_ih = params[k], &w_hh = params[k + 1];
+  auto zeros = [&](at::IntArrayRef sizes) { return at::zeros(sizes, x.options()); };
+  auto a = lstm_attrs(DFUSE_LSTM_PART_BACKWARD, d);
+  auto r = run(DFUSE_OP_KIND_LSTM, &a,
+               Operands()
+                   .t(y)
+                   .t(c0)
+                   .t(w_hh)
+                   .t(dy.defined() ? dy : zeros({T, B, H}))
+                   .t(dh.defined() ? dh : zeros({B, H}))
+                   .t(dc.defined() ? dc : zeros({B, H})),
+               "lstm_backward");
+  auto dg = r.narrow(0, 0, T).view({T * B, G});
+  // Each step's h before it: h0 first in the walk's order, then the steps' own h.
+  auto hs = y.narrow(2, 5 * H, H);
+  auto first = h0.unsqueeze(0);
+  auto h_prev = T == 1  ? first
+                : d == 0 ? at::cat({first, hs.narrow(0, 0, T - 1)})
+                         : at::cat({hs.narrow(0, 1, T - 1), first});
+  grads[params_at + k] = at::mm(dg.t(), x.reshape({T * B, x.size(2)}));
+  grads[params_at + k + 1] = at::mm(dg.t(), h_prev.reshape({T * B, H}));
+  if (cfg.biases) {
+    // Two sums, not one tensor twice: each parameter's .grad must be its own tensor.
+    grads[params_at + k + 2] = dg.sum(0);
+    grads[params_at + k + 3] = dg.sum(0);
+  }
+  auto last = r.select(0, T);
+  return {want_dx ? at::mm(dg, w_ih).view({T, B, -1}) : at::Tensor(), last.narrow(1, 0, H),
+          last.narrow(1, H, H)};
+}
+
 DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::TensorList params,
                                   int64_t l, int64_t d, const std::vector<at::Tensor>& steps,
                                   const at::Tensor& dy, at::Tensor dh, at::Tensor dc,
                                   tensor_list& grads, int64_t params_at, bool want_dx) {
+  if (cfg.kernel) {
+    return backward_direction_kernel(cfg, x, params, l, d, steps, dy, dh, dc, grads, params_at,
+                                     want_dx);
+  }
   int64_t T = x.size(0), B = x.size(1), H = params[cfg.group(l, d) + 1].size(1);
   int64_t k = cfg.group(l, d);
   const auto &w_ih = params[k], &w_hh = params[k + 1];
@@ -251,7 +343,10 @@ tensor_list double_backward(const Config& cfg, const std::vector<at::Tensor>& in
                             at::TensorList hx, at::TensorList params,
                             const std::vector<at::Tensor>& masks, const tensor_list& grad_outputs,
                             tensor_list& grads) {
-  auto [out, hy, cy] = run_forward(cfg, inputs[0], hx, params, nullptr, &masks);
+  // Step by step, so autograd records (and a second backward reaches) every op.
+  Config differentiable = cfg;
+  differentiable.kernel = false;
+  auto [out, hy, cy] = run_forward(differentiable, inputs[0], hx, params, nullptr, &masks);
   tensor_list outs, gos, wrt;
   std::vector<size_t> slots;
   for (const auto& [o, g] : {std::pair{out, grad_outputs[0]}, std::pair{hy, grad_outputs[1]},
@@ -285,7 +380,8 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
                              at::TensorList params, bool lstm, bool biases, int64_t layers,
                              double dropout, bool train, bool bidirectional, bool batch_first) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    Config cfg{lstm, biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first};
+    Config cfg{lstm, biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first,
+               runs_as_kernel(lstm, input)};
     Saved saved;
     auto [out, hy, cy] = run_forward(cfg, input, hx, params, &saved);
     // Everything through save_for_backward (released after the backward, version-checked):
@@ -303,13 +399,13 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
         double(lstm),      double(biases),        double(layers),
         double(cfg.dirs),  cfg.dropout,           double(batch_first),
         double(hx.size()), double(params.size()), double(saved.masks.size()),
-        double(input.size(batch_first ? 1 : 0))};
+        double(input.size(batch_first ? 1 : 0)), double(cfg.kernel)};
     return lstm ? tensor_list{out, hy, cy} : tensor_list{out, hy};
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     auto c = ctx->saved_data["config"].toDoubleVector();
-    Config cfg{c[0] != 0, c[1] != 0, int64_t(c[2]), int64_t(c[3]), c[4], c[5] != 0};
+    Config cfg{c[0] != 0, c[1] != 0, int64_t(c[2]), int64_t(c[3]), c[4], c[5] != 0, c[10] != 0};
     int64_t n_hx = int64_t(c[6]), n_params = int64_t(c[7]), n_masks = int64_t(c[8]);
     int64_t T = int64_t(c[9]);
     auto kept = ctx->get_saved_variables();  // in the order forward saved them
@@ -345,8 +441,8 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
         int64_t j = l * cfg.dirs + d;
         int64_t H = params[cfg.group(l, d) + 1].size(1);
         auto dyd = dy.defined() && cfg.dirs == 2 ? dy.narrow(2, d * H, H) : dy;
-        auto steps = std::vector<at::Tensor>(next + j * T * cfg.per_step(),
-                                             next + (j + 1) * T * cfg.per_step());
+        auto steps = std::vector<at::Tensor>(next + j * cfg.per_direction(T),
+                                             next + (j + 1) * cfg.per_direction(T));
         auto r = backward_direction(cfg, x, params, l, d, steps, dyd,
                                     dhy.defined() ? dhy[j] : at::Tensor(),
                                     dcy.defined() ? dcy[j] : at::Tensor(), grads, params_at,
@@ -422,7 +518,8 @@ tensor_list run_layers(bool lstm, const at::Tensor& input, at::TensorList hx,
                             bidirectional, batch_first);
   }
   at::AutoDispatchBelowADInplaceOrView guard;
-  Config cfg{lstm, biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first};
+  Config cfg{lstm, biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first,
+             runs_as_kernel(lstm, input)};
   auto [out, hy, cy] = run_forward(cfg, input, hx, params, nullptr);
   return {out, hy, cy};
 }

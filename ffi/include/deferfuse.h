@@ -525,6 +525,18 @@ enum DfuseOpKind
    * kernel -> `[OC, C, k...]`.
    */
   DFUSE_OP_KIND_CONV = 19,
+  /**
+   * Every step of one direction of one LSTM layer, forward or backward (`attrs->sub_op`, a
+   * `DfuseLstmPart`), float32; `attrs->descending` non-zero walks the steps from the last
+   * to the first (a bidirectional layer's second direction). FORWARD: xg `[T, B, 4H]` (each
+   * step's input product with b_ih), w_hh_t `[H, 4H]`, h0 and c0 `[B, H]`, optionally b_hh
+   * `[4H]` -> `[T, B, 6H]`: per step and sample the gates after their activations (i, f,
+   * g, o), the cell state and the hidden state. BACKWARD: that result, c0, w_hh `[4H, H]`,
+   * the output's gradient dy `[T, B, H]` and the last states' dh, dc `[B, H]` -> `[T + 1,
+   * B, 4H]`: per step the gates' gradients before their activations, row T the gradients
+   * of h0 and c0 in its first 2H columns.
+   */
+  DFUSE_OP_KIND_LSTM = 20,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -1068,6 +1080,34 @@ typedef uint32_t DfuseConvPart;
 #endif // __cplusplus
 
 /**
+ * `attrs->sub_op` for `DFUSE_OP_KIND_LSTM`: which half of the recurrence; the numbers are the
+ * runtime's.
+ */
+enum DfuseLstmPart
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * the steps forward: inputs xg `[T, B, 4H]`, w_hh_t `[H, 4H]`, h0, c0 `[B, H]`, optionally
+   * b_hh `[4H]` -> `[T, B, 6H]` (per step i, f, g, o, c, h)
+   */
+  DFUSE_LSTM_PART_FORWARD = 0,
+  /**
+   * the steps backward: inputs the forward's result, c0, w_hh `[4H, H]`, dy `[T, B, H]`, dh,
+   * dc `[B, H]` -> `[T + 1, B, 4H]` (per step the gate gradients; row T: dh0, dc0)
+   */
+  DFUSE_LSTM_PART_BACKWARD = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum DfuseLstmPart DfuseLstmPart;
+#else
+typedef uint32_t DfuseLstmPart;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * `dfuse_view`'s `kind`, and what `args` holds for it.
  */
 enum DfuseViewKind
@@ -1185,7 +1225,7 @@ typedef struct DfuseAttrs {
    */
   uint8_t include_self;
   /**
-   * SORT: non-zero for a descending sort.
+   * SORT: non-zero for a descending sort. LSTM: non-zero to walk the steps from the last.
    */
   uint8_t descending;
   /**

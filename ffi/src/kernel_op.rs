@@ -1,13 +1,13 @@
 //! The attributes of the kernel op kinds (GATHER, SCATTER, SCAN, SORT, RANDOM, DEPTHWISE_CONV,
-//! GROUPED_MM, CTC_LOSS, CONV):
+//! GROUPED_MM, CTC_LOSS, CONV, LSTM):
 //! their sub-op enums and how `DfuseAttrs` becomes the runtime's `KernelOp`.
 
 use crate::error::{invalid, Result};
 use crate::op::{wrap_dims, DfuseAttrs};
 use crate::types::{dtype_from, sizes_from, DFUSE_MAX_REDUCE_DIMS};
 use deferfuse_fusion::ir::{
-    Conv, ConvPart, Ctc, CtcPart, Depthwise, DepthwisePart, Dims, GroupedMatmul, KernelOp,
-    RandomDist, ScanOp, ScatterReduce,
+    Conv, ConvPart, Ctc, CtcPart, Depthwise, DepthwisePart, Dims, GroupedMatmul, KernelOp, Lstm,
+    LstmPart, RandomDist, ScanOp, ScatterReduce,
 };
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_SCATTER`; the numbers are the runtime's.
@@ -128,6 +128,35 @@ pub(crate) fn build_ctc(a: &DfuseAttrs) -> Result<KernelOp> {
         part,
         blank: v[0],
         max_target: v[1],
+    }))
+}
+
+/// `attrs->sub_op` for `DFUSE_OP_KIND_LSTM`: which half of the recurrence; the numbers are the
+/// runtime's.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DfuseLstmPart {
+    /// the steps forward: inputs xg `[T, B, 4H]`, w_hh_t `[H, 4H]`, h0, c0 `[B, H]`, optionally
+    /// b_hh `[4H]` -> `[T, B, 6H]` (per step i, f, g, o, c, h)
+    Forward = 0,
+    /// the steps backward: inputs the forward's result, c0, w_hh `[4H, H]`, dy `[T, B, H]`, dh,
+    /// dc `[B, H]` -> `[T + 1, B, 4H]` (per step the gate gradients; row T: dh0, dc0)
+    Backward = 1,
+}
+
+/// The LSTM recurrence part of `attrs` (kind 20): `attrs->descending` non-zero walks the steps
+/// from the last to the first.
+pub(crate) fn build_lstm(a: &DfuseAttrs) -> Result<KernelOp> {
+    let part = LstmPart::from_u32(a.sub_op).ok_or_else(|| {
+        invalid(format!(
+            "lstm_recurrence: attrs->sub_op = {} is not a DfuseLstmPart; expected 0..={}",
+            a.sub_op,
+            LstmPart::ALL.len() - 1
+        ))
+    })?;
+    Ok(KernelOp::Lstm(Lstm {
+        part,
+        reverse: a.descending != 0,
     }))
 }
 
@@ -309,6 +338,11 @@ mod tests {
         let c = [DfuseCtcPart::Alpha, DfuseCtcPart::Loss, DfuseCtcPart::Grad];
         assert_eq!(c.len(), CtcPart::ALL.len());
         for (x, y) in c.iter().zip(CtcPart::ALL) {
+            assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
+        }
+        let l = [DfuseLstmPart::Forward, DfuseLstmPart::Backward];
+        assert_eq!(l.len(), LstmPart::ALL.len());
+        for (x, y) in l.iter().zip(LstmPart::ALL) {
             assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
         }
         for (x, y) in g.iter().zip(GroupedMatmul::ALL) {

@@ -4,7 +4,9 @@
 //! `DFUSE_STATUS_BAD_OP` at the call).
 
 use crate::error::{guard, invalid, read_in, slice_in, write_out, DfuseStatus, Result};
-use crate::kernel_op::{build_conv, build_ctc, build_depthwise, build_grouped_mm, build_kernel_op};
+use crate::kernel_op::{
+    build_conv, build_ctc, build_depthwise, build_grouped_mm, build_kernel_op, build_lstm,
+};
 use crate::runtime_registry::{runtime, DfuseRuntime};
 use crate::types::{dtype_from, operand_from, DfuseOperand, DFUSE_MAX_REDUCE_DIMS};
 use deferfuse_fusion::ir::layout::wrap_dim;
@@ -92,6 +94,16 @@ pub enum DfuseOpKind {
     /// WEIGHT_GRAD: the output gradient `[N, OC, out...]` and x, `attrs->dims[0..n]` the
     /// kernel -> `[OC, C, k...]`.
     Conv = 19,
+    /// Every step of one direction of one LSTM layer, forward or backward (`attrs->sub_op`, a
+    /// `DfuseLstmPart`), float32; `attrs->descending` non-zero walks the steps from the last
+    /// to the first (a bidirectional layer's second direction). FORWARD: xg `[T, B, 4H]` (each
+    /// step's input product with b_ih), w_hh_t `[H, 4H]`, h0 and c0 `[B, H]`, optionally b_hh
+    /// `[4H]` -> `[T, B, 6H]`: per step and sample the gates after their activations (i, f,
+    /// g, o), the cell state and the hidden state. BACKWARD: that result, c0, w_hh `[4H, H]`,
+    /// the output's gradient dy `[T, B, H]` and the last states' dh, dc `[B, H]` -> `[T + 1,
+    /// B, 4H]`: per step the gates' gradients before their activations, row T the gradients
+    /// of h0 and c0 in its first 2H columns.
+    Lstm = 20,
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_UNARY`; the numbers are the runtime's.
@@ -272,7 +284,7 @@ pub struct DfuseAttrs {
     /// SCATTER: non-zero to combine with self's elements (torch's `include_self=True`, its
     /// default); zero makes an element that receives values start from them alone.
     pub include_self: u8,
-    /// SORT: non-zero for a descending sort.
+    /// SORT: non-zero for a descending sort. LSTM: non-zero to walk the steps from the last.
     pub descending: u8,
     /// SCAN: non-zero when `dtype` holds torch's `dtype=` argument.
     pub has_dtype: u8,
@@ -287,10 +299,10 @@ pub struct DfuseAttrs {
 /// The op kind number's name, for messages.
 fn kind_name(kind: u32) -> &'static str {
     #[rustfmt::skip]
-    const NAMES: [&str; 20] = [
+    const NAMES: [&str; 21] = [
         "UNARY", "BINARY", "WHERE", "CLAMP", "CAST", "COPY", "REDUCE", "CAT", "ARANGE", "MATMUL",
         "ADDMM", "GATHER", "SCATTER", "SCAN", "SORT", "RANDOM", "DEPTHWISE_CONV", "GROUPED_MM",
-        "CTC_LOSS", "CONV",
+        "CTC_LOSS", "CONV", "LSTM",
     ];
     NAMES.get(kind as usize).copied().unwrap_or("?")
 }
@@ -378,11 +390,14 @@ pub(crate) fn build_op(
         19 => Op::Kernel(build_conv(need(
             "attrs->n_dims, attrs->padding and attrs->dilation",
         )?)?),
+        20 => Op::Kernel(build_lstm(need(
+            "attrs->sub_op (a DfuseLstmPart) and attrs->descending (the direction)",
+        )?)?),
         k => {
             return Err(invalid(format!(
-                "kind = {k} is not a DfuseOpKind; expected 0..=19 (UNARY, BINARY, WHERE, CLAMP, \
+                "kind = {k} is not a DfuseOpKind; expected 0..=20 (UNARY, BINARY, WHERE, CLAMP, \
                  CAST, COPY, REDUCE, CAT, ARANGE, MATMUL, ADDMM, GATHER, SCATTER, SCAN, SORT, \
-                 RANDOM, DEPTHWISE_CONV, GROUPED_MM, CTC_LOSS, CONV)"
+                 RANDOM, DEPTHWISE_CONV, GROUPED_MM, CTC_LOSS, CONV, LSTM)"
             )))
         }
     })
@@ -648,9 +663,14 @@ mod tests {
         assert!(e
             .to_string()
             .contains("sub_op = 23 is not a DfuseBinaryOp; expected 0..=22"));
-        let e = build_op(20, None, || Ok(None)).unwrap_err();
+        let e = build_op(21, None, || Ok(None)).unwrap_err();
         assert!(
-            e.to_string().contains("kind = 20 is not a DfuseOpKind"),
+            e.to_string().contains("kind = 21 is not a DfuseOpKind"),
+            "{e}"
+        );
+        let e = build_op(20, Some(&attrs(2, &[], false)), || Ok(None)).unwrap_err();
+        assert!(
+            e.to_string().contains("sub_op = 2 is not a DfuseLstmPart"),
             "{e}"
         );
         let e = build_op(19, None, || Ok(None)).unwrap_err();

@@ -22,6 +22,7 @@ mod graph_capture;
 mod grouped_mm;
 mod host_reads;
 mod kernel_ops;
+mod lstm_recurrence;
 mod memory;
 mod modes_and_sync;
 mod op_groups;

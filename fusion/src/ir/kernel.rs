@@ -1,7 +1,7 @@
 //! Kernel ops: gather, scatter, scans, sort, random numbers, depthwise convolutions, grouped
-//! matrix products and the CTC loss. Each output element depends on elements other than its own
-//! position (or on a counter), so none fuses into a loop: the planner cuts around them
-//! (`unfusable`) and a backend runs each as one host routine.
+//! matrix products, the CTC loss and the LSTM recurrence. Each output element depends on
+//! elements other than its own position (or on a counter), so none fuses into a loop: the
+//! planner cuts around them (`unfusable`) and a backend runs each as one host routine.
 //!
 //! The sub-enums are `repr(u32)` with explicit numbers because the C ABI passes them; append
 //! new values, never renumber.
@@ -14,6 +14,7 @@ use super::error::{OpError, OpResult};
 use super::grouped_matmul::{infer_grouped_matmul, GroupedMatmul};
 use super::infer::{ArgMeta, Inferred};
 use super::layout::{fmt_dims, wrap_dim, Dims};
+use super::lstm::{infer_lstm, Lstm};
 use super::op::{Op, Scalar};
 use super::shapes::check_numel;
 
@@ -153,6 +154,8 @@ pub enum KernelOp {
     /// A dense stride-1 convolution (`conv.rs`), whose columns are never written; boxed like
     /// `Depthwise`.
     Conv(Box<Conv>),
+    /// The steps of one LSTM layer's direction, forward or backward (`lstm.rs`).
+    Lstm(Lstm),
 }
 
 impl KernelOp {
@@ -184,6 +187,7 @@ impl KernelOp {
             KernelOp::GroupedMatmul(_) => "grouped_mm",
             KernelOp::Ctc(_) => "ctc_loss",
             KernelOp::Conv(_) => "conv",
+            KernelOp::Lstm(_) => "lstm_recurrence",
         }
     }
 
@@ -213,6 +217,7 @@ impl KernelOp {
             KernelOp::Depthwise(_) | KernelOp::GroupedMatmul(_) | KernelOp::Conv(_) => first,
             // Grad's first operand is the gradient, of log_probs' dtype too.
             KernelOp::Ctc(_) => first,
+            KernelOp::Lstm(_) => DType::F32,
         }
     }
 }
@@ -419,6 +424,7 @@ pub(super) fn infer_kernel(op: &Op, k: &KernelOp, args: &[ArgMeta]) -> OpResult<
         KernelOp::GroupedMatmul(g) => infer_grouped_matmul(*g, args),
         KernelOp::Ctc(c) => infer_ctc(c, args),
         KernelOp::Conv(c) => infer_conv(c, args),
+        KernelOp::Lstm(l) => infer_lstm(l, args),
     }
 }
 
@@ -451,6 +457,7 @@ impl std::fmt::Display for KernelOp {
             KernelOp::GroupedMatmul(g) => write!(f, ".{g}"),
             KernelOp::Ctc(c) => write!(f, "{c}"),
             KernelOp::Conv(c) => write!(f, "{c}"),
+            KernelOp::Lstm(l) => write!(f, "{l}"),
         }
     }
 }

@@ -151,6 +151,26 @@ pub unsafe fn matmul(
     });
 }
 
+/// `c = a @ b + beta * c` for one f32 product of strided operands `(pointer, row stride,
+/// column stride)`, as [`matmul`] computes a block of a product of `whole_rows` rows: for host
+/// routines that run products one at a time between their own loops (the LSTM recurrence).
+///
+/// # Safety
+/// The pointers are valid for every element the strides address; `c` overlaps neither operand.
+pub unsafe fn sgemm_strided(
+    whole_rows: usize,
+    (m, k, n): (usize, usize, usize),
+    a: (*const f32, isize, isize),
+    b: (*const f32, isize, isize),
+    beta: f32,
+    c: (*mut f32, isize, isize),
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    f32_kernel(whole_rows, (m, k, n), a.2, b.1)((m, k, n), 1.0, a, b, beta, c)
+}
+
 /// `c = a @ B + beta * c` for f32, B's row `q` (`n` contiguous floats) at `b.offset(b_rows[q])`,
 /// where a kernel reads such a B in place (`packed_gemm::sgemm_b_rows`: the 16-lane tile, at
 /// most one row block of rows); `false`, having done nothing, elsewhere. The same bits as

@@ -1,7 +1,7 @@
 //! The CPU backend: a Cranelift JIT. A loop region becomes one native function (see
 //! `codegen`); matmul calls the GEMM crate; arange is a host loop.
 
-mod block_math;
+pub(crate) mod block_math;
 mod codegen;
 pub(crate) mod columns;
 #[cfg(target_arch = "x86_64")]
