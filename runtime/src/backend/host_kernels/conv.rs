@@ -20,7 +20,7 @@
 //! (`weight_grad`); its threads take ranges of input channels, each summing its rows of the
 //! gradient over every sample in order, so its bits do not depend on the thread count either.
 
-use super::View;
+use super::{jobs, View};
 use crate::backend::cpu::matmul::{matmul, sgemm_b_rows, Mat};
 use crate::backend::SideBySide;
 use crate::error::{Error, Result};
@@ -262,24 +262,6 @@ pub(super) unsafe fn run(
     )
 }
 
-/// Runs `job(0..n)`, side by side on `threads` when given, else in order on this thread.
-fn jobs(
-    threads: Option<&dyn SideBySide>,
-    n: usize,
-    job: &dyn Fn(usize) -> Result<()>,
-) -> Result<()> {
-    match threads {
-        Some(threads) => {
-            let shared = Shared(job);
-            threads.run_all(n, &|j| {
-                let Shared(job) = &shared;
-                job(j)
-            })
-        }
-        None => (0..n).try_for_each(job),
-    }
-}
-
 /// The weight gradient of `k` for output gradient `grad` and input `x` into `out`, its input
 /// channels split in ranges over `threads` when there is work enough: a range's rows of `dW`
 /// are summed over every sample and block in the same order whatever the split (the blocks of
@@ -486,13 +468,6 @@ unsafe fn dense_weight(mirrored: bool, w: &View, g: &Geometry) -> Vec<f32> {
     }
     v
 }
-
-/// The job the threads share.
-struct Shared<'a>(&'a dyn Fn(usize) -> Result<()>);
-
-// SAFETY: each job (a sample, or a range of channels of the weight gradient) reads the
-// operands and writes only its own part of the output, from its own thread's scratch.
-unsafe impl Sync for Shared<'_> {}
 
 /// Sample `s` of the convolution, in scratch `buf` (grown as needed): the product reads the
 /// columns where they lie in the grid (`offsets`, [`Geometry::row_offsets`]) where the GEMM has

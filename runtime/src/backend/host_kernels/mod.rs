@@ -95,7 +95,7 @@ impl HostProgram for KernelProgram {
             KernelOp::Conv(k) => {
                 conv::run(k, &inputs[0], &inputs[1], &dst.view, self.1.as_deref())?
             }
-            KernelOp::Lstm(k) => lstm::run(k, &inputs, &dst.view)?,
+            KernelOp::Lstm(k) => lstm::run(k, &inputs, &dst.view, self.1.as_deref())?,
         }
         dst.finish();
         Ok(())
@@ -265,6 +265,33 @@ impl Dst {
         });
     }
 }
+
+/// Runs `job(0..n)`, side by side on `threads` when given, else in order on this thread.
+/// Each job must read the operands and write only its own part of the output, from its own
+/// scratch: nothing orders the jobs.
+pub(crate) fn jobs(
+    threads: Option<&dyn SideBySide>,
+    n: usize,
+    job: &dyn Fn(usize) -> Result<()>,
+) -> Result<()> {
+    match threads {
+        Some(threads) => {
+            let shared = Shared(job);
+            threads.run_all(n, &|j| {
+                let Shared(job) = &shared;
+                job(j)
+            })
+        }
+        None => (0..n).try_for_each(job),
+    }
+}
+
+/// The job the threads share.
+struct Shared<'a>(&'a dyn Fn(usize) -> Result<()>);
+
+// SAFETY: `jobs`' callers give jobs that read shared operands and write disjoint parts of the
+// output (a sample, a range of channels or of rows), each from its own scratch.
+unsafe impl Sync for Shared<'_> {}
 
 /// The error of an index value outside its dim.
 pub(crate) fn out_of_bounds(op: &str, value: i64, dim: usize, size: usize) -> Error {
