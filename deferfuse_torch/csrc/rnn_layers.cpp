@@ -16,12 +16,12 @@
 // autograd through CPU's cell would), so values agree with CPU within float32 rounding: the
 // weight gradients sum over steps in one product, not step by step.
 //
-// A float32 LSTM runs each layer's steps (forward, and backward) as one runtime kernel op
-// (DFUSE_OP_KIND_LSTM: the hidden products and the gate arithmetic of every step in one host
-// routine), so the host records a handful of ops per layer instead of ~10 per step: the LSTM
-// LM's training step was ~6,900 recorded ops and its recording, not its arithmetic, bounded
-// it. The op computes each step as the step-by-step ops below do (the same order, the same
-// activation routines). Other dtypes and the GRU record step by step.
+// In float32 each layer direction's steps (forward, and backward) run as one runtime kernel
+// op (DFUSE_OP_KIND_RECURRENCE: the hidden products and the gate arithmetic of every step in
+// one host routine), so the host records a handful of ops per layer instead of ~10 per step:
+// the LSTM LM's training step was ~6,900 recorded ops and its recording, not its arithmetic,
+// bounded it. The op computes each step as the step-by-step ops below do (the same order, the
+// same activation routines); float64 records step by step.
 //
 // Calls this does not cover keep PyTorch's composite path (and its errors): other dtypes
 // (autocast's half types), projections (proj_size), inputs that are not 3-D or empty,
@@ -61,18 +61,20 @@ struct Config {
   // Tensors saved per step: lstm i, f, g, o, c, h_prev, c_prev; gru r, z, n, hidden n gate,
   // h_prev.
   int64_t per_step() const { return lstm ? 7 : 5; }
-  // Tensors saved per direction over T steps: the kernel op's result with h0 and c0, or the
+  // Tensors saved per direction over T steps: the kernel op's result with h0 (and c0), or the
   // per-step tensors.
-  int64_t per_direction(int64_t T) const { return kernel ? 3 : T * per_step(); }
+  int64_t per_direction(int64_t T) const { return kernel ? (lstm ? 3 : 2) : T * per_step(); }
+  // Where h sits in a step's row of the kernel op's result, in units of H (after the LSTM's
+  // i, f, g, o, c; the GRU's r, z, n, hn).
+  int64_t h_at() const { return lstm ? 5 : 4; }
 };
 
-// Whether a covered call's directions run as the kernel op: a float32 LSTM.
-bool runs_as_kernel(bool lstm, const at::Tensor& input) {
-  return lstm && input.scalar_type() == at::kFloat;
-}
+// Whether a covered call's directions run as the kernel op: float32.
+bool runs_as_kernel(const at::Tensor& input) { return input.scalar_type() == at::kFloat; }
 
-// The kernel op's attributes: which half, and a reverse direction walking from the last step.
-DfuseAttrs lstm_attrs(uint32_t part, int64_t d) {
+// The kernel op's attributes: which cell and half, and a reverse direction walking from the
+// last step.
+DfuseAttrs recurrence_attrs(uint32_t part, int64_t d) {
   DfuseAttrs a = attrs_sub(part);
   a.descending = d == 1;
   return a;
@@ -97,21 +99,24 @@ struct Direction {
   at::Tensor out, h, c;
 };
 
-// One direction's steps as the kernel op: its result [T, B, 6H] holds per step the gates
-// after their activations, c and h.
-Direction run_direction_kernel(const at::Tensor& xg, const at::Tensor& w_hh,
+// One direction's steps as the kernel op: its result [T, B, 6H] (LSTM) or [T, B, 5H] (GRU)
+// holds per step what the backward reads, h among it.
+Direction run_direction_kernel(const Config& cfg, const at::Tensor& xg, const at::Tensor& w_hh,
                                const at::Tensor& b_hh, int64_t d, const at::Tensor& h0,
                                const at::Tensor& c0, std::vector<at::Tensor>* save) {
   int64_t T = xg.size(0), H = h0.size(-1);
   // W_hh^T laid out once: the steps' products read a plain B in place.
   Operands ops;
-  ops.t(xg).t(w_hh.t().contiguous()).t(h0).t(c0);
+  ops.t(xg).t(w_hh.t().contiguous()).t(h0);
+  if (cfg.lstm) ops.t(c0);
   if (b_hh.defined()) ops.t(b_hh);
-  auto a = lstm_attrs(DFUSE_LSTM_PART_FORWARD, d);
-  auto y = run(DFUSE_OP_KIND_LSTM, &a, ops, "lstm");
-  if (save) *save = {y, h0, c0};
+  auto a = recurrence_attrs(
+      cfg.lstm ? DFUSE_RECURRENCE_PART_LSTM_FORWARD : DFUSE_RECURRENCE_PART_GRU_FORWARD, d);
+  auto y = run(DFUSE_OP_KIND_RECURRENCE, &a, ops, cfg.lstm ? "lstm" : "gru");
+  if (save) *save = cfg.lstm ? std::vector<at::Tensor>{y, h0, c0} : std::vector<at::Tensor>{y, h0};
   auto last = y.select(0, d == 0 ? T - 1 : 0);
-  return {y.narrow(2, 5 * H, H), last.narrow(1, 5 * H, H), last.narrow(1, 4 * H, H)};
+  return {y.narrow(2, cfg.h_at() * H, H), last.narrow(1, cfg.h_at() * H, H),
+          cfg.lstm ? last.narrow(1, 4 * H, H) : at::Tensor()};
 }
 
 Direction run_direction(const Config& cfg, const at::Tensor& x, at::TensorList params,
@@ -122,7 +127,7 @@ Direction run_direction(const Config& cfg, const at::Tensor& x, at::TensorList p
   at::Tensor b_ih = cfg.biases ? params[k + 2] : at::Tensor();
   at::Tensor b_hh = cfg.biases ? params[k + 3] : at::Tensor();
   auto xg_all = product(x.reshape({T * B, x.size(2)}), w_ih, b_ih).view({T, B, -1});
-  if (cfg.kernel) return run_direction_kernel(xg_all, w_hh, b_hh, d, h, c, save);
+  if (cfg.kernel) return run_direction_kernel(cfg, xg_all, w_hh, b_hh, d, h, c, save);
   auto xg = xg_all.unbind(0);
   // Each step's h is written into its place here by the step's own program (one loop with the
   // gates), not gathered by a stack after the last step (a copy program per step).
@@ -221,44 +226,45 @@ struct DirectionGrads {
 };
 
 // One direction's gradients through the kernel op: its result's rows 0..T are every step's
-// gate gradients (the weights' products read them), row T the gradients of h0 and c0.
+// gate gradients (the weights' products read them: the LSTM's once for both weights, the
+// GRU's input product's then its hidden product's), row T the first states' gradients.
 DirectionGrads backward_direction_kernel(const Config& cfg, const at::Tensor& x,
                                          at::TensorList params, int64_t l, int64_t d,
                                          const std::vector<at::Tensor>& saved,
                                          const at::Tensor& dy, const at::Tensor& dh,
                                          const at::Tensor& dc, tensor_list& grads,
                                          int64_t params_at, bool want_dx) {
-  const auto &y = saved[0], &h0 = saved[1], &c0 = saved[2];
-  int64_t T = x.size(0), B = x.size(1), H = h0.size(-1), G = 4 * H, k = cfg.group(l, d);
+  const auto &y = saved[0], &h0 = saved[1];
+  int64_t T = x.size(0), B = x.size(1), H = h0.size(-1), G = cfg.gates() * H;
+  int64_t k = cfg.group(l, d);
   const auto &w_ih = params[k], &w_hh = params[k + 1];
   auto zeros = [&](at::IntArrayRef sizes) { return at::zeros(sizes, x.options()); };
-  auto a = lstm_attrs(DFUSE_LSTM_PART_BACKWARD, d);
-  auto r = run(DFUSE_OP_KIND_LSTM, &a,
-               Operands()
-                   .t(y)
-                   .t(c0)
-                   .t(w_hh)
-                   .t(dy.defined() ? dy : zeros({T, B, H}))
-                   .t(dh.defined() ? dh : zeros({B, H}))
-                   .t(dc.defined() ? dc : zeros({B, H})),
-               "lstm_backward");
-  auto dg = r.narrow(0, 0, T).view({T * B, G});
+  Operands ops;
+  ops.t(y).t(cfg.lstm ? saved[2] : h0).t(w_hh).t(dy.defined() ? dy : zeros({T, B, H}));
+  ops.t(dh.defined() ? dh : zeros({B, H}));
+  if (cfg.lstm) ops.t(dc.defined() ? dc : zeros({B, H}));
+  auto a = recurrence_attrs(
+      cfg.lstm ? DFUSE_RECURRENCE_PART_LSTM_BACKWARD : DFUSE_RECURRENCE_PART_GRU_BACKWARD, d);
+  auto r = run(DFUSE_OP_KIND_RECURRENCE, &a, ops, cfg.lstm ? "lstm_backward" : "gru_backward");
+  auto steps = r.narrow(0, 0, T);
+  auto dgi = steps.narrow(2, 0, G).reshape({T * B, G});
+  auto dgh = cfg.lstm ? dgi : steps.narrow(2, G, G).reshape({T * B, G});
   // Each step's h before it: h0 first in the walk's order, then the steps' own h.
-  auto hs = y.narrow(2, 5 * H, H);
+  auto hs = y.narrow(2, cfg.h_at() * H, H);
   auto first = h0.unsqueeze(0);
   auto h_prev = T == 1  ? first
                 : d == 0 ? at::cat({first, hs.narrow(0, 0, T - 1)})
                          : at::cat({hs.narrow(0, 1, T - 1), first});
-  grads[params_at + k] = at::mm(dg.t(), x.reshape({T * B, x.size(2)}));
-  grads[params_at + k + 1] = at::mm(dg.t(), h_prev.reshape({T * B, H}));
+  grads[params_at + k] = at::mm(dgi.t(), x.reshape({T * B, x.size(2)}));
+  grads[params_at + k + 1] = at::mm(dgh.t(), h_prev.reshape({T * B, H}));
   if (cfg.biases) {
-    // Two sums, not one tensor twice: each parameter's .grad must be its own tensor.
-    grads[params_at + k + 2] = dg.sum(0);
-    grads[params_at + k + 3] = dg.sum(0);
+    // Two sums even where dgh is dgi: each parameter's .grad must be its own tensor.
+    grads[params_at + k + 2] = dgi.sum(0);
+    grads[params_at + k + 3] = dgh.sum(0);
   }
   auto last = r.select(0, T);
-  return {want_dx ? at::mm(dg, w_ih).view({T, B, -1}) : at::Tensor(), last.narrow(1, 0, H),
-          last.narrow(1, H, H)};
+  return {want_dx ? at::mm(dgi, w_ih).view({T, B, -1}) : at::Tensor(), last.narrow(1, 0, H),
+          cfg.lstm ? last.narrow(1, H, H) : at::Tensor()};
 }
 
 DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::TensorList params,
@@ -381,7 +387,7 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
                              double dropout, bool train, bool bidirectional, bool batch_first) {
     at::AutoDispatchBelowADInplaceOrView guard;
     Config cfg{lstm, biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first,
-               runs_as_kernel(lstm, input)};
+               runs_as_kernel(input)};
     Saved saved;
     auto [out, hy, cy] = run_forward(cfg, input, hx, params, &saved);
     // Everything through save_for_backward (released after the backward, version-checked):
@@ -519,7 +525,7 @@ tensor_list run_layers(bool lstm, const at::Tensor& input, at::TensorList hx,
   }
   at::AutoDispatchBelowADInplaceOrView guard;
   Config cfg{lstm, biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first,
-             runs_as_kernel(lstm, input)};
+             runs_as_kernel(input)};
   auto [out, hy, cy] = run_forward(cfg, input, hx, params, nullptr);
   return {out, hy, cy};
 }

@@ -112,29 +112,33 @@ def recorded_ops(fn):
     return deferfuse_torch.stats()["ops_recorded"] - before
 
 
-def test_a_float32_lstm_records_its_steps_as_one_op_each_way(mode):
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_a_float32_layer_records_its_steps_as_one_op_each_way(mode, kind):
     # The steps of each layer and direction run as one kernel op forward and one backward, so
     # a training step records as many ops for 24 steps as for 3.
-    _, dev = pair(lambda: nn.LSTM(8, 16, num_layers=2, bidirectional=True))
+    _, dev = pair(lambda: getattr(nn, kind)(8, 16, num_layers=2, bidirectional=True))
 
     def step(steps):
         x = torch.randn(steps, 3, 8, device="tpu", requires_grad=True)
-        out, (h, c) = dev(x)
-        (out.sum() + h.sum() + c.sum()).backward()
+        out, last = dev(x)
+        (out.sum() + sum(t.sum() for t in (last if kind == "LSTM" else (last,)))).backward()
 
     step(3)
     assert recorded_ops(lambda: step(24)) == recorded_ops(lambda: step(3))
 
 
-def test_an_lstm_output_is_contiguous_as_on_cpu(mode):
-    # The kernel op's result holds the gates, c and h side by side; the layer's output is
-    # nonetheless a tensor of its own, as CPU's is (a user's .view() of it must work).
-    cpu, dev = pair(lambda: nn.LSTM(4, 6))
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_the_output_is_contiguous_as_on_cpu(mode, kind):
+    # The kernel op's result holds the gates and the states side by side; the layer's output
+    # is nonetheless a tensor of its own, as CPU's is (a user's .view() of it must work).
+    cpu, dev = pair(lambda: getattr(nn, kind)(4, 6))
     x = torch.randn(5, 2, 4)
-    out, (h, c) = dev(x.to("tpu"))
-    want, (wh, wc) = cpu(x)
+    out, last = dev(x.to("tpu"))
+    want, want_last = cpu(x)
     assert out.is_contiguous() and out.view(10, 6).shape == (10, 6)
-    for g, w in ((out, want), (h, wh), (c, wc)):
+    check(out.detach(), want.detach())
+    for g, w in zip(last if kind == "LSTM" else (last,),
+                    want_last if kind == "LSTM" else (want_last,)):
         check(g.detach(), w.detach())
 
 

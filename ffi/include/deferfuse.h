@@ -526,17 +526,16 @@ enum DfuseOpKind
    */
   DFUSE_OP_KIND_CONV = 19,
   /**
-   * Every step of one direction of one LSTM layer, forward or backward (`attrs->sub_op`, a
-   * `DfuseLstmPart`), float32; `attrs->descending` non-zero walks the steps from the last
-   * to the first (a bidirectional layer's second direction). FORWARD: xg `[T, B, 4H]` (each
-   * step's input product with b_ih), w_hh_t `[H, 4H]`, h0 and c0 `[B, H]`, optionally b_hh
-   * `[4H]` -> `[T, B, 6H]`: per step and sample the gates after their activations (i, f,
-   * g, o), the cell state and the hidden state. BACKWARD: that result, c0, w_hh `[4H, H]`,
-   * the output's gradient dy `[T, B, H]` and the last states' dh, dc `[B, H]` -> `[T + 1,
-   * B, 4H]`: per step the gates' gradients before their activations, row T the gradients
-   * of h0 and c0 in its first 2H columns.
+   * Every step of one direction of one LSTM or GRU layer, forward or backward
+   * (`attrs->sub_op`, a `DfuseRecurrencePart`, which gives each part's operands and
+   * result), float32; `attrs->descending` non-zero walks the steps from the last to the
+   * first (a bidirectional layer's second direction). A forward takes each step's input
+   * product with b_ih `[T, B, G]` (G = 4H or 3H), W_hh transposed, the first states and
+   * optionally b_hh, and keeps per step what its backward reads; a backward takes that,
+   * W_hh and the gradients of the output and of the last states, and gives per step the
+   * gates' gradients, then a row with the first states' gradients.
    */
-  DFUSE_OP_KIND_LSTM = 20,
+  DFUSE_OP_KIND_RECURRENCE = 20,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -1080,30 +1079,41 @@ typedef uint32_t DfuseConvPart;
 #endif // __cplusplus
 
 /**
- * `attrs->sub_op` for `DFUSE_OP_KIND_LSTM`: which half of the recurrence; the numbers are the
- * runtime's.
+ * `attrs->sub_op` for `DFUSE_OP_KIND_RECURRENCE`: which cell and which half of its steps;
+ * the numbers are the runtime's. G is the gate width: 4H (LSTM), 3H (GRU).
  */
-enum DfuseLstmPart
+enum DfuseRecurrencePart
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
   : uint32_t
 #endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
  {
   /**
-   * the steps forward: inputs xg `[T, B, 4H]`, w_hh_t `[H, 4H]`, h0, c0 `[B, H]`, optionally
+   * the LSTM's steps: inputs xg `[T, B, 4H]`, w_hh_t `[H, 4H]`, h0, c0 `[B, H]`, optionally
    * b_hh `[4H]` -> `[T, B, 6H]` (per step i, f, g, o, c, h)
    */
-  DFUSE_LSTM_PART_FORWARD = 0,
+  DFUSE_RECURRENCE_PART_LSTM_FORWARD = 0,
   /**
-   * the steps backward: inputs the forward's result, c0, w_hh `[4H, H]`, dy `[T, B, H]`, dh,
+   * their backward: inputs the forward's result, c0, w_hh `[4H, H]`, dy `[T, B, H]`, dh,
    * dc `[B, H]` -> `[T + 1, B, 4H]` (per step the gate gradients; row T: dh0, dc0)
    */
-  DFUSE_LSTM_PART_BACKWARD = 1,
+  DFUSE_RECURRENCE_PART_LSTM_BACKWARD = 1,
+  /**
+   * the GRU's steps: inputs xg `[T, B, 3H]`, w_hh_t `[H, 3H]`, h0 `[B, H]`, optionally b_hh
+   * `[3H]` -> `[T, B, 5H]` (per step r, z, n, the hidden product's n part, h)
+   */
+  DFUSE_RECURRENCE_PART_GRU_FORWARD = 2,
+  /**
+   * their backward: inputs the forward's result, h0, w_hh `[3H, H]`, dy `[T, B, H]`, dh
+   * `[B, H]` -> `[T + 1, B, 6H]` (per step the input product's gate gradients, then the
+   * hidden product's; row T: dh0)
+   */
+  DFUSE_RECURRENCE_PART_GRU_BACKWARD = 3,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
-typedef enum DfuseLstmPart DfuseLstmPart;
+typedef enum DfuseRecurrencePart DfuseRecurrencePart;
 #else
-typedef uint32_t DfuseLstmPart;
+typedef uint32_t DfuseRecurrencePart;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -1225,7 +1235,7 @@ typedef struct DfuseAttrs {
    */
   uint8_t include_self;
   /**
-   * SORT: non-zero for a descending sort. LSTM: non-zero to walk the steps from the last.
+   * SORT: non-zero for a descending sort. RECURRENCE: non-zero to walk the steps from the last.
    */
   uint8_t descending;
   /**

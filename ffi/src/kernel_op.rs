@@ -1,13 +1,13 @@
 //! The attributes of the kernel op kinds (GATHER, SCATTER, SCAN, SORT, RANDOM, DEPTHWISE_CONV,
-//! GROUPED_MM, CTC_LOSS, CONV, LSTM):
+//! GROUPED_MM, CTC_LOSS, CONV, RECURRENCE):
 //! their sub-op enums and how `DfuseAttrs` becomes the runtime's `KernelOp`.
 
 use crate::error::{invalid, Result};
 use crate::op::{wrap_dims, DfuseAttrs};
 use crate::types::{dtype_from, sizes_from, DFUSE_MAX_REDUCE_DIMS};
 use deferfuse_fusion::ir::{
-    Conv, ConvPart, Ctc, CtcPart, Depthwise, DepthwisePart, Dims, GroupedMatmul, KernelOp, Lstm,
-    LstmPart, RandomDist, ScanOp, ScatterReduce,
+    Conv, ConvPart, Ctc, CtcPart, Depthwise, DepthwisePart, Dims, GroupedMatmul, KernelOp,
+    RandomDist, Recurrence, RecurrencePart, ScanOp, ScatterReduce,
 };
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_SCATTER`; the numbers are the runtime's.
@@ -131,30 +131,37 @@ pub(crate) fn build_ctc(a: &DfuseAttrs) -> Result<KernelOp> {
     }))
 }
 
-/// `attrs->sub_op` for `DFUSE_OP_KIND_LSTM`: which half of the recurrence; the numbers are the
-/// runtime's.
+/// `attrs->sub_op` for `DFUSE_OP_KIND_RECURRENCE`: which cell and which half of its steps;
+/// the numbers are the runtime's. G is the gate width: 4H (LSTM), 3H (GRU).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DfuseLstmPart {
-    /// the steps forward: inputs xg `[T, B, 4H]`, w_hh_t `[H, 4H]`, h0, c0 `[B, H]`, optionally
+pub enum DfuseRecurrencePart {
+    /// the LSTM's steps: inputs xg `[T, B, 4H]`, w_hh_t `[H, 4H]`, h0, c0 `[B, H]`, optionally
     /// b_hh `[4H]` -> `[T, B, 6H]` (per step i, f, g, o, c, h)
-    Forward = 0,
-    /// the steps backward: inputs the forward's result, c0, w_hh `[4H, H]`, dy `[T, B, H]`, dh,
+    LstmForward = 0,
+    /// their backward: inputs the forward's result, c0, w_hh `[4H, H]`, dy `[T, B, H]`, dh,
     /// dc `[B, H]` -> `[T + 1, B, 4H]` (per step the gate gradients; row T: dh0, dc0)
-    Backward = 1,
+    LstmBackward = 1,
+    /// the GRU's steps: inputs xg `[T, B, 3H]`, w_hh_t `[H, 3H]`, h0 `[B, H]`, optionally b_hh
+    /// `[3H]` -> `[T, B, 5H]` (per step r, z, n, the hidden product's n part, h)
+    GruForward = 2,
+    /// their backward: inputs the forward's result, h0, w_hh `[3H, H]`, dy `[T, B, H]`, dh
+    /// `[B, H]` -> `[T + 1, B, 6H]` (per step the input product's gate gradients, then the
+    /// hidden product's; row T: dh0)
+    GruBackward = 3,
 }
 
-/// The LSTM recurrence part of `attrs` (kind 20): `attrs->descending` non-zero walks the steps
+/// The recurrence part of `attrs` (kind 20): `attrs->descending` non-zero walks the steps
 /// from the last to the first.
-pub(crate) fn build_lstm(a: &DfuseAttrs) -> Result<KernelOp> {
-    let part = LstmPart::from_u32(a.sub_op).ok_or_else(|| {
+pub(crate) fn build_recurrence(a: &DfuseAttrs) -> Result<KernelOp> {
+    let part = RecurrencePart::from_u32(a.sub_op).ok_or_else(|| {
         invalid(format!(
-            "lstm_recurrence: attrs->sub_op = {} is not a DfuseLstmPart; expected 0..={}",
+            "recurrence: attrs->sub_op = {} is not a DfuseRecurrencePart; expected 0..={}",
             a.sub_op,
-            LstmPart::ALL.len() - 1
+            RecurrencePart::ALL.len() - 1
         ))
     })?;
-    Ok(KernelOp::Lstm(Lstm {
+    Ok(KernelOp::Recurrence(Recurrence {
         part,
         reverse: a.descending != 0,
     }))
@@ -340,9 +347,14 @@ mod tests {
         for (x, y) in c.iter().zip(CtcPart::ALL) {
             assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
         }
-        let l = [DfuseLstmPart::Forward, DfuseLstmPart::Backward];
-        assert_eq!(l.len(), LstmPart::ALL.len());
-        for (x, y) in l.iter().zip(LstmPart::ALL) {
+        let l = [
+            DfuseRecurrencePart::LstmForward,
+            DfuseRecurrencePart::LstmBackward,
+            DfuseRecurrencePart::GruForward,
+            DfuseRecurrencePart::GruBackward,
+        ];
+        assert_eq!(l.len(), RecurrencePart::ALL.len());
+        for (x, y) in l.iter().zip(RecurrencePart::ALL) {
             assert_eq!((*x as u32, format!("{x:?}")), (y as u32, format!("{y:?}")));
         }
         for (x, y) in g.iter().zip(GroupedMatmul::ALL) {

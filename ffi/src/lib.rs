@@ -47,8 +47,8 @@ pub use graph::{
     dfuse_graph_capture_end, dfuse_graph_destroy, dfuse_graph_launch,
 };
 pub use kernel_op::{
-    DfuseConvPart, DfuseCtcPart, DfuseDepthwisePart, DfuseGroupedMm, DfuseLstmPart,
-    DfuseRandomDist, DfuseScanOp, DfuseScatterReduce,
+    DfuseConvPart, DfuseCtcPart, DfuseDepthwisePart, DfuseGroupedMm, DfuseRandomDist,
+    DfuseRecurrencePart, DfuseScanOp, DfuseScatterReduce,
 };
 pub use memory::{
     dfuse_memory_info, dfuse_memory_limit_set, dfuse_memory_peak_reset, DfuseMemoryInfo,

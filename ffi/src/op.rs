@@ -5,7 +5,7 @@
 
 use crate::error::{guard, invalid, read_in, slice_in, write_out, DfuseStatus, Result};
 use crate::kernel_op::{
-    build_conv, build_ctc, build_depthwise, build_grouped_mm, build_kernel_op, build_lstm,
+    build_conv, build_ctc, build_depthwise, build_grouped_mm, build_kernel_op, build_recurrence,
 };
 use crate::runtime_registry::{runtime, DfuseRuntime};
 use crate::types::{dtype_from, operand_from, DfuseOperand, DFUSE_MAX_REDUCE_DIMS};
@@ -94,16 +94,15 @@ pub enum DfuseOpKind {
     /// WEIGHT_GRAD: the output gradient `[N, OC, out...]` and x, `attrs->dims[0..n]` the
     /// kernel -> `[OC, C, k...]`.
     Conv = 19,
-    /// Every step of one direction of one LSTM layer, forward or backward (`attrs->sub_op`, a
-    /// `DfuseLstmPart`), float32; `attrs->descending` non-zero walks the steps from the last
-    /// to the first (a bidirectional layer's second direction). FORWARD: xg `[T, B, 4H]` (each
-    /// step's input product with b_ih), w_hh_t `[H, 4H]`, h0 and c0 `[B, H]`, optionally b_hh
-    /// `[4H]` -> `[T, B, 6H]`: per step and sample the gates after their activations (i, f,
-    /// g, o), the cell state and the hidden state. BACKWARD: that result, c0, w_hh `[4H, H]`,
-    /// the output's gradient dy `[T, B, H]` and the last states' dh, dc `[B, H]` -> `[T + 1,
-    /// B, 4H]`: per step the gates' gradients before their activations, row T the gradients
-    /// of h0 and c0 in its first 2H columns.
-    Lstm = 20,
+    /// Every step of one direction of one LSTM or GRU layer, forward or backward
+    /// (`attrs->sub_op`, a `DfuseRecurrencePart`, which gives each part's operands and
+    /// result), float32; `attrs->descending` non-zero walks the steps from the last to the
+    /// first (a bidirectional layer's second direction). A forward takes each step's input
+    /// product with b_ih `[T, B, G]` (G = 4H or 3H), W_hh transposed, the first states and
+    /// optionally b_hh, and keeps per step what its backward reads; a backward takes that,
+    /// W_hh and the gradients of the output and of the last states, and gives per step the
+    /// gates' gradients, then a row with the first states' gradients.
+    Recurrence = 20,
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_UNARY`; the numbers are the runtime's.
@@ -284,7 +283,7 @@ pub struct DfuseAttrs {
     /// SCATTER: non-zero to combine with self's elements (torch's `include_self=True`, its
     /// default); zero makes an element that receives values start from them alone.
     pub include_self: u8,
-    /// SORT: non-zero for a descending sort. LSTM: non-zero to walk the steps from the last.
+    /// SORT: non-zero for a descending sort. RECURRENCE: non-zero to walk the steps from the last.
     pub descending: u8,
     /// SCAN: non-zero when `dtype` holds torch's `dtype=` argument.
     pub has_dtype: u8,
@@ -302,7 +301,7 @@ fn kind_name(kind: u32) -> &'static str {
     const NAMES: [&str; 21] = [
         "UNARY", "BINARY", "WHERE", "CLAMP", "CAST", "COPY", "REDUCE", "CAT", "ARANGE", "MATMUL",
         "ADDMM", "GATHER", "SCATTER", "SCAN", "SORT", "RANDOM", "DEPTHWISE_CONV", "GROUPED_MM",
-        "CTC_LOSS", "CONV", "LSTM",
+        "CTC_LOSS", "CONV", "RECURRENCE",
     ];
     NAMES.get(kind as usize).copied().unwrap_or("?")
 }
@@ -390,14 +389,14 @@ pub(crate) fn build_op(
         19 => Op::Kernel(build_conv(need(
             "attrs->n_dims, attrs->padding and attrs->dilation",
         )?)?),
-        20 => Op::Kernel(build_lstm(need(
-            "attrs->sub_op (a DfuseLstmPart) and attrs->descending (the direction)",
+        20 => Op::Kernel(build_recurrence(need(
+            "attrs->sub_op (a DfuseRecurrencePart) and attrs->descending (the direction)",
         )?)?),
         k => {
             return Err(invalid(format!(
                 "kind = {k} is not a DfuseOpKind; expected 0..=20 (UNARY, BINARY, WHERE, CLAMP, \
                  CAST, COPY, REDUCE, CAT, ARANGE, MATMUL, ADDMM, GATHER, SCATTER, SCAN, SORT, \
-                 RANDOM, DEPTHWISE_CONV, GROUPED_MM, CTC_LOSS, CONV, LSTM)"
+                 RANDOM, DEPTHWISE_CONV, GROUPED_MM, CTC_LOSS, CONV, RECURRENCE)"
             )))
         }
     })
@@ -668,9 +667,10 @@ mod tests {
             e.to_string().contains("kind = 21 is not a DfuseOpKind"),
             "{e}"
         );
-        let e = build_op(20, Some(&attrs(2, &[], false)), || Ok(None)).unwrap_err();
+        let e = build_op(20, Some(&attrs(4, &[], false)), || Ok(None)).unwrap_err();
         assert!(
-            e.to_string().contains("sub_op = 2 is not a DfuseLstmPart"),
+            e.to_string()
+                .contains("sub_op = 4 is not a DfuseRecurrencePart"),
             "{e}"
         );
         let e = build_op(19, None, || Ok(None)).unwrap_err();

@@ -3,8 +3,8 @@
 //! row cut into pieces, rows of strided or broadcast views, walked outer dims, row kernels,
 //! full reductions, matmul with and without a fused epilogue (whole and in blocks of few rows),
 //! in-place writes, depthwise convolutions split by channels, dense convolutions by samples
-//! (their weight gradients by input channels), grouped products by row windows, LSTM steps by
-//! samples.
+//! (their weight gradients by input channels), grouped products by row windows, LSTM and GRU
+//! steps by samples.
 //! Sizes are above the backend's serial threshold so the work really is split.
 
 use crate::harness;
@@ -356,31 +356,44 @@ fn a_grouped_product_split_by_row_windows_equals_one_thread() {
 }
 
 #[test]
-fn lstm_steps_split_by_samples_equal_one_thread() {
-    use deferfuse::fusion::ir::{KernelOp, Lstm, LstmPart};
+fn rnn_steps_split_by_samples_equal_one_thread() {
+    use deferfuse::fusion::ir::{KernelOp, Recurrence, RecurrencePart as P};
     // 13 samples in three uneven ranges, hidden 128 over 8 steps: above the split threshold;
-    // both directions, forward with its hidden bias, then the backward of each.
+    // both cells and directions, forward with the hidden bias, then the backward of each.
     let (t, b, h) = (8, 13, 128);
-    let op = |part, reverse| Op::Kernel(KernelOp::Lstm(Lstm { part, reverse }));
-    same_on_any_thread_count(|rt| {
-        let small = |n: usize, seed| {
-            let v: Vec<f64> = values(n, seed).iter().map(|x| x * 0.1).collect();
-            v
+    let op = |part, reverse| Op::Kernel(KernelOp::Recurrence(Recurrence { part, reverse }));
+    for (lstm, gates) in [(true, 4), (false, 3)] {
+        let (forward, backward) = if lstm {
+            (P::LstmForward, P::LstmBackward)
+        } else {
+            (P::GruForward, P::GruBackward)
         };
-        let xg = tensor(rt, DType::F32, &[t, b, 4 * h], &values(t * b * 4 * h, 11));
-        let w = tensor(rt, DType::F32, &[4 * h, h], &small(4 * h * h, 12));
-        let w_t = view(rt, w, View::Transpose(0, 1));
-        let h0 = tensor(rt, DType::F32, &[b, h], &values(b * h, 13));
-        let c0 = tensor(rt, DType::F32, &[b, h], &values(b * h, 14));
-        let bias = tensor(rt, DType::F32, &[4 * h], &values(4 * h, 15));
-        let dy = tensor(rt, DType::F32, &[t, b, h], &values(t * b * h, 16));
-        let mut outs = vec![];
-        for reverse in [false, true] {
-            let ins = [tt(xg), tt(w_t), tt(h0), tt(c0), tt(bias)];
-            let y = run(rt, op(LstmPart::Forward, reverse), &ins);
-            let ins = [tt(y), tt(c0), tt(w), tt(dy), tt(h0), tt(c0)];
-            outs.extend([y, run(rt, op(LstmPart::Backward, reverse), &ins)]);
-        }
-        outs
-    });
+        same_on_any_thread_count(|rt| {
+            let g = gates * h;
+            let small: Vec<f64> = values(g * h, 12).iter().map(|x| x * 0.1).collect();
+            let xg = tensor(rt, DType::F32, &[t, b, g], &values(t * b * g, 11));
+            let w = tensor(rt, DType::F32, &[g, h], &small);
+            let w_t = view(rt, w, View::Transpose(0, 1));
+            let h0 = tensor(rt, DType::F32, &[b, h], &values(b * h, 13));
+            let c0 = tensor(rt, DType::F32, &[b, h], &values(b * h, 14));
+            let bias = tensor(rt, DType::F32, &[g], &values(g, 15));
+            let dy = tensor(rt, DType::F32, &[t, b, h], &values(t * b * h, 16));
+            let mut outs = vec![];
+            for reverse in [false, true] {
+                let ins = if lstm {
+                    vec![tt(xg), tt(w_t), tt(h0), tt(c0), tt(bias)]
+                } else {
+                    vec![tt(xg), tt(w_t), tt(h0), tt(bias)]
+                };
+                let y = run(rt, op(forward, reverse), &ins);
+                let first = if lstm { c0 } else { h0 };
+                let mut ins = vec![tt(y), tt(first), tt(w), tt(dy), tt(h0)];
+                if lstm {
+                    ins.push(tt(c0));
+                }
+                outs.extend([y, run(rt, op(backward, reverse), &ins)]);
+            }
+            outs
+        });
+    }
 }

@@ -1,5 +1,5 @@
 //! Kernel ops: gather, scatter, scans, sort, random numbers, depthwise convolutions, grouped
-//! matrix products, the CTC loss and the LSTM recurrence. Each output element depends on
+//! matrix products, the CTC loss and the RNN recurrences. Each output element depends on
 //! elements other than its own position (or on a counter), so none fuses into a loop: the
 //! planner cuts around them (`unfusable`) and a backend runs each as one host routine.
 //!
@@ -14,8 +14,8 @@ use super::error::{OpError, OpResult};
 use super::grouped_matmul::{infer_grouped_matmul, GroupedMatmul};
 use super::infer::{ArgMeta, Inferred};
 use super::layout::{fmt_dims, wrap_dim, Dims};
-use super::lstm::{infer_lstm, Lstm};
 use super::op::{Op, Scalar};
+use super::recurrence::{infer_recurrence, Recurrence};
 use super::shapes::check_numel;
 
 /// How `scatter` combines a scattered value with what is already there (torch's `reduce=`).
@@ -154,8 +154,8 @@ pub enum KernelOp {
     /// A dense stride-1 convolution (`conv.rs`), whose columns are never written; boxed like
     /// `Depthwise`.
     Conv(Box<Conv>),
-    /// The steps of one LSTM layer's direction, forward or backward (`lstm.rs`).
-    Lstm(Lstm),
+    /// The steps of one LSTM or GRU layer's direction, forward or backward (`recurrence.rs`).
+    Recurrence(Recurrence),
 }
 
 impl KernelOp {
@@ -187,7 +187,7 @@ impl KernelOp {
             KernelOp::GroupedMatmul(_) => "grouped_mm",
             KernelOp::Ctc(_) => "ctc_loss",
             KernelOp::Conv(_) => "conv",
-            KernelOp::Lstm(_) => "lstm_recurrence",
+            KernelOp::Recurrence(r) => r.part.name(),
         }
     }
 
@@ -217,7 +217,7 @@ impl KernelOp {
             KernelOp::Depthwise(_) | KernelOp::GroupedMatmul(_) | KernelOp::Conv(_) => first,
             // Grad's first operand is the gradient, of log_probs' dtype too.
             KernelOp::Ctc(_) => first,
-            KernelOp::Lstm(_) => DType::F32,
+            KernelOp::Recurrence(_) => DType::F32,
         }
     }
 }
@@ -424,7 +424,7 @@ pub(super) fn infer_kernel(op: &Op, k: &KernelOp, args: &[ArgMeta]) -> OpResult<
         KernelOp::GroupedMatmul(g) => infer_grouped_matmul(*g, args),
         KernelOp::Ctc(c) => infer_ctc(c, args),
         KernelOp::Conv(c) => infer_conv(c, args),
-        KernelOp::Lstm(l) => infer_lstm(l, args),
+        KernelOp::Recurrence(r) => infer_recurrence(r, args),
     }
 }
 
@@ -457,7 +457,7 @@ impl std::fmt::Display for KernelOp {
             KernelOp::GroupedMatmul(g) => write!(f, ".{g}"),
             KernelOp::Ctc(c) => write!(f, "{c}"),
             KernelOp::Conv(c) => write!(f, "{c}"),
-            KernelOp::Lstm(l) => write!(f, "{l}"),
+            KernelOp::Recurrence(r) => write!(f, "{r}"),
         }
     }
 }

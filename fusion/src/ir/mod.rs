@@ -11,8 +11,8 @@ pub mod infer;
 mod infer_memo;
 pub mod kernel;
 pub mod layout;
-mod lstm;
 pub mod op;
+mod recurrence;
 mod shapes;
 
 pub use conv::{Conv, ConvPart};
@@ -25,5 +25,5 @@ pub use infer::{infer, ArgMeta, Inferred};
 pub use infer_memo::infer_memo_operands;
 pub use kernel::{KernelOp, RandomDist, ScanOp, ScatterReduce};
 pub use layout::{Dims, Layout, Strides};
-pub use lstm::{Lstm, LstmPart};
 pub use op::{BinaryOp, Op, ReduceOp, Scalar, UnaryOp};
+pub use recurrence::{Recurrence, RecurrencePart};

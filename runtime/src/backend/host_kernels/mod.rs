@@ -1,6 +1,6 @@
 //! Host implementations of the kernel ops (gather, scatter, scans, sort, random numbers,
 //! depthwise and dense stride-1 convolutions, grouped matrix products, the CTC loss, the LSTM
-//! recurrence): loops over host memory, generic over dtype, reading every operand
+//! and GRU recurrences): loops over host memory, generic over dtype, reading every operand
 //! through its layout (strides, offset; an expanded index has stride 0). Both backends run
 //! them: the CPU backend directly, the PJRT backend on host bytes (`HostProgram` writes device
 //! values back first), so results are the same bits on either and in every mode.
@@ -11,8 +11,8 @@ mod depthwise;
 pub(crate) mod elem;
 mod gather;
 mod grouped_matmul;
-mod lstm;
 mod random;
+mod recurrence;
 mod scan;
 mod scatter;
 mod sort;
@@ -95,7 +95,7 @@ impl HostProgram for KernelProgram {
             KernelOp::Conv(k) => {
                 conv::run(k, &inputs[0], &inputs[1], &dst.view, self.1.as_deref())?
             }
-            KernelOp::Lstm(k) => lstm::run(k, &inputs, &dst.view, self.1.as_deref())?,
+            KernelOp::Recurrence(k) => recurrence::run(k, &inputs, &dst.view, self.1.as_deref())?,
         }
         dst.finish();
         Ok(())

@@ -1,0 +1,298 @@
+//! The recurrence kernel op (`nn.LSTM`, `nn.GRU`): every time step of one direction of one
+//! layer, or its backward, as one op.
+//!
+//! Each step's hidden product waits on the step before, so nothing fuses across steps; recorded
+//! step by step, a layer was ~10 ops per step forward and backward (a 2-layer LSTM over 64
+//! steps ~6,900 ops a training step), and the host's recording, not the arithmetic, bounded
+//! the step. As one op the recurrence is one program: the host records a handful of ops a
+//! layer, and the steps run back to back in one host routine.
+//!
+//! The input products of all steps (`x @ W_ih^T + b_ih`) stay outside, one GEMM for the layer,
+//! as do the weight gradients (one GEMM each over all steps), which read this op's results.
+
+use super::dtype::DType;
+use super::error::{OpError, OpResult};
+use super::infer::{ArgMeta, Inferred};
+use super::kernel::tensor;
+use super::layout::{fmt_dims, Dims};
+use smallvec::smallvec;
+
+/// Which cell and which half of its recurrence the op computes. `repr(u32)` with explicit
+/// numbers because the C ABI passes them; append new values, never renumber.
+///
+/// `T` steps, batch `B`, hidden size `H`; `G` is the cell's gate width (`4H` for the LSTM, `3H`
+/// for the GRU). A forward's operands are `xg [T, B, G]` (each step's input product with
+/// `b_ih`), `w_hh_t [H, G]` (`W_hh` transposed, contiguous or not), `h0 [B, H]`, the LSTM's
+/// `c0 [B, H]` and optionally `b_hh [G]`. A backward's are the forward's result, the LSTM's
+/// `c0` or the GRU's `h0`, `w_hh [G, H]`, the gradients of the layer's output `dy [T, B, H]`
+/// and of its last states, `dh [B, H]` and the LSTM's `dc [B, H]`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RecurrencePart {
+    /// The LSTM's steps: result `[T, B, 6H]`, per step and sample the gates after their
+    /// activations `i, f, g, o`, then the cell state `c` and the hidden state `h`.
+    LstmForward = 0,
+    /// Their backward: result `[T + 1, B, 4H]`, rows `0..T` each step's gate gradients before
+    /// the activations (`di, df, dg, do`), row `T` the gradients of `h0` and `c0` in its first
+    /// `2H` columns (the rest zero).
+    LstmBackward = 1,
+    /// The GRU's steps: result `[T, B, 5H]`, per step and sample `r, z, n` after their
+    /// activations, the hidden product's n part `hn` (before the reset gate) and `h`.
+    GruForward = 2,
+    /// Their backward: result `[T + 1, B, 6H]`, rows `0..T` each step's gradients of the input
+    /// product's gates (`dr, dz, dn`) then of the hidden product's (`dr, dz, dn * r`), row `T`
+    /// the gradient of `h0` in its first `H` columns (the rest zero).
+    GruBackward = 3,
+}
+
+impl RecurrencePart {
+    /// Every variant, indexed by its ABI number.
+    pub const ALL: [RecurrencePart; 4] = [
+        RecurrencePart::LstmForward,
+        RecurrencePart::LstmBackward,
+        RecurrencePart::GruForward,
+        RecurrencePart::GruBackward,
+    ];
+
+    /// Decodes an ABI number; `None` for an unknown value.
+    pub fn from_u32(v: u32) -> Option<RecurrencePart> {
+        RecurrencePart::ALL.get(v as usize).copied()
+    }
+
+    /// The LSTM's parts (else the GRU's).
+    pub fn is_lstm(self) -> bool {
+        matches!(
+            self,
+            RecurrencePart::LstmForward | RecurrencePart::LstmBackward
+        )
+    }
+
+    /// The backward parts.
+    pub fn is_backward(self) -> bool {
+        matches!(
+            self,
+            RecurrencePart::LstmBackward | RecurrencePart::GruBackward
+        )
+    }
+
+    /// The op's name in errors and dumps.
+    pub fn name(self) -> &'static str {
+        if self.is_lstm() {
+            "lstm_recurrence"
+        } else {
+            "gru_recurrence"
+        }
+    }
+
+    /// Gates per hidden unit: the width of a step's input product over `H`.
+    pub fn gates(self) -> usize {
+        if self.is_lstm() {
+            4
+        } else {
+            3
+        }
+    }
+
+    /// Floats per hidden unit in a step's row of the forward's result.
+    pub fn kept(self) -> usize {
+        if self.is_lstm() {
+            6
+        } else {
+            5
+        }
+    }
+
+    /// Floats per hidden unit in a step's row of the backward's result.
+    pub fn grads(self) -> usize {
+        if self.is_lstm() {
+            4
+        } else {
+            6
+        }
+    }
+
+    fn operands(self) -> &'static [&'static str] {
+        match self {
+            RecurrencePart::LstmForward => &["xg", "w_hh_t", "h0", "c0", "b_hh"],
+            RecurrencePart::LstmBackward => &["steps", "c0", "w_hh", "dy", "dh", "dc"],
+            RecurrencePart::GruForward => &["xg", "w_hh_t", "h0", "b_hh"],
+            RecurrencePart::GruBackward => &["steps", "h0", "w_hh", "dy", "dh"],
+        }
+    }
+}
+
+/// A recurrence part and the order its steps are walked in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Recurrence {
+    /// Which cell and half.
+    pub part: RecurrencePart,
+    /// The steps run from the last to the first (a bidirectional layer's second direction):
+    /// step `t` follows step `t + 1`, and the first state feeds step `T - 1`.
+    pub reverse: bool,
+}
+
+impl std::fmt::Display for Recurrence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            ".{:?}{}",
+            self.part,
+            if self.reverse { ".reverse" } else { "" }
+        )
+    }
+}
+
+/// Output dtype and shape of part `k` over `args`, or why they do not fit. Float32 only: the
+/// caller keeps other dtypes on the step-by-step path.
+pub(super) fn infer_recurrence(k: &Recurrence, args: &[ArgMeta]) -> OpResult<Inferred> {
+    let part = k.part;
+    let name = part.name();
+    let names = part.operands();
+    // A forward's last operand, the hidden bias, is optional.
+    let fewest = names.len() - usize::from(!part.is_backward());
+    if !(fewest..=names.len()).contains(&args.len()) {
+        return Err(OpError::new(
+            name,
+            "inputs",
+            format!(
+                "{fewest} to {} operands ({})",
+                names.len(),
+                names.join(", ")
+            ),
+            format!("{}", args.len()),
+        ));
+    }
+    let mut ops = Vec::with_capacity(args.len());
+    for (i, what) in names.iter().enumerate().take(args.len()) {
+        ops.push(tensor(name, args, i, what)?);
+    }
+    let (d0, first) = ops[0];
+    let (lanes, per_step) = if part.is_backward() {
+        (part.kept(), "the forward's result")
+    } else {
+        (part.gates(), "each step's input product")
+    };
+    if d0 != DType::F32 || first.len() != 3 || first[2] % lanes != 0 || first.contains(&0) {
+        return Err(OpError::new(
+            name,
+            format!("input 0 ({})", names[0]),
+            format!("a non-empty float32 [T, B, {lanes}H] ({per_step})"),
+            format!("dtype {d0}, shape {}", fmt_dims(first)),
+        ));
+    }
+    let (t, b, h) = (first[0], first[1], first[2] / lanes);
+    let g = part.gates() * h;
+    let shape = |what: &str| -> Vec<usize> {
+        match what {
+            "w_hh_t" => vec![h, g],
+            "w_hh" => vec![g, h],
+            "b_hh" => vec![g],
+            "dy" => vec![t, b, h],
+            _ => vec![b, h],
+        }
+    };
+    for (i, (&what, &(dtype, sizes))) in names.iter().zip(&ops).enumerate().skip(1) {
+        let want = shape(what);
+        if dtype != DType::F32 || sizes.as_slice() != want.as_slice() {
+            return Err(OpError::new(
+                name,
+                format!("input {i} ({what})"),
+                format!("float32 of shape {}", fmt_dims(&want)),
+                format!("dtype {dtype}, shape {}", fmt_dims(sizes)),
+            ));
+        }
+    }
+    let sizes: Dims = if part.is_backward() {
+        smallvec![t + 1, b, part.grads() * h]
+    } else {
+        smallvec![t, b, part.kept() * h]
+    };
+    Ok(Inferred {
+        dtype: DType::F32,
+        sizes,
+        compute: DType::F32,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &[usize]) -> ArgMeta {
+        ArgMeta::tensor(DType::F32, s)
+    }
+
+    fn op(part: RecurrencePart) -> Recurrence {
+        Recurrence {
+            part,
+            reverse: false,
+        }
+    }
+
+    #[test]
+    fn the_lstm_forward_keeps_four_gates_a_cell_and_a_hidden_state_per_step() {
+        let args = [t(&[5, 2, 12]), t(&[3, 12]), t(&[2, 3]), t(&[2, 3])];
+        let r = infer_recurrence(&op(RecurrencePart::LstmForward), &args);
+        assert_eq!(r.unwrap().sizes.as_slice(), &[5, 2, 18]);
+    }
+
+    #[test]
+    fn a_forward_takes_an_optional_hidden_bias() {
+        let args = [
+            t(&[5, 2, 12]),
+            t(&[3, 12]),
+            t(&[2, 3]),
+            t(&[2, 3]),
+            t(&[12]),
+        ];
+        assert!(infer_recurrence(&op(RecurrencePart::LstmForward), &args).is_ok());
+        let args = [t(&[5, 2, 9]), t(&[3, 9]), t(&[2, 3]), t(&[9])];
+        let r = infer_recurrence(&op(RecurrencePart::GruForward), &args);
+        assert_eq!(r.unwrap().sizes.as_slice(), &[5, 2, 15]);
+    }
+
+    #[test]
+    fn a_backward_has_one_more_row_for_the_first_states_gradients() {
+        let args = [
+            t(&[5, 2, 18]),
+            t(&[2, 3]),
+            t(&[12, 3]),
+            t(&[5, 2, 3]),
+            t(&[2, 3]),
+            t(&[2, 3]),
+        ];
+        let r = infer_recurrence(&op(RecurrencePart::LstmBackward), &args);
+        assert_eq!(r.unwrap().sizes.as_slice(), &[6, 2, 12]);
+        let args = [
+            t(&[5, 2, 15]),
+            t(&[2, 3]),
+            t(&[9, 3]),
+            t(&[5, 2, 3]),
+            t(&[2, 3]),
+        ];
+        let r = infer_recurrence(&op(RecurrencePart::GruBackward), &args);
+        assert_eq!(r.unwrap().sizes.as_slice(), &[6, 2, 18]);
+    }
+
+    #[test]
+    fn a_weight_of_the_wrong_shape_is_named_with_the_shape_expected() {
+        let args = [t(&[5, 2, 12]), t(&[12, 3]), t(&[2, 3]), t(&[2, 3])];
+        let e = infer_recurrence(&op(RecurrencePart::LstmForward), &args).unwrap_err();
+        assert_eq!(e.operand, "input 1 (w_hh_t)");
+        assert!(e.expected.contains("[3, 12]"), "{}", e.expected);
+    }
+
+    #[test]
+    fn float64_is_refused() {
+        let args = [
+            ArgMeta::tensor(DType::F64, &[5, 2, 9]),
+            t(&[3, 9]),
+            t(&[2, 3]),
+        ];
+        let e = infer_recurrence(&op(RecurrencePart::GruForward), &args).unwrap_err();
+        assert_eq!(
+            (e.op.as_str(), e.operand.as_str()),
+            ("gru_recurrence", "input 0 (xg)")
+        );
+    }
+}

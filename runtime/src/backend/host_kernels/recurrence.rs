@@ -1,0 +1,234 @@
+//! The RNN recurrences' host routines (`KernelOp::Recurrence`): every step of one direction of
+//! one LSTM or GRU layer, forward or backward, in one call (the cells' walks: `lstm.rs`,
+//! `gru.rs`).
+//!
+//! Each step computes as the step-by-step ops it replaces did, in CPU's cell order: the
+//! hidden product `b_hh + h @ W_hh^T` (the bias written first and the product added onto it,
+//! as the runtime's addmm does), the step's input product added, the gates' activations (the
+//! JIT's own sigmoid and tanh routines, so the same bits), the cell's state update; the
+//! backward as autograd through CPU's cell (`sigmoid_backward` is `d * (1 - y) * y`,
+//! `tanh_backward` is `d * (1 - y * y)`), then `dh` through the gates' gradients `@ W_hh`.
+//!
+//! The samples of a batch never meet: a sample's next step reads only its own states (and,
+//! backward, its own gradients). So the batch is split into ranges of samples that run side
+//! by side, each walking every step on its own, with no barrier between steps; every product
+//! keeps the whole batch's kernel choice, so the bits do not depend on the split.
+//!
+//! Operands are read in place when they are dense, else copied dense first; the result is
+//! written in place when it is dense, else through a dense copy.
+
+mod gru;
+mod lstm;
+
+use super::{for_each_row, jobs, View};
+use crate::backend::cpu::block_math;
+use crate::backend::SideBySide;
+use crate::error::Result;
+use deferfuse_fusion::ir::{Recurrence, RecurrencePart};
+use std::borrow::Cow;
+
+/// Fewest multiply-adds in the steps' products worth splitting the batch over threads.
+const SERIAL_BELOW_MACS: usize = 1 << 22;
+
+/// Fewest samples a range of the batch takes: thinner products run far below the GEMM's speed.
+const MIN_ROWS: usize = 4;
+
+/// Runs part `k` over `inputs` into `out`, the batch split over `threads` when there is work
+/// enough.
+pub(super) unsafe fn run(
+    k: &Recurrence,
+    inputs: &[View],
+    out: &View,
+    threads: Option<&dyn SideBySide>,
+) -> Result<()> {
+    let ops = Operands::new(k.part, inputs);
+    let (t_len, b_len, h) = ops.dims;
+    let ranges = match threads {
+        Some(t) if t_len * b_len * h * k.part.gates() * h >= SERIAL_BELOW_MACS => {
+            t.threads().min(b_len / MIN_ROWS).max(1)
+        }
+        _ => 1,
+    };
+    let mut result = DenseOut::new(out);
+    let dst = Dst(result.as_mut_slice().as_mut_ptr());
+    let walk = match k.part {
+        RecurrencePart::LstmForward => lstm::forward,
+        RecurrencePart::LstmBackward => lstm::backward,
+        RecurrencePart::GruForward => gru::forward,
+        RecurrencePart::GruBackward => gru::backward,
+    };
+    jobs(threads.filter(|_| ranges > 1), ranges, &|j| {
+        let rows = b_len * j / ranges..b_len * (j + 1) / ranges;
+        walk(k.reverse, &ops, dst.0, rows);
+        Ok(())
+    })?;
+    result.finish();
+    Ok(())
+}
+
+/// The result's first element, which the ranges of the batch write apart.
+struct Dst(*mut f32);
+
+// SAFETY: each range writes only its own samples' elements.
+unsafe impl Sync for Dst {}
+
+/// Whether `v`'s elements lie row-major and adjacent (dims of size 1 may have any stride).
+fn is_dense(v: &View) -> bool {
+    let mut want = 1isize;
+    for (&size, &stride) in v.sizes.iter().zip(&v.strides).rev() {
+        if size != 1 && stride != want {
+            return false;
+        }
+        want *= size as isize;
+    }
+    true
+}
+
+/// An f32 operand as a dense slice: in place when it is dense, else copied.
+///
+/// # Safety
+/// `v` is an f32 view inside its buffer.
+unsafe fn dense(v: &View) -> Cow<'_, [f32]> {
+    let base = (v.base as *const f32).offset(v.offset);
+    if is_dense(v) {
+        return Cow::Borrowed(std::slice::from_raw_parts(base, v.numel()));
+    }
+    let last = v.sizes.len() - 1;
+    let (n, step) = (v.sizes[last], v.strides[last]);
+    let mut copy = Vec::with_capacity(v.numel());
+    for_each_row(&v.sizes, last, &[v], |_, offs| {
+        for e in 0..n as isize {
+            copy.push(*(v.base as *const f32).offset(offs[0] + e * step));
+        }
+    });
+    Cow::Owned(copy)
+}
+
+/// The result as a dense slice: the output itself when it is dense, else a scratch copy that
+/// [`DenseOut::finish`] writes out.
+struct DenseOut<'a> {
+    out: &'a View,
+    scratch: Option<Vec<f32>>,
+}
+
+impl<'a> DenseOut<'a> {
+    fn new(out: &'a View) -> DenseOut<'a> {
+        let scratch = (!is_dense(out)).then(|| vec![0.0; out.numel()]);
+        DenseOut { out, scratch }
+    }
+
+    /// # Safety
+    /// The output view lies inside its buffer, which nothing else reads or writes meanwhile.
+    unsafe fn as_mut_slice(&mut self) -> &mut [f32] {
+        match &mut self.scratch {
+            Some(v) => v,
+            None => std::slice::from_raw_parts_mut(
+                (self.out.base as *mut f32).offset(self.out.offset),
+                self.out.numel(),
+            ),
+        }
+    }
+
+    /// Copies a scratch result into the output.
+    unsafe fn finish(&self) {
+        let Some(scratch) = &self.scratch else {
+            return;
+        };
+        let v = self.out;
+        let last = v.sizes.len() - 1;
+        let (n, step) = (v.sizes[last], v.strides[last]);
+        let mut from = scratch.iter();
+        for_each_row(&v.sizes, last, &[v], |_, offs| {
+            for e in 0..n as isize {
+                *(v.base as *mut f32).offset(offs[0] + e * step) = *from.next().unwrap();
+            }
+        });
+    }
+}
+
+/// `row = sigmoid(row)` in place, as the JIT's loops compute it.
+fn sigmoid(row: &mut [f32]) {
+    if block_math::available() {
+        // SAFETY: the row is `row.len()` writable floats and the host has AVX2 and FMA.
+        unsafe { block_math::df_block_sigmoid_f32(row.as_mut_ptr(), row.len() as i64) };
+    } else {
+        row.iter_mut().for_each(|x| *x = 1.0 / (1.0 + (-*x).exp()));
+    }
+}
+
+/// `row = tanh(row)` in place, as the JIT's loops compute it.
+fn tanh(row: &mut [f32]) {
+    if block_math::available() {
+        // SAFETY: as in `sigmoid`.
+        unsafe { block_math::df_block_tanh_f32(row.as_mut_ptr(), row.len() as i64) };
+    } else {
+        row.iter_mut().for_each(|x| *x = x.tanh());
+    }
+}
+
+/// The step the walk takes `s`-th: forward in time, or from the last step for a reverse
+/// direction.
+fn step_at(s: usize, t_len: usize, reverse: bool) -> usize {
+    if reverse {
+        t_len - 1 - s
+    } else {
+        s
+    }
+}
+
+/// A part's operands as its walks read them, shared by the ranges of the batch.
+struct Operands<'a> {
+    /// Steps, batch, hidden size.
+    dims: (usize, usize, usize),
+    /// The operands but the weight, dense, in their order (`RecurrencePart`'s doc).
+    dense: Vec<Cow<'a, [f32]>>,
+    /// `W_hh^T` (forward) or `W_hh` (backward): first element, row and column strides.
+    w: (*const f32, isize, isize),
+}
+
+// SAFETY: the ranges only read the operands.
+unsafe impl Sync for Operands<'_> {}
+
+impl<'a> Operands<'a> {
+    /// # Safety
+    /// The views are f32 operands of `part` inside their buffers.
+    unsafe fn new(part: RecurrencePart, inputs: &'a [View]) -> Operands<'a> {
+        let first = &inputs[0];
+        let (weight, per_step) = if part.is_backward() {
+            (2, part.kept())
+        } else {
+            (1, part.gates())
+        };
+        let v = &inputs[weight];
+        Operands {
+            dims: (first.sizes[0], first.sizes[1], first.sizes[2] / per_step),
+            dense: (0..inputs.len())
+                .filter(|&i| i != weight)
+                .map(|i| dense(&inputs[i]))
+                .collect(),
+            w: (
+                (v.base as *const f32).offset(v.offset),
+                v.strides[0],
+                v.strides[1],
+            ),
+        }
+    }
+}
+
+/// One sample's `len` floats at element `at` of the result.
+///
+/// # Safety
+/// They lie inside the result, and only the caller's range writes them.
+unsafe fn part<'r>(r: *mut f32, at: usize, len: usize) -> &'r mut [f32] {
+    std::slice::from_raw_parts_mut(r.add(at), len)
+}
+
+/// `d * (1 - y) * y`: the gradient through a sigmoid whose output was `y` (CPU's order).
+fn sigmoid_backward(d: f32, y: f32) -> f32 {
+    d * (1.0 - y) * y
+}
+
+/// `d * (1 - y * y)`: the gradient through a tanh whose output was `y` (CPU's order).
+fn tanh_backward(d: f32, y: f32) -> f32 {
+    d * (1.0 - y * y)
+}

@@ -1,0 +1,132 @@
+//! The GRU cell's walks over the steps (`RecurrencePart::GruForward`, `GruBackward`), in the
+//! order of CPU's cell: `r = sigmoid(hr + xr)`, `z = sigmoid(hz + xz)`, `n = tanh(xn + hn *
+//! r)`, `h = (h_prev - n) * z + n`, where `h*` is the hidden product `b_hh + h_prev @ W_hh^T`
+//! and `x*` the step's input product.
+
+use super::{part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward, Operands};
+use crate::backend::cpu::matmul::sgemm_strided;
+use std::ops::Range;
+
+/// The forward walk for the samples `rows`: `y [T, B, 5H]` gets each step's `r, z, n, hn, h`.
+///
+/// # Safety
+/// `y` is the dense result for `ops`; no other range writes `rows`.
+pub(super) unsafe fn forward(reverse: bool, ops: &Operands, y: *mut f32, rows: Range<usize>) {
+    let (t_len, b_len, h) = ops.dims;
+    let (g_len, row) = (3 * h, 5 * h);
+    let (xg, h0) = (&ops.dense[0], &ops.dense[1]);
+    let bias = ops.dense.get(2);
+    let mut h_prev = vec![0f32; h];
+    for s in 0..t_len {
+        let t = step_at(s, t_len, reverse);
+        let prev = (s > 0).then(|| step_at(s - 1, t_len, reverse) * b_len * row);
+        let at = t * b_len * row;
+        // The hidden product lands in the first 3H floats of each sample's row.
+        if let Some(bias) = bias {
+            for b in rows.clone() {
+                part(y, at + b * row, g_len).copy_from_slice(bias);
+            }
+        }
+        let a = match prev {
+            Some(p) => (
+                y.add(p + rows.start * row + 4 * h) as *const f32,
+                row as isize,
+                1,
+            ),
+            None => (h0.as_ptr().add(rows.start * h), h as isize, 1),
+        };
+        let c = (y.add(at + rows.start * row), row as isize, 1);
+        let beta = if bias.is_some() { 1.0 } else { 0.0 };
+        sgemm_strided(b_len, (rows.len(), h, g_len), a, ops.w, beta, c);
+        for b in rows.clone() {
+            // The previous step's row lies before this one or, walking in reverse, after it.
+            h_prev.copy_from_slice(match prev {
+                Some(p) => part(y, p + b * row + 4 * h, h),
+                None => &h0[b * h..][..h],
+            });
+            let cell = part(y, at + b * row, row);
+            let x = &xg[(t * b_len + b) * g_len..][..g_len];
+            // hn is kept for the backward before n's place is overwritten.
+            cell.copy_within(2 * h..3 * h, 3 * h);
+            cell[..2 * h].iter_mut().zip(x).for_each(|(v, x)| *v += x);
+            sigmoid(&mut cell[..2 * h]);
+            let (rz, rest) = cell.split_at_mut(2 * h);
+            let (r, z) = rz.split_at(h);
+            let (n, rest) = rest.split_at_mut(h);
+            let (hn, h_new) = rest.split_at_mut(h);
+            for j in 0..h {
+                n[j] = x[2 * h + j] + hn[j] * r[j];
+            }
+            tanh(n);
+            for j in 0..h {
+                h_new[j] = (h_prev[j] - n[j]) * z[j] + n[j];
+            }
+        }
+    }
+}
+
+/// The backward walk for the samples `rows`, from the forward's last step to its first: `r
+/// [T + 1, B, 6H]` gets each step's gradients of the input product's gates and of the hidden
+/// product's, and in row `T` the gradient of `h0`.
+///
+/// # Safety
+/// `r` is the dense result for `ops`; no other range writes `rows`.
+pub(super) unsafe fn backward(reverse: bool, ops: &Operands, r: *mut f32, rows: Range<usize>) {
+    let (t_len, b_len, h) = ops.dims;
+    let (g_len, row, out_row) = (3 * h, 5 * h, 6 * h);
+    let (steps, h0, dy) = (&ops.dense[0], &ops.dense[1], &ops.dense[2]);
+    // This range's running gradient of h (from the last state's), and each sample's share of
+    // it that skips the gates (through `(h_prev - n) * z`).
+    let mut dh = ops.dense[3][rows.start * h..rows.end * h].to_vec();
+    let mut through_z = vec![0f32; rows.len() * h];
+    for s in 0..t_len {
+        let fwd = t_len - 1 - s;
+        let t = step_at(fwd, t_len, reverse);
+        let prev = (fwd > 0).then(|| step_at(fwd - 1, t_len, reverse));
+        for (k, b) in rows.clone().enumerate() {
+            let cell = &steps[(t * b_len + b) * row..][..row];
+            let (rg, z, n, hn) = (
+                &cell[..h],
+                &cell[h..2 * h],
+                &cell[2 * h..3 * h],
+                &cell[3 * h..4 * h],
+            );
+            let h_prev = match prev {
+                Some(p) => &steps[(p * b_len + b) * row + 4 * h..][..h],
+                None => &h0[b * h..][..h],
+            };
+            let dy = &dy[(t * b_len + b) * h..][..h];
+            let dh = &dh[k * h..][..h];
+            let skip = &mut through_z[k * h..][..h];
+            let out = part(r, (t * b_len + b) * out_row, out_row);
+            for j in 0..h {
+                let dh_t = dy[j] + dh[j];
+                skip[j] = dh_t * z[j];
+                let dz = dh_t * (h_prev[j] - n[j]);
+                let dn = tanh_backward(dh_t - skip[j], n[j]);
+                let dr = sigmoid_backward(dn * hn[j], rg[j]);
+                let dz_pre = sigmoid_backward(dz, z[j]);
+                out[j] = dr;
+                out[h + j] = dz_pre;
+                out[2 * h + j] = dn;
+                out[3 * h + j] = dr;
+                out[4 * h + j] = dz_pre;
+                out[5 * h + j] = dn * rg[j];
+            }
+        }
+        // dh = through_z + the hidden product's gate gradients @ W_hh.
+        let a = (
+            r.add((t * b_len + rows.start) * out_row + g_len) as *const f32,
+            out_row as isize,
+            1,
+        );
+        let dh_out = (dh.as_mut_ptr(), h as isize, 1);
+        sgemm_strided(b_len, (rows.len(), g_len, h), a, ops.w, 0.0, dh_out);
+        dh.iter_mut().zip(&through_z).for_each(|(d, s)| *d = s + *d);
+    }
+    for (k, b) in rows.enumerate() {
+        let out = part(r, (t_len * b_len + b) * out_row, out_row);
+        out[..h].copy_from_slice(&dh[k * h..][..h]);
+        out[h..].fill(0.0);
+    }
+}

@@ -1,0 +1,129 @@
+//! The LSTM cell's walks over the steps (`RecurrencePart::LstmForward`, `LstmBackward`).
+
+use super::{part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward, Operands};
+use crate::backend::cpu::matmul::sgemm_strided;
+use std::ops::Range;
+
+/// The forward walk for the samples `rows`: `y [T, B, 6H]` gets each step's `i, f, g, o, c,
+/// h`.
+///
+/// # Safety
+/// `y` is the dense result for `ops`; no other range writes `rows`.
+pub(super) unsafe fn forward(reverse: bool, ops: &Operands, y: *mut f32, rows: Range<usize>) {
+    let (t_len, b_len, h) = ops.dims;
+    let (g_len, row) = (4 * h, 6 * h);
+    let (xg, h0, c0) = (&ops.dense[0], &ops.dense[1], &ops.dense[2]);
+    let bias = ops.dense.get(3);
+    let (mut tanh_c, mut c_prev) = (vec![0f32; h], vec![0f32; h]);
+    for s in 0..t_len {
+        let t = step_at(s, t_len, reverse);
+        let prev = (s > 0).then(|| step_at(s - 1, t_len, reverse) * b_len * row);
+        let at = t * b_len * row;
+        if let Some(bias) = bias {
+            for b in rows.clone() {
+                part(y, at + b * row, g_len).copy_from_slice(bias);
+            }
+        }
+        let a = match prev {
+            Some(p) => (
+                y.add(p + rows.start * row + 5 * h) as *const f32,
+                row as isize,
+                1,
+            ),
+            None => (h0.as_ptr().add(rows.start * h), h as isize, 1),
+        };
+        let c = (y.add(at + rows.start * row), row as isize, 1);
+        let beta = if bias.is_some() { 1.0 } else { 0.0 };
+        sgemm_strided(b_len, (rows.len(), h, g_len), a, ops.w, beta, c);
+        for b in rows.clone() {
+            // The previous step's row lies before this one or, walking in reverse, after it.
+            c_prev.copy_from_slice(match prev {
+                Some(p) => part(y, p + b * row + 4 * h, h),
+                None => &c0[b * h..][..h],
+            });
+            let cell = part(y, at + b * row, row);
+            let x = &xg[(t * b_len + b) * g_len..][..g_len];
+            cell[..g_len].iter_mut().zip(x).for_each(|(v, x)| *v += x);
+            sigmoid(&mut cell[..2 * h]);
+            tanh(&mut cell[2 * h..3 * h]);
+            sigmoid(&mut cell[3 * h..4 * h]);
+            let (gates, state) = cell.split_at_mut(g_len);
+            let (i, rest) = gates.split_at(h);
+            let (f, rest) = rest.split_at(h);
+            let (g, o) = rest.split_at(h);
+            let (c_new, h_new) = state.split_at_mut(h);
+            for j in 0..h {
+                c_new[j] = f[j] * c_prev[j] + i[j] * g[j];
+            }
+            tanh_c.copy_from_slice(c_new);
+            tanh(&mut tanh_c);
+            for j in 0..h {
+                h_new[j] = o[j] * tanh_c[j];
+            }
+        }
+    }
+}
+
+/// The backward walk for the samples `rows`, from the forward's last step to its first: `r
+/// [T + 1, B, 4H]` gets each step's gate gradients, and in row `T` the gradients of `h0` and
+/// `c0`.
+///
+/// # Safety
+/// `r` is the dense result for `ops`; no other range writes `rows`.
+pub(super) unsafe fn backward(reverse: bool, ops: &Operands, r: *mut f32, rows: Range<usize>) {
+    let (t_len, b_len, h) = ops.dims;
+    let (g_len, row) = (4 * h, 6 * h);
+    let (steps, c0, dy) = (&ops.dense[0], &ops.dense[1], &ops.dense[2]);
+    // This range's running gradients of h and c, from those of the last states.
+    let mut dh = ops.dense[3][rows.start * h..rows.end * h].to_vec();
+    let mut dc = ops.dense[4][rows.start * h..rows.end * h].to_vec();
+    let mut tanh_c = vec![0f32; h];
+    for s in 0..t_len {
+        // The forward's steps in reverse: its `s`-th from the end.
+        let fwd = t_len - 1 - s;
+        let t = step_at(fwd, t_len, reverse);
+        let prev = (fwd > 0).then(|| step_at(fwd - 1, t_len, reverse));
+        for (k, b) in rows.clone().enumerate() {
+            let cell = &steps[(t * b_len + b) * row..][..row];
+            let (i, f, g, o) = (
+                &cell[..h],
+                &cell[h..2 * h],
+                &cell[2 * h..3 * h],
+                &cell[3 * h..4 * h],
+            );
+            let c = &cell[4 * h..5 * h];
+            let c_prev = match prev {
+                Some(p) => &steps[(p * b_len + b) * row + 4 * h..][..h],
+                None => &c0[b * h..][..h],
+            };
+            tanh_c.copy_from_slice(c);
+            tanh(&mut tanh_c);
+            let dy = &dy[(t * b_len + b) * h..][..h];
+            let (dh, dc) = (&dh[k * h..][..h], &mut dc[k * h..][..h]);
+            let out = part(r, (t * b_len + b) * g_len, g_len);
+            for j in 0..h {
+                let dh_t = dy[j] + dh[j];
+                let tc = tanh_c[j];
+                let dc_t = tanh_backward(dh_t * o[j], tc) + dc[j];
+                out[j] = sigmoid_backward(dc_t * g[j], i[j]);
+                out[h + j] = sigmoid_backward(dc_t * c_prev[j], f[j]);
+                out[2 * h + j] = tanh_backward(dc_t * i[j], g[j]);
+                out[3 * h + j] = sigmoid_backward(dh_t * tc, o[j]);
+                dc[j] = dc_t * f[j];
+            }
+        }
+        let a = (
+            r.add((t * b_len + rows.start) * g_len) as *const f32,
+            g_len as isize,
+            1,
+        );
+        let dh_out = (dh.as_mut_ptr(), h as isize, 1);
+        sgemm_strided(b_len, (rows.len(), g_len, h), a, ops.w, 0.0, dh_out);
+    }
+    for (k, b) in rows.enumerate() {
+        let out = part(r, (t_len * b_len + b) * g_len, g_len);
+        out[..h].copy_from_slice(&dh[k * h..][..h]);
+        out[h..2 * h].copy_from_slice(&dc[k * h..][..h]);
+        out[2 * h..].fill(0.0);
+    }
+}
