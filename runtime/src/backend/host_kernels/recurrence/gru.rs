@@ -122,7 +122,7 @@ pub(super) unsafe fn backward(reverse: bool, ops: &Operands, r: *mut f32, rows: 
         );
         let dh_out = (dh.as_mut_ptr(), h as isize, 1);
         sgemm_strided(b_len, (rows.len(), g_len, h), a, ops.w, 0.0, dh_out);
-        dh.iter_mut().zip(&through_z).for_each(|(d, s)| *d = s + *d);
+        dh.iter_mut().zip(&through_z).for_each(|(d, s)| *d += s);
     }
     for (k, b) in rows.enumerate() {
         let out = part(r, (t_len * b_len + b) * out_row, out_row);
