@@ -52,9 +52,10 @@ const NC: usize = 256;
 /// (72 KiB) stay in L2 while each 16-column panel (16 KiB) sits in L1.
 const MC: usize = 72;
 
-/// Fewest rows this kernel takes: below them each row tile of 6 would be mostly partial, and
-/// `small_gemm` takes most such products anyway.
-const MIN_ROWS: usize = 8;
+/// Fewest rows this kernel takes: below them a row tile would be mostly partial. `small_gemm`
+/// takes most products of up to 8 rows; on AVX-512 cores it leaves those of 5-8 rows by a wide
+/// plain B here (`small_gemm::WIDE_TILE_MIN_COLS`).
+const MIN_ROWS: usize = 5;
 
 thread_local! {
     /// The packed B block, kept between calls: a fresh 256 KiB buffer is a fresh mapping per

@@ -35,6 +35,16 @@ pub(super) const KC: usize = 256;
 const MAX_ROWS_TRANSPOSED_B: usize = 32;
 const MAX_ROWS: usize = 8;
 
+/// Fewest columns of a plain B from which, on AVX-512 cores, products of more than 4 rows take
+/// `packed_gemm`'s 16-lane tile (which reads a plain B in place for few rows) instead of this
+/// path's 4-row passes over B. Measured on Zen 4 (one thread, strict mode, two interleaved
+/// runs, this path -> the 16-lane tile): `[8, 128] @ [128, 512]` 20-21 -> 12-17 us, `[8, 1024] @
+/// [1024, 1024]` 325 -> 194-202, `[8, 64] @ [64, 2304]` 51-53 -> 29-30, `[8, 768] @ [768,
+/// 3072]` 728-733 -> 446-469, `[8, 32] @ [32, 4608]` 68-71 -> 37-38; narrower B lost (`[6, 256]
+/// @ [256, 256]` 18 -> 26, `[7, 512] @ [512, 128]` 19 -> 26, `[5, 128] @ [128, 384]` 15 ->
+/// 19). An LSTM's 8-sample half batch per thread, `[8, 128] @ [128, 512]` a step, is one.
+const WIDE_TILE_MIN_COLS: usize = 512;
+
 /// An f32 GEMM kernel with [`sgemm`]'s arguments: shape `(m, k, n)`, alpha, then each operand
 /// as a pointer and its (row, column) strides, beta between B and C. The kernels that give
 /// other orders or run on other CPUs share it, so callers can pick one as a value.
@@ -93,9 +103,20 @@ pub fn takes_small_path((m, k, n): (usize, usize, usize), rsb: isize, alpha: f32
         // Below 8 rows every `matrixmultiply` tile is partial, as every one here is.
         (false, _) => 7,
         (true, true) => MAX_ROWS_TRANSPOSED_B,
+        (true, false) if n >= WIDE_TILE_MIN_COLS && wide_tile_available() => 4,
         (true, false) => MAX_ROWS,
     };
     cfg!(target_arch = "x86_64") && (1..=max_rows).contains(&m) && k > 0 && n > 0 && has_fma_avx2()
+}
+
+/// Whether `packed_gemm`'s 16-lane tile can run here (an AVX-512 core).
+fn wide_tile_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::packed_gemm_avx512::has_avx512()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// The CPU features `matrixmultiply` picks its FMA kernel by (it ignores AVX-512 unless built

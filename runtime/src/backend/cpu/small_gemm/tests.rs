@@ -233,3 +233,27 @@ fn scaled_products_of_eight_or_more_rows_stay_with_matrixmultiply() {
     assert!(!takes_small_path((8, 64, 64), 1, 0.5));
     assert!(!takes_small_path((8, 64, 64), 64, 2.0));
 }
+
+#[test]
+fn five_to_eight_rows_by_a_wide_plain_b_take_the_wide_tile_with_the_same_bits() {
+    // On AVX-512 cores these leave this module's 4-row passes for `packed_gemm`'s 16-lane
+    // tile, which reads the plain B in place; the bits stay matrixmultiply's (scaled products
+    // of fewer than 8 rows stay here).
+    let wide = super::wide_tile_available() && has_fma_avx2();
+    for m in 5..=8 {
+        assert_eq!(
+            takes_small_path((m, 64, 512), 512, 1.0),
+            !wide && has_fma_avx2()
+        );
+        assert_eq!(takes_small_path((m, 64, 511), 511, 1.0), has_fma_avx2());
+        for k in [9, 257] {
+            for n in [512, 530] {
+                for (alpha, beta) in [(1.0, 0.0), (1.0, 1.0), (1.0, 0.5), (0.5, 2.0)] {
+                    let (ours, theirs) = both((m, k, n), ("rows", "rows"), (alpha, beta), 1);
+                    let what = format!("{m}x{k}x{n} alpha {alpha} beta {beta}");
+                    assert_same_bits(&ours, &theirs, &what);
+                }
+            }
+        }
+    }
+}
