@@ -1,5 +1,5 @@
-// nn.LSTM and nn.GRU (at::lstm, at::gru on padded input) on "tpu" as one autograd node per
-// call, with their own backward.
+// nn.LSTM, nn.GRU and nn.RNN (at::lstm, at::gru, at::rnn_tanh, at::rnn_relu on padded input) on
+// "tpu" as one autograd node per call, with their own backward.
 //
 // PyTorch's composite RNN on a device other than CPU computes both gate products of every
 // step (input and hidden) and one fused cell op (rnn.cpp), and autograd records every one of
@@ -28,13 +28,15 @@
 // parameters not on "tpu", and tensors the dispatcher must see whole (torch.compile's fake and
 // functional tensors). A double backward (create_graph=True) runs the forward again with
 // autograd on (the same dropout masks) and differentiates that, so it sees every dependency.
-// Packed sequences take the composite path (lstm.data, gru.data are not registered here).
+// Packed sequences take the composite path (the .data overloads are not registered here).
 #include "common.h"
 
 #include <algorithm>
 
 #include <ATen/ops/gru_native.h>
 #include <ATen/ops/lstm_native.h>
+#include <ATen/ops/rnn_relu_native.h>
+#include <ATen/ops/rnn_tanh_native.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -44,29 +46,53 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
+// The cell a layer's steps compute (the numbers are kept in the node's saved config).
+enum Cell : int64_t { kLstm = 0, kGru = 1, kRnnTanh = 2, kRnnRelu = 3 };
+
 // One call's configuration: what the forward computed and the backward retraces.
 struct Config {
-  bool lstm;
+  Cell cell;
   bool biases;
   int64_t layers;
   int64_t dirs;
   double dropout;  // applied between layers; 0 when not training
   bool batch_first;
-  // Each direction's steps as one kernel op (float32 LSTM), not recorded step by step.
+  // Each direction's steps as one kernel op (float32), not recorded step by step.
   bool kernel = false;
 
-  int64_t gates() const { return lstm ? 4 : 3; }
+  bool lstm() const { return cell == kLstm; }
+  bool gru() const { return cell == kGru; }
+  // nn.RNN's cell: h = act(x W_ih^T + b_ih + h W_hh^T + b_hh).
+  bool plain() const { return cell == kRnnTanh || cell == kRnnRelu; }
+  int64_t gates() const { return lstm() ? 4 : gru() ? 3 : 1; }
   // (w_ih, w_hh[, b_ih, b_hh]) for layer l, direction d.
   int64_t group(int64_t l, int64_t d) const { return (l * dirs + d) * (biases ? 4 : 2); }
   // Tensors saved per step: lstm i, f, g, o, c, h_prev, c_prev; gru r, z, n, hidden n gate,
-  // h_prev.
-  int64_t per_step() const { return lstm ? 7 : 5; }
+  // h_prev; the plain RNN h, h_prev.
+  int64_t per_step() const { return lstm() ? 7 : gru() ? 5 : 2; }
   // Tensors saved per direction over T steps: the kernel op's result with h0 (and c0), or the
   // per-step tensors.
-  int64_t per_direction(int64_t T) const { return kernel ? (lstm ? 3 : 2) : T * per_step(); }
+  int64_t per_direction(int64_t T) const { return kernel ? (lstm() ? 3 : 2) : T * per_step(); }
   // Where h sits in a step's row of the kernel op's result, in units of H (after the LSTM's
-  // i, f, g, o, c; the GRU's r, z, n, hn).
-  int64_t h_at() const { return lstm ? 5 : 4; }
+  // i, f, g, o, c; the GRU's r, z, n, hn; the plain RNN's row is h alone).
+  int64_t h_at() const { return lstm() ? 5 : gru() ? 4 : 0; }
+  // The kernel op's forward part; its backward is the next number.
+  uint32_t forward_part() const {
+    switch (cell) {
+      case kLstm: return DFUSE_RECURRENCE_PART_LSTM_FORWARD;
+      case kGru: return DFUSE_RECURRENCE_PART_GRU_FORWARD;
+      case kRnnTanh: return DFUSE_RECURRENCE_PART_RNN_TANH_FORWARD;
+      default: return DFUSE_RECURRENCE_PART_RNN_RELU_FORWARD;
+    }
+  }
+  const char* name() const {
+    switch (cell) {
+      case kLstm: return "lstm";
+      case kGru: return "gru";
+      case kRnnTanh: return "rnn_tanh";
+      default: return "rnn_relu";
+    }
+  }
 };
 
 // Whether a covered call's directions run as the kernel op: float32.
@@ -108,15 +134,14 @@ Direction run_direction_kernel(const Config& cfg, const at::Tensor& xg, const at
   // W_hh^T laid out once: the steps' products read a plain B in place.
   Operands ops;
   ops.t(xg).t(w_hh.t().contiguous()).t(h0);
-  if (cfg.lstm) ops.t(c0);
+  if (cfg.lstm()) ops.t(c0);
   if (b_hh.defined()) ops.t(b_hh);
-  auto a = recurrence_attrs(
-      cfg.lstm ? DFUSE_RECURRENCE_PART_LSTM_FORWARD : DFUSE_RECURRENCE_PART_GRU_FORWARD, d);
-  auto y = run(DFUSE_OP_KIND_RECURRENCE, &a, ops, cfg.lstm ? "lstm" : "gru");
-  if (save) *save = cfg.lstm ? std::vector<at::Tensor>{y, h0, c0} : std::vector<at::Tensor>{y, h0};
+  auto a = recurrence_attrs(cfg.forward_part(), d);
+  auto y = run(DFUSE_OP_KIND_RECURRENCE, &a, ops, cfg.name());
+  if (save) *save = cfg.lstm() ? std::vector<at::Tensor>{y, h0, c0} : std::vector<at::Tensor>{y, h0};
   auto last = y.select(0, d == 0 ? T - 1 : 0);
   return {y.narrow(2, cfg.h_at() * H, H), last.narrow(1, cfg.h_at() * H, H),
-          cfg.lstm ? last.narrow(1, 4 * H, H) : at::Tensor()};
+          cfg.lstm() ? last.narrow(1, 4 * H, H) : at::Tensor()};
 }
 
 Direction run_direction(const Config& cfg, const at::Tensor& x, at::TensorList params,
@@ -146,7 +171,14 @@ Direction run_direction(const Config& cfg, const at::Tensor& x, at::TensorList p
       int64_t t = d == 0 ? s : T - 1 - s;
       auto hg = b_hh.defined() ? at::addmm(b_hh, h, w_hh_t) : at::mm(h, w_hh_t);
       at::Tensor* slot = save ? save->data() + t * cfg.per_step() : nullptr;
-      if (cfg.lstm) {
+      if (cfg.plain()) {
+        auto pre = hg + xg[t];
+        auto h_next = cfg.cell == kRnnTanh ? pre.tanh() : pre.relu();
+        if (slot) {
+          for (const auto& v : {h_next, h}) *slot++ = v;
+        }
+        h = h_next;
+      } else if (cfg.lstm()) {
         auto gates = (hg + xg[t]).chunk(4, 1);
         auto i = gates[0].sigmoid(), f = gates[1].sigmoid();
         auto g = gates[2].tanh(), o = gates[3].sigmoid();
@@ -188,11 +220,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_forward(
     std::vector<at::Tensor> outs;
     for (int64_t d = 0; d < cfg.dirs; ++d) {
       int64_t j = l * cfg.dirs + d;
-      auto r = run_direction(cfg, x, params, l, d, hx[0][j], cfg.lstm ? hx[1][j] : at::Tensor(),
+      auto r = run_direction(cfg, x, params, l, d, hx[0][j], cfg.lstm() ? hx[1][j] : at::Tensor(),
                              saved ? &saved->steps[j] : nullptr);
       outs.push_back(r.out);
       hs.push_back(r.h);
-      if (cfg.lstm) cs.push_back(r.c);
+      if (cfg.lstm()) cs.push_back(r.c);
     }
     x = cfg.dirs == 1 ? outs[0] : at::cat(outs, 2);
     if (cfg.dropout > 0 && l + 1 < cfg.layers) {
@@ -209,7 +241,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_forward(
   // contiguous, as CPU's is.
   if (!x.is_contiguous()) x = x.contiguous();
   auto out = cfg.batch_first ? x.transpose(0, 1) : x;
-  return {out, at::stack(hs), cfg.lstm ? at::stack(cs) : at::Tensor()};
+  return {out, at::stack(hs), cfg.lstm() ? at::stack(cs) : at::Tensor()};
 }
 
 // a + b where either may be undefined (no gradient reached that way).
@@ -240,15 +272,16 @@ DirectionGrads backward_direction_kernel(const Config& cfg, const at::Tensor& x,
   const auto &w_ih = params[k], &w_hh = params[k + 1];
   auto zeros = [&](at::IntArrayRef sizes) { return at::zeros(sizes, x.options()); };
   Operands ops;
-  ops.t(y).t(cfg.lstm ? saved[2] : h0).t(w_hh).t(dy.defined() ? dy : zeros({T, B, H}));
-  ops.t(dh.defined() ? dh : zeros({B, H}));
-  if (cfg.lstm) ops.t(dc.defined() ? dc : zeros({B, H}));
-  auto a = recurrence_attrs(
-      cfg.lstm ? DFUSE_RECURRENCE_PART_LSTM_BACKWARD : DFUSE_RECURRENCE_PART_GRU_BACKWARD, d);
-  auto r = run(DFUSE_OP_KIND_RECURRENCE, &a, ops, cfg.lstm ? "lstm_backward" : "gru_backward");
+  // The first state the walk reads: the LSTM's c0, the GRU's h0 (the plain RNN's none).
+  ops.t(y);
+  if (!cfg.plain()) ops.t(cfg.lstm() ? saved[2] : h0);
+  ops.t(w_hh).t(dy.defined() ? dy : zeros({T, B, H})).t(dh.defined() ? dh : zeros({B, H}));
+  if (cfg.lstm()) ops.t(dc.defined() ? dc : zeros({B, H}));
+  auto a = recurrence_attrs(cfg.forward_part() + 1, d);
+  auto r = run(DFUSE_OP_KIND_RECURRENCE, &a, ops, cfg.name());
   auto steps = r.narrow(0, 0, T);
   auto dgi = steps.narrow(2, 0, G).reshape({T * B, G});
-  auto dgh = cfg.lstm ? dgi : steps.narrow(2, G, G).reshape({T * B, G});
+  auto dgh = cfg.gru() ? steps.narrow(2, G, G).reshape({T * B, G}) : dgi;
   // Each step's h before it: h0 first in the walk's order, then the steps' own h.
   auto hs = y.narrow(2, cfg.h_at() * H, H);
   auto first = h0.unsqueeze(0);
@@ -264,7 +297,7 @@ DirectionGrads backward_direction_kernel(const Config& cfg, const at::Tensor& x,
   }
   auto last = r.select(0, T);
   return {want_dx ? at::mm(dgi, w_ih).view({T, B, -1}) : at::Tensor(), last.narrow(1, 0, H),
-          cfg.lstm ? last.narrow(1, H, H) : at::Tensor()};
+          cfg.lstm() ? last.narrow(1, H, H) : at::Tensor()};
 }
 
 DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::TensorList params,
@@ -284,7 +317,7 @@ DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::Te
   // Each step's gate gradients are written into their place for the weight gradients' products
   // by the step's own program, not gathered by a stack after the last step.
   auto dgi_steps = at::empty({T, B, G}, x.options());
-  auto dgh_steps = cfg.lstm ? dgi_steps : at::empty({T, B, G}, x.options());
+  auto dgh_steps = cfg.gru() ? at::empty({T, B, G}, x.options()) : dgi_steps;
   // Writes the pieces side by side into step t's row of `steps`, as `cat` would write them.
   auto into = [](const at::Tensor& steps, int64_t t, std::initializer_list<at::Tensor> pieces) {
     auto slot = steps.select(0, t);
@@ -303,7 +336,13 @@ DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::Te
       const at::Tensor* v = steps.data() + t * cfg.per_step();
       auto dh_t = add_grads(dys.empty() ? at::Tensor() : dys[t], dh);
       if (!dh_t.defined()) dh_t = zeros;
-      if (cfg.lstm) {
+      if (cfg.plain()) {
+        const auto& y = v[0];
+        h_prev[t] = v[1];
+        auto pre = cfg.cell == kRnnTanh ? at::tanh_backward(dh_t, y)
+                                        : at::threshold_backward(dh_t, y, 0);
+        dh = at::mm(into(dgi_steps, t, {pre}), w_hh);
+      } else if (cfg.lstm()) {
         const auto &i = v[0], &f = v[1], &g = v[2], &o = v[3], &c = v[4], &c_prev = v[6];
         h_prev[t] = v[5];
         auto tc = c.tanh();
@@ -356,7 +395,7 @@ tensor_list double_backward(const Config& cfg, const std::vector<at::Tensor>& in
   tensor_list outs, gos, wrt;
   std::vector<size_t> slots;
   for (const auto& [o, g] : {std::pair{out, grad_outputs[0]}, std::pair{hy, grad_outputs[1]},
-                             std::pair{cy, cfg.lstm ? grad_outputs[2] : at::Tensor()}}) {
+                             std::pair{cy, cfg.lstm() ? grad_outputs[2] : at::Tensor()}}) {
     if (o.defined() && g.defined()) {
       outs.push_back(o);
       gos.push_back(g);
@@ -383,10 +422,10 @@ tensor_list double_backward(const Config& cfg, const std::vector<at::Tensor>& in
 class RnnLayers : public torch::autograd::Function<RnnLayers> {
  public:
   static tensor_list forward(AutogradContext* ctx, const at::Tensor& input, at::TensorList hx,
-                             at::TensorList params, bool lstm, bool biases, int64_t layers,
+                             at::TensorList params, int64_t cell, bool biases, int64_t layers,
                              double dropout, bool train, bool bidirectional, bool batch_first) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    Config cfg{lstm, biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first,
+    Config cfg{Cell(cell), biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first,
                runs_as_kernel(input)};
     Saved saved;
     auto [out, hy, cy] = run_forward(cfg, input, hx, params, &saved);
@@ -402,16 +441,17 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
     ctx->save_for_backward(keep);
     ctx->set_materialize_grads(false);
     ctx->saved_data["config"] = std::vector<double>{
-        double(lstm),      double(biases),        double(layers),
+        double(cell),      double(biases),        double(layers),
         double(cfg.dirs),  cfg.dropout,           double(batch_first),
         double(hx.size()), double(params.size()), double(saved.masks.size()),
         double(input.size(batch_first ? 1 : 0)), double(cfg.kernel)};
-    return lstm ? tensor_list{out, hy, cy} : tensor_list{out, hy};
+    return cfg.lstm() ? tensor_list{out, hy, cy} : tensor_list{out, hy};
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     auto c = ctx->saved_data["config"].toDoubleVector();
-    Config cfg{c[0] != 0, c[1] != 0, int64_t(c[2]), int64_t(c[3]), c[4], c[5] != 0, c[10] != 0};
+    Config cfg{Cell(int64_t(c[0])), c[1] != 0, int64_t(c[2]), int64_t(c[3]), c[4], c[5] != 0,
+               c[10] != 0};
     int64_t n_hx = int64_t(c[6]), n_params = int64_t(c[7]), n_masks = int64_t(c[8]);
     int64_t T = int64_t(c[9]);
     auto kept = ctx->get_saved_variables();  // in the order forward saved them
@@ -436,7 +476,7 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
     at::AutoDispatchBelowADInplaceOrView below;
     const auto& dout = grad_outputs[0];
     const auto& dhy = grad_outputs[1];
-    at::Tensor dcy = cfg.lstm ? grad_outputs[2] : at::Tensor();
+    at::Tensor dcy = cfg.lstm() ? grad_outputs[2] : at::Tensor();
     int64_t params_at = 1 + n_hx;
     auto dy = dout.defined() && cfg.batch_first ? dout.transpose(0, 1) : dout;
     std::vector<at::Tensor> dh0(cfg.layers * cfg.dirs), dc0(cfg.layers * cfg.dirs);
@@ -465,20 +505,20 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
     if (dy.defined()) grads[0] = cfg.batch_first ? dy.transpose(0, 1) : dy;
     // Every direction's walk ends with a state gradient (zeros where none reached it).
     grads[1] = at::stack(dh0);
-    if (cfg.lstm) grads[2] = at::stack(dc0);
+    if (cfg.lstm()) grads[2] = at::stack(dc0);
     return grads;
   }
 };
 
 // Whether the call is this file's: see the header comment for what keeps PyTorch's path.
-bool covered(const at::Tensor& input, at::TensorList hx, at::TensorList params, bool lstm,
+bool covered(const at::Tensor& input, at::TensorList hx, at::TensorList params, Cell cell,
              bool biases, int64_t layers, double dropout, bool train, bool bidirectional,
              bool batch_first) {
   auto dt = input.scalar_type();
   auto direct = [&](const at::Tensor& t) { return recordable(t) && t.scalar_type() == dt; };
   int64_t dirs = bidirectional ? 2 : 1;
   if (!(dt == at::kFloat || dt == at::kDouble) || input.dim() != 3 || input.numel() == 0 ||
-      layers < 1 || int64_t(hx.size()) != (lstm ? 2 : 1) ||
+      layers < 1 || int64_t(hx.size()) != (cell == kLstm ? 2 : 1) ||
       (train && layers > 1 && !(dropout >= 0 && dropout < 1)) ||
       int64_t(params.size()) != layers * dirs * (biases ? 4 : 2) || !direct(input)) {
     return false;
@@ -490,7 +530,7 @@ bool covered(const at::Tensor& input, at::TensorList hx, at::TensorList params, 
       return false;  // PyTorch's path raises its own error
     }
   }
-  int64_t G = (lstm ? 4 : 3) * H;
+  int64_t G = Config{cell}.gates() * H;
   for (int64_t g = 0; g < layers * dirs; ++g) {
     const auto* p = params.data() + g * (biases ? 4 : 2);
     int64_t in = g < dirs ? input.size(2) : dirs * H;
@@ -516,15 +556,15 @@ bool records(const at::Tensor& input, at::TensorList hx, at::TensorList params) 
 
 // A covered call: the node when autograd will differentiate it, else the forward alone
 // (no_grad, eval without gradients), keeping nothing for a backward.
-tensor_list run_layers(bool lstm, const at::Tensor& input, at::TensorList hx,
+tensor_list run_layers(Cell cell, const at::Tensor& input, at::TensorList hx,
                        at::TensorList params, bool biases, int64_t layers, double dropout,
                        bool train, bool bidirectional, bool batch_first) {
   if (records(input, hx, params)) {
-    return RnnLayers::apply(input, hx, params, lstm, biases, layers, dropout, train,
+    return RnnLayers::apply(input, hx, params, int64_t(cell), biases, layers, dropout, train,
                             bidirectional, batch_first);
   }
   at::AutoDispatchBelowADInplaceOrView guard;
-  Config cfg{lstm, biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first,
+  Config cfg{cell, biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first,
              runs_as_kernel(input)};
   auto [out, hy, cy] = run_forward(cfg, input, hx, params, nullptr);
   return {out, hy, cy};
@@ -534,26 +574,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at:
                                                     at::TensorList params, bool biases,
                                                     int64_t layers, double dropout, bool train,
                                                     bool bidirectional, bool batch_first) {
-  if (!covered(input, hx, params, true, biases, layers, dropout, train, bidirectional,
+  if (!covered(input, hx, params, kLstm, biases, layers, dropout, train, bidirectional,
                batch_first)) {
     return at::native::lstm(input, hx, params, biases, layers, dropout, train, bidirectional,
                             batch_first);
   }
-  auto r = run_layers(true, input, hx, params, biases, layers, dropout, train, bidirectional,
+  auto r = run_layers(kLstm, input, hx, params, biases, layers, dropout, train, bidirectional,
                       batch_first);
   return {r[0], r[1], r[2]};
 }
 
-std::tuple<at::Tensor, at::Tensor> gru(const at::Tensor& input, const at::Tensor& hx,
-                                       at::TensorList params, bool biases, int64_t layers,
-                                       double dropout, bool train, bool bidirectional,
-                                       bool batch_first) {
-  if (!covered(input, hx, params, false, biases, layers, dropout, train, bidirectional,
+// The GRU and the plain RNNs: one state, (output, hy).
+template <Cell C>
+std::tuple<at::Tensor, at::Tensor> one_state(const at::Tensor& input, const at::Tensor& hx,
+                                             at::TensorList params, bool biases, int64_t layers,
+                                             double dropout, bool train, bool bidirectional,
+                                             bool batch_first) {
+  if (!covered(input, hx, params, C, biases, layers, dropout, train, bidirectional,
                batch_first)) {
-    return at::native::gru(input, hx, params, biases, layers, dropout, train, bidirectional,
-                           batch_first);
+    using Native = std::tuple<at::Tensor, at::Tensor> (*)(
+        const at::Tensor&, const at::Tensor&, at::TensorList, bool, int64_t, double, bool, bool,
+        bool);
+    Native native = C == kGru       ? Native(&at::native::gru)
+                    : C == kRnnTanh ? Native(&at::native::rnn_tanh)
+                                    : Native(&at::native::rnn_relu);
+    return native(input, hx, params, biases, layers, dropout, train, bidirectional, batch_first);
   }
-  auto r = run_layers(false, input, at::TensorList(hx), params, biases, layers, dropout, train,
+  auto r = run_layers(C, input, at::TensorList(hx), params, biases, layers, dropout, train,
                       bidirectional, batch_first);
   return {r[0], r[1]};
 }
@@ -563,5 +610,7 @@ std::tuple<at::Tensor, at::Tensor> gru(const at::Tensor& input, const at::Tensor
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("lstm.input", TORCH_FN(dft::lstm));
-  m.impl("gru.input", TORCH_FN(dft::gru));
+  m.impl("gru.input", TORCH_FN(dft::one_state<dft::kGru>));
+  m.impl("rnn_tanh.input", TORCH_FN(dft::one_state<dft::kRnnTanh>));
+  m.impl("rnn_relu.input", TORCH_FN(dft::one_state<dft::kRnnRelu>));
 }

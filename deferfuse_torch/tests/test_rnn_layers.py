@@ -1,8 +1,8 @@
-"""nn.LSTM and nn.GRU on padded input as one autograd node per call (csrc/rnn_layers.cpp): each
-layer's input products as one GEMM, the steps below autograd, a backward of its own with the
-weight gradients as one product over all steps. Outputs, final states and every gradient must
-be CPU's (within float32 rounding: the weight gradients sum over steps in another order), in
-every mode; what the node does not cover keeps PyTorch's path."""
+"""nn.LSTM, nn.GRU and nn.RNN on padded input as one autograd node per call
+(csrc/rnn_layers.cpp): each layer's input products as one GEMM, the steps below autograd, a
+backward of its own with the weight gradients as one product over all steps. Outputs, final
+states and every gradient must be CPU's (within float32 rounding: the weight gradients sum over
+steps in another order), in every mode; what the node does not cover keeps PyTorch's path."""
 import copy
 
 import pytest
@@ -13,6 +13,16 @@ import torch.nn.functional as F
 import deferfuse_torch
 
 from conftest import check
+
+
+KINDS = ["LSTM", "GRU", "RNN", "RNN_relu"]
+
+
+def layer(kind, *args, **kwargs):
+    """nn.LSTM, nn.GRU or nn.RNN (tanh, or relu for "RNN_relu")."""
+    if kind == "RNN_relu":
+        return nn.RNN(*args, nonlinearity="relu", **kwargs)
+    return getattr(nn, kind)(*args, **kwargs)
 
 
 def pair(make):
@@ -40,13 +50,16 @@ CASES = [
     ("LSTM", True, True, True, 2, torch.float64),
     ("GRU", True, True, True, 2, torch.float32),
     ("GRU", False, False, False, 1, torch.float32),
+    ("RNN", True, True, True, 2, torch.float32),
+    ("RNN_relu", False, False, False, 1, torch.float32),
+    ("RNN", False, True, True, 2, torch.float64),
 ]
 
 
 @pytest.mark.parametrize("kind,batch_first,bidirectional,bias,layers,dtype", CASES)
 def test_outputs_final_state_and_every_gradient_match_cpu(
         mode, kind, batch_first, bidirectional, bias, layers, dtype):
-    cpu, dev = pair(lambda: getattr(nn, kind)(5, 7, num_layers=layers, bias=bias,
+    cpu, dev = pair(lambda: layer(kind, 5, 7, num_layers=layers, bias=bias,
                                               batch_first=batch_first,
                                               bidirectional=bidirectional).to(dtype))
     T, B, D = 6, 3, 2 if bidirectional else 1
@@ -65,10 +78,10 @@ def test_outputs_final_state_and_every_gradient_match_cpu(
         check(g, w, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_gradient_through_the_final_state_alone_matches_cpu(mode, kind):
     # The output gets no gradient: the backward starts from h_n (and c_n) only.
-    cpu, dev = pair(lambda: getattr(nn, kind)(4, 6, num_layers=2))
+    cpu, dev = pair(lambda: layer(kind, 4, 6, num_layers=2))
     x = torch.randn(5, 2, 4)
     state = tuple(torch.randn(2, 2, 6) for _ in range(2 if kind == "LSTM" else 1))
     grads = [None] + [torch.randn(2, 2, 6) for _ in state]
@@ -78,22 +91,22 @@ def test_a_gradient_through_the_final_state_alone_matches_cpu(mode, kind):
         check(g, w, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_layer_call_is_one_autograd_node(kind):
     # The weights' gradient accumulators hang off the output's node directly: no per-step
     # products or cells in between.
-    _, dev = pair(lambda: getattr(nn, kind)(4, 6, num_layers=2))
+    _, dev = pair(lambda: layer(kind, 4, 6, num_layers=2))
     out, _ = dev(torch.randn(5, 2, 4, device="tpu"))
     children = {id(f.variable) for f, _ in out.grad_fn.next_functions
                 if f is not None and hasattr(f, "variable")}
     assert {id(p) for p in dev.parameters()} <= children
 
 
-@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_strict_step_runs_a_few_programs_not_one_per_gate_op(kind):
     # Each step is an op group: its hidden product and its gate arithmetic run as a fused
     # flush of just that step would (3-4 programs), not one program per recorded op (~11).
-    _, dev = pair(lambda: getattr(nn, kind)(8, 16))
+    _, dev = pair(lambda: layer(kind, 8, 16))
     steps = 12
     x = torch.randn(steps, 3, 8, device="tpu")
     with deferfuse_torch.mode("strict"), torch.no_grad():
@@ -112,11 +125,11 @@ def recorded_ops(fn):
     return deferfuse_torch.stats()["ops_recorded"] - before
 
 
-@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_float32_layer_records_its_steps_as_one_op_each_way(mode, kind):
     # The steps of each layer and direction run as one kernel op forward and one backward, so
     # a training step records as many ops for 24 steps as for 3.
-    _, dev = pair(lambda: getattr(nn, kind)(8, 16, num_layers=2, bidirectional=True))
+    _, dev = pair(lambda: layer(kind, 8, 16, num_layers=2, bidirectional=True))
 
     def step(steps):
         x = torch.randn(steps, 3, 8, device="tpu", requires_grad=True)
@@ -127,11 +140,11 @@ def test_a_float32_layer_records_its_steps_as_one_op_each_way(mode, kind):
     assert recorded_ops(lambda: step(24)) == recorded_ops(lambda: step(3))
 
 
-@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_output_is_contiguous_as_on_cpu(mode, kind):
     # The kernel op's result holds the gates and the states side by side; the layer's output
     # is nonetheless a tensor of its own, as CPU's is (a user's .view() of it must work).
-    cpu, dev = pair(lambda: getattr(nn, kind)(4, 6))
+    cpu, dev = pair(lambda: layer(kind, 4, 6))
     x = torch.randn(5, 2, 4)
     out, last = dev(x.to("tpu"))
     want, want_last = cpu(x)
@@ -142,17 +155,17 @@ def test_the_output_is_contiguous_as_on_cpu(mode, kind):
         check(g.detach(), w.detach())
 
 
-@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_dropout_between_layers_draws_the_masks_f_dropout_draws(mode, kind):
     # Same seed: a 2-layer RNN with dropout equals its two layers run apart with F.dropout
     # between them (the same draws from the device's generator), values and gradients.
     torch.manual_seed(0)
-    whole = getattr(nn, kind)(4, 6, num_layers=2, dropout=0.4).to("tpu")
-    first, second = getattr(nn, kind)(4, 6).to("tpu"), getattr(nn, kind)(6, 6).to("tpu")
+    whole = layer(kind, 4, 6, num_layers=2, dropout=0.4).to("tpu")
+    first, second = layer(kind, 4, 6).to("tpu"), layer(kind, 6, 6).to("tpu")
     with torch.no_grad():
         for name, p in whole.named_parameters():
-            layer, suffix = (first, name) if name.endswith("l0") else (second, name[:-1] + "0")
-            getattr(layer, suffix).copy_(p)
+            part, suffix = (first, name) if name.endswith("l0") else (second, name[:-1] + "0")
+            getattr(part, suffix).copy_(p)
     x = torch.randn(5, 3, 4, device="tpu")
     torch.manual_seed(7)
     got, _ = whole(x)
@@ -167,8 +180,10 @@ def test_dropout_between_layers_draws_the_masks_f_dropout_draws(mode, kind):
         check(p.grad, q.grad.cpu(), atol=1e-5, rtol=1e-4)
 
 
-def test_a_double_backward_through_an_lstm_matches_cpu(mode):
-    cpu, dev = pair(lambda: nn.LSTM(3, 4))
+@pytest.mark.parametrize("kind", ["LSTM", "RNN"])
+def test_a_double_backward_matches_cpu(mode, kind):
+    # The step-by-step path, which autograd records (the kernel op has no double backward).
+    cpu, dev = pair(lambda: layer(kind, 3, 4))
     x = torch.randn(4, 2, 3)
 
     def grads(rnn, device):
@@ -229,9 +244,9 @@ def test_the_steps_kept_for_the_backward_are_freed_by_it():
     assert after < held / 2, (held, after)
 
 
-@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_under_no_grad_the_forward_alone_gives_cpus_outputs(mode, kind):
-    cpu, dev = pair(lambda: getattr(nn, kind)(4, 6, num_layers=2, bidirectional=True))
+    cpu, dev = pair(lambda: layer(kind, 4, 6, num_layers=2, bidirectional=True))
     x = torch.randn(5, 3, 4)
     with torch.no_grad():
         want, want_h = cpu(x)

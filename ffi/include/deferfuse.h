@@ -526,11 +526,11 @@ enum DfuseOpKind
    */
   DFUSE_OP_KIND_CONV = 19,
   /**
-   * Every step of one direction of one LSTM or GRU layer, forward or backward
+   * Every step of one direction of one LSTM, GRU or plain RNN layer, forward or backward
    * (`attrs->sub_op`, a `DfuseRecurrencePart`, which gives each part's operands and
    * result), float32; `attrs->descending` non-zero walks the steps from the last to the
    * first (a bidirectional layer's second direction). A forward takes each step's input
-   * product with b_ih `[T, B, G]` (G = 4H or 3H), W_hh transposed, the first states and
+   * product with b_ih `[T, B, G]` (G = 4H, 3H or H), W_hh transposed, the first states and
    * optionally b_hh, and keeps per step what its backward reads; a backward takes that,
    * W_hh and the gradients of the output and of the last states, and gives per step the
    * gates' gradients, then a row with the first states' gradients.
@@ -1080,7 +1080,7 @@ typedef uint32_t DfuseConvPart;
 
 /**
  * `attrs->sub_op` for `DFUSE_OP_KIND_RECURRENCE`: which cell and which half of its steps;
- * the numbers are the runtime's. G is the gate width: 4H (LSTM), 3H (GRU).
+ * the numbers are the runtime's. G is the gate width: 4H (LSTM), 3H (GRU), H (plain RNN).
  */
 enum DfuseRecurrencePart
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
@@ -1108,6 +1108,24 @@ enum DfuseRecurrencePart
    * hidden product's; row T: dh0)
    */
   DFUSE_RECURRENCE_PART_GRU_BACKWARD = 3,
+  /**
+   * the plain RNN's steps with tanh: inputs xg `[T, B, H]`, w_hh_t `[H, H]`, h0 `[B, H]`,
+   * optionally b_hh `[H]` -> `[T, B, H]` (each step's h)
+   */
+  DFUSE_RECURRENCE_PART_RNN_TANH_FORWARD = 4,
+  /**
+   * their backward: inputs the forward's result, w_hh `[H, H]`, dy `[T, B, H]`, dh `[B, H]`
+   * -> `[T + 1, B, H]` (per step the gradient before tanh; row T: dh0)
+   */
+  DFUSE_RECURRENCE_PART_RNN_TANH_BACKWARD = 5,
+  /**
+   * as RNN_TANH_FORWARD with relu
+   */
+  DFUSE_RECURRENCE_PART_RNN_RELU_FORWARD = 6,
+  /**
+   * as RNN_TANH_BACKWARD through relu
+   */
+  DFUSE_RECURRENCE_PART_RNN_RELU_BACKWARD = 7,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

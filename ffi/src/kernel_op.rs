@@ -132,7 +132,7 @@ pub(crate) fn build_ctc(a: &DfuseAttrs) -> Result<KernelOp> {
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_RECURRENCE`: which cell and which half of its steps;
-/// the numbers are the runtime's. G is the gate width: 4H (LSTM), 3H (GRU).
+/// the numbers are the runtime's. G is the gate width: 4H (LSTM), 3H (GRU), H (plain RNN).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DfuseRecurrencePart {
@@ -149,6 +149,16 @@ pub enum DfuseRecurrencePart {
     /// `[B, H]` -> `[T + 1, B, 6H]` (per step the input product's gate gradients, then the
     /// hidden product's; row T: dh0)
     GruBackward = 3,
+    /// the plain RNN's steps with tanh: inputs xg `[T, B, H]`, w_hh_t `[H, H]`, h0 `[B, H]`,
+    /// optionally b_hh `[H]` -> `[T, B, H]` (each step's h)
+    RnnTanhForward = 4,
+    /// their backward: inputs the forward's result, w_hh `[H, H]`, dy `[T, B, H]`, dh `[B, H]`
+    /// -> `[T + 1, B, H]` (per step the gradient before tanh; row T: dh0)
+    RnnTanhBackward = 5,
+    /// as RNN_TANH_FORWARD with relu
+    RnnReluForward = 6,
+    /// as RNN_TANH_BACKWARD through relu
+    RnnReluBackward = 7,
 }
 
 /// The recurrence part of `attrs` (kind 20): `attrs->descending` non-zero walks the steps
@@ -352,6 +362,10 @@ mod tests {
             DfuseRecurrencePart::LstmBackward,
             DfuseRecurrencePart::GruForward,
             DfuseRecurrencePart::GruBackward,
+            DfuseRecurrencePart::RnnTanhForward,
+            DfuseRecurrencePart::RnnTanhBackward,
+            DfuseRecurrencePart::RnnReluForward,
+            DfuseRecurrencePart::RnnReluBackward,
         ];
         assert_eq!(l.len(), RecurrencePart::ALL.len());
         for (x, y) in l.iter().zip(RecurrencePart::ALL) {

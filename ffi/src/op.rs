@@ -94,11 +94,11 @@ pub enum DfuseOpKind {
     /// WEIGHT_GRAD: the output gradient `[N, OC, out...]` and x, `attrs->dims[0..n]` the
     /// kernel -> `[OC, C, k...]`.
     Conv = 19,
-    /// Every step of one direction of one LSTM or GRU layer, forward or backward
+    /// Every step of one direction of one LSTM, GRU or plain RNN layer, forward or backward
     /// (`attrs->sub_op`, a `DfuseRecurrencePart`, which gives each part's operands and
     /// result), float32; `attrs->descending` non-zero walks the steps from the last to the
     /// first (a bidirectional layer's second direction). A forward takes each step's input
-    /// product with b_ih `[T, B, G]` (G = 4H or 3H), W_hh transposed, the first states and
+    /// product with b_ih `[T, B, G]` (G = 4H, 3H or H), W_hh transposed, the first states and
     /// optionally b_hh, and keeps per step what its backward reads; a backward takes that,
     /// W_hh and the gradients of the output and of the last states, and gives per step the
     /// gates' gradients, then a row with the first states' gradients.
@@ -667,10 +667,10 @@ mod tests {
             e.to_string().contains("kind = 21 is not a DfuseOpKind"),
             "{e}"
         );
-        let e = build_op(20, Some(&attrs(4, &[], false)), || Ok(None)).unwrap_err();
+        let e = build_op(20, Some(&attrs(8, &[], false)), || Ok(None)).unwrap_err();
         assert!(
             e.to_string()
-                .contains("sub_op = 4 is not a DfuseRecurrencePart"),
+                .contains("sub_op = 8 is not a DfuseRecurrencePart"),
             "{e}"
         );
         let e = build_op(19, None, || Ok(None)).unwrap_err();

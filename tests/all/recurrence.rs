@@ -1,12 +1,12 @@
-//! The recurrence kernel op (`KernelOp::Recurrence`), LSTM and GRU: its forward against a
-//! float64 cell written out step by step, its backward against central differences of that
-//! cell (so the gradient formulas are checked by nothing that shares them), both directions,
-//! with and without the hidden bias, a strided weight, in strict, debug and defer mode (which
-//! must agree bit for bit); and its record-time errors.
+//! The recurrence kernel op (`KernelOp::Recurrence`), LSTM, GRU and plain RNN: its forward
+//! against a float64 cell written out step by step, its backward against central differences
+//! of that cell (so the gradient formulas are checked by nothing that shares them), both
+//! directions, with and without the hidden bias, a strided weight, in strict, debug and defer
+//! mode (which must agree bit for bit); and its record-time errors.
 
 use crate::harness;
 
-use deferfuse::fusion::ir::{KernelOp, Recurrence, RecurrencePart};
+use deferfuse::fusion::ir::{Cell, KernelOp, Recurrence, RecurrencePart};
 use deferfuse::{DType, Error, Handle, Mode, Op, Runtime, View};
 use harness::*;
 
@@ -20,7 +20,7 @@ struct Dims {
 
 /// The operands of one case, as float64 values already rounded to float32.
 struct Case {
-    lstm: bool,
+    cell: Cell,
     d: Dims,
     xg: Vec<f64>,
     /// `W_hh [G, H]`, row-major.
@@ -41,11 +41,12 @@ fn sig(x: f64) -> f64 {
 }
 
 impl Case {
-    fn new(lstm: bool, d: Dims, seed: u64, bias: bool, reverse: bool) -> Case {
+    fn new(cell: Cell, d: Dims, seed: u64, bias: bool, reverse: bool) -> Case {
         let mut rng = Rng::new(seed);
-        let g = if lstm { 4 } else { 3 } * d.h;
+        let lstm = cell == Cell::Lstm;
+        let g = Case::gates_of(cell) * d.h;
         Case {
-            lstm,
+            cell,
             d,
             xg: f32s(&mut rng, d.t * d.b * g, 1.5),
             w: f32s(&mut rng, g * d.h, 0.6),
@@ -60,31 +61,40 @@ impl Case {
         }
     }
 
-    fn gates(&self) -> usize {
-        if self.lstm {
-            4 * self.d.h
-        } else {
-            3 * self.d.h
+    fn gates_of(cell: Cell) -> usize {
+        match cell {
+            Cell::Lstm => 4,
+            Cell::Gru => 3,
+            Cell::RnnTanh | Cell::RnnRelu => 1,
         }
+    }
+
+    fn gates(&self) -> usize {
+        Case::gates_of(self.cell) * self.d.h
+    }
+
+    fn lstm(&self) -> bool {
+        self.cell == Cell::Lstm
     }
 
     /// Floats per sample and step in the forward's result, and where `h` sits in them.
     fn kept(&self) -> (usize, usize) {
         let h = self.d.h;
-        if self.lstm {
-            (6 * h, 5 * h)
-        } else {
-            (5 * h, 4 * h)
+        match self.cell {
+            Cell::Lstm => (6 * h, 5 * h),
+            Cell::Gru => (5 * h, 4 * h),
+            Cell::RnnTanh | Cell::RnnRelu => (h, 0),
         }
     }
 
     fn part(&self, backward: bool) -> RecurrencePart {
-        match (self.lstm, backward) {
-            (true, false) => RecurrencePart::LstmForward,
-            (true, true) => RecurrencePart::LstmBackward,
-            (false, false) => RecurrencePart::GruForward,
-            (false, true) => RecurrencePart::GruBackward,
-        }
+        let forward = match self.cell {
+            Cell::Lstm => RecurrencePart::LstmForward,
+            Cell::Gru => RecurrencePart::GruForward,
+            Cell::RnnTanh => RecurrencePart::RnnTanhForward,
+            Cell::RnnRelu => RecurrencePart::RnnReluForward,
+        };
+        RecurrencePart::from_u32(forward as u32 + u32::from(backward)).unwrap()
     }
 
     /// The step order of the walk.
@@ -97,7 +107,7 @@ impl Case {
     }
 
     /// The reference forward over operands `v` (xg, h0, c0, bias): per step and sample the
-    /// LSTM's `[i, f, g, o, c, h]` or the GRU's `[r, z, n, hn, h]`.
+    /// LSTM's `[i, f, g, o, c, h]`, the GRU's `[r, z, n, hn, h]` or the plain RNN's `h`.
     fn forward(&self, v: &Vars) -> Vec<f64> {
         let Dims { t: tn, b: bn, h } = self.d;
         let (g_len, (row, h_at)) = (self.gates(), self.kept());
@@ -114,18 +124,23 @@ impl Case {
                 let x = &v.xg[(t * bn + b) * g_len..][..g_len];
                 let out = &mut y[(t * bn + b) * row..][..row];
                 for j in 0..h {
-                    let vals = if self.lstm {
-                        let gate = |k: usize| hidden[k * h + j] + x[k * h + j];
-                        let (i, f) = (sig(gate(0)), sig(gate(1)));
-                        let (g, o) = (gate(2).tanh(), sig(gate(3)));
-                        let c = f * cs[b * h + j] + i * g;
-                        vec![i, f, g, o, c, o * c.tanh()]
-                    } else {
-                        let r = sig(hidden[j] + x[j]);
-                        let z = sig(hidden[h + j] + x[h + j]);
-                        let hn = hidden[2 * h + j];
-                        let n = (x[2 * h + j] + hn * r).tanh();
-                        vec![r, z, n, hn, (hs[b * h + j] - n) * z + n]
+                    let gate = |k: usize| hidden[k * h + j] + x[k * h + j];
+                    let vals = match self.cell {
+                        Cell::Lstm => {
+                            let (i, f) = (sig(gate(0)), sig(gate(1)));
+                            let (g, o) = (gate(2).tanh(), sig(gate(3)));
+                            let c = f * cs[b * h + j] + i * g;
+                            vec![i, f, g, o, c, o * c.tanh()]
+                        }
+                        Cell::Gru => {
+                            let r = sig(gate(0));
+                            let z = sig(gate(1));
+                            let hn = hidden[2 * h + j];
+                            let n = (x[2 * h + j] + hn * r).tanh();
+                            vec![r, z, n, hn, (hs[b * h + j] - n) * z + n]
+                        }
+                        Cell::RnnTanh => vec![gate(0).tanh()],
+                        Cell::RnnRelu => vec![gate(0).max(0.0)],
                     };
                     for (k, val) in vals.into_iter().enumerate() {
                         out[k * h + j] = val;
@@ -136,7 +151,7 @@ impl Case {
                 for j in 0..h {
                     let at = (t * bn + b) * row;
                     hs[b * h + j] = y[at + h_at + j];
-                    if self.lstm {
+                    if self.lstm() {
                         cs[b * h + j] = y[at + 4 * h + j];
                     }
                 }
@@ -159,7 +174,7 @@ impl Case {
                     l += grads.dy[(t * bn + b) * h + j] * y[at + h_at + j];
                     if t == last {
                         l += grads.dh[b * h + j] * y[at + h_at + j];
-                        if self.lstm {
+                        if self.lstm() {
                             l += grads.dc[b * h + j] * y[at + 4 * h + j];
                         }
                     }
@@ -212,7 +227,7 @@ fn record_forward(rt: &Runtime, c: &Case) -> Handle {
     let (_, w_t) = weights(rt, c);
     let h0 = tensor(rt, DType::F32, &[b, h], &c.h0);
     let mut ins = vec![tt(xg), tt(w_t), tt(h0)];
-    if c.lstm {
+    if c.lstm() {
         ins.push(tt(tensor(rt, DType::F32, &[b, h], &c.c0)));
     }
     if let Some(bias) = &c.bias {
@@ -232,11 +247,16 @@ fn check_forward(c: &Case, tol: f64) {
 }
 
 fn lstm(d: Dims, seed: u64, bias: bool, reverse: bool) -> Case {
-    Case::new(true, d, seed, bias, reverse)
+    Case::new(Cell::Lstm, d, seed, bias, reverse)
 }
 
 fn gru(d: Dims, seed: u64, bias: bool, reverse: bool) -> Case {
-    Case::new(false, d, seed, bias, reverse)
+    Case::new(Cell::Gru, d, seed, bias, reverse)
+}
+
+fn rnn(relu: bool, d: Dims, seed: u64, bias: bool, reverse: bool) -> Case {
+    let cell = if relu { Cell::RnnRelu } else { Cell::RnnTanh };
+    Case::new(cell, d, seed, bias, reverse)
 }
 
 #[test]
@@ -247,6 +267,13 @@ fn the_lstm_forward_matches_a_float64_cell_step_by_step() {
 #[test]
 fn the_gru_forward_matches_a_float64_cell_step_by_step() {
     check_forward(&gru(Dims { t: 5, b: 3, h: 4 }, 11, true, false), 2e-6);
+}
+
+#[test]
+fn the_plain_rnn_forward_matches_a_float64_cell_with_either_activation() {
+    let d = Dims { t: 5, b: 3, h: 4 };
+    check_forward(&rnn(false, d, 21, true, false), 2e-6);
+    check_forward(&rnn(true, d, 22, true, true), 2e-6);
 }
 
 #[test]
@@ -287,12 +314,16 @@ fn check_backward(c: &Case, seed: u64) {
     let outs = run_in_every_mode(|rt| {
         let y = record_forward(rt, c);
         let (w, _) = weights(rt, c);
-        let first = if c.lstm { &c.c0 } else { &c.h0 };
-        let first = tensor(rt, DType::F32, &[bn, h], first);
+        let mut ins = vec![tt(y)];
+        match c.cell {
+            Cell::Lstm => ins.push(tt(tensor(rt, DType::F32, &[bn, h], &c.c0))),
+            Cell::Gru => ins.push(tt(tensor(rt, DType::F32, &[bn, h], &c.h0))),
+            Cell::RnnTanh | Cell::RnnRelu => {}
+        }
         let dy = tensor(rt, DType::F32, &[tn, bn, h], &grads.dy);
         let dh = tensor(rt, DType::F32, &[bn, h], &grads.dh);
-        let mut ins = vec![tt(y), tt(first), tt(w), tt(dy), tt(dh)];
-        if c.lstm {
+        ins.extend([tt(w), tt(dy), tt(dh)]);
+        if c.lstm() {
             ins.push(tt(tensor(rt, DType::F32, &[bn, h], &grads.dc)));
         }
         vec![(
@@ -302,7 +333,11 @@ fn check_backward(c: &Case, seed: u64) {
     });
     let got = &outs[0].1.data;
     // Per step and sample: the input product's gate gradients, then (GRU) the hidden's.
-    let out_row = if c.lstm { g_len } else { 2 * g_len };
+    let out_row = if c.cell == Cell::Gru {
+        2 * g_len
+    } else {
+        g_len
+    };
     assert_eq!(got.len(), (tn + 1) * bn * out_row);
     let eps = 1e-6;
     let numeric = |at: &dyn Fn(&mut Vars) -> &mut f64| {
@@ -326,7 +361,7 @@ fn check_backward(c: &Case, seed: u64) {
         }
     }
     if c.bias.is_some() {
-        let hidden = if c.lstm { 0 } else { g_len };
+        let hidden = if c.cell == Cell::Gru { g_len } else { 0 };
         for r in 0..g_len {
             let sum: f64 = got[..tn * bn * out_row]
                 .chunks(out_row)
@@ -342,12 +377,12 @@ fn check_backward(c: &Case, seed: u64) {
         for j in 0..h {
             let want = numeric(&|v: &mut Vars| &mut v.h0[b * h + j]);
             close(row[j], want, format!("dh0[{b}][{j}]"));
-            if c.lstm {
+            if c.lstm() {
                 let want = numeric(&|v: &mut Vars| &mut v.c0[b * h + j]);
                 close(row[h + j], want, format!("dc0[{b}][{j}]"));
             }
         }
-        let zeros = if c.lstm { 2 * h } else { h };
+        let zeros = if c.lstm() { 2 * h } else { h };
         assert!(
             row[zeros..].iter().all(|&z| z == 0.0),
             "row T past the states"
@@ -363,6 +398,15 @@ fn the_lstm_backward_matches_central_differences_of_the_cell() {
 #[test]
 fn the_gru_backward_matches_central_differences_of_the_cell() {
     check_backward(&gru(Dims { t: 4, b: 2, h: 3 }, 15, true, false), 16);
+}
+
+#[test]
+fn the_plain_rnn_backward_matches_central_differences_of_the_cell() {
+    // relu's kink: the reference's differences are taken 1e-6 away from every pre-activation
+    // (with these values none lies that close to 0).
+    let d = Dims { t: 4, b: 2, h: 3 };
+    check_backward(&rnn(false, d, 23, true, false), 24);
+    check_backward(&rnn(true, d, 25, true, true), 26);
 }
 
 #[test]

@@ -3,8 +3,8 @@
 //! row cut into pieces, rows of strided or broadcast views, walked outer dims, row kernels,
 //! full reductions, matmul with and without a fused epilogue (whole and in blocks of few rows),
 //! in-place writes, depthwise convolutions split by channels, dense convolutions by samples
-//! (their weight gradients by input channels), grouped products by row windows, LSTM and GRU
-//! steps by samples.
+//! (their weight gradients by input channels), grouped products by row windows, LSTM, GRU and
+//! RNN steps by samples.
 //! Sizes are above the backend's serial threshold so the work really is split.
 
 use crate::harness;
@@ -359,15 +359,16 @@ fn a_grouped_product_split_by_row_windows_equals_one_thread() {
 fn rnn_steps_split_by_samples_equal_one_thread() {
     use deferfuse::fusion::ir::{KernelOp, Recurrence, RecurrencePart as P};
     // 13 samples in three uneven ranges, hidden 128 over 8 steps: above the split threshold;
-    // both cells and directions, forward with the hidden bias, then the backward of each.
+    // every cell and direction, forward with the hidden bias, then the backward of each.
     let (t, b, h) = (8, 13, 128);
     let op = |part, reverse| Op::Kernel(KernelOp::Recurrence(Recurrence { part, reverse }));
-    for (lstm, gates) in [(true, 4), (false, 3)] {
-        let (forward, backward) = if lstm {
-            (P::LstmForward, P::LstmBackward)
-        } else {
-            (P::GruForward, P::GruBackward)
-        };
+    for (forward, gates) in [
+        (P::LstmForward, 4),
+        (P::GruForward, 3),
+        (P::RnnReluForward, 1),
+    ] {
+        let backward = P::from_u32(forward as u32 + 1).unwrap();
+        let (lstm, gru) = (forward == P::LstmForward, forward == P::GruForward);
         same_on_any_thread_count(|rt| {
             let g = gates * h;
             let small: Vec<f64> = values(g * h, 12).iter().map(|x| x * 0.1).collect();
@@ -386,8 +387,11 @@ fn rnn_steps_split_by_samples_equal_one_thread() {
                     vec![tt(xg), tt(w_t), tt(h0), tt(bias)]
                 };
                 let y = run(rt, op(forward, reverse), &ins);
-                let first = if lstm { c0 } else { h0 };
-                let mut ins = vec![tt(y), tt(first), tt(w), tt(dy), tt(h0)];
+                let mut ins = vec![tt(y)];
+                if lstm || gru {
+                    ins.push(tt(if lstm { c0 } else { h0 }));
+                }
+                ins.extend([tt(w), tt(dy), tt(h0)]);
                 if lstm {
                     ins.push(tt(c0));
                 }

@@ -26,4 +26,4 @@ pub use infer_memo::infer_memo_operands;
 pub use kernel::{KernelOp, RandomDist, ScanOp, ScatterReduce};
 pub use layout::{Dims, Layout, Strides};
 pub use op::{BinaryOp, Op, ReduceOp, Scalar, UnaryOp};
-pub use recurrence::{Recurrence, RecurrencePart};
+pub use recurrence::{Cell, Recurrence, RecurrencePart};

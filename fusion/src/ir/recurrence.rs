@@ -21,11 +21,12 @@ use smallvec::smallvec;
 /// numbers because the C ABI passes them; append new values, never renumber.
 ///
 /// `T` steps, batch `B`, hidden size `H`; `G` is the cell's gate width (`4H` for the LSTM, `3H`
-/// for the GRU). A forward's operands are `xg [T, B, G]` (each step's input product with
-/// `b_ih`), `w_hh_t [H, G]` (`W_hh` transposed, contiguous or not), `h0 [B, H]`, the LSTM's
-/// `c0 [B, H]` and optionally `b_hh [G]`. A backward's are the forward's result, the LSTM's
-/// `c0` or the GRU's `h0`, `w_hh [G, H]`, the gradients of the layer's output `dy [T, B, H]`
-/// and of its last states, `dh [B, H]` and the LSTM's `dc [B, H]`.
+/// for the GRU, `H` for the plain RNN). A forward's operands are `xg [T, B, G]` (each step's
+/// input product with `b_ih`), `w_hh_t [H, G]` (`W_hh` transposed, contiguous or not), `h0 [B,
+/// H]`, the LSTM's `c0 [B, H]` and optionally `b_hh [G]`. A backward's are the forward's result,
+/// the LSTM's `c0` or the GRU's `h0` (the plain RNN needs neither), `w_hh [G, H]`, the
+/// gradients of the layer's output `dy [T, B, H]` and of its last states, `dh [B, H]` and the
+/// LSTM's `dc [B, H]`.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RecurrencePart {
@@ -43,15 +44,42 @@ pub enum RecurrencePart {
     /// product's gates (`dr, dz, dn`) then of the hidden product's (`dr, dz, dn * r`), row `T`
     /// the gradient of `h0` in its first `H` columns (the rest zero).
     GruBackward = 3,
+    /// The plain RNN's steps, `h = tanh(xg + b_hh + h @ W_hh^T)`: result `[T, B, H]`, each
+    /// step's `h` (the layer's output).
+    RnnTanhForward = 4,
+    /// Their backward: result `[T + 1, B, H]`, rows `0..T` each step's gradient before the
+    /// activation, row `T` the gradient of `h0`.
+    RnnTanhBackward = 5,
+    /// As `RnnTanhForward` with `relu` for `tanh`.
+    RnnReluForward = 6,
+    /// As `RnnTanhBackward` through `relu`.
+    RnnReluBackward = 7,
+}
+
+/// The cell a part's steps compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Cell {
+    /// `nn.LSTM`'s.
+    Lstm,
+    /// `nn.GRU`'s.
+    Gru,
+    /// `nn.RNN`'s with `nonlinearity="tanh"`.
+    RnnTanh,
+    /// `nn.RNN`'s with `nonlinearity="relu"`.
+    RnnRelu,
 }
 
 impl RecurrencePart {
     /// Every variant, indexed by its ABI number.
-    pub const ALL: [RecurrencePart; 4] = [
+    pub const ALL: [RecurrencePart; 8] = [
         RecurrencePart::LstmForward,
         RecurrencePart::LstmBackward,
         RecurrencePart::GruForward,
         RecurrencePart::GruBackward,
+        RecurrencePart::RnnTanhForward,
+        RecurrencePart::RnnTanhBackward,
+        RecurrencePart::RnnReluForward,
+        RecurrencePart::RnnReluBackward,
     ];
 
     /// Decodes an ABI number; `None` for an unknown value.
@@ -59,64 +87,66 @@ impl RecurrencePart {
         RecurrencePart::ALL.get(v as usize).copied()
     }
 
-    /// The LSTM's parts (else the GRU's).
-    pub fn is_lstm(self) -> bool {
-        matches!(
-            self,
-            RecurrencePart::LstmForward | RecurrencePart::LstmBackward
-        )
+    /// The cell whose steps the part computes.
+    pub fn cell(self) -> Cell {
+        match self {
+            RecurrencePart::LstmForward | RecurrencePart::LstmBackward => Cell::Lstm,
+            RecurrencePart::GruForward | RecurrencePart::GruBackward => Cell::Gru,
+            RecurrencePart::RnnTanhForward | RecurrencePart::RnnTanhBackward => Cell::RnnTanh,
+            RecurrencePart::RnnReluForward | RecurrencePart::RnnReluBackward => Cell::RnnRelu,
+        }
     }
 
-    /// The backward parts.
+    /// The backward parts (odd numbers).
     pub fn is_backward(self) -> bool {
-        matches!(
-            self,
-            RecurrencePart::LstmBackward | RecurrencePart::GruBackward
-        )
+        self as u32 % 2 == 1
     }
 
     /// The op's name in errors and dumps.
     pub fn name(self) -> &'static str {
-        if self.is_lstm() {
-            "lstm_recurrence"
-        } else {
-            "gru_recurrence"
+        match self.cell() {
+            Cell::Lstm => "lstm_recurrence",
+            Cell::Gru => "gru_recurrence",
+            Cell::RnnTanh => "rnn_tanh_recurrence",
+            Cell::RnnRelu => "rnn_relu_recurrence",
         }
     }
 
     /// Gates per hidden unit: the width of a step's input product over `H`.
     pub fn gates(self) -> usize {
-        if self.is_lstm() {
-            4
-        } else {
-            3
+        match self.cell() {
+            Cell::Lstm => 4,
+            Cell::Gru => 3,
+            Cell::RnnTanh | Cell::RnnRelu => 1,
         }
     }
 
     /// Floats per hidden unit in a step's row of the forward's result.
     pub fn kept(self) -> usize {
-        if self.is_lstm() {
-            6
-        } else {
-            5
+        match self.cell() {
+            Cell::Lstm => 6,
+            Cell::Gru => 5,
+            Cell::RnnTanh | Cell::RnnRelu => 1,
         }
     }
 
     /// Floats per hidden unit in a step's row of the backward's result.
     pub fn grads(self) -> usize {
-        if self.is_lstm() {
-            4
-        } else {
-            6
+        match self.cell() {
+            Cell::Lstm => 4,
+            Cell::Gru => 6,
+            Cell::RnnTanh | Cell::RnnRelu => 1,
         }
     }
 
-    fn operands(self) -> &'static [&'static str] {
-        match self {
-            RecurrencePart::LstmForward => &["xg", "w_hh_t", "h0", "c0", "b_hh"],
-            RecurrencePart::LstmBackward => &["steps", "c0", "w_hh", "dy", "dh", "dc"],
-            RecurrencePart::GruForward => &["xg", "w_hh_t", "h0", "b_hh"],
-            RecurrencePart::GruBackward => &["steps", "h0", "w_hh", "dy", "dh"],
+    /// The operands' names, in order (a forward's last, `b_hh`, is optional).
+    pub fn operands(self) -> &'static [&'static str] {
+        match (self.cell(), self.is_backward()) {
+            (Cell::Lstm, false) => &["xg", "w_hh_t", "h0", "c0", "b_hh"],
+            (Cell::Lstm, true) => &["steps", "c0", "w_hh", "dy", "dh", "dc"],
+            (Cell::Gru, true) => &["steps", "h0", "w_hh", "dy", "dh"],
+            (_, false) => &["xg", "w_hh_t", "h0", "b_hh"],
+            (_, true) => &["steps", "w_hh", "dy", "dh"],
         }
     }
 }
@@ -272,6 +302,24 @@ mod tests {
         ];
         let r = infer_recurrence(&op(RecurrencePart::GruBackward), &args);
         assert_eq!(r.unwrap().sizes.as_slice(), &[6, 2, 18]);
+    }
+
+    #[test]
+    fn the_plain_rnn_keeps_h_alone_and_its_backward_needs_no_first_state() {
+        let args = [t(&[5, 2, 3]), t(&[3, 3]), t(&[2, 3])];
+        let r = infer_recurrence(&op(RecurrencePart::RnnReluForward), &args);
+        assert_eq!(r.unwrap().sizes.as_slice(), &[5, 2, 3]);
+        let args = [t(&[5, 2, 3]), t(&[3, 3]), t(&[5, 2, 3]), t(&[2, 3])];
+        let r = infer_recurrence(&op(RecurrencePart::RnnTanhBackward), &args);
+        assert_eq!(r.unwrap().sizes.as_slice(), &[6, 2, 3]);
+    }
+
+    #[test]
+    fn every_backward_part_is_odd() {
+        for p in RecurrencePart::ALL {
+            assert_eq!(p.is_backward(), p as u32 % 2 == 1, "{p:?}");
+            assert_eq!(RecurrencePart::from_u32(p as u32), Some(p));
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The RNN recurrences' host routines (`KernelOp::Recurrence`): every step of one direction of
-//! one LSTM or GRU layer, forward or backward, in one call (the cells' walks: `lstm.rs`,
-//! `gru.rs`).
+//! one LSTM, GRU or plain RNN layer, forward or backward, in one call (the cells' walks:
+//! `lstm.rs`, `gru.rs`, `rnn.rs`).
 //!
 //! Each step computes as the step-by-step ops it replaces did, in CPU's cell order: the
 //! hidden product `b_hh + h @ W_hh^T` (the bias written first and the product added onto it,
@@ -19,12 +19,13 @@
 
 mod gru;
 mod lstm;
+mod rnn;
 
 use super::{for_each_row, jobs, View};
 use crate::backend::cpu::block_math;
 use crate::backend::SideBySide;
 use crate::error::Result;
-use deferfuse_fusion::ir::{Recurrence, RecurrencePart};
+use deferfuse_fusion::ir::{Cell, Recurrence, RecurrencePart};
 use std::borrow::Cow;
 
 /// Fewest multiply-adds in the steps' products worth splitting the batch over threads.
@@ -56,14 +57,33 @@ pub(super) unsafe fn run(
         RecurrencePart::LstmBackward => lstm::backward,
         RecurrencePart::GruForward => gru::forward,
         RecurrencePart::GruBackward => gru::backward,
+        RecurrencePart::RnnTanhForward | RecurrencePart::RnnReluForward => rnn::forward,
+        RecurrencePart::RnnTanhBackward | RecurrencePart::RnnReluBackward => rnn::backward,
     };
+    let relu = k.part.cell() == Cell::RnnRelu;
     jobs(threads.filter(|_| ranges > 1), ranges, &|j| {
         let rows = b_len * j / ranges..b_len * (j + 1) / ranges;
-        walk(k.reverse, &ops, dst.0, rows);
+        walk(
+            Walk {
+                reverse: k.reverse,
+                relu,
+            },
+            &ops,
+            dst.0,
+            rows,
+        );
         Ok(())
     })?;
     result.finish();
     Ok(())
+}
+
+/// How a walk goes: from the last step (`reverse`); the plain RNN's activation (`relu`, else
+/// tanh; the other cells ignore it).
+#[derive(Clone, Copy)]
+struct Walk {
+    reverse: bool,
+    relu: bool,
 }
 
 /// The result's first element, which the ranges of the batch write apart.
@@ -194,10 +214,15 @@ impl<'a> Operands<'a> {
     /// The views are f32 operands of `part` inside their buffers.
     unsafe fn new(part: RecurrencePart, inputs: &'a [View]) -> Operands<'a> {
         let first = &inputs[0];
-        let (weight, per_step) = if part.is_backward() {
-            (2, part.kept())
+        let weight = part
+            .operands()
+            .iter()
+            .position(|n| n.starts_with("w_hh"))
+            .expect("every part has a hidden weight");
+        let per_step = if part.is_backward() {
+            part.kept()
         } else {
-            (1, part.gates())
+            part.gates()
         };
         let v = &inputs[weight];
         Operands {

@@ -3,7 +3,7 @@
 //! r)`, `h = (h_prev - n) * z + n`, where `h*` is the hidden product `b_hh + h_prev @ W_hh^T`
 //! and `x*` the step's input product.
 
-use super::{part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward, Operands};
+use super::{part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward, Operands, Walk};
 use crate::backend::cpu::matmul::sgemm_strided;
 use std::ops::Range;
 
@@ -11,7 +11,8 @@ use std::ops::Range;
 ///
 /// # Safety
 /// `y` is the dense result for `ops`; no other range writes `rows`.
-pub(super) unsafe fn forward(reverse: bool, ops: &Operands, y: *mut f32, rows: Range<usize>) {
+pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Range<usize>) {
+    let reverse = walk.reverse;
     let (t_len, b_len, h) = ops.dims;
     let (g_len, row) = (3 * h, 5 * h);
     let (xg, h0) = (&ops.dense[0], &ops.dense[1]);
@@ -71,7 +72,8 @@ pub(super) unsafe fn forward(reverse: bool, ops: &Operands, y: *mut f32, rows: R
 ///
 /// # Safety
 /// `r` is the dense result for `ops`; no other range writes `rows`.
-pub(super) unsafe fn backward(reverse: bool, ops: &Operands, r: *mut f32, rows: Range<usize>) {
+pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Range<usize>) {
+    let reverse = walk.reverse;
     let (t_len, b_len, h) = ops.dims;
     let (g_len, row, out_row) = (3 * h, 5 * h, 6 * h);
     let (steps, h0, dy) = (&ops.dense[0], &ops.dense[1], &ops.dense[2]);

@@ -1,6 +1,6 @@
 //! The LSTM cell's walks over the steps (`RecurrencePart::LstmForward`, `LstmBackward`).
 
-use super::{part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward, Operands};
+use super::{part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward, Operands, Walk};
 use crate::backend::cpu::matmul::sgemm_strided;
 use std::ops::Range;
 
@@ -9,7 +9,8 @@ use std::ops::Range;
 ///
 /// # Safety
 /// `y` is the dense result for `ops`; no other range writes `rows`.
-pub(super) unsafe fn forward(reverse: bool, ops: &Operands, y: *mut f32, rows: Range<usize>) {
+pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Range<usize>) {
+    let reverse = walk.reverse;
     let (t_len, b_len, h) = ops.dims;
     let (g_len, row) = (4 * h, 6 * h);
     let (xg, h0, c0) = (&ops.dense[0], &ops.dense[1], &ops.dense[2]);
@@ -70,7 +71,8 @@ pub(super) unsafe fn forward(reverse: bool, ops: &Operands, y: *mut f32, rows: R
 ///
 /// # Safety
 /// `r` is the dense result for `ops`; no other range writes `rows`.
-pub(super) unsafe fn backward(reverse: bool, ops: &Operands, r: *mut f32, rows: Range<usize>) {
+pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Range<usize>) {
+    let reverse = walk.reverse;
     let (t_len, b_len, h) = ops.dims;
     let (g_len, row) = (4 * h, 6 * h);
     let (steps, c0, dy) = (&ops.dense[0], &ops.dense[1], &ops.dense[2]);

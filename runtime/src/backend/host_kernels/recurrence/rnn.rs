@@ -1,0 +1,94 @@
+//! The plain RNN cell's walks over the steps (`RecurrencePart::RnnTanh*`, `RnnRelu*`), in the
+//! order of CPU's cell: `h = act(hg + xg)`, `hg` the hidden product `b_hh + h_prev @ W_hh^T`
+//! and `xg` the step's input product; relu keeps NaN and zeroes what is below 0.
+
+use super::{part, step_at, tanh, tanh_backward, Operands, Walk};
+use crate::backend::cpu::matmul::sgemm_strided;
+use std::ops::Range;
+
+/// `x` through relu as `torch.relu` gives it: NaN stays NaN.
+fn relu(x: f32) -> f32 {
+    if x < 0.0 {
+        0.0
+    } else {
+        x
+    }
+}
+
+/// The forward walk for the samples `rows`: `y [T, B, H]` gets each step's `h`.
+///
+/// # Safety
+/// `y` is the dense result for `ops`; no other range writes `rows`.
+pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Range<usize>) {
+    let (t_len, b_len, h) = ops.dims;
+    let (xg, h0) = (&ops.dense[0], &ops.dense[1]);
+    let bias = ops.dense.get(2);
+    for s in 0..t_len {
+        let t = step_at(s, t_len, walk.reverse);
+        let prev = (s > 0).then(|| step_at(s - 1, t_len, walk.reverse) * b_len * h);
+        let at = t * b_len * h;
+        if let Some(bias) = bias {
+            for b in rows.clone() {
+                part(y, at + b * h, h).copy_from_slice(bias);
+            }
+        }
+        let a = match prev {
+            Some(p) => (y.add(p + rows.start * h) as *const f32, h as isize, 1),
+            None => (h0.as_ptr().add(rows.start * h), h as isize, 1),
+        };
+        let c = (y.add(at + rows.start * h), h as isize, 1);
+        let beta = if bias.is_some() { 1.0 } else { 0.0 };
+        sgemm_strided(b_len, (rows.len(), h, h), a, ops.w, beta, c);
+        let here = part(y, at + rows.start * h, rows.len() * h);
+        let x = &xg[at + rows.start * h..][..rows.len() * h];
+        here.iter_mut().zip(x).for_each(|(v, x)| *v += x);
+        if walk.relu {
+            here.iter_mut().for_each(|v| *v = relu(*v));
+        } else {
+            tanh(here);
+        }
+    }
+}
+
+/// The backward walk for the samples `rows`, from the forward's last step to its first: `r
+/// [T + 1, B, H]` gets each step's gradient before the activation, and in row `T` the gradient
+/// of `h0`.
+///
+/// # Safety
+/// `r` is the dense result for `ops`; no other range writes `rows`.
+pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Range<usize>) {
+    let (t_len, b_len, h) = ops.dims;
+    let (steps, dy) = (&ops.dense[0], &ops.dense[1]);
+    let n = rows.len() * h;
+    // This range's running gradient of h, from the last state's.
+    let mut dh = ops.dense[2][rows.start * h..rows.end * h].to_vec();
+    for s in 0..t_len {
+        let t = step_at(t_len - 1 - s, t_len, walk.reverse);
+        let at = (t * b_len + rows.start) * h;
+        let (y, dy) = (&steps[at..][..n], &dy[at..][..n]);
+        let out = part(r, at, n);
+        for j in 0..n {
+            let dh_t = dy[j] + dh[j];
+            // CPU's threshold_backward(grad, result, 0) for relu.
+            out[j] = if walk.relu {
+                if y[j] > 0.0 {
+                    dh_t
+                } else {
+                    0.0
+                }
+            } else {
+                tanh_backward(dh_t, y[j])
+            };
+        }
+        let dh_out = (dh.as_mut_ptr(), h as isize, 1);
+        sgemm_strided(
+            b_len,
+            (rows.len(), h, h),
+            (out.as_ptr(), h as isize, 1),
+            ops.w,
+            0.0,
+            dh_out,
+        );
+    }
+    part(r, (t_len * b_len + rows.start) * h, n).copy_from_slice(&dh);
+}
