@@ -106,7 +106,6 @@ DfuseAttrs recurrence_attrs(uint32_t part, int64_t d) {
   return a;
 }
 
-
 at::Tensor product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
 }
@@ -125,8 +124,8 @@ struct Direction {
   at::Tensor out, h, c;
 };
 
-// One direction's steps as the kernel op: its result [T, B, 6H] (LSTM) or [T, B, 5H] (GRU)
-// holds per step what the backward reads, h among it.
+// One direction's steps as the kernel op: its result [T, B, 6H] (LSTM), [T, B, 5H] (GRU) or
+// [T, B, H] (plain RNN) holds per step what the backward reads, h among it.
 Direction run_direction_kernel(const Config& cfg, const at::Tensor& xg, const at::Tensor& w_hh,
                                const at::Tensor& b_hh, int64_t d, const at::Tensor& h0,
                                const at::Tensor& c0, std::vector<at::Tensor>* save) {
@@ -138,7 +137,10 @@ Direction run_direction_kernel(const Config& cfg, const at::Tensor& xg, const at
   if (b_hh.defined()) ops.t(b_hh);
   auto a = recurrence_attrs(cfg.forward_part(), d);
   auto y = run(DFUSE_OP_KIND_RECURRENCE, &a, ops, cfg.name());
-  if (save) *save = cfg.lstm() ? std::vector<at::Tensor>{y, h0, c0} : std::vector<at::Tensor>{y, h0};
+  if (save) {
+    *save = {y, h0};
+    if (cfg.lstm()) save->push_back(c0);
+  }
   auto last = y.select(0, d == 0 ? T - 1 : 0);
   return {y.narrow(2, cfg.h_at() * H, H), last.narrow(1, cfg.h_at() * H, H),
           cfg.lstm() ? last.narrow(1, 4 * H, H) : at::Tensor()};
@@ -237,9 +239,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_forward(
       x = dropped;
     }
   }
-  // The kernel op's last layer leaves its h steps as a view of the op's result; the output is
-  // contiguous, as CPU's is.
-  if (!x.is_contiguous()) x = x.contiguous();
+  // The kernel op's last layer leaves its h steps as a view of the op's result, which the
+  // backward keeps: the output is a tensor of its own, contiguous, as CPU's is (a caller may
+  // write into it before the backward).
+  if (cfg.kernel && cfg.dirs == 1) x = x.clone(at::MemoryFormat::Contiguous);
   auto out = cfg.batch_first ? x.transpose(0, 1) : x;
   return {out, at::stack(hs), cfg.lstm() ? at::stack(cs) : at::Tensor()};
 }

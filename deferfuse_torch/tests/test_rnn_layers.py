@@ -156,6 +156,27 @@ def test_the_output_is_contiguous_as_on_cpu(mode, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_the_output_may_be_written_in_place_before_the_backward(mode, kind):
+    # The output is a tensor no backward keeps (the kernel op's result, which the node keeps,
+    # holds the steps' h too, but the output is a copy). CPU's GRU and RNN allow this as well;
+    # its oneDNN LSTM layer keeps its output and raises (README: where "tpu" differs), so the
+    # LSTM's gradients are compared with CPU's for the same loss without the write.
+    cpu, dev = pair(lambda: layer(kind, 4, 6))
+    x = torch.randn(5, 2, 4)
+
+    def grads(rnn, device, write):
+        out, _ = rnn(x.to(device))
+        if write:
+            out.mul_(2)
+        (out.sum() * (1 if write else 2)).backward()
+        return [p.grad for p in rnn.parameters()]
+
+    want = grads(cpu, "cpu", kind != "LSTM")
+    for g, w in zip(grads(dev, "tpu", True), want):
+        check(g, w, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_dropout_between_layers_draws_the_masks_f_dropout_draws(mode, kind):
     # Same seed: a 2-layer RNN with dropout equals its two layers run apart with F.dropout
     # between them (the same draws from the device's generator), values and gradients.
