@@ -60,17 +60,16 @@ pub(super) unsafe fn run(
         RecurrencePart::RnnTanhForward | RecurrencePart::RnnReluForward => rnn::forward,
         RecurrencePart::RnnTanhBackward | RecurrencePart::RnnReluBackward => rnn::backward,
     };
-    let relu = k.part.cell() == Cell::RnnRelu;
+    let how = Walk {
+        reverse: k.reverse,
+        relu: k.part.cell() == Cell::RnnRelu,
+    };
     jobs(threads.filter(|_| ranges > 1), ranges, &|j| {
-        let rows = b_len * j / ranges..b_len * (j + 1) / ranges;
         walk(
-            Walk {
-                reverse: k.reverse,
-                relu,
-            },
+            how,
             &ops,
             dst.0,
-            rows,
+            b_len * j / ranges..b_len * (j + 1) / ranges,
         );
         Ok(())
     })?;
