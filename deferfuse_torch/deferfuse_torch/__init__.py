@@ -11,6 +11,7 @@ deferfuse with `.to("tpu")`:
     print(y.item())
 """
 
+import atexit
 import os
 
 import torch
@@ -42,6 +43,24 @@ from . import compile_hooks as _compile_hooks  # noqa: E402
 # torch.compile(model, backend="tpu"); plain torch.compile raises a message saying so.
 _compile_hooks.install()
 
+class _Probe(torch.autograd.Function):
+    # An identity whose backward runs on the tpu device's queue and records no op: the probe
+    # leaves no trace in the runtime (no op, no flush, nothing in a timeline).
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def _probe_backward():
+    """One backward through the "tpu" device's autograd thread; returns when it ran."""
+    x = torch.empty((), device="tpu").requires_grad_()
+    torch.autograd.grad(_Probe.apply(x), x, grad_outputs=torch.empty((), device="tpu"))
+
+
 def _check_autograd_engine():
     """PyTorch's autograd engine sizes its per-device queues once, at the first backward of the
     process, from the devices registered then: after a backward that ran before this import it
@@ -50,20 +69,8 @@ def _check_autograd_engine():
     what to do instead of leaving the user that assert."""
     import warnings
 
-    class _Probe(torch.autograd.Function):
-        # An identity whose backward runs on the tpu device's queue and records no op: the
-        # probe leaves no trace in the runtime (no op, no flush, nothing in a timeline).
-        @staticmethod
-        def forward(ctx, x):
-            return x.view_as(x)
-
-        @staticmethod
-        def backward(ctx, g):
-            return g
-
-    x = torch.empty((), device="tpu").requires_grad_()
     try:
-        torch.autograd.grad(_Probe.apply(x), x, grad_outputs=torch.empty((), device="tpu"))
+        _probe_backward()
     except RuntimeError as e:
         if "device_ready_queues_" not in str(e):
             raise
@@ -76,6 +83,38 @@ def _check_autograd_engine():
 
 
 _check_autograd_engine()
+
+
+# The tensors of the exit probe below, kept alive here so that nothing the autograd thread lets
+# go of is their last reference (a tensor's release there would take the GIL).
+_EXIT_PROBE = []
+
+
+def _settle_autograd_thread_at_exit():
+    """PyTorch runs a tpu backward on its own device thread, which may drop a finished graph
+    task's last reference after the caller's backward returned. That task holds Python objects
+    (`torch.autograd.graph._engine_run_backward` stashes the caller's `contextvars` context in
+    thread-local state, which the task captures; `autograd.grad` keeps its result tensors), so
+    the release takes the GIL; a script that ends right then has the thread ask for it during
+    interpreter shutdown, where Python ends the thread with pthread_exit, and the unwind through
+    PyTorch's noexcept frames aborts the process ("terminate called without an active
+    exception", exit code 134: ~1 run in 30 of an RNN-cell training loop on this 2-core
+    machine). Any device backend's autograd thread has this race. Here, at exit (before
+    shutdown), one more backward through the thread runs with the GIL released while it waits,
+    so the thread finishes every earlier task, releases included; this one holds no Python
+    object the thread could release (the engine is called directly, with nothing to return,
+    and its tensors stay referenced from `_EXIT_PROBE`)."""
+    try:
+        x = torch.empty((), device="tpu").requires_grad_()
+        y, g = x.view_as(x), torch.empty((), device="tpu")
+        _EXIT_PROBE.extend([x, y, g])
+        torch.autograd.Variable._execution_engine.run_backward(
+            (y,), (g,), False, False, (), True, True)
+    except Exception:  # noqa: BLE001 -- at exit nothing may raise; a broken runtime reported its error already
+        pass
+
+
+atexit.register(_settle_autograd_thread_at_exit)
 
 
 from .device import (  # noqa: E402,F401
