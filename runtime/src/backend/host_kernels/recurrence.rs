@@ -23,10 +23,12 @@ mod rnn;
 
 use super::{for_each_row, jobs, View};
 use crate::backend::cpu::block_math;
+use crate::backend::cpu::matmul::sgemm_strided;
 use crate::backend::SideBySide;
 use crate::error::Result;
 use deferfuse_fusion::ir::{Cell, Recurrence, RecurrencePart};
 use std::borrow::Cow;
+use std::ops::Range;
 
 /// Fewest multiply-adds in the steps' products worth splitting the batch over threads.
 const SERIAL_BELOW_MACS: usize = 1 << 22;
@@ -199,7 +201,8 @@ fn step_at(s: usize, t_len: usize, reverse: bool) -> usize {
 struct Operands<'a> {
     /// Steps, batch, hidden size.
     dims: (usize, usize, usize),
-    /// The operands but the weight, dense, in their order (`RecurrencePart`'s doc).
+    /// The operands but the weight, dense, in their order (`RecurrencePart`'s doc): `h0` is
+    /// second in every forward.
     dense: Vec<Cow<'a, [f32]>>,
     /// `W_hh^T` (forward) or `W_hh` (backward): first element, row and column strides.
     w: (*const f32, isize, isize),
@@ -237,6 +240,37 @@ impl<'a> Operands<'a> {
             ),
         }
     }
+}
+
+/// Writes each sample's hidden product `b_hh + h_prev @ W_hh^T` into the first `g_len` floats
+/// of its row of a forward's step, for the samples `rows`: the step's rows start at element `at`
+/// of `y`, `row` floats a sample; `h_prev` is where the previous step's `h` starts (sample 0's),
+/// `None` at the first step, which reads `h0`. The bias is written first and the product added
+/// onto it, as the runtime's addmm does.
+///
+/// # Safety
+/// `y` is the dense result of a forward part of `ops`; no other range writes `rows`.
+unsafe fn hidden_product(
+    ops: &Operands,
+    y: *mut f32,
+    rows: &Range<usize>,
+    (at, row, g_len): (usize, usize, usize),
+    h_prev: Option<usize>,
+    bias: Option<&[f32]>,
+) {
+    let h = ops.dims.2;
+    if let Some(bias) = bias {
+        for b in rows.clone() {
+            part(y, at + b * row, g_len).copy_from_slice(bias);
+        }
+    }
+    let a = match h_prev {
+        Some(p) => (y.add(p + rows.start * row) as *const f32, row as isize, 1),
+        None => (ops.dense[1].as_ptr().add(rows.start * h), h as isize, 1),
+    };
+    let c = (y.add(at + rows.start * row), row as isize, 1);
+    let beta = if bias.is_some() { 1.0 } else { 0.0 };
+    sgemm_strided(ops.dims.1, (rows.len(), h, g_len), a, ops.w, beta, c);
 }
 
 /// One sample's `len` floats at element `at` of the result.

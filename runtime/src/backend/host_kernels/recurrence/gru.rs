@@ -3,7 +3,9 @@
 //! r)`, `h = (h_prev - n) * z + n`, where `h*` is the hidden product `b_hh + h_prev @ W_hh^T`
 //! and `x*` the step's input product.
 
-use super::{part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward, Operands, Walk};
+use super::{
+    hidden_product, part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward, Operands, Walk,
+};
 use crate::backend::cpu::matmul::sgemm_strided;
 use std::ops::Range;
 
@@ -23,22 +25,8 @@ pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Rang
         let prev = (s > 0).then(|| step_at(s - 1, t_len, reverse) * b_len * row);
         let at = t * b_len * row;
         // The hidden product lands in the first 3H floats of each sample's row.
-        if let Some(bias) = bias {
-            for b in rows.clone() {
-                part(y, at + b * row, g_len).copy_from_slice(bias);
-            }
-        }
-        let a = match prev {
-            Some(p) => (
-                y.add(p + rows.start * row + 4 * h) as *const f32,
-                row as isize,
-                1,
-            ),
-            None => (h0.as_ptr().add(rows.start * h), h as isize, 1),
-        };
-        let c = (y.add(at + rows.start * row), row as isize, 1);
-        let beta = if bias.is_some() { 1.0 } else { 0.0 };
-        sgemm_strided(b_len, (rows.len(), h, g_len), a, ops.w, beta, c);
+        let h_at = prev.map(|p| p + 4 * h);
+        hidden_product(ops, y, &rows, (at, row, g_len), h_at, bias.map(|b| &b[..]));
         for b in rows.clone() {
             // The previous step's row lies before this one or, walking in reverse, after it.
             h_prev.copy_from_slice(match prev {

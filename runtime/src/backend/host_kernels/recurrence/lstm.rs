@@ -1,6 +1,8 @@
 //! The LSTM cell's walks over the steps (`RecurrencePart::LstmForward`, `LstmBackward`).
 
-use super::{part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward, Operands, Walk};
+use super::{
+    hidden_product, part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward, Operands, Walk,
+};
 use crate::backend::cpu::matmul::sgemm_strided;
 use std::ops::Range;
 
@@ -13,29 +15,22 @@ pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Rang
     let reverse = walk.reverse;
     let (t_len, b_len, h) = ops.dims;
     let (g_len, row) = (4 * h, 6 * h);
-    let (xg, h0, c0) = (&ops.dense[0], &ops.dense[1], &ops.dense[2]);
+    let (xg, c0) = (&ops.dense[0], &ops.dense[2]);
     let bias = ops.dense.get(3);
     let (mut tanh_c, mut c_prev) = (vec![0f32; h], vec![0f32; h]);
     for s in 0..t_len {
         let t = step_at(s, t_len, reverse);
         let prev = (s > 0).then(|| step_at(s - 1, t_len, reverse) * b_len * row);
         let at = t * b_len * row;
-        if let Some(bias) = bias {
-            for b in rows.clone() {
-                part(y, at + b * row, g_len).copy_from_slice(bias);
-            }
-        }
-        let a = match prev {
-            Some(p) => (
-                y.add(p + rows.start * row + 5 * h) as *const f32,
-                row as isize,
-                1,
-            ),
-            None => (h0.as_ptr().add(rows.start * h), h as isize, 1),
-        };
-        let c = (y.add(at + rows.start * row), row as isize, 1);
-        let beta = if bias.is_some() { 1.0 } else { 0.0 };
-        sgemm_strided(b_len, (rows.len(), h, g_len), a, ops.w, beta, c);
+        let h_prev = prev.map(|p| p + 5 * h);
+        hidden_product(
+            ops,
+            y,
+            &rows,
+            (at, row, g_len),
+            h_prev,
+            bias.map(|b| &b[..]),
+        );
         for b in rows.clone() {
             // The previous step's row lies before this one or, walking in reverse, after it.
             c_prev.copy_from_slice(match prev {

@@ -2,7 +2,7 @@
 //! order of CPU's cell: `h = act(hg + xg)`, `hg` the hidden product `b_hh + h_prev @ W_hh^T`
 //! and `xg` the step's input product; relu keeps NaN and zeroes what is below 0.
 
-use super::{part, step_at, tanh, tanh_backward, Operands, Walk};
+use super::{hidden_product, part, step_at, tanh, tanh_backward, Operands, Walk};
 use crate::backend::cpu::matmul::sgemm_strided;
 use std::ops::Range;
 
@@ -21,24 +21,13 @@ fn relu(x: f32) -> f32 {
 /// `y` is the dense result for `ops`; no other range writes `rows`.
 pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Range<usize>) {
     let (t_len, b_len, h) = ops.dims;
-    let (xg, h0) = (&ops.dense[0], &ops.dense[1]);
+    let xg = &ops.dense[0];
     let bias = ops.dense.get(2);
     for s in 0..t_len {
         let t = step_at(s, t_len, walk.reverse);
         let prev = (s > 0).then(|| step_at(s - 1, t_len, walk.reverse) * b_len * h);
         let at = t * b_len * h;
-        if let Some(bias) = bias {
-            for b in rows.clone() {
-                part(y, at + b * h, h).copy_from_slice(bias);
-            }
-        }
-        let a = match prev {
-            Some(p) => (y.add(p + rows.start * h) as *const f32, h as isize, 1),
-            None => (h0.as_ptr().add(rows.start * h), h as isize, 1),
-        };
-        let c = (y.add(at + rows.start * h), h as isize, 1);
-        let beta = if bias.is_some() { 1.0 } else { 0.0 };
-        sgemm_strided(b_len, (rows.len(), h, h), a, ops.w, beta, c);
+        hidden_product(ops, y, &rows, (at, h, h), prev, bias.map(|b| &b[..]));
         let here = part(y, at + rows.start * h, rows.len() * h);
         let x = &xg[at + rows.start * h..][..rows.len() * h];
         here.iter_mut().zip(x).for_each(|(v, x)| *v += x);
