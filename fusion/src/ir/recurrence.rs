@@ -1,5 +1,5 @@
-//! The recurrence kernel op (`nn.LSTM`, `nn.GRU`): every time step of one direction of one
-//! layer, or its backward, as one op.
+//! The recurrence kernel op (`nn.LSTM`, `nn.GRU`, `nn.RNN`): every time step of one direction
+//! of one layer, or its backward, as one op.
 //!
 //! Each step's hidden product waits on the step before, so nothing fuses across steps; recorded
 //! step by step, a layer was ~10 ops per step forward and backward (a 2-layer LSTM over 64
