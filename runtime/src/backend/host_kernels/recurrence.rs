@@ -273,6 +273,38 @@ unsafe fn hidden_product(
     sgemm_strided(ops.dims.1, (rows.len(), h, g_len), a, ops.w, beta, c);
 }
 
+/// Lanes the backward walks' per-unit arithmetic takes at once.
+const V: usize = 8;
+
+/// Runs a backward's per-unit arithmetic `f` over one sample's `h` units, `V` at a time through
+/// arrays (over the slices themselves LLVM left the loop scalar: it cannot tell them apart).
+/// `f` gets each lane group of `ins` and of `state` (a running value, such as the LSTM's `dc`)
+/// and returns the groups of `out`'s `O` blocks of `h` floats, then the next `state`.
+fn in_lanes<const I: usize, const O: usize>(
+    h: usize,
+    ins: [&[f32]; I],
+    state: &mut [f32],
+    out: &mut [f32],
+    f: impl Fn(&[[f32; V]; I], &[f32; V]) -> ([[f32; V]; O], [f32; V]),
+) {
+    let mut j = 0;
+    while j < h {
+        let n = V.min(h - j);
+        let mut x = [[0f32; V]; I];
+        for (lanes, from) in x.iter_mut().zip(ins) {
+            lanes[..n].copy_from_slice(&from[j..j + n]);
+        }
+        let mut s = [0f32; V];
+        s[..n].copy_from_slice(&state[j..j + n]);
+        let (y, next) = f(&x, &s);
+        for (q, lanes) in y.iter().enumerate() {
+            out[q * h + j..][..n].copy_from_slice(&lanes[..n]);
+        }
+        state[j..j + n].copy_from_slice(&next[..n]);
+        j += n;
+    }
+}
+
 /// One sample's `len` floats at element `at` of the result.
 ///
 /// # Safety

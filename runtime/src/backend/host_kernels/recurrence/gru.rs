@@ -4,7 +4,8 @@
 //! and `x*` the step's input product.
 
 use super::{
-    hidden_product, part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward, Operands, Walk,
+    hidden_product, in_lanes, part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward,
+    Operands, Walk, V,
 };
 use crate::backend::cpu::matmul::sgemm_strided;
 use std::ops::Range;
@@ -89,23 +90,7 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
             let dh = &dh[k * h..][..h];
             let skip = &mut through_z[k * h..][..h];
             let out = part(r, (t * b_len + b) * out_row, out_row);
-            let cell = [rg, z, n, hn, h_prev, dy, dh];
-            // Lanes of V, through arrays: the compiler cannot tell the slices apart, and
-            // would not vectorize the loop over them.
-            let mut j = 0;
-            while j < h {
-                let len = V.min(h - j);
-                let mut x = [[0f32; V]; 7];
-                for (lanes, from) in x.iter_mut().zip(cell) {
-                    lanes[..len].copy_from_slice(&from[j..j + len]);
-                }
-                let (y, through) = gate_gradients(&x);
-                for (q, lanes) in y.iter().enumerate() {
-                    out[q * h + j..][..len].copy_from_slice(&lanes[..len]);
-                }
-                skip[j..j + len].copy_from_slice(&through[..len]);
-                j += len;
-            }
+            in_lanes(h, [rg, z, n, hn, h_prev, dy, dh], skip, out, gate_gradients);
         }
         // dh = through_z + the hidden product's gate gradients @ W_hh.
         let a = (
@@ -124,15 +109,12 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
     }
 }
 
-/// Lanes the backward's gate arithmetic takes at once.
-const V: usize = 8;
-
 /// One lane group of a step's backward: from `r, z, n, hn, h_prev, dy, dh` the gradients of
 /// the input product's gates `dr, dz, dn` and of the hidden product's `dr, dz, dn * r`, and
 /// the share of `dh` that skips the gates (`(dy + dh) * z`), as autograd through CPU's cell
-/// gives them.
+/// gives them (the share needs no running value: `_` is `in_lanes`' state slot).
 #[inline(always)]
-fn gate_gradients(x: &[[f32; V]; 7]) -> ([[f32; V]; 6], [f32; V]) {
+fn gate_gradients(x: &[[f32; V]; 7], _: &[f32; V]) -> ([[f32; V]; 6], [f32; V]) {
     let [r, z, n, hn, h_prev, dy, dh] = x;
     let (mut y, mut skip) = ([[0f32; V]; 6], [0f32; V]);
     for l in 0..V {

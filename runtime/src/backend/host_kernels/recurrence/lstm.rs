@@ -1,7 +1,8 @@
 //! The LSTM cell's walks over the steps (`RecurrencePart::LstmForward`, `LstmBackward`).
 
 use super::{
-    hidden_product, part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward, Operands, Walk,
+    hidden_product, in_lanes, part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward,
+    Operands, Walk, V,
 };
 use crate::backend::cpu::matmul::sgemm_strided;
 use std::ops::Range;
@@ -98,23 +99,8 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
             let dy = &dy[(t * b_len + b) * h..][..h];
             let (dh, dc) = (&dh[k * h..][..h], &mut dc[k * h..][..h]);
             let out = part(r, (t * b_len + b) * g_len, g_len);
-            let cell = [i, f, g, o, c_prev, &tanh_c, dy, dh];
-            // Lanes of V, through arrays: the compiler cannot tell the slices apart, and
-            // would not vectorize the loop over them.
-            let mut j = 0;
-            while j < h {
-                let n = V.min(h - j);
-                let mut x = [[0f32; V]; 9];
-                for (lanes, from) in x.iter_mut().zip(cell.iter().chain([&&dc[..]])) {
-                    lanes[..n].copy_from_slice(&from[j..j + n]);
-                }
-                let y = gate_gradients(&x);
-                for (q, lanes) in y[..4].iter().enumerate() {
-                    out[q * h + j..][..n].copy_from_slice(&lanes[..n]);
-                }
-                dc[j..j + n].copy_from_slice(&y[4][..n]);
-                j += n;
-            }
+            let cell = [i, f, g, o, c_prev, &tanh_c[..], dy, dh];
+            in_lanes(h, cell, dc, out, gate_gradients);
         }
         let a = (
             r.add((t * b_len + rows.start) * g_len) as *const f32,
@@ -132,16 +118,13 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
     }
 }
 
-/// Lanes the backward's gate arithmetic takes at once.
-const V: usize = 8;
-
-/// One lane group of a step's backward: from `i, f, g, o, c_prev, tanh(c), dy, dh, dc` the
-/// gate gradients `di, df, dg, do` and the next `dc`, as autograd through CPU's cell gives
-/// them (`dh_t = dy + dh`, `dc_t = tanh_backward(dh_t * o, tanh(c)) + dc`).
+/// One lane group of a step's backward: from `i, f, g, o, c_prev, tanh(c), dy, dh` and the
+/// running `dc` the gate gradients `di, df, dg, do` and the next `dc`, as autograd through
+/// CPU's cell gives them (`dh_t = dy + dh`, `dc_t = tanh_backward(dh_t * o, tanh(c)) + dc`).
 #[inline(always)]
-fn gate_gradients(x: &[[f32; V]; 9]) -> [[f32; V]; 5] {
-    let [i, f, g, o, c_prev, tc, dy, dh, dc] = x;
-    let mut y = [[0f32; V]; 5];
+fn gate_gradients(x: &[[f32; V]; 8], dc: &[f32; V]) -> ([[f32; V]; 4], [f32; V]) {
+    let [i, f, g, o, c_prev, tc, dy, dh] = x;
+    let (mut y, mut next) = ([[0f32; V]; 4], [0f32; V]);
     for l in 0..V {
         let dh_t = dy[l] + dh[l];
         let dc_t = tanh_backward(dh_t * o[l], tc[l]) + dc[l];
@@ -149,7 +132,7 @@ fn gate_gradients(x: &[[f32; V]; 9]) -> [[f32; V]; 5] {
         y[1][l] = sigmoid_backward(dc_t * c_prev[l], f[l]);
         y[2][l] = tanh_backward(dc_t * i[l], g[l]);
         y[3][l] = sigmoid_backward(dh_t * tc[l], o[l]);
-        y[4][l] = dc_t * f[l];
+        next[l] = dc_t * f[l];
     }
-    y
+    (y, next)
 }
