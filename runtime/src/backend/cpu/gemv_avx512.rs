@@ -244,7 +244,7 @@ unsafe fn finish(acc: __m512, alpha: f32, beta: f32, cp: *mut f32, csc: isize, v
 
 /// The 16x16 transpose of `r`: row `q` of the result is lane `q` of every input vector.
 #[inline(always)]
-unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+pub(super) unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
     // Pairs of rows interleaved, then pairs of pairs, then 128-bit quarters twice.
     let mut t = [_mm512_setzero_ps(); 16];
     for i in 0..8 {

@@ -2,11 +2,11 @@
 //! products through `small_gemm::sgemm`, which runs its own kernel for few rows and
 //! `packed_gemm`'s for more, same bits; f32 products of at most four rows in all by a
 //! transposed B through `gemv_dot`, dot products in W's memory order), f16 and bf16 through
-//! f32, integers through a plain wrapping loop (rare in practice).
+//! f32 (`half_gemm`), integers through a plain wrapping loop (rare in practice).
 
+use super::half_gemm::{self, HalfMat};
 use super::small_gemm;
 use deferfuse_fusion::ir::{DType, Layout};
-use half::{bf16, f16};
 
 /// One matrix operand: its first element and its layout `[batch.., rows, cols]`.
 pub struct Mat<'a> {
@@ -98,45 +98,21 @@ pub unsafe fn matmul(
             csc,
         ),
         DType::F16 | DType::BF16 => {
-            let get = |p: *mut u8, off: isize| -> f32 {
-                let bits = *(p as *const u16).offset(off);
-                if dtype == DType::F16 {
-                    f16::from_bits(bits).to_f32()
-                } else {
-                    bf16::from_bits(bits).to_f32()
-                }
+            let half = |p: *mut u8, o: isize, (rows, cols): (usize, usize), (rs, cs)| HalfMat {
+                ptr: (p as *mut u16).offset(o),
+                rows,
+                cols,
+                rs,
+                cs,
             };
-            let gather = |p: *mut u8, o: isize, rows: usize, cols: usize, rs: isize, cs: isize| {
-                let mut v = Vec::with_capacity(rows * cols);
-                for i in 0..rows {
-                    for j in 0..cols {
-                        v.push(get(p, o + i as isize * rs + j as isize * cs));
-                    }
-                }
-                v
-            };
-            let av = gather(a.ptr, ao, m, k, rsa, csa);
-            let bv = gather(b.ptr, bo, k, n, rsb, csb);
-            let mut cv = gather(c.ptr, co, m, n, rsc, csc);
-            small_gemm::sgemm(
-                (m, k, n),
+            half_gemm::matmul(
+                dtype,
                 alpha as f32,
-                (av.as_ptr(), k as isize, 1),
-                (bv.as_ptr(), n as isize, 1),
+                half(a.ptr, ao, (m, k), (rsa, csa)),
+                half(b.ptr, bo, (k, n), (rsb, csb)),
                 if beta == 0.0 { 0.0 } else { beta as f32 },
-                (cv.as_mut_ptr(), n as isize, 1),
-            );
-            for i in 0..m {
-                for j in 0..n {
-                    let x = cv[i * n + j];
-                    let bits = if dtype == DType::F16 {
-                        f16::from_f32(x).to_bits()
-                    } else {
-                        bf16::from_f32(x).to_bits()
-                    };
-                    *(c.ptr as *mut u16).offset(co + i as isize * rsc + j as isize * csc) = bits;
-                }
-            }
+                half(c.ptr, co, (m, n), (rsc, csc)),
+            )
         }
         _ => int_matmul(
             dtype,

@@ -1,6 +1,8 @@
 //! The CPU backend: a Cranelift JIT. A loop region becomes one native function (see
 //! `codegen`); matmul calls the GEMM crate; arange is a host loop.
 
+#[cfg(target_arch = "x86_64")]
+mod bf16_gemm;
 pub(crate) mod block_math;
 mod codegen;
 pub(crate) mod columns;
@@ -11,6 +13,7 @@ mod gemv_avx512;
 #[cfg(target_arch = "x86_64")]
 mod gemv_dot;
 mod gemv_rows_avx2;
+mod half_gemm;
 mod jit_calls;
 mod lanes;
 pub(crate) mod matmul;

@@ -1,0 +1,412 @@
+//! bf16 products on cores with AVX512-BF16 (Zen 4, Sapphire Rapids and later): `vdpbf16ps`
+//! multiplies 16 pairs of bf16 values and adds both products to 16 f32 sums in one
+//! instruction, twice the multiply-adds of an f32 FMA. Under `torch.autocast("tpu",
+//! dtype=torch.bfloat16)` every Linear and convolution is such a product; widened to f32 they
+//! ran at the f32 kernels' speed while CPU eager's oneDNN runs them on this instruction, so
+//! autocast made a tpu model slower where it makes a CPU eager one faster.
+//!
+//! Numbers: each product of two bf16 values is exact in f32, and each output element is one
+//! f32 sum over k, added pair by pair in the instruction's order (per pair of k, the odd k's
+//! product first, then the even one's; each addition rounded to nearest even), with bf16 and
+//! f32 subnormals read and written as zero (the instruction's DAZ and FTZ). That order is fixed
+//! by k alone, so an element's bits do not depend on how the rows or columns of the product are
+//! split over threads; `alpha * sum + beta * c` is then rounded once to bf16, as the widening
+//! path does. CPU eager's oneDNN runs the same instruction, in its own k order.
+//!
+//! Layout: A is packed into panels of [`MR`] rows, one u32 per row per pair of k (the pair's
+//! two bf16 values); B into panels of [`NR`] columns, [`NR`] u32 per pair of k. A pair past k's
+//! end holds zero in both operands, so it adds `0 * 0` and never `inf * 0`. The kernel keeps an
+//! `MR x NR` tile of sums in 16 registers over the whole of k (no k blocking: a panel of B for
+//! k = 4608 is 288 KiB, L2-resident), then rounds it out.
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Rows of A per kernel tile (8 broadcasts per pair of k).
+const MR: usize = 8;
+/// Columns of B per kernel tile: two 16-lane vectors.
+const NR: usize = 32;
+/// Bytes of packed A the kernel sweeps per panel of B: a block of A panels this size stays in
+/// L2 while the panels of B pass over it.
+const A_BLOCK_BYTES: usize = 256 << 10;
+/// Packing buffers a thread keeps between products (larger ones are freed after use).
+const KEEP_BYTES: usize = 16 << 20;
+
+/// A strided bf16 matrix: first element, rows, columns, row and column strides in elements.
+#[derive(Clone, Copy)]
+pub(super) struct Bf16Mat {
+    pub ptr: *mut u16,
+    pub rows: usize,
+    pub cols: usize,
+    pub rs: isize,
+    pub cs: isize,
+}
+
+impl Bf16Mat {
+    /// Element `(i, j)`'s bits.
+    ///
+    /// # Safety
+    /// `(i, j)` is inside the matrix.
+    #[inline(always)]
+    unsafe fn at(&self, i: usize, j: usize) -> u16 {
+        *self.ptr.offset(i as isize * self.rs + j as isize * self.cs)
+    }
+}
+
+/// Whether this core runs the kernel.
+pub(super) fn available() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+    })
+}
+
+/// Whether a product of `m` rows goes through [`matmul`]: a few rows leave most of a tile
+/// empty, and the widening path's few-row kernels read B once without packing it.
+pub(super) fn takes(m: usize, k: usize, n: usize) -> bool {
+    m >= 5 && k >= 2 && n >= 16 && available()
+}
+
+thread_local! {
+    /// Packed A and B, kept between products (a fresh buffer page-faults on every use).
+    static PACKED: RefCell<(Vec<u32>, Vec<u32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// `c = alpha * a @ b + beta * c` for bf16 matrices `a` `[m, k]`, `b` `[k, n]`, `c` `[m, n]`.
+///
+/// # Safety
+/// [`available`]; the pointers are valid for every element their strides address; `c`
+/// overlaps neither operand.
+pub(super) unsafe fn matmul(alpha: f32, a: Bf16Mat, b: Bf16Mat, beta: f32, c: Bf16Mat) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    let pairs = k.div_ceil(2);
+    let (a_panels, b_panels) = (m.div_ceil(MR), n.div_ceil(NR));
+    PACKED.with(|bufs| {
+        let mut bufs = bufs.borrow_mut();
+        let (pa, pb) = &mut *bufs;
+        pa.resize(a_panels * pairs * MR, 0);
+        pb.resize(b_panels * pairs * NR, 0);
+        pack_a(&a, pairs, pa);
+        pack_b(&b, pairs, pb);
+        let block = (A_BLOCK_BYTES / (MR * pairs * 4)).max(1);
+        for ib in (0..a_panels).step_by(block) {
+            for jp in 0..b_panels {
+                let bp = pb.as_ptr().add(jp * pairs * NR);
+                for ip in ib..(ib + block).min(a_panels) {
+                    let ap = pa.as_ptr().add(ip * pairs * MR);
+                    let (i0, j0) = (ip * MR, jp * NR);
+                    let tile = (MR.min(m - i0), NR.min(n - j0));
+                    tile_kernel(pairs, ap, bp, alpha, beta, &c, (i0, j0), tile);
+                }
+            }
+        }
+        if pa.capacity() * 4 > KEEP_BYTES {
+            *pa = Vec::new();
+        }
+        if pb.capacity() * 4 > KEEP_BYTES {
+            *pb = Vec::new();
+        }
+    });
+}
+
+/// Two bf16 values as the u32 the kernel reads: `lo` (the even k) in the low half.
+#[inline(always)]
+fn pair(lo: u16, hi: u16) -> u32 {
+    lo as u32 | (hi as u32) << 16
+}
+
+/// A into panels of [`MR`] rows: `out[panel][p][r]` holds row `panel * MR + r`'s elements
+/// `2p` and `2p + 1` (zero past the matrix). Rows or columns of A that are contiguous are read
+/// two elements at a time or side by side.
+unsafe fn pack_a(a: &Bf16Mat, pairs: usize, out: &mut [u32]) {
+    let (m, k) = (a.rows, a.cols);
+    let full = k / 2;
+    for (panel, dst) in out.chunks_exact_mut(pairs * MR).enumerate() {
+        let i0 = panel * MR;
+        let rows = MR.min(m - i0);
+        if rows < MR {
+            dst.fill(0);
+        }
+        if a.cs == 1 {
+            for r in 0..rows {
+                let row = a.ptr.offset((i0 + r) as isize * a.rs);
+                for p in 0..full {
+                    dst[p * MR + r] = (row.add(2 * p) as *const u32).read_unaligned();
+                }
+            }
+        } else if a.rs == 1 {
+            for p in 0..full {
+                let k0 = a.ptr.offset(2 * p as isize * a.cs + i0 as isize);
+                let k1 = k0.offset(a.cs);
+                for r in 0..rows {
+                    dst[p * MR + r] = pair(*k0.add(r), *k1.add(r));
+                }
+            }
+        } else {
+            for r in 0..rows {
+                for p in 0..full {
+                    dst[p * MR + r] = pair(a.at(i0 + r, 2 * p), a.at(i0 + r, 2 * p + 1));
+                }
+            }
+        }
+        if k % 2 == 1 {
+            for r in 0..rows {
+                dst[full * MR + r] = pair(a.at(i0 + r, k - 1), 0);
+            }
+        }
+    }
+}
+
+/// B into panels of [`NR`] columns: `out[panel][p][j]` holds column `panel * NR + j`'s
+/// elements `2p` and `2p + 1` (zero past the matrix). A transposed B (`x @ W.t()`: its columns
+/// contiguous) is read two elements at a time, a plain one two rows side by side.
+unsafe fn pack_b(b: &Bf16Mat, pairs: usize, out: &mut [u32]) {
+    let (k, n) = (b.rows, b.cols);
+    let full = k / 2;
+    for (panel, dst) in out.chunks_exact_mut(pairs * NR).enumerate() {
+        let j0 = panel * NR;
+        let cols = NR.min(n - j0);
+        if cols < NR {
+            dst.fill(0);
+        }
+        if b.rs == 1 {
+            // 16 columns by 16 pairs at a time: 16 loads down the columns, transposed in
+            // registers, 16 stores along the panel (element by element, the panel's writes
+            // 128 bytes apart made this pack ~1/3 of a 64-row product's time).
+            let (groups, blocks) = (cols / 16, full / 16);
+            for g in 0..groups {
+                let first = b.ptr.offset((j0 + 16 * g) as isize * b.cs);
+                for q in 0..blocks {
+                    transpose_pairs(
+                        first,
+                        b.cs,
+                        32 * q,
+                        dst[16 * q * NR + 16 * g..].as_mut_ptr(),
+                    );
+                }
+            }
+            for j in 0..cols {
+                let col = b.ptr.offset((j0 + j) as isize * b.cs);
+                let from = if j < 16 * groups { 16 * blocks } else { 0 };
+                for p in from..full {
+                    dst[p * NR + j] = (col.add(2 * p) as *const u32).read_unaligned();
+                }
+            }
+        } else if b.cs == 1 {
+            for p in 0..full {
+                let k0 = b.ptr.offset(2 * p as isize * b.rs + j0 as isize);
+                let k1 = k0.offset(b.rs);
+                for (j, slot) in dst[p * NR..p * NR + cols].iter_mut().enumerate() {
+                    *slot = pair(*k0.add(j), *k1.add(j));
+                }
+            }
+        } else {
+            for p in 0..full {
+                for j in 0..cols {
+                    dst[p * NR + j] = pair(b.at(2 * p, j0 + j), b.at(2 * p + 1, j0 + j));
+                }
+            }
+        }
+        if k % 2 == 1 {
+            for j in 0..cols {
+                dst[full * NR + j] = pair(b.at(k - 1, j0 + j), 0);
+            }
+        }
+    }
+}
+
+/// Pairs `k0 / 2 .. k0 / 2 + 16` of the 16 columns starting at `first` (`cs` elements apart),
+/// stored as 16 rows of 16 u32 at `out`, [`NR`] u32 apart.
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_pairs(first: *const u16, cs: isize, k0: usize, out: *mut u32) {
+    let rows: [__m512; 16] = std::array::from_fn(|j| {
+        _mm512_loadu_ps(first.offset(j as isize * cs).add(k0) as *const f32)
+    });
+    for (p, v) in super::gemv_avx512::transpose16(rows).iter().enumerate() {
+        _mm512_storeu_ps(out.add(p * NR) as *mut f32, *v);
+    }
+}
+
+/// One `MR x NR` tile of sums over all `pairs`, written to `c` at `(i0, j0)` for the `tile`
+/// rows and columns inside it.
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_kernel(
+    pairs: usize,
+    a: *const u32,
+    b: *const u32,
+    alpha: f32,
+    beta: f32,
+    c: &Bf16Mat,
+    (i0, j0): (usize, usize),
+    (rows, cols): (usize, usize),
+) {
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    for p in 0..pairs {
+        let bp = b.add(p * NR);
+        let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp as *const _));
+        let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(16) as *const _));
+        let ap = a.add(p * MR);
+        for (r, sums) in acc.iter_mut().enumerate() {
+            let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(r) as i32));
+            sums[0] = _mm512_dpbf16_ps(sums[0], x, b0);
+            sums[1] = _mm512_dpbf16_ps(sums[1], x, b1);
+        }
+    }
+    if alpha == 1.0 && beta == 0.0 && cols == NR && c.cs == 1 {
+        // The sums are never subnormal (FTZ), so `vcvtne2ps2bf16`'s rounding (nearest even,
+        // a NaN made quiet) is `half`'s: 32 columns a store.
+        for (i, v) in acc.iter().enumerate().take(rows) {
+            let out = c.ptr.offset((i0 + i) as isize * c.rs + j0 as isize);
+            let packed = _mm512_cvtne2ps_pbh(v[1], v[0]);
+            _mm512_storeu_si512(
+                out as *mut _,
+                std::mem::transmute::<__m512bh, __m512i>(packed),
+            );
+        }
+        return;
+    }
+    let mut sums = [[0f32; NR]; MR];
+    for (row, v) in sums.iter_mut().zip(&acc) {
+        _mm512_storeu_ps(row.as_mut_ptr(), v[0]);
+        _mm512_storeu_ps(row.as_mut_ptr().add(16), v[1]);
+    }
+    for (i, row) in sums.iter().enumerate().take(rows) {
+        for (j, &s) in row.iter().enumerate().take(cols) {
+            let out = c
+                .ptr
+                .offset((i0 + i) as isize * c.rs + (j0 + j) as isize * c.cs);
+            let t = alpha * s;
+            let v = if beta == 0.0 {
+                t
+            } else {
+                bf16_to_f32(*out).mul_add(beta, t)
+            };
+            *out = f32_to_bf16(v);
+        }
+    }
+}
+
+fn bf16_to_f32(h: u16) -> f32 {
+    half::bf16::from_bits(h).to_f32()
+}
+
+fn f32_to_bf16(x: f32) -> u16 {
+    half::bf16::from_f32(x).to_bits()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    /// The sums as the instruction defines them: per pair of k, the odd k's exact product
+    /// added first, then the even one's, each addition rounded, subnormals read and written as
+    /// zero.
+    fn reference_sum(a: &dyn Fn(usize) -> f32, b: &dyn Fn(usize) -> f32, k: usize) -> f32 {
+        let flush = |x: f32| {
+            if x.is_subnormal() {
+                0.0 * x.signum()
+            } else {
+                x
+            }
+        };
+        let mut s = 0f32;
+        for p in 0..k.div_ceil(2) {
+            for kk in [2 * p + 1, 2 * p] {
+                if kk < k {
+                    s = flush(s + flush(a(kk)) * flush(b(kk)));
+                }
+            }
+        }
+        s
+    }
+
+    /// Pseudo-random bf16 bits in [-2, 2] (no subnormals), an infinity and a NaN at
+    /// `specials` positions.
+    fn values(len: usize, seed: u32, specials: &[usize]) -> Vec<u16> {
+        let mut x = seed.wrapping_mul(2654435761) | 1;
+        (0..len)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                let v = (x % 4001) as f32 / 1000.0 - 2.0;
+                let v = match specials.iter().position(|&s| s == i) {
+                    Some(0) => f32::INFINITY,
+                    Some(_) => f32::NAN,
+                    None => v,
+                };
+                bf16::from_f32(v).to_bits()
+            })
+            .collect()
+    }
+
+    /// `[rows, cols]` over `data`: row-major, column-major, or every other column of a matrix
+    /// twice as wide.
+    fn view(data: &mut [u16], rows: usize, cols: usize, order: usize) -> Bf16Mat {
+        let (rs, cs) = match order {
+            0 => (cols as isize, 1),
+            1 => (1, rows as isize),
+            _ => (2 * cols as isize, 2),
+        };
+        Bf16Mat {
+            ptr: data.as_mut_ptr(),
+            rows,
+            cols,
+            rs,
+            cs,
+        }
+    }
+
+    #[test]
+    fn bf16_products_sum_each_pair_as_vdpbf16ps_defines_in_every_layout() {
+        if !available() {
+            eprintln!("no AVX512-BF16 on this core: bf16_gemm is not used here");
+            return;
+        }
+        let shapes = [
+            (5, 2, 16),
+            (8, 7, 32),
+            (9, 33, 40),
+            (17, 64, 70),
+            (40, 301, 97),
+        ];
+        for (m, k, n) in shapes {
+            for (ao, bo, co) in [(0, 0, 0), (0, 1, 0), (1, 0, 1), (2, 2, 2)] {
+                for (alpha, beta) in [(1.0f32, 0.0f32), (1.0, 1.0), (0.5, -2.0)] {
+                    let specials: &[usize] = if m == 9 { &[3, 50] } else { &[] };
+                    let mut a = values(2 * m * k, 1, specials);
+                    let mut b = values(2 * k * n, 2, &[]);
+                    let mut c = values(2 * m * n, 3, &[]);
+                    let (va, vb, vc) = (
+                        view(&mut a, m, k, ao),
+                        view(&mut b, k, n, bo),
+                        view(&mut c, m, n, co),
+                    );
+                    let f = |h: u16| bf16::from_bits(h).to_f32();
+                    let mut want = vec![0u16; m * n];
+                    for i in 0..m {
+                        for j in 0..n {
+                            let s = unsafe {
+                                reference_sum(&|q| f(va.at(i, q)), &|q| f(vb.at(q, j)), k)
+                            };
+                            let old = unsafe { f(vc.at(i, j)) };
+                            let t = alpha * s;
+                            let v = if beta == 0.0 { t } else { old.mul_add(beta, t) };
+                            want[i * n + j] = bf16::from_f32(v).to_bits();
+                        }
+                    }
+                    unsafe { matmul(alpha, va, vb, beta, vc) };
+                    for i in 0..m {
+                        for j in 0..n {
+                            let (g, w) = (unsafe { vc.at(i, j) }, want[i * n + j]);
+                            let same = g == w || (f(g).is_nan() && f(w).is_nan());
+                            assert!(same, "{m}x{k}x{n} {ao}{bo}{co} a={alpha} b={beta} [{i},{j}]: {g:#06x} want {w:#06x}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
