@@ -20,6 +20,7 @@ mod fusion;
 mod fuzz_corpus;
 mod graph_capture;
 mod grouped_mm;
+mod half_casts;
 mod host_reads;
 mod kernel_ops;
 mod memory;

@@ -25,6 +25,7 @@ mod row_groups;
 mod small_gemm;
 mod stash;
 mod sweep;
+mod vhalf;
 mod vmath;
 mod walk;
 

@@ -96,7 +96,7 @@ impl Emitter<'_, '_> {
         };
         match (to, out) {
             (DType::BF16, V::F(f)) => V::F(self.vm().round_bf16(f)),
-            (DType::F16, V::F(f)) => self.per_lane(&[&V::F(f)], "df_round_f16", F32),
+            (DType::F16, V::F(f)) => V::F(self.vm().round_f16(f)),
             (_, out) => self.normalize(out, to),
         }
     }
