@@ -41,7 +41,8 @@ everything else cost nothing.
 
 Usage: python bench_models.py [--models gpt2,mlp] [--steps N] [--warmup N] [--threads N]
                               [--steps-per-round K] [--quick] [--no-compile] [--json]
-                              [--breakdown] [--no-pipeline-too] [--more]"""
+                              [--breakdown] [--no-pipeline-too] [--more]
+                              [--autocast bfloat16|float16]"""
 
 import argparse
 import os
@@ -66,6 +67,9 @@ def parse_args(argv):
                          "and its ms over defer's as 'nopipe/def'")
     ap.add_argument("--more", action="store_true",
                     help="after the zoo, the models beyond it (tests/model_zoo_more.py)")
+    ap.add_argument("--autocast", choices=["bfloat16", "float16"], default=None,
+                    help="every runner's forward and loss under torch.autocast(device, dtype): "
+                         "CPU's op policy on cpu, CUDA's on tpu (the README's autocast row)")
     ap.add_argument("--breakdown", action="store_true",
                     help="after the timing, one more step per tpu mode under explain(): where "
                          "its time went (host recording, programs by kind)")
@@ -94,6 +98,7 @@ import model_zoo  # noqa: E402
 import model_zoo_more  # noqa: E402
 
 BATCHES = 4  # distinct batches each runner cycles through
+AUTOCAST = None  # --autocast's dtype, set by main()
 
 
 class Runner:
@@ -119,14 +124,14 @@ class Runner:
             with ctx, deferfuse_torch.pipeline_ops(self.pipeline_ops):
                 settle()
                 lead = self.batches[(i * steps) % len(self.batches)]
-                model_zoo.train_step(self.w, self.forward, self.opt, lead).item()
+                self._train_step(lead).item()
                 if self.device == "tpu":
                     torch.tpu.synchronize()
                 before = self._counters()
                 t0 = time.perf_counter()
                 for k in range(steps):
                     batch = self.batches[(i * steps + k) % len(self.batches)]
-                    model_zoo.train_step(self.w, self.forward, self.opt, batch).item()
+                    self._train_step(batch).item()
                 if self.device == "tpu":
                     torch.tpu.synchronize()
                 dt = (time.perf_counter() - t0) / steps
@@ -147,13 +152,18 @@ class Runner:
         def step():
             batch = self.batches[i % len(self.batches)]
             t0 = time.perf_counter()
-            loss = model_zoo.train_step(self.w, self.forward, self.opt, batch)
+            loss = self._train_step(batch)
             record.append((time.perf_counter() - t0) * 1e3)
             loss.item()
 
         with deferfuse_torch.mode(self.mode):
             r = deferfuse_torch.explain(step)
         return {"record_ms": record[0], "device_ms": r.device_ms, "programs": r.programs_run}
+
+    def _train_step(self, batch):
+        """One training step (model_zoo's), its forward and loss under --autocast's dtype."""
+        autocast = (self.device, AUTOCAST) if AUTOCAST is not None else None
+        return model_zoo.train_step(self.w, self.forward, self.opt, batch, autocast)
 
     def _counters(self):
         if self.mode is None:
@@ -233,7 +243,8 @@ def print_table(rows, args):
     size = "tiny (--quick)" if args.quick else "bench"
     print(f"one training step, median of {args.steps} interleaved rounds of "
           f"{args.steps_per_round} steps after {args.warmup} warm-up; sizes: {size}; "
-          f"threads: {args.threads} (torch and deferfuse)")
+          f"threads: {args.threads} (torch and deferfuse)"
+          + (f"; autocast: {args.autocast}" if args.autocast else ""))
     head = (f"{'model':15s} {'cpu ms':>8s} {'compile':>8s} {'strict':>8s} {'defer':>8s} "
             f"{'cpu/def':>7s} {'str/def':>7s} {'cpu/str':>7s} | {'ops':>5s} {'progs':>5s} "
             f"{'syncs':>5s} {'pipe':>4s} {'fallbk':>6s} {'s.progs':>7s}")
@@ -304,7 +315,9 @@ def model_names(args):
 
 
 def main(args):
+    global AUTOCAST
     torch.set_num_threads(args.threads)
+    AUTOCAST = getattr(torch, args.autocast) if args.autocast else None
     from transformers.utils import logging
     logging.set_verbosity_error()  # config notices, one per model, would break up the table
     names = model_names(args)

@@ -52,11 +52,17 @@ def to_device(batch, device):
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def train_step(w: Workload, model, opt, batch):
+def train_step(w: Workload, model, opt, batch, autocast=None):
     """One step: forward and loss, backward, optional clipping, optimizer step. Returns the
-    loss tensor (not synchronized: the caller decides when to read it)."""
+    loss tensor (not synchronized: the caller decides when to read it). With `autocast` (a
+    (device, dtype) pair) the forward and loss run under torch.autocast, as its docs advise:
+    backward and the optimizer step outside it."""
     opt.zero_grad()
-    loss = w.loss(model, batch)
+    if autocast is None:
+        loss = w.loss(model, batch)
+    else:
+        with torch.autocast(autocast[0], dtype=autocast[1]):
+            loss = w.loss(model, batch)
     loss.backward()
     if w.clip is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), w.clip)
