@@ -23,8 +23,11 @@
 // bounded it. The op computes each step as the step-by-step ops below do (the same order, the
 // same activation routines); float64 records step by step.
 //
-// Calls this does not cover keep PyTorch's composite path (and its errors): other dtypes
-// (autocast's half types), projections (proj_size), inputs that are not 3-D or empty,
+// Under autocast a covered (float32) call runs in float32, its products too: autocast is
+// off inside it, forward and backward, since the recurrence op is float32 only (CUDA's cuDNN
+// RNN and CPU's oneDNN one run in the autocast dtype and return it; the README's "Where tpu
+// differs" row). Calls this does not cover keep PyTorch's composite path (and its errors):
+// other dtypes (a model cast to half types), projections (proj_size), inputs that are not 3-D or empty,
 // parameters not on "tpu", and tensors the dispatcher must see whole (torch.compile's fake and
 // functional tensors). A double backward (create_graph=True) runs the forward again with
 // autograd on (the same dropout masks) and differentiates that, so it sees every dependency.
@@ -452,6 +455,8 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    // A backward called inside an autocast region would cast its products too.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     auto c = ctx->saved_data["config"].toDoubleVector();
     Config cfg{Cell(int64_t(c[0])), c[1] != 0, int64_t(c[2]), int64_t(c[3]), c[4], c[5] != 0,
                c[10] != 0};
@@ -562,6 +567,7 @@ bool records(const at::Tensor& input, at::TensorList hx, at::TensorList params) 
 tensor_list run_layers(Cell cell, const at::Tensor& input, at::TensorList hx,
                        at::TensorList params, bool biases, int64_t layers, double dropout,
                        bool train, bool bidirectional, bool batch_first) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   if (records(input, hx, params)) {
     return RnnLayers::apply(input, hx, params, int64_t(cell), biases, layers, dropout, train,
                             bidirectional, batch_first);

@@ -190,3 +190,67 @@ def test_update_scale_matches_cpu(mode, found_inf, tracker, scale, counts):
     check(s, ws)
     check(t, wt)
     assert counts() == {}
+
+
+# Products big enough for the runtime's own bf16 kernel (five rows or more; on AVX512-BF16
+# cores, vdpbf16ps pair dot products) and for its vector f16/bf16 loops; the tests above use
+# a few rows, which take the widening path.
+@pytest.mark.parametrize("dtype", LOW)
+def test_a_wide_linear_and_its_gradients_match_cpu_autocast(mode, dtype, counts):
+    torch.manual_seed(0)
+    lin, x, g = nn.Linear(256, 96), torch.randn(64, 256), torch.randn(64, 96)
+    dlin = nn.Linear(256, 96).to("tpu")
+    dlin.load_state_dict(lin.state_dict())
+    dx = x.to("tpu").requires_grad_()
+    x.requires_grad_()
+    with torch.autocast("cpu", dtype=dtype):
+        want = lin(x)
+    want.backward(g)
+    with torch.autocast("tpu", dtype=dtype):
+        got = dlin(dx)
+    got.backward(g.to("tpu"))
+    assert got.dtype == dtype
+    check(got, want, **LOOSE)
+    check(dx.grad, x.grad, **LOOSE)
+    check(dlin.weight.grad, lin.weight.grad, **LOOSE)
+    check(dlin.bias.grad, lin.bias.grad, **LOOSE)
+    assert counts() == {}
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_a_convolution_under_autocast_matches_cpu_autocast(mode, dtype, counts):
+    torch.manual_seed(0)
+    conv, x = nn.Conv2d(16, 32, 3, padding=1), torch.randn(4, 16, 12, 12)
+    dconv = nn.Conv2d(16, 32, 3, padding=1).to("tpu")
+    dconv.load_state_dict(conv.state_dict())
+    with torch.autocast("cpu", dtype=dtype):
+        want = conv(x)
+    want.float().square().sum().backward()
+    with torch.autocast("tpu", dtype=dtype):
+        got = dconv(x.to("tpu"))
+    got.float().square().sum().backward()
+    check(got, want, **LOOSE)
+    check(dconv.weight.grad, conv.weight.grad, atol=0.5, rtol=2e-2)
+    assert counts() == {}
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_low_precision_products_are_the_same_bits_in_strict_and_defer(dtype):
+    torch.manual_seed(0)
+    x, w = torch.randn(64, 256).to(dtype), torch.randn(96, 256).to(dtype)
+    outs = []
+    for m in ("strict", "defer"):
+        with deferfuse_torch.mode(m):
+            outs.append((x.to("tpu") @ w.to("tpu").t() + 1).cpu())
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_half_elementwise_arithmetic_is_cpus_bit_for_bit(mode, dtype):
+    torch.manual_seed(0)
+    x, y = torch.randn(1001).to(dtype), torch.randn(1001).to(dtype)
+    x[::97] = float("inf")
+    want = (x * y + 1) / 3
+    got = ((x.to("tpu") * y.to("tpu") + 1) / 3).cpu()
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~want.isnan()], want[~want.isnan()])

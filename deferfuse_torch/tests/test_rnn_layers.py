@@ -276,3 +276,36 @@ def test_under_no_grad_the_forward_alone_gives_cpus_outputs(mode, kind):
     check(got, want)
     for g, w in zip(got_h if kind == "LSTM" else (got_h,), want_h if kind == "LSTM" else (want_h,)):
         check(g, w)
+
+
+@pytest.mark.parametrize("inside", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_under_autocast_a_float32_layer_runs_in_float32(mode, kind, inside):
+    # tpu's recurrence is float32 only, so autocast is off inside the layer (the README's
+    # "Where tpu differs" row: CPU and CUDA run their fused RNNs in the autocast dtype). The
+    # layer's results are then CPU's float32 ones, with the backward called inside the
+    # autocast region too.
+    cpu, dev = pair(lambda: layer(kind, 4, 6, num_layers=2))
+    x = torch.randn(5, 2, 4)
+    state = tuple(torch.randn(2, 2, 6) for _ in range(2 if kind == "LSTM" else 1))
+    grads = [torch.randn(5, 2, 6)] + [torch.randn(2, 2, 6) for _ in state]
+    want_out, want_grads = run(cpu, x, state, grads, "cpu")
+    deferfuse_torch.reset_fallback_counts()
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        if inside:
+            got_out, got_grads = run(dev, x, state, grads, "tpu")
+        else:
+            xd = x.to("tpu").requires_grad_()
+            sd = tuple(s.to("tpu").requires_grad_() for s in state)
+            out, last = dev(xd, sd if len(sd) == 2 else sd[0])
+    if not inside:
+        last = last if isinstance(last, tuple) else (last,)
+        got_out = [out, *last]
+        sum((t * g.to("tpu")).sum() for t, g in zip(got_out, grads)).backward()
+        got_grads = [xd.grad, *(s.grad for s in sd), *(p.grad for p in dev.parameters())]
+    assert deferfuse_torch.fallback_counts() == {}
+    for g, w in zip(got_out, want_out):
+        assert g.dtype == torch.float32
+        check(g.detach(), w.detach())
+    for g, w in zip(got_grads, want_grads):
+        check(g, w, atol=1e-5, rtol=1e-4)
