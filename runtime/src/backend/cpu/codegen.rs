@@ -183,12 +183,18 @@ impl Kernel<'_> {
     }
 
     /// Stores `v` (dtype `vd`) to output operand `j` at element `i`, converting to its dtype.
-    pub fn store(&self, e: &mut Emitter, j: usize, i: Value, v: &V, vd: DType) {
+    /// `exact`: `v` already holds values of that dtype (a load of it, a cast to it), so a bf16
+    /// store skips its rounding (a bf16 copy took ~3x an f32 one's time).
+    pub fn store(&self, e: &mut Emitter, j: usize, i: Value, v: &V, vd: DType, exact: bool) {
         let d = self.ops[j].desc.dtype;
-        // bf16 rounding happens here as a vector op; a plain f32 value is rounded first.
-        let mut v = e.cast(v, vd, d);
-        if let (DType::BF16, V::F(x)) = (d, &v) {
-            // Values computed as bf16 are rounded once, on store (a no-op after a cast).
+        // Values computed as f16 or bf16 are rounded once, here. An f16 store's conversion
+        // rounds (so a value is only brought to f32 lanes first); bf16's rounding is a vector
+        // op on the f32 value, which a cast to bf16 already did.
+        let (mut v, rounded) = match d {
+            DType::F16 => (e.cast(v, vd, DType::F32), true),
+            _ => (e.cast(v, vd, d), exact || vd != d),
+        };
+        if let (DType::BF16, V::F(x), false) = (d, &v, rounded) {
             v = V::F(e.vm().round_bf16(*x));
         }
         if let (DType::F32, StrideKind::Contig, 4, V::F(x)) =
@@ -308,7 +314,7 @@ impl Kernel<'_> {
 
     /// Stashes `v` (of dtype `vd`) in slot `slot` at element `i`, bits unchanged.
     pub fn store_stash(&self, e: &mut Emitter, slot: usize, i: Value, v: &V, vd: DType) {
-        self.store(e, self.stash_base + slot, i, v, slot_dtype(vd));
+        self.store(e, self.stash_base + slot, i, v, slot_dtype(vd), false);
     }
 
     /// Stores the element outputs `which` (indices into `region.outputs`) at element `i`.
@@ -325,7 +331,12 @@ impl Kernel<'_> {
             let (val, vd) = vals[v as usize]
                 .as_ref()
                 .expect("stored values are emitted");
-            self.store(e, n_in + j, i, val, *vd);
+            // A loaded value holds its dtype's values, a cast rounds to its own.
+            let exact = matches!(
+                self.region.body[v as usize].kind,
+                InstrKind::Load(_) | InstrKind::Cast(_)
+            );
+            self.store(e, n_in + j, i, val, *vd, exact);
         }
     }
 

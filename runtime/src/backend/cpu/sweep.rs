@@ -232,7 +232,7 @@ fn reduce_sweeps(
         };
         if r.output.is_some() {
             let z = e.b.ins().iconst(I64, 0);
-            k.store(e, out_j, z, &result, rd);
+            k.store(e, out_j, z, &result, rd, false);
             out_j += 1;
         }
         e.width = 1;
