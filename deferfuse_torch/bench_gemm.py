@@ -20,8 +20,11 @@ torch's thread alone, and tpu's whole process, so the stream's worker and the sp
 count (which overstates tpu: spinning overlaps work in wall time); each run starts after a
 1 ms pause, so the worker's spin after the previous run is not counted.
 `--rows 1,4` keeps only the rows with those batch sizes (the Linear layouts' rows; attention's
-rows are its batch of heads).
-Usage: python bench_gemm.py [--reps N] [--quick] [--clock wall|cpu] [--rows 1,4]"""
+rows are its batch of heads). `--dtype bfloat16` (or float16) times the same products in that
+dtype on both sides, as torch.autocast runs them (torch's own bf16 GEMM, oneDNN's, uses
+AVX512-BF16 where the core has it, as the runtime's does).
+Usage: python bench_gemm.py [--reps N] [--quick] [--clock wall|cpu] [--rows 1,4]
+                            [--dtype float32|bfloat16|float16]"""
 
 import argparse
 import os
@@ -103,13 +106,15 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     ap.add_argument("--rows", default="", help="comma-separated batch sizes to keep")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     a = ap.parse_args()
+    dtype = getattr(torch, a.dtype)
     global CPU_CLOCK
     CPU_CLOCK = a.clock == "cpu"
     torch.set_num_threads(1)
     torch.manual_seed(0)
     print(f"torch {torch.get_num_threads()} thread, tpu DEFERFUSE_NUM_THREADS="
-          f"{os.environ['DEFERFUSE_NUM_THREADS']}; {a.clock} clock, median of {a.reps}; "
+          f"{os.environ['DEFERFUSE_NUM_THREADS']}; {a.dtype}; {a.clock} clock, median of {a.reps}; "
           "us, [tpu speed / torch]")
     print("| layout | rows | torch op | strict op+sync | defer op+sync "
           "| torch chain/GEMM | strict chain/GEMM | defer chain/GEMM |")
@@ -122,6 +127,7 @@ def main():
             if keep and rows not in keep:
                 continue
             x, y, f = make()
+            x, y = x.to(dtype), y.to(dtype)
             xt, yt = x.to("tpu"), y.to("tpu")
             t = measure(f, x, y, xt, yt, a.reps, a.chain)
             cells = []
