@@ -1,7 +1,8 @@
 //! Multithreaded execution: a program split over several threads computes exactly what one
 //! thread computes (bit for bit), in strict and defer mode, whatever the loop's shape: one long
 //! row cut into pieces, rows of strided or broadcast views, walked outer dims, row kernels,
-//! full reductions, matmul with and without a fused epilogue (whole and in blocks of few rows),
+//! full reductions, matmul with and without a fused epilogue (whole and in blocks of few rows;
+//! f32, bf16 and f16),
 //! in-place writes, depthwise convolutions split by channels, dense convolutions by samples
 //! (their weight gradients by input channels), grouped products by row windows, LSTM, GRU and
 //! RNN steps by samples.
@@ -161,6 +162,26 @@ fn matmul_with_and_without_epilogue_equals_one_thread() {
         let w = tensor(rt, DType::F32, &[200, 150], &values(30_000, 12));
         let bias = tensor(rt, DType::F32, &[150], &values(150, 13));
         product_alone_and_with_bias_relu(rt, x, w, bias).to_vec()
+    });
+}
+
+#[test]
+fn bf16_and_f16_products_split_by_rows_or_columns_equal_one_thread() {
+    // 300 rows split by rows, 24 by columns; bf16 takes the pair-dot-product kernel on
+    // AVX512-BF16 cores (its sums in k order alone), f16 the widening path; each with its
+    // transposed weight, alone and under a bias and ReLU.
+    same_on_any_thread_count(|rt| {
+        let mut outs = vec![];
+        for dtype in [DType::BF16, DType::F16] {
+            for (m, seed) in [(300, 31), (24, 33)] {
+                let x = tensor(rt, dtype, &[m, 256], &values(m * 256, seed));
+                let w = tensor(rt, dtype, &[1000, 256], &values(256_000, seed + 1));
+                let wt = view(rt, w, View::Transpose(0, 1));
+                let bias = tensor(rt, dtype, &[1000], &values(1000, seed + 2));
+                outs.extend(product_alone_and_with_bias_relu(rt, x, wt, bias));
+            }
+        }
+        outs
     });
 }
 
