@@ -105,12 +105,23 @@ impl LoopBuilder {
             .find(|(f, _)| f == t)
             .map(|(_, v)| *v)?;
         Some(match t.dtype {
-            DType::F16 | DType::BF16 => {
+            DType::F16 | DType::BF16 if !self.holds_its_dtype(v) => {
                 let wide = self.push(InstrKind::Cast(v), DType::F32);
                 self.push(InstrKind::Cast(wide), t.dtype)
             }
             _ => v,
         })
+    }
+
+    /// Whether value `v` already holds values of its dtype exactly: loaded, a parameter, or a
+    /// cast (which rounds to its dtype). An f16/bf16 op's result is computed in f32 and not yet
+    /// rounded; rounding one of these again changes nothing (a GELU's backward in bf16 rounded
+    /// some values five times over, ~10 instructions per four elements each).
+    fn holds_its_dtype(&self, v: ValueIdx) -> bool {
+        matches!(
+            self.body[v as usize].kind,
+            InstrKind::Load(_) | InstrKind::Param(_) | InstrKind::Cast(_)
+        )
     }
 
     /// A new scalar parameter slot holding `bits`, as a value of `dtype`.
@@ -130,11 +141,7 @@ impl LoopBuilder {
         if from == to {
             return v;
         }
-        let computed = !matches!(
-            self.body[v as usize].kind,
-            InstrKind::Load(_) | InstrKind::Param(_)
-        );
-        if computed && matches!(from, DType::F16 | DType::BF16) {
+        if !self.holds_its_dtype(v) && matches!(from, DType::F16 | DType::BF16) {
             // An f16/bf16 result is computed in f32; PyTorch rounds it to its dtype before any
             // conversion (add(f16, f16, out=f32) is an f16 sum, widened).
             let wide = self.push(InstrKind::Cast(v), DType::F32);

@@ -517,3 +517,78 @@ fn same_shape_updates_recorded_op_major_run_parameter_by_parameter() {
         [0, 3, 6, 9, 12, 15, 1, 4, 7, 10, 13, 16, 2, 5, 8, 11, 14, 17]
     );
 }
+
+/// `t(b, sizes)` as a bf16 tensor.
+fn bf16(b: u64, sizes: &[usize]) -> deferfuse_fusion::TensorRef {
+    deferfuse_fusion::TensorRef {
+        dtype: DType::BF16,
+        ..t(b, sizes)
+    }
+}
+
+#[test]
+fn a_fused_bf16_chain_rounds_each_computed_value_once_and_no_loaded_or_cast_one() {
+    // e = exp(x); p = e * e; c = (p.float() * 2).bfloat16(); y = c + x, one loop: PyTorch
+    // rounds e and p to bf16 before their uses (a cast to f32 and back) and c by its cast;
+    // x is loaded and c cast, each already a bf16.
+    use deferfuse_fusion::region::{InstrKind, Region};
+    let nodes = vec![
+        un(UnaryOp::Exp, bf16(1, &[64]), bf16(2, &[64])),
+        bin(
+            BinaryOp::Mul,
+            tensor(bf16(2, &[64])),
+            tensor(bf16(2, &[64])),
+            bf16(3, &[64]),
+        ),
+        node(
+            Op::Cast(DType::F32),
+            vec![tensor(bf16(3, &[64]))],
+            t(4, &[64]),
+        ),
+        bin(BinaryOp::Mul, tensor(t(4, &[64])), scalar(2.0), t(5, &[64])),
+        node(
+            Op::Cast(DType::BF16),
+            vec![tensor(t(5, &[64]))],
+            bf16(6, &[64]),
+        ),
+        bin(
+            BinaryOp::Add,
+            tensor(bf16(6, &[64])),
+            tensor(bf16(1, &[64])),
+            bf16(7, &[64]),
+        ),
+    ];
+    let p = plan_with(&nodes, &[1, 7], &loops());
+    assert_eq!(shape_of(&p), [("loop", 6)]);
+    let Region::Loop(l) = &*p.steps[0].region else {
+        panic!("a loop")
+    };
+    let to_bf16: Vec<_> = l
+        .body
+        .iter()
+        .filter_map(|ins| match ins.kind {
+            InstrKind::Cast(a) if ins.dtype == DType::BF16 => Some(a),
+            _ => None,
+        })
+        .collect();
+    // Each rounding is of a computed value: one the loop computed in f32 (the cast node's
+    // product), or a bf16 op's result widened first; never of a loaded or cast value.
+    for &src in &to_bf16 {
+        let src = match l.body[src as usize].kind {
+            InstrKind::Cast(wide) => wide,
+            _ => src,
+        };
+        assert!(
+            matches!(
+                l.body[src as usize].kind,
+                InstrKind::Unary(..) | InstrKind::Binary(..)
+            ),
+            "a value that already holds a bf16 is rounded again: {l}"
+        );
+    }
+    assert_eq!(
+        to_bf16.len(),
+        3,
+        "exp, mul and the cast node, each once: {l}"
+    );
+}
