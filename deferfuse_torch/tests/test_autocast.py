@@ -254,3 +254,37 @@ def test_half_elementwise_arithmetic_is_cpus_bit_for_bit(mode, dtype):
     got = ((x.to("tpu") * y.to("tpu") + 1) / 3).cpu()
     assert torch.equal(got.isnan(), want.isnan())
     assert torch.equal(got[~want.isnan()], want[~want.isnan()])
+
+
+HALF_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "silu": F.silu,
+    "softplus": F.softplus,
+    "elu": F.elu,
+    "hardswish": F.hardswish,
+    "hardsigmoid": F.hardsigmoid,
+    "mish": F.mish,
+}
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("name", list(HALF_ACTIVATIONS))
+def test_half_activations_and_their_gradients_round_once_as_cpus_do(mode, name, dtype):
+    # CPU computes these in float32 and rounds once; tpu composes them from ops, which must
+    # not each round in the half type (a bf16 GELU backward was up to hundreds of ulps off).
+    f = HALF_ACTIVATIONS[name]
+    torch.manual_seed(0)
+    x, g = (torch.randn(4096) * 3).to(dtype), torch.randn(4096).to(dtype)
+    xc = x.clone().requires_grad_()
+    want = f(xc)
+    want.backward(g)
+    xd = x.to("tpu").requires_grad_()
+    got = f(xd)
+    got.backward(g.to("tpu"))
+    ulp = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-10
+    assert got.dtype == dtype and xd.grad.dtype == dtype
+    check(got, want, atol=2e-5, rtol=2 * ulp)
+    check(xd.grad, xc.grad, atol=2e-5, rtol=2 * ulp)
