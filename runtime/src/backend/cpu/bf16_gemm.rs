@@ -19,6 +19,7 @@
 //! `MR x NR` tile of sums in 16 registers over the whole of k (no k blocking: a panel of B for
 //! k = 4608 is 288 KiB, L2-resident), then rounds it out.
 
+use super::half_gemm::{bf16_to_f32, f32_to_bf16, HalfMat};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
@@ -31,27 +32,6 @@ const NR: usize = 32;
 const A_BLOCK_BYTES: usize = 256 << 10;
 /// Packing buffers a thread keeps between products (larger ones are freed after use).
 const KEEP_BYTES: usize = 16 << 20;
-
-/// A strided bf16 matrix: first element, rows, columns, row and column strides in elements.
-#[derive(Clone, Copy)]
-pub(super) struct Bf16Mat {
-    pub ptr: *mut u16,
-    pub rows: usize,
-    pub cols: usize,
-    pub rs: isize,
-    pub cs: isize,
-}
-
-impl Bf16Mat {
-    /// Element `(i, j)`'s bits.
-    ///
-    /// # Safety
-    /// `(i, j)` is inside the matrix.
-    #[inline(always)]
-    unsafe fn at(&self, i: usize, j: usize) -> u16 {
-        *self.ptr.offset(i as isize * self.rs + j as isize * self.cs)
-    }
-}
 
 /// Whether this core runs the kernel.
 pub(super) fn available() -> bool {
@@ -77,7 +57,7 @@ thread_local! {
 /// # Safety
 /// [`available`]; the pointers are valid for every element their strides address; `c`
 /// overlaps neither operand.
-pub(super) unsafe fn matmul(alpha: f32, a: Bf16Mat, b: Bf16Mat, beta: f32, c: Bf16Mat) {
+pub(super) unsafe fn matmul(alpha: f32, a: HalfMat, b: HalfMat, beta: f32, c: HalfMat) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     let pairs = k.div_ceil(2);
     let (a_panels, b_panels) = (m.div_ceil(MR), n.div_ceil(NR));
@@ -118,7 +98,7 @@ fn pair(lo: u16, hi: u16) -> u32 {
 /// A into panels of [`MR`] rows: `out[panel][p][r]` holds row `panel * MR + r`'s elements
 /// `2p` and `2p + 1` (zero past the matrix). Rows or columns of A that are contiguous are read
 /// two elements at a time or side by side.
-unsafe fn pack_a(a: &Bf16Mat, pairs: usize, out: &mut [u32]) {
+unsafe fn pack_a(a: &HalfMat, pairs: usize, out: &mut [u32]) {
     let (m, k) = (a.rows, a.cols);
     let full = k / 2;
     for (panel, dst) in out.chunks_exact_mut(pairs * MR).enumerate() {
@@ -160,7 +140,7 @@ unsafe fn pack_a(a: &Bf16Mat, pairs: usize, out: &mut [u32]) {
 /// B into panels of [`NR`] columns: `out[panel][p][j]` holds column `panel * NR + j`'s
 /// elements `2p` and `2p + 1` (zero past the matrix). A transposed B (`x @ W.t()`: its columns
 /// contiguous) is read two elements at a time, a plain one two rows side by side.
-unsafe fn pack_b(b: &Bf16Mat, pairs: usize, out: &mut [u32]) {
+unsafe fn pack_b(b: &HalfMat, pairs: usize, out: &mut [u32]) {
     let (k, n) = (b.rows, b.cols);
     let full = k / 2;
     for (panel, dst) in out.chunks_exact_mut(pairs * NR).enumerate() {
@@ -237,7 +217,7 @@ unsafe fn tile_kernel(
     b: *const u32,
     alpha: f32,
     beta: f32,
-    c: &Bf16Mat,
+    c: &HalfMat,
     (i0, j0): (usize, usize),
     (rows, cols): (usize, usize),
 ) {
@@ -287,17 +267,10 @@ unsafe fn tile_kernel(
     }
 }
 
-fn bf16_to_f32(h: u16) -> f32 {
-    half::bf16::from_bits(h).to_f32()
-}
-
-fn f32_to_bf16(x: f32) -> u16 {
-    half::bf16::from_f32(x).to_bits()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cpu::half_gemm::tests::view;
     use half::bf16;
 
     /// The sums as the instruction defines them: per pair of k, the odd k's exact product
@@ -340,23 +313,6 @@ mod tests {
                 bf16::from_f32(v).to_bits()
             })
             .collect()
-    }
-
-    /// `[rows, cols]` over `data`: row-major, column-major, or every other column of a matrix
-    /// twice as wide.
-    fn view(data: &mut [u16], rows: usize, cols: usize, order: usize) -> Bf16Mat {
-        let (rs, cs) = match order {
-            0 => (cols as isize, 1),
-            1 => (1, rows as isize),
-            _ => (2 * cols as isize, 2),
-        };
-        Bf16Mat {
-            ptr: data.as_mut_ptr(),
-            rows,
-            cols,
-            rs,
-            cs,
-        }
     }
 
     #[test]

@@ -27,6 +27,17 @@ pub(super) struct HalfMat {
     pub cs: isize,
 }
 
+impl HalfMat {
+    /// Element `(i, j)`'s bits.
+    ///
+    /// # Safety
+    /// `(i, j)` is inside the matrix.
+    #[inline(always)]
+    pub(super) unsafe fn at(&self, i: usize, j: usize) -> u16 {
+        *self.ptr.offset(i as isize * self.rs + j as isize * self.cs)
+    }
+}
+
 /// An operand widened to f32, with the strides its elements now have.
 struct Widened {
     data: Vec<f32>,
@@ -51,14 +62,7 @@ pub(super) unsafe fn matmul(
     let (m, k, n) = (a.rows, a.cols, b.cols);
     #[cfg(target_arch = "x86_64")]
     if dtype == DType::BF16 && super::bf16_gemm::takes(m, k, n) {
-        let mat = |v: HalfMat| super::bf16_gemm::Bf16Mat {
-            ptr: v.ptr,
-            rows: v.rows,
-            cols: v.cols,
-            rs: v.rs,
-            cs: v.cs,
-        };
-        return super::bf16_gemm::matmul(alpha, mat(a), mat(b), beta, mat(c));
+        return super::bf16_gemm::matmul(alpha, a, b, beta, c);
     }
     widened_matmul(dtype, alpha, a, b, beta, c)
 }
@@ -186,7 +190,7 @@ fn narrow_run(dtype: DType, from: &[f32], to: &mut [u16]) {
 /// `half::bf16::to_f32` without branches (a NaN keeps its payload, made quiet), so that a loop
 /// of it vectorizes.
 #[inline(always)]
-fn bf16_to_f32(h: u16) -> f32 {
+pub(super) fn bf16_to_f32(h: u16) -> f32 {
     let quiet = if h & 0x7fff > 0x7f80 { 0x40 } else { 0 };
     f32::from_bits(((h | quiet) as u32) << 16)
 }
@@ -194,7 +198,7 @@ fn bf16_to_f32(h: u16) -> f32 {
 /// `half::bf16::from_f32` without branches: rounds to nearest, ties to even; a NaN keeps its
 /// high payload bits, made quiet.
 #[inline(always)]
-fn f32_to_bf16(x: f32) -> u16 {
+pub(super) fn f32_to_bf16(x: f32) -> u16 {
     let b = x.to_bits();
     let nan = b & 0x7fff_ffff > 0x7f80_0000;
     let round_up = (b & 0x8000 != 0 && b & 0x1_7fff != 0) as u32;
@@ -207,7 +211,7 @@ fn f32_to_bf16(x: f32) -> u16 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use half::bf16;
 
@@ -278,7 +282,12 @@ mod tests {
 
     /// A `[rows, cols]` view into `data`: row-major, column-major (a transposed tensor), or
     /// strided both ways (every other column of a row-major matrix twice as wide).
-    fn view(data: &mut [u16], rows: usize, cols: usize, order: usize) -> HalfMat {
+    pub(in crate::backend::cpu) fn view(
+        data: &mut [u16],
+        rows: usize,
+        cols: usize,
+        order: usize,
+    ) -> HalfMat {
         let (rs, cs) = match order {
             0 => (cols as isize, 1),
             1 => (1, rows as isize),
