@@ -1,7 +1,8 @@
 //! float16 and bfloat16 through the CPU backend's loops: every 16-bit pattern widened, a sweep
 //! of f32 patterns rounded, and arithmetic on half tensors, bit for bit against `half` (whose
 //! values are PyTorch's; a bf16 NaN widens as PyTorch's does, below), in every mode. Lengths are not multiples of four, so both
-//! a loop's 4-lane body and its element-by-element tail run.
+//! a loop's 4-lane body and its element-by-element tail run. CPU backend only (not in `.ci/run`'s
+//! PJRT list): XLA's CPU runtime flushes subnormals and makes NaNs quiet and canonical.
 
 use crate::harness::*;
 use deferfuse::{BinaryOp, DType, Handle, Input, Op, Runtime, Scalar};
