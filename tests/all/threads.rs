@@ -167,13 +167,15 @@ fn matmul_with_and_without_epilogue_equals_one_thread() {
 
 #[test]
 fn bf16_and_f16_products_split_by_rows_or_columns_equal_one_thread() {
-    // 300 rows split by rows, 24 by columns; bf16 takes the pair-dot-product kernel on
-    // AVX512-BF16 cores (its sums in k order alone), f16 the widening path; each with its
-    // transposed weight, alone and under a bias and ReLU.
+    // 300 rows split by rows, 24 and 20 by columns, 131 into an epilogue's row blocks of
+    // 128 + 3 on one thread and by columns on three; bf16 takes the pair-dot-product kernel on
+    // AVX512-BF16 cores whatever a block's rows (its sums in k order alone; half_gemm's test
+    // pins the 3-row block with inputs where the paths must differ), f16 the widening path;
+    // each with its transposed weight, alone and under a bias and ReLU.
     same_on_any_thread_count(|rt| {
         let mut outs = vec![];
         for dtype in [DType::BF16, DType::F16] {
-            for (m, seed) in [(300, 31), (24, 33)] {
+            for (m, seed) in [(300, 31), (24, 33), (131, 35), (20, 37)] {
                 let x = tensor(rt, dtype, &[m, 256], &values(m * 256, seed));
                 let w = tensor(rt, dtype, &[1000, 256], &values(256_000, seed + 1));
                 let wt = view(rt, w, View::Transpose(0, 1));

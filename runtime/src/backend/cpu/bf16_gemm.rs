@@ -41,10 +41,13 @@ pub(super) fn available() -> bool {
     })
 }
 
-/// Whether a product of `m` rows goes through [`matmul`]: a few rows leave most of a tile
-/// empty, and the widening path's few-row kernels read B once without packing it.
-pub(super) fn takes(m: usize, k: usize, n: usize) -> bool {
-    m >= 5 && k >= 2 && n >= 16 && available()
+/// Whether a product of `whole_rows` rows in all goes through [`matmul`] (a few rows leave
+/// most of a tile empty, and the widening path's few-row kernels read B once without packing
+/// it). It never looks at a block's own rows or columns: every block a product is cut into (by
+/// threads, by an epilogue's row blocks) takes the same path, so no element's bits depend on
+/// the cut.
+pub(super) fn takes(whole_rows: usize, k: usize) -> bool {
+    whole_rows >= 5 && k >= 2 && available()
 }
 
 thread_local! {

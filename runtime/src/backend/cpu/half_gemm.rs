@@ -46,22 +46,23 @@ struct Widened {
 }
 
 /// `c = alpha * a @ b + beta * c` for f16 or bf16 (`dtype`) matrices `a` `[m, k]`, `b` `[k, n]`,
-/// `c` `[m, n]`, in f32 and rounded once.
+/// `c` `[m, n]`, in f32 and rounded once; `c` is a block of a product of `whole_rows` rows,
+/// which picks the path (see `bf16_gemm::takes`).
 ///
 /// # Safety
 /// The pointers are valid for every element their strides address; `c` overlaps neither
 /// operand.
 pub(super) unsafe fn matmul(
     dtype: DType,
+    whole_rows: usize,
     alpha: f32,
     a: HalfMat,
     b: HalfMat,
     beta: f32,
     c: HalfMat,
 ) {
-    let (m, k, n) = (a.rows, a.cols, b.cols);
     #[cfg(target_arch = "x86_64")]
-    if dtype == DType::BF16 && super::bf16_gemm::takes(m, k, n) {
+    if dtype == DType::BF16 && super::bf16_gemm::takes(whole_rows, a.cols) {
         return super::bf16_gemm::matmul(alpha, a, b, beta, c);
     }
     widened_matmul(dtype, alpha, a, b, beta, c)
@@ -331,6 +332,29 @@ pub(super) mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_block_of_few_rows_takes_its_whole_products_path() {
+        // A subnormal bf16 times a large one: the pair kernel reads the subnormal as zero
+        // (its DAZ), the widening path does not; the last 3 rows of a 131-row product (an
+        // epilogue's last block) computed alone must still have the whole product's bits.
+        let (m, k, n) = (131, 4, 16);
+        let mut a = vec![0x0001u16; m * k];
+        let mut b = vec![bf16::from_f32(1e30).to_bits(); k * n];
+        let mut whole = vec![0u16; m * n];
+        let mut last = vec![0u16; 3 * n];
+        unsafe {
+            let (va, vb) = (view(&mut a, m, k, 0), view(&mut b, k, n, 0));
+            matmul(DType::BF16, m, 1.0, va, vb, 0.0, view(&mut whole, m, n, 0));
+            let rows = HalfMat {
+                ptr: va.ptr.add(128 * k),
+                rows: 3,
+                ..va
+            };
+            matmul(DType::BF16, m, 1.0, rows, vb, 0.0, view(&mut last, 3, n, 0));
+        }
+        assert_eq!(last, whole[128 * n..]);
     }
 
     #[test]

@@ -107,6 +107,7 @@ pub unsafe fn matmul(
             };
             half_gemm::matmul(
                 dtype,
+                whole_rows,
                 alpha as f32,
                 half(a.ptr, ao, (m, k), (rsa, csa)),
                 half(b.ptr, bo, (k, n), (rsb, csb)),
