@@ -98,14 +98,16 @@ import model_zoo  # noqa: E402
 import model_zoo_more  # noqa: E402
 
 BATCHES = 4  # distinct batches each runner cycles through
-AUTOCAST = None  # --autocast's dtype, set by main()
 
 
 class Runner:
     """One way of running a workload: its own copy of the model, optimizer and batches."""
 
-    def __init__(self, label, w, device, mode=None, compiled=False, pipeline_ops=None):
+    def __init__(self, label, w, device, mode=None, compiled=False, pipeline_ops=None,
+                 autocast=None):
         self.label, self.w, self.device, self.mode = label, w, device, mode
+        # The forward's and loss's torch.autocast dtype (--autocast), or None.
+        self.autocast = autocast
         # None: the runtime's setting; else set for this runner's rounds only.
         self.pipeline_ops = pipeline_ops
         self.model = copy.deepcopy(w.model).to(device)
@@ -162,7 +164,7 @@ class Runner:
 
     def _train_step(self, batch):
         """One training step (model_zoo's), its forward and loss under --autocast's dtype."""
-        autocast = (self.device, AUTOCAST) if AUTOCAST is not None else None
+        autocast = (self.device, self.autocast) if self.autocast is not None else None
         return model_zoo.train_step(self.w, self.forward, self.opt, batch, autocast)
 
     def _counters(self):
@@ -205,12 +207,13 @@ def build(name, size):
 
 def bench(name, args):
     w = build(name, "tiny" if args.quick else "bench")
-    runners = [Runner("cpu", w, "cpu")]
+    ac = dict(autocast=getattr(torch, args.autocast) if args.autocast else None)
+    runners = [Runner("cpu", w, "cpu", **ac)]
     if not args.no_compile:
-        runners.append(Runner("compile", w, "cpu", compiled=True))
+        runners.append(Runner("compile", w, "cpu", compiled=True, **ac))
     if args.no_pipeline_too:
-        runners.append(Runner("nopipe", w, "tpu", "defer", pipeline_ops=0))
-    runners += [Runner("strict", w, "tpu", "strict"), Runner("defer", w, "tpu", "defer")]
+        runners.append(Runner("nopipe", w, "tpu", "defer", pipeline_ops=0, **ac))
+    runners += [Runner("strict", w, "tpu", "strict", **ac), Runner("defer", w, "tpu", "defer", **ac)]
     for i in range(args.warmup + args.steps):
         for r in runners:
             r.round(i, args.steps_per_round, timed=i >= args.warmup)
@@ -315,9 +318,7 @@ def model_names(args):
 
 
 def main(args):
-    global AUTOCAST
     torch.set_num_threads(args.threads)
-    AUTOCAST = getattr(torch, args.autocast) if args.autocast else None
     from transformers.utils import logging
     logging.set_verbosity_error()  # config notices, one per model, would break up the table
     names = model_names(args)

@@ -8,6 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench_models  # noqa: E402
+import torch  # noqa: E402
 
 
 def test_mlp_row_has_every_runner_timed_and_the_defer_step_counted():
@@ -67,3 +68,20 @@ def test_models_names_a_model_beyond_the_zoo_and_its_row_is_timed():
     row = bench_models.bench("gru", args)
     assert row["errors"] == {}
     assert all(row["ms"][r] > 0 for r in ("cpu", "strict", "defer"))
+
+
+def test_autocast_runs_each_runners_forward_in_the_autocast_dtype():
+    base = ["--quick", "--no-compile", "--steps", "1", "--warmup", "1"]
+    plain = bench_models.bench("mlp_small", bench_models.parse_args(base))
+    args = bench_models.parse_args(base + ["--autocast", "bfloat16"])
+    row = bench_models.bench("mlp_small", args)
+    assert row["errors"] == {}
+    # Each Linear's weight and input are cast to bfloat16 first: more ops, none on the CPU.
+    assert row["defer_step"]["ops_recorded"] > plain["defer_step"]["ops_recorded"]
+    assert row["defer_step"]["fallback_ops"] == 0
+    w = bench_models.build("mlp_small", "tiny")
+    r = bench_models.Runner("defer", w, "tpu", "defer", autocast=torch.bfloat16)
+    seen = []
+    r.model.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    r._train_step(r.batches[0]).item()
+    assert seen == [torch.bfloat16]
