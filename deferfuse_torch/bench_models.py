@@ -213,7 +213,8 @@ def bench(name, args):
         runners.append(Runner("compile", w, "cpu", compiled=True, **ac))
     if args.no_pipeline_too:
         runners.append(Runner("nopipe", w, "tpu", "defer", pipeline_ops=0, **ac))
-    runners += [Runner("strict", w, "tpu", "strict", **ac), Runner("defer", w, "tpu", "defer", **ac)]
+    runners += [Runner("strict", w, "tpu", "strict", **ac),
+                Runner("defer", w, "tpu", "defer", **ac)]
     for i in range(args.warmup + args.steps):
         for r in runners:
             r.round(i, args.steps_per_round, timed=i >= args.warmup)
