@@ -1,7 +1,8 @@
 //! f16 and bf16 products (what `torch.autocast("tpu", dtype=...)` sends every Linear, matmul
 //! and convolution to): bf16 products of five or more rows on AVX512-BF16 cores through
-//! `bf16_gemm`'s pair dot products; the rest with each operand widened to f32 once, the f32
-//! product, each output element rounded once to the half type.
+//! `bf16_gemm`'s pair dot products, of at most four rows by a transposed B (a Linear on one
+//! token) through `bf16_gemv`'s in place; the rest with each operand widened to f32 once, the
+//! f32 product, each output element rounded once to the half type.
 //!
 //! Widening and rounding run as plain loops over contiguous runs (an operand's rows, or its
 //! columns when those are contiguous, as `x @ W.t()`'s B), which LLVM vectorizes: bf16 is
@@ -61,6 +62,10 @@ pub(super) unsafe fn matmul(
     beta: f32,
     c: HalfMat,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if dtype == DType::BF16 && super::bf16_gemv::takes(whole_rows, &a, &b) {
+        return super::bf16_gemv::matmul(alpha, a, b, beta, c);
+    }
     #[cfg(target_arch = "x86_64")]
     if dtype == DType::BF16 && super::bf16_gemm::takes(whole_rows, a.cols) {
         return super::bf16_gemm::matmul(alpha, a, b, beta, c);

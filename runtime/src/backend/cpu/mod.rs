@@ -3,6 +3,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod bf16_gemm;
+#[cfg(target_arch = "x86_64")]
+mod bf16_gemv;
 pub(crate) mod block_math;
 mod codegen;
 pub(crate) mod columns;
