@@ -13,22 +13,12 @@
 namespace dft {
 namespace {
 
-// float16 and bfloat16: PyTorch's CPU kernels compute an activation and its backward in
-// float32 and round once. Recorded op by op in the half type, every op rounded: a bf16 GELU
+// float16 and bfloat16: PyTorch's CPU kernels compute the activations below (the composed
+// ones and the backward formulas) in float32 and round once, so these run through
+// rounded_once (common.h). Recorded op by op in the half type, every op rounded: a bf16 GELU
 // backward differed from CPU's in half its elements (by up to hundreds of ulps where its two
-// terms cancel), and each rounding cost the JIT ~10 instructions per four elements. These
-// formulas widen their half inputs to float32 (a cast that fuses into the same loop) and
-// round the result once.
-bool is_half(const at::Tensor& t) {
-  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
-}
-
-at::Tensor f32(const at::Tensor& t) { return t.to(at::kFloat); }
-
-// The dtype a formula over `a` and `b` returns: their promotion, as CPU's TensorIterator.
-at::ScalarType result_of(const at::Tensor& a, const at::Tensor& b) {
-  return at::promote_types(a.scalar_type(), b.scalar_type());
-}
+// terms cancel), and each rounding cost the JIT ~10 instructions per four elements; the casts
+// to and from float32 fuse into the same loop.
 
 at::Tensor threshold_backward(const at::Tensor& grad, const at::Tensor& self,
                               const at::Scalar& threshold) {
@@ -38,11 +28,8 @@ at::Tensor threshold_backward(const at::Tensor& grad, const at::Tensor& self,
              "threshold_backward");
 }
 
-at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& x,
-                         c10::string_view approximate) {
-  if (is_half(grad) || is_half(x)) {
-    return dft::gelu_backward(f32(grad), f32(x), approximate).to(result_of(grad, x));
-  }
+at::Tensor gelu_backward_math(const at::Tensor& grad, const at::Tensor& x,
+                              c10::string_view approximate) {
   if (approximate == "tanh") {
     const double kBeta = M_SQRT2 * M_2_SQRTPI * 0.5, kKappa = 0.044715;
     auto x_sq = x * x;
@@ -62,39 +49,47 @@ at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& x,
   return grad * (cdf + x * pdf);
 }
 
+at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& x,
+                         c10::string_view approximate) {
+  return rounded_once(grad, x, [&](const at::Tensor& g, const at::Tensor& xf) {
+    return gelu_backward_math(g, xf, approximate);
+  });
+}
+
 at::Tensor tanh_backward(const at::Tensor& grad, const at::Tensor& out) {
-  if (is_half(grad) || is_half(out)) return dft::tanh_backward(f32(grad), f32(out)).to(result_of(grad, out));
-  return grad * (1.0 - out * out);
+  return rounded_once(grad, out, [](const at::Tensor& g, const at::Tensor& y) {
+    return g * (1.0 - y * y);
+  });
 }
 
 at::Tensor sigmoid_backward(const at::Tensor& grad, const at::Tensor& out) {
-  if (is_half(grad) || is_half(out)) {
-    return dft::sigmoid_backward(f32(grad), f32(out)).to(result_of(grad, out));
-  }
-  return grad * ((1.0 - out) * out);
+  return rounded_once(grad, out, [](const at::Tensor& g, const at::Tensor& y) {
+    return g * ((1.0 - y) * y);
+  });
 }
 
 at::Tensor silu_backward(const at::Tensor& grad, const at::Tensor& x) {
-  if (is_half(grad) || is_half(x)) return dft::silu_backward(f32(grad), f32(x)).to(result_of(grad, x));
-  auto s = at::sigmoid(x);
-  return grad * (s * (1.0 + x * (1.0 - s)));
+  return rounded_once(grad, x, [](const at::Tensor& g, const at::Tensor& xf) {
+    auto s = at::sigmoid(xf);
+    return g * (s * (1.0 + xf * (1.0 - s)));
+  });
 }
 
 
 at::Tensor softplus(const at::Tensor& x, const at::Scalar& beta, const at::Scalar& threshold) {
-  if (is_half(x)) return dft::softplus(f32(x), beta, threshold).to(x.scalar_type());
-  auto xb = x * beta;
-  return at::where(xb > threshold, x, at::log1p(at::exp(xb)) / beta);
+  return rounded_once(x, [&](const at::Tensor& xf) {
+    auto xb = xf * beta;
+    return at::where(xb > threshold, xf, at::log1p(at::exp(xb)) / beta);
+  });
 }
 
 at::Tensor softplus_backward(const at::Tensor& grad, const at::Tensor& x, const at::Scalar& beta,
                              const at::Scalar& threshold) {
-  if (is_half(grad) || is_half(x)) {
-    return dft::softplus_backward(f32(grad), f32(x), beta, threshold).to(result_of(grad, x));
-  }
-  auto xb = x * beta;
-  auto z = at::exp(xb);
-  return at::where(xb > threshold, grad, grad * z / (z + 1.0));
+  return rounded_once(grad, x, [&](const at::Tensor& g, const at::Tensor& xf) {
+    auto xb = xf * beta;
+    auto z = at::exp(xb);
+    return at::where(xb > threshold, g, g * z / (z + 1.0));
+  });
 }
 
 at::Tensor leaky_relu(const at::Tensor& x, const at::Scalar& slope) {
@@ -143,9 +138,10 @@ at::Tensor rrelu_with_noise_backward(const at::Tensor& grad, const at::Tensor& x
 // elu: x * scale for x > 0, else expm1(x * input_scale) * alpha * scale.
 at::Tensor elu(const at::Tensor& x, const at::Scalar& alpha, const at::Scalar& scale,
                const at::Scalar& input_scale) {
-  if (is_half(x)) return dft::elu(f32(x), alpha, scale, input_scale).to(x.scalar_type());
   double negcoef = alpha.toDouble() * scale.toDouble();
-  return at::where(x <= 0, at::expm1(x * input_scale) * negcoef, x * scale);
+  return rounded_once(x, [&](const at::Tensor& xf) {
+    return at::where(xf <= 0, at::expm1(xf * input_scale) * negcoef, xf * scale);
+  });
 }
 
 at::Tensor& elu_(at::Tensor& x, const at::Scalar& alpha, const at::Scalar& scale,
@@ -155,17 +151,13 @@ at::Tensor& elu_(at::Tensor& x, const at::Scalar& alpha, const at::Scalar& scale
 
 at::Tensor elu_backward(const at::Tensor& grad, const at::Scalar& alpha, const at::Scalar& scale,
                         const at::Scalar& input_scale, bool is_result, const at::Tensor& y) {
-  if (is_half(grad) || is_half(y)) {
-    return dft::elu_backward(f32(grad), alpha, scale, input_scale, is_result, f32(y))
-        .to(result_of(grad, y));
-  }
   double negcoef = alpha.toDouble() * scale.toDouble(), negiptcoef = input_scale.toDouble();
-  if (is_result) {
-    TORCH_CHECK(alpha.toDouble() >= 0.0, "In-place elu backward calculation is triggered with a "
-                "negative slope which is not supported.");
-    return at::where(y <= 0, grad * negiptcoef * (y + negcoef), grad * scale);
-  }
-  return at::where(y <= 0, grad * negiptcoef * negcoef * at::exp(y * negiptcoef), grad * scale);
+  TORCH_CHECK(!is_result || alpha.toDouble() >= 0.0, "In-place elu backward calculation is "
+              "triggered with a negative slope which is not supported.");
+  return rounded_once(grad, y, [&](const at::Tensor& g, const at::Tensor& yf) {
+    if (is_result) return at::where(yf <= 0, g * negiptcoef * (yf + negcoef), g * scale);
+    return at::where(yf <= 0, g * negiptcoef * negcoef * at::exp(yf * negiptcoef), g * scale);
+  });
 }
 
 at::Tensor hardtanh(const at::Tensor& x, const at::Scalar& lo, const at::Scalar& hi) {
@@ -183,8 +175,7 @@ at::Tensor hardtanh_backward(const at::Tensor& grad, const at::Tensor& x, const 
 }
 
 at::Tensor hardsigmoid(const at::Tensor& x) {
-  if (is_half(x)) return dft::hardsigmoid(f32(x)).to(x.scalar_type());
-  return at::clamp(x + 3.0, 0.0, 6.0) / 6.0;
+  return rounded_once(x, [](const at::Tensor& xf) { return at::clamp(xf + 3.0, 0.0, 6.0) / 6.0; });
 }
 
 at::Tensor& hardsigmoid_(at::Tensor& x) { return x.copy_(dft::hardsigmoid(x)); }
@@ -194,33 +185,33 @@ at::Tensor hardsigmoid_backward(const at::Tensor& grad, const at::Tensor& x) {
 }
 
 at::Tensor hardswish(const at::Tensor& x) {
-  if (is_half(x)) return dft::hardswish(f32(x)).to(x.scalar_type());
-  return x * at::clamp(x + 3.0, 0.0, 6.0) / 6.0;
+  return rounded_once(x, [](const at::Tensor& xf) {
+    return xf * at::clamp(xf + 3.0, 0.0, 6.0) / 6.0;
+  });
 }
 
 at::Tensor& hardswish_(at::Tensor& x) { return x.copy_(dft::hardswish(x)); }
 
 at::Tensor hardswish_backward(const at::Tensor& grad, const at::Tensor& x) {
-  if (is_half(grad) || is_half(x)) {
-    return dft::hardswish_backward(f32(grad), f32(x)).to(result_of(grad, x));
-  }
   // PyTorch: 0 for x <= -3, grad * (x / 3 + 0.5) for -3 < x < 3, grad from 3 on.
-  auto middle = at::where(x < 3.0, grad * (x / 3.0 + 0.5), grad);
-  return dft::where((x <= -3.0).logical_not(), middle, 0);
+  return rounded_once(grad, x, [](const at::Tensor& g, const at::Tensor& xf) {
+    auto middle = at::where(xf < 3.0, g * (xf / 3.0 + 0.5), g);
+    return dft::where((xf <= -3.0).logical_not(), middle, 0);
+  });
 }
 
 at::Tensor mish(const at::Tensor& x) {
-  if (is_half(x)) return dft::mish(f32(x)).to(x.scalar_type());
-  return x * at::tanh(at::log1p(at::exp(x)));
+  return rounded_once(x, [](const at::Tensor& xf) { return xf * at::tanh(at::log1p(at::exp(xf))); });
 }
 
 at::Tensor& mish_(at::Tensor& x) { return x.copy_(dft::mish(x)); }
 
 at::Tensor mish_backward(const at::Tensor& grad, const at::Tensor& x) {
-  if (is_half(grad) || is_half(x)) return dft::mish_backward(f32(grad), f32(x)).to(result_of(grad, x));
-  auto sig = at::reciprocal(at::exp(at::neg(x)) + 1.0);
-  auto tsp = at::tanh(at::log1p(at::exp(x)));
-  return grad * (tsp + x * sig * (1.0 - tsp * tsp));
+  return rounded_once(grad, x, [](const at::Tensor& g, const at::Tensor& xf) {
+    auto sig = at::reciprocal(at::exp(at::neg(xf)) + 1.0);
+    auto tsp = at::tanh(at::log1p(at::exp(xf)));
+    return g * (tsp + xf * sig * (1.0 - tsp * tsp));
+  });
 }
 
 // log_sigmoid(x) = min(x, 0) - log1p(exp(-|x|)); the buffer keeps exp(-|x|) for backward.

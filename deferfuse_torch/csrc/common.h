@@ -164,6 +164,17 @@ at::Tensor rounded_once(const at::Tensor& x, Kernel kernel) {
   if (!is_reduced_float(x.scalar_type())) return kernel(x);
   return cast(kernel(cast(x, at::kFloat)), x.scalar_type());
 }
+
+// The same for a composed kernel of two tensors (an activation's backward of grad and its
+// input or output): both computed in float32 when either is a half type, the result rounded
+// once to their promoted dtype, as CPU's TensorIterator gives.
+template <typename Kernel>
+at::Tensor rounded_once(const at::Tensor& a, const at::Tensor& b, Kernel kernel) {
+  if (!is_reduced_float(a.scalar_type()) && !is_reduced_float(b.scalar_type())) {
+    return kernel(a, b);
+  }
+  return cast(kernel(opmath(a), opmath(b)), at::promote_types(a.scalar_type(), b.scalar_type()));
+}
 at::Tensor where(const at::Tensor& c, const at::Tensor& a, const at::Scalar& b);
 
 // A uint8 view of a storage of another dtype (how PyTorch copies raw storages): true when `t`
