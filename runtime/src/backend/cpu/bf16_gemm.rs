@@ -273,7 +273,8 @@ unsafe fn tile_kernel(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::half_gemm::tests::view;
+    use crate::backend::cpu::half_gemm::tests::{values, view};
+    use deferfuse_fusion::ir::DType;
     use half::bf16;
 
     /// The sums as the instruction defines them: per pair of k, the odd k's exact product
@@ -298,26 +299,6 @@ mod tests {
         s
     }
 
-    /// Pseudo-random bf16 bits in [-2, 2] (no subnormals), an infinity and a NaN at
-    /// `specials` positions.
-    fn values(len: usize, seed: u32, specials: &[usize]) -> Vec<u16> {
-        let mut x = seed.wrapping_mul(2654435761) | 1;
-        (0..len)
-            .map(|i| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                let v = (x % 4001) as f32 / 1000.0 - 2.0;
-                let v = match specials.iter().position(|&s| s == i) {
-                    Some(0) => f32::INFINITY,
-                    Some(_) => f32::NAN,
-                    None => v,
-                };
-                bf16::from_f32(v).to_bits()
-            })
-            .collect()
-    }
-
     #[test]
     fn bf16_products_sum_each_pair_as_vdpbf16ps_defines_in_every_layout() {
         if !available() {
@@ -335,9 +316,14 @@ mod tests {
             for (ao, bo, co) in [(0, 0, 0), (0, 1, 0), (1, 0, 1), (2, 2, 2)] {
                 for (alpha, beta) in [(1.0f32, 0.0f32), (1.0, 1.0), (0.5, -2.0)] {
                     let specials: &[usize] = if m == 9 { &[3, 50] } else { &[] };
-                    let mut a = values(2 * m * k, 1, specials);
-                    let mut b = values(2 * k * n, 2, &[]);
-                    let mut c = values(2 * m * n, 3, &[]);
+                    // An infinity at the first special position, NaNs at the others.
+                    let special = |i: usize| {
+                        let p = specials.iter().position(|&s| s == i)?;
+                        Some(if p == 0 { f32::INFINITY } else { f32::NAN })
+                    };
+                    let mut a = values(DType::BF16, 2 * m * k, 1, special);
+                    let mut b = values(DType::BF16, 2 * k * n, 2, |_| None);
+                    let mut c = values(DType::BF16, 2 * m * n, 3, |_| None);
                     let (va, vb, vc) = (
                         view(&mut a, m, k, ao),
                         view(&mut b, k, n, bo),

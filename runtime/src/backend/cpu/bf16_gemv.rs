@@ -138,6 +138,8 @@ fn lane_sum(lanes: &[f32; 16]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cpu::half_gemm::tests::values;
+    use deferfuse_fusion::ir::DType;
     use half::bf16;
 
     /// An output as the module doc defines it: per lane, chunk by chunk, the odd element's
@@ -174,17 +176,7 @@ mod tests {
             eprintln!("no AVX512-BF16/BW on this core: bf16_gemv is not used here");
             return;
         }
-        let bits = |n: usize, seed: u32| -> Vec<u16> {
-            let mut s = seed.wrapping_mul(2654435761) | 1;
-            (0..n)
-                .map(|_| {
-                    s ^= s << 13;
-                    s ^= s >> 17;
-                    s ^= s << 5;
-                    bf16::from_f32((s % 4001) as f32 / 1000.0 - 2.0).to_bits()
-                })
-                .collect()
-        };
+        let bits = |n: usize, seed: u32| values(DType::BF16, n, seed, |_| None);
         let f = |h: u16| bf16::from_bits(h).to_f32();
         for (m, k, n) in [(1, 768, 37), (4, 70, 9), (3, 31, 4), (2, 1, 5), (1, 64, 1)] {
             for (alpha, beta) in [(1.0f32, 0.0f32), (0.5, -2.0)] {

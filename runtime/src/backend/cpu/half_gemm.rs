@@ -262,21 +262,22 @@ pub(super) mod tests {
         }
     }
 
-    /// Values of `dtype` as bits: a spread of magnitudes and signs, with a NaN and an infinity
-    /// when `specials`.
-    fn values(dtype: DType, len: usize, seed: u32, specials: bool) -> Vec<u16> {
+    /// Pseudo-random values of `dtype` in [-2, 2] (no subnormals) as bits, `special(i)` in
+    /// place of element `i` where it gives one (an infinity, a NaN). The half product tests
+    /// share it.
+    pub(in crate::backend::cpu) fn values(
+        dtype: DType,
+        len: usize,
+        seed: u32,
+        special: impl Fn(usize) -> Option<f32>,
+    ) -> Vec<u16> {
         let mut x = seed.wrapping_mul(2654435761) | 1;
         (0..len)
             .map(|i| {
                 x ^= x << 13;
                 x ^= x >> 17;
                 x ^= x << 5;
-                let v = (x % 2001) as f32 / 1000.0 - 1.0;
-                let v = match (specials, i % 97) {
-                    (true, 5) => f32::NAN,
-                    (true, 11) => f32::INFINITY,
-                    _ => v,
-                };
+                let v = special(i).unwrap_or((x % 4001) as f32 / 1000.0 - 2.0);
                 if dtype == DType::F16 {
                     f16::from_f32(v).to_bits()
                 } else {
@@ -321,9 +322,14 @@ pub(super) mod tests {
                 for (ao, bo, co) in [(0, 0, 0), (0, 1, 0), (1, 0, 1), (2, 2, 2), (1, 1, 0)] {
                     for (alpha, beta) in [(1.0, 0.0), (1.0, 1.0), (0.5, -2.0)] {
                         let specials = m == 5;
-                        let mut a = values(dtype, 2 * m * k, 1, specials);
-                        let mut b = values(dtype, 2 * k * n, 2, false);
-                        let c0 = values(dtype, 2 * m * n, 3, false);
+                        let nan_inf = |i: usize| match (specials, i % 97) {
+                            (true, 5) => Some(f32::NAN),
+                            (true, 11) => Some(f32::INFINITY),
+                            _ => None,
+                        };
+                        let mut a = values(dtype, 2 * m * k, 1, nan_inf);
+                        let mut b = values(dtype, 2 * k * n, 2, |_| None);
+                        let c0 = values(dtype, 2 * m * n, 3, |_| None);
                         let (mut c, mut want) = (c0.clone(), c0);
                         unsafe {
                             let (va, vb) = (view(&mut a, m, k, ao), view(&mut b, k, n, bo));
