@@ -148,15 +148,15 @@ fn operands() -> (Vec<u16>, Vec<u16>) {
     (x, y)
 }
 
-#[test]
-fn f16_arithmetic_rounds_each_op_as_half_does() {
+/// `x * y + 1` on the device against `half`'s: `widen` and `round` are the type's conversions
+/// (bits to f32, f32 to bits), each op rounded; NaN wherever the reference gives one.
+fn assert_mul_add_one_rounds_each_op(dtype: DType, widen: fn(u16) -> f32, round: fn(f32) -> u16) {
     let (x, y) = operands();
-    let got = mul_add_one(DType::F16, &x, &y);
+    let got = mul_add_one(dtype, &x, &y);
     for i in 0..x.len() {
-        let (a, b) = (f16::from_bits(x[i]), f16::from_bits(y[i]));
-        let p = f16::from_f32(a.to_f32() * b.to_f32());
-        let want = f16::from_f32(p.to_f32() + 1.0);
-        let same = got[i] == want.to_bits() || (want.is_nan() && f16::from_bits(got[i]).is_nan());
+        let p = round(widen(x[i]) * widen(y[i]));
+        let want = round(widen(p) + 1.0);
+        let same = got[i] == want || (widen(want).is_nan() && widen(got[i]).is_nan());
         assert!(
             same,
             "{:#06x} * {:#06x} + 1: got {:#06x}",
@@ -166,18 +166,19 @@ fn f16_arithmetic_rounds_each_op_as_half_does() {
 }
 
 #[test]
+fn f16_arithmetic_rounds_each_op_as_half_does() {
+    assert_mul_add_one_rounds_each_op(
+        DType::F16,
+        |h| f16::from_bits(h).to_f32(),
+        |v| f16::from_f32(v).to_bits(),
+    );
+}
+
+#[test]
 fn bf16_arithmetic_rounds_each_op_as_half_does() {
-    let (x, y) = operands();
-    let got = mul_add_one(DType::BF16, &x, &y);
-    for i in 0..x.len() {
-        let (a, b) = (bf16::from_bits(x[i]), bf16::from_bits(y[i]));
-        let p = bf16::from_f32(a.to_f32() * b.to_f32());
-        let want = bf16::from_f32(p.to_f32() + 1.0);
-        let same = got[i] == want.to_bits() || (want.is_nan() && bf16::from_bits(got[i]).is_nan());
-        assert!(
-            same,
-            "{:#06x} * {:#06x} + 1: got {:#06x}",
-            x[i], y[i], got[i]
-        );
-    }
+    assert_mul_add_one_rounds_each_op(
+        DType::BF16,
+        |h| bf16::from_bits(h).to_f32(),
+        |v| bf16::from_f32(v).to_bits(),
+    );
 }
