@@ -271,12 +271,13 @@ unsafe fn gather_rows(
     ) {
         // Tiles of TILE x TILE elements: a tile's source lines stay in L1 while each
         // destination row gets a whole run of TILE elements (a line for f32), so every
-        // destination line is filled at once instead of one element per pass.
+        // destination line is filled at once instead of one element per pass. Destination
+        // rows outermost, as in `gather_rows_f32` (which says why).
         const TILE: usize = 16;
-        for k0 in (0..n).step_by(TILE) {
-            let k1 = (k0 + TILE).min(n);
-            for b0 in (0..rows).step_by(TILE) {
-                let b1 = (b0 + TILE).min(rows);
+        for b0 in (0..rows).step_by(TILE) {
+            let b1 = (b0 + TILE).min(rows);
+            for k0 in (0..n).step_by(TILE) {
+                let k1 = (k0 + TILE).min(n);
                 for b in b0..b1 {
                     let d = dst.add(b * pitch);
                     for k in k0..k1 {
@@ -322,12 +323,12 @@ unsafe fn scatter_rows(
         step: isize,
         dst: *mut u8,
     ) {
-        // The gather's tiles, read and written the other way round.
+        // The gather's tiles, read and written the other way round (scratch rows outermost).
         const TILE: usize = 16;
-        for k0 in (0..n).step_by(TILE) {
-            let k1 = (k0 + TILE).min(n);
-            for b0 in (0..rows).step_by(TILE) {
-                let b1 = (b0 + TILE).min(rows);
+        for b0 in (0..rows).step_by(TILE) {
+            let b1 = (b0 + TILE).min(rows);
+            for k0 in (0..n).step_by(TILE) {
+                let k1 = (k0 + TILE).min(n);
                 for k in k0..k1 {
                     let d = dst.offset(k as isize * step) as *mut T;
                     for b in b0..b1 {
@@ -370,8 +371,15 @@ pub(crate) mod avx {
     ) {
         let at = |k: usize, b: usize| (src.offset(k as isize * step) as *const f32).add(b);
         let (full_rows, full_n) = (rows / 8 * 8, n / 8 * 8);
-        for k in (0..full_n).step_by(8) {
-            for b in (0..full_rows).step_by(8) {
+        // Tiles of destination rows outermost, each filled along its whole length before the
+        // next. The destination's rows are `pitch` elements apart, over a page each for rows
+        // of 1024 elements: sweeping all of them for every 8 source rows (the other order)
+        // missed the TLB on nearly every store: in BERT's training step on a Xeon core each
+        // bias gradient (`sum(0)` of a 1024x128 f32 tensor) took 210 us, 80 us this way
+        // (PyTorch: ~10 us). A tile now writes 8 pages while the source is read down its
+        // rows, a page per 8 of them.
+        for b in (0..full_rows).step_by(8) {
+            for k in (0..full_n).step_by(8) {
                 let r = [0, 1, 2, 3, 4, 5, 6, 7].map(|i| _mm256_loadu_ps(at(k + i, b)));
                 let out = transpose8(r);
                 for (i, v) in out.into_iter().enumerate() {
@@ -403,8 +411,9 @@ pub(crate) mod avx {
     ) {
         let at = |k: usize, b: usize| (dst.offset(k as isize * step) as *mut f32).add(b);
         let (full_rows, full_n) = (rows / 8 * 8, n / 8 * 8);
-        for k in (0..full_n).step_by(8) {
-            for b in (0..full_rows).step_by(8) {
+        // Scratch rows outermost, as in the gather.
+        for b in (0..full_rows).step_by(8) {
+            for k in (0..full_n).step_by(8) {
                 let r =
                     [0, 1, 2, 3, 4, 5, 6, 7].map(|i| _mm256_loadu_ps(src.add((b + i) * pitch + k)));
                 let out = transpose8(r);
