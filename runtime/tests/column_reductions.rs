@@ -1,6 +1,8 @@
 //! Reductions over leading dims (a bias gradient's `g.sum(0)`, layernorm's weight gradient)
 //! run on gathered rows (`backend/cpu/columns.rs`): they must give the bits of the same
-//! reduction over a contiguous transposed copy, whose rows the kernel reads directly.
+//! reduction over a contiguous transposed copy, whose rows the kernel reads directly. Regions
+//! that only sum their inputs are summed in place instead (`backend/cpu/column_sums.rs`), in
+//! the row kernel's order: the same bits again.
 
 mod common;
 
@@ -160,4 +162,33 @@ fn a_column_sum_is_the_sum_within_a_float_tolerance() {
             "column {j}: {g} vs {want}"
         );
     }
+}
+
+#[test]
+fn a_mean_over_the_first_dim_with_a_last_group_of_four_gives_the_bits_over_rows() {
+    // 1004 rows: 125 groups of eight, then one of four; 40 columns: two vectors and 8 more.
+    same_bits_as_over_rows(&[1004, 40], &[0], |rt, x, d| {
+        reduce(rt, ReduceOp::Mean, x, d)
+    });
+}
+
+#[test]
+fn a_sum_and_a_mean_of_one_input_with_a_tail_give_the_bits_over_rows() {
+    // 1003 rows: groups of eight, one of four, three left one by one; 17 columns.
+    same_bits_as_over_rows(&[1003, 17], &[0], |rt, x, d| {
+        let (a, b) = (
+            reduce(rt, ReduceOp::Sum, x, d),
+            reduce(rt, ReduceOp::Mean, x, d),
+        );
+        rt.op(0, Op::Binary(BinaryOp::Add), &[t(a), t(b)], None)
+            .unwrap()
+    });
+}
+
+#[test]
+fn a_sum_of_few_rows_over_many_columns_gives_the_bits_over_rows() {
+    // A position embedding's gradient: 16 rows of 8192 columns, summed in place.
+    same_bits_as_over_rows(&[16, 64, 128], &[0], |rt, x, d| {
+        reduce(rt, ReduceOp::Sum, x, d)
+    });
 }

@@ -19,6 +19,7 @@
 //! The kernel computes the same instructions in the same order on the same values, so results
 //! are bit for bit those of the strided kernel; only the loads and stores differ.
 
+use super::column_sums::PureSums;
 use super::walk::walked_offsets;
 use super::{LoopProgram, OperandList};
 use crate::error::Result;
@@ -105,6 +106,9 @@ impl Transposed {
 pub(super) struct ColumnKernel {
     pub(super) program: LoopProgram,
     ops: Transposed,
+    /// Set when the region only sums gathered inputs: then they are summed in place
+    /// (`column_sums`), nothing gathered.
+    pure: Option<PureSums>,
 }
 
 /// The region a row kernel's column variant compiles, with the operands it takes through
@@ -143,18 +147,21 @@ pub(super) fn variant(region: &LoopRegion) -> Option<(LoopRegion, Transposed)> {
 }
 
 impl ColumnKernel {
-    pub(super) fn new(program: LoopProgram, ops: Transposed) -> ColumnKernel {
-        ColumnKernel { program, ops }
+    /// The column variant `program` of `region` (the row kernel's region), taking `ops`
+    /// through scratch.
+    pub(super) fn new(program: LoopProgram, region: &LoopRegion, ops: Transposed) -> ColumnKernel {
+        let pure = PureSums::of(region, &ops.gathered);
+        ColumnKernel { program, ops, pure }
     }
 
     /// Whether a call over `iter` gains from gathering: long rows, and every operand taken
     /// through scratch steps one element from row to row (its rows' elements are side by side
-    /// in memory).
+    /// in memory). Sums read in place (`pure`) gain at any row length.
     pub(super) fn applies(&self, iter: &IterSpace, elem: &[isize]) -> bool {
         let r = iter.rank();
         r >= 2
             && iter.sizes[r - 2] >= 2
-            && iter.sizes[r - 1] >= MIN_ROW_LEN
+            && (iter.sizes[r - 1] >= MIN_ROW_LEN || self.pure.is_some())
             && self.ops.all().all(|j| {
                 let (n, size) = (iter.sizes[r - 1], elem[j] as usize);
                 iter.strides[j][r - 2] == 1 && block_rows(n, size) * n * size <= MAX_SCRATCH_BYTES
@@ -190,6 +197,26 @@ impl ColumnKernel {
         for d in &p.stash {
             vstrides.push(0);
             vstrides.push(d.size() as i64);
+        }
+        if let Some(sums) = &self.pure {
+            // Whole vectors of columns per chunk; a column's sum is the same on any thread.
+            return p.pool.for_chunks(walked * n_outer, n_inner, 16, &|c| {
+                let mut u = c.start;
+                while u < c.end {
+                    let (o, row) = (u / n_outer, u % n_outer);
+                    let rows = (n_outer - row).min(c.end - u);
+                    let outer = walked_offsets(iter, elem, o);
+                    let from: OperandList<*mut u8> = (starts.iter().enumerate())
+                        .map(|(j, &s)| {
+                            let at = outer[j] + row as isize * strides[2 * j] as isize;
+                            (s as *mut u8).offset(at)
+                        })
+                        .collect();
+                    sums.run(&from, strides, rows, n_inner);
+                    u += rows;
+                }
+                Ok(())
+            });
         }
         let widest = self.ops.all().map(|j| elem[j] as usize).max().unwrap_or(4);
         let block = block_rows(n_inner, widest);

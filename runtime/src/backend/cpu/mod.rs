@@ -7,6 +7,7 @@ mod bf16_gemm;
 mod bf16_gemv;
 pub(crate) mod block_math;
 mod codegen;
+mod column_sums;
 pub(crate) mod columns;
 #[cfg(target_arch = "x86_64")]
 mod gemm_program;
@@ -215,7 +216,7 @@ impl Backend for CpuBackend {
             Region::Loop(l) => {
                 let mut program = self.compile_loop(l)?;
                 if let Some((v, transposed)) = columns::variant(l) {
-                    let kernel = columns::ColumnKernel::new(self.compile_loop(&v)?, transposed);
+                    let kernel = columns::ColumnKernel::new(self.compile_loop(&v)?, l, transposed);
                     program.columns = Some(Box::new(kernel));
                 }
                 Arc::new(program)
