@@ -76,7 +76,10 @@ impl PureSums {
         for &(j, out, mean) in &self.sums {
             let (src, step) = (from[j] as *const f32, strides[2 * j + 1] as isize);
             let (dst, dst_step) = (from[out] as *mut f32, strides[2 * out] as isize);
+            #[cfg(target_arch = "x86_64")]
             avx512::columns(src, step, n_outer, n_inner, dst, dst_step, mean);
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!("no pure sums without AVX-512 ({src:?} {step} {dst:?} {dst_step} {mean})");
         }
     }
 }
@@ -97,6 +100,7 @@ fn avx512() -> bool {
 ///
 /// # Safety
 /// `x` is readable at `n` elements `step` bytes apart.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 unsafe fn column(x: *const f32, step: isize, n: usize, mean: bool) -> f32 {
     let at = |i: usize| *(x as *const u8).offset(i as isize * step).cast::<f32>();
     let (mut a, mut b) = ([0f32; 4], [0f32; 4]);

@@ -168,7 +168,8 @@ impl ColumnKernel {
             })
     }
 
-    /// Runs the region: per block of rows (see [`block_rows`]), gathers each gathered input's
+    /// Runs the region: a region of pure sums in place (`column_sums`); otherwise, per block
+    /// of rows (see [`block_rows`]), gathers each gathered input's
     /// rows into scratch, calls the variant on them, then scatters the element outputs it
     /// wrote to scratch back to their places. `starts` are the operands' first
     /// elements, `strides` the strided kernel's (outer, inner) byte strides per operand.
@@ -188,16 +189,6 @@ impl ColumnKernel {
         let r = iter.rank();
         let (n_outer, n_inner) = (iter.sizes[r - 2], iter.sizes[r - 1]);
         let walked: usize = iter.sizes[..r - 2].iter().product();
-        let pitch = n_inner + ROW_PAD;
-        let mut vstrides: SmallVec<[i64; 16]> = SmallVec::from_slice(&strides[..2 * elem.len()]);
-        for j in self.ops.all() {
-            vstrides[2 * j] = pitch as i64 * elem[j] as i64;
-            vstrides[2 * j + 1] = elem[j] as i64;
-        }
-        for d in &p.stash {
-            vstrides.push(0);
-            vstrides.push(d.size() as i64);
-        }
         if let Some(sums) = &self.pure {
             // Whole vectors of columns per chunk; a column's sum is the same on any thread.
             return p.pool.for_chunks(walked * n_outer, n_inner, 16, &|c| {
@@ -217,6 +208,16 @@ impl ColumnKernel {
                 }
                 Ok(())
             });
+        }
+        let pitch = n_inner + ROW_PAD;
+        let mut vstrides: SmallVec<[i64; 16]> = SmallVec::from_slice(&strides[..2 * elem.len()]);
+        for j in self.ops.all() {
+            vstrides[2 * j] = pitch as i64 * elem[j] as i64;
+            vstrides[2 * j + 1] = elem[j] as i64;
+        }
+        for d in &p.stash {
+            vstrides.push(0);
+            vstrides.push(d.size() as i64);
         }
         let widest = self.ops.all().map(|j| elem[j] as usize).max().unwrap_or(4);
         let block = block_rows(n_inner, widest);
