@@ -192,3 +192,11 @@ fn a_sum_of_few_rows_over_many_columns_gives_the_bits_over_rows() {
         reduce(rt, ReduceOp::Sum, x, d)
     });
 }
+
+#[test]
+fn a_sum_over_more_rows_than_a_gathered_block_holds_gives_the_bits_over_rows() {
+    // 140,000 rows: past the gather's scratch bound, still summed in place.
+    same_bits_as_over_rows(&[140_000, 17], &[0], |rt, x, d| {
+        reduce(rt, ReduceOp::Sum, x, d)
+    });
+}

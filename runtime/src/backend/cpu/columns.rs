@@ -154,18 +154,21 @@ impl ColumnKernel {
         ColumnKernel { program, ops, pure }
     }
 
-    /// Whether a call over `iter` gains from gathering: long rows, and every operand taken
-    /// through scratch steps one element from row to row (its rows' elements are side by side
-    /// in memory). Sums read in place (`pure`) gain at any row length.
+    /// Whether a call over `iter` gains from this variant: every operand taken through
+    /// scratch steps one element from row to row (its rows' elements are side by side in
+    /// memory), and, to gather, rows long enough and a block's scratch bounded. Sums read in
+    /// place (`pure`) use no scratch and gain at any row length.
     pub(super) fn applies(&self, iter: &IterSpace, elem: &[isize]) -> bool {
         let r = iter.rank();
-        r >= 2
-            && iter.sizes[r - 2] >= 2
-            && (iter.sizes[r - 1] >= MIN_ROW_LEN || self.pure.is_some())
-            && self.ops.all().all(|j| {
-                let (n, size) = (iter.sizes[r - 1], elem[j] as usize);
-                iter.strides[j][r - 2] == 1 && block_rows(n, size) * n * size <= MAX_SCRATCH_BYTES
-            })
+        if r < 2 || iter.sizes[r - 2] < 2 {
+            return false;
+        }
+        let n = iter.sizes[r - 1];
+        let gathers =
+            |size: usize| n >= MIN_ROW_LEN && block_rows(n, size) * n * size <= MAX_SCRATCH_BYTES;
+        self.ops.all().all(|j| {
+            iter.strides[j][r - 2] == 1 && (self.pure.is_some() || gathers(elem[j] as usize))
+        })
     }
 
     /// Runs the region: a region of pure sums in place (`column_sums`); otherwise, per block
