@@ -5,9 +5,10 @@
 // views: per sample when a sample has many output positions, else with the batch folded into
 // the GEMM's columns (see kGemmPerSampleFromPositions). The input gradient is W^T @
 // grad_output scattered back by add_windows (K in-place strided adds, no scatter op needed);
-// the weight gradient is one GEMM of grad_output with the columns over the batch. At stride 1
-// on maps of 256+ positions a sample, all three run on the runtime's convolution op instead
-// (on_conv_op), which writes no columns at all. A transposed
+// the weight gradient is one GEMM of grad_output with the columns over the batch. On maps of
+// 256+ output positions a sample, the forward and the weight gradient run on the runtime's
+// convolution op instead (on_conv_op), which writes no columns at all, and so does the input
+// gradient at stride 1 (input_grad_as_conv). A transposed
 // convolution is the input gradient of the plain convolution whose weight it shares, so it
 // reuses the same three pieces with the roles of input and output swapped.
 //
@@ -216,21 +217,34 @@ bool whole_window(const Geometry& g) {
   return true;
 }
 
-// Whether this convolution's products run on the runtime's dense stride-1 convolution op
-// (DFUSE_OP_KIND_CONV), which never writes columns: blocks of them are copied from a padded
-// copy of the sample right before their product. It needs one group, float32, stride 1, a
-// kernel that is more than the position itself (whole_window), and enough positions per
-// sample: the op multiplies sample by sample, so a small map is a product of few columns that
-// reads the whole weight per sample (resnet18's 8x8 to 2x2 layers at batch 8 ran 1.3x slower
-// that way than folded into one product); from kGemmPerSampleFromPositions on, the products
-// per sample are wide enough.
+// Whether this convolution's forward and weight gradient run on the runtime's dense
+// convolution op (DFUSE_OP_KIND_CONV), which never writes columns: blocks of them are copied
+// from a padded copy of the sample (split by phase where strided) right before their product.
+// It needs one group, float32, a kernel that is more than the position itself (whole_window),
+// and enough positions per sample: the op multiplies sample by sample, so a small map is a
+// product of few columns that reads the whole weight per sample (resnet18's 8x8 to 2x2 layers
+// at batch 8 ran 1.3x slower that way than folded into one product); from
+// kGemmPerSampleFromPositions on, the products per sample are wide enough. A strided one
+// takes the op only where its columns would be kMinStridedColumnsPerInput or more values per
+// input value (K over the strides' product): below that, im2col's copy is cheap and the
+// product reading packed columns was as fast or faster (one thread, im2col -> op: a 7x7
+// stride-2 stem, [8, 3, 64, 64] by [64, 3, 7, 7], forward 2.5-3.2 -> 1.5 ms and weight
+// gradient 2.6 -> 1.7-1.9, resnet18's step 118.5 -> 115 ms; an audio encoder's k3 stride-2
+// [8, 128, 1599] by [128, 128, 3], 1.5 values per input value, forward 6.7 -> 7.9, and its
+// step no faster). A strided convolution's input gradient is not a convolution of that kind
+// (input_grad_as_conv).
+constexpr double kMinStridedColumnsPerInput = 4.0;
+
+bool unit_stride(const Geometry& g) {
+  return std::all_of(g.stride.begin(), g.stride.end(), [](int64_t s) { return s == 1; });
+}
+
 bool on_conv_op(const Geometry& g, at::ScalarType dtype) {
   if (g.G != 1 || dtype != at::kFloat) return false;
   if (g.L < kGemmPerSampleFromPositions || whole_window(g)) return false;
-  for (auto s : g.stride) {
-    if (s != 1) return false;
-  }
-  return true;
+  double strides = 1;
+  for (auto s : g.stride) strides *= s;
+  return unit_stride(g) || double(g.K) / strides >= kMinStridedColumnsPerInput;
 }
 
 // The conv op's attributes for `part` of geometry g with `padding` (the weight gradient also
@@ -242,6 +256,7 @@ DfuseAttrs conv_op_attrs(const Geometry& g, uint32_t part, const std::vector<int
     a.dims[i] = g.kernel[i];
     a.padding[i] = padding[i];
     a.dilation[i] = g.dilation[i];
+    a.stride[i] = g.stride[i];
   }
   return a;
 }
@@ -281,12 +296,12 @@ std::vector<int64_t> input_grad_padding(const Geometry& g) {
 // by the weight transposed and flipped, which writes neither W^T @ grad's Cin * K values per
 // position nor add_windows' K read-modify-write passes over the input (one thread, [4, C, H,
 // W] by a 3x3 C -> C weight: C 16 at 64x64 4.3 -> 1.8 ms, C 32 at 32x32 2.5 -> 1.35, C 64 at
-// 16x16 1.6 -> 1.1; the U-Net's defer step 65-69 -> 57 ms). Besides on_conv_op it needs a
-// padding of at most span - 1 (the gradient's own padding is then not negative) and an input
-// of exactly the size that stride-1 convolution gives (a transposed convolution's
-// output_padding can make it longer).
+// 16x16 1.6 -> 1.1; the U-Net's defer step 65-69 -> 57 ms). Besides on_conv_op it needs
+// stride 1, a padding of at most span - 1 (the gradient's own padding is then not negative)
+// and an input of exactly the size that stride-1 convolution gives (a transposed
+// convolution's output_padding can make it longer).
 bool input_grad_as_conv(const Geometry& g, const at::Tensor& grad) {
-  if (!on_conv_op(g, grad.scalar_type())) return false;
+  if (!on_conv_op(g, grad.scalar_type()) || !unit_stride(g)) return false;
   auto q = input_grad_padding(g);
   for (size_t i = 0; i < q.size(); ++i) {
     int64_t span = g.dilation[i] * (g.kernel[i] - 1) + 1;

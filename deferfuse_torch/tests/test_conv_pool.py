@@ -46,6 +46,16 @@ CONVS = {
     "conv1d_stride1": ((2, 3, 300), (5, 3, 3), dict(padding=1)),
     "conv3d_stride1_dilated": ((1, 2, 9, 8, 6), (3, 2, 2, 3, 2),
                                dict(padding=(1, 2, 0), dilation=(2, 1, 2))),
+    # Strided, 256+ positions a sample and 4+ column values per input value: the forward and
+    # the weight gradient on the runtime's convolution op (the input split by phase), the
+    # input gradient the product and add_windows; below 4 (the k3 stride-2 one), im2col.
+    "conv2d_strided_stem": ((2, 3, 40, 38), (8, 3, 7, 7), dict(stride=2, padding=3)),
+    "conv1d_strided_on_the_op": ((2, 3, 600), (4, 3, 10), dict(stride=2, padding=1)),
+    "conv1d_strided_im2col": ((2, 4, 1100), (5, 4, 3), dict(stride=2)),
+    "conv3d_strided_on_the_op": ((1, 2, 12, 12, 10), (3, 2, 3, 3, 3),
+                                 dict(stride=(1, 2, 2), padding=1)),
+    "conv2d_strided_dilated_on_the_op": ((1, 2, 45, 41), (3, 2, 5, 3),
+                                         dict(stride=(2, 1), padding=(2, 1), dilation=(1, 2))),
 }
 
 
@@ -82,6 +92,32 @@ def test_a_depthwise_convolution_runs_one_kernel_per_part_and_no_product(stride)
     runs = [e["name"] for e in report.timeline["traceEvents"] if e.get("cat") == "run"]
     assert runs.count("depthwise_conv") == 3, runs
     assert not any(r.startswith("matmul") for r in runs), runs
+    assert not report.fallbacks
+
+
+@pytest.mark.parametrize("stride, programs", [(2, 2), (1, 3)])
+def test_a_strided_stem_convolution_runs_its_forward_and_weight_gradient_as_conv_programs(
+        stride, programs):
+    # A 7x7 stride-2 stem: the forward and the weight gradient are each one conv program, with
+    # no im2col copy for either (the input gradient, strided, is a product and strided adds);
+    # at stride 1 all three are.
+    import deferfuse_torch
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 40, 40, device="tpu", requires_grad=True)
+    w = torch.randn(8, 3, 7, 7, device="tpu", requires_grad=True)
+    out = (40 + 6 - 7) // stride + 1
+    g = torch.randn(2, 8, out, out, device="tpu")
+
+    def step():
+        y = F.conv2d(x, w, padding=3, stride=stride)
+        gx, gw = torch.autograd.grad(y, (x, w), g)
+        return gx.sum().item() + gw.sum().item()
+
+    with deferfuse_torch.mode("strict"):
+        step()
+        report = deferfuse_torch.explain(step)
+    runs = [e["name"] for e in report.timeline["traceEvents"] if e.get("cat") == "run"]
+    assert runs.count("conv") == programs, runs
     assert not report.fallbacks
 
 
@@ -162,6 +198,9 @@ TRANSPOSED = {
     # that convolution gives, which takes the product path.
     "conv_transpose2d_stride1_large": ((2, 4, 16, 16), (4, 3, 3, 3), dict(padding=1)),
     "conv_transpose2d_1x1": ((2, 4, 16, 16), (4, 3, 1, 1), dict()),
+    # Strided, 4 column values per input value: its input gradient is the plain strided
+    # convolution of the gradient, on the conv op.
+    "conv_transpose2d_stride2_on_the_op": ((2, 4, 20, 20), (4, 3, 4, 4), dict(stride=2, padding=1)),
     "conv_transpose2d_stride1_output_padding": ((2, 3, 6, 5), (3, 2, 3, 3),
                                                 dict(dilation=2, output_padding=1)),
     "conv_transpose2d_stride_output_padding": ((2, 4, 4, 5), (4, 2, 3, 2),

@@ -514,15 +514,15 @@ enum DfuseOpKind
    */
   DFUSE_OP_KIND_CTC_LOSS = 18,
   /**
-   * A dense convolution of stride 1 and one group, float32, over `attrs->n_dims` (1 to 3)
-   * spatial dims with `attrs->padding[0..n]` zeros on both sides and
-   * `attrs->dilation[0..n]` between taps, computed without writing its columns;
-   * `attrs->sub_op` (a `DfuseConvPart`) picks the product. FORWARD: x `[N, C, in...]` and
-   * weight `[OC, C, k...]` -> `[N, OC, in + 2 * padding - dilation * (k - 1)]`; INPUT_GRAD:
-   * a convolution's output gradient and its weight `[C, OC, k...]` (read transposed with
-   * every tap reversed) with padding `dilation * (k - 1) - padding` -> its input gradient;
-   * WEIGHT_GRAD: the output gradient `[N, OC, out...]` and x, `attrs->dims[0..n]` the
-   * kernel -> `[OC, C, k...]`.
+   * A dense convolution of one group, float32, over `attrs->n_dims` (1 to 3) spatial dims
+   * with `attrs->padding[0..n]` zeros on both sides, `attrs->dilation[0..n]` between taps
+   * and `attrs->stride[0..n]` between output positions (0 reads as 1), computed without
+   * writing its columns; `attrs->sub_op` (a `DfuseConvPart`) picks the product. FORWARD: x
+   * `[N, C, in...]` and weight `[OC, C, k...]` -> `[N, OC, (in + 2 * padding - dilation *
+   * (k - 1) - 1) / stride + 1]`; INPUT_GRAD (stride 1 only): a convolution's output gradient
+   * and its weight `[C, OC, k...]` (read transposed with every tap reversed) with padding
+   * `dilation * (k - 1) - padding` -> its input gradient; WEIGHT_GRAD: the output gradient
+   * `[N, OC, out...]` and x, `attrs->dims[0..n]` the kernel -> `[OC, C, k...]`.
    */
   DFUSE_OP_KIND_CONV = 19,
   /**
@@ -1261,7 +1261,7 @@ typedef struct DfuseAttrs {
    */
   uint8_t has_dtype;
   /**
-   * DEPTHWISE_CONV: the stride of each spatial dim (`n_dims` of them).
+   * DEPTHWISE_CONV, CONV: the stride of each spatial dim (`n_dims` of them).
    */
   int64_t stride[3];
   /**

@@ -210,8 +210,9 @@ pub(crate) fn build_depthwise(a: &DfuseAttrs) -> Result<KernelOp> {
     })))
 }
 
-/// The dense stride-1 convolution of `attrs` (kind 19): the part, the spatial dim count and
-/// the geometry's signs checked; the shapes are the runtime's to check.
+/// The dense convolution of `attrs` (kind 19): the part, the spatial dim count and the
+/// geometry's signs checked; the shapes are the runtime's to check. A zero stride reads as 1:
+/// callers from before the op took strides leave `attrs->stride` zeroed.
 pub(crate) fn build_conv(a: &DfuseAttrs) -> Result<KernelOp> {
     let n = a.n_dims;
     if !(1..=3).contains(&n) {
@@ -232,6 +233,10 @@ pub(crate) fn build_conv(a: &DfuseAttrs) -> Result<KernelOp> {
         part,
         padding: field(&a.padding[..n], "attrs->padding")?,
         dilation: field(&a.dilation[..n], "attrs->dilation")?,
+        stride: field(&a.stride[..n], "attrs->stride")?
+            .into_iter()
+            .map(|s| s.max(1))
+            .collect(),
         kernel: match part {
             ConvPart::WeightGrad => field(&a.dims[..n], "attrs->dims (the kernel sizes)")?,
             _ => Dims::new(),
@@ -442,6 +447,21 @@ mod tests {
             panic!("not a conv op")
         };
         assert_eq!((c.part, c.kernel.len()), (ConvPart::InputGrad, 0));
+    }
+
+    #[test]
+    fn conv_reads_its_strides_a_zero_one_as_one() {
+        let mut a = attrs(DfuseConvPart::Forward as u32, 0);
+        a.n_dims = 2;
+        a.dilation[..2].copy_from_slice(&[1, 1]);
+        a.stride[..2].copy_from_slice(&[0, 2]);
+        let KernelOp::Conv(c) = build_conv(&a).unwrap() else {
+            panic!("not a conv op")
+        };
+        assert_eq!(c.stride.as_slice(), &[1, 2]);
+        a.stride[0] = -2;
+        let e = build_conv(&a).unwrap_err();
+        assert!(e.to_string().contains("attrs->stride"), "{e}");
     }
 
     #[test]

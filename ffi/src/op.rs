@@ -84,15 +84,15 @@ pub enum DfuseOpKind {
     /// log_alpha, lengths -> `[N]`; GRAD: grad `[N]`, log_probs, targets, lengths, loss,
     /// log_alpha -> `[T, N, C]`. A length or label out of range is reported when the op runs.
     CtcLoss = 18,
-    /// A dense convolution of stride 1 and one group, float32, over `attrs->n_dims` (1 to 3)
-    /// spatial dims with `attrs->padding[0..n]` zeros on both sides and
-    /// `attrs->dilation[0..n]` between taps, computed without writing its columns;
-    /// `attrs->sub_op` (a `DfuseConvPart`) picks the product. FORWARD: x `[N, C, in...]` and
-    /// weight `[OC, C, k...]` -> `[N, OC, in + 2 * padding - dilation * (k - 1)]`; INPUT_GRAD:
-    /// a convolution's output gradient and its weight `[C, OC, k...]` (read transposed with
-    /// every tap reversed) with padding `dilation * (k - 1) - padding` -> its input gradient;
-    /// WEIGHT_GRAD: the output gradient `[N, OC, out...]` and x, `attrs->dims[0..n]` the
-    /// kernel -> `[OC, C, k...]`.
+    /// A dense convolution of one group, float32, over `attrs->n_dims` (1 to 3) spatial dims
+    /// with `attrs->padding[0..n]` zeros on both sides, `attrs->dilation[0..n]` between taps
+    /// and `attrs->stride[0..n]` between output positions (0 reads as 1), computed without
+    /// writing its columns; `attrs->sub_op` (a `DfuseConvPart`) picks the product. FORWARD: x
+    /// `[N, C, in...]` and weight `[OC, C, k...]` -> `[N, OC, (in + 2 * padding - dilation *
+    /// (k - 1) - 1) / stride + 1]`; INPUT_GRAD (stride 1 only): a convolution's output gradient
+    /// and its weight `[C, OC, k...]` (read transposed with every tap reversed) with padding
+    /// `dilation * (k - 1) - padding` -> its input gradient; WEIGHT_GRAD: the output gradient
+    /// `[N, OC, out...]` and x, `attrs->dims[0..n]` the kernel -> `[OC, C, k...]`.
     Conv = 19,
     /// Every step of one direction of one LSTM, GRU or plain RNN layer, forward or backward
     /// (`attrs->sub_op`, a `DfuseRecurrencePart`, which gives each part's operands and
@@ -287,7 +287,7 @@ pub struct DfuseAttrs {
     pub descending: u8,
     /// SCAN: non-zero when `dtype` holds torch's `dtype=` argument.
     pub has_dtype: u8,
-    /// DEPTHWISE_CONV: the stride of each spatial dim (`n_dims` of them).
+    /// DEPTHWISE_CONV, CONV: the stride of each spatial dim (`n_dims` of them).
     pub stride: [i64; 3],
     /// DEPTHWISE_CONV, CONV: the zero padding on both sides of each spatial dim.
     pub padding: [i64; 3],

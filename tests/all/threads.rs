@@ -312,25 +312,29 @@ fn a_depthwise_convolution_split_by_channels_equals_one_thread() {
 #[test]
 fn a_dense_convolution_split_by_samples_equals_one_thread() {
     use deferfuse::fusion::ir::{Conv, ConvPart, KernelOp};
-    let (n, c, oc, h) = (3, 16, 24, 22);
-    let conv = |part: ConvPart| {
+    let (n, c, oc) = (3, 16, 24);
+    let conv = |part: ConvPart, stride: usize| {
         Op::Kernel(KernelOp::Conv(Box::new(Conv {
             part,
             padding: [1, 1][..].into(),
             dilation: [1, 1][..].into(),
+            stride: [stride, stride][..].into(),
             kernel: match part {
                 ConvPart::WeightGrad => [3, 3][..].into(),
                 _ => Default::default(),
             },
         })))
     };
-    same_on_any_thread_count(|rt| {
-        let x = tensor(rt, DType::F32, &[n, c, h, h], &values(n * c * h * h, 7));
-        let w = tensor(rt, DType::F32, &[oc, c, 3, 3], &values(oc * c * 9, 8));
-        let y = run(rt, conv(ConvPart::Forward), &[tt(x), tt(w)]);
-        let gw = run(rt, conv(ConvPart::WeightGrad), &[tt(y), tt(x)]);
-        vec![y, gw]
-    });
+    // Stride 2 on a larger map: the same work per sample, the samples again split.
+    for (stride, h) in [(1, 22), (2, 44)] {
+        same_on_any_thread_count(|rt| {
+            let x = tensor(rt, DType::F32, &[n, c, h, h], &values(n * c * h * h, 7));
+            let w = tensor(rt, DType::F32, &[oc, c, 3, 3], &values(oc * c * 9, 8));
+            let y = run(rt, conv(ConvPart::Forward, stride), &[tt(x), tt(w)]);
+            let gw = run(rt, conv(ConvPart::WeightGrad, stride), &[tt(y), tt(x)]);
+            vec![y, gw]
+        });
+    }
 }
 
 #[test]
@@ -344,6 +348,7 @@ fn a_dense_convolution_weight_gradient_split_by_input_channels_equals_one_thread
             part: ConvPart::WeightGrad,
             padding: [pad, pad][..].into(),
             dilation: [1, 1][..].into(),
+            stride: [1, 1][..].into(),
             kernel: [k, k][..].into(),
         })));
         same_on_any_thread_count(|rt| {

@@ -1,5 +1,5 @@
-//! The dense stride-1 convolution kernel op: `out = conv(x, w)` with one group, unit stride,
-//! zero padding and dilation, computed without writing its columns.
+//! The dense convolution kernel op: `out = conv(x, w)` with one group, zero padding, dilation
+//! and stride, computed without writing its columns.
 //!
 //! Composed from other ops, a convolution is im2col (a copy of `C * K` values per output
 //! position) and a product, and its input gradient the transposed product (`C * K` values per
@@ -10,7 +10,10 @@
 //! input gradient of a stride-1 convolution is itself one: the output gradient convolved with
 //! the weight transposed and flipped (`ConvPart::InputGrad`), padded by `span - 1 - padding`;
 //! the weight gradient multiplies the same blocks of columns by their positions' gradient
-//! (`ConvPart::WeightGrad`). Nothing fuses across it (its outputs depend on neighbouring
+//! (`ConvPart::WeightGrad`). At a larger stride the taps of a position are fixed offsets into
+//! the padded input split by phase (element `p` of a dim strided by `s` lies in phase `p % s`
+//! at `p / s`), so the forward and the weight gradient keep that shape; the input gradient of
+//! a strided convolution is not a convolution of this kind and takes the im2col path. Nothing fuses across it (its outputs depend on neighbouring
 //! elements), so it is a kernel op: the planner cuts around it and a backend runs it as one
 //! routine.
 
@@ -22,7 +25,7 @@ use super::layout::{fmt_dims, Dims};
 
 const NAME: &str = "conv";
 
-/// Which product of a dense stride-1 convolution the op computes. `repr(u32)` with explicit
+/// Which product of a dense convolution the op computes. `repr(u32)` with explicit
 /// numbers because the C ABI passes them; append new values, never renumber.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -32,9 +35,9 @@ pub enum ConvPart {
     Forward = 0,
     /// The forward of the weight transposed with every spatial dim reversed: operands x and a
     /// forward convolution's weight `[C, OC, k...]` (`C` being that convolution's output
-    /// channels); result `[N, OC, out...]`. With x a convolution's output gradient and padding
-    /// `span - 1 -` its padding, this is its input gradient, with no transposing or flipping
-    /// op recorded before it.
+    /// channels); result `[N, OC, out...]`. With x a stride-1 convolution's output gradient and
+    /// padding `span - 1 -` its padding, this is its input gradient, with no transposing or
+    /// flipping op recorded before it. Stride 1 only.
     InputGrad = 1,
     /// `d out / d w` summed over the batch: operands grad `[N, OC, out...]` and x `[N, C,
     /// in...]`; result `[OC, C, k...]` (the geometry's `kernel`).
@@ -51,10 +54,10 @@ impl ConvPart {
     }
 }
 
-/// A dense stride-1 convolution's part and geometry, per spatial dim (1 to 3 of them, all of
-/// the same length): output position `o` of a dim reads input position `o - padding + t *
+/// A dense convolution's part and geometry, per spatial dim (1 to 3 of them, all of the same
+/// length): output position `o` of a dim reads input position `o * stride - padding + t *
 /// dilation` for each tap `t < k` (the kernel's spatial size); positions outside the input
-/// read zero. float32 only; `out = in + 2 * padding - dilation * (k - 1)`.
+/// read zero. float32 only; `out = (in + 2 * padding - dilation * (k - 1) - 1) / stride + 1`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Conv {
     /// Which product.
@@ -63,6 +66,9 @@ pub struct Conv {
     pub padding: Dims,
     /// Spacing of the taps per spatial dim (at least 1).
     pub dilation: Dims,
+    /// Spacing of the output positions over the input per spatial dim (at least 1; 1 for
+    /// `InputGrad`).
+    pub stride: Dims,
     /// The kernel's spatial sizes; read by `WeightGrad` only, whose operands do not hold the
     /// weight (empty for the other parts).
     pub kernel: Dims,
@@ -83,7 +89,9 @@ impl Conv {
                     .checked_mul(2)
                     .and_then(|p| p.checked_add(input[i]));
                 match (span, padded) {
-                    (Some(span), Some(padded)) if padded >= span => Ok(padded - span + 1),
+                    (Some(span), Some(padded)) if padded >= span => {
+                        Ok((padded - span) / self.stride[i] + 1)
+                    }
                     _ => Err(i),
                 }
             })
@@ -100,6 +108,10 @@ impl std::fmt::Display for Conv {
             self.padding.as_slice(),
             self.dilation.as_slice()
         )?;
+        // Only when strided, so a stride-1 op prints (and names its programs) as before.
+        if self.stride.iter().any(|&s| s != 1) {
+            write!(f, ".s{:?}", self.stride.as_slice())?;
+        }
         if self.part == ConvPart::WeightGrad {
             write!(f, ".k{:?}", self.kernel.as_slice())?;
         }
@@ -107,19 +119,34 @@ impl std::fmt::Display for Conv {
     }
 }
 
-/// Output dtype and shape of a dense stride-1 convolution, or why it is invalid.
+/// Output dtype and shape of a dense convolution, or why it is invalid.
 pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     let d = k.padding.len();
     let kernel_ok = match k.part {
         ConvPart::WeightGrad => k.kernel.len() == d && !k.kernel.contains(&0),
         _ => k.kernel.is_empty(),
     };
-    if !(1..=3).contains(&d) || k.dilation.len() != d || k.dilation.contains(&0) || !kernel_ok {
+    if !(1..=3).contains(&d)
+        || k.dilation.len() != d
+        || k.dilation.contains(&0)
+        || k.stride.len() != d
+        || k.stride.contains(&0)
+        || !kernel_ok
+    {
         return Err(OpError::new(
             NAME,
             "geometry",
-            "1 to 3 spatial dims, each with a padding and a dilation of at least 1 (and, for the \
-             weight gradient, a kernel size of at least 1)",
+            "1 to 3 spatial dims, each with a padding, a dilation and a stride of at least 1 \
+             (and, for the weight gradient, a kernel size of at least 1)",
+            format!("{k}"),
+        ));
+    }
+    if k.part == ConvPart::InputGrad && k.stride.iter().any(|&s| s != 1) {
+        return Err(OpError::new(
+            NAME,
+            "geometry",
+            "stride 1 for the input gradient (a strided convolution's input gradient is not a \
+             convolution of this kind: compose it from a product and strided adds)",
             format!("{k}"),
         ));
     }
@@ -237,6 +264,7 @@ mod tests {
             part: ConvPart::Forward,
             padding: smallvec![p, p],
             dilation: smallvec![d, d],
+            stride: smallvec![1, 1],
             kernel: Dims::new(),
         })))
     }
@@ -254,11 +282,51 @@ mod tests {
     }
 
     #[test]
+    fn a_strided_output_has_torch_s_size() {
+        // torch: (in + 2p - d(k-1) - 1) / s + 1, rounded down.
+        let op = |s: usize| {
+            Op::Kernel(KernelOp::Conv(Box::new(Conv {
+                part: ConvPart::Forward,
+                padding: smallvec![1, 0],
+                dilation: smallvec![1, 1],
+                stride: smallvec![s, 3],
+                kernel: Dims::new(),
+            })))
+        };
+        let r = infer(&op(2), &[t(&[2, 8, 64, 3199]), t(&[4, 8, 3, 3])]).unwrap();
+        assert_eq!(r.sizes.as_slice(), &[2, 4, 32, 1066]);
+        let r = infer(&op(5), &[t(&[1, 1, 16000, 10]), t(&[4, 1, 10, 3])]).unwrap();
+        assert_eq!(r.sizes.as_slice(), &[1, 4, 3199, 3]);
+    }
+
+    #[test]
+    fn a_strided_input_gradient_or_a_zero_stride_is_refused() {
+        let op = |part: ConvPart, s: usize| {
+            Op::Kernel(KernelOp::Conv(Box::new(Conv {
+                part,
+                padding: smallvec![1, 1],
+                dilation: smallvec![1, 1],
+                stride: smallvec![1, s],
+                kernel: Dims::new(),
+            })))
+        };
+        let (x, w) = (t(&[2, 8, 15, 16]), t(&[8, 4, 3, 3]));
+        let e = infer(&op(ConvPart::InputGrad, 2), &[x.clone(), w.clone()]).unwrap_err();
+        assert!(
+            e.expected.contains("stride 1 for the input gradient"),
+            "{e}"
+        );
+        let e = infer(&op(ConvPart::Forward, 0), &[x, w]).unwrap_err();
+        assert_eq!(e.operand, "geometry");
+    }
+
+    #[test]
     fn a_mirrored_weight_gives_its_second_dim_s_channels() {
         let op = Op::Kernel(KernelOp::Conv(Box::new(Conv {
             part: ConvPart::InputGrad,
             padding: smallvec![1, 1],
             dilation: smallvec![1, 1],
+            stride: smallvec![1, 1],
             kernel: Dims::new(),
         })));
         let r = infer(&op, &[t(&[2, 8, 15, 16]), t(&[8, 4, 3, 3])]).unwrap();
@@ -273,6 +341,7 @@ mod tests {
             part: ConvPart::WeightGrad,
             padding: smallvec![1, 0],
             dilation: smallvec![1, 1],
+            stride: smallvec![1, 1],
             kernel: smallvec![3, 5],
         })));
         let r = infer(&op, &[t(&[2, 4, 15, 12]), t(&[2, 8, 15, 16])]).unwrap();

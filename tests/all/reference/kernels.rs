@@ -250,10 +250,10 @@ pub fn depthwise(k: &Depthwise, a: &RefTensor, b: &RefTensor) -> RefTensor {
     RefTensor::new(a.dtype, &sizes, data)
 }
 
-/// Calls `f(o, xi, wi)` for every term of the dense stride-1 convolution `k`: output index `o`
-/// of `out` (`[N, OC, out...]`), input channel `ci < c` and kernel tap `t`, with `xi = [n, ci,
-/// o - padding + t * dilation]` inside `input` (the input's spatial sizes) and `wi = [oc, ci,
-/// t]`. The one place the three parts below take the convolution's index relation from.
+/// Calls `f(o, xi, wi)` for every term of the dense convolution `k`: output index `o` of `out`
+/// (`[N, OC, out...]`), input channel `ci < c` and kernel tap `t`, with `xi = [n, ci, o *
+/// stride - padding + t * dilation]` inside `input` (the input's spatial sizes) and `wi = [oc,
+/// ci, t]`. The one place the three parts below take the convolution's index relation from.
 fn conv_terms(
     k: &Conv,
     (out, c, input, kernel): (&[usize], usize, &[usize], &[usize]),
@@ -263,7 +263,9 @@ fn conv_terms(
         for ci in 0..c {
             for t in indices(kernel) {
                 let p: Vec<i64> = (0..kernel.len())
-                    .map(|i| (o[2 + i] + t[i] * k.dilation[i]) as i64 - k.padding[i] as i64)
+                    .map(|i| {
+                        (o[2 + i] * k.stride[i] + t[i] * k.dilation[i]) as i64 - k.padding[i] as i64
+                    })
                     .collect();
                 if p.iter().zip(input).any(|(&p, &s)| p < 0 || p >= s as i64) {
                     continue;
@@ -279,13 +281,15 @@ fn conv_terms(
     }
 }
 
-/// The dense stride-1 convolution `conv(x, w)` (x `[N, C, in...]`, w `[OC, C, k...]`), term by
-/// term in f64: output position `o` of each spatial dim reads input position `o - padding + t *
-/// dilation` for each tap `t`, zero outside the input.
+/// The dense convolution `conv(x, w)` (x `[N, C, in...]`, w `[OC, C, k...]`), term by term in
+/// f64: output position `o` of each spatial dim reads input position `o * stride - padding + t
+/// * dilation` for each tap `t`, zero outside the input.
 pub fn conv(k: &Conv, x: &RefTensor, w: &RefTensor) -> RefTensor {
     let (input, kernel) = (&x.sizes[2..], &w.sizes[2..]);
     let out: Vec<usize> = (0..input.len())
-        .map(|i| input[i] + 2 * k.padding[i] - k.dilation[i] * (kernel[i] - 1))
+        .map(|i| {
+            (input[i] + 2 * k.padding[i] - k.dilation[i] * (kernel[i] - 1) - 1) / k.stride[i] + 1
+        })
         .collect();
     let sizes = [&[x.sizes[0], w.sizes[0]][..], &out].concat();
     let mut data = vec![0.0; numel(&sizes)];
@@ -295,7 +299,7 @@ pub fn conv(k: &Conv, x: &RefTensor, w: &RefTensor) -> RefTensor {
     RefTensor::new(x.dtype, &sizes, data)
 }
 
-/// The input gradient `[N, C, input...]` of the dense stride-1 convolution `k` by w `[OC, C,
+/// The input gradient `[N, C, input...]` of the dense convolution `k` by w `[OC, C,
 /// k...]` for output gradient grad `[N, OC, out...]`, term by term in f64: each input element
 /// sums the gradient times the weight over the outputs and taps that read it.
 pub fn conv_input_grad(k: &Conv, grad: &RefTensor, w: &RefTensor, input: &[usize]) -> RefTensor {
@@ -308,7 +312,7 @@ pub fn conv_input_grad(k: &Conv, grad: &RefTensor, w: &RefTensor, input: &[usize
     RefTensor::new(grad.dtype, &sizes, data)
 }
 
-/// The weight gradient `[OC, C, k...]` of the dense stride-1 convolution `k` (its `kernel`
+/// The weight gradient `[OC, C, k...]` of the dense convolution `k` (its `kernel`
 /// giving k) whose input is x `[N, C, in...]` and output gradient grad `[N, OC, out...]`, term
 /// by term in f64.
 pub fn conv_weight_grad(k: &Conv, grad: &RefTensor, x: &RefTensor) -> RefTensor {

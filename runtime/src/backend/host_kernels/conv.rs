@@ -1,4 +1,4 @@
-//! The dense stride-1 convolution (`KernelOp::Conv`) without im2col columns in memory: the
+//! The dense convolution (`KernelOp::Conv`) without im2col columns in memory: the
 //! product reads them where they lie in a padded copy of the input, or from blocks copied just
 //! before their product, so neither the columns nor a transposed product's `C * K` values per
 //! position ever reach memory.
@@ -19,6 +19,13 @@
 //! gradient reads the same blocks, multiplied by the gradient laid out over the wide positions
 //! (`weight_grad`); its threads take ranges of input channels, each summing its rows of the
 //! gradient over every sample in order, so its bits do not depend on the thread count either.
+//!
+//! A strided dim is split by phase in the grid: padded element `p` of a dim of stride `s` lies
+//! in phase `p % s` at position `p / s`, each combination of phases a grid of its own. Tap `t`
+//! then reads phase `(t * dilation) % s` at offset `(t * dilation) / s` from the output
+//! position, and consecutive output positions are consecutive grid elements again, so the
+//! columns are still fixed offsets into the grid and everything above holds as at stride 1
+//! (where there is one phase and the grid is the padded input).
 
 use super::{jobs, View};
 use crate::backend::cpu::matmul::{matmul, sgemm_b_rows, Mat};
@@ -104,10 +111,13 @@ struct Geometry {
     input: Idx,
     out: Idx,
     padding: Idx,
-    /// Row-major strides of the padded grid.
+    stride: Idx,
+    /// Row-major strides of one phase's grid (`ceil(padded / stride)` positions per dim).
     grid_strides: Idx,
-    /// Floats of one channel's padded grid, with the zeros the last wide columns' taps read
-    /// past its end.
+    /// Floats of one phase's grid, with the zeros the last wide columns' taps read past its
+    /// end.
+    phase: usize,
+    /// Floats of one channel's grid: one per combination of phases (one at stride 1).
     channel: usize,
     /// Wide columns: `out[0]` times the grid's positions below the first dim.
     wide: usize,
@@ -121,31 +131,62 @@ impl Geometry {
     fn new(k: &Conv, x: &View, kernel: &[usize], out: &[usize], oc: usize) -> Geometry {
         let d = k.padding.len();
         let input: Idx = x.sizes[2..].iter().copied().collect();
-        let padded: Idx = (0..d).map(|i| input[i] + 2 * k.padding[i]).collect();
+        let stride: Idx = k.stride.iter().copied().collect();
+        // Positions of a phase per dim: the padded input's, split over the stride's phases.
+        let positions: Idx = (0..d)
+            .map(|i| (input[i] + 2 * k.padding[i]).div_ceil(stride[i]))
+            .collect();
         let mut grid_strides: Idx = smallvec![1; d];
         for i in (0..d.saturating_sub(1)).rev() {
-            grid_strides[i] = grid_strides[i + 1] * padded[i + 1];
+            grid_strides[i] = grid_strides[i + 1] * positions[i + 1];
         }
-        let span = |i: usize| k.dilation[i] * (kernel[i] - 1);
-        // The last wide column's farthest tap reads this far past the grid's end: the spans of
-        // the dims below the first, each at its stride.
-        let past_end: usize = (1..d).map(|i| span(i) * grid_strides[i]).sum();
+        // Where tap `t` of dim `i` reads, relative to the output position: (phase, offset).
+        let tap_at = |i: usize, t: usize| {
+            let v = t * k.dilation[i];
+            (v % stride[i], v / stride[i])
+        };
+        // The last wide column's farthest tap reads this far past its phase's end: the
+        // farthest offsets of the dims below the first, each at its stride.
+        let past_end: usize = (1..d)
+            .map(|i| tap_at(i, kernel[i] - 1).1 * grid_strides[i])
+            .sum();
+        let phase = positions[0] * grid_strides[0] + past_end;
         let mut taps = Vec::new();
         for_each_index(kernel, |t| {
-            taps.push((0..d).map(|i| t[i] * k.dilation[i] * grid_strides[i]).sum());
+            let (mut which, mut at) = (0, 0);
+            for i in 0..d {
+                let (r, q) = tap_at(i, t[i]);
+                which = which * stride[i] + r;
+                at += q * grid_strides[i];
+            }
+            taps.push(which * phase + at);
         });
         let out_sizes: Idx = out.iter().copied().collect();
         Geometry {
             c: x.sizes[1],
             oc,
             wide: out_sizes[0] * grid_strides[0],
-            channel: padded[0] * grid_strides[0] + past_end,
+            channel: stride.iter().product::<usize>() * phase,
+            phase,
             input,
             out: out_sizes,
             padding: k.padding.iter().copied().collect(),
+            stride,
             grid_strides,
             taps,
         }
+    }
+
+    /// Where padded position `p` (per dim, all but the last) starts in a channel's grid: its
+    /// phase's grid and its place there, with phase `r_last` of the last dim.
+    fn grid_at(&self, p: &[usize], r_last: usize) -> usize {
+        let last = self.stride.len() - 1;
+        let (mut which, mut at) = (0, 0);
+        for (i, &p) in p.iter().enumerate() {
+            which = which * self.stride[i] + p % self.stride[i];
+            at += p / self.stride[i] * self.grid_strides[i];
+        }
+        (which * self.stride[last] + r_last) * self.phase + at
     }
 
     /// This call's scratch in `buf` (grown as needed): the padded grid, one block of columns
@@ -302,23 +343,38 @@ unsafe fn weight_grad_by_channels(
 }
 
 /// Sample `s` of `x` into `grid` (`g.c * g.channel` floats): zeros, then each input row at its
-/// place in the padded grid.
+/// place in the padded grid (split over the phases of a strided last dim element by element).
 unsafe fn fill_grid(g: &Geometry, x: &View, s: usize, grid: &mut [f32]) {
     grid.fill(0.0);
     let d = g.input.len();
     let last = d - 1;
     let xs = &x.strides[2..];
     let x0 = x.offset + s as isize * x.strides[0];
+    let (pad, n, step) = (g.padding[last], g.input[last], g.stride[last]);
+    let mut padded: Idx = smallvec![0; last];
     for c in 0..g.c {
         for_each_index(&g.input[..last], |i| {
-            let to: usize = (0..last)
-                .map(|a| (i[a] + g.padding[a]) * g.grid_strides[a])
-                .sum::<usize>()
-                + g.padding[last]
-                + c * g.channel;
+            for a in 0..last {
+                padded[a] = i[a] + g.padding[a];
+            }
             let from = x0 + c as isize * x.strides[1] + spatial_offset(i, xs);
-            let row = &mut grid[to..to + g.input[last]];
-            read_run(row, (x.base as *const f32).offset(from), xs[last]);
+            let from = (x.base as *const f32).offset(from);
+            let row0 = c * g.channel;
+            if step == 1 {
+                let to = row0 + g.grid_at(&padded, 0) + pad;
+                read_run(&mut grid[to..to + n], from, xs[last]);
+            } else {
+                // Phase by phase: every `step`-th element, to consecutive places (no division
+                // per element: it made this copy as slow as the product).
+                for r in 0..step.min(n + pad) {
+                    // The first element in phase r, and its place in that phase's grid.
+                    let e0 = (r + step - pad % step) % step;
+                    let to = row0 + g.grid_at(&padded, r) + (e0 + pad) / step;
+                    for (to, e) in (to..).zip((e0..n).step_by(step)) {
+                        grid[to] = *from.offset(e as isize * xs[last]);
+                    }
+                }
+            }
         });
     }
 }
