@@ -234,6 +234,35 @@ fn products_of_few_rows_in_all_split_by_columns_equal_one_thread() {
 }
 
 #[test]
+fn batched_products_split_by_matrices_equal_one_thread() {
+    // 3 threads take whole matrices: 6 of them by one broadcast B, 13 (uneven shares), and
+    // attention's scores, `q @ k^T` over [6, 4] batch dims with k read transposed.
+    same_on_any_thread_count(|rt| {
+        let a = tensor(rt, DType::F32, &[6, 128, 96], &values(6 * 128 * 96, 40));
+        let b = tensor(rt, DType::F32, &[1, 96, 128], &values(96 * 128, 41));
+        let broadcast = run(rt, Op::Matmul, &[tt(a), tt(b)]);
+        let a = tensor(rt, DType::F32, &[13, 64, 80], &values(13 * 64 * 80, 42));
+        let b = tensor(rt, DType::F32, &[13, 80, 72], &values(13 * 80 * 72, 43));
+        let uneven = run(rt, Op::Matmul, &[tt(a), tt(b)]);
+        let q = tensor(
+            rt,
+            DType::F32,
+            &[6, 4, 64, 32],
+            &values(6 * 4 * 64 * 32, 44),
+        );
+        let k = tensor(
+            rt,
+            DType::F32,
+            &[6, 4, 64, 32],
+            &values(6 * 4 * 64 * 32, 45),
+        );
+        let kt = view(rt, k, View::Transpose(-1, -2));
+        let scores = run(rt, Op::Matmul, &[tt(q), tt(kt)]);
+        vec![broadcast, uneven, scores]
+    });
+}
+
+#[test]
 fn in_place_updates_equal_one_thread() {
     same_on_any_thread_count(|rt| {
         let p = tensor(rt, DType::F32, &[SPLIT], &values(SPLIT, 14));

@@ -51,6 +51,8 @@ const GEMM_MIN_COLS_PER_THREAD: usize = 64;
 enum Part {
     Rows(std::ops::Range<usize>),
     Cols(std::ops::Range<usize>),
+    /// Whole matrices: a range of the first batch dim.
+    Batches(std::ops::Range<usize>),
 }
 
 impl MatmulProgram {
@@ -71,6 +73,18 @@ impl MatmulProgram {
                 ops[1].layout.slice(d + 1, c.start, c.len(), 1),
                 ops[out].layout.slice(d + 1, c.start, c.len(), 1),
             ),
+            Part::Batches(b) => {
+                // An operand broadcast along the dim (size 1) is read whole by every range.
+                let cut = |l: &deferfuse_fusion::ir::Layout| match l.sizes[0] {
+                    1 => l.clone(),
+                    _ => l.slice(0, b.start, b.len(), 1),
+                };
+                (
+                    cut(&ops[0].layout),
+                    cut(&ops[1].layout),
+                    ops[out].layout.slice(0, b.start, b.len(), 1),
+                )
+            }
         };
         let a = matmul::Mat {
             ptr: bases[0] as *mut u8,
@@ -126,8 +140,41 @@ impl MatmulProgram {
             && n >= 2 * GEMM_MIN_COLS_PER_THREAD
     }
 
-    /// The GEMM with its output rows (or, for few rows, its columns) split over the pool.
+    /// The first batch dim's size when a batched GEMM is better split by whole matrices than
+    /// by each matrix's rows: every operand has the batch dims, the first splits evenly enough
+    /// over the threads (a multiple of them, or 4 per thread), and the product is large enough
+    /// to split at all. Split by rows, each thread ran its share of every matrix, a few rows
+    /// each (attention's `[16, 4, 64, 32] @ [16, 4, 32, 64]`: 32 rows a thread, on the kernel
+    /// for few rows), and 2 threads were slower than 1.
+    fn batches_to_split(&self, binding: &Binding, out: usize) -> Option<usize> {
+        let l = &binding.operands[out].layout;
+        let threads = self.pool.threads();
+        let rank = l.rank();
+        let k = binding.operands[0].layout.sizes.get(rank - 1).copied()?;
+        let batches = *l.sizes.first()?;
+        let even = batches % threads == 0 || batches >= 4 * threads;
+        let ranks = binding.operands[..2]
+            .iter()
+            .all(|o| o.layout.rank() == rank);
+        (threads > 1
+            && rank > 2
+            && ranks
+            && even
+            && batches >= threads
+            && l.numel() * k >= 64 * SERIAL_BELOW)
+            .then_some(batches)
+    }
+
+    /// The GEMM with its output rows (or, for few rows, its columns; or for a batch, its
+    /// matrices) split over the pool.
     unsafe fn parallel_gemm(&self, binding: &Binding, bases: &[usize], out: usize) {
+        if let Some(batches) = self.batches_to_split(binding, out) {
+            let _ = self.pool.split(batches, 1, self.pool.threads(), 1, &|b| {
+                self.gemm(binding, bases, out, Part::Batches(b));
+                Ok::<(), Error>(())
+            });
+            return;
+        }
         if self.splits_columns(binding, out) {
             let l = &binding.operands[out].layout;
             let n = l.sizes[l.rank() - 1];
