@@ -112,6 +112,10 @@ impl Pool {
 /// tens of microseconds, and a sleeping thread takes about as long to wake.
 const FINISH_SPIN: Duration = Duration::from_micros(10);
 
+/// How long it then yields its core between checks before it sleeps: a parked caller took
+/// ~50-100 us to wake on this VM after the helper's last chunk, as long as a GEMM's half.
+const FINISH_YIELD: Duration = Duration::from_micros(300);
+
 /// Runs chunks `0..chunks` of `body` on the calling thread and on up to `helpers` pool threads.
 ///
 /// Every thread, the caller included, claims chunks from one counter until none are left (a
@@ -220,6 +224,8 @@ impl Split {
         while self.done.load(Ordering::Acquire) < self.chunks {
             if start.elapsed() < FINISH_SPIN {
                 std::hint::spin_loop();
+            } else if start.elapsed() < FINISH_YIELD {
+                std::thread::yield_now();
             } else {
                 // The helper finishing the last chunk unparks this thread; a wake-up for any
                 // other reason loops back to the check.
