@@ -75,24 +75,31 @@ def test_convolution_matches_cpu_forward_and_backward(mode, case):
 def test_a_depthwise_convolution_runs_one_kernel_per_part_and_no_product(stride):
     # The forward, the input gradient and the weight gradient are each one depthwise kernel
     # program; im2col (a copy and a batched product) or a sum of shifted views is not used.
-    import deferfuse_torch
     torch.manual_seed(0)
     x = torch.randn(2, 16, 9, 9, device="tpu", requires_grad=True)
     w = torch.randn(16, 1, 5, 5, device="tpu", requires_grad=True)
     g = torch.randn(2, 16, (9 + 4 - 5) // stride + 1, (9 + 4 - 5) // stride + 1, device="tpu")
+    runs, fallbacks = _programs_of_a_conv_step(
+        lambda x, w: F.conv2d(x, w, padding=2, stride=stride, groups=16), x, w, g)
+    assert runs.count("depthwise_conv") == 3, runs
+    assert not any(r.startswith("matmul") for r in runs), runs
+    assert not fallbacks
+
+
+def _programs_of_a_conv_step(conv, x, w, g):
+    """The names of the programs one strict step of conv(x, w) and its input and weight
+    gradients runs (after one step to warm up), and the step's CPU fallbacks."""
+    import deferfuse_torch
 
     def step():
-        y = F.conv2d(x, w, padding=2, stride=stride, groups=16)
-        gx, gw = torch.autograd.grad(y, (x, w), g)
+        gx, gw = torch.autograd.grad(conv(x, w), (x, w), g)
         return gx.sum().item() + gw.sum().item()
 
     with deferfuse_torch.mode("strict"):
         step()
         report = deferfuse_torch.explain(step)
     runs = [e["name"] for e in report.timeline["traceEvents"] if e.get("cat") == "run"]
-    assert runs.count("depthwise_conv") == 3, runs
-    assert not any(r.startswith("matmul") for r in runs), runs
-    assert not report.fallbacks
+    return runs, report.fallbacks
 
 
 @pytest.mark.parametrize("stride, programs", [(2, 2), (1, 3)])
@@ -101,24 +108,15 @@ def test_a_strided_stem_convolution_runs_its_forward_and_weight_gradient_as_conv
     # A 7x7 stride-2 stem: the forward and the weight gradient are each one conv program, with
     # no im2col copy for either (the input gradient, strided, is a product and strided adds);
     # at stride 1 all three are.
-    import deferfuse_torch
     torch.manual_seed(0)
     x = torch.randn(2, 3, 40, 40, device="tpu", requires_grad=True)
     w = torch.randn(8, 3, 7, 7, device="tpu", requires_grad=True)
     out = (40 + 6 - 7) // stride + 1
     g = torch.randn(2, 8, out, out, device="tpu")
-
-    def step():
-        y = F.conv2d(x, w, padding=3, stride=stride)
-        gx, gw = torch.autograd.grad(y, (x, w), g)
-        return gx.sum().item() + gw.sum().item()
-
-    with deferfuse_torch.mode("strict"):
-        step()
-        report = deferfuse_torch.explain(step)
-    runs = [e["name"] for e in report.timeline["traceEvents"] if e.get("cat") == "run"]
+    runs, fallbacks = _programs_of_a_conv_step(
+        lambda x, w: F.conv2d(x, w, padding=3, stride=stride), x, w, g)
     assert runs.count("conv") == programs, runs
-    assert not report.fallbacks
+    assert not fallbacks
 
 
 def test_a_depthwise_convolution_with_an_infinite_weight_matches_cpu_at_the_border(mode):
