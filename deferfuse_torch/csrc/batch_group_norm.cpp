@@ -11,13 +11,6 @@ namespace {
 
 bool has(const std::optional<at::Tensor>& t) { return t && t->defined(); }
 
-// Every dim but the channel dim 1.
-std::vector<int64_t> batch_dims(const at::Tensor& x) {
-  std::vector<int64_t> d{0};
-  for (int64_t i = 2; i < x.dim(); ++i) d.push_back(i);
-  return d;
-}
-
 // A [C] tensor shaped to broadcast along x's channel dim.
 at::Tensor per_channel(const at::Tensor& v, const at::Tensor& x) {
   std::vector<int64_t> s(x.dim(), 1);
@@ -66,13 +59,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm(
     auto out = affine(x, opmath(*running_mean), inv_std(opmath(*running_var), eps), weight, bias);
     return {out, at::empty({0}, x.options()), at::empty({0}, x.options())};
   }
-  auto dims = batch_dims(x);
   int64_t n = x.numel() / x.size(1);
   TORCH_CHECK(n > 1, "Expected more than 1 value per channel when training, got input size ",
               x.sizes());
-  auto mean = reduce(x, DFUSE_REDUCE_OP_MEAN, dims, false);
+  auto mean = reduce_but_channels(x, DFUSE_REDUCE_OP_MEAN);
   auto xc = x - per_channel(mean, x);
-  auto var_sum = reduce(xc * xc, DFUSE_REDUCE_OP_SUM, dims, false);
+  auto var_sum = reduce_but_channels(xc * xc, DFUSE_REDUCE_OP_SUM);
   auto invstd = inv_std(var_sum / double(n), eps);
   if (has(running_mean)) {
     running_mean->copy_(mean * momentum + *running_mean * (1.0 - momentum));
@@ -108,12 +100,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward(
     mean = *running_mean;
     invstd = inv_std(*running_var, eps);
   }
-  auto dims = batch_dims(x);
   int64_t n = x.numel() / x.size(1);
   auto xc = x - per_channel(mean, x);
   at::Tensor dotp, gsum, gx, gw, gb;
-  if ((mask[0] && train) || mask[1]) dotp = reduce(xc * grad, DFUSE_REDUCE_OP_SUM, dims, false);
-  if ((mask[0] && train) || mask[2]) gsum = reduce(grad, DFUSE_REDUCE_OP_SUM, dims, false);
+  if ((mask[0] && train) || mask[1]) dotp = reduce_but_channels(xc * grad, DFUSE_REDUCE_OP_SUM);
+  if ((mask[0] && train) || mask[2]) gsum = reduce_but_channels(grad, DFUSE_REDUCE_OP_SUM);
   if (mask[0]) {
     auto scale = has(weight) ? invstd * *weight : invstd;
     if (train) {
@@ -208,10 +199,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward(
     auto gx_mean = reduce(g * xhat, DFUSE_REDUCE_OP_MEAN, {2, 3}, true);
     gx = ((g - g_mean - xhat * gx_mean) * rstd4).view(x.sizes());
   }
-  // Per channel over [N, C, HxW]: a [N, G, C/G, HxW] reduction over dims 0 and 3 copied its
-  // input through a slower 4-D walk first.
-  if (mask[1]) gw = reduce((g4 * xhat).view({N, C, HxW}), DFUSE_REDUCE_OP_SUM, {0, 2}, false);
-  if (mask[2]) gb = reduce(grad.reshape({N, C, HxW}), DFUSE_REDUCE_OP_SUM, {0, 2}, false);
+  // Per channel over [N, C, HxW] (reduce_but_channels): a [N, G, C/G, HxW] reduction over dims
+  // 0 and 3 copied its input through a slower 4-D walk first.
+  if (mask[1]) gw = reduce_but_channels((g4 * xhat).view({N, C, HxW}), DFUSE_REDUCE_OP_SUM);
+  if (mask[2]) gb = reduce_but_channels(grad.reshape({N, C, HxW}), DFUSE_REDUCE_OP_SUM);
   return {gx, gw, gb};
 }
 

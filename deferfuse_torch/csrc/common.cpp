@@ -369,6 +369,13 @@ at::Tensor reduce(const at::Tensor& x, uint32_t op, at::IntArrayRef dims, bool k
   return run(DFUSE_OP_KIND_REDUCE, &a, Operands().t(x), "reduction");
 }
 
+at::Tensor reduce_but_channels(const at::Tensor& t, uint32_t op) {
+  if (t.dim() <= 2) return reduce(t, op, {0}, false);
+  std::vector<int64_t> spatial;
+  for (int64_t i = 2; i < t.dim(); ++i) spatial.push_back(i);
+  return reduce(reduce(t, op, spatial, false), op, {0}, false);
+}
+
 at::Tensor cast(const at::Tensor& x, at::ScalarType to) {
   if (x.scalar_type() == to) return x;
   DfuseAttrs a{};

@@ -385,9 +385,7 @@ at::Tensor depthwise(const Geometry& g, uint32_t part, const at::Tensor& a, cons
 }
 
 at::Tensor channel_sums(const at::Tensor& grad) {
-  std::vector<int64_t> dims{0};
-  for (int64_t i = 2; i < grad.dim(); ++i) dims.push_back(i);
-  return reduce(grad, DFUSE_REDUCE_OP_SUM, dims, false);
+  return reduce_but_channels(grad, DFUSE_REDUCE_OP_SUM);
 }
 
 // conv_transpose(x, w) with w [C_in, C_out / groups, k...] is the input gradient of the plain

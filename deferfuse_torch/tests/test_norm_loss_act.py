@@ -70,6 +70,33 @@ def test_batch_norm_updates_running_stats_in_place_with_the_unbiased_variance(mo
     check(bn.running_var, torch.tensor([0.5 + 0.5 * 2.0, 0.5 + 0.5 * 8.0]))
 
 
+@pytest.mark.parametrize("norm", ["batch", "group"])
+def test_per_channel_statistics_and_gradients_read_the_input_in_place(norm):
+    # Batch norm's statistics and its weight and bias gradients (and group norm's weight and
+    # bias gradients, a conv's bias gradient) reduce over every dim but the channels: over the
+    # spatial dims first, then the batch, with no transposing copy of the input before them
+    # (one reduction over dims {0, 2, 3} copied it channel-major first).
+    torch.manual_seed(0)
+    layer = (nn.BatchNorm2d(8) if norm == "batch" else nn.GroupNorm(2, 8)).to("tpu")
+    conv = nn.Conv2d(3, 8, 3, padding=1).to("tpu")
+    x = torch.randn(4, 3, 32, 32, device="tpu")
+
+    def step():
+        y = layer(conv(x))
+        grads = torch.autograd.grad(y.square().sum(), [*layer.parameters(), conv.bias])
+        return sum(g.sum().item() for g in grads)
+
+    with deferfuse_torch.mode("defer"):
+        step()
+        report = deferfuse_torch.explain(step)
+    runs = [(e["name"], e.get("args", {}).get("shapes", ""))
+            for e in report.timeline["traceEvents"] if e.get("cat") == "run"]
+    # The step's only copies are of scalars (its outputs' shapes follow the arrow).
+    copies = [(n, s) for n, s in runs if "copy" in n and s.split("->")[-1].strip() != "float32[]"]
+    assert copies == [], runs
+    assert not report.fallbacks
+
+
 ACTIVATIONS = {
     "softplus": lambda x: F.softplus(x),
     "softplus_beta_threshold": lambda x: F.softplus(x, beta=2.0, threshold=3.0),
