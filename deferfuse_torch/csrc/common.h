@@ -144,11 +144,10 @@ at::Tensor binary(const at::Tensor& a, const at::Scalar& b, uint32_t op);
 at::Tensor binary(const at::Scalar& a, const at::Tensor& b, uint32_t op);
 at::Tensor reduce(const at::Tensor& x, uint32_t op, at::IntArrayRef dims, bool keepdim);
 
-// t [N, C, spatial...] summed (op SUM) or averaged (MEAN) over every dim but the channels:
-// over the spatial dims first (each sample's channel one row), then over the batch (a sum
-// over the leading dim, read in place). As one reduction over dims {0, 2, ...} the runtime
-// copied t channel-major first: a transposing copy of the whole tensor per call (batch norm's
-// four per layer, conv bias gradients).
+// t [N, C, spatial...] summed (op SUM) or averaged (MEAN) over every dim but the channels
+// (batch norm's statistics and gradients, group norm's and a conv's bias gradients). In
+// float32/float64, `reduce` runs it over the spatial dims first, then the batch, with no
+// channel-major copy of t (see `trailing_then_leading` in common.cpp).
 at::Tensor reduce_but_channels(const at::Tensor& t, uint32_t op);
 at::Tensor cast(const at::Tensor& x, at::ScalarType to);
 

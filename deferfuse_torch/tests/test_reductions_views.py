@@ -50,6 +50,28 @@ def test_a_sum_over_5_to_8_elements_is_within_rounding_of_cpus(mode):
     check(x.to("tpu").sum(1), x.sum(1), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("f", [
+    lambda t: t.sum((0, 2, 3)),
+    lambda t: t.mean((0, -1, -2), keepdim=True),
+    lambda t: t.sum((0, 1, 3)),
+    lambda t: t.double().mean((0, 3)),
+], ids=["sum_0_2_3", "mean_keepdim_negative_dims", "sum_0_1_3", "float64_mean_0_3"])
+def test_a_reduction_over_leading_and_trailing_dims_reads_its_input_in_place(mode, f):
+    # float32/float64 sums and means over leading and trailing dims with kept dims between
+    # them (batch norm's per-channel statistics) reduce the trailing dims first, then the
+    # leading ones: no transposing copy of the input (one reduction copied it kept-dims-first).
+    import deferfuse_torch
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 16, 40)
+    t = x.to("tpu")
+    # Summed in another order than CPU's: within f32 rounding of the sum of |x| (~2,000 here).
+    check(f(t), f(x), atol=5e-4, rtol=1e-5)
+    report = deferfuse_torch.explain(lambda: f(t).cpu())
+    runs = [(e["name"], e.get("args", {}).get("shapes", ""))
+            for e in report.timeline["traceEvents"] if e.get("cat") == "run"]
+    assert not [r for r in runs if "copy" in r[0]], runs
+
+
 def test_arg_reductions(mode):
     t = X.to("tpu")
     check(t.argmax(1), X.argmax(1))
