@@ -359,44 +359,7 @@ at::Tensor binary(const at::Scalar& x, const at::Tensor& y, uint32_t op) {
   return run(DFUSE_OP_KIND_BINARY, &a, Operands().s(x).t(y), "binary op");
 }
 
-namespace {
-// A float32/float64 sum or mean over leading dims {0..a-1} and trailing dims {b..n-1} with
-// kept dims between them (batch norm's statistics over {0, 2, 3}, a conv's bias gradient,
-// x.mean((0, 2, 3))): the trailing dims' reduction, then the leading dims'. As one reduction
-// the runtime copies x with the kept dims first (a transposing copy of the whole tensor); in
-// two, the first reads x's rows in place and the second sums few values over the leading dims
-// in place. Not for float16/bfloat16, whose one reduction rounds once.
-std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> trailing_then_leading(
-    const at::Tensor& x, uint32_t op, at::IntArrayRef dims) {
-  bool summed = op == DFUSE_REDUCE_OP_SUM || op == DFUSE_REDUCE_OP_MEAN;
-  bool wide = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
-  int64_t n = x.dim();
-  if (!summed || !wide || dims.empty()) return std::nullopt;
-  std::vector<bool> in(n, false);
-  for (auto d : dims) {
-    int64_t w = d < 0 ? d + n : d;
-    if (w < 0 || w >= n) return std::nullopt;  // the runtime names the bad dim
-    in[w] = true;
-  }
-  int64_t a = 0;
-  while (a < n && in[a]) ++a;
-  int64_t b = n;
-  while (b > a && in[b - 1]) --b;
-  for (int64_t i = a; i < b; ++i) {
-    if (in[i]) return std::nullopt;  // a reduced dim between kept ones
-  }
-  if (a == 0 || b == n || a == b) return std::nullopt;
-  std::vector<int64_t> leading, trailing;
-  for (int64_t i = 0; i < a; ++i) leading.push_back(i);
-  for (int64_t i = b; i < n; ++i) trailing.push_back(i);
-  return std::make_pair(trailing, leading);
-}
-}  // namespace
-
 at::Tensor reduce(const at::Tensor& x, uint32_t op, at::IntArrayRef dims, bool keepdim) {
-  if (auto split = trailing_then_leading(x, op, dims)) {
-    return reduce(reduce(x, op, split->first, keepdim), op, split->second, keepdim);
-  }
   TORCH_CHECK(dims.size() <= DFUSE_MAX_REDUCE_DIMS, "tpu: a reduction over ", dims.size(),
               " dims; at most ", DFUSE_MAX_REDUCE_DIMS, " are supported");
   DfuseAttrs a = attrs_sub(op);

@@ -146,8 +146,8 @@ at::Tensor reduce(const at::Tensor& x, uint32_t op, at::IntArrayRef dims, bool k
 
 // t [N, C, spatial...] summed (op SUM) or averaged (MEAN) over every dim but the channels
 // (batch norm's statistics and gradients, group norm's and a conv's bias gradients). In
-// float32/float64, `reduce` runs it over the spatial dims first, then the batch, with no
-// channel-major copy of t (see `trailing_then_leading` in common.cpp).
+// float32/float64 the runtime reduces the spatial dims first, then the batch, with no
+// channel-major copy of t (`trailing_then_leading` in fusion/src/reduce_geometry.rs).
 at::Tensor reduce_but_channels(const at::Tensor& t, uint32_t op);
 at::Tensor cast(const at::Tensor& x, at::ScalarType to);
 

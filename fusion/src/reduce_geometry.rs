@@ -111,9 +111,61 @@ pub fn short_reduced_dim(input: &Layout, dims: &[usize]) -> Option<usize> {
     ((2..=SHORT_REDUCTION_MAX).contains(&n) && kept >= SHORT_REDUCTION_MIN_KEPT).then_some(*d)
 }
 
+/// The trailing and leading dims of a reduction of `input` over `dims` that folds leading dims
+/// `0..a` and trailing dims `b..rank` with kept dims between them, when the runtime would
+/// otherwise copy the input (see [`reduce_needs_copy`]) and the trailing dims alone can be
+/// walked in place. Batch norm's statistics over `{0, 2, 3}` are one: reduced over the
+/// trailing dims first (each sample's channel a row), then over the leading dims (a few values
+/// per kept element, summed in place), no transposing copy of the whole input is made.
+pub fn trailing_then_leading(input: &Layout, dims: &[usize]) -> Option<(Dims, Dims)> {
+    let rank = input.rank();
+    let red = reduced_dims(dims, rank);
+    let a = (0..rank).take_while(|d| red.contains(d)).count();
+    let b = rank - (0..rank).rev().take_while(|d| red.contains(d)).count();
+    let split = a > 0 && b < rank && a < b && red.len() == a + (rank - b);
+    let trailing: Dims = (b..rank).collect();
+    (split && reduce_needs_copy(input, dims) && !reduce_needs_copy(input, &trailing))
+        .then(|| (trailing, (0..a).collect()))
+}
+
 /// True when the reduced dims of `input` cannot be walked as one strided dim, so the runtime
 /// must first copy the input into a buffer with the reduced dims last.
 pub fn reduce_needs_copy(input: &Layout, dims: &[usize]) -> bool {
     let zero: Strides = SmallVec::from_elem(0, input.rank());
     reduce_space_for(&input.sizes, dims, &[input.strides.clone(), zero]).reduced > 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reduction_over_leading_and_trailing_dims_splits_trailing_first() {
+        let x = Layout::contiguous(&[4, 16, 64, 64]);
+        let (trailing, leading) = trailing_then_leading(&x, &[0, 2, 3]).unwrap();
+        assert_eq!(
+            (trailing.as_slice(), leading.as_slice()),
+            (&[2, 3][..], &[0][..])
+        );
+        let (trailing, leading) = trailing_then_leading(&x, &[1, 0, 3]).unwrap();
+        assert_eq!(
+            (trailing.as_slice(), leading.as_slice()),
+            (&[3][..], &[0, 1][..])
+        );
+    }
+
+    #[test]
+    fn reductions_walked_in_place_or_with_a_reduced_dim_between_kept_ones_do_not_split() {
+        let x = Layout::contiguous(&[4, 16, 64, 64]);
+        for dims in [
+            &[2, 3][..],
+            &[0][..],
+            &[0, 1][..],
+            &[1, 3][..],
+            &[0, 2][..],
+            &[][..],
+        ] {
+            assert_eq!(trailing_then_leading(&x, dims), None, "{dims:?}");
+        }
+    }
 }

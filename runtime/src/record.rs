@@ -11,9 +11,11 @@ use crate::stream::{OpBuffers, Stream};
 use deferfuse_fusion::ir::infer::can_cast;
 use deferfuse_fusion::ir::layout::fmt_dims;
 use deferfuse_fusion::ir::{
-    infer_memo_operands, BinaryOp, DType, Layout, Op, OpError, ReduceOp, Scalar,
+    infer_memo_operands, BinaryOp, DType, Dims, Layout, Op, OpError, ReduceOp, Scalar,
 };
-use deferfuse_fusion::reduce_geometry::{reduce_needs_copy, reduced_dims, short_reduced_dim};
+use deferfuse_fusion::reduce_geometry::{
+    reduce_needs_copy, reduced_dims, short_reduced_dim, trailing_then_leading,
+};
 use deferfuse_fusion::{Node, Operand, TensorRef};
 use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
@@ -135,6 +137,16 @@ impl Runtime {
                 let input = node.inputs[0].tensor().expect("checked by infer");
                 let dim = short_reduced_dim(&input.layout, dims).expect("checked above");
                 self.record_short_sum(s, dim, *keepdim, input, &output, &buffers)?
+            }
+            Op::Reduce {
+                dims,
+                keepdim,
+                op: r @ (ReduceOp::Sum | ReduceOp::Mean),
+            } if splits_in_two(&node.inputs[0], &output, dims) => {
+                let input = node.inputs[0].tensor().expect("checked by infer");
+                let split = trailing_then_leading(&input.layout, dims).expect("checked above");
+                let place = (&output, &mut buffers);
+                self.record_reduce_in_two(s, (*r, split, *keepdim), input, place)?
             }
             Op::Reduce {
                 dims,
@@ -309,6 +321,54 @@ impl Runtime {
             self.run_op_group(s)?;
         }
         recorded
+    }
+
+    /// A float32/float64 sum or mean over leading and trailing dims (see
+    /// [`trailing_then_leading`]) as two reductions: over the trailing dims into a buffer of
+    /// the leading and kept dims, then over the leading dims into `out`. No copy of the input;
+    /// the sums are regrouped (per trailing row first), within f32 rounding of one reduction.
+    fn record_reduce_in_two(
+        &self,
+        s: &Arc<Stream>,
+        (r, (trailing, leading), keepdim): (ReduceOp, (Dims, Dims), bool),
+        input: &TensorRef,
+        (out, buffers): (&TensorRef, &mut Buffers),
+    ) -> Result<()> {
+        let rank = input.layout.rank();
+        let partial: Vec<usize> = input.layout.sizes[..rank - trailing.len()].to_vec();
+        let tmp = self.new_buffer(out.dtype, &partial, || "reduce")?;
+        let tmp_ref = TensorRef {
+            buffer: tmp.id,
+            layout: Layout::contiguous(&partial),
+            dtype: out.dtype,
+        };
+        buffers.insert_new(tmp);
+        let reduce = |dims: Dims, from: TensorRef, to: TensorRef| Node {
+            op: Op::Reduce {
+                op: r,
+                dims,
+                keepdim: false,
+            },
+            inputs: SmallVec::from_elem(Operand::Tensor(from), 1),
+            output: to,
+            compute: out.dtype,
+        };
+        let red: Vec<usize> = leading.iter().chain(&trailing).copied().collect();
+        self.record(
+            s,
+            reduce(trailing, input.clone(), tmp_ref.clone()),
+            buffers.clone(),
+        )?;
+        let out_view = if keepdim {
+            out.layout.squeeze(&red)
+        } else {
+            out.layout.clone()
+        };
+        let to = TensorRef {
+            layout: out_view,
+            ..out.clone()
+        };
+        self.record(s, reduce(leading, tmp_ref, to), buffers.clone())
     }
 
     /// A reduction whose reduced dims cannot be walked as one: copy them last first.
@@ -528,4 +588,15 @@ fn check_out(
         .into());
     }
     Ok(())
+}
+
+/// Whether a reduction of `input` into `out` runs as two (`Runtime::record_reduce_in_two`):
+/// float32/float64 in and out, over leading and trailing dims that one reduction would copy.
+fn splits_in_two(input: &Operand, out: &TensorRef, dims: &[usize]) -> bool {
+    let Some(t) = input.tensor() else {
+        return false;
+    };
+    matches!(out.dtype, DType::F32 | DType::F64)
+        && t.dtype == out.dtype
+        && trailing_then_leading(&t.layout, dims).is_some()
 }

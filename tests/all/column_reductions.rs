@@ -61,3 +61,38 @@ fn a_column_sum_with_an_element_output_equals_strict_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn sums_and_means_over_leading_and_trailing_dims_match_the_reference_in_every_mode() {
+    // Batch norm's statistics (dims {0, 2, 3}) and their like run as two reductions, the
+    // trailing dims first (`trailing_then_leading`): f32 and f64, keepdim or not, two leading
+    // dims, against the reference's exact sums within the accumulation tolerance.
+    use crate::reference::{self, Arg, RefTensor};
+    use harness::{accum_tol, compare, run_in_every_mode, upload};
+    let mut rng = Rng::new(3);
+    let cases: [(DType, ReduceOp, &[usize], bool); 4] = [
+        (DType::F32, ReduceOp::Sum, &[0, 2, 3], false),
+        (DType::F32, ReduceOp::Mean, &[0, 2, 3], true),
+        (DType::F64, ReduceOp::Sum, &[0, 1, 3], false),
+        (DType::F32, ReduceOp::Mean, &[3, 0], false),
+    ];
+    let x: Vec<RefTensor> = cases
+        .iter()
+        .map(|c| rng.tensor(c.0, &[3, 5, 7, 33], 2.0, 0, false))
+        .collect();
+    let outs = run_in_every_mode(|rt| {
+        cases
+            .iter()
+            .zip(&x)
+            .map(|(&(_, op, dims, keepdim), x)| {
+                let h = run(rt, red(op, dims, keepdim), &[tt(upload(rt, x))]);
+                (format!("{op:?} {dims:?} keepdim {keepdim}"), h)
+            })
+            .collect()
+    });
+    for ((&(dtype, op, dims, keepdim), x), (name, got)) in cases.iter().zip(&x).zip(&outs) {
+        let want = reference::apply(&red(op, dims, keepdim), &[Arg::T(x)]);
+        let scale = reference::apply(&red(op, dims, keepdim), &[Arg::T(&x.abs_f64())]);
+        compare(name, got, &want, accum_tol(dtype), Some(&scale)).unwrap();
+    }
+}
