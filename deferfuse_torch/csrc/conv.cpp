@@ -242,9 +242,9 @@ bool unit_stride(const Geometry& g) {
 bool on_conv_op(const Geometry& g, at::ScalarType dtype) {
   if (g.G != 1 || dtype != at::kFloat) return false;
   if (g.L < kGemmPerSampleFromPositions || whole_window(g)) return false;
-  double strides = 1;
+  double strides = 1;  // 1 exactly at unit stride (each stride is at least 1)
   for (auto s : g.stride) strides *= s;
-  return unit_stride(g) || double(g.K) / strides >= kMinStridedColumnsPerInput;
+  return strides == 1 || double(g.K) / strides >= kMinStridedColumnsPerInput;
 }
 
 // The conv op's attributes for `part` of geometry g with `padding` (the weight gradient also

@@ -148,21 +148,16 @@ impl MatmulProgram {
     /// for few rows), and 2 threads were slower than 1.
     fn batches_to_split(&self, binding: &Binding, out: usize) -> Option<usize> {
         let l = &binding.operands[out].layout;
-        let threads = self.pool.threads();
-        let rank = l.rank();
-        let k = binding.operands[0].layout.sizes.get(rank - 1).copied()?;
-        let batches = *l.sizes.first()?;
-        let even = batches % threads == 0 || batches >= 4 * threads;
+        let (threads, rank) = (self.pool.threads(), l.rank());
         let ranks = binding.operands[..2]
             .iter()
             .all(|o| o.layout.rank() == rank);
-        (threads > 1
-            && rank > 2
-            && ranks
-            && even
-            && batches >= threads
-            && l.numel() * k >= 64 * SERIAL_BELOW)
-            .then_some(batches)
+        if threads < 2 || rank < 3 || !ranks {
+            return None;
+        }
+        let (batches, k) = (l.sizes[0], binding.operands[0].layout.sizes[rank - 1]);
+        let even = batches % threads == 0 || batches >= 4 * threads;
+        (even && batches >= threads && l.numel() * k >= 64 * SERIAL_BELOW).then_some(batches)
     }
 
     /// The GEMM with its output rows (or, for few rows, its columns; or for a batch, its

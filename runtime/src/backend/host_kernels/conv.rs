@@ -343,7 +343,8 @@ unsafe fn weight_grad_by_channels(
 }
 
 /// Sample `s` of `x` into `grid` (`g.c * g.channel` floats): zeros, then each input row at its
-/// place in the padded grid (split over the phases of a strided last dim element by element).
+/// place in the padded grid, one run per phase of the last dim (every `stride`-th element to
+/// consecutive places; at stride 1 the whole row as one run).
 unsafe fn fill_grid(g: &Geometry, x: &View, s: usize, grid: &mut [f32]) {
     grid.fill(0.0);
     let d = g.input.len();
@@ -359,21 +360,19 @@ unsafe fn fill_grid(g: &Geometry, x: &View, s: usize, grid: &mut [f32]) {
             }
             let from = x0 + c as isize * x.strides[1] + spatial_offset(i, xs);
             let from = (x.base as *const f32).offset(from);
-            let row0 = c * g.channel;
-            if step == 1 {
-                let to = row0 + g.grid_at(&padded, 0) + pad;
-                read_run(&mut grid[to..to + n], from, xs[last]);
-            } else {
-                // Phase by phase: every `step`-th element, to consecutive places (no division
-                // per element: it made this copy as slow as the product).
-                for r in 0..step.min(n + pad) {
-                    // The first element in phase r, and its place in that phase's grid.
-                    let e0 = (r + step - pad % step) % step;
-                    let to = row0 + g.grid_at(&padded, r) + (e0 + pad) / step;
-                    for (to, e) in (to..).zip((e0..n).step_by(step)) {
-                        grid[to] = *from.offset(e as isize * xs[last]);
-                    }
-                }
+            // Phase by phase, not element by element: a division per element made this copy
+            // as slow as the product.
+            for r in 0..step {
+                // The first element in phase r, its place in that phase's grid, and how many.
+                let e0 = (r + step - pad % step) % step;
+                let count = n.saturating_sub(e0).div_ceil(step);
+                let to = c * g.channel + g.grid_at(&padded, r) + (e0 + pad) / step;
+                let run_from = from.offset(e0 as isize * xs[last]);
+                read_run(
+                    &mut grid[to..to + count],
+                    run_from,
+                    xs[last] * step as isize,
+                );
             }
         });
     }
