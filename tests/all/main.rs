@@ -37,6 +37,7 @@ mod pjrt_parameter_updates;
 mod pjrt_whole_program;
 mod random_graphs;
 mod recurrence;
+mod row_constants;
 mod row_stash;
 mod short_reductions;
 mod smoke;

@@ -15,6 +15,7 @@ use cranelift_codegen::ir::types::{F32, F64, I64};
 use cranelift_codegen::ir::{BlockArg, InstBuilder, Value};
 use deferfuse_fusion::ir::{BinaryOp, DType, ReduceOp};
 use deferfuse_fusion::region::{InstrKind, LoopRegion, ValueIdx};
+use deferfuse_fusion::StrideKind;
 use smallvec::SmallVec;
 
 /// For each instruction, the first sweep that can compute it: one past the highest reduction
@@ -35,11 +36,15 @@ fn sweep_of(region: &LoopRegion) -> Vec<usize> {
 }
 
 /// Values computed once per row, before a sweep's loop, at widths 4 and 1: the instructions
-/// `mask` selects that depend only on scalar parameters and earlier reductions' results
-/// (layernorm's `rsqrt(var + eps)`), so the loop does not recompute them per element.
+/// `mask` selects that depend only on scalar parameters, earlier reductions' results
+/// (layernorm's `rsqrt(var + eps)`) and inputs with one element per row (a cross-entropy's
+/// target and what is derived from it), so the loop does not recompute them per element.
+/// The sweep's outputs with one element per row whose values are such row constants are
+/// stored once, with them; `stores` are the outputs left for the loop to store.
 struct Hoisted {
     wide: Vec<Option<(V, DType)>>,
     narrow: Vec<Option<(V, DType)>>,
+    stores: Vec<usize>,
 }
 
 impl Hoisted {
@@ -77,7 +82,7 @@ impl Sweep<'_, '_> {
                 && !stashed
                 && match &ins.kind {
                     InstrKind::Param(_) | InstrKind::Reduced(_) => true,
-                    InstrKind::Load(_) => false,
+                    InstrKind::Load(j) => self.k.ops[*j as usize].desc.inner == StrideKind::Bcast,
                     InstrKind::Unary(_, a) | InstrKind::Cast(a) => i(a),
                     InstrKind::Binary(_, a, b) => i(a) && i(b),
                     InstrKind::Where(c, a, b) => i(c) && i(a) && i(b),
@@ -89,7 +94,26 @@ impl Sweep<'_, '_> {
         let wide = self.k.body(e, zero, &inv, self.reduced, &[]);
         e.width = 1;
         let narrow = self.k.body(e, zero, &inv, self.reduced, &[]);
-        Hoisted { wide, narrow }
+        let n_in = self.k.region.inputs.len();
+        let (once, stores): (Vec<usize>, Vec<usize>) = self.stores.iter().partition(|&&j| {
+            self.k.ops[n_in + j].desc.inner == StrideKind::Bcast
+                && inv[self.k.region.outputs[j].0 as usize]
+        });
+        if !once.is_empty() {
+            // Stored by the loop's first element only where the row has one.
+            let (store, after) = (e.b.create_block(), e.b.create_block());
+            let c = e.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, self.n, 0);
+            e.b.ins().brif(c, store, &[], after, &[]);
+            e.b.switch_to_block(store);
+            self.k.store_elements(e, zero, &narrow, &once);
+            e.b.ins().jump(after, &[]);
+            e.b.switch_to_block(after);
+        }
+        Hoisted {
+            wide,
+            narrow,
+            stores,
+        }
     }
 
     /// Emits the body at element `i` (at the emitter's width), stores the sweep's outputs, and
@@ -108,7 +132,7 @@ impl Sweep<'_, '_> {
                 self.k.body(e, i, self.mask, self.reduced, &given)
             }
         };
-        self.k.store_elements(e, i, &vals, self.stores);
+        self.k.store_elements(e, i, &vals, &pre.stores);
         for &(v, slot) in self.stashes {
             let (x, d) = vals[v as usize]
                 .as_ref()
