@@ -27,7 +27,10 @@ at::Tensor softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
   auto x = opmath(x0);
   auto m = reduce(x, DFUSE_REDUCE_OP_AMAX, {dim}, true);
   auto e = at::exp(x - m);
-  return softmax_result(e / reduce(e, DFUSE_REDUCE_OP_SUM, {dim}, true), x0, half_to_float);
+  // e * (1 / sum), as CPU's kernel computes it (_vec_softmax_lastdim), not e / sum: one
+  // division per row, not per element (a divide costs several multiplies' time).
+  auto r = at::reciprocal(reduce(e, DFUSE_REDUCE_OP_SUM, {dim}, true));
+  return softmax_result(e * r, x0, half_to_float);
 }
 
 at::Tensor log_softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
