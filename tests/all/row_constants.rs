@@ -73,34 +73,16 @@ fn values_from_a_per_row_input_match_the_reference_in_every_mode_for_every_row_l
 
 #[test]
 fn a_per_row_input_is_converted_once_per_row_not_per_element() {
-    let dir = std::env::temp_dir().join(format!("deferfuse-row-constants-{}", std::process::id()));
-    // The CPU backend's code, whatever DEFERFUSE_BACKEND says.
-    let r = Runtime::new(Config {
-        mode: Some(Mode::Defer),
-        backend: Some(BackendKind::Cpu),
-        dump_dir: Some(dir.clone()),
-        ..Default::default()
-    })
-    .unwrap();
     let (x, t) = inputs(4, 16);
-    let xh = tensor(&r, DType::F32, &[4, 16], &x);
-    let th = tensor(&r, DType::I64, &[4, 1], &t);
-    for (_, h) in per_row_program(&r, xh, th) {
-        read_raw(&r, h);
-    }
-    let dumps: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap_or_default())
-        .filter(|s| s.contains("amax") && s.contains("= cast "))
-        .collect();
-    let _ = std::fs::remove_dir_all(&dir);
+    let dumps = harness::dumped_ir("row-constants", &["amax", "= cast "], |r| {
+        let xh = tensor(r, DType::F32, &[4, 16], &x);
+        let th = tensor(r, DType::I64, &[4, 1], &t);
+        for (_, h) in per_row_program(r, xh, th) {
+            read_raw(r, h);
+        }
+    });
     assert_eq!(dumps.len(), 1, "one row kernel was dumped");
-    let listing = &dumps[0];
-    let start = listing.find("; ---- optimized IR ----").unwrap();
-    let end = listing
-        .find("; ---- machine code ----")
-        .unwrap_or(listing.len());
-    let ir = &listing[start..end];
+    let ir = &dumps[0];
     // i64 -> f32 runs lane by lane: once per row it is the hoisted 4-lane value's 4
     // conversions and the 1-lane value's one, per sweep that needs it (the late sweep only).
     // Per element it was 4 per 4-lane chunk (three chunks per main-loop step of 8 and 4) and

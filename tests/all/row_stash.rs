@@ -127,35 +127,17 @@ fn rows_longer_than_the_kept_scratch_are_stashed_correctly() {
 
 #[test]
 fn softmax_computes_exp_once_per_element() {
-    let dir = std::env::temp_dir().join(format!("deferfuse-stash-{}", std::process::id()));
-    // The CPU backend's code, whatever DEFERFUSE_BACKEND says.
-    let r = Runtime::new(Config {
-        mode: Some(Mode::Defer),
-        backend: Some(BackendKind::Cpu),
-        dump_dir: Some(dir.clone()),
-        ..Default::default()
-    })
-    .unwrap();
-    let x = tensor(&r, DType::F32, &[4, 16], &[0.5; 64]);
-    let y = softmax(&r, x);
-    read_raw(&r, y);
-    let dumps: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap_or_default())
-        .filter(|s| s.contains("= exp ") && s.contains("amax") && s.contains("= div "))
-        .collect();
-    let _ = std::fs::remove_dir_all(&dir);
+    let dumps = harness::dumped_ir("stash", &["= exp ", "amax", "= div "], |r| {
+        let x = tensor(r, DType::F32, &[4, 16], &[0.5; 64]);
+        let y = softmax(r, x);
+        read_raw(r, y);
+    });
     assert!(!dumps.is_empty(), "the softmax row kernel was dumped");
-    let listing = &dumps[0];
-    let start = listing.find("; ---- optimized IR ----").unwrap();
-    let end = listing
-        .find("; ---- machine code ----")
-        .unwrap_or(listing.len());
+    let ir = &dumps[0];
     // With the row routines (AVX2 hosts) the exp sweep calls the exp routine once per row;
     // inline, it emits exp four times (two chunks of 4 per step of 8, one chunk of 4, the
     // single-element tail), each with one `floor`. A final sweep recomputing exp would add a
     // second call, or four more floors.
-    let ir = &listing[start..end];
     let got = (
         ir.matches("call fn").count(),
         ir.matches(" = floor").count(),

@@ -537,6 +537,35 @@ pub fn run_cases(cases: &[Case]) -> Vec<String> {
         .collect()
 }
 
+/// Runs `prog` on a defer-mode runtime of the CPU backend (whatever DEFERFUSE_BACKEND says)
+/// that dumps its programs, and returns the optimized IR of each dumped program whose listing
+/// contains every one of `marks`: what tests of the generated code read.
+pub fn dumped_ir(name: &str, marks: &[&str], prog: impl Fn(&Runtime)) -> Vec<String> {
+    let dir = std::env::temp_dir().join(format!("deferfuse-{name}-{}", std::process::id()));
+    let rt = Runtime::new(Config {
+        mode: Some(Mode::Defer),
+        backend: Some(deferfuse::BackendKind::Cpu),
+        dump_dir: Some(dir.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    prog(&rt);
+    let listings: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap_or_default())
+        .filter(|s| marks.iter().all(|m| s.contains(m)))
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    listings
+        .iter()
+        .map(|l| {
+            let start = l.find("; ---- optimized IR ----").unwrap();
+            let end = l.find("; ---- machine code ----").unwrap_or(l.len());
+            l[start..end].to_string()
+        })
+        .collect()
+}
+
 // ---- terse program building ----
 
 /// A new tensor of `vals` stored into `dtype`.
