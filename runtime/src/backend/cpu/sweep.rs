@@ -100,7 +100,7 @@ impl Sweep<'_, '_> {
                 && inv[self.k.region.outputs[j].0 as usize]
         });
         if !once.is_empty() {
-            // Stored by the loop's first element only where the row has one.
+            // Stored before the loop, and only for a row with elements, as the loop would.
             let (store, after) = (e.b.create_block(), e.b.create_block());
             let c = e.b.ins().icmp_imm_s(IntCC::SignedGreaterThan, self.n, 0);
             e.b.ins().brif(c, store, &[], after, &[]);
