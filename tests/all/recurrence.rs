@@ -400,6 +400,18 @@ fn the_gru_backward_matches_central_differences_of_the_cell() {
     check_backward(&gru(Dims { t: 4, b: 2, h: 3 }, 15, true, false), 16);
 }
 
+/// 11 hidden units: the backward's per-unit arithmetic takes them as one whole group of 8 lanes
+/// (copied at a constant length) and a tail of 3 (copied at a variable one).
+#[test]
+fn the_lstm_backward_matches_central_differences_over_a_whole_lane_group_and_a_tail() {
+    check_backward(&lstm(Dims { t: 3, b: 2, h: 11 }, 7, true, false), 8);
+}
+
+#[test]
+fn the_gru_backward_matches_central_differences_over_a_whole_lane_group_and_a_tail() {
+    check_backward(&gru(Dims { t: 3, b: 2, h: 11 }, 17, true, false), 18);
+}
+
 #[test]
 fn the_plain_rnn_backward_matches_central_differences_of_the_cell() {
     // relu's kink: the reference's differences are taken 1e-6 away from every pre-activation
