@@ -318,6 +318,14 @@ mod tests {
         }
     }
 
+    /// The conv op `a` builds (the test fails if it builds none, or another op).
+    fn conv_of(a: &DfuseAttrs) -> Conv {
+        match build_conv(a).unwrap() {
+            KernelOp::Conv(c) => *c,
+            _ => panic!("not a conv op"),
+        }
+    }
+
     #[test]
     fn sub_op_numbers_match_fusion() {
         let s = [
@@ -430,9 +438,7 @@ mod tests {
         a.dims[..2].copy_from_slice(&[3, 5]);
         a.padding[..2].copy_from_slice(&[2, 0]);
         a.dilation[..2].copy_from_slice(&[1, 3]);
-        let KernelOp::Conv(c) = build_conv(&a).unwrap() else {
-            panic!("not a conv op")
-        };
+        let c = conv_of(&a);
         assert_eq!(
             (
                 c.part,
@@ -443,9 +449,7 @@ mod tests {
             (ConvPart::WeightGrad, &[2, 0][..], &[1, 3][..], &[3, 5][..])
         );
         a.sub_op = DfuseConvPart::InputGrad as u32;
-        let KernelOp::Conv(c) = build_conv(&a).unwrap() else {
-            panic!("not a conv op")
-        };
+        let c = conv_of(&a);
         assert_eq!((c.part, c.kernel.len()), (ConvPart::InputGrad, 0));
     }
 
@@ -455,9 +459,7 @@ mod tests {
         a.n_dims = 2;
         a.dilation[..2].copy_from_slice(&[1, 1]);
         a.stride[..2].copy_from_slice(&[0, 2]);
-        let KernelOp::Conv(c) = build_conv(&a).unwrap() else {
-            panic!("not a conv op")
-        };
+        let c = conv_of(&a);
         assert_eq!(c.stride.as_slice(), &[1, 2]);
         a.stride[0] = -2;
         let e = build_conv(&a).unwrap_err();
