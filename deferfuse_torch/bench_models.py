@@ -22,7 +22,10 @@ go on.
 
 With --more, the models beyond the zoo follow it (tests/model_zoo_more.py: MobileNetV2,
 EfficientNet-B0, DistilBERT, T5, Qwen2, nn.TransformerEncoder, a bidirectional GRU, a 1-D
-convolution audio encoder, a U-Net); --models may name any model of either list.
+convolution audio encoder, a U-Net); with --hf, fifteen Hugging Face architectures the zoo
+does not have (tests/hf_architectures.py: RoBERTa, ALBERT, ELECTRA, GPT-Neo, OPT, Mistral,
+Phi, BLOOM, GPT-BigCode, BART, DeiT, Swin, ConvNeXt, RegNet, MobileViT, 2 layers or stages,
+d 128, AdamW); --models may name any model of these lists.
 
 Sizes: by default the zoo's "bench" sizes (nanoGPT: 4 layers, d 128, seq 64, batch 16, AdamW);
 --quick uses the tests' tiny sizes.
@@ -41,7 +44,7 @@ everything else cost nothing.
 
 Usage: python bench_models.py [--models gpt2,mlp] [--steps N] [--warmup N] [--threads N]
                               [--steps-per-round K] [--quick] [--no-compile] [--json]
-                              [--breakdown] [--no-pipeline-too] [--more]
+                              [--breakdown] [--no-pipeline-too] [--more] [--hf]
                               [--autocast bfloat16|float16]"""
 
 import argparse
@@ -67,6 +70,9 @@ def parse_args(argv):
                          "and its ms over defer's as 'nopipe/def'")
     ap.add_argument("--more", action="store_true",
                     help="after the zoo, the models beyond it (tests/model_zoo_more.py)")
+    ap.add_argument("--hf", action="store_true",
+                    help="after those, Hugging Face architectures the zoo does not have "
+                         "(tests/hf_architectures.py)")
     ap.add_argument("--autocast", choices=["bfloat16", "float16"], default=None,
                     help="every runner's forward and loss under torch.autocast(device, dtype): "
                          "CPU's op policy on cpu, CUDA's on tpu (the README's autocast row)")
@@ -96,6 +102,7 @@ from bench_settle import settle  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
 import model_zoo  # noqa: E402
 import model_zoo_more  # noqa: E402
+import hf_architectures  # noqa: E402
 
 BATCHES = 4  # distinct batches each runner cycles through
 
@@ -202,6 +209,8 @@ def build(name, size):
     """The workload `name` of the zoo or of the models beyond it."""
     if name in model_zoo_more.MORE:
         return model_zoo_more.build(name, size, BATCHES)
+    if name in hf_architectures.NAMES:
+        return hf_architectures.build(name, size, BATCHES)
     return model_zoo.build(name, size, BATCHES)
 
 
@@ -307,11 +316,14 @@ def print_breakdown(rows):
 
 def model_names(args):
     """The models to time, in order: --models's, else the zoo and the MLPs (and with --more the
-    models beyond the zoo). Exits naming the known models when --models names another."""
-    known = dict(model_zoo.ALL, **model_zoo_more.MORE)
+    models beyond the zoo, with --hf the Hugging Face architectures). Exits naming the known
+    models when --models names another."""
+    known = [*model_zoo.ALL, *model_zoo_more.MORE, *hf_architectures.NAMES]
     names = [n for n in args.models.split(",") if n] or list(model_zoo.ALL)
     if args.more and not args.models:
         names += list(model_zoo_more.MORE)
+    if args.hf and not args.models:
+        names += hf_architectures.NAMES
     unknown = [n for n in names if n not in known]
     if unknown:
         sys.exit(f"bench_models: unknown model(s) {unknown}; expected some of {sorted(known)}")

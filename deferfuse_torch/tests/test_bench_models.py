@@ -61,6 +61,21 @@ def test_more_times_the_models_beyond_the_zoo_after_it():
     assert bench_models.model_names(bench_models.parse_args([])) == zoo
 
 
+def test_hf_times_the_hugging_face_architectures_after_the_models_beyond_the_zoo():
+    names = bench_models.model_names(bench_models.parse_args(["--more", "--hf"]))
+    more = len(bench_models.model_zoo.ALL) + len(bench_models.model_zoo_more.MORE)
+    assert names[more:] == bench_models.hf_architectures.NAMES
+
+
+def test_an_hf_architecture_named_by_models_is_timed_with_zero_fallbacks():
+    args = bench_models.parse_args(["--quick", "--no-compile", "--steps", "1", "--warmup", "1",
+                                    "--models", "bloom"])
+    row = bench_models.bench("bloom", args)
+    assert row["errors"] == {}
+    assert all(row["ms"][r] > 0 for r in ("cpu", "strict", "defer"))
+    assert row["defer_step"]["fallbacks"] == {}
+
+
 def test_models_names_a_model_beyond_the_zoo_and_its_row_is_timed():
     args = bench_models.parse_args(["--quick", "--no-compile", "--steps", "1", "--warmup", "1",
                                     "--models", "gru"])

@@ -3,12 +3,14 @@ ALBERT, ELECTRA, GPT-Neo, OPT, Mistral, Phi, BLOOM, GPT-BigCode, BART, DeiT, Swi
 RegNet, MobileViT), built tiny with random weights, train in strict and in defer from the CPU
 model's initial weights and give CPU's losses and trained state with every op on deferfuse (no
 CPU fallback), within the zoo's tolerances (`test_model_zoo.py`)."""
+import dataclasses
 import functools
 
 import pytest
 import torch
 
 import hf_architectures
+import model_zoo
 from test_model_zoo import STEPS, assert_trains_like_cpu, train
 
 pytest.importorskip("transformers")
@@ -30,7 +32,8 @@ def one_torch_thread():
 
 @functools.lru_cache(maxsize=None)
 def workload(name):
-    return hf_architectures.build(name, 1 if name in ONE_STEP else STEPS)
+    w = hf_architectures.build(name, "tiny", 1 if name in ONE_STEP else STEPS)
+    return dataclasses.replace(w, make_opt=model_zoo.sgd_momentum)
 
 
 @functools.lru_cache(maxsize=None)
