@@ -115,4 +115,8 @@ def build(name, size="tiny", steps=5) -> Workload:
         raise ValueError(f"unknown model {name!r}; expected one of {sorted(NAMES)}")
     model, batches = _builders(size)[name](steps)
     model.train()
-    return Workload(name, model, batches, _hf_loss, adamw)
+    z = SIZES[size]
+    shape = (f"seq {z['SEQ']}" if "input_ids" in batches[0]
+             else f"{z['IMAGE']}x{z['IMAGE']} images")
+    what = (f"{type(model).__name__} d {z['D']}, {shape}, batch {z['BATCH']}, AdamW")
+    return Workload(name, model, batches, _hf_loss, adamw, description=what)
