@@ -7,11 +7,11 @@ import dataclasses
 import functools
 
 import pytest
-import torch
 
 import hf_architectures
 import model_zoo
-from test_model_zoo import STEPS, assert_trains_like_cpu, train
+# The CPU oracle runs on one thread, as in test_model_zoo.py (an autouse fixture).
+from test_model_zoo import STEPS, assert_trains_like_cpu, one_torch_thread, train  # noqa: F401
 
 pytest.importorskip("transformers")
 
@@ -21,28 +21,19 @@ pytest.importorskip("transformers")
 ONE_STEP = {"regnet", "mobilevit"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The CPU oracle on one thread, as in test_model_zoo.py."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @functools.lru_cache(maxsize=None)
-def workload(name):
-    w = hf_architectures.build(name, "tiny", 1 if name in ONE_STEP else STEPS)
-    return dataclasses.replace(w, make_opt=model_zoo.sgd_momentum)
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_run(name):
-    losses, model = train(workload(name), "cpu")
-    return losses, model.state_dict()
+def oracle(name):
+    """The tiny workload of `name`, with SGD and momentum (see test_model_zoo_more.py for why
+    not AdamW against CPU), and CPU's losses and trained state for it."""
+    steps = 1 if name in ONE_STEP else STEPS
+    w = dataclasses.replace(hf_architectures.build(name, "tiny", steps),
+                            make_opt=model_zoo.sgd_momentum)
+    losses, model = train(w, "cpu")
+    return w, (losses, model.state_dict())
 
 
 @pytest.mark.parametrize("mode", ["strict", "defer"])
 @pytest.mark.parametrize("name", hf_architectures.NAMES)
 def test_training_matches_cpu_with_zero_fallbacks(name, mode):
-    assert_trains_like_cpu(name, mode, workload(name), cpu_run(name))
+    w, cpu = oracle(name)
+    assert_trains_like_cpu(name, mode, w, cpu)
