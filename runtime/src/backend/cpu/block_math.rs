@@ -19,7 +19,7 @@ use avx512::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use super::vmath::{ERF_BIG, ERF_SMALL, EXP_POLY, LOG_POLY, TANH_P, TANH_Q};
+use super::vmath::{ERF_MID, ERF_SMALL, EXP_POLY, LOG_POLY, TANH_P, TANH_Q};
 use deferfuse_fusion::ir::UnaryOp;
 
 /// True when the host can run these routines.
@@ -331,7 +331,7 @@ unsafe fn log8(x: __m256) -> __m256 {
 }
 
 /// `vmath::erf`, step for step, except that a group whose lanes are all below 1 in magnitude
-/// skips the exponential branch, which `vmath::erf` computes and then discards there: the same
+/// skips the second polynomial, which `vmath::erf` computes and then discards there: the same
 /// bits, about a third of the time (GELU inputs of a model at initialization are all in range;
 /// on N(0, 1) inputs a quarter of the groups are). A NaN lane is not below 1, so it always
 /// takes the whole path.
@@ -349,9 +349,8 @@ unsafe fn erf8(x: __m256) -> __m256 {
         return small;
     }
     let t = _mm256_sub_ps(ax, splat(2.5));
-    let q = horner(t, &ERF_BIG);
-    let e = exp8(q);
-    let big = _mm256_sub_ps(one, e);
+    let m = horner(t, &ERF_MID);
+    let big = _mm256_min_ps(one, m);
     let sat = _mm256_cmp_ps(ax, splat(4.0), _CMP_GE_OQ);
     let big = select(sat, one, big);
     let sign = _mm256_and_ps(x, splat(-0.0));

@@ -2,7 +2,7 @@
 //! step (same constants, same operand order), with compare masks instead of vector masks for
 //! the blends. Only AVX-512F instructions: float and/or/xor go through the integer forms.
 
-use super::super::vmath::{ERF_BIG, ERF_SMALL, EXP_POLY, LOG_POLY, TANH_P, TANH_Q};
+use super::super::vmath::{ERF_MID, ERF_SMALL, EXP_POLY, LOG_POLY, TANH_P, TANH_Q};
 use std::arch::x86_64::*;
 
 #[inline]
@@ -137,9 +137,8 @@ pub(super) unsafe fn erf16(x: __m512) -> __m512 {
         return small;
     }
     let t = _mm512_sub_ps(ax, splat(2.5));
-    let q = horner16(t, &ERF_BIG);
-    let e = exp16(q);
-    let big = _mm512_sub_ps(one, e);
+    let m = horner16(t, &ERF_MID);
+    let big = _mm512_min_ps(one, m);
     let sat = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(ax, splat(4.0));
     let big = select(sat, one, big);
     let sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(i32::MIN));
