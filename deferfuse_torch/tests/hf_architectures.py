@@ -45,6 +45,8 @@ def _vision(config_cls, model_cls, z, **dims):
 
 
 def _builders(size):
+    """Per model name, a function of the step count that builds its model and batches at
+    `size` (only the one called is built; transformers is imported on first use)."""
     import transformers as T
     z = SIZES[size]
     D, SEQ, IMAGE = z["D"], z["SEQ"], z["IMAGE"]
