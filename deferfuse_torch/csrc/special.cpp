@@ -46,6 +46,13 @@ at::Tensor in_opmath(const at::Tensor& self, Math math) {
   return r.scalar_type() == rt ? r : r.to(rt);
 }
 
+// `math` on x in float64 whatever x's float dtype, rounded once to it: for the functions whose
+// float32 form would lose digits (erfc's cancellation near 1 - erf, erfinv's Newton steps).
+template <typename Math>
+at::Tensor in_float64(const at::Tensor& self, Math math) {
+  return cast(math(cast(self, at::kDouble)), float_dtype(self));
+}
+
 // Giles' single-precision approximation ("Approximating the erfinv function", 2010) refined by
 // two Newton steps on erf, which bring float and double to their last few ulps.
 at::Tensor erfinv_math(const at::Tensor& x) {
@@ -186,19 +193,12 @@ at::Tensor erfc_math(const at::Tensor& x) {
   return at::where(x.ge(kTail), tail, 1 - at::erf(x));
 }
 
-// Float32 and the half dtypes through float64, rounded once.
-at::Tensor tpu_erfc(const at::Tensor& self) {
-  auto rt = float_dtype(self);
-  return cast(erfc_math(cast(self, at::kDouble)), rt);
-}
+at::Tensor tpu_erfc(const at::Tensor& self) { return in_float64(self, erfc_math); }
 
-// Float32 and the half dtypes through float64 too, rounded once: near +-1 a Newton step on erf
-// multiplies erf's error by 1 / erf'(y) (~1.4e5 at erfinv(0.999999) = 3.46), so in float32 it
-// would hand back erf's last ulp (an erf one ulp off there moved erfinv(0.999999) by 8e-3).
-at::Tensor tpu_erfinv(const at::Tensor& self) {
-  auto rt = float_dtype(self);
-  return cast(erfinv_math(cast(self, at::kDouble)), rt);
-}
+// In float64 too: near +-1 a Newton step on erf multiplies erf's error by 1 / erf'(y) (~1.4e5
+// at erfinv(0.999999) = 3.46), so in float32 it would hand back erf's last ulp (an erf one ulp
+// off there moved erfinv(0.999999) by 8e-3).
+at::Tensor tpu_erfinv(const at::Tensor& self) { return in_float64(self, erfinv_math); }
 at::Tensor tpu_lgamma(const at::Tensor& self) { return in_opmath(self, lgamma_math); }
 at::Tensor tpu_digamma(const at::Tensor& self) { return in_opmath(self, digamma_math); }
 
