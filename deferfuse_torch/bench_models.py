@@ -25,7 +25,11 @@ EfficientNet-B0, DistilBERT, T5, Qwen2, nn.TransformerEncoder, a bidirectional G
 convolution audio encoder, a U-Net); with --hf, fifteen Hugging Face architectures the zoo
 does not have (tests/hf_architectures.py: RoBERTa, ALBERT, ELECTRA, GPT-Neo, OPT, Mistral,
 Phi, BLOOM, GPT-BigCode, BART, DeiT, Swin, ConvNeXt, RegNet, MobileViT, 2 layers or stages,
-d 128, AdamW); --models may name any model of these lists.
+d 128, AdamW); with --tv, fourteen torchvision architectures the zoo does not have
+(tests/vision_architectures.py: densenet121, shufflenet_v2_x1_0, squeezenet1_1, mnasnet0_5,
+googlenet, regnet_y_400mf, mobilenet_v3_small, resnext50_32x4d, convnext_tiny, swin_t,
+swin_v2_t, efficientnet_v2_s as published, small MaxViT and ViT; 64x64 images, batch 8, SGD
+with momentum); --models may name any model of these lists.
 
 Sizes: by default the zoo's "bench" sizes (nanoGPT: 4 layers, d 128, seq 64, batch 16, AdamW);
 --quick uses the tests' tiny sizes.
@@ -44,7 +48,7 @@ everything else cost nothing.
 
 Usage: python bench_models.py [--models gpt2,mlp] [--steps N] [--warmup N] [--threads N]
                               [--steps-per-round K] [--quick] [--no-compile] [--json]
-                              [--breakdown] [--no-pipeline-too] [--more] [--hf]
+                              [--breakdown] [--no-pipeline-too] [--more] [--hf] [--tv]
                               [--autocast bfloat16|float16]"""
 
 import argparse
@@ -73,6 +77,9 @@ def parse_args(argv):
     ap.add_argument("--hf", action="store_true",
                     help="after those, Hugging Face architectures the zoo does not have "
                          "(tests/hf_architectures.py)")
+    ap.add_argument("--tv", action="store_true",
+                    help="after those, torchvision architectures the zoo does not have "
+                         "(tests/vision_architectures.py)")
     ap.add_argument("--autocast", choices=["bfloat16", "float16"], default=None,
                     help="every runner's forward and loss under torch.autocast(device, dtype): "
                          "CPU's op policy on cpu, CUDA's on tpu (the README's autocast row)")
@@ -103,6 +110,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tes
 import model_zoo  # noqa: E402
 import model_zoo_more  # noqa: E402
 import hf_architectures  # noqa: E402
+import vision_architectures  # noqa: E402
 
 BATCHES = 4  # distinct batches each runner cycles through
 
@@ -211,6 +219,8 @@ def build(name, size):
         return model_zoo_more.build(name, size, BATCHES)
     if name in hf_architectures.NAMES:
         return hf_architectures.build(name, size, BATCHES)
+    if name in vision_architectures.NAMES:
+        return vision_architectures.build(name, size, BATCHES)
     return model_zoo.build(name, size, BATCHES)
 
 
@@ -316,14 +326,17 @@ def print_breakdown(rows):
 
 def model_names(args):
     """The models to time, in order: --models's, else the zoo and the MLPs (and with --more the
-    models beyond the zoo, with --hf the Hugging Face architectures). Exits naming the known
-    models when --models names another."""
-    known = [*model_zoo.ALL, *model_zoo_more.MORE, *hf_architectures.NAMES]
+    models beyond the zoo, with --hf the Hugging Face architectures, with --tv torchvision's).
+    Exits naming the known models when --models names another."""
+    known = [*model_zoo.ALL, *model_zoo_more.MORE, *hf_architectures.NAMES,
+             *vision_architectures.NAMES]
     names = [n for n in args.models.split(",") if n] or list(model_zoo.ALL)
     if args.more and not args.models:
         names += list(model_zoo_more.MORE)
     if args.hf and not args.models:
         names += hf_architectures.NAMES
+    if args.tv and not args.models:
+        names += vision_architectures.NAMES
     unknown = [n for n in names if n not in known]
     if unknown:
         sys.exit(f"bench_models: unknown model(s) {unknown}; expected some of {sorted(known)}")

@@ -67,6 +67,23 @@ def test_hf_times_the_hugging_face_architectures_after_the_models_beyond_the_zoo
     assert names[more:] == bench_models.hf_architectures.NAMES
 
 
+def test_tv_times_the_torchvision_architectures_after_the_hugging_face_ones():
+    names = bench_models.model_names(bench_models.parse_args(["--more", "--hf", "--tv"]))
+    hf = (len(bench_models.model_zoo.ALL) + len(bench_models.model_zoo_more.MORE)
+          + len(bench_models.hf_architectures.NAMES))
+    assert names[hf:] == bench_models.vision_architectures.NAMES
+    assert len(set(names)) == len(names), "a name must pick one model"
+
+
+def test_a_torchvision_architecture_named_by_models_is_timed_with_zero_fallbacks():
+    args = bench_models.parse_args(["--quick", "--no-compile", "--steps", "1", "--warmup", "1",
+                                    "--models", "swin_v2"])
+    row = bench_models.bench("swin_v2", args)
+    assert row["errors"] == {}
+    assert all(row["ms"][r] > 0 for r in ("cpu", "strict", "defer"))
+    assert row["defer_step"]["fallbacks"] == {}
+
+
 def test_an_hf_architecture_named_by_models_is_timed_with_zero_fallbacks():
     args = bench_models.parse_args(["--quick", "--no-compile", "--steps", "1", "--warmup", "1",
                                     "--models", "bloom"])
