@@ -2,13 +2,15 @@
 //! run on gathered rows (`backend/cpu/columns.rs`): they must give the bits of the same
 //! reduction over a contiguous transposed copy, whose rows the kernel reads directly. Regions
 //! that only sum their inputs are summed in place instead (`backend/cpu/column_sums.rs`), in
-//! the row kernel's order: the same bits again.
+//! the row kernel's order: the same bits again. Elementwise loops over a transposed input
+//! (a transposing copy, an op on `x.t()`) take the gathered rows too: they must give exactly
+//! the permuted values, whatever the element size.
 
 mod common;
 
 use common::lanes::{download, runtime, t};
 use deferfuse_fusion::ir::{BinaryOp, Op, ReduceOp};
-use deferfuse_runtime::{Handle, Runtime};
+use deferfuse_runtime::{Handle, Input, Runtime, View};
 
 /// Pseudo-random values in [-1, 1) with a few orders of magnitude, so summation order shows.
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -199,4 +201,96 @@ fn a_sum_over_more_rows_than_a_gathered_block_holds_gives_the_bits_over_rows() {
     same_bits_as_over_rows(&[140_000, 17], &[0], |rt, x, d| {
         reduce(rt, ReduceOp::Sum, x, d)
     });
+}
+
+/// `xs` (row-major `sizes`) permuted by `perm` on the runtime: a view, then a copy into a
+/// contiguous tensor (`x.permute(perm).contiguous()`), downloaded.
+fn permuted_on_runtime<T: common::lanes::Elem>(
+    xs: &[T],
+    sizes: &[usize],
+    perm: &[usize],
+) -> Vec<T> {
+    let rt = runtime();
+    let x = common::lanes::upload(&rt, xs);
+    let x = rt
+        .view(
+            0,
+            x,
+            &View::Reshape(sizes.iter().map(|&s| s as i64).collect()),
+        )
+        .unwrap();
+    let v = rt
+        .view(
+            0,
+            x,
+            &View::Permute(perm.iter().map(|&p| p as i64).collect()),
+        )
+        .unwrap();
+    let y = rt.op(0, Op::Copy, &[t(v)], None).unwrap();
+    download::<T>(&rt, y, xs.len())
+}
+
+/// The same permutation on the host, for any element type.
+fn permuted_on_host<T: Copy>(xs: &[T], sizes: &[usize], perm: &[usize]) -> Vec<T> {
+    let idx: Vec<f32> = (0..xs.len()).map(|i| i as f32).collect();
+    permuted(&idx, sizes, perm)
+        .iter()
+        .map(|&i| xs[i as usize])
+        .collect()
+}
+
+#[test]
+fn a_transposing_copy_gives_the_transposed_values_including_the_edge_rows_and_columns() {
+    // Neither side a multiple of the gather's 8x8 tiles or of a block's rows.
+    let (sizes, perm) = ([300, 77], [1, 0]);
+    let xs = values(300 * 77, 3);
+    let got = permuted_on_runtime(&xs, &sizes, &perm);
+    assert_eq!(bits(&got), bits(&permuted(&xs, &sizes, &perm)));
+}
+
+#[test]
+fn a_copy_to_channels_last_gives_the_permuted_values() {
+    let (sizes, perm) = ([3, 64, 9, 10], [0, 2, 3, 1]);
+    let xs = values(3 * 64 * 9 * 10, 5);
+    let got = permuted_on_runtime(&xs, &sizes, &perm);
+    assert_eq!(bits(&got), bits(&permuted(&xs, &sizes, &perm)));
+}
+
+#[test]
+fn transposing_copies_of_one_and_eight_byte_elements_give_the_transposed_values() {
+    let (sizes, perm) = ([130, 70], [1, 0]);
+    let n = 130 * 70;
+    let bytes: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+    assert_eq!(
+        permuted_on_runtime(&bytes, &sizes, &perm),
+        permuted_on_host(&bytes, &sizes, &perm)
+    );
+    let longs: Vec<i64> = (0..n as i64).map(|i| i * 1_000_003 - 5).collect();
+    assert_eq!(
+        permuted_on_runtime(&longs, &sizes, &perm),
+        permuted_on_host(&longs, &sizes, &perm)
+    );
+}
+
+#[test]
+fn an_op_on_a_transposed_input_gives_the_bits_of_the_op_on_its_transposed_copy() {
+    let (sizes, perm) = ([200, 96], [1, 0]);
+    let (xs, ys) = (values(200 * 96, 9), values(200 * 96, 11));
+    let rt = runtime();
+    let x = tensor(&rt, &xs, &sizes);
+    let xt = rt.view(0, x, &View::Transpose(0, 1)).unwrap();
+    let y = tensor(&rt, &permuted(&ys, &sizes, &perm), &[96, 200]);
+    let two = Input::Scalar(deferfuse_fusion::ir::Scalar::Float(2.0));
+    let scaled = rt
+        .op(0, Op::Binary(BinaryOp::Mul), &[t(xt), two], None)
+        .unwrap();
+    let got = rt
+        .op(0, Op::Binary(BinaryOp::Add), &[t(scaled), t(y)], None)
+        .unwrap();
+    let want: Vec<f32> = permuted(&xs, &sizes, &perm)
+        .iter()
+        .zip(permuted(&ys, &sizes, &perm))
+        .map(|(a, b)| a * 2.0 + b)
+        .collect();
+    assert_eq!(bits(&download::<f32>(&rt, got, want.len())), bits(&want));
 }

@@ -1,4 +1,5 @@
-//! Reductions over leading dims, run on gathered rows.
+//! Loops over operands strided along their rows (reductions over leading dims, transposes),
+//! run on gathered rows.
 //!
 //! A row kernel folds each row along the innermost dim of its iteration space. For a
 //! reduction over leading dims (a bias gradient `g.sum(0)`, layernorm's weight gradient
@@ -15,6 +16,12 @@
 //! (the gather's transpose) after the kernel ran on it. Before, one such output kept the whole
 //! region on the strided kernel: `(a * b).sum((0, 1))` with `a * b + c` kept ran 4.5x slower
 //! than the two apart, and Llama's RMSNorm backward regions were ~8% of its training step.
+//!
+//! Elementwise loops take the same variant (session 41): a transposing copy
+//! (`x.t().contiguous()`, `permute(0, 2, 3, 1).contiguous()` to channels-last) reads its input
+//! strided along the output's rows exactly as such a reduction does, one lane and one cache line
+//! at a time. Gathered, a 1024x512 f32 transpose went 1,303 -> 213 us (PyTorch's CPU eager 293),
+//! `[8, 64, 32, 32]` NCHW -> NHWC 1,504 -> 364 us (CPU eager 1,483).
 //!
 //! The kernel computes the same instructions in the same order on the same values, so results
 //! are bit for bit those of the strided kernel; only the loads and stores differ.
@@ -102,7 +109,7 @@ impl Transposed {
     }
 }
 
-/// A row kernel's variant for operands strided along its rows, and which operands those are.
+/// A loop's variant for operands strided along its rows, and which operands those are.
 pub(super) struct ColumnKernel {
     pub(super) program: LoopProgram,
     ops: Transposed,
@@ -111,12 +118,9 @@ pub(super) struct ColumnKernel {
     pure: Option<PureSums>,
 }
 
-/// The region a row kernel's column variant compiles, with the operands it takes through
-/// scratch: `None` unless the region reduces and some input is strided along its rows.
+/// The region a loop's column variant compiles, with the operands it takes through scratch:
+/// `None` unless some input is strided along its rows (with or without reductions).
 pub(super) fn variant(region: &LoopRegion) -> Option<(LoopRegion, Transposed)> {
-    if region.reduces.is_empty() {
-        return None;
-    }
     let strided = |o: &deferfuse_fusion::region::LoopOperand| o.inner == StrideKind::Strided;
     let gathered: Vec<usize> = (region.inputs.iter().enumerate())
         .filter(|(_, o)| strided(o))
