@@ -149,7 +149,7 @@ fn inputs() -> Vec<f32> {
 }
 
 /// Every op that has a row routine.
-const OPS: [UnaryOp; 8] = [
+const OPS: [UnaryOp; 10] = [
     UnaryOp::Exp,
     UnaryOp::Tanh,
     UnaryOp::Log,
@@ -158,6 +158,8 @@ const OPS: [UnaryOp; 8] = [
     UnaryOp::Silu,
     UnaryOp::GeluTanh,
     UnaryOp::GeluErf,
+    UnaryOp::Log1p,
+    UnaryOp::Expm1,
 ];
 
 #[test]
@@ -175,10 +177,12 @@ fn every_row_routine_matches_the_inline_code_bit_for_bit_at_8_and_16_lanes() {
             let bad = (0..xs.len()).find(|&i| got[i] != want[i]);
             assert!(
                 bad.is_none(),
-                "{lanes} lanes: {op:?}({}) = {:e} by the routine, {:e} inline",
+                "{lanes} lanes: {op:?}({}) = {:e} ({:#x}) by the routine, {:e} ({:#x}) inline",
                 xs[bad.unwrap()],
                 f32::from_bits(got[bad.unwrap()]),
-                f32::from_bits(want[bad.unwrap()])
+                got[bad.unwrap()],
+                f32::from_bits(want[bad.unwrap()]),
+                want[bad.unwrap()]
             );
         }
     }

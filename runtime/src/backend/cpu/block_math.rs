@@ -61,6 +61,8 @@ pub fn symbol(op: UnaryOp) -> Option<&'static str> {
         UnaryOp::Silu => Some("df_block_silu_f32"),
         UnaryOp::GeluTanh => Some("df_block_gelu_tanh_f32"),
         UnaryOp::GeluErf => Some("df_block_gelu_erf_f32"),
+        UnaryOp::Log1p => Some("df_block_log1p_f32"),
+        UnaryOp::Expm1 => Some("df_block_expm1_f32"),
         _ => None,
     }
 }
@@ -79,6 +81,8 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
             df_block_gelu_tanh_f32 as *const u8,
         ),
         ("df_block_gelu_erf_f32", df_block_gelu_erf_f32 as *const u8),
+        ("df_block_log1p_f32", df_block_log1p_f32 as *const u8),
+        ("df_block_expm1_f32", df_block_expm1_f32 as *const u8),
     ]
 }
 
@@ -202,6 +206,22 @@ row_routine!(
     gelu_tanh8,
     gelu_tanh_row16,
     gelu_tanh16
+);
+row_routine!(
+    /// `row[..n] = ln(1 + row[..n])`. Returns 0.
+    df_block_log1p_f32,
+    log1p_row,
+    log1p8,
+    log1p_row16,
+    log1p16
+);
+row_routine!(
+    /// `row[..n] = e^row[..n] - 1`. Returns 0.
+    df_block_expm1_f32,
+    expm1_row,
+    expm1_8,
+    expm1_row16,
+    expm1_16
 );
 row_routine!(
     /// `row[..n] = gelu(row[..n])`, erf form. Returns 0.
@@ -408,4 +428,39 @@ unsafe fn gelu_tanh8(x: __m256) -> __m256 {
 unsafe fn gelu_erf8(x: __m256) -> __m256 {
     let t = _mm256_mul_ps(x, splat(std::f64::consts::FRAC_1_SQRT_2 as f32));
     gelu_tail(x, erf8(t))
+}
+
+/// `vmath::log1p`, step for step: log of the rounded u = 1 + x times x / (u - 1) (log's NaN
+/// where that is NaN); x where u rounds to 1, +inf where u is +inf.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn log1p8(x: __m256) -> __m256 {
+    let one = splat(1.0);
+    let u = _mm256_add_ps(x, one);
+    let l = log8(u);
+    let k = _mm256_div_ps(x, _mm256_sub_ps(u, one));
+    let r = _mm256_mul_ps(l, k);
+    let r = select(_mm256_cmp_ps(l, l, _CMP_UNORD_Q), l, r);
+    let r = select(_mm256_cmp_ps(u, one, _CMP_EQ_OQ), x, r);
+    let inf = splat(f32::INFINITY);
+    select(_mm256_cmp_ps(u, inf, _CMP_EQ_OQ), inf, r)
+}
+
+/// `vmath::expm1`, step for step: (u - 1) x / ln u for the rounded u = e^x; x where u rounds
+/// to 1, -1 where u - 1 is -1, +inf where u is +inf.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn expm1_8(x: __m256) -> __m256 {
+    let one = splat(1.0);
+    let u = exp8(x);
+    let um1 = _mm256_sub_ps(u, one);
+    let k = _mm256_div_ps(x, log8(u));
+    let r = _mm256_mul_ps(um1, k);
+    let r = select(_mm256_cmp_ps(u, one, _CMP_EQ_OQ), x, r);
+    let minus_one = splat(-1.0);
+    let r = select(_mm256_cmp_ps(um1, minus_one, _CMP_EQ_OQ), minus_one, r);
+    let inf = splat(f32::INFINITY);
+    select(_mm256_cmp_ps(u, inf, _CMP_EQ_OQ), inf, r)
 }

@@ -299,6 +299,10 @@ impl VMath<'_, '_> {
         let um1 = self.b.ins().fsub(u, one);
         let k = self.b.ins().fdiv(x, um1);
         let r = self.b.ins().fmul(l, k);
+        // log's NaN as it is: at x = -inf, k is NaN too, and which of two NaNs a product
+        // keeps is the compiler's choice (the row routines' must give these bits).
+        let l_nan = self.b.ins().fcmp(FloatCC::Unordered, l, l);
+        let r = self.select(l_nan, l, r);
         let is_one = self.b.ins().fcmp(FloatCC::Equal, u, one);
         let r = self.select(is_one, x, r);
         let inf = self.splat(f32::INFINITY);

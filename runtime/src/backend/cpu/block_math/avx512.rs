@@ -195,3 +195,34 @@ pub(super) unsafe fn gelu_erf16(x: __m512) -> __m512 {
     let t = _mm512_mul_ps(x, splat(std::f64::consts::FRAC_1_SQRT_2 as f32));
     gelu_tail16(x, erf16(t))
 }
+
+/// `log1p8` on 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn log1p16(x: __m512) -> __m512 {
+    let one = splat(1.0);
+    let u = _mm512_add_ps(x, one);
+    let l = log16(u);
+    let k = _mm512_div_ps(x, _mm512_sub_ps(u, one));
+    let r = _mm512_mul_ps(l, k);
+    let r = select(_mm512_cmp_ps_mask(l, l, _CMP_UNORD_Q), l, r);
+    let r = select(_mm512_cmp_ps_mask(u, one, _CMP_EQ_OQ), x, r);
+    let inf = splat(f32::INFINITY);
+    select(_mm512_cmp_ps_mask(u, inf, _CMP_EQ_OQ), inf, r)
+}
+
+/// `expm1_8` on 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn expm1_16(x: __m512) -> __m512 {
+    let one = splat(1.0);
+    let u = exp16(x);
+    let um1 = _mm512_sub_ps(u, one);
+    let k = _mm512_div_ps(x, log16(u));
+    let r = _mm512_mul_ps(um1, k);
+    let r = select(_mm512_cmp_ps_mask(u, one, _CMP_EQ_OQ), x, r);
+    let minus_one = splat(-1.0);
+    let r = select(_mm512_cmp_ps_mask(um1, minus_one, _CMP_EQ_OQ), minus_one, r);
+    let inf = splat(f32::INFINITY);
+    select(_mm512_cmp_ps_mask(u, inf, _CMP_EQ_OQ), inf, r)
+}
