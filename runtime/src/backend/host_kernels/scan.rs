@@ -2,6 +2,11 @@
 //! `dtype=`); floats accumulate in torch's CPU accumulation type (f64 for f32 and f64, f32 for
 //! f16 and bf16) and each output is rounded to the result dtype; integers accumulate in int64,
 //! wrapping.
+//!
+//! Rows whose input already has the result dtype (f32, f64, int64: a model's cumsum of
+//! probabilities, of an int64 attention mask into position ids) take a loop typed for it: the
+//! generic loop converts every element through `f64` by a dtype match, ~7 ns an element (a
+//! [4096, 64] f32 cumsum ran 1.8 ms against CPU eager's 0.2). Same operations, same bits.
 
 use super::elem::{read_f64, read_i64, round_to, wrap_to, write_f64, write_i64};
 use super::{for_each_row, View};
@@ -16,6 +21,20 @@ pub(super) fn run(op: ScanOp, dim: usize, input: &View, out: &View) {
         DType::F16 | DType::BF16 => DType::F32,
         _ => DType::F64,
     };
+    if input.dtype == rt && matches!(rt, DType::F32 | DType::F64 | DType::I64) {
+        for_each_row(&input.sizes, dim, &[input, out], |_, o| {
+            // SAFETY: both views lie inside their buffers and have dtype `rt`.
+            unsafe {
+                let (x, y) = (input.base.cast_const(), out.base);
+                match rt {
+                    DType::F32 => scan_row::<f32>(op, x, y, o, (n, is, os)),
+                    DType::F64 => scan_row::<f64>(op, x, y, o, (n, is, os)),
+                    _ => scan_row::<i64>(op, x, y, o, (n, is, os)),
+                }
+            }
+        });
+        return;
+    }
     for_each_row(&input.sizes, dim, &[input, out], |_, o| {
         if rt.is_float() {
             let mut acc = match op {
@@ -54,4 +73,84 @@ pub(super) fn run(op: ScanOp, dim: usize, input: &View, out: &View) {
             }
         }
     });
+}
+
+/// An element type a row may be scanned in directly, with the generic loop's accumulator:
+/// f64 for f32 and f64 (each output rounded to the element type), wrapping int64.
+trait Scanned: Copy {
+    type Acc: Copy;
+    fn start(op: ScanOp) -> Self::Acc;
+    fn step(op: ScanOp, acc: Self::Acc, x: Self) -> Self::Acc;
+    fn out(acc: Self::Acc) -> Self;
+}
+
+impl Scanned for f32 {
+    type Acc = f64;
+    fn start(op: ScanOp) -> f64 {
+        f64::start(op)
+    }
+    fn step(op: ScanOp, acc: f64, x: f32) -> f64 {
+        f64::step(op, acc, x as f64)
+    }
+    fn out(acc: f64) -> f32 {
+        acc as f32
+    }
+}
+
+impl Scanned for f64 {
+    type Acc = f64;
+    fn start(op: ScanOp) -> f64 {
+        match op {
+            ScanOp::Sum => 0.0,
+            ScanOp::Prod => 1.0,
+        }
+    }
+    fn step(op: ScanOp, acc: f64, x: f64) -> f64 {
+        match op {
+            ScanOp::Sum => acc + x,
+            ScanOp::Prod => acc * x,
+        }
+    }
+    fn out(acc: f64) -> f64 {
+        acc
+    }
+}
+
+impl Scanned for i64 {
+    type Acc = i64;
+    fn start(op: ScanOp) -> i64 {
+        match op {
+            ScanOp::Sum => 0,
+            ScanOp::Prod => 1,
+        }
+    }
+    fn step(op: ScanOp, acc: i64, x: i64) -> i64 {
+        match op {
+            ScanOp::Sum => acc.wrapping_add(x),
+            ScanOp::Prod => acc.wrapping_mul(x),
+        }
+    }
+    fn out(acc: i64) -> i64 {
+        acc
+    }
+}
+
+/// Scans one row of `n` elements of `T`, the input's at element offset `o[0]` (stride `is`),
+/// the output's at `o[1]` (stride `os`).
+///
+/// # Safety
+/// Both rows lie inside their buffers, which hold `T`s.
+unsafe fn scan_row<T: Scanned>(
+    op: ScanOp,
+    x: *const u8,
+    y: *mut u8,
+    o: &[isize],
+    (n, is, os): (usize, isize, isize),
+) {
+    let (x, y) = (x.cast::<T>().offset(o[0]), y.cast::<T>().offset(o[1]));
+    let mut acc = T::start(op);
+    for j in 0..n as isize {
+        acc = T::step(op, acc, *x.offset(j * is));
+        *y.offset(j * os) = T::out(acc);
+    }
 }
