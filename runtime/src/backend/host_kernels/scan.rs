@@ -75,62 +75,73 @@ pub(super) fn run(op: ScanOp, dim: usize, input: &View, out: &View) {
     });
 }
 
-/// An element type a row may be scanned in directly, with the generic loop's accumulator:
-/// f64 for f32 and f64 (each output rounded to the element type), wrapping int64.
+/// The accumulator of a typed scan: f64 (floats) or wrapping int64, as the generic loop's.
+trait Acc: Copy {
+    /// The start value of `op`'s scan and one step of it.
+    fn start(op: ScanOp) -> Self;
+    fn step(self, op: ScanOp, x: Self) -> Self;
+}
+
+impl Acc for f64 {
+    fn start(op: ScanOp) -> f64 {
+        (op == ScanOp::Prod) as u8 as f64
+    }
+    fn step(self, op: ScanOp, x: f64) -> f64 {
+        if op == ScanOp::Sum {
+            self + x
+        } else {
+            self * x
+        }
+    }
+}
+
+impl Acc for i64 {
+    fn start(op: ScanOp) -> i64 {
+        (op == ScanOp::Prod) as i64
+    }
+    fn step(self, op: ScanOp, x: i64) -> i64 {
+        if op == ScanOp::Sum {
+            self.wrapping_add(x)
+        } else {
+            self.wrapping_mul(x)
+        }
+    }
+}
+
+/// An element type a row may be scanned in directly: its accumulator, and each output the
+/// accumulator rounded to it (f32), or itself.
 trait Scanned: Copy {
-    type Acc: Copy;
-    fn start(op: ScanOp) -> Self::Acc;
-    fn step(op: ScanOp, acc: Self::Acc, x: Self) -> Self::Acc;
-    fn out(acc: Self::Acc) -> Self;
+    type Acc: Acc;
+    fn widen(self) -> Self::Acc;
+    fn narrow(acc: Self::Acc) -> Self;
 }
 
 impl Scanned for f32 {
     type Acc = f64;
-    fn start(op: ScanOp) -> f64 {
-        f64::start(op)
+    fn widen(self) -> f64 {
+        self as f64
     }
-    fn step(op: ScanOp, acc: f64, x: f32) -> f64 {
-        f64::step(op, acc, x as f64)
-    }
-    fn out(acc: f64) -> f32 {
+    fn narrow(acc: f64) -> f32 {
         acc as f32
     }
 }
 
 impl Scanned for f64 {
     type Acc = f64;
-    fn start(op: ScanOp) -> f64 {
-        match op {
-            ScanOp::Sum => 0.0,
-            ScanOp::Prod => 1.0,
-        }
+    fn widen(self) -> f64 {
+        self
     }
-    fn step(op: ScanOp, acc: f64, x: f64) -> f64 {
-        match op {
-            ScanOp::Sum => acc + x,
-            ScanOp::Prod => acc * x,
-        }
-    }
-    fn out(acc: f64) -> f64 {
+    fn narrow(acc: f64) -> f64 {
         acc
     }
 }
 
 impl Scanned for i64 {
     type Acc = i64;
-    fn start(op: ScanOp) -> i64 {
-        match op {
-            ScanOp::Sum => 0,
-            ScanOp::Prod => 1,
-        }
+    fn widen(self) -> i64 {
+        self
     }
-    fn step(op: ScanOp, acc: i64, x: i64) -> i64 {
-        match op {
-            ScanOp::Sum => acc.wrapping_add(x),
-            ScanOp::Prod => acc.wrapping_mul(x),
-        }
-    }
-    fn out(acc: i64) -> i64 {
+    fn narrow(acc: i64) -> i64 {
         acc
     }
 }
@@ -148,9 +159,9 @@ unsafe fn scan_row<T: Scanned>(
     (n, is, os): (usize, isize, isize),
 ) {
     let (x, y) = (x.cast::<T>().offset(o[0]), y.cast::<T>().offset(o[1]));
-    let mut acc = T::start(op);
+    let mut acc = T::Acc::start(op);
     for j in 0..n as isize {
-        acc = T::step(op, acc, *x.offset(j * is));
-        *y.offset(j * os) = T::out(acc);
+        acc = acc.step(op, (*x.offset(j * is)).widen());
+        *y.offset(j * os) = T::narrow(acc);
     }
 }
