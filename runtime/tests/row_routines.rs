@@ -149,7 +149,7 @@ fn inputs() -> Vec<f32> {
 }
 
 /// Every op that has a row routine.
-const OPS: [UnaryOp; 10] = [
+const OPS: [UnaryOp; 12] = [
     UnaryOp::Exp,
     UnaryOp::Tanh,
     UnaryOp::Log,
@@ -160,6 +160,8 @@ const OPS: [UnaryOp; 10] = [
     UnaryOp::GeluErf,
     UnaryOp::Log1p,
     UnaryOp::Expm1,
+    UnaryOp::Sin,
+    UnaryOp::Cos,
 ];
 
 #[test]

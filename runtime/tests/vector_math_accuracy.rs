@@ -197,3 +197,35 @@ fn hyperbolic_and_inverse_trig_libm_calls_are_within_2_ulp() {
         assert!(e <= 2.0, "{} max error {e} ulp", op.name());
     }
 }
+
+/// Sine and cosine (`backend/cpu/trig.rs`): absolute error, since their results cross zero.
+fn trig_err(op: UnaryOp, xs: &[f32]) -> f64 {
+    let exact = if op == UnaryOp::Sin {
+        f64::sin
+    } else {
+        f64::cos
+    };
+    max_err(op, xs, exact, |_| 1.0)
+}
+
+#[test]
+fn sin_and_cos_are_within_1_2e_7_absolute_on_and_beyond_the_polynomial_range() {
+    let mut xs = sweep(-10.0, 10.0, 200_001);
+    xs.extend(sweep(-8192.0, 8192.0, 200_001));
+    xs.extend(sweep(8192.0, 1e6, 20_001));
+    xs.extend(tiny_values());
+    for op in [UnaryOp::Sin, UnaryOp::Cos] {
+        let e = trig_err(op, &xs);
+        assert!(e <= 1.2e-7, "{op:?} max abs error {e}");
+    }
+}
+
+#[test]
+fn sin_keeps_the_sign_of_zero_and_both_give_nan_at_infinity_and_nan() {
+    let xs = [-0.0f32, 0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+    let s = run(UnaryOp::Sin, &xs);
+    assert_eq!((s[0].to_bits(), s[1].to_bits()), ((-0.0f32).to_bits(), 0));
+    let c = run(UnaryOp::Cos, &xs);
+    assert_eq!((c[0], c[1]), (1.0, 1.0));
+    assert!(s[2..].iter().chain(&c[2..]).all(|v| v.is_nan()));
+}

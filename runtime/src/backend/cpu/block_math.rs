@@ -63,6 +63,8 @@ pub fn symbol(op: UnaryOp) -> Option<&'static str> {
         UnaryOp::GeluErf => Some("df_block_gelu_erf_f32"),
         UnaryOp::Log1p => Some("df_block_log1p_f32"),
         UnaryOp::Expm1 => Some("df_block_expm1_f32"),
+        UnaryOp::Sin => Some("df_block_sin_f32"),
+        UnaryOp::Cos => Some("df_block_cos_f32"),
         _ => None,
     }
 }
@@ -83,6 +85,8 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
         ("df_block_gelu_erf_f32", df_block_gelu_erf_f32 as *const u8),
         ("df_block_log1p_f32", df_block_log1p_f32 as *const u8),
         ("df_block_expm1_f32", df_block_expm1_f32 as *const u8),
+        ("df_block_sin_f32", df_block_sin_f32 as *const u8),
+        ("df_block_cos_f32", df_block_cos_f32 as *const u8),
     ]
 }
 
@@ -222,6 +226,22 @@ row_routine!(
     expm1_8,
     expm1_row16,
     expm1_16
+);
+row_routine!(
+    /// `row[..n] = sin(row[..n])` (`trig::sin_cos`'s algorithm). Returns 0.
+    df_block_sin_f32,
+    sin_row,
+    sin8,
+    sin_row16,
+    sin16
+);
+row_routine!(
+    /// `row[..n] = cos(row[..n])` (`trig::sin_cos`'s algorithm). Returns 0.
+    df_block_cos_f32,
+    cos_row,
+    cos8,
+    cos_row16,
+    cos16
 );
 row_routine!(
     /// `row[..n] = gelu(row[..n])`, erf form. Returns 0.
@@ -463,4 +483,60 @@ unsafe fn expm1_8(x: __m256) -> __m256 {
     let r = select(_mm256_cmp_ps(um1, minus_one, _CMP_EQ_OQ), minus_one, r);
     let inf = splat(f32::INFINITY);
     select(_mm256_cmp_ps(u, inf, _CMP_EQ_OQ), inf, r)
+}
+
+/// `trig::sin_cos` on 8 lanes, step for step; lanes outside its polynomial's range (or NaN)
+/// take the scalar function itself.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sin_cos8(x: __m256, cos: bool) -> __m256 {
+    use super::trig::{COS_POLY, PIO2, SIN_POLY, TWO_OVER_PI};
+    let j = _mm256_round_ps(
+        _mm256_mul_ps(x, splat(TWO_OVER_PI)),
+        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+    );
+    let r = _mm256_fnmadd_ps(j, splat(PIO2[0]), x);
+    let r = _mm256_fnmadd_ps(j, splat(PIO2[1]), r);
+    let r = _mm256_fnmadd_ps(j, splat(PIO2[2]), r);
+    let r = select(_mm256_cmp_ps(j, splat(0.0), _CMP_EQ_OQ), x, r);
+    let q = _mm256_add_epi32(_mm256_cvtps_epi32(j), _mm256_set1_epi32(cos as i32));
+    let z = _mm256_mul_ps(r, r);
+    let ps = horner(z, &SIN_POLY);
+    let sin = _mm256_fmadd_ps(_mm256_mul_ps(r, z), ps, r);
+    let sin = select(_mm256_cmp_ps(r, splat(0.0), _CMP_EQ_OQ), r, sin);
+    let pc = horner(z, &COS_POLY);
+    let c0 = _mm256_fmadd_ps(z, splat(-0.5), splat(1.0));
+    let cos_v = _mm256_fmadd_ps(_mm256_mul_ps(z, z), pc, c0);
+    let one = _mm256_set1_epi32(1);
+    let odd = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(q, one), one));
+    let v = select(odd, cos_v, sin);
+    let sign = _mm256_slli_epi32(_mm256_and_si256(q, _mm256_set1_epi32(2)), 30);
+    let y = _mm256_xor_ps(v, _mm256_castsi256_ps(sign));
+    let ax = _mm256_andnot_ps(splat(-0.0), x);
+    let far = _mm256_movemask_ps(_mm256_cmp_ps(ax, splat(super::trig::POLY_MAX), _CMP_NLE_UQ));
+    if far == 0 {
+        return y;
+    }
+    let (mut xs, mut ys) = ([0f32; 8], [0f32; 8]);
+    _mm256_storeu_ps(xs.as_mut_ptr(), x);
+    _mm256_storeu_ps(ys.as_mut_ptr(), y);
+    for l in (0..8).filter(|l| far & (1 << l) != 0) {
+        ys[l] = super::trig::sin_cos(xs[l], cos);
+    }
+    _mm256_loadu_ps(ys.as_ptr())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sin8(x: __m256) -> __m256 {
+    sin_cos8(x, false)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn cos8(x: __m256) -> __m256 {
+    sin_cos8(x, true)
 }

@@ -109,11 +109,12 @@ extern "C" {
     fn atanh(x: f64) -> f64;
 }
 
+/// The inline code's f32 sine and cosine: `trig`'s algorithm, as the row routines run it.
 extern "C" fn df_sin_f32(x: f32) -> f32 {
-    x.sin()
+    super::trig::sin_cos(x, false)
 }
 extern "C" fn df_cos_f32(x: f32) -> f32 {
-    x.cos()
+    super::trig::sin_cos(x, true)
 }
 extern "C" fn df_pow_f32(x: f32, y: f32) -> f32 {
     x.powf(y)

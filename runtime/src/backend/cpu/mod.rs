@@ -28,6 +28,7 @@ mod row_groups;
 mod small_gemm;
 mod stash;
 mod sweep;
+mod trig;
 mod vhalf;
 mod vmath;
 mod walk;

@@ -226,3 +226,57 @@ pub(super) unsafe fn expm1_16(x: __m512) -> __m512 {
     let inf = splat(f32::INFINITY);
     select(_mm512_cmp_ps_mask(u, inf, _CMP_EQ_OQ), inf, r)
 }
+
+/// `sin_cos8` on 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn sin_cos16(x: __m512, cos: bool) -> __m512 {
+    use super::super::trig::{COS_POLY, PIO2, POLY_MAX, SIN_POLY, TWO_OVER_PI};
+    let j = _mm512_roundscale_ps(
+        _mm512_mul_ps(x, splat(TWO_OVER_PI)),
+        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+    );
+    let r = _mm512_fnmadd_ps(j, splat(PIO2[0]), x);
+    let r = _mm512_fnmadd_ps(j, splat(PIO2[1]), r);
+    let r = _mm512_fnmadd_ps(j, splat(PIO2[2]), r);
+    let r = select(_mm512_cmp_ps_mask(j, splat(0.0), _CMP_EQ_OQ), x, r);
+    let q = _mm512_add_epi32(_mm512_cvtps_epi32(j), _mm512_set1_epi32(cos as i32));
+    let z = _mm512_mul_ps(r, r);
+    let ps = horner16(z, &SIN_POLY);
+    let sin = _mm512_fmadd_ps(_mm512_mul_ps(r, z), ps, r);
+    let sin = select(_mm512_cmp_ps_mask(r, splat(0.0), _CMP_EQ_OQ), r, sin);
+    let pc = horner16(z, &COS_POLY);
+    let c0 = _mm512_fmadd_ps(z, splat(-0.5), splat(1.0));
+    let cos_v = _mm512_fmadd_ps(_mm512_mul_ps(z, z), pc, c0);
+    let one = _mm512_set1_epi32(1);
+    let odd = _mm512_cmpeq_epi32_mask(_mm512_and_si512(q, one), one);
+    let v = select(odd, cos_v, sin);
+    let sign = _mm512_slli_epi32(_mm512_and_si512(q, _mm512_set1_epi32(2)), 30);
+    let y = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), sign));
+    let ax = and_bits(x, 0x7fff_ffff);
+    let far = _mm512_cmp_ps_mask(ax, splat(POLY_MAX), _CMP_NLE_UQ);
+    if far == 0 {
+        return y;
+    }
+    let (mut xs, mut ys) = ([0f32; 16], [0f32; 16]);
+    _mm512_storeu_ps(xs.as_mut_ptr(), x);
+    _mm512_storeu_ps(ys.as_mut_ptr(), y);
+    for l in (0..16).filter(|l| far & (1 << l) != 0) {
+        ys[l] = super::super::trig::sin_cos(xs[l], cos);
+    }
+    _mm512_loadu_ps(ys.as_ptr())
+}
+
+/// `sin8` on 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn sin16(x: __m512) -> __m512 {
+    sin_cos16(x, false)
+}
+
+/// `cos8` on 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn cos16(x: __m512) -> __m512 {
+    sin_cos16(x, true)
+}
