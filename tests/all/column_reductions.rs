@@ -18,7 +18,7 @@ fn rt(mode: Mode) -> Runtime {
 }
 
 /// `y = x * w + x` (kept) and `sum(x * w, dim 0)`, as a layernorm backward computes the input
-/// and weight gradients in one loop; returns both outputs' bytes and the programs run.
+/// and weight gradients; returns both outputs' bytes and the programs run.
 fn grad_and_column_sum(
     mode: Mode,
     dtype: DType,
@@ -56,7 +56,10 @@ fn a_column_sum_with_an_element_output_equals_strict_bit_for_bit() {
                 let case = format!("{dtype:?} {rows}x{cols} keepdim={keepdim}");
                 assert_eq!(strict[0], defer[0], "element output, {case}");
                 assert_eq!(strict[1], defer[1], "column sum, {case}");
-                assert_eq!(programs, 1, "{case}");
+                // The product's loop, then the sum alone reading it in place (fused, the sum
+                // ran on gathered columns, 1.5-5x slower: `plan::join_reduce`); one loop where
+                // a single column makes dim 0 the contiguous one.
+                assert_eq!(programs, if cols == 1 { 1 } else { 2 }, "{case}");
             }
         }
     }
