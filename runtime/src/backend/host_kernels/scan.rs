@@ -37,37 +37,22 @@ pub(super) fn run(op: ScanOp, dim: usize, input: &View, out: &View) {
     }
     for_each_row(&input.sizes, dim, &[input, out], |_, o| {
         if rt.is_float() {
-            let mut acc = match op {
-                ScanOp::Sum => 0.0,
-                ScanOp::Prod => 1.0,
-            };
+            let mut acc = f64::start(op);
             for j in 0..n as isize {
                 // SAFETY: both views lie inside their buffers.
                 unsafe {
                     let x = round_to(rt, read_f64(input.dtype, input.base, o[0] + j * is));
-                    acc = round_to(
-                        acc_dt,
-                        match op {
-                            ScanOp::Sum => acc + x,
-                            ScanOp::Prod => acc * x,
-                        },
-                    );
+                    acc = round_to(acc_dt, acc.step(op, x));
                     write_f64(rt, out.base, o[1] + j * os, acc);
                 }
             }
         } else {
-            let mut acc: i64 = match op {
-                ScanOp::Sum => 0,
-                ScanOp::Prod => 1,
-            };
+            let mut acc = i64::start(op);
             for j in 0..n as isize {
                 // SAFETY: both views lie inside their buffers.
                 unsafe {
                     let x = wrap_to(rt, read_i64(input.dtype, input.base, o[0] + j * is));
-                    acc = match op {
-                        ScanOp::Sum => acc.wrapping_add(x),
-                        ScanOp::Prod => acc.wrapping_mul(x),
-                    };
+                    acc = acc.step(op, x);
                     write_i64(rt, out.base, o[1] + j * os, acc);
                 }
             }
@@ -75,7 +60,8 @@ pub(super) fn run(op: ScanOp, dim: usize, input: &View, out: &View) {
     });
 }
 
-/// The accumulator of a typed scan: f64 (floats) or wrapping int64, as the generic loop's.
+/// A scan's accumulator, in both loops: f64 (floats; the generic loop rounds it to f32 for the
+/// half dtypes) or wrapping int64.
 trait Acc: Copy {
     /// The start value of `op`'s scan and one step of it.
     fn start(op: ScanOp) -> Self;
