@@ -6,6 +6,8 @@ one, as one program)."""
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench_models  # noqa: E402
 import torch  # noqa: E402
@@ -75,19 +77,11 @@ def test_tv_times_the_torchvision_architectures_after_the_hugging_face_ones():
     assert len(set(names)) == len(names), "a name must pick one model"
 
 
-def test_a_torchvision_architecture_named_by_models_is_timed_with_zero_fallbacks():
+@pytest.mark.parametrize("name", ["bloom", "swin_v2"])  # a Hugging Face, a torchvision one
+def test_an_architecture_outside_the_zoo_named_by_models_is_timed_with_zero_fallbacks(name):
     args = bench_models.parse_args(["--quick", "--no-compile", "--steps", "1", "--warmup", "1",
-                                    "--models", "swin_v2"])
-    row = bench_models.bench("swin_v2", args)
-    assert row["errors"] == {}
-    assert all(row["ms"][r] > 0 for r in ("cpu", "strict", "defer"))
-    assert row["defer_step"]["fallbacks"] == {}
-
-
-def test_an_hf_architecture_named_by_models_is_timed_with_zero_fallbacks():
-    args = bench_models.parse_args(["--quick", "--no-compile", "--steps", "1", "--warmup", "1",
-                                    "--models", "bloom"])
-    row = bench_models.bench("bloom", args)
+                                    "--models", name])
+    row = bench_models.bench(name, args)
     assert row["errors"] == {}
     assert all(row["ms"][r] > 0 for r in ("cpu", "strict", "defer"))
     assert row["defer_step"]["fallbacks"] == {}
