@@ -149,7 +149,7 @@ fn inputs() -> Vec<f32> {
 }
 
 /// Every op that has a row routine.
-const OPS: [UnaryOp; 12] = [
+const OPS: [UnaryOp; 19] = [
     UnaryOp::Exp,
     UnaryOp::Tanh,
     UnaryOp::Log,
@@ -162,6 +162,13 @@ const OPS: [UnaryOp; 12] = [
     UnaryOp::Expm1,
     UnaryOp::Sin,
     UnaryOp::Cos,
+    UnaryOp::Tan,
+    UnaryOp::Atan,
+    UnaryOp::Asin,
+    UnaryOp::Acos,
+    UnaryOp::Log2,
+    UnaryOp::Log10,
+    UnaryOp::Atanh,
 ];
 
 #[test]

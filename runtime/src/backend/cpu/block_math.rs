@@ -65,6 +65,13 @@ pub fn symbol(op: UnaryOp) -> Option<&'static str> {
         UnaryOp::Expm1 => Some("df_block_expm1_f32"),
         UnaryOp::Sin => Some("df_block_sin_f32"),
         UnaryOp::Cos => Some("df_block_cos_f32"),
+        UnaryOp::Tan => Some("df_block_tan_f32"),
+        UnaryOp::Atan => Some("df_block_atan_f32"),
+        UnaryOp::Asin => Some("df_block_asin_f32"),
+        UnaryOp::Acos => Some("df_block_acos_f32"),
+        UnaryOp::Log2 => Some("df_block_log2_f32"),
+        UnaryOp::Log10 => Some("df_block_log10_f32"),
+        UnaryOp::Atanh => Some("df_block_atanh_f32"),
         _ => None,
     }
 }
@@ -87,6 +94,13 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
         ("df_block_expm1_f32", df_block_expm1_f32 as *const u8),
         ("df_block_sin_f32", df_block_sin_f32 as *const u8),
         ("df_block_cos_f32", df_block_cos_f32 as *const u8),
+        ("df_block_tan_f32", df_block_tan_f32 as *const u8),
+        ("df_block_atan_f32", df_block_atan_f32 as *const u8),
+        ("df_block_asin_f32", df_block_asin_f32 as *const u8),
+        ("df_block_acos_f32", df_block_acos_f32 as *const u8),
+        ("df_block_log2_f32", df_block_log2_f32 as *const u8),
+        ("df_block_log10_f32", df_block_log10_f32 as *const u8),
+        ("df_block_atanh_f32", df_block_atanh_f32 as *const u8),
     ]
 }
 
@@ -154,6 +168,11 @@ macro_rules! row_routine {
         )?
     };
 }
+
+#[cfg(target_arch = "x86_64")]
+mod less_common;
+#[cfg(target_arch = "x86_64")]
+use less_common::*;
 
 row_routine!(
     /// `row[..n] = exp(row[..n])`. Returns 0 (a Cranelift call binds one result).
@@ -336,6 +355,20 @@ unsafe fn splat_bits(bits: u32) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn log8(x: __m256) -> __m256 {
+    let (e, xr, z, y) = log_parts8(x);
+    let y = _mm256_fmadd_ps(e, splat(-2.121_944_4e-4), y);
+    let y = _mm256_fmadd_ps(z, splat(-0.5), y);
+    let r = _mm256_add_ps(xr, y);
+    let r = _mm256_fmadd_ps(e, splat(0.693_359_4), r);
+    log_special8(x, r)
+}
+
+/// `vmath::log_parts`, step for step: (e, xr, z, y) with x = 2^e (1 + xr), z = xr^2 and
+/// y = xr^3 P(xr).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn log_parts8(x: __m256) -> (__m256, __m256, __m256, __m256) {
     let small = _mm256_cmp_ps(x, splat(f32::MIN_POSITIVE), _CMP_LT_OQ);
     let xs = _mm256_mul_ps(x, splat(8_388_608.0));
     let xv = select(small, xs, x);
@@ -354,10 +387,14 @@ unsafe fn log8(x: __m256) -> __m256 {
     let p = horner(xr, &LOG_POLY);
     let y = _mm256_mul_ps(p, xr);
     let y = _mm256_mul_ps(y, z);
-    let y = _mm256_fmadd_ps(e, splat(-2.121_944_4e-4), y);
-    let y = _mm256_fmadd_ps(z, splat(-0.5), y);
-    let r = _mm256_add_ps(xr, y);
-    let r = _mm256_fmadd_ps(e, splat(0.693_359_4), r);
+    (e, xr, z, y)
+}
+
+/// `vmath::log_special_values`: -inf at 0, NaN below 0, +inf at +inf, x at NaN.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn log_special8(x: __m256, r: __m256) -> __m256 {
     let zero = splat(0.0);
     let r = select(
         _mm256_cmp_ps(x, zero, _CMP_EQ_OQ),

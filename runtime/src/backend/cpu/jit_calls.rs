@@ -1,7 +1,8 @@
 //! Scalar functions the generated code calls per element where inlining does not pay: f64
-//! transcendentals, f32 functions with no inline polynomial (sin, cos, pow, fmod, log2, log10,
-//! atan2, the hyperbolic and inverse trigonometric functions), floor division, integer pow and f16 conversions. Registered by name with
-//! the JIT.
+//! transcendentals, f32 functions with no inline polynomial (sin, cos, tan, atan, asin, acos as
+//! their row routines compute them; pow, fmod, atan2 and the other hyperbolic functions from the
+//! C library), floor division, integer pow and f16 conversions. Registered by name with the
+//! JIT.
 
 use half::{bf16, f16};
 
@@ -24,12 +25,6 @@ f64_unary! {
     df_log10_f64 => f64::log10,
 }
 
-extern "C" fn df_log2_f32(x: f32) -> f32 {
-    x.log2()
-}
-extern "C" fn df_log10_f32(x: f32) -> f32 {
-    x.log10()
-}
 extern "C" fn df_atan2_f32(y: f32, x: f32) -> f32 {
     y.atan2(x)
 }
@@ -84,28 +79,23 @@ extern "C" fn df_floordiv_bf16(a: f32, b: f32) -> f32 {
     floor_divide(a as f64, b as f64, |x| bf16::from_f64(x).to_f64()) as f32
 }
 
-// The C library's hyperbolic and inverse trigonometric functions, called per lane: they are
-// rare in models, so an inline polynomial would not pay for itself, and glibc's are accurate to
-// 2 ulp or better in f32 and f64 (its manual's "Known Maximum Errors"; PyTorch's CPU kernels
-// call the same functions or Sleef's 1-ulp versions). Registered under df_<name>_f32/_f64.
+// The C library's hyperbolic and inverse trigonometric functions, called per lane: f64 ones,
+// and sinh, cosh, asinh and acosh in f32 (which PyTorch's CPU eager computes no faster), all
+// accurate to 2 ulp or better (glibc's manual, "Known Maximum Errors"). Registered under
+// df_<name>_f32/_f64.
 extern "C" {
     fn sinhf(x: f32) -> f32;
     fn sinh(x: f64) -> f64;
     fn coshf(x: f32) -> f32;
     fn cosh(x: f64) -> f64;
-    fn tanf(x: f32) -> f32;
     fn tan(x: f64) -> f64;
-    fn asinf(x: f32) -> f32;
     fn asin(x: f64) -> f64;
-    fn acosf(x: f32) -> f32;
     fn acos(x: f64) -> f64;
-    fn atanf(x: f32) -> f32;
     fn atan(x: f64) -> f64;
     fn asinhf(x: f32) -> f32;
     fn asinh(x: f64) -> f64;
     fn acoshf(x: f32) -> f32;
     fn acosh(x: f64) -> f64;
-    fn atanhf(x: f32) -> f32;
     fn atanh(x: f64) -> f64;
 }
 
@@ -115,6 +105,20 @@ extern "C" fn df_sin_f32(x: f32) -> f32 {
 }
 extern "C" fn df_cos_f32(x: f32) -> f32 {
     super::trig::sin_cos(x, true)
+}
+/// The inline code's f32 tan, atan, asin and acos (`trig`, `arc_trig`), as the row routines
+/// run them.
+extern "C" fn df_tan_f32(x: f32) -> f32 {
+    super::trig::tan(x)
+}
+extern "C" fn df_atan_f32(x: f32) -> f32 {
+    super::arc_trig::atan(x)
+}
+extern "C" fn df_asin_f32(x: f32) -> f32 {
+    super::arc_trig::asin(x)
+}
+extern "C" fn df_acos_f32(x: f32) -> f32 {
+    super::arc_trig::acos(x)
 }
 extern "C" fn df_pow_f32(x: f32, y: f32) -> f32 {
     x.powf(y)
@@ -230,8 +234,6 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
         ("df_erf_f64", df_erf_f64 as *const u8),
         ("df_log2_f64", df_log2_f64 as *const u8),
         ("df_log10_f64", df_log10_f64 as *const u8),
-        ("df_log2_f32", df_log2_f32 as *const u8),
-        ("df_log10_f32", df_log10_f32 as *const u8),
         ("df_atan2_f32", df_atan2_f32 as *const u8),
         ("df_atan2_f64", df_atan2_f64 as *const u8),
         ("df_floordiv_f64", df_floordiv_f64 as *const u8),
@@ -252,19 +254,18 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
         ("df_sinh_f64", sinh as *const u8),
         ("df_cosh_f32", coshf as *const u8),
         ("df_cosh_f64", cosh as *const u8),
-        ("df_tan_f32", tanf as *const u8),
+        ("df_tan_f32", df_tan_f32 as *const u8),
         ("df_tan_f64", tan as *const u8),
-        ("df_asin_f32", asinf as *const u8),
+        ("df_asin_f32", df_asin_f32 as *const u8),
         ("df_asin_f64", asin as *const u8),
-        ("df_acos_f32", acosf as *const u8),
+        ("df_acos_f32", df_acos_f32 as *const u8),
         ("df_acos_f64", acos as *const u8),
-        ("df_atan_f32", atanf as *const u8),
+        ("df_atan_f32", df_atan_f32 as *const u8),
         ("df_atan_f64", atan as *const u8),
         ("df_asinh_f32", asinhf as *const u8),
         ("df_asinh_f64", asinh as *const u8),
         ("df_acosh_f32", acoshf as *const u8),
         ("df_acosh_f64", acosh as *const u8),
-        ("df_atanh_f32", atanhf as *const u8),
         ("df_atanh_f64", atanh as *const u8),
     ]
 }

@@ -1,6 +1,7 @@
 //! The CPU backend: a Cranelift JIT. A loop region becomes one native function (see
 //! `codegen`); matmul calls the GEMM crate; arange is a host loop.
 
+mod arc_trig;
 #[cfg(target_arch = "x86_64")]
 mod bf16_gemm;
 #[cfg(target_arch = "x86_64")]

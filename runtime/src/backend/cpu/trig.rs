@@ -47,3 +47,42 @@ pub(crate) fn sin_cos(x: f32, cos: bool) -> f32 {
     let v = if q & 1 == 1 { cos_v } else { sin };
     f32::from_bits(v.to_bits() ^ (((q & 2) as u32) << 30))
 }
+
+/// Cephes tanf: tan r = r + r^3 P(r^2) on |r| <= pi/4 (highest power first).
+pub(crate) const TAN_POLY: [f32; 6] = [
+    9.385_402e-3,
+    3.119_922_3e-3,
+    2.443_013_5e-2,
+    5.341_128e-2,
+    1.333_879_9e-1,
+    3.333_315_7e-1,
+];
+
+/// tan x, the operations the vector forms run, in order: `sin_cos`'s reduction, Cephes'
+/// polynomial on r, and -1 / tan r where j is odd (tan(r + pi/2) = -cot r). Lanes beyond
+/// [`POLY_MAX`] (and NaN) take libm's f64 tan, rounded.
+pub(crate) fn tan(x: f32) -> f32 {
+    if x.is_nan() || x.abs() > POLY_MAX {
+        return (x as f64).tan() as f32;
+    }
+    let j = (x * TWO_OVER_PI).round_ties_even();
+    let r = (-j).mul_add(PIO2[0], x);
+    let r = (-j).mul_add(PIO2[1], r);
+    let r = (-j).mul_add(PIO2[2], r);
+    let r = if j == 0.0 { x } else { r };
+    let z = r * r;
+    let p = horner(z, &TAN_POLY);
+    let t = (r * z).mul_add(p, r);
+    if (j as i32) & 1 == 1 {
+        -1.0 / t
+    } else {
+        t
+    }
+}
+
+/// `acc = c0`, then `acc = acc * z + c_k`, fused: the vector forms' `horner`.
+pub(crate) fn horner(z: f32, coeffs: &[f32]) -> f32 {
+    coeffs[1..]
+        .iter()
+        .fold(coeffs[0], |acc, &c| acc.mul_add(z, c))
+}

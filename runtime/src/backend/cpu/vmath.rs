@@ -88,6 +88,18 @@ pub const ERF_MID: [f32; 13] = [
     9.995_931e-1,
 ];
 
+/// log10(2) as a sum of two f32s, the first with 8 significant bits so that e times it is
+/// exact for every exponent e (Cephes log10f's L102A and L102B).
+pub const LOG10_2: [f32; 2] = [3.007_812_5e-1, 2.487_456_6e-4];
+
+/// `VMath::log_parts`'s values: x = 2^e (1 + xr), z = xr^2, y = xr^3 P(xr).
+struct LogParts {
+    e: Value,
+    xr: Value,
+    z: Value,
+    y: Value,
+}
+
 /// Builds vector math in one function.
 pub struct VMath<'a, 'b> {
     pub b: &'a mut FunctionBuilder<'b>,
@@ -201,6 +213,80 @@ impl VMath<'_, '_> {
     /// ln x (Cephes logf): split mantissa and exponent, a degree-9 polynomial around 1.
     /// Subnormals are scaled first; log(0) = -inf, log(<0) = NaN, log(inf) = inf.
     pub fn log(&mut self, x: Value) -> Value {
+        let LogParts { e, xr, z, y } = self.log_parts(x);
+        let q1 = self.splat(-2.121_944_4e-4);
+        let y = self.b.ins().fma(e, q1, y);
+        let mhalf = self.splat(-0.5);
+        let y = self.b.ins().fma(z, mhalf, y);
+        let r = self.b.ins().fadd(xr, y);
+        let q2 = self.splat(0.693_359_4);
+        let r = self.b.ins().fma(e, q2, r);
+        self.log_special_values(x, r)
+    }
+
+    /// log2 x: `log`'s exponent e plus its ln m in base 2, so that a power of two gives its
+    /// exponent exactly (m = 1, ln m = 0), as `floor(log2(n))` expects. Within 2 ulp.
+    pub fn log2(&mut self, x: Value) -> Value {
+        let parts = self.log_parts(x);
+        let ln_m = self.ln_m(&parts);
+        let k = self.splat(std::f32::consts::LOG2_E);
+        let r = self.b.ins().fma(ln_m, k, parts.e);
+        self.log_special_values(x, r)
+    }
+
+    /// log10 x: e log10(2) in two parts (the first exact for every exponent) plus ln m
+    /// log10(e) (Cephes log10f's constants). Within 2 ulp.
+    pub fn log10(&mut self, x: Value) -> Value {
+        let parts = self.log_parts(x);
+        let (ln_m, e) = (self.ln_m(&parts), parts.e);
+        let lo = self.splat(LOG10_2[1]);
+        let t = self.b.ins().fmul(e, lo);
+        let k = self.splat(std::f32::consts::LOG10_E);
+        let t = self.b.ins().fma(ln_m, k, t);
+        let hi = self.splat(LOG10_2[0]);
+        let r = self.b.ins().fma(e, hi, t);
+        self.log_special_values(x, r)
+    }
+
+    /// atanh x = ln((1 + |x|) / (1 - |x|)) / 2 as log1p(2|x| / (1 - |x|)) / 2 with x's sign:
+    /// log1p keeps the digits of small arguments, and 1 - |x| is exact where it matters
+    /// (|x| >= 0.5). +-1 give +-inf, |x| > 1 NaN. Within 6 ulp.
+    pub fn atanh(&mut self, x: Value) -> Value {
+        let a = self.abs(x);
+        let two_a = self.b.ins().fadd(a, a);
+        let one = self.splat(1.0);
+        let den = self.b.ins().fsub(one, a);
+        let v = self.b.ins().fdiv(two_a, den);
+        let l = self.log1p(v);
+        let half = self.splat(0.5);
+        let r = self.b.ins().fmul(l, half);
+        self.with_sign_of(r, x)
+    }
+
+    /// |x|: the sign bit cleared.
+    fn abs(&mut self, x: Value) -> Value {
+        let mask = self.splat(f32::from_bits(0x7fff_ffff));
+        let xi = self.as_i(x);
+        let mi = self.as_i(mask);
+        let r = self.b.ins().band(xi, mi);
+        self.as_f(r)
+    }
+
+    /// |r| with the sign bit of `s`.
+    fn with_sign_of(&mut self, r: Value, s: Value) -> Value {
+        let ar = self.abs(r);
+        let sign = self.splat(-0.0);
+        let si = self.as_i(s);
+        let sm = self.as_i(sign);
+        let sbit = self.b.ins().band(si, sm);
+        let ai = self.as_i(ar);
+        let v = self.b.ins().bor(ai, sbit);
+        self.as_f(v)
+    }
+
+    /// `log`'s reduction x = 2^e m (m in [sqrt(1/2), sqrt(2))), with xr = m - 1, z = xr^2
+    /// and y = xr^3 P(xr), the polynomial's part of ln m.
+    fn log_parts(&mut self, x: Value) -> LogParts {
         let min_norm = self.splat(f32::MIN_POSITIVE);
         let small = self.b.ins().fcmp(FloatCC::LessThan, x, min_norm);
         let scale = self.splat(8_388_608.0); // 2^23
@@ -240,14 +326,19 @@ impl VMath<'_, '_> {
         let p = self.horner(xr, &LOG_POLY);
         let y = self.b.ins().fmul(p, xr);
         let y = self.b.ins().fmul(y, z);
-        let q1 = self.splat(-2.121_944_4e-4);
-        let y = self.b.ins().fma(e, q1, y);
+        LogParts { e, xr, z, y }
+    }
+
+    /// ln m of `log_parts`: xr - z / 2 + y.
+    fn ln_m(&mut self, p: &LogParts) -> Value {
         let mhalf = self.splat(-0.5);
-        let y = self.b.ins().fma(z, mhalf, y);
-        let r = self.b.ins().fadd(xr, y);
-        let q2 = self.splat(0.693_359_4);
-        let r = self.b.ins().fma(e, q2, r);
-        // Special values.
+        let y = self.b.ins().fma(p.z, mhalf, p.y);
+        self.b.ins().fadd(p.xr, y)
+    }
+
+    /// `r` with log's special values: -inf at 0, NaN below 0, +inf at +inf, x at NaN.
+    fn log_special_values(&mut self, x: Value, r: Value) -> Value {
+        let zero = self.splat(0.0);
         let is_zero = self.b.ins().fcmp(FloatCC::Equal, x, zero);
         let ninf = self.splat(f32::NEG_INFINITY);
         let r = self.select(is_zero, ninf, r);

@@ -7,20 +7,20 @@ use std::arch::x86_64::*;
 
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn splat(c: f32) -> __m512 {
+pub(super) unsafe fn splat(c: f32) -> __m512 {
     _mm512_set1_ps(c)
 }
 
 /// `mask ? a : b`.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn select(mask: __mmask16, a: __m512, b: __m512) -> __m512 {
+pub(super) unsafe fn select(mask: __mmask16, a: __m512, b: __m512) -> __m512 {
     _mm512_mask_blend_ps(mask, b, a)
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn and_bits(x: __m512, bits: u32) -> __m512 {
+pub(super) unsafe fn and_bits(x: __m512, bits: u32) -> __m512 {
     _mm512_castsi512_ps(_mm512_and_si512(
         _mm512_castps_si512(x),
         _mm512_set1_epi32(bits as i32),
@@ -30,7 +30,7 @@ unsafe fn and_bits(x: __m512, bits: u32) -> __m512 {
 /// `horner` on 16 lanes.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn horner16(x: __m512, coeffs: &[f32]) -> __m512 {
+pub(super) unsafe fn horner16(x: __m512, coeffs: &[f32]) -> __m512 {
     let mut acc = splat(coeffs[0]);
     for &c in &coeffs[1..] {
         acc = _mm512_fmadd_ps(acc, x, splat(c));
@@ -85,6 +85,18 @@ pub(super) unsafe fn tanh16(x: __m512) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(super) unsafe fn log16(x: __m512) -> __m512 {
+    let (e, xr, z, y) = log_parts16(x);
+    let y = _mm512_fmadd_ps(e, splat(-2.121_944_4e-4), y);
+    let y = _mm512_fmadd_ps(z, splat(-0.5), y);
+    let r = _mm512_add_ps(xr, y);
+    let r = _mm512_fmadd_ps(e, splat(0.693_359_4), r);
+    log_special16(x, r)
+}
+
+/// `log_parts8` on 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn log_parts16(x: __m512) -> (__m512, __m512, __m512, __m512) {
     let small = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, splat(f32::MIN_POSITIVE));
     let xs = _mm512_mul_ps(x, splat(8_388_608.0));
     let xv = select(small, xs, x);
@@ -103,10 +115,13 @@ pub(super) unsafe fn log16(x: __m512) -> __m512 {
     let p = horner16(xr, &LOG_POLY);
     let y = _mm512_mul_ps(p, xr);
     let y = _mm512_mul_ps(y, z);
-    let y = _mm512_fmadd_ps(e, splat(-2.121_944_4e-4), y);
-    let y = _mm512_fmadd_ps(z, splat(-0.5), y);
-    let r = _mm512_add_ps(xr, y);
-    let r = _mm512_fmadd_ps(e, splat(0.693_359_4), r);
+    (e, xr, z, y)
+}
+
+/// `log_special8` on 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn log_special16(x: __m512, r: __m512) -> __m512 {
     let zero = splat(0.0);
     let r = select(
         _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x, zero),

@@ -48,6 +48,9 @@ impl Emitter<'_, '_> {
             Sigmoid if !f64 => self.map(a, |b, x| VMath { b }.sigmoid(x)),
             Log1p if !f64 => self.map(a, |b, x| VMath { b }.log1p(x)),
             Expm1 if !f64 => self.map(a, |b, x| VMath { b }.expm1(x)),
+            Log2 if !f64 => self.map(a, |b, x| VMath { b }.log2(x)),
+            Log10 if !f64 => self.map(a, |b, x| VMath { b }.log10(x)),
+            Atanh if !f64 => self.map(a, |b, x| VMath { b }.atanh(x)),
             Exp => self.per_lane(&[a], "df_exp_f64", ty),
             Log => self.per_lane(&[a], "df_log_f64", ty),
             Tanh => self.per_lane(&[a], "df_tanh_f64", ty),
@@ -62,8 +65,8 @@ impl Emitter<'_, '_> {
             Log1p => self.per_lane(&[a], "df_log1p_f64", ty),
             Expm1 => self.per_lane(&[a], "df_expm1_f64", ty),
             Sin => self.per_lane(&[a], lib("df_sin_f32", "df_sin_f64"), ty),
-            Log2 => self.per_lane(&[a], lib("df_log2_f32", "df_log2_f64"), ty),
-            Log10 => self.per_lane(&[a], lib("df_log10_f32", "df_log10_f64"), ty),
+            Log2 => self.per_lane(&[a], "df_log2_f64", ty),
+            Log10 => self.per_lane(&[a], "df_log10_f64", ty),
             Cos => self.per_lane(&[a], lib("df_cos_f32", "df_cos_f64"), ty),
             Sinh => self.per_lane(&[a], lib("df_sinh_f32", "df_sinh_f64"), ty),
             Cosh => self.per_lane(&[a], lib("df_cosh_f32", "df_cosh_f64"), ty),
@@ -73,7 +76,7 @@ impl Emitter<'_, '_> {
             Atan => self.per_lane(&[a], lib("df_atan_f32", "df_atan_f64"), ty),
             Asinh => self.per_lane(&[a], lib("df_asinh_f32", "df_asinh_f64"), ty),
             Acosh => self.per_lane(&[a], lib("df_acosh_f32", "df_acosh_f64"), ty),
-            Atanh => self.per_lane(&[a], lib("df_atanh_f32", "df_atanh_f64"), ty),
+            Atanh => self.per_lane(&[a], "df_atanh_f64", ty),
             Silu => {
                 let s = self.funary(Sigmoid, a, d);
                 self.zip(a, &s, |b, x, s| b.ins().fmul(x, s))
