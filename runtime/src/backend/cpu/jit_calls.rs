@@ -1,6 +1,6 @@
 //! Scalar functions the generated code calls per element where inlining does not pay: f64
 //! transcendentals, f32 functions with no inline polynomial (sin, cos, tan, atan, asin, acos as
-//! their row routines compute them; pow, fmod, atan2 and the other hyperbolic functions from the
+//! their row routines compute them; pow, fmod and the hyperbolic functions from the
 //! C library), floor division, integer pow and f16 conversions. Registered by name with the
 //! JIT.
 
@@ -25,9 +25,6 @@ f64_unary! {
     df_log10_f64 => f64::log10,
 }
 
-extern "C" fn df_atan2_f32(y: f32, x: f32) -> f32 {
-    y.atan2(x)
-}
 extern "C" fn df_atan2_f64(y: f64, x: f64) -> f64 {
     y.atan2(x)
 }
@@ -234,7 +231,6 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
         ("df_erf_f64", df_erf_f64 as *const u8),
         ("df_log2_f64", df_log2_f64 as *const u8),
         ("df_log10_f64", df_log10_f64 as *const u8),
-        ("df_atan2_f32", df_atan2_f32 as *const u8),
         ("df_atan2_f64", df_atan2_f64 as *const u8),
         ("df_floordiv_f64", df_floordiv_f64 as *const u8),
         ("df_floordiv_f32", df_floordiv_f32 as *const u8),

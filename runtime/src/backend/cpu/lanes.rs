@@ -521,14 +521,9 @@ impl<'a, 'b> Emitter<'a, 'b> {
                     self.per_lane(&[x, y], n, ty)
                 }
                 Remainder | Fmod | FloorDivide | TruncDivide => self.float_division(op, x, y, src),
-                Atan2 => {
-                    let n = if ty == F64 {
-                        "df_atan2_f64"
-                    } else {
-                        "df_atan2_f32"
-                    };
-                    self.per_lane(&[x, y], n, ty)
-                }
+                Atan2 if ty == F64 => self.per_lane(&[x, y], "df_atan2_f64", ty),
+                // atan2(first operand, second), inline at both widths (no row routine).
+                Atan2 => self.zip(x, y, |b, first, second| VMath { b }.atan2(first, second)),
                 Eq | Ne | Lt | Le | Gt | Ge => {
                     let cc = match op {
                         Eq => FloatCC::Equal,

@@ -7,7 +7,7 @@
 //! 3.1e-7, near |x| = 6: its rational form trades ~1 ulp for a third of the instructions), erf
 //! within 2e-7 absolute.
 
-use cranelift_codegen::ir::condcodes::FloatCC;
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32X4, I32X4};
 use cranelift_codegen::ir::Endianness;
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
@@ -261,6 +261,57 @@ impl VMath<'_, '_> {
         let half = self.splat(0.5);
         let r = self.b.ins().fmul(l, half);
         self.with_sign_of(r, x)
+    }
+
+    /// atan2(y, x) in four lanes (there is no two-operand row routine): t = min(|x|, |y|) /
+    /// max(|x|, |y|) in [0, 1], `arc_trig::atan`'s reduction and polynomial on t, then the
+    /// quadrant (pi/2 - r where |y| > |x|, pi - r where x's sign bit is set, y's sign). C99's
+    /// special cases come out of the same steps once 0/0 counts as t = 0 and inf/inf as t = 1
+    /// (atan2(+-0, -0) = +-pi, atan2(+-inf, -inf) = +-3pi/4, ...); a NaN operand gives NaN.
+    /// Within 3 ulp.
+    pub fn atan2(&mut self, y: Value, x: Value) -> Value {
+        use super::arc_trig::{ATAN_POLY, TAN_PI_8};
+        use std::f32::consts::{FRAC_PI_2, FRAC_PI_4, PI};
+        let (ax, ay) = (self.abs(x), self.abs(y));
+        let num = self.min_else_second(ax, ay);
+        let den = self.max_else_second(ax, ay);
+        let t = self.b.ins().fdiv(num, den);
+        let zero = self.splat(0.0);
+        let one = self.splat(1.0);
+        let den_zero = self.b.ins().fcmp(FloatCC::Equal, den, zero);
+        let t = self.select(den_zero, zero, t);
+        let inf = self.splat(f32::INFINITY);
+        let both_inf = self.b.ins().fcmp(FloatCC::Equal, num, inf);
+        let t = self.select(both_inf, one, t);
+        // atan t on [0, 1]: above tan(pi/8), pi/4 + atan((t - 1) / (t + 1)).
+        let k = self.splat(TAN_PI_8);
+        let mid = self.b.ins().fcmp(FloatCC::GreaterThan, t, k);
+        let tm1 = self.b.ins().fsub(t, one);
+        let n2 = self.select(mid, tm1, t);
+        let tp1 = self.b.ins().fadd(t, one);
+        let d2 = self.select(mid, tp1, one);
+        let pi4 = self.splat(FRAC_PI_4);
+        let base = self.select(mid, pi4, zero);
+        let u = self.b.ins().fdiv(n2, d2);
+        let z = self.b.ins().fmul(u, u);
+        let p = self.horner(z, &ATAN_POLY);
+        let pz = self.b.ins().fmul(p, z);
+        let r = self.b.ins().fma(pz, u, u);
+        let r = self.b.ins().fadd(base, r);
+        let swap = self.b.ins().fcmp(FloatCC::GreaterThan, ay, ax);
+        let pi2 = self.splat(FRAC_PI_2);
+        let r_swapped = self.b.ins().fsub(pi2, r);
+        let r = self.select(swap, r_swapped, r);
+        let xi = self.as_i(x);
+        let izero = self.as_i(zero);
+        let x_neg = self.b.ins().icmp(IntCC::SignedLessThan, xi, izero);
+        let pi = self.splat(PI);
+        let r_back = self.b.ins().fsub(pi, r);
+        let r = self.select(x_neg, r_back, r);
+        let r = self.with_sign_of(r, y);
+        let any_nan = self.b.ins().fcmp(FloatCC::Unordered, x, y);
+        let nan = self.b.ins().fadd(x, y);
+        self.select(any_nan, nan, r)
     }
 
     /// |x|: the sign bit cleared.
