@@ -324,8 +324,11 @@ at::Tensor tpu_flip(const at::Tensor& self, at::IntArrayRef dims) {
   return r.is_same(self) ? self.clone() : r;
 }
 
-// roll: per rolled dim an index_select of (i - shift) mod n, like flip; with no dims the
-// flattened tensor is rolled and viewed back (its backward rolls the gradient back).
+// roll: per rolled dim the last s positions, then the first n - s, concatenated (two slice
+// copies, as CPU's roll_common does); with no dims the flattened tensor is rolled and viewed
+// back (its backward rolls the gradient back). An index_select of (i - shift) mod n, as before,
+// built an index tensor and gathered element by element: 60x CPU's time on 262,144 floats
+// (Swin's shifted windows roll every block's activations twice).
 at::Tensor tpu_roll(const at::Tensor& self, c10::SymIntArrayRef shifts_, at::IntArrayRef dims) {
   std::vector<int64_t> shifts;
   for (const auto& s : shifts_) shifts.push_back(s.expect_int());
@@ -342,9 +345,8 @@ at::Tensor tpu_roll(const at::Tensor& self, c10::SymIntArrayRef shifts_, at::Int
     int64_t n = self.size(d);
     if (n == 0) continue;
     int64_t s = ((shifts[k] % n) + n) % n;
-    auto opts = at::TensorOptions().dtype(at::kLong).device(self.device());
-    auto src = at::remainder(at::arange(n, opts) + (n - s), n);
-    r = tpu_index_select(r, d, src);
+    if (s == 0) continue;
+    r = at::cat({r.narrow(d, n - s, s), r.narrow(d, 0, n - s)}, d);
   }
   return r.is_same(self) ? self.clone() : r;
 }

@@ -362,6 +362,7 @@ FROM_THE_SURVEY = [
     case("addbmm_broadcast_self", torch.addbmm, rn(4), rn(3, 3, 2), rn(3, 2, 4), atol=2e-5),
     case("roll", lambda x: torch.roll(x, (2, -1), (0, 2)), rn(4, 3, 5)),
     case("roll_flat", lambda x: torch.roll(x, 7), rn(3, 4)),
+    case("roll_past_size", lambda x: torch.roll(x, (13, -8, 0), (1, 0, 1)), rn(5, 6)),
 ]
 
 CASES = INDEXING + REDUCTIONS + ELEMENTWISE + CONV_POOL_NORM + LOSSES + RESAMPLE + SCANS + \
