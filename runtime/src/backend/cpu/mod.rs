@@ -439,10 +439,29 @@ impl HostProgram for ArangeProgram {
         );
         let n = out.layout.numel();
         let st = out.layout.strides.first().copied().unwrap_or(1);
-        for i in 0..n {
-            let v = start + i as f64 * step;
-            let off = out.layout.offset as isize + i as isize * st;
-            write_f64(self.0, bases[0], off, v);
+        let first = out.layout.offset as isize;
+        // One loop per dtype, each element start + i * step in f64, converted as `write_f64`
+        // does (i counted in f64: exact below 2^53, and no integer conversion per element): a
+        // dtype dispatch per element made arange(262144) take ~5 ns an element (against
+        // ~0.4 for CPU eager), and transformers build position ids with it.
+        unsafe fn fill<T>(p: *mut u8, first: isize, st: isize, n: usize, f: impl Fn(f64) -> T) {
+            let p = (p as *mut T).offset(first);
+            let mut i = 0.0f64;
+            for k in 0..n as isize {
+                *p.offset(k * st) = f(i);
+                i += 1.0;
+            }
+        }
+        let p = bases[0];
+        let value = |i: f64| start + i * step;
+        match self.0 {
+            DType::F32 => fill(p, first, st, n, |i| value(i) as f32),
+            DType::F64 => fill(p, first, st, n, value),
+            DType::I64 => fill(p, first, st, n, |i| value(i) as i64),
+            DType::I32 => fill(p, first, st, n, |i| value(i) as i32),
+            other => {
+                (0..n).for_each(|i| write_f64(other, p, first + i as isize * st, value(i as f64)))
+            }
         }
         Ok(())
     }
