@@ -66,10 +66,11 @@ at::Tensor scan_op(const at::Tensor& x, int64_t dim, bool prod, at::ScalarType d
   return run(DFUSE_OP_KIND_SCAN, &a, Operands().t(x), prod ? "cumprod" : "cumsum");
 }
 
-at::Tensor argsort_op(const at::Tensor& x, int64_t dim, bool descending) {
+at::Tensor argsort_op(const at::Tensor& x, int64_t dim, bool descending, int64_t limit) {
   DfuseAttrs a{};
   a.dim = dim;
   a.descending = descending;
+  a.limit = limit;
   return run(DFUSE_OP_KIND_SORT, &a, Operands().t(x), "sort");
 }
 

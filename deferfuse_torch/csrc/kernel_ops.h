@@ -25,7 +25,7 @@ at::Tensor scatter_value_op(const at::Tensor& self, int64_t dim, const at::Tenso
 at::Tensor scan_op(const at::Tensor& x, int64_t dim, bool prod, at::ScalarType dtype);
 
 // The int64 indices of a stable sort along `dim` (NaN sorts as the largest value).
-at::Tensor argsort_op(const at::Tensor& x, int64_t dim, bool descending);
+at::Tensor argsort_op(const at::Tensor& x, int64_t dim, bool descending, int64_t limit = 0);
 
 // `index` (1-D or 0-D) viewed as an index of `like`'s shape along `dim` (stride 0 elsewhere),
 // the form index_select, index_add and index_fill hand to gather and scatter.

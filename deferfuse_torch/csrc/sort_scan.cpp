@@ -50,7 +50,10 @@ std::tuple<at::Tensor, at::Tensor> tpu_topk(const at::Tensor& self, c10::SymInt 
   }
   dim = at::maybe_wrap_dim(dim, self.dim());
   TORCH_CHECK(k >= 0 && k <= self.size(dim), "selected index k out of range");
-  auto idx = argsort_op(self, dim, largest).narrow(dim, 0, k);
+  // The stable sort's first k positions, selected rather than sorted whole (limit 0 would ask
+  // for every position: k = 0 takes none of a whole sort's).
+  auto idx = k == 0 ? argsort_op(self, dim, largest).narrow(dim, 0, 0)
+                    : argsort_op(self, dim, largest, k);
   return {gather_op(self, dim, idx), idx};
 }
 
@@ -71,13 +74,14 @@ std::tuple<at::Tensor, at::Tensor> kth(const at::Tensor& self, int64_t k, int64_
   dim = at::maybe_wrap_dim(dim, x.dim());
   TORCH_CHECK(k >= 1 && k <= x.size(dim), "kthvalue(): selected number k out of range for "
               "dimension ", dim);
-  auto idx = argsort_op(x, dim, false).narrow(dim, k - 1, 1);
+  // The stable sort's first k positions only (a selection), of which the last is the k-th.
+  auto idx = argsort_op(x, dim, false, k).narrow(dim, k - 1, 1);
   auto val = gather_op(x, dim, idx);
   if (nan_propagates && at::isFloatingType(x.scalar_type())) {
     // The first NaN of the row sorts right after the finite values: pick it instead.
     auto nan = x.isnan();
     auto any_nan = at::any(nan, dim, true);
-    auto first_nan = argsort_op(nan.logical_not(), dim, false).narrow(dim, 0, 1);
+    auto first_nan = argsort_op(nan.logical_not(), dim, false, 1);
     idx = at::where(any_nan, first_nan, idx);
     val = at::where(any_nan, gather_op(x, dim, idx), val);
   }

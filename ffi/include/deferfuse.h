@@ -476,7 +476,9 @@ enum DfuseOpKind
   DFUSE_OP_KIND_SCAN = 13,
   /**
    * `argsort(input, dim=attrs->dim, descending=attrs->descending, stable=True)`: int64
-   * indices; NaN sorts as the largest value. One tensor input.
+   * indices; NaN sorts as the largest value. One tensor input. A positive `attrs->limit`
+   * keeps only each row's first `limit` positions (`topk`'s indices, at a selection's cost
+   * instead of a whole sort's).
    */
   DFUSE_OP_KIND_SORT = 14,
   /**
@@ -1272,6 +1274,11 @@ typedef struct DfuseAttrs {
    * DEPTHWISE_CONV, CONV: the spacing of the kernel taps along each spatial dim.
    */
   int64_t dilation[3];
+  /**
+   * SORT: when positive, how many leading positions of each sorted row to produce (at most
+   * the dim's size); 0 produces them all.
+   */
+  int64_t limit;
 } DfuseAttrs;
 
 /**

@@ -300,6 +300,16 @@ pub(crate) fn build_kernel_op(
         _ => KernelOp::Sort {
             dim,
             descending: a.descending != 0,
+            limit: match a.limit {
+                0 => None,
+                k if k > 0 => Some(k as usize),
+                k => {
+                    return Err(invalid(format!(
+                        "{name}: attrs->limit = {k}; expected 0 (every position) or a positive \
+                         count of leading positions"
+                    )))
+                }
+            },
         },
     })
 }

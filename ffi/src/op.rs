@@ -56,7 +56,9 @@ pub enum DfuseOpKind {
     /// result dtype is that dtype, else the input's if floating, else int64.
     Scan = 13,
     /// `argsort(input, dim=attrs->dim, descending=attrs->descending, stable=True)`: int64
-    /// indices; NaN sorts as the largest value. One tensor input.
+    /// indices; NaN sorts as the largest value. One tensor input. A positive `attrs->limit`
+    /// keeps only each row's first `limit` positions (`topk`'s indices, at a selection's cost
+    /// instead of a whole sort's).
     Sort = 14,
     /// `rand` / `randn` (`attrs->sub_op`, a `DfuseRandomDist`) of sizes `attrs->dims[0..n_dims]`
     /// and floating `attrs->dtype`; inputs are two INT scalars, seed and offset. Philox4x32-10:
@@ -293,6 +295,9 @@ pub struct DfuseAttrs {
     pub padding: [i64; 3],
     /// DEPTHWISE_CONV, CONV: the spacing of the kernel taps along each spatial dim.
     pub dilation: [i64; 3],
+    /// SORT: when positive, how many leading positions of each sorted row to produce (at most
+    /// the dim's size); 0 produces them all.
+    pub limit: i64,
 }
 
 /// The op kind number's name, for messages.
@@ -505,6 +510,7 @@ mod tests {
             stride: [1; 3],
             padding: [0; 3],
             dilation: [1; 3],
+            limit: 0,
         };
         a.dims[..dims.len()].copy_from_slice(dims);
         a

@@ -171,6 +171,7 @@ fn attrs(sub_op: u32) -> DfuseAttrs {
         stride: [1; 3],
         padding: [0; 3],
         dilation: [1; 3],
+        limit: 0,
     }
 }
 

@@ -500,14 +500,22 @@ mod tests {
             K::Sort {
                 dim: 0,
                 descending: false,
+                limit: None,
             },
             K::Sort {
                 dim: 0,
                 descending: true,
+                limit: None,
             },
             K::Sort {
                 dim: 1,
                 descending: false,
+                limit: None,
+            },
+            K::Sort {
+                dim: 1,
+                descending: false,
+                limit: Some(3),
             },
             random(RandomDist::Uniform, &[4], DType::F32),
             random(RandomDist::Normal, &[4], DType::F32),

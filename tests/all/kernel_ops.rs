@@ -399,7 +399,11 @@ fn argsort_is_stable_puts_nan_last_and_matches_the_reference() {
                 for descending in [false, true] {
                     // Few distinct values: ties everywhere, so stability is tested.
                     let x = rng.tensor(dtype, sizes, 1.0, 2, true);
-                    let k = Op::Kernel(KernelOp::Sort { dim, descending });
+                    let k = Op::Kernel(KernelOp::Sort {
+                        dim,
+                        descending,
+                        limit: None,
+                    });
                     let p = rng.pick(&PLACES);
                     let out = run_in_every_mode(|rt| {
                         let h = place(rt, &x, p);
@@ -414,6 +418,73 @@ fn argsort_is_stable_puts_nan_last_and_matches_the_reference() {
     }
     let x = RefTensor::new(DType::F32, &[5], vec![f64::NAN, 1.0, -0.0, 0.0, -1.0]);
     assert_eq!(refk::argsort(&x, 0, false).data, [4.0, 2.0, 3.0, 1.0, 0.0]);
+}
+
+/// The first `k` positions of `t` along `dim`.
+fn first_along(t: &RefTensor, dim: usize, k: usize) -> RefTensor {
+    let n = t.sizes[dim];
+    let inner: usize = t.sizes[dim + 1..].iter().product();
+    let mut sizes = t.sizes.clone();
+    sizes[dim] = k;
+    let data = t
+        .data
+        .chunks(n * inner)
+        .flat_map(|block| block[..k * inner].iter().copied())
+        .collect();
+    RefTensor::new(t.dtype, &sizes, data)
+}
+
+#[test]
+fn argsort_with_a_limit_gives_the_first_positions_of_the_stable_sort() {
+    // Short rows (a selection), long ones (a sorted buffer while the row streams by: k at most
+    // a 32nd of the row), ties everywhere, NaN, -0.0 and 0.0; k from one to the whole row.
+    let mut rng = Rng::new(53);
+    let shapes: [&[usize]; 4] = [&[7], &[4, 5], &[3, 1, 4], &[3, 700]];
+    for dtype in [DType::F32, DType::F64, DType::BF16, DType::I64, DType::I32] {
+        for sizes in shapes {
+            for dim in 0..sizes.len() {
+                let n = sizes[dim];
+                for descending in [false, true] {
+                    for k in [1, 2, n / 32, n / 2, n]
+                        .into_iter()
+                        .filter(|&k| (1..=n).contains(&k))
+                    {
+                        let x = rng.tensor(dtype, sizes, 1.0, 3, true);
+                        let op = Op::Kernel(KernelOp::Sort {
+                            dim,
+                            descending,
+                            limit: Some(k),
+                        });
+                        let out = run_in_every_mode(|rt| {
+                            let h = upload(rt, &x);
+                            vec![("topk".into(), run(rt, op.clone(), &[tt(h)]))]
+                        });
+                        let want = first_along(&refk::argsort(&x, dim, descending), dim, k);
+                        let ctx = format!(
+                            "argsort {dtype} {sizes:?} dim {dim} desc={descending} first {k}"
+                        );
+                        assert_equal(&ctx, &out[0].1, &want);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn argsort_with_a_limit_past_the_dim_is_refused_naming_both() {
+    let rt = runtime(Mode::Strict);
+    let x = tensor(&rt, DType::F32, &[2, 3], &[1.0; 6]);
+    let op = Op::Kernel(KernelOp::Sort {
+        dim: 1,
+        descending: true,
+        limit: Some(4),
+    });
+    let e = rt.op(0, op, &[tt(x)], None).unwrap_err().to_string();
+    assert!(
+        e.contains("limit") && e.contains("at most 3") && e.contains('4'),
+        "{e}"
+    );
 }
 
 #[test]
@@ -507,6 +578,7 @@ fn kernel_ops_are_cut_out_of_fused_loops_as_unfusable() {
         Op::Kernel(KernelOp::Sort {
             dim: 0,
             descending: false,
+            limit: None,
         }),
         &[tt(y)],
     );

@@ -420,6 +420,12 @@ static void bad_enums_and_attrs(DfuseRuntime *rt) {
     CHECK(nd == 2);
     OK(dfuse_tensor_release(rt, s));
     a = attrs(0);
+    a.dim = 1;
+    a.limit = -1; /* topk's count: 0 (all) or positive */
+    MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, DFUSE_OP_KIND_SORT, &a, in, 1, 0, &h));
+    a.limit = 4; /* more than dim 1's 3 positions */
+    MISUSE(BAD_OP, dfuse_op(rt, 0, DFUSE_OP_KIND_SORT, &a, in, 1, 0, &h));
+    a = attrs(0);
     a.dtype = 8;
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, DFUSE_OP_KIND_CAST, &a, in, 1, 0, &h));
     a.dtype = 0x80000000u;

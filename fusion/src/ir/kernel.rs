@@ -126,12 +126,15 @@ pub enum KernelOp {
         dtype: Option<DType>,
     },
     /// `argsort(stable=True)`: int64 indices of a stable sort along `dim`; NaN sorts as the
-    /// largest value.
+    /// largest value. With a `limit`, only each row's first `limit` positions (`topk`).
     Sort {
         /// The dim sorted along.
         dim: usize,
         /// Largest first.
         descending: bool,
+        /// How many leading positions of each sorted row to produce (the output's size along
+        /// `dim`); None: all of them.
+        limit: Option<usize>,
     },
     /// A tensor of `sizes` and float `dtype` drawn from `dist`; operands are the int scalars
     /// seed and offset. Element e's value depends only on (seed, offset, e) (Philox4x32-10).
@@ -383,13 +386,26 @@ pub(super) fn infer_kernel(op: &Op, k: &KernelOp, args: &[ArgMeta]) -> OpResult<
                 compute: out,
             })
         }
-        KernelOp::Sort { dim, .. } => {
+        KernelOp::Sort { dim, limit, .. } => {
             expect_count(name, args, 1, "input")?;
             let (dt, sizes) = tensor(name, args, 0, "input")?;
             check_dim(name, *dim, sizes.len())?;
+            let mut sizes = sizes.clone();
+            if let Some(k) = *limit {
+                if k > sizes[*dim] {
+                    return Err(OpError::new(
+                        name,
+                        "limit",
+                        format!("at most {} (the size of dim {dim})", sizes[*dim]),
+                        format!("{k}"),
+                    )
+                    .hint("ask for no more positions than the sorted dim holds"));
+                }
+                sizes[*dim] = k;
+            }
             Ok(Inferred {
                 dtype: DType::I64,
-                sizes: sizes.clone(),
+                sizes,
                 compute: dt,
             })
         }
@@ -445,12 +461,20 @@ impl std::fmt::Display for KernelOp {
                     None => Ok(()),
                 }
             }
-            KernelOp::Sort { dim, descending } => {
+            KernelOp::Sort {
+                dim,
+                descending,
+                limit,
+            } => {
                 write!(
                     f,
                     ".dim{dim}{}",
                     if *descending { ".descending" } else { "" }
-                )
+                )?;
+                match limit {
+                    Some(k) => write!(f, ".first{k}"),
+                    None => Ok(()),
+                }
             }
             KernelOp::Random { sizes, dtype, .. } => write!(f, ".{dtype}{:?}", sizes.as_slice()),
             KernelOp::Depthwise(d) => write!(f, "{d}"),

@@ -76,9 +76,11 @@ impl HostProgram for KernelProgram {
                 op.run(&inputs[0], &inputs[1], src, &dst.view)?
             }
             KernelOp::Scan { op, dim, .. } => scan::run(*op, *dim, &inputs[0], &dst.view),
-            KernelOp::Sort { dim, descending } => {
-                sort::run(*dim, *descending, &inputs[0], &dst.view)
-            }
+            KernelOp::Sort {
+                dim,
+                descending,
+                limit,
+            } => sort::run(*dim, *descending, *limit, &inputs[0], &dst.view),
             KernelOp::Random { dist, .. } => {
                 random::run(*dist, binding.scalars[0], binding.scalars[1], &dst.view)
             }
