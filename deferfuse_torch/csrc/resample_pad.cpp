@@ -460,19 +460,106 @@ std::vector<Table> pad_tables(at::IntArrayRef in, c10::SymIntArrayRef padding, b
   return t;
 }
 
-template <bool REFLECT>
-at::Tensor pad(const at::Tensor& x, c10::SymIntArrayRef padding) {
-  const char* op = REFLECT ? "reflection_pad" : "replication_pad";
-  size_t n = padding.size() / 2;
-  return pick(x, last_dims(x.dim(), n), pad_tables(x.sizes(), padding, REFLECT, op));
+// One padded dim's parts: `before` positions, the input's `in`, `after` (the table's order).
+struct PadParts {
+  int64_t before, in, after;
+};
+
+PadParts pad_parts(int64_t in, c10::SymIntArrayRef padding, size_t k, size_t n) {
+  auto p = ints(padding);
+  // A negative pad crops: its table has no border on that side (and skips input positions).
+  int64_t before = std::max<int64_t>(p[2 * (n - 1 - k)], 0);
+  int64_t after = std::max<int64_t>(p[2 * (n - 1 - k) + 1], 0);
+  return {before, in, after};
 }
 
+// The table entries [from, from + count) on the device.
+at::Tensor upload_part(const Table& t, int64_t from, int64_t count) {
+  return upload(Table(t.begin() + from, t.begin() + from + count));
+}
+
+// Border positions up to which each is a one-wide slice of the input (a view) rather than an
+// index_select: with a few positions a side, the whole padded dim is one concatenation.
+constexpr int64_t kSlicedBorder = 8;
+
+// Appends to `parts` the border of `count` positions whose sources are table[from, from +
+// count): one-wide slices of x when few, else one index_select.
+void border(std::vector<at::Tensor>& parts, const at::Tensor& x, int64_t d, const Table& t,
+            int64_t from, int64_t count) {
+  if (count == 0) return;
+  if (count > kSlicedBorder) {
+    parts.push_back(at::index_select(x, d, upload_part(t, from, count)));
+    return;
+  }
+  for (int64_t i = from; i < from + count; ++i) parts.push_back(x.narrow(d, t[i], 1));
+}
+
+// Padding along each dim as one concatenation: the input between its two borders, each border
+// position a one-wide slice of the position it mirrors or repeats (an index_select when a
+// border is wide). Gathering every position by the table went element by element along the
+// last dim (a [8, 64, 32, 32] reflection pad 1.73 ms against CPU eager's 0.16-0.27;
+// ResNet-style generators pad before every 3x3 convolution).
 template <bool REFLECT>
-at::Tensor pad_backward(const at::Tensor& g, const at::Tensor& self, c10::SymIntArrayRef padding) {
+at::Tensor pad(const at::Tensor& x0, c10::SymIntArrayRef padding) {
+  const char* op = REFLECT ? "reflection_pad" : "replication_pad";
+  size_t n = padding.size() / 2;
+  auto dims = last_dims(x0.dim(), n);
+  auto tables = pad_tables(x0.sizes(), padding, REFLECT, op);
+  at::Tensor x = x0;
+  for (size_t k = 0; k < n; ++k) {
+    int64_t d = dims[k], in = x.size(d);
+    auto [before, in_, after] = pad_parts(in, padding, k, n);
+    if (int64_t(tables[k].size()) != before + in_ + after) {
+      x = at::index_select(x, d, upload(tables[k]));  // a crop: the whole table
+      continue;
+    }
+    std::vector<at::Tensor> parts;
+    border(parts, x, d, tables[k], 0, before);
+    parts.push_back(x);
+    border(parts, x, d, tables[k], before + in, after);
+    x = parts.size() == 1 ? x.clone() : at::cat(parts, d);
+  }
+  return x;
+}
+
+// Adds into r the gradient of the border of `count` positions g[from, from + count) at their
+// sources table[from, from + count), in position order: one-wide slice adds when few (an
+// index_add scatters a row of one element at a time), else one index_add.
+void add_border(at::Tensor& r, const at::Tensor& g, int64_t d, const Table& t, int64_t from,
+                int64_t count) {
+  if (count == 0) return;
+  if (count > kSlicedBorder) {
+    r.index_add_(d, upload_part(t, from, count), g.narrow(d, from, count));
+    return;
+  }
+  for (int64_t i = from; i < from + count; ++i) r.narrow(d, t[i], 1).add_(g.narrow(d, i, 1));
+}
+
+// The adjoint, summing in the order CPU's kernel (and an index_add over the whole table)
+// adds: zero, the left border's contributions, the interior, the right border's.
+template <bool REFLECT>
+at::Tensor pad_backward(const at::Tensor& g0, const at::Tensor& self, c10::SymIntArrayRef padding) {
   const char* op = REFLECT ? "reflection_pad_backward" : "replication_pad_backward";
   size_t n = padding.size() / 2;
-  return unpick(g, self.sizes(), last_dims(g.dim(), n),
-                pad_tables(self.sizes(), padding, REFLECT, op));
+  auto dims = last_dims(g0.dim(), n);
+  auto tables = pad_tables(self.sizes(), padding, REFLECT, op);
+  at::Tensor g = g0;
+  for (size_t k = n; k-- > 0;) {
+    int64_t d = dims[k], in = self.size(d);
+    auto [before, in_, after] = pad_parts(in, padding, k, n);
+    auto sizes = g.sizes().vec();
+    sizes[d] = in;
+    if (int64_t(tables[k].size()) != before + in_ + after) {
+      g = at::zeros(sizes, g.options()).index_add(d, upload(tables[k]), g);
+      continue;
+    }
+    auto r = at::zeros(sizes, g.options());
+    add_border(r, g, d, tables[k], 0, before);
+    r.add_(g.narrow(d, before, in));
+    add_border(r, g, d, tables[k], before + in, after);
+    g = r;
+  }
+  return g;
 }
 
 at::Tensor xlogy(const at::Tensor& x, const at::Tensor& y) {

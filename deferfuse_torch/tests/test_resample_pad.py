@@ -121,3 +121,30 @@ def test_nearest_3d_resizing_takes_uint8_volumes_as_cpu(mode):
     x = torch.randint(0, 256, (1, 2, 3, 4, 5), dtype=torch.uint8)
     check(F.interpolate(x.to("tpu"), scale_factor=2, mode="nearest"),
           F.interpolate(x, scale_factor=2, mode="nearest"))
+
+
+@pytest.mark.parametrize("pad_mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("pads", [(3, 2, 1, 4), (0, 2, 2, 0), (1, 1), (4, 0), (10, 9)])
+def test_padding_gives_cpus_bits_and_a_1d_backward_too(mode, pad_mode, pads):
+    # The borders are gathered apart from the interior; the backward sums a position's
+    # contributions in CPU's order along a dim (zero, left border, interior, right border), so
+    # even replicate's wide borders, which pile up on the edge, give CPU's bits in 1-D. In 2-D
+    # the dims are summed one after the other (the last first), where CPU adds a corner's four
+    # contributions in output order: the last bits may differ there.
+    torch.manual_seed(3)
+    # (10, 9): borders wider than a few positions are gathered and scattered by table.
+    x = torch.randn(2, 3, 7, 9) if len(pads) == 4 else torch.randn(2, 3, 12)
+    xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+    yc, yt = F.pad(xc, pads, mode=pad_mode), F.pad(xt, pads, mode=pad_mode)
+    g = torch.randn(yc.shape)
+    yc.backward(g)
+    yt.backward(g.to("tpu"))
+    assert torch.equal(yt.detach().cpu(), yc.detach())
+    if len(pads) == 2:
+        assert torch.equal(xt.grad.cpu(), xc.grad)
+    else:
+        check(xt.grad, xc.grad)
+
+
+def test_negative_padding_crops_like_cpu(mode):
+    both(lambda t: F.pad(t, (-1, 2, 1, -2), mode="replicate"), torch.randn(2, 3, 6, 7))
