@@ -189,6 +189,35 @@ def test_cross_entropy_over_a_spatial_map_matches_cpu(mode, reduction):
                                           reduction=reduction), x)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cross_entropy_with_masked_minus_inf_logits_stays_finite_like_cpu(mode, reduction, weighted):
+    # A class masked to -inf (a constrained vocabulary) is never a target: its log-probability
+    # is -inf, and a loss that multiplied every log-probability by a one-hot mask made
+    # 0 * -inf = NaN there. Ignored samples (-100) may sit on a -inf class too.
+    torch.manual_seed(0)
+    x = torch.randn(5, 7)
+    x[:, 2] = float("-inf")
+    x[3, 0] = float("-inf")
+    t = torch.tensor([0, 1, 3, -100, 6])
+    w = torch.rand(7) if weighted else None
+    want = F.cross_entropy(x, t, weight=w, reduction=reduction)
+    assert torch.isfinite(want).all()
+    got = F.cross_entropy(x.to("tpu"), t.to("tpu"), reduction=reduction,
+                          weight=None if w is None else w.to("tpu"))
+    check(got, want)
+    assert_same(lambda x: F.cross_entropy(x, t.to(x.device), reduction=reduction,
+                                          weight=None if w is None else w.to(x.device)), x)
+
+
+def test_nll_loss_of_a_single_sample_matches_cpu(mode):
+    torch.manual_seed(0)
+    x = torch.randn(6).log_softmax(0)
+    for t in [torch.tensor(4), torch.tensor(-100)]:
+        for reduction in ["mean", "sum", "none"]:
+            assert_same(lambda x: F.nll_loss(x, t.to(x.device), reduction=reduction), x)
+
+
 def test_masked_fill_scalar_and_tensor_values_match_cpu(mode):
     torch.manual_seed(0)
     x = torch.randn(3, 4)
