@@ -372,6 +372,16 @@ fn inverse_trig_and_log_bases_follow_ieee_at_their_special_values() {
     }
 }
 
+/// Every (y, x) pair of `vals`, as the two operand lists.
+fn every_pair(vals: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let ys = vals
+        .iter()
+        .flat_map(|&y| vals.iter().map(move |_| y))
+        .collect();
+    let xs = vals.iter().flat_map(|_| vals.iter().copied()).collect();
+    (ys, xs)
+}
+
 #[test]
 fn atan2_is_within_3_ulp_in_every_quadrant() {
     // A grid of magnitudes from 1e-30 to 1e30 in both signs, so every ratio and quadrant.
@@ -382,13 +392,7 @@ fn atan2_is_within_3_ulp_in_every_quadrant() {
         .iter()
         .flat_map(|&m| [m, -m, m * 1.37, -m * 0.61])
         .collect();
-    let (mut ys, mut xs) = (Vec::new(), Vec::new());
-    for &y in &vals {
-        for &x in &vals {
-            ys.push(y);
-            xs.push(x);
-        }
-    }
+    let (ys, xs) = every_pair(&vals);
     let got = run_atan2(&ys, &xs);
     let worst = (0..ys.len())
         .map(|i| {
@@ -410,14 +414,7 @@ fn atan2_is_within_3_ulp_in_every_quadrant() {
 #[test]
 fn atan2_gives_c99s_values_at_zeros_infinities_and_nans() {
     let (inf, nan) = (f32::INFINITY, f32::NAN);
-    let specials = [0.0, -0.0, 1.5, -1.5, inf, -inf, nan];
-    let (mut ys, mut xs) = (Vec::new(), Vec::new());
-    for &y in &specials {
-        for &x in &specials {
-            ys.push(y);
-            xs.push(x);
-        }
-    }
+    let (ys, xs) = every_pair(&[0.0, -0.0, 1.5, -1.5, inf, -inf, nan]);
     let got = run_atan2(&ys, &xs);
     for i in 0..ys.len() {
         let want = ys[i].atan2(xs[i]);

@@ -550,6 +550,15 @@ unsafe fn sin_cos8(x: __m256, cos: bool) -> __m256 {
     let v = select(odd, cos_v, sin);
     let sign = _mm256_slli_epi32(_mm256_and_si256(q, _mm256_set1_epi32(2)), 30);
     let y = _mm256_xor_ps(v, _mm256_castsi256_ps(sign));
+    beyond_poly_max8(x, y, |v| super::trig::sin_cos(v, cos))
+}
+
+/// `y`, except that lanes where |x| exceeds `trig::POLY_MAX` (or x is NaN) take `scalar(x)`:
+/// the trigonometric routines' libm fallback, lane by lane, rare enough to leave scalar.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn beyond_poly_max8(x: __m256, y: __m256, scalar: impl Fn(f32) -> f32) -> __m256 {
     let ax = _mm256_andnot_ps(splat(-0.0), x);
     let far = _mm256_movemask_ps(_mm256_cmp_ps(ax, splat(super::trig::POLY_MAX), _CMP_NLE_UQ));
     if far == 0 {
@@ -559,7 +568,7 @@ unsafe fn sin_cos8(x: __m256, cos: bool) -> __m256 {
     _mm256_storeu_ps(xs.as_mut_ptr(), x);
     _mm256_storeu_ps(ys.as_mut_ptr(), y);
     for l in (0..8).filter(|l| far & (1 << l) != 0) {
-        ys[l] = super::trig::sin_cos(xs[l], cos);
+        ys[l] = scalar(xs[l]);
     }
     _mm256_loadu_ps(ys.as_ptr())
 }

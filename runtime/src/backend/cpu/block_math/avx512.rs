@@ -246,7 +246,7 @@ pub(super) unsafe fn expm1_16(x: __m512) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn sin_cos16(x: __m512, cos: bool) -> __m512 {
-    use super::super::trig::{COS_POLY, PIO2, POLY_MAX, SIN_POLY, TWO_OVER_PI};
+    use super::super::trig::{COS_POLY, PIO2, SIN_POLY, TWO_OVER_PI};
     let j = _mm512_roundscale_ps(
         _mm512_mul_ps(x, splat(TWO_OVER_PI)),
         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
@@ -268,6 +268,18 @@ unsafe fn sin_cos16(x: __m512, cos: bool) -> __m512 {
     let v = select(odd, cos_v, sin);
     let sign = _mm512_slli_epi32(_mm512_and_si512(q, _mm512_set1_epi32(2)), 30);
     let y = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), sign));
+    beyond_poly_max16(x, y, |v| super::super::trig::sin_cos(v, cos))
+}
+
+/// `beyond_poly_max8` on 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn beyond_poly_max16(
+    x: __m512,
+    y: __m512,
+    scalar: impl Fn(f32) -> f32,
+) -> __m512 {
+    use super::super::trig::POLY_MAX;
     let ax = and_bits(x, 0x7fff_ffff);
     let far = _mm512_cmp_ps_mask(ax, splat(POLY_MAX), _CMP_NLE_UQ);
     if far == 0 {
@@ -277,7 +289,7 @@ unsafe fn sin_cos16(x: __m512, cos: bool) -> __m512 {
     _mm512_storeu_ps(xs.as_mut_ptr(), x);
     _mm512_storeu_ps(ys.as_mut_ptr(), y);
     for l in (0..16).filter(|l| far & (1 << l) != 0) {
-        ys[l] = super::super::trig::sin_cos(xs[l], cos);
+        ys[l] = scalar(xs[l]);
     }
     _mm512_loadu_ps(ys.as_ptr())
 }

@@ -5,12 +5,13 @@
 //! scalar function sends to libm (tan beyond `POLY_MAX`, NaN) take that function itself.
 
 use super::super::arc_trig::{ASIN_POLY, ATAN_POLY, TAN_3PI_8, TAN_PI_8};
-use super::super::trig::{PIO2, POLY_MAX, TAN_POLY, TWO_OVER_PI};
+use super::super::trig::{PIO2, TAN_POLY, TWO_OVER_PI};
 use super::super::vmath::LOG10_2;
 use super::avx512::{
-    and_bits, horner16, log1p16, log_parts16, log_special16, select as select16, splat as splat16,
+    and_bits, beyond_poly_max16, horner16, log1p16, log_parts16, log_special16, select as select16,
+    splat as splat16,
 };
-use super::{horner, log1p8, log_parts8, log_special8, select, splat, wide};
+use super::{beyond_poly_max8, horner, log1p8, log_parts8, log_special8, select, splat, wide};
 use std::arch::x86_64::*;
 use std::f32::consts::{FRAC_PI_2, FRAC_PI_4, LOG10_E, LOG2_E, PI};
 
@@ -106,19 +107,7 @@ pub(super) unsafe fn tan8(x: __m256) -> __m256 {
     let one = _mm256_set1_epi32(1);
     let q = _mm256_cvtps_epi32(j);
     let odd = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(q, one), one));
-    let y = select(odd, inv, t);
-    let ax = _mm256_andnot_ps(splat(-0.0), x);
-    let far = _mm256_movemask_ps(_mm256_cmp_ps(ax, splat(POLY_MAX), _CMP_NLE_UQ));
-    if far == 0 {
-        return y;
-    }
-    let (mut xs, mut ys) = ([0f32; 8], [0f32; 8]);
-    _mm256_storeu_ps(xs.as_mut_ptr(), x);
-    _mm256_storeu_ps(ys.as_mut_ptr(), y);
-    for l in (0..8).filter(|l| far & (1 << l) != 0) {
-        ys[l] = super::super::trig::tan(xs[l]);
-    }
-    _mm256_loadu_ps(ys.as_ptr())
+    beyond_poly_max8(x, select(odd, inv, t), super::super::trig::tan)
 }
 
 /// `tan8` on 16 lanes.
@@ -137,19 +126,7 @@ pub(super) unsafe fn tan16(x: __m512) -> __m512 {
     let one = _mm512_set1_epi32(1);
     let q = _mm512_cvtps_epi32(j);
     let odd = _mm512_cmpeq_epi32_mask(_mm512_and_si512(q, one), one);
-    let y = select16(odd, inv, t);
-    let ax = and_bits(x, 0x7fff_ffff);
-    let far = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(ax, splat16(POLY_MAX));
-    if far == 0 {
-        return y;
-    }
-    let (mut xs, mut ys) = ([0f32; 16], [0f32; 16]);
-    _mm512_storeu_ps(xs.as_mut_ptr(), x);
-    _mm512_storeu_ps(ys.as_mut_ptr(), y);
-    for l in (0..16).filter(|l| far & (1 << l) != 0) {
-        ys[l] = super::super::trig::tan(xs[l]);
-    }
-    _mm512_loadu_ps(ys.as_ptr())
+    beyond_poly_max16(x, select16(odd, inv, t), super::super::trig::tan)
 }
 
 /// `arc_trig::atan`, step for step.
