@@ -460,17 +460,15 @@ std::vector<Table> pad_tables(at::IntArrayRef in, c10::SymIntArrayRef padding, b
   return t;
 }
 
-// One padded dim's parts: `before` positions, the input's `in`, `after` (the table's order).
-struct PadParts {
-  int64_t before, in, after;
+// One padded dim's border widths: the table holds `before` positions, the input's, `after`.
+struct Borders {
+  int64_t before, after;
 };
 
-PadParts pad_parts(int64_t in, c10::SymIntArrayRef padding, size_t k, size_t n) {
+Borders borders(c10::SymIntArrayRef padding, size_t k, size_t n) {
   auto p = ints(padding);
   // A negative pad crops: its table has no border on that side (and skips input positions).
-  int64_t before = std::max<int64_t>(p[2 * (n - 1 - k)], 0);
-  int64_t after = std::max<int64_t>(p[2 * (n - 1 - k) + 1], 0);
-  return {before, in, after};
+  return {std::max<int64_t>(p[2 * (n - 1 - k)], 0), std::max<int64_t>(p[2 * (n - 1 - k) + 1], 0)};
 }
 
 // The table entries [from, from + count) on the device.
@@ -508,18 +506,19 @@ at::Tensor pad(const at::Tensor& x0, c10::SymIntArrayRef padding) {
   at::Tensor x = x0;
   for (size_t k = 0; k < n; ++k) {
     int64_t d = dims[k], in = x.size(d);
-    auto [before, in_, after] = pad_parts(in, padding, k, n);
-    if (int64_t(tables[k].size()) != before + in_ + after) {
+    auto [before, after] = borders(padding, k, n);
+    if (int64_t(tables[k].size()) != before + in + after) {
       x = at::index_select(x, d, upload(tables[k]));  // a crop: the whole table
       continue;
     }
+    if (before == 0 && after == 0) continue;
     std::vector<at::Tensor> parts;
     border(parts, x, d, tables[k], 0, before);
     parts.push_back(x);
     border(parts, x, d, tables[k], before + in, after);
-    x = parts.size() == 1 ? x.clone() : at::cat(parts, d);
+    x = at::cat(parts, d);
   }
-  return x;
+  return x.is_same(x0) ? x0.clone() : x;
 }
 
 // Adds into r the gradient of the border of `count` positions g[from, from + count) at their
@@ -546,20 +545,21 @@ at::Tensor pad_backward(const at::Tensor& g0, const at::Tensor& self, c10::SymIn
   at::Tensor g = g0;
   for (size_t k = n; k-- > 0;) {
     int64_t d = dims[k], in = self.size(d);
-    auto [before, in_, after] = pad_parts(in, padding, k, n);
+    auto [before, after] = borders(padding, k, n);
     auto sizes = g.sizes().vec();
     sizes[d] = in;
-    if (int64_t(tables[k].size()) != before + in_ + after) {
+    if (int64_t(tables[k].size()) != before + in + after) {
       g = at::zeros(sizes, g.options()).index_add(d, upload(tables[k]), g);
       continue;
     }
+    if (before == 0 && after == 0) continue;
     auto r = at::zeros(sizes, g.options());
     add_border(r, g, d, tables[k], 0, before);
     r.add_(g.narrow(d, before, in));
     add_border(r, g, d, tables[k], before + in, after);
     g = r;
   }
-  return g;
+  return g.is_same(g0) ? g0.clone() : g;
 }
 
 at::Tensor xlogy(const at::Tensor& x, const at::Tensor& y) {

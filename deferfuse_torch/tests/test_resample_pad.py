@@ -124,7 +124,8 @@ def test_nearest_3d_resizing_takes_uint8_volumes_as_cpu(mode):
 
 
 @pytest.mark.parametrize("pad_mode", ["reflect", "replicate"])
-@pytest.mark.parametrize("pads", [(3, 2, 1, 4), (0, 2, 2, 0), (1, 1), (4, 0), (10, 9)])
+@pytest.mark.parametrize("pads", [(3, 2, 1, 4), (0, 2, 2, 0), (1, 2, 0, 0), (0, 0, 2, 1), (1, 1), (4, 0),
+                                  (10, 9)])
 def test_padding_gives_cpus_bits_and_a_1d_backward_too(mode, pad_mode, pads):
     # The borders are gathered apart from the interior; the backward sums a position's
     # contributions in CPU's order along a dim (zero, left border, interior, right border), so
