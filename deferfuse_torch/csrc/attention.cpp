@@ -68,7 +68,15 @@ class Attention : public torch::autograd::Function<Attention> {
                             const at::Tensor& v, const std::optional<at::Tensor>& mask,
                             bool is_causal, double scale) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto p = at::_softmax(masked_logits(q, k, mask, is_causal, scale), -1, false);
+    auto logits = masked_logits(q, k, mask, is_causal, scale);
+    auto p = at::_softmax(logits, -1, false);
+    if (mask) {
+      // A query whose every key is masked (a padded position under a padding mask) gets
+      // weights 0, as CPU's flash kernel gives it: softmax over a row of -inf is NaN, and its
+      // backward would spread that NaN into every gradient through dq and dk.
+      auto dead = at::amax(logits, {-1}, true).eq(-std::numeric_limits<double>::infinity());
+      p = at::where(dead, at::zeros({}, p.options()), p);
+    }
     ctx->save_for_backward({q, k, v, p});
     ctx->saved_data["scale"] = scale;
     return product(p, v);
@@ -81,7 +89,8 @@ class Attention : public torch::autograd::Function<Attention> {
     const auto& dout = grads[0];
     auto dv = product(p.transpose(-2, -1), dout);
     auto dp = product(dout, v.transpose(-2, -1));
-    // Masked positions have p == 0, so their logits get no gradient.
+    // Masked positions have p == 0 (a query with every key masked a whole row of them), so
+    // their logits get no gradient.
     auto ds = at::_softmax_backward_data(dp, p, -1, p.scalar_type()) * scale;
     auto dq = product(ds, k);
     auto dk = product(ds.transpose(-2, -1), q);

@@ -46,6 +46,22 @@ def test_a_boolean_mask_of_any_broadcast_shape_matches_cpu(mode, shape):
         q, k, v, attn_mask=mask.to(q.device)), q, k, v, atol=ATOL, rtol=RTOL)
 
 
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_a_query_with_every_key_masked_gets_zeros_and_finite_gradients_as_on_cpu(mode, kind):
+    # A padded query under a padding mask: CPU's flash kernel gives it zero weights (output 0,
+    # no gradient from it), where a softmax over -inf would make NaNs that the backward spreads
+    # into every gradient.
+    q, k, v = qkv()
+    keep = torch.rand(5, 7, generator=torch.Generator().manual_seed(3)) > 0.3
+    keep[:, 0] = True
+    keep[2] = False
+    mask = keep if kind == "bool" else torch.zeros(5, 7).masked_fill(~keep, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert (out[:, :, 2] == 0).all() and torch.isfinite(out).all()
+    assert_same(lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask.to(q.device)), q, k, v, atol=ATOL, rtol=RTOL)
+
+
 def test_an_additive_float_mask_matches_cpu(mode):
     q, k, v = qkv()
     bias = torch.randn(5, 7, generator=torch.Generator().manual_seed(2))
