@@ -240,3 +240,14 @@ def test_erfc_keeps_its_relative_accuracy_into_the_far_tail(mode, dtype, rtol):
     special = torch.tensor([float("inf"), -float("inf"), float("nan")], dtype=dtype)
     torch.testing.assert_close(torch.erfc(special.to("tpu")).cpu(), torch.erfc(special),
                                equal_nan=True)
+
+
+def test_gelu_of_infinity_is_infinity_where_cpus_float32_kernel_gives_nan(mode):
+    # CPU's vectorized float32 GELU gives NaN at both infinities (its float64 and tanh forms
+    # give +inf at +inf); ours gives the limits' +inf at +inf, NaN at -inf (-inf * 0).
+    x = torch.tensor([float("inf"), float("-inf"), 3.0])
+    cpu = torch.nn.functional.gelu(x)
+    got = torch.nn.functional.gelu(x.to("tpu")).cpu()
+    assert torch.isnan(cpu[0]) and got[0] == float("inf")
+    assert torch.isnan(cpu[1]) and torch.isnan(got[1])
+    assert torch.allclose(got[2], cpu[2])
