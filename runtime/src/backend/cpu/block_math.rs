@@ -528,15 +528,8 @@ unsafe fn expm1_8(x: __m256) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn sin_cos8(x: __m256, cos: bool) -> __m256 {
-    use super::trig::{COS_POLY, PIO2, SIN_POLY, TWO_OVER_PI};
-    let j = _mm256_round_ps(
-        _mm256_mul_ps(x, splat(TWO_OVER_PI)),
-        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
-    );
-    let r = _mm256_fnmadd_ps(j, splat(PIO2[0]), x);
-    let r = _mm256_fnmadd_ps(j, splat(PIO2[1]), r);
-    let r = _mm256_fnmadd_ps(j, splat(PIO2[2]), r);
-    let r = select(_mm256_cmp_ps(j, splat(0.0), _CMP_EQ_OQ), x, r);
+    use super::trig::{COS_POLY, SIN_POLY};
+    let (j, r) = reduce8(x);
     let q = _mm256_add_epi32(_mm256_cvtps_epi32(j), _mm256_set1_epi32(cos as i32));
     let z = _mm256_mul_ps(r, r);
     let ps = horner(z, &SIN_POLY);
@@ -551,6 +544,22 @@ unsafe fn sin_cos8(x: __m256, cos: bool) -> __m256 {
     let sign = _mm256_slli_epi32(_mm256_and_si256(q, _mm256_set1_epi32(2)), 30);
     let y = _mm256_xor_ps(v, _mm256_castsi256_ps(sign));
     beyond_poly_max8(x, y, |v| super::trig::sin_cos(v, cos))
+}
+
+/// `trig::reduce` on 8 lanes: (j, r) with x = j pi/2 + r.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn reduce8(x: __m256) -> (__m256, __m256) {
+    use super::trig::{PIO2, TWO_OVER_PI};
+    let j = _mm256_round_ps(
+        _mm256_mul_ps(x, splat(TWO_OVER_PI)),
+        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+    );
+    let r = _mm256_fnmadd_ps(j, splat(PIO2[0]), x);
+    let r = _mm256_fnmadd_ps(j, splat(PIO2[1]), r);
+    let r = _mm256_fnmadd_ps(j, splat(PIO2[2]), r);
+    (j, select(_mm256_cmp_ps(j, splat(0.0), _CMP_EQ_OQ), x, r))
 }
 
 /// `y`, except that lanes where |x| exceeds `trig::POLY_MAX` (or x is NaN) take `scalar(x)`:

@@ -24,18 +24,23 @@ pub(crate) const COS_POLY: [f32; 3] = [2.443_315_7e-5, -1.388_731_6e-3, 4.166_66
 /// Largest |x| the polynomial path takes (its error stays within the tested bound up to here).
 pub(crate) const POLY_MAX: f32 = 8192.0;
 
+/// x = j pi/2 + r with j the nearest integer to x 2/pi and |r| <= pi/4: pi/2 in three parts,
+/// one FMA each (Cody and Waite); r is x itself where j is 0 (no reduction; keeps -0 as -0).
+fn reduce(x: f32) -> (f32, f32) {
+    let j = (x * TWO_OVER_PI).round_ties_even();
+    let r = (-j).mul_add(PIO2[0], x);
+    let r = (-j).mul_add(PIO2[1], r);
+    let r = (-j).mul_add(PIO2[2], r);
+    (j, if j == 0.0 { x } else { r })
+}
+
 /// sin x (`cos` false) or cos x (`cos` true), the operations the vector forms run, in order.
 pub(crate) fn sin_cos(x: f32, cos: bool) -> f32 {
     if x.is_nan() || x.abs() > POLY_MAX {
         let v = x as f64;
         return (if cos { v.cos() } else { v.sin() }) as f32;
     }
-    let j = (x * TWO_OVER_PI).round_ties_even();
-    let r = (-j).mul_add(PIO2[0], x);
-    let r = (-j).mul_add(PIO2[1], r);
-    let r = (-j).mul_add(PIO2[2], r);
-    // x itself where j is 0 (no reduction; keeps -0 as -0).
-    let r = if j == 0.0 { x } else { r };
+    let (j, r) = reduce(x);
     let q = (j as i32).wrapping_add(cos as i32);
     let z = r * r;
     let ps = SIN_POLY[0].mul_add(z, SIN_POLY[1]).mul_add(z, SIN_POLY[2]);
@@ -65,11 +70,7 @@ pub(crate) fn tan(x: f32) -> f32 {
     if x.is_nan() || x.abs() > POLY_MAX {
         return (x as f64).tan() as f32;
     }
-    let j = (x * TWO_OVER_PI).round_ties_even();
-    let r = (-j).mul_add(PIO2[0], x);
-    let r = (-j).mul_add(PIO2[1], r);
-    let r = (-j).mul_add(PIO2[2], r);
-    let r = if j == 0.0 { x } else { r };
+    let (j, r) = reduce(x);
     let z = r * r;
     let p = horner(z, &TAN_POLY);
     let t = (r * z).mul_add(p, r);

@@ -246,15 +246,8 @@ pub(super) unsafe fn expm1_16(x: __m512) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn sin_cos16(x: __m512, cos: bool) -> __m512 {
-    use super::super::trig::{COS_POLY, PIO2, SIN_POLY, TWO_OVER_PI};
-    let j = _mm512_roundscale_ps(
-        _mm512_mul_ps(x, splat(TWO_OVER_PI)),
-        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
-    );
-    let r = _mm512_fnmadd_ps(j, splat(PIO2[0]), x);
-    let r = _mm512_fnmadd_ps(j, splat(PIO2[1]), r);
-    let r = _mm512_fnmadd_ps(j, splat(PIO2[2]), r);
-    let r = select(_mm512_cmp_ps_mask(j, splat(0.0), _CMP_EQ_OQ), x, r);
+    use super::super::trig::{COS_POLY, SIN_POLY};
+    let (j, r) = reduce16(x);
     let q = _mm512_add_epi32(_mm512_cvtps_epi32(j), _mm512_set1_epi32(cos as i32));
     let z = _mm512_mul_ps(r, r);
     let ps = horner16(z, &SIN_POLY);
@@ -269,6 +262,24 @@ unsafe fn sin_cos16(x: __m512, cos: bool) -> __m512 {
     let sign = _mm512_slli_epi32(_mm512_and_si512(q, _mm512_set1_epi32(2)), 30);
     let y = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), sign));
     beyond_poly_max16(x, y, |v| super::super::trig::sin_cos(v, cos))
+}
+
+/// `reduce8` on 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn reduce16(x: __m512) -> (__m512, __m512) {
+    use super::super::trig::{PIO2, TWO_OVER_PI};
+    let j = _mm512_roundscale_ps(
+        _mm512_mul_ps(x, splat(TWO_OVER_PI)),
+        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+    );
+    let r = _mm512_fnmadd_ps(j, splat(PIO2[0]), x);
+    let r = _mm512_fnmadd_ps(j, splat(PIO2[1]), r);
+    let r = _mm512_fnmadd_ps(j, splat(PIO2[2]), r);
+    (
+        j,
+        select(_mm512_cmp_ps_mask(j, splat(0.0), _CMP_EQ_OQ), x, r),
+    )
 }
 
 /// `beyond_poly_max8` on 16 lanes.

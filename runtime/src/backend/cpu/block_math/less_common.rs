@@ -5,13 +5,15 @@
 //! scalar function sends to libm (tan beyond `POLY_MAX`, NaN) take that function itself.
 
 use super::super::arc_trig::{ASIN_POLY, ATAN_POLY, TAN_3PI_8, TAN_PI_8};
-use super::super::trig::{PIO2, TAN_POLY, TWO_OVER_PI};
+use super::super::trig::TAN_POLY;
 use super::super::vmath::LOG10_2;
 use super::avx512::{
-    and_bits, beyond_poly_max16, horner16, log1p16, log_parts16, log_special16, select as select16,
-    splat as splat16,
+    and_bits, beyond_poly_max16, horner16, log1p16, log_parts16, log_special16, reduce16,
+    select as select16, splat as splat16,
 };
-use super::{beyond_poly_max8, horner, log1p8, log_parts8, log_special8, select, splat, wide};
+use super::{
+    beyond_poly_max8, horner, log1p8, log_parts8, log_special8, reduce8, select, splat, wide,
+};
 use std::arch::x86_64::*;
 use std::f32::consts::{FRAC_PI_2, FRAC_PI_4, LOG10_E, LOG2_E, PI};
 
@@ -72,9 +74,6 @@ row_routine!(
     atanh16
 );
 
-/// Rounding to the nearest integer, ties to even, without raising exceptions.
-const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-
 /// `|r|` with the sign bit of `s`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -95,11 +94,7 @@ unsafe fn with_sign_of16(r: __m512, s: __m512) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn tan8(x: __m256) -> __m256 {
-    let j = _mm256_round_ps::<NEAREST>(_mm256_mul_ps(x, splat(TWO_OVER_PI)));
-    let r = _mm256_fnmadd_ps(j, splat(PIO2[0]), x);
-    let r = _mm256_fnmadd_ps(j, splat(PIO2[1]), r);
-    let r = _mm256_fnmadd_ps(j, splat(PIO2[2]), r);
-    let r = select(_mm256_cmp_ps(j, splat(0.0), _CMP_EQ_OQ), x, r);
+    let (j, r) = reduce8(x);
     let z = _mm256_mul_ps(r, r);
     let p = horner(z, &TAN_POLY);
     let t = _mm256_fmadd_ps(_mm256_mul_ps(r, z), p, r);
@@ -114,11 +109,7 @@ pub(super) unsafe fn tan8(x: __m256) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(super) unsafe fn tan16(x: __m512) -> __m512 {
-    let j = _mm512_roundscale_ps::<NEAREST>(_mm512_mul_ps(x, splat16(TWO_OVER_PI)));
-    let r = _mm512_fnmadd_ps(j, splat16(PIO2[0]), x);
-    let r = _mm512_fnmadd_ps(j, splat16(PIO2[1]), r);
-    let r = _mm512_fnmadd_ps(j, splat16(PIO2[2]), r);
-    let r = select16(_mm512_cmp_ps_mask::<_CMP_EQ_OQ>(j, splat16(0.0)), x, r);
+    let (j, r) = reduce16(x);
     let z = _mm512_mul_ps(r, r);
     let p = horner16(z, &TAN_POLY);
     let t = _mm512_fmadd_ps(_mm512_mul_ps(r, z), p, r);
