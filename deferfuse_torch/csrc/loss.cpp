@@ -121,12 +121,18 @@ void check_nll(const at::Tensor& self, const at::Tensor& target, int64_t ignore_
   }
 }
 
-// Each sample's class, 0 where it is ignore_index, as [N, 1] (or [1] for a 0-D target): what
-// the gathers read through. A target outside [0, C) (other than ignore_index) fails in the
-// runtime, at the next sync point, instead of picking nothing and returning a loss.
-at::Tensor safe_target(const at::Tensor& target, int64_t ignore_index) {
-  auto t = target.dim() == 0 ? target.reshape({1}) : target.unsqueeze(-1);
-  return dft::where(t.ne(ignore_index), t, at::Scalar(int64_t(0)));
+// The samples a loss counts (target != ignore_index) and each one's class, 0 where ignored,
+// both flat [N] ([1] for a 0-D target): what the gathers read through. A target outside
+// [0, C) (other than ignore_index) fails in the runtime, at the next sync point, instead of
+// picking nothing and returning a loss.
+struct Targets {
+  at::Tensor counted, safe;
+};
+
+Targets targets(const at::Tensor& target, int64_t ignore_index) {
+  auto t = target.reshape({-1});
+  auto counted = t.ne(ignore_index);
+  return {counted, dft::where(counted, t, at::Scalar(int64_t(0)))};
 }
 
 // The [N, C] (or [C]) pairs (sample, class) with c == target[n] and target[n] !=
@@ -145,12 +151,11 @@ std::pair<at::Tensor, at::Tensor> pick_mask(const at::Tensor& self, const at::Te
   auto classes = run(DFUSE_OP_KIND_ARANGE, &a,
                      Operands().s(at::Scalar(int64_t(0))).s(at::Scalar(C)).s(at::Scalar(int64_t(1))),
                      "nll_loss classes");
-  auto t = target.dim() == 0 ? target : target.unsqueeze(-1);
-  auto safe = safe_target(target, ignore_index);
+  auto shape = target.dim() == 0 ? target.sizes().vec() : target.unsqueeze(-1).sizes().vec();
+  auto [counted, safe] = targets(target, ignore_index);
   // The class each sample picks, read through a gather from the class list (bounds-checked).
-  auto picked = gather_op(classes, 0, safe.reshape({-1})).view(t.sizes());
-  auto hit = classes.eq(picked);
-  hit = hit.logical_and(t.ne(ignore_index));
+  auto picked = gather_op(classes, 0, safe).view(shape);
+  auto hit = classes.eq(picked).logical_and(counted.view(shape));
   auto mask = cast(hit, self.scalar_type());
   if (weight && weight->defined()) mask = mask * *weight;
   return {hit, mask};
@@ -164,14 +169,11 @@ std::tuple<at::Tensor, at::Tensor> nll_loss_forward(const at::Tensor& self,
                                                     const std::optional<at::Tensor>& weight,
                                                     int64_t reduction, int64_t ignore_index) {
   check_nll(self, target, ignore_index);
-  auto safe = safe_target(target, ignore_index);
-  auto counted = (target.dim() == 0 ? target.reshape({1}) : target).ne(ignore_index);
-  auto x = gather_op(self.dim() == 1 ? self.reshape({1, -1}) : self, 1,
-                     self.dim() == 1 ? safe.reshape({1, 1}) : safe)
-               .reshape({-1});
+  auto [counted, safe] = targets(target, ignore_index);
+  auto x = gather_op(self.reshape({-1, self.size(-1)}), 1, safe.unsqueeze(1)).reshape({-1});
   at::Tensor w;
   if (weight && weight->defined()) {
-    w = gather_op(*weight, 0, safe.reshape({-1}));
+    w = gather_op(*weight, 0, safe);
     x = x * w;
   } else {
     w = at::ones({}, self.options());
