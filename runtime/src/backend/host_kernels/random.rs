@@ -340,15 +340,14 @@ mod tests {
             let key = [0x1234_5678, 0x9abc_def0];
             let mut words: Words = [[0; BATCH]; 4];
             philox_batch(first, offset, key, &mut words);
-            for i in 0..BATCH {
-                let b = first + i as u64;
+            for (i, b) in (first..first + BATCH as u64).enumerate() {
                 let ctr = [
                     b as u32,
                     (b >> 32) as u32,
                     offset as u32,
                     (offset >> 32) as u32,
                 ];
-                let got = [words[0][i], words[1][i], words[2][i], words[3][i]];
+                let got = words.map(|w| w[i]);
                 assert_eq!(got, philox4x32_10(ctr, key), "block {b} offset {offset}");
             }
         }
