@@ -24,15 +24,75 @@ at::Tensor upload(const Table& t) {
   return upload_table(t, {int64_t(t.size())});
 }
 
-// out = x with dim d[k] replaced by x.select(d[k], table[k][i]) for each output index i.
+// Most copies of one input index a repeat table may make for pick and unpick to take it as a
+// broadcast: the adjoint adds that many strided slices, one program each in strict mode.
+constexpr int64_t kMaxRepeat = 8;
+
+// The ratio r of each table that repeats every input index r times in order (t[o] == o / r,
+// as nearest upsampling by an integer factor makes), or nothing when a table is another kind
+// (or repeats more than kMaxRepeat times), or when every ratio is 1 (an identity).
+std::vector<int64_t> repeat_ratios(const std::vector<Table>& tables, at::IntArrayRef in_sizes,
+                                   const std::vector<int64_t>& dims) {
+  std::vector<int64_t> ratios;
+  bool grows = false;
+  for (size_t k = 0; k < tables.size(); ++k) {
+    const auto& t = tables[k];
+    int64_t in = in_sizes[dims[k]];
+    if (in <= 0 || int64_t(t.size()) % in != 0) return {};
+    int64_t r = int64_t(t.size()) / in;
+    if (r > kMaxRepeat) return {};
+    for (size_t o = 0; o < t.size(); ++o) {
+      if (t[o] != int64_t(o) / r) return {};
+    }
+    grows |= r > 1;
+    ratios.push_back(r);
+  }
+  if (!grows) return {};
+  return ratios;
+}
+
+// out = x with dim d[k] replaced by x.select(d[k], table[k][i]) for each output index i. Where
+// every table repeats its indexes (nearest upsampling by integer factors), one broadcast copy:
+// x with a stride-0 dim of size r after each picked dim, made contiguous, viewed at the output
+// sizes (a [16, 64, 16, 16] doubling 3.1 -> 0.7-1.6 ms, CPU eager 1.3-5; an index_select per
+// dim ran element by element).
 at::Tensor pick(at::Tensor x, const std::vector<int64_t>& dims, const std::vector<Table>& tables) {
+  auto ratios = repeat_ratios(tables, x.sizes(), dims);
+  if (!ratios.empty()) {
+    auto out = x.sizes().vec();
+    auto v = x;
+    for (size_t k = dims.size(); k-- > 0;) {  // from the last, so earlier dims keep their place
+      v = v.unsqueeze(dims[k] + 1);
+      out[dims[k]] *= ratios[k];
+    }
+    auto wide = v.sizes().vec();
+    for (size_t k = 0; k < dims.size(); ++k) wide[dims[k] + 1 + k] = ratios[k];
+    return v.expand(wide).contiguous().view(out);
+  }
   for (size_t k = 0; k < dims.size(); ++k) x = at::index_select(x, dims[k], upload(tables[k]));
   return x;
 }
 
 // The adjoint of pick: every output element's gradient added to the input element it came from.
+// For repeat tables, per dim from the last, the r slices of each input index added in order;
+// the index_add path adds them in the same order onto zeros, and the closing + 0.0 gives its
+// zero sign too (0 + -0 is +0), so both give the same bits ([16, 64, 32, 32] 3.7 -> 0.3 ms).
 at::Tensor unpick(at::Tensor g, at::IntArrayRef in_sizes, const std::vector<int64_t>& dims,
                   const std::vector<Table>& tables) {
+  auto ratios = repeat_ratios(tables, in_sizes, dims);
+  if (!ratios.empty()) {
+    for (size_t k = dims.size(); k-- > 0;) {
+      int64_t d = dims[k], r = ratios[k];
+      if (r == 1) continue;
+      auto sizes = g.sizes().vec();
+      sizes[d] /= r;
+      sizes.insert(sizes.begin() + d + 1, r);
+      auto v = g.reshape(sizes);
+      g = v.select(d + 1, 0);
+      for (int64_t i = 1; i < r; ++i) g = g + v.select(d + 1, i);
+    }
+    return g + 0.0;
+  }
   for (size_t k = dims.size(); k-- > 0;) {
     auto sizes = g.sizes().vec();
     sizes[dims[k]] = in_sizes[dims[k]];

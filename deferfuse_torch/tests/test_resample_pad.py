@@ -41,6 +41,38 @@ def test_nearest_upsample_1d(mode):
     both(lambda t: F.interpolate(t, scale_factor=3, mode="nearest"), torch.randn(2, 3, 5))
 
 
+@pytest.mark.parametrize("scale", [2, (2, 3), (1, 4)])
+def test_integer_factor_nearest_upsampling_gives_cpus_values_bit_for_bit(mode, scale):
+    # A broadcast copy, not a gather: each value is its source's, for floats and uint8 images.
+    x = torch.randn(2, 3, 4, 6)
+    out = F.interpolate(x.to("tpu"), scale_factor=scale, mode="nearest")
+    assert torch.equal(out.cpu(), F.interpolate(x, scale_factor=scale, mode="nearest"))
+    u = torch.randint(0, 256, (1, 3, 5, 4), dtype=torch.uint8)
+    out = F.interpolate(u.to("tpu"), scale_factor=scale, mode="nearest-exact")
+    assert torch.equal(out.cpu(), F.interpolate(u, scale_factor=scale, mode="nearest-exact"))
+
+
+def test_nearest_upsampling_gradient_sums_one_dims_copies_in_cpus_order(mode):
+    # Along one dim the copies of an input are added in CPU's order: the same bits.
+    x = torch.randn(2, 3, 5)
+    xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+    g = torch.randn(2, 3, 15) * torch.tensor([1.0, 1e8, -1e8] * 5)
+    F.interpolate(xc, scale_factor=3, mode="nearest").backward(g)
+    F.interpolate(xt, scale_factor=3, mode="nearest").backward(g.to("tpu"))
+    assert torch.equal(xt.grad.cpu(), xc.grad)
+
+
+def test_nearest_upsampling_gradient_of_negative_zeros_is_positive_zero_as_on_cpu(mode):
+    # CPU adds each copy onto zeros, so an input whose copies all got -0.0 gets +0.0.
+    x = torch.randn(1, 2, 3, 3)
+    xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+    g = torch.full((1, 2, 6, 6), -0.0)
+    F.interpolate(xc, scale_factor=2, mode="nearest").backward(g)
+    F.interpolate(xt, scale_factor=2, mode="nearest").backward(g.to("tpu"))
+    assert torch.equal(torch.signbit(xt.grad.cpu()), torch.signbit(xc.grad))
+    assert not torch.signbit(xc.grad).any()
+
+
 @pytest.mark.parametrize("pad_mode", ["reflect", "replicate"])
 def test_pad_2d_and_1d(mode, pad_mode):
     both(lambda t: F.pad(t, (1, 2, 3, 0), mode=pad_mode), torch.randn(2, 3, 5, 6))
