@@ -140,13 +140,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_legit_no_training(
   return batch_norm(x, weight, bias, running_mean, running_var, false, momentum, eps);
 }
 
-// Group norm works on x as [N, G, C/G, HxW]: the group statistics reduce dims 2 and 3 (one
-// contiguous row per group), and the per-channel weight and bias broadcast as [1, G, C/G, 1]
-// over the same shape, so nothing between the statistics and the affine changes shape (a
-// [N, C, HxW] view for the affine was a cut: 13 programs for a forward and backward of
-// 8x32x16x16 in defer mode, now 10). The affine is still a loop of its own: a row kernel's row
-// must be one strided walk, and a weight that varies along dim 2 but not 3 is not. Sums run
-// over the same elements in the same order.
+// Group norm works on x as [N, G, C/G, HxW] and follows CPU's kernel (group_norm_kernel.cpp):
+// the group statistics reduce dims 2 and 3 (one contiguous row per group); the output is
+// x * scale + bias with per-(n, c) coefficients (scale = rstd * weight, bias = beta - mean *
+// scale), one pass over x after the statistics; the backward reduces grad * x and grad per
+// (n, c) over HxW in one pass (ds, db), works out every coefficient from those [N, C] sums,
+// and writes the input gradient c1 * grad + c2 * x + c3 in a second pass. Composing it from
+// centred values read grad and x four times and ran 2x CPU's time (`[16, 32, 32, 32]` forward
+// and backward 0.69-1.05 ms in defer, CPU eager 0.40-0.50).
 struct GroupShape {
   int64_t N, G, D, HxW;
   std::vector<int64_t> x() const { return {N, G, D, HxW}; }
@@ -172,9 +173,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm(
   auto mean = reduce(x4, DFUSE_REDUCE_OP_MEAN, {2, 3}, true);
   auto xc = x4 - mean;
   auto rstd = inv_std(reduce(xc * xc, DFUSE_REDUCE_OP_MEAN, {2, 3}, true), eps);
-  auto y = xc * rstd;
-  if (has(weight)) y = y * weight->view(s.channel());
-  if (has(bias)) y = y + bias->view(s.channel());
+  auto scale = has(weight) ? rstd * weight->view(s.channel()) : rstd;
+  auto shift = has(bias) ? bias->view(s.channel()) - mean * scale : at::neg(mean * scale);
+  auto y = x4 * scale + shift;
   return {y.view(x.sizes()), mean.view({N, group}), rstd.view({N, group})};
 }
 
@@ -189,20 +190,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward(
     return {rounded_to(gx, x.scalar_type()), rounded_to(gw, st), rounded_to(gb, st)};
   }
   GroupShape s{N, group, C / group, HxW};
-  auto rstd4 = rstd.view(s.stat());
-  auto xhat = (x.reshape(s.x()) - mean.view(s.stat())) * rstd4;
-  auto g4 = grad.reshape(s.x());
+  auto g3 = grad.reshape({N, C, HxW});
+  // Per (n, c): ds = sum of grad * x, db = sum of grad (one row kernel in defer).
+  auto ds = reduce(g3 * x.reshape({N, C, HxW}), DFUSE_REDUCE_OP_SUM, {2}, false).view({N, group, s.D});
+  auto db = reduce(g3, DFUSE_REDUCE_OP_SUM, {2}, false).view({N, group, s.D});
+  auto mean3 = mean.view({N, group, 1});
+  auto rstd3 = rstd.view({N, group, 1});
   at::Tensor gx, gw, gb;
   if (mask[0]) {
-    auto g = has(weight) ? g4 * weight->view(s.channel()) : g4;
-    auto g_mean = reduce(g, DFUSE_REDUCE_OP_MEAN, {2, 3}, true);
-    auto gx_mean = reduce(g * xhat, DFUSE_REDUCE_OP_MEAN, {2, 3}, true);
-    gx = ((g - g_mean - xhat * gx_mean) * rstd4).view(x.sizes());
+    auto w3 = has(weight) ? std::optional<at::Tensor>(weight->view({1, group, s.D})) : std::nullopt;
+    auto ds_w = reduce(w3 ? ds * *w3 : ds, DFUSE_REDUCE_OP_SUM, {2}, true);  // [N, G, 1]
+    auto db_w = reduce(w3 ? db * *w3 : db, DFUSE_REDUCE_OP_SUM, {2}, true);
+    double k = 1.0 / double(s.D * HxW);
+    auto c2 = (db_w * mean3 - ds_w) * rstd3 * rstd3 * rstd3 * k;
+    auto c3 = at::neg(c2) * mean3 - db_w * rstd3 * k;
+    auto c1 = w3 ? rstd3 * *w3 : rstd3;  // [N, G, D] or [N, G, 1]
+    auto x4 = x.reshape(s.x());
+    gx = (grad.reshape(s.x()) * c1.unsqueeze(3) + x4 * c2.unsqueeze(3) + c3.unsqueeze(3))
+             .view(x.sizes());
   }
-  // Per channel over [N, C, HxW] (reduce_but_channels): a [N, G, C/G, HxW] reduction over dims
-  // 0 and 3 copied its input through a slower 4-D walk first.
-  if (mask[1]) gw = reduce_but_channels((g4 * xhat).view({N, C, HxW}), DFUSE_REDUCE_OP_SUM);
-  if (mask[2]) gb = reduce_but_channels(grad.reshape({N, C, HxW}), DFUSE_REDUCE_OP_SUM);
+  if (mask[1]) {
+    gw = reduce((ds - db * mean3) * rstd3, DFUSE_REDUCE_OP_SUM, {0}, false).view({C});
+  }
+  if (mask[2]) gb = reduce(db, DFUSE_REDUCE_OP_SUM, {0}, false).view({C});
   return {gx, gw, gb};
 }
 
