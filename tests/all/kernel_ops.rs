@@ -304,6 +304,52 @@ fn row_gathers_with_an_expanded_index_match_the_reference_in_every_layout() {
 }
 
 #[test]
+fn gathers_whose_rows_share_one_index_row_match_the_reference_in_every_layout() {
+    // index_select and flip reach gather with one index row expanded over every other dim:
+    // along the last dim (a reversed row, flip's, and an arbitrary one with repeats) and along
+    // a middle dim, whose trailing dims are copied as one block per index value.
+    let mut rng = Rng::new(53);
+    let sizes = [3, 4, 5];
+    for dtype in [DType::F32, DType::F64, DType::BF16, DType::U8] {
+        let src = rng.tensor(dtype, &sizes, 50.0, 50, false);
+        for (dim, row) in [
+            (2, vec![4.0, 3.0, 2.0, 1.0, 0.0]),
+            (2, vec![1.0, 1.0, 4.0, 0.0, 2.0, 3.0, 0.0]),
+            (1, vec![3.0, 2.0, 1.0, 0.0]),
+            (1, vec![2.0, 0.0, 2.0]),
+        ] {
+            let mut isizes = sizes.to_vec();
+            isizes[dim] = row.len();
+            let n: usize = isizes.iter().product();
+            let stride: usize = isizes[dim + 1..].iter().product();
+            let dense = RefTensor::new(
+                DType::I64,
+                &isizes,
+                (0..n).map(|e| row[e / stride % row.len()]).collect(),
+            );
+            let ids = RefTensor::new(DType::I64, &[row.len()], row.clone());
+            let want = refk::gather(&src, dim, &dense);
+            for p in PLACES {
+                let out = run_in_every_mode(|rt| {
+                    let s = place(rt, &src, p);
+                    let mut i = upload(rt, &ids);
+                    for d in 0..3 {
+                        if d != dim {
+                            i = view(rt, i, View::Unsqueeze(d as i64));
+                        }
+                    }
+                    let wide = isizes.iter().map(|&k| k as i64).collect();
+                    let i = view(rt, i, View::Expand(wide));
+                    vec![("shared".into(), run(rt, gather(dim), &[tt(s), tt(i)]))]
+                });
+                let ctx = format!("gather {dtype} dim {dim} {row:?} {p:?}");
+                assert_equal(&ctx, &out[0].1, &want);
+            }
+        }
+    }
+}
+
+#[test]
 fn scatter_into_self_through_out_updates_the_tensor_and_its_aliases() {
     let this = RefTensor::new(DType::F64, &[2, 4], (0..8).map(f64::from).collect());
     let idx = RefTensor::new(DType::I64, &[2, 2], vec![3.0, 0.0, 1.0, 1.0]);

@@ -42,7 +42,20 @@ pub(super) fn check_indices(op: &str, index: &View, dim: usize, size: usize) -> 
 pub(super) fn run(dim: usize, src: &View, index: &View, out: &View) -> Result<()> {
     check_indices("gather", index, dim, src.sizes[dim])?;
     if let Some(last) = rows_of_one_index(dim, index, &[src, out]) {
-        gather_rows(dim, last, src, index, out);
+        match whole_blocks(dim, src, index, out) {
+            Some([src, index, out]) => gather_rows(dim, dim + 1, &src, &index, &out),
+            None => gather_rows(dim, last, src, index, out),
+        }
+        return Ok(());
+    }
+    let last = index.sizes.len() - 1;
+    if src.dtype == out.dtype && dim == last && one_index_row(dim, index) {
+        with_index_reader!(index.dtype, |read| match src.dtype.size() {
+            8 => gather_one_row::<u64>(dim, src, index, out, read),
+            4 => gather_one_row::<u32>(dim, src, index, out, read),
+            2 => gather_one_row::<u16>(dim, src, index, out, read),
+            _ => gather_one_row::<u8>(dim, src, index, out, read),
+        });
         return Ok(());
     }
     if src.dtype == out.dtype {
@@ -86,6 +99,84 @@ pub(super) fn rows_of_one_index(dim: usize, index: &View, others: &[&View]) -> O
     let rows = dim != last && index.strides[last] == 0;
     let same_width = others.iter().all(|v| v.sizes.len() == index.sizes.len());
     (rows && same_width).then_some(last)
+}
+
+/// True when every row along `dim` takes the same index values: the index is expanded over
+/// every other dim (`index_select` and `flip` reach the kernel so).
+fn one_index_row(dim: usize, index: &View) -> bool {
+    (0..index.sizes.len()).all(|d| d == dim || index.strides[d] == 0 || index.sizes[d] == 1)
+}
+
+/// [`gather_same`] along the last dim when every row takes one index row: its source offsets
+/// are read once, and a row that reverses its source (`flip`) is read forwards and written
+/// backwards, which the compiler vectorizes (`[16, 3, 224, 224].flip(3)` 9.2 -> 1.9-2.3 ms,
+/// CPU eager 1.4-1.8; it read the index per element).
+fn gather_one_row<T: Copy>(
+    dim: usize,
+    src: &View,
+    index: &View,
+    out: &View,
+    read: impl Fn(*const u8, isize) -> isize,
+) {
+    let n = index.sizes[dim];
+    let (is, os, ss) = (index.strides[dim], out.strides[dim], src.strides[dim]);
+    let from: Vec<isize> = (0..n as isize)
+        .map(|j| read(index.base, index.offset + j * is) * ss)
+        .collect();
+    let reversed = os == 1 && ss == 1 && from.iter().rev().copied().eq(0..n as isize);
+    for_each_row(&index.sizes, dim, &[out, src], |_, o| {
+        // SAFETY: every view lies inside its buffer and the index was checked, so each source
+        // element is one of the source view's; with `reversed`, both rows are n contiguous
+        // elements, and the output shares no memory with the source (see `Dst`).
+        unsafe {
+            let (to, row) = (
+                (out.base as *mut T).offset(o[0]),
+                (src.base as *const T).offset(o[1]),
+            );
+            if reversed {
+                let to = std::slice::from_raw_parts_mut(to, n);
+                let row = std::slice::from_raw_parts(row, n);
+                for (t, &v) in to.iter_mut().rev().zip(row) {
+                    *t = v;
+                }
+            } else {
+                for (j, &f) in from.iter().enumerate() {
+                    *to.offset(j as isize * os) = *row.offset(f);
+                }
+            }
+        }
+    });
+}
+
+/// The views with the dims after `dim` merged into one, when each row there takes one index
+/// value (index stride 0) and the source and output hold those dims contiguously with one
+/// dtype: `gather_rows` then copies one block per index value instead of one row (`[16, 64,
+/// 32, 32].flip(1)`: 32,768 rows of 32 floats -> 1,024 blocks of 1,024, 0.82 -> 0.3-0.4 ms).
+fn whole_blocks(dim: usize, src: &View, index: &View, out: &View) -> Option<[View; 3]> {
+    let rank = index.sizes.len();
+    if dim + 2 > rank || src.dtype != out.dtype {
+        return None;
+    }
+    let dense = |v: &View| {
+        let mut step = 1isize;
+        (dim + 1..rank).rev().all(|d| {
+            let ok = v.sizes[d] == 1 || v.strides[d] == step;
+            step *= v.sizes[d] as isize;
+            ok
+        })
+    };
+    if !(dim + 1..rank).all(|d| index.strides[d] == 0) || !dense(src) || !dense(out) {
+        return None;
+    }
+    let block: usize = index.sizes[dim + 1..].iter().product();
+    let merged = |v: &View, inner: isize| View {
+        base: v.base,
+        dtype: v.dtype,
+        sizes: v.sizes[..=dim].iter().copied().chain([block]).collect(),
+        strides: v.strides[..=dim].iter().copied().chain([inner]).collect(),
+        offset: v.offset,
+    };
+    Some([merged(src, 1), merged(index, 0), merged(out, 1)])
 }
 
 /// The element walk for a source and output of one dtype: each element's bits moved as one
