@@ -133,54 +133,77 @@ at::Tensor scatter_reduce_two(const at::Tensor& self, int64_t dim, const at::Ten
   return scatter_op(self, wrap(self, dim), idx, src, parse_reduce(reduce, true), include_self);
 }
 
+// The in-place scatters write into self itself (ScatterInto::Self): only the indexed elements.
 at::Tensor& scatter_src_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                          const at::Tensor& src) {
-  return assign(self, scatter_src(self, dim, index, src));
+  auto idx = scatter_index(index, "scatter");
+  scatter_op(self, wrap(self, dim), idx, src, ScatterReduce::Assign, true, ScatterInto::Self);
+  return self;
 }
 
 at::Tensor& scatter_value_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                            const at::Scalar& value) {
-  return assign(self, scatter_value(self, dim, index, value));
+  auto idx = scatter_index(index, "scatter");
+  scatter_value_op(self, wrap(self, dim), idx, value, ScatterReduce::Assign, ScatterInto::Self);
+  return self;
 }
 
 at::Tensor& scatter_reduce_src_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                                 const at::Tensor& src, c10::string_view reduce) {
-  return assign(self, scatter_reduce_src(self, dim, index, src, reduce));
+  auto idx = scatter_index(index, "scatter");
+  scatter_op(self, wrap(self, dim), idx, src, parse_reduce(reduce, false), true, ScatterInto::Self);
+  return self;
 }
 
 at::Tensor& scatter_reduce_value_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                                   const at::Scalar& value, c10::string_view reduce) {
-  return assign(self, scatter_reduce_value(self, dim, index, value, reduce));
+  auto idx = scatter_index(index, "scatter");
+  scatter_value_op(self, wrap(self, dim), idx, value, parse_reduce(reduce, false),
+                   ScatterInto::Self);
+  return self;
 }
 
 at::Tensor& scatter_add_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                          const at::Tensor& src) {
-  return assign(self, tpu_scatter_add(self, dim, index, src));
+  auto idx = scatter_index(index, "scatter_add");
+  scatter_op(self, wrap(self, dim), idx, src, ScatterReduce::Sum, true, ScatterInto::Self);
+  return self;
 }
 
 at::Tensor& scatter_reduce_two_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                                 const at::Tensor& src, c10::string_view reduce,
                                 bool include_self) {
-  return assign(self, scatter_reduce_two(self, dim, index, src, reduce, include_self));
+  auto idx = scatter_index(index, "scatter_reduce");
+  scatter_op(self, wrap(self, dim), idx, src, parse_reduce(reduce, true), include_self,
+             ScatterInto::Self);
+  return self;
 }
 
-at::Tensor tpu_index_add(const at::Tensor& self, int64_t dim, const at::Tensor& index,
-                     const at::Tensor& source, const at::Scalar& alpha) {
+at::Tensor index_add_to(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                        const at::Tensor& source, const at::Scalar& alpha, ScatterInto into) {
   check_index_dtype(index, "index_add");
   TORCH_CHECK(index.dim() <= 1, "index_add_(): Index is supposed to be a vector");
   if (self.dim() == 0) {
-    auto r = tpu_index_add(self.reshape({1}), 0, index.reshape({-1}), source.reshape({-1}), alpha);
+    auto r = index_add_to(self.reshape({1}), 0, index.reshape({-1}), source.reshape({-1}), alpha,
+                          into);
     return r.reshape({});
   }
   dim = at::maybe_wrap_dim(dim, self.dim());
   auto src = source.dim() == 0 ? source.reshape({1}) : source;
   if (!alpha.equal(1)) src = src * alpha;
-  return scatter_op(self, dim, expand_index(index, src.sizes(), dim), src, ScatterReduce::Sum);
+  return scatter_op(self, dim, expand_index(index, src.sizes(), dim), src, ScatterReduce::Sum,
+                    true, into);
+}
+
+at::Tensor tpu_index_add(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                         const at::Tensor& source, const at::Scalar& alpha) {
+  return index_add_to(self, dim, index, source, alpha, ScatterInto::Copy);
 }
 
 at::Tensor& index_add_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                        const at::Tensor& source, const at::Scalar& alpha) {
-  return assign(self, tpu_index_add(self, dim, index, source, alpha));
+  index_add_to(self, dim, index, source, alpha, ScatterInto::Self);
+  return self;
 }
 
 at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor& index,
@@ -192,8 +215,8 @@ at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor&
 
 // index_copy: source's slices written at the indexed positions of dim (a scatter); HF's
 // static KV cache writes each step's keys and values this way.
-at::Tensor tpu_index_copy(const at::Tensor& self, int64_t dim, const at::Tensor& index,
-                          const at::Tensor& source) {
+at::Tensor index_copy_to(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                         const at::Tensor& source, ScatterInto into) {
   TORCH_CHECK_INDEX(index.dim() <= 1, "index_copy_(): Index should have dimension 1 or 0 (got ",
                     index.dim(), ")");
   TORCH_CHECK_INDEX(index.scalar_type() == at::kLong,
@@ -203,7 +226,7 @@ at::Tensor tpu_index_copy(const at::Tensor& self, int64_t dim, const at::Tensor&
               "expected to have the same dtype, but got (self) ", self.scalar_type(),
               " and (source) ", source.scalar_type());
   if (self.dim() == 0) {
-    return tpu_index_copy(self.reshape({1}), 0, index.reshape({-1}), source.reshape({-1}))
+    return index_copy_to(self.reshape({1}), 0, index.reshape({-1}), source.reshape({-1}), into)
         .reshape({});
   }
   dim = at::maybe_wrap_dim(dim, self.dim());
@@ -217,12 +240,19 @@ at::Tensor tpu_index_copy(const at::Tensor& self, int64_t dim, const at::Tensor&
                     " and source slice shape: ", src.sizes(), " at dimension ", dim, ".");
   TORCH_CHECK_INDEX(index.numel() == src.size(dim), "index_copy_(): Number of indices (",
                     index.numel(), ") should be equal to source.size(dim) (", src.size(dim), ")");
-  return scatter_op(self, dim, expand_index(index, src.sizes(), dim), src, ScatterReduce::Assign);
+  return scatter_op(self, dim, expand_index(index, src.sizes(), dim), src, ScatterReduce::Assign,
+                    true, into);
+}
+
+at::Tensor tpu_index_copy(const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                          const at::Tensor& source) {
+  return index_copy_to(self, dim, index, source, ScatterInto::Copy);
 }
 
 at::Tensor& index_copy_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                         const at::Tensor& source) {
-  return assign(self, tpu_index_copy(self, dim, index, source));
+  index_copy_to(self, dim, index, source, ScatterInto::Self);
+  return self;
 }
 
 at::Tensor& index_copy_out(const at::Tensor& self, int64_t dim, const at::Tensor& index,
@@ -236,13 +266,14 @@ at::Tensor& index_fill_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                         const at::Scalar& value) {
   check_index_dtype(index, "index_fill_");
   if (self.dim() == 0) {
-    auto flat = self.reshape({1});
-    return assign(self, scatter_value_op(flat, 0, index.reshape({-1}), value,
-                                         ScatterReduce::Assign).reshape({}));
+    scatter_value_op(self.reshape({1}), 0, index.reshape({-1}), value, ScatterReduce::Assign,
+                     ScatterInto::Self);
+    return self;
   }
   dim = at::maybe_wrap_dim(dim, self.dim());
-  return assign(self, scatter_value_op(self, dim, expand_index(index, self.sizes(), dim), value,
-                                       ScatterReduce::Assign));
+  scatter_value_op(self, dim, expand_index(index, self.sizes(), dim), value,
+                   ScatterReduce::Assign, ScatterInto::Self);
+  return self;
 }
 
 at::Tensor& index_fill_tensor_(at::Tensor& self, int64_t dim, const at::Tensor& index,
@@ -267,7 +298,8 @@ at::Tensor embedding_dense_backward(const at::Tensor& grad, const at::Tensor& in
     g = g / tpu_index_select(counts, 0, idx).unsqueeze(1);
   }
   auto zeros = at::zeros({n_w, d}, g.options());
-  return scatter_op(zeros, 0, expand_index(idx, {idx.size(0), d}, 0), g, ScatterReduce::Sum);
+  return scatter_op(zeros, 0, expand_index(idx, {idx.size(0), d}, 0), g, ScatterReduce::Sum, true,
+                    ScatterInto::Self);
 }
 
 at::Tensor tpu_nonzero(const at::Tensor& self) {

@@ -33,28 +33,41 @@ at::Tensor gather_op(const at::Tensor& src, int64_t dim, const at::Tensor& index
   return run(DFUSE_OP_KIND_GATHER, &a, Operands().t(src).t(index), "gather");
 }
 
+namespace {
+
+at::Tensor scatter_run(const at::Tensor& self, const DfuseAttrs& a, const Operands& in,
+                       ScatterInto into) {
+  if (into == ScatterInto::Copy) return run(DFUSE_OP_KIND_SCATTER, &a, in, "scatter");
+  // An index or source that overlaps self is read from a copy taken first, as eager reads
+  // the old values.
+  run_into_from_old_values(DFUSE_OP_KIND_SCATTER, &a, in, self, "scatter");
+  return self;
+}
+
+}  // namespace
+
 at::Tensor scatter_op(const at::Tensor& self, int64_t dim, const at::Tensor& index,
-                      const at::Tensor& src, ScatterReduce reduce, bool include_self) {
+                      const at::Tensor& src, ScatterReduce reduce, bool include_self,
+                      ScatterInto into) {
   // Nothing to write (an empty index of any shape, as gather's backward makes): self's values.
-  if (index.numel() == 0) return self.clone();
+  if (index.numel() == 0) return into == ScatterInto::Self ? self : self.clone();
   // A 0-dim self takes a one-element 1-D index (gather's backward of a 0-dim input), as on CPU.
   if (self.dim() == 0 && index.dim() == 1) {
-    return scatter_op(self.reshape({1}), 0, index, src.reshape({-1}), reduce, include_self)
+    return scatter_op(self.reshape({1}), 0, index, src.reshape({-1}), reduce, include_self, into)
         .reshape({});
   }
   auto a = scatter_attrs(dim, reduce, include_self);
-  return run(DFUSE_OP_KIND_SCATTER, &a,
-             Operands().t(self).t(index).t(cast(src, self.scalar_type())), "scatter");
+  return scatter_run(self, a, Operands().t(self).t(index).t(cast(src, self.scalar_type())), into);
 }
 
 at::Tensor scatter_value_op(const at::Tensor& self, int64_t dim, const at::Tensor& index,
-                            const at::Scalar& value, ScatterReduce reduce) {
-  if (index.numel() == 0) return self.clone();
+                            const at::Scalar& value, ScatterReduce reduce, ScatterInto into) {
+  if (index.numel() == 0) return into == ScatterInto::Self ? self : self.clone();
   if (self.dim() == 0 && index.dim() == 1) {
-    return scatter_value_op(self.reshape({1}), 0, index, value, reduce).reshape({});
+    return scatter_value_op(self.reshape({1}), 0, index, value, reduce, into).reshape({});
   }
   auto a = scatter_attrs(dim, reduce, true);
-  return run(DFUSE_OP_KIND_SCATTER, &a, Operands().t(self).t(index).s(value), "scatter");
+  return scatter_run(self, a, Operands().t(self).t(index).s(value), into);
 }
 
 at::Tensor scan_op(const at::Tensor& x, int64_t dim, bool prod, at::ScalarType dtype) {

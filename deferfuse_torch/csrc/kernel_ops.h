@@ -14,12 +14,22 @@ enum class ScatterReduce { Assign, Sum, Prod, Amax, Amin, Mean };
 // torch.gather(src, dim, index): index has src's rank; the result has index's shape.
 at::Tensor gather_op(const at::Tensor& src, int64_t dim, const at::Tensor& index);
 
-// A copy of `self` with `src` (a tensor of index's shape or more) scattered along `dim`.
+// Where scatter writes: a new tensor (a copy of self with the values scattered), or self
+// itself, for the in-place ops (scatter_, index_add_, index_copy_, a fresh zeros buffer): the
+// runtime then writes only the indexed elements, where a copy of self and an assign back
+// would each pass over all of it (an embedding gradient's [50257, 128] zeros: 3.0 ms of
+// copying for 1,024 rows).
+enum class ScatterInto { Copy, Self };
+
+// `self` with `src` (a tensor of index's shape or more) scattered along `dim`: a copy, or
+// self itself (returned).
 at::Tensor scatter_op(const at::Tensor& self, int64_t dim, const at::Tensor& index,
-                      const at::Tensor& src, ScatterReduce reduce, bool include_self = true);
+                      const at::Tensor& src, ScatterReduce reduce, bool include_self = true,
+                      ScatterInto into = ScatterInto::Copy);
 // The same with one value for every index.
 at::Tensor scatter_value_op(const at::Tensor& self, int64_t dim, const at::Tensor& index,
-                            const at::Scalar& value, ScatterReduce reduce);
+                            const at::Scalar& value, ScatterReduce reduce,
+                            ScatterInto into = ScatterInto::Copy);
 
 // Inclusive cumulative sum (prod = false) or product along `dim`, in `dtype`.
 at::Tensor scan_op(const at::Tensor& x, int64_t dim, bool prod, at::ScalarType dtype);

@@ -87,6 +87,51 @@ def test_index_add_and_index_fill(mode):
     check(t, x.clone().index_fill_(1, torch.tensor([2, 0]), -1.0))
 
 
+@pytest.mark.parametrize("op", ["index_add_", "index_copy_", "scatter_", "scatter_add_",
+                                "scatter_reduce_", "index_fill_"])
+def test_in_place_scatters_write_into_self_and_keep_its_views_and_untouched_values(mode, op):
+    # The runtime writes these into self itself (only the indexed elements): a view of self
+    # taken before sees the new values, a non-contiguous self keeps its layout, and what no
+    # index names keeps its old value.
+    base = torch.randn(6, 8)  # self: its transpose's rows 1-4, [4, 6] with strides (1, 8)
+    i1, src = torch.tensor([5, 0, 5]), torch.randn(4, 3)
+    i2 = torch.randint(0, 6, (4, 3))
+    calls = {
+        "index_add_": lambda t, d: t.index_add_(1, d(i1[:2]), d(src[:, :2]), alpha=3.0),
+        "index_copy_": lambda t, d: t.index_copy_(1, d(torch.tensor([2, 0])), d(src[:, :2])),
+        "scatter_": lambda t, d: t.scatter_(1, d(i2), d(src)),
+        "scatter_add_": lambda t, d: t.scatter_add_(1, d(i2), d(src)),
+        "scatter_reduce_": lambda t, d: t.scatter_reduce_(1, d(i2), d(src), "amax",
+                                                          include_self=False),
+        "index_fill_": lambda t, d: t.index_fill_(1, d(torch.tensor([3, 1])), -2.0),
+    }
+    results = []
+    for d in (lambda t: t, tpu):
+        t = d(base.clone()).t()[1:5]  # a strided view of a bigger buffer
+        alias = t[:, 2]
+        out = calls[op](t, d)
+        assert out is t
+        results.append((t, alias))
+    (want, want_alias), (got, got_alias) = results
+    assert got.stride() == want.stride()
+    check(got, want)
+    check(got_alias, want_alias)
+
+
+def test_in_place_scatter_of_self_into_self_reads_the_old_values(mode):
+    x = torch.randn(4, 5)
+    i = torch.tensor([[1, 0, 2, 0, 1]])
+    want = x.clone().scatter_add_(0, i, x.clone()[:1])
+    t = tpu(x.clone())
+    t.scatter_add_(0, tpu(i), t[:1])
+    check(t, want)
+    want = x.clone()
+    want.index_add_(1, torch.tensor([4, 0]), want[:, 1:3].clone())
+    t = tpu(x.clone())
+    t.index_add_(1, tpu(torch.tensor([4, 0])), t[:, 1:3])
+    check(t, want)
+
+
 def test_embedding_forward_and_backward_with_padding_idx(mode):
     w = torch.randn(10, 4, requires_grad=True)
     wt = tpu(w.detach()).requires_grad_()

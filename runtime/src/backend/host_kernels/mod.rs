@@ -56,7 +56,17 @@ impl HostProgram for KernelProgram {
             .collect();
         let first = inputs.first().map(|v| v.dtype);
         let result = self.0.result_dtype(first);
-        let mut dst = Dst::new(&binding.operands[n_in], bases[n_in], result, &bases[..n_in]);
+        // Scatter reads its `this` only where it writes it (after copying it into the output):
+        // when `this` is the output itself (`index_add_`, `scatter_add_`, embedding's
+        // backward into its zeros), the kernel writes in place, with no staging copy.
+        let in_place = matches!(self.0, KernelOp::Scatter { .. }).then(|| &binding.operands[0]);
+        let mut dst = Dst::new(
+            &binding.operands[n_in],
+            bases[n_in],
+            result,
+            &bases[..n_in],
+            in_place,
+        );
         match &self.0 {
             KernelOp::Gather { dim } => gather::run(*dim, &inputs[0], &inputs[1], &dst.view)?,
             KernelOp::Scatter {
@@ -224,9 +234,22 @@ struct Dst {
 }
 
 impl Dst {
-    fn new(out: &TensorRef, base: *mut u8, result: DType, inputs: &[*mut u8]) -> Dst {
+    /// `same_ok`: input 0, when the kernel may take it as the output itself (it must then be
+    /// exactly the output: same layout and dtype).
+    fn new(
+        out: &TensorRef,
+        base: *mut u8,
+        result: DType,
+        inputs: &[*mut u8],
+        same_ok: Option<&TensorRef>,
+    ) -> Dst {
         let real = View::new(out, base);
-        if out.dtype == result && !inputs.contains(&base) {
+        let is_out = |t: &TensorRef| t.layout == out.layout && t.dtype == out.dtype;
+        let aliased = inputs
+            .iter()
+            .enumerate()
+            .any(|(j, &b)| b == base && !(j == 0 && same_ok.is_some_and(is_out)));
+        if out.dtype == result && !aliased {
             return Dst {
                 view: real,
                 staged: None,

@@ -337,6 +337,10 @@ enum Pass {
 
 /// Copies `from` into `to` (same shape and dtype), element by element through both layouts.
 fn copy(from: &View, to: &View) {
+    // `this` written in place (see `Dst::new`): its values are already there.
+    if from.base == to.base && from.offset == to.offset && from.strides == to.strides {
+        return;
+    }
     let last = to.sizes.len() - 1;
     let n = to.sizes[last] as isize;
     let es = to.dtype.size();
@@ -355,7 +359,7 @@ fn copy(from: &View, to: &View) {
         }
         for j in 0..n {
             // SAFETY: both views lie inside their buffers; they are distinct buffers (the
-            // output is staged when it shares one with an input).
+            // output is staged when it shares one with an input other than as itself).
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     from.base
