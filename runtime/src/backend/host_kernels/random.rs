@@ -22,6 +22,7 @@ use super::elem::{read_f64, write_f64};
 use super::{for_each_row, View};
 use crate::backend::cpu::block_math;
 use deferfuse_fusion::ir::{DType, RandomDist};
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 const M0: u32 = 0xD251_1F53;
@@ -183,18 +184,12 @@ unsafe fn store(dtype: DType, out: *mut u8, at: usize, values: &[f32]) {
         DType::F32 => {
             std::ptr::copy_nonoverlapping(values.as_ptr(), (out as *mut f32).add(at), values.len())
         }
-        DType::F16 => {
-            let o = (out as *mut u16).add(at);
-            for (k, &v) in values.iter().enumerate() {
-                *o.add(k) = f16::from_f32(v).to_bits();
-            }
-        }
-        _ => {
-            let o = (out as *mut u16).add(at);
-            for (k, &v) in values.iter().enumerate() {
-                *o.add(k) = bf16::from_f32(v).to_bits();
-            }
-        }
+        // The slice conversions: F16C eight at a time where the host has it (a conversion per
+        // element detected the feature each time: float16 rand of 524,288 2.0 -> 1.3 ms).
+        DType::F16 => std::slice::from_raw_parts_mut((out as *mut f16).add(at), values.len())
+            .convert_from_f32_slice(values),
+        _ => std::slice::from_raw_parts_mut((out as *mut bf16).add(at), values.len())
+            .convert_from_f32_slice(values),
     }
 }
 
