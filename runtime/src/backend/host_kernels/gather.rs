@@ -212,6 +212,9 @@ fn gather_rows(dim: usize, last: usize, src: &View, index: &View, out: &View) {
     let (sl, ol) = (src.strides[last], out.strides[last]);
     let es = src.dtype.size() as isize;
     let contiguous = sl == 1 && ol == 1 && src.dtype == out.dtype;
+    if contiguous && dim == 0 && last == 1 {
+        return gather_table_rows(src, index, out);
+    }
     for_each_row(&index.sizes, last, &[index, out, src], |idx, o| {
         // SAFETY: every view lies inside its buffer and the index was checked, so the source
         // row is one of the source view's.
@@ -238,4 +241,47 @@ fn gather_rows(dim: usize, last: usize, src: &View, index: &View, out: &View) {
             }
         }
     });
+}
+
+/// Rows ahead of the copy whose source lines are prefetched.
+const PREFETCH_ROWS: isize = 8;
+
+/// [`gather_rows`] of a table's rows (`out[i, :] = src[index[i], :]`, embedding's forward):
+/// the rows are random, so each is a run of cache misses, and copying one at a time waited
+/// out every one (81,920 rows of 64 floats from a 100,000-row table: 11.3 ms, CPU eager 3.8).
+/// The lines of the row `PREFETCH_ROWS` ahead are requested before each copy, so the misses
+/// overlap.
+fn gather_table_rows(src: &View, index: &View, out: &View) {
+    let (rows, n) = (index.sizes[0] as isize, index.sizes[1]);
+    let es = src.dtype.size() as isize;
+    let bytes = n * es as usize;
+    // SAFETY (both closures): i < rows, the index was checked, and every view lies inside its
+    // buffer, so each row is one of the source's (or output's) rows of n contiguous elements.
+    let source_row = |i: isize| unsafe {
+        let v = read_i64(index.dtype, index.base, index.offset + i * index.strides[0]) as isize;
+        src.base.offset((src.offset + v * src.strides[0]) * es) as *const u8
+    };
+    let out_row = |i: isize| unsafe { out.base.offset((out.offset + i * out.strides[0]) * es) };
+    for i in 0..rows {
+        if i + PREFETCH_ROWS < rows {
+            prefetch(source_row(i + PREFETCH_ROWS), bytes);
+        }
+        // SAFETY: see above; the output shares no memory with the source (see `Dst`).
+        unsafe { std::ptr::copy_nonoverlapping(source_row(i), out_row(i), bytes) };
+    }
+}
+
+/// Asks for the cache lines of `bytes` bytes at `p` (a hint: it reads nothing, faults nothing).
+fn prefetch(p: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (0..bytes).step_by(64) {
+        // SAFETY: a prefetch of any address is harmless; wrapping_add computes it safely.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                p.wrapping_add(line) as *const i8,
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, bytes);
 }
