@@ -211,7 +211,7 @@ fn row_scatters_with_an_expanded_index_round_each_step_as_the_element_walk() {
     // Many duplicate rows of values of every magnitude: the sum's order and its rounding at
     // each step show in the bits. Width 37 leaves a remainder after any vector width.
     let mut rng = Rng::new(41);
-    for dtype in [DType::F32, DType::F64] {
+    for dtype in [DType::F32, DType::F64, DType::I64] {
         let (n, width, rows) = (40, 37, 6);
         let this = rng.tensor(dtype, &[rows, width], 1e3, 0, false);
         let src = rng.tensor(dtype, &[n, width], 1e3, 0, false);
@@ -238,7 +238,7 @@ fn scatters_along_the_last_dim_round_each_step_as_the_element_walk() {
     // at an index every row shares (expanded) or each row has its own, or in runs of one
     // target; duplicates in every row.
     let mut rng = Rng::new(47);
-    for dtype in [DType::F32, DType::F64] {
+    for dtype in [DType::F32, DType::F64, DType::I64] {
         let (rows, width, n) = (6, 13, 29);
         let this = rng.tensor(dtype, &[rows, width], 1e3, 0, false);
         let src = rng.tensor(dtype, &[rows, n], 1e3, 0, false);

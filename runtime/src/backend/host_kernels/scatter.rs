@@ -215,9 +215,9 @@ impl Scatter {
 }
 
 impl Scatter {
-    /// Sum or assign f32/f64 values in native arithmetic, which gives the bits of `float_step`
-    /// (one f32 or f64 operation, rounded once), in the index's row-major order, as the element
-    /// walk does: whole rows when every row takes one index value (see [`rows_of_one_index`]:
+    /// Sum or assign f32/f64/i64 values in native arithmetic, which gives the bits of
+    /// `float_step` (one f32 or f64 operation, rounded once) and the element walk's wrapping
+    /// int64 sums, in the index's row-major order, as the element walk does: whole rows when every row takes one index value (see [`rows_of_one_index`]:
     /// embedding's backward, `index_add`), element by element along the last dim. Returns
     /// false, doing nothing, for any other case.
     fn combine_rows(&self, index: &View, src: &View, out: &View) -> bool {
@@ -226,12 +226,13 @@ impl Scatter {
             ScatterReduce::Assign => false,
             _ => return false,
         };
-        if src.dtype != out.dtype || !matches!(out.dtype, DType::F32 | DType::F64) {
+        if src.dtype != out.dtype || !matches!(out.dtype, DType::F32 | DType::F64 | DType::I64) {
             return false;
         }
         if self.dim == index.sizes.len() - 1 {
             with_index_reader!(index.dtype, |read| match out.dtype {
                 DType::F32 => combine_along_last::<f32>(sum, index, src, out, read),
+                DType::I64 => combine_along_last::<i64>(sum, index, src, out, read),
                 _ => combine_along_last::<f64>(sum, index, src, out, read),
             });
             return true;
@@ -244,9 +245,35 @@ impl Scatter {
         }
         match out.dtype {
             DType::F32 => combine_rows::<f32>(self.dim, last, sum, index, src, out),
+            DType::I64 => combine_rows::<i64>(self.dim, last, sum, index, src, out),
             _ => combine_rows::<f64>(self.dim, last, sum, index, src, out),
         }
         true
+    }
+}
+
+/// A sum step as the element walk takes it: one IEEE operation for floats, a wrapping add for
+/// int64 (bag sizes and offsets in embedding_bag: 1.6 ms for 81,920 positions through the walk,
+/// CPU eager 0.09).
+trait WalkAdd: Copy {
+    fn walk_add(self, other: Self) -> Self;
+}
+
+impl WalkAdd for f32 {
+    fn walk_add(self, other: f32) -> f32 {
+        self + other
+    }
+}
+
+impl WalkAdd for f64 {
+    fn walk_add(self, other: f64) -> f64 {
+        self + other
+    }
+}
+
+impl WalkAdd for i64 {
+    fn walk_add(self, other: i64) -> i64 {
+        self.wrapping_add(other)
     }
 }
 
@@ -255,7 +282,7 @@ impl Scatter {
 /// the other dims' row path), in native arithmetic and the index's row-major order.
 /// The index's elements are read by `read` (one load of the index's own type, not a dtype
 /// dispatch per element).
-fn combine_along_last<T: Copy + std::ops::Add<Output = T>>(
+fn combine_along_last<T: WalkAdd>(
     sum: bool,
     index: &View,
     src: &View,
@@ -290,7 +317,7 @@ fn combine_along_last<T: Copy + std::ops::Add<Output = T>>(
                     value = *out_base.offset(at);
                 }
                 let from = *(src.base as *const T).offset(o[2] + j * ss);
-                value = if sum { value + from } else { from };
+                value = if sum { value.walk_add(from) } else { from };
             }
             *out_base.offset(at) = value;
         }
@@ -298,7 +325,7 @@ fn combine_along_last<T: Copy + std::ops::Add<Output = T>>(
 }
 
 /// `out[..index[.., 0].., :] (+)= src[.., :]` row by row; rows are contiguous.
-fn combine_rows<T: Copy + std::ops::Add<Output = T>>(
+fn combine_rows<T: WalkAdd>(
     dim: usize,
     last: usize,
     sum: bool,
@@ -319,7 +346,7 @@ fn combine_rows<T: Copy + std::ops::Add<Output = T>>(
             let from = std::slice::from_raw_parts((src.base as *const T).offset(o[2]), n);
             if sum {
                 for (t, &f) in to.iter_mut().zip(from) {
-                    *t = *t + f;
+                    *t = t.walk_add(f);
                 }
             } else {
                 to.copy_from_slice(from);
