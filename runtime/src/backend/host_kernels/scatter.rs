@@ -217,9 +217,10 @@ impl Scatter {
 impl Scatter {
     /// Sum or assign f32/f64/i64 values in native arithmetic, which gives the bits of
     /// `float_step` (one f32 or f64 operation, rounded once) and the element walk's wrapping
-    /// int64 sums, in the index's row-major order, as the element walk does: whole rows when every row takes one index value (see [`rows_of_one_index`]:
-    /// embedding's backward, `index_add`), element by element along the last dim. Returns
-    /// false, doing nothing, for any other case.
+    /// int64 sums, in the index's row-major order, as the element walk does: whole rows when
+    /// every row takes one index value (see [`rows_of_one_index`]: embedding's backward,
+    /// `index_add`), element by element along the last dim. Returns false, doing nothing, for
+    /// any other case.
     fn combine_rows(&self, index: &View, src: &View, out: &View) -> bool {
         let sum = match self.reduce {
             ScatterReduce::Sum if self.include_self => true,
