@@ -216,17 +216,29 @@ fn row_scatters_with_an_expanded_index_round_each_step_as_the_element_walk() {
         let this = rng.tensor(dtype, &[rows, width], 1e3, 0, false);
         let src = rng.tensor(dtype, &[n, width], 1e3, 0, false);
         let (ids, dense) = expanded_ids(&mut rng, n, width, rows);
-        for reduce in [ScatterReduce::Sum, ScatterReduce::Assign] {
+        for (reduce, with_self) in [
+            (ScatterReduce::Sum, true),
+            (ScatterReduce::Assign, true),
+            (ScatterReduce::Sum, false),
+            (ScatterReduce::Amax, true),
+            (ScatterReduce::Amax, false),
+            (ScatterReduce::Amin, false),
+        ] {
             for p in PLACES {
                 let out = run_in_every_mode(|rt| {
                     let t = place(rt, &this, p);
                     let wide = expand_rows(rt, upload(rt, &ids), n, width);
                     let s = upload(rt, &src);
-                    let op = scatter(0, reduce, true);
+                    let op = scatter(0, reduce, with_self);
                     vec![("rows".into(), run(rt, op, &[tt(t), tt(wide), tt(s)]))]
                 });
-                let want = refk::scatter(&this, 0, &dense, ScatterSrc::Tensor(&src), reduce, true);
-                assert_equal(&format!("{reduce:?} {dtype} {p:?}"), &out[0].1, &want);
+                let src_ = ScatterSrc::Tensor(&src);
+                let want = refk::scatter(&this, 0, &dense, src_, reduce, with_self);
+                assert_equal(
+                    &format!("{reduce:?} {with_self} {dtype} {p:?}"),
+                    &out[0].1,
+                    &want,
+                );
             }
         }
     }
@@ -253,14 +265,21 @@ fn scatters_along_the_last_dim_round_each_step_as_the_element_walk() {
                 .map(|e| ((e % n) / 2 % width) as f64)
                 .collect(),
         );
-        for reduce in [ScatterReduce::Sum, ScatterReduce::Assign] {
+        for (reduce, with_self) in [
+            (ScatterReduce::Sum, true),
+            (ScatterReduce::Assign, true),
+            (ScatterReduce::Sum, false),
+            (ScatterReduce::Amax, true),
+            (ScatterReduce::Amax, false),
+            (ScatterReduce::Amin, false),
+        ] {
             for p in PLACES {
                 let out = run_in_every_mode(|rt| {
                     let t = place(rt, &this, p);
                     let s = place(rt, &src, p);
                     let row = view(rt, upload(rt, &row_ids), View::Unsqueeze(0));
                     let wide = view(rt, row, View::Expand(vec![rows as i64, n as i64]));
-                    let op = scatter(1, reduce, true);
+                    let op = scatter(1, reduce, with_self);
                     let (o, r) = (upload(rt, &own), upload(rt, &runs));
                     vec![
                         (
@@ -272,9 +291,10 @@ fn scatters_along_the_last_dim_round_each_step_as_the_element_walk() {
                     ]
                 });
                 for (k, ids) in [&shared, &own, &runs].into_iter().enumerate() {
-                    let want = refk::scatter(&this, 1, ids, ScatterSrc::Tensor(&src), reduce, true);
+                    let src_ = ScatterSrc::Tensor(&src);
+                    let want = refk::scatter(&this, 1, ids, src_, reduce, with_self);
                     assert_equal(
-                        &format!("{reduce:?} {dtype} {p:?} {}", out[k].0),
+                        &format!("{reduce:?} {with_self} {dtype} {p:?} {}", out[k].0),
                         &out[k].1,
                         &want,
                     );

@@ -215,76 +215,138 @@ impl Scatter {
 }
 
 impl Scatter {
-    /// Sum or assign f32/f64/i64 values in native arithmetic, which gives the bits of
-    /// `float_step` (one f32 or f64 operation, rounded once) and the element walk's wrapping
-    /// int64 sums, in the index's row-major order, as the element walk does: whole rows when
-    /// every row takes one index value (see [`rows_of_one_index`]: embedding's backward,
-    /// `index_add`), element by element along the last dim. Returns false, doing nothing, for
-    /// any other case.
+    /// Sum, assign (f32/f64/i64) or take the max or min (f32/f64) in native arithmetic, which
+    /// gives the element walk's bits (a float sum is one f32 or f64 operation rounded once,
+    /// int64 sums wrap, max and min are the walk's own `combine`), in the index's row-major
+    /// order, as the walk does: whole rows when every row takes one index value (see
+    /// [`rows_of_one_index`]: embedding's backward, `index_add`), element by element along the
+    /// last dim; without `include_self`, the targets first take the reduction's identity, as
+    /// in the walk. Returns false, doing nothing, for any other case (products, means).
     fn combine_rows(&self, index: &View, src: &View, out: &View) -> bool {
-        let sum = match self.reduce {
-            ScatterReduce::Sum if self.include_self => true,
-            ScatterReduce::Assign => false,
-            _ => return false,
+        let supported = match self.reduce {
+            ScatterReduce::Sum | ScatterReduce::Assign => true,
+            // scatter_reduce's amax/amin: PyG's max aggregation, embedding_bag's max mode.
+            ScatterReduce::Amax | ScatterReduce::Amin => out.dtype.is_float(),
+            _ => false,
         };
-        if src.dtype != out.dtype || !matches!(out.dtype, DType::F32 | DType::F64 | DType::I64) {
+        if !supported
+            || src.dtype != out.dtype
+            || !matches!(out.dtype, DType::F32 | DType::F64 | DType::I64)
+        {
             return false;
         }
-        if self.dim == index.sizes.len() - 1 {
-            with_index_reader!(index.dtype, |read| match out.dtype {
-                DType::F32 => combine_along_last::<f32>(sum, index, src, out, read),
-                DType::I64 => combine_along_last::<i64>(sum, index, src, out, read),
-                _ => combine_along_last::<f64>(sum, index, src, out, read),
-            });
-            return true;
-        }
-        let Some(last) = rows_of_one_index(self.dim, index, &[src, out]) else {
-            return false;
+        let last = if self.dim == index.sizes.len() - 1 {
+            None
+        } else {
+            let Some(last) = rows_of_one_index(self.dim, index, &[src, out]) else {
+                return false;
+            };
+            if src.strides[last] != 1 || out.strides[last] != 1 {
+                return false;
+            }
+            Some(last)
         };
-        if src.strides[last] != 1 || out.strides[last] != 1 {
-            return false;
-        }
         match out.dtype {
-            DType::F32 => combine_rows::<f32>(self.dim, last, sum, index, src, out),
-            DType::I64 => combine_rows::<i64>(self.dim, last, sum, index, src, out),
-            _ => combine_rows::<f64>(self.dim, last, sum, index, src, out),
+            DType::F32 => self.combine_typed::<f32>(last, index, src, out),
+            DType::I64 => self.combine_typed::<i64>(last, index, src, out),
+            _ => self.combine_typed::<f64>(last, index, src, out),
         }
         true
     }
+
+    /// [`Self::combine_rows`] for element type `T`: the reduction's step as a closure, so each
+    /// loop is compiled for its step.
+    fn combine_typed<T: RowValue>(
+        &self,
+        last: Option<usize>,
+        index: &View,
+        src: &View,
+        out: &View,
+    ) {
+        let r = self.reduce;
+        let reset = (!self.include_self && r != ScatterReduce::Assign).then(|| T::identity(r));
+        match r {
+            ScatterReduce::Assign => self.combine_with(last, index, src, out, reset, |_, b| b),
+            ScatterReduce::Sum => self.combine_with(last, index, src, out, reset, T::walk_add),
+            _ => self.combine_with(last, index, src, out, reset, move |a: T, b| {
+                a.walk_extreme(r, b)
+            }),
+        }
+    }
+
+    fn combine_with<T: RowValue>(
+        &self,
+        last: Option<usize>,
+        index: &View,
+        src: &View,
+        out: &View,
+        reset: Option<T>,
+        step: impl Fn(T, T) -> T,
+    ) {
+        match last {
+            None => with_index_reader!(index.dtype, |read| {
+                combine_along_last(reset, &step, index, src, out, read)
+            }),
+            Some(last) => combine_rows(self.dim, last, reset, &step, index, src, out),
+        }
+    }
 }
 
-/// A sum step as the element walk takes it: one IEEE operation for floats, a wrapping add for
-/// int64 (bag sizes and offsets in embedding_bag: 1.6 ms for 81,920 positions through the walk,
-/// CPU eager 0.09).
-trait WalkAdd: Copy {
+/// A value of the row paths, combined as the element walk combines it: a sum is one IEEE
+/// operation for floats and a wrapping add for int64 (bag sizes and offsets in embedding_bag:
+/// 1.6 ms for 81,920 positions through the walk, CPU eager 0.09); max and min go through the
+/// walk's f64 `combine` (exact: it picks one operand, or NaN).
+trait RowValue: Copy {
     fn walk_add(self, other: Self) -> Self;
+    fn walk_extreme(self, r: ScatterReduce, other: Self) -> Self;
+    /// What a target starts from without `include_self`.
+    fn identity(r: ScatterReduce) -> Self;
 }
 
-impl WalkAdd for f32 {
+impl RowValue for f32 {
     fn walk_add(self, other: f32) -> f32 {
         self + other
     }
+    fn walk_extreme(self, r: ScatterReduce, other: f32) -> f32 {
+        <f64 as Num>::combine(DType::F32, r, self as f64, other as f64) as f32
+    }
+    fn identity(r: ScatterReduce) -> f32 {
+        <f64 as Num>::identity(DType::F32, r) as f32
+    }
 }
 
-impl WalkAdd for f64 {
+impl RowValue for f64 {
     fn walk_add(self, other: f64) -> f64 {
         self + other
     }
-}
-
-impl WalkAdd for i64 {
-    fn walk_add(self, other: i64) -> i64 {
-        self.wrapping_add(other)
+    fn walk_extreme(self, r: ScatterReduce, other: f64) -> f64 {
+        <f64 as Num>::combine(DType::F64, r, self, other)
+    }
+    fn identity(r: ScatterReduce) -> f64 {
+        <f64 as Num>::identity(DType::F64, r)
     }
 }
 
-/// `out[.., index[.., j]] (+)= src[.., j]` along the last dim (bilinear interpolation's
-/// backward along the width, which took 14 ns an element through the generic walk, 20 times
-/// the other dims' row path), in native arithmetic and the index's row-major order.
-/// The index's elements are read by `read` (one load of the index's own type, not a dtype
-/// dispatch per element).
-fn combine_along_last<T: WalkAdd>(
-    sum: bool,
+impl RowValue for i64 {
+    fn walk_add(self, other: i64) -> i64 {
+        self.wrapping_add(other)
+    }
+    fn walk_extreme(self, r: ScatterReduce, other: i64) -> i64 {
+        <i64 as Num>::combine(DType::I64, r, self, other)
+    }
+    fn identity(r: ScatterReduce) -> i64 {
+        <i64 as Num>::identity(DType::I64, r)
+    }
+}
+
+/// `out[.., index[.., j]] = step(out[..], src[.., j])` along the last dim (bilinear
+/// interpolation's backward along the width, which took 14 ns an element through the generic
+/// walk, 20 times the other dims' row path), in the index's row-major order, after `reset`
+/// (when given) was written at every target. The index's elements are read by `read` (one
+/// load of the index's own type, not a dtype dispatch per element).
+fn combine_along_last<T: RowValue>(
+    reset: Option<T>,
+    step: &impl Fn(T, T) -> T,
     index: &View,
     src: &View,
     out: &View,
@@ -296,6 +358,14 @@ fn combine_along_last<T: WalkAdd>(
     let out_base = out.base as *mut T;
     if n == 0 {
         return;
+    }
+    if let Some(id) = reset {
+        for_each_row(&index.sizes, last, &[index, out], |_, o| {
+            for j in 0..n {
+                // SAFETY: as below.
+                unsafe { *out_base.offset(o[1] + read(index.base, o[0] + j * is) * os) = id };
+            }
+        });
     }
     for_each_row(&index.sizes, last, &[index, out, src], |_, o| {
         // The target's running value stays in a register while consecutive values go to it
@@ -317,41 +387,44 @@ fn combine_along_last<T: WalkAdd>(
                     at = t;
                     value = *out_base.offset(at);
                 }
-                let from = *(src.base as *const T).offset(o[2] + j * ss);
-                value = if sum { value.walk_add(from) } else { from };
+                value = step(value, *(src.base as *const T).offset(o[2] + j * ss));
             }
             *out_base.offset(at) = value;
         }
     });
 }
 
-/// `out[..index[.., 0].., :] (+)= src[.., :]` row by row; rows are contiguous.
-fn combine_rows<T: WalkAdd>(
+/// `out[..index[.., 0].., :] = step(out[..], src[.., :])` row by row (rows are contiguous),
+/// after `reset` (when given) filled every target row.
+fn combine_rows<T: RowValue>(
     dim: usize,
     last: usize,
-    sum: bool,
+    reset: Option<T>,
+    step: &impl Fn(T, T) -> T,
     index: &View,
     src: &View,
     out: &View,
 ) {
     let n = index.sizes[last];
     let os = out.strides[dim];
+    // SAFETY: every view lies inside its buffer and the index was checked, so the target row
+    // is one of the output's.
+    let target_row = |idx: &[usize], o: &[isize]| unsafe {
+        let v = read_i64(index.dtype, index.base, o[0]) as isize;
+        let to = (out.base as *mut T).offset(o[1] + (v - idx[dim] as isize) * os);
+        std::slice::from_raw_parts_mut(to, n)
+    };
+    if let Some(id) = reset {
+        for_each_row(&index.sizes, last, &[index, out], |idx, o| {
+            target_row(idx, o).fill(id)
+        });
+    }
     for_each_row(&index.sizes, last, &[index, out, src], |idx, o| {
-        // SAFETY: every view lies inside its buffer and the index was checked, so the target
-        // row is one of the output's; the output is never the source's buffer (`Dst` stages
-        // it when it would be), so the two slices do not overlap.
-        unsafe {
-            let v = read_i64(index.dtype, index.base, o[0]) as isize;
-            let to = (out.base as *mut T).offset(o[1] + (v - idx[dim] as isize) * os);
-            let to = std::slice::from_raw_parts_mut(to, n);
-            let from = std::slice::from_raw_parts((src.base as *const T).offset(o[2]), n);
-            if sum {
-                for (t, &f) in to.iter_mut().zip(from) {
-                    *t = t.walk_add(f);
-                }
-            } else {
-                to.copy_from_slice(from);
-            }
+        // SAFETY: the source row lies inside its buffer; the output is never the source's
+        // buffer (`Dst` stages it when it would be), so the two slices do not overlap.
+        let from = unsafe { std::slice::from_raw_parts((src.base as *const T).offset(o[2]), n) };
+        for (t, &f) in target_row(idx, o).iter_mut().zip(from) {
+            *t = step(*t, f);
         }
     });
 }
