@@ -186,6 +186,17 @@ fn scatter_add_with_an_expanded_index_is_index_add() {
     assert_eq!(out[0].1.data, want);
 }
 
+/// The reductions (and `include_self`) the scatter's row paths take, each checked against the
+/// element walk's reference.
+const ROW_REDUCTIONS: [(ScatterReduce, bool); 6] = [
+    (ScatterReduce::Sum, true),
+    (ScatterReduce::Assign, true),
+    (ScatterReduce::Sum, false),
+    (ScatterReduce::Amax, true),
+    (ScatterReduce::Amax, false),
+    (ScatterReduce::Amin, false),
+];
+
 /// `ids` of `n` rows expanded over a row of `width`, as embedding's backward and `index_add`
 /// pass it, and the same index materialized for the reference.
 fn expanded_ids(rng: &mut Rng, n: usize, width: usize, bound: usize) -> (RefTensor, RefTensor) {
@@ -216,14 +227,7 @@ fn row_scatters_with_an_expanded_index_round_each_step_as_the_element_walk() {
         let this = rng.tensor(dtype, &[rows, width], 1e3, 0, false);
         let src = rng.tensor(dtype, &[n, width], 1e3, 0, false);
         let (ids, dense) = expanded_ids(&mut rng, n, width, rows);
-        for (reduce, with_self) in [
-            (ScatterReduce::Sum, true),
-            (ScatterReduce::Assign, true),
-            (ScatterReduce::Sum, false),
-            (ScatterReduce::Amax, true),
-            (ScatterReduce::Amax, false),
-            (ScatterReduce::Amin, false),
-        ] {
+        for (reduce, with_self) in ROW_REDUCTIONS {
             for p in PLACES {
                 let out = run_in_every_mode(|rt| {
                     let t = place(rt, &this, p);
@@ -265,14 +269,7 @@ fn scatters_along_the_last_dim_round_each_step_as_the_element_walk() {
                 .map(|e| ((e % n) / 2 % width) as f64)
                 .collect(),
         );
-        for (reduce, with_self) in [
-            (ScatterReduce::Sum, true),
-            (ScatterReduce::Assign, true),
-            (ScatterReduce::Sum, false),
-            (ScatterReduce::Amax, true),
-            (ScatterReduce::Amax, false),
-            (ScatterReduce::Amin, false),
-        ] {
+        for (reduce, with_self) in ROW_REDUCTIONS {
             for p in PLACES {
                 let out = run_in_every_mode(|rt| {
                     let t = place(rt, &this, p);
