@@ -157,15 +157,10 @@ fn whole_blocks(dim: usize, src: &View, index: &View, out: &View) -> Option<[Vie
     if dim + 2 > rank || src.dtype != out.dtype {
         return None;
     }
-    let dense = |v: &View| {
-        let mut step = 1isize;
-        (dim + 1..rank).rev().all(|d| {
-            let ok = v.sizes[d] == 1 || v.strides[d] == step;
-            step *= v.sizes[d] as isize;
-            ok
-        })
-    };
-    if !(dim + 1..rank).all(|d| index.strides[d] == 0) || !dense(src) || !dense(out) {
+    if !(dim + 1..rank).all(|d| index.strides[d] == 0)
+        || !src.is_dense_from(dim + 1)
+        || !out.is_dense_from(dim + 1)
+    {
         return None;
     }
     let block: usize = index.sizes[dim + 1..].iter().product();

@@ -161,6 +161,19 @@ impl View {
         }
     }
 
+    /// Whether the dims from `first` on hold their elements row-major and adjacent (dims of
+    /// size 1 may have any stride); `is_dense_from(0)`: the whole view is one dense run.
+    pub fn is_dense_from(&self, first: usize) -> bool {
+        let mut want = 1isize;
+        for d in (first..self.sizes.len()).rev() {
+            if self.sizes[d] != 1 && self.strides[d] != want {
+                return false;
+            }
+            want *= self.sizes[d] as isize;
+        }
+        true
+    }
+
     /// This view with dim `dim` narrowed to `r`: the part of an operand one thread's share of
     /// a kernel reads or writes (a range of channels).
     pub fn narrowed(&self, dim: usize, r: std::ops::Range<usize>) -> View {
@@ -221,6 +234,44 @@ pub(crate) fn for_each_row(
             idx[d] = 0;
         }
     }
+}
+
+/// Copies `from` into `to` (same shape and dtype) through both layouts: a whole row at a time
+/// where both rows are contiguous. A `to` that is `from` itself (scatter's `this` written in
+/// place, see `Dst::new`) already holds the values.
+pub(crate) fn copy_view(from: &View, to: &View) {
+    if from.base == to.base && from.offset == to.offset && from.strides == to.strides {
+        return;
+    }
+    let last = to.sizes.len() - 1;
+    let n = to.sizes[last] as isize;
+    let es = to.dtype.size();
+    let rows = from.strides[last] == 1 && to.strides[last] == 1;
+    for_each_row(&to.sizes, last, &[from, to], |_, o| {
+        if rows {
+            // SAFETY: as below, a whole contiguous row at once.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    from.base.offset(o[0] * es as isize),
+                    to.base.offset(o[1] * es as isize),
+                    n as usize * es,
+                )
+            };
+            return;
+        }
+        for j in 0..n {
+            // SAFETY: both views lie inside their buffers; they are distinct buffers (a kernel's
+            // output is staged when it shares one with an input other than as itself).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    from.base
+                        .offset((o[0] + j * from.strides[last]) * es as isize),
+                    to.base.offset((o[1] + j * to.strides[last]) * es as isize),
+                    es,
+                )
+            };
+        }
+    });
 }
 
 /// Where a kernel writes its result: the output view itself when it has the result's dtype and

@@ -18,8 +18,8 @@
 //! dense scratch, so the layout never changes a value. Float64 outputs (rare: two elements per
 //! block, per-lane libm) keep the simple element loop.
 
-use super::elem::{read_f64, write_f64};
-use super::{for_each_row, View};
+use super::elem::write_f64;
+use super::{copy_view, for_each_row, View};
 use crate::backend::cpu::block_math;
 use deferfuse_fusion::ir::{DType, RandomDist};
 use half::slice::HalfFloatSliceExt;
@@ -230,7 +230,7 @@ pub(super) fn run(dist: RandomDist, seed: u64, offset: u64, out: &View) {
     }
     let n: usize = out.sizes.iter().product();
     let size = out.dtype.size();
-    if is_row_major(out) {
+    if out.is_dense_from(0) {
         // SAFETY: the view lies inside its buffer, and a row-major view's n elements follow
         // its offset.
         return unsafe {
@@ -247,30 +247,7 @@ pub(super) fn run(dist: RandomDist, seed: u64, offset: u64, out: &View) {
     let mut dense = vec![0u8; n * size];
     // SAFETY: `dense` holds n elements.
     unsafe { fill_row_major(dist, key, offset, out.dtype, dense.as_mut_ptr(), n) };
-    let last = out.sizes.len() - 1;
-    let mut e = 0isize;
-    for_each_row(&out.sizes, last, &[out], |_, o| {
-        for j in 0..out.sizes[last] as isize {
-            // SAFETY: e < n, and the output view lies inside its buffer.
-            unsafe {
-                let v = read_f64(out.dtype, dense.as_ptr(), e);
-                write_f64(out.dtype, out.base, o[0] + j * out.strides[last], v);
-            }
-            e += 1;
-        }
-    });
-}
-
-/// True when `v`'s elements lie one after another in row-major order from its offset.
-fn is_row_major(v: &View) -> bool {
-    let mut step = 1isize;
-    for (&size, &stride) in v.sizes.iter().zip(&v.strides).rev() {
-        if size != 1 && stride != step {
-            return false;
-        }
-        step *= size as isize;
-    }
-    true
+    copy_view(&View::dense(dense.as_mut_ptr(), out.dtype, &out.sizes), out);
 }
 
 /// Fills a float64 `out`: one block serves two elements, each from two words.

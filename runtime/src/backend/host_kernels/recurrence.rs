@@ -93,25 +93,13 @@ struct Dst(*mut f32);
 // SAFETY: each range writes only its own samples' elements.
 unsafe impl Sync for Dst {}
 
-/// Whether `v`'s elements lie row-major and adjacent (dims of size 1 may have any stride).
-fn is_dense(v: &View) -> bool {
-    let mut want = 1isize;
-    for (&size, &stride) in v.sizes.iter().zip(&v.strides).rev() {
-        if size != 1 && stride != want {
-            return false;
-        }
-        want *= size as isize;
-    }
-    true
-}
-
 /// An f32 operand as a dense slice: in place when it is dense, else copied.
 ///
 /// # Safety
 /// `v` is an f32 view inside its buffer.
 unsafe fn dense(v: &View) -> Cow<'_, [f32]> {
     let base = (v.base as *const f32).offset(v.offset);
-    if is_dense(v) {
+    if v.is_dense_from(0) {
         return Cow::Borrowed(std::slice::from_raw_parts(base, v.numel()));
     }
     let last = v.sizes.len() - 1;
@@ -134,7 +122,7 @@ struct DenseOut<'a> {
 
 impl<'a> DenseOut<'a> {
     fn new(out: &'a View) -> DenseOut<'a> {
-        let scratch = (!is_dense(out)).then(|| vec![0.0; out.numel()]);
+        let scratch = (!out.is_dense_from(0)).then(|| vec![0.0; out.numel()]);
         DenseOut { out, scratch }
     }
 

@@ -7,7 +7,7 @@ use super::elem::{
     float_step, read_f64, read_i64, round_to, with_index_reader, wrap_to, write_f64, write_i64,
 };
 use super::gather::{check_indices, rows_of_one_index};
-use super::{for_each_row, View};
+use super::{copy_view, for_each_row, View};
 use crate::error::Result;
 use deferfuse_fusion::ir::{DType, ScatterReduce};
 
@@ -130,7 +130,7 @@ impl Scatter {
     /// written.
     pub fn run(&self, this: &View, index: &View, src: Src, out: &View) -> Result<()> {
         check_indices(self.name(), index, self.dim, this.sizes[self.dim])?;
-        copy(this, out);
+        copy_view(this, out);
         if let Src::Tensor(src) = src {
             if self.combine_rows(index, src, out) {
                 return Ok(());
@@ -442,41 +442,4 @@ fn combine_rows<T: RowValue>(
 enum Pass {
     Reset,
     Combine,
-}
-
-/// Copies `from` into `to` (same shape and dtype), element by element through both layouts.
-fn copy(from: &View, to: &View) {
-    // `this` written in place (see `Dst::new`): its values are already there.
-    if from.base == to.base && from.offset == to.offset && from.strides == to.strides {
-        return;
-    }
-    let last = to.sizes.len() - 1;
-    let n = to.sizes[last] as isize;
-    let es = to.dtype.size();
-    let rows = from.strides[last] == 1 && to.strides[last] == 1;
-    for_each_row(&to.sizes, last, &[from, to], |_, o| {
-        if rows {
-            // SAFETY: as below, a whole contiguous row at once.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    from.base.offset(o[0] * es as isize),
-                    to.base.offset(o[1] * es as isize),
-                    n as usize * es,
-                )
-            };
-            return;
-        }
-        for j in 0..n {
-            // SAFETY: both views lie inside their buffers; they are distinct buffers (the
-            // output is staged when it shares one with an input other than as itself).
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    from.base
-                        .offset((o[0] + j * from.strides[last]) * es as isize),
-                    to.base.offset((o[1] + j * to.strides[last]) * es as isize),
-                    es,
-                )
-            };
-        }
-    });
 }
