@@ -192,8 +192,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward(
   GroupShape s{N, group, C / group, HxW};
   auto g3 = grad.reshape({N, C, HxW});
   // Per (n, c): ds = sum of grad * x, db = sum of grad (one row kernel in defer).
-  auto ds = reduce(g3 * x.reshape({N, C, HxW}), DFUSE_REDUCE_OP_SUM, {2}, false)
-                .view({N, group, s.D});
+  // ds is needed by the input and weight gradients only (a frozen norm's bias gradient alone
+  // reads grad once).
+  at::Tensor ds;
+  if (mask[0] || mask[1]) {
+    ds = reduce(g3 * x.reshape({N, C, HxW}), DFUSE_REDUCE_OP_SUM, {2}, false)
+             .view({N, group, s.D});
+  }
   auto db = reduce(g3, DFUSE_REDUCE_OP_SUM, {2}, false).view({N, group, s.D});
   auto mean3 = mean.view({N, group, 1});
   auto rstd3 = rstd.view({N, group, 1});

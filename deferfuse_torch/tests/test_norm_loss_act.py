@@ -68,6 +68,21 @@ def test_group_norm_of_an_input_far_from_zero_matches_cpu_forward_and_backward(m
                 torch.randn(4), torch.randn(4), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("needs", [(True, False, False), (False, True, False),
+                                   (False, False, True)], ids=["input", "weight", "bias"])
+def test_group_norm_computes_only_the_gradients_asked_for_and_they_match_cpu(mode, needs):
+    # A frozen norm (or input) asks native_group_norm_backward for some gradients only.
+    torch.manual_seed(3)
+    x, w, b, g = torch.randn(2, 4, 3, 5), torch.randn(4), torch.randn(4), torch.randn(2, 4, 3, 5)
+    grads = []
+    for dev in ("cpu", "tpu"):
+        ts = [t.to(dev).detach().requires_grad_(r) for t, r in zip((x, w, b), needs)]
+        F.group_norm(ts[0], 2, ts[1], ts[2]).backward(g.to(dev))
+        grads.append([t.grad for t in ts if t.requires_grad])
+    (want,), (got,) = grads
+    check(got, want)
+
+
 def test_batch_norm_updates_running_stats_in_place_with_the_unbiased_variance(mode):
     bn = nn.BatchNorm2d(2, momentum=0.5).to("tpu")
     mean_before = bn.running_mean
