@@ -17,6 +17,16 @@
 namespace dft {
 namespace {
 
+// Which windows' averages are summed by elementwise adds of their positions' views (one fused
+// loop reading K strided views, CPU's order): those of at most kMaxSummedWindow positions, and
+// those of at most kMaxSummedManyWindow when a plane has at least that many windows. A few
+// large windows, such as a global 7x7 average, sum rows in a reduction instead: K loads per
+// output of a 4-lane loop cost more there than the rows (measured, one thread: [64, 512, 7, 7]
+// k 7, 0.66 ms as adds against 0.11 as rows; [16, 64, 56, 56] k 5, 1.1 against 2.4).
+constexpr int64_t kMaxSummedWindow = 16;
+constexpr int64_t kMaxSummedManyWindow = 64;
+
+
 struct Pool {
   std::vector<int64_t> in, kernel, stride, padding, dilation, out, after;
 };
@@ -106,21 +116,28 @@ at::Scalar lowest_value(at::ScalarType t) {
   }
 }
 
+// Window position k (row-major over the kernel) of every output: a strided view [N, C, OH, OW]
+// of window_view's [N, C, kh, kw, OH, OW]. Its kh and kw dims do not merge into one (kh's
+// stride is a row, kw's an element), so flattening them copied all K views (9x the output for
+// a 3x3 window, 5 ms of a [8, 64, 112, 112] max pool's 11).
+at::Tensor window_slice(const at::Tensor& win, const Pool& p, int64_t k) {
+  return win.select(2, k / p.kernel[1]).select(2, k % p.kernel[1]);
+}
+
 std::tuple<at::Tensor, at::Tensor> max_pool_forward(const at::Tensor& x0, const Pool& p) {
   auto x = batched(x0);
   int64_t K = p.kernel[0] * p.kernel[1];
   auto xp = pad_spatial(x, p.padding, p.after, lowest_value(x.scalar_type()));
-  // [N, C, kh, kw, OH, OW]: window position k of every output is one strided view.
-  auto win = window_view(xp, p.kernel, p.stride, p.dilation, p.out).flatten(2, 3);
+  auto win = window_view(xp, p.kernel, p.stride, p.dilation, p.out);
   auto table = flat_index_table(p);  // [K, OH, OW]
   // PyTorch's CPU kernel, one window position at a time for every output at once: a value
   // replaces the running maximum when it is greater or NaN, so the first maximum (or the last
   // NaN) wins, and a padding position (-inf) never does. Elementwise ops over strided views,
   // which the planner fuses into one loop: a row reduction over windows of 9 ran ~35 ns a row.
-  auto values = win.select(2, 0);
+  auto values = window_slice(win, p, 0);
   auto indices = table.select(0, 0).expand_as(values);
   for (int64_t k = 1; k < K; ++k) {
-    auto v = win.select(2, k);
+    auto v = window_slice(win, p, k);
     auto take = at::logical_or(v.gt(values), v.ne(v));
     values = at::where(take, v, values);
     indices = at::where(take, table.select(0, k), indices);
@@ -200,8 +217,22 @@ at::Tensor avg_pool2d(const at::Tensor& x0, at::IntArrayRef kernel, at::IntArray
   auto p = avg_geometry(x0, kernel, stride, padding, ceil_mode, divisor, "avg_pool2d");
   return rounded_once(x0, [&](const at::Tensor& x) {
     auto xp = pad_spatial(batched(x), p.padding, p.after, 0);
-    auto sums = reduce(window_view(xp, p.kernel, p.stride, p.dilation, p.out),
-                       DFUSE_REDUCE_OP_SUM, {2, 3}, false);
+    auto win = window_view(xp, p.kernel, p.stride, p.dilation, p.out);
+    int64_t K = p.kernel[0] * p.kernel[1];
+    at::Tensor sums;
+    bool many = p.out[0] * p.out[1] >= kMaxSummedWindow && K <= kMaxSummedManyWindow;
+    if (K <= kMaxSummedWindow || many) {
+      // CPU's kernel: `sum = 0`, then each window position added in row-major order. As
+      // elementwise adds of the window's strided views the planner fuses them into one loop;
+      // a sum over the window dims had to copy the windows into rows first (a 2x2 pool of
+      // [16, 128, 56, 56]: 13 ms of copy for 1.6 ms of sums). The leading 0 keeps CPU's sign
+      // of zero: a window of -0.0 sums to +0.0 there.
+      sums = window_slice(win, p, 0) + 0;
+      for (int64_t k = 1; k < K; ++k) sums = sums + window_slice(win, p, k);
+    } else {
+      // Rows summed in vector order: within rounding of CPU's sum, not bit for bit.
+      sums = reduce(win, DFUSE_REDUCE_OP_SUM, {2, 3}, false);
+    }
     auto divisors = avg_divisors(p, count_include_pad, divisor, x.scalar_type());
     return like_input(window_mean(sums, divisors), x);
   });

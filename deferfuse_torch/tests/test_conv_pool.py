@@ -322,6 +322,39 @@ def test_avg_pool2d_matches_cpu_forward_and_backward(mode, case):
     assert_same(lambda x: F.avg_pool2d(x, **AVG_POOLS[case]), x)
 
 
+def _order_sensitive_windows(k, windows):
+    """[1, 1, k, k * windows]: in every k x k window 1e8 first, -1e8 third, ones elsewhere, so
+    a sum in CPU's order (1e8 + 1 rounds to 1e8) differs from any other order's."""
+    x = torch.ones(1, 1, k, k * windows)
+    x[..., 0, 0::k] = 1e8
+    x[..., 0, 2::k] = -1e8
+    return x
+
+
+@pytest.mark.parametrize("k,windows", [(2, 3), (3, 3), (4, 2), (5, 4), (8, 2)])
+def test_avg_pool2d_sums_each_window_in_cpus_order_bit_for_bit(mode, k, windows):
+    # Up to 16 positions, or up to 64 with 16+ windows a plane: elementwise adds in CPU's order.
+    x = _order_sensitive_windows(k, windows) if k <= 4 else _order_sensitive_windows(k, 16)
+    got = F.avg_pool2d(x.to("tpu"), k).cpu()
+    assert torch.equal(got, F.avg_pool2d(x, k))
+
+
+def test_avg_pool2d_of_few_large_windows_is_within_rounding_of_cpu(mode):
+    # A global 7x7 average sums its rows in vector order (README: Session 44), not CPU's.
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, 7, 7) * 100
+    check(F.avg_pool2d(x.to("tpu"), 7), F.avg_pool2d(x, 7), atol=1e-4, rtol=1e-5)
+
+
+def test_avg_pool2d_of_a_window_of_negative_zeros_is_positive_zero_as_on_cpu(mode):
+    # CPU starts each sum at +0.0, and +0.0 + -0.0 is +0.0.
+    x = torch.full((1, 2, 4, 6), -0.0)
+    got = F.avg_pool2d(x.to("tpu"), 2).cpu()
+    want = F.avg_pool2d(x, 2)
+    assert not torch.signbit(want).any()
+    assert torch.equal(torch.signbit(got), torch.signbit(want))
+
+
 @pytest.mark.parametrize("out", [(1, 1), (2, 4), (3, 5), (7, 8)])
 def test_adaptive_avg_pool2d_matches_cpu_forward_and_backward(mode, out):
     torch.manual_seed(0)
