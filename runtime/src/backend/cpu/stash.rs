@@ -16,6 +16,13 @@
 //! block, so its scratch rows stay in L1; rows shorter than a block in groups of rows that fill
 //! one (`row_groups`).
 //!
+//! A block phase's operand may hang off a long chain of cheap values that later phases need
+//! too: a softmax over a middle dim's slices takes the maximum of C slices, then makes
+//! `exp(x_c - max)` for each, one phase per class. Recomputed in every phase, that chain cost
+//! C^2 maximums per element (21 classes: 9 ms where 21 exps took 1); so a phase also stores
+//! each value of at least [`KEEP_CHAIN`] cheap instructions that a later pass of its sweep
+//! needs, and later passes load it.
+//!
 //! The scratch rows are operands after the region's own (inputs, element outputs, reduction
 //! outputs): the executor passes one row per slot (`n_inner` elements of the slot's dtype, or
 //! one block's worth), with an outer stride of 0, so every row of a call reuses the same scratch.
@@ -37,8 +44,9 @@ pub struct SweepSchedule {
 }
 
 /// A value made by a row routine (`block_math`): one pass computes the routine's operand
-/// `input` (the instructions `mask` selects, loading `loads`) and stores it to `slot`; then the
-/// routine `op` turns the slot's row into its results, which later passes load.
+/// `input` (the instructions `mask` selects, loading `loads`) and stores it to `slot`, and the
+/// long chains later passes need again to `keeps`' slots; then the routine `op` turns the
+/// slot's row into its results, which later passes load.
 #[derive(Debug, PartialEq)]
 pub struct BlockPhase {
     pub mask: Vec<bool>,
@@ -46,7 +54,13 @@ pub struct BlockPhase {
     pub input: ValueIdx,
     pub op: UnaryOp,
     pub slot: usize,
+    pub keeps: Vec<(ValueIdx, usize)>,
 }
+
+/// Fewest instructions (loads, parameters and earlier results not counted) a value computed in
+/// a block phase must take to be stored for later passes rather than computed again: a store
+/// and a load cost about two cheap instructions.
+const KEEP_CHAIN: usize = 4;
 
 /// The sweeps of a loop (one per reduction, then the late sweep if it has element outputs;
 /// one sweep for an elementwise loop) and the dtype of each scratch slot.
@@ -62,7 +76,8 @@ impl RowSchedule {
     /// row routine can make (`block_math::symbol`) are made by one.
     pub fn new(region: &LoopRegion, roots: &[Vec<ValueIdx>], block_ops: bool) -> RowSchedule {
         let n = region.body.len();
-        let costly = costly_values(region);
+        let (varies, costly) = costly_values(region);
+        let users = users_of(region);
         let blockable: Vec<bool> = (0..n)
             .map(|v| block_ops && costly[v] && block_op(region, v).is_some())
             .collect();
@@ -86,13 +101,32 @@ impl RowSchedule {
                 let (op, input) = block_op(region, v).expect("blockable");
                 let pmask = closure(region, [input], &stop);
                 slots.push(DType::F32);
-                made[v] = Some(slots.len() - 1);
+                let slot = slots.len() - 1;
+                // Long chains this pass computes that a later pass of the sweep needs (a user
+                // outside this pass, inside the sweep's mask) are stored for it.
+                let mut keeps = Vec::new();
+                for u in 0..n {
+                    let later = |w: &usize| mask[*w] && !pmask[*w];
+                    if pmask[u]
+                        && !stop[u]
+                        && varies[u]
+                        && u != input as usize
+                        && users[u].iter().any(later)
+                        && chain_len(region, u as ValueIdx, &stop) >= KEEP_CHAIN
+                    {
+                        slots.push(slot_dtype(region.body[u].dtype));
+                        made[u] = Some(slots.len() - 1);
+                        keeps.push((u as ValueIdx, slots.len() - 1));
+                    }
+                }
+                made[v] = Some(slot);
                 phases.push(BlockPhase {
                     loads: loads_of(&pmask, &stop),
                     mask: pmask,
                     input,
                     op,
-                    slot: slots.len() - 1,
+                    slot,
+                    keeps,
                 });
             };
             for v in 0..n {
@@ -199,9 +233,40 @@ pub fn closure(
     mask
 }
 
-/// Per instruction: is it worth storing rather than computing again? Costly ops whose value
-/// varies along the row (a row-invariant value is hoisted out of the loop anyway).
-fn costly_values(region: &LoopRegion) -> Vec<bool> {
+/// Per instruction, the instructions that use its value.
+fn users_of(region: &LoopRegion) -> Vec<Vec<usize>> {
+    let mut users = vec![Vec::new(); region.body.len()];
+    for (u, ins) in region.body.iter().enumerate() {
+        match &ins.kind {
+            InstrKind::Unary(_, a) | InstrKind::Cast(a) => users[*a as usize].push(u),
+            InstrKind::Binary(_, a, b) => [a, b].iter().for_each(|x| users[**x as usize].push(u)),
+            InstrKind::Where(c, a, b) => [c, a, b].iter().for_each(|x| users[**x as usize].push(u)),
+            InstrKind::Load(_) | InstrKind::Param(_) | InstrKind::Reduced(_) => {}
+        }
+    }
+    users
+}
+
+/// The instructions computing `v` takes, not looking past `stop`, loads, parameters and
+/// earlier results not counted.
+fn chain_len(region: &LoopRegion, v: ValueIdx, stop: &[bool]) -> usize {
+    let mask = closure(region, [v], stop);
+    (0..mask.len())
+        .filter(|&u| {
+            mask[u]
+                && !stop[u]
+                && !matches!(
+                    region.body[u].kind,
+                    InstrKind::Load(_) | InstrKind::Param(_) | InstrKind::Reduced(_)
+                )
+        })
+        .count()
+}
+
+/// Per instruction: does its value vary along the row (a row-invariant value is hoisted out
+/// of the loop anyway), and is it worth storing rather than computing again (a costly op whose
+/// value varies)?
+fn costly_values(region: &LoopRegion) -> (Vec<bool>, Vec<bool>) {
     let mut varies: Vec<bool> = Vec::with_capacity(region.body.len());
     let mut costly = Vec::with_capacity(region.body.len());
     for ins in &region.body {
@@ -229,7 +294,7 @@ fn costly_values(region: &LoopRegion) -> Vec<bool> {
         varies.push(vary);
         costly.push(vary && expensive);
     }
-    costly
+    (varies, costly)
 }
 
 /// Unary ops that cost about as much as the load that a stash would add.
@@ -287,4 +352,93 @@ pub fn with_rows<R>(slots: &[DType], len: usize, f: impl FnOnce(&[*mut u8]) -> R
         }
         r
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deferfuse_fusion::region::{Instr, LoopOperand};
+    use deferfuse_fusion::StrideKind;
+
+    fn instr(kind: InstrKind) -> Instr {
+        Instr {
+            kind,
+            dtype: DType::F32,
+        }
+    }
+
+    /// `sum_c exp(x_c - max_c x_c)` over `c` loaded slices: a softmax's denominator over a
+    /// middle dim, as softmax_norm.cpp records it.
+    fn sliced_softmax_sum(c: u32) -> LoopRegion {
+        let f32_contig = LoopOperand {
+            dtype: DType::F32,
+            inner: StrideKind::Contig,
+        };
+        let mut body: Vec<Instr> = (0..c).map(|j| instr(InstrKind::Load(j))).collect();
+        let mut max = 0;
+        for j in 1..c {
+            body.push(instr(InstrKind::Binary(BinaryOp::Maximum, max, j)));
+            max = body.len() as ValueIdx - 1;
+        }
+        let mut sum = None;
+        for j in 0..c {
+            body.push(instr(InstrKind::Binary(BinaryOp::Sub, j, max)));
+            let d = body.len() as ValueIdx - 1;
+            body.push(instr(InstrKind::Unary(UnaryOp::Exp, d)));
+            let e = body.len() as ValueIdx - 1;
+            if let Some(s) = sum {
+                body.push(instr(InstrKind::Binary(BinaryOp::Add, s, e)));
+                sum = Some(body.len() as ValueIdx - 1);
+            } else {
+                sum = Some(e);
+            }
+        }
+        LoopRegion {
+            inputs: vec![f32_contig; c as usize],
+            params: Vec::new(),
+            outputs: vec![(sum.unwrap(), f32_contig)],
+            body,
+            reduces: Vec::new(),
+        }
+    }
+
+    fn is_max(region: &LoopRegion, v: usize) -> bool {
+        matches!(
+            region.body[v].kind,
+            InstrKind::Binary(BinaryOp::Maximum, _, _)
+        )
+    }
+
+    #[test]
+    fn a_long_chain_several_block_phases_need_is_computed_once_and_kept() {
+        let region = sliced_softmax_sum(6);
+        let schedule = sweep_schedule(&region);
+        let phases = &schedule.sweeps[0].phases;
+        assert_eq!(phases.len(), 6, "one phase per exp");
+        let max = (0..region.body.len())
+            .rfind(|&v| is_max(&region, v))
+            .unwrap();
+        // The first phase computes the maxima and keeps the last; the others load it.
+        assert!(phases[0].keeps.iter().any(|&(v, _)| v as usize == max));
+        for ph in &phases[1..] {
+            assert!(!(0..region.body.len()).any(|v| ph.mask[v] && is_max(&region, v) && v != max));
+            assert!(ph.loads.iter().any(|&(v, _)| v as usize == max));
+        }
+    }
+
+    #[test]
+    fn a_short_chain_is_computed_again_rather_than_kept() {
+        // Three slices: two maxima, below KEEP_CHAIN; a store and a load would cost more.
+        let region = sliced_softmax_sum(3);
+        let schedule = sweep_schedule(&region);
+        assert!(schedule.sweeps[0]
+            .phases
+            .iter()
+            .all(|ph| ph.keeps.is_empty()));
+    }
+
+    fn sweep_schedule(region: &LoopRegion) -> RowSchedule {
+        let roots = vec![region.outputs.iter().map(|(v, _)| *v).collect()];
+        RowSchedule::new(region, &roots, true)
+    }
 }

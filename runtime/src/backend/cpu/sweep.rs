@@ -302,7 +302,9 @@ pub fn phase_pass(
     ph: &BlockPhase,
     reduced: &[(Value, DType)],
 ) {
-    let stashes = [(ph.input, ph.slot)];
+    let stashes: Vec<_> = std::iter::once((ph.input, ph.slot))
+        .chain(ph.keeps.iter().copied())
+        .collect();
     let sweep = Sweep {
         k,
         n,
