@@ -302,6 +302,31 @@ fn scatters_along_the_last_dim_round_each_step_as_the_element_walk() {
 }
 
 #[test]
+fn gathers_along_a_dim_shorter_than_the_last_match_the_reference_in_every_layout() {
+    // nll_loss2d's pick of one class per pixel: the index is short along the gathered dim and
+    // long along the last, so the kernel walks the last dim (each index position reading at
+    // its own value along `dim`).
+    let mut rng = Rng::new(61);
+    for dtype in [DType::F32, DType::F64, DType::BF16, DType::U8, DType::I64] {
+        let src = rng.tensor(dtype, &[2, 5, 3, 11], 50.0, 50, false);
+        for along in [1, 2] {
+            let idx_dtype = rng.pick(&[DType::I64, DType::I32]);
+            let idx = index(&mut rng, &[2, along, 3, 11], 5, idx_dtype);
+            let want = refk::gather(&src, 1, &idx);
+            for (p, q) in PLACES.iter().zip(PLACES.iter().rev()) {
+                let out = run_in_every_mode(|rt| {
+                    let s = place(rt, &src, *p);
+                    let i = place(rt, &idx, *q);
+                    vec![("gather".into(), run(rt, gather(1), &[tt(s), tt(i)]))]
+                });
+                let ctx = format!("gather {dtype} along {along} {p:?}/{q:?}");
+                assert_equal(&ctx, &out[0].1, &want);
+            }
+        }
+    }
+}
+
+#[test]
 fn row_gathers_with_an_expanded_index_match_the_reference_in_every_layout() {
     let mut rng = Rng::new(43);
     for dtype in [DType::F32, DType::F64, DType::BF16, DType::I64] {

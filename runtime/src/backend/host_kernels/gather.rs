@@ -15,10 +15,13 @@ pub(super) fn check_indices(op: &str, index: &View, dim: usize, size: usize) -> 
         .zip(&index.strides)
         .map(|(&n, &st)| if st == 0 { n.min(1) } else { n })
         .collect();
-    let n = sizes[dim];
-    let st = index.strides[dim];
+    // Every element is checked, so the walk may go along any dim: the longest, so that each
+    // row's loop does the work (along a gather's dim of 1, every row was one element).
+    let walk = (0..sizes.len()).max_by_key(|&d| sizes[d]).unwrap_or(dim);
+    let n = sizes[walk];
+    let st = index.strides[walk];
     let mut bad = None;
-    for_each_row(&sizes, dim, &[index], |_, o| {
+    for_each_row(&sizes, walk, &[index], |_, o| {
         if bad.is_some() {
             return;
         }
@@ -55,6 +58,15 @@ pub(super) fn run(dim: usize, src: &View, index: &View, out: &View) -> Result<()
             4 => gather_one_row::<u32>(dim, src, index, out, read),
             2 => gather_one_row::<u16>(dim, src, index, out, read),
             _ => gather_one_row::<u8>(dim, src, index, out, read),
+        });
+        return Ok(());
+    }
+    if src.dtype == out.dtype && walks_last(dim, index) {
+        with_index_reader!(index.dtype, |read| match src.dtype.size() {
+            8 => gather_along_last::<u64>(dim, src, index, out, read),
+            4 => gather_along_last::<u32>(dim, src, index, out, read),
+            2 => gather_along_last::<u16>(dim, src, index, out, read),
+            _ => gather_along_last::<u8>(dim, src, index, out, read),
         });
         return Ok(());
     }
@@ -194,6 +206,44 @@ fn gather_same<T: Copy>(
                 let v = read(index.base, o[0] + j * is);
                 *(out.base as *mut T).offset(o[1] + j * os) =
                     *(src.base as *const T).offset(o[2] + v * ss);
+            }
+        }
+    });
+}
+
+/// True when a gather along `dim` is better walked along the index's last dim: `dim` is not
+/// the last, and the last is longer than `dim` (nll_loss2d's pick of one class per pixel,
+/// `[N, 1, H, W]` from `[N, C, H, W]`: walked along dim 1, every row was one element, 15 ns
+/// each).
+fn walks_last(dim: usize, index: &View) -> bool {
+    let last = index.sizes.len() - 1;
+    dim != last && index.sizes[last] > index.sizes[dim]
+}
+
+/// [`gather_same`] walked along the last dim: each row of index positions reads its elements
+/// at their own index along `dim`, in one loop.
+fn gather_along_last<T: Copy>(
+    dim: usize,
+    src: &View,
+    index: &View,
+    out: &View,
+    read: impl Fn(*const u8, isize) -> isize,
+) {
+    let last = index.sizes.len() - 1;
+    let n = index.sizes[last] as isize;
+    let (is, os) = (index.strides[last], out.strides[last]);
+    let (sl, ss) = (src.strides[last], src.strides[dim]);
+    for_each_row(&index.sizes, last, &[index, out, src], |idx, o| {
+        // The source row at index 0 along `dim`: the walk's offset counts the index's own
+        // position along it.
+        let row = o[2] - idx[dim] as isize * ss;
+        for j in 0..n {
+            // SAFETY: as the walk in `run`: the index was checked, so the source element is
+            // one of the source view's; `T` is the views' element width.
+            unsafe {
+                let v = read(index.base, o[0] + j * is);
+                *(out.base as *mut T).offset(o[1] + j * os) =
+                    *(src.base as *const T).offset(row + v * ss + j * sl);
             }
         }
     });
