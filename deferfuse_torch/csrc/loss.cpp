@@ -1,8 +1,9 @@
 // Losses, forward and backward: the elementwise ones (mse, smooth_l1, huber,
 // binary_cross_entropy on probabilities, soft_margin) and multi_margin, each following
 // PyTorch's CPU formula including which branch a boundary point takes and the order of the
-// final scaling; and nll_loss / nll_loss2d (what cross_entropy lowers to). nll_loss2d moves
-// the class dim last and reuses the 2-D nll_loss on [N*H*W, C].
+// final scaling; and nll_loss / nll_loss2d (what cross_entropy lowers to). nll_loss2d picks
+// and masks along its class dim 1 in place: moving the classes last copied the whole [N, C, H,
+// W] input through a transpose forward and the gradient back through another.
 // nll_loss's forward gathers input[n, target[n]] (one element a sample); its backward writes
 // the gradient through a one-hot mask built from arange(C) == target[:, None], which carries
 // the class weights and ignore_index and fuses into log_softmax's backward. Both stay on the
@@ -104,15 +105,19 @@ at::Tensor soft_margin_loss_backward(const at::Tensor& grad, const at::Tensor& s
   return target * z * -norm_of(self, reduction) / (z + 1.0) * grad;
 }
 
-// The checks nll_loss makes of its input and target.
+// The dim of nll_loss's input that holds the classes: the last of [N, C] and [C], dim 1 of
+// nll_loss2d's [N, C, H, W].
+int64_t class_dim(const at::Tensor& self) { return self.dim() == 4 ? 1 : self.dim() - 1; }
+
+// The checks nll_loss makes of its input and target (nll_loss2d's shapes: classes_2d).
 void check_nll(const at::Tensor& self, const at::Tensor& target, int64_t ignore_index) {
-  TORCH_CHECK(self.dim() == 1 || self.dim() == 2, "nll_loss: expected a 1-D or 2-D input, got ",
-              self.dim(), "-D");
+  TORCH_CHECK(self.dim() == 1 || self.dim() == 2 || self.dim() == 4,
+              "nll_loss: expected a 1-D, 2-D or (nll_loss2d) 4-D input, got ", self.dim(), "-D");
   TORCH_CHECK(target.dim() == self.dim() - 1, "nll_loss: expected a target of ", self.dim() - 1,
               " dims for an input of shape ", self.sizes(), ", got ", target.sizes());
   TORCH_CHECK(at::isIntegralType(target.scalar_type(), false),
               "nll_loss: expected an integer target, got ", target.scalar_type());
-  int64_t C = self.size(-1);
+  int64_t C = self.size(class_dim(self));
   if (get_mode() == DFUSE_MODE_DEBUG && target.numel() > 0) {
     // Debug mode checks what PyTorch's CPU kernel checks; it may sync, the other modes may not.
     auto valid = target.ne(ignore_index);
@@ -135,13 +140,13 @@ Targets targets(const at::Tensor& target, int64_t ignore_index) {
   return {counted, dft::where(counted, t, at::Scalar(int64_t(0)))};
 }
 
-// The [N, C] (or [C]) pairs (sample, class) with c == target[n] and target[n] !=
-// ignore_index, and each pair's weight: weight[c] there, else 0.
+// The [N, C] (or [C], or [N, C, H, W]) pairs (sample, class) with c == target[n] and
+// target[n] != ignore_index, and each pair's weight: weight[c] there, else 0.
 std::pair<at::Tensor, at::Tensor> pick_mask(const at::Tensor& self, const at::Tensor& target,
                                             const std::optional<at::Tensor>& weight,
                                             int64_t ignore_index) {
   check_nll(self, target, ignore_index);
-  int64_t C = self.size(-1);
+  int64_t cd = class_dim(self), C = self.size(cd);
   // The class list in float32 where every class is exact in it (C <= 2^24): the [N, C]
   // compare then runs on float lanes, twice as many a register as int64's (the mask was
   // 0.6-1.4 ns an element, most of a vocabulary-sized cross-entropy backward).
@@ -151,26 +156,31 @@ std::pair<at::Tensor, at::Tensor> pick_mask(const at::Tensor& self, const at::Te
   auto classes = run(DFUSE_OP_KIND_ARANGE, &a,
                      Operands().s(at::Scalar(int64_t(0))).s(at::Scalar(C)).s(at::Scalar(int64_t(1))),
                      "nll_loss classes");
-  auto shape = target.dim() == 0 ? target.sizes().vec() : target.unsqueeze(-1).sizes().vec();
+  auto shape = target.dim() == 0 ? target.sizes().vec() : target.unsqueeze(cd).sizes().vec();
+  // The classes along the class dim, every other dim 1.
+  std::vector<int64_t> along(self.dim(), 1);
+  along[cd] = C;
   auto [counted, safe] = targets(target, ignore_index);
   // The class each sample picks, read through a gather from the class list (bounds-checked).
   auto picked = gather_op(classes, 0, safe).view(shape);
-  auto hit = classes.eq(picked).logical_and(counted.view(shape));
+  auto hit = classes.view(along).eq(picked).logical_and(counted.view(shape));
   auto mask = cast(hit, self.scalar_type());
-  if (weight && weight->defined()) mask = mask * *weight;
+  if (weight && weight->defined()) mask = mask * weight->view(along);
   return {hit, mask};
 }
 
 // nll_loss's forward: -input[n, target[n]] * weight[target[n]] per counted sample, gathered.
 // Summing input * one-hot mask over the classes instead made a class at -inf (a masked logit)
 // give 0 * -inf = NaN where CPU's loss is finite.
-std::tuple<at::Tensor, at::Tensor> nll_loss_forward(const at::Tensor& self,
-                                                    const at::Tensor& target,
-                                                    const std::optional<at::Tensor>& weight,
-                                                    int64_t reduction, int64_t ignore_index) {
+std::tuple<at::Tensor, at::Tensor> nll_forward(const at::Tensor& self, const at::Tensor& target,
+                                               const std::optional<at::Tensor>& weight,
+                                               int64_t reduction, int64_t ignore_index) {
   check_nll(self, target, ignore_index);
   auto [counted, safe] = targets(target, ignore_index);
-  auto x = gather_op(self.reshape({-1, self.size(-1)}), 1, safe.unsqueeze(1)).reshape({-1});
+  // Each sample's input at its class, in the target's order.
+  auto x = self.dim() == 4
+      ? gather_op(self, 1, safe.view(target.unsqueeze(1).sizes())).reshape({-1})
+      : gather_op(self.reshape({-1, self.size(-1)}), 1, safe.unsqueeze(1)).reshape({-1});
   at::Tensor w;
   if (weight && weight->defined()) {
     w = gather_op(*weight, 0, safe);
@@ -189,14 +199,13 @@ std::tuple<at::Tensor, at::Tensor> nll_loss_forward(const at::Tensor& self,
   return {reduction == kMean ? total / total_weight : total, total_weight};
 }
 
-at::Tensor nll_loss_backward(const at::Tensor& grad, const at::Tensor& self,
-                             const at::Tensor& target, const std::optional<at::Tensor>& weight,
-                             int64_t reduction, int64_t ignore_index,
-                             const at::Tensor& total_weight) {
+at::Tensor nll_backward(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
+                        const std::optional<at::Tensor>& weight, int64_t reduction,
+                        int64_t ignore_index, const at::Tensor& total_weight) {
   auto [hit, mask] = pick_mask(self, target, weight, ignore_index);
   at::Tensor g = grad;
   if (reduction == kNone) {
-    if (self.dim() == 2) g = grad.unsqueeze(-1);
+    if (self.dim() > 1) g = grad.unsqueeze(class_dim(self));
   } else if (reduction == kMean) {
     g = grad / total_weight;
   }
@@ -205,22 +214,43 @@ at::Tensor nll_loss_backward(const at::Tensor& grad, const at::Tensor& self,
   return at::where(hit, at::neg(mask * g), at::zeros({}, self.options()));
 }
 
-// [N, C, H, W] -> [N*H*W, C], the layout nll_loss picks classes from.
-at::Tensor classes_last(const at::Tensor& self, const at::Tensor& target) {
+// nll_loss proper takes 1-D and 2-D inputs only (a 4-D one is nll_loss2d's).
+void check_1d_or_2d(const at::Tensor& self) {
+  TORCH_CHECK(self.dim() == 1 || self.dim() == 2, "nll_loss: expected a 1-D or 2-D input, got ",
+              self.dim(), "-D");
+}
+
+std::tuple<at::Tensor, at::Tensor> nll_loss_forward(const at::Tensor& self,
+                                                    const at::Tensor& target,
+                                                    const std::optional<at::Tensor>& weight,
+                                                    int64_t reduction, int64_t ignore_index) {
+  check_1d_or_2d(self);
+  return nll_forward(self, target, weight, reduction, ignore_index);
+}
+
+at::Tensor nll_loss_backward(const at::Tensor& grad, const at::Tensor& self,
+                             const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                             int64_t reduction, int64_t ignore_index,
+                             const at::Tensor& total_weight) {
+  check_1d_or_2d(self);
+  return nll_backward(grad, self, target, weight, reduction, ignore_index, total_weight);
+}
+
+// nll_loss2d's shape checks: a 4-D input and a 3-D target of its batch and spatial sizes.
+void check_2d(const at::Tensor& self, const at::Tensor& target) {
   TORCH_CHECK(self.dim() == 4 && target.dim() == 3, "nll_loss2d: expected a 4-D input and a 3-D "
               "target, got shapes ", self.sizes(), " and ", target.sizes());
   TORCH_CHECK(self.size(0) == target.size(0) && self.size(2) == target.size(1) &&
               self.size(3) == target.size(2), "nll_loss2d: input ", self.sizes(),
               " and target ", target.sizes(), " differ in batch or spatial sizes");
-  return self.permute({0, 2, 3, 1}).reshape({-1, self.size(1)});
 }
 
 std::tuple<at::Tensor, at::Tensor> nll_loss2d_forward(const at::Tensor& self,
                                                       const at::Tensor& target,
                                                       const std::optional<at::Tensor>& weight,
                                                       int64_t reduction, int64_t ignore_index) {
-  auto [out, total_weight] = dft::nll_loss_forward(classes_last(self, target), target.reshape({-1}),
-                                              weight, reduction, ignore_index);
+  check_2d(self, target);
+  auto [out, total_weight] = nll_forward(self, target, weight, reduction, ignore_index);
   return {reduction == kNone ? out.view(target.sizes()) : out, total_weight};
 }
 
@@ -228,12 +258,8 @@ at::Tensor nll_loss2d_backward(const at::Tensor& grad, const at::Tensor& self,
                                const at::Tensor& target, const std::optional<at::Tensor>& weight,
                                int64_t reduction, int64_t ignore_index,
                                const at::Tensor& total_weight) {
-  auto g = reduction == kNone ? grad.reshape({-1}) : grad;
-  auto gi = dft::nll_loss_backward(g, classes_last(self, target), target.reshape({-1}), weight,
-                              reduction, ignore_index, total_weight);
-  return gi.view({self.size(0), self.size(2), self.size(3), self.size(1)})
-      .permute({0, 3, 1, 2})
-      .contiguous();
+  check_2d(self, target);
+  return nll_backward(grad, self, target, weight, reduction, ignore_index, total_weight);
 }
 
 // multi_margin_loss: for each sample, sum over the other classes j of
