@@ -42,12 +42,12 @@ constexpr int64_t kMinShortPlane = 16;
 
 // Whether a softmax-family op over `dim` of x runs on the dim's slices (above).
 bool sliced(const at::Tensor& x, int64_t dim) {
+  if (dim >= x.dim() - 1) return false;  // the last dim, or a 0-d tensor's
   int64_t inner = 1;
   for (int64_t d = dim + 1; d < x.dim(); ++d) inner *= x.size(d);
   int64_t n = x.size(dim);
   bool planes = inner >= kMinSlicedPlane || (n <= kMaxShortDim && inner >= kMinShortPlane);
-  return dim < x.dim() - 1 && n <= kMaxSlicedDim && planes && x.stride(-1) == 1 &&
-         x.stride(dim) >= inner;
+  return n <= kMaxSlicedDim && planes && x.stride(-1) == 1 && x.stride(dim) >= inner;
 }
 
 // f(slice 0) combined with f(slice c) by `combine`, class after class.
@@ -77,7 +77,7 @@ at::Tensor sliced_sum(const at::Tensor& x, int64_t dim, F f) {
 at::Tensor softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
   if (x0.numel() == 0) return empty_softmax(x0, half_to_float);
   auto x = opmath(x0);
-  dim = at::maybe_wrap_dim(dim, x.dim());
+  dim = at::maybe_wrap_dim(dim, std::max<int64_t>(x.dim(), 1));
   if (sliced(x, dim)) {
     auto m = sliced_max(x, dim);
     auto m0 = m.squeeze(dim);
@@ -97,7 +97,7 @@ at::Tensor softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
 at::Tensor log_softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
   if (x0.numel() == 0) return empty_softmax(x0, half_to_float);
   auto x = opmath(x0);
-  dim = at::maybe_wrap_dim(dim, x.dim());
+  dim = at::maybe_wrap_dim(dim, std::max<int64_t>(x.dim(), 1));
   if (sliced(x, dim)) {
     auto m = sliced_max(x, dim);
     auto m0 = m.squeeze(dim);
@@ -113,7 +113,7 @@ at::Tensor log_softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
 at::Tensor softmax_backward(const at::Tensor& grad0, const at::Tensor& out0, int64_t dim,
                             at::ScalarType input_dtype) {
   auto grad = opmath(grad0), out = opmath(out0);
-  dim = at::maybe_wrap_dim(dim, grad.dim());
+  dim = at::maybe_wrap_dim(dim, std::max<int64_t>(grad.dim(), 1));
   auto dot = sliced(grad, dim) && sliced(out, dim)
       ? sliced_sum(grad, dim, [&](int64_t c) { return grad.select(dim, c) * out.select(dim, c); })
       : reduce(grad * out, DFUSE_REDUCE_OP_SUM, {dim}, true);
@@ -123,7 +123,7 @@ at::Tensor softmax_backward(const at::Tensor& grad0, const at::Tensor& out0, int
 at::Tensor log_softmax_backward(const at::Tensor& grad0, const at::Tensor& out0, int64_t dim,
                                 at::ScalarType input_dtype) {
   auto grad = opmath(grad0), out = opmath(out0);
-  dim = at::maybe_wrap_dim(dim, grad.dim());
+  dim = at::maybe_wrap_dim(dim, std::max<int64_t>(grad.dim(), 1));
   auto s = sliced(grad, dim) ? sliced_sum(grad, dim, [&](int64_t c) { return grad.select(dim, c); })
                              : reduce(grad, DFUSE_REDUCE_OP_SUM, {dim}, true);
   return cast(grad - at::exp(out) * s, input_dtype);
