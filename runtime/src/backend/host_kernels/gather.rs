@@ -46,6 +46,19 @@ pub(super) fn check_indices(op: &str, index: &View, dim: usize, size: usize) -> 
     }
 }
 
+/// Runs `kernel::<T>(dim, src, index, out, read)` with `T` as wide as the source's elements
+/// (their bits moved as one `T`) and `read` the index's typed reader.
+macro_rules! by_width {
+    ($kernel:ident, $dim:expr, $src:expr, $index:expr, $out:expr) => {
+        with_index_reader!($index.dtype, |read| match $src.dtype.size() {
+            8 => $kernel::<u64>($dim, $src, $index, $out, read),
+            4 => $kernel::<u32>($dim, $src, $index, $out, read),
+            2 => $kernel::<u16>($dim, $src, $index, $out, read),
+            _ => $kernel::<u8>($dim, $src, $index, $out, read),
+        })
+    };
+}
+
 /// Gathers `src` along `dim` at `index` into `out` (which has the index's shape and the
 /// source's dtype).
 pub(super) fn run(dim: usize, src: &View, index: &View, out: &View) -> Result<()> {
@@ -57,32 +70,15 @@ pub(super) fn run(dim: usize, src: &View, index: &View, out: &View) -> Result<()
         }
         return Ok(());
     }
-    let last = index.sizes.len() - 1;
-    if src.dtype == out.dtype && dim == last && one_index_row(dim, index) {
-        with_index_reader!(index.dtype, |read| match src.dtype.size() {
-            8 => gather_one_row::<u64>(dim, src, index, out, read),
-            4 => gather_one_row::<u32>(dim, src, index, out, read),
-            2 => gather_one_row::<u16>(dim, src, index, out, read),
-            _ => gather_one_row::<u8>(dim, src, index, out, read),
-        });
-        return Ok(());
-    }
-    if src.dtype == out.dtype && walks_last(dim, index) {
-        with_index_reader!(index.dtype, |read| match src.dtype.size() {
-            8 => gather_along_last::<u64>(dim, src, index, out, read),
-            4 => gather_along_last::<u32>(dim, src, index, out, read),
-            2 => gather_along_last::<u16>(dim, src, index, out, read),
-            _ => gather_along_last::<u8>(dim, src, index, out, read),
-        });
-        return Ok(());
-    }
     if src.dtype == out.dtype {
-        with_index_reader!(index.dtype, |read| match src.dtype.size() {
-            8 => gather_same::<u64>(dim, src, index, out, read),
-            4 => gather_same::<u32>(dim, src, index, out, read),
-            2 => gather_same::<u16>(dim, src, index, out, read),
-            _ => gather_same::<u8>(dim, src, index, out, read),
-        });
+        let last = index.sizes.len() - 1;
+        if dim == last && one_index_row(dim, index) {
+            by_width!(gather_one_row, dim, src, index, out);
+        } else if walks_last(dim, index) {
+            by_width!(gather_along_last, dim, src, index, out);
+        } else {
+            by_width!(gather_same, dim, src, index, out);
+        }
         return Ok(());
     }
     let n = index.sizes[dim];
