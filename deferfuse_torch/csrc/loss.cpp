@@ -109,7 +109,7 @@ at::Tensor soft_margin_loss_backward(const at::Tensor& grad, const at::Tensor& s
 // nll_loss2d's [N, C, H, W].
 int64_t class_dim(const at::Tensor& self) { return self.dim() == 4 ? 1 : self.dim() - 1; }
 
-// The checks nll_loss makes of its input and target (nll_loss2d's shapes: classes_2d).
+// The checks nll_loss makes of its input and target (nll_loss2d's shapes: check_2d).
 void check_nll(const at::Tensor& self, const at::Tensor& target, int64_t ignore_index) {
   TORCH_CHECK(self.dim() == 1 || self.dim() == 2 || self.dim() == 4,
               "nll_loss: expected a 1-D, 2-D or (nll_loss2d) 4-D input, got ", self.dim(), "-D");

@@ -26,7 +26,6 @@ namespace {
 constexpr int64_t kMaxSummedWindow = 16;
 constexpr int64_t kMaxSummedManyWindow = 64;
 
-
 struct Pool {
   std::vector<int64_t> in, kernel, stride, padding, dilation, out, after;
 };
