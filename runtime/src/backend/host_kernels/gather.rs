@@ -154,6 +154,8 @@ fn gather_one_row<T: Copy>(
                     *t = v;
                 }
             } else {
+                // The stride in a local of the call, as in `gather_same`.
+                let os = os;
                 for (j, &f) in from.iter().enumerate() {
                     *to.offset(j as isize * os) = *row.offset(f);
                 }
