@@ -155,9 +155,9 @@ fn gather_one_row<T: Copy>(
                 }
             } else {
                 // The stride in a local of the call, as in `gather_same`.
-                let os = os;
+                let out_step = os;
                 for (j, &f) in from.iter().enumerate() {
-                    *to.offset(j as isize * os) = *row.offset(f);
+                    *to.offset(j as isize * out_step) = *row.offset(f);
                 }
             }
         }
