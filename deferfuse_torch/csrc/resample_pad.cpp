@@ -423,9 +423,19 @@ at::Tensor grid_pad(at::Tensor x, int64_t size, int64_t padding, bool align_corn
   return at::clamp(x, 0.0, double(size - 1));
 }
 
-// input (N, C, H, W) read at integer positions (xs, ys) of shape (N, Ho, Wo), as (N, C, Ho, Wo);
-// a position outside the input reads 0.
-at::Tensor grid_read(const at::Tensor& input, const at::Tensor& xs, const at::Tensor& ys) {
+// input (N, C, H, W) gathered at integer positions (xs, ys) of shape (N, Ho, Wo), as (N, C, Ho,
+// Wo), with which positions lie inside it; `value()` zeroes the others. A sampler gathers all
+// its taps before it blends any: the blend is then one fused loop over the taps (gathered in
+// turn with the blend between them, each tap's share was a loop of its own, a write and a
+// read of the whole output per tap).
+struct GridTap {
+  at::Tensor inside, v;
+  at::Tensor value() const {
+    return at::where(inside.unsqueeze(1), v, at::zeros({}, v.options()));
+  }
+};
+
+GridTap grid_gather(const at::Tensor& input, const at::Tensor& xs, const at::Tensor& ys) {
   int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   auto inside = xs.ge(0).logical_and(xs.le(W - 1)).logical_and(ys.ge(0)).logical_and(ys.le(H - 1));
   // Outside (NaN included) reads element 0 and is then zeroed: no index out of range is formed.
@@ -433,7 +443,12 @@ at::Tensor grid_read(const at::Tensor& input, const at::Tensor& xs, const at::Te
   auto flat = at::where(inside, ys * W + xs, zero).to(at::kLong);
   auto idx = flat.reshape({N, 1, -1}).expand({N, C, flat.numel() / std::max<int64_t>(N, 1)});
   auto v = at::gather(input.reshape({N, C, H * W}), 2, idx).view({N, C, xs.size(1), xs.size(2)});
-  return at::where(inside.unsqueeze(1), v, at::zeros({}, v.options()));
+  return {inside, v};
+}
+
+// input read at (xs, ys); a position outside the input reads 0.
+at::Tensor grid_read(const at::Tensor& input, const at::Tensor& xs, const at::Tensor& ys) {
+  return grid_gather(input, xs, ys).value();
 }
 
 at::Tensor grid_sampler_2d(const at::Tensor& input, const at::Tensor& grid, int64_t interpolation,
@@ -456,13 +471,18 @@ at::Tensor grid_sampler_2d(const at::Tensor& input, const at::Tensor& grid, int6
     auto x0 = at::floor(ix), y0 = at::floor(iy);
     auto wx = cubic_weights<double, at::Tensor>(ix - x0);
     auto wy = cubic_weights<double, at::Tensor>(iy - y0);
-    at::Tensor out;
+    std::vector<GridTap> taps;
     for (int i = 0; i < 4; ++i) {
       auto y = grid_pad(y0 + (i - 1), H, padding, align_corners);
+      for (int j = 0; j < 4; ++j) {
+        taps.push_back(grid_gather(input, grid_pad(x0 + (j - 1), W, padding, align_corners), y));
+      }
+    }
+    at::Tensor out;
+    for (int i = 0; i < 4; ++i) {
       at::Tensor row;
       for (int j = 0; j < 4; ++j) {
-        auto x = grid_pad(x0 + (j - 1), W, padding, align_corners);
-        auto term = grid_read(input, x, y) * wx[j].unsqueeze(1);
+        auto term = taps[4 * i + j].value() * wx[j].unsqueeze(1);
         row = j == 0 ? term : row + term;
       }
       auto term = row * wy[i].unsqueeze(1);
@@ -477,10 +497,10 @@ at::Tensor grid_sampler_2d(const at::Tensor& input, const at::Tensor& grid, int6
   auto tx = ix - x0, ty = iy - y0;  // the fractions towards the next pixel
   auto ux = 1 - tx, uy = 1 - ty;
   auto x1 = x0 + 1, y1 = y0 + 1;
-  return grid_read(input, x0, y0) * (uy * ux).unsqueeze(1) +
-         grid_read(input, x1, y0) * (uy * tx).unsqueeze(1) +
-         grid_read(input, x0, y1) * (ty * ux).unsqueeze(1) +
-         grid_read(input, x1, y1) * (ty * tx).unsqueeze(1);
+  auto t00 = grid_gather(input, x0, y0), t10 = grid_gather(input, x1, y0);
+  auto t01 = grid_gather(input, x0, y1), t11 = grid_gather(input, x1, y1);
+  return t00.value() * (uy * ux).unsqueeze(1) + t10.value() * (uy * tx).unsqueeze(1) +
+         t01.value() * (ty * ux).unsqueeze(1) + t11.value() * (ty * tx).unsqueeze(1);
 }
 
 // Source index of each padded position along one dim: reflect mirrors around the edge
