@@ -8,15 +8,21 @@
 //!
 //! Bits: each column's sum is the row kernel's (`sweep::reduce_sweep`) operation for operation:
 //! the elements folded 8 at a time into two groups of four running sums (element `i` into sum
-//! `i % 8`, from +0), one more group of four into the first, the two groups added pairwise,
-//! their four lanes as `(l0 + l1) + (l2 + l3)`, then the remaining elements one by one; a mean
-//! divides by the row's length. The same additions in the same order and operand order, with
+//! `i % 8`, from +0), each group added into a running total (from -0) and started again after
+//! every [`SUM_BLOCK`] elements when more follow, one more group of four into the first, each
+//! group's total and sums added, the two groups added pairwise, their four lanes as
+//! `(l0 + l1) + (l2 + l3)`, then the remaining elements one by one; a mean divides by the
+//! row's length. The same additions in the same order and operand order, with
 //! the lanes now running across columns instead of along a row, so every result equals the row
 //! kernel's (`column_sums_match_the_row_kernels_order` pins it against a scalar emulation; the
 //! planner tables and the op suites pin the row kernel against the reference).
 
+use super::sweep::SUM_BLOCK;
 use deferfuse_fusion::ir::{DType, ReduceOp};
 use deferfuse_fusion::region::{InstrKind, LoopRegion};
+
+/// [`SUM_BLOCK`] as a count of elements.
+const BLOCK: usize = SUM_BLOCK as usize;
 
 /// A column variant's region whose reductions are all sums or means of one float32 input as it
 /// is loaded, with no element outputs: what this module computes in place.
@@ -104,6 +110,7 @@ fn avx512() -> bool {
 unsafe fn column(x: *const f32, step: isize, n: usize, mean: bool) -> f32 {
     let at = |i: usize| *(x as *const u8).offset(i as isize * step).cast::<f32>();
     let (mut a, mut b) = ([0f32; 4], [0f32; 4]);
+    let (mut ta, mut tb) = ([-0f32; 4], [-0f32; 4]);
     let mut i = 0;
     while i + 8 <= n {
         for l in 0..4 {
@@ -111,6 +118,13 @@ unsafe fn column(x: *const f32, step: isize, n: usize, mean: bool) -> f32 {
             b[l] += at(i + 4 + l);
         }
         i += 8;
+        if i % BLOCK == 0 && i < n {
+            for l in 0..4 {
+                ta[l] += a[l];
+                tb[l] += b[l];
+            }
+            (a, b) = ([0f32; 4], [0f32; 4]);
+        }
     }
     if i + 4 <= n {
         for (l, s) in a.iter_mut().enumerate() {
@@ -118,7 +132,7 @@ unsafe fn column(x: *const f32, step: isize, n: usize, mean: bool) -> f32 {
         }
         i += 4;
     }
-    let s: [f32; 4] = std::array::from_fn(|l| a[l] + b[l]);
+    let s: [f32; 4] = std::array::from_fn(|l| (ta[l] + a[l]) + (tb[l] + b[l]));
     let mut total = (s[0] + s[1]) + (s[2] + s[3]);
     while i < n {
         total += at(i);
@@ -162,7 +176,9 @@ mod avx512 {
         for c in (0..whole).step_by(16) {
             let load = |i: usize| _mm512_loadu_ps(row(i, c));
             let zero = _mm512_setzero_ps();
+            let minus_zero = _mm512_set1_ps(-0.0);
             let (mut a, mut b) = ([zero; 4], [zero; 4]);
+            let (mut ta, mut tb) = ([minus_zero; 4], [minus_zero; 4]);
             let mut i = 0;
             while i + 8 <= n {
                 for l in 0..4 {
@@ -170,6 +186,13 @@ mod avx512 {
                     b[l] = _mm512_add_ps(b[l], load(i + 4 + l));
                 }
                 i += 8;
+                if i % super::BLOCK == 0 && i < n {
+                    for l in 0..4 {
+                        ta[l] = _mm512_add_ps(ta[l], a[l]);
+                        tb[l] = _mm512_add_ps(tb[l], b[l]);
+                    }
+                    (a, b) = ([zero; 4], [zero; 4]);
+                }
             }
             if i + 4 <= n {
                 for (l, s) in a.iter_mut().enumerate() {
@@ -177,7 +200,9 @@ mod avx512 {
                 }
                 i += 4;
             }
-            let s: [__m512; 4] = std::array::from_fn(|l| _mm512_add_ps(a[l], b[l]));
+            let s: [__m512; 4] = std::array::from_fn(|l| {
+                _mm512_add_ps(_mm512_add_ps(ta[l], a[l]), _mm512_add_ps(tb[l], b[l]))
+            });
             let mut total = _mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3]));
             while i < n {
                 total = _mm512_add_ps(total, load(i));
@@ -226,10 +251,17 @@ mod tests {
     /// element, independent of [`column`]'s loops.
     fn row_kernel_order(x: &[f32]) -> f32 {
         let n = x.len();
-        let mut lanes = [0f32; 8];
+        let (mut lanes, mut totals) = ([0f32; 8], [-0f32; 8]);
         let whole8 = n / 8 * 8;
         for (i, &v) in x[..whole8].iter().enumerate() {
             lanes[i % 8] += v;
+            // A whole block summed and more to come: into the totals (`SUM_BLOCK`).
+            if (i + 1) % BLOCK == 0 && i + 1 < n {
+                for l in 0..8 {
+                    totals[l] += lanes[l];
+                    lanes[l] = 0.0;
+                }
+            }
         }
         let mut i = whole8;
         if i + 4 <= n {
@@ -238,7 +270,9 @@ mod tests {
             }
             i += 4;
         }
-        let s: Vec<f32> = (0..4).map(|l| lanes[l] + lanes[4 + l]).collect();
+        let s: Vec<f32> = (0..4)
+            .map(|l| (totals[l] + lanes[l]) + (totals[4 + l] + lanes[4 + l]))
+            .collect();
         let mut t = (s[0] + s[1]) + (s[2] + s[3]);
         for &v in &x[i..] {
             t += v;
@@ -253,7 +287,9 @@ mod tests {
         }
         // Columns: two vectors and an edge of 3; rows: every remainder of 8 and of 4.
         let cols = 35;
-        for n in [1, 3, 4, 5, 8, 11, 12, 13, 64, 1023] {
+        for n in [
+            1, 3, 4, 5, 8, 11, 12, 13, 64, 1023, 1024, 1028, 1031, 2048, 3077,
+        ] {
             let m = values(n * cols);
             let mut out = vec![f32::NAN; cols];
             let mut means = vec![f32::NAN; cols];
