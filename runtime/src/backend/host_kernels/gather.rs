@@ -74,10 +74,8 @@ pub(super) fn run(dim: usize, src: &View, index: &View, out: &View) -> Result<()
         let last = index.sizes.len() - 1;
         if dim == last && one_index_row(dim, index) {
             by_width!(gather_one_row, dim, src, index, out);
-        } else if walks_last(dim, index) {
-            by_width!(gather_along_last, dim, src, index, out);
         } else {
-            by_width!(gather_same, dim, src, index, out);
+            by_width!(gather_walk, dim, src, index, out);
         }
         return Ok(());
     }
@@ -121,7 +119,7 @@ fn one_index_row(dim: usize, index: &View) -> bool {
     (0..index.sizes.len()).all(|d| d == dim || index.strides[d] == 0 || index.sizes[d] == 1)
 }
 
-/// [`gather_same`] along the last dim when every row takes one index row: its source offsets
+/// [`gather_walk`] along the last dim when every row takes one index row: its source offsets
 /// are read once, and a row that reverses its source (`flip`) is read forwards and written
 /// backwards, which the compiler vectorizes (`[16, 3, 224, 224].flip(3)` 9.2 -> 1.9-2.3 ms,
 /// CPU eager 1.4-1.8; it read the index per element).
@@ -154,7 +152,7 @@ fn gather_one_row<T: Copy>(
                     *t = v;
                 }
             } else {
-                // The stride in a local of the call, as in `gather_same`.
+                // The stride in a local of the call, as in `gather_walk`.
                 let out_step = os;
                 for (j, &f) in from.iter().enumerate() {
                     *to.offset(j as isize * out_step) = *row.offset(f);
@@ -192,29 +190,58 @@ fn whole_blocks(dim: usize, src: &View, index: &View, out: &View) -> Option<[Vie
 
 /// The element walk for a source and output of one dtype: each element's bits moved as one
 /// `T` (the dtype's width). `convert`'s dtype dispatch per element was most of a gather along
-/// the last dim (bilinear interpolation's forward: 4 ns an element).
-fn gather_same<T: Copy>(
+/// the last dim (bilinear interpolation's forward: 4 ns an element). It walks rows along the
+/// gathered dim, or along the index's last dim when that is longer ([`walks_last`]), each
+/// position then reading at its own index along `dim`.
+fn gather_walk<T: Copy>(
     dim: usize,
     src: &View,
     index: &View,
     out: &View,
     read: impl Fn(*const u8, isize) -> isize,
 ) {
-    let n = index.sizes[dim] as isize;
-    let (is, os, ss) = (index.strides[dim], out.strides[dim], src.strides[dim]);
+    if walks_last(dim, index) {
+        walk_rows::<T, true>(dim, src, index, out, read)
+    } else {
+        walk_rows::<T, false>(dim, src, index, out, read)
+    }
+}
+
+/// [`gather_walk`]'s loop, along the last dim (`ACROSS`) or along `dim`, where the source
+/// moves by the index's values only: a constant, so that loop carries no step of its own (as a
+/// run-time zero it cost 10-20%).
+#[inline(always)]
+fn walk_rows<T: Copy, const ACROSS: bool>(
+    dim: usize,
+    src: &View,
+    index: &View,
+    out: &View,
+    read: impl Fn(*const u8, isize) -> isize,
+) {
+    let walk = if ACROSS { index.sizes.len() - 1 } else { dim };
+    let n = index.sizes[walk] as isize;
+    let (is, os, ss) = (index.strides[walk], out.strides[walk], src.strides[dim]);
+    let sl = if ACROSS { src.strides[walk] } else { 0 };
     let (ib, ob, sb) = (index.base, out.base as *mut T, src.base as *const T);
-    for_each_row(&index.sizes, dim, &[index, out, src], |_, o| {
+    for_each_row(&index.sizes, walk, &[index, out, src], |idx, o| {
         // Pointers and strides copied into the call's locals: read through the closure's
         // captures, every element reloaded them after its store, which might have changed
         // them (2.8 ns an element for a gather within a plane).
         let (is, os, ss, ib, ob, sb) = (is, os, ss, ib, ob, sb);
-        let (iv, ov, sv) = (o[0], o[1], o[2]);
+        // The source row at index 0 along `dim`: the walk's offset counts the index's own
+        // position along it (0 when walking `dim`).
+        let (iv, ov, row) = (o[0], o[1], o[2] - idx[dim] as isize * ss);
         for j in 0..n {
             // SAFETY: as the walk in `run`: the index was checked, so the source element is
             // one of the source view's; `T` is the views' element width.
             unsafe {
                 let v = read(ib, iv + j * is);
-                *ob.offset(ov + j * os) = *sb.offset(sv + v * ss);
+                let at = if ACROSS {
+                    row + v * ss + j * sl
+                } else {
+                    row + v * ss
+                };
+                *ob.offset(ov + j * os) = *sb.offset(at);
             }
         }
     });
@@ -227,37 +254,6 @@ fn gather_same<T: Copy>(
 fn walks_last(dim: usize, index: &View) -> bool {
     let last = index.sizes.len() - 1;
     dim != last && index.sizes[last] > index.sizes[dim]
-}
-
-/// [`gather_same`] walked along the last dim: each row of index positions reads its elements
-/// at their own index along `dim`, in one loop.
-fn gather_along_last<T: Copy>(
-    dim: usize,
-    src: &View,
-    index: &View,
-    out: &View,
-    read: impl Fn(*const u8, isize) -> isize,
-) {
-    let last = index.sizes.len() - 1;
-    let n = index.sizes[last] as isize;
-    let (is, os) = (index.strides[last], out.strides[last]);
-    let (sl, ss) = (src.strides[last], src.strides[dim]);
-    let (ib, ob, sb) = (index.base, out.base as *mut T, src.base as *const T);
-    for_each_row(&index.sizes, last, &[index, out, src], |idx, o| {
-        // The source row at index 0 along `dim`: the walk's offset counts the index's own
-        // position along it.
-        let (iv, ov, row) = (o[0], o[1], o[2] - idx[dim] as isize * ss);
-        // In the call's locals, as in `gather_same`.
-        let (is, os, sl, ss, ib, ob, sb) = (is, os, sl, ss, ib, ob, sb);
-        for j in 0..n {
-            // SAFETY: as the walk in `run`: the index was checked, so the source element is
-            // one of the source view's; `T` is the views' element width.
-            unsafe {
-                let v = read(ib, iv + j * is);
-                *ob.offset(ov + j * os) = *sb.offset(row + v * ss + j * sl);
-            }
-        }
-    });
 }
 
 /// Gather one row at a time: `out[.., :] = src[..index[.., 0].., :]`, a memcpy per row when
