@@ -102,12 +102,12 @@ def _programs_of_a_conv_step(conv, x, w, g):
     return runs, report.fallbacks
 
 
-@pytest.mark.parametrize("stride, programs", [(2, 2), (1, 3)])
+@pytest.mark.parametrize("stride, programs, col2im", [(2, 2, 1), (1, 3, 0)])
 def test_a_strided_stem_convolution_runs_its_forward_and_weight_gradient_as_conv_programs(
-        stride, programs):
+        stride, programs, col2im):
     # A 7x7 stride-2 stem: the forward and the weight gradient are each one conv program, with
-    # no im2col copy for either (the input gradient, strided, is a product and strided adds);
-    # at stride 1 all three are.
+    # no im2col copy for either (the input gradient, strided, is a product and one col2im
+    # program); at stride 1 all three are conv programs.
     torch.manual_seed(0)
     x = torch.randn(2, 3, 40, 40, device="tpu", requires_grad=True)
     w = torch.randn(8, 3, 7, 7, device="tpu", requires_grad=True)
@@ -116,6 +116,7 @@ def test_a_strided_stem_convolution_runs_its_forward_and_weight_gradient_as_conv
     runs, fallbacks = _programs_of_a_conv_step(
         lambda x, w: F.conv2d(x, w, padding=3, stride=stride), x, w, g)
     assert runs.count("conv") == programs, runs
+    assert runs.count("col2im") == col2im, runs
     assert not fallbacks
 
 

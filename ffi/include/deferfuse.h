@@ -524,7 +524,9 @@ enum DfuseOpKind
    * (k - 1) - 1) / stride + 1]`; INPUT_GRAD (stride 1 only): a convolution's output gradient
    * and its weight `[C, OC, k...]` (read transposed with every tap reversed) with padding
    * `dilation * (k - 1) - padding` -> its input gradient; WEIGHT_GRAD: the output gradient
-   * `[N, OC, out...]` and x, `attrs->dims[0..n]` the kernel -> `[OC, C, k...]`.
+   * `[N, OC, out...]` and x, `attrs->dims[0..n]` the kernel -> `[OC, C, k...]`;
+   * COLUMNS_TO_INPUT (col2im): one input, the columns' gradient `[N, C, k..., out...]`,
+   * `attrs->dims[0..n]` the input sizes -> `[N, C, in...]`.
    */
   DFUSE_OP_KIND_CONV = 19,
   /**
@@ -1071,6 +1073,11 @@ enum DfuseConvPart
    * the weight gradient: inputs the output gradient and x; `attrs->dims[0..n]` the kernel
    */
   DFUSE_CONV_PART_WEIGHT_GRAD = 2,
+  /**
+   * col2im: one input, the columns' gradient `[N, C, k..., out...]` (`W^T @ grad`), each
+   * tap added back at the input positions it read; `attrs->dims[0..n]` the input's sizes
+   */
+  DFUSE_CONV_PART_COLUMNS_TO_INPUT = 3,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

@@ -59,6 +59,9 @@ pub enum DfuseConvPart {
     InputGrad = 1,
     /// the weight gradient: inputs the output gradient and x; `attrs->dims[0..n]` the kernel
     WeightGrad = 2,
+    /// col2im: one input, the columns' gradient `[N, C, k..., out...]` (`W^T @ grad`), each
+    /// tap added back at the input positions it read; `attrs->dims[0..n]` the input's sizes
+    ColumnsToInput = 3,
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_DEPTHWISE_CONV`; the numbers are the runtime's.
@@ -237,8 +240,9 @@ pub(crate) fn build_conv(a: &DfuseAttrs) -> Result<KernelOp> {
             .into_iter()
             .map(|s| s.max(1))
             .collect(),
-        kernel: match part {
+        sizes: match part {
             ConvPart::WeightGrad => field(&a.dims[..n], "attrs->dims (the kernel sizes)")?,
+            ConvPart::ColumnsToInput => field(&a.dims[..n], "attrs->dims (the input sizes)")?,
             _ => Dims::new(),
         },
     })))
@@ -454,13 +458,13 @@ mod tests {
                 c.part,
                 c.padding.as_slice(),
                 c.dilation.as_slice(),
-                c.kernel.as_slice()
+                c.sizes.as_slice()
             ),
             (ConvPart::WeightGrad, &[2, 0][..], &[1, 3][..], &[3, 5][..])
         );
         a.sub_op = DfuseConvPart::InputGrad as u32;
         let c = conv_of(&a);
-        assert_eq!((c.part, c.kernel.len()), (ConvPart::InputGrad, 0));
+        assert_eq!((c.part, c.sizes.len()), (ConvPart::InputGrad, 0));
     }
 
     #[test]
@@ -498,6 +502,7 @@ mod tests {
             DfuseConvPart::Forward,
             DfuseConvPart::InputGrad,
             DfuseConvPart::WeightGrad,
+            DfuseConvPart::ColumnsToInput,
         ];
         assert_eq!(p.len(), ConvPart::ALL.len());
         for (x, y) in p.iter().zip(ConvPart::ALL) {

@@ -94,7 +94,9 @@ pub enum DfuseOpKind {
     /// (k - 1) - 1) / stride + 1]`; INPUT_GRAD (stride 1 only): a convolution's output gradient
     /// and its weight `[C, OC, k...]` (read transposed with every tap reversed) with padding
     /// `dilation * (k - 1) - padding` -> its input gradient; WEIGHT_GRAD: the output gradient
-    /// `[N, OC, out...]` and x, `attrs->dims[0..n]` the kernel -> `[OC, C, k...]`.
+    /// `[N, OC, out...]` and x, `attrs->dims[0..n]` the kernel -> `[OC, C, k...]`;
+    /// COLUMNS_TO_INPUT (col2im): one input, the columns' gradient `[N, C, k..., out...]`,
+    /// `attrs->dims[0..n]` the input sizes -> `[N, C, in...]`.
     Conv = 19,
     /// Every step of one direction of one LSTM, GRU or plain RNN layer, forward or backward
     /// (`attrs->sub_op`, a `DfuseRecurrencePart`, which gives each part's operands and

@@ -68,7 +68,7 @@ impl Geo {
             padding: self.padding.into(),
             dilation: self.dilation.into(),
             stride: self.stride.into(),
-            kernel: Dims::new(),
+            sizes: Dims::new(),
         }
     }
 
@@ -76,7 +76,7 @@ impl Geo {
     fn weight_grad(&self) -> Conv {
         Conv {
             part: ConvPart::WeightGrad,
-            kernel: self.kernel.into(),
+            sizes: self.kernel.into(),
             ..self.conv(false)
         }
     }

@@ -8,6 +8,7 @@ mod harness;
 mod reference;
 
 mod bounded;
+mod col2im;
 mod column_reductions;
 mod concurrency;
 mod ctc_loss;

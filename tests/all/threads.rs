@@ -348,7 +348,7 @@ fn a_dense_convolution_split_by_samples_equals_one_thread() {
             padding: [1, 1][..].into(),
             dilation: [1, 1][..].into(),
             stride: [stride, stride][..].into(),
-            kernel: match part {
+            sizes: match part {
                 ConvPart::WeightGrad => [3, 3][..].into(),
                 _ => Default::default(),
             },
@@ -378,7 +378,7 @@ fn a_dense_convolution_weight_gradient_split_by_input_channels_equals_one_thread
             padding: [pad, pad][..].into(),
             dilation: [1, 1][..].into(),
             stride: [1, 1][..].into(),
-            kernel: [k, k][..].into(),
+            sizes: [k, k][..].into(),
         })));
         same_on_any_thread_count(|rt| {
             let x = tensor(rt, DType::F32, &[n, c, h, h], &values(n * c * h * h, 9));
@@ -457,4 +457,23 @@ fn rnn_steps_split_by_samples_equal_one_thread() {
             outs
         });
     }
+}
+
+#[test]
+fn col2im_split_by_planes_equals_one_thread() {
+    use deferfuse::fusion::ir::{Conv, ConvPart, KernelOp};
+    // 96 planes of a VAE's 4x4 stride-2 upsampling: 150k column values, past the serial bound.
+    let (n, c) = (6, 16);
+    let op = Op::Kernel(KernelOp::Conv(Box::new(Conv {
+        part: ConvPart::ColumnsToInput,
+        padding: [1, 1][..].into(),
+        dilation: [1, 1][..].into(),
+        stride: [2, 2][..].into(),
+        sizes: [14, 14][..].into(),
+    })));
+    same_on_any_thread_count(|rt| {
+        let shape = [n, c, 4, 4, 7, 7];
+        let cols = tensor(rt, DType::F32, &shape, &values(shape.iter().product(), 11));
+        vec![run(rt, op.clone(), &[tt(cols)])]
+    });
 }

@@ -13,7 +13,9 @@
 //! (`ConvPart::WeightGrad`). At a larger stride the taps of a position are fixed offsets into
 //! the padded input split by phase (element `p` of a dim strided by `s` lies in phase `p % s`
 //! at `p / s`), so the forward and the weight gradient keep that shape; the input gradient of
-//! a strided convolution is not a convolution of this kind and takes the im2col path. Nothing fuses across it (its outputs depend on neighbouring
+//! a strided convolution is not a convolution of this kind: it is the product `W^T @ grad`
+//! followed by `ConvPart::ColumnsToInput`, which adds each tap's column back where it was read
+//! (col2im). Nothing fuses across it (its outputs depend on neighbouring
 //! elements), so it is a kernel op: the planner cuts around it and a backend runs it as one
 //! routine.
 
@@ -42,11 +44,28 @@ pub enum ConvPart {
     /// `d out / d w` summed over the batch: operands grad `[N, OC, out...]` and x `[N, C,
     /// in...]`; result `[OC, C, k...]` (the geometry's `kernel`).
     WeightGrad = 2,
+    /// col2im, the last step of a strided convolution's input gradient (and so of a transposed
+    /// convolution's forward): one operand, the gradient of the convolution's columns `[N, C,
+    /// k..., out...]` (the product `W^T @ grad`, any strides), each tap's values added at the
+    /// input positions it read. Result `[N, C, in...]`, `in` the geometry's `sizes`: at least
+    /// the positions the windows cover, `(out - 1) * stride + dilation * (k - 1) + 1 - 2 *
+    /// padding`, and less than a stride more (a convolution's input that the last window does
+    /// not reach, or a transposed convolution's `output_padding`): those positions are zero.
+    /// Each element sums its taps in the kernel's row-major tap order, starting from +0.0:
+    /// the order of the strided adds it replaces, so the bits are theirs. Composed from
+    /// strided adds it took K read-modify-write passes over the whole input with rows of a
+    /// few elements; as one routine each `(n, c)` plane is summed in cache.
+    ColumnsToInput = 3,
 }
 
 impl ConvPart {
     /// Every variant, indexed by its ABI number.
-    pub const ALL: [ConvPart; 3] = [ConvPart::Forward, ConvPart::InputGrad, ConvPart::WeightGrad];
+    pub const ALL: [ConvPart; 4] = [
+        ConvPart::Forward,
+        ConvPart::InputGrad,
+        ConvPart::WeightGrad,
+        ConvPart::ColumnsToInput,
+    ];
 
     /// Decodes an ABI number; `None` for an unknown value.
     pub fn from_u32(v: u32) -> Option<ConvPart> {
@@ -69,9 +88,10 @@ pub struct Conv {
     /// Spacing of the output positions over the input per spatial dim (at least 1; 1 for
     /// `InputGrad`).
     pub stride: Dims,
-    /// The kernel's spatial sizes; read by `WeightGrad` only, whose operands do not hold the
-    /// weight (empty for the other parts).
-    pub kernel: Dims,
+    /// The spatial sizes the operands do not hold: the kernel's for `WeightGrad` (its operands
+    /// are the gradient and x), the input's for `ColumnsToInput` (its operand holds the
+    /// output's); empty for the other parts.
+    pub sizes: Dims,
 }
 
 impl Conv {
@@ -112,8 +132,10 @@ impl std::fmt::Display for Conv {
         if self.stride.iter().any(|&s| s != 1) {
             write!(f, ".s{:?}", self.stride.as_slice())?;
         }
-        if self.part == ConvPart::WeightGrad {
-            write!(f, ".k{:?}", self.kernel.as_slice())?;
+        match self.part {
+            ConvPart::WeightGrad => write!(f, ".k{:?}", self.sizes.as_slice())?,
+            ConvPart::ColumnsToInput => write!(f, ".in{:?}", self.sizes.as_slice())?,
+            _ => {}
         }
         Ok(())
     }
@@ -123,8 +145,10 @@ impl std::fmt::Display for Conv {
 pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     let d = k.padding.len();
     let kernel_ok = match k.part {
-        ConvPart::WeightGrad => k.kernel.len() == d && !k.kernel.contains(&0),
-        _ => k.kernel.is_empty(),
+        ConvPart::WeightGrad | ConvPart::ColumnsToInput => {
+            k.sizes.len() == d && !k.sizes.contains(&0)
+        }
+        _ => k.sizes.is_empty(),
     };
     if !(1..=3).contains(&d)
         || k.dilation.len() != d
@@ -137,7 +161,7 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
             NAME,
             "geometry",
             "1 to 3 spatial dims, each with a padding, a dilation and a stride of at least 1 \
-             (and, for the weight gradient, a kernel size of at least 1)",
+             (and, for the weight gradient and col2im, a kernel or input size of at least 1)",
             format!("{k}"),
         ));
     }
@@ -150,6 +174,9 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
             format!("{k}"),
         ));
     }
+    if k.part == ConvPart::ColumnsToInput {
+        return infer_columns_to_input(k, args);
+    }
     if args.len() != 2 {
         return Err(OpError::new(
             NAME,
@@ -159,7 +186,7 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
         ));
     }
     let (first, second) = match k.part {
-        ConvPart::Forward | ConvPart::InputGrad => ("x", "weight"),
+        ConvPart::Forward | ConvPart::InputGrad | ConvPart::ColumnsToInput => ("x", "weight"),
         ConvPart::WeightGrad => ("grad", "x"),
     };
     let (d0, a) = tensor(NAME, args, 0, first)?;
@@ -203,7 +230,7 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
         )
     };
     let sizes = match k.part {
-        ConvPart::Forward | ConvPart::InputGrad => {
+        ConvPart::Forward | ConvPart::InputGrad | ConvPart::ColumnsToInput => {
             // The weight's (output, input) channel dims, as stored.
             let (w_out, w_in) = if k.part == ConvPart::InputGrad {
                 (1, 0)
@@ -227,8 +254,8 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
         }
         ConvPart::WeightGrad => {
             let out = k
-                .output_sizes(&b[2..], &k.kernel)
-                .map_err(|i| too_short(i, &b[2..], &k.kernel))?;
+                .output_sizes(&b[2..], &k.sizes)
+                .map_err(|i| too_short(i, &b[2..], &k.sizes))?;
             if a[0] != b[0] || a[2..] != out[..] {
                 return Err(OpError::new(
                     NAME,
@@ -242,10 +269,76 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
                 ));
             }
             let mut sizes = Dims::from_slice(&[a[1], b[1]]);
-            sizes.extend_from_slice(&k.kernel);
+            sizes.extend_from_slice(&k.sizes);
             sizes
         }
     };
+    Ok(Inferred {
+        dtype: DType::F32,
+        sizes,
+        compute: DType::F32,
+    })
+}
+
+/// `ConvPart::ColumnsToInput`'s result: `[N, C, in...]` from columns `[N, C, k..., out...]`.
+fn infer_columns_to_input(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
+    let d = k.padding.len();
+    if args.len() != 1 {
+        return Err(OpError::new(
+            NAME,
+            "inputs",
+            "1 operand (the columns' gradient)",
+            format!("{}", args.len()),
+        ));
+    }
+    let (dt, a) = tensor(NAME, args, 0, "columns")?;
+    if dt != DType::F32 {
+        return Err(OpError::new(
+            NAME,
+            "input 0 (columns)",
+            "dtype float32 (other dtypes take the strided adds)",
+            format!("dtype {dt}"),
+        ));
+    }
+    if a.len() != 2 * d + 2 || a[2..2 + d].contains(&0) {
+        return Err(OpError::new(
+            NAME,
+            "input 0 (columns)",
+            format!(
+                "{} dims [N, C, k..., out...] for {d} spatial dims, every k at least 1",
+                2 * d + 2
+            ),
+            format!("shape {}", fmt_dims(a)),
+        ));
+    }
+    for i in 0..d {
+        let (kernel, out, input) = (a[2 + i], a[2 + d + i], k.sizes[i]);
+        // The positions the windows cover, (out - 1) * stride + dilation * (k - 1) + 1, against
+        // the padded input, in checked steps (the C ABI passes any 64-bit value).
+        let covered = out
+            .checked_sub(1)
+            .and_then(|o| o.checked_mul(k.stride[i]))
+            .and_then(|o| o.checked_add(k.dilation[i].checked_mul(kernel - 1)?))
+            .and_then(|o| o.checked_add(1));
+        let padded = k.padding[i]
+            .checked_mul(2)
+            .and_then(|p| p.checked_add(input));
+        let fits = matches!((covered, padded), (Some(c), Some(p)) if c <= p && p - c < k.stride[i]
+            && c > 2 * k.padding[i]);
+        if !fits {
+            return Err(OpError::new(
+                NAME,
+                "geometry",
+                format!(
+                    "windows that cover the padded input but for less than a stride, and more \
+                     than its padding, in spatial dim {i}"
+                ),
+                format!("columns {} with {k}", fmt_dims(a)),
+            ));
+        }
+    }
+    let mut sizes = Dims::from_slice(&a[..2]);
+    sizes.extend_from_slice(&k.sizes);
     Ok(Inferred {
         dtype: DType::F32,
         sizes,
@@ -265,7 +358,7 @@ mod tests {
             padding: smallvec![p, p],
             dilation: smallvec![d, d],
             stride: smallvec![1, 1],
-            kernel: Dims::new(),
+            sizes: Dims::new(),
         })))
     }
 
@@ -290,7 +383,7 @@ mod tests {
                 padding: smallvec![1, 0],
                 dilation: smallvec![1, 1],
                 stride: smallvec![s, 3],
-                kernel: Dims::new(),
+                sizes: Dims::new(),
             })))
         };
         let r = infer(&op(2), &[t(&[2, 8, 64, 3199]), t(&[4, 8, 3, 3])]).unwrap();
@@ -307,7 +400,7 @@ mod tests {
                 padding: smallvec![1, 1],
                 dilation: smallvec![1, 1],
                 stride: smallvec![1, s],
-                kernel: Dims::new(),
+                sizes: Dims::new(),
             })))
         };
         let (x, w) = (t(&[2, 8, 15, 16]), t(&[8, 4, 3, 3]));
@@ -327,7 +420,7 @@ mod tests {
             padding: smallvec![1, 1],
             dilation: smallvec![1, 1],
             stride: smallvec![1, 1],
-            kernel: Dims::new(),
+            sizes: Dims::new(),
         })));
         let r = infer(&op, &[t(&[2, 8, 15, 16]), t(&[8, 4, 3, 3])]).unwrap();
         assert_eq!(r.sizes.as_slice(), &[2, 4, 15, 16]);
@@ -342,12 +435,57 @@ mod tests {
             padding: smallvec![1, 0],
             dilation: smallvec![1, 1],
             stride: smallvec![1, 1],
-            kernel: smallvec![3, 5],
+            sizes: smallvec![3, 5],
         })));
         let r = infer(&op, &[t(&[2, 4, 15, 12]), t(&[2, 8, 15, 16])]).unwrap();
         assert_eq!(r.sizes.as_slice(), &[4, 8, 3, 5]);
         let e = infer(&op, &[t(&[2, 4, 15, 16]), t(&[2, 8, 15, 16])]).unwrap_err();
         assert_eq!(e.operand, "input 0 (grad)");
+    }
+
+    fn columns_to_input(p: usize, s: usize, d: usize, input: [usize; 2]) -> Op {
+        Op::Kernel(KernelOp::Conv(Box::new(Conv {
+            part: ConvPart::ColumnsToInput,
+            padding: smallvec![p, p],
+            dilation: smallvec![d, d],
+            stride: smallvec![s, s],
+            sizes: smallvec![input[0], input[1]],
+        })))
+    }
+
+    #[test]
+    fn columns_go_back_to_the_input_their_windows_read() {
+        // A transposed convolution's 4x4 stride-2 padding-1 upsampling: 7x7 -> 14x14.
+        let op = columns_to_input(1, 2, 1, [14, 14]);
+        let r = infer(&op, &[t(&[64, 32, 4, 4, 7, 7])]).unwrap();
+        assert_eq!(r.sizes.as_slice(), &[64, 32, 14, 14]);
+        // The same windows over a 15x15 input, whose last row and column none reads.
+        let op = columns_to_input(1, 2, 1, [15, 14]);
+        assert_eq!(infer(&op, &[t(&[1, 1, 4, 4, 7, 7])]).unwrap().sizes[2], 15);
+    }
+
+    #[test]
+    fn an_input_the_windows_do_not_fit_is_refused() {
+        for input in [[13, 14], [16, 14]] {
+            let op = columns_to_input(1, 2, 1, input);
+            let e = infer(&op, &[t(&[1, 1, 4, 4, 7, 7])]).unwrap_err();
+            assert!(e.expected.contains("spatial dim 0"), "{e}");
+        }
+        // Windows over nothing but padding.
+        let op = columns_to_input(2, 1, 1, [1, 1]);
+        assert_eq!(
+            infer(&op, &[t(&[1, 1, 2, 2, 1, 1])]).unwrap_err().operand,
+            "geometry"
+        );
+    }
+
+    #[test]
+    fn columns_of_another_rank_or_a_second_operand_are_refused() {
+        let op = columns_to_input(1, 2, 1, [14, 14]);
+        let e = infer(&op, &[t(&[64, 32, 4, 4, 7])]).unwrap_err();
+        assert_eq!(e.operand, "input 0 (columns)");
+        let two = [t(&[1, 1, 2, 2, 3, 3]), t(&[1, 1, 2, 2, 3, 3])];
+        assert_eq!(infer(&op, &two).unwrap_err().operand, "inputs");
     }
 
     #[test]

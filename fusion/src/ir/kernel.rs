@@ -189,6 +189,7 @@ impl KernelOp {
             KernelOp::Depthwise(_) => "depthwise_conv",
             KernelOp::GroupedMatmul(_) => "grouped_mm",
             KernelOp::Ctc(_) => "ctc_loss",
+            KernelOp::Conv(c) if c.part == super::conv::ConvPart::ColumnsToInput => "col2im",
             KernelOp::Conv(_) => "conv",
             KernelOp::Recurrence(r) => r.part.name(),
         }

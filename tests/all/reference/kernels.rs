@@ -312,17 +312,55 @@ pub fn conv_input_grad(k: &Conv, grad: &RefTensor, w: &RefTensor, input: &[usize
     RefTensor::new(grad.dtype, &sizes, data)
 }
 
-/// The weight gradient `[OC, C, k...]` of the dense convolution `k` (its `kernel`
+/// The weight gradient `[OC, C, k...]` of the dense convolution `k` (its `sizes`
 /// giving k) whose input is x `[N, C, in...]` and output gradient grad `[N, OC, out...]`, term
 /// by term in f64.
 pub fn conv_weight_grad(k: &Conv, grad: &RefTensor, x: &RefTensor) -> RefTensor {
-    let sizes = [&[grad.sizes[1], x.sizes[1]][..], &k.kernel[..]].concat();
+    let sizes = [&[grad.sizes[1], x.sizes[1]][..], &k.sizes[..]].concat();
     let mut data = vec![0.0; numel(&sizes)];
-    let spec = (&grad.sizes[..], x.sizes[1], &x.sizes[2..], &k.kernel[..]);
+    let spec = (&grad.sizes[..], x.sizes[1], &x.sizes[2..], &k.sizes[..]);
     conv_terms(k, spec, |o, xi, wi| {
         data[position(&sizes, wi)] += grad.at(o) * x.at(xi);
     });
     RefTensor::new(x.dtype, &sizes, data)
+}
+
+/// col2im (`ConvPart::ColumnsToInput`): columns `[N, C, k..., out...]` added back into `[N, C,
+/// input...]` (`k.sizes`), each value at the input position its tap read (`o * stride -
+/// padding + t * dilation`) and dropped where that is padding. Summed as the strided adds it
+/// replaces: in float32, tap by tap in row-major tap order, from +0.0, so the op must match it
+/// bit for bit.
+pub fn conv_columns_to_input(k: &Conv, cols: &RefTensor) -> RefTensor {
+    let d = k.padding.len();
+    let (kernel, out) = (&cols.sizes[2..2 + d], &cols.sizes[2 + d..]);
+    let sizes = [&cols.sizes[..2], &k.sizes[..]].concat();
+    let mut data = vec![0.0f64; numel(&sizes)];
+    for t in indices(kernel) {
+        for lead in indices(&cols.sizes[..2]) {
+            for o in indices(out) {
+                let p: Vec<i64> = (0..d)
+                    .map(|i| {
+                        (o[i] * k.stride[i] + t[i] * k.dilation[i]) as i64 - k.padding[i] as i64
+                    })
+                    .collect();
+                if p.iter()
+                    .zip(&k.sizes)
+                    .any(|(&p, &s)| p < 0 || p >= s as i64)
+                {
+                    continue;
+                }
+                let at: Vec<usize> = lead
+                    .iter()
+                    .copied()
+                    .chain(p.iter().map(|&v| v as usize))
+                    .collect();
+                let from: Vec<usize> = lead.iter().chain(&t).chain(&o).copied().collect();
+                let slot = &mut data[position(&sizes, &at)];
+                *slot = (*slot as f32 + cols.at(&from) as f32) as f64;
+            }
+        }
+    }
+    RefTensor::new(cols.dtype, &sizes, data)
 }
 
 /// `torch._grouped_mm(a, b, offs)` for `case`, element by element: group g covers

@@ -320,7 +320,7 @@ unsafe fn weight_grad_by_channels(
     threads: Option<&dyn SideBySide>,
 ) -> Result<()> {
     let c = x.sizes[1];
-    let whole = Geometry::new(k, x, &k.kernel, &grad.sizes[2..], grad.sizes[1]);
+    let whole = Geometry::new(k, x, &k.sizes, &grad.sizes[2..], grad.sizes[1]);
     let order = (whole.rows(), whole.block_cols());
     let macs = out.numel() * grad.numel() / grad.sizes[1].max(1);
     // One range per thread: each range packs the whole wide gradient for its products, so more
@@ -333,7 +333,7 @@ unsafe fn weight_grad_by_channels(
     let range = |r: usize| {
         let (c0, c1) = (c * r / ranges, c * (r + 1) / ranges);
         let (x, out) = (x.narrowed(1, c0..c1), out.narrowed(1, c0..c1));
-        let g = Geometry::new(k, &x, &k.kernel, &grad.sizes[2..], grad.sizes[1]);
+        let g = Geometry::new(k, &x, &k.sizes, &grad.sizes[2..], grad.sizes[1]);
         SCRATCH.with(|cell| {
             // SAFETY: the caller's contract; each range writes only its own channels of dW.
             unsafe { weight_grad(&g, grad, &x, &out, order, &mut cell.borrow_mut()) }

@@ -1,10 +1,11 @@
 //! Host implementations of the kernel ops (gather, scatter, scans, sort, random numbers,
-//! depthwise and dense stride-1 convolutions, grouped matrix products, the CTC loss, the LSTM
+//! depthwise and dense convolutions and col2im, grouped matrix products, the CTC loss, the LSTM
 //! and GRU recurrences): loops over host memory, generic over dtype, reading every operand
 //! through its layout (strides, offset; an expanded index has stride 0). Both backends run
 //! them: the CPU backend directly, the PJRT backend on host bytes (`HostProgram` writes device
 //! values back first), so results are the same bits on either and in every mode.
 
+mod columns_to_input;
 mod conv;
 mod ctc;
 mod depthwise;
@@ -21,7 +22,7 @@ pub use random::philox4x32_10;
 
 use super::{HostProgram, Program, SideBySide};
 use crate::error::{Error, Result};
-use deferfuse_fusion::ir::{DType, KernelOp};
+use deferfuse_fusion::ir::{ConvPart, DType, KernelOp};
 use deferfuse_fusion::{Binding, TensorRef};
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -104,6 +105,9 @@ impl HostProgram for KernelProgram {
                 self.1.as_deref(),
             )?,
             KernelOp::Ctc(k) => ctc::run(k, &inputs, &dst.view)?,
+            KernelOp::Conv(k) if k.part == ConvPart::ColumnsToInput => {
+                columns_to_input::run(k, &inputs[0], &dst.view, self.1.as_deref())?
+            }
             KernelOp::Conv(k) => {
                 conv::run(k, &inputs[0], &inputs[1], &dst.view, self.1.as_deref())?
             }
