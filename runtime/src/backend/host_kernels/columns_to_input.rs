@@ -88,6 +88,9 @@ impl Geometry {
         let (p1, p2) = (self.padded[1], self.padded[2]);
         let cs = &self.col_strides;
         let (n2, s2, d2, cs2) = (self.out[2], self.stride[2], self.dilation[2], cs[5]);
+        // Stride 2, neighbouring taps and contiguous columns: the transposed convolutions'
+        // usual upsampling (4x4 stride 2), taken two taps at a time.
+        let paired = s2 == 2 && d2 == 1 && cs2 == 1;
         let plane = plane.as_mut_ptr();
         // Within one (t0, t1) the taps along the last dim go innermost: an element of a row
         // takes at most one value from each (o0, o1), so each element still sums its taps in
@@ -101,18 +104,30 @@ impl Geometry {
                         let row =
                             plane.add((r0 + o1 * self.stride[1] + t1 * self.dilation[1]) * p2);
                         let src = tap.offset(o0 as isize * cs[3] + o1 as isize * cs[4]);
-                        for t2 in 0..self.kernel[2] {
+                        let mut t2 = 0;
+                        while t2 < self.kernel[2] {
                             let dst = row.add(t2 * d2);
-                            let src = src.offset(t2 as isize * cs[2]);
+                            let a = src.offset(t2 as isize * cs[2]);
                             if s2 == 1 && cs2 == 1 {
                                 for o2 in 0..n2 {
-                                    *dst.add(o2) += *src.add(o2);
+                                    *dst.add(o2) += *a.add(o2);
                                 }
+                            } else if paired && t2 + 1 < self.kernel[2] {
+                                // Taps t2 and t2 + 1 at stride 2 fill the even and the odd
+                                // elements of one run: one pass over contiguous elements
+                                // (each takes one of the two, so the order is unchanged).
+                                let b = a.offset(cs[2]);
+                                for o2 in 0..n2 {
+                                    *dst.add(2 * o2) += *a.add(o2);
+                                    *dst.add(2 * o2 + 1) += *b.add(o2);
+                                }
+                                t2 += 1;
                             } else {
                                 for o2 in 0..n2 {
-                                    *dst.add(o2 * s2) += *src.offset(o2 as isize * cs2);
+                                    *dst.add(o2 * s2) += *a.offset(o2 as isize * cs2);
                                 }
                             }
+                            t2 += 1;
                         }
                     }
                 }
