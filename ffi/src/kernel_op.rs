@@ -446,7 +446,7 @@ mod tests {
     }
 
     #[test]
-    fn conv_reads_the_kernel_sizes_only_for_the_weight_gradient() {
+    fn conv_reads_the_kernel_sizes_for_the_weight_gradient_and_none_for_the_input_gradient() {
         let mut a = attrs(DfuseConvPart::WeightGrad as u32, 0);
         a.n_dims = 2;
         a.dims[..2].copy_from_slice(&[3, 5]);
@@ -468,6 +468,20 @@ mod tests {
     }
 
     #[test]
+    fn col2im_reads_the_input_sizes_from_dims() {
+        let mut a = attrs(DfuseConvPart::ColumnsToInput as u32, 0);
+        a.n_dims = 2;
+        a.dims[..2].copy_from_slice(&[14, 15]);
+        a.dilation[..2].copy_from_slice(&[1, 1]);
+        a.stride[..2].copy_from_slice(&[2, 2]);
+        let c = conv_of(&a);
+        assert_eq!(
+            (c.part, c.sizes.as_slice()),
+            (ConvPart::ColumnsToInput, &[14, 15][..])
+        );
+    }
+
+    #[test]
     fn conv_reads_its_strides_a_zero_one_as_one() {
         let mut a = attrs(DfuseConvPart::Forward as u32, 0);
         a.n_dims = 2;
@@ -482,7 +496,7 @@ mod tests {
 
     #[test]
     fn conv_refuses_an_unknown_part_negative_padding_and_bad_counts() {
-        let mut a = attrs(3, 0);
+        let mut a = attrs(99, 0);
         a.n_dims = 1;
         a.dilation[0] = 1;
         let e = build_conv(&a).unwrap_err();
