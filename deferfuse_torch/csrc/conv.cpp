@@ -4,7 +4,8 @@
 // the weight viewed as [G, OCg, Cg*K]. That layout lets every GEMM read its operands as strided
 // views: per sample when a sample has many output positions, else with the batch folded into
 // the GEMM's columns (see kGemmPerSampleFromPositions). The input gradient is W^T @
-// grad_output scattered back by add_windows (K in-place strided adds, no scatter op needed);
+// grad_output scattered back by the runtime's col2im (columns_to_input; float32) or else by
+// add_windows (K in-place strided adds, no scatter op needed);
 // the weight gradient is one GEMM of grad_output with the columns over the batch. On maps of
 // 256+ output positions a sample, the forward and the weight gradient run on the runtime's
 // convolution op instead (on_conv_op), which writes no columns at all, and so does the input

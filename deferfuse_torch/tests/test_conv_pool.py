@@ -120,6 +120,26 @@ def test_a_strided_stem_convolution_runs_its_forward_and_weight_gradient_as_conv
     assert not fallbacks
 
 
+@pytest.mark.parametrize("dtype, col2im", [(torch.float32, 1), (torch.float64, 0)])
+def test_a_strided_transposed_convolution_adds_its_columns_back_by_col2im_in_float32(
+        dtype, col2im):
+    # A DCGAN's 4x4 stride-2 upsampling: the forward is W^T @ x and col2im (one program,
+    # float32 only; float64 keeps the strided adds), its values CPU's autograd's.
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 4, 4, dtype=dtype)
+    w = torch.randn(8, 3, 4, 4, dtype=dtype)
+    g = torch.randn(2, 3, 8, 8, dtype=dtype)
+    conv = lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1)
+    want = torch.autograd.grad(conv(x.requires_grad_(), w.requires_grad_()), (x, w), g)
+    xt, wt = (t.detach().to("tpu").requires_grad_() for t in (x, w))
+    got = torch.autograd.grad(conv(xt, wt), (xt, wt), g.to("tpu"))
+    for a, b in zip(got, want):
+        check(a, b, atol=1e-4, rtol=1e-5)
+    runs, fallbacks = _programs_of_a_conv_step(conv, xt, wt, g.to("tpu"))
+    assert runs.count("col2im") == col2im, runs
+    assert not fallbacks
+
+
 def test_a_depthwise_convolution_with_an_infinite_weight_matches_cpu_at_the_border(mode):
     # PyTorch's CPU kernel never multiplies the padding in the forward and the input gradient
     # (an infinite weight leaves border outputs finite), but does in the weight gradient (an
