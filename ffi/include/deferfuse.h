@@ -526,7 +526,8 @@ enum DfuseOpKind
    * `dilation * (k - 1) - padding` -> its input gradient; WEIGHT_GRAD: the output gradient
    * `[N, OC, out...]` and x, `attrs->dims[0..n]` the kernel -> `[OC, C, k...]`;
    * COLUMNS_TO_INPUT (col2im): one input, the columns' gradient `[N, C, k..., out...]`,
-   * `attrs->dims[0..n]` the input sizes -> `[N, C, in...]`.
+   * `attrs->dims[0..n]` the input sizes -> `[N, C, in...]`; INPUT_TO_COLUMNS (im2col): x
+   * `[N, C, in...]`, `attrs->dims[0..n]` the kernel -> `[C, k..., N, out...]`.
    */
   DFUSE_OP_KIND_CONV = 19,
   /**
@@ -1078,6 +1079,11 @@ enum DfuseConvPart
    * tap added back at the input positions it read; `attrs->dims[0..n]` the input's sizes
    */
   DFUSE_CONV_PART_COLUMNS_TO_INPUT = 3,
+  /**
+   * im2col: one input, x `[N, C, in...]`, whose windows are copied into columns `[C, k...,
+   * N, out...]`; `attrs->dims[0..n]` the kernel
+   */
+  DFUSE_CONV_PART_INPUT_TO_COLUMNS = 4,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

@@ -62,6 +62,9 @@ pub enum DfuseConvPart {
     /// col2im: one input, the columns' gradient `[N, C, k..., out...]` (`W^T @ grad`), each
     /// tap added back at the input positions it read; `attrs->dims[0..n]` the input's sizes
     ColumnsToInput = 3,
+    /// im2col: one input, x `[N, C, in...]`, whose windows are copied into columns `[C, k...,
+    /// N, out...]`; `attrs->dims[0..n]` the kernel
+    InputToColumns = 4,
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_DEPTHWISE_CONV`; the numbers are the runtime's.
@@ -241,7 +244,9 @@ pub(crate) fn build_conv(a: &DfuseAttrs) -> Result<KernelOp> {
             .map(|s| s.max(1))
             .collect(),
         sizes: match part {
-            ConvPart::WeightGrad => field(&a.dims[..n], "attrs->dims (the kernel sizes)")?,
+            ConvPart::WeightGrad | ConvPart::InputToColumns => {
+                field(&a.dims[..n], "attrs->dims (the kernel sizes)")?
+            }
             ConvPart::ColumnsToInput => field(&a.dims[..n], "attrs->dims (the input sizes)")?,
             _ => Dims::new(),
         },
@@ -517,6 +522,7 @@ mod tests {
             DfuseConvPart::InputGrad,
             DfuseConvPart::WeightGrad,
             DfuseConvPart::ColumnsToInput,
+            DfuseConvPart::InputToColumns,
         ];
         assert_eq!(p.len(), ConvPart::ALL.len());
         for (x, y) in p.iter().zip(ConvPart::ALL) {

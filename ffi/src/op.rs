@@ -96,7 +96,8 @@ pub enum DfuseOpKind {
     /// `dilation * (k - 1) - padding` -> its input gradient; WEIGHT_GRAD: the output gradient
     /// `[N, OC, out...]` and x, `attrs->dims[0..n]` the kernel -> `[OC, C, k...]`;
     /// COLUMNS_TO_INPUT (col2im): one input, the columns' gradient `[N, C, k..., out...]`,
-    /// `attrs->dims[0..n]` the input sizes -> `[N, C, in...]`.
+    /// `attrs->dims[0..n]` the input sizes -> `[N, C, in...]`; INPUT_TO_COLUMNS (im2col): x
+    /// `[N, C, in...]`, `attrs->dims[0..n]` the kernel -> `[C, k..., N, out...]`.
     Conv = 19,
     /// Every step of one direction of one LSTM, GRU or plain RNN layer, forward or backward
     /// (`attrs->sub_op`, a `DfuseRecurrencePart`, which gives each part's operands and

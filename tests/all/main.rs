@@ -8,7 +8,6 @@ mod harness;
 mod reference;
 
 mod bounded;
-mod col2im;
 mod column_reductions;
 mod concurrency;
 mod ctc_loss;
@@ -23,6 +22,7 @@ mod graph_capture;
 mod grouped_mm;
 mod half_casts;
 mod host_reads;
+mod im2col;
 mod kernel_ops;
 mod memory;
 mod modes_and_sync;

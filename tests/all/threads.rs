@@ -477,3 +477,22 @@ fn col2im_split_by_planes_equals_one_thread() {
         vec![run(rt, op.clone(), &[tt(cols)])]
     });
 }
+
+#[test]
+fn im2col_split_by_planes_equals_one_thread() {
+    use deferfuse::fusion::ir::{Conv, ConvPart, KernelOp};
+    // 96 planes of a 4x4 stride-2 convolution's columns: 150k values, past the serial bound.
+    let (n, c) = (6, 16);
+    let op = Op::Kernel(KernelOp::Conv(Box::new(Conv {
+        part: ConvPart::InputToColumns,
+        padding: [1, 1][..].into(),
+        dilation: [1, 1][..].into(),
+        stride: [2, 2][..].into(),
+        sizes: [4, 4][..].into(),
+    })));
+    same_on_any_thread_count(|rt| {
+        let shape = [n, c, 14, 14];
+        let x = tensor(rt, DType::F32, &shape, &values(shape.iter().product(), 12));
+        vec![run(rt, op.clone(), &[tt(x)])]
+    });
+}

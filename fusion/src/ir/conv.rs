@@ -56,15 +56,22 @@ pub enum ConvPart {
     /// strided adds it took K read-modify-write passes over the whole input with rows of a
     /// few elements; as one routine each `(n, c)` plane is summed in cache.
     ColumnsToInput = 3,
+    /// im2col: one operand, x `[N, C, in...]` (any strides), whose windows are copied into
+    /// columns `[C, k..., N, out...]` (`k` the geometry's `sizes`; zero where a window reads
+    /// padding), the layout a product folding the batch into its columns reads without a
+    /// copy. Composed from ops it was a padded copy of x and a window copy with rows of a few
+    /// elements; one routine gathers each `(n, c)` plane from cache.
+    InputToColumns = 4,
 }
 
 impl ConvPart {
     /// Every variant, indexed by its ABI number.
-    pub const ALL: [ConvPart; 4] = [
+    pub const ALL: [ConvPart; 5] = [
         ConvPart::Forward,
         ConvPart::InputGrad,
         ConvPart::WeightGrad,
         ConvPart::ColumnsToInput,
+        ConvPart::InputToColumns,
     ];
 
     /// Decodes an ABI number; `None` for an unknown value.
@@ -89,8 +96,8 @@ pub struct Conv {
     /// `InputGrad`).
     pub stride: Dims,
     /// The spatial sizes the operands do not hold: the kernel's for `WeightGrad` (its operands
-    /// are the gradient and x), the input's for `ColumnsToInput` (its operand holds the
-    /// output's); empty for the other parts.
+    /// are the gradient and x) and `InputToColumns`, the input's for `ColumnsToInput` (its
+    /// operand holds the output's); empty for the other parts.
     pub sizes: Dims,
 }
 
@@ -133,7 +140,9 @@ impl std::fmt::Display for Conv {
             write!(f, ".s{:?}", self.stride.as_slice())?;
         }
         match self.part {
-            ConvPart::WeightGrad => write!(f, ".k{:?}", self.sizes.as_slice())?,
+            ConvPart::WeightGrad | ConvPart::InputToColumns => {
+                write!(f, ".k{:?}", self.sizes.as_slice())?
+            }
             ConvPart::ColumnsToInput => write!(f, ".in{:?}", self.sizes.as_slice())?,
             _ => {}
         }
@@ -145,7 +154,7 @@ impl std::fmt::Display for Conv {
 pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     let d = k.padding.len();
     let kernel_ok = match k.part {
-        ConvPart::WeightGrad | ConvPart::ColumnsToInput => {
+        ConvPart::WeightGrad | ConvPart::ColumnsToInput | ConvPart::InputToColumns => {
             k.sizes.len() == d && !k.sizes.contains(&0)
         }
         _ => k.sizes.is_empty(),
@@ -174,8 +183,10 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
             format!("{k}"),
         ));
     }
-    if k.part == ConvPart::ColumnsToInput {
-        return infer_columns_to_input(k, args);
+    match k.part {
+        ConvPart::ColumnsToInput => return infer_columns_to_input(k, args),
+        ConvPart::InputToColumns => return infer_input_to_columns(k, args),
+        _ => {}
     }
     if args.len() != 2 {
         return Err(OpError::new(
@@ -186,7 +197,10 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
         ));
     }
     let (first, second) = match k.part {
-        ConvPart::Forward | ConvPart::InputGrad | ConvPart::ColumnsToInput => ("x", "weight"),
+        ConvPart::Forward
+        | ConvPart::InputGrad
+        | ConvPart::ColumnsToInput
+        | ConvPart::InputToColumns => ("x", "weight"),
         ConvPart::WeightGrad => ("grad", "x"),
     };
     let (d0, a) = tensor(NAME, args, 0, first)?;
@@ -230,7 +244,10 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
         )
     };
     let sizes = match k.part {
-        ConvPart::Forward | ConvPart::InputGrad | ConvPart::ColumnsToInput => {
+        ConvPart::Forward
+        | ConvPart::InputGrad
+        | ConvPart::ColumnsToInput
+        | ConvPart::InputToColumns => {
             // The weight's (output, input) channel dims, as stored.
             let (w_out, w_in) = if k.part == ConvPart::InputGrad {
                 (1, 0)
@@ -339,6 +356,57 @@ fn infer_columns_to_input(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     }
     let mut sizes = Dims::from_slice(&a[..2]);
     sizes.extend_from_slice(&k.sizes);
+    Ok(Inferred {
+        dtype: DType::F32,
+        sizes,
+        compute: DType::F32,
+    })
+}
+
+/// `ConvPart::InputToColumns`'s result: `[C, k..., N, out...]` from x `[N, C, in...]`.
+fn infer_input_to_columns(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
+    let d = k.padding.len();
+    if args.len() != 1 {
+        return Err(OpError::new(
+            NAME,
+            "inputs",
+            "1 operand (x)",
+            format!("{}", args.len()),
+        ));
+    }
+    let (dt, a) = tensor(NAME, args, 0, "x")?;
+    if dt != DType::F32 {
+        return Err(OpError::new(
+            NAME,
+            "input 0 (x)",
+            "dtype float32 (other dtypes take the window copy)",
+            format!("dtype {dt}"),
+        ));
+    }
+    if a.len() != d + 2 {
+        return Err(OpError::new(
+            NAME,
+            "input 0 (x)",
+            format!("{} dims [N, C, spatial...] for {d} spatial dims", d + 2),
+            format!("shape {}", fmt_dims(a)),
+        ));
+    }
+    let out = k.output_sizes(&a[2..], &k.sizes).map_err(|i| {
+        OpError::new(
+            NAME,
+            "geometry",
+            format!("a padded input at least as long as the dilated kernel in spatial dim {i}"),
+            format!(
+                "input {} and kernel {} with {k}",
+                fmt_dims(&a[2..]),
+                fmt_dims(&k.sizes)
+            ),
+        )
+    })?;
+    let mut sizes = Dims::from_slice(&[a[1]]);
+    sizes.extend_from_slice(&k.sizes);
+    sizes.push(a[0]);
+    sizes.extend_from_slice(&out);
     Ok(Inferred {
         dtype: DType::F32,
         sizes,
@@ -486,6 +554,23 @@ mod tests {
         assert_eq!(e.operand, "input 0 (columns)");
         let two = [t(&[1, 1, 2, 2, 3, 3]), t(&[1, 1, 2, 2, 3, 3])];
         assert_eq!(infer(&op, &two).unwrap_err().operand, "inputs");
+    }
+
+    #[test]
+    fn columns_of_an_input_are_laid_out_channels_taps_batch_positions() {
+        let op = Op::Kernel(KernelOp::Conv(Box::new(Conv {
+            part: ConvPart::InputToColumns,
+            padding: smallvec![1, 1],
+            dilation: smallvec![1, 1],
+            stride: smallvec![2, 2],
+            sizes: smallvec![4, 4],
+        })));
+        let r = infer(&op, &[t(&[32, 64, 8, 8])]).unwrap();
+        assert_eq!(r.sizes.as_slice(), &[64, 4, 4, 32, 4, 4]);
+        let e = infer(&op, &[t(&[32, 64, 1, 1])]).unwrap_err();
+        assert!(e.expected.contains("spatial dim 0"), "{e}");
+        let e = infer(&op, &[t(&[32, 64, 8])]).unwrap_err();
+        assert_eq!(e.operand, "input 0 (x)");
     }
 
     #[test]

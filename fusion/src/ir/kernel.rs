@@ -190,6 +190,7 @@ impl KernelOp {
             KernelOp::GroupedMatmul(_) => "grouped_mm",
             KernelOp::Ctc(_) => "ctc_loss",
             KernelOp::Conv(c) if c.part == super::conv::ConvPart::ColumnsToInput => "col2im",
+            KernelOp::Conv(c) if c.part == super::conv::ConvPart::InputToColumns => "im2col",
             KernelOp::Conv(_) => "conv",
             KernelOp::Recurrence(r) => r.part.name(),
         }

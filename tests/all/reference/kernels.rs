@@ -363,6 +363,38 @@ pub fn conv_columns_to_input(k: &Conv, cols: &RefTensor) -> RefTensor {
     RefTensor::new(cols.dtype, &sizes, data)
 }
 
+/// im2col (`ConvPart::InputToColumns`): x `[N, C, in...]` into columns `[C, k..., N, out...]`
+/// (`k.sizes` the kernel), each column value the input element its tap reads (`o * stride -
+/// padding + t * dilation`), zero where that is padding. A copy: the op must match it exactly.
+pub fn conv_input_to_columns(k: &Conv, x: &RefTensor) -> RefTensor {
+    let d = k.padding.len();
+    let (input, kernel) = (&x.sizes[2..], &k.sizes[..]);
+    let out: Vec<usize> = (0..d)
+        .map(|i| {
+            (input[i] + 2 * k.padding[i] - k.dilation[i] * (kernel[i] - 1) - 1) / k.stride[i] + 1
+        })
+        .collect();
+    let sizes = [&[x.sizes[1]][..], kernel, &[x.sizes[0]], &out].concat();
+    let data = indices(&sizes)
+        .into_iter()
+        .map(|i| {
+            let (c, t, n, o) = (i[0], &i[1..1 + d], i[1 + d], &i[2 + d..]);
+            let p: Vec<i64> = (0..d)
+                .map(|j| (o[j] * k.stride[j] + t[j] * k.dilation[j]) as i64 - k.padding[j] as i64)
+                .collect();
+            if p.iter().zip(input).any(|(&p, &s)| p < 0 || p >= s as i64) {
+                return 0.0;
+            }
+            let at: Vec<usize> = [n, c]
+                .into_iter()
+                .chain(p.iter().map(|&v| v as usize))
+                .collect();
+            x.at(&at)
+        })
+        .collect();
+    RefTensor::new(x.dtype, &sizes, data)
+}
+
 /// `torch._grouped_mm(a, b, offs)` for `case`, element by element: group g covers
 /// `[offs[g-1], offs[g])` of the cut dim (from 0), each end clamped to it, as torch slices it.
 /// Ranges may overlap (offsets that decrease): each group's product reads its own range, and

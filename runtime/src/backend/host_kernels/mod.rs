@@ -5,13 +5,13 @@
 //! them: the CPU backend directly, the PJRT backend on host bytes (`HostProgram` writes device
 //! values back first), so results are the same bits on either and in every mode.
 
-mod columns_to_input;
 mod conv;
 mod ctc;
 mod depthwise;
 pub(crate) mod elem;
 mod gather;
 mod grouped_matmul;
+mod im2col;
 mod random;
 mod recurrence;
 mod scan;
@@ -106,7 +106,10 @@ impl HostProgram for KernelProgram {
             )?,
             KernelOp::Ctc(k) => ctc::run(k, &inputs, &dst.view)?,
             KernelOp::Conv(k) if k.part == ConvPart::ColumnsToInput => {
-                columns_to_input::run(k, &inputs[0], &dst.view, self.1.as_deref())?
+                im2col::columns_to_input(k, &inputs[0], &dst.view, self.1.as_deref())?
+            }
+            KernelOp::Conv(k) if k.part == ConvPart::InputToColumns => {
+                im2col::input_to_columns(k, &inputs[0], &dst.view, self.1.as_deref())?
             }
             KernelOp::Conv(k) => {
                 conv::run(k, &inputs[0], &inputs[1], &dst.view, self.1.as_deref())?

@@ -1,7 +1,7 @@
-//! col2im (`ConvPart::ColumnsToInput`), the last step of a strided convolution's input gradient
-//! and of a transposed convolution's forward, against the reference in `reference/kernels.rs`:
-//! bit for bit (the op sums each element's taps in the order of the strided adds it replaces),
-//! in every mode, over 1-D, 2-D and 3-D geometries, column layouts and thread counts.
+//! im2col and col2im (`ConvPart::InputToColumns`, `ConvPart::ColumnsToInput`) against the
+//! reference in `reference/kernels.rs`, bit for bit (im2col copies; col2im sums each element's
+//! taps in the order of the strided adds it replaces), in every mode, over 1-D, 2-D and 3-D
+//! geometries and operand layouts.
 
 use crate::harness;
 use crate::reference;
@@ -188,4 +188,94 @@ fn columns_of_the_wrong_shape_fail_at_record_naming_the_columns() {
         Err(e @ Error::Op(_)) => assert!(e.to_string().contains("float32"), "{e}"),
         other => panic!("expected a record-time op error, got {other:?}"),
     }
+}
+
+impl Case {
+    /// The im2col op of this geometry: the input's windows into columns.
+    fn im2col(&self) -> Op {
+        Op::Kernel(KernelOp::Conv(Box::new(Conv {
+            part: ConvPart::InputToColumns,
+            sizes: self.kernel.into(),
+            ..self.conv()
+        })))
+    }
+
+    /// The input's shape `[N, C, in...]`.
+    fn x(&self) -> Vec<usize> {
+        [&[self.n, self.c][..], self.input].concat()
+    }
+}
+
+/// Runs every case's im2col on inputs placed as `place` says, in every mode (bit for bit
+/// alike), and checks each against the reference exactly.
+fn check_im2col(layout: Place, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let xs: Vec<RefTensor> = CASES
+        .iter()
+        .map(|c| rng.tensor(DType::F32, &c.x(), 2.0, 0, false))
+        .collect();
+    let outs = run_in_every_mode(|rt| {
+        CASES
+            .iter()
+            .zip(&xs)
+            .map(|(c, x)| {
+                (
+                    c.name.to_string(),
+                    run(rt, c.im2col(), &[tt(place(rt, x, layout))]),
+                )
+            })
+            .collect()
+    });
+    let exact = Tol {
+        rel: 0.0,
+        abs: 0.0,
+        scaled: 0.0,
+    };
+    let failures: Vec<String> = CASES
+        .iter()
+        .zip(&xs)
+        .zip(&outs)
+        .filter_map(|((c, x), (name, got))| {
+            let k = Conv {
+                part: ConvPart::InputToColumns,
+                sizes: c.kernel.into(),
+                ..c.conv()
+            };
+            let want = refk::conv_input_to_columns(&k, x);
+            compare(
+                &format!("im2col {layout:?} {name}"),
+                got,
+                &want,
+                exact,
+                None,
+            )
+            .err()
+        })
+        .collect();
+    assert_no_failures(&failures);
+}
+
+#[test]
+fn im2col_of_contiguous_inputs_copies_every_window_in_every_mode() {
+    check_im2col(Place::Contig, 4);
+}
+
+#[test]
+fn im2col_of_strided_and_transposed_inputs_copies_every_window_in_every_mode() {
+    check_im2col(Place::Strided, 5);
+    check_im2col(Place::Transposed, 6);
+}
+
+#[test]
+fn im2col_lays_the_columns_out_channels_taps_batch_positions() {
+    let rt = Runtime::new(Default::default()).unwrap();
+    let case = &CASES[0];
+    let x = tensor(
+        &rt,
+        DType::F32,
+        &case.x(),
+        &vec![1.0; case.x().iter().product()],
+    );
+    let cols = run(&rt, case.im2col(), &[tt(x)]);
+    assert_eq!(rt.sizes(cols).unwrap().as_slice(), &[5, 4, 4, 3, 7, 7]);
 }
