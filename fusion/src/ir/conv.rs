@@ -297,26 +297,37 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     })
 }
 
-/// `ConvPart::ColumnsToInput`'s result: `[N, C, in...]` from columns `[N, C, k..., out...]`.
-fn infer_columns_to_input(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
-    let d = k.padding.len();
+/// The shape of im2col's or col2im's one float32 operand (`what`: its description and its
+/// short name in errors), or why not; `otherwise` names the path other dtypes take.
+fn one_float32_operand<'a>(
+    args: &'a [ArgMeta],
+    what: (&str, &str),
+    otherwise: &str,
+) -> OpResult<&'a [usize]> {
     if args.len() != 1 {
         return Err(OpError::new(
             NAME,
             "inputs",
-            "1 operand (the columns' gradient)",
+            format!("1 operand ({})", what.0),
             format!("{}", args.len()),
         ));
     }
-    let (dt, a) = tensor(NAME, args, 0, "columns")?;
+    let (dt, a) = tensor(NAME, args, 0, what.1)?;
     if dt != DType::F32 {
         return Err(OpError::new(
             NAME,
-            "input 0 (columns)",
-            "dtype float32 (other dtypes take the strided adds)",
+            format!("input 0 ({})", what.1),
+            format!("dtype float32 (other dtypes take the {otherwise})"),
             format!("dtype {dt}"),
         ));
     }
+    Ok(a)
+}
+
+/// `ConvPart::ColumnsToInput`'s result: `[N, C, in...]` from columns `[N, C, k..., out...]`.
+fn infer_columns_to_input(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
+    let d = k.padding.len();
+    let a = one_float32_operand(args, ("the columns' gradient", "columns"), "strided adds")?;
     if a.len() != 2 * d + 2 || a[2..2 + d].contains(&0) {
         return Err(OpError::new(
             NAME,
@@ -366,23 +377,7 @@ fn infer_columns_to_input(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
 /// `ConvPart::InputToColumns`'s result: `[C, k..., N, out...]` from x `[N, C, in...]`.
 fn infer_input_to_columns(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     let d = k.padding.len();
-    if args.len() != 1 {
-        return Err(OpError::new(
-            NAME,
-            "inputs",
-            "1 operand (x)",
-            format!("{}", args.len()),
-        ));
-    }
-    let (dt, a) = tensor(NAME, args, 0, "x")?;
-    if dt != DType::F32 {
-        return Err(OpError::new(
-            NAME,
-            "input 0 (x)",
-            "dtype float32 (other dtypes take the window copy)",
-            format!("dtype {dt}"),
-        ));
-    }
+    let a = one_float32_operand(args, ("x", "x"), "window copy")?;
     if a.len() != d + 2 {
         return Err(OpError::new(
             NAME,
