@@ -116,7 +116,20 @@ std::vector<int64_t> columns_sizes(const Geometry& g) {
   return s;
 }
 
-DfuseAttrs conv_op_attrs(const Geometry& g, uint32_t part, const std::vector<int64_t>& padding);
+// The conv op's attributes for `part` of geometry g with `padding`, the kernel sizes in `dims`
+// (the weight gradient and im2col read them there: their operands do not hold them; col2im's
+// caller puts the input's sizes there instead).
+DfuseAttrs conv_op_attrs(const Geometry& g, uint32_t part, const std::vector<int64_t>& padding) {
+  DfuseAttrs a = attrs_sub(part);
+  a.n_dims = g.kernel.size();
+  for (size_t i = 0; i < g.kernel.size(); ++i) {
+    a.dims[i] = g.kernel[i];
+    a.padding[i] = padding[i];
+    a.dilation[i] = g.dilation[i];
+    a.stride[i] = g.stride[i];
+  }
+  return a;
+}
 
 // Kernel taps from which float32 columns come from the runtime's im2col routine
 // (DFUSE_CONV_PART_INPUT_TO_COLUMNS: each (n, c) plane padded in cache, its taps copied out)
@@ -275,20 +288,6 @@ bool on_conv_op(const Geometry& g, at::ScalarType dtype) {
   return strides == 1 || double(g.K) / strides >= kMinStridedColumnsPerInput;
 }
 
-// The conv op's attributes for `part` of geometry g with `padding` (the weight gradient also
-// takes the kernel sizes, which its operands do not hold).
-DfuseAttrs conv_op_attrs(const Geometry& g, uint32_t part, const std::vector<int64_t>& padding) {
-  DfuseAttrs a = attrs_sub(part);
-  a.n_dims = g.kernel.size();
-  for (size_t i = 0; i < g.kernel.size(); ++i) {
-    a.dims[i] = g.kernel[i];
-    a.padding[i] = padding[i];
-    a.dilation[i] = g.dilation[i];
-    a.stride[i] = g.stride[i];
-  }
-  return a;
-}
-
 // conv(x, w): [N, OC, out...]. `keep`: a plain convolution's forward, whose columns its
 // weight gradient can reuse; `given`: x's columns where the caller has them already.
 at::Tensor conv_forward(const at::Tensor& x, const at::Tensor& w, const Geometry& g,
@@ -354,19 +353,13 @@ at::Tensor weight_grad_by_conv(const at::Tensor& grad, const at::Tensor& x, cons
 }
 
 // Whether the runtime's col2im (DFUSE_CONV_PART_COLUMNS_TO_INPUT) adds the columns' gradient
-// back: float32, and windows that cover the padded input but for less than a stride (always
-// so for a plain convolution; a transposed one's output_padding may reach past that when the
-// dilation allows it). Where not, add_windows' K strided adds do the same sums in the same
-// order. Strided adds over a few-element rows were 1.4 ns an element: a VAE's 4x4 stride-2
-// transposed convolution [64, 64, 7, 7] -> [64, 32, 14, 14] spent 2.4 ms in them.
+// back: float32, and every window the input holds a column (all_windows: the windows then
+// cover the padded input but for less than a stride, as the op requires). Where not,
+// add_windows' K strided adds do the same sums in the same order. Strided adds over a
+// few-element rows were 1.4 ns an element: a VAE's 4x4 stride-2 transposed convolution
+// [64, 64, 7, 7] -> [64, 32, 14, 14] spent 2.4 ms in them.
 bool columns_to_input_fits(const Geometry& g, at::ScalarType dtype) {
-  if (dtype != at::kFloat) return false;
-  for (size_t i = 0; i < g.kernel.size(); ++i) {
-    int64_t covered = (g.out[i] - 1) * g.stride[i] + g.dilation[i] * (g.kernel[i] - 1) + 1;
-    int64_t padded = g.in[i] + 2 * g.padding[i];
-    if (covered > padded || padded - covered >= g.stride[i]) return false;
-  }
-  return true;
+  return dtype == at::kFloat && all_windows(g);
 }
 
 // contrib [N, C, k..., out...] (any strides) added back into the input positions each tap

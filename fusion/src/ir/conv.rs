@@ -506,14 +506,20 @@ mod tests {
         assert_eq!(e.operand, "input 0 (grad)");
     }
 
-    fn columns_to_input(p: usize, s: usize, d: usize, input: [usize; 2]) -> Op {
+    /// An im2col or col2im op (`part`) of padding `p`, stride `s`, dilation `d` and the sizes its
+    /// operand does not hold (the kernel's or the input's).
+    fn columns_op(part: ConvPart, p: usize, s: usize, d: usize, sizes: [usize; 2]) -> Op {
         Op::Kernel(KernelOp::Conv(Box::new(Conv {
-            part: ConvPart::ColumnsToInput,
+            part,
             padding: smallvec![p, p],
             dilation: smallvec![d, d],
             stride: smallvec![s, s],
-            sizes: smallvec![input[0], input[1]],
+            sizes: smallvec![sizes[0], sizes[1]],
         })))
+    }
+
+    fn columns_to_input(p: usize, s: usize, d: usize, input: [usize; 2]) -> Op {
+        columns_op(ConvPart::ColumnsToInput, p, s, d, input)
     }
 
     #[test]
@@ -553,13 +559,7 @@ mod tests {
 
     #[test]
     fn columns_of_an_input_are_laid_out_channels_taps_batch_positions() {
-        let op = Op::Kernel(KernelOp::Conv(Box::new(Conv {
-            part: ConvPart::InputToColumns,
-            padding: smallvec![1, 1],
-            dilation: smallvec![1, 1],
-            stride: smallvec![2, 2],
-            sizes: smallvec![4, 4],
-        })));
+        let op = columns_op(ConvPart::InputToColumns, 1, 2, 1, [4, 4]);
         let r = infer(&op, &[t(&[32, 64, 8, 8])]).unwrap();
         assert_eq!(r.sizes.as_slice(), &[64, 4, 4, 32, 4, 4]);
         let e = infer(&op, &[t(&[32, 64, 1, 1])]).unwrap_err();

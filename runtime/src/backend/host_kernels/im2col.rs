@@ -95,9 +95,10 @@ impl Geometry {
         // usual upsampling (4x4 stride 2), taken two taps at a time.
         let paired = s2 == 2 && d2 == 1 && cs2 == 1;
         let plane = plane.as_mut_ptr();
-        // Within one (t0, t1) the taps along the last dim go innermost: an element of a row
-        // takes at most one value from each (o0, o1), so each element still sums its taps in
-        // row-major tap order.
+        // Within one (t0, t1) the taps along the last dim go innermost: for fixed (t0, t1)
+        // each (o0, o1) adds into a row of its own, so an element's values from that (t0, t1)
+        // all arrive in one (o0, o1), tap t2 after tap t2, and each element still sums its
+        // taps in row-major tap order.
         for t0 in 0..self.kernel[0] {
             for t1 in 0..self.kernel[1] {
                 let tap = cols.offset(t0 as isize * cs[0] + t1 as isize * cs[1]);
@@ -138,30 +139,46 @@ impl Geometry {
         }
     }
 
+    /// Calls `f(plane_start, input_offset)` for every row of the input's last dim: where the
+    /// row starts in the padded plane, and its offset in an input plane at the input's strides.
+    fn input_rows(&self, mut f: impl FnMut(usize, isize)) {
+        let (p1, p2) = (self.padded[1], self.padded[2]);
+        let [q0, q1, q2] = self.padding;
+        let xs = &self.in_strides;
+        for i0 in 0..self.input[0] {
+            for i1 in 0..self.input[1] {
+                f(
+                    ((i0 + q0) * p1 + i1 + q1) * p2 + q2,
+                    i0 as isize * xs[0] + i1 as isize * xs[1],
+                );
+            }
+        }
+    }
+
     /// Copies one input plane (`x` at its `(n, c)` element) into `plane`'s unpadded part, the
     /// padding zeroed: [`Self::crop`]'s mirror.
     ///
     /// # Safety
     /// `x` is valid for the input's sizes at the geometry's input strides.
     unsafe fn fill(&self, x: *const f32, plane: &mut [f32]) {
-        plane.fill(0.0);
-        let (p1, p2) = (self.padded[1], self.padded[2]);
-        let [q0, q1, q2] = self.padding;
-        let xs = &self.in_strides;
-        for i0 in 0..self.input[0] {
-            for i1 in 0..self.input[1] {
-                let to = ((i0 + q0) * p1 + i1 + q1) * p2 + q2;
-                let row = &mut plane[to..to + self.input[2]];
-                let from = x.offset(i0 as isize * xs[0] + i1 as isize * xs[1]);
-                if xs[2] == 1 {
-                    row.copy_from_slice(std::slice::from_raw_parts(from, row.len()));
+        if self.padding != [0; 3] {
+            plane.fill(0.0);
+        }
+        let (n, step) = (self.input[2], self.in_strides[2]);
+        self.input_rows(|at, from| {
+            let row = &mut plane[at..at + n];
+            // SAFETY: the caller's contract.
+            unsafe {
+                let from = x.offset(from);
+                if step == 1 {
+                    row.copy_from_slice(std::slice::from_raw_parts(from, n));
                 } else {
                     for (e, v) in row.iter_mut().enumerate() {
-                        *v = *from.offset(e as isize * xs[2]);
+                        *v = *from.offset(e as isize * step);
                     }
                 }
             }
-        }
+        });
     }
 
     /// Writes one plane's columns (`cols` at its `(n, c)` element) from the padded `plane`:
@@ -204,28 +221,27 @@ impl Geometry {
         }
     }
 
-    /// Copies the plane's unpadded part to the output (`out` at its `(n, c)` element).
+    /// Copies the plane's unpadded part to the input-shaped result (`out` at its `(n, c)`
+    /// element): [`Self::fill`]'s mirror.
     ///
     /// # Safety
-    /// `out` is valid for the input's sizes at the geometry's output strides.
+    /// `out` is valid for the input's sizes at the geometry's input strides.
     unsafe fn crop(&self, plane: &[f32], out: *mut f32) {
-        let (p1, p2) = (self.padded[1], self.padded[2]);
-        let [q0, q1, q2] = self.padding;
-        let os = &self.in_strides;
-        for i0 in 0..self.input[0] {
-            for i1 in 0..self.input[1] {
-                let from = ((i0 + q0) * p1 + i1 + q1) * p2 + q2;
-                let row = &plane[from..from + self.input[2]];
-                let to = out.offset(i0 as isize * os[0] + i1 as isize * os[1]);
-                if os[2] == 1 {
-                    std::ptr::copy_nonoverlapping(row.as_ptr(), to, row.len());
+        let (n, step) = (self.input[2], self.in_strides[2]);
+        self.input_rows(|at, to| {
+            let row = &plane[at..at + n];
+            // SAFETY: the caller's contract.
+            unsafe {
+                let to = out.offset(to);
+                if step == 1 {
+                    std::ptr::copy_nonoverlapping(row.as_ptr(), to, n);
                 } else {
                     for (e, &v) in row.iter().enumerate() {
-                        *to.offset(e as isize * os[2]) = v;
+                        *to.offset(e as isize * step) = v;
                     }
                 }
             }
-        }
+        });
     }
 }
 
