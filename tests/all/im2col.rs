@@ -91,43 +91,61 @@ fn folded(rt: &Runtime, cols: &RefTensor) -> deferfuse::Handle {
     v
 }
 
-/// Runs every case on columns laid out by `layout`, in every mode (bit for bit alike), and
-/// checks each against the reference bit for bit.
-fn check(layout: &str, seed: u64) {
+/// What a check runs per case: the operand's shape and the op.
+type Part = (fn(&Case) -> Vec<usize>, fn(&Case) -> Conv);
+
+/// Runs `op` of every case on an operand of `shape` (random values) placed by `place`, in every
+/// mode (bit for bit alike), and checks each result against `want` exactly: im2col copies and
+/// col2im sums in the reference's order.
+fn check_exact(
+    what: &str,
+    seed: u64,
+    (shape, op): Part,
+    place: &dyn Fn(&Runtime, &RefTensor) -> deferfuse::Handle,
+    want: fn(&Conv, &RefTensor) -> RefTensor,
+) {
     let mut rng = Rng::new(seed);
-    let cols: Vec<RefTensor> = CASES
+    let inputs: Vec<RefTensor> = CASES
         .iter()
-        .map(|c| rng.tensor(DType::F32, &c.cols(), 2.0, 0, false))
+        .map(|c| rng.tensor(DType::F32, &shape(c), 2.0, 0, false))
         .collect();
     let outs = run_in_every_mode(|rt| {
         CASES
             .iter()
-            .zip(&cols)
+            .zip(&inputs)
             .map(|(c, t)| {
-                let h = match layout {
-                    "folded" => folded(rt, t),
-                    "strided" => place(rt, t, Place::Strided),
-                    _ => upload(rt, t),
-                };
-                (c.name.to_string(), run(rt, c.op(), &[tt(h)]))
+                let k = Op::Kernel(KernelOp::Conv(Box::new(op(c))));
+                (c.name.to_string(), run(rt, k, &[tt(place(rt, t))]))
             })
             .collect()
     });
     let failures: Vec<String> = CASES
         .iter()
-        .zip(&cols)
+        .zip(&inputs)
         .zip(&outs)
         .filter_map(|((c, t), (name, got))| {
-            let want = refk::conv_columns_to_input(&c.conv(), t);
-            let exact = Tol {
-                rel: 0.0,
-                abs: 0.0,
-                scaled: 0.0,
-            };
-            compare(&format!("{layout} {name}"), got, &want, exact, None).err()
+            compare(
+                &format!("{what} {name}"),
+                got,
+                &want(&op(c), t),
+                EXACT,
+                None,
+            )
+            .err()
         })
         .collect();
     assert_no_failures(&failures);
+}
+
+/// col2im of every case on columns laid out as `layout` says.
+fn check(layout: &str, seed: u64) {
+    let place = |rt: &Runtime, t: &RefTensor| match layout {
+        "folded" => folded(rt, t),
+        "strided" => place(rt, t, Place::Strided),
+        _ => upload(rt, t),
+    };
+    let parts: Part = (Case::cols, Case::conv);
+    check_exact(layout, seed, parts, &place, refk::conv_columns_to_input);
 }
 
 #[test]
@@ -192,12 +210,12 @@ fn columns_of_the_wrong_shape_fail_at_record_naming_the_columns() {
 
 impl Case {
     /// The im2col op of this geometry: the input's windows into columns.
-    fn im2col(&self) -> Op {
-        Op::Kernel(KernelOp::Conv(Box::new(Conv {
+    fn im2col(&self) -> Conv {
+        Conv {
             part: ConvPart::InputToColumns,
             sizes: self.kernel.into(),
             ..self.conv()
-        })))
+        }
     }
 
     /// The input's shape `[N, C, in...]`.
@@ -206,53 +224,12 @@ impl Case {
     }
 }
 
-/// Runs every case's im2col on inputs placed as `place` says, in every mode (bit for bit
-/// alike), and checks each against the reference exactly.
+/// im2col of every case on inputs placed as `layout` says.
 fn check_im2col(layout: Place, seed: u64) {
-    let mut rng = Rng::new(seed);
-    let xs: Vec<RefTensor> = CASES
-        .iter()
-        .map(|c| rng.tensor(DType::F32, &c.x(), 2.0, 0, false))
-        .collect();
-    let outs = run_in_every_mode(|rt| {
-        CASES
-            .iter()
-            .zip(&xs)
-            .map(|(c, x)| {
-                (
-                    c.name.to_string(),
-                    run(rt, c.im2col(), &[tt(place(rt, x, layout))]),
-                )
-            })
-            .collect()
-    });
-    let exact = Tol {
-        rel: 0.0,
-        abs: 0.0,
-        scaled: 0.0,
-    };
-    let failures: Vec<String> = CASES
-        .iter()
-        .zip(&xs)
-        .zip(&outs)
-        .filter_map(|((c, x), (name, got))| {
-            let k = Conv {
-                part: ConvPart::InputToColumns,
-                sizes: c.kernel.into(),
-                ..c.conv()
-            };
-            let want = refk::conv_input_to_columns(&k, x);
-            compare(
-                &format!("im2col {layout:?} {name}"),
-                got,
-                &want,
-                exact,
-                None,
-            )
-            .err()
-        })
-        .collect();
-    assert_no_failures(&failures);
+    let place = |rt: &Runtime, t: &RefTensor| place(rt, t, layout);
+    let parts: Part = (Case::x, Case::im2col);
+    let what = format!("im2col {layout:?}");
+    check_exact(&what, seed, parts, &place, refk::conv_input_to_columns);
 }
 
 #[test]
@@ -276,6 +253,7 @@ fn im2col_lays_the_columns_out_channels_taps_batch_positions() {
         &case.x(),
         &vec![1.0; case.x().iter().product()],
     );
-    let cols = run(&rt, case.im2col(), &[tt(x)]);
+    let op = Op::Kernel(KernelOp::Conv(Box::new(case.im2col())));
+    let cols = run(&rt, op, &[tt(x)]);
     assert_eq!(rt.sizes(cols).unwrap().as_slice(), &[5, 4, 4, 3, 7, 7]);
 }
