@@ -459,40 +459,37 @@ fn rnn_steps_split_by_samples_equal_one_thread() {
     }
 }
 
-#[test]
-fn col2im_split_by_planes_equals_one_thread() {
-    use deferfuse::fusion::ir::{Conv, ConvPart, KernelOp};
-    // 96 planes of a VAE's 4x4 stride-2 upsampling: 150k column values, past the serial bound.
-    let (n, c) = (6, 16);
-    let op = Op::Kernel(KernelOp::Conv(Box::new(Conv {
-        part: ConvPart::ColumnsToInput,
+/// A 4x4 stride-2 padding-1 im2col or col2im op (`part`) with the sizes its operand lacks.
+fn columns_op(part: deferfuse::fusion::ir::ConvPart, sizes: [usize; 2]) -> Op {
+    use deferfuse::fusion::ir::{Conv, KernelOp};
+    Op::Kernel(KernelOp::Conv(Box::new(Conv {
+        part,
         padding: [1, 1][..].into(),
         dilation: [1, 1][..].into(),
         stride: [2, 2][..].into(),
-        sizes: [14, 14][..].into(),
-    })));
+        sizes: sizes[..].into(),
+    })))
+}
+
+/// `op` on values of `shape` (96 planes of 4x4 stride-2 columns: 150k column values, past the
+/// serial bound) gives the same bits on any thread count.
+fn columns_op_same_on_any_thread_count(op: Op, shape: &[usize], seed: u64) {
     same_on_any_thread_count(|rt| {
-        let shape = [n, c, 4, 4, 7, 7];
-        let cols = tensor(rt, DType::F32, &shape, &values(shape.iter().product(), 11));
-        vec![run(rt, op.clone(), &[tt(cols)])]
+        let t = tensor(rt, DType::F32, shape, &values(shape.iter().product(), seed));
+        vec![run(rt, op.clone(), &[tt(t)])]
     });
 }
 
 #[test]
+fn col2im_split_by_planes_equals_one_thread() {
+    use deferfuse::fusion::ir::ConvPart;
+    let op = columns_op(ConvPart::ColumnsToInput, [14, 14]);
+    columns_op_same_on_any_thread_count(op, &[6, 16, 4, 4, 7, 7], 11);
+}
+
+#[test]
 fn im2col_split_by_planes_equals_one_thread() {
-    use deferfuse::fusion::ir::{Conv, ConvPart, KernelOp};
-    // 96 planes of a 4x4 stride-2 convolution's columns: 150k values, past the serial bound.
-    let (n, c) = (6, 16);
-    let op = Op::Kernel(KernelOp::Conv(Box::new(Conv {
-        part: ConvPart::InputToColumns,
-        padding: [1, 1][..].into(),
-        dilation: [1, 1][..].into(),
-        stride: [2, 2][..].into(),
-        sizes: [4, 4][..].into(),
-    })));
-    same_on_any_thread_count(|rt| {
-        let shape = [n, c, 14, 14];
-        let x = tensor(rt, DType::F32, &shape, &values(shape.iter().product(), 12));
-        vec![run(rt, op.clone(), &[tt(x)])]
-    });
+    use deferfuse::fusion::ir::ConvPart;
+    let op = columns_op(ConvPart::InputToColumns, [4, 4]);
+    columns_op_same_on_any_thread_count(op, &[6, 16, 14, 14], 12);
 }
