@@ -1,7 +1,7 @@
 //! Host implementations of the kernel ops (gather, scatter, scans, sort, random numbers,
 //! depthwise and dense convolutions, im2col and col2im, grouped matrix products, the CTC loss,
-//! the LSTM and GRU recurrences): loops over host memory, generic over dtype, reading every operand
-//! through its layout (strides, offset; an expanded index has stride 0). Both backends run
+//! the LSTM and GRU recurrences): loops over host memory, generic over dtype, reading every
+//! operand through its layout (strides, offset; an expanded index has stride 0). Both backends run
 //! them: the CPU backend directly, the PJRT backend on host bytes (`HostProgram` writes device
 //! values back first), so results are the same bits on either and in every mode.
 
