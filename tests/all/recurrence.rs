@@ -444,3 +444,5 @@ fn a_hidden_weight_of_the_wrong_shape_fails_at_record_time() {
         other => panic!("expected a record-time error, got {other:?}"),
     }
 }
+
+mod packed;

@@ -27,6 +27,15 @@ use smallvec::smallvec;
 /// the LSTM's `c0` or the GRU's `h0` (the plain RNN needs neither), `w_hh [G, H]`, the
 /// gradients of the layer's output `dy [T, B, H]` and of its last states, `dh [B, H]` and the
 /// LSTM's `dc [B, H]`.
+///
+/// **Packed steps** (a `PackedSequence`: sentences of different lengths, longest first): the
+/// time-major operands lose their batch dim, `xg [N, G]`, the backward's `dy [N, H]` and the
+/// forward's result `[N, ..]`, where step `t`'s rows are its first `batch_sizes[t]` samples,
+/// the steps one after another (`N` rows in all), and a last operand `batch_sizes [T]`
+/// (int64, non-increasing, the first equal to `B`) says how many. A sample's last step is the
+/// last that holds it; walking in reverse, a sample starts from `h0` at its own last step. A
+/// backward's result is then `[N + B, ..]`: the steps' rows, then one row per sample with the
+/// first states' gradients.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RecurrencePart {
@@ -173,23 +182,33 @@ impl std::fmt::Display for Recurrence {
 }
 
 /// Output dtype and shape of part `k` over `args`, or why they do not fit. Float32 only: the
-/// caller keeps other dtypes on the step-by-step path.
+/// caller keeps other dtypes on the step-by-step path. A first operand of rank 2 makes the
+/// steps packed (see [`RecurrencePart`]), with `batch_sizes` the last operand.
 pub(super) fn infer_recurrence(k: &Recurrence, args: &[ArgMeta]) -> OpResult<Inferred> {
     let part = k.part;
     let name = part.name();
     let names = part.operands();
+    let packed = matches!(args.first(), Some(ArgMeta::Tensor { sizes, .. }) if sizes.len() == 2);
+    let (args, steps) = if packed {
+        let (last, rest) = args.split_last().expect("a first operand");
+        (rest, Some(batch_sizes(name, last, args.len() - 1)?))
+    } else {
+        (args, None)
+    };
     // A forward's last operand, the hidden bias, is optional.
     let fewest = names.len() - usize::from(!part.is_backward());
     if !(fewest..=names.len()).contains(&args.len()) {
+        let last = if packed { ", batch_sizes" } else { "" };
         return Err(OpError::new(
             name,
             "inputs",
             format!(
-                "{fewest} to {} operands ({})",
-                names.len(),
+                "{} to {} operands ({}{last})",
+                fewest + usize::from(packed),
+                names.len() + usize::from(packed),
                 names.join(", ")
             ),
-            format!("{}", args.len()),
+            format!("{}", args.len() + usize::from(packed)),
         ));
     }
     let mut ops = Vec::with_capacity(args.len());
@@ -202,22 +221,37 @@ pub(super) fn infer_recurrence(k: &Recurrence, args: &[ArgMeta]) -> OpResult<Inf
     } else {
         (part.gates(), "each step's input product")
     };
-    if d0 != DType::F32 || first.len() != 3 || first[2] % lanes != 0 || first.contains(&0) {
+    let rank = if packed { 2 } else { 3 };
+    let rows = if packed { "N" } else { "T, B" };
+    if d0 != DType::F32 || first.len() != rank || first[rank - 1] % lanes != 0 || first.contains(&0)
+    {
         return Err(OpError::new(
             name,
             format!("input 0 ({})", names[0]),
-            format!("a non-empty float32 [T, B, {lanes}H] ({per_step})"),
+            format!("a non-empty float32 [{rows}, {lanes}H] ({per_step})"),
             format!("dtype {d0}, shape {}", fmt_dims(first)),
         ));
     }
-    let (t, b, h) = (first[0], first[1], first[2] / lanes);
+    let h = first[rank - 1] / lanes;
+    // Packed, the batch is the first states' (a backward's last states') row count.
+    let b = if packed {
+        let state = if part.is_backward() { "dh" } else { "h0" };
+        let at = names
+            .iter()
+            .position(|&n| n == state)
+            .expect("every part has it");
+        ops[at].1.first().copied().unwrap_or(0)
+    } else {
+        first[1]
+    };
     let g = part.gates() * h;
     let shape = |what: &str| -> Vec<usize> {
-        match what {
-            "w_hh_t" => vec![h, g],
-            "w_hh" => vec![g, h],
-            "b_hh" => vec![g],
-            "dy" => vec![t, b, h],
+        match (what, packed) {
+            ("w_hh_t", _) => vec![h, g],
+            ("w_hh", _) => vec![g, h],
+            ("b_hh", _) => vec![g],
+            ("dy", false) => vec![first[0], b, h],
+            ("dy", true) => vec![first[0], h],
             _ => vec![b, h],
         }
     };
@@ -232,16 +266,45 @@ pub(super) fn infer_recurrence(k: &Recurrence, args: &[ArgMeta]) -> OpResult<Inf
             ));
         }
     }
-    let sizes: Dims = if part.is_backward() {
-        smallvec![t + 1, b, part.grads() * h]
-    } else {
-        smallvec![t, b, part.kept() * h]
+    if let Some(t) = steps {
+        let n = first[0];
+        if b == 0 || t > n || b > n {
+            return Err(OpError::new(
+                name,
+                format!("input {} (batch_sizes)", args.len()),
+                format!("at most {n} steps of at most {n} samples (the packed rows)"),
+                format!("{t} steps of batch {b}"),
+            ));
+        }
+    }
+    let sizes: Dims = match (part.is_backward(), packed) {
+        (true, false) => smallvec![first[0] + 1, b, part.grads() * h],
+        (false, false) => smallvec![first[0], b, part.kept() * h],
+        (true, true) => smallvec![first[0] + b, part.grads() * h],
+        (false, true) => smallvec![first[0], part.kept() * h],
     };
     Ok(Inferred {
         dtype: DType::F32,
         sizes,
         compute: DType::F32,
     })
+}
+
+/// The step count of packed steps' `batch_sizes` operand (input `i`): an int64 vector.
+fn batch_sizes(name: &str, arg: &ArgMeta, i: usize) -> OpResult<usize> {
+    match arg {
+        ArgMeta::Tensor {
+            dtype: DType::I64,
+            sizes,
+        } if sizes.len() == 1 && sizes[0] > 0 => Ok(sizes[0]),
+        other => Err(OpError::new(
+            name,
+            format!("input {i} (batch_sizes)"),
+            "an int64 [T] of each packed step's batch size (a PackedSequence's batch_sizes), \
+             last, since input 0 is packed ([N, ..])",
+            format!("{other:?}"),
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -328,6 +391,66 @@ mod tests {
         let e = infer_recurrence(&op(RecurrencePart::LstmForward), &args).unwrap_err();
         assert_eq!(e.operand, "input 1 (w_hh_t)");
         assert!(e.expected.contains("[3, 12]"), "{}", e.expected);
+    }
+
+    fn sizes(n: usize) -> ArgMeta {
+        ArgMeta::tensor(DType::I64, &[n])
+    }
+
+    #[test]
+    fn packed_steps_keep_one_row_per_sample_and_step() {
+        // 3 steps of batch sizes like [2, 2, 1]: 5 rows.
+        let args = [
+            t(&[5, 12]),
+            t(&[3, 12]),
+            t(&[2, 3]),
+            t(&[2, 3]),
+            t(&[12]),
+            sizes(3),
+        ];
+        let r = infer_recurrence(&op(RecurrencePart::LstmForward), &args);
+        assert_eq!(r.unwrap().sizes.as_slice(), &[5, 18]);
+        let args = [t(&[5, 3]), t(&[3, 3]), t(&[2, 3]), sizes(3)];
+        let r = infer_recurrence(&op(RecurrencePart::RnnTanhForward), &args);
+        assert_eq!(r.unwrap().sizes.as_slice(), &[5, 3]);
+    }
+
+    #[test]
+    fn a_packed_backward_ends_with_one_row_per_sample_for_the_first_states() {
+        let args = [
+            t(&[5, 18]),
+            t(&[2, 3]),
+            t(&[12, 3]),
+            t(&[5, 3]),
+            t(&[2, 3]),
+            t(&[2, 3]),
+            sizes(3),
+        ];
+        let r = infer_recurrence(&op(RecurrencePart::LstmBackward), &args);
+        assert_eq!(r.unwrap().sizes.as_slice(), &[7, 12]);
+    }
+
+    #[test]
+    fn packed_steps_without_their_batch_sizes_are_named() {
+        let args = [t(&[5, 3]), t(&[3, 3]), t(&[2, 3]), t(&[3])];
+        let e = infer_recurrence(&op(RecurrencePart::RnnTanhForward), &args).unwrap_err();
+        assert_eq!(e.operand, "input 3 (batch_sizes)");
+        assert!(e.expected.contains("int64 [T]"), "{}", e.expected);
+    }
+
+    #[test]
+    fn packed_gradients_of_the_output_have_one_row_per_packed_row() {
+        let args = [t(&[5, 3]), t(&[3, 3]), t(&[3, 2, 3]), t(&[2, 3]), sizes(3)];
+        let e = infer_recurrence(&op(RecurrencePart::RnnReluBackward), &args).unwrap_err();
+        assert_eq!(e.operand, "input 2 (dy)");
+        assert!(e.expected.contains("[5, 3]"), "{}", e.expected);
+    }
+
+    #[test]
+    fn more_steps_than_packed_rows_are_refused() {
+        let args = [t(&[2, 3]), t(&[3, 3]), t(&[1, 3]), sizes(3)];
+        let e = infer_recurrence(&op(RecurrencePart::RnnTanhForward), &args).unwrap_err();
+        assert_eq!(e.operand, "input 3 (batch_sizes)");
     }
 
     #[test]

@@ -14,6 +14,11 @@
 //! by side, each walking every step on its own, with no barrier between steps; every product
 //! keeps the whole batch's kernel choice, so the bits do not depend on the split.
 //!
+//! Packed steps (a `PackedSequence`: step `t` holds its first `batch_sizes[t]` samples) walk
+//! the same way: a step works on the samples it holds ([`Steps`]), a sample that left keeps
+//! its state untouched (its last states, or backward its first states' gradients), and walking
+//! in reverse a sample joins at its own last step from the first states.
+//!
 //! Operands are read in place when they are dense, else copied dense first; the result is
 //! written in place when it is dense, else through a dense copy.
 
@@ -25,7 +30,7 @@ use super::{for_each_row, jobs, View};
 use crate::backend::cpu::block_math;
 use crate::backend::cpu::matmul::sgemm_strided;
 use crate::backend::SideBySide;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use deferfuse_fusion::ir::{Cell, Recurrence, RecurrencePart};
 use std::borrow::Cow;
 use std::ops::Range;
@@ -44,7 +49,7 @@ pub(super) unsafe fn run(
     out: &View,
     threads: Option<&dyn SideBySide>,
 ) -> Result<()> {
-    let ops = Operands::new(k.part, inputs);
+    let ops = Operands::new(k.part, inputs)?;
     let (t_len, b_len, h) = ops.dims;
     let ranges = match threads {
         Some(t) if t_len * b_len * h * k.part.gates() * h >= SERIAL_BELOW_MACS => {
@@ -189,8 +194,10 @@ fn step_at(s: usize, t_len: usize, reverse: bool) -> usize {
 struct Operands<'a> {
     /// Steps, batch, hidden size.
     dims: (usize, usize, usize),
-    /// The operands but the weight, dense, in their order (`RecurrencePart`'s doc): `h0` is
-    /// second in every forward.
+    /// Where each step's samples lie.
+    steps: Steps,
+    /// The operands but the weight and `batch_sizes`, dense, in their order
+    /// (`RecurrencePart`'s doc): `h0` is second in every forward.
     dense: Vec<Cow<'a, [f32]>>,
     /// `W_hh^T` (forward) or `W_hh` (backward): first element, row and column strides.
     w: (*const f32, isize, isize),
@@ -201,11 +208,12 @@ unsafe impl Sync for Operands<'_> {}
 
 impl<'a> Operands<'a> {
     /// # Safety
-    /// The views are f32 operands of `part` inside their buffers.
-    unsafe fn new(part: RecurrencePart, inputs: &'a [View]) -> Operands<'a> {
+    /// The views are operands of `part` inside their buffers (f32, and packed steps' int64
+    /// `batch_sizes` last).
+    unsafe fn new(part: RecurrencePart, inputs: &'a [View]) -> Result<Operands<'a>> {
         let first = &inputs[0];
-        let weight = part
-            .operands()
+        let names = part.operands();
+        let weight = names
             .iter()
             .position(|n| n.starts_with("w_hh"))
             .expect("every part has a hidden weight");
@@ -214,10 +222,27 @@ impl<'a> Operands<'a> {
         } else {
             part.gates()
         };
+        let packed = first.sizes.len() == 2;
+        let h = first.sizes[first.sizes.len() - 1] / per_step;
+        let (steps, floats) = if packed {
+            // The batch: the first states' (a backward's last states') rows.
+            let state = if part.is_backward() { "dh" } else { "h0" };
+            let at = names
+                .iter()
+                .position(|&n| n == state)
+                .expect("every part has it");
+            let b = inputs[at].sizes[0];
+            let sizes = inputs.last().expect("batch_sizes");
+            let steps = Steps::packed(part.name(), sizes, b, first.sizes[0])?;
+            (steps, inputs.len() - 1)
+        } else {
+            (Steps::dense(first.sizes[0], first.sizes[1]), inputs.len())
+        };
         let v = &inputs[weight];
-        Operands {
-            dims: (first.sizes[0], first.sizes[1], first.sizes[2] / per_step),
-            dense: (0..inputs.len())
+        Ok(Operands {
+            dims: (steps.len.len(), steps.batch(), h),
+            steps,
+            dense: (0..floats)
                 .filter(|&i| i != weight)
                 .map(|i| dense(&inputs[i]))
                 .collect(),
@@ -226,15 +251,90 @@ impl<'a> Operands<'a> {
                 v.strides[0],
                 v.strides[1],
             ),
+        })
+    }
+}
+
+/// Where each step's samples lie in the time-major operands and results: step `t` holds
+/// samples `0..len[t]`, in rows `start[t]..start[t] + len[t]` (every step the whole batch, or
+/// packed steps' batch sizes, which only shrink).
+struct Steps {
+    start: Vec<usize>,
+    len: Vec<usize>,
+    /// Rows of all steps: where a backward's first states' rows begin.
+    rows: usize,
+}
+
+impl Steps {
+    /// `t` steps of the whole batch `b`.
+    fn dense(t: usize, b: usize) -> Steps {
+        Steps {
+            start: (0..t).map(|s| s * b).collect(),
+            len: vec![b; t],
+            rows: t * b,
         }
+    }
+
+    /// Packed steps of batch `b` over `n` rows, their sizes read from `sizes` (int64 `[T]`),
+    /// or why they do not describe such steps.
+    ///
+    /// # Safety
+    /// `sizes` is an int64 vector inside its buffer.
+    unsafe fn packed(name: &str, sizes: &View, b: usize, n: usize) -> Result<Steps> {
+        let len: Vec<i64> = (0..sizes.sizes[0] as isize)
+            .map(|t| *(sizes.base as *const i64).offset(sizes.offset + t * sizes.strides[0]))
+            .collect();
+        let shrinks = len.windows(2).all(|w| w[1] <= w[0]);
+        let total: i64 = len.iter().sum();
+        if len[0] != b as i64 || !shrinks || len.iter().any(|&l| l < 1) || total != n as i64 {
+            let shown: Vec<String> = len.iter().take(16).map(|l| l.to_string()).collect();
+            let more = if len.len() > 16 { ", ..." } else { "" };
+            return Err(Error::InvalidArgument(format!(
+                "{name}: batch_sizes [{}{more}] do not describe packed steps: expected \
+                 non-increasing sizes from the batch size {b}, each at least 1, summing to \
+                 the {n} packed rows (pass a PackedSequence's own batch_sizes)",
+                shown.join(", ")
+            )));
+        }
+        let len: Vec<usize> = len.into_iter().map(|l| l as usize).collect();
+        let start = len
+            .iter()
+            .scan(0, |at, &l| {
+                let here = *at;
+                *at += l;
+                Some(here)
+            })
+            .collect();
+        Ok(Steps {
+            start,
+            len,
+            rows: n,
+        })
+    }
+
+    /// The batch: the samples the first step holds.
+    fn batch(&self) -> usize {
+        self.len[0]
+    }
+
+    /// The samples of `rows` that step `t` holds.
+    fn held(&self, t: usize, rows: &Range<usize>) -> Range<usize> {
+        rows.start..rows.end.min(self.len[t]).max(rows.start)
+    }
+
+    /// `held` split at the samples that go on from step `prev` (the walk's step before, `None`
+    /// at its first): those, then those that start at `t` from the first states.
+    fn going_on(&self, held: &Range<usize>, prev: Option<usize>) -> (Range<usize>, Range<usize>) {
+        let on = prev.map_or(0, |p| self.len[p]).clamp(held.start, held.end);
+        (held.start..on, on..held.end)
     }
 }
 
 /// Writes each sample's hidden product `b_hh + h_prev @ W_hh^T` into the first `g_len` floats
 /// of its row of a forward's step, for the samples `rows`: the step's rows start at element `at`
-/// of `y`, `row` floats a sample; `h_prev` is where the previous step's `h` starts (sample 0's),
-/// `None` at the first step, which reads `h0`. The bias is written first and the product added
-/// onto it, as the runtime's addmm does.
+/// of `y` (sample 0's), `row` floats a sample; `h_prev` is where the previous step's `h`
+/// starts (sample 0's), `None` for samples that start at this step, which read `h0`. The bias
+/// is written first and the product added onto it, as the runtime's addmm does.
 ///
 /// # Safety
 /// `y` is the dense result of a forward part of `ops`; no other range writes `rows`.

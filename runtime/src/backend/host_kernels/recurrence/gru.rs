@@ -10,32 +10,40 @@ use super::{
 use crate::backend::cpu::matmul::sgemm_strided;
 use std::ops::Range;
 
-/// The forward walk for the samples `rows`: `y [T, B, 5H]` gets each step's `r, z, n, hn, h`.
+/// The forward walk for the samples `rows`: `y [T, B, 5H]` (packed: `[N, 5H]`) gets each
+/// step's `r, z, n, hn, h`.
 ///
 /// # Safety
 /// `y` is the dense result for `ops`; no other range writes `rows`.
 pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Range<usize>) {
     let reverse = walk.reverse;
-    let (t_len, b_len, h) = ops.dims;
+    let (t_len, _, h) = ops.dims;
+    let steps = &ops.steps;
     let (g_len, row) = (3 * h, 5 * h);
     let (xg, h0) = (&ops.dense[0], &ops.dense[1]);
-    let bias = ops.dense.get(2);
+    let bias = ops.dense.get(2).map(|b| &b[..]);
     let mut h_prev = vec![0f32; h];
     for s in 0..t_len {
         let t = step_at(s, t_len, reverse);
-        let prev = (s > 0).then(|| step_at(s - 1, t_len, reverse) * b_len * row);
-        let at = t * b_len * row;
+        let prev = (s > 0).then(|| step_at(s - 1, t_len, reverse));
+        let held = steps.held(t, &rows);
+        if held.is_empty() {
+            continue;
+        }
+        let (on, fresh) = steps.going_on(&held, prev);
+        let at = steps.start[t] * row;
         // The hidden product lands in the first 3H floats of each sample's row.
-        let h_at = prev.map(|p| p + 4 * h);
-        hidden_product(ops, y, &rows, (at, row, g_len), h_at, bias.map(|b| &b[..]));
-        for b in rows.clone() {
+        let h_at = prev.map(|p| steps.start[p] * row + 4 * h);
+        hidden_product(ops, y, &on, (at, row, g_len), h_at, bias);
+        hidden_product(ops, y, &fresh, (at, row, g_len), None, bias);
+        for b in held {
             // The previous step's row lies before this one or, walking in reverse, after it.
             h_prev.copy_from_slice(match prev {
-                Some(p) => part(y, p + b * row + 4 * h, h),
-                None => &h0[b * h..][..h],
+                Some(p) if on.contains(&b) => part(y, (steps.start[p] + b) * row + 4 * h, h),
+                _ => &h0[b * h..][..h],
             });
             let cell = part(y, at + b * row, row);
-            let x = &xg[(t * b_len + b) * g_len..][..g_len];
+            let x = &xg[(steps.start[t] + b) * g_len..][..g_len];
             // hn is kept for the backward before n's place is overwritten.
             cell.copy_within(2 * h..3 * h, 3 * h);
             cell[..2 * h].iter_mut().zip(x).for_each(|(v, x)| *v += x);
@@ -56,26 +64,35 @@ pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Rang
 }
 
 /// The backward walk for the samples `rows`, from the forward's last step to its first: `r
-/// [T + 1, B, 6H]` gets each step's gradients of the input product's gates and of the hidden
-/// product's, and in row `T` the gradient of `h0`.
+/// [T + 1, B, 6H]` (packed: `[N + B, 6H]`) gets each step's gradients of the input product's
+/// gates and of the hidden product's, and in the last rows the gradient of `h0`.
 ///
 /// # Safety
 /// `r` is the dense result for `ops`; no other range writes `rows`.
 pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Range<usize>) {
     let reverse = walk.reverse;
     let (t_len, b_len, h) = ops.dims;
+    let steps = &ops.steps;
     let (g_len, row, out_row) = (3 * h, 5 * h, 6 * h);
-    let (steps, h0, dy) = (&ops.dense[0], &ops.dense[1], &ops.dense[2]);
-    // This range's running gradient of h (from the last state's), and each sample's share of
-    // it that skips the gates (through `(h_prev - n) * z`).
+    let (kept, h0, dy) = (&ops.dense[0], &ops.dense[1], &ops.dense[2]);
+    // This range's running gradient of h (from the last state's: a sample's stays untouched
+    // until the walk reaches its last step), and each sample's share of it that skips the
+    // gates (through `(h_prev - n) * z`).
     let mut dh = ops.dense[3][rows.start * h..rows.end * h].to_vec();
     let mut through_z = vec![0f32; rows.len() * h];
     for s in 0..t_len {
         let fwd = t_len - 1 - s;
         let t = step_at(fwd, t_len, reverse);
         let prev = (fwd > 0).then(|| step_at(fwd - 1, t_len, reverse));
-        for (k, b) in rows.clone().enumerate() {
-            let cell = &steps[(t * b_len + b) * row..][..row];
+        let held = steps.held(t, &rows);
+        if held.is_empty() {
+            continue;
+        }
+        let (on, _) = steps.going_on(&held, prev);
+        let at = steps.start[t];
+        for b in held.clone() {
+            let k = b - rows.start;
+            let cell = &kept[(at + b) * row..][..row];
             let (rg, z, n, hn) = (
                 &cell[..h],
                 &cell[h..2 * h],
@@ -83,27 +100,31 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
                 &cell[3 * h..4 * h],
             );
             let h_prev = match prev {
-                Some(p) => &steps[(p * b_len + b) * row + 4 * h..][..h],
-                None => &h0[b * h..][..h],
+                Some(p) if on.contains(&b) => &kept[(steps.start[p] + b) * row + 4 * h..][..h],
+                _ => &h0[b * h..][..h],
             };
-            let dy = &dy[(t * b_len + b) * h..][..h];
+            let dy = &dy[(at + b) * h..][..h];
             let dh = &dh[k * h..][..h];
             let skip = &mut through_z[k * h..][..h];
-            let out = part(r, (t * b_len + b) * out_row, out_row);
+            let out = part(r, (at + b) * out_row, out_row);
             in_lanes(h, [rg, z, n, hn, h_prev, dy, dh], skip, out, gate_gradients);
         }
-        // dh = through_z + the hidden product's gate gradients @ W_hh.
+        // dh = through_z + the hidden product's gate gradients @ W_hh, for the samples held.
         let a = (
-            r.add((t * b_len + rows.start) * out_row + g_len) as *const f32,
+            r.add((at + held.start) * out_row + g_len) as *const f32,
             out_row as isize,
             1,
         );
-        let dh_out = (dh.as_mut_ptr(), h as isize, 1);
-        sgemm_strided(b_len, (rows.len(), g_len, h), a, ops.w, 0.0, dh_out);
-        dh.iter_mut().zip(&through_z).for_each(|(d, s)| *d += s);
+        let here = (held.start - rows.start) * h..(held.end - rows.start) * h;
+        let dh_out = (dh[here.clone()].as_mut_ptr(), h as isize, 1);
+        sgemm_strided(b_len, (held.len(), g_len, h), a, ops.w, 0.0, dh_out);
+        dh[here.clone()]
+            .iter_mut()
+            .zip(&through_z[here])
+            .for_each(|(d, s)| *d += s);
     }
     for (k, b) in rows.enumerate() {
-        let out = part(r, (t_len * b_len + b) * out_row, out_row);
+        let out = part(r, (steps.rows + b) * out_row, out_row);
         out[..h].copy_from_slice(&dh[k * h..][..h]);
         out[h..].fill(0.0);
     }

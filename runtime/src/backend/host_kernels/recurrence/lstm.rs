@@ -7,39 +7,39 @@ use super::{
 use crate::backend::cpu::matmul::sgemm_strided;
 use std::ops::Range;
 
-/// The forward walk for the samples `rows`: `y [T, B, 6H]` gets each step's `i, f, g, o, c,
-/// h`.
+/// The forward walk for the samples `rows`: `y [T, B, 6H]` (packed: `[N, 6H]`) gets each
+/// step's `i, f, g, o, c, h`.
 ///
 /// # Safety
 /// `y` is the dense result for `ops`; no other range writes `rows`.
 pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Range<usize>) {
     let reverse = walk.reverse;
-    let (t_len, b_len, h) = ops.dims;
+    let (t_len, _, h) = ops.dims;
+    let steps = &ops.steps;
     let (g_len, row) = (4 * h, 6 * h);
     let (xg, c0) = (&ops.dense[0], &ops.dense[2]);
-    let bias = ops.dense.get(3);
+    let bias = ops.dense.get(3).map(|b| &b[..]);
     let (mut tanh_c, mut c_prev) = (vec![0f32; h], vec![0f32; h]);
     for s in 0..t_len {
         let t = step_at(s, t_len, reverse);
-        let prev = (s > 0).then(|| step_at(s - 1, t_len, reverse) * b_len * row);
-        let at = t * b_len * row;
-        let h_prev = prev.map(|p| p + 5 * h);
-        hidden_product(
-            ops,
-            y,
-            &rows,
-            (at, row, g_len),
-            h_prev,
-            bias.map(|b| &b[..]),
-        );
-        for b in rows.clone() {
+        let prev = (s > 0).then(|| step_at(s - 1, t_len, reverse));
+        let held = steps.held(t, &rows);
+        if held.is_empty() {
+            continue;
+        }
+        let (on, fresh) = steps.going_on(&held, prev);
+        let at = steps.start[t] * row;
+        let h_prev = prev.map(|p| steps.start[p] * row + 5 * h);
+        hidden_product(ops, y, &on, (at, row, g_len), h_prev, bias);
+        hidden_product(ops, y, &fresh, (at, row, g_len), None, bias);
+        for b in held {
             // The previous step's row lies before this one or, walking in reverse, after it.
             c_prev.copy_from_slice(match prev {
-                Some(p) => part(y, p + b * row + 4 * h, h),
-                None => &c0[b * h..][..h],
+                Some(p) if on.contains(&b) => part(y, (steps.start[p] + b) * row + 4 * h, h),
+                _ => &c0[b * h..][..h],
             });
             let cell = part(y, at + b * row, row);
-            let x = &xg[(t * b_len + b) * g_len..][..g_len];
+            let x = &xg[(steps.start[t] + b) * g_len..][..g_len];
             cell[..g_len].iter_mut().zip(x).for_each(|(v, x)| *v += x);
             sigmoid(&mut cell[..2 * h]);
             tanh(&mut cell[2 * h..3 * h]);
@@ -62,17 +62,19 @@ pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Rang
 }
 
 /// The backward walk for the samples `rows`, from the forward's last step to its first: `r
-/// [T + 1, B, 4H]` gets each step's gate gradients, and in row `T` the gradients of `h0` and
-/// `c0`.
+/// [T + 1, B, 4H]` (packed: `[N + B, 4H]`) gets each step's gate gradients, and in the last
+/// rows the gradients of `h0` and `c0`.
 ///
 /// # Safety
 /// `r` is the dense result for `ops`; no other range writes `rows`.
 pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Range<usize>) {
     let reverse = walk.reverse;
     let (t_len, b_len, h) = ops.dims;
+    let steps = &ops.steps;
     let (g_len, row) = (4 * h, 6 * h);
-    let (steps, c0, dy) = (&ops.dense[0], &ops.dense[1], &ops.dense[2]);
-    // This range's running gradients of h and c, from those of the last states.
+    let (kept, c0, dy) = (&ops.dense[0], &ops.dense[1], &ops.dense[2]);
+    // This range's running gradients of h and c, from those of the last states: a sample's
+    // stay untouched until the walk reaches its last step.
     let mut dh = ops.dense[3][rows.start * h..rows.end * h].to_vec();
     let mut dc = ops.dense[4][rows.start * h..rows.end * h].to_vec();
     let mut tanh_c = vec![0f32; h];
@@ -81,8 +83,15 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
         let fwd = t_len - 1 - s;
         let t = step_at(fwd, t_len, reverse);
         let prev = (fwd > 0).then(|| step_at(fwd - 1, t_len, reverse));
-        for (k, b) in rows.clone().enumerate() {
-            let cell = &steps[(t * b_len + b) * row..][..row];
+        let held = steps.held(t, &rows);
+        if held.is_empty() {
+            continue;
+        }
+        let (on, _) = steps.going_on(&held, prev);
+        let at = steps.start[t];
+        for b in held.clone() {
+            let k = b - rows.start;
+            let cell = &kept[(at + b) * row..][..row];
             let (i, f, g, o) = (
                 &cell[..h],
                 &cell[h..2 * h],
@@ -91,27 +100,31 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
             );
             let c = &cell[4 * h..5 * h];
             let c_prev = match prev {
-                Some(p) => &steps[(p * b_len + b) * row + 4 * h..][..h],
-                None => &c0[b * h..][..h],
+                Some(p) if on.contains(&b) => &kept[(steps.start[p] + b) * row + 4 * h..][..h],
+                _ => &c0[b * h..][..h],
             };
             tanh_c.copy_from_slice(c);
             tanh(&mut tanh_c);
-            let dy = &dy[(t * b_len + b) * h..][..h];
+            let dy = &dy[(at + b) * h..][..h];
             let (dh, dc) = (&dh[k * h..][..h], &mut dc[k * h..][..h]);
-            let out = part(r, (t * b_len + b) * g_len, g_len);
+            let out = part(r, (at + b) * g_len, g_len);
             let cell = [i, f, g, o, c_prev, &tanh_c[..], dy, dh];
             in_lanes(h, cell, dc, out, gate_gradients);
         }
         let a = (
-            r.add((t * b_len + rows.start) * g_len) as *const f32,
+            r.add((at + held.start) * g_len) as *const f32,
             g_len as isize,
             1,
         );
-        let dh_out = (dh.as_mut_ptr(), h as isize, 1);
-        sgemm_strided(b_len, (rows.len(), g_len, h), a, ops.w, 0.0, dh_out);
+        let dh_out = (
+            dh.as_mut_ptr().add((held.start - rows.start) * h),
+            h as isize,
+            1,
+        );
+        sgemm_strided(b_len, (held.len(), g_len, h), a, ops.w, 0.0, dh_out);
     }
     for (k, b) in rows.enumerate() {
-        let out = part(r, (t_len * b_len + b) * g_len, g_len);
+        let out = part(r, (steps.rows + b) * g_len, g_len);
         out[..h].copy_from_slice(&dh[k * h..][..h]);
         out[h..2 * h].copy_from_slice(&dc[k * h..][..h]);
         out[2 * h..].fill(0.0);

@@ -15,21 +15,31 @@ fn relu(x: f32) -> f32 {
     }
 }
 
-/// The forward walk for the samples `rows`: `y [T, B, H]` gets each step's `h`.
+/// The forward walk for the samples `rows`: `y [T, B, H]` (packed: `[N, H]`) gets each step's
+/// `h`.
 ///
 /// # Safety
 /// `y` is the dense result for `ops`; no other range writes `rows`.
 pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Range<usize>) {
-    let (t_len, b_len, h) = ops.dims;
+    let (t_len, _, h) = ops.dims;
+    let steps = &ops.steps;
     let xg = &ops.dense[0];
-    let bias = ops.dense.get(2);
+    let bias = ops.dense.get(2).map(|b| &b[..]);
     for s in 0..t_len {
         let t = step_at(s, t_len, walk.reverse);
-        let prev = (s > 0).then(|| step_at(s - 1, t_len, walk.reverse) * b_len * h);
-        let at = t * b_len * h;
-        hidden_product(ops, y, &rows, (at, h, h), prev, bias.map(|b| &b[..]));
-        let here = part(y, at + rows.start * h, rows.len() * h);
-        let x = &xg[at + rows.start * h..][..rows.len() * h];
+        let prev = (s > 0).then(|| step_at(s - 1, t_len, walk.reverse));
+        let held = steps.held(t, &rows);
+        if held.is_empty() {
+            continue;
+        }
+        let (on, fresh) = steps.going_on(&held, prev);
+        let at = steps.start[t] * h;
+        let h_prev = prev.map(|p| steps.start[p] * h);
+        hidden_product(ops, y, &on, (at, h, h), h_prev, bias);
+        hidden_product(ops, y, &fresh, (at, h, h), None, bias);
+        let n = held.len() * h;
+        let here = part(y, at + held.start * h, n);
+        let x = &xg[at + held.start * h..][..n];
         here.iter_mut().zip(x).for_each(|(v, x)| *v += x);
         if walk.relu {
             here.iter_mut().for_each(|v| *v = relu(*v));
@@ -40,22 +50,29 @@ pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Rang
 }
 
 /// The backward walk for the samples `rows`, from the forward's last step to its first: `r
-/// [T + 1, B, H]` gets each step's gradient before the activation, and in row `T` the gradient
-/// of `h0`.
+/// [T + 1, B, H]` (packed: `[N + B, H]`) gets each step's gradient before the activation, and
+/// in the last rows the gradient of `h0`.
 ///
 /// # Safety
 /// `r` is the dense result for `ops`; no other range writes `rows`.
 pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Range<usize>) {
     let (t_len, b_len, h) = ops.dims;
-    let (steps, dy) = (&ops.dense[0], &ops.dense[1]);
-    let n = rows.len() * h;
-    // This range's running gradient of h, from the last state's.
+    let steps = &ops.steps;
+    let (kept, dy) = (&ops.dense[0], &ops.dense[1]);
+    // This range's running gradient of h, from the last state's: a sample's stays untouched
+    // until the walk reaches its last step.
     let mut dh = ops.dense[2][rows.start * h..rows.end * h].to_vec();
     for s in 0..t_len {
         let t = step_at(t_len - 1 - s, t_len, walk.reverse);
-        let at = (t * b_len + rows.start) * h;
-        let (y, dy) = (&steps[at..][..n], &dy[at..][..n]);
+        let held = steps.held(t, &rows);
+        if held.is_empty() {
+            continue;
+        }
+        let n = held.len() * h;
+        let at = (steps.start[t] + held.start) * h;
+        let (y, dy) = (&kept[at..][..n], &dy[at..][..n]);
         let out = part(r, at, n);
+        let dh = &mut dh[(held.start - rows.start) * h..][..n];
         for j in 0..n {
             let dh_t = dy[j] + dh[j];
             // CPU's threshold_backward(grad, result, 0) for relu.
@@ -72,12 +89,12 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
         let dh_out = (dh.as_mut_ptr(), h as isize, 1);
         sgemm_strided(
             b_len,
-            (rows.len(), h, h),
+            (held.len(), h, h),
             (out.as_ptr(), h as isize, 1),
             ops.w,
             0.0,
             dh_out,
         );
     }
-    part(r, (t_len * b_len + rows.start) * h, n).copy_from_slice(&dh);
+    part(r, (steps.rows + rows.start) * h, rows.len() * h).copy_from_slice(&dh);
 }
