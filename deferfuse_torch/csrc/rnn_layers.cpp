@@ -31,8 +31,15 @@
 // parameters not on "tpu", and tensors the dispatcher must see whole (torch.compile's fake and
 // functional tensors). A double backward (create_graph=True) runs the forward again with
 // autograd on (the same dropout masks) and differentiates that, so it sees every dependency.
-// Packed sequences take the composite path (the .data overloads are not registered here).
+//
+// Packed sequences (pack_padded_sequence, the .data overloads) in float32 take the same node:
+// the packed data's rows are the steps' samples, step after step, and each direction runs as
+// the kernel op over packed steps (rnn_packing.h says where a step's samples lie); the final
+// states are each sample's at its own last step. Before, they kept PyTorch's composite path,
+// which records every step's cell: a small packed BiLSTM classifier was ~5,900 recorded ops a
+// training step.
 #include "common.h"
+#include "rnn_packing.h"
 
 #include <algorithm>
 
@@ -62,6 +69,8 @@ struct Config {
   bool batch_first;
   // Each direction's steps as one kernel op (float32), not recorded step by step.
   bool kernel = false;
+  // Packed steps (a PackedSequence's batch sizes); none for a padded input.
+  Packing packing;
 
   bool lstm() const { return cell == kLstm; }
   bool gru() const { return cell == kGru; }
@@ -128,34 +137,54 @@ struct Direction {
 };
 
 // One direction's steps as the kernel op: its result [T, B, 6H] (LSTM), [T, B, 5H] (GRU) or
-// [T, B, H] (plain RNN) holds per step what the backward reads, h among it.
+// [T, B, H] (plain RNN), packed [N, ..], holds per step what the backward reads, h among it.
 Direction run_direction_kernel(const Config& cfg, const at::Tensor& xg, const at::Tensor& w_hh,
                                const at::Tensor& b_hh, int64_t d, const at::Tensor& h0,
                                const at::Tensor& c0, std::vector<at::Tensor>* save) {
-  int64_t T = xg.size(0), H = h0.size(-1);
+  int64_t H = h0.size(-1);
+  const auto& packing = cfg.packing;
   // W_hh^T laid out once: the steps' products read a plain B in place.
   Operands ops;
   ops.t(xg).t(w_hh.t().contiguous()).t(h0);
   if (cfg.lstm()) ops.t(c0);
   if (b_hh.defined()) ops.t(b_hh);
+  at::Tensor sizes;
+  if (packing.packed()) {
+    sizes = packing.device_sizes(xg.device());
+    ops.t(sizes);
+  }
   auto a = recurrence_attrs(cfg.forward_part(), d);
   auto y = run(DFUSE_OP_KIND_RECURRENCE, &a, ops, cfg.name());
   if (save) {
     *save = {y, h0};
     if (cfg.lstm()) save->push_back(c0);
   }
-  auto last = y.select(0, d == 0 ? T - 1 : 0);
-  return {y.narrow(2, cfg.h_at() * H, H), last.narrow(1, cfg.h_at() * H, H),
+  // The last states: each sample's at its last step (packed, walking forward: its own step;
+  // walking in reverse every sample ends at step 0, whose rows come first).
+  at::Tensor last;
+  if (!packing.packed()) {
+    last = y.select(0, d == 0 ? xg.size(0) - 1 : 0);
+  } else if (d == 0) {
+    last = y.index_select(0, packing.last_rows(y.device()));
+  } else {
+    last = y.narrow(0, 0, packing.batch());
+  }
+  return {y.narrow(-1, cfg.h_at() * H, H), last.narrow(1, cfg.h_at() * H, H),
           cfg.lstm() ? last.narrow(1, 4 * H, H) : at::Tensor()};
 }
 
 Direction run_direction(const Config& cfg, const at::Tensor& x, at::TensorList params,
                         int64_t l, int64_t d, at::Tensor h, at::Tensor c,
                         std::vector<at::Tensor>* save) {
-  int64_t T = x.size(0), B = x.size(1), k = cfg.group(l, d);
+  int64_t k = cfg.group(l, d);
   const auto &w_ih = params[k], &w_hh = params[k + 1];
   at::Tensor b_ih = cfg.biases ? params[k + 2] : at::Tensor();
   at::Tensor b_hh = cfg.biases ? params[k + 3] : at::Tensor();
+  if (cfg.packing.packed()) {
+    // Packed steps run as the kernel op only (covered() takes float32 alone).
+    return run_direction_kernel(cfg, product(x, w_ih, b_ih), w_hh, b_hh, d, h, c, save);
+  }
+  int64_t T = x.size(0), B = x.size(1);
   auto xg_all = product(x.reshape({T * B, x.size(2)}), w_ih, b_ih).view({T, B, -1});
   if (cfg.kernel) return run_direction_kernel(cfg, xg_all, w_hh, b_hh, d, h, c, save);
   auto xg = xg_all.unbind(0);
@@ -231,7 +260,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_forward(
       hs.push_back(r.h);
       if (cfg.lstm()) cs.push_back(r.c);
     }
-    x = cfg.dirs == 1 ? outs[0] : at::cat(outs, 2);
+    x = cfg.dirs == 1 ? outs[0] : at::cat(outs, -1);
     if (cfg.dropout > 0 && l + 1 < cfg.layers) {
       if (replay) {
         x = at::native_dropout_backward(x, (*replay)[l], 1.0 / (1.0 - cfg.dropout));
@@ -273,7 +302,14 @@ DirectionGrads backward_direction_kernel(const Config& cfg, const at::Tensor& x,
                                          const at::Tensor& dc, tensor_list& grads,
                                          int64_t params_at, bool want_dx) {
   const auto &y = saved[0], &h0 = saved[1];
-  int64_t T = x.size(0), B = x.size(1), H = h0.size(-1), G = cfg.gates() * H;
+  const auto& packing = cfg.packing;
+  int64_t B = h0.size(0), H = h0.size(-1), G = cfg.gates() * H;
+  // Packed, the time-major operands are [N, ..]; else [T, B, ..].
+  int64_t T = packing.packed() ? packing.steps() : x.size(0);
+  int64_t rows = packing.packed() ? packing.rows() : T * B;
+  auto per_row = [&](int64_t n) {
+    return packing.packed() ? std::vector<int64_t>{rows, n} : std::vector<int64_t>{T, B, n};
+  };
   int64_t k = cfg.group(l, d);
   const auto &w_ih = params[k], &w_hh = params[k + 1];
   auto zeros = [&](at::IntArrayRef sizes) { return at::zeros(sizes, x.options()); };
@@ -281,29 +317,42 @@ DirectionGrads backward_direction_kernel(const Config& cfg, const at::Tensor& x,
   // The first state the walk reads: the LSTM's c0, the GRU's h0 (the plain RNN's none).
   ops.t(y);
   if (!cfg.plain()) ops.t(cfg.lstm() ? saved[2] : h0);
-  ops.t(w_hh).t(dy.defined() ? dy : zeros({T, B, H})).t(dh.defined() ? dh : zeros({B, H}));
+  ops.t(w_hh).t(dy.defined() ? dy : zeros(per_row(H))).t(dh.defined() ? dh : zeros({B, H}));
   if (cfg.lstm()) ops.t(dc.defined() ? dc : zeros({B, H}));
+  at::Tensor sizes;
+  if (packing.packed()) {
+    sizes = packing.device_sizes(y.device());
+    ops.t(sizes);
+  }
   auto a = recurrence_attrs(cfg.forward_part() + 1, d);
   auto r = run(DFUSE_OP_KIND_RECURRENCE, &a, ops, cfg.name());
-  auto steps = r.narrow(0, 0, T);
-  auto dgi = steps.narrow(2, 0, G).reshape({T * B, G});
-  auto dgh = cfg.gru() ? steps.narrow(2, G, G).reshape({T * B, G}) : dgi;
-  // Each step's h before it: h0 first in the walk's order, then the steps' own h.
-  auto hs = y.narrow(2, cfg.h_at() * H, H);
+  auto steps = r.narrow(0, 0, packing.packed() ? rows : T);
+  auto dgi = steps.narrow(-1, 0, G).reshape({rows, G});
+  auto dgh = cfg.gru() ? steps.narrow(-1, G, G).reshape({rows, G}) : dgi;
+  // Each step's h before it: h0 first in the walk's order, then the steps' own h (packed: a
+  // sample's h0 where it starts, gathered by row).
+  auto hs = y.narrow(-1, cfg.h_at() * H, H);
   auto first = h0.unsqueeze(0);
-  auto h_prev = T == 1  ? first
-                : d == 0 ? at::cat({first, hs.narrow(0, 0, T - 1)})
-                         : at::cat({hs.narrow(0, 1, T - 1), first});
-  grads[params_at + k] = at::mm(dgi.t(), x.reshape({T * B, x.size(2)}));
-  grads[params_at + k + 1] = at::mm(dgh.t(), h_prev.reshape({T * B, H}));
+  at::Tensor h_prev;
+  if (packing.packed()) {
+    h_prev = at::cat({hs, h0}).index_select(0, packing.previous_rows(d, y.device()));
+  } else {
+    h_prev = T == 1  ? first
+             : d == 0 ? at::cat({first, hs.narrow(0, 0, T - 1)})
+                      : at::cat({hs.narrow(0, 1, T - 1), first});
+  }
+  grads[params_at + k] = at::mm(dgi.t(), x.reshape({rows, x.size(-1)}));
+  grads[params_at + k + 1] = at::mm(dgh.t(), h_prev.reshape({rows, H}));
   if (cfg.biases) {
     // Two sums even where dgh is dgi: each parameter's .grad must be its own tensor.
     grads[params_at + k + 2] = dgi.sum(0);
     grads[params_at + k + 3] = dgh.sum(0);
   }
-  auto last = r.select(0, T);
-  return {want_dx ? at::mm(dgi, w_ih).view({T, B, -1}) : at::Tensor(), last.narrow(1, 0, H),
-          cfg.lstm() ? last.narrow(1, H, H) : at::Tensor()};
+  // The first states' gradients: row T, or packed the last B rows.
+  auto last = packing.packed() ? r.narrow(0, rows, B) : r.select(0, T);
+  at::Tensor dx;
+  if (want_dx) dx = packing.packed() ? at::mm(dgi, w_ih) : at::mm(dgi, w_ih).view({T, B, -1});
+  return {dx, last.narrow(1, 0, H), cfg.lstm() ? last.narrow(1, H, H) : at::Tensor()};
 }
 
 DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::TensorList params,
@@ -386,6 +435,45 @@ DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::Te
   return {want_dx ? at::mm(dgi, w_ih).view({T, B, -1}) : at::Tensor(), dh, dc};
 }
 
+// A packed forward recorded by autograd, for a double backward: PyTorch's composite (step by
+// step, differentiable) one layer at a time, the first run's dropout masks applied between
+// layers as run_forward replays them.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_forward_packed_recorded(
+    const Config& cfg, const at::Tensor& data, at::TensorList hx, at::TensorList params,
+    const std::vector<at::Tensor>& masks) {
+  auto sizes = at::tensor(cfg.packing.sizes(), at::TensorOptions().dtype(at::kLong));
+  int64_t per_layer = cfg.dirs * (cfg.biases ? 4 : 2);
+  bool bidirectional = cfg.dirs == 2;
+  at::Tensor x = data;
+  std::vector<at::Tensor> hs, cs;
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    at::TensorList p(params.data() + l * per_layer, per_layer);
+    auto h = hx[0].narrow(0, l * cfg.dirs, cfg.dirs);
+    if (cfg.lstm()) {
+      auto c = hx[1].narrow(0, l * cfg.dirs, cfg.dirs);
+      auto [o, hy, cy] = at::native::lstm(x, sizes, {h, c}, p, cfg.biases, 1, 0.0, true,
+                                          bidirectional);
+      x = o;
+      hs.push_back(hy);
+      cs.push_back(cy);
+    } else {
+      using Native = std::tuple<at::Tensor, at::Tensor> (*)(
+          const at::Tensor&, const at::Tensor&, const at::Tensor&, at::TensorList, bool, int64_t,
+          double, bool, bool);
+      Native native = cfg.gru()                ? Native(&at::native::gru)
+                      : cfg.cell == kRnnTanh ? Native(&at::native::rnn_tanh)
+                                             : Native(&at::native::rnn_relu);
+      auto [o, hy] = native(x, sizes, h, p, cfg.biases, 1, 0.0, true, bidirectional);
+      x = o;
+      hs.push_back(hy);
+    }
+    if (cfg.dropout > 0 && l + 1 < cfg.layers) {
+      x = at::native_dropout_backward(x, masks[l], 1.0 / (1.0 - cfg.dropout));
+    }
+  }
+  return {x, at::cat(hs), cfg.lstm() ? at::cat(cs) : at::Tensor()};
+}
+
 // The backward with create_graph: the forward again, recorded by autograd from the saved
 // inputs (dropout replaying the first run's masks), differentiated with its graph kept, so a
 // second backward reaches every dependency (the saved activations of the first run are not
@@ -397,7 +485,10 @@ tensor_list double_backward(const Config& cfg, const std::vector<at::Tensor>& in
   // Step by step, so autograd records (and a second backward reaches) every op.
   Config differentiable = cfg;
   differentiable.kernel = false;
-  auto [out, hy, cy] = run_forward(differentiable, inputs[0], hx, params, nullptr, &masks);
+  auto [out, hy, cy] =
+      cfg.packing.packed()
+          ? run_forward_packed_recorded(cfg, inputs[0], hx, params, masks)
+          : run_forward(differentiable, inputs[0], hx, params, nullptr, &masks);
   tensor_list outs, gos, wrt;
   std::vector<size_t> slots;
   for (const auto& [o, g] : {std::pair{out, grad_outputs[0]}, std::pair{hy, grad_outputs[1]},
@@ -427,12 +518,15 @@ tensor_list double_backward(const Config& cfg, const std::vector<at::Tensor>& in
 
 class RnnLayers : public torch::autograd::Function<RnnLayers> {
  public:
+  // `batch_sizes`: packed steps' (empty for a padded input).
   static tensor_list forward(AutogradContext* ctx, const at::Tensor& input, at::TensorList hx,
                              at::TensorList params, int64_t cell, bool biases, int64_t layers,
-                             double dropout, bool train, bool bidirectional, bool batch_first) {
+                             double dropout, bool train, bool bidirectional, bool batch_first,
+                             std::vector<int64_t> batch_sizes) {
     at::AutoDispatchBelowADInplaceOrView guard;
     Config cfg{Cell(cell), biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first,
                runs_as_kernel(input)};
+    if (!batch_sizes.empty()) cfg.packing = Packing(batch_sizes);
     Saved saved;
     auto [out, hy, cy] = run_forward(cfg, input, hx, params, &saved);
     // Everything through save_for_backward (released after the backward, version-checked):
@@ -451,6 +545,7 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
         double(cfg.dirs),  cfg.dropout,           double(batch_first),
         double(hx.size()), double(params.size()), double(saved.masks.size()),
         double(input.size(batch_first ? 1 : 0)), double(cfg.kernel)};
+    ctx->saved_data["batch_sizes"] = batch_sizes;
     return cfg.lstm() ? tensor_list{out, hy, cy} : tensor_list{out, hy};
   }
 
@@ -460,6 +555,8 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
     auto c = ctx->saved_data["config"].toDoubleVector();
     Config cfg{Cell(int64_t(c[0])), c[1] != 0, int64_t(c[2]), int64_t(c[3]), c[4], c[5] != 0,
                c[10] != 0};
+    auto batch_sizes = ctx->saved_data["batch_sizes"].toIntVector();
+    if (!batch_sizes.empty()) cfg.packing = Packing(batch_sizes);
     int64_t n_hx = int64_t(c[6]), n_params = int64_t(c[7]), n_masks = int64_t(c[8]);
     int64_t T = int64_t(c[9]);
     auto kept = ctx->get_saved_variables();  // in the order forward saved them
@@ -476,8 +573,8 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
     layer_inputs.insert(layer_inputs.begin(),
                         cfg.batch_first ? inputs[0].transpose(0, 1) : inputs[0]);
     auto masks = take(n_masks);
-    // Gradients for every forward argument: input, hx..., params..., seven non-tensors.
-    tensor_list grads(inputs.size() + 7);
+    // Gradients for every forward argument: input, hx..., params..., eight non-tensors.
+    tensor_list grads(inputs.size() + 8);
     if (at::GradMode::is_enabled()) {
       return double_backward(cfg, inputs, hx, params, masks, grad_outputs, grads);
     }
@@ -494,7 +591,7 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
       for (int64_t d = 0; d < cfg.dirs; ++d) {
         int64_t j = l * cfg.dirs + d;
         int64_t H = params[cfg.group(l, d) + 1].size(1);
-        auto dyd = dy.defined() && cfg.dirs == 2 ? dy.narrow(2, d * H, H) : dy;
+        auto dyd = dy.defined() && cfg.dirs == 2 ? dy.narrow(-1, d * H, H) : dy;
         auto steps = std::vector<at::Tensor>(next + j * cfg.per_direction(T),
                                              next + (j + 1) * cfg.per_direction(T));
         auto r = backward_direction(cfg, x, params, l, d, steps, dyd,
@@ -518,20 +615,38 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
   }
 };
 
+// Whether packed steps' sizes (from a PackedSequence's batch_sizes) describe `rows` packed
+// rows: non-increasing, positive, summing to them. Else PyTorch's path gives its own error.
+bool packs(const std::vector<int64_t>& sizes, int64_t rows) {
+  int64_t total = 0;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    if (sizes[t] < 1 || (t > 0 && sizes[t] > sizes[t - 1])) return false;
+    total += sizes[t];
+  }
+  return !sizes.empty() && total == rows;
+}
+
 // Whether the call is this file's: see the header comment for what keeps PyTorch's path.
+// `batch_sizes` non-empty: packed steps (float32 only: the kernel op's).
 bool covered(const at::Tensor& input, at::TensorList hx, at::TensorList params, Cell cell,
              bool biases, int64_t layers, double dropout, bool train, bool bidirectional,
-             bool batch_first) {
+             bool batch_first, const std::vector<int64_t>& batch_sizes = {}) {
   auto dt = input.scalar_type();
   auto direct = [&](const at::Tensor& t) { return recordable(t) && t.scalar_type() == dt; };
   int64_t dirs = bidirectional ? 2 : 1;
-  if (!(dt == at::kFloat || dt == at::kDouble) || input.dim() != 3 || input.numel() == 0 ||
+  bool packed = !batch_sizes.empty();
+  if (packed && (dt != at::kFloat || input.dim() != 2 || !packs(batch_sizes, input.size(0)))) {
+    return false;
+  }
+  if (!(dt == at::kFloat || dt == at::kDouble) || input.dim() != (packed ? 2 : 3) ||
+      input.numel() == 0 ||
       layers < 1 || int64_t(hx.size()) != (cell == kLstm ? 2 : 1) ||
       (train && layers > 1 && !(dropout >= 0 && dropout < 1)) ||
       int64_t(params.size()) != layers * dirs * (biases ? 4 : 2) || !direct(input)) {
     return false;
   }
-  int64_t B = input.size(batch_first ? 0 : 1), H = hx[0].dim() == 3 ? hx[0].size(2) : 0;
+  int64_t B = packed ? batch_sizes[0] : input.size(batch_first ? 0 : 1);
+  int64_t H = hx[0].dim() == 3 ? hx[0].size(2) : 0;
   for (const auto& t : hx) {
     if (!direct(t) || t.dim() != 3 || t.size(0) != layers * dirs || t.size(1) != B ||
         t.size(2) != H) {
@@ -541,7 +656,7 @@ bool covered(const at::Tensor& input, at::TensorList hx, at::TensorList params, 
   int64_t G = Config{cell}.gates() * H;
   for (int64_t g = 0; g < layers * dirs; ++g) {
     const auto* p = params.data() + g * (biases ? 4 : 2);
-    int64_t in = g < dirs ? input.size(2) : dirs * H;
+    int64_t in = g < dirs ? input.size(-1) : dirs * H;
     if (!direct(p[0]) || !direct(p[1]) || p[0].dim() != 2 || p[1].dim() != 2 ||
         p[0].size(0) != G || p[0].size(1) != in || p[1].size(0) != G || p[1].size(1) != H) {
       return false;  // a projection (proj_size) or a shape PyTorch will reject
@@ -566,15 +681,17 @@ bool records(const at::Tensor& input, at::TensorList hx, at::TensorList params) 
 // (no_grad, eval without gradients), keeping nothing for a backward.
 tensor_list run_layers(Cell cell, const at::Tensor& input, at::TensorList hx,
                        at::TensorList params, bool biases, int64_t layers, double dropout,
-                       bool train, bool bidirectional, bool batch_first) {
+                       bool train, bool bidirectional, bool batch_first,
+                       const std::vector<int64_t>& batch_sizes = {}) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   if (records(input, hx, params)) {
     return RnnLayers::apply(input, hx, params, int64_t(cell), biases, layers, dropout, train,
-                            bidirectional, batch_first);
+                            bidirectional, batch_first, batch_sizes);
   }
   at::AutoDispatchBelowADInplaceOrView guard;
   Config cfg{cell, biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first,
              runs_as_kernel(input)};
+  if (!batch_sizes.empty()) cfg.packing = Packing(batch_sizes);
   auto [out, hy, cy] = run_forward(cfg, input, hx, params, nullptr);
   return {out, hy, cy};
 }
@@ -614,10 +731,64 @@ std::tuple<at::Tensor, at::Tensor> one_state(const at::Tensor& input, const at::
   return {r[0], r[1]};
 }
 
+// A PackedSequence's batch_sizes on the host (PyTorch keeps them on the CPU): empty when they
+// are not a CPU int64 vector, which leaves the call to PyTorch's path and its error.
+std::vector<int64_t> host_sizes(const at::Tensor& batch_sizes) {
+  if (!batch_sizes.defined() || !batch_sizes.device().is_cpu() || batch_sizes.dim() != 1 ||
+      batch_sizes.scalar_type() != at::kLong) {
+    return {};
+  }
+  auto c = batch_sizes.contiguous();
+  return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
+}
+
+// nn.LSTM over a PackedSequence (lstm.data): its data [N, I] and batch_sizes.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_packed(
+    const at::Tensor& data, const at::Tensor& batch_sizes, at::TensorList hx,
+    at::TensorList params, bool biases, int64_t layers, double dropout, bool train,
+    bool bidirectional) {
+  auto sizes = host_sizes(batch_sizes);
+  if (sizes.empty() || !covered(data, hx, params, kLstm, biases, layers, dropout, train,
+                                bidirectional, false, sizes)) {
+    return at::native::lstm(data, batch_sizes, hx, params, biases, layers, dropout, train,
+                            bidirectional);
+  }
+  auto r = run_layers(kLstm, data, hx, params, biases, layers, dropout, train, bidirectional,
+                      false, sizes);
+  return {r[0], r[1], r[2]};
+}
+
+// nn.GRU and nn.RNN over a PackedSequence (gru.data, rnn_tanh.data, rnn_relu.data).
+template <Cell C>
+std::tuple<at::Tensor, at::Tensor> one_state_packed(const at::Tensor& data,
+                                                    const at::Tensor& batch_sizes,
+                                                    const at::Tensor& hx, at::TensorList params,
+                                                    bool biases, int64_t layers, double dropout,
+                                                    bool train, bool bidirectional) {
+  auto sizes = host_sizes(batch_sizes);
+  if (sizes.empty() || !covered(data, at::TensorList(hx), params, C, biases, layers, dropout,
+                                train, bidirectional, false, sizes)) {
+    using Native = std::tuple<at::Tensor, at::Tensor> (*)(
+        const at::Tensor&, const at::Tensor&, const at::Tensor&, at::TensorList, bool, int64_t,
+        double, bool, bool);
+    Native native = C == kGru       ? Native(&at::native::gru)
+                    : C == kRnnTanh ? Native(&at::native::rnn_tanh)
+                                    : Native(&at::native::rnn_relu);
+    return native(data, batch_sizes, hx, params, biases, layers, dropout, train, bidirectional);
+  }
+  auto r = run_layers(C, data, at::TensorList(hx), params, biases, layers, dropout, train,
+                      bidirectional, false, sizes);
+  return {r[0], r[1]};
+}
+
 }  // namespace
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("lstm.data", TORCH_FN(dft::lstm_packed));
+  m.impl("gru.data", TORCH_FN(dft::one_state_packed<dft::kGru>));
+  m.impl("rnn_tanh.data", TORCH_FN(dft::one_state_packed<dft::kRnnTanh>));
+  m.impl("rnn_relu.data", TORCH_FN(dft::one_state_packed<dft::kRnnRelu>));
   m.impl("lstm.input", TORCH_FN(dft::lstm));
   m.impl("gru.input", TORCH_FN(dft::one_state<dft::kGru>));
   m.impl("rnn_tanh.input", TORCH_FN(dft::one_state<dft::kRnnTanh>));

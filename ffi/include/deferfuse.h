@@ -538,7 +538,10 @@ enum DfuseOpKind
    * product with b_ih `[T, B, G]` (G = 4H, 3H or H), W_hh transposed, the first states and
    * optionally b_hh, and keeps per step what its backward reads; a backward takes that,
    * W_hh and the gradients of the output and of the last states, and gives per step the
-   * gates' gradients, then a row with the first states' gradients.
+   * gates' gradients, then a row with the first states' gradients. Packed steps (a
+   * PackedSequence): the time-major operands and results are `[N, ..]` (step t's first
+   * batch_sizes[t] samples, step after step) and an int64 batch_sizes `[T]` comes last; a
+   * backward's first states' gradients are then its last B rows.
    */
   DFUSE_OP_KIND_RECURRENCE = 20,
 };
@@ -1096,6 +1099,8 @@ typedef uint32_t DfuseConvPart;
 /**
  * `attrs->sub_op` for `DFUSE_OP_KIND_RECURRENCE`: which cell and which half of its steps;
  * the numbers are the runtime's. G is the gate width: 4H (LSTM), 3H (GRU), H (plain RNN).
+ * Packed steps replace `[T, B, ..]` with `[N, ..]` and take batch_sizes last (see
+ * `DFUSE_OP_KIND_RECURRENCE`).
  */
 enum DfuseRecurrencePart
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L

@@ -139,6 +139,8 @@ pub(crate) fn build_ctc(a: &DfuseAttrs) -> Result<KernelOp> {
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_RECURRENCE`: which cell and which half of its steps;
 /// the numbers are the runtime's. G is the gate width: 4H (LSTM), 3H (GRU), H (plain RNN).
+/// Packed steps replace `[T, B, ..]` with `[N, ..]` and take batch_sizes last (see
+/// `DFUSE_OP_KIND_RECURRENCE`).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DfuseRecurrencePart {

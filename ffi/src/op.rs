@@ -106,7 +106,10 @@ pub enum DfuseOpKind {
     /// product with b_ih `[T, B, G]` (G = 4H, 3H or H), W_hh transposed, the first states and
     /// optionally b_hh, and keeps per step what its backward reads; a backward takes that,
     /// W_hh and the gradients of the output and of the last states, and gives per step the
-    /// gates' gradients, then a row with the first states' gradients.
+    /// gates' gradients, then a row with the first states' gradients. Packed steps (a
+    /// PackedSequence): the time-major operands and results are `[N, ..]` (step t's first
+    /// batch_sizes[t] samples, step after step) and an int64 batch_sizes `[T]` comes last; a
+    /// backward's first states' gradients are then its last B rows.
     Recurrence = 20,
 }
 

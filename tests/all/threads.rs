@@ -414,10 +414,27 @@ fn a_grouped_product_split_by_row_windows_equals_one_thread() {
 
 #[test]
 fn rnn_steps_split_by_samples_equal_one_thread() {
+    rnn_steps_on_any_thread_count(None);
+}
+
+#[test]
+fn packed_rnn_steps_split_by_samples_equal_one_thread() {
+    // Ranges that lose their samples at different steps, one before the walk's end.
+    rnn_steps_on_any_thread_count(Some(&[13, 13, 11, 9, 9, 6, 3, 1]));
+}
+
+/// 13 samples in three uneven ranges, hidden 128 over 8 steps (dense, or packed in
+/// `batch_sizes`): above the split threshold; every cell and direction, forward with the hidden
+/// bias, then the backward of each.
+fn rnn_steps_on_any_thread_count(batch_sizes: Option<&[usize]>) {
     use deferfuse::fusion::ir::{KernelOp, Recurrence, RecurrencePart as P};
-    // 13 samples in three uneven ranges, hidden 128 over 8 steps: above the split threshold;
-    // every cell and direction, forward with the hidden bias, then the backward of each.
     let (t, b, h) = (8, 13, 128);
+    // Time-major operands' leading dims: [T, B], or packed [N].
+    let rows: Vec<usize> = match batch_sizes {
+        Some(s) => vec![s.iter().sum()],
+        None => vec![t, b],
+    };
+    let n: usize = rows.iter().product();
     let op = |part, reverse| Op::Kernel(KernelOp::Recurrence(Recurrence { part, reverse }));
     for (forward, gates) in [
         (P::LstmForward, 4),
@@ -428,21 +445,27 @@ fn rnn_steps_split_by_samples_equal_one_thread() {
         let (lstm, gru) = (forward == P::LstmForward, forward == P::GruForward);
         same_on_any_thread_count(|rt| {
             let g = gates * h;
+            let dims = |last: usize| [&rows[..], &[last]].concat();
             let small: Vec<f64> = values(g * h, 12).iter().map(|x| x * 0.1).collect();
-            let xg = tensor(rt, DType::F32, &[t, b, g], &values(t * b * g, 11));
+            let xg = tensor(rt, DType::F32, &dims(g), &values(n * g, 11));
             let w = tensor(rt, DType::F32, &[g, h], &small);
             let w_t = view(rt, w, View::Transpose(0, 1));
             let h0 = tensor(rt, DType::F32, &[b, h], &values(b * h, 13));
             let c0 = tensor(rt, DType::F32, &[b, h], &values(b * h, 14));
             let bias = tensor(rt, DType::F32, &[g], &values(g, 15));
-            let dy = tensor(rt, DType::F32, &[t, b, h], &values(t * b * h, 16));
+            let dy = tensor(rt, DType::F32, &dims(h), &values(n * h, 16));
+            let sizes = batch_sizes.map(|s| {
+                let v: Vec<f64> = s.iter().map(|&x| x as f64).collect();
+                tt(tensor(rt, DType::I64, &[s.len()], &v))
+            });
             let mut outs = vec![];
             for reverse in [false, true] {
-                let ins = if lstm {
+                let mut ins = if lstm {
                     vec![tt(xg), tt(w_t), tt(h0), tt(c0), tt(bias)]
                 } else {
                     vec![tt(xg), tt(w_t), tt(h0), tt(bias)]
                 };
+                ins.extend(sizes.clone());
                 let y = run(rt, op(forward, reverse), &ins);
                 let mut ins = vec![tt(y)];
                 if lstm || gru {
@@ -452,6 +475,7 @@ fn rnn_steps_split_by_samples_equal_one_thread() {
                 if lstm {
                     ins.push(tt(c0));
                 }
+                ins.extend(sizes.clone());
                 outs.extend([y, run(rt, op(backward, reverse), &ins)]);
             }
             outs
