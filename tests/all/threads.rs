@@ -465,7 +465,7 @@ fn rnn_steps_on_any_thread_count(batch_sizes: Option<&[usize]>) {
                 } else {
                     vec![tt(xg), tt(w_t), tt(h0), tt(bias)]
                 };
-                ins.extend(sizes.clone());
+                ins.extend(sizes);
                 let y = run(rt, op(forward, reverse), &ins);
                 let mut ins = vec![tt(y)];
                 if lstm || gru {
@@ -475,7 +475,7 @@ fn rnn_steps_on_any_thread_count(batch_sizes: Option<&[usize]>) {
                 if lstm {
                     ins.push(tt(c0));
                 }
-                ins.extend(sizes.clone());
+                ins.extend(sizes);
                 outs.extend([y, run(rt, op(backward, reverse), &ins)]);
             }
             outs
