@@ -38,8 +38,7 @@
 // states are each sample's at its own last step. Before, they kept PyTorch's composite path,
 // which records every step's cell: a small packed BiLSTM classifier was ~5,900 recorded ops a
 // training step.
-#include "common.h"
-#include "rnn_packing.h"
+#include "rnn_layers.h"
 
 #include <algorithm>
 
@@ -53,59 +52,8 @@
 namespace dft {
 namespace {
 
+using namespace rnn;
 using torch::autograd::AutogradContext;
-using torch::autograd::tensor_list;
-
-// The cell a layer's steps compute (the numbers are kept in the node's saved config).
-enum Cell : int64_t { kLstm = 0, kGru = 1, kRnnTanh = 2, kRnnRelu = 3 };
-
-// One call's configuration: what the forward computed and the backward retraces.
-struct Config {
-  Cell cell;
-  bool biases;
-  int64_t layers;
-  int64_t dirs;
-  double dropout;  // applied between layers; 0 when not training
-  bool batch_first;
-  // Each direction's steps as one kernel op (float32), not recorded step by step.
-  bool kernel = false;
-  // Packed steps (a PackedSequence's batch sizes); none for a padded input.
-  Packing packing;
-
-  bool lstm() const { return cell == kLstm; }
-  bool gru() const { return cell == kGru; }
-  // nn.RNN's cell: h = act(x W_ih^T + b_ih + h W_hh^T + b_hh).
-  bool plain() const { return cell == kRnnTanh || cell == kRnnRelu; }
-  int64_t gates() const { return lstm() ? 4 : gru() ? 3 : 1; }
-  // (w_ih, w_hh[, b_ih, b_hh]) for layer l, direction d.
-  int64_t group(int64_t l, int64_t d) const { return (l * dirs + d) * (biases ? 4 : 2); }
-  // Tensors saved per step: lstm i, f, g, o, c, h_prev, c_prev; gru r, z, n, hidden n gate,
-  // h_prev; the plain RNN h, h_prev.
-  int64_t per_step() const { return lstm() ? 7 : gru() ? 5 : 2; }
-  // Tensors saved per direction over T steps: the kernel op's result with h0 (and c0), or the
-  // per-step tensors.
-  int64_t per_direction(int64_t T) const { return kernel ? (lstm() ? 3 : 2) : T * per_step(); }
-  // Where h sits in a step's row of the kernel op's result, in units of H (after the LSTM's
-  // i, f, g, o, c; the GRU's r, z, n, hn; the plain RNN's row is h alone).
-  int64_t h_at() const { return lstm() ? 5 : gru() ? 4 : 0; }
-  // The kernel op's forward part; its backward is the next number.
-  uint32_t forward_part() const {
-    switch (cell) {
-      case kLstm: return DFUSE_RECURRENCE_PART_LSTM_FORWARD;
-      case kGru: return DFUSE_RECURRENCE_PART_GRU_FORWARD;
-      case kRnnTanh: return DFUSE_RECURRENCE_PART_RNN_TANH_FORWARD;
-      default: return DFUSE_RECURRENCE_PART_RNN_RELU_FORWARD;
-    }
-  }
-  const char* name() const {
-    switch (cell) {
-      case kLstm: return "lstm";
-      case kGru: return "gru";
-      case kRnnTanh: return "rnn_tanh";
-      default: return "rnn_relu";
-    }
-  }
-};
 
 // Whether a covered call's directions run as the kernel op: float32.
 bool runs_as_kernel(const at::Tensor& input) { return input.scalar_type() == at::kFloat; }
@@ -118,22 +66,12 @@ DfuseAttrs recurrence_attrs(uint32_t part, int64_t d) {
   return a;
 }
 
-at::Tensor product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
-}
-
 // What the backward needs beyond the call's inputs, filled by a forward that autograd will
 // differentiate: each layer's input (time-major, after dropout), the dropout masks, and per
 // layer and direction the per-step tensors in time order (Config::per_step of them a step).
 struct Saved {
   std::vector<at::Tensor> layer_inputs, masks;
   std::vector<std::vector<at::Tensor>> steps;
-};
-
-// One direction of one layer over x [T, B, I] from state (h, c): its outputs [T, B, H] and
-// final state.
-struct Direction {
-  at::Tensor out, h, c;
 };
 
 // One direction's steps as the kernel op: its result [T, B, 6H] (LSTM), [T, B, 5H] (GRU) or
@@ -187,58 +125,7 @@ Direction run_direction(const Config& cfg, const at::Tensor& x, at::TensorList p
   int64_t T = x.size(0), B = x.size(1);
   auto xg_all = product(x.reshape({T * B, x.size(2)}), w_ih, b_ih).view({T, B, -1});
   if (cfg.kernel) return run_direction_kernel(cfg, xg_all, w_hh, b_hh, d, h, c, save);
-  auto xg = xg_all.unbind(0);
-  // Each step's h is written into its place here by the step's own program (one loop with the
-  // gates), not gathered by a stack after the last step (a copy program per step).
-  auto out = at::empty({T, B, h.size(-1)}, h.options());
-  if (save) save->assign(T * cfg.per_step(), at::Tensor());
-  // W_hh^T laid out once for all steps: each step's `h @ W_hh^T` then reads a plain B, which
-  // the runtime's few-row GEMM reads in place, where a transposed one is transposed again
-  // every step (`[16, 128] @ [128, 512]`: 31 -> 23 us a call, the same bits).
-  auto w_hh_t = w_hh.t().contiguous();
-  for (int64_t s = 0; s < T; ++s) {
-    // Strict mode runs a step as CPU's cell does, one product and one pass over the gates,
-    // not one program per gate op. The step's temporaries (its hidden product, the gates) die
-    // with the lambda, before the group ends, so they are never written.
-    OpGroup step;
-    [&] {
-      int64_t t = d == 0 ? s : T - 1 - s;
-      auto hg = b_hh.defined() ? at::addmm(b_hh, h, w_hh_t) : at::mm(h, w_hh_t);
-      at::Tensor* slot = save ? save->data() + t * cfg.per_step() : nullptr;
-      if (cfg.plain()) {
-        auto pre = hg + xg[t];
-        auto h_next = cfg.cell == kRnnTanh ? pre.tanh() : pre.relu();
-        if (slot) {
-          for (const auto& v : {h_next, h}) *slot++ = v;
-        }
-        h = h_next;
-      } else if (cfg.lstm()) {
-        auto gates = (hg + xg[t]).chunk(4, 1);
-        auto i = gates[0].sigmoid(), f = gates[1].sigmoid();
-        auto g = gates[2].tanh(), o = gates[3].sigmoid();
-        auto c_next = f * c + i * g;
-        auto h_next = o * c_next.tanh();
-        if (slot) {
-          for (const auto& v : {i, f, g, o, c_next, h, c}) *slot++ = v;
-        }
-        h = h_next;
-        c = c_next;
-      } else {
-        auto ig = xg[t].chunk(3, 1), hc = hg.chunk(3, 1);
-        auto r = (hc[0] + ig[0]).sigmoid();
-        auto z = (hc[1] + ig[1]).sigmoid();
-        auto n = (ig[2] + hc[2] * r).tanh();
-        auto h_next = (h - n) * z + n;
-        if (slot) {
-          for (const auto& v : {r, z, n, hc[2], h}) *slot++ = v;
-        }
-        h = h_next;
-      }
-      out.select(0, t).copy_(h);
-    }();
-    step.end();
-  }
-  return {out, h, c};
+  return run_direction_steps(cfg, xg_all, w_hh, b_hh, d, h, c, save);
 }
 
 // The forward of every layer: (output, hy, cy). Dropout draws its masks, or applies `replay`'s
@@ -278,19 +165,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_forward(
   auto out = cfg.batch_first ? x.transpose(0, 1) : x;
   return {out, at::stack(hs), cfg.lstm() ? at::stack(cs) : at::Tensor()};
 }
-
-// a + b where either may be undefined (no gradient reached that way).
-at::Tensor add_grads(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.defined()) return b;
-  if (!b.defined()) return a;
-  return a + b;
-}
-
-// Gradients of one direction of one layer: dx [T, B, I] and the state's, accumulating the
-// weights' into grads at the group's slots.
-struct DirectionGrads {
-  at::Tensor dx, dh0, dc0;
-};
 
 // One direction's gradients through the kernel op: its result's rows 0..T are every step's
 // gate gradients (the weights' products read them: the LSTM's once for both weights, the
@@ -363,76 +237,8 @@ DirectionGrads backward_direction(const Config& cfg, const at::Tensor& x, at::Te
     return backward_direction_kernel(cfg, x, params, l, d, steps, dy, dh, dc, grads, params_at,
                                      want_dx);
   }
-  int64_t T = x.size(0), B = x.size(1), H = params[cfg.group(l, d) + 1].size(1);
-  int64_t k = cfg.group(l, d);
-  const auto &w_ih = params[k], &w_hh = params[k + 1];
-  auto dys = dy.defined() ? dy.unbind(0) : std::vector<at::Tensor>();
-  auto zeros = at::zeros({B, H}, x.options());
-  int64_t G = cfg.gates() * H;
-  // Each step's gate gradients are written into their place for the weight gradients' products
-  // by the step's own program, not gathered by a stack after the last step.
-  auto dgi_steps = at::empty({T, B, G}, x.options());
-  auto dgh_steps = cfg.gru() ? at::empty({T, B, G}, x.options()) : dgi_steps;
-  // Writes the pieces side by side into step t's row of `steps`, as `cat` would write them.
-  auto into = [](const at::Tensor& steps, int64_t t, std::initializer_list<at::Tensor> pieces) {
-    auto slot = steps.select(0, t);
-    int64_t col = 0;
-    for (const auto& p : pieces) {
-      slot.narrow(1, col, p.size(1)).copy_(p);
-      col += p.size(1);
-    }
-    return slot;
-  };
-  std::vector<at::Tensor> h_prev(T);
-  for (int64_t s = 0; s < T; ++s) {
-    OpGroup step;  // one step's gate gradients and hidden product, as in the forward
-    [&] {
-      int64_t t = d == 0 ? T - 1 - s : s;
-      const at::Tensor* v = steps.data() + t * cfg.per_step();
-      auto dh_t = add_grads(dys.empty() ? at::Tensor() : dys[t], dh);
-      if (!dh_t.defined()) dh_t = zeros;
-      if (cfg.plain()) {
-        const auto& y = v[0];
-        h_prev[t] = v[1];
-        auto pre = cfg.cell == kRnnTanh ? at::tanh_backward(dh_t, y)
-                                        : at::threshold_backward(dh_t, y, 0);
-        dh = at::mm(into(dgi_steps, t, {pre}), w_hh);
-      } else if (cfg.lstm()) {
-        const auto &i = v[0], &f = v[1], &g = v[2], &o = v[3], &c = v[4], &c_prev = v[6];
-        h_prev[t] = v[5];
-        auto tc = c.tanh();
-        auto d_o = dh_t * tc;
-        auto dc_t = add_grads(at::tanh_backward(dh_t * o, tc), dc);
-        auto d_gates = into(dgi_steps, t,
-                            {at::sigmoid_backward(dc_t * g, i),
-                             at::sigmoid_backward(dc_t * c_prev, f), at::tanh_backward(dc_t * i, g),
-                             at::sigmoid_backward(d_o, o)});
-        dc = dc_t * f;
-        dh = at::mm(d_gates, w_hh);
-      } else {
-        const auto &r = v[0], &z = v[1], &n = v[2], &hn = v[3];
-        h_prev[t] = v[4];
-        auto d_hmn = dh_t * z;  // through (h - n) * z
-        auto dz = dh_t * (h_prev[t] - n);
-        auto dn = at::tanh_backward(dh_t - d_hmn, n);
-        auto dr = at::sigmoid_backward(dn * hn, r);
-        auto dz_pre = at::sigmoid_backward(dz, z);
-        into(dgi_steps, t, {dr, dz_pre, dn});
-        dh = d_hmn + at::mm(into(dgh_steps, t, {dr, dz_pre, dn * r}), w_hh);
-      }
-    }();
-    step.end();
-  }
-  auto dgi = dgi_steps.view({T * B, G});
-  auto dgh = dgh_steps.view({T * B, G});
-  auto x2 = x.reshape({T * B, x.size(2)});
-  grads[params_at + k] = at::mm(dgi.t(), x2);
-  grads[params_at + k + 1] = at::mm(dgh.t(), at::stack(h_prev).view({T * B, H}));
-  if (cfg.biases) {
-    grads[params_at + k + 2] = dgi.sum(0);
-    grads[params_at + k + 3] = dgh.sum(0);
-  }
-  return {want_dx ? at::mm(dgi, w_ih).view({T, B, -1}) : at::Tensor(), dh, dc};
+  return backward_direction_steps(cfg, x, params, l, d, steps, dy, dh, dc, grads, params_at,
+                                  want_dx);
 }
 
 // A packed forward recorded by autograd, for a double backward: PyTorch's composite (step by
@@ -786,11 +592,11 @@ std::tuple<at::Tensor, at::Tensor> one_state_packed(const at::Tensor& data,
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("lstm.data", TORCH_FN(dft::lstm_packed));
-  m.impl("gru.data", TORCH_FN(dft::one_state_packed<dft::kGru>));
-  m.impl("rnn_tanh.data", TORCH_FN(dft::one_state_packed<dft::kRnnTanh>));
-  m.impl("rnn_relu.data", TORCH_FN(dft::one_state_packed<dft::kRnnRelu>));
+  m.impl("gru.data", TORCH_FN(dft::one_state_packed<dft::rnn::kGru>));
+  m.impl("rnn_tanh.data", TORCH_FN(dft::one_state_packed<dft::rnn::kRnnTanh>));
+  m.impl("rnn_relu.data", TORCH_FN(dft::one_state_packed<dft::rnn::kRnnRelu>));
   m.impl("lstm.input", TORCH_FN(dft::lstm));
-  m.impl("gru.input", TORCH_FN(dft::one_state<dft::kGru>));
-  m.impl("rnn_tanh.input", TORCH_FN(dft::one_state<dft::kRnnTanh>));
-  m.impl("rnn_relu.input", TORCH_FN(dft::one_state<dft::kRnnRelu>));
+  m.impl("gru.input", TORCH_FN(dft::one_state<dft::rnn::kGru>));
+  m.impl("rnn_tanh.input", TORCH_FN(dft::one_state<dft::rnn::kRnnTanh>));
+  m.impl("rnn_relu.input", TORCH_FN(dft::one_state<dft::rnn::kRnnRelu>));
 }
