@@ -41,7 +41,7 @@ MODES = ("strict", "defer")
 
 
 def cases(quick):
-    batches = [16, 256, 1024] if quick else [1, 4, 16, 64, 256, 1024, 4096]
+    batches = [16, 256, 1024] if quick else [1, 4, 8, 16, 64, 256, 1024, 4096]
     for (k, n) in ([(128, 384), (1024, 1024)] if not quick else [(128, 384)]):
         for b in batches:
             yield f"Linear {k}->{n} fwd x@W.t()", b, lambda b=b, k=k, n=n: (

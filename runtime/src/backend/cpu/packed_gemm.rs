@@ -53,8 +53,8 @@ const NC: usize = 256;
 const MC: usize = 72;
 
 /// Fewest rows this kernel takes: below them a row tile would be mostly partial. `small_gemm`
-/// takes most products of up to 8 rows; on AVX-512 cores it leaves those of 5-8 rows by a wide
-/// plain B here (`small_gemm::WIDE_TILE_MIN_COLS`).
+/// takes most products of up to 8 rows; on AVX-512 cores it leaves those of 5-8 rows by a plain
+/// B here (`small_gemm::WIDE_TILE_MAX_SMALL_ROWS`).
 const MIN_ROWS: usize = 5;
 
 thread_local! {

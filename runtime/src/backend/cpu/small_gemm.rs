@@ -35,15 +35,18 @@ pub(super) const KC: usize = 256;
 const MAX_ROWS_TRANSPOSED_B: usize = 32;
 const MAX_ROWS: usize = 8;
 
-/// Fewest columns of a plain B from which, on AVX-512 cores, products of more than 4 rows take
-/// `packed_gemm`'s 16-lane tile (which reads a plain B in place for few rows) instead of this
-/// path's 4-row passes over B. Measured on Zen 4 (one thread, strict mode, two interleaved
-/// runs, this path -> the 16-lane tile): `[8, 128] @ [128, 512]` 20-21 -> 12-17 us, `[8, 1024] @
-/// [1024, 1024]` 325 -> 194-202, `[8, 64] @ [64, 2304]` 51-53 -> 29-30, `[8, 768] @ [768,
-/// 3072]` 728-733 -> 446-469, `[8, 32] @ [32, 4608]` 68-71 -> 37-38; narrower B lost (`[6, 256]
-/// @ [256, 256]` 18 -> 26, `[7, 512] @ [512, 128]` 19 -> 26, `[5, 128] @ [128, 384]` 15 ->
-/// 19). An LSTM's 8-sample half batch per thread, `[8, 128] @ [128, 512]` a step, is one.
-const WIDE_TILE_MIN_COLS: usize = 512;
+/// On AVX-512 cores, products of more than this many rows by a plain B take `packed_gemm`'s
+/// 16-lane tile (which reads a plain B in place for few rows) instead of this path's 4-row
+/// passes over B, whatever B's width. Measured on Zen 4 (one thread, best of 200 runs of 20
+/// calls each, hot operands as in a recurrence's steps; this path -> the 16-lane tile):
+/// `[8, 512] @ [512, 128]` 19.6 -> 9.9 us (an LSTM's 8-sample half batch per thread, its
+/// backward's `dgates @ W_hh` every step), `[8, 128] @ [128, 512]` 21.3 -> 10.9, `[6, 256] @
+/// [256, 256]` 18.6 -> 7.5, `[5, 128] @ [128, 384]` 15.2 -> 5.4, `[8, 2048] @ [2048, 64]` 37.0 ->
+/// 26.9, `[8, 64] @ [64, 64]` 1.5 -> 1.0, `[8, 100] @ [100, 40]` 1.6 -> 1.4. (Until session 46
+/// only B of 512+ columns went there: narrower ones had measured slower on the tile in strict
+/// mode, `[7, 512] @ [512, 128]` 19 -> 26 us; measured again by themselves, every width tried
+/// is faster there.)
+const WIDE_TILE_MAX_SMALL_ROWS: usize = 4;
 
 /// An f32 GEMM kernel with [`sgemm`]'s arguments: shape `(m, k, n)`, alpha, then each operand
 /// as a pointer and its (row, column) strides, beta between B and C. The kernels that give
@@ -103,7 +106,7 @@ pub fn takes_small_path((m, k, n): (usize, usize, usize), rsb: isize, alpha: f32
         // Below 8 rows every `matrixmultiply` tile is partial, as every one here is.
         (false, _) => 7,
         (true, true) => MAX_ROWS_TRANSPOSED_B,
-        (true, false) if n >= WIDE_TILE_MIN_COLS && wide_tile_available() => 4,
+        (true, false) if wide_tile_available() => WIDE_TILE_MAX_SMALL_ROWS,
         (true, false) => MAX_ROWS,
     };
     cfg!(target_arch = "x86_64") && (1..=max_rows).contains(&m) && k > 0 && n > 0 && has_fma_avx2()

@@ -235,19 +235,22 @@ fn scaled_products_of_eight_or_more_rows_stay_with_matrixmultiply() {
 }
 
 #[test]
-fn five_to_eight_rows_by_a_wide_plain_b_take_the_wide_tile_with_the_same_bits() {
+fn five_to_eight_rows_by_a_plain_b_take_the_wide_tile_with_the_same_bits() {
     // On AVX-512 cores these leave this module's 4-row passes for `packed_gemm`'s 16-lane
-    // tile, which reads the plain B in place; the bits stay matrixmultiply's (scaled products
-    // of fewer than 8 rows stay here).
+    // tile, which reads the plain B in place, whatever B's width; the bits stay
+    // matrixmultiply's (scaled products of fewer than 8 rows stay here, as do transposed Bs).
     let wide = super::wide_tile_available() && has_fma_avx2();
     for m in 5..=8 {
-        assert_eq!(
-            takes_small_path((m, 64, 512), 512, 1.0),
-            !wide && has_fma_avx2()
-        );
-        assert_eq!(takes_small_path((m, 64, 511), 511, 1.0), has_fma_avx2());
+        for n in [16, 128, 511, 512] {
+            assert_eq!(
+                takes_small_path((m, 64, n), n as isize, 1.0),
+                !wide && has_fma_avx2()
+            );
+        }
+        assert_eq!(takes_small_path((m, 64, 128), 1, 1.0), has_fma_avx2());
+        assert_eq!(takes_small_path((4, 64, 128), 128, 1.0), has_fma_avx2());
         for k in [9, 257] {
-            for n in [512, 530] {
+            for n in [20, 128, 512, 530] {
                 for (alpha, beta) in [(1.0, 0.0), (1.0, 1.0), (1.0, 0.5), (0.5, 2.0)] {
                     let (ours, theirs) = both((m, k, n), ("rows", "rows"), (alpha, beta), 1);
                     let what = format!("{m}x{k}x{n} alpha {alpha} beta {beta}");
