@@ -160,9 +160,14 @@ uint32_t to_dtype(at::ScalarType t) {
     case at::kLong: return DFUSE_DTYPE_I64;
     case at::kByte: return DFUSE_DTYPE_U8;
     case at::kBool: return DFUSE_DTYPE_BOOL;
+    case at::kComplexFloat:
+      TORCH_CHECK(false, "tpu: this op does not take complex64 tensors on tpu (complex64 "
+                  "supports copies, views, add, sub, mul, neg, abs, conj and polar); compute it "
+                  "on the CPU");
     default:
       TORCH_CHECK(false, "tpu: dtype ", t, " is not supported by deferfuse (supported: float32, "
-                  "float64, float16, bfloat16, int32, int64, uint8, bool)");
+                  "float64, float16, bfloat16, int32, int64, uint8, bool, and complex64 for a "
+                  "few ops)");
   }
 }
 
@@ -207,6 +212,16 @@ Ref ref(const at::Tensor& t) {
 
 c10::Storage make_storage(at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,
                           size_t nbytes) {
+  if (dtype == at::kComplexFloat) {
+    // complex64 is held as float32 pairs (complex.cpp): a flat float32 storage, which the
+    // pairs' views (view_as_real) read.
+    int64_t n = int64_t(nbytes / sizeof(float));
+    uint64_t h = 0;
+    check(dfuse_tensor_empty(rt(), DFUSE_DTYPE_F32, &n, 1, &h), "allocating a tensor");
+    return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
+                        make_data_ptr(h, DFUSE_DTYPE_F32, DimVec{n}, DimVec{1}), tpu_allocator(),
+                        /*resizable=*/true);
+  }
   uint32_t dt = to_dtype(dtype);
   size_t item = c10::elementSize(dtype);
   auto cont = dense_strides(sizes);

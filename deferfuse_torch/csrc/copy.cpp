@@ -1,5 +1,6 @@
 // Copies between host and device and within the device, item(), fill_ and zero_.
 #include "common.h"
+#include "complex.h"
 #include "streams.h"
 #include "observe.h"
 
@@ -11,9 +12,28 @@ namespace {
 
 bool is_tpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
 
+// A copy with a complex side: as float32 pairs (a real source's imaginary part zero; a complex
+// source into a real destination keeps the real part, with CPU's warning). Returns false when
+// neither side is complex.
+bool copy_complex(const at::Tensor& dst, const at::Tensor& src) {
+  if (!dst.is_complex() && !src.is_complex()) return false;
+  if (dst.is_complex() && src.is_complex()) {
+    auto s = src.scalar_type() == dst.scalar_type() ? src : src.to(dst.scalar_type());
+    at::view_as_real(dst).copy_(pairs(s.expand(dst.sizes())));
+  } else if (dst.is_complex()) {
+    auto p = at::view_as_real(dst);
+    p.select(-1, 0).copy_(src);
+    p.select(-1, 1).zero_();
+  } else {
+    TORCH_WARN_ONCE("Casting complex values to real discards the imaginary part");
+    dst.copy_(pairs(src).select(-1, 0));
+  }
+  return true;
+}
+
 // dst (tpu, any view) <- src (tpu or CPU), with PyTorch's broadcasting of src and dtype cast.
 void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
-  if (dst.numel() == 0) return;
+  if (dst.numel() == 0 || copy_complex(dst, src)) return;
   at::Tensor s = src;
   if (!is_tpu(s) && is_byte_view(dst)) {
     // Raw storage bytes from the host: upload them as the storage's own elements.
@@ -61,7 +81,7 @@ void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
 // dst (CPU) <- src (tpu): waits for src (a sync point), reads it row-major, then lets the CPU
 // copy handle dst's dtype, layout and broadcasting.
 void copy_to_host(const at::Tensor& dst, const at::Tensor& src) {
-  if (dst.numel() == 0) return;
+  if (dst.numel() == 0 || copy_complex(dst, src)) return;
   at::ScalarType elem;
   // Raw storage bytes (UntypedStorage.cpu(), torch.save): read the elements as bytes.
   Ref r = is_byte_view(src) ? byte_view_ref(src, &elem) : ref(src);
@@ -141,6 +161,14 @@ at::Scalar _local_scalar_dense(const at::Tensor& self) {
 
 at::Tensor& fill_scalar_(at::Tensor& self, const at::Scalar& value) {
   if (self.numel() == 0) return self;
+  if (self.is_complex()) {
+    auto v = value.toComplexDouble();
+    auto p = pairs(self);
+    auto re = p.select(-1, 0), im = p.select(-1, 1);
+    fill_scalar_(re, v.real());
+    fill_scalar_(im, v.imag());
+    return self;
+  }
   DfuseScalar v{};
   if (value.isBoolean()) {
     v.kind = DFUSE_SCALAR_KIND_BOOL;
@@ -182,6 +210,17 @@ at::Tensor& zero_(at::Tensor& self) { return fill_scalar_(self, at::Scalar(0)); 
 // the input suggests; an explicit format is obeyed (`x.contiguous(memory_format=...)`).
 at::Tensor clone(const at::Tensor& self, std::optional<at::MemoryFormat> mf) {
   auto fmt = mf.value_or(at::MemoryFormat::Preserve);
+  if (self.is_complex()) {
+    // The pairs' clone in the same layout, seen as complex again.
+    auto p = pairs(self);
+    bool dense = fmt == at::MemoryFormat::Preserve && self.is_non_overlapping_and_dense();
+    auto out = dense ? at::empty_strided(self.sizes(), self.strides(), self.options())
+                     : at::empty(self.sizes(), self.options().memory_format(
+                           fmt == at::MemoryFormat::Preserve ? self.suggest_memory_format()
+                                                             : fmt));
+    at::view_as_real(out).copy_(p);
+    return out;
+  }
   if (self.is_contiguous() && fmt != at::MemoryFormat::ChannelsLast &&
       fmt != at::MemoryFormat::ChannelsLast3d) {
     return run(DFUSE_OP_KIND_COPY, nullptr, Operands().t(self), "clone");

@@ -74,7 +74,7 @@ def test_runtime_error_is_a_python_exception_with_its_message(mode):
 
 def test_unsupported_dtype_is_a_clear_error():
     with pytest.raises(RuntimeError, match="not supported by deferfuse"):
-        torch.zeros(3, dtype=torch.complex64, device="tpu")
+        torch.zeros(3, dtype=torch.complex128, device="tpu")
 
 
 def test_tensor_freed_by_torch_is_released():

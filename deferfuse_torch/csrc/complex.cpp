@@ -1,0 +1,148 @@
+// complex64 tensors on "tpu": what a model's rotary embeddings need when written with complex
+// numbers (Meta's LLaMA reference code: torch.polar, view_as_complex, a complex multiply,
+// view_as_real), and their gradients.
+//
+// The runtime has no complex dtype; a complex64 tensor's storage is float32 pairs (real,
+// imaginary), so view_as_real and view_as_complex are views of one storage, and every complex
+// op here is computed by the device's float ops on those pairs, in the order CPU's complex
+// kernels use: a product is (ac - bd, ad + bc), each product rounded, no fused multiply-add,
+// as CPU's vectorized complex multiply; a real operand takes part as (x, 0), as CPU promotes
+// it. Copies (to and from the host, within the device, clone), fill_ and zero_ move the pairs.
+// Other ops refuse complex64 operands with an error naming the op (complex128 is refused
+// everywhere).
+#include "complex.h"
+
+#include <ATen/ops/polar_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <torch/library.h>
+
+namespace dft {
+
+namespace {
+
+// The (real, imaginary) float32 parts of an operand; a real one's imaginary part is zeros.
+struct Parts {
+  at::Tensor re, im;
+};
+
+Parts parts_of(const at::Tensor& t) {
+  if (t.is_complex()) {
+    auto p = pairs(t);
+    return {p.select(-1, 0), p.select(-1, 1)};
+  }
+  auto re = t.scalar_type() == at::kFloat ? t : t.to(at::kFloat);
+  return {re, at::zeros_like(re)};
+}
+
+// A complex64 tensor made of its parts (one stack: the pairs' storage is the result's).
+at::Tensor from_parts(const at::Tensor& re, const at::Tensor& im) {
+  return at::view_as_complex(at::stack({re, im}, -1));
+}
+
+const char* op_name(uint32_t op) {
+  switch (op) {
+    case DFUSE_BINARY_OP_ADD: return "add";
+    case DFUSE_BINARY_OP_SUB: return "sub";
+    case DFUSE_BINARY_OP_MUL: return "mul";
+    case DFUSE_BINARY_OP_DIV: return "div";
+    default: return "this binary op";
+  }
+}
+
+void check_complex64(uint32_t op, at::ScalarType result) {
+  TORCH_CHECK(op == DFUSE_BINARY_OP_ADD || op == DFUSE_BINARY_OP_SUB ||
+                  op == DFUSE_BINARY_OP_MUL,
+              "tpu: ", op_name(op), " does not take complex tensors on tpu (complex64 supports "
+              "copies, views, add, sub, mul, neg, abs, conj and polar); compute it on the CPU");
+  TORCH_CHECK(result == at::kComplexFloat, "tpu: ", op_name(op), " would give ", result,
+              "; complex64 is the only complex dtype tpu holds");
+}
+
+Parts combine(uint32_t op, const Parts& a, const Parts& b) {
+  switch (op) {
+    case DFUSE_BINARY_OP_ADD: return {a.re + b.re, a.im + b.im};
+    case DFUSE_BINARY_OP_SUB: return {a.re - b.re, a.im - b.im};
+    default: return {a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re};
+  }
+}
+
+}  // namespace
+
+at::Tensor pairs(const at::Tensor& t) {
+  if (!t.is_conj()) return at::view_as_real(t);
+  // A conjugate view: its stored pairs (t.conj() clears the bit) with the imaginary part
+  // negated, as a new tensor (resolve_conj would clone, and clone comes back here).
+  auto stored = at::view_as_real(t.conj());
+  return at::stack({stored.select(-1, 0), stored.select(-1, 1).neg()}, -1);
+}
+
+at::Tensor complex_binary(uint32_t op, const at::Tensor& x, const at::Tensor& y) {
+  check_complex64(op, at::result_type(x, y));
+  auto r = combine(op, parts_of(x), parts_of(y));
+  return from_parts(r.re, r.im);
+}
+
+at::Tensor complex_binary(uint32_t op, const at::Tensor& x, const at::Scalar& y) {
+  check_complex64(op, at::result_type(x, y));
+  auto v = y.toComplexDouble();
+  auto part = [&](double p) { return at::scalar_tensor(p, x.options().dtype(at::kFloat)); };
+  auto r = combine(op, parts_of(x), {part(v.real()), part(v.imag())});
+  return from_parts(r.re, r.im);
+}
+
+at::Tensor complex_unary(uint32_t op, const at::Tensor& x) {
+  TORCH_CHECK((op == DFUSE_UNARY_OP_NEG || op == DFUSE_UNARY_OP_ABS) &&
+                  x.scalar_type() == at::kComplexFloat,
+              "tpu: this op does not take ", x.scalar_type(), " tensors on tpu (complex64 "
+              "supports copies, views, add, sub, mul, neg, abs, conj and polar); compute it "
+              "on the CPU");
+  auto p = parts_of(x);
+  // abs: sqrt(re * re + im * im), as CPU's vectorized complex abs (its scalar tail's hypot
+  // may differ in the last place).
+  if (op == DFUSE_UNARY_OP_ABS) return (p.re * p.re + p.im * p.im).sqrt();
+  return from_parts(-p.re, -p.im);
+}
+
+namespace {
+
+// conj_physical: (re, -im).
+at::Tensor conj_physical(const at::Tensor& self) {
+  if (!self.is_complex()) return self.clone();
+  auto p = parts_of(self);
+  return from_parts(p.re.clone(), -p.im);
+}
+
+at::Tensor& conj_physical_(at::Tensor& self) {
+  if (self.is_complex()) pairs(self).select(-1, 1).neg_();
+  return self;
+}
+
+// polar(abs, angle) = (abs * cos(angle), abs * sin(angle)), as c10::polar.
+at::Tensor polar_of(const at::Tensor& abs, const at::Tensor& angle) {
+  TORCH_CHECK(abs.scalar_type() == at::kFloat && angle.scalar_type() == at::kFloat,
+              "tpu: polar takes float32 abs and angle (complex64 is the only complex dtype tpu "
+              "holds), got ", abs.scalar_type(), " and ", angle.scalar_type());
+  return from_parts(abs * angle.cos(), abs * angle.sin());
+}
+
+at::Tensor& polar_out(const at::Tensor& abs, const at::Tensor& angle, at::Tensor& out) {
+  auto r = polar_of(abs, angle);
+  if (!out.sizes().equals(r.sizes())) out.resize_(r.sizes());
+  out.copy_(r);
+  return out;
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  // The views between a complex64 tensor and its pairs: PyTorch's own (metadata only), which
+  // it registers per backend.
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
+  m.impl("_conj_physical", TORCH_FN(dft::conj_physical));
+  m.impl("conj_physical_", TORCH_FN(dft::conj_physical_));
+  m.impl("polar", TORCH_FN(dft::polar_of));
+  m.impl("polar.out", TORCH_FN(dft::polar_out));
+}

@@ -1,0 +1,24 @@
+// complex64 on "tpu" (complex.cpp): held as float32 pairs, computed by the device's float ops.
+#pragma once
+
+#include "common.h"
+
+namespace dft {
+
+// The float32 pairs [.., 2] (real, imaginary) of a complex64 tensor (tpu or CPU): a view of
+// its storage, or for a conjugate view, a new tensor of the conjugated pairs.
+at::Tensor pairs(const at::Tensor& t);
+
+// x OP y where either operand is complex (OP: DFUSE_BINARY_OP_ADD, _SUB or _MUL), as CPU
+// computes it; any other op, or a result that would be complex128, is refused with an error
+// naming the op.
+at::Tensor complex_binary(uint32_t op, const at::Tensor& x, const at::Tensor& y);
+
+// The same with a scalar y.
+at::Tensor complex_binary(uint32_t op, const at::Tensor& x, const at::Scalar& y);
+
+// OP x for a complex x (OP: DFUSE_UNARY_OP_NEG, or _ABS: a float32 result); any other op is
+// refused with an error.
+at::Tensor complex_unary(uint32_t op, const at::Tensor& x);
+
+}  // namespace dft

@@ -1,0 +1,188 @@
+"""complex64 on "tpu" (csrc/complex.cpp): held as float32 pairs, so view_as_real and
+view_as_complex are views of one storage; copies, fill, add, sub, mul, neg, abs, conj and polar
+computed by the device's float ops in CPU's order; every other op refuses complex64 with an
+error naming what complex64 supports (complex128 is refused everywhere). What a model's
+rotary embeddings written with complex numbers (Meta's LLaMA reference code) need, and its
+training against CPU."""
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import deferfuse_torch
+
+from conftest import check
+
+
+def cx(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.complex(torch.randn(*shape, generator=g), torch.randn(*shape, generator=g))
+
+
+def test_a_complex64_tensor_round_trips_to_the_host_bit_for_bit(mode):
+    c = cx(3, 5)
+    t = c.to("tpu")
+    assert t.dtype == torch.complex64 and t.device.type == "tpu"
+    assert torch.equal(t.cpu(), c)
+
+
+def test_view_as_real_and_view_as_complex_share_one_storage(mode):
+    t = cx(2, 3).to("tpu")
+    pairs = torch.view_as_real(t)
+    assert pairs.dtype == torch.float32 and pairs.shape == (2, 3, 2)
+    pairs[1, 2, 1] = 7.0
+    assert t.cpu()[1, 2].imag == 7.0
+    back = torch.view_as_complex(pairs)
+    back[0, 0] = 1 + 2j
+    assert t.cpu()[0, 0] == 1 + 2j
+    check(t.real, t.cpu().real)
+    check(t.imag, t.cpu().imag)
+
+
+def test_clones_and_layout_copies_keep_every_value(mode):
+    c = cx(4, 6)
+    t = c.to("tpu")
+    for got, want in [(t.t().contiguous(), c.t().contiguous()), (t.t().clone(), c.t().clone()),
+                      (t[:, ::2].clone(), c[:, ::2].clone())]:
+        assert torch.equal(got.cpu(), want)
+    assert t.t().clone().stride() == c.t().clone().stride()
+
+
+def test_fill_and_zeros_write_both_parts(mode):
+    assert torch.equal(torch.full((2, 3), 1.5 - 2j, device="tpu").cpu(),
+                       torch.full((2, 3), 1.5 - 2j))
+    assert torch.equal(torch.zeros(2, dtype=torch.complex64, device="tpu").cpu(),
+                       torch.zeros(2, dtype=torch.complex64))
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul"])
+def test_arithmetic_with_complex_real_and_scalar_operands_matches_cpu(mode, op):
+    # 64 elements: CPU's vectorized complex kernels, whose order (each product rounded, no
+    # fused multiply-add) the device follows bit for bit; CPU's scalar tail (a length not a
+    # multiple of its vector) may round a product's sum once less (within 1 ulp).
+    a, b, r = cx(8, 8), cx(8, 8, seed=1), torch.randn(8, 8)
+    f = getattr(torch, op)
+    pairs = [(a, b), (a, r), (r, a), (a, 2.5), (a, 1 - 3j)]
+    for x, y in pairs:
+        dx = x.to("tpu") if isinstance(x, torch.Tensor) else x
+        dy = y.to("tpu") if isinstance(y, torch.Tensor) else y
+        assert torch.equal(f(dx, dy).cpu(), f(x, y)), (op, x, y)
+
+
+def test_in_place_arithmetic_writes_the_complex_tensor(mode):
+    a, b = cx(64), cx(64, seed=1)
+    t = a.to("tpu")
+    t.mul_(b.to("tpu"))
+    t.add_(1j)
+    assert torch.equal(t.cpu(), a * b + 1j)
+
+
+def test_neg_conj_and_abs_match_cpu(mode):
+    c = cx(64)
+    t = c.to("tpu")
+    assert torch.equal((-t).cpu(), -c)
+    assert torch.equal(t.conj().cpu(), c.conj().resolve_conj())
+    assert torch.equal(torch.conj_physical(t).cpu(), torch.conj_physical(c))
+    # abs: sqrt(re * re + im * im), CPU's vectorized abs (its scalar tail uses hypot).
+    check(t.abs(), c.abs(), atol=0, rtol=2e-7)
+
+
+def test_polar_matches_cpu_within_its_sine_and_cosine(mode):
+    mag, angle = torch.rand(64) + 0.5, torch.randn(64) * 3
+    got = torch.polar(mag.to("tpu"), angle.to("tpu"))
+    want = torch.polar(mag, angle)
+    check(torch.view_as_real(got), torch.view_as_real(want), atol=1e-6, rtol=1e-6)
+
+
+def test_other_ops_refuse_complex64_naming_what_it_supports():
+    t = cx(4).to("tpu")
+    for call in [lambda: torch.exp(t), lambda: t.sum(), lambda: t / t]:
+        with pytest.raises(RuntimeError, match="complex64 supports copies, views, add"):
+            call()
+    with pytest.raises(RuntimeError, match="ComplexDouble is not supported"):
+        torch.randn(2, dtype=torch.complex128).to("tpu")
+
+
+def rotary(x, freqs):
+    """Meta's LLaMA reference apply_rotary_emb: x [B, T, H, D] as D/2 complex numbers, times
+    freqs [T, D/2] (complex64), back to real."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    out = torch.view_as_real(xc * freqs.view(1, x.shape[1], 1, -1)).flatten(3)
+    return out.type_as(x)
+
+
+def freqs_cis(dim, end, theta=10000.0):
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
+    return torch.polar(torch.ones(end, dim // 2), torch.outer(torch.arange(end).float(), freqs))
+
+
+def test_complex_rotary_embeddings_and_their_gradient_match_cpu_bit_for_bit(mode):
+    x = torch.randn(2, 8, 4, 16)
+    f = freqs_cis(16, 8)
+    want_x = x.clone().requires_grad_()
+    want = rotary(want_x, f)
+    want.pow(2).sum().backward()
+    got_x = x.to("tpu").requires_grad_()
+    deferfuse_torch.reset_fallback_counts()
+    got = rotary(got_x, f.to("tpu"))
+    got.pow(2).sum().backward()
+    assert deferfuse_torch.fallback_counts() == {}
+    assert torch.equal(got.detach().cpu(), want.detach())
+    assert torch.equal(got_x.grad.cpu(), want_x.grad)
+
+
+class TinyLlama(nn.Module):
+    """Two pre-norm attention blocks with complex rotary embeddings on q and k, as Meta's
+    reference code writes them (freqs_cis moved to the activations' device in forward)."""
+
+    def __init__(self, vocab=64, d=32, heads=4, layers=2, seq=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.heads = heads
+        self.qkv = nn.ModuleList(nn.Linear(d, 3 * d, bias=False) for _ in range(layers))
+        self.proj = nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(layers))
+        self.norm = nn.ModuleList(nn.RMSNorm(d) for _ in range(layers))
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.freqs_cis = freqs_cis(d // heads, seq)
+
+    def forward(self, tokens):
+        x = self.emb(tokens)
+        B, T, D = x.shape
+        self.freqs_cis = self.freqs_cis.to(x.device)
+        for qkv, proj, norm in zip(self.qkv, self.proj, self.norm):
+            q, k, v = qkv(norm(x)).view(B, T, 3, self.heads, D // self.heads).unbind(2)
+            q, k = rotary(q, self.freqs_cis[:T]), rotary(k, self.freqs_cis[:T])
+            a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                               v.transpose(1, 2), is_causal=True)
+            x = x + proj(a.transpose(1, 2).reshape(B, T, D))
+        return self.head(x)
+
+
+def test_a_llama_with_complex_rotary_embeddings_trains_like_cpu(mode):
+    torch.manual_seed(0)
+    model = TinyLlama()
+    tokens = torch.randint(0, 64, (4, 17))
+
+    def losses(device):
+        m = TinyLlama()
+        m.load_state_dict(model.state_dict())
+        m.freqs_cis = model.freqs_cis
+        m = m.to(device)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        out = []
+        for _ in range(3):
+            t = tokens.to(device)
+            loss = F.cross_entropy(m(t[:, :-1]).flatten(0, 1), t[:, 1:].flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+        return out
+
+    deferfuse_torch.reset_fallback_counts()
+    got = losses("tpu")
+    assert deferfuse_torch.fallback_counts() == {}
+    for g, w in zip(got, losses("cpu")):
+        assert math.isclose(g, w, rel_tol=1e-5), (got, w)
