@@ -140,7 +140,9 @@ at::Tensor _to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
   bool plain = (!layout || *layout == at::kStrided) && !pin_memory.value_or(false) &&
                (!memory_format || *memory_format == at::MemoryFormat::Preserve ||
                 *memory_format == at::MemoryFormat::Contiguous);
-  if (is_tpu(self) && same_device && plain && dtype && *dtype != self.scalar_type()) {
+  // To or from complex64 (float32 pairs): empty + copy_, which writes the pairs.
+  bool complex = self.is_complex() || (dtype && at::isComplexType(*dtype));
+  if (is_tpu(self) && same_device && plain && dtype && *dtype != self.scalar_type() && !complex) {
     return cast(self, *dtype);
   }
   return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking,

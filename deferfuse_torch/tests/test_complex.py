@@ -5,6 +5,7 @@ error naming what complex64 supports (complex128 is refused everywhere). What a 
 rotary embeddings written with complex numbers (Meta's LLaMA reference code) need, and its
 training against CPU."""
 import math
+import warnings
 
 import pytest
 import torch
@@ -94,6 +95,28 @@ def test_polar_matches_cpu_within_its_sine_and_cosine(mode):
     got = torch.polar(mag.to("tpu"), angle.to("tpu"))
     want = torch.polar(mag, angle)
     check(torch.view_as_real(got), torch.view_as_real(want), atol=1e-6, rtol=1e-6)
+
+
+def test_casts_between_real_and_complex_match_cpu(mode):
+    x = torch.randn(3, 4)
+    assert torch.equal(x.to("tpu").to(torch.complex64).cpu(), x.to(torch.complex64))
+    # Complex to real keeps the real part; both devices warn that the imaginary part is
+    # discarded, once per process (TORCH_WARN_ONCE, so the test does not wait for it).
+    c = cx(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = c.to("tpu").to(torch.float32)
+    assert torch.equal(got.cpu(), c.real)
+
+
+def test_ops_without_a_tpu_kernel_take_complex64_through_the_cpu_fallback(mode):
+    # torch.fft has no device kernel: it runs on the CPU fallback, complex results and all
+    # (FNet's token mixing: fftn(x).real).
+    x = torch.randn(2, 8, 16)
+    deferfuse_torch.reset_fallback_counts()
+    got = torch.fft.fftn(x.to("tpu"), dim=(1, 2)).real
+    check(got, torch.fft.fftn(x, dim=(1, 2)).real)
+    assert deferfuse_torch.fallback_counts() == {"aten::_fft_c2c": 1}
 
 
 def test_other_ops_refuse_complex64_naming_what_it_supports():
