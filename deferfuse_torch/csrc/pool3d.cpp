@@ -1,15 +1,17 @@
 // 3-D max, average and adaptive pooling (nn.MaxPool3d, nn.AvgPool3d, nn.AdaptiveAvgPool3d,
 // nn.AdaptiveMaxPool3d) on "tpu".
 //
-// The 2-D pooling (pooling.cpp) copies windows out of strided views of a padded buffer, with
-// its geometry, index tables and adaptive matrices written for two dims. Here a window is read
-// by a table of flat input positions, as fold.cpp reads im2col's: entry (o, k) is where kernel offset k of output position o reads in
-// the [D * H * W] volume, gathered with one index_select into [N, C, O, K] and reduced along
-// K. A position outside the input reads a zero appended after the volume (average) or the
-// window's first real element (max, which is the index CPU's kernel starts from, so its
-// indices and the element its gradient goes to are CPU's). Registered for autograd as well:
-// the backward is autograd through the gather (an index_add), so the max's gradient goes to
-// the element whose index the forward returned. Shape errors are CPU's (PoolingChecks.h).
+// Max pooling is the 2-D one's over three dims (pooling.h, since session 46): every window
+// position a strided view of one padded buffer, forward and backward through PyTorch's own
+// derivative (max_pool3d_with_indices_backward). Average and adaptive pooling read a window by
+// a table of flat input positions, as fold.cpp reads im2col's: entry (o, k) is where kernel
+// offset k of output position o reads in the [D * H * W] volume, gathered with one
+// index_select into [N, C, O, K] and reduced along K. A position outside the input reads a
+// zero appended after the volume (average) or the window's first real element (adaptive max,
+// which is the index CPU's kernel starts from, so its indices and the element its gradient goes
+// to are CPU's). Those are registered for autograd as well: their backward is autograd through
+// the gather (an index_add). Shape errors are CPU's (PoolingChecks.h).
+#include "pooling.h"
 #include "windows.h"
 
 #include <ATen/native/Pool.h>
@@ -120,12 +122,39 @@ std::tuple<at::Tensor, at::Tensor> max_over(const at::Tensor& x, const Pool3d& g
   return {shaped(values, x, g), shaped(indices, x, g)};
 }
 
+// The geometry as the 2-D and 3-D max pools share it (pooling.h).
+Pool as_pool(const Pool3d& g) {
+  Pool p;
+  for (int i = 0; i < 3; ++i) {
+    p.in.push_back(g.in[i]);
+    p.kernel.push_back(g.k[i]);
+    p.stride.push_back(g.s[i]);
+    p.padding.push_back(g.p[i]);
+    p.dilation.push_back(g.d[i]);
+    p.out.push_back(g.out[i]);
+    p.after.push_back(padding_after(g.in[i], g.k[i], g.p[i], g.s[i], g.d[i], g.out[i]));
+  }
+  return p;
+}
+
+// Every window position a strided view of one padded buffer, as the 2-D max pool reads them:
+// through a table and a gather ([N, C, O, K], then an argmax over rows of K) a C3D network's
+// two max pools took ~7 ms of its ~30 ms training step.
 std::tuple<at::Tensor, at::Tensor> max_pool3d_with_indices(
     const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding,
     at::IntArrayRef dilation, bool ceil_mode) {
   auto g = geometry(x, kernel, stride, padding, dilation, ceil_mode, false, "max_pool3d",
                     "max_pool3d_with_indices()");
-  return max_over(x, g, window_table(g, -1));
+  return max_pool_forward(x, as_pool(g));
+}
+
+at::Tensor max_pool3d_with_indices_backward(const at::Tensor& grad, const at::Tensor& x,
+                                            at::IntArrayRef kernel, at::IntArrayRef stride,
+                                            at::IntArrayRef padding, at::IntArrayRef dilation,
+                                            bool ceil_mode, const at::Tensor& indices) {
+  auto g = geometry(x, kernel, stride, padding, dilation, ceil_mode, false, "max_pool3d",
+                    "max_pool3d_with_indices_backward()");
+  return max_pool_backward(grad, x, indices, as_pool(g));
 }
 
 at::Tensor avg_pool3d(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
@@ -231,13 +260,13 @@ std::tuple<at::Tensor, at::Tensor> adaptive_max_pool3d(const at::Tensor& x,
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("max_pool3d_with_indices", DFT_GROUPED(dft::max_pool3d_with_indices));
+  m.impl("max_pool3d_with_indices_backward", DFT_GROUPED(dft::max_pool3d_with_indices_backward));
   m.impl("avg_pool3d", DFT_GROUPED(dft::avg_pool3d));
   m.impl("_adaptive_avg_pool3d", DFT_GROUPED(dft::adaptive_avg_pool3d));
   m.impl("adaptive_max_pool3d", DFT_GROUPED(dft::adaptive_max_pool3d));
 }
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
-  m.impl("max_pool3d_with_indices", DFT_GROUPED(dft::max_pool3d_with_indices));
   m.impl("avg_pool3d", DFT_GROUPED(dft::avg_pool3d));
   m.impl("_adaptive_avg_pool3d", DFT_GROUPED(dft::adaptive_avg_pool3d));
   m.impl("adaptive_max_pool3d", DFT_GROUPED(dft::adaptive_max_pool3d));

@@ -8,6 +8,7 @@
 // averaging matrices) is computed on the host and uploaded, so no op needs a gather or scatter
 // (the host gather and scatter kernels walk one element a row here: resnet18's max pool took
 // 2-3x longer through them).
+#include "pooling.h"
 #include "windows.h"
 
 #include <cmath>
@@ -26,9 +27,6 @@ namespace {
 constexpr int64_t kMaxSummedWindow = 16;
 constexpr int64_t kMaxSummedManyWindow = 64;
 
-struct Pool {
-  std::vector<int64_t> in, kernel, stride, padding, dilation, out, after;
-};
 
 // PyTorch's pooling_output_shape: ceil_mode may add a last window, which must start inside the
 // input or left padding.
@@ -62,45 +60,73 @@ Pool pool_geometry(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef 
                 p.kernel, ", padding ", p.padding);
     p.in.push_back(in);
     p.out.push_back(o);
-    // The buffer must hold the last window, which ceil_mode may push past the right padding.
-    p.after.push_back(std::max<int64_t>(pad, (o - 1) * s + dil * (k - 1) + 1 - in - pad));
+    p.after.push_back(padding_after(in, k, pad, s, dil, o));
   }
   return p;
 }
 
 std::vector<int64_t> buffer_sizes(const Pool& p) {
-  return {p.in[0] + p.padding[0] + p.after[0], p.in[1] + p.padding[1] + p.after[1]};
+  std::vector<int64_t> b;
+  for (size_t i = 0; i < p.in.size(); ++i) b.push_back(p.in[i] + p.padding[i] + p.after[i]);
+  return b;
 }
 
-at::Tensor batched(const at::Tensor& x) { return x.dim() == 3 ? x.unsqueeze(0) : x; }
-at::Tensor like_input(const at::Tensor& r, const at::Tensor& x) {
-  return x.dim() == 3 ? r.squeeze(0) : r;
+// x with a batch dim: an unbatched input has one dim more than its `d` spatial ones.
+at::Tensor batched(const at::Tensor& x, int64_t d = 2) {
+  return x.dim() == d + 1 ? x.unsqueeze(0) : x;
+}
+at::Tensor like_input(const at::Tensor& r, const at::Tensor& x, int64_t d = 2) {
+  return x.dim() == d + 1 ? r.squeeze(0) : r;
 }
 
-// [kh * kw, OH, OW]: the flat input index (h * W + w) each window position reads. A position in
-// the padding gets the window's first real element, the index PyTorch's CPU kernel starts from
-// and keeps when no element beats it (a window of -inf values). Window position k's indices
-// are one contiguous [OH, OW] plane, so the loops that read them load whole vectors: laid out
-// [OH, OW, K], each plane was strided by K and its loads went element by element (resnet18's
-// and SqueezeNet's 3x3 max pools, forward and backward, ran 1.5x longer).
+// [K, out...]: the flat input index (row-major over the spatial dims: h * W + w in 2-D) each
+// window position reads. A position in the padding gets the window's first real element, the
+// index PyTorch's CPU kernel starts from and keeps when no element beats it (a window of -inf
+// values). Window position k's indices are one contiguous plane of the outputs, so the loops
+// that read them load whole vectors: laid out [out..., K], each plane was strided by K and its
+// loads went element by element (resnet18's and SqueezeNet's 3x3 max pools, forward and
+// backward, ran 1.5x longer).
 at::Tensor flat_index_table(const Pool& p) {
-  int64_t K = p.kernel[0] * p.kernel[1], OH = p.out[0], OW = p.out[1];
-  std::vector<double> t(K * OH * OW);
-  for (int64_t oh = 0; oh < OH; ++oh)
-    for (int64_t ow = 0; ow < OW; ++ow) {
-      int64_t h0 = oh * p.stride[0] - p.padding[0], w0 = ow * p.stride[1] - p.padding[1];
-      auto first_inside = [](int64_t start, int64_t dil) {
-        return start >= 0 ? start : start + ((-start + dil - 1) / dil) * dil;
-      };
-      int64_t first = first_inside(h0, p.dilation[0]) * p.in[1] + first_inside(w0, p.dilation[1]);
-      for (int64_t ki = 0; ki < p.kernel[0]; ++ki)
-        for (int64_t kj = 0; kj < p.kernel[1]; ++kj) {
-          int64_t h = h0 + ki * p.dilation[0], w = w0 + kj * p.dilation[1];
-          bool inside = h >= 0 && h < p.in[0] && w >= 0 && w < p.in[1];
-          t[((ki * p.kernel[1] + kj) * OH + oh) * OW + ow] = double(inside ? h * p.in[1] + w : first);
-        }
+  int64_t d = int64_t(p.kernel.size()), K = 1, O = 1;
+  for (int64_t i = 0; i < d; ++i) {
+    K *= p.kernel[i];
+    O *= p.out[i];
+  }
+  std::vector<double> t(K * O);
+  std::vector<int64_t> o(d), k(d), start(d);
+  auto first_inside = [](int64_t start, int64_t dil) {
+    return start >= 0 ? start : start + ((-start + dil - 1) / dil) * dil;
+  };
+  for (int64_t oi = 0; oi < O; ++oi) {
+    int64_t rest = oi;
+    for (int64_t i = d - 1; i >= 0; --i) {
+      o[i] = rest % p.out[i];
+      rest /= p.out[i];
     }
-  return upload_table(t, {K, OH, OW}, at::kLong);
+    int64_t first = 0;
+    for (int64_t i = 0; i < d; ++i) {
+      start[i] = o[i] * p.stride[i] - p.padding[i];
+      first = first * p.in[i] + first_inside(start[i], p.dilation[i]);
+    }
+    for (int64_t ki = 0; ki < K; ++ki) {
+      int64_t r = ki;
+      for (int64_t i = d - 1; i >= 0; --i) {
+        k[i] = r % p.kernel[i];
+        r /= p.kernel[i];
+      }
+      bool inside = true;
+      int64_t flat = 0;
+      for (int64_t i = 0; i < d; ++i) {
+        int64_t at = start[i] + k[i] * p.dilation[i];
+        inside = inside && at >= 0 && at < p.in[i];
+        flat = flat * p.in[i] + at;
+      }
+      t[ki * O + oi] = double(inside ? flat : first);
+    }
+  }
+  std::vector<int64_t> shape{K};
+  shape.insert(shape.end(), p.out.begin(), p.out.end());
+  return upload_table(t, shape, at::kLong);
 }
 
 // What max pooling pads with, so a padding position never wins: -inf for floats, the dtype's
@@ -115,17 +141,29 @@ at::Scalar lowest_value(at::ScalarType t) {
   }
 }
 
-// Window position k (row-major over the kernel) of every output: a strided view [N, C, OH, OW]
-// of window_view's [N, C, kh, kw, OH, OW]. Its kh and kw dims do not merge into one (kh's
+// Window position k (row-major over the kernel) of every output: a strided view [N, C, out...]
+// of window_view's [N, C, kernel..., out...]. Its kernel dims do not merge into one (kh's
 // stride is a row, kw's an element), so flattening them copied all K views (9x the output for
 // a 3x3 window, 5 ms of a [8, 64, 112, 112] max pool's 11).
 at::Tensor window_slice(const at::Tensor& win, const Pool& p, int64_t k) {
-  return win.select(2, k / p.kernel[1]).select(2, k % p.kernel[1]);
+  int64_t d = int64_t(p.kernel.size());
+  std::vector<int64_t> at(d);
+  for (int64_t i = d - 1; i >= 0; --i) {
+    at[i] = k % p.kernel[i];
+    k /= p.kernel[i];
+  }
+  auto v = win;
+  for (int64_t i = 0; i < d; ++i) v = v.select(2, at[i]);
+  return v;
 }
 
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor> max_pool_forward(const at::Tensor& x0, const Pool& p) {
-  auto x = batched(x0);
-  int64_t K = p.kernel[0] * p.kernel[1];
+  int64_t d = int64_t(p.kernel.size());
+  auto x = batched(x0, d);
+  int64_t K = 1;
+  for (auto k : p.kernel) K *= k;
   auto xp = pad_spatial(x, p.padding, p.after, lowest_value(x.scalar_type()));
   auto win = window_view(xp, p.kernel, p.stride, p.dilation, p.out);
   auto table = flat_index_table(p);  // [K, OH, OW]
@@ -148,21 +186,29 @@ std::tuple<at::Tensor, at::Tensor> max_pool_forward(const at::Tensor& x0, const 
     values = values.clone(at::MemoryFormat::Contiguous);
     indices = indices.clone(at::MemoryFormat::Contiguous);
   }
-  return {like_input(values.contiguous(), x0), like_input(indices.contiguous(), x0)};
+  return {like_input(values.contiguous(), x0, d), like_input(indices.contiguous(), x0, d)};
 }
 
 at::Tensor max_pool_backward(const at::Tensor& grad0, const at::Tensor& x0,
                              const at::Tensor& indices0, const Pool& p) {
-  auto grad = batched(grad0).unsqueeze(2).unsqueeze(3);
-  auto indices = batched(indices0).unsqueeze(2).unsqueeze(3);
-  // [N, C, kh, kw, OH, OW]: each output's gradient at the window position it took its max
+  int64_t d = int64_t(p.kernel.size());
+  auto grad = batched(grad0, d), indices = batched(indices0, d);
+  for (int64_t i = 0; i < d; ++i) {
+    grad = grad.unsqueeze(2);
+    indices = indices.unsqueeze(2);
+  }
+  // [N, C, kernel..., out...]: each output's gradient at the window position it took its max
   // from. A padding position whose table entry repeats the window's first real element gets it
   // too, but adds into the padding, which is cut off.
-  auto table = flat_index_table(p).view({p.kernel[0], p.kernel[1], p.out[0], p.out[1]});
+  std::vector<int64_t> shape(p.kernel);
+  shape.insert(shape.end(), p.out.begin(), p.out.end());
+  auto table = flat_index_table(p).view(shape);
   auto contrib = dft::where(indices.eq(table), grad, 0);
   auto buf = add_windows(contrib, buffer_sizes(p), p.kernel, p.stride, p.dilation);
-  return like_input(unpad_spatial(buf, p.padding, p.in).contiguous(), x0);
+  return like_input(unpad_spatial(buf, p.padding, p.in).contiguous(), x0, d);
 }
+
+namespace {
 
 std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(
     const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding,

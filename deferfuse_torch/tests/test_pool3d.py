@@ -31,6 +31,20 @@ def test_max_pool3d_matches_cpu_values_indices_and_gradients(mode, case):
     assert torch.equal(got.cpu(), want)
 
 
+def test_max_pool3d_takes_the_first_of_tied_maxima_and_a_nan_as_cpu_does(mode):
+    # Each window position a strided view, compared in window order (pooling.h): a value
+    # replaces the running maximum when greater or NaN, as CPU's kernel does.
+    x = torch.zeros(1, 2, 4, 4, 4)
+    x[0, 1, 1, 1, 1] = float("nan")
+    x[0, 1, 2, 2, 2] = 5.0
+    x[0, 1, 3, 3, 3] = 5.0
+    for kw in [dict(kernel_size=2), dict(kernel_size=3, stride=1, padding=1)]:
+        got = F.max_pool3d(x.to("tpu"), return_indices=True, **kw)
+        want = F.max_pool3d(x, return_indices=True, **kw)
+        assert torch.equal(got[1].cpu(), want[1])
+        torch.testing.assert_close(got[0].cpu(), want[0], equal_nan=True)
+
+
 @pytest.mark.parametrize("case", sorted(AVG))
 def test_avg_pool3d_matches_cpu_values_and_gradients(mode, case):
     torch.manual_seed(0)
