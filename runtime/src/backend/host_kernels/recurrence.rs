@@ -317,17 +317,62 @@ impl Steps {
         self.len[0]
     }
 
-    /// The samples of `rows` that step `t` holds.
-    fn held(&self, t: usize, rows: &Range<usize>) -> Range<usize> {
-        rows.start..rows.end.min(self.len[t]).max(rows.start)
-    }
-
-    /// `held` split at the samples that go on from step `prev` (the walk's step before, `None`
-    /// at its first): those, then those that start at `t` from the first states.
-    fn going_on(&self, held: &Range<usize>, prev: Option<usize>) -> (Range<usize>, Range<usize>) {
+    /// Where a walk stands at the forward's `s`-th step (`reverse`: counted from the last) for
+    /// the samples `rows`: `None` when that step holds none of them.
+    fn visit(&self, s: usize, reverse: bool, rows: &Range<usize>) -> Option<Step> {
+        let t_len = self.len.len();
+        let t = step_at(s, t_len, reverse);
+        let prev = (s > 0).then(|| step_at(s - 1, t_len, reverse));
+        let held = rows.start..rows.end.min(self.len[t]).max(rows.start);
+        // The samples the step before held go on from it; the rest start here.
         let on = prev.map_or(0, |p| self.len[p]).clamp(held.start, held.end);
-        (held.start..on, on..held.end)
+        (!held.is_empty()).then(|| Step {
+            prev,
+            start: self.start[t],
+            held,
+            on,
+        })
     }
+}
+
+/// One step of a walk for a range of samples (see [`Steps::visit`]).
+struct Step {
+    /// The forward's step before it (`None` at the first).
+    prev: Option<usize>,
+    /// The step's first row (sample 0's).
+    start: usize,
+    /// The range's samples the step holds.
+    held: Range<usize>,
+    /// Samples of `held` below this go on from `prev`; the others start at `t` from the first
+    /// states.
+    on: usize,
+}
+
+impl Step {
+    /// Whether sample `b` goes on from the step before (else it starts here).
+    fn goes_on(&self, b: usize) -> bool {
+        b < self.on
+    }
+}
+
+/// A forward step's hidden products for the samples it holds: those going on read the previous
+/// step's `h` (`h_in_row` floats into its rows), those starting read `h0`. `row` floats a sample
+/// in `y`, the products in their first `g_len`.
+///
+/// # Safety
+/// As [`hidden_product`].
+unsafe fn hidden_products(
+    ops: &Operands,
+    y: *mut f32,
+    step: &Step,
+    (row, g_len, h_in_row): (usize, usize, usize),
+    bias: Option<&[f32]>,
+) {
+    let at = step.start * row;
+    let h_prev = step.prev.map(|p| ops.steps.start[p] * row + h_in_row);
+    let (on, fresh) = (step.held.start..step.on, step.on..step.held.end);
+    hidden_product(ops, y, &on, (at, row, g_len), h_prev, bias);
+    hidden_product(ops, y, &fresh, (at, row, g_len), None, bias);
 }
 
 /// Writes each sample's hidden product `b_hh + h_prev @ W_hh^T` into the first `g_len` floats

@@ -4,8 +4,8 @@
 //! and `x*` the step's input product.
 
 use super::{
-    hidden_product, in_lanes, part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward,
-    Operands, Walk, V,
+    hidden_products, in_lanes, part, sigmoid, sigmoid_backward, tanh, tanh_backward, Operands,
+    Walk, V,
 };
 use crate::backend::cpu::matmul::sgemm_strided;
 use std::ops::Range;
@@ -23,27 +23,17 @@ pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Rang
     let (xg, h0) = (&ops.dense[0], &ops.dense[1]);
     let bias = ops.dense.get(2).map(|b| &b[..]);
     let mut h_prev = vec![0f32; h];
-    for s in 0..t_len {
-        let t = step_at(s, t_len, reverse);
-        let prev = (s > 0).then(|| step_at(s - 1, t_len, reverse));
-        let held = steps.held(t, &rows);
-        if held.is_empty() {
-            continue;
-        }
-        let (on, fresh) = steps.going_on(&held, prev);
-        let at = steps.start[t] * row;
+    for step in (0..t_len).filter_map(|s| steps.visit(s, reverse, &rows)) {
         // The hidden product lands in the first 3H floats of each sample's row.
-        let h_at = prev.map(|p| steps.start[p] * row + 4 * h);
-        hidden_product(ops, y, &on, (at, row, g_len), h_at, bias);
-        hidden_product(ops, y, &fresh, (at, row, g_len), None, bias);
-        for b in held {
+        hidden_products(ops, y, &step, (row, g_len, 4 * h), bias);
+        for b in step.held.clone() {
             // The previous step's row lies before this one or, walking in reverse, after it.
-            h_prev.copy_from_slice(match prev {
-                Some(p) if on.contains(&b) => part(y, (steps.start[p] + b) * row + 4 * h, h),
+            h_prev.copy_from_slice(match step.prev {
+                Some(p) if step.goes_on(b) => part(y, (steps.start[p] + b) * row + 4 * h, h),
                 _ => &h0[b * h..][..h],
             });
-            let cell = part(y, at + b * row, row);
-            let x = &xg[(steps.start[t] + b) * g_len..][..g_len];
+            let cell = part(y, (step.start + b) * row, row);
+            let x = &xg[(step.start + b) * g_len..][..g_len];
             // hn is kept for the backward before n's place is overwritten.
             cell.copy_within(2 * h..3 * h, 3 * h);
             cell[..2 * h].iter_mut().zip(x).for_each(|(v, x)| *v += x);
@@ -80,16 +70,12 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
     // gates (through `(h_prev - n) * z`).
     let mut dh = ops.dense[3][rows.start * h..rows.end * h].to_vec();
     let mut through_z = vec![0f32; rows.len() * h];
-    for s in 0..t_len {
-        let fwd = t_len - 1 - s;
-        let t = step_at(fwd, t_len, reverse);
-        let prev = (fwd > 0).then(|| step_at(fwd - 1, t_len, reverse));
-        let held = steps.held(t, &rows);
-        if held.is_empty() {
-            continue;
-        }
-        let (on, _) = steps.going_on(&held, prev);
-        let at = steps.start[t];
+    // The forward's steps from its last.
+    for step in (0..t_len)
+        .rev()
+        .filter_map(|s| steps.visit(s, reverse, &rows))
+    {
+        let (at, held) = (step.start, step.held.clone());
         for b in held.clone() {
             let k = b - rows.start;
             let cell = &kept[(at + b) * row..][..row];
@@ -99,8 +85,8 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
                 &cell[2 * h..3 * h],
                 &cell[3 * h..4 * h],
             );
-            let h_prev = match prev {
-                Some(p) if on.contains(&b) => &kept[(steps.start[p] + b) * row + 4 * h..][..h],
+            let h_prev = match step.prev {
+                Some(p) if step.goes_on(b) => &kept[(steps.start[p] + b) * row + 4 * h..][..h],
                 _ => &h0[b * h..][..h],
             };
             let dy = &dy[(at + b) * h..][..h];

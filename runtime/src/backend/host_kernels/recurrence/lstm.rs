@@ -1,8 +1,8 @@
 //! The LSTM cell's walks over the steps (`RecurrencePart::LstmForward`, `LstmBackward`).
 
 use super::{
-    hidden_product, in_lanes, part, sigmoid, sigmoid_backward, step_at, tanh, tanh_backward,
-    Operands, Walk, V,
+    hidden_products, in_lanes, part, sigmoid, sigmoid_backward, tanh, tanh_backward, Operands,
+    Walk, V,
 };
 use crate::backend::cpu::matmul::sgemm_strided;
 use std::ops::Range;
@@ -20,26 +20,16 @@ pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Rang
     let (xg, c0) = (&ops.dense[0], &ops.dense[2]);
     let bias = ops.dense.get(3).map(|b| &b[..]);
     let (mut tanh_c, mut c_prev) = (vec![0f32; h], vec![0f32; h]);
-    for s in 0..t_len {
-        let t = step_at(s, t_len, reverse);
-        let prev = (s > 0).then(|| step_at(s - 1, t_len, reverse));
-        let held = steps.held(t, &rows);
-        if held.is_empty() {
-            continue;
-        }
-        let (on, fresh) = steps.going_on(&held, prev);
-        let at = steps.start[t] * row;
-        let h_prev = prev.map(|p| steps.start[p] * row + 5 * h);
-        hidden_product(ops, y, &on, (at, row, g_len), h_prev, bias);
-        hidden_product(ops, y, &fresh, (at, row, g_len), None, bias);
-        for b in held {
+    for step in (0..t_len).filter_map(|s| steps.visit(s, reverse, &rows)) {
+        hidden_products(ops, y, &step, (row, g_len, 5 * h), bias);
+        for b in step.held.clone() {
             // The previous step's row lies before this one or, walking in reverse, after it.
-            c_prev.copy_from_slice(match prev {
-                Some(p) if on.contains(&b) => part(y, (steps.start[p] + b) * row + 4 * h, h),
+            c_prev.copy_from_slice(match step.prev {
+                Some(p) if step.goes_on(b) => part(y, (steps.start[p] + b) * row + 4 * h, h),
                 _ => &c0[b * h..][..h],
             });
-            let cell = part(y, at + b * row, row);
-            let x = &xg[(steps.start[t] + b) * g_len..][..g_len];
+            let cell = part(y, (step.start + b) * row, row);
+            let x = &xg[(step.start + b) * g_len..][..g_len];
             cell[..g_len].iter_mut().zip(x).for_each(|(v, x)| *v += x);
             sigmoid(&mut cell[..2 * h]);
             tanh(&mut cell[2 * h..3 * h]);
@@ -78,17 +68,12 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
     let mut dh = ops.dense[3][rows.start * h..rows.end * h].to_vec();
     let mut dc = ops.dense[4][rows.start * h..rows.end * h].to_vec();
     let mut tanh_c = vec![0f32; h];
-    for s in 0..t_len {
-        // The forward's steps in reverse: its `s`-th from the end.
-        let fwd = t_len - 1 - s;
-        let t = step_at(fwd, t_len, reverse);
-        let prev = (fwd > 0).then(|| step_at(fwd - 1, t_len, reverse));
-        let held = steps.held(t, &rows);
-        if held.is_empty() {
-            continue;
-        }
-        let (on, _) = steps.going_on(&held, prev);
-        let at = steps.start[t];
+    // The forward's steps from its last.
+    for step in (0..t_len)
+        .rev()
+        .filter_map(|s| steps.visit(s, reverse, &rows))
+    {
+        let (at, held) = (step.start, step.held.clone());
         for b in held.clone() {
             let k = b - rows.start;
             let cell = &kept[(at + b) * row..][..row];
@@ -99,8 +84,8 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
                 &cell[3 * h..4 * h],
             );
             let c = &cell[4 * h..5 * h];
-            let c_prev = match prev {
-                Some(p) if on.contains(&b) => &kept[(steps.start[p] + b) * row + 4 * h..][..h],
+            let c_prev = match step.prev {
+                Some(p) if step.goes_on(b) => &kept[(steps.start[p] + b) * row + 4 * h..][..h],
                 _ => &c0[b * h..][..h],
             };
             tanh_c.copy_from_slice(c);

@@ -2,7 +2,7 @@
 //! order of CPU's cell: `h = act(hg + xg)`, `hg` the hidden product `b_hh + h_prev @ W_hh^T`
 //! and `xg` the step's input product; relu keeps NaN and zeroes what is below 0.
 
-use super::{hidden_product, part, step_at, tanh, tanh_backward, Operands, Walk};
+use super::{hidden_products, part, tanh, tanh_backward, Operands, Walk};
 use crate::backend::cpu::matmul::sgemm_strided;
 use std::ops::Range;
 
@@ -25,21 +25,11 @@ pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Rang
     let steps = &ops.steps;
     let xg = &ops.dense[0];
     let bias = ops.dense.get(2).map(|b| &b[..]);
-    for s in 0..t_len {
-        let t = step_at(s, t_len, walk.reverse);
-        let prev = (s > 0).then(|| step_at(s - 1, t_len, walk.reverse));
-        let held = steps.held(t, &rows);
-        if held.is_empty() {
-            continue;
-        }
-        let (on, fresh) = steps.going_on(&held, prev);
-        let at = steps.start[t] * h;
-        let h_prev = prev.map(|p| steps.start[p] * h);
-        hidden_product(ops, y, &on, (at, h, h), h_prev, bias);
-        hidden_product(ops, y, &fresh, (at, h, h), None, bias);
-        let n = held.len() * h;
-        let here = part(y, at + held.start * h, n);
-        let x = &xg[at + held.start * h..][..n];
+    for step in (0..t_len).filter_map(|s| steps.visit(s, walk.reverse, &rows)) {
+        hidden_products(ops, y, &step, (h, h, 0), bias);
+        let (n, at) = (step.held.len() * h, (step.start + step.held.start) * h);
+        let here = part(y, at, n);
+        let x = &xg[at..][..n];
         here.iter_mut().zip(x).for_each(|(v, x)| *v += x);
         if walk.relu {
             here.iter_mut().for_each(|v| *v = relu(*v));
@@ -62,14 +52,14 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
     // This range's running gradient of h, from the last state's: a sample's stays untouched
     // until the walk reaches its last step.
     let mut dh = ops.dense[2][rows.start * h..rows.end * h].to_vec();
-    for s in 0..t_len {
-        let t = step_at(t_len - 1 - s, t_len, walk.reverse);
-        let held = steps.held(t, &rows);
-        if held.is_empty() {
-            continue;
-        }
+    // The forward's steps from its last.
+    for step in (0..t_len)
+        .rev()
+        .filter_map(|s| steps.visit(s, walk.reverse, &rows))
+    {
+        let held = step.held;
         let n = held.len() * h;
-        let at = (steps.start[t] + held.start) * h;
+        let at = (step.start + held.start) * h;
         let (y, dy) = (&kept[at..][..n], &dy[at..][..n]);
         let out = part(r, at, n);
         let dh = &mut dh[(held.start - rows.start) * h..][..n];
