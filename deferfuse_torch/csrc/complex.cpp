@@ -7,9 +7,10 @@
 // op here is computed by the device's float ops on those pairs, in the order CPU's complex
 // kernels use: a product is (ac - bd, ad + bc), each product rounded, no fused multiply-add,
 // as CPU's vectorized complex multiply; a real operand takes part as (x, 0), as CPU promotes
-// it. Copies (to and from the host, within the device, clone), fill_ and zero_ move the pairs.
-// Other ops refuse complex64 operands with an error naming the op (complex128 is refused
-// everywhere).
+// it. Copies (to and from the host, within the device, clone, casts), fill_ and zero_ move the
+// pairs. Other ops the device implements refuse complex64 operands with an error naming what
+// complex64 supports; ops it has no kernel for (torch.fft) take them through the CPU fallback
+// like any dtype. complex128 is refused everywhere.
 #include "complex.h"
 
 #include <ATen/ops/polar_native.h>
