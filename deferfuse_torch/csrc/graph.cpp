@@ -12,6 +12,7 @@
 #include <c10/util/strides.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -56,6 +57,13 @@ void capture_abort() {
 // another dtype, a storage whose handle is not its own dense layout): the caller then keeps
 // running the graph op by op.
 std::tuple<int64_t, std::string> capture_end(at::TensorList inputs, at::TensorList outputs) {
+  auto complex = [](const at::Tensor& t) { return t.is_complex(); };
+  if (std::any_of(inputs.begin(), inputs.end(), complex) ||
+      std::any_of(outputs.begin(), outputs.end(), complex)) {
+    // Held as float32 pairs (complex.cpp): the launch's handles would carry the pairs' dtype.
+    capture_abort();
+    return {0, "a graph input or output is complex64, which a launch does not rebuild"};
+  }
   std::vector<Ref> in_refs;
   std::vector<uint64_t> in;
   in_refs.reserve(inputs.size());
@@ -141,6 +149,10 @@ std::vector<at::Tensor> launch(int64_t g, at::TensorList inputs) {
 at::Tensor upload(const at::Tensor& host) {
   TORCH_CHECK(host.device().is_cpu(), "tpu graph_upload: expected a CPU tensor, given one on ",
               host.device());
+  // complex64 travels as its float32 pairs (complex.cpp), seen as complex again on the device.
+  if (host.scalar_type() == at::kComplexFloat) {
+    return at::view_as_complex(upload(at::view_as_real(host.resolve_conj()).contiguous()));
+  }
   auto c = host.contiguous();
   uint64_t h = 0;
   check(dfuse_tensor_from_host(rt(), c.data_ptr(), c.nbytes(), to_dtype(c.scalar_type()),

@@ -209,3 +209,24 @@ def test_a_llama_with_complex_rotary_embeddings_trains_like_cpu(mode):
     assert deferfuse_torch.fallback_counts() == {}
     for g, w in zip(got, losses("cpu")):
         assert math.isclose(g, w, rel_tol=1e-5), (got, w)
+
+
+def test_torch_compile_runs_complex_rotary_embeddings_as_eager_does():
+    # The device's compile backend captures graphs into runtime graphs; one holding a complex64
+    # input or output is refused capture (its handles would carry the pairs' dtype) and runs op
+    # by op in defer mode instead, and a complex64 host constant uploads as its pairs.
+    torch.manual_seed(0)
+    model = TinyLlama().to("tpu")
+    tokens = torch.randint(0, 64, (2, 9), device="tpu")
+    compiled = torch.compile(model, backend="tpu")
+    deferfuse_torch.reset_fallback_counts()
+    got = compiled(tokens)
+    got.sum().backward()
+    got_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want = model(tokens)
+    want.sum().backward()
+    assert deferfuse_torch.fallback_counts() == {}
+    assert torch.equal(got.detach().cpu(), want.detach().cpu())
+    for g, p in zip(got_grads, model.parameters()):
+        assert torch.equal(g.cpu(), p.grad.cpu())
