@@ -150,6 +150,20 @@ impl std::fmt::Display for Conv {
     }
 }
 
+/// The error for spatial dim `i` of `input`, padded, shorter than `kernel` dilated.
+fn too_short(k: &Conv, i: usize, input: &[usize], kernel: &[usize]) -> OpError {
+    OpError::new(
+        NAME,
+        "geometry",
+        format!("a padded input at least as long as the dilated kernel in spatial dim {i}"),
+        format!(
+            "input {} and kernel {} with {k}",
+            fmt_dims(input),
+            fmt_dims(kernel)
+        ),
+    )
+}
+
 /// Output dtype and shape of a dense convolution, or why it is invalid.
 pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     let d = k.padding.len();
@@ -231,18 +245,6 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
             ));
         }
     }
-    let too_short = |i: usize, input: &[usize], kernel: &[usize]| {
-        OpError::new(
-            NAME,
-            "geometry",
-            format!("a padded input at least as long as the dilated kernel in spatial dim {i}"),
-            format!(
-                "input {} and kernel {} with {k}",
-                fmt_dims(input),
-                fmt_dims(kernel)
-            ),
-        )
-    };
     let sizes = match k.part {
         ConvPart::Forward
         | ConvPart::InputGrad
@@ -264,7 +266,7 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
             }
             let out = k
                 .output_sizes(&a[2..], &b[2..])
-                .map_err(|i| too_short(i, &a[2..], &b[2..]))?;
+                .map_err(|i| too_short(k, i, &a[2..], &b[2..]))?;
             let mut sizes = Dims::from_slice(&[a[0], b[w_out]]);
             sizes.extend_from_slice(&out);
             sizes
@@ -272,7 +274,7 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
         ConvPart::WeightGrad => {
             let out = k
                 .output_sizes(&b[2..], &k.sizes)
-                .map_err(|i| too_short(i, &b[2..], &k.sizes))?;
+                .map_err(|i| too_short(k, i, &b[2..], &k.sizes))?;
             if a[0] != b[0] || a[2..] != out[..] {
                 return Err(OpError::new(
                     NAME,
@@ -386,18 +388,9 @@ fn infer_input_to_columns(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
             format!("shape {}", fmt_dims(a)),
         ));
     }
-    let out = k.output_sizes(&a[2..], &k.sizes).map_err(|i| {
-        OpError::new(
-            NAME,
-            "geometry",
-            format!("a padded input at least as long as the dilated kernel in spatial dim {i}"),
-            format!(
-                "input {} and kernel {} with {k}",
-                fmt_dims(&a[2..]),
-                fmt_dims(&k.sizes)
-            ),
-        )
-    })?;
+    let out = k
+        .output_sizes(&a[2..], &k.sizes)
+        .map_err(|i| too_short(k, i, &a[2..], &k.sizes))?;
     let mut sizes = Dims::from_slice(&[a[1]]);
     sizes.extend_from_slice(&k.sizes);
     sizes.push(a[0]);
