@@ -327,7 +327,7 @@ impl Steps {
         // The samples the step before held go on from it; the rest start here.
         let on = prev.map_or(0, |p| self.len[p]).clamp(held.start, held.end);
         (!held.is_empty()).then(|| Step {
-            prev,
+            prev_start: prev.map(|p| self.start[p]),
             start: self.start[t],
             held,
             on,
@@ -337,21 +337,22 @@ impl Steps {
 
 /// One step of a walk for a range of samples (see [`Steps::visit`]).
 struct Step {
-    /// The forward's step before it (`None` at the first).
-    prev: Option<usize>,
+    /// The first row of the forward's step before it (`None` at the first step).
+    prev_start: Option<usize>,
     /// The step's first row (sample 0's).
     start: usize,
     /// The range's samples the step holds.
     held: Range<usize>,
-    /// Samples of `held` below this go on from `prev`; the others start at `t` from the first
-    /// states.
+    /// Samples of `held` below this go on from the step before; the others start at this one
+    /// from the first states.
     on: usize,
 }
 
 impl Step {
-    /// Whether sample `b` goes on from the step before (else it starts here).
-    fn goes_on(&self, b: usize) -> bool {
-        b < self.on
+    /// Sample `b`'s row at the step before, or `None` when it starts here (from the first
+    /// states).
+    fn row_before(&self, b: usize) -> Option<usize> {
+        self.prev_start.filter(|_| b < self.on).map(|p| p + b)
     }
 }
 
@@ -369,7 +370,7 @@ unsafe fn hidden_products(
     bias: Option<&[f32]>,
 ) {
     let at = step.start * row;
-    let h_prev = step.prev.map(|p| ops.steps.start[p] * row + h_in_row);
+    let h_prev = step.prev_start.map(|p| p * row + h_in_row);
     let (on, fresh) = (step.held.start..step.on, step.on..step.held.end);
     hidden_product(ops, y, &on, (at, row, g_len), h_prev, bias);
     hidden_product(ops, y, &fresh, (at, row, g_len), None, bias);

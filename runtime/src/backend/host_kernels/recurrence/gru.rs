@@ -28,8 +28,8 @@ pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Rang
         hidden_products(ops, y, &step, (row, g_len, 4 * h), bias);
         for b in step.held.clone() {
             // The previous step's row lies before this one or, walking in reverse, after it.
-            h_prev.copy_from_slice(match step.prev {
-                Some(p) if step.goes_on(b) => part(y, (steps.start[p] + b) * row + 4 * h, h),
+            h_prev.copy_from_slice(match step.row_before(b) {
+                Some(r) => part(y, r * row + 4 * h, h),
                 _ => &h0[b * h..][..h],
             });
             let cell = part(y, (step.start + b) * row, row);
@@ -85,8 +85,8 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
                 &cell[2 * h..3 * h],
                 &cell[3 * h..4 * h],
             );
-            let h_prev = match step.prev {
-                Some(p) if step.goes_on(b) => &kept[(steps.start[p] + b) * row + 4 * h..][..h],
+            let h_prev = match step.row_before(b) {
+                Some(r) => &kept[r * row + 4 * h..][..h],
                 _ => &h0[b * h..][..h],
             };
             let dy = &dy[(at + b) * h..][..h];

@@ -24,8 +24,8 @@ pub(super) unsafe fn forward(walk: Walk, ops: &Operands, y: *mut f32, rows: Rang
         hidden_products(ops, y, &step, (row, g_len, 5 * h), bias);
         for b in step.held.clone() {
             // The previous step's row lies before this one or, walking in reverse, after it.
-            c_prev.copy_from_slice(match step.prev {
-                Some(p) if step.goes_on(b) => part(y, (steps.start[p] + b) * row + 4 * h, h),
+            c_prev.copy_from_slice(match step.row_before(b) {
+                Some(r) => part(y, r * row + 4 * h, h),
                 _ => &c0[b * h..][..h],
             });
             let cell = part(y, (step.start + b) * row, row);
@@ -84,8 +84,8 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
                 &cell[3 * h..4 * h],
             );
             let c = &cell[4 * h..5 * h];
-            let c_prev = match step.prev {
-                Some(p) if step.goes_on(b) => &kept[(steps.start[p] + b) * row + 4 * h..][..h],
+            let c_prev = match step.row_before(b) {
+                Some(r) => &kept[r * row + 4 * h..][..h],
                 _ => &c0[b * h..][..h],
             };
             tanh_c.copy_from_slice(c);
