@@ -88,7 +88,7 @@ Direction run_direction_kernel(const Config& cfg, const at::Tensor& xg, const at
   if (b_hh.defined()) ops.t(b_hh);
   at::Tensor sizes;
   if (packing.packed()) {
-    sizes = packing.device_sizes(xg.device());
+    sizes = packing.device_sizes();
     ops.t(sizes);
   }
   auto a = recurrence_attrs(cfg.forward_part(), d);
@@ -103,7 +103,7 @@ Direction run_direction_kernel(const Config& cfg, const at::Tensor& xg, const at
   if (!packing.packed()) {
     last = y.select(0, d == 0 ? xg.size(0) - 1 : 0);
   } else if (d == 0) {
-    last = y.index_select(0, packing.last_rows(y.device()));
+    last = y.index_select(0, packing.last_rows());
   } else {
     last = y.narrow(0, 0, packing.batch());
   }
@@ -195,7 +195,7 @@ DirectionGrads backward_direction_kernel(const Config& cfg, const at::Tensor& x,
   if (cfg.lstm()) ops.t(dc.defined() ? dc : zeros({B, H}));
   at::Tensor sizes;
   if (packing.packed()) {
-    sizes = packing.device_sizes(y.device());
+    sizes = packing.device_sizes();
     ops.t(sizes);
   }
   auto a = recurrence_attrs(cfg.forward_part() + 1, d);
@@ -209,7 +209,7 @@ DirectionGrads backward_direction_kernel(const Config& cfg, const at::Tensor& x,
   auto first = h0.unsqueeze(0);
   at::Tensor h_prev;
   if (packing.packed()) {
-    h_prev = at::cat({hs, h0}).index_select(0, packing.previous_rows(d, y.device()));
+    h_prev = at::cat({hs, h0}).index_select(0, packing.previous_rows(d));
   } else {
     h_prev = T == 1  ? first
              : d == 0 ? at::cat({first, hs.narrow(0, 0, T - 1)})

@@ -5,10 +5,12 @@
 // A PackedSequence holds its sentences longest first; step t holds the first batch_sizes[t]
 // samples, in rows start(t)..start(t) + batch_sizes[t] of its data, step after step. The
 // sizes live on the host (PyTorch keeps them on the CPU), so every index here is computed on
-// the host and uploaded once per call.
+// the host and uploaded as a kept table (tables.h: a batch of lengths seen before is not
+// uploaded again).
 #pragma once
 
 #include "common.h"
+#include "tables.h"
 
 #include <vector>
 
@@ -34,24 +36,22 @@ class Packing {
   // Rows of all steps: the packed data's first dim.
   int64_t rows() const { return rows_; }
 
-  // The sizes on `device`, the recurrence op's last operand.
-  at::Tensor device_sizes(const at::Device& device) const {
-    return on(device, sizes_);
-  }
+  // The sizes on the device, the recurrence op's last operand.
+  at::Tensor device_sizes() const { return on_device(sizes_); }
 
   // Each sample's row at its last step: where the forward direction leaves its last states.
-  at::Tensor last_rows(const at::Device& device) const {
+  at::Tensor last_rows() const {
     std::vector<int64_t> idx(batch());
     for (int64_t t = 0; t < steps(); ++t) {
       for (int64_t b = 0; b < sizes_[t]; ++b) idx[b] = starts_[t] + b;
     }
-    return on(device, idx);
+    return on_device(idx);
   }
 
   // For every packed row, the row its step continued from in cat(steps' h [rows], h0 [batch]):
   // the sample's row at the walk's step before (direction `d`: 0 from the first step, 1 from
   // the last), or its h0 row where the sample starts.
-  at::Tensor previous_rows(int64_t d, const at::Device& device) const {
+  at::Tensor previous_rows(int64_t d) const {
     std::vector<int64_t> idx(rows_);
     for (int64_t t = 0; t < steps(); ++t) {
       for (int64_t b = 0; b < sizes_[t]; ++b) {
@@ -60,12 +60,12 @@ class Packing {
         idx[starts_[t] + b] = goes_on ? starts_[from] + b : rows_ + b;
       }
     }
-    return on(device, idx);
+    return on_device(idx);
   }
 
  private:
-  static at::Tensor on(const at::Device& device, const std::vector<int64_t>& v) {
-    return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device);
+  static at::Tensor on_device(const std::vector<int64_t>& v) {
+    return upload_table(v, {int64_t(v.size())});
   }
 
   std::vector<int64_t> sizes_, starts_;
