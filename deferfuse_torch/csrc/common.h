@@ -193,6 +193,12 @@ Ref byte_view_ref(const at::Tensor& t, at::ScalarType* elem);
 // element dtype of the first typed tensor used on them.
 void retype_byte_storage(const at::Tensor& t);
 
+// tpu -> tpu copy_ between uint8 tensors where the source views a typed storage's bytes
+// (UntypedStorage.clone, which copy.deepcopy of a tensor uses): the elements are copied, and a
+// raw byte destination storage takes the source's element type. False when `src` is no such
+// view; raises a clear error where the copy would reinterpret elements.
+bool copy_storage_bytes(const at::Tensor& dst, const at::Tensor& src);
+
 // The device's counters of ops that went to the CPU fallback.
 void count_fallback(const std::string& name);
 

@@ -35,6 +35,7 @@ bool copy_complex(const at::Tensor& dst, const at::Tensor& src) {
 void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
   if (dst.numel() == 0 || copy_complex(dst, src)) return;
   at::Tensor s = src;
+  if (is_tpu(s) && copy_storage_bytes(dst, s)) return;
   if (!is_tpu(s) && is_byte_view(dst)) {
     // Raw storage bytes from the host: upload them as the storage's own elements.
     at::ScalarType elem;

@@ -3,6 +3,8 @@
 // any storage as uint8; deferfuse buffers are typed, so such a view is translated back into a
 // range of the buffer's own elements).
 #include "common.h"
+#include "observe.h"
+#include "streams.h"
 
 #include <ATen/EmptyTensor.h>
 #include <torch/library.h>
@@ -30,21 +32,54 @@ Ref byte_view_ref(const at::Tensor& t, at::ScalarType* elem) {
 c10::DataPtr data_ptr_for(uint64_t handle, uint32_t dtype, std::vector<int64_t> sizes,
                           std::vector<int64_t> strides);
 
-void retype_byte_storage(const at::Tensor& t) {
+// Gives t's storage a new buffer of `to` elements. keep_bytes: the old bytes carry over through
+// the host (a sync point, once per storage: the runtime has no bit-cast); otherwise the buffer
+// starts empty, for a caller about to overwrite all of it.
+void retype_storage(const at::Tensor& t, at::ScalarType to, bool keep_bytes) {
   const StorageCtx& c = storage_ctx(t);
-  at::ScalarType to = t.scalar_type();
   size_t item = c10::elementSize(to), nbytes = t.storage().nbytes();
-  TORCH_CHECK(c.dtype == DFUSE_DTYPE_U8 && nbytes % item == 0, "tpu: a ", to,
+  TORCH_CHECK(c.dtype == DFUSE_DTYPE_U8 && nbytes % item == 0, "tpu: a ", t.scalar_type(),
               " tensor views a storage of ", nbytes, " bytes of another dtype; reinterpreting "
               "views (Tensor.view(dtype)) are not supported on tpu");
-  // Host round trip (a sync point, once per storage): the runtime has no bit-cast.
-  std::vector<uint8_t> bytes(nbytes);
-  check(dfuse_tensor_to_host(rt(), c.handle, bytes.data(), nbytes), "retyping a storage");
   int64_t n = static_cast<int64_t>(nbytes / item);
   uint64_t h = 0;
-  check(dfuse_tensor_from_host(rt(), bytes.data(), nbytes, to_dtype(to), &n, 1, &h),
-        "retyping a storage");
+  if (keep_bytes) {
+    std::vector<uint8_t> bytes(nbytes);
+    check(dfuse_tensor_to_host(rt(), c.handle, bytes.data(), nbytes), "retyping a storage");
+    check(dfuse_tensor_from_host(rt(), bytes.data(), nbytes, to_dtype(to), &n, 1, &h),
+          "retyping a storage");
+  } else {
+    check(dfuse_tensor_empty(rt(), to_dtype(to), &n, 1, &h), "retyping a storage");
+  }
   t.storage().unsafeGetStorageImpl()->set_data_ptr_noswap(data_ptr_for(h, to_dtype(to), {n}, {1}));
+}
+
+void retype_byte_storage(const at::Tensor& t) { retype_storage(t, t.scalar_type(), true); }
+
+bool copy_storage_bytes(const at::Tensor& dst, const at::Tensor& src) {
+  if (dst.scalar_type() != at::kByte || !is_byte_view(src)) return false;
+  TORCH_CHECK(dst.sizes().equals(src.sizes()), "tpu: copy_ of storage bytes: ", src.sizes(),
+              " bytes into ", dst.sizes(), " (storage copies do not broadcast)");
+  at::ScalarType elem, dst_elem;
+  Ref s = byte_view_ref(src, &elem);
+  if (storage_ctx(dst).dtype == DFUSE_DTYPE_U8) {
+    // A raw byte storage (a new UntypedStorage: UntypedStorage.clone, copy.deepcopy) takes the
+    // source's element type, the only one its bytes can be read back as.
+    bool whole = dst.storage_offset() == 0 && size_t(dst.numel()) == dst.storage().nbytes();
+    retype_storage(dst, elem, !whole);
+  }
+  Ref d = byte_view_ref(dst, &dst_elem);
+  TORCH_CHECK(dst_elem == elem, "tpu: copy_ of the bytes of a ", elem, " storage into a ",
+              dst_elem, " storage would reinterpret them, which tpu does not support; copy "
+              "the tensors (dst.copy_(src)) instead of their storages");
+  DfuseOperand in{};
+  in.kind = DFUSE_OPERAND_KIND_TENSOR;
+  in.tensor = s.get();
+  uint64_t res = 0;
+  note_op();
+  check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res),
+        "copy_ of storage bytes");
+  return true;
 }
 
 namespace {
