@@ -151,6 +151,48 @@ void counting_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   }
 }
 
+// The fallback for nested tensors. PyTorch's cpu_fallback reads dense sizes, which a nested
+// tensor does not have, so this one moves each tpu argument to the CPU (a nested one through
+// its buffer), runs the op's CPU kernel, copies the arguments it wrote back into the tpu
+// originals and moves tensor results to the tpu.
+void counting_nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& s = op.schema();
+  const auto& n = s.operator_name();
+  std::string name = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+  count_fallback(name);
+  note_fallback(name.c_str());
+  size_t begin = stack->size() - s.arguments().size();
+  std::optional<c10::Device> device;
+  std::vector<Swap> written;
+  for (size_t i = 0; i < s.arguments().size(); ++i) {
+    auto& v = (*stack)[begin + i];
+    if (!is_tpu_tensor(v)) {
+      TORCH_CHECK(!v.isTensorList() && !v.isOptionalTensorList(), "tpu: ", name,
+                  " on nested tensors has no tpu kernel, and the CPU fallback for nested "
+                  "tensors takes no tensor lists; pad them first (t.to_padded_tensor(0.0))");
+      continue;
+    }
+    at::Tensor t = v.toTensor();
+    device = t.device();
+    at::Tensor host = t.to(at::kCPU);
+    const auto& alias = s.arguments()[i].alias_info();
+    if (alias && alias->isWrite()) written.push_back({t, host});
+    v = host;
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::NestedTensorCPU), stack);
+  for (auto& w : written) w.device.copy_(w.stand_in);
+  if (!device) return;
+  for (size_t i = stack->size() - s.returns().size(); i < stack->size(); ++i) {
+    auto& v = (*stack)[i];
+    if (!v.isTensor() || !v.toTensor().defined()) continue;
+    at::Tensor r = v.toTensor();
+    for (auto& w : written) {
+      if (r.is_same(w.stand_in)) r = w.device;  // an in-place op returns its tpu self
+    }
+    v = r.device().type() == c10::DeviceType::PrivateUse1 ? r : r.to(*device);
+  }
+}
+
 }  // namespace
 
 void count_fallback(const std::string& name) {
@@ -175,4 +217,10 @@ void reset_fallback_counts() {
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&dft::counting_fallback>());
+}
+
+// Nested tensors on tpu (nn.TransformerEncoder's eval fast path makes one from a padding mask):
+// an op without a nested tpu kernel (nested.cpp) runs on CPU's nested kernels the same way.
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&dft::counting_nested_fallback>());
 }
