@@ -1,22 +1,29 @@
-"""Tied parameters and shared buffers survive device and dtype conversions of modules.
+"""Parameters keep their identity, ties and shared buffers through device and dtype conversions.
 
 `nn.Module._apply` (behind `.to()`, `.tpu()`, `.cpu()`, `.half()`...) keeps a Parameter object
 only when the converted tensor can be shallow-copied into it (`param.data = new`), which
-PyTorch allows between CPU and CUDA but not between CPU and a PrivateUse1 device. Otherwise it
-wraps the result in a new `Parameter` per module slot, so a weight tied between two modules
-(an embedding and its output projection) becomes two Parameters, a Parameter subclass becomes a
-plain Parameter and attributes set on the Parameter are lost; a buffer shared by two modules is
-converted twice. CPU<->CUDA users never see this, so models tie weights with `a.weight =
-b.weight` and expect the tie to hold after `.to(device)`.
+PyTorch allows between CPU and CUDA but not with a PrivateUse1 device (not even tpu to tpu).
+Otherwise it wraps the result in a new `Parameter` per module slot, so an optimizer built before
+`model.to("tpu")` would keep stepping the old CPU Parameters (which never get a gradient: the
+model trains nothing, with no error), a weight tied between two modules (an embedding and its
+output projection) would become two Parameters, a Parameter subclass a plain Parameter, and
+attributes set on the Parameter would be lost; a buffer shared by two modules would be
+converted twice. CPU<->CUDA users never see this, so code does all of these.
 
 The wrapper below runs the original `_apply` once per top-level call with a conversion function
-that converts each tensor object once (so shared tensors convert to one result), then puts one
-Parameter in every slot that held one Parameter before, rebuilt with the original's subclass,
-attributes, requires_grad and grad. It changes nothing when the conversion kept the objects
-(the `.data =` path): the rebuild happens only for slots whose Parameter was replaced.
+that converts each tensor object once (so shared tensors convert to one result), then swaps
+each converted Parameter's contents into the Parameter object the slot held before
+(`torch.utils.swap_tensors`, as `torch.__future__.set_swap_module_params_on_conversion(True)`
+does), keeping its subclass, attributes, requires_grad and grad, and puts that object back in
+every slot that held it. Where a swap is refused (a live view or a weak reference holds the old
+Parameter's tensor), the slot gets a new Parameter with a warning saying what that means. It
+changes nothing when the conversion kept the objects (the `.data =` path, or PyTorch's own swap
+when that future flag is on), and it leaves new objects where the user asked for them
+(`torch.__future__.set_overwrite_module_params_on_conversion(True)`).
 """
 
 import threading
+import warnings
 
 import torch
 from torch import nn
@@ -62,8 +69,26 @@ def _like(old, new):
     return p
 
 
+def _kept(old, new, where):
+    """old, holding new's converted tensor (new rebuilt as old's class with old's attributes);
+    new's rebuild where PyTorch refuses the swap."""
+    like = _like(old, new)
+    if torch.__future__.get_overwrite_module_params_on_conversion():
+        return like
+    try:
+        torch.utils.swap_tensors(old, like)
+    except RuntimeError as e:
+        warnings.warn(
+            f"tpu: {where} became a new Parameter object in this conversion (PyTorch could not "
+            f"swap it in place: {e}); an optimizer or any other code holding the old one keeps "
+            "the old tensor, so build the optimizer after the conversion", stacklevel=4)
+        return like
+    return old
+
+
 def _retie(slots):
-    """Every slot that held one Parameter before holds one Parameter again."""
+    """Every slot that held one Parameter before holds that Parameter object again, now holding
+    the converted tensor."""
     first = {}
     for m, kind, k, old in slots:
         if kind != "param":
@@ -72,7 +97,7 @@ def _retie(slots):
         if new is old:
             continue
         if id(old) not in first:
-            first[id(old)] = _like(old, new)
+            first[id(old)] = _kept(old, new, f"{type(m).__name__}.{k}")
         m._parameters[k] = first[id(old)]
 
 

@@ -1,6 +1,10 @@
 """Module conversions (.to("tpu"), .tpu(), .to(dtype), .to("cpu")) keep PyTorch's object
-identities: a weight tied between modules stays one Parameter, a buffer shared by modules stays
-one tensor, and a Parameter keeps its subclass, attributes, requires_grad and grad."""
+identities, as CPU<->CUDA conversions do: each Parameter stays the same object (so an optimizer
+built before `.to("tpu")` trains the model), a weight tied between modules stays one Parameter,
+a buffer shared by modules stays one tensor, and a Parameter keeps its subclass, attributes,
+requires_grad and grad."""
+import weakref
+
 import pytest
 import torch
 from torch import nn
@@ -91,6 +95,44 @@ def test_untied_parameters_stay_distinct(mode):
     m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)).to("tpu")
     assert m[0].weight is not m[1].weight
     assert len(list(m.parameters())) == 4
+
+
+@pytest.mark.parametrize("conv", list(CONVERSIONS))
+def test_every_parameter_stays_the_same_object(mode, conv):
+    m = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4))
+    before = list(m.parameters())
+    CONVERSIONS[conv](m)
+    after = list(m.parameters())
+    assert len(after) == len(before) and all(a is b for a, b in zip(after, before))
+
+
+def test_an_optimizer_built_before_to_tpu_trains_the_model(mode):
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    m.load_state_dict(ref.state_dict())
+    opt_ref = torch.optim.Adam(ref.parameters(), lr=0.1)
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    m.to("tpu")
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    for _ in range(3):
+        for model, o, dev in ((ref, opt_ref, "cpu"), (m, opt, "tpu")):
+            o.zero_grad()
+            nn.functional.mse_loss(model(x.to(dev)), y.to(dev)).backward()
+            o.step()
+    assert all(p.device.type == "tpu" for g in opt.param_groups for p in g["params"])
+    for got, want in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_parameter_pytorch_cannot_swap_becomes_a_new_object_with_a_warning(mode):
+    m = nn.Linear(2, 2)
+    w = m.weight
+    keep = weakref.ref(w)  # swap_tensors refuses a tensor with a weak reference
+    with pytest.warns(UserWarning, match="Linear.weight became a new Parameter object"):
+        m.to("tpu")
+    assert m.weight is not w and m.weight.device.type == "tpu" and keep() is w
+    assert m.bias.device.type == "tpu"
 
 
 def test_same_device_conversion_keeps_the_parameter_object(mode):
