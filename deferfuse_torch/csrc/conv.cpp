@@ -7,9 +7,9 @@
 // grad_output scattered back by the runtime's col2im (columns_to_input; float32) or else by
 // add_windows (K in-place strided adds, no scatter op needed);
 // the weight gradient is one GEMM of grad_output with the columns over the batch. On maps of
-// 256+ output positions a sample, the forward and the weight gradient run on the runtime's
-// convolution op instead (on_conv_op), which writes no columns at all, and so does the input
-// gradient at stride 1 (input_grad_as_conv). A transposed
+// 256+ output positions a sample (36+ for a small weight), the forward and the weight
+// gradient run on the runtime's convolution op instead (on_conv_op), which writes no columns
+// at all, and so does the input gradient at stride 1 (input_grad_as_conv). A transposed
 // convolution is the input gradient of the plain convolution whose weight it shares, so it
 // reuses the same three pieces with the roles of input and output swapped.
 //
@@ -265,7 +265,8 @@ bool whole_window(const Geometry& g) {
 // and enough positions per sample: the op multiplies sample by sample, so a small map is a
 // product of few columns that reads the whole weight per sample (resnet18's 8x8 to 2x2 layers
 // at batch 8 ran 1.3x slower that way than folded into one product); from
-// kGemmPerSampleFromPositions on, the products per sample are wide enough. A strided one
+// kGemmPerSampleFromPositions on (kConvOpSmallWeightFromPositions for a weight that stays in
+// cache), the products per sample are wide enough. A strided one
 // takes the op only where its columns would be kMinStridedColumnsPerInput or more values per
 // input value (K over the strides' product): below that, im2col's copy is cheap and the
 // product reading packed columns was as fast or faster (one thread, im2col -> op: a 7x7
@@ -276,13 +277,29 @@ bool whole_window(const Geometry& g) {
 // (input_grad_as_conv).
 constexpr double kMinStridedColumnsPerInput = 4.0;
 
+// A weight this small (elements; 384 KB of float32) stays in cache while the op multiplies
+// sample by sample, so the op pays for itself from far fewer positions a sample than
+// kGemmPerSampleFromPositions, where the folded product's im2col copy and col2im scatter are
+// most of the work. One thread, forward and both gradients, folded -> op (ms): a conv-4
+// few-shot net's [75, 32, 14, 14] by 32x32x3x3 11.7 -> 5.9 and at 7x7 2.6 -> 1.9, [32, 16, 14,
+// 14] 1.46 -> 0.70, [8, 48, 12, 12] 1.16 -> 0.95, [16, 64, 14, 14] to 128 8.6 -> 7.7, [16, 96,
+// 8, 8] 3.49 -> 3.35; below 36 positions the folded product won (5x5 2.2 vs 2.5, 3x3 1.2 vs
+// 1.5), and so it did for larger weights (128 -> 128 at 8x8, 576 KB: 5.2 vs 5.7; 256 -> 256
+// at 4x4 2.3 vs 4.3).
+constexpr int64_t kConvOpSmallWeightMaxElems = 96 * 1024;
+constexpr int64_t kConvOpSmallWeightFromPositions = 36;
+
 bool unit_stride(const Geometry& g) {
   return std::all_of(g.stride.begin(), g.stride.end(), [](int64_t s) { return s == 1; });
 }
 
 bool on_conv_op(const Geometry& g, at::ScalarType dtype) {
   if (g.G != 1 || dtype != at::kFloat) return false;
-  if (g.L < kGemmPerSampleFromPositions || whole_window(g)) return false;
+  if (whole_window(g)) return false;
+  bool small_weight = g.OC * g.Cg * g.K <= kConvOpSmallWeightMaxElems;
+  if (g.L < (small_weight ? kConvOpSmallWeightFromPositions : kGemmPerSampleFromPositions)) {
+    return false;
+  }
   double strides = 1;  // 1 exactly at unit stride (each stride is at least 1)
   for (auto s : g.stride) strides *= s;
   return strides == 1 || double(g.K) / strides >= kMinStridedColumnsPerInput;

@@ -120,6 +120,21 @@ def test_a_strided_stem_convolution_runs_its_forward_and_weight_gradient_as_conv
     assert not fallbacks
 
 
+@pytest.mark.parametrize("channels, on_conv_op", [(32, True), (128, False)])
+def test_a_small_map_runs_on_the_conv_op_when_its_weight_is_small(channels, on_conv_op):
+    # 8x8 = 64 positions a sample: a 32 -> 32 3x3 weight (36 KB) stays in cache, so the
+    # forward and both gradients are conv programs (no im2col copy, no col2im); a 128 -> 128
+    # one (576 KB) folds the batch into products.
+    torch.manual_seed(0)
+    x = torch.randn(4, channels, 8, 8, device="tpu", requires_grad=True)
+    w = torch.randn(channels, channels, 3, 3, device="tpu", requires_grad=True)
+    g = torch.randn(4, channels, 8, 8, device="tpu")
+    runs, fallbacks = _programs_of_a_conv_step(lambda x, w: F.conv2d(x, w, padding=1), x, w, g)
+    assert (runs.count("conv") == 3) == on_conv_op, runs
+    assert any(r.startswith("matmul") for r in runs) != on_conv_op, runs
+    assert not fallbacks
+
+
 @pytest.mark.parametrize("dtype, col2im", [(torch.float32, 1), (torch.float64, 0)])
 def test_a_strided_transposed_convolution_adds_its_columns_back_by_col2im_in_float32(
         dtype, col2im):
