@@ -1,0 +1,140 @@
+// The fused optimizer steps (torch.optim.Adam / AdamW / SGD with fused=True, which PyTorch
+// accepts for the PrivateUse1 device and Hugging Face's "adamw_torch_fused" uses) on tpu.
+// Without these each step went to the CPU fallback: every parameter, gradient and state tensor
+// copied to the host and back.
+//
+// Each parameter's update is written from device ops in the order PyTorch's CPU fused kernel
+// computes it (FusedAdamKernel.cpp, FusedSGDKernel.cpp), so the values agree with CPU's fused
+// step within float32 rounding (the bias corrections are float32 device values here, double
+// there); in defer mode each parameter's update is one fused loop. The step counts, the
+// gradient scale and AMP's found_inf flag stay on the device: a step with found_inf set
+// changes nothing, decided by a select instead of a host read.
+#include "common.h"
+
+#include <torch/library.h>
+
+namespace dft {
+namespace {
+
+// lr as a Python float or as a device tensor (the ".tensor_lr" overloads).
+struct LR {
+  double value = 0.0;
+  at::Tensor tensor;  // defined for a tensor lr on the device
+
+  at::Tensor times(const at::Tensor& t) const { return tensor.defined() ? t * tensor : t * value; }
+  // 1 - lr * wd, as a float or a device scalar.
+  at::Tensor decay(const at::Tensor& p, double wd) const {
+    return tensor.defined() ? p * (1.0 - tensor * wd) : p * (1.0 - value * wd);
+  }
+  at::Tensor over(const at::Tensor& t) const {  // lr / t
+    return tensor.defined() ? tensor / t : at::reciprocal(t) * value;
+  }
+};
+
+LR lr_of(double lr) { return LR{lr, at::Tensor()}; }
+
+LR lr_of(const at::Tensor& lr) {
+  if (lr.device().type() != c10::DeviceType::PrivateUse1) return LR{lr.item<double>(), {}};
+  return LR{0.0, lr};
+}
+
+// Where a step is skipped (found_inf set), the old value; else the new one.
+at::Tensor unless_inf(const std::optional<at::Tensor>& found_inf, const at::Tensor& old,
+                      const at::Tensor& updated) {
+  return found_inf ? at::where(found_inf->ne(0), old, updated) : updated;
+}
+
+// The gradient the update reads: unscaled (and written back unscaled, as CPU's kernel does),
+// negated under maximize.
+at::Tensor step_grad(const at::Tensor& grad, const std::optional<at::Tensor>& grad_scale,
+                     const std::optional<at::Tensor>& found_inf, bool maximize) {
+  at::Tensor g = grad;
+  if (grad_scale) {
+    g = grad / *grad_scale;
+    grad.copy_(unless_inf(found_inf, grad, g));
+  }
+  return maximize ? -g : g;
+}
+
+void check_lists(const char* op, at::TensorList params, std::initializer_list<at::TensorList> others) {
+  for (const auto& l : others) {
+    TORCH_CHECK(l.empty() || l.size() == params.size(), "tpu: ", op, ": ", params.size(),
+                " parameters but a list of ", l.size(), " state tensors");
+  }
+}
+
+template <bool kAdamW, typename Lr>
+void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                at::TensorList state_steps, Lr lr_arg, double beta1, double beta2,
+                double weight_decay, double eps, bool amsgrad, bool maximize,
+                const std::optional<at::Tensor>& grad_scale,
+                const std::optional<at::Tensor>& found_inf) {
+  const char* op = kAdamW ? "_fused_adamw_" : "_fused_adam_";
+  check_lists(op, params, {grads, exp_avgs, exp_avg_sqs, state_steps});
+  TORCH_CHECK(!amsgrad || max_exp_avg_sqs.size() == params.size(), "tpu: ", op,
+              ": amsgrad needs one max_exp_avg_sq per parameter");
+  LR lr = lr_of(lr_arg);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor &p = params[i], &m = exp_avgs[i], &v = exp_avg_sqs[i];
+    at::Tensor g = step_grad(grads[i], grad_scale, found_inf, maximize);
+    at::Tensor param = p;
+    if (weight_decay != 0) {
+      if (kAdamW) {
+        param = lr.decay(p, weight_decay);
+      } else {
+        g = g + p * weight_decay;
+      }
+    }
+    auto m_new = at::lerp(m, g, 1.0 - beta1);
+    auto v_new = v * beta2 + g * (1.0 - beta2) * g;
+    at::Tensor second = v_new;
+    if (amsgrad) {
+      second = at::maximum(max_exp_avg_sqs[i], v_new);
+      max_exp_avg_sqs[i].copy_(unless_inf(found_inf, max_exp_avg_sqs[i], second));
+    }
+    const at::Tensor& step = state_steps[i];
+    auto correction1 = 1.0 - at::pow(beta1, step);
+    auto correction2_sqrt = at::sqrt(1.0 - at::pow(beta2, step));
+    auto denom = at::sqrt(second) / correction2_sqrt + eps;
+    auto p_new = param - lr.over(correction1) * m_new / denom;
+    p.copy_(unless_inf(found_inf, p, p_new));
+    m.copy_(unless_inf(found_inf, m, m_new));
+    v.copy_(unless_inf(found_inf, v, v_new));
+  }
+}
+
+template <typename Lr>
+void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+               double weight_decay, double momentum, Lr lr_arg, double dampening, bool nesterov,
+               bool maximize, bool is_first_step, const std::optional<at::Tensor>& grad_scale,
+               const std::optional<at::Tensor>& found_inf) {
+  check_lists("_fused_sgd_", params, {grads, momentum_buffers});
+  TORCH_CHECK(momentum == 0 || momentum_buffers.size() == params.size(),
+              "tpu: _fused_sgd_: momentum needs one momentum buffer per parameter");
+  LR lr = lr_of(lr_arg);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    at::Tensor g = step_grad(grads[i], grad_scale, found_inf, maximize);
+    if (weight_decay != 0) g = g + p * weight_decay;
+    if (momentum != 0) {
+      const at::Tensor& buf = momentum_buffers[i];
+      auto buf_new = is_first_step ? g : buf * momentum + g * (1.0 - dampening);
+      buf.copy_(unless_inf(found_inf, buf, buf_new));
+      g = nesterov ? g + buf_new * momentum : buf_new;
+    }
+    p.copy_(unless_inf(found_inf, p, p - lr.times(g)));
+  }
+}
+
+}  // namespace
+}  // namespace dft
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_fused_adam_", TORCH_FN((dft::fused_adam<false, double>)));
+  m.impl("_fused_adam_.tensor_lr", TORCH_FN((dft::fused_adam<false, const at::Tensor&>)));
+  m.impl("_fused_adamw_", TORCH_FN((dft::fused_adam<true, double>)));
+  m.impl("_fused_adamw_.tensor_lr", TORCH_FN((dft::fused_adam<true, const at::Tensor&>)));
+  m.impl("_fused_sgd_", TORCH_FN((dft::fused_sgd<double>)));
+  m.impl("_fused_sgd_.tensor_lr", TORCH_FN((dft::fused_sgd<const at::Tensor&>)));
+}
