@@ -101,6 +101,19 @@ def test_bad_device_index_is_a_clear_error():
         torch.empty(2, device="tpu:1")
 
 
+def test_a_sparse_embedding_gradient_is_a_clear_error():
+    e = torch.nn.Embedding(10, 3, sparse=True).to("tpu")
+    out = e(torch.tensor([1, 3], device="tpu")).sum()
+    with pytest.raises(NotImplementedError, match=r"Embedding\(sparse=True\).*use sparse=False"):
+        out.backward()
+
+
+def test_a_sparse_tensor_moved_to_tpu_is_a_clear_error():
+    s = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0]), (2, 2))
+    with pytest.raises(NotImplementedError, match="tpu has no sparse tensors.*to_dense"):
+        s.to("tpu")
+
+
 def test_reinterpreting_view_is_a_clear_error():
     t = torch.ones(4, device="tpu")
     with pytest.raises(RuntimeError, match="reinterpreting views"):
