@@ -7,6 +7,7 @@
 #include "kernel_ops.h"
 #include "tables.h"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/library.h>
 
 #include <array>
@@ -492,7 +493,16 @@ at::Tensor grid_sampler_2d(const at::Tensor& input, const at::Tensor& grid, int6
   }
   ix = grid_pad(ix, W, padding, align_corners);
   iy = grid_pad(iy, H, padding, align_corners);
-  if (interpolation == kNearest) return grid_read(input, at::round(ix), at::round(iy));
+  if (interpolation == kNearest) {
+    auto rx = at::round(ix), ry = at::round(iy);
+    auto out = grid_read(input, rx, ry);
+    if (!at::GradMode::is_enabled() || !grid.requires_grad()) return out;
+    // The rounded positions reach the output only as indexes, which autograd does not follow,
+    // so the grid would be missing from the graph where CPU gives it a zero gradient. Minus an
+    // exact +0 that depends on them (round's gradient is 0): the same bits, -0.0 included.
+    auto zero = at::nan_to_num(rx - rx.detach() + (ry - ry.detach()), 0.0, 0.0, 0.0);
+    return out - zero.unsqueeze(1);
+  }
   auto x0 = at::floor(ix), y0 = at::floor(iy);
   auto tx = ix - x0, ty = iy - y0;  // the fractions towards the next pixel
   auto ux = 1 - tx, uy = 1 - ty;

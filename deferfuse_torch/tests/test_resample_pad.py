@@ -181,3 +181,22 @@ def test_padding_gives_cpus_bits_and_a_1d_backward_too(mode, pad_mode, pads):
 
 def test_negative_padding_crops_like_cpu(mode):
     both(lambda t: F.pad(t, (-1, 2, 1, -2), mode="replicate"), torch.randn(2, 3, 6, 7))
+
+
+@pytest.mark.parametrize("padding_mode", ["zeros", "border"])
+def test_nearest_grid_sample_gives_the_grid_a_zero_gradient_as_cpu(mode, padding_mode):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 6)
+    x[0, 0, 0, 0] = -0.0
+    theta = torch.tensor([[[0.9, 0.1, 0.05], [-0.1, 1.1, 0.0]]] * 2)
+    outs = {}
+    for dev in ("cpu", "tpu"):
+        t = theta.to(dev).requires_grad_()
+        grid = F.affine_grid(t, (2, 3, 4, 4), align_corners=False)
+        y = F.grid_sample(x.to(dev), grid, mode="nearest", padding_mode=padding_mode,
+                          align_corners=False)
+        (gt,) = torch.autograd.grad(y.sum(), [t])
+        outs[dev] = (y.detach().cpu(), gt.cpu())
+    assert torch.equal(outs["tpu"][0], outs["cpu"][0])
+    assert torch.equal(outs["tpu"][0].signbit(), outs["cpu"][0].signbit())
+    assert torch.equal(outs["tpu"][1], torch.zeros(2, 2, 3)) and torch.equal(outs["cpu"][1], outs["tpu"][1])
