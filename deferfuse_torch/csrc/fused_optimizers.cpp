@@ -1,14 +1,15 @@
-// The fused optimizer steps (torch.optim.Adam / AdamW / SGD with fused=True, which PyTorch
-// accepts for the PrivateUse1 device and Hugging Face's "adamw_torch_fused" uses) on tpu.
-// Without these each step went to the CPU fallback: every parameter, gradient and state tensor
-// copied to the host and back.
+// The fused optimizer steps (torch.optim.Adam / AdamW / SGD / Adagrad with fused=True, which
+// PyTorch accepts for the PrivateUse1 device and Hugging Face's "adamw_torch_fused" uses) on
+// tpu. Without these each step went to the CPU fallback: every parameter, gradient and state
+// tensor copied to the host and back.
 //
 // Each parameter's update is written from device ops in the order PyTorch's CPU fused kernel
-// computes it (FusedAdamKernel.cpp, FusedSGDKernel.cpp), so the values agree with CPU's fused
-// step within float32 rounding (the bias corrections are float32 device values here, double
-// there); in defer mode each parameter's update is one fused loop. The step counts, the
-// gradient scale and AMP's found_inf flag stay on the device: a step with found_inf set
-// changes nothing, decided by a select instead of a host read.
+// computes it (FusedAdamKernel.cpp, FusedSGDKernel.cpp, FusedAdagradKernel.cpp), so the values
+// agree with CPU's fused step within float32 rounding (the bias corrections and Adagrad's
+// decayed rate are float32 device values here, double there); in defer mode each parameter's
+// update is one fused loop. The step counts, the gradient scale and AMP's found_inf flag stay
+// on the device: a step with found_inf set changes nothing, decided by a select instead of a
+// host read.
 #include "common.h"
 
 #include <torch/library.h>
@@ -56,7 +57,8 @@ at::Tensor step_grad(const at::Tensor& grad, const std::optional<at::Tensor>& gr
   return maximize ? -g : g;
 }
 
-void check_lists(const char* op, at::TensorList params, std::initializer_list<at::TensorList> others) {
+void check_lists(const char* op, at::TensorList params,
+                 std::initializer_list<at::TensorList> others) {
   for (const auto& l : others) {
     TORCH_CHECK(l.empty() || l.size() == params.size(), "tpu: ", op, ": ", params.size(),
                 " parameters but a list of ", l.size(), " state tensors");
@@ -127,6 +129,25 @@ void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorList momen
   }
 }
 
+template <typename Lr>
+void fused_adagrad(at::TensorList params, at::TensorList grads, at::TensorList state_sums,
+                   at::TensorList state_steps, Lr lr_arg, double lr_decay, double weight_decay,
+                   double eps, bool maximize, const std::optional<at::Tensor>& grad_scale,
+                   const std::optional<at::Tensor>& found_inf) {
+  check_lists("_fused_adagrad_", params, {grads, state_sums, state_steps});
+  LR lr = lr_of(lr_arg);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor &p = params[i], &sum = state_sums[i];
+    at::Tensor g = step_grad(grads[i], grad_scale, found_inf, maximize);
+    if (weight_decay != 0) g = g + p * weight_decay;
+    auto sum_new = sum + g * g;
+    auto std = at::sqrt(sum_new) + eps;
+    auto clr = lr.over(1.0 + (state_steps[i] - 1.0) * lr_decay);  // lr / (1 + (step-1) * decay)
+    sum.copy_(unless_inf(found_inf, sum, sum_new));
+    p.copy_(unless_inf(found_inf, p, p - clr * g / std));
+  }
+}
+
 }  // namespace
 }  // namespace dft
 
@@ -137,4 +158,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_fused_adamw_.tensor_lr", TORCH_FN((dft::fused_adam<true, const at::Tensor&>)));
   m.impl("_fused_sgd_", TORCH_FN((dft::fused_sgd<double>)));
   m.impl("_fused_sgd_.tensor_lr", TORCH_FN((dft::fused_sgd<const at::Tensor&>)));
+  m.impl("_fused_adagrad_", TORCH_FN((dft::fused_adagrad<double>)));
+  m.impl("_fused_adagrad_.tensor_lr", TORCH_FN((dft::fused_adagrad<const at::Tensor&>)));
 }

@@ -8,7 +8,8 @@
 //
 // The encoder layer is PyTorch's own device-generic function; attention is written here from
 // the ops it is made of, in CPU's order: q, k, v projections, q scaled by 1/sqrt(head dim),
-// q @ k^T, a masked softmax, @ v, the output projection. Values agree with CPU's fast path within float32 rounding.
+// q @ k^T, a masked softmax, @ v, the output projection. Values agree with CPU's fast path
+// within float32 rounding.
 #include "common.h"
 
 #include <ATen/NestedTensorImpl.h>
@@ -49,7 +50,8 @@ at::Tensor split_heads(const at::Tensor& x, int64_t heads) {
 std::tuple<at::Tensor, at::Tensor> dense_attention(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t embed_dim,
     int64_t heads, const at::Tensor& qkv_weight, const at::Tensor& qkv_bias,
-    const at::Tensor& proj_weight, const at::Tensor& proj_bias, const std::optional<at::Tensor>& masked,
+    const at::Tensor& proj_weight, const at::Tensor& proj_bias,
+    const std::optional<at::Tensor>& masked,
     bool need_weights, bool average_weights) {
   TORCH_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3,
               "tpu: _native_multi_head_attention takes batch-first [batch, seq, embed] query, key "
@@ -85,7 +87,8 @@ std::tuple<at::Tensor, at::Tensor> dense_attention(
 std::tuple<at::Tensor, at::Tensor> multi_head_attention(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t embed_dim,
     int64_t heads, const at::Tensor& qkv_weight, const at::Tensor& qkv_bias,
-    const at::Tensor& proj_weight, const at::Tensor& proj_bias, const std::optional<at::Tensor>& mask,
+    const at::Tensor& proj_weight, const at::Tensor& proj_bias,
+    const std::optional<at::Tensor>& mask,
     bool need_weights, bool average_weights, std::optional<int64_t> mask_type) {
   std::optional<at::Tensor> masked;
   if (mask) masked = attention_mask(*mask, mask_type);
@@ -99,7 +102,8 @@ std::tuple<at::Tensor, at::Tensor> multi_head_attention(
 std::tuple<at::Tensor, at::Tensor> nested_multi_head_attention(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t embed_dim,
     int64_t heads, const at::Tensor& qkv_weight, const at::Tensor& qkv_bias,
-    const at::Tensor& proj_weight, const at::Tensor& proj_bias, const std::optional<at::Tensor>& mask,
+    const at::Tensor& proj_weight, const at::Tensor& proj_bias,
+    const std::optional<at::Tensor>& mask,
     bool need_weights, bool average_weights, std::optional<int64_t> mask_type) {
   TORCH_CHECK(query.is_same(key) && key.is_same(value) && !need_weights,
               "tpu: _native_multi_head_attention on a nested tensor takes self-attention "

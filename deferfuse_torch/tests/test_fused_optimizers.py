@@ -1,4 +1,4 @@
-"""torch.optim.Adam, AdamW and SGD with fused=True run their fused step on the device (no CPU
+"""torch.optim.Adam, AdamW, SGD and Adagrad with fused=True run their fused step on the device (no CPU
 fallback) and train as CPU's fused step does, within float32 rounding: weight decay, amsgrad,
 maximize, momentum, dampening, nesterov, a tensor learning rate, and GradScaler's skipped
 steps."""
@@ -21,6 +21,8 @@ CONFIGS = {
                                                     fused=True, **k),
     "sgd_nesterov_maximize": lambda p, **k: torch.optim.SGD(
         p, lr=0.1, momentum=0.9, nesterov=True, maximize=True, fused=True, **k),
+    "adagrad": lambda p, **k: torch.optim.Adagrad(p, lr=0.1, lr_decay=0.01, weight_decay=0.1,
+                                                  fused=True, **k),
 }
 
 
