@@ -125,14 +125,21 @@ void check_out_devices(const c10::OperatorHandle& op, const torch::jit::Stack& s
   }
 }
 
-void counting_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  check_out_devices(op, *stack);
-  if (run_through_functional(op, stack)) return;
-  const auto& schema = op.schema();
+// Counts the op (every overload by its full name) and notes it for explain() and the logs;
+// returns the name.
+std::string note_and_count(const c10::FunctionSchema& schema) {
   const auto& n = schema.operator_name();
   std::string name = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
   count_fallback(name);
   note_fallback(name.c_str());
+  return name;
+}
+
+void counting_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  check_out_devices(op, *stack);
+  if (run_through_functional(op, stack)) return;
+  const auto& schema = op.schema();
+  note_and_count(schema);
   size_t begin = stack->size() - schema.arguments().size();
   auto hidden = swap_hidden_writes(schema, stack, begin);
   auto outs = swap_outs(schema, stack, begin);
@@ -157,10 +164,7 @@ void counting_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
 // originals and moves tensor results to the tpu.
 void counting_nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& s = op.schema();
-  const auto& n = s.operator_name();
-  std::string name = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
-  count_fallback(name);
-  note_fallback(name.c_str());
+  std::string name = note_and_count(s);
   size_t begin = stack->size() - s.arguments().size();
   std::optional<c10::Device> device;
   std::vector<Swap> written;

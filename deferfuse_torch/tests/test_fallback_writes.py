@@ -71,22 +71,31 @@ def test_functional_loss_through_its_out_kernel_does_not_warn(mode, counts):
     check(got, torch.nn.functional.smooth_l1_loss(a, b))
 
 
-def fused_sgd_step(params, grads, bufs):
-    torch._fused_sgd_(params, grads, bufs, weight_decay=0.0, momentum=0.9, lr=0.1,
-                      dampening=0.0, nesterov=False, maximize=False, is_first_step=True)
+# An op with a list of mutable tensors and only a CPU kernel (PyTorch's own such ops, the fused
+# optimizer steps and the foreach ops, all run on the device now).
+_LIB = torch.library.Library("dftest_fallback", "DEF")
+_LIB.define("scale_and_shift_(Tensor(a!)[] xs, Tensor(b!)[] ys, float s) -> ()")
+
+
+def _scale_and_shift_cpu(xs, ys, s):
+    for x, y in zip(xs, ys):
+        x.mul_(s)
+        y.add_(x)
+
+
+_LIB.impl("scale_and_shift_", _scale_and_shift_cpu, "CPU")
 
 
 def test_mutable_tensor_lists_are_written(mode, counts):
     torch.manual_seed(0)
-    params = [torch.randn(3), torch.randn(2, 2)]
-    grads = [torch.randn(3), torch.randn(2, 2)]
-    bufs = [torch.zeros(3), torch.zeros(2, 2)]
-    dev = [[t.to("tpu") for t in ts] for ts in (params, grads, bufs)]
-    fused_sgd_step(params, grads, bufs)
-    fused_sgd_step(*dev)
-    for got, want in zip(dev[0] + dev[2], params + bufs):
+    xs = [torch.randn(3), torch.randn(2, 2)]
+    ys = [torch.zeros(3), torch.ones(2, 2)]
+    dev = [[t.to("tpu") for t in ts] for ts in (xs, ys)]
+    torch.ops.dftest_fallback.scale_and_shift_(xs, ys, 2.0)
+    torch.ops.dftest_fallback.scale_and_shift_(dev[0], dev[1], 2.0)
+    for got, want in zip(dev[0] + dev[1], xs + ys):
         check(got, want)
-    assert counts() == {"aten::_fused_sgd_": 1}
+    assert counts() == {"dftest_fallback::scale_and_shift_": 1}
 
 
 def test_native_batch_norm_updates_running_statistics(mode, counts):
