@@ -17,6 +17,7 @@
 // the math path's upcasting), and invalid calls, so that they raise PyTorch's own errors.
 #include "common.h"
 
+#include <ATen/FuncTorchTLS.h>
 #include <ATen/ops/scaled_dot_product_attention_native.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -62,30 +63,47 @@ at::Tensor masked_logits(const at::Tensor& q, const at::Tensor& k,
   return s;
 }
 
+// softmax of the masked logits. A query whose every key is masked (a padded position under a
+// padding mask) gets weights 0, as CPU's flash kernel gives it: softmax over a row of -inf is
+// NaN, and its backward would spread that NaN into every gradient through dq and dk.
+at::Tensor probabilities(const at::Tensor& q, const at::Tensor& k,
+                         const std::optional<at::Tensor>& mask, bool is_causal, double scale) {
+  auto logits = masked_logits(q, k, mask, is_causal, scale);
+  auto p = at::_softmax(logits, -1, false);
+  if (mask) {
+    auto dead = at::amax(logits, {-1}, true).eq(-std::numeric_limits<double>::infinity());
+    p = at::where(dead, at::zeros({}, p.options()), p);
+  }
+  return p;
+}
+
 class Attention : public torch::autograd::Function<Attention> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const std::optional<at::Tensor>& mask,
                             bool is_causal, double scale) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto logits = masked_logits(q, k, mask, is_causal, scale);
-    auto p = at::_softmax(logits, -1, false);
-    if (mask) {
-      // A query whose every key is masked (a padded position under a padding mask) gets
-      // weights 0, as CPU's flash kernel gives it: softmax over a row of -inf is NaN, and its
-      // backward would spread that NaN into every gradient through dq and dk.
-      auto dead = at::amax(logits, {-1}, true).eq(-std::numeric_limits<double>::infinity());
-      p = at::where(dead, at::zeros({}, p.options()), p);
-    }
+    auto p = probabilities(q, k, mask, is_causal, scale);
     ctx->save_for_backward({q, k, v, p});
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["is_causal"] = is_causal;
+    if (mask) ctx->saved_data["mask"] = *mask;
     return product(p, v);
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &k = saved[1], &v = saved[2], &p = saved[3];
+    const auto &q = saved[0], &k = saved[1], &v = saved[2];
     double scale = ctx->saved_data["scale"].toDouble();
+    at::Tensor p = saved[3];
+    if (at::GradMode::is_enabled()) {
+      // A double backward (create_graph=True) differentiates these formulas, and p depends on
+      // q and k: the saved p has no history (the forward ran below autograd), so it is
+      // computed again from q and k with autograd recording.
+      std::optional<at::Tensor> mask;
+      if (ctx->saved_data.count("mask")) mask = ctx->saved_data["mask"].toTensor();
+      p = probabilities(q, k, mask, ctx->saved_data["is_causal"].toBool(), scale);
+    }
     const auto& dout = grads[0];
     auto dv = product(p.transpose(-2, -1), dout);
     auto dp = product(dout, v.transpose(-2, -1));
@@ -98,11 +116,30 @@ class Attention : public torch::autograd::Function<Attention> {
   }
 };
 
+// Whether a torch.func transform is active: the check autograd::Function::apply makes, which
+// raises then.
+bool under_functorch_transform() {
+  const auto& tls = at::functorch::functorchTLSAccessor();
+  if (!tls) return false;
+  try {
+    tls->checkSupportsCppAutogradFunction();
+    return false;
+  } catch (const c10::Error&) {
+    return true;
+  }
+}
+
 // Whether this kernel computes the call; anything else (and every invalid call, so that it
 // raises PyTorch's own error) goes to PyTorch's composite implementation.
 bool covered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
              const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
              bool enable_gqa) {
+  // Under a torch.func transform (grad, vmap, jvp) or with forward-mode dual tensors, the
+  // composite's plain ops take part: a C++ autograd Function supports neither.
+  if (under_functorch_transform()) return false;
+  for (const auto* t : {&q, &k, &v}) {
+    if (t->_fw_grad(/*level=*/0).defined()) return false;
+  }
   auto dt = q.scalar_type();
   if (!(dt == at::kFloat || dt == at::kDouble) || k.scalar_type() != dt ||
       v.scalar_type() != dt || q.is_nested() || dropout_p != 0.0 || enable_gqa) {

@@ -127,3 +127,70 @@ def test_inference_without_grad_matches_cpu(mode):
         got = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"),
                                              is_causal=True)
     check(got, want, atol=ATOL, rtol=RTOL)
+
+
+def explicit_attention(q, k, v, mask=None, causal=False):
+    """softmax(q k^T / sqrt(d), masked) v written out: every op differentiable to any order."""
+    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1),
+                          float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("kind", ["plain", "causal", "mask"])
+def test_a_double_backward_through_attention_matches_the_explicit_formula(mode, kind):
+    # create_graph=True (gradient penalties, MAML): the second-order gradient reaches q, k and
+    # v through the attention probabilities, which the backward computes again with history.
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 2, 5, 8, generator=g)
+    w = torch.randn(8, 8, generator=g) * 0.3
+    mask = torch.rand(5, 5, generator=g) > 0.3
+    mask[:, 0] = True
+    coef = torch.linspace(-1, 2, 8)
+
+    def second_order(dev, fn):
+        xd, wd = x.to(dev).requires_grad_(), w.to(dev).requires_grad_()
+        q = xd @ wd
+        kw = dict(attn_mask=mask.to(dev)) if kind == "mask" else dict(is_causal=kind == "causal")
+        out = fn(q, xd, xd, **kw)
+        loss = (out * coef.to(dev)).sum(-1).pow(2).mean()
+        (gx,) = torch.autograd.grad(loss, xd, create_graph=True)
+        return torch.autograd.grad(gx.pow(2).sum(), [xd, wd])
+
+    def explicit(q, k, v, attn_mask=None, is_causal=False):
+        return explicit_attention(q, k, v, attn_mask, is_causal)
+
+    want = second_order("cpu", explicit)
+    got = second_order("tpu", F.scaled_dot_product_attention)
+    for a, b in zip(got, want):
+        check(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_torch_func_grad_and_vmap_through_attention_match_cpu(mode):
+    from torch.func import grad, vmap
+    q, k, v = qkv(b=3)
+
+    def loss(q, k, v):
+        return (F.scaled_dot_product_attention(q, k, v) ** 2).sum()
+
+    want = vmap(grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    got = vmap(grad(loss, argnums=(0, 1, 2)))(q.to("tpu"), k.to("tpu"), v.to("tpu"))
+    for a, b in zip(got, want):
+        check(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_forward_mode_ad_through_attention_matches_the_explicit_formula(mode):
+    import torch.autograd.forward_ad as fwad
+    q, k, v = qkv()
+    tq, tk, tv = (torch.randn_like(t) for t in (q, k, v))
+    with fwad.dual_level():
+        want = fwad.unpack_dual(explicit_attention(
+            fwad.make_dual(q, tq), fwad.make_dual(k, tk), fwad.make_dual(v, tv)))
+    with fwad.dual_level():
+        got = fwad.unpack_dual(F.scaled_dot_product_attention(
+            *(fwad.make_dual(a.to("tpu"), b.to("tpu")) for a, b in ((q, tq), (k, tk), (v, tv)))))
+    check(got.primal, want.primal, rtol=1e-4, atol=1e-5)
+    check(got.tangent, want.tangent, rtol=1e-4, atol=1e-5)
