@@ -13,17 +13,20 @@ converted twice. CPU<->CUDA users never see this, so code does all of these.
 The wrapper below runs the original `_apply` once per top-level call with a conversion function
 that converts each tensor object once (so shared tensors convert to one result), then swaps
 each converted Parameter's contents into the Parameter object the slot held before
-(`torch.utils.swap_tensors`, as `torch.__future__.set_swap_module_params_on_conversion(True)`
-does), keeping its subclass, attributes, requires_grad and grad, and puts that object back in
-every slot that held it. Where a swap is refused (a live view or a weak reference holds the old
-Parameter's tensor), the slot gets a new Parameter with a warning saying what that means. It
+(`torch.utils.swap_tensors`' swap, as `torch.__future__.set_swap_module_params_on_conversion(True)`
+does, also where a graph or a view holds the old tensor), keeping its subclass, attributes,
+requires_grad and grad, and puts that object back in every slot that held it. Where the swap
+cannot be made (a weak reference to the Parameter), the slot gets a new Parameter with a
+warning saying what that means. It
 changes nothing when the conversion kept the objects (the `.data =` path, or PyTorch's own swap
 when that future flag is on), and it leaves new objects where the user asked for them
 (`torch.__future__.set_overwrite_module_params_on_conversion(True)`).
 """
 
+import copyreg
 import threading
 import warnings
+import weakref
 
 import torch
 from torch import nn
@@ -69,18 +72,56 @@ def _like(old, new):
     return p
 
 
+def _poisoned(grad_outputs):
+    raise RuntimeError(
+        "tpu: this backward reaches a Parameter that .to()/.half() moved after the forward that "
+        "recorded it (the graph holds its old tensor); run the backward before converting the "
+        "module, or run the forward again after it")
+
+
+def _swap(old, like):
+    """torch.utils.swap_tensors(old, like), also where other references hold old's tensor (a
+    graph that saved it for its backward, a view of it): they keep the old tensor, as they do
+    across a `.data =` conversion between CPU and CUDA. swap_tensors refuses those (they might
+    expect old's object to hold it), and otherwise does the same; a backward that reaches old's
+    gradient accumulator raises, as swap_tensors makes it."""
+    if weakref.getweakrefs(old) or weakref.getweakrefs(like):
+        raise RuntimeError("a weak reference holds it")
+    slots = set(copyreg._slotnames(old.__class__))
+    if slots != set(copyreg._slotnames(like.__class__)):
+        raise RuntimeError("its class has other slots")
+    if old.requires_grad and old.is_leaf and old._use_count() > 1:
+        torch.autograd.graph.get_gradient_edge(old).node.register_prehook(_poisoned)
+    for name in ("__class__", "__dict__"):
+        a, b = getattr(old, name), getattr(like, name)
+        setattr(old, name, b)
+        setattr(like, name, a)
+    for name in slots:
+        a, b = getattr(old, name, _MISSING), getattr(like, name, _MISSING)
+        for t, v in ((old, b), (like, a)):
+            if v is _MISSING:
+                if hasattr(t, name):
+                    delattr(t, name)
+            else:
+                setattr(t, name, v)
+    torch._C._swap_tensor_impl(old, like)
+
+
+_MISSING = object()
+
+
 def _kept(old, new, where):
     """old, holding new's converted tensor (new rebuilt as old's class with old's attributes);
-    new's rebuild where PyTorch refuses the swap."""
+    new's rebuild where the swap cannot be made."""
     like = _like(old, new)
     if torch.__future__.get_overwrite_module_params_on_conversion():
         return like
     try:
-        torch.utils.swap_tensors(old, like)
+        _swap(old, like)
     except RuntimeError as e:
         warnings.warn(
-            f"tpu: {where} became a new Parameter object in this conversion (PyTorch could not "
-            f"swap it in place: {e}); an optimizer or any other code holding the old one keeps "
+            f"tpu: {where} became a new Parameter object in this conversion (it could not be "
+            f"swapped in place: {e}); an optimizer or any other code holding the old one keeps "
             "the old tensor, so build the optimizer after the conversion", stacklevel=4)
         return like
     return old

@@ -3,6 +3,7 @@ identities, as CPU<->CUDA conversions do: each Parameter stays the same object (
 built before `.to("tpu")` trains the model), a weight tied between modules stays one Parameter,
 a buffer shared by modules stays one tensor, and a Parameter keeps its subclass, attributes,
 requires_grad and grad."""
+import warnings
 import weakref
 
 import pytest
@@ -125,11 +126,25 @@ def test_an_optimizer_built_before_to_tpu_trains_the_model(mode):
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_parameter_a_live_graph_saved_keeps_its_object_through_to_tpu(mode):
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    before = list(m.parameters())
+    out = m(torch.randn(2, 3, 6, 6))  # its graph holds the CPU weights
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m.to("tpu").half()
+    assert all(a is b for a, b in zip(m.parameters(), before))
+    assert all(p.device.type == "tpu" and p.dtype == torch.float16 for p in m.parameters())
+    with pytest.raises(RuntimeError, match="moved after the forward that recorded it"):
+        out.sum().backward()
+
+
 def test_a_parameter_pytorch_cannot_swap_becomes_a_new_object_with_a_warning(mode):
     m = nn.Linear(2, 2)
     w = m.weight
     keep = weakref.ref(w)  # swap_tensors refuses a tensor with a weak reference
-    with pytest.warns(UserWarning, match="Linear.weight became a new Parameter object"):
+    with pytest.warns(UserWarning, match="Linear.weight became a new Parameter object.*weak "
+                                         "reference"):
         m.to("tpu")
     assert m.weight is not w and m.weight.device.type == "tpu" and keep() is w
     assert m.bias.device.type == "tpu"
