@@ -127,11 +127,27 @@ at::Tensor polar_of(const at::Tensor& abs, const at::Tensor& angle) {
   return from_parts(abs * angle.cos(), abs * angle.sin());
 }
 
-at::Tensor& polar_out(const at::Tensor& abs, const at::Tensor& angle, at::Tensor& out) {
-  auto r = polar_of(abs, angle);
+// torch.complex(real, imag): the pairs themselves (broadcast together).
+at::Tensor complex_of(const at::Tensor& real, const at::Tensor& imag) {
+  TORCH_CHECK(real.scalar_type() == at::kFloat && imag.scalar_type() == at::kFloat,
+              "tpu: complex takes float32 real and imag parts (complex64 is the only complex "
+              "dtype tpu holds), got ", real.scalar_type(), " and ", imag.scalar_type());
+  auto both = at::broadcast_tensors({real, imag});
+  return from_parts(both[0], both[1]);
+}
+
+at::Tensor& resized_copy(const at::Tensor& r, at::Tensor& out) {
   if (!out.sizes().equals(r.sizes())) out.resize_(r.sizes());
   out.copy_(r);
   return out;
+}
+
+at::Tensor& polar_out(const at::Tensor& abs, const at::Tensor& angle, at::Tensor& out) {
+  return resized_copy(polar_of(abs, angle), out);
+}
+
+at::Tensor& complex_out(const at::Tensor& real, const at::Tensor& imag, at::Tensor& out) {
+  return resized_copy(complex_of(real, imag), out);
 }
 
 }  // namespace
@@ -146,4 +162,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("conj_physical_", TORCH_FN(dft::conj_physical_));
   m.impl("polar", TORCH_FN(dft::polar_of));
   m.impl("polar.out", TORCH_FN(dft::polar_out));
+  m.impl("complex", TORCH_FN(dft::complex_of));
+  m.impl("complex.out", TORCH_FN(dft::complex_out));
 }

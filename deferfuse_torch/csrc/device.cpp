@@ -300,8 +300,12 @@ const at::Tensor& resize_(const at::Tensor& self, at::IntArrayRef size,
   auto storage = self.storage();
   if (need > storage.nbytes()) {
     const StorageCtx& old = storage_ctx(self);
-    int64_t n_new = static_cast<int64_t>(need / item), n_old = storage.nbytes() / item, one = 1;
-    uint32_t dt = to_dtype(self.scalar_type());
+    // A complex64 storage holds float32 pairs (complex.cpp).
+    uint32_t dt = self.scalar_type() == at::kComplexFloat ? DFUSE_DTYPE_F32
+                                                          : to_dtype(self.scalar_type());
+    size_t stored = c10::elementSize(from_dtype(dt));
+    int64_t n_new = static_cast<int64_t>(need / stored), one = 1;
+    int64_t n_old = static_cast<int64_t>(storage.nbytes() / stored);
     TORCH_CHECK(old.dtype == dt, "tpu: resize_ of a tensor viewing a storage of another dtype");
     uint64_t h = 0;
     check(dfuse_tensor_empty(rt(), dt, &n_new, 1, &h), "resize_ allocation");

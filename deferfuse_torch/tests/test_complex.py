@@ -230,3 +230,25 @@ def test_torch_compile_runs_complex_rotary_embeddings_as_eager_does():
     assert torch.equal(got.detach().cpu(), want.detach().cpu())
     for g, p in zip(got_grads, model.parameters()):
         assert torch.equal(g.cpu(), p.grad.cpu())
+
+
+def test_torch_complex_builds_the_pairs_with_broadcasting_and_gradients_as_on_cpu(mode):
+    real, imag = torch.tensor([[1.0, -2.0, 3.5]]), torch.tensor([[0.5], [-1.0]])
+    got = {}
+    for dev in ("cpu", "tpu"):
+        r = real.to(dev).detach().requires_grad_()
+        i = imag.to(dev).detach().requires_grad_()
+        z = torch.complex(r, i)
+        torch.view_as_real(z).pow(2).mul(torch.tensor([1.0, 3.0]).to(dev)).sum().backward()
+        got[dev] = (z.detach().cpu(), r.grad.cpu(), i.grad.cpu())
+    for a, b in zip(got["tpu"], got["cpu"]):
+        assert torch.equal(a, b)
+    out = torch.empty(0, dtype=torch.complex64, device="tpu")
+    torch.complex(real.to("tpu"), imag.to("tpu"), out=out)
+    assert torch.equal(out.cpu(), got["cpu"][0])
+
+
+def test_torch_complex_of_float64_parts_is_a_clear_error(mode):
+    with pytest.raises(RuntimeError, match="complex takes float32 real and imag parts"):
+        torch.complex(torch.ones(2, dtype=torch.float64, device="tpu"),
+                      torch.ones(2, dtype=torch.float64, device="tpu"))
