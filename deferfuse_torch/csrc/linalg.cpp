@@ -1,7 +1,9 @@
-// Matrix products (mm, bmm, mv, dot, addmm, baddbmm, addmv, addbmm), cat and arange.
+// Matrix products (mm, bmm, mv, dot, addmm, baddbmm, addmv, addbmm), cross products, cat and
+// arange.
 #include "common.h"
 
 #include <ATen/ExpandUtils.h>
+#include <ATen/native/Resize.h>
 #include <torch/library.h>
 
 namespace dft {
@@ -145,6 +147,32 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
   return out.copy_(r);
 }
 
+// linalg.cross (torch.cross): the cross product of 3-vectors along `dim`, broadcast, with CPU's
+// errors; each component a[i+1] * b[i+2] - a[i+2] * b[i+1] as CPU's kernel computes it.
+at::Tensor cross_product(const at::Tensor& a, const at::Tensor& b, int64_t dim) {
+  TORCH_CHECK(a.dim() == b.dim(), "linalg.cross: inputs must have the same number of dimensions.");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "expected scalar type ", a.scalar_type(),
+              " but found ", b.scalar_type());
+  int64_t d = c10::maybe_wrap_dim(dim, a.dim());
+  TORCH_CHECK(a.size(d) == 3 && b.size(d) == 3, "linalg.cross: inputs dimension ", dim,
+              " must have length 3. Got ", a.size(d), " and ", b.size(d));
+  auto sizes = at::infer_size(a.sizes(), b.sizes());
+  auto x = a.expand(sizes), y = b.expand(sizes);
+  auto part = [d](const at::Tensor& t, int64_t i) { return t.narrow(d, i % 3, 1); };
+  std::vector<at::Tensor> out;
+  for (int64_t i = 0; i < 3; ++i) {
+    out.push_back(part(x, i + 1) * part(y, i + 2) - part(x, i + 2) * part(y, i + 1));
+  }
+  return at::cat(out, d);
+}
+
+at::Tensor& cross_product_out(const at::Tensor& a, const at::Tensor& b, int64_t dim,
+                              at::Tensor& out) {
+  auto r = cross_product(a, b, dim);
+  at::native::resize_output(out, r.sizes());
+  return out.copy_(r);
+}
+
 }  // namespace
 }  // namespace dft
 
@@ -162,5 +190,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("addmv", DFT_GROUPED(dft::addmv));
   m.impl("addbmm", DFT_GROUPED(dft::addbmm));
   m.impl("cat", DFT_GROUPED(dft::cat));
+  m.impl("linalg_cross", DFT_GROUPED(dft::cross_product));
+  m.impl("linalg_cross.out", TORCH_FN(dft::cross_product_out));
   m.impl("arange.start_out", DFT_GROUPED(dft::arange_out));
 }

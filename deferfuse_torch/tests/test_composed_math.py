@@ -1,8 +1,8 @@
 """Math a model's losses and layers call that PyTorch has only CPU and CUDA kernels for, composed
 from the device's ops (so the backward is autograd through them), against CPU in every eager
 mode with no CPU fallback: cdist (its direct path, every p) and pdist with their gradients,
-frac, logaddexp, hardshrink (+ backward), var_mean/std_mean, trace, torch.equal and
-channel_shuffle."""
+frac, logaddexp, hardshrink (+ backward), var_mean/std_mean, trace, torch.equal,
+channel_shuffle and linalg.cross."""
 
 import pytest
 import torch
@@ -145,3 +145,18 @@ def test_cdist_inf_splits_the_gradient_between_tied_columns_where_cpu_gives_each
 def test_tensor_unfold_backward_adds_each_windows_gradient_back(mode, shape, dim, size, step):
     # unfold_backward ran on the CPU fallback (framing a signal, cutting patches).
     assert_same(lambda x: x.unfold(dim, size, step), torch.randn(shape))
+
+
+@pytest.mark.parametrize("dim", [1, -1])
+def test_cross_product_and_its_gradient_match_cpu(mode, dim):
+    g = torch.Generator().manual_seed(0)
+    shape = (4, 3, 5) if dim == 1 else (4, 5, 3)
+    a = torch.randn(*shape, generator=g)
+    b = torch.randn(1, *shape[1:], generator=g)  # broadcast over the batch
+    assert_same(lambda a, b: torch.linalg.cross(a, b, dim=dim), a, b, atol=1e-6, rtol=1e-5)
+    assert_same(lambda a, b: torch.cross(a, b, dim=dim), a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_cross_product_of_a_dim_not_of_length_three_raises_cpus_error(mode):
+    with pytest.raises(RuntimeError, match="inputs dimension -1 must have length 3. Got 3 and 4"):
+        torch.linalg.cross(torch.randn(2, 3, device="tpu"), torch.randn(2, 4, device="tpu"))

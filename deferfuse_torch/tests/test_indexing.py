@@ -145,6 +145,22 @@ def test_embedding_forward_and_backward_with_padding_idx(mode):
     check(wt.grad, w.grad)
 
 
+@pytest.mark.parametrize("norm_type", [2.0, 1.0])
+def test_embedding_max_norm_renormalizes_the_named_rows_on_the_device_as_cpu(mode, norm_type):
+    # F.embedding(max_norm=...) rescales, in place, the rows it looks up whose norm is above
+    # max_norm (embedding_renorm_); a row named twice is rescaled once.
+    torch.manual_seed(0)
+    w = torch.randn(10, 4) * 2
+    wt = tpu(w)
+    idx = torch.tensor([[1, 3, 3], [7, 1, 0]])
+    deferfuse_torch.reset_fallback_counts()
+    out_t = F.embedding(tpu(idx), wt, max_norm=1.0, norm_type=norm_type)
+    out = F.embedding(idx, w, max_norm=1.0, norm_type=norm_type)
+    check(out_t, out)
+    check(wt, w)
+    assert deferfuse_torch.fallback_counts() == {}
+
+
 def test_advanced_indexing_get(mode):
     x = torch.randn(4, 5, 6)
     i = torch.tensor([0, -1, 2])
