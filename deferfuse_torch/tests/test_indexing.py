@@ -150,9 +150,11 @@ def test_embedding_max_norm_renormalizes_the_named_rows_on_the_device_as_cpu(mod
     # F.embedding(max_norm=...) rescales, in place, the rows it looks up whose norm is above
     # max_norm (embedding_renorm_); a row named twice is rescaled once.
     torch.manual_seed(0)
-    w = torch.randn(10, 4) * 2
+    w = torch.randn(10, 4) * torch.linspace(0.2, 1.5, 10).unsqueeze(1)
     wt = tpu(w)
-    idx = torch.tensor([[1, 3, 3], [7, 1, 0]])
+    idx = torch.tensor([[1, 3, 3], [7, 1, 0], [9, 5, 8]])
+    norms = w.norm(p=norm_type, dim=1)
+    assert (norms[idx.flatten()] > 1).any() and (norms[idx.flatten()] < 1).any()
     deferfuse_torch.reset_fallback_counts()
     out_t = F.embedding(tpu(idx), wt, max_norm=1.0, norm_type=norm_type)
     out = F.embedding(idx, w, max_norm=1.0, norm_type=norm_type)
