@@ -120,6 +120,14 @@ void check(DfuseStatus s, const char* what) {
   }
 }
 
+void copy_handle(uint64_t src, uint64_t dst, const char* what) {
+  DfuseOperand in{};
+  in.kind = DFUSE_OPERAND_KIND_TENSOR;
+  in.tensor = src;
+  uint64_t res = 0;
+  check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, dst, &res), what);
+}
+
 OpGroup::OpGroup() {
   if (get_mode() != DFUSE_MODE_STRICT) return;
   check(dfuse_op_group_begin(rt()), "opening an op group");

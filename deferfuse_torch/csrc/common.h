@@ -40,6 +40,10 @@ uint32_t set_mode(uint32_t mode);
 // Raises a RuntimeError carrying dfuse_last_error() when `s` is not OK.
 void check(DfuseStatus s, const char* what);
 
+// Records a copy of the tensor handle `src` into the tensor handle `dst` (written in place, in
+// dst's layout) on the current stream; `what` names the caller in its error.
+void copy_handle(uint64_t src, uint64_t dst, const char* what);
+
 // Dims kept inline: a layout of up to this many dims costs no heap allocation (every op's
 // result makes one StorageCtx and every call one Operands, so heap vectors there were a
 // malloc/free pair each, several per op).

@@ -266,15 +266,14 @@ bool whole_window(const Geometry& g) {
 // product of few columns that reads the whole weight per sample (resnet18's 8x8 to 2x2 layers
 // at batch 8 ran 1.3x slower that way than folded into one product); from
 // kGemmPerSampleFromPositions on (kConvOpSmallWeightFromPositions for a weight that stays in
-// cache), the products per sample are wide enough. A strided one
-// takes the op only where its columns would be kMinStridedColumnsPerInput or more values per
-// input value (K over the strides' product): below that, im2col's copy is cheap and the
-// product reading packed columns was as fast or faster (one thread, im2col -> op: a 7x7
-// stride-2 stem, [8, 3, 64, 64] by [64, 3, 7, 7], forward 2.5-3.2 -> 1.5 ms and weight
-// gradient 2.6 -> 1.7-1.9, resnet18's step 118.5 -> 115 ms; an audio encoder's k3 stride-2
-// [8, 128, 1599] by [128, 128, 3], 1.5 values per input value, forward 6.7 -> 7.9, and its
-// step no faster). A strided convolution's input gradient is not a convolution of that kind
-// (input_grad_as_conv).
+// cache), the products per sample are wide enough. A strided one takes the op only where its
+// columns would be kMinStridedColumnsPerInput or more values per input value (K over the
+// strides' product): below that, im2col's copy is cheap and the product reading packed columns
+// was as fast or faster (one thread, im2col -> op: a 7x7 stride-2 stem, [8, 3, 64, 64] by [64,
+// 3, 7, 7], forward 2.5-3.2 -> 1.5 ms and weight gradient 2.6 -> 1.7-1.9, resnet18's step 118.5
+// -> 115 ms; an audio encoder's k3 stride-2 [8, 128, 1599] by [128, 128, 3], 1.5 values per
+// input value, forward 6.7 -> 7.9, and its step no faster). A strided convolution's input
+// gradient is not a convolution of that kind (input_grad_as_conv).
 constexpr double kMinStridedColumnsPerInput = 4.0;
 
 // A weight this small (elements; 384 KB of float32) stays in cache while the op multiplies

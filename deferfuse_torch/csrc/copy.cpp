@@ -46,12 +46,8 @@ void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
     check(dfuse_tensor_from_host(rt(), host.data_ptr(), host.nbytes(), to_dtype(elem), &n, 1, &h),
           "copy_ of storage bytes from host");
     Ref up(h, true);
-    DfuseOperand in{};
-    in.kind = DFUSE_OPERAND_KIND_TENSOR;
-    in.tensor = h;
-    uint64_t res = 0;
     note_op();
-    check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "copy_");
+    copy_handle(h, d.get(), "copy_");
     return;
   }
   if (!is_tpu(s)) {
@@ -64,12 +60,8 @@ void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
           "copy_ from host");
     Ref up(h, true);
     Ref d = ref(dst);
-    DfuseOperand in{};
-    in.kind = DFUSE_OPERAND_KIND_TENSOR;
-    in.tensor = h;
-    uint64_t res = 0;
     note_op();
-    check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "copy_");
+    copy_handle(h, d.get(), "copy_");
     return;
   }
   if (!s.sizes().equals(dst.sizes())) s = s.expand(dst.sizes());
@@ -189,12 +181,8 @@ at::Tensor& fill_scalar_(at::Tensor& self, const at::Scalar& value) {
         "fill_");
   Ref full(h, true);
   Ref d = ref(self);
-  DfuseOperand in{};
-  in.kind = DFUSE_OPERAND_KIND_TENSOR;
-  in.tensor = h;
-  uint64_t res = 0;
   note_op();
-  check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res), "fill_");
+  copy_handle(h, d.get(), "fill_");
   return self;
 }
 

@@ -51,11 +51,7 @@ struct TpuAllocator final : c10::Allocator {
     Ref dref(dv, true);
     check(dfuse_as_strided(rt(), s, &n, &one, 1, 0, &sv), "copy_data source view");
     Ref sref(sv, true);
-    DfuseOperand in{};
-    in.kind = DFUSE_OPERAND_KIND_TENSOR;
-    in.tensor = sv;
-    uint64_t res = 0;
-    check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, dv, &res), "copy_data");
+    copy_handle(sv, dv, "copy_data");
   }
 };
 
@@ -316,11 +312,7 @@ const at::Tensor& resize_(const at::Tensor& self, at::IntArrayRef size,
       Ref s(sv, true);
       check(dfuse_as_strided(rt(), h, &n_old, &one, 1, 0, &dv), "resize_ destination");
       Ref d(dv, true);
-      DfuseOperand in{};
-      in.kind = DFUSE_OPERAND_KIND_TENSOR;
-      in.tensor = sv;
-      uint64_t res = 0;
-      check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, dv, &res), "resize_ copy");
+      copy_handle(sv, dv, "resize_ copy");
     }
     check(dfuse_tensor_retain(rt(), h), "resize_ retain");
     storage.set_data_ptr_noswap(data_ptr_for(h, dt, {n_new}, {1}));

@@ -4,7 +4,6 @@
 // range of the buffer's own elements).
 #include "common.h"
 #include "observe.h"
-#include "streams.h"
 
 #include <ATen/EmptyTensor.h>
 #include <torch/library.h>
@@ -72,13 +71,8 @@ bool copy_storage_bytes(const at::Tensor& dst, const at::Tensor& src) {
   TORCH_CHECK(dst_elem == elem, "tpu: copy_ of the bytes of a ", elem, " storage into a ",
               dst_elem, " storage would reinterpret them, which tpu does not support; copy "
               "the tensors (dst.copy_(src)) instead of their storages");
-  DfuseOperand in{};
-  in.kind = DFUSE_OPERAND_KIND_TENSOR;
-  in.tensor = s.get();
-  uint64_t res = 0;
   note_op();
-  check(dfuse_op(rt(), current_stream(), DFUSE_OP_KIND_COPY, nullptr, &in, 1, d.get(), &res),
-        "copy_ of storage bytes");
+  copy_handle(s.get(), d.get(), "copy_ of storage bytes");
   return true;
 }
 
