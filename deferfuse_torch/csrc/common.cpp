@@ -5,6 +5,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
+#include <c10/core/AutogradState.h>
 #include <c10/core/TensorImpl.h>
 
 #include <atomic>
@@ -40,6 +41,24 @@ int64_t handle_bytes(const StorageCtx& c) {
 std::atomic<uint32_t> g_mode{UINT32_MAX};
 std::atomic<uint64_t> g_mode_gen{0};
 thread_local uint64_t tl_mode_gen = 0;
+thread_local bool tl_backward_on_this_thread = false;
+
+// PyTorch's autograd engine runs the backward of a non-CPU device on a worker thread of its own
+// while the caller waits, and that worker lets go of a finished graph's tensors whenever it gets
+// to it, possibly after the caller's backward returned and it records the next ops. A release
+// of a tensor that a deferred op writes makes that op's value dead, so whether it is written
+// depended on timing: MAML's autograd.grad(create_graph=True) steps compiled 1-3 new programs
+// every step in steady state (regions with and without the output). Running the backward on
+// the calling thread, as PyTorch does for CPU tensors, makes each step record, release and
+// plan the same way every time, saves a thread hand-off per backward, and gives CPU's
+// behaviour (hooks and the errors they raise run on the caller). PyTorch keeps that choice per
+// thread (torch.autograd.set_multithreading_enabled), so it is made on each thread's first
+// use of the device; a user's own `set_multithreading_enabled(True)` block still takes the
+// worker.
+void run_backward_on_this_thread() {
+  tl_backward_on_this_thread = true;
+  c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
+}
 
 void delete_ctx(void* p) {
   auto* c = static_cast<StorageCtx*>(p);
@@ -84,6 +103,7 @@ extern c10::Allocator* tpu_allocator();
 
 DfuseRuntime* rt() {
   DfuseRuntime* r = raw_runtime();
+  if (!tl_backward_on_this_thread) run_backward_on_this_thread();
   uint64_t gen = g_mode_gen.load(std::memory_order_acquire);
   if (tl_mode_gen != gen) {
     check(dfuse_mode_set(r, g_mode.load(std::memory_order_acquire)), "setting the mode");

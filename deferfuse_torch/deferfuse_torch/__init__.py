@@ -56,17 +56,22 @@ class _Probe(torch.autograd.Function):
 
 
 def _probe_backward():
-    """One backward through the "tpu" device's autograd thread; returns when it ran."""
+    """One backward through the "tpu" device's autograd thread; returns when it ran. (A thread
+    that uses the device runs its own backwards itself, see common.cpp, but a thread that only
+    calls backward on another thread's tensors still goes through the device thread.)"""
     x = torch.empty((), device="tpu").requires_grad_()
-    torch.autograd.grad(_Probe.apply(x), x, grad_outputs=torch.empty((), device="tpu"))
+    with torch.autograd.set_multithreading_enabled(True):
+        torch.autograd.grad(_Probe.apply(x), x, grad_outputs=torch.empty((), device="tpu"))
 
 
 def _check_autograd_engine():
     """PyTorch's autograd engine sizes its per-device queues once, at the first backward of the
     process, from the devices registered then: after a backward that ran before this import it
-    has no queue for "tpu", and every backward through a tpu tensor fails inside PyTorch with
-    an internal assert ("device_ready_queues_"). A one-element backward here finds out, and says
-    what to do instead of leaving the user that assert."""
+    has no queue for "tpu". A thread that used the device runs its tpu backwards itself and
+    needs none (common.cpp), but a backward on the device thread (one inside
+    `set_multithreading_enabled(True)`, or from a thread that never used the device) fails
+    inside PyTorch with an internal assert ("device_ready_queues_"). A one-element backward
+    there finds out, and says what to do instead of leaving the user that assert."""
     import warnings
 
     try:
@@ -76,9 +81,11 @@ def _check_autograd_engine():
             raise
         warnings.warn(
             "deferfuse_torch was imported after a backward pass already ran in this process: "
-            "PyTorch's autograd engine has no queue for the \"tpu\" device, so backward through "
-            "tpu tensors will fail with an internal assert. Import deferfuse_torch before the "
-            "first .backward() / torch.autograd.grad call (for example at the top of the "
+            "PyTorch's autograd engine has no queue for the \"tpu\" device. A thread that uses "
+            "tpu tensors runs their backward itself, but one inside "
+            "torch.autograd.set_multithreading_enabled(True), or from a thread that has not "
+            "used the device, will fail with an internal assert. Import deferfuse_torch before "
+            "the first .backward() / torch.autograd.grad call (for example at the top of the "
             "script).", RuntimeWarning, stacklevel=3)
 
 
@@ -91,8 +98,10 @@ _EXIT_PROBE = []
 
 
 def _settle_autograd_thread_at_exit():
-    """PyTorch runs a tpu backward on its own device thread, which may drop a finished graph
-    task's last reference after the caller's backward returned. That task holds Python objects
+    """A tpu backward that runs on PyTorch's device thread for "tpu" (one called inside
+    `torch.autograd.set_multithreading_enabled(True)`, or from a thread that never used the
+    device itself; see common.cpp) may drop a finished graph task's last reference after the
+    caller's backward returned. That task holds Python objects
     (`torch.autograd.graph._engine_run_backward` stashes the caller's `contextvars` context in
     thread-local state, which the task captures; `autograd.grad` keeps its result tensors), so
     the release takes the GIL; a script that ends right then has the thread ask for it during
@@ -108,8 +117,9 @@ def _settle_autograd_thread_at_exit():
         x = torch.empty((), device="tpu").requires_grad_()
         y, g = x.view_as(x), torch.empty((), device="tpu")
         _EXIT_PROBE.extend([x, y, g])
-        torch.autograd.Variable._execution_engine.run_backward(
-            (y,), (g,), False, False, (), True, True)
+        with torch.autograd.set_multithreading_enabled(True):
+            torch.autograd.Variable._execution_engine.run_backward(
+                (y,), (g,), False, False, (), True, True)
     except Exception:  # noqa: BLE001 -- at exit nothing may raise; a broken runtime reported its error already
         pass
 

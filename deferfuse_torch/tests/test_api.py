@@ -84,12 +84,14 @@ def test_tensor_freed_by_torch_is_released():
     torch.tpu.synchronize()
 
 
-def test_mode_reaches_autograds_backward_thread():
-    # deferfuse's mode is per thread and autograd runs backward on its own device thread: the
-    # block's mode must still apply there, so backward's ops are deferred too.
+@pytest.mark.parametrize("device_thread", [False, True])
+def test_mode_reaches_autograds_backward_thread(device_thread):
+    # deferfuse's mode is per thread, and a backward inside set_multithreading_enabled(True)
+    # runs on autograd's device thread (test_backward_thread.py): the block's mode must still
+    # apply there, so backward's ops are deferred too.
     x = torch.ones(4, device="tpu", requires_grad=True)
     torch.tpu.synchronize()
-    with deferfuse_torch.mode("defer"):
+    with deferfuse_torch.mode("defer"), torch.autograd.set_multithreading_enabled(device_thread):
         (x * x).sum().backward()
         assert "mul" in deferfuse_torch.dump_pending()
         torch.tpu.synchronize()
@@ -153,9 +155,14 @@ def test_importing_after_a_cpu_backward_warns_that_tpu_backward_cannot_run():
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
             "    import deferfuse_torch\n"
-            "print(any('Import deferfuse_torch before the first' in str(m.message) for m in w))\n")
+            "print(any('Import deferfuse_torch before the first' in str(m.message) for m in w))\n"
+            "y = torch.ones(2, device='tpu', requires_grad=True); (y * 3).sum().backward()\n"
+            "print(y.grad.cpu().tolist())\n"  # this thread runs its own tpu backward
+            "with torch.autograd.set_multithreading_enabled(True):\n"
+            "    (y * 3).sum().backward()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == "True", out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "[3.0,", "3.0]"], out.stderr[-2000:]
+    assert "device_ready_queues_" in out.stderr
 
 
 def test_importing_first_gives_no_warning_and_backward_runs():
