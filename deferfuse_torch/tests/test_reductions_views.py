@@ -29,10 +29,27 @@ def test_float_reductions(mode, name, f):
     check(f(X.to("tpu")), f(X), atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("f", [
+    lambda t: t.exp().sum(),
+    lambda t: t.sin().sum(0),
+    lambda t: t.tanh().mean(1),
+    lambda t: torch.logsumexp(t, 1),
+    lambda t: t.sigmoid().sum(1),
+], ids=["exp_sum", "sin_sum0", "tanh_mean1", "logsumexp1", "sigmoid_sum1"])
+@pytest.mark.parametrize("shape", [(0, 4), (3, 0)])
+def test_a_reduction_over_an_empty_tensor_after_a_math_op_gives_cpus_value(mode, f, shape):
+    # The fused row kernel once grouped empty rows and divided by their length (SIGFPE).
+    check(f(torch.zeros(shape).to("tpu")), f(torch.zeros(shape)))
+
+
 def _spread(shape):
-    """Random values spanning magnitudes, so that another summation order shows in the bits."""
+    """Random values spanning magnitudes, so that another summation order shows in the bits.
+    Seeded here: drawn from the global generator they depended on which tests ran before, and
+    some draws cancel far enough for the 5-8 element test's tolerance to fail."""
     n = torch.Size(shape).numel()
-    return torch.randn(shape) * torch.tensor([1.0, 1e-4, 1e4]).repeat(n // 3 + 1)[:n].view(shape)
+    g = torch.Generator().manual_seed(1)
+    scale = torch.tensor([1.0, 1e-4, 1e4]).repeat(n // 3 + 1)[:n].view(shape)
+    return torch.randn(shape, generator=g) * scale
 
 
 @pytest.mark.parametrize("shape,dim", [((16, 2, 2, 64, 32), 2), ((5, 4, 40), 1), ((64, 3), 1)])

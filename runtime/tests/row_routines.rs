@@ -262,8 +262,19 @@ fn rows_of_every_length_taken_in_groups_match_the_inline_code() {
 /// row, planned into one row kernel (its routine call in the first sweep, before the sum):
 /// the bits of y, then of s.
 fn run_row_kernel(backend: &CpuBackend, op: UnaryOp, xs: &[f32], row: usize) -> Vec<u32> {
-    let rows = xs.len() / row;
     let (x_layout, spread) = spread_rows(xs, row);
+    run_row_kernel_on(backend, op, x_layout, &spread, xs.len() / row, row)
+}
+
+/// `run_row_kernel` on `rows` rows of `row` read from `spread` through `x_layout`.
+fn run_row_kernel_on(
+    backend: &CpuBackend,
+    op: UnaryOp,
+    x_layout: Layout,
+    spread: &[f32],
+    rows: usize,
+    row: usize,
+) -> Vec<u32> {
     let t = |buffer, layout| TensorRef {
         buffer,
         layout,
@@ -296,7 +307,7 @@ fn run_row_kernel(backend: &CpuBackend, op: UnaryOp, xs: &[f32], row: usize) -> 
         "a row kernel"
     );
     let prog = backend.compile(&step.region).unwrap();
-    run_step(&*prog, step, &spread, &[(2, rows * row), (3, rows)])
+    run_step(&*prog, step, spread, &[(2, rows * row), (3, rows)])
 }
 
 #[test]
@@ -315,5 +326,16 @@ fn a_row_kernel_over_rows_of_every_length_taken_in_groups_matches_the_inline_cod
                 "{op:?} and its row sums, rows of {row}"
             );
         }
+    }
+}
+
+#[test]
+fn a_row_kernel_over_empty_rows_gives_zero_sums() {
+    // Rows of length 0 (`x.exp().sum(1)` of a [37, 0] tensor) once took the grouped path,
+    // which divides the block by the row length: the process died of SIGFPE.
+    let backend = CpuBackend::new(false, 1).unwrap();
+    for op in [UnaryOp::Exp, UnaryOp::Tanh] {
+        let sums = run_row_kernel_on(&backend, op, Layout::contiguous(&[37, 0]), &[], 37, 0);
+        assert_eq!(sums, vec![0.0f32.to_bits(); 37], "{op:?}");
     }
 }

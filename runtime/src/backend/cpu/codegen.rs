@@ -489,12 +489,17 @@ pub fn build(
         .collect();
 
     if schedule.groups_rows() {
-        // Rows shorter than a block run in groups of rows (see `row_groups`).
+        // Rows shorter than a block run in groups of rows (see `row_groups`); empty rows
+        // (a reduction over a 0-length dim) take the per-row loop, as a group of them would
+        // divide by their length. Unsigned, `n_inner - 1 < BLOCK - 1` is `0 < n_inner < BLOCK`.
         let grouped = e.b.create_block();
         let per_row = e.b.create_block();
-        let short =
-            e.b.ins()
-                .icmp_imm_s(IntCC::SignedLessThan, n_inner, super::sweep::BLOCK as i64);
+        let below = e.b.ins().iadd_imm_s(n_inner, -1);
+        let short = e.b.ins().icmp_imm_u(
+            IntCC::UnsignedLessThan,
+            below,
+            super::sweep::BLOCK as i64 - 1,
+        );
         e.b.ins().brif(short, grouped, &[], per_row, &[]);
         e.b.switch_to_block(grouped);
         let rows = super::row_groups::Rows {
