@@ -154,7 +154,15 @@ def _apply(self, fn, recurse=True):
         result = _original_apply(self, _memoized(fn, memo), recurse)
     finally:
         _state.active = False
+    # An RNN (nn.LSTM/GRU/RNN) below the top module has just taken weak references to its
+    # converted Parameters (RNNBase._apply -> _init_flat_weights), which would make the swap
+    # refuse them: drop those, and let each RNN take them again, of the kept objects.
+    rnns = list({id(m): m for m, *_ in slots if isinstance(m, nn.RNNBase)}.values())
+    for m in rnns:
+        m._flat_weight_refs = []
     _retie(slots)
+    for m in rnns:
+        m._init_flat_weights()
     return result
 
 

@@ -126,6 +126,40 @@ def test_an_optimizer_built_before_to_tpu_trains_the_model(mode):
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
 
 
+class NestedRNN(nn.Module):
+    def __init__(self, cell):
+        super().__init__()
+        self.rnn = cell(4, 3, batch_first=True)
+        self.out = nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.out(self.rnn(x)[0])
+
+
+@pytest.mark.parametrize("cell", [nn.LSTM, nn.GRU, nn.RNN])
+def test_an_optimizer_built_before_to_tpu_trains_an_rnn_inside_a_module(mode, cell):
+    # The RNN takes weak references to its converted weights inside the conversion; they
+    # must not stop its Parameters from being kept (they did, with a warning each).
+    torch.manual_seed(0)
+    ref = NestedRNN(cell)
+    m = NestedRNN(cell)
+    m.load_state_dict(ref.state_dict())
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.5)
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m.to("tpu")
+    x = torch.randn(2, 5, 4)
+    for _ in range(2):
+        for model, o, dev in ((ref, opt_ref, "cpu"), (m, opt, "tpu")):
+            o.zero_grad()
+            model(x.to(dev)).pow(2).sum().backward()
+            o.step()
+    for got, want in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+    assert all(w is p for w, p in zip(m.rnn._flat_weights, m.rnn.parameters()))
+
+
 def test_a_parameter_a_live_graph_saved_keeps_its_object_through_to_tpu(mode):
     m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
     before = list(m.parameters())
