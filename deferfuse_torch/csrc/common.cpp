@@ -206,6 +206,15 @@ at::ScalarType from_dtype(uint32_t d) {
   return map[d];
 }
 
+StorageCtx* find_storage_ctx(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1 || !t.has_storage()) {
+    return nullptr;
+  }
+  const c10::DataPtr& dp = t.storage().data_ptr();
+  if (dp.get_deleter() != &delete_ctx) return nullptr;
+  return static_cast<StorageCtx*>(dp.get_context());
+}
+
 const StorageCtx& storage_ctx(const at::Tensor& t) {
   TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1,
               "tpu: expected a tensor on device tpu, got one on ", t.device());

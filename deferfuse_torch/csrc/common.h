@@ -13,6 +13,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/util/SmallVector.h>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -28,9 +29,9 @@ class OperatorHandle;
 namespace dft {
 
 // The process's runtime (created on first use with the mode from the TORCH_TPU_* variables).
-// Every call also applies the process-wide mode to the calling thread: autograd runs backward
-// on its own device thread, and deferfuse's mode is per thread, so a mode chosen in Python must
-// follow the work onto that thread.
+// Every call also applies the process-wide mode to the calling thread (deferfuse's mode is per
+// thread, and a backward may run on autograd's device thread, so a mode chosen in Python must
+// follow the work there), and on a thread's first call makes its tpu backwards run on it.
 DfuseRuntime* rt();
 
 // The process-wide mode (a DfuseMode); set_mode returns the previous one.
@@ -52,11 +53,16 @@ using DimVec = c10::SmallVector<int64_t, kInlineDims>;
 
 // The layout the storage's handle was created with: a handle whose tensor matches it exactly
 // is used as is, saving an as_strided call per operand.
+struct IndexedGrad;  // indexed_grad.cpp
+
 struct StorageCtx {
   uint64_t handle;
   uint32_t dtype;
   DimVec sizes;
   DimVec strides;
+  // Set on the result of select_backward / slice_backward only: which view of these zeros
+  // holds the gradient, so that adding it touches that view alone (indexed_grad.h).
+  std::shared_ptr<const IndexedGrad> indexed_grad;
 };
 
 // A handle for one kernel operand: borrowed (the storage's own) or owned (a view made for this
@@ -83,6 +89,8 @@ at::ScalarType from_dtype(uint32_t d);
 
 // The storage's context; raises a clear error for a tensor that is not on the tpu device.
 const StorageCtx& storage_ctx(const at::Tensor& t);
+// The same, or nullptr where t is not a tpu tensor with a storage of this device's making.
+StorageCtx* find_storage_ctx(const at::Tensor& t);
 
 // A handle addressing exactly t's elements (storage + storage_offset + strides).
 Ref ref(const at::Tensor& t);

@@ -2,6 +2,7 @@
 // update ops optimizers use (lerp, addcmul, addcdiv). Each maps to one or two dfuse_op calls;
 // in-place variants pass the destination as the op's `out`, so every alias sees the write.
 #include "elementwise_ops.h"
+#include "indexed_grad.h"
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/ScalarOps.h>
@@ -67,12 +68,18 @@ bool scales_a_tensor(const at::Tensor& other, const at::Scalar& alpha) {
 
 template <uint32_t OP>
 at::Tensor b_alpha(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
+  if constexpr (OP == DFUSE_BINARY_OP_ADD) {
+    if (auto sum = add_indexed_grad(x, y, alpha)) return *std::move(sum);
+  }
   if (!scales_a_tensor(y, alpha)) return b_alpha_pieces<OP>(x, y, alpha);
   return Grouped<decltype(&b_alpha_pieces<OP>), &b_alpha_pieces<OP>>::call(x, y, alpha);
 }
 
 template <uint32_t OP>
 at::Tensor& b_alpha_(at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
+  if constexpr (OP == DFUSE_BINARY_OP_ADD) {
+    if (add_indexed_grad_(x, y, alpha)) return x;
+  }
   if (!scales_a_tensor(y, alpha)) return b_alpha_pieces_<OP>(x, y, alpha);
   return Grouped<decltype(&b_alpha_pieces_<OP>), &b_alpha_pieces_<OP>>::call(x, y, alpha);
 }

@@ -1,0 +1,20 @@
+// Adding the gradient of an indexing op (x[:, t], x[..., a:b]) into another tensor, touching
+// only the indexed view (indexed_grad.cpp says why).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+namespace dft {
+
+// x + alpha * y where y (or, with alpha 1, x) is still the zeros-but-one-view result of this
+// device's select_backward / slice_backward: a copy of the other operand with the gradient
+// added into that view. nullopt where that does not apply (the caller adds as usual).
+std::optional<at::Tensor> add_indexed_grad(const at::Tensor& x, const at::Tensor& y,
+                                           const at::Scalar& alpha);
+
+// x += alpha * y the same way, into x's view alone; false where that does not apply.
+bool add_indexed_grad_(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha);
+
+}  // namespace dft
