@@ -123,10 +123,13 @@ at::Tensor tpu_bincount(const at::Tensor& self, const std::optional<at::Tensor>&
                         c10::SymInt minlength_) {
   int64_t minlength = minlength_.expect_int();
   TORCH_CHECK(minlength >= 0, "bincount: minlength should be >= 0, got ", minlength);
-  TORCH_CHECK(self.dim() == 1 && !at::isFloatingType(self.scalar_type()) &&
-                  self.scalar_type() != at::kBool,
-              "bincount only supports 1-d non-negative integral inputs, got a ", self.dim(),
-              "-D tensor of ", self.scalar_type());
+  // As CPU: a dtype its kernel lacks is a NotImplementedError, a shape a RuntimeError.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !at::isFloatingType(self.scalar_type()) && self.scalar_type() != at::kBool,
+      "\"bincount\" not implemented for '", self.scalar_type(), "' (tpu: bincount only supports "
+      "1-d non-negative integral inputs)");
+  TORCH_CHECK(self.dim() == 1, "bincount only supports 1-d non-negative integral inputs, got a ",
+              self.dim(), "-D tensor");
   bool weighted = weights && weights->defined();
   if (weighted) {
     TORCH_CHECK(weights->dim() == 1 && weights->size(0) == self.size(0), "bincount: weights "

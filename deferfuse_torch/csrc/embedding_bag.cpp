@@ -47,6 +47,19 @@ Bags embedding_bag(const at::Tensor& weight, const at::Tensor& indices, const at
               "include_last_offset: number of offset should be at least 1");
   const int64_t n = indices.numel();
   const int64_t bags = include_last_offset ? offsets.numel() - 1 : offsets.numel();
+  if (get_mode() == DFUSE_MODE_DEBUG && offsets.numel() > 0) {
+    // Debug mode checks the offsets as CPU's kernel does (a host read the other modes skip).
+    auto o = offsets.to(at::kLong).cpu();
+    const int64_t* v = o.const_data_ptr<int64_t>();
+    TORCH_CHECK(v[0] == 0, "offsets[0] has to be 0, i.e., the first sequence in the mini-batch "
+                "has to start from position 0. However, got ", v[0]);
+    for (int64_t i = 1; i < o.numel(); ++i) {
+      TORCH_CHECK(v[i] >= v[i - 1], "embedding_bag: offsets must be non-decreasing, got offsets[",
+                  i, "] = ", v[i], " after ", v[i - 1]);
+    }
+    TORCH_CHECK(v[o.numel() - 1] <= n, "offsets[-1] can not be greater than input's length ", n,
+                ", but got offsets[-1] of ", v[o.numel() - 1]);
+  }
   const int64_t dim = weight.size(1);
   auto idx_opts = indices.options();
 

@@ -8,6 +8,7 @@
 #include "kernel_ops.h"
 
 #include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/WrapDimUtils.h>
 #include <ATen/WrapDimUtilsMulti.h>
 #include <torch/library.h>
@@ -78,8 +79,9 @@ ScatterReduce parse_reduce(c10::string_view reduce, bool two) {
   if (reduce == "sum" || (!two && reduce == "add")) return ScatterReduce::Sum;
   if (reduce == "prod" || (!two && reduce == "multiply")) return ScatterReduce::Prod;
   if (two && reduce == "mean") return ScatterReduce::Mean;
-  if (two && reduce == "amax") return ScatterReduce::Amax;
-  if (two && reduce == "amin") return ScatterReduce::Amin;
+  // CPU's scatter_reduce also takes "max" and "min" for amax and amin.
+  if (two && (reduce == "amax" || reduce == "max")) return ScatterReduce::Amax;
+  if (two && (reduce == "amin" || reduce == "min")) return ScatterReduce::Amin;
   TORCH_CHECK(false, "reduce argument must be ",
               two ? "one of sum, prod, mean, amax, amin" : "either add or multiply", ", got ",
               reduce);
@@ -183,6 +185,10 @@ at::Tensor index_add_to(const at::Tensor& self, int64_t dim, const at::Tensor& i
                         const at::Tensor& source, const at::Scalar& alpha, ScatterInto into) {
   check_index_dtype(index, "index_add");
   TORCH_CHECK(index.dim() <= 1, "index_add_(): Index is supposed to be a vector");
+  TORCH_CHECK(self.scalar_type() == source.scalar_type(), "index_add_(): self (",
+              self.scalar_type(), ") and source (", source.scalar_type(),
+              ") must have the same scalar type");
+  if (into == ScatterInto::Self) at::assert_no_overlap(self, source);
   if (self.dim() == 0) {
     auto r = index_add_to(self.reshape({1}), 0, index.reshape({-1}), source.reshape({-1}), alpha,
                           into);

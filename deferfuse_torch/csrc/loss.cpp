@@ -76,6 +76,11 @@ at::Tensor binary_cross_entropy(const at::Tensor& self, const at::Tensor& target
                                 const std::optional<at::Tensor>& weight, int64_t reduction) {
   TORCH_CHECK(self.sizes().equals(target.sizes()), "binary_cross_entropy: the target size ",
               target.sizes(), " must be the same as the input size ", self.sizes());
+  if (get_mode() == DFUSE_MODE_DEBUG && self.numel() > 0) {
+    // Debug mode checks the input's range as CPU does (a host read the other modes skip).
+    auto outside = self.lt(0).logical_or(self.gt(1)).logical_or(self.isnan());
+    TORCH_CHECK(!outside.any().item<bool>(), "all elements of input should be between 0 and 1");
+  }
   auto log_x = at::clamp_min(at::log(self), -100.0);
   auto log_1mx = at::clamp_min(at::log1p(at::neg(self)), -100.0);
   auto loss = (target - 1.0) * log_1mx - target * log_x;

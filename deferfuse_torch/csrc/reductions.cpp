@@ -219,7 +219,8 @@ at::Tensor vector_norm_of(const at::Tensor& x, double p, const std::vector<int64
 at::Tensor vector_norm(const at::Tensor& x0, const at::Scalar& ord, at::OptionalIntArrayRef dim,
                        bool keepdim, std::optional<at::ScalarType> dtype) {
   auto x = dtype ? cast(x0, *dtype) : x0;
-  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "linalg.vector_norm: Expected a floating point "
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(x.scalar_type()),
+              "linalg.vector_norm: Expected a floating point "
               "or complex tensor as input. Got ", x.scalar_type());
   auto dims = dims_of(dim);
   double p = ord.toDouble();

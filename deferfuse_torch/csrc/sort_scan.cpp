@@ -247,6 +247,8 @@ at::Tensor log_add_exp(const at::Tensor& a, const at::Tensor& b) {
 }
 
 at::Tensor tpu_logcumsumexp(const at::Tensor& self, int64_t dim) {
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(self.scalar_type()),
+                              "\"logcumsumexp\" not implemented for '", self.scalar_type(), "'");
   // A scan with no step would hand back `self` itself: the result must be a new tensor.
   if (self.dim() == 0 || self.size(at::maybe_wrap_dim(dim, self.dim())) <= 1) return self.clone();
   dim = at::maybe_wrap_dim(dim, self.dim());

@@ -160,3 +160,15 @@ def test_cross_product_and_its_gradient_match_cpu(mode, dim):
 def test_cross_product_of_a_dim_not_of_length_three_raises_cpus_error(mode):
     with pytest.raises(RuntimeError, match="inputs dimension -1 must have length 3. Got 3 and 4"):
         torch.linalg.cross(torch.randn(2, 3, device="tpu"), torch.randn(2, 4, device="tpu"))
+
+
+@pytest.mark.parametrize("f", [
+    lambda t: torch.logcumsumexp(t, 0),
+    lambda t: torch.linalg.vector_norm(t),
+    lambda t: torch.bincount(t.float()),
+], ids=["logcumsumexp_int64", "vector_norm_int64", "bincount_float"])
+def test_an_unsupported_input_dtype_raises_not_implemented_as_on_cpu(mode, f):
+    with pytest.raises(NotImplementedError):
+        f(torch.arange(4))
+    with pytest.raises(NotImplementedError):
+        f(torch.arange(4, device="tpu"))

@@ -86,3 +86,16 @@ def test_offsets_are_not_validated_a_difference_the_readme_states():
         F.embedding_bag(indices, weight, offsets)
     out = F.embedding_bag(indices.to("tpu"), weight.to("tpu"), offsets.to("tpu"))
     assert out.shape == (2, 2)
+
+
+@pytest.mark.parametrize("offsets,match", [
+    ([0, 2, 1], "non-decreasing"),
+    ([1, 2], "offsets\\[0\\] has to be 0"),
+    ([0, 4], "can not be greater than input's length"),
+])
+def test_bad_offsets_raise_in_debug_mode(offsets, match):
+    # CPU checks the offsets' values; debug mode reads them back to do the same (README table).
+    ids = torch.tensor([1, 2, 3], device="tpu")
+    w = torch.arange(8.0, device="tpu").view(4, 2)
+    with deferfuse_torch.mode("debug"), pytest.raises(RuntimeError, match=match):
+        F.embedding_bag(ids, w, torch.tensor(offsets, device="tpu"))

@@ -362,3 +362,29 @@ def test_gather_and_scatter_with_an_empty_index_of_any_dtype_or_rank_are_cpus(mo
 
 def test_gather_of_a_0_dim_input_takes_a_one_element_index_forward_and_backward(mode):
     assert_same(lambda t: torch.gather(t, 0, torch.tensor([0]).to(t.device)), torch.tensor(2.5))
+
+
+def test_index_add_of_another_dtype_raises_as_on_cpu(mode):
+    with pytest.raises(RuntimeError, match=r"self \(Float\) and source \(Double\) must have the same"):
+        torch.zeros(3, device="tpu").index_add(
+            0, torch.tensor([0], device="tpu"), torch.ones(1, dtype=torch.float64, device="tpu"))
+
+
+def test_index_add_in_place_from_an_overlapping_source_raises_as_on_cpu(mode):
+    x = torch.arange(4.0, device="tpu")
+    with pytest.raises(RuntimeError, match="unsupported operation"):
+        x.index_add_(0, torch.tensor([0, 1], device="tpu"), x[1:3])
+    # Out of place the result is a new tensor: CPU computes it, and so does tpu.
+    y = torch.arange(4.0)
+    check(x.index_add(0, torch.tensor([0, 1], device="tpu"), x[1:3]),
+          y.index_add(0, torch.tensor([0, 1]), y[1:3]))
+
+
+@pytest.mark.parametrize("reduce", ["max", "min"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_takes_max_and_min_as_cpu_does(mode, reduce, include_self):
+    src, idx = torch.tensor([1.0, 2.0, -3.0, 5.0]), torch.tensor([0, 0, 1, 1])
+    want = torch.zeros(3).scatter_reduce(0, idx, src, reduce, include_self=include_self)
+    got = torch.zeros(3, device="tpu").scatter_reduce(0, idx.to("tpu"), src.to("tpu"), reduce,
+                                                      include_self=include_self)
+    check(got, want)

@@ -488,3 +488,16 @@ def test_multi_margin_loss_and_its_gradient_are_cpus(mode, p, weighted, reductio
     assert_same(lambda t: F.multi_margin_loss(t, y.to(t.device), p=p, margin=0.7,
                                               weight=None if w is None else w.to(t.device),
                                               reduction=reduction), x)
+
+
+@pytest.mark.parametrize("value", [1.5, -0.5, float("nan")])
+def test_binary_cross_entropy_of_an_input_outside_0_1_raises_in_debug_mode(value):
+    # CPU checks the input's range; debug mode reads it back to do the same, strict and defer
+    # give the formula's NaN (README table).
+    x, y = torch.tensor([0.5, value]), torch.tensor([1.0, 1.0])
+    with pytest.raises(RuntimeError, match="between 0 and 1"):
+        F.binary_cross_entropy(x, y)
+    with deferfuse_torch.mode("debug"), pytest.raises(RuntimeError, match="between 0 and 1"):
+        F.binary_cross_entropy(x.to("tpu"), y.to("tpu"))
+    with deferfuse_torch.mode("defer"):
+        assert F.binary_cross_entropy(x.to("tpu"), y.to("tpu")).isnan().item()
