@@ -111,7 +111,11 @@ def main():
     if not ok:
         raise SystemExit("build_ext: compilation failed")
     pkg = os.path.join(HERE, "deferfuse_torch")
-    shutil.copy2(lib, os.path.join(pkg, "libdeferfuse.so"))
+    # Through a new file renamed into place: rewriting the old one in place would change the
+    # pages of processes that have it loaded (a test run, a benchmark) under them.
+    tmp = os.path.join(pkg, "libdeferfuse.so.tmp")
+    shutil.copy2(lib, tmp)
+    os.replace(tmp, os.path.join(pkg, "libdeferfuse.so"))
     out = os.path.join(pkg, "_C.so")
     if not run(["g++", "-shared", "-o", out, *objs, "-L", pkg, "-ldeferfuse",
          "-L", os.path.join(tdir, "lib"), "-lc10", "-ltorch_cpu",
