@@ -329,7 +329,11 @@ Operands& Operands::t(const at::Tensor& x) {
     keep_.emplace_back(h, true);
   } else {
     keep_.push_back(ref(x));
-    tpu_.push_back(x);
+    const int64_t item = int64_t(x.itemsize());
+    Footprint f{x.storage(), x.storage_offset() * item, x.storage_offset() * item,
+                x.is_non_overlapping_and_dense(), DimVec(x.strides().begin(), x.strides().end())};
+    if (x.numel() > 0) f.end += x.numel() * item;
+    tpu_.push_back(std::move(f));
   }
   DfuseOperand o{};
   o.kind = DFUSE_OPERAND_KIND_TENSOR;
@@ -377,9 +381,30 @@ at::Tensor run(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const
   return wrap(h);
 }
 
+namespace {
+
+// at::assert_no_partial_overlap(out, input) from the input's footprint, by PyTorch's rule
+// (get_overlap_status): an input of out's storage spanning part of out's bytes, or all of
+// them in other strides, is a partial overlap; empty or not-dense tensors are not checked.
+void assert_no_partial_overlap(const at::Tensor& out, const Footprint& in) {
+  if (out.numel() == 0 || in.begin == in.end || !out.is_non_overlapping_and_dense() ||
+      !in.dense || !out.storage().is_alias_of(in.storage)) {
+    return;
+  }
+  const int64_t item = int64_t(out.itemsize());
+  const int64_t begin = out.storage_offset() * item, end = begin + out.numel() * item;
+  bool partial = (begin == in.begin && end == in.end) ? !out.strides().equals(in.strides)
+                                                      : (begin < in.end && in.begin < end);
+  TORCH_CHECK(!partial, "unsupported operation: some elements of the input tensor and the "
+              "written-to tensor refer to a single memory location. Please clone() the tensor "
+              "before performing the operation.");
+}
+
+}  // namespace
+
 void run_into(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const at::Tensor& out,
               const char* name) {
-  for (const auto& t : in.tpu_tensors()) at::assert_no_partial_overlap(out, t);
+  for (const auto& f : in.tpu_footprints()) assert_no_partial_overlap(out, f);
   run_into_from_old_values(kind, attrs, in, out, name);
 }
 
