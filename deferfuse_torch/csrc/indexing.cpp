@@ -524,9 +524,16 @@ at::Tensor& index_put_(at::Tensor& self, const c10::List<std::optional<at::Tenso
   v = v.reshape(rows);
   auto flat_idx = l.lin.reshape({-1});
   auto idx = expand_index(flat_idx, rows, 0);
-  auto updated = scatter_op(l.self_flat, 0, idx, v,
-                            accumulate ? ScatterReduce::Sum : ScatterReduce::Assign);
-  // Write back through the permuted view of self (its flattened form may be a copy).
+  auto reduce = accumulate ? ScatterReduce::Sum : ScatterReduce::Assign;
+  if (l.self_flat.is_alias_of(self)) {
+    // The flattened form is a view of self: scatter into it in place. Scattering into a copy
+    // and writing that back made each `buf[idx] = row` a pass over the whole buffer (a loop
+    // filling a [T, ...] buffer row by row: O(T^2)).
+    scatter_op(l.self_flat, 0, idx, v, reduce, true, ScatterInto::Self);
+    return self;
+  }
+  auto updated = scatter_op(l.self_flat, 0, idx, v, reduce);
+  // Write back through the permuted view of self (its flattened form is a copy).
   std::vector<int64_t> permuted;
   for (auto k : l.perm) permuted.push_back(self.size(k));
   auto target = self.permute(l.perm);

@@ -388,3 +388,18 @@ def test_scatter_reduce_takes_max_and_min_as_cpu_does(mode, reduce, include_self
     got = torch.zeros(3, device="tpu").scatter_reduce(0, idx.to("tpu"), src.to("tpu"), reduce,
                                                       include_self=include_self)
     check(got, want)
+
+
+def test_index_put_into_a_contiguous_tensor_scatters_in_place(mode):
+    # Each `buf[idx] = row` writes its row into buf: scattering into a copy of buf and writing
+    # the copy back allocated and passed over the whole buffer per call (a loop filling a
+    # buffer row by row was O(T^2)).
+    buf, want = torch.zeros(64, 256, device="tpu"), torch.zeros(64, 256)
+    deferfuse_torch.synchronize()
+    before = deferfuse_torch.stats()["bytes_allocated"]
+    for t in range(8):
+        buf.index_put_((torch.tensor([t], device="tpu"),), torch.ones(1, 256, device="tpu") * t)
+        want.index_put_((torch.tensor([t]),), torch.ones(1, 256) * t)
+    deferfuse_torch.synchronize()
+    assert deferfuse_torch.stats()["bytes_allocated"] - before < buf.numel() * 4
+    check(buf, want)
