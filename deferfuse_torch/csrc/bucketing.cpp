@@ -1,4 +1,5 @@
-// Ops that place values into bins: searchsorted, bucketize, histc and bincount. searchsorted
+// Ops that place values into bins: searchsorted, bucketize, histc, bincount and
+// repeat_interleave's indices. searchsorted
 // counts, for each value, the boundaries before it (a broadcast comparison and a sum, the same
 // answer as CPU's binary search, NaN included); histc and bincount scatter-add ones (or
 // weights) into their bins. Only bincount's output size depends on the data (its largest
@@ -148,10 +149,38 @@ at::Tensor tpu_bincount(const at::Tensor& self, const std::optional<at::Tensor>&
   return counts.scatter_add(0, self.to(at::kLong), add);
 }
 
+// repeat_interleave(repeats): index i repeated repeats[i] times ([1, 0, 3] -> [0, 2, 2, 2]),
+// what `x.repeat_interleave(tensor, dim)` index_selects with (it ran on the CPU fallback). A
+// one at each entry's first position (entries that repeat 0 times share it; one starting at
+// the end lands in an extra slot), summed along: as embedding_bag's bag of each position. The
+// length is the repeats' sum: one read, with their minimum for CPU's negative check, unless
+// output_size gives it.
+at::Tensor repeat_interleave_indices(const at::Tensor& repeats,
+                                     std::optional<c10::SymInt> output_size) {
+  TORCH_CHECK(repeats.dim() == 1, "repeat_interleave only accept 1D vector as repeat");
+  TORCH_CHECK(repeats.scalar_type() == at::kLong || repeats.scalar_type() == at::kInt,
+              "repeats has to be Long or Int tensor");
+  if (repeats.numel() == 0) return at::empty({0}, repeats.options());
+  auto longs = repeats.options().dtype(at::kLong);
+  auto cum = repeats.to(at::kLong).cumsum(0);
+  int64_t total = 0;
+  if (output_size.has_value()) {
+    total = output_size->expect_int();
+  } else {
+    auto host = read_for_size(at::stack({cum[-1], repeats.min().to(at::kLong)}));
+    TORCH_CHECK(host[1].item<int64_t>() >= 0, "repeats can not be negative");
+    total = host[0].item<int64_t>();
+  }
+  auto marks = at::zeros({total + 1}, longs)
+                   .index_add(0, cum.slice(0, 0, -1), at::ones({repeats.numel() - 1}, longs));
+  return marks.slice(0, 0, total).cumsum(0).to(repeats.scalar_type());
+}
+
 }  // namespace
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("repeat_interleave.Tensor", DFT_GROUPED(dft::repeat_interleave_indices));
   m.impl("searchsorted.Tensor", DFT_GROUPED(dft::tpu_searchsorted));
   m.impl("searchsorted.Scalar", TORCH_FN(dft::searchsorted_scalar));
   m.impl("bucketize.Tensor", DFT_GROUPED(dft::tpu_bucketize));

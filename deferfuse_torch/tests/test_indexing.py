@@ -403,3 +403,26 @@ def test_index_put_into_a_contiguous_tensor_scatters_in_place(mode):
     deferfuse_torch.synchronize()
     assert deferfuse_torch.stats()["bytes_allocated"] - before < buf.numel() * 4
     check(buf, want)
+
+
+def same_ints(got, want):
+    assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("repeats", [[1, 0, 3], [0, 0, 2], [2, 0, 0], [5], [], [3, 1, 0, 2]])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_repeat_interleave_by_a_tensor_runs_on_the_device(mode, repeats, dtype):
+    r = torch.tensor(repeats, dtype=dtype)
+    x = torch.arange(2.0 * len(repeats)).view(len(repeats), 2)
+    deferfuse_torch.reset_fallback_counts()
+    same_ints(torch.repeat_interleave(r.to("tpu")), torch.repeat_interleave(r))
+    check(x.to("tpu").repeat_interleave(r.to("tpu"), dim=0), x.repeat_interleave(r, dim=0))
+    assert deferfuse_torch.fallback_counts() == {}
+
+
+def test_repeat_interleave_takes_output_size_and_refuses_negative_repeats(mode):
+    r = torch.tensor([1, 0, 3])
+    same_ints(torch.repeat_interleave(r.to("tpu"), output_size=4),
+              torch.repeat_interleave(r, output_size=4))
+    with pytest.raises(RuntimeError, match="repeats can not be negative"):
+        torch.repeat_interleave(torch.tensor([1, -1], device="tpu"))
