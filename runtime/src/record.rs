@@ -87,8 +87,7 @@ impl Runtime {
         };
         // A long operand list (a cat of many tensors) dedupes its buffers through a set: the
         // list's own search per insert made it O(n^2).
-        let mut listed: Option<AHashSet<BufferId>> =
-            (inputs.len() > 32).then(AHashSet::default);
+        let mut listed: Option<AHashSet<BufferId>> = (inputs.len() > 32).then(AHashSet::default);
         for (i, inp) in inputs.iter().enumerate() {
             match *inp {
                 Input::Tensor(h) => {

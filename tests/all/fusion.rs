@@ -163,6 +163,43 @@ fn reduction_absorbs_its_elementwise_producers() {
     assert_eq!(got, read(&s2, sum2));
 }
 
+/// `sqrt(sum(x * x, dims))` without keepdim, as `vector_norm` records it.
+fn norm(r: &Runtime, x: Handle, dims: &[usize]) -> Handle {
+    let sq = bin(r, BinaryOp::Mul, t(x), t(x));
+    let reduce = Op::Reduce {
+        op: ReduceOp::Sum,
+        dims: dims.iter().copied().collect(),
+        keepdim: false,
+    };
+    let s = r.op(0, reduce, &[t(sq)], None).unwrap();
+    let n = r.op(0, Op::Unary(UnaryOp::Sqrt), &[t(s)], None).unwrap();
+    r.release(sq).unwrap();
+    r.release(s).unwrap();
+    n
+}
+
+#[test]
+fn an_op_on_a_squeezed_reduction_result_runs_in_its_row_kernel_and_equals_strict() {
+    // sqrt of a full sum ([] from [40]) and of row sums ([8] from [8, 40]): each norm is one
+    // row kernel; the sqrt was a program of its own, on one element for a full sum (one per
+    // parameter in clip_grad_norm_).
+    let mut results = vec![];
+    for mode in [Mode::Strict, Mode::Defer] {
+        let r = rt(mode);
+        let v = parameter(&r, 40, 8);
+        let m = r
+            .from_host(&f32s(&data(320, 9)), DType::F32, &[8, 40])
+            .unwrap();
+        let before = r.stats().programs_run;
+        let full = norm(&r, v, &[0]);
+        let rows = norm(&r, m, &[1]);
+        let bits = [read(&r, full), read(&r, rows)];
+        results.push((bits, r.stats().programs_run - before));
+    }
+    assert_eq!(results[0].0, results[1].0);
+    assert_eq!(results[1].1, 2, "one program per norm");
+}
+
 fn softmax(r: &Runtime, x: Handle) -> Handle {
     let red = |op| Op::Reduce {
         op,

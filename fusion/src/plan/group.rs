@@ -47,6 +47,39 @@ pub(super) struct Group {
 }
 
 /// `sizes` with the reduced dims set to 1: the shape of a keepdim reduction's result.
+/// `t`, a tensor of a row kernel's squeezed row shape (`sizes` without the reduced dims `red`)
+/// or broadcastable to it, as a view of the keepdim row shape: the reduced dims back as size-1
+/// dims.
+pub(super) fn unsqueeze_reduced(t: &TensorRef, sizes: &[usize], red: &[usize]) -> TensorRef {
+    let squeezed: Dims = sizes
+        .iter()
+        .enumerate()
+        .filter(|(d, _)| !red.contains(d))
+        .map(|(_, &s)| s)
+        .collect();
+    let l = t.layout.expand(&squeezed);
+    let mut kept = l.sizes.iter().zip(l.strides.iter());
+    let (mut out_sizes, mut out_strides): (Dims, Strides) = (SmallVec::new(), SmallVec::new());
+    for d in 0..sizes.len() {
+        let (size, stride) = if red.contains(&d) {
+            (1, 0)
+        } else {
+            let (&size, &stride) = kept.next().expect("a kept dim per squeezed dim");
+            (size, stride)
+        };
+        out_sizes.push(size);
+        out_strides.push(stride);
+    }
+    TensorRef {
+        layout: Layout {
+            sizes: out_sizes,
+            strides: out_strides,
+            offset: l.offset,
+        },
+        ..t.clone()
+    }
+}
+
 pub(super) fn row_shape(sizes: &[usize], red: &[usize]) -> Dims {
     sizes
         .iter()
@@ -77,6 +110,35 @@ impl Group {
                 .red_dims
                 .as_ref()
                 .is_some_and(|r| out == row_shape(&self.sizes, r).as_slice())
+    }
+
+    /// `node` rewritten over this row kernel's keepdim row shape when it is an elementwise op
+    /// on a reduction's squeezed result (`[]` after a full sum, `[rows]` after `sum(-1)`):
+    /// each operand, broadcast to the squeezed shape, gets its reduced dims back as size-1
+    /// dims, so the op runs once per row after the reduction, as an op on the keepdim form
+    /// does. Without it `sqrt(sum(x * x))` (every `vector_norm`, so one per parameter in
+    /// `clip_grad_norm_`) cut at the sqrt, a program of its own on one element.
+    pub(super) fn keepdim_form(&self, node: &Node) -> Option<Node> {
+        let red = self.red_dims.as_ref()?;
+        let squeezed: Dims = self
+            .sizes
+            .iter()
+            .enumerate()
+            .filter(|(d, _)| !red.contains(d))
+            .map(|(_, &s)| s)
+            .collect();
+        if node.output.layout.sizes.as_slice() != squeezed.as_slice() || red.is_empty() {
+            return None;
+        }
+        let unsqueeze = |t: &TensorRef| unsqueeze_reduced(t, &self.sizes, red);
+        let mut k = node.clone();
+        for o in k.inputs.iter_mut() {
+            if let Some(t) = o.tensor() {
+                *o = crate::trace::Operand::Tensor(unsqueeze(t));
+            }
+        }
+        k.output = unsqueeze(&node.output);
+        Some(k)
     }
 
     /// Why `node` (iterating over this loop's shape) cannot join, if it cannot.

@@ -289,14 +289,18 @@ fn join_reduce(g: &mut Group, i: usize, facts: &Facts) -> bool {
     let v = g.b.cast(v, reduce_acc_dtype(*op, t.dtype));
     let k = g.reduces.len() as u32;
     let r = g.b.push(InstrKind::Reduced(k), node.output.dtype);
-    if *keepdim {
-        // Later ops read the [.., 1, ..] result broadcast along the row: forward the value.
-        let view = TensorRef {
-            layout: node.output.layout.expand(&g.sizes),
-            ..node.output.clone()
-        };
-        g.b.forwards.push((view, r));
-    }
+    // Later ops read the [.., 1, ..] result broadcast along the row: forward the value. A
+    // squeezed result is read the same way by the ops `Group::keepdim_form` rewrites.
+    let keepdim_view = if *keepdim {
+        node.output.clone()
+    } else {
+        group::unsqueeze_reduced(&node.output, &g.sizes, &red)
+    };
+    let view = TensorRef {
+        layout: keepdim_view.layout.expand(&g.sizes),
+        ..keepdim_view
+    };
+    g.b.forwards.push((view, r));
     g.reduces.push(GroupReduce {
         op: *op,
         value: v,
@@ -394,6 +398,8 @@ pub fn plan(nodes: &[Node], live: &dyn Fn(BufferId) -> bool, opts: &PlanOptions)
         let node = &nodes[i];
         match &node.op {
             op if op.is_elementwise() => {
+                let keepdim = group.as_ref().and_then(|g| g.keepdim_form(node));
+                let node = keepdim.as_ref().unwrap_or(node);
                 let sizes = node.output.layout.sizes.clone();
                 if let Some(mm) = pending_mm.take() {
                     if mm.accepts(&nodes[mm.node], node) {
