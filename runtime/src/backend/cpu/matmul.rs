@@ -6,6 +6,7 @@
 
 use super::half_gemm::{self, HalfMat};
 use super::small_gemm;
+use super::tiny_gemm;
 use deferfuse_fusion::ir::{DType, Layout};
 
 /// One matrix operand: its first element and its layout `[batch.., rows, cols]`.
@@ -72,7 +73,24 @@ pub unsafe fn matmul(
     let (rsb, csb) = st(b.layout);
     let (rsc, csc) = st(c.layout);
     let sgemm = f32_kernel(whole_rows, (m, k, n), csa, rsb);
+    // A short inner dim element by element (`tiny_gemm`), unless f32 takes the dot order.
+    let tiny = tiny_gemm::takes((m, k, n), alpha)
+        && (dtype != DType::F32 || !takes_dot_order(whole_rows, (m, k, n), csa, rsb));
     for_each_batch(a.layout, b.layout, c.layout, |ao, bo, co| match dtype {
+        DType::F32 if tiny => tiny_gemm::gemm(
+            (m, k, n),
+            ((a.ptr as *const f32).offset(ao), rsa, csa),
+            ((b.ptr as *const f32).offset(bo), rsb, csb),
+            beta as f32,
+            ((c.ptr as *mut f32).offset(co), rsc, csc),
+        ),
+        DType::F64 if tiny => tiny_gemm::gemm(
+            (m, k, n),
+            ((a.ptr as *const f64).offset(ao), rsa, csa),
+            ((b.ptr as *const f64).offset(bo), rsb, csb),
+            beta,
+            ((c.ptr as *mut f64).offset(co), rsc, csc),
+        ),
         DType::F32 => sgemm(
             (m, k, n),
             alpha as f32,
@@ -182,11 +200,21 @@ fn f32_kernel(
     rsb: isize,
 ) -> small_gemm::SgemmFn {
     #[cfg(target_arch = "x86_64")]
-    if super::gemv_dot::takes(whole_rows, mkn, csa, rsb) {
+    if takes_dot_order(whole_rows, mkn, csa, rsb) {
         return super::gemv_dot::sgemm;
     }
-    let _ = (whole_rows, mkn, csa, rsb);
     small_gemm::sgemm
+}
+
+/// Whether an f32 block of a product of `whole_rows` rows sums in the dot order (`gemv_dot`).
+fn takes_dot_order(whole_rows: usize, mkn: (usize, usize, usize), csa: isize, rsb: isize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::gemv_dot::takes(whole_rows, mkn, csa, rsb);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (whole_rows, mkn, csa, rsb);
+        false
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -29,6 +29,7 @@ mod row_groups;
 mod small_gemm;
 mod stash;
 mod sweep;
+mod tiny_gemm;
 mod trig;
 mod vhalf;
 mod vmath;
