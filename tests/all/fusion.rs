@@ -179,10 +179,10 @@ fn norm(r: &Runtime, x: Handle, dims: &[usize]) -> Handle {
 }
 
 #[test]
-fn an_op_on_a_squeezed_reduction_result_runs_in_its_row_kernel_and_equals_strict() {
-    // sqrt of a full sum ([] from [40]) and of row sums ([8] from [8, 40]): each norm is one
-    // row kernel; the sqrt was a program of its own, on one element for a full sum (one per
-    // parameter in clip_grad_norm_).
+fn an_op_on_a_full_reduction_result_runs_in_its_row_kernel_and_equals_strict() {
+    // sqrt of a full sum ([] from [40]) is the row kernel's last op; it was a program of its
+    // own on one element (one per parameter in clip_grad_norm_). Row sums ([8] from [8, 40])
+    // keep their own loop for what follows.
     let mut results = vec![];
     for mode in [Mode::Strict, Mode::Defer] {
         let r = rt(mode);
@@ -192,12 +192,33 @@ fn an_op_on_a_squeezed_reduction_result_runs_in_its_row_kernel_and_equals_strict
             .unwrap();
         let before = r.stats().programs_run;
         let full = norm(&r, v, &[0]);
+        let bits = read(&r, full);
+        let full_programs = r.stats().programs_run - before;
         let rows = norm(&r, m, &[1]);
-        let bits = [read(&r, full), read(&r, rows)];
-        results.push((bits, r.stats().programs_run - before));
+        results.push(((bits, read(&r, rows)), full_programs));
     }
     assert_eq!(results[0].0, results[1].0);
-    assert_eq!(results[1].1, 2, "one program per norm");
+    assert_eq!(results[1].1, 1, "one program for the full norm");
+}
+
+#[test]
+fn ops_on_a_reduction_over_empty_rows_run_after_it() {
+    // A row kernel computes ops on a reduced value in its last sweep over the row, which runs
+    // no iteration over an empty row: log(sum(exp(x))) of a [3, 0] tensor gave 0, not -inf.
+    for keepdim in [false, true] {
+        let r = rt(Mode::Defer);
+        let x = r.from_host(&[], DType::F32, &[3, 0]).unwrap();
+        let e = r.op(0, Op::Unary(UnaryOp::Exp), &[t(x)], None).unwrap();
+        let reduce = Op::Reduce {
+            op: ReduceOp::Sum,
+            dims: [1usize].into_iter().collect(),
+            keepdim,
+        };
+        let s = r.op(0, reduce, &[t(e)], None).unwrap();
+        let l = r.op(0, Op::Unary(UnaryOp::Log), &[t(s)], None).unwrap();
+        let want = vec![f32::NEG_INFINITY.to_bits(); 3];
+        assert_eq!(read(&r, l), want, "keepdim {keepdim}");
+    }
 }
 
 fn softmax(r: &Runtime, x: Handle) -> Handle {

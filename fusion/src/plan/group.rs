@@ -106,20 +106,32 @@ impl Group {
     /// How an elementwise node of shape `out` iterates in this loop, if it can.
     pub(super) fn fits_shape(&self, out: &[usize]) -> bool {
         out == self.sizes.as_slice()
-            || self
-                .red_dims
-                .as_ref()
-                .is_some_and(|r| out == row_shape(&self.sizes, r).as_slice())
+            || self.red_dims.as_ref().is_some_and(|r| {
+                !self.reduces_empty_rows() && out == row_shape(&self.sizes, r).as_slice()
+            })
+    }
+
+    /// Whether the rows this loop reduces are empty (a reduced dim of size 0): a row kernel
+    /// computes ops on a reduced value in its last sweep over the row, which runs no iteration
+    /// then, so such ops (`log` of an empty `sum`, `logsumexp` of a [3, 0] tensor) go to a
+    /// loop of their own.
+    fn reduces_empty_rows(&self) -> bool {
+        self.red_dims
+            .as_ref()
+            .is_some_and(|r| r.iter().any(|&d| self.sizes[d] == 0))
     }
 
     /// `node` rewritten over this row kernel's keepdim row shape when it is an elementwise op
-    /// on a reduction's squeezed result (`[]` after a full sum, `[rows]` after `sum(-1)`):
+    /// on a full reduction's squeezed result (`[]` after a full sum):
     /// each operand, broadcast to the squeezed shape, gets its reduced dims back as size-1
     /// dims, so the op runs once per row after the reduction, as an op on the keepdim form
     /// does. Without it `sqrt(sum(x * x))` (every `vector_norm`, so one per parameter in
     /// `clip_grad_norm_`) cut at the sqrt, a program of its own on one element.
     pub(super) fn keepdim_form(&self, node: &Node) -> Option<Node> {
         let red = self.red_dims.as_ref()?;
+        if self.reduces_empty_rows() {
+            return None;
+        }
         let squeezed: Dims = self
             .sizes
             .iter()
@@ -127,7 +139,9 @@ impl Group {
             .filter(|(d, _)| !red.contains(d))
             .map(|(_, &s)| s)
             .collect();
-        if node.output.layout.sizes.as_slice() != squeezed.as_slice() || red.is_empty() {
+        // Only a full reduction's scalar: taking `[rows]` results too (batch norm's
+        // per-channel statistics) regrouped batch norm's step around a new copy program.
+        if !squeezed.is_empty() || node.output.layout.sizes.as_slice() != squeezed.as_slice() {
             return None;
         }
         let unsqueeze = |t: &TensorRef| unsqueeze_reduced(t, &self.sizes, red);
