@@ -133,87 +133,82 @@ mod tests {
             .collect()
     }
 
-    fn check_f32(m: usize, k: usize, n: usize, beta: f32, b_transposed: bool) {
-        let a: Vec<f32> = values(m * k, 1).iter().map(|&v| v as f32).collect();
-        let b: Vec<f32> = values(k * n, 2).iter().map(|&v| v as f32).collect();
-        let c0: Vec<f32> = values(m * n, 3).iter().map(|&v| v as f32).collect();
-        let (rsb, csb) = if b_transposed {
-            (1, k as isize)
-        } else {
-            (n as isize, 1)
-        };
-        let (mut want, mut got) = (c0.clone(), c0);
-        unsafe {
-            matrixmultiply::sgemm(
-                m,
-                k,
-                n,
-                1.0,
-                a.as_ptr(),
-                k as isize,
-                1,
-                b.as_ptr(),
-                rsb,
-                csb,
-                beta,
-                want.as_mut_ptr(),
-                n as isize,
-                1,
-            );
-            gemm(
-                (m, k, n),
-                (a.as_ptr(), k as isize, 1),
-                (b.as_ptr(), rsb, csb),
-                beta,
-                (got.as_mut_ptr(), n as isize, 1),
-            );
-        }
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(
-            bits(&got),
-            bits(&want),
-            "f32 {m}x{k}x{n} beta {beta} bt {b_transposed}"
+    /// An element type with `matrixmultiply`'s GEMM for it, the reference.
+    trait Reference: Real + std::fmt::Debug {
+        fn from_f64(v: f64) -> Self;
+        fn bits(self) -> u64;
+        /// # Safety
+        /// As `matrixmultiply`'s gemm: the pointers address every element the strides name.
+        unsafe fn reference(
+            mkn: (usize, usize, usize),
+            a: (*const Self, isize, isize),
+            b: (*const Self, isize, isize),
+            beta: Self,
+            c: (*mut Self, isize, isize),
         );
     }
 
-    fn check_f64(m: usize, k: usize, n: usize, beta: f64, b_transposed: bool) {
-        let (a, b, c0) = (values(m * k, 1), values(k * n, 2), values(m * n, 3));
+    impl Reference for f32 {
+        fn from_f64(v: f64) -> f32 {
+            v as f32
+        }
+        fn bits(self) -> u64 {
+            self.to_bits() as u64
+        }
+        unsafe fn reference(
+            (m, k, n): (usize, usize, usize),
+            a: (*const f32, isize, isize),
+            b: (*const f32, isize, isize),
+            beta: f32,
+            c: (*mut f32, isize, isize),
+        ) {
+            matrixmultiply::sgemm(
+                m, k, n, 1.0, a.0, a.1, a.2, b.0, b.1, b.2, beta, c.0, c.1, c.2,
+            )
+        }
+    }
+
+    impl Reference for f64 {
+        fn from_f64(v: f64) -> f64 {
+            v
+        }
+        fn bits(self) -> u64 {
+            self.to_bits()
+        }
+        unsafe fn reference(
+            (m, k, n): (usize, usize, usize),
+            a: (*const f64, isize, isize),
+            b: (*const f64, isize, isize),
+            beta: f64,
+            c: (*mut f64, isize, isize),
+        ) {
+            matrixmultiply::dgemm(
+                m, k, n, 1.0, a.0, a.1, a.2, b.0, b.1, b.2, beta, c.0, c.1, c.2,
+            )
+        }
+    }
+
+    fn check<T: Reference>((m, k, n): (usize, usize, usize), beta: f64, b_transposed: bool) {
+        let typed = |v: Vec<f64>| v.into_iter().map(T::from_f64).collect::<Vec<T>>();
+        let (a, b) = (typed(values(m * k, 1)), typed(values(k * n, 2)));
+        let c0 = typed(values(m * n, 3));
         let (rsb, csb) = if b_transposed {
             (1, k as isize)
         } else {
             (n as isize, 1)
         };
         let (mut want, mut got) = (c0.clone(), c0);
+        let (av, bv) = ((a.as_ptr(), k as isize, 1), (b.as_ptr(), rsb, csb));
+        let beta = T::from_f64(beta);
         unsafe {
-            matrixmultiply::dgemm(
-                m,
-                k,
-                n,
-                1.0,
-                a.as_ptr(),
-                k as isize,
-                1,
-                b.as_ptr(),
-                rsb,
-                csb,
-                beta,
-                want.as_mut_ptr(),
-                n as isize,
-                1,
-            );
-            gemm(
-                (m, k, n),
-                (a.as_ptr(), k as isize, 1),
-                (b.as_ptr(), rsb, csb),
-                beta,
-                (got.as_mut_ptr(), n as isize, 1),
-            );
+            T::reference((m, k, n), av, bv, beta, (want.as_mut_ptr(), n as isize, 1));
+            gemm((m, k, n), av, bv, beta, (got.as_mut_ptr(), n as isize, 1));
         }
-        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let bits = |v: &[T]| v.iter().map(|x| x.bits()).collect::<Vec<_>>();
         assert_eq!(
             bits(&got),
             bits(&want),
-            "f64 {m}x{k}x{n} beta {beta} bt {b_transposed}"
+            "{m}x{k}x{n} beta {beta:?} bt {b_transposed}"
         );
     }
 
@@ -228,8 +223,8 @@ mod tests {
                 for n in [1, 3, 4, 8, 13, 64, 204] {
                     for beta in [0.0, 1.0, 0.5] {
                         for bt in [false, true] {
-                            check_f32(m, k, n, beta as f32, bt);
-                            check_f64(m, k, n, beta, bt);
+                            check::<f32>((m, k, n), beta, bt);
+                            check::<f64>((m, k, n), beta, bt);
                         }
                     }
                 }
