@@ -261,8 +261,29 @@ at::Tensor count_nonzero(const at::Tensor& self, at::IntArrayRef dims) {
   return reduce(cast(self.ne(0), at::kLong), DFUSE_REDUCE_OP_SUM, dims, false);
 }
 
-// Sorted unique values: a stable sort, the first element of each run of equal values (a host
-// read: how many there are decides the output's size), and each element's run as its inverse.
+// The runs of equal neighbours in the non-empty 1-D `x`: each run's first value, each
+// element's run (if asked) and each run's length (if asked). How many runs there are decides
+// the sizes: a host read (in nonzero). NaN equals nothing, so each NaN is a run, as on CPU.
+struct Runs {
+  at::Tensor values, run, counts;
+};
+
+Runs runs_of(const at::Tensor& x, bool want_run, bool want_counts) {
+  int64_t n = x.numel();
+  auto long_opts = x.options().dtype(at::kLong);
+  auto starts = at::cat({at::ones({1}, x.options().dtype(at::kBool)),
+                         x.narrow(0, 1, n - 1).ne(x.narrow(0, 0, n - 1))});
+  auto pos = at::nonzero(starts).reshape({-1});
+  Runs r{at::index_select(x, 0, pos), at::empty({0}, long_opts), at::empty({0}, long_opts)};
+  if (want_run) r.run = tpu_cumsum(starts, 0, at::kLong) - 1;
+  if (want_counts) {
+    auto ends = at::cat({pos.narrow(0, 1, pos.size(0) - 1), at::full({1}, n, long_opts)});
+    r.counts = ends - pos;
+  }
+  return r;
+}
+
+// Sorted unique values: the runs of a stable sort, each element's run as its inverse.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> unique2(const at::Tensor& self, bool,
                                                        bool return_inverse, bool return_counts) {
   auto x = self.reshape({-1});
@@ -273,22 +294,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique2(const at::Tensor& self, b
             at::empty({0}, long_opts)};
   }
   auto order = argsort_op(x, 0, false);
-  auto sorted = gather_op(x, 0, order);
-  auto starts = at::cat({at::ones({1}, self.options().dtype(at::kBool)),
-                         sorted.narrow(0, 1, n - 1).ne(sorted.narrow(0, 0, n - 1))});
-  auto pos = at::nonzero(starts).reshape({-1});
-  auto values = at::index_select(sorted, 0, pos);
-  at::Tensor inverse = at::empty({0}, long_opts), counts = at::empty({0}, long_opts);
+  auto r = runs_of(gather_op(x, 0, order), return_inverse, return_counts);
   if (return_inverse) {
-    auto run = tpu_cumsum(starts, 0, at::kLong) - 1;
-    inverse = scatter_op(at::zeros({n}, long_opts), 0, order, run, ScatterReduce::Assign)
-                  .reshape(self.sizes());
+    r.run = scatter_op(at::zeros({n}, long_opts), 0, order, r.run, ScatterReduce::Assign)
+                .reshape(self.sizes());
   }
-  if (return_counts) {
-    auto ends = at::cat({pos.narrow(0, 1, pos.size(0) - 1), at::full({1}, n, long_opts)});
-    counts = ends - pos;
+  return {r.values, r.run, r.counts};
+}
+
+// torch.unique_consecutive: the runs of the flattened input (it ran on the CPU fallback;
+// mixture-of-experts code groups sorted token ids this way). Over a dim (runs of equal
+// slices) it still runs on the host, counted as a fallback.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_consecutive(
+    const at::Tensor& self, bool return_inverse, bool return_counts, std::optional<int64_t> dim) {
+  if (dim.has_value()) {
+    count_fallback("aten::unique_consecutive");
+    auto [v, i, c] = at::unique_consecutive(self.cpu(), return_inverse, return_counts, dim);
+    return {v.to(self.device()), i.to(self.device()), c.to(self.device())};
   }
-  return {values, inverse, counts};
+  auto x = self.reshape({-1});
+  auto long_opts = self.options().dtype(at::kLong);
+  if (x.numel() == 0) {
+    return {x.clone(), at::empty(return_inverse ? self.sizes() : at::IntArrayRef{0}, long_opts),
+            at::empty({0}, long_opts)};
+  }
+  auto r = runs_of(x, return_inverse, return_counts);
+  if (return_inverse) r.run = r.run.reshape(self.sizes());
+  return {r.values, r.run, r.counts};
 }
 
 // PyTorch's CPU linspace: the first half steps up from start, the second half down from end,
@@ -357,6 +389,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_logcumsumexp", TORCH_FN(dft::tpu_logcumsumexp));
   m.impl("count_nonzero.dim_IntList", DFT_GROUPED(dft::count_nonzero));
   m.impl("_unique2", DFT_GROUPED(dft::unique2));
+  m.impl("unique_consecutive", DFT_GROUPED(dft::unique_consecutive));
   m.impl("linspace.out", TORCH_FN(dft::linspace_out));
   m.impl("logspace.out", TORCH_FN(dft::logspace_out));
   m.impl("eye.m_out", DFT_GROUPED(dft::eye_m_out));

@@ -244,6 +244,31 @@ def test_unique_with_inverse_and_counts(mode):
     check(cnt, wcnt)
 
 
+@pytest.mark.parametrize("x", [
+    torch.tensor([1, 1, 2, 2, 3, 1, 1]),
+    torch.tensor([[1.0, 1.0, float("nan")], [float("nan"), 0.0, -0.0]]),
+    torch.tensor([True, True, False]),
+    torch.tensor([5]),
+    torch.empty(0),
+], ids=["ints", "nan_and_signed_zeros_2d", "bools", "one", "empty"])
+def test_unique_consecutive_runs_on_the_device_as_on_cpu(mode, x):
+    deferfuse_torch.reset_fallback_counts()
+    got = torch.unique_consecutive(tpu(x), return_inverse=True, return_counts=True)
+    want = torch.unique_consecutive(x, return_inverse=True, return_counts=True)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g.cpu().nan_to_num(7.0), w.nan_to_num(7.0))
+    assert deferfuse_torch.fallback_counts() == {}
+
+
+def test_unique_consecutive_over_a_dim_runs_on_the_counted_fallback(mode):
+    m = torch.tensor([[1, 2], [1, 2], [3, 4]])
+    deferfuse_torch.reset_fallback_counts()
+    check(torch.unique_consecutive(tpu(m), dim=0), torch.unique_consecutive(m, dim=0))
+    assert deferfuse_torch.fallback_counts() == {"aten::unique_consecutive": 1}
+    deferfuse_torch.reset_fallback_counts()  # expected here; the file's fixture checks none
+
+
 def test_an_out_of_range_index_raises_and_the_runtime_stays_usable(mode):
     x = tpu(torch.randn(3, 5))
     with pytest.raises(RuntimeError, match="out of bounds"):
