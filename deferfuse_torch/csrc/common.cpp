@@ -1,5 +1,6 @@
 // Runtime access, mode propagation, handle <-> tensor conversion and op recording.
 #include "common.h"
+#include "indexed_grad.h"
 #include "observe.h"
 #include "streams.h"
 
@@ -410,6 +411,7 @@ void run_into(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const 
 
 void run_into_from_old_values(uint32_t kind, const DfuseAttrs* attrs, const Operands& in,
                               const at::Tensor& out, const char* name) {
+  drop_indexed_grad(out);
   Ref o = ref(out);
   uint64_t h = 0;
   note_op();

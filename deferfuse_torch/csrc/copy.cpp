@@ -1,6 +1,7 @@
 // Copies between host and device and within the device, item(), fill_ and zero_.
 #include "common.h"
 #include "complex.h"
+#include "indexed_grad.h"
 #include "streams.h"
 #include "observe.h"
 
@@ -92,6 +93,7 @@ void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
           "copy_ of storage bytes from host");
     Ref up(h, true);
     note_op();
+    drop_indexed_grad(dst);
     copy_handle(h, d.get(), "copy_");
     return;
   }
@@ -112,6 +114,7 @@ void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
     Ref up(h, true);
     Ref d = ref(dst);
     note_op();
+    drop_indexed_grad(dst);
     copy_handle(h, d.get(), "copy_");
     return;
   }
@@ -233,6 +236,7 @@ at::Tensor& fill_scalar_(at::Tensor& self, const at::Scalar& value) {
   Ref full(h, true);
   Ref d = ref(self);
   note_op();
+  drop_indexed_grad(self);
   copy_handle(h, d.get(), "fill_");
   return self;
 }

@@ -7,6 +7,7 @@
 // view of its base with the sizes, strides and offset the capture's output had, so outputs
 // that shared a storage at capture share one at every launch.
 #include "common.h"
+#include "indexed_grad.h"
 #include "streams.h"
 
 #include <c10/util/strides.h>
@@ -125,6 +126,7 @@ std::vector<at::Tensor> launch(int64_t g, at::TensorList inputs) {
   for (const auto& t : inputs) {
     in_refs.push_back(ref(t));
     in.push_back(in_refs.back().get());
+    drop_indexed_grad(t);  // the graph may write its inputs in place
   }
   std::vector<uint64_t> outs(spec->n_bases);
   DfuseStatus s = dfuse_graph_launch(rt(), current_stream(), uint64_t(g), in.data(), in.size(),

@@ -12,8 +12,11 @@
 //
 // The note holds only while the tensor still is those zeros and that gradient: both version
 // counters must be unchanged (every in-place write through the dispatcher bumps the counter
-// all views of a tensor share; a write through `.data`, which PyTorch does not count, is not
-// seen) and the operand must be the whole tensor, in the layout it was made with. The result
+// all views of a tensor share), no kernel may have written the storage since (a write
+// through `.data` or `set_` bumps no counter of the tensor's: every device write path drops
+// the note, drop_indexed_grad), and the operand must be the whole tensor, in the layout it was
+// made with. In place, x must not overlap itself (an expanded x raises as on CPU), and alpha
+// must be finite (inf * 0 is NaN outside the view). The result
 // differs from a dense add only in the sign of zeros outside the view: `-0.0 + 0.0` is +0.0
 // where the view-only add leaves -0.0 (README).
 #include "indexed_grad.h"
@@ -21,6 +24,8 @@
 #include "common.h"
 
 #include <torch/library.h>
+
+#include <cmath>
 
 namespace dft {
 
@@ -58,9 +63,10 @@ const IndexedGrad* indexed_grad(const at::Tensor& t) {
 
 // Whether `x` (a tensor of the same shape and dtype as the indexed gradient `y`) can take it
 // by a view-only add, and `g` is y's note.
-const IndexedGrad* addable(const at::Tensor& x, const at::Tensor& y) {
+const IndexedGrad* addable(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
   const IndexedGrad* g = indexed_grad(y);
   if (g == nullptr || !recordable(x) || x.scalar_type() != y.scalar_type() ||
+      !std::isfinite(alpha.toDouble()) ||
       !x.sizes().equals(y.sizes()) || x.is_alias_of(y) || x.is_alias_of(g->grad)) {
     return nullptr;
   }
@@ -100,12 +106,13 @@ at::Tensor slice_backward(const at::Tensor& grad, c10::SymIntArrayRef input_size
 std::optional<at::Tensor> add_indexed_grad(const at::Tensor& x, const at::Tensor& y,
                                            const at::Scalar& alpha) {
   // A dense add of two contiguous tensors is contiguous: so is the copy.
-  if (const IndexedGrad* g = addable(x, y); g != nullptr && x.is_contiguous()) {
+  if (const IndexedGrad* g = addable(x, y, alpha); g != nullptr && x.is_contiguous()) {
     auto out = x.clone(at::MemoryFormat::Contiguous);
     g->view_of(out).add_(g->grad, alpha);
     return out;
   }
-  if (const IndexedGrad* g = addable(y, x); g != nullptr && alpha.equal(1) && y.is_contiguous()) {
+  if (const IndexedGrad* g = addable(y, x, alpha); g != nullptr && alpha.equal(1) &&
+                                                     y.is_contiguous()) {
     auto out = y.clone(at::MemoryFormat::Contiguous);
     g->view_of(out).add_(g->grad);  // y + g == g + y, bit for bit
     return out;
@@ -114,15 +121,19 @@ std::optional<at::Tensor> add_indexed_grad(const at::Tensor& x, const at::Tensor
 }
 
 bool add_indexed_grad_(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
-  const IndexedGrad* g = addable(x, y);
-  if (g == nullptr) return false;
+  const IndexedGrad* g = addable(x, y, alpha);
+  if (g == nullptr || !x.is_non_overlapping_and_dense()) return false;
   // Keep the note's gradient alive past the write: x's own note, if any, goes stale now (a
   // write below the dispatcher's version bump) and is dropped.
   at::Tensor grad = g->grad;
-  auto view = g->view_of(x);
-  if (StorageCtx* c = find_storage_ctx(x)) c->indexed_grad.reset();
-  view.add_(grad, alpha);
+  g->view_of(x).add_(grad, alpha);  // a write into x: drops x's own note, if any
   return true;
+}
+
+void drop_indexed_grad(const at::Tensor& written) {
+  if (StorageCtx* c = find_storage_ctx(written); c != nullptr && c->indexed_grad) {
+    c->indexed_grad.reset();
+  }
 }
 
 }  // namespace dft

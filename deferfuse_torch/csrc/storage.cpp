@@ -3,6 +3,7 @@
 // any storage as uint8; deferfuse buffers are typed, so such a view is translated back into a
 // range of the buffer's own elements).
 #include "common.h"
+#include "indexed_grad.h"
 #include "observe.h"
 
 #include <ATen/EmptyTensor.h>
@@ -72,6 +73,7 @@ bool copy_storage_bytes(const at::Tensor& dst, const at::Tensor& src) {
               dst_elem, " storage would reinterpret them, which tpu does not support; copy "
               "the tensors (dst.copy_(src)) instead of their storages");
   note_op();
+  drop_indexed_grad(dst);
   copy_handle(s.get(), d.get(), "copy_ of storage bytes");
   return true;
 }

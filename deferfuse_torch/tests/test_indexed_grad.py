@@ -104,3 +104,30 @@ def test_an_indexed_gradient_keeps_the_other_operands_negative_zeros():
     want = x + torch.ops.aten.select_backward(g, [3, 2], 0, 1)
     assert torch.equal(got, want)
     assert torch.signbit(got[0]).all() and not torch.signbit(want[0]).any()
+
+
+def manual_sgd_after_accumulation(dev):
+    w = torch.zeros(4, 3, device=dev, requires_grad=True)
+    w[1].sum().backward()  # w.grad is select_backward's result
+    (w * 2).sum().backward()  # accumulated into w.grad in place
+    w.data.add_(w.grad.data, alpha=-1.0)  # `.data` aliases share no version counter
+    return w.detach()
+
+
+def test_a_write_through_an_alias_without_the_version_counter_is_seen(mode):
+    # Found by review: the note survived the accumulation, and the add through `.data`
+    # (whose counter starts at 0) added the first gradient's row alone.
+    check(manual_sgd_after_accumulation("tpu"), manual_sgd_after_accumulation("cpu"))
+
+
+def test_an_indexed_gradient_added_with_a_non_finite_alpha_is_the_dense_sum(mode):
+    g, x = torch.ones(3), torch.zeros(2, 3)
+    for alpha in (float("inf"), float("nan")):
+        want = x + alpha * sb(g, [2, 3], 0, 1)  # inf * 0 is NaN outside the view
+        check(x.to("tpu").add(sb(g.to("tpu"), [2, 3], 0, 1), alpha=alpha), want)
+
+
+def test_adding_an_indexed_gradient_into_an_expanded_tensor_raises(mode):
+    x = torch.zeros(1, 3, device="tpu").expand(4, 3)
+    with pytest.raises(RuntimeError):
+        x.add_(sb(torch.ones(3, device="tpu"), [4, 3], 0, 1))
