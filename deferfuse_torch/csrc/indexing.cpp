@@ -501,6 +501,9 @@ at::Tensor index_tensor(const at::Tensor& self, const c10::List<std::optional<at
 
 at::Tensor& index_put_(at::Tensor& self, const c10::List<std::optional<at::Tensor>>& ind,
                        const at::Tensor& values, bool accumulate, bool) {
+  TORCH_CHECK(values.scalar_type() == self.scalar_type(), "Index put requires the source and "
+              "destination dtypes match, got ", self.scalar_type(), " for the destination and ",
+              values.scalar_type(), " for the source.");
   auto l = linearize(self, ind);
   // values arrive in the result's layout; bring them to [B..., rest...], then [N, rest...].
   std::vector<int64_t> res_shape = l.lin.sizes().vec();

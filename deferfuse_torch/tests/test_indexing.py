@@ -451,3 +451,9 @@ def test_repeat_interleave_takes_output_size_and_refuses_negative_repeats(mode):
               torch.repeat_interleave(r, output_size=4))
     with pytest.raises(RuntimeError, match="repeats can not be negative"):
         torch.repeat_interleave(torch.tensor([1, -1], device="tpu"))
+
+
+def test_index_put_of_values_of_another_dtype_raises_as_on_cpu(mode):
+    x = torch.zeros(4, device="tpu")
+    with pytest.raises(RuntimeError, match="Index put requires the source and destination dtypes"):
+        x[torch.tensor([1], device="tpu")] = torch.ones(1, dtype=torch.float64, device="tpu")
