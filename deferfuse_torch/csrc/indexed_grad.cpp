@@ -10,9 +10,10 @@
 // here). With the note, the add kernels add the gradient into the same view of the other
 // operand alone; the zeros tensor, no longer read, is never written in defer mode.
 //
-// The note holds only while the tensor still is those zeros and that gradient: both version
-// counters must be unchanged (every in-place write through the dispatcher bumps the counter
-// all views of a tensor share), no kernel may have written the storage since (a write
+// The note holds only while the tensor still is those zeros and that gradient (the note keeps
+// its own copy of the gradient, a slice's size): the tensor's version counter must be
+// unchanged (every in-place write through the dispatcher bumps the counter all its views
+// share), no kernel may have written its storage since (a write
 // through `.data` or `set_` bumps no counter of the tensor's: every device write path drops
 // the note, drop_indexed_grad), and the operand must be the whole tensor, in the layout it was
 // made with. In place, x must not overlap itself (an expanded x raises as on CPU), and alpha
@@ -30,9 +31,10 @@
 namespace dft {
 
 struct IndexedGrad {
-  at::Tensor grad;  // the gradient of the view, kept alive while the note is
+  // A private copy of the view's gradient: the caller's tensor may be written later through
+  // an alias that shares no version counter with it (`.data`).
+  at::Tensor grad;
   uint32_t whole_version;
-  uint32_t grad_version;
   bool select;  // select(dim, start); otherwise slice(dim, start, end, step)
   int64_t dim, start, end, step;
 
@@ -55,7 +57,7 @@ const IndexedGrad* indexed_grad(const at::Tensor& t) {
   const IndexedGrad& g = *c->indexed_grad;
   bool whole = t.storage_offset() == 0 && t.sizes().equals(c->sizes) &&
                t.strides().equals(c->strides) && t.scalar_type() == from_dtype(c->dtype);
-  if (!whole || version(t) != g.whole_version || version(g.grad) != g.grad_version) {
+  if (!whole || version(t) != g.whole_version) {
     return nullptr;
   }
   return &g;
@@ -76,9 +78,8 @@ const IndexedGrad* addable(const at::Tensor& x, const at::Tensor& y, const at::S
 at::Tensor with_note(at::Tensor whole, const at::Tensor& grad, IndexedGrad note) {
   note.view_of(whole).copy_(grad);
   if (whole.is_inference() || grad.is_inference() || !recordable(whole)) return whole;
-  note.grad = grad;
+  note.grad = grad.clone(at::MemoryFormat::Contiguous);
   note.whole_version = version(whole);
-  note.grad_version = version(grad);
   find_storage_ctx(whole)->indexed_grad = std::make_shared<const IndexedGrad>(std::move(note));
   return whole;
 }
@@ -89,7 +90,7 @@ at::Tensor select_backward(const at::Tensor& grad, c10::SymIntArrayRef input_siz
   dim = at::maybe_wrap_dim(dim, whole.dim());
   int64_t i = index.expect_int();
   if (i < 0) i += whole.size(dim);
-  return with_note(whole, grad, IndexedGrad{{}, 0, 0, true, dim, i, i + 1, 1});
+  return with_note(whole, grad, IndexedGrad{{}, 0, true, dim, i, i + 1, 1});
 }
 
 at::Tensor slice_backward(const at::Tensor& grad, c10::SymIntArrayRef input_sizes, int64_t dim,
@@ -97,7 +98,7 @@ at::Tensor slice_backward(const at::Tensor& grad, c10::SymIntArrayRef input_size
   auto whole = at::zeros_symint(input_sizes, grad.options());
   dim = at::maybe_wrap_dim(dim, whole.dim());
   return with_note(whole, grad,
-                   IndexedGrad{{}, 0, 0, false, dim, start.expect_int(), end.expect_int(),
+                   IndexedGrad{{}, 0, false, dim, start.expect_int(), end.expect_int(),
                                step.expect_int()});
 }
 

@@ -131,3 +131,12 @@ def test_adding_an_indexed_gradient_into_an_expanded_tensor_raises(mode):
     x = torch.zeros(1, 3, device="tpu").expand(4, 3)
     with pytest.raises(RuntimeError):
         x.add_(sb(torch.ones(3, device="tpu"), [4, 3], 0, 1))
+
+
+def test_a_write_to_the_gradient_through_an_alias_is_not_seen_by_the_sum(mode):
+    # The note keeps its own copy of the view's gradient: select_backward's result holds the
+    # values the gradient had when it was made, whatever is written into the gradient later.
+    g = torch.ones(3, device="tpu")
+    t = sb(g, [2, 3], 0, 1)
+    g.data.mul_(5.0)
+    check(torch.zeros(2, 3, device="tpu") + t, sb(torch.ones(3), [2, 3], 0, 1))
