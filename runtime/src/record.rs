@@ -16,11 +16,8 @@ use deferfuse_fusion::ir::{
 use deferfuse_fusion::reduce_geometry::{
     reduce_needs_copy, reduced_dims, short_reduced_dim, trailing_then_leading,
 };
-use deferfuse_fusion::trace::BufferId;
 use deferfuse_fusion::{Node, Operand, TensorRef};
 use smallvec::SmallVec;
-use std::collections::{HashMap, HashSet};
-use std::hash::BuildHasherDefault;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -36,8 +33,6 @@ pub enum Input {
 }
 
 type Buffers = OpBuffers;
-type AHashMap<K, V> = HashMap<K, V, BuildHasherDefault<ahash::AHasher>>;
-type AHashSet<K> = HashSet<K, BuildHasherDefault<ahash::AHasher>>;
 
 /// Which operand of an op a handle was passed as; named only when an error message needs it
 /// (formatting it for every op would cost more than recording the op).
@@ -85,9 +80,6 @@ impl Runtime {
             },
             compute: DType::Bool,
         };
-        // A long operand list (a cat of many tensors) dedupes its buffers through a set: the
-        // list's own search per insert made it O(n^2).
-        let mut listed: Option<AHashSet<BufferId>> = (inputs.len() > 32).then(AHashSet::default);
         for (i, inp) in inputs.iter().enumerate() {
             match *inp {
                 Input::Tensor(h) => {
@@ -97,14 +89,7 @@ impl Runtime {
                         layout: t.layout,
                         dtype: t.dtype,
                     }));
-                    match &mut listed {
-                        Some(set) => {
-                            if set.insert(t.buffer.id) {
-                                buffers.insert_new(t.buffer);
-                            }
-                        }
-                        None => buffers.insert(t.buffer),
-                    }
+                    buffers.insert(t.buffer);
                 }
                 Input::Scalar(v) => node.inputs.push(Operand::Scalar(v)),
                 Input::Absent => node.inputs.push(Operand::Absent),
@@ -270,18 +255,14 @@ impl Runtime {
         // Each copy lists only its own two buffers: given the whole op's list, each of n
         // copies cloned and kept the other inputs' buffers, O(n^2) for a cat of n tensors
         // (torch.stack of 1,600: 40-57 ms where CPU takes 1; clip_grad_norm_ stacks one norm
-        // per parameter). Many inputs are looked up by id once, not by a search per input.
+        // per parameter).
         let out_buffer = buffers.get(out.buffer).expect("output buffer is tracked");
-        let by_id: Option<AHashMap<BufferId, &Arc<Buffer>>> =
-            (inputs.len() > 8).then(|| buffers.iter().map(|b| (b.id, b)).collect());
         let mut at = 0;
         for inp in inputs {
             let t = inp.tensor().expect("cat inputs are tensors");
-            let input_buffer = match &by_id {
-                Some(m) => m.get(&t.buffer).copied(),
-                None => buffers.get(t.buffer),
-            }
-            .expect("cat input buffers are tracked");
+            let input_buffer = buffers
+                .get(t.buffer)
+                .expect("cat input buffers are tracked");
             let mut own = Buffers::default();
             own.insert_new(out_buffer.clone());
             own.insert(input_buffer.clone());

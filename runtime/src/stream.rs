@@ -8,6 +8,8 @@ use crate::exec::OpPlans;
 use crossbeam_channel::{unbounded, Receiver, Sender, TryRecvError};
 use deferfuse_fusion::plan_cache::PlanCache;
 use deferfuse_fusion::{BufferId, Node, Trace, TraceKey};
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -35,38 +37,76 @@ pub const MAX_QUEUED: u64 = 256;
 
 /// The few buffers one op touches (its inputs, its output, a snapshot copy): a small inline
 /// list, because building a hash map for every recorded op cost more than the rest of
-/// recording.
+/// recording. A long list (a cat of many tensors) also keeps positions by id: a search per
+/// insert and per lookup made recording a cat of n tensors O(n^2).
 #[derive(Clone, Default)]
-pub struct OpBuffers(smallvec::SmallVec<[Arc<Buffer>; 4]>);
+pub struct OpBuffers {
+    list: smallvec::SmallVec<[Arc<Buffer>; 4]>,
+    index: Option<Box<IdPositions>>,
+}
+
+type IdPositions = HashMap<BufferId, usize, BuildHasherDefault<ahash::AHasher>>;
+
+/// How many buffers a list holds before it keeps positions by id.
+const INDEXED_FROM: usize = 32;
 
 impl OpBuffers {
     /// Adds `b` unless a buffer with its id is already listed.
     pub fn insert(&mut self, b: Arc<Buffer>) {
         if self.get(b.id).is_none() {
-            self.0.push(b);
+            self.push(b);
         }
     }
 
     /// Adds a buffer just made, which cannot be listed yet (no search for its id).
     pub fn insert_new(&mut self, b: Arc<Buffer>) {
         debug_assert!(self.get(b.id).is_none(), "a new buffer is listed already");
-        self.0.push(b);
+        self.push(b);
+    }
+
+    fn push(&mut self, b: Arc<Buffer>) {
+        if let Some(ix) = &mut self.index {
+            ix.insert(b.id, self.list.len());
+        }
+        self.list.push(b);
+        if self.index.is_none() && self.list.len() > INDEXED_FROM {
+            let ix = self
+                .list
+                .iter()
+                .enumerate()
+                .map(|(i, b)| (b.id, i))
+                .collect();
+            self.index = Some(Box::new(ix));
+        }
     }
 
     /// The listed buffer with id `id`, if any.
     pub fn get(&self, id: BufferId) -> Option<&Arc<Buffer>> {
-        self.0.iter().find(|b| b.id == id)
+        match &self.index {
+            Some(ix) => ix.get(&id).map(|&i| &self.list[i]),
+            None => self.list.iter().find(|b| b.id == id),
+        }
     }
 
     /// The listed buffers, in the order they were added.
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Buffer>> {
-        self.0.iter()
+        self.list.iter()
     }
 
     /// Takes the buffer with id `id` out of the list.
     fn take(&mut self, id: BufferId) -> Option<Arc<Buffer>> {
-        let i = self.0.iter().position(|b| b.id == id)?;
-        Some(self.0.swap_remove(i))
+        let i = match &self.index {
+            Some(ix) => *ix.get(&id)?,
+            None => self.list.iter().position(|b| b.id == id)?,
+        };
+        let b = self.list.swap_remove(i);
+        if let Some(ix) = &mut self.index {
+            ix.remove(&id);
+            if let Some(moved) = self.list.get(i) {
+                ix.insert(moved.id, i);
+            }
+        }
+        Some(b)
     }
 }
 
@@ -110,7 +150,7 @@ impl PendingBuffers {
             out_is_new = !self.extra.iter().any(|b| b.id == out);
         }
         // The rest are already numbered (dropped: the set holds them) or named by no node.
-        for b in op.0 {
+        for b in op.list {
             if self.key.number_of(b.id).is_none() {
                 self.extra.push(b);
             }
