@@ -51,10 +51,10 @@ void copy_handle(uint64_t src, uint64_t dst, const char* what);
 constexpr size_t kInlineDims = 6;
 using DimVec = c10::SmallVector<int64_t, kInlineDims>;
 
-// The layout the storage's handle was created with: a handle whose tensor matches it exactly
-// is used as is, saving an as_strided call per operand.
 struct IndexedGrad;  // indexed_grad.cpp
 
+// The layout the storage's handle was created with: a handle whose tensor matches it exactly
+// is used as is, saving an as_strided call per operand.
 struct StorageCtx {
   uint64_t handle;
   uint32_t dtype;
@@ -102,6 +102,10 @@ bool recordable(const at::Tensor& t);
 
 // Wraps a new handle (this function takes over its one reference) as a tpu tensor.
 at::Tensor wrap(uint64_t handle);
+
+// A storage DataPtr owning `handle` (one reference), laid out as `sizes` and `strides`.
+c10::DataPtr data_ptr_for(uint64_t handle, uint32_t dtype, std::vector<int64_t> sizes,
+                          std::vector<int64_t> strides);
 
 // A new storage of `nbytes`-worth of elements of `dtype` laid out as `sizes`, empty.
 c10::Storage make_storage(at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,

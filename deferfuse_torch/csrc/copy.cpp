@@ -9,11 +9,6 @@
 #include <torch/library.h>
 
 namespace dft {
-
-// common.cpp: a storage DataPtr owning `handle`.
-c10::DataPtr data_ptr_for(uint64_t handle, uint32_t dtype, std::vector<int64_t> sizes,
-                          std::vector<int64_t> strides);
-
 namespace {
 
 bool is_tpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
@@ -22,10 +17,10 @@ bool is_tpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::
 // dst is the only tensor of a storage only it holds, not yet seen by Python (the fresh result
 // of `.to("tpu")`, which PyTorch makes empty and then copy_-s into), in the storage's own
 // dense layout and dtype. Nothing else can see the storage change buffers (a tensor Python
-// holds keeps its data_ptr() through copy_, as on CPU).
-// dst's layout may be any dense one (`.to("tpu")` keeps a CPU tensor's strides: nonzero's
-// result is column-major): the host values are laid out the same way and uploaded as they lie,
-// as one run when dst is not contiguous (make_storage's handle for such a storage).
+// holds keeps its data_ptr() through copy_, as on CPU). The layout may be any dense one
+// (`.to("tpu")` keeps a CPU tensor's strides: nonzero's result is column-major): the host
+// values are laid out the same way and uploaded as they lie, as one run when dst is not
+// contiguous (make_storage's handle for such a storage).
 bool can_adopt_upload(const at::Tensor& dst) {
   const StorageCtx* c = find_storage_ctx(dst);
   if (c == nullptr || dst.use_count() != 1 || dst.storage().use_count() != 1 ||

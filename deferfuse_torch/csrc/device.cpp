@@ -21,10 +21,6 @@
 #include <unordered_set>
 
 namespace dft {
-
-c10::DataPtr data_ptr_for(uint64_t handle, uint32_t dtype, std::vector<int64_t> sizes,
-                          std::vector<int64_t> strides);
-
 namespace {
 
 // Raw storages (torch.UntypedStorage(n, device="tpu")) are byte buffers. Tensors are made by

@@ -69,7 +69,7 @@ const IndexedGrad* addable(const at::Tensor& x, const at::Tensor& y, const at::S
   const IndexedGrad* g = indexed_grad(y);
   if (g == nullptr || !recordable(x) || x.scalar_type() != y.scalar_type() ||
       !std::isfinite(alpha.toDouble()) ||
-      !x.sizes().equals(y.sizes()) || x.is_alias_of(y) || x.is_alias_of(g->grad)) {
+      !x.sizes().equals(y.sizes()) || x.is_alias_of(y)) {
     return nullptr;
   }
   return g;

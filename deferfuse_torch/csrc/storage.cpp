@@ -29,9 +29,6 @@ Ref byte_view_ref(const at::Tensor& t, at::ScalarType* elem) {
   return Ref(h, true);
 }
 
-c10::DataPtr data_ptr_for(uint64_t handle, uint32_t dtype, std::vector<int64_t> sizes,
-                          std::vector<int64_t> strides);
-
 // Gives t's storage a new buffer of `to` elements. keep_bytes: the old bytes carry over through
 // the host (a sync point, once per storage: the runtime has no bit-cast); otherwise the buffer
 // starts empty, for a caller about to overwrite all of it.

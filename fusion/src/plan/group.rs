@@ -46,7 +46,6 @@ pub(super) struct Group {
     pub(super) mm: Option<PendingMatmul>,
 }
 
-/// `sizes` with the reduced dims set to 1: the shape of a keepdim reduction's result.
 /// `t`, a tensor of a row kernel's squeezed row shape (`sizes` without the reduced dims `red`)
 /// or broadcastable to it, as a view of the keepdim row shape: the reduced dims back as size-1
 /// dims.
@@ -80,6 +79,7 @@ pub(super) fn unsqueeze_reduced(t: &TensorRef, sizes: &[usize], red: &[usize]) -
     }
 }
 
+/// `sizes` with the reduced dims set to 1: the shape of a keepdim reduction's result.
 pub(super) fn row_shape(sizes: &[usize], red: &[usize]) -> Dims {
     sizes
         .iter()
@@ -132,16 +132,10 @@ impl Group {
         if self.reduces_empty_rows() {
             return None;
         }
-        let squeezed: Dims = self
-            .sizes
-            .iter()
-            .enumerate()
-            .filter(|(d, _)| !red.contains(d))
-            .map(|(_, &s)| s)
-            .collect();
         // Only a full reduction's scalar: taking `[rows]` results too (batch norm's
         // per-channel statistics) regrouped batch norm's step around a new copy program.
-        if !squeezed.is_empty() || node.output.layout.sizes.as_slice() != squeezed.as_slice() {
+        let full = (0..self.sizes.len()).all(|d| red.contains(&d));
+        if !full || node.output.layout.rank() != 0 {
             return None;
         }
         let unsqueeze = |t: &TensorRef| unsqueeze_reduced(t, &self.sizes, red);
