@@ -287,6 +287,9 @@ const at::Tensor& resize_(const at::Tensor& self, at::IntArrayRef size,
   TORCH_CHECK(!mf || *mf == at::MemoryFormat::Contiguous || *mf == at::MemoryFormat::Preserve,
               "tpu: resize_ supports only the contiguous memory format");
   for (auto s : size) TORCH_CHECK(s >= 0, "tpu: negative dimension ", s, " in size ", size);
+  // As PyTorch's resize_: the same sizes without a memory format leave the tensor as it is
+  // (an out= view keeps its strides: `cumsum(x, 1, out=base.t())` writes through them).
+  if (!mf && self.sizes().equals(size)) return self;
   size_t item = self.element_size();
   size_t need = (self.storage_offset() + c10::multiply_integers(size)) * item;
   auto storage = self.storage();

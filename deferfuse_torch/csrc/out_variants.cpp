@@ -143,6 +143,10 @@ Overlap overlap_with(const at::Tensor& target, const std::vector<c10::IValue>& i
   auto found = Overlap::None;
   for (const auto& v : inputs) {
     if (!v.isTensor() || !v.toTensor().defined()) continue;
+    // Another storage cannot overlap. Tested first: PyTorch's status is "too hard" for any
+    // input that is not dense (`mm(a[:, :3], b, out=c)`), which would send the call to the
+    // CPU fallback.
+    if (!target.storage().is_alias_of(v.toTensor().storage())) continue;
     auto st = at::get_overlap_status(target, v.toTensor());
     if (st == at::MemOverlapStatus::Full) {
       found = Overlap::Exact;

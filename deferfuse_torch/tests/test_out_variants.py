@@ -126,6 +126,52 @@ def test_a_non_contiguous_out_is_written_in_its_own_layout(mode, no_fallback):
     check(base, (A @ B).t())
 
 
+# Ops with an out= kernel of their own: each resizes its out, which with the out's own shape
+# must keep its strides (the tpu resize_ made them contiguous: the values landed transposed in
+# the out's base).
+OWN_OUT_KERNELS = {
+    "cumsum": lambda x, out: torch.cumsum(x, 1, out=out),
+    "cumprod": lambda x, out: torch.cumprod(x, 1, out=out),
+    "index_select": lambda x, out: torch.index_select(x, 1, torch.tensor([3, 0, 2, 1]), out=out),
+    "gather": lambda x, out: torch.gather(x, 1, torch.tensor([[3, 0, 2, 1]] * 3), out=out),
+    "sort": lambda x, out: torch.sort(x, 1, out=(out, torch.empty(3, 4, dtype=torch.long))),
+    "topk": lambda x, out: torch.topk(x, 4, 1, out=(out, torch.empty(3, 4, dtype=torch.long))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OWN_OUT_KERNELS))
+def test_an_out_kernel_writes_a_transposed_out_through_its_strides(mode, name):
+    x = torch.randn(3, 4)
+    want_base = torch.zeros(4, 3)
+    OWN_OUT_KERNELS[name](x, want_base.t())
+    base = torch.zeros(4, 3, device="tpu")
+    out = base.t()
+    call = OWN_OUT_KERNELS[name]
+    if name in ("sort", "topk", "index_select", "gather"):
+        # Their index tensors go to the device with the input.
+        def call(x, out, f=OWN_OUT_KERNELS[name]):
+            with torch.device("tpu"):
+                return f(x, out)
+    call(x.to("tpu"), out)
+    assert out.stride() == (1, 3)
+    check(base, want_base)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, big: torch.add(x, big, out=x),
+    lambda x, big: torch.add(big, x, alpha=2, out=x),
+    lambda x, big: torch.mul(big, x, out=x),
+])
+def test_an_out_that_is_also_an_input_is_not_broadcast_to_a_bigger_shape(mode, call):
+    with pytest.raises(RuntimeError) as cpu:
+        call(torch.zeros(5), torch.ones(4, 5))
+    x = torch.zeros(5, device="tpu")
+    with pytest.raises(RuntimeError) as tpu:
+        call(x, torch.ones(4, 5, device="tpu"))
+    assert str(tpu.value) == str(cpu.value)
+    assert x.shape == (5,)
+
+
 def test_an_out_of_another_dtype_gets_cpus_error():
     with pytest.raises(RuntimeError) as cpu:
         torch.mm(A, B, out=torch.empty(6, 5, dtype=torch.float64))
@@ -208,3 +254,12 @@ def test_addbmm_and_addmv_shape_errors_are_cpus(call):
     with pytest.raises(RuntimeError) as tpu:
         call(*(t.to("tpu") for t in inputs))
     assert str(tpu.value).split("\n")[0] == str(cpu.value).split("\n")[0]
+
+
+def test_an_out_variant_with_a_sliced_input_runs_on_the_device(mode, no_fallback):
+    # A non-dense input of another storage than the out cannot overlap it: mm.out ran on the
+    # CPU fallback for `a[:, :3]`.
+    a, b = torch.randn(4, 5), torch.randn(3, 6)
+    out = torch.empty(4, 6, device="tpu")
+    torch.mm(a.to("tpu")[:, :3], b.to("tpu"), out=out)
+    check(out, a[:, :3] @ b)
