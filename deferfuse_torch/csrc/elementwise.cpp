@@ -68,6 +68,7 @@ bool scales_a_tensor(const at::Tensor& other, const at::Scalar& alpha) {
 
 template <uint32_t OP>
 at::Tensor b_alpha(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
+  ew::refuse_as_cpu<OP>(x, y);
   if constexpr (OP == DFUSE_BINARY_OP_ADD) {
     if (auto sum = add_indexed_grad(x, y, alpha)) return *std::move(sum);
   }
@@ -77,6 +78,8 @@ at::Tensor b_alpha(const at::Tensor& x, const at::Tensor& y, const at::Scalar& a
 
 template <uint32_t OP>
 at::Tensor& b_alpha_(at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
+  ew::refuse_as_cpu<OP>(x, y);
+  ew::check_in_place_shape(x, y);
   if constexpr (OP == DFUSE_BINARY_OP_ADD) {
     if (add_indexed_grad_(x, y, alpha)) return x;
   }
@@ -87,6 +90,8 @@ at::Tensor& b_alpha_(at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha
 template <uint32_t OP>
 at::Tensor& b_alpha_out(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha,
                         at::Tensor& out) {
+  ew::refuse_as_cpu<OP>(x, y);
+  ew::prepare_out(x, y, out);  // before scaling: y itself may be the out
   return b_out<OP>(x, scaled(y, alpha), out);
 }
 
@@ -127,7 +132,14 @@ at::Tensor pow_tensor_scalar(const at::Tensor& x, const at::Scalar& e) {
 
 // x**3 and x**-2 record two ops (CPU rounds twice): one op group in strict mode. The other
 // exponents record one op and stay on the strict path (a group of one op only costs more).
+// PyTorch's check (numpy's rule), before any work: `int_tensor ** -1` raises.
+void check_integer_power(const at::Tensor& x, const at::Scalar& e) {
+  TORCH_CHECK(!(at::isIntegralType(x.scalar_type(), true) && e.isIntegral(true) && e.toLong() < 0),
+              "Integers to negative integer powers are not allowed.");
+}
+
 at::Tensor pow_tensor_scalar_entry(const at::Tensor& x, const at::Scalar& e) {
+  check_integer_power(x, e);
   bool two_ops = pow_has_cpu_special_cases(x, e) && (e.toDouble() == 3.0 || e.toDouble() == -2.0);
   if (!two_ops) return pow_tensor_scalar(x, e);
   return Grouped<decltype(&pow_tensor_scalar), &pow_tensor_scalar>::call(x, e);
@@ -135,6 +147,7 @@ at::Tensor pow_tensor_scalar_entry(const at::Tensor& x, const at::Scalar& e) {
 
 // In place, the specialised value is written back through `x`'s handle like any in-place op.
 at::Tensor& pow_tensor_scalar_(at::Tensor& x, const at::Scalar& e) {
+  check_integer_power(x, e);
   if (!pow_has_cpu_special_cases(x, e)) return bs_<DFUSE_BINARY_OP_POW>(x, e);
   return x.copy_(pow_tensor_scalar(x, e));
 }
@@ -392,6 +405,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("maximum", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_MAXIMUM>));
   m.impl("minimum", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_MINIMUM>));
   DF_BINARY(remainder, REMAINDER)
+  m.impl("remainder.Scalar_Tensor", TORCH_FN(dft::ew::sb<DFUSE_BINARY_OP_REMAINDER>));
   m.impl("logical_and", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_LOGICAL_AND>));
   m.impl("logical_or", TORCH_FN(dft::ew::b<DFUSE_BINARY_OP_LOGICAL_OR>));
   m.impl("logical_and.out", TORCH_FN(dft::logical_out<DFUSE_BINARY_OP_LOGICAL_AND>));

@@ -11,14 +11,60 @@
 namespace dft {
 namespace ew {
 
+// CPU's own error, exception class included (NotImplementedError), for operand dtypes its
+// kernels refuse: `-` or `neg` on bool, bitwise ops on floating tensors. The runtime refuses
+// them too, as a RuntimeError in its own words; CPU's op on empty host tensors of the same
+// dtypes raises CPU's.
+inline at::Tensor host_empty(const at::Tensor& t) {
+  return at::empty({0}, t.options().device(at::kCPU));
+}
+
+template <uint32_t OP>
+void refuse_as_cpu(const at::Tensor& x) {
+  if constexpr (OP == DFUSE_UNARY_OP_NEG) {
+    if (x.scalar_type() == at::kBool) at::neg(host_empty(x));
+  } else if constexpr (OP == DFUSE_UNARY_OP_BITWISE_NOT) {
+    if (at::isFloatingType(x.scalar_type())) at::bitwise_not(host_empty(x));
+  }
+}
+
+template <uint32_t OP>
+void refuse_as_cpu(const at::Tensor& x, const at::Tensor& y) {
+  constexpr bool bitwise = OP == DFUSE_BINARY_OP_BITWISE_AND || OP == DFUSE_BINARY_OP_BITWISE_OR ||
+                           OP == DFUSE_BINARY_OP_BITWISE_XOR;
+  if constexpr (OP == DFUSE_BINARY_OP_SUB) {
+    if (x.scalar_type() == at::kBool || y.scalar_type() == at::kBool) {
+      at::sub(host_empty(x), host_empty(y));
+    }
+  } else if constexpr (bitwise) {
+    if (at::isFloatingType(x.scalar_type()) || at::isFloatingType(y.scalar_type())) {
+      auto a = host_empty(x), b = host_empty(y);
+      if constexpr (OP == DFUSE_BINARY_OP_BITWISE_AND) at::bitwise_and(a, b);
+      if constexpr (OP == DFUSE_BINARY_OP_BITWISE_OR) at::bitwise_or(a, b);
+      if constexpr (OP == DFUSE_BINARY_OP_BITWISE_XOR) at::bitwise_xor(a, b);
+    }
+  }
+}
+
+// In place, self keeps its shape: an operand that broadcasts it bigger gets TensorIterator's
+// error (the runtime's own names its C call). Same-shape operands skip the shape math.
+inline void check_in_place_shape(const at::Tensor& x, const at::Tensor& y) {
+  if (y.sizes().equals(x.sizes()) || y.dim() == 0) return;
+  auto shape = at::infer_size(x.sizes(), y.sizes());
+  TORCH_CHECK(x.sizes().equals(shape), "output with shape ", x.sizes(),
+              " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+}
+
 template <uint32_t OP>
 at::Tensor u(const at::Tensor& x) {
+  refuse_as_cpu<OP>(x);
   if (x.is_complex()) return complex_unary(OP, x);
   return unary(x, OP);
 }
 
 template <uint32_t OP>
 at::Tensor& u_(at::Tensor& x) {
+  refuse_as_cpu<OP>(x);
   if (x.is_complex()) return x.copy_(complex_unary(OP, x));
   auto a = attrs_sub(OP);
   run_into(DFUSE_OP_KIND_UNARY, &a, Operands().t(x), x, "in-place unary op");
@@ -27,6 +73,7 @@ at::Tensor& u_(at::Tensor& x) {
 
 template <uint32_t OP>
 at::Tensor& u_out(const at::Tensor& x, at::Tensor& out) {
+  refuse_as_cpu<OP>(x);
   if (!out.sizes().equals(x.sizes())) out.resize_(x.sizes());
   auto a = attrs_sub(OP);
   run_into(DFUSE_OP_KIND_UNARY, &a, Operands().t(x), out, "unary op (out=)");
@@ -35,6 +82,7 @@ at::Tensor& u_out(const at::Tensor& x, at::Tensor& out) {
 
 template <uint32_t OP>
 at::Tensor b(const at::Tensor& x, const at::Tensor& y) {
+  refuse_as_cpu<OP>(x, y);
   if (x.is_complex() || y.is_complex()) return complex_binary(OP, x, y);
   auto a = attrs_sub(OP);
   return run(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), "binary op");
@@ -42,6 +90,8 @@ at::Tensor b(const at::Tensor& x, const at::Tensor& y) {
 
 template <uint32_t OP>
 at::Tensor& b_(at::Tensor& x, const at::Tensor& y) {
+  refuse_as_cpu<OP>(x, y);
+  check_in_place_shape(x, y);
   if (x.is_complex() || y.is_complex()) return x.copy_(complex_binary(OP, x, y));
   auto a = attrs_sub(OP);
   run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), x, "in-place binary op");
@@ -62,15 +112,29 @@ at::Tensor& bs_(at::Tensor& x, const at::Scalar& y) {
   return x;
 }
 
+// The scalar first (remainder.Scalar_Tensor): one op with a scalar operand, promoted as a
+// wrapped number is. Complex goes through the tensor form, which raises as CPU does.
+template <uint32_t OP>
+at::Tensor sb(const at::Scalar& x, const at::Tensor& y) {
+  if (x.isComplex() || y.is_complex()) return b<OP>(at::scalar_to_tensor(x, y.device()), y);
+  return binary(x, y, OP);
+}
+
 // out= variants (the optimizers' foreach fallbacks and user code call them): written straight
 // into `out` when it already has the broadcast shape, else PyTorch's resize-then-write.
+// An out that is also an input is not resized: TensorIterator raises (`add(x, y, out=x)` with
+// y broadcasting x to a bigger shape).
 inline void prepare_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   auto shape = at::infer_size(a.sizes(), b.sizes());
-  if (!out.sizes().equals(shape)) out.resize_(shape);
+  if (out.sizes().equals(shape)) return;
+  TORCH_CHECK(!out.is_same(a) && !out.is_same(b), "output with shape ", out.sizes(),
+              " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+  out.resize_(shape);
 }
 
 template <uint32_t OP>
 at::Tensor& b_out(const at::Tensor& x, const at::Tensor& y, at::Tensor& out) {
+  refuse_as_cpu<OP>(x, y);
   prepare_out(x, y, out);
   if (x.is_complex() || y.is_complex()) return out.copy_(complex_binary(OP, x, y));
   auto a = attrs_sub(OP);

@@ -133,6 +133,12 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
   }
   TORCH_CHECK(first, "torch.cat(): expected a non-empty list of Tensors");
   if (n == 0) return at::empty({0}, first->options());
+  // CPU's IndexError for a dim out of range, against the first tensor cat does not skip.
+  for (const at::Tensor& t : tensors) {
+    if (t.dim() == 1 && t.numel() == 0) continue;
+    at::maybe_wrap_dim(dim, t.dim());
+    break;
+  }
   DfuseAttrs a{};
   a.dim = dim;
   return run(DFUSE_OP_KIND_CAT, &a, o, "cat");

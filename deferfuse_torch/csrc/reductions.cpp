@@ -49,7 +49,7 @@ at::Tensor& sum_out(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepd
 at::Tensor mean(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
                 std::optional<at::ScalarType> dtype) {
   at::ScalarType to = dtype.value_or(x.scalar_type());
-  TORCH_CHECK(at::isFloatingType(to), "mean(): could not infer output dtype. Input dtype must be "
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(to), "mean(): could not infer output dtype. Input dtype must be "
               "either a floating point or complex dtype. Got: ", to);
   return reduce(cast(x, to), DFUSE_REDUCE_OP_MEAN, dims_of(dim), keepdim);
 }
@@ -76,18 +76,31 @@ void check_nonempty(const at::Tensor& x, const char* op) {
 
 // The runtime's max/min/arg reductions take numbers; CPU orders bool as false < true, which
 // is uint8's 0 < 1 (an attention mask's max()).
-at::Tensor ordered_reduce(const at::Tensor& x, uint32_t op, at::IntArrayRef dims, bool keepdim) {
+// CPU's checks with CPU's exceptions (the runtime's own would raise RuntimeError): a dim out
+// of range, and a max/min over an empty dim, raise IndexError.
+void check_ordered_dims(const at::Tensor& x, at::IntArrayRef dims, const char* name) {
+  if (dims.empty()) return check_nonempty(x, name);
+  for (auto d : dims) {
+    int64_t w = at::maybe_wrap_dim(d, x.dim());
+    TORCH_CHECK_INDEX(x.dim() == 0 || x.size(w) > 0, name, "(): Expected reduction dim ", d,
+                      " to have non-zero size.");
+  }
+}
+
+at::Tensor ordered_reduce(const at::Tensor& x, uint32_t op, at::IntArrayRef dims, bool keepdim,
+                          const char* name) {
+  check_ordered_dims(x, dims, name);
   if (x.scalar_type() != at::kBool) return reduce(x, op, dims, keepdim);
   auto r = reduce(cast(x, at::kByte), op, dims, keepdim);
   return (op == DFUSE_REDUCE_OP_AMAX || op == DFUSE_REDUCE_OP_AMIN) ? cast(r, at::kBool) : r;
 }
 
 at::Tensor amax(const at::Tensor& x, at::IntArrayRef dim, bool keepdim) {
-  return ordered_reduce(x, DFUSE_REDUCE_OP_AMAX, dim, keepdim);
+  return ordered_reduce(x, DFUSE_REDUCE_OP_AMAX, dim, keepdim, "amax");
 }
 
 at::Tensor amin(const at::Tensor& x, at::IntArrayRef dim, bool keepdim) {
-  return ordered_reduce(x, DFUSE_REDUCE_OP_AMIN, dim, keepdim);
+  return ordered_reduce(x, DFUSE_REDUCE_OP_AMIN, dim, keepdim, "amin");
 }
 
 // aminmax: both at once (two reductions; defer fuses them over one read of x).
@@ -95,46 +108,51 @@ std::tuple<at::Tensor, at::Tensor> aminmax(const at::Tensor& x, std::optional<in
                                            bool keepdim) {
   std::vector<int64_t> dims;
   if (dim) dims.push_back(*dim);
-  if (!dim) check_nonempty(x, "aminmax");
+  TORCH_CHECK(dim || x.numel() > 0, "aminmax(): cannot compute aminmax over an empty dimension "
+              "as the operation has no identity.");
   return {dft::amin(x, dims, dim ? keepdim : false), dft::amax(x, dims, dim ? keepdim : false)};
 }
 
 at::Tensor argmax(const at::Tensor& x, std::optional<int64_t> dim, bool keepdim) {
-  if (!dim) check_nonempty(x, "argmax");
+  // CPU's message, as an IndexError (for max() and amax() it is a RuntimeError).
+  TORCH_CHECK_INDEX(dim || x.numel() > 0, "argmax(): Expected reduction dim to be specified for "
+                    "input.numel() == 0.");
   TORCH_CHECK_NOT_IMPLEMENTED(x.scalar_type() != at::kBool,
                               "argmax(): does not support bool input");
   return ordered_reduce(x, DFUSE_REDUCE_OP_ARGMAX,
                         dim ? std::vector<int64_t>{*dim} : std::vector<int64_t>{},
-                        dim ? keepdim : false);
+                        dim ? keepdim : false, "argmax");
 }
 
 at::Tensor argmin(const at::Tensor& x, std::optional<int64_t> dim, bool keepdim) {
-  if (!dim) check_nonempty(x, "argmin");
+  // CPU's message, as an IndexError (for max() and amax() it is a RuntimeError).
+  TORCH_CHECK_INDEX(dim || x.numel() > 0, "argmin(): Expected reduction dim to be specified for "
+                    "input.numel() == 0.");
   TORCH_CHECK_NOT_IMPLEMENTED(x.scalar_type() != at::kBool,
                               "argmin(): does not support bool input");
   return ordered_reduce(x, DFUSE_REDUCE_OP_ARGMIN,
                         dim ? std::vector<int64_t>{*dim} : std::vector<int64_t>{},
-                        dim ? keepdim : false);
+                        dim ? keepdim : false, "argmin");
 }
 
 at::Tensor max_all(const at::Tensor& x) {
   check_nonempty(x, "max");
-  return ordered_reduce(x, DFUSE_REDUCE_OP_AMAX, {}, false);
+  return ordered_reduce(x, DFUSE_REDUCE_OP_AMAX, {}, false, "max");
 }
 
 at::Tensor min_all(const at::Tensor& x) {
   check_nonempty(x, "min");
-  return ordered_reduce(x, DFUSE_REDUCE_OP_AMIN, {}, false);
+  return ordered_reduce(x, DFUSE_REDUCE_OP_AMIN, {}, false, "min");
 }
 
 std::tuple<at::Tensor, at::Tensor> max_dim(const at::Tensor& x, int64_t dim, bool keepdim) {
-  return {ordered_reduce(x, DFUSE_REDUCE_OP_AMAX, {dim}, keepdim),
-          ordered_reduce(x, DFUSE_REDUCE_OP_ARGMAX, {dim}, keepdim)};
+  return {ordered_reduce(x, DFUSE_REDUCE_OP_AMAX, {dim}, keepdim, "max"),
+          ordered_reduce(x, DFUSE_REDUCE_OP_ARGMAX, {dim}, keepdim, "max")};
 }
 
 std::tuple<at::Tensor, at::Tensor> min_dim(const at::Tensor& x, int64_t dim, bool keepdim) {
-  return {ordered_reduce(x, DFUSE_REDUCE_OP_AMIN, {dim}, keepdim),
-          ordered_reduce(x, DFUSE_REDUCE_OP_ARGMIN, {dim}, keepdim)};
+  return {ordered_reduce(x, DFUSE_REDUCE_OP_AMIN, {dim}, keepdim, "min"),
+          ordered_reduce(x, DFUSE_REDUCE_OP_ARGMIN, {dim}, keepdim, "min")};
 }
 
 // var = sum((x - mean)^2) / (n - correction), the two-pass formula PyTorch's CPU kernel matches;
@@ -143,6 +161,8 @@ std::tuple<at::Tensor, at::Tensor> min_dim(const at::Tensor& x, int64_t dim, boo
 std::pair<at::Tensor, at::Tensor> var_and_mean(const at::Tensor& x, at::OptionalIntArrayRef dim,
                                                const std::optional<at::Scalar>& correction,
                                                bool keepdim, const char* op) {
+  // CPU's error and exception class (NotImplementedError) for an integer input.
+  if (!at::isFloatingType(x.scalar_type())) at::var(at::empty({0}, x.options().device(at::kCPU)));
   TORCH_CHECK(at::isFloatingType(x.scalar_type()), "tpu: var/std need a floating point input, got ",
               x.scalar_type());
   auto dims = dims_of(dim);

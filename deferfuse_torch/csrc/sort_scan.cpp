@@ -106,6 +106,8 @@ std::tuple<at::Tensor&, at::Tensor&> median_dim_values(const at::Tensor& self, i
                                                        bool keepdim, at::Tensor& values,
                                                        at::Tensor& indices) {
   int64_t n = self.dim() == 0 ? 1 : self.size(at::maybe_wrap_dim(dim, self.dim()));
+  TORCH_CHECK_INDEX(n > 0, "median(): Expected reduction dim ", at::maybe_wrap_dim(dim, self.dim()),
+                    " to have non-zero size.");
   auto [v, i] = kth(self, (n + 1) / 2, dim, keepdim, true);
   assign_out(values, v);
   assign_out(indices, i);
@@ -113,7 +115,11 @@ std::tuple<at::Tensor&, at::Tensor&> median_dim_values(const at::Tensor& self, i
 }
 
 at::Tensor tpu_median(const at::Tensor& self) {
-  TORCH_CHECK(self.numel() > 0, "median() input tensor cannot be empty");
+  // CPU's median of nothing is NaN in the tensor's dtype (an integer's is NaN cast, as CPU
+  // casts it): computed by CPU's kernel on an empty host tensor.
+  if (self.numel() == 0) {
+    return at::empty({0}, self.options().device(at::kCPU)).median().to(self.device());
+  }
   auto flat = self.reshape({-1});
   return std::get<0>(kth(flat, (flat.size(0) + 1) / 2, 0, false, true));
 }
@@ -153,7 +159,9 @@ std::tuple<at::Tensor&, at::Tensor&> nanmedian_dim_values(const at::Tensor& self
 }
 
 at::Tensor tpu_nanmedian(const at::Tensor& self) {
-  TORCH_CHECK(self.numel() > 0, "nanmedian() input tensor cannot be empty");
+  if (self.numel() == 0) {
+    return at::empty({0}, self.options().device(at::kCPU)).nanmedian().to(self.device());
+  }
   if (!at::isFloatingType(self.scalar_type())) return tpu_median(self);
   return std::get<0>(nan_median(self.reshape({-1}), 0, false));
 }

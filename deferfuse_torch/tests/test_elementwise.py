@@ -211,3 +211,18 @@ def test_half_optimizer_updates_compute_in_float32_and_round_once_as_cpu(mode, f
     assert got.dtype == want.dtype
     torch.testing.assert_close(got, want)
     assert (got != want).float().mean().item() < 0.02
+
+
+@pytest.mark.parametrize("scalar, values", [
+    (1.5, [1.0, -2.0, 3.5]), (3, [2, -5, 7]), (2.5, [2, -5, 7]), (-7, [2.0, 3.0]),
+])
+def test_remainder_with_the_scalar_first_runs_on_the_device(mode, scalar, values):
+    # torch.remainder(scalar, tensor) went to the CPU fallback; an int tensor with a float
+    # scalar gives a float result, as on CPU.
+    deferfuse_torch.reset_fallback_counts()
+    t = torch.tensor(values)
+    want = torch.remainder(scalar, t)
+    got = torch.remainder(scalar, t.to("tpu"))
+    assert got.dtype == want.dtype
+    assert torch.equal(got.cpu(), want)
+    assert deferfuse_torch.fallback_counts() == {}
