@@ -64,7 +64,8 @@ at::Tensor tanh_backward(const at::Tensor& grad, const at::Tensor& out) {
 
 at::Tensor sigmoid_backward(const at::Tensor& grad, const at::Tensor& out) {
   return rounded_once(grad, out, [](const at::Tensor& g, const at::Tensor& y) {
-    return g * ((1.0 - y) * y);
+    // CPU's order, (g * (1 - y)) * y: the other association differs in the last bit.
+    return g * (1.0 - y) * y;
   });
 }
 

@@ -8,6 +8,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <c10/core/AutogradState.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <atomic>
 #include <string>
@@ -438,9 +439,34 @@ at::Tensor binary(const at::Scalar& x, const at::Tensor& y, uint32_t op) {
   return run(DFUSE_OP_KIND_BINARY, &a, Operands().s(x).t(y), "binary op");
 }
 
+namespace {
+
+// One binary op serves `s - t` where ATen's form would reach this device's kernels anyway: a
+// float32/float64 tpu tensor, below autograd (a backward formula, a kernel). Above it (a
+// composite registered for AutogradPrivateUse1) ATen's form keeps the gradient graph.
+bool scalar_first_is_one_op(const at::Tensor& t) {
+  return (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble) &&
+         t.is_privateuseone() &&
+         c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::AutogradFunctionality);
+}
+
+}  // namespace
+
+at::Tensor operator-(double s, const at::Tensor& t) {
+  if (scalar_first_is_one_op(t)) return binary(at::Scalar(s), t, DFUSE_BINARY_OP_SUB);
+  return at::empty_like(t, at::MemoryFormat::Preserve).fill_(s).sub_(t);
+}
+
+at::Tensor operator/(double s, const at::Tensor& t) {
+  if (scalar_first_is_one_op(t)) return binary(at::Scalar(s), t, DFUSE_BINARY_OP_DIV);
+  return at::empty_like(t, at::MemoryFormat::Preserve).fill_(s).div_(t);
+}
+
 at::Tensor reduce(const at::Tensor& x, uint32_t op, at::IntArrayRef dims, bool keepdim) {
   TORCH_CHECK(dims.size() <= DFUSE_MAX_REDUCE_DIMS, "tpu: a reduction over ", dims.size(),
               " dims; at most ", DFUSE_MAX_REDUCE_DIMS, " are supported");
+  // CPU's IndexError for a dim out of range (the runtime's check raises RuntimeError).
+  for (auto d : dims) at::maybe_wrap_dim(d, x.dim());
   DfuseAttrs a = attrs_sub(op);
   for (size_t i = 0; i < dims.size(); ++i) a.dims[i] = dims[i];
   a.n_dims = dims.size();

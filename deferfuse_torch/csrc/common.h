@@ -171,6 +171,16 @@ at::Tensor binary(const at::Tensor& a, const at::Scalar& b, uint32_t op);
 at::Tensor binary(const at::Scalar& a, const at::Tensor& b, uint32_t op);
 at::Tensor reduce(const at::Tensor& x, uint32_t op, at::IntArrayRef dims, bool keepdim);
 
+// `s - t` and `s / t` for a double `s` in this namespace's kernels: ordinary lookup finds these
+// before ATen's operators (TensorOperators.h), which fill a new tensor with `s` and subtract or
+// divide in place: three recorded ops (empty_like, fill_, sub_) and three programs in strict
+// mode for each `1.0 - y` of a backward formula. Below autograd, on a float32/float64 `t`, one
+// binary op with the scalar first gives the same bits (the scalar is rounded to t's dtype
+// either way); elsewhere ATen's form stays (it keeps an int64 `1 - t` int64, and above
+// autograd it records the gradient graph).
+at::Tensor operator-(double s, const at::Tensor& t);
+at::Tensor operator/(double s, const at::Tensor& t);
+
 // t [N, C, spatial...] summed (op SUM) or averaged (MEAN) over every dim but the channels
 // (batch norm's statistics and gradients, group norm's and a conv's bias gradients). In
 // float32/float64 the runtime reduces the spatial dims first, then the batch, with no

@@ -501,3 +501,40 @@ def test_binary_cross_entropy_of_an_input_outside_0_1_raises_in_debug_mode(value
         F.binary_cross_entropy(x.to("tpu"), y.to("tpu"))
     with deferfuse_torch.mode("defer"):
         assert F.binary_cross_entropy(x.to("tpu"), y.to("tpu")).isnan().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sigmoid_backward_gives_cpus_bits(mode, dtype):
+    # CPU computes (g * (1 - y)) * y; the other association differs in a third of the
+    # elements' last bit.
+    torch.manual_seed(0)
+    y, g = torch.rand(4096, dtype=dtype), torch.randn(4096, dtype=dtype)
+    want = torch.ops.aten.sigmoid_backward(g, y)
+    got = torch.ops.aten.sigmoid_backward(g.to("tpu"), y.to("tpu"))
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("backward, ops", [
+    (lambda g, y: torch.ops.aten.sigmoid_backward(g, y), 3),
+    (lambda g, y: torch.ops.aten.tanh_backward(g, y), 3),
+])
+def test_one_minus_y_in_a_backward_formula_is_one_recorded_op(backward, ops):
+    # `1.0 - y` in the C++ formulas was ATen's scalar-first operator: empty_like, fill_ and
+    # sub_, three recorded ops (three programs in strict mode) for one subtraction.
+    g, y = torch.rand(8, device="tpu"), torch.rand(8, device="tpu")
+    before = deferfuse_torch.stats()["ops_recorded"]
+    backward(g, y)
+    assert deferfuse_torch.stats()["ops_recorded"] - before == ops
+
+
+
+def test_tanh_backward_rounds_one_minus_y_squared_where_cpu_contracts_it():
+    # README table: CPU's compiler contracts `1 - y * y` into a fused multiply-add (rounded
+    # once); the runtime rounds y * y first. Within one rounding of 1 - y^2, times |g|.
+    torch.manual_seed(0)
+    y, g = torch.rand(4096) * 2 - 1, torch.randn(4096)
+    want = torch.ops.aten.tanh_backward(g, y)
+    got = torch.ops.aten.tanh_backward(g.to("tpu"), y.to("tpu")).cpu()
+    assert torch.equal(want, g * (1 - y.double() * y.double()).float())
+    assert torch.equal(got, g * (1 - y * y))
+    assert ((got - want).abs() <= g.abs() * 2 ** -24 * 2 + 1e-30).all()

@@ -200,3 +200,21 @@ def test_nearest_grid_sample_gives_the_grid_a_zero_gradient_as_cpu(mode, padding
     assert torch.equal(outs["tpu"][0], outs["cpu"][0])
     assert torch.equal(outs["tpu"][0].signbit(), outs["cpu"][0].signbit())
     assert torch.equal(outs["tpu"][1], torch.zeros(2, 2, 3)) and torch.equal(outs["cpu"][1], outs["tpu"][1])
+
+
+def test_bilinear_grid_sample_gives_the_grid_cpus_gradient(mode):
+    # grid_sampler_2d is composed above autograd (its gradient comes from its device ops):
+    # its `1 - tx` weights must stay in the graph, so they take ATen's scalar-first operator,
+    # not the one-op form the kernels below autograd use (csrc/common.h).
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 6)
+    theta = torch.tensor([[[0.9, 0.1, 0.05], [-0.1, 1.1, 0.0]]] * 2)
+    outs = {}
+    for dev in ("cpu", "tpu"):
+        t = theta.to(dev).requires_grad_()
+        grid = F.affine_grid(t, (2, 3, 4, 4), align_corners=False)
+        y = F.grid_sample(x.to(dev), grid, mode="bilinear", align_corners=False)
+        (gt,) = torch.autograd.grad((y * y).sum(), [t])
+        outs[dev] = gt.cpu()
+    torch.testing.assert_close(outs["tpu"], outs["cpu"], rtol=1e-4, atol=1e-5)
+    assert outs["cpu"].abs().sum() > 0
