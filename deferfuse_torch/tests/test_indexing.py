@@ -457,3 +457,17 @@ def test_index_put_of_values_of_another_dtype_raises_as_on_cpu(mode):
     x = torch.zeros(4, device="tpu")
     with pytest.raises(RuntimeError, match="Index put requires the source and destination dtypes"):
         x[torch.tensor([1], device="tpu")] = torch.ones(1, dtype=torch.float64, device="tpu")
+
+
+def test_searchsorted_with_nan_among_the_boundaries_counts_the_boundaries_before_a_value():
+    # README table: CPU's binary search over boundaries holding NaN gives an index that depends
+    # on where it probes; tpu counts the boundaries b with !(b >= v), as CPU's predicate reads
+    # them, NaN included. Without NaN both give the same insertion index.
+    b = torch.tensor([0.0, 1.0, 2.0, float("nan")])
+    v = torch.tensor([1.5, 0.0, 5.0])
+    got = torch.searchsorted(b.to("tpu"), v.to("tpu")).cpu()
+    assert got.tolist() == [3, 1, 4]
+    assert torch.searchsorted(b, v).tolist() == [2, 0, 4]
+    finite = b[:3]
+    assert torch.equal(torch.searchsorted(finite.to("tpu"), v.to("tpu")).cpu(),
+                       torch.searchsorted(finite, v))
