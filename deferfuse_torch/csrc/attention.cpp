@@ -17,7 +17,6 @@
 // the math path's upcasting), and invalid calls, so that they raise PyTorch's own errors.
 #include "common.h"
 
-#include <ATen/FuncTorchTLS.h>
 #include <ATen/ops/scaled_dot_product_attention_native.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -115,19 +114,6 @@ class Attention : public torch::autograd::Function<Attention> {
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
-
-// Whether a torch.func transform is active: the check autograd::Function::apply makes, which
-// raises then.
-bool under_functorch_transform() {
-  const auto& tls = at::functorch::functorchTLSAccessor();
-  if (!tls) return false;
-  try {
-    tls->checkSupportsCppAutogradFunction();
-    return false;
-  } catch (const c10::Error&) {
-    return true;
-  }
-}
 
 // Whether this kernel computes the call; anything else (and every invalid call, so that it
 // raises PyTorch's own error) goes to PyTorch's composite implementation.

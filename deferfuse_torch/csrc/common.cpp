@@ -5,6 +5,7 @@
 #include "streams.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/FuncTorchTLS.h>
 #include <ATen/MemoryOverlap.h>
 #include <c10/core/AutogradState.h>
 #include <c10/core/TensorImpl.h>
@@ -504,6 +505,17 @@ std::optional<at::Tensor> opmath(const std::optional<at::Tensor>& x) {
 
 at::Tensor where(const at::Tensor& c, const at::Tensor& x, const at::Scalar& y) {
   return run(DFUSE_OP_KIND_WHERE, nullptr, Operands().t(c).t(x).s(y), "where");
+}
+
+bool under_functorch_transform() {
+  const auto& tls = at::functorch::functorchTLSAccessor();
+  if (!tls) return false;
+  try {
+    tls->checkSupportsCppAutogradFunction();
+    return false;
+  } catch (const c10::Error&) {
+    return true;
+  }
 }
 
 }  // namespace dft

@@ -171,6 +171,11 @@ at::Tensor binary(const at::Tensor& a, const at::Scalar& b, uint32_t op);
 at::Tensor binary(const at::Scalar& a, const at::Tensor& b, uint32_t op);
 at::Tensor reduce(const at::Tensor& x, uint32_t op, at::IntArrayRef dims, bool keepdim);
 
+// Whether a torch.func transform (grad, vmap, jvp) is active: the check
+// torch::autograd::Function::apply makes, which raises then. A kernel with a C++ autograd
+// Function of its own takes PyTorch's composite instead.
+bool under_functorch_transform();
+
 // `s - t` and `s / t` for a double `s` in this namespace's kernels: ordinary lookup finds these
 // before ATen's operators (TensorOperators.h), which fill a new tensor with `s` and subtract or
 // divide in place: three recorded ops (empty_like, fill_, sub_) and three programs in strict

@@ -133,3 +133,71 @@ def test_a_strict_lstm_cell_is_one_op_group_of_fewer_programs_than_ops():
     want_cy = torch.sigmoid(f) * cx + torch.sigmoid(i) * torch.tanh(g)
     check(cy, want_cy)
     check(hy, torch.sigmoid(o) * torch.tanh(want_cy))
+
+
+def cell_steps(kind, dev, dtype=torch.float64, bias=True, read_c=False):
+    """A cell stepped 6 times in Python from a fixed state; returns (cell, x, h0, loss_fn)."""
+    torch.manual_seed(0)
+    cell = getattr(nn, kind)(5, 7, bias=bias).to(dev, dtype)
+    x = torch.randn(6, 3, 5, dtype=dtype).to(dev)
+    h0 = torch.randn(3, 7, dtype=dtype).to(dev)
+
+    def loss_fn(params, h):
+        state = (h, h * 0.5) if kind == "LSTMCell" else h
+        total = 0
+        for t in range(6):
+            state = torch.func.functional_call(cell, params, (x[t], state))
+            out = (state[1] if read_c else state[0]) if kind == "LSTMCell" else state
+            total = total + (out * out).sum()
+        return total
+
+    return cell, h0, loss_fn
+
+
+@pytest.mark.parametrize("kind, bias, read_c", [
+    ("LSTMCell", True, False), ("LSTMCell", True, True), ("LSTMCell", False, False),
+    ("GRUCell", True, False), ("GRUCell", False, False),
+])
+def test_a_cell_step_is_one_autograd_node_with_its_composed_gradients_bits(mode, kind, bias,
+                                                                            read_c):
+    # One node per step (its backward below autograd) instead of ~25 autograd nodes: the same
+    # bits as autograd through the composed cell, which torch.func's transforms still take.
+    cell, h0, loss_fn = cell_steps(kind, "tpu", bias=bias, read_c=read_c)
+    params = dict(cell.named_parameters())
+    composed = torch.func.grad(loss_fn, argnums=(0, 1))(params, h0)
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
+    h = h0.clone().requires_grad_()
+    out = cell(torch.zeros(3, 5, dtype=h.dtype, device="tpu"),
+               (h, h) if kind == "LSTMCell" else h)
+    node = (out[0] if kind == "LSTMCell" else out).grad_fn.name()
+    assert ("LstmCell" if kind == "LSTMCell" else "GruCell") in node, node
+    loss_fn(leaves, h).backward()
+    for k in params:
+        assert torch.equal(leaves[k].grad.cpu(), composed[0][k].cpu()), k
+    assert torch.equal(h.grad.cpu(), composed[1].cpu())
+
+
+@pytest.mark.parametrize("kind", ["LSTMCell", "GRUCell"])
+def test_a_cell_gives_cpus_second_derivatives(kind):
+    # create_graph=True: the node's backward takes PyTorch's differentiable formulas.
+    got = {}
+    for dev in ("cpu", "tpu"):
+        cell, h0, loss_fn = cell_steps(kind, dev)
+        params = dict(cell.named_parameters())
+        h = h0.clone().requires_grad_()
+        (g,) = torch.autograd.grad(loss_fn(params, h), h, create_graph=True)
+        (gg,) = torch.autograd.grad(g.pow(2).sum(), params["weight_hh"])
+        got[dev] = gg.cpu()
+    torch.testing.assert_close(got["tpu"], got["cpu"], rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["LSTMCell", "GRUCell"])
+def test_a_cell_takes_forward_mode_tangents_as_cpu(kind):
+    got = {}
+    for dev in ("cpu", "tpu"):
+        cell, h0, loss_fn = cell_steps(kind, dev)
+        params = dict(cell.named_parameters())
+        tangent = torch.ones_like(h0)
+        _, jvp = torch.func.jvp(lambda h: loss_fn(params, h), (h0,), (tangent,))
+        got[dev] = jvp.cpu()
+    torch.testing.assert_close(got["tpu"], got["cpu"], rtol=1e-9, atol=1e-10)
