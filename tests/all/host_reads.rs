@@ -45,9 +45,8 @@ fn a_read_gets_its_value_and_a_later_read_the_work_recorded_after_it() {
     }
 }
 
-/// Runs `f` with the timeline on and returns its flush spans' `after_read` arguments (the
-/// steps each flush ran after the value the host read).
-fn after_read_of_flushes(rt: &Runtime, f: impl FnOnce()) -> Vec<u64> {
+/// Runs `f` with the timeline on and returns its flush spans' arguments.
+fn flush_args(rt: &Runtime, f: impl FnOnce()) -> Vec<Value> {
     let path = std::env::temp_dir().join(format!(
         "dfuse-host-reads-{}-{:?}.json",
         std::process::id(),
@@ -63,7 +62,23 @@ fn after_read_of_flushes(rt: &Runtime, f: impl FnOnce()) -> Vec<u64> {
         .unwrap()
         .iter()
         .filter(|e| e["cat"] == "flush" && e["ph"] == "X")
-        .map(|e| e["args"]["after_read"].as_u64().unwrap())
+        .map(|e| e["args"].clone())
+        .collect()
+}
+
+/// The steps each flush `f` makes ran after the value the host read.
+fn after_read_of_flushes(rt: &Runtime, f: impl FnOnce()) -> Vec<u64> {
+    let args = flush_args(rt, f);
+    args.iter()
+        .map(|a| a["after_read"].as_u64().unwrap())
+        .collect()
+}
+
+/// Whether each flush `f` makes ran those steps on the host's thread.
+fn after_read_here(rt: &Runtime, f: impl FnOnce()) -> Vec<bool> {
+    let args = flush_args(rt, f);
+    args.iter()
+        .map(|a| a["after_read_here"].as_bool().unwrap())
         .collect()
 }
 
@@ -148,4 +163,27 @@ fn a_later_read_sees_the_values_the_steps_after_a_read_wrote_in_place() {
         }
     }
     assert_eq!(download(&rt, p).data, [0.125, 0.25, 0.375, 0.5]);
+}
+
+#[test]
+fn a_small_rest_after_a_read_runs_on_the_host_s_thread() {
+    // The steps after the loss (an 8x8 product and its exp) cost less to run on the host's
+    // thread than to hand to the worker and wait for at the next sync.
+    let rt = runtime(Mode::Defer);
+    let (loss, tail, _) = loss_then_tail(&rt);
+    assert_eq!(after_read_here(&rt, || drop(download(&rt, loss))), [true]);
+    assert_eq!(
+        rt.state(tail).unwrap(),
+        deferfuse::BufferState::Materialized
+    );
+}
+
+#[test]
+fn a_large_rest_after_a_read_goes_to_the_worker() {
+    // A training step's backward after `loss.item()`: the host goes on meanwhile.
+    let rt = runtime(Mode::Defer);
+    let x = tensor(&rt, DType::F32, &[128, 128], &vec![0.01; 128 * 128]);
+    let loss = run(&rt, red(ReduceOp::Sum, &[], false), &[tt(x)]);
+    let _tail = run(&rt, Op::Matmul, &[tt(x), tt(x)]);
+    assert_eq!(after_read_here(&rt, || drop(download(&rt, loss))), [false]);
 }

@@ -13,7 +13,10 @@ use super::outputs_of;
 use crate::buffer::{Buffer, Writer};
 use crate::stream::{BufferLookup, Stream};
 use deferfuse_fusion::{BufferId, Step};
-use std::collections::{HashMap, HashSet};
+
+// ahash, not std's SipHash: these sets are built on every host read of a small flush.
+type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, ahash::RandomState>;
 
 /// Takes out of `steps` (a planned flush, in order) the ones a host read of `read` needs, when
 /// they may run ahead of `stream`'s queued work; returns them in order, the others staying in
@@ -43,13 +46,13 @@ pub(crate) fn split_ahead(
     let fresh = |id: BufferId| stream.untouched_by_queued_work(id);
     // Where each buffer is first written in the flush: a step after that reads this flush's
     // value of it.
-    let mut first_write: HashMap<BufferId, usize> = HashMap::new();
+    let mut first_write: HashMap<BufferId, usize> = HashMap::default();
     for (i, s) in steps[..writer].iter().enumerate() {
         for b in outputs_of(s) {
             first_write.entry(b).or_insert(i);
         }
     }
-    let mut needed: HashSet<BufferId> = HashSet::new();
+    let mut needed: HashSet<BufferId> = HashSet::default();
     let mut ahead = vec![false; steps.len()];
     for i in (0..=writer).rev() {
         let s = &steps[i];
@@ -70,7 +73,7 @@ pub(crate) fn split_ahead(
     }
     // A step left behind must not read or write, before a step taken ahead, what that step
     // writes: it would see (or undo) the write early.
-    let mut written_ahead: HashSet<BufferId> = HashSet::new();
+    let mut written_ahead: HashSet<BufferId> = HashSet::default();
     for (i, s) in steps.iter().enumerate().rev() {
         if ahead[i] {
             written_ahead.extend(outputs_of(s));
