@@ -4,9 +4,14 @@
 #include "elementwise_ops.h"
 #include "indexed_grad.h"
 
+#include <ATen/Dispatch.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/ScalarOps.h>
+#include <ATen/native/BinaryOps.h>
 #include <torch/library.h>
+
+#include <algorithm>
+#include <limits>
 
 namespace dft {
 namespace {
@@ -34,30 +39,38 @@ bool is_wrapped(const at::Tensor& t) {
   return t.device().is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number();
 }
 
-// `other * alpha` for add/sub's alpha. A Python-scalar `other` stays a scalar (so type
-// promotion still sees a scalar); a tensor gets one extra multiply.
-at::Tensor scaled(const at::Tensor& other, const at::Scalar& alpha) {
+// `other * alpha` for add/sub's alpha, in the dtype x and other promote to, where CPU computes
+// `x + alpha * other`: a bfloat16 gradient added into a float32 parameter is widened before
+// its product, not rounded to bfloat16 after it, and an int32 `other` of an int64 `x` is
+// multiplied in int64. PyTorch's alpha checks first (no float alpha for integers). A
+// Python-scalar `other` stays a scalar (so type promotion still sees a scalar).
+at::Tensor scaled(const at::Tensor& x, const at::Tensor& other, const at::Scalar& alpha) {
+  auto common = at::result_type(x, other);
+  at::native::alpha_check(common, alpha);
   if (alpha.equal(1)) return other;
   if (is_wrapped(other)) {
     at::Scalar v = other.item();
-    at::Scalar prod = (v.isIntegral(false) && alpha.isIntegral(false))
+    at::Scalar prod = (v.isIntegral(true) && alpha.isIntegral(true))
                           ? at::Scalar(v.toLong() * alpha.toLong())
                           : at::Scalar(v.toDouble() * alpha.toDouble());
     auto t = at::scalar_to_tensor(prod);
     t.unsafeGetTensorImpl()->set_wrapped_number(true);
     return t;
   }
-  return binary(other, alpha, DFUSE_BINARY_OP_MUL);
+  // A bool result: alpha is a bool too (alpha_check), and `other` counts when it is true.
+  if (common == at::kBool) return alpha.toBool() ? other : at::zeros_like(other);
+  bool widen = other.scalar_type() != common && !at::isComplexType(common);
+  return binary(widen ? cast(other, common) : other, alpha, DFUSE_BINARY_OP_MUL);
 }
 
 template <uint32_t OP>
 at::Tensor b_alpha_pieces(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
-  return b<OP>(x, scaled(y, alpha));
+  return b<OP>(x, scaled(x, y, alpha));
 }
 
 template <uint32_t OP>
 at::Tensor& b_alpha_pieces_(at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
-  return b_<OP>(x, scaled(y, alpha));
+  return b_<OP>(x, scaled(x, y, alpha));
 }
 
 // A tensor `other` scaled by alpha != 1 is two recorded ops (a multiply, then OP): in strict
@@ -80,6 +93,7 @@ template <uint32_t OP>
 at::Tensor& b_alpha_(at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
   ew::refuse_as_cpu<OP>(x, y);
   ew::check_in_place_shape(x, y);
+  if (y.scalar_type() != x.scalar_type()) ew::check_in_place_cast(x, at::result_type(x, y));
   if constexpr (OP == DFUSE_BINARY_OP_ADD) {
     if (add_indexed_grad_(x, y, alpha)) return x;
   }
@@ -92,12 +106,12 @@ at::Tensor& b_alpha_out(const at::Tensor& x, const at::Tensor& y, const at::Scal
                         at::Tensor& out) {
   ew::refuse_as_cpu<OP>(x, y);
   ew::prepare_out(x, y, out);  // before scaling: y itself may be the out
-  return b_out<OP>(x, scaled(y, alpha), out);
+  return b_out<OP>(x, scaled(x, y, alpha), out);
 }
 
 // rsub(self, other, alpha) = other - alpha * self
 at::Tensor rsub(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  return b<DFUSE_BINARY_OP_SUB>(other, scaled(self, alpha));
+  return b<DFUSE_BINARY_OP_SUB>(other, scaled(other, self, alpha));
 }
 
 at::Tensor pow_scalar_base(const at::Scalar& base, const at::Tensor& exp) {
@@ -153,16 +167,43 @@ at::Tensor& pow_tensor_scalar_(at::Tensor& x, const at::Scalar& e) {
 }
 
 at::Tensor where_self(const at::Tensor& c, const at::Tensor& x, const at::Tensor& y) {
+  // CPU's rules for the condition: uint8 still works (deprecated, warned once), any other
+  // non-bool dtype raises.
+  if (c.scalar_type() == at::kByte) {
+    TORCH_WARN_ONCE("where received a uint8 condition tensor. This behavior is deprecated and "
+                    "will be removed in a future version of PyTorch. Use a boolean condition "
+                    "instead.");
+    return where_self(c.ne(0), x, y);
+  }
+  TORCH_CHECK(c.scalar_type() == at::kBool, "where expected condition to be a boolean tensor, "
+              "but got a tensor with dtype ", c.scalar_type());
   return run(DFUSE_OP_KIND_WHERE, nullptr, Operands().t(c).t(x).t(y), "where");
+}
+
+// CPU's bound for an integer tensor and an integer bound: one past the dtype's range on its
+// own side bounds nothing (uint8 `clamp(-1, 3)` keeps the 0s, where the runtime would wrap -1
+// to 255), one past it on the other side raises.
+at::Scalar integer_bound(const at::Tensor& x, const at::Scalar& b, bool is_min) {
+  auto t = x.scalar_type();
+  if (!at::isIntegralType(t, /*includeBool=*/false) || !b.isIntegral(false)) return b;
+  int64_t lo = 0, hi = 0;
+  AT_DISPATCH_INTEGRAL_TYPES(t, "clamp bound", [&] {
+    lo = int64_t(std::numeric_limits<scalar_t>::lowest());
+    hi = int64_t(std::numeric_limits<scalar_t>::max());
+  });
+  int64_t v = b.toLong();
+  TORCH_CHECK(is_min ? v <= hi : v >= lo, "Clamp ", is_min ? "min" : "max", " value ",
+              double(v), " is outside the representable range of ", at::toString(t));
+  return at::Scalar(std::min(std::max(v, lo), hi));
 }
 
 Operands clamp_operands(const at::Tensor& x, const std::optional<at::Scalar>& lo,
                         const std::optional<at::Scalar>& hi) {
-  TORCH_CHECK(lo || hi, "tpu: clamp needs at least one of min and max");
+  TORCH_CHECK(lo || hi, "torch.clamp: At least one of 'min' or 'max' must not be None");
   Operands o;
   o.t(x);
-  if (lo) o.s(*lo); else o.absent();
-  if (hi) o.s(*hi); else o.absent();
+  if (lo) o.s(integer_bound(x, *lo, true)); else o.absent();
+  if (hi) o.s(integer_bound(x, *hi, false)); else o.absent();
   return o;
 }
 
@@ -180,7 +221,7 @@ at::Tensor& clamp_s_(at::Tensor& x, const std::optional<at::Scalar>& lo,
 Operands clamp_t_operands(const at::Tensor& x, const std::optional<at::Tensor>& lo,
                           const std::optional<at::Tensor>& hi) {
   bool has_lo = lo && lo->defined(), has_hi = hi && hi->defined();
-  TORCH_CHECK(has_lo || has_hi, "tpu: clamp needs at least one of min and max");
+  TORCH_CHECK(has_lo || has_hi, "torch.clamp: At least one of 'min' or 'max' must not be None");
   Operands o;
   o.t(x);
   if (has_lo) o.t(*lo); else o.absent();
@@ -267,7 +308,14 @@ at::Tensor lerp_value(const at::Tensor& self, const at::Tensor& end, const at::S
 }
 
 // The same per element for a tensor weight: the formula is chosen by each weight.
+// CPU's dtype check: lerp never promotes (a float64 `end` of a float32 self raises).
+void check_lerp_dtypes(const at::Tensor& self, const at::Tensor& end) {
+  TORCH_CHECK(self.dtype() == end.dtype(), "expected dtype ", self.dtype(),
+              " for `end` but got dtype ", end.dtype());
+}
+
 at::Tensor lerp_tensor(const at::Tensor& self, const at::Tensor& end, const at::Tensor& w) {
+  check_lerp_dtypes(self, end);
   auto diff = end - self;
   return at::where(w.abs().lt(0.5), self + w * diff, end - diff * (1 - w));
 }
@@ -277,6 +325,7 @@ at::Tensor& lerp_tensor_(at::Tensor& self, const at::Tensor& end, const at::Tens
 }
 
 at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar& w) {
+  check_lerp_dtypes(self, end);
   if (is_half(self)) return cast(lerp_value(opmath(self), opmath(end), w), self.scalar_type());
   return lerp_value(self, end, w);
 }
@@ -284,6 +333,7 @@ at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar&
 // The formula's last op writes straight into self: copying a new result into self was one
 // more recorded op per parameter in every Adam/AdamW step (its exp_avg update).
 at::Tensor& lerp_(at::Tensor& self, const at::Tensor& end, const at::Scalar& w) {
+  check_lerp_dtypes(self, end);
   if (is_half(self)) return self.copy_(lerp_value(opmath(self), opmath(end), w));
   auto diff = b<DFUSE_BINARY_OP_SUB>(end, self);
   double wd = w.toDouble();

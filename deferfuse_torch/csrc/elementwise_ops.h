@@ -55,6 +55,23 @@ inline void check_in_place_shape(const at::Tensor& x, const at::Tensor& y) {
               " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
 }
 
+// In place, the result's dtype must cast into self's (TensorIterator's check, with CPU's
+// message): `int_tensor *= 1j` raises, where the copy back would drop the imaginary part.
+inline void check_in_place_cast(const at::Tensor& x, at::ScalarType result) {
+  TORCH_CHECK(at::canCast(result, x.scalar_type()), "result type ", result,
+              " can't be cast to the desired output type ", x.scalar_type());
+}
+
+// check_in_place_cast for op OP with operand y; true division's result is floating.
+template <uint32_t OP, typename Y>
+void check_in_place_result(const at::Tensor& x, const Y& y) {
+  auto r = at::result_type(x, y);
+  if (OP == DFUSE_BINARY_OP_DIV && at::isIntegralType(r, /*includeBool=*/true)) {
+    r = at::typeMetaToScalarType(at::get_default_dtype());
+  }
+  check_in_place_cast(x, r);
+}
+
 template <uint32_t OP>
 at::Tensor u(const at::Tensor& x) {
   refuse_as_cpu<OP>(x);
@@ -92,6 +109,9 @@ template <uint32_t OP>
 at::Tensor& b_(at::Tensor& x, const at::Tensor& y) {
   refuse_as_cpu<OP>(x, y);
   check_in_place_shape(x, y);
+  if (y.scalar_type() != x.scalar_type() || OP == DFUSE_BINARY_OP_DIV) {
+    check_in_place_result<OP>(x, y);
+  }
   if (x.is_complex() || y.is_complex()) return x.copy_(complex_binary(OP, x, y));
   auto a = attrs_sub(OP);
   run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), x, "in-place binary op");
@@ -106,6 +126,7 @@ at::Tensor bs(const at::Tensor& x, const at::Scalar& y) {
 
 template <uint32_t OP>
 at::Tensor& bs_(at::Tensor& x, const at::Scalar& y) {
+  check_in_place_result<OP>(x, y);
   if (x.is_complex() || y.isComplex()) return x.copy_(complex_binary(OP, x, y));
   auto a = attrs_sub(OP);
   run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).s(y), x, "in-place binary op");

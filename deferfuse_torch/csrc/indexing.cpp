@@ -98,9 +98,18 @@ const at::Tensor& scatter_index(const at::Tensor& index, const char* op) {
   return index;
 }
 
+// scatter_index for a scatter from a tensor: CPU checks first that src has self's dtype (the
+// runtime would cast it: an int64 self took a float32 src's values truncated).
+const at::Tensor& scatter_index(const at::Tensor& index, const char* op, const at::Tensor& self,
+                                const at::Tensor& src) {
+  TORCH_CHECK(self.scalar_type() == src.scalar_type(),
+              "scatter(): Expected self.dtype to be equal to src.dtype");
+  return scatter_index(index, op);
+}
+
 at::Tensor scatter_src(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                        const at::Tensor& src) {
-  auto idx = scatter_index(index, "scatter");
+  auto idx = scatter_index(index, "scatter", self, src);
   return scatter_op(self, wrap(self, dim), idx, src, ScatterReduce::Assign);
 }
 
@@ -112,7 +121,7 @@ at::Tensor scatter_value(const at::Tensor& self, int64_t dim, const at::Tensor& 
 
 at::Tensor scatter_reduce_src(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                               const at::Tensor& src, c10::string_view reduce) {
-  auto idx = scatter_index(index, "scatter");
+  auto idx = scatter_index(index, "scatter", self, src);
   return scatter_op(self, wrap(self, dim), idx, src, parse_reduce(reduce, false));
 }
 
@@ -124,21 +133,21 @@ at::Tensor scatter_reduce_value(const at::Tensor& self, int64_t dim, const at::T
 
 at::Tensor tpu_scatter_add(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                        const at::Tensor& src) {
-  auto idx = scatter_index(index, "scatter_add");
+  auto idx = scatter_index(index, "scatter_add", self, src);
   return scatter_op(self, wrap(self, dim), idx, src, ScatterReduce::Sum);
 }
 
 at::Tensor scatter_reduce_two(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                               const at::Tensor& src, c10::string_view reduce,
                               bool include_self) {
-  auto idx = scatter_index(index, "scatter_reduce");
+  auto idx = scatter_index(index, "scatter_reduce", self, src);
   return scatter_op(self, wrap(self, dim), idx, src, parse_reduce(reduce, true), include_self);
 }
 
 // The in-place scatters write into self itself (ScatterInto::Self): only the indexed elements.
 at::Tensor& scatter_src_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                          const at::Tensor& src) {
-  auto idx = scatter_index(index, "scatter");
+  auto idx = scatter_index(index, "scatter", self, src);
   scatter_op(self, wrap(self, dim), idx, src, ScatterReduce::Assign, true, ScatterInto::Self);
   return self;
 }
@@ -152,7 +161,7 @@ at::Tensor& scatter_value_(at::Tensor& self, int64_t dim, const at::Tensor& inde
 
 at::Tensor& scatter_reduce_src_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                                 const at::Tensor& src, c10::string_view reduce) {
-  auto idx = scatter_index(index, "scatter");
+  auto idx = scatter_index(index, "scatter", self, src);
   scatter_op(self, wrap(self, dim), idx, src, parse_reduce(reduce, false), true, ScatterInto::Self);
   return self;
 }
@@ -167,7 +176,7 @@ at::Tensor& scatter_reduce_value_(at::Tensor& self, int64_t dim, const at::Tenso
 
 at::Tensor& scatter_add_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                          const at::Tensor& src) {
-  auto idx = scatter_index(index, "scatter_add");
+  auto idx = scatter_index(index, "scatter_add", self, src);
   scatter_op(self, wrap(self, dim), idx, src, ScatterReduce::Sum, true, ScatterInto::Self);
   return self;
 }
@@ -175,7 +184,7 @@ at::Tensor& scatter_add_(at::Tensor& self, int64_t dim, const at::Tensor& index,
 at::Tensor& scatter_reduce_two_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                                 const at::Tensor& src, c10::string_view reduce,
                                 bool include_self) {
-  auto idx = scatter_index(index, "scatter_reduce");
+  auto idx = scatter_index(index, "scatter_reduce", self, src);
   scatter_op(self, wrap(self, dim), idx, src, parse_reduce(reduce, true), include_self,
              ScatterInto::Self);
   return self;
@@ -271,14 +280,16 @@ at::Tensor& index_copy_out(const at::Tensor& self, int64_t dim, const at::Tensor
 at::Tensor& index_fill_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                         const at::Scalar& value) {
   check_index_dtype(index, "index_fill_");
+  // CPU's index_fill counts a negative index from the end (scatter does not).
+  auto from_end = [](const at::Tensor& i, int64_t size) { return at::where(i.lt(0), i + size, i); };
   if (self.dim() == 0) {
-    scatter_value_op(self.reshape({1}), 0, index.reshape({-1}), value, ScatterReduce::Assign,
-                     ScatterInto::Self);
+    scatter_value_op(self.reshape({1}), 0, from_end(index.reshape({-1}), 1), value,
+                     ScatterReduce::Assign, ScatterInto::Self);
     return self;
   }
   dim = at::maybe_wrap_dim(dim, self.dim());
-  scatter_value_op(self, dim, expand_index(index, self.sizes(), dim), value,
-                   ScatterReduce::Assign, ScatterInto::Self);
+  scatter_value_op(self, dim, expand_index(from_end(index, self.size(dim)), self.sizes(), dim),
+                   value, ScatterReduce::Assign, ScatterInto::Self);
   return self;
 }
 
@@ -496,7 +507,10 @@ at::Tensor index_tensor(const at::Tensor& self, const c10::List<std::optional<at
   auto picked = tpu_index_select(l.self_flat, 0, l.lin.reshape({-1}));
   std::vector<int64_t> shape = l.lin.sizes().vec();
   shape.insert(shape.end(), l.rest.begin(), l.rest.end());
-  return place_index_dims(picked.reshape(shape), l);
+  // Dense in the result's own order, as CPU's result is: a permuted view (`x[..., idx]`,
+  // `x[:, mask]`) failed a later `.view(-1)` that works on CPU.
+  if (l.insert_at > 0) return place_index_dims(picked.reshape(shape), l).contiguous();
+  return picked.reshape(shape);
 }
 
 at::Tensor& index_put_(at::Tensor& self, const c10::List<std::optional<at::Tensor>>& ind,

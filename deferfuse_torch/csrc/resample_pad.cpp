@@ -652,7 +652,14 @@ at::Tensor pad_backward(const at::Tensor& g0, const at::Tensor& self, c10::SymIn
   return g.is_same(g0) ? g0.clone() : g;
 }
 
-at::Tensor xlogy(const at::Tensor& x, const at::Tensor& y) {
+at::Tensor xlogy(const at::Tensor& x0, const at::Tensor& y0) {
+  // In the dtype the two promote to, as a float op (integers to the default float dtype), as
+  // CPU computes it: a bfloat16 y of a float32 x is widened before its log, a Python-scalar y
+  // rounded to that dtype (1e300 stays finite in float64).
+  auto common = at::result_type(x0, y0);
+  if (!at::isFloatingType(common)) common = at::typeMetaToScalarType(at::get_default_dtype());
+  auto device = x0.is_cpu() ? y0.device() : x0.device();
+  auto x = x0.to(device, common), y = y0.to(device, common);
   // 0 where x == 0 (even for y == 0), NaN where y is NaN, else x * log(y), as on CPU.
   auto r = at::where(x.eq(0), at::zeros({}, x.options()), x * at::log(y));
   return at::where(y.isnan(), y, r);

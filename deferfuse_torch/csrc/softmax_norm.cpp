@@ -74,8 +74,18 @@ at::Tensor sliced_sum(const at::Tensor& x, int64_t dim, F f) {
       .unsqueeze(dim);
 }
 
+// CPU's NotImplementedError for an integer or bool input (its kernels' dtype dispatch, whose
+// name says which kernel): the same call on an uninitialized host tensor of that shape raises
+// it. Only such an input pays for that tensor.
+template <typename F>
+void refuse_non_float(const at::Tensor& x0, F cpu_call) {
+  if (at::isFloatingType(x0.scalar_type())) return;
+  cpu_call(at::empty(x0.sizes(), x0.options().device(at::kCPU)));
+}
+
 at::Tensor softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
   if (x0.numel() == 0) return empty_softmax(x0, half_to_float);
+  refuse_non_float(x0, [&](const at::Tensor& h) { at::_softmax(h, dim, half_to_float); });
   auto x = opmath(x0);
   dim = at::maybe_wrap_dim(dim, std::max<int64_t>(x.dim(), 1));
   if (sliced(x, dim)) {
@@ -96,6 +106,7 @@ at::Tensor softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
 
 at::Tensor log_softmax(const at::Tensor& x0, int64_t dim, bool half_to_float) {
   if (x0.numel() == 0) return empty_softmax(x0, half_to_float);
+  refuse_non_float(x0, [&](const at::Tensor& h) { at::_log_softmax(h, dim, half_to_float); });
   auto x = opmath(x0);
   dim = at::maybe_wrap_dim(dim, std::max<int64_t>(x.dim(), 1));
   if (sliced(x, dim)) {

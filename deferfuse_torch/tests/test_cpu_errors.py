@@ -35,6 +35,34 @@ CASES = {
         lambda d: torch.tensor([1.0], device=d).bitwise_xor_(torch.tensor([1.0], device=d)),
     "mean of integers": lambda d: torch.tensor([1, 2], device=d).mean(),
     "std of integers": lambda d: torch.tensor([1, 2], device=d).std(),
+    "int32 clamp min past its range":
+        lambda d: torch.tensor([1, 5], dtype=torch.int32, device=d).clamp(min=2**40),
+    "int32 clamp max past its range":
+        lambda d: torch.tensor([1, 5], dtype=torch.int32, device=d).clamp(max=-2**40),
+    "uint8 clamp_ min past its range":
+        lambda d: torch.tensor([1, 5], dtype=torch.uint8, device=d).clamp_(min=300),
+    "clamp without bounds": lambda d: torch.clamp(torch.ones(2, device=d)),
+    "a float alpha for integers":
+        lambda d: torch.add(torch.tensor([1], device=d), torch.tensor([2], device=d), alpha=0.5),
+    "softmax of integers": lambda d: torch.softmax(torch.tensor([[1, 2, 3]], device=d), -1),
+    "log_softmax of integers":
+        lambda d: torch.log_softmax(torch.tensor([[1, 2, 3]], device=d), -1),
+    "softmax of uint8 over dim 0":
+        lambda d: torch.softmax(torch.tensor([[1, 2]], dtype=torch.uint8, device=d), 0),
+    "an integer tensor times 1j in place": lambda d: torch.tensor([1, 2], device=d).mul_(1j),
+    "an integer tensor plus 1.5 in place": lambda d: torch.tensor([1, 2], device=d).add_(1.5),
+    "an integer tensor divided in place": lambda d: torch.tensor([1, 2], device=d).div_(2),
+    "a bool tensor plus 1 in place": lambda d: torch.tensor([True], device=d).add_(1),
+    "scatter from another dtype": lambda d: torch.zeros(3, device=d).scatter(
+        0, torch.tensor([0], device=d), torch.ones(1, dtype=torch.float64, device=d)),
+    "scatter_add_ from another dtype": lambda d: torch.zeros(3, dtype=torch.long, device=d)
+        .scatter_add_(0, torch.tensor([0], device=d), torch.ones(1, device=d)),
+    "scatter_reduce from another dtype": lambda d: torch.zeros(3, device=d).scatter_reduce(
+        0, torch.tensor([0], device=d), torch.ones(1, dtype=torch.float64, device=d), "sum"),
+    "lerp to an end of another dtype": lambda d: torch.lerp(
+        torch.zeros(2, device=d), torch.ones(2, dtype=torch.float64, device=d), 0.3),
+    "where with an int64 condition": lambda d: torch.where(
+        torch.tensor([1, 0], device=d), torch.ones(2, device=d), 0.0),
 }
 
 

@@ -226,3 +226,59 @@ def test_remainder_with_the_scalar_first_runs_on_the_device(mode, scalar, values
     assert got.dtype == want.dtype
     assert torch.equal(got.cpu(), want)
     assert deferfuse_torch.fallback_counts() == {}
+
+
+@pytest.mark.parametrize("dtype, lo, hi", [
+    (torch.uint8, -1, 3), (torch.uint8, -300, 300), (torch.uint8, None, 10**10),
+    (torch.int32, -2**40, 3), (torch.int32, None, 2**40),
+])
+def test_clamp_of_an_integer_tensor_by_bounds_past_its_range_is_cpus(mode, dtype, lo, hi):
+    # The runtime wrapped such a bound into the dtype (uint8's -1 became 255).
+    t = torch.tensor([1, 5, 9, 0], dtype=dtype)
+    want = t.clamp(lo, hi)
+    got = t.to("tpu").clamp(lo, hi)
+    assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("call", [
+    # A float32 parameter plus a bfloat16 gradient (the product was rounded to bfloat16).
+    lambda d: torch.tensor([1.1, 2.2], device=d).add_(
+        torch.tensor([1.3, 2.7], dtype=torch.bfloat16, device=d), alpha=7),
+    lambda d: torch.add(torch.tensor([1, 2], device=d),
+                        torch.tensor([3, 4], dtype=torch.int32, device=d), alpha=2**40),
+    lambda d: torch.add(torch.tensor([True, False], device=d),
+                        torch.tensor([True, True], device=d), alpha=2),
+    lambda d: torch.add(torch.tensor([1, 2], dtype=torch.int32, device=d), True, alpha=2),
+    lambda d: torch.sub(torch.tensor([1.0, 2.0], device=d), torch.tensor([3, 4], device=d),
+                        alpha=3),
+    lambda d: torch.rsub(torch.tensor([1.0, 2.0], dtype=torch.bfloat16, device=d),
+                         torch.tensor([3.0, 4.0], device=d), alpha=3),
+])
+def test_add_and_sub_scale_by_alpha_in_the_promoted_dtype(mode, call):
+    want = call("cpu")
+    got = call("tpu")
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.cpu(), want, rtol=2e-7, atol=0)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.xlogy(torch.tensor([2.0], dtype=torch.float64, device=d), 1e300),
+    lambda d: torch.xlogy(torch.tensor([4.36], device=d),
+                          torch.tensor([5.71875], dtype=torch.bfloat16, device=d)),
+    lambda d: torch.xlogy(torch.tensor([2.0], dtype=torch.float16, device=d),
+                          torch.tensor([3], dtype=torch.int32, device=d)),
+    lambda d: torch.xlogy(torch.tensor([2, 0], device=d), torch.tensor([3, 0], device=d)),
+    lambda d: torch.xlogy(3.0, torch.tensor([2.0], device=d)),
+])
+def test_xlogy_computes_in_the_promoted_dtype(mode, call):
+    want = call("cpu")
+    got = call("tpu")
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=0)
+
+
+def test_where_takes_a_uint8_condition_with_cpus_deprecation(mode):
+    cond = torch.tensor([1, 0, 2], dtype=torch.uint8)
+    want = torch.where(cond, torch.ones(3), 0.0)
+    got = torch.where(cond.to("tpu"), torch.ones(3, device="tpu"), 0.0)
+    assert torch.equal(got.cpu(), want)

@@ -471,3 +471,22 @@ def test_searchsorted_with_nan_among_the_boundaries_counts_the_boundaries_before
     finite = b[:3]
     assert torch.equal(torch.searchsorted(finite.to("tpu"), v.to("tpu")).cpu(),
                        torch.searchsorted(finite, v))
+
+
+@pytest.mark.parametrize("index", [
+    lambda x, d: x[..., torch.tensor([0, 2], device=d)],
+    lambda x, d: x[:, torch.tensor([True, False, True], device=d)],
+])
+def test_an_advanced_index_result_is_dense_as_on_cpu(mode, index):
+    # Its index dims moved after the others: a permuted view, which `.view(-1)` refused.
+    x = torch.arange(24.0).reshape(2, 3, 4)
+    want = index(x, "cpu")
+    got = index(x.to("tpu"), "tpu")
+    assert got.stride() == want.stride()
+    assert torch.equal(got.view(-1).cpu(), want.view(-1))
+
+
+def test_index_fill_counts_negative_indices_from_the_end(mode):
+    want = torch.zeros(2, 3).index_fill(1, torch.tensor([-1, 0]), 5.0)
+    got = torch.zeros(2, 3, device="tpu").index_fill(1, torch.tensor([-1, 0], device="tpu"), 5.0)
+    assert torch.equal(got.cpu(), want)
