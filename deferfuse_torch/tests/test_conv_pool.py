@@ -4,7 +4,10 @@ import math
 
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
+
+import deferfuse_torch
 
 from conftest import assert_same, check
 
@@ -435,3 +438,35 @@ def test_max_pooling_of_negative_integers_never_picks_the_padding(mode, dtype):
     got_v, got_i = F.max_pool2d(x.to("tpu"), 3, 2, 1, ceil_mode=True, return_indices=True)
     check(got_v, want_v)
     check(got_i, want_i)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_max_unpool_gives_cpus_output_and_gradient_on_the_device(mode, dims):
+    # nn.MaxUnpool2d/3d ran on the CPU fallback (SegNet-style decoders).
+    deferfuse_torch.reset_fallback_counts()
+    pool = (nn.MaxPool2d if dims == 2 else nn.MaxPool3d)(2, stride=2, return_indices=True)
+    unpool = (nn.MaxUnpool2d if dims == 2 else nn.MaxUnpool3d)(2, stride=2)
+    x = torch.randn(2, 3, *([6] * dims))
+    res = {}
+    for d in ("cpu", "tpu"):
+        xx = x.to(d).detach().clone().requires_grad_()
+        y, i = pool(xx)
+        u = unpool(y, i, output_size=xx.shape)
+        (u * torch.arange(u.numel(), device=d).view(u.shape)).sum().backward()
+        res[d] = (u.detach().cpu(), xx.grad.cpu())
+    assert torch.equal(res["tpu"][0], res["cpu"][0])
+    assert torch.equal(res["tpu"][1], res["cpu"][1])
+    assert deferfuse_torch.fallback_counts() == {}
+
+
+
+def test_max_unpool_after_overlapping_windows_gives_cpus_output(mode):
+    # Windows that overlap (kernel 3, stride 2) can pick one element twice: its position comes
+    # twice, with the same value.
+    pool = nn.MaxPool2d(3, stride=2, return_indices=True)
+    unpool = nn.MaxUnpool2d(3, stride=2)
+    x = torch.randn(2, 3, 9, 9)
+    y, i = pool(x)
+    want = unpool(y, i, output_size=x.shape)
+    got = unpool(y.to("tpu"), i.to("tpu"), output_size=x.shape)
+    assert torch.equal(got.cpu(), want)

@@ -63,6 +63,15 @@ CASES = {
         torch.zeros(2, device=d), torch.ones(2, dtype=torch.float64, device=d), 0.3),
     "where with an int64 condition": lambda d: torch.where(
         torch.tensor([1, 0], device=d), torch.ones(2, device=d), 0.0),
+    "max_unpool2d with int32 indices": lambda d: torch.ops.aten.max_unpool2d(
+        torch.ones(1, 1, 2, 2, device=d), torch.zeros(1, 1, 2, 2, dtype=torch.int32, device=d),
+        [4, 4]),
+    "max_unpool2d with indices of another shape": lambda d: torch.ops.aten.max_unpool2d(
+        torch.ones(1, 1, 2, 2, device=d), torch.zeros(1, 1, 2, 1, dtype=torch.long, device=d),
+        [4, 4]),
+    "max_unpool3d of a 3-d input": lambda d: torch.ops.aten.max_unpool3d(
+        torch.ones(1, 2, 2, device=d), torch.zeros(1, 2, 2, dtype=torch.long, device=d),
+        [4, 4, 4], [2, 2, 2], [0, 0, 0]),
 }
 
 
