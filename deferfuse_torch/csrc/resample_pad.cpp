@@ -170,16 +170,19 @@ at::Tensor upsample_nearest_exact2d_backward(const at::Tensor& g, c10::SymIntArr
   return up2d_back(g, out, in, sh, sw, true);
 }
 
+// `exact`: nearest-exact (pixel centres, as PIL's nearest), else PyTorch's legacy nearest.
+template <bool exact>
 at::Tensor upsample_nearest1d(const at::Tensor& x, c10::SymIntArrayRef out,
                               std::optional<double> s) {
   auto o = ints(out);
-  return pick(x, last_dims(x.dim(), 1), nearest_tables(x.sizes(), o, {s}, false));
+  return pick(x, last_dims(x.dim(), 1), nearest_tables(x.sizes(), o, {s}, exact));
 }
 
+template <bool exact>
 at::Tensor upsample_nearest1d_backward(const at::Tensor& g, c10::SymIntArrayRef out,
                                        c10::SymIntArrayRef in, std::optional<double> s) {
   auto i = ints(in), o = ints(out);
-  return unpick(g, i, last_dims(g.dim(), 1), nearest_tables(i, o, {s}, false));
+  return unpick(g, i, last_dims(g.dim(), 1), nearest_tables(i, o, {s}, exact));
 }
 
 // One resized dim of a linear or cubic interpolation: output i is sum_k w[k][i] * x[idx[k][i]]
@@ -363,19 +366,22 @@ at::Tensor upsample_linear1d_backward(const at::Tensor& g, c10::SymIntArrayRef o
 }
 
 // 3-D (volumetric) resizing: the same separable tables over the three trailing dims.
+template <bool exact>
 at::Tensor upsample_nearest3d(const at::Tensor& x, c10::SymIntArrayRef out,
                               std::optional<double> sd, std::optional<double> sh,
                               std::optional<double> sw) {
   auto o = ints(out);
-  check_resize("upsample_nearest3d", x, 5, o, /*picks_only=*/true);
-  return pick(x, last_dims(5, 3), nearest_tables(x.sizes(), o, {sd, sh, sw}, false));
+  check_resize(exact ? "_upsample_nearest_exact3d" : "upsample_nearest3d", x, 5, o,
+               /*picks_only=*/true);
+  return pick(x, last_dims(5, 3), nearest_tables(x.sizes(), o, {sd, sh, sw}, exact));
 }
 
+template <bool exact>
 at::Tensor upsample_nearest3d_backward(const at::Tensor& g, c10::SymIntArrayRef out,
                                        c10::SymIntArrayRef in, std::optional<double> sd,
                                        std::optional<double> sh, std::optional<double> sw) {
   auto i = ints(in), o = ints(out);
-  return unpick(g, i, last_dims(5, 3), nearest_tables(i, o, {sd, sh, sw}, false));
+  return unpick(g, i, last_dims(5, 3), nearest_tables(i, o, {sd, sh, sw}, exact));
 }
 
 at::Tensor upsample_trilinear3d(const at::Tensor& x, c10::SymIntArrayRef out, bool align_corners,
@@ -673,8 +679,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("upsample_nearest2d_backward", DFT_GROUPED(dft::upsample_nearest2d_backward));
   m.impl("_upsample_nearest_exact2d", DFT_GROUPED(dft::upsample_nearest_exact2d));
   m.impl("_upsample_nearest_exact2d_backward", DFT_GROUPED(dft::upsample_nearest_exact2d_backward));
-  m.impl("upsample_nearest1d", DFT_GROUPED(dft::upsample_nearest1d));
-  m.impl("upsample_nearest1d_backward", DFT_GROUPED(dft::upsample_nearest1d_backward));
+  m.impl("upsample_nearest1d", DFT_GROUPED(dft::upsample_nearest1d<false>));
+  m.impl("upsample_nearest1d_backward", DFT_GROUPED(dft::upsample_nearest1d_backward<false>));
+  m.impl("_upsample_nearest_exact1d", DFT_GROUPED(dft::upsample_nearest1d<true>));
+  m.impl("_upsample_nearest_exact1d_backward", DFT_GROUPED(dft::upsample_nearest1d_backward<true>));
   m.impl("reflection_pad1d", DFT_GROUPED(dft::pad<true>));
   m.impl("reflection_pad2d", DFT_GROUPED(dft::pad<true>));
   m.impl("replication_pad1d", DFT_GROUPED(dft::pad<false>));
@@ -689,8 +697,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("upsample_bicubic2d_backward", DFT_GROUPED(dft::up2d_smooth_back<true>));
   m.impl("upsample_linear1d", DFT_GROUPED(dft::upsample_linear1d));
   m.impl("upsample_linear1d_backward", DFT_GROUPED(dft::upsample_linear1d_backward));
-  m.impl("upsample_nearest3d", DFT_GROUPED(dft::upsample_nearest3d));
-  m.impl("upsample_nearest3d_backward", DFT_GROUPED(dft::upsample_nearest3d_backward));
+  m.impl("upsample_nearest3d", DFT_GROUPED(dft::upsample_nearest3d<false>));
+  m.impl("upsample_nearest3d_backward", DFT_GROUPED(dft::upsample_nearest3d_backward<false>));
+  m.impl("_upsample_nearest_exact3d", DFT_GROUPED(dft::upsample_nearest3d<true>));
+  m.impl("_upsample_nearest_exact3d_backward", DFT_GROUPED(dft::upsample_nearest3d_backward<true>));
   m.impl("upsample_trilinear3d", DFT_GROUPED(dft::upsample_trilinear3d));
   m.impl("upsample_trilinear3d_backward", DFT_GROUPED(dft::upsample_trilinear3d_backward));
   m.impl("grid_sampler_2d", TORCH_FN(dft::grid_sampler_2d));

@@ -218,3 +218,21 @@ def test_bilinear_grid_sample_gives_the_grid_cpus_gradient(mode):
         outs[dev] = gt.cpu()
     torch.testing.assert_close(outs["tpu"], outs["cpu"], rtol=1e-4, atol=1e-5)
     assert outs["cpu"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("shape, size", [
+    ((2, 3, 7), 11), ((2, 3, 7), 4), ((1, 2, 3, 4, 5), (5, 3, 7)), ((1, 2, 3, 4, 5), (2, 9, 3)),
+])
+def test_nearest_exact_in_1d_and_3d_gives_cpus_values_and_gradients(mode, shape, size):
+    # They ran on the CPU fallback (2-D ran on the device).
+    deferfuse_torch.reset_fallback_counts()
+    x = torch.randn(*shape)
+    res = {}
+    for d in ("cpu", "tpu"):
+        xx = x.to(d).detach().clone().requires_grad_()
+        y = F.interpolate(xx, size=size, mode="nearest-exact")
+        (y * torch.arange(y.numel(), device=d, dtype=y.dtype).view(y.shape)).sum().backward()
+        res[d] = (y.detach().cpu(), xx.grad.cpu())
+    assert torch.equal(res["tpu"][0], res["cpu"][0])
+    assert torch.equal(res["tpu"][1], res["cpu"][1])
+    assert deferfuse_torch.fallback_counts() == {}
