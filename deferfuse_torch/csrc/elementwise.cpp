@@ -50,7 +50,9 @@ at::Tensor scaled(const at::Tensor& x, const at::Tensor& other, const at::Scalar
   if (alpha.equal(1)) return other;
   if (is_wrapped(other)) {
     at::Scalar v = other.item();
-    at::Scalar prod = (v.isIntegral(true) && alpha.isIntegral(true))
+    at::Scalar prod = v.isBoolean() && alpha.isBoolean()
+                          ? at::Scalar(v.toBool() && alpha.toBool())
+                      : v.isIntegral(true) && alpha.isIntegral(true)
                           ? at::Scalar(v.toLong() * alpha.toLong())
                           : at::Scalar(v.toDouble() * alpha.toDouble());
     auto t = at::scalar_to_tensor(prod);
@@ -63,20 +65,42 @@ at::Tensor scaled(const at::Tensor& x, const at::Tensor& other, const at::Scalar
   return binary(widen ? cast(other, common) : other, alpha, DFUSE_BINARY_OP_MUL);
 }
 
+// float16/bfloat16 with alpha != 1: CPU rounds alpha to the half type, computes x + alpha * y
+// in float32 and rounds once (the product rounded to the half type first was an ulp off in a
+// quarter of the elements). A Python-scalar operand is rounded to the half type first, as
+// TensorIterator casts it.
+bool alpha_in_float(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
+  return !alpha.equal(1) && is_reduced_float(at::result_type(x, y));
+}
+
+at::Tensor in_float(const at::Tensor& t, at::ScalarType half, const at::TensorOptions& device) {
+  if (!is_wrapped(t)) return opmath(t);
+  return cast(at::scalar_tensor(t.item(), device.dtype(half)), at::kFloat);
+}
+
 template <uint32_t OP>
 at::Tensor b_alpha_pieces(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
+  if (alpha_in_float(x, y, alpha)) {
+    auto half = at::result_type(x, y);
+    auto xf = in_float(x, half, x.options()), yf = in_float(y, half, x.options());
+    float a = float(alpha.toDouble());
+    at::Scalar alpha_h(half == at::kBFloat16 ? double(float(c10::BFloat16(a)))
+                                             : double(float(c10::Half(a))));
+    return cast(b<OP>(xf, scaled(xf, yf, alpha_h)), half);
+  }
   return b<OP>(x, scaled(x, y, alpha));
 }
 
 template <uint32_t OP>
 at::Tensor& b_alpha_pieces_(at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha) {
+  if (alpha_in_float(x, y, alpha)) return x.copy_(b_alpha_pieces<OP>(x, y, alpha));
   return b_<OP>(x, scaled(x, y, alpha));
 }
 
 // A tensor `other` scaled by alpha != 1 is two recorded ops (a multiply, then OP): in strict
 // mode they run as one op group, as PyTorch's one kernel; the usual alpha == 1 stays one op.
 bool scales_a_tensor(const at::Tensor& other, const at::Scalar& alpha) {
-  return !alpha.equal(1) && !is_wrapped(other);
+  return !alpha.equal(1) && (!is_wrapped(other) || is_reduced_float(other.scalar_type()));
 }
 
 template <uint32_t OP>
@@ -167,17 +191,7 @@ at::Tensor& pow_tensor_scalar_(at::Tensor& x, const at::Scalar& e) {
 }
 
 at::Tensor where_self(const at::Tensor& c, const at::Tensor& x, const at::Tensor& y) {
-  // CPU's rules for the condition: uint8 still works (deprecated, warned once), any other
-  // non-bool dtype raises.
-  if (c.scalar_type() == at::kByte) {
-    TORCH_WARN_ONCE("where received a uint8 condition tensor. This behavior is deprecated and "
-                    "will be removed in a future version of PyTorch. Use a boolean condition "
-                    "instead.");
-    return where_self(c.ne(0), x, y);
-  }
-  TORCH_CHECK(c.scalar_type() == at::kBool, "where expected condition to be a boolean tensor, "
-              "but got a tensor with dtype ", c.scalar_type());
-  return run(DFUSE_OP_KIND_WHERE, nullptr, Operands().t(c).t(x).t(y), "where");
+  return run(DFUSE_OP_KIND_WHERE, nullptr, Operands().t(where_condition(c)).t(x).t(y), "where");
 }
 
 // CPU's bound for an integer tensor and an integer bound: one past the dtype's range on its
@@ -316,6 +330,8 @@ void check_lerp_dtypes(const at::Tensor& self, const at::Tensor& end) {
 
 at::Tensor lerp_tensor(const at::Tensor& self, const at::Tensor& end, const at::Tensor& w) {
   check_lerp_dtypes(self, end);
+  TORCH_CHECK(self.dtype() == w.dtype(), "expected dtype ", self.dtype(),
+              " for `weight` but got dtype ", w.dtype());
   auto diff = end - self;
   return at::where(w.abs().lt(0.5), self + w * diff, end - diff * (1 - w));
 }
@@ -375,7 +391,9 @@ at::Tensor addcmul(const at::Tensor& self, const at::Tensor& t1, const at::Tenso
 
 at::Tensor& addcmul_(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
                      const at::Scalar& value) {
-  if (is_half(self)) return self.copy_(dft::addcmul(opmath(self), opmath(t1), opmath(t2), value));
+  if (is_half(self) || is_half(t1) || is_half(t2)) {
+    return self.copy_(dft::addcmul(opmath(self), opmath(t1), opmath(t2), value));
+  }
   auto p = binary(b<DFUSE_BINARY_OP_MUL>(t1, t2), value, DFUSE_BINARY_OP_MUL);
   return b_<DFUSE_BINARY_OP_ADD>(self, p);
 }
@@ -394,7 +412,9 @@ at::Tensor addcdiv(const at::Tensor& self, const at::Tensor& t1, const at::Tenso
 
 at::Tensor& addcdiv_(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
                      const at::Scalar& value) {
-  if (is_half(self)) return self.copy_(dft::addcdiv(opmath(self), opmath(t1), opmath(t2), value));
+  if (is_half(self) || is_half(t1) || is_half(t2)) {
+    return self.copy_(dft::addcdiv(opmath(self), opmath(t1), opmath(t2), value));
+  }
   auto q = binary(b<DFUSE_BINARY_OP_DIV>(t1, t2), value, DFUSE_BINARY_OP_MUL);
   return b_<DFUSE_BINARY_OP_ADD>(self, q);
 }

@@ -16,6 +16,8 @@ namespace ew {
 // them too, as a RuntimeError in its own words; CPU's op on empty host tensors of the same
 // dtypes raises CPU's.
 inline at::Tensor host_empty(const at::Tensor& t) {
+  // A Python scalar stays one (it promotes as a scalar: `int_tensor & 1.0` is about Float).
+  if (t.is_cpu() && t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
   return at::empty({0}, t.options().device(at::kCPU));
 }
 
@@ -44,6 +46,20 @@ void refuse_as_cpu(const at::Tensor& x, const at::Tensor& y) {
       if constexpr (OP == DFUSE_BINARY_OP_BITWISE_XOR) at::bitwise_xor(a, b);
     }
   }
+}
+
+// CPU's rules for where's condition: uint8 still works (deprecated, warned once), any other
+// non-bool dtype raises.
+inline at::Tensor where_condition(const at::Tensor& c) {
+  if (c.scalar_type() == at::kByte) {
+    TORCH_WARN_ONCE("where received a uint8 condition tensor. This behavior is deprecated and "
+                    "will be removed in a future version of PyTorch. Use a boolean condition "
+                    "instead.");
+    return c.ne(0);
+  }
+  TORCH_CHECK(c.scalar_type() == at::kBool, "where expected condition to be a boolean tensor, "
+              "but got a tensor with dtype ", c.scalar_type());
+  return c;
 }
 
 // In place, self keeps its shape: an operand that broadcasts it bigger gets TensorIterator's
@@ -107,11 +123,12 @@ at::Tensor b(const at::Tensor& x, const at::Tensor& y) {
 
 template <uint32_t OP>
 at::Tensor& b_(at::Tensor& x, const at::Tensor& y) {
-  refuse_as_cpu<OP>(x, y);
+  // CPU's order: its op checks the result's cast into self before its kernel refuses a dtype.
   check_in_place_shape(x, y);
   if (y.scalar_type() != x.scalar_type() || OP == DFUSE_BINARY_OP_DIV) {
     check_in_place_result<OP>(x, y);
   }
+  refuse_as_cpu<OP>(x, y);
   if (x.is_complex() || y.is_complex()) return x.copy_(complex_binary(OP, x, y));
   auto a = attrs_sub(OP);
   run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), x, "in-place binary op");

@@ -133,7 +133,14 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
   }
   TORCH_CHECK(first, "torch.cat(): expected a non-empty list of Tensors");
   if (n == 0) return at::empty({0}, first->options());
-  // CPU's IndexError for a dim out of range, against the first tensor cat does not skip.
+  // CPU's errors: a 0-dim tensor cannot be concatenated; a dim out of range (IndexError),
+  // against the first tensor cat does not skip.
+  int64_t position = 0;
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK(t.dim() > 0, "zero-dimensional tensor (at position ", position,
+                ") cannot be concatenated");
+    ++position;
+  }
   for (const at::Tensor& t : tensors) {
     if (t.dim() == 1 && t.numel() == 0) continue;
     at::maybe_wrap_dim(dim, t.dim());

@@ -3,6 +3,7 @@
 // what the math path of scaled_dot_product_attention and masking code call, kept off the CPU
 // fallback.
 #include "common.h"
+#include "elementwise_ops.h"
 
 #include <ATen/ExpandUtils.h>
 #include <limits>
@@ -70,7 +71,8 @@ at::Tensor& where_out(const at::Tensor& c, const at::Tensor& a, const at::Tensor
                       at::Tensor& out) {
   auto shape = at::infer_size(at::infer_size(c.sizes(), a.sizes()), b.sizes());
   if (!out.sizes().equals(shape)) out.resize_(shape);
-  run_into(DFUSE_OP_KIND_WHERE, nullptr, Operands().t(c).t(a).t(b), out, "where (out=)");
+  run_into(DFUSE_OP_KIND_WHERE, nullptr, Operands().t(ew::where_condition(c)).t(a).t(b), out,
+           "where (out=)");
   return out;
 }
 

@@ -82,8 +82,10 @@ void check_ordered_dims(const at::Tensor& x, at::IntArrayRef dims, const char* n
   if (dims.empty()) return check_nonempty(x, name);
   for (auto d : dims) {
     int64_t w = at::maybe_wrap_dim(d, x.dim());
-    TORCH_CHECK_INDEX(x.dim() == 0 || x.size(w) > 0, name, "(): Expected reduction dim ", d,
-                      " to have non-zero size.");
+    // amax/amin name the dim as given, max/min/argmax/argmin as wrapped (CPU's messages).
+    bool as_given = name[0] == 'a' && name[1] == 'm';
+    TORCH_CHECK_INDEX(x.dim() == 0 || x.size(w) > 0, name, "(): Expected reduction dim ",
+                      as_given ? d : w, " to have non-zero size.");
   }
 }
 

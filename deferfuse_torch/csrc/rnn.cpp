@@ -9,16 +9,22 @@
 // Here each cell is composed from the device's own ops in the order CPU's cell computes it
 // (each product plus its bias, as linear() adds it; hidden gates plus input gates; then the
 // activations and the state update), so the results agree with CPU within float32 rounding of
-// the products. With autograd each cell is one node (a C++ autograd Function) whose backward
-// computes what CPU's autograd computes through its cell, op for op in the same order (the
-// same bits): an LSTMCell stepped in Python paid PyTorch's dispatcher and autograd for ~13 ops
-// forward and ~25 backward nodes a step, where the device's own ops cost a fraction of that.
-// Under a torch.func transform, with forward-mode dual tensors, or in a double backward, the
-// cell is differentiated through its composed ops instead (PyTorch's differentiable formulas).
+// the products. With autograd a GRU cell is one node (a C++ autograd Function), an LSTM cell
+// one node for its state (cy and the output gate) and hy = o * tanh(cy) through autograd's own
+// ops, so that cy stays on hy's path as in CPU's graph; each node's backward computes what
+// CPU's autograd computes through the cell, op for op in the same order (the same bits). An
+// LSTMCell stepped in Python paid PyTorch's dispatcher and autograd for ~13 ops forward and
+// ~25 backward nodes a step, where the device's own ops cost a fraction of that. Under a
+// torch.func transform or with forward-mode dual tensors the cell is differentiated through its
+// composed ops instead; a double backward differentiates the nodes' formulas (the LSTM's) or
+// PyTorch's differentiable cell backward (the GRU's).
 #include "common.h"
 
 #include <torch/autograd.h>
 #include <torch/library.h>
+
+#include <array>
+#include <optional>
 
 namespace dft {
 namespace {
@@ -28,15 +34,22 @@ at::Tensor with_bias(const at::Tensor& gates, const std::optional<at::Tensor>& b
   return bias && bias->defined() ? gates + *bias : gates;
 }
 
-// CPU's LSTMCell: gates = linear_hh(hx) + linear_ih(x); i, f, o = sigmoid, g = tanh;
-// cy = f * cx + i * g; hy = o * tanh(cy).
+// The activated gates of CPU's LSTMCell: gates = linear_hh(hx) + linear_ih(x); i, f, o =
+// sigmoid, g = tanh.
+std::array<at::Tensor, 4> lstm_gates(const at::Tensor& input_gates,
+                                     const at::Tensor& hidden_gates,
+                                     const std::optional<at::Tensor>& input_bias,
+                                     const std::optional<at::Tensor>& hidden_bias) {
+  auto gates = with_bias(hidden_gates, hidden_bias) + with_bias(input_gates, input_bias);
+  auto c = gates.chunk(4, 1);
+  return {c[0].sigmoid(), c[1].sigmoid(), c[2].tanh(), c[3].sigmoid()};
+}
+
+// CPU's LSTMCell: cy = f * cx + i * g; hy = o * tanh(cy).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell(
     const at::Tensor& input_gates, const at::Tensor& hidden_gates, const at::Tensor& cx,
     const std::optional<at::Tensor>& input_bias, const std::optional<at::Tensor>& hidden_bias) {
-  auto gates = with_bias(hidden_gates, hidden_bias) + with_bias(input_gates, input_bias);
-  auto chunks = gates.chunk(4, 1);
-  auto i = chunks[0].sigmoid(), f = chunks[1].sigmoid();
-  auto g = chunks[2].tanh(), o = chunks[3].sigmoid();
+  auto [i, f, g, o] = lstm_gates(input_gates, hidden_gates, input_bias, hidden_bias);
   auto cy = f * cx + i * g;
   auto hy = o * cy.tanh();
   return {hy, cy, at::cat({i, f, g, o}, 1)};
@@ -58,29 +71,25 @@ std::tuple<at::Tensor, at::Tensor> fused_gru_cell(const at::Tensor& input_gates,
   return {hy, at::cat({r, z, n, hx, hc[2]}, 1)};
 }
 
-// CPU's autograd through its LSTM cell, given the activated gates (the workspace: i, f, g, o)
-// and the state: hy = o * tanh(cy) and cy = f * cx + i * g, each Mul/Tanh/Sigmoid backward in
-// autograd's own form. Returns the gates' gradient (for both products), cx's and the bias's.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_cell_backward(
-    const at::Tensor& grad_hy, const at::Tensor& grad_cy, const at::Tensor& cx,
-    const at::Tensor& cy, const at::Tensor& workspace, bool has_bias) {
-  auto gates = workspace.chunk(4, 1);
+// CPU's autograd through cy = f * cx + i * g and the gates' activations, given cy's gradient
+// (its own plus what hy's tanh passed on) and the activated output gate's: each Mul, Tanh and
+// Sigmoid backward in autograd's own form. Returns the gates' gradient (for both products)
+// and cx's.
+std::tuple<at::Tensor, at::Tensor> lstm_state_backward(const at::Tensor& grad_cy,
+                                                       const at::Tensor& grad_o,
+                                                       const std::array<at::Tensor, 4>& gates,
+                                                       const at::Tensor& cx) {
   const auto &i = gates[0], &f = gates[1], &g = gates[2], &o = gates[3];
-  at::Tensor grad_o, grad_c = grad_cy;
-  if (grad_hy.defined()) {
-    auto t = cy.tanh();
-    grad_o = at::sigmoid_backward(grad_hy * t, o);
-    auto from_hy = at::tanh_backward(grad_hy * o, t);
-    grad_c = grad_c.defined() ? grad_c + from_hy : from_hy;
-  } else {
-    grad_o = at::zeros_like(o);
+  auto go = grad_o.defined() ? at::sigmoid_backward(grad_o, o) : at::zeros_like(o);
+  if (!grad_cy.defined()) {
+    auto z = at::zeros_like(i);
+    return {at::cat({z, z, z, go}, 1), at::Tensor()};
   }
-  auto grad_gates = at::cat({at::sigmoid_backward(grad_c * g, i),
-                             at::sigmoid_backward(grad_c * cx, f),
-                             at::tanh_backward(grad_c * i, g), grad_o},
+  auto grad_gates = at::cat({at::sigmoid_backward(grad_cy * g, i),
+                             at::sigmoid_backward(grad_cy * cx, f),
+                             at::tanh_backward(grad_cy * i, g), go},
                             1);
-  auto grad_bias = has_bias ? grad_gates.sum(0) : at::Tensor();
-  return {grad_gates, grad_c * f, grad_bias};
+  return {grad_gates, grad_cy * f};
 }
 
 // CPU's autograd through its GRU cell, given the workspace (r, z, n, hx and the hidden new
@@ -98,51 +107,66 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gru_cell_backward(const at::Tenso
           grad_hz};
 }
 
-bool defined(const std::optional<at::Tensor>& t) { return t && t->defined(); }
-
-// Whether the cell takes its autograd Function (see the file comment).
-bool one_node(std::initializer_list<const at::Tensor*> ts) {
+// Whether the cell takes its autograd Function (see the file comment): not under a torch.func
+// transform, and no operand a forward-mode dual tensor.
+bool one_node(const at::Tensor& input_gates, const at::Tensor& hidden_gates,
+              const at::Tensor& state, const std::optional<at::Tensor>& input_bias,
+              const std::optional<at::Tensor>& hidden_bias) {
   if (under_functorch_transform()) return false;
-  for (const auto* t : ts) {
-    if (t->defined() && t->_fw_grad(/*level=*/0).defined()) return false;
-  }
-  return true;
+  auto dual = [](const at::Tensor& t) { return t.defined() && t._fw_grad(/*level=*/0).defined(); };
+  return !(dual(input_gates) || dual(hidden_gates) || dual(state) ||
+           (input_bias && dual(*input_bias)) || (hidden_bias && dual(*hidden_bias)));
+}
+
+std::optional<at::Tensor> optional(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
 
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-class LstmCell : public torch::autograd::Function<LstmCell> {
+// The cell's state: cy and the activated output gate o, from which the caller makes hy = o *
+// tanh(cy) with autograd's own ops, so cy stays on hy's path (a hook on cy or
+// `autograd.grad(hy, cy)` sees what CPU's graph gives) and cy is not saved (it may be written
+// in place before the backward, as on CPU).
+class LstmCellState : public torch::autograd::Function<LstmCellState> {
  public:
   static tensor_list forward(AutogradContext* ctx, const at::Tensor& input_gates,
                              const at::Tensor& hidden_gates, const at::Tensor& cx,
                              const std::optional<at::Tensor>& input_bias,
                              const std::optional<at::Tensor>& hidden_bias) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [hy, cy, workspace] = fused_lstm_cell(input_gates, hidden_gates, cx, input_bias,
-                                               hidden_bias);
+    auto gates = lstm_gates(input_gates, hidden_gates, input_bias, hidden_bias);
+    auto cy = gates[1] * cx + gates[0] * gates[2];
+    auto workspace = at::cat({gates[0], gates[1], gates[2], gates[3]}, 1);
     ctx->set_materialize_grads(false);
     ctx->mark_non_differentiable({workspace});
-    // The gates and biases serve a double backward only (its differentiable formula).
-    ctx->save_for_backward({input_gates, hidden_gates, cx, cy, workspace,
+    // The gates and biases serve a double backward only (the gates again, with history).
+    ctx->save_for_backward({input_gates, hidden_gates, cx, workspace,
                             input_bias.value_or(at::Tensor()),
                             hidden_bias.value_or(at::Tensor())});
-    return {hy, cy, workspace};
+    return {cy, gates[3], workspace};
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     auto s = ctx->get_saved_variables();
-    const auto &grad_hy = grads[0], &grad_cy = grads[1];
-    if (!grad_hy.defined() && !grad_cy.defined()) return tensor_list(5);
+    const auto &grad_cy = grads[0], &grad_o = grads[1];
+    if (!grad_cy.defined() && !grad_o.defined()) return tensor_list(5);
+    std::array<at::Tensor, 4> gates;
+    std::optional<at::AutoDispatchBelowADInplaceOrView> below;
     if (at::GradMode::is_enabled()) {
-      auto [gi, gh, gc, gbi, gbh] = at::_thnn_differentiable_lstm_cell_backward(
-          grad_hy, grad_cy, s[0], s[1], s[5], s[6], s[2], s[3]);
-      return {gi, gh, gc, gbi, gbh};
+      // A double backward (create_graph=True) differentiates these formulas: the gates again
+      // from the saved inputs with autograd recording (the workspace has no history).
+      gates = lstm_gates(s[0], s[1], optional(s[4]), optional(s[5]));
+    } else {
+      below.emplace();
+      auto w = s[3].chunk(4, 1);
+      gates = {w[0], w[1], w[2], w[3]};
     }
-    at::AutoDispatchBelowADInplaceOrView guard;
-    bool has_bias = s[5].defined();
-    auto [gates, gc, gb] = lstm_cell_backward(grad_hy, grad_cy, s[2], s[3], s[4], has_bias);
-    return {gates, gates, gc, gb, s[6].defined() ? gb : at::Tensor()};
+    auto [grad_gates, grad_cx] = lstm_state_backward(grad_cy, grad_o, gates, s[2]);
+    auto grad_bias = s[4].defined() || s[5].defined() ? grad_gates.sum(0) : at::Tensor();
+    return {grad_gates, grad_gates, grad_cx, s[4].defined() ? grad_bias : at::Tensor(),
+            s[5].defined() ? grad_bias : at::Tensor()};
   }
 };
 
@@ -181,26 +205,21 @@ class GruCell : public torch::autograd::Function<GruCell> {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> autograd_lstm_cell(
     const at::Tensor& input_gates, const at::Tensor& hidden_gates, const at::Tensor& cx,
     const std::optional<at::Tensor>& input_bias, const std::optional<at::Tensor>& hidden_bias) {
-  at::Tensor none;
-  const auto& bi = defined(input_bias) ? *input_bias : none;
-  const auto& bh = defined(hidden_bias) ? *hidden_bias : none;
-  if (!one_node({&input_gates, &hidden_gates, &cx, &bi, &bh})) {
+  if (!one_node(input_gates, hidden_gates, cx, input_bias, hidden_bias)) {
     return Grouped<decltype(&fused_lstm_cell), &fused_lstm_cell>::call(
         input_gates, hidden_gates, cx, input_bias, hidden_bias);
   }
   OpGroup group;
-  auto r = LstmCell::apply(input_gates, hidden_gates, cx, input_bias, hidden_bias);
+  auto r = LstmCellState::apply(input_gates, hidden_gates, cx, input_bias, hidden_bias);
+  auto hy = r[1] * r[0].tanh();
   group.end();
-  return {r[0], r[1], r[2]};
+  return {hy, r[0], r[2]};
 }
 
 std::tuple<at::Tensor, at::Tensor> autograd_gru_cell(
     const at::Tensor& input_gates, const at::Tensor& hidden_gates, const at::Tensor& hx,
     const std::optional<at::Tensor>& input_bias, const std::optional<at::Tensor>& hidden_bias) {
-  at::Tensor none;
-  const auto& bi = defined(input_bias) ? *input_bias : none;
-  const auto& bh = defined(hidden_bias) ? *hidden_bias : none;
-  if (!one_node({&input_gates, &hidden_gates, &hx, &bi, &bh})) {
+  if (!one_node(input_gates, hidden_gates, hx, input_bias, hidden_bias)) {
     return Grouped<decltype(&fused_gru_cell), &fused_gru_cell>::call(
         input_gates, hidden_gates, hx, input_bias, hidden_bias);
   }

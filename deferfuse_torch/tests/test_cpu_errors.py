@@ -63,6 +63,16 @@ CASES = {
         torch.zeros(2, device=d), torch.ones(2, dtype=torch.float64, device=d), 0.3),
     "where with an int64 condition": lambda d: torch.where(
         torch.tensor([1, 0], device=d), torch.ones(2, device=d), 0.0),
+    "lerp by a weight of another dtype": lambda d: torch.lerp(
+        torch.zeros(3, device=d), torch.ones(3, device=d),
+        torch.rand(3, dtype=torch.float64, device=d)),
+    "an integer tensor and a float scalar": lambda d: torch.tensor([1], device=d) & 1.0,
+    "an integer tensor xor a float tensor in place": lambda d: torch.tensor(
+        [1], device=d).bitwise_xor_(torch.tensor([1.0], device=d)),
+    "max over an empty last dim": lambda d: torch.zeros(3, 0, device=d).max(-1),
+    "argmin over an empty last dim": lambda d: torch.zeros(3, 0, device=d).argmin(-1),
+    "cat of a 0-dim tensor": lambda d: torch.cat(
+        [torch.ones(2, device=d), torch.tensor(1.0, device=d)], 1),
     "max_unpool2d with int32 indices": lambda d: torch.ops.aten.max_unpool2d(
         torch.ones(1, 1, 2, 2, device=d), torch.zeros(1, 1, 2, 2, dtype=torch.int32, device=d),
         [4, 4]),

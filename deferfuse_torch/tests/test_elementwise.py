@@ -249,6 +249,7 @@ def test_clamp_of_an_integer_tensor_by_bounds_past_its_range_is_cpus(mode, dtype
     lambda d: torch.add(torch.tensor([True, False], device=d),
                         torch.tensor([True, True], device=d), alpha=2),
     lambda d: torch.add(torch.tensor([1, 2], dtype=torch.int32, device=d), True, alpha=2),
+    lambda d: torch.add(torch.tensor([True, False], device=d), True, alpha=True),
     lambda d: torch.sub(torch.tensor([1.0, 2.0], device=d), torch.tensor([3, 4], device=d),
                         alpha=3),
     lambda d: torch.rsub(torch.tensor([1.0, 2.0], dtype=torch.bfloat16, device=d),
@@ -282,3 +283,36 @@ def test_where_takes_a_uint8_condition_with_cpus_deprecation(mode):
     want = torch.where(cond, torch.ones(3), 0.0)
     got = torch.where(cond.to("tpu"), torch.ones(3, device="tpu"), 0.0)
     assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("call", [
+    lambda x, y: x.clone().add_(y, alpha=3),
+    lambda x, y: torch.sub(x, y, alpha=0.3),
+    lambda x, y: torch.add(x, 3, alpha=0.1),
+])
+def test_half_add_with_alpha_rounds_once_from_float32_as_cpu(mode, dtype, call):
+    # CPU computes x + alpha * y in float32 and rounds once (bf16 SGD's p.add_(g, alpha=-lr)).
+    torch.manual_seed(0)
+    x, y = torch.randn(4096).to(dtype), torch.randn(4096).to(dtype)
+    want = call(x, y)
+    got = call(x.to("tpu"), y.to("tpu"))
+    assert (got.cpu() != want).sum() <= 2  # a float32 fused multiply-add's rare tie
+
+
+@pytest.mark.parametrize("op", ["addcmul_", "addcdiv_"])
+def test_an_in_place_addcmul_with_half_factors_computes_in_float32(mode, op):
+    torch.manual_seed(0)
+    s = torch.randn(256)
+    a, b = torch.randn(256).half(), (torch.rand(256) + 0.5).half()
+    want = getattr(s.clone(), op)(a, b, value=0.7)
+    got = getattr(s.to("tpu"), op)(a.to("tpu"), b.to("tpu"), value=0.7)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)  # was ~1e-3 off
+
+
+def test_where_with_out_takes_a_uint8_condition(mode):
+    cond = torch.tensor([1, 0, 2], dtype=torch.uint8)
+    want = torch.where(cond, torch.ones(3), -torch.ones(3), out=torch.empty(3))
+    out = torch.empty(3, device="tpu")
+    torch.where(cond.to("tpu"), torch.ones(3, device="tpu"), -torch.ones(3, device="tpu"), out=out)
+    assert torch.equal(out.cpu(), want)

@@ -160,8 +160,9 @@ def cell_steps(kind, dev, dtype=torch.float64, bias=True, read_c=False):
 ])
 def test_a_cell_step_is_one_autograd_node_with_its_composed_gradients_bits(mode, kind, bias,
                                                                             read_c):
-    # One node per step (its backward below autograd) instead of ~25 autograd nodes: the same
-    # bits as autograd through the composed cell, which torch.func's transforms still take.
+    # One node per step (its backward below autograd) instead of ~25 autograd nodes (the LSTM:
+    # its state's node and hy's two): the same bits as autograd through the composed cell,
+    # which torch.func's transforms still take.
     cell, h0, loss_fn = cell_steps(kind, "tpu", bias=bias, read_c=read_c)
     params = dict(cell.named_parameters())
     composed = torch.func.grad(loss_fn, argnums=(0, 1))(params, h0)
@@ -169,8 +170,9 @@ def test_a_cell_step_is_one_autograd_node_with_its_composed_gradients_bits(mode,
     h = h0.clone().requires_grad_()
     out = cell(torch.zeros(3, 5, dtype=h.dtype, device="tpu"),
                (h, h) if kind == "LSTMCell" else h)
-    node = (out[0] if kind == "LSTMCell" else out).grad_fn.name()
-    assert ("LstmCell" if kind == "LSTMCell" else "GruCell") in node, node
+    # The LSTM's node makes its state (cy); hy = o * tanh(cy) is autograd's own ops.
+    node = (out[1] if kind == "LSTMCell" else out).grad_fn.name()
+    assert ("LstmCellState" if kind == "LSTMCell" else "GruCell") in node, node
     loss_fn(leaves, h).backward()
     for k in params:
         assert torch.equal(leaves[k].grad.cpu(), composed[0][k].cpu()), k
@@ -201,3 +203,35 @@ def test_a_cell_takes_forward_mode_tangents_as_cpu(kind):
         _, jvp = torch.func.jvp(lambda h: loss_fn(params, h), (h0,), (tangent,))
         got[dev] = jvp.cpu()
     torch.testing.assert_close(got["tpu"], got["cpu"], rtol=1e-9, atol=1e-10)
+
+
+def lstm_cell_pair(dev):
+    torch.manual_seed(0)
+    cell = nn.LSTMCell(4, 5).to(dev)
+    return cell, torch.randn(2, 4).to(dev)
+
+
+def test_an_lstm_cells_cy_is_on_hys_path_as_in_cpus_graph(mode):
+    # A hook on cy (retain_grad) sees its gradient through hy too; autograd.grad(hy, cy) works.
+    got = {}
+    for dev in ("cpu", "tpu"):
+        cell, x = lstm_cell_pair(dev)
+        h, c = cell(x)
+        c.retain_grad()
+        (h.sum() + c.sum()).backward()
+        h2, c2 = cell(x)
+        (through,) = torch.autograd.grad(h2.sum(), c2)
+        got[dev] = (c.grad.cpu(), through.cpu())
+    torch.testing.assert_close(got["tpu"], got["cpu"])
+
+
+def test_an_lstm_cells_cy_may_be_written_in_place_before_the_backward(mode):
+    # CPU's graph does not save cy (tanh saves its result), so this works there.
+    got = {}
+    for dev in ("cpu", "tpu"):
+        cell, x = lstm_cell_pair(dev)
+        h, c = cell(x)
+        c.mul_(0.5)
+        (h.sum() + c.sum()).backward()
+        got[dev] = cell.weight_hh.grad.cpu()
+    torch.testing.assert_close(got["tpu"], got["cpu"])
