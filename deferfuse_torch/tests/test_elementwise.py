@@ -316,3 +316,16 @@ def test_where_with_out_takes_a_uint8_condition(mode):
     out = torch.empty(3, device="tpu")
     torch.where(cond.to("tpu"), torch.ones(3, device="tpu"), -torch.ones(3, device="tpu"), out=out)
     assert torch.equal(out.cpu(), want)
+
+
+def test_float32_add_with_alpha_rounds_the_product_where_cpu_fuses_it():
+    # README table: CPU's kernel is a fused multiply-add (one rounding); the runtime has no
+    # fused multiply-add op, so alpha * y is rounded first: within one rounding of CPU's sum.
+    torch.manual_seed(0)
+    x, y = torch.randn(4096), torch.randn(4096)
+    want = x.clone().add_(y, alpha=0.3)
+    fused = (x.double() + torch.tensor(0.3).double() * y.double()).float()
+    assert torch.equal(want, fused)
+    got = x.to("tpu").add_(y.to("tpu"), alpha=0.3).cpu()
+    assert torch.equal(got, x + torch.tensor(0.3) * y)
+    assert ((got - want).abs() <= want.abs() * 2**-23 + 2**-24 * (0.3 * y).abs()).all()
