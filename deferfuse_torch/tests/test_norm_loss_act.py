@@ -503,7 +503,7 @@ def test_binary_cross_entropy_of_an_input_outside_0_1_raises_in_debug_mode(value
         assert F.binary_cross_entropy(x.to("tpu"), y.to("tpu")).isnan().item()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_sigmoid_backward_gives_cpus_bits(mode, dtype):
     # CPU computes (g * (1 - y)) * y; the other association differs in a third of the
     # elements' last bit.
