@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace dft {
@@ -196,9 +197,20 @@ at::Tensor where_self(const at::Tensor& c, const at::Tensor& x, const at::Tensor
 
 // CPU's bound for an integer tensor and an integer bound: one past the dtype's range on its
 // own side bounds nothing (uint8 `clamp(-1, 3)` keeps the 0s, where the runtime would wrap -1
-// to 255), one past it on the other side raises.
+// to 255), one past it on the other side raises. A float32/float16/bfloat16 tensor's bound
+// past its dtype's range raises (float32 `clamp(max=1e300)`).
 at::Scalar integer_bound(const at::Tensor& x, const at::Scalar& b, bool is_min) {
   auto t = x.scalar_type();
+  // A floating tensor's bound must fit its dtype (inf does), as CPU converts it.
+  if (t == at::kFloat || t == at::kHalf || t == at::kBFloat16) {
+    double v = b.toDouble(), max = t == at::kFloat      ? std::numeric_limits<float>::max()
+                                  : t == at::kHalf       ? 65504.0
+                                                         : 3.3895313892515355e+38;
+    TORCH_CHECK(!std::isfinite(v) || std::abs(v) <= max, "value cannot be converted to type ",
+                t == at::kFloat ? "float" : t == at::kHalf ? "c10::Half" : "c10::BFloat16",
+                " without overflow");
+    return b;
+  }
   if (!at::isIntegralType(t, /*includeBool=*/false) || !b.isIntegral(false)) return b;
   int64_t lo = 0, hi = 0;
   AT_DISPATCH_INTEGRAL_TYPES(t, "clamp bound", [&] {

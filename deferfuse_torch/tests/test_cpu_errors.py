@@ -42,6 +42,9 @@ CASES = {
     "uint8 clamp_ min past its range":
         lambda d: torch.tensor([1, 5], dtype=torch.uint8, device=d).clamp_(min=300),
     "clamp without bounds": lambda d: torch.clamp(torch.ones(2, device=d)),
+    "float32 clamp by a bound past its range": lambda d: torch.ones(2, device=d).clamp(-1e300, 1),
+    "float16 clamp by a bound past its range":
+        lambda d: torch.ones(2, dtype=torch.float16, device=d).clamp(max=70000),
     "a float alpha for integers":
         lambda d: torch.add(torch.tensor([1], device=d), torch.tensor([2], device=d), alpha=0.5),
     "softmax of integers": lambda d: torch.softmax(torch.tensor([[1, 2, 3]], device=d), -1),
