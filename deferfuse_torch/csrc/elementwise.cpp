@@ -233,13 +233,33 @@ Operands clamp_operands(const at::Tensor& x, const std::optional<at::Scalar>& lo
   return o;
 }
 
+// The dtype CPU clamps a bool tensor in: promoted with its bounds (`clamp(min=2)` is int64).
+// Bool bounds are CPU's error (its kernel refuses bool), raised by CPU's op on no elements.
+at::ScalarType bool_clamp_dtype(const at::Tensor& x, const std::optional<at::Scalar>& lo,
+                                const std::optional<at::Scalar>& hi) {
+  auto host = ew::host_empty(x);
+  auto r = lo ? at::result_type(host, *lo) : at::kBool;
+  if (hi) r = at::result_type(host.to(r), *hi);
+  if (r == at::kBool) at::clamp(host, lo, hi);
+  return r;
+}
+
 at::Tensor clamp_s(const at::Tensor& x, const std::optional<at::Scalar>& lo,
                  const std::optional<at::Scalar>& hi) {
+  if (x.scalar_type() == at::kBool && (lo || hi)) {
+    return clamp_s(x.to(bool_clamp_dtype(x, lo, hi)), lo, hi);
+  }
   return run(DFUSE_OP_KIND_CLAMP, nullptr, clamp_operands(x, lo, hi), "clamp");
 }
 
 at::Tensor& clamp_s_(at::Tensor& x, const std::optional<at::Scalar>& lo,
                    const std::optional<at::Scalar>& hi) {
+  if (x.scalar_type() == at::kBool && (lo || hi)) {
+    auto r = bool_clamp_dtype(x, lo, hi);
+    // clamp_'s own wording (TypeMeta's "bool"), not TensorIterator's ("Bool").
+    TORCH_CHECK(at::canCast(r, at::kBool), "result type ", r,
+                " can't be cast to the desired output type ", x.dtype());
+  }
   run_into(DFUSE_OP_KIND_CLAMP, nullptr, clamp_operands(x, lo, hi), x, "clamp_");
   return x;
 }

@@ -38,7 +38,7 @@ at::Tensor& assign(at::Tensor& self, const at::Tensor& value) {
 
 at::Tensor tpu_index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
   check_index_dtype(index, "index_select");
-  TORCH_CHECK(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
+  TORCH_CHECK_INDEX(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
   if (self.dim() == 0) {
     // A 0-dim source has one element and takes one index (which must be 0); the result is
     // 0-dim like the source, as on CPU.
@@ -443,22 +443,28 @@ Linearized linearize(const at::Tensor& self, const c10::List<std::optional<at::T
     // uploaded.
     const bool on_host = t->device().is_cpu();
     if (t->scalar_type() == at::kBool || t->scalar_type() == at::kByte) {
+      // CPU's IndexError, checked before the mask is read.
+      for (int64_t k = 0; k < t->dim(); ++k) {
+        TORCH_CHECK_INDEX(d + k < self.dim(), "too many indices for tensor of dimension ",
+                          self.dim());
+        TORCH_CHECK_INDEX(t->size(k) == self.size(d + k), "The shape of the mask ", t->sizes(),
+                          " at index ", k, " does not match the shape of the indexed tensor ",
+                          self.sizes(), " at index ", d + k);
+      }
       auto nz = on_host ? at::nonzero(*t).to(self.device()) : tpu_nonzero(*t);
       for (int64_t k = 0; k < t->dim(); ++k) {
-        TORCH_CHECK(t->size(k) == self.size(d + k), "The shape of the mask ", t->sizes(),
-                    " at index ", k, " does not match the shape of the indexed tensor ",
-                    self.sizes(), " at index ", d + k);
         idx.push_back(nz.select(1, k));
         dims.push_back(d + k);
       }
       d += t->dim();
     } else {
-      check_index_dtype(*t, "index");
+      TORCH_CHECK_INDEX(t->scalar_type() == at::kLong || t->scalar_type() == at::kInt,
+                        "tensors used as indices must be long, int, byte or bool tensors");
       idx.push_back(on_host ? t->to(self.device()) : *t);
       dims.push_back(d++);
     }
   }
-  TORCH_CHECK(d <= self.dim(), "too many indices for tensor of dimension ", self.dim());
+  TORCH_CHECK_INDEX(d <= self.dim(), "too many indices for tensor of dimension ", self.dim());
   TORCH_CHECK(!idx.empty(), "index: at least one index tensor is needed");
   auto bcast = at::expand_outplace(idx);
   Linearized r;

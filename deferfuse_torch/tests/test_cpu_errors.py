@@ -76,6 +76,19 @@ CASES = {
     "argmin over an empty last dim": lambda d: torch.zeros(3, 0, device=d).argmin(-1),
     "cat of a 0-dim tensor": lambda d: torch.cat(
         [torch.ones(2, device=d), torch.tensor(1.0, device=d)], 1),
+    "a bool mask of the wrong length":
+        lambda d: torch.ones(2, 3, device=d)[torch.tensor([True, False, True], device=d)],
+    "a bool mask of the wrong length on dim 1":
+        lambda d: torch.ones(2, 3, device=d)[:, torch.tensor([True, False], device=d)],
+    "a float index tensor": lambda d: torch.ones(2, 3, device=d)[torch.tensor([0.0], device=d)],
+    "too many indices": lambda d: torch.ones(2, device=d)[
+        torch.tensor([0], device=d), torch.tensor([0], device=d)],
+    "index_select by a 2-d index": lambda d: torch.ones(2, 3, device=d).index_select(
+        0, torch.tensor([[0]], device=d)),
+    "a bool tensor clamped by a bool bound":
+        lambda d: torch.tensor([True, False], device=d).clamp(min=False),
+    "a bool tensor clamped in place by an integer bound":
+        lambda d: torch.tensor([True, False], device=d).clamp_(min=2),
     "max_unpool2d with int32 indices": lambda d: torch.ops.aten.max_unpool2d(
         torch.ones(1, 1, 2, 2, device=d), torch.zeros(1, 1, 2, 2, dtype=torch.int32, device=d),
         [4, 4]),

@@ -329,3 +329,12 @@ def test_float32_add_with_alpha_rounds_the_product_where_cpu_fuses_it():
     got = x.to("tpu").add_(y.to("tpu"), alpha=0.3).cpu()
     assert torch.equal(got, x + torch.tensor(0.3) * y)
     assert ((got - want).abs() <= want.abs() * 2**-23 + 2**-24 * (0.3 * y).abs()).all()
+
+
+@pytest.mark.parametrize("lo, hi", [(2, None), (None, 0), (0.5, 2)])
+def test_a_bool_tensor_clamps_in_the_dtype_its_bounds_promote_it_to(mode, lo, hi):
+    # bool.clamp(min=2) is int64 [2, 2] on CPU; the runtime refused bool tensors.
+    b = torch.tensor([True, False])
+    want = b.clamp(lo, hi)
+    got = b.to("tpu").clamp(lo, hi)
+    assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
