@@ -231,13 +231,17 @@ at::Tensor& shift_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out)
 }
 template <bool LEFT>
 at::Tensor& shift_(at::Tensor& a, const at::Tensor& b) {
+  ew::check_in_place_cast(a, at::result_type(a, b));
   return into(tpu_shift<LEFT>(a, b), a, LEFT ? "bitwise_left_shift_" : "bitwise_right_shift_");
 }
-// `x << 2`, `x >>= y`: Python's operators reach these forms. An integer amount keeps x's
-// dtype (a wrapped number does not promote).
-at::Tensor shift_amount(const at::Tensor& a, const at::Scalar& b) {
-  return b.isIntegral(false) ? at::scalar_tensor(b, a.options())
-                             : at::scalar_tensor(b, a.options().dtype(at::kDouble));
+// `x << 2`, `x >>= y`: Python's operators reach these forms. The amount is a wrapped number,
+// which promotes as a Python scalar does: an int32 x stays int32, a bool x becomes int64
+// (`bool_tensor << 2` is int64 on CPU; made x's own dtype, the amount was refused as bool), and
+// a float amount makes the shift refuse as CPU's does.
+at::Tensor shift_amount(const at::Tensor&, const at::Scalar& b) {
+  auto t = at::scalar_to_tensor(b);
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
 }
 template <bool LEFT>
 at::Tensor tpu_shift_scalar(const at::Tensor& a, const at::Scalar& b) {

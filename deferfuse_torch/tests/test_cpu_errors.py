@@ -89,6 +89,8 @@ CASES = {
         lambda d: torch.tensor([True, False], device=d).clamp(min=False),
     "a bool tensor clamped in place by an integer bound":
         lambda d: torch.tensor([True, False], device=d).clamp_(min=2),
+    "a bool tensor shifted in place": lambda d: torch.tensor([True], device=d).__ilshift__(2),
+    "a float tensor shifted": lambda d: torch.tensor([1.0], device=d) << 1,
     "max_unpool2d with int32 indices": lambda d: torch.ops.aten.max_unpool2d(
         torch.ones(1, 1, 2, 2, device=d), torch.zeros(1, 1, 2, 2, dtype=torch.int32, device=d),
         [4, 4]),

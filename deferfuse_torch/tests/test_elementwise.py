@@ -338,3 +338,16 @@ def test_a_bool_tensor_clamps_in_the_dtype_its_bounds_promote_it_to(mode, lo, hi
     want = b.clamp(lo, hi)
     got = b.to("tpu").clamp(lo, hi)
     assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.tensor([True, False], device=d) << 2,
+    lambda d: torch.tensor([True, False], device=d) >> 1,
+    lambda d: torch.tensor([1, 2], dtype=torch.int32, device=d) << True,
+])
+def test_a_shift_by_a_python_number_promotes_as_cpu(mode, call):
+    # The amount is a Python scalar: a bool tensor shifts as int64 (the runtime refused it), a
+    # bool amount is 1.
+    want = call("cpu")
+    got = call("tpu")
+    assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
