@@ -46,6 +46,8 @@ bool is_wrapped(const at::Tensor& t) {
 // multiplied in int64. PyTorch's alpha checks first (no float alpha for integers). A
 // Python-scalar `other` stays a scalar (so type promotion still sees a scalar).
 at::Tensor scaled(const at::Tensor& x, const at::Tensor& other, const at::Scalar& alpha) {
+  // An integer 1 (every plain `x + y`) passes alpha_check for any dtype: no promotion asked.
+  if (alpha.isIntegral(false) && alpha.equal(1)) return other;
   auto common = at::result_type(x, other);
   at::native::alpha_check(common, alpha);
   if (alpha.equal(1)) return other;
@@ -195,17 +197,18 @@ at::Tensor where_self(const at::Tensor& c, const at::Tensor& x, const at::Tensor
   return run(DFUSE_OP_KIND_WHERE, nullptr, Operands().t(where_condition(c)).t(x).t(y), "where");
 }
 
-// CPU's bound for an integer tensor and an integer bound: one past the dtype's range on its
+// CPU's clamp bound. For an integer tensor and an integer bound: one past the dtype's range on its
 // own side bounds nothing (uint8 `clamp(-1, 3)` keeps the 0s, where the runtime would wrap -1
 // to 255), one past it on the other side raises. A float32/float16/bfloat16 tensor's bound
 // past its dtype's range raises (float32 `clamp(max=1e300)`).
-at::Scalar integer_bound(const at::Tensor& x, const at::Scalar& b, bool is_min) {
+at::Scalar clamp_bound(const at::Tensor& x, const at::Scalar& b, bool is_min) {
   auto t = x.scalar_type();
   // A floating tensor's bound must fit its dtype (inf does), as CPU converts it.
   if (t == at::kFloat || t == at::kHalf || t == at::kBFloat16) {
-    double v = b.toDouble(), max = t == at::kFloat      ? std::numeric_limits<float>::max()
-                                  : t == at::kHalf       ? 65504.0
-                                                         : 3.3895313892515355e+38;
+    double v = b.toDouble();
+    double max = t == at::kFloat  ? double(std::numeric_limits<float>::max())
+                 : t == at::kHalf ? double(std::numeric_limits<c10::Half>::max())
+                                  : double(std::numeric_limits<c10::BFloat16>::max());
     TORCH_CHECK(!std::isfinite(v) || std::abs(v) <= max, "value cannot be converted to type ",
                 t == at::kFloat ? "float" : t == at::kHalf ? "c10::Half" : "c10::BFloat16",
                 " without overflow");
@@ -228,8 +231,8 @@ Operands clamp_operands(const at::Tensor& x, const std::optional<at::Scalar>& lo
   TORCH_CHECK(lo || hi, "torch.clamp: At least one of 'min' or 'max' must not be None");
   Operands o;
   o.t(x);
-  if (lo) o.s(integer_bound(x, *lo, true)); else o.absent();
-  if (hi) o.s(integer_bound(x, *hi, false)); else o.absent();
+  if (lo) o.s(clamp_bound(x, *lo, true)); else o.absent();
+  if (hi) o.s(clamp_bound(x, *hi, false)); else o.absent();
   return o;
 }
 

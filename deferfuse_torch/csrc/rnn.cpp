@@ -118,7 +118,8 @@ bool one_node(const at::Tensor& input_gates, const at::Tensor& hidden_gates,
            (input_bias && dual(*input_bias)) || (hidden_bias && dual(*hidden_bias)));
 }
 
-std::optional<at::Tensor> optional(const at::Tensor& t) {
+// A saved optional tensor back as an optional (saved, an absent one is undefined).
+std::optional<at::Tensor> if_defined(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
 
@@ -157,7 +158,7 @@ class LstmCellState : public torch::autograd::Function<LstmCellState> {
     if (at::GradMode::is_enabled()) {
       // A double backward (create_graph=True) differentiates these formulas: the gates again
       // from the saved inputs with autograd recording (the workspace has no history).
-      gates = lstm_gates(s[0], s[1], optional(s[4]), optional(s[5]));
+      gates = lstm_gates(s[0], s[1], if_defined(s[4]), if_defined(s[5]));
     } else {
       below.emplace();
       auto w = s[3].chunk(4, 1);

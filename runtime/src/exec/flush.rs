@@ -195,7 +195,7 @@ impl Executor {
         let after_read = rest.len();
         // A small rest (what a policy's `log_prob` leaves after `action.item()`) costs less to
         // run here than to hand to the worker and wait for at the next sync (a REINFORCE-style
-        // step's read 26 -> 15 us). Either way it runs after the read's value, as its own
+        // step's read 26 -> 16.7 us). Either way it runs after the read's value, as its own
         // jobs: a failure there is reported by a later read, not by this one.
         let rest_launch = match rest.iter().map(inline_cost).sum::<usize>() {
             cost if cost <= STRICT_INLINE_MAX_ELEMS => Launch::RunIfIdle,
@@ -221,7 +221,8 @@ impl Executor {
                 ("plan_hit", Arg::B(reused)),
                 // Steps the host did not wait for: they run after the read's value.
                 ("after_read", Arg::U(after_read as u64)),
-                // Those steps ran on the host's thread, not handed to the worker.
+                // Those steps were not handed to the worker: run on the host's thread (where
+                // the stream was idle, as after the read's own steps).
                 (
                     "after_read_here",
                     Arg::B(after_read > 0 && rest_launch == Launch::RunIfIdle),
