@@ -2,9 +2,10 @@
 // repeat_interleave's indices. searchsorted
 // counts, for each value, the boundaries before it (a broadcast comparison and a sum, the same
 // answer as CPU's binary search, NaN included); histc and bincount scatter-add ones (or
-// weights) into their bins. Only bincount's output size depends on the data (its largest
-// value): it reads the input's min and max as a sync point counted as data_dependent_size, as
-// nonzero does; the others never leave the device.
+// weights) into their bins. Two read values back, as sync points counted as
+// data_dependent_size (as nonzero does): bincount its input's min and max (its output size is
+// the largest value) and histc without a range its data's (CPU's error for a NaN or infinite
+// one). The others never leave the device.
 #include "common.h"
 
 #include <torch/library.h>
@@ -58,13 +59,20 @@ at::Tensor tpu_searchsorted(const at::Tensor& sorted, const at::Tensor& self, bo
   return insertion_index(seq, self, r, out_int32);
 }
 
+// A scalar value is a 0-d tensor of its own type, as on CPU, cast to the type it promotes to
+// with the boundaries: 0.5 among int64 boundaries compares as float64 and falls between 0 and
+// 1 (cast to int64 first, it was truncated to 0), while among float32 boundaries it is float32.
+at::Tensor scalar_values(const at::Scalar& value, const at::Tensor& boundaries) {
+  auto v = at::scalar_tensor(value, boundaries.options().dtype(value.type()));
+  return v.to(at::result_type(boundaries, v));
+}
+
 at::Tensor searchsorted_scalar(const at::Tensor& sorted, const at::Scalar& self, bool out_int32,
                                bool right, std::optional<c10::string_view> side,
                                const std::optional<at::Tensor>& sorter) {
   TORCH_CHECK(sorted.dim() == 1, "searchsorted: input value can be a scalar only when boundaries "
               "tensor dimension is 1, but we got boundaries tensor dim(", sorted.dim(), ")");
-  auto v = at::scalar_tensor(self, sorted.options());
-  return tpu_searchsorted(sorted, v, out_int32, right, side, sorter);
+  return tpu_searchsorted(sorted, scalar_values(self, sorted), out_int32, right, side, sorter);
 }
 
 at::Tensor tpu_bucketize(const at::Tensor& self, const at::Tensor& boundaries, bool out_int32,
@@ -76,12 +84,12 @@ at::Tensor tpu_bucketize(const at::Tensor& self, const at::Tensor& boundaries, b
 
 at::Tensor bucketize_scalar(const at::Scalar& self, const at::Tensor& boundaries, bool out_int32,
                             bool right) {
-  return tpu_bucketize(at::scalar_tensor(self, boundaries.options()), boundaries, out_int32, right);
+  return tpu_bucketize(scalar_values(self, boundaries), boundaries, out_int32, right);
 }
 
-// histc: `bins` equal bins over [min, max] (the data's own range when min == max, widened by
-// one each way when that is empty too); values outside are not counted, the last bin includes
-// max. The range stays on the device: no sync.
+// histc: `bins` equal bins over [min, max] (the data's own range when min == max, read back,
+// widened by one each way when that is empty too); values outside are not counted, the last
+// bin includes max. With the range given, nothing is read back.
 //
 // Integer inputs are counted as CUDA counts them (PyTorch's CPU kernel refuses them): a result
 // of the input's dtype, min and max truncated to it, bins found in float64 (exact for the
@@ -103,15 +111,21 @@ at::Tensor tpu_histc(const at::Tensor& self, int64_t bins, const at::Scalar& min
   if (self.numel() == 0) return hist;
   auto x = self.reshape({-1});
   if (integral) x = x.to(at::kDouble);
+  if (lo_s == hi_s) {
+    // The data's own range, read back (a sync point counted as data_dependent_size) so a
+    // NaN or an infinity among the values raises CPU's error rather than counting nothing.
+    auto range = read_for_size(at::stack({x.min(), x.max()}).to(at::kDouble));
+    lo_s = range[0].item<double>();
+    hi_s = range[1].item<double>();
+  }
+  TORCH_CHECK(std::isfinite(lo_s) && std::isfinite(hi_s), "torch.histc: range of [", lo_s, ", ",
+              hi_s, "] is not finite");
+  if (lo_s == hi_s) {
+    lo_s -= 1;
+    hi_s += 1;
+  }
   auto lo = at::scalar_tensor(lo_s, x.options());
   auto hi = at::scalar_tensor(hi_s, x.options());
-  if (lo_s == hi_s) {
-    lo = x.min();
-    hi = x.max();
-  }
-  auto empty = lo.eq(hi);
-  lo = at::where(empty, lo - 1, lo);
-  hi = at::where(empty, hi + 1, hi);
   auto inside = x.ge(lo).logical_and(x.le(hi));
   auto pos = at::trunc((x - lo) * double(bins) / (hi - lo));
   auto bin = at::clamp(at::where(inside, pos, at::zeros({}, pos.options())), 0, bins - 1);

@@ -102,9 +102,19 @@ at::Tensor draw(at::IntArrayRef sizes, at::ScalarType dtype, Dist dist,
              "random draw");
 }
 
-// The floating dtype random values are drawn in before they become `t`'s dtype.
+// The floating dtype uniform_ draws in before its values become `t`'s dtype.
 at::ScalarType draw_dtype(const at::Tensor& t) {
   return at::isFloatingType(t.scalar_type()) ? t.scalar_type() : at::kDouble;
+}
+
+// The dtype a random value is drawn and transformed in when it is not itself the result:
+// float16 and bfloat16 in float32, rounded once at the end, as CPU's kernels compute them.
+// Drawn in bfloat16, a uniform number takes one of 256 values: exponential_ gave exact zeros
+// (0.4% of them, so gumbel_softmax's hard rows went NaN) and dropout's keep probability moved
+// by up to 1/256.
+at::ScalarType transform_dtype(const at::Tensor& t) {
+  auto dt = draw_dtype(t);
+  return dt == at::kHalf || dt == at::kBFloat16 ? at::kFloat : dt;
 }
 
 void assign(at::Tensor& self, const at::Tensor& value) {
@@ -126,7 +136,7 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std,
                     std::optional<at::Generator> gen) {
   TORCH_CHECK(std >= 0.0, "normal expects std >= 0.0, but found std ", std);
   if (self.numel() == 0) return self;
-  auto z = draw(self.sizes(), draw_dtype(self), Dist::Normal, gen);
+  auto z = draw(self.sizes(), transform_dtype(self), Dist::Normal, gen);
   assign(self, mean == 0.0 && std == 1.0 ? z : z * std + mean);
   return self;
 }
@@ -201,7 +211,7 @@ at::Tensor& random_(at::Tensor& self, std::optional<at::Generator> gen) {
 at::Tensor& exponential_(at::Tensor& self, double lambd, std::optional<at::Generator> gen) {
   TORCH_CHECK(lambd > 0.0, "exponential_ expects lambda > 0.0, but found lambda=", lambd);
   if (self.numel() == 0) return self;
-  auto u = draw(self.sizes(), draw_dtype(self), Dist::Uniform, gen);
+  auto u = draw(self.sizes(), transform_dtype(self), Dist::Uniform, gen);
   // 1 - u is in (0, 1], so the log is finite.
   assign(self, at::log1p(-u) * (-1.0 / lambd));
   return self;
@@ -242,7 +252,7 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   if (p == 1.0 || input.numel() == 0) {
     return {at::zeros_like(input), at::zeros_like(input, input.options().dtype(at::kBool))};
   }
-  auto u = draw(input.sizes(), draw_dtype(input), Dist::Uniform, std::nullopt);
+  auto u = draw(input.sizes(), transform_dtype(input), Dist::Uniform, std::nullopt);
   auto mask = u.lt(1.0 - p);
   double scale = 1.0 / (1.0 - p);
   return {input * mask * scale, mask};

@@ -112,7 +112,8 @@ std::tuple<at::Tensor, at::Tensor> aminmax(const at::Tensor& x, std::optional<in
   if (dim) dims.push_back(*dim);
   TORCH_CHECK(dim || x.numel() > 0, "aminmax(): cannot compute aminmax over an empty dimension "
               "as the operation has no identity.");
-  return {dft::amin(x, dims, dim ? keepdim : false), dft::amax(x, dims, dim ? keepdim : false)};
+  // Without a dim, keepdim still keeps every dim as a 1 (CPU's [1, 1, 1] for a 3-d input).
+  return {dft::amin(x, dims, keepdim), dft::amax(x, dims, keepdim)};
 }
 
 at::Tensor argmax(const at::Tensor& x, std::optional<int64_t> dim, bool keepdim) {
@@ -123,7 +124,7 @@ at::Tensor argmax(const at::Tensor& x, std::optional<int64_t> dim, bool keepdim)
                               "argmax(): does not support bool input");
   return ordered_reduce(x, DFUSE_REDUCE_OP_ARGMAX,
                         dim ? std::vector<int64_t>{*dim} : std::vector<int64_t>{},
-                        dim ? keepdim : false, "argmax");
+                        keepdim, "argmax");
 }
 
 at::Tensor argmin(const at::Tensor& x, std::optional<int64_t> dim, bool keepdim) {
@@ -134,7 +135,7 @@ at::Tensor argmin(const at::Tensor& x, std::optional<int64_t> dim, bool keepdim)
                               "argmin(): does not support bool input");
   return ordered_reduce(x, DFUSE_REDUCE_OP_ARGMIN,
                         dim ? std::vector<int64_t>{*dim} : std::vector<int64_t>{},
-                        dim ? keepdim : false, "argmin");
+                        keepdim, "argmin");
 }
 
 at::Tensor max_all(const at::Tensor& x) {

@@ -103,10 +103,19 @@ at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& src) {
                             src.strides());
 }
 
+// Whether self is a view of exactly src (same storage, offset, sizes, strides), as CPU
+// answers it; on the CPU fallback it compared the two host copies' storages, always false.
+bool is_set_to(const at::Tensor& self, const at::Tensor& src) {
+  return self.storage().unsafeGetStorageImpl() == src.storage().unsafeGetStorageImpl() &&
+         self.storage_offset() == src.storage_offset() && self.sizes().equals(src.sizes()) &&
+         self.strides().equals(src.strides());
+}
+
 }  // namespace
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("is_set_to", TORCH_FN(dft::is_set_to));
   m.impl("set_.source_Storage", TORCH_FN(dft::set_storage));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(dft::set_storage_offset));
   m.impl("set_.source_Tensor", TORCH_FN(dft::set_tensor));

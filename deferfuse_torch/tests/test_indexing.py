@@ -305,17 +305,50 @@ def test_bincount_of_a_negative_value_raises_as_on_cpu(mode):
         torch.bincount(tpu(x))
 
 
-def test_histc_and_searchsorted_stay_on_the_device_without_a_sync():
+def test_histc_with_a_range_and_searchsorted_stay_on_the_device_without_a_sync():
     x = torch.randn(50)
     with deferfuse_torch.mode("defer"):
         dx = tpu(x) * 1.0
         before = deferfuse_torch.stats()["sync_points"]
-        h = torch.histc(dx, 7)
+        h = torch.histc(dx, 7, -2.0, 2.0)
         s = torch.searchsorted(torch.arange(-2.0, 2.0, 0.5).to("tpu"), dx)
         after = deferfuse_torch.stats()["sync_points"]
     assert after == before
-    check(h, torch.histc(x, 7))
+    check(h, torch.histc(x, 7, -2.0, 2.0))
     check(s, torch.searchsorted(torch.arange(-2.0, 2.0, 0.5), x))
+
+
+def test_histc_without_a_range_bins_over_the_data_range(mode):
+    x = torch.randn(50)
+    check(torch.histc(tpu(x), 7), torch.histc(x, 7))
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_histc_of_data_with_a_non_finite_value_raises_as_on_cpu(mode, bad):
+    x = torch.tensor([1.0, bad])
+    with pytest.raises(RuntimeError, match="is not finite"):
+        torch.histc(x)
+    with pytest.raises(RuntimeError, match="is not finite"):
+        torch.histc(tpu(x))
+
+
+def test_histc_with_an_infinite_bound_raises_as_on_cpu(mode):
+    x = torch.tensor([1.0, 2.0])
+    with pytest.raises(RuntimeError, match=r"range of \[0, inf\] is not finite"):
+        torch.histc(tpu(x), 3, 0, float("inf"))
+
+
+@pytest.mark.parametrize("boundaries", [[-1, 0, 0, 1, 2], [-1.0, 0.0, 0.0, 1.0, 2.0]])
+@pytest.mark.parametrize("right", [False, True])
+@pytest.mark.parametrize("value", [0.5, -0.5, 1.5, 0, 2])
+def test_a_python_scalar_is_placed_in_its_own_type_by_searchsorted_and_bucketize(
+        mode, boundaries, right, value):
+    b = torch.tensor(boundaries)
+    got = torch.searchsorted(tpu(b), value, right=right).cpu()
+    assert got.dtype == torch.int64 and got.shape == ()
+    assert got.item() == torch.searchsorted(b, value, right=right).item()
+    assert (torch.bucketize(value, tpu(b), right=right).item()
+            == torch.bucketize(value, b, right=right).item())
 
 
 def test_index_tensors_on_the_cpu_index_a_tpu_tensor_as_cuda_allows(mode):

@@ -128,3 +128,25 @@ def test_activation_checkpointing_recomputes_the_same_dropout_mask(mode, use_ree
     want_y.sum().backward()
     assert torch.equal(y.detach().cpu(), want_y.detach().cpu())
     assert torch.equal(got.cpu(), x.grad.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_exponential_draws_in_float32_and_never_gives_zero(mode, dtype):
+    # Drawn in bfloat16 a uniform number took 256 values: 0.4% of exponential_'s results were
+    # exactly 0, and gumbel_softmax(hard=True) turned those rows into NaN.
+    torch.manual_seed(0)
+    e = torch.empty(200_000, dtype=dtype, device="tpu").exponential_().cpu()
+    assert (e > 0).all()
+    assert abs(e.float().mean().item() - 1.0) < 0.02
+    y = F.gumbel_softmax(torch.zeros(2000, 10, dtype=dtype, device="tpu"), hard=True).cpu()
+    assert not y.isnan().any()
+    assert torch.equal(y.sum(1), torch.ones(2000, dtype=dtype))
+
+
+def test_bfloat16_dropout_keeps_elements_with_probability_one_minus_p(mode):
+    # Compared in bfloat16, the keep probability of p = 0.1 was 231/256 = 0.9023.
+    torch.manual_seed(0)
+    x = torch.ones(2_000_000, dtype=torch.bfloat16, device="tpu")
+    kept = (F.dropout(x, 0.1) != 0).float().mean().item()
+    assert abs(kept - 0.9) < 0.0012, kept
+

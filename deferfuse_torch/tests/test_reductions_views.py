@@ -383,3 +383,23 @@ def test_a_long_float32_sum_stays_as_close_to_float64_as_cpus(mode, fn):
     assert abs(got - exact) / exact < 2e-7
     rows = torch.rand(4, 300_000, generator=g)
     check(fn(rows.to("tpu"), 1), fn(rows.double(), 1).float(), atol=0, rtol=5e-7)
+
+
+@pytest.mark.parametrize("name,f", [
+    ("aminmax", lambda t: torch.stack(torch.aminmax(t, keepdim=True))),
+    ("argmax", lambda t: torch.argmax(t, keepdim=True)),
+    ("argmin", lambda t: torch.argmin(t, keepdim=True)),
+])
+def test_a_reduction_over_all_dims_with_keepdim_keeps_each_dim_as_one(mode, name, f):
+    got, want = f(X.to("tpu")), f(X)
+    assert got.shape == want.shape and want.shape[-X.dim():] == (1,) * X.dim()
+    check(got, want)
+
+
+def test_is_set_to_answers_whether_a_tensor_is_the_same_view_of_the_same_storage(mode):
+    t = torch.arange(6.0).to("tpu")
+    u = torch.empty(0, device="tpu").set_(t)
+    assert t.is_set_to(t) and u.is_set_to(t)
+    assert not t[1:].is_set_to(t)
+    assert not t.view(2, 3).is_set_to(t)
+    assert not t.clone().is_set_to(t)
