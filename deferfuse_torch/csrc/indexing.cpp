@@ -325,6 +325,17 @@ at::Tensor tpu_nonzero(const at::Tensor& self) {
   return at::nonzero(read_for_size(self)).to(self.device());
 }
 
+// nonzero_static: the first `size` rows of nonzero, padded with fill_value (torch.combinations
+// calls it). The positions are read on the host as nonzero's are.
+at::Tensor nonzero_static(const at::Tensor& self, int64_t size, int64_t fill_value) {
+  TORCH_CHECK(size >= 0, "nonzero_static: 'size' must be an non-negative integer");
+  auto found = tpu_nonzero(self);
+  int64_t n = std::min(size, found.size(0));
+  auto out = at::full({size, self.dim()}, fill_value, found.options());
+  if (n > 0) out.slice(0, 0, n).copy_(found.slice(0, 0, n));
+  return out;
+}
+
 at::Tensor& nonzero_out(const at::Tensor& self, at::Tensor& out) {
   auto r = tpu_nonzero(self);
   out.resize_(r.sizes());
@@ -609,6 +620,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("embedding_dense_backward", DFT_GROUPED(dft::embedding_dense_backward));
   m.impl("nonzero", TORCH_FN(dft::tpu_nonzero));
   m.impl("nonzero.out", TORCH_FN(dft::nonzero_out));
+  m.impl("nonzero_static", TORCH_FN(dft::nonzero_static));
   m.impl("masked_select", DFT_GROUPED(dft::tpu_masked_select));
   m.impl("masked_scatter_", DFT_GROUPED(dft::masked_scatter_));
   m.impl("flip", DFT_GROUPED(dft::tpu_flip));

@@ -3,6 +3,7 @@
 // call).
 #include "common.h"
 
+#include <ATen/native/Resize.h>
 #include <torch/library.h>
 
 namespace dft {
@@ -263,10 +264,51 @@ at::Tensor norm_all(const at::Tensor& x, const at::Scalar& p) {
   return vector_norm(x, p, std::nullopt, false, std::nullopt);
 }
 
+// renorm: each slice along dim whose p-norm (over the other dims) is above maxnorm, scaled
+// by maxnorm / (norm + 1e-7), as CPU's kernel; half types take their norms in float32 and
+// round the factor to their own type before the product, as there. It ran on the CPU
+// fallback.
+at::Tensor tpu_renorm(const at::Tensor& self, const at::Scalar& p, int64_t dim,
+                      const at::Scalar& maxnorm) {
+  TORCH_CHECK(!self.is_complex(), "renorm: input needs to be real");
+  TORCH_CHECK(p.toDouble() > 0, "renorm: non-positive-norm not supported");
+  TORCH_CHECK(maxnorm.toDouble() >= 0, "renorm: expected maxnorm to be >= 0 but got ",
+              maxnorm.toDouble());
+  TORCH_CHECK(self.dim() > 1, "renorm: input needs at least 2 dimensions, got ", self.dim(),
+              " dimensions");
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  std::vector<int64_t> others;
+  for (int64_t d = 0; d < self.dim(); ++d) {
+    if (d != dim) others.push_back(d);
+  }
+  const auto dtype = self.scalar_type();
+  const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
+  auto norm = vector_norm(self, p, others, /*keepdim=*/true,
+                          half ? std::optional<at::ScalarType>(at::kFloat) : std::nullopt);
+  const double m = maxnorm.toDouble();
+  auto factor = at::where(norm.gt(m), m / (norm + 1e-7), at::ones_like(norm));
+  return self * factor.to(dtype);
+}
+
+at::Tensor& renorm_out(const at::Tensor& self, const at::Scalar& p, int64_t dim,
+                       const at::Scalar& maxnorm, at::Tensor& out) {
+  auto r = tpu_renorm(self, p, dim, maxnorm);
+  at::native::resize_output(out, r.sizes());
+  return out.copy_(r);
+}
+
+at::Tensor& renorm_(at::Tensor& self, const at::Scalar& p, int64_t dim,
+                    const at::Scalar& maxnorm) {
+  return self.copy_(tpu_renorm(self, p, dim, maxnorm));
+}
+
 }  // namespace
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("renorm", TORCH_FN(dft::tpu_renorm));
+  m.impl("renorm_", TORCH_FN(dft::renorm_));
+  m.impl("renorm.out", TORCH_FN(dft::renorm_out));
   m.impl("sum.dim_IntList", TORCH_FN(dft::sum));
   m.impl("nansum", TORCH_FN(dft::nansum));
   m.impl("sum.IntList_out", TORCH_FN(dft::sum_out));

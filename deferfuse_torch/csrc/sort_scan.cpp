@@ -182,23 +182,32 @@ at::Tensor tpu_cumprod(const at::Tensor& self, int64_t dim, std::optional<at::Sc
   return self.dim() == 0 ? r.reshape({}) : r;
 }
 
+// The dtype an in-place or out= scan runs in: its own, else the tensor written's. CPU's scan
+// kernels have no bool: a scan into a bool tensor raises there, so it does here.
+at::ScalarType scan_into(const char* op, std::optional<at::ScalarType> dtype,
+                         const at::Tensor& written) {
+  auto dt = dtype.value_or(written.scalar_type());
+  TORCH_CHECK_NOT_IMPLEMENTED(dt != at::kBool, "\"", op, "_out_cpu\" not implemented for 'Bool'");
+  return dt;
+}
+
 at::Tensor& cumsum_(at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
-  return assign(self, tpu_cumsum(self, dim, dtype));
+  return assign(self, tpu_cumsum(self, dim, scan_into("cumsum", dtype, self)));
 }
 
 at::Tensor& cumprod_(at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
-  return assign(self, tpu_cumprod(self, dim, dtype));
+  return assign(self, tpu_cumprod(self, dim, scan_into("cumprod", dtype, self)));
 }
 
 at::Tensor& cumsum_out(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype,
                        at::Tensor& out) {
-  assign_out(out, tpu_cumsum(self, dim, dtype.value_or(out.scalar_type())));
+  assign_out(out, tpu_cumsum(self, dim, scan_into("cumsum", dtype, out)));
   return out;
 }
 
 at::Tensor& cumprod_out(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype,
                         at::Tensor& out) {
-  assign_out(out, tpu_cumprod(self, dim, dtype.value_or(out.scalar_type())));
+  assign_out(out, tpu_cumprod(self, dim, scan_into("cumprod", dtype, out)));
   return out;
 }
 

@@ -33,6 +33,9 @@ CASES = {
     "bitwise and of floats": lambda d: torch.tensor([1.0], device=d) & torch.tensor([1.0], device=d),
     "bitwise xor of floats in place":
         lambda d: torch.tensor([1.0], device=d).bitwise_xor_(torch.tensor([1.0], device=d)),
+    "cumsum of a bool tensor in place": lambda d: torch.tensor([True, False], device=d).cumsum_(0),
+    "cumprod into a bool out": lambda d: torch.cumprod(
+        torch.tensor([1, 2], device=d), 0, out=torch.empty(2, dtype=torch.bool, device=d)),
     "mean of integers": lambda d: torch.tensor([1, 2], device=d).mean(),
     "std of integers": lambda d: torch.tensor([1, 2], device=d).std(),
     "int32 clamp min past its range":

@@ -523,3 +523,22 @@ def test_index_fill_counts_negative_indices_from_the_end(mode):
     want = torch.zeros(2, 3).index_fill(1, torch.tensor([-1, 0]), 5.0)
     got = torch.zeros(2, 3, device="tpu").index_fill(1, torch.tensor([-1, 0], device="tpu"), 5.0)
     assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("size,fill", [(4, -1), (1, 0), (0, 0), (2, 7)])
+def test_nonzero_static_pads_or_cuts_nonzeros_positions_to_size(mode, size, fill):
+    deferfuse_torch.reset_fallback_counts()
+    x = torch.tensor([[0, 1], [2, 0]])
+    check(torch.nonzero_static(tpu(x), size=size, fill_value=fill),
+          torch.nonzero_static(x, size=size, fill_value=fill))
+    assert deferfuse_torch.fallback_counts() == {}
+
+
+@pytest.mark.parametrize("r", [0, 1, 2, 3])
+@pytest.mark.parametrize("with_replacement", [False, True])
+def test_combinations_run_on_the_device(mode, r, with_replacement):
+    deferfuse_torch.reset_fallback_counts()
+    a = torch.arange(5)
+    check(torch.combinations(tpu(a), r, with_replacement),
+          torch.combinations(a, r, with_replacement))
+    assert deferfuse_torch.fallback_counts() == {}

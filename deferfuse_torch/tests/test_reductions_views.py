@@ -4,6 +4,8 @@ import warnings
 import pytest
 import torch
 
+import deferfuse_torch
+
 from conftest import check
 
 torch.manual_seed(1)
@@ -403,3 +405,42 @@ def test_is_set_to_answers_whether_a_tensor_is_the_same_view_of_the_same_storage
     assert not t[1:].is_set_to(t)
     assert not t.view(2, 3).is_set_to(t)
     assert not t.clone().is_set_to(t)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("p,dim,maxnorm", [(2, 0, 1.0), (1, 1, 2.0), (3.5, -1, 0.5)])
+def test_renorm_scales_the_slices_above_maxnorm_as_cpu_on_the_device(mode, dtype, p, dim, maxnorm):
+    deferfuse_torch.reset_fallback_counts()
+    x = (torch.randn(4, 5, 3) * 3).to(dtype)
+    x[1] = 0
+    want = torch.renorm(x, p, dim, maxnorm)
+    check(torch.renorm(x.to("tpu"), p, dim, maxnorm), want, atol=1e-6, rtol=1e-6)
+    inplace = x.to("tpu")
+    inplace.renorm_(p, dim, maxnorm)
+    out = torch.empty(0, dtype=dtype, device="tpu")
+    torch.renorm(x.to("tpu"), p, dim, maxnorm, out=out)
+    check(inplace, want, atol=1e-6, rtol=1e-6)
+    check(out, want, atol=1e-6, rtol=1e-6)
+    assert deferfuse_torch.fallback_counts() == {}
+
+
+def test_renorms_gradient_is_cpus(mode):
+    x = torch.randn(4, 6) * 2
+    g = torch.randn(4, 6)
+    xc = x.clone().requires_grad_()
+    torch.renorm(xc, 2, 0, 1.5).backward(g)
+    xt = x.to("tpu").detach().clone().requires_grad_()
+    torch.renorm(xt, 2, 0, 1.5).backward(g.to("tpu"))
+    check(xt.grad, xc.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda t: torch.renorm(t[0], 2, 0, 1.0), "at least 2 dimensions"),
+    (lambda t: torch.renorm(t, 0, 0, 1.0), "non-positive-norm"),
+    (lambda t: torch.renorm(t, 2, 0, -1.0), "maxnorm to be >= 0"),
+])
+def test_renorm_refuses_what_cpu_refuses(mode, call, message):
+    with pytest.raises(RuntimeError, match=message):
+        call(torch.ones(3, 2))
+    with pytest.raises(RuntimeError, match=message):
+        call(torch.ones(3, 2, device="tpu"))
