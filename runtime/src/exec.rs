@@ -417,12 +417,13 @@ impl Executor {
             b.mark_launched();
         }
         let n = wave.jobs.len();
-        if n > 1 && side.is_some() {
+        let side = wave.sharing(side);
+        if side.is_some() {
             self.counters
                 .programs_side_by_side
                 .fetch_add(n as u64, Ordering::Relaxed);
         }
-        let work = wave.take_work(side.clone(), stream.id);
+        let work = wave.take_work(side, stream.id);
         self.counters
             .programs_run
             .fetch_add(n as u64, Ordering::Relaxed);

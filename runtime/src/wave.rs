@@ -46,6 +46,15 @@ impl Job {
             .map(|t| t.buffer)
     }
 
+    /// Elements the job's operands hold: what it costs, roughly, to run.
+    fn elems(&self) -> usize {
+        self.binding
+            .operands
+            .iter()
+            .map(|t| t.layout.numel())
+            .fold(0, usize::saturating_add)
+    }
+
     /// Small enough to run whole on one thread of a wave.
     fn small(&self) -> bool {
         self.binding
@@ -161,8 +170,22 @@ impl Wave {
         self.jobs.push(job);
     }
 
+    /// The threads the wave's jobs will share: `side`'s, when there are two jobs or more and
+    /// enough work to wake another thread for; else none, and they run one after another.
+    pub fn sharing(&self, side: &Option<Arc<dyn SideBySide>>) -> Option<Arc<dyn SideBySide>> {
+        let elems = || {
+            self.jobs
+                .iter()
+                .map(Job::elems)
+                .fold(0, usize::saturating_add)
+        };
+        side.as_ref()
+            .filter(|s| self.jobs.len() > 1 && s.worth_sharing(elems()))
+            .cloned()
+    }
+
     /// The wave's work, leaving the wave empty: one job runs on the stream's thread, several
-    /// side by side on `side`'s threads.
+    /// side by side on `side`'s threads (as `sharing` chose them) or else one by one there.
     /// `stream` names the stream's program track, where a traced job run alone is drawn.
     pub fn take_work(
         &mut self,

@@ -279,9 +279,14 @@ fn in_place_updates_equal_one_thread() {
 /// Ten parameters of different shapes, each updated in place as an optimizer does: ten
 /// independent regions in one flush (the timeline suite draws them on its worker tracks).
 pub(crate) fn optimizer_step(rt: &Runtime) -> Vec<Handle> {
+    updates(rt, |k| 100 + 997 * k)
+}
+
+/// Ten independent SGD updates `p -= 0.01 * g`, parameter k of `size(k)` elements.
+fn updates(rt: &Runtime, size: impl Fn(usize) -> usize) -> Vec<Handle> {
     let mut params = vec![];
     for k in 0..10 {
-        let n = 100 + 997 * k;
+        let n = size(k);
         let p = tensor(rt, DType::F32, &[n], &values(n, 20 + k as u64));
         let g = tensor(rt, DType::F32, &[n], &values(n, 40 + k as u64));
         let step = bin(rt, BinaryOp::Mul, tt(g), Input::Scalar(Scalar::Float(0.01)));
@@ -300,6 +305,18 @@ fn independent_updates_run_side_by_side_and_equal_one_thread() {
     let params = optimizer_step(&rt);
     rt.synchronize_all().unwrap();
     assert_eq!(rt.stats().programs_side_by_side, params.len() as u64);
+}
+
+#[test]
+fn independent_updates_too_small_to_share_run_one_by_one_on_the_stream_thread() {
+    // 10 x 3 x 64 elements: less work than waking a pool thread costs.
+    let rt = runtime(Mode::Defer, 2);
+    let params = updates(&rt, |_| 64);
+    rt.synchronize_all().unwrap();
+    assert_eq!(rt.stats().programs_side_by_side, 0);
+    for p in params {
+        rt.release(p).unwrap();
+    }
 }
 
 #[test]

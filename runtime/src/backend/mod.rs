@@ -136,6 +136,11 @@ pub trait SideBySide: Send + Sync {
     /// first error wins.
     fn run_all(&self, n: usize, job: &(dyn Fn(usize) -> Result<()> + Sync)) -> Result<()>;
 
+    /// Whether jobs touching `elems` elements in all (operands counted once per job) are worth
+    /// handing to other threads: waking one costs more than a few small programs take on the
+    /// caller's thread, and a woken thread keeps its core busy a while after.
+    fn worth_sharing(&self, elems: usize) -> bool;
+
     /// How many jobs can run at once (the caller's thread included): a kernel that splits one
     /// op into parts each paying a fixed share (a copy of a small operand) makes this many.
     fn threads(&self) -> usize;

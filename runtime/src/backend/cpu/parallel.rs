@@ -278,6 +278,13 @@ impl crate::backend::SideBySide for Pool {
     fn threads(&self) -> usize {
         self.threads
     }
+
+    /// As for one loop (`SERIAL_BELOW`): a policy loop's sampling step ran its 2 small
+    /// programs side by side at each read, and the pool thread it woke then spun on the other
+    /// core (75 -> 100 us a step, with 2 threads against 1).
+    fn worth_sharing(&self, elems: usize) -> bool {
+        elems >= SERIAL_BELOW
+    }
 }
 
 #[cfg(test)]
