@@ -126,7 +126,8 @@ at::Tensor& rrelu_with_noise_(at::Tensor& x, at::Tensor& noise, const at::Scalar
 at::Tensor rrelu_with_noise(const at::Tensor& x, at::Tensor& noise, const at::Scalar& lower,
                             const at::Scalar& upper, bool training,
                             std::optional<at::Generator> gen) {
-  auto r = x.clone();
+  // Dense whatever x's layout, as CPU's out-of-place rrelu writes it.
+  auto r = x.clone(at::MemoryFormat::Contiguous);
   return dft::rrelu_with_noise_(r, noise, lower, upper, training, gen);
 }
 

@@ -538,3 +538,13 @@ def test_tanh_backward_rounds_one_minus_y_squared_where_cpu_contracts_it():
     assert torch.equal(want, g * (1 - y.double() * y.double()).float())
     assert torch.equal(got, g * (1 - y * y))
     assert ((got - want).abs() <= g.abs() * 2 ** -24 * 2 + 1e-30).all()
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_rrelu_of_a_channels_last_input_is_dense_as_on_cpu(mode, training):
+    x = torch.randn(2, 4, 6, 5).contiguous(memory_format=torch.channels_last)
+    want = F.rrelu(x, training=training)
+    got = F.rrelu(x.to("tpu"), training=training)
+    assert got.stride() == want.stride() == (120, 30, 5, 1)
+    if not training:
+        check(got, want)
