@@ -16,6 +16,17 @@
 namespace dft {
 namespace {
 
+// The p-norm of each row of the differences, a distance per pair. p = 0 counts the differing
+// columns: CPU's gradient is zeros, vector_norm's none at all (x.grad stayed None). A term that
+// is zero and has a zero gradient keeps the inputs in the graph (where, unlike 0 * diff, reads
+// no infinity).
+at::Tensor row_norms(const at::Tensor& diff, double p) {
+  auto dist = at::linalg_vector_norm(diff, p, -1);
+  if (p != 0) return dist;
+  auto none = at::zeros({}, diff.options().dtype(at::kBool));
+  return dist + at::where(none, diff, at::zeros({}, diff.options())).sum(-1);
+}
+
 at::Tensor cdist_forward(const at::Tensor& x1, const at::Tensor& x2, double p,
                          std::optional<int64_t> compute_mode) {
   TORCH_CHECK(x1.dim() >= 2, "cdist only supports at least 2D tensors, X1 got: ", x1.dim(), "D");
@@ -32,14 +43,7 @@ at::Tensor cdist_forward(const at::Tensor& x1, const at::Tensor& x2, double p,
   if (p == 2 && (mode == 1 || (mode == 0 && (x1.size(-2) > 25 || x2.size(-2) > 25)))) {
     return at::_euclidean_dist(x1, x2);
   }
-  auto diff = x1.unsqueeze(-2) - x2.unsqueeze(-3);
-  auto dist = at::linalg_vector_norm(diff, p, -1);
-  if (p != 0) return dist;
-  // p = 0 counts the differing columns: CPU's gradient is zeros, vector_norm's none at all. A
-  // term that is zero and has a zero gradient keeps the inputs in the graph (where, unlike
-  // 0 * diff, reads no infinity).
-  auto none = at::zeros({}, diff.options().dtype(at::kBool));
-  return dist + at::where(none, diff, at::zeros({}, diff.options())).sum(-1);
+  return row_norms(x1.unsqueeze(-2) - x2.unsqueeze(-3), p);
 }
 
 at::Tensor pdist_forward(const at::Tensor& x, double p) {
@@ -50,8 +54,7 @@ at::Tensor pdist_forward(const at::Tensor& x, double p) {
   // The pairs i < j in row-major order, as the CPU kernel lists them (none for n <= 1: the
   // empty result still comes from x, so autograd sees it as x's, as CPU's does).
   auto pairs = at::triu_indices(n, n, 1, x.options().dtype(at::kLong));
-  auto d = x.index_select(0, pairs[0]) - x.index_select(0, pairs[1]);
-  return at::linalg_vector_norm(d, p, -1);
+  return row_norms(x.index_select(0, pairs[0]) - x.index_select(0, pairs[1]), p);
 }
 
 }  // namespace

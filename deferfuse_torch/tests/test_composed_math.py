@@ -52,7 +52,7 @@ def test_cdist_shape_errors_are_cpus():
         torch.cdist(a.to("tpu"), b.to("tpu"))
 
 
-@pytest.mark.parametrize("p", [2.0, 1.0, float("inf")])
+@pytest.mark.parametrize("p", [2.0, 1.0, float("inf"), 0.0])
 def test_pdist_matches_cpu_forward_and_backward(mode, p):
     assert_same(lambda x: F.pdist(x, p), torch.randn(6, 4), atol=1e-4, rtol=1e-4)
 
