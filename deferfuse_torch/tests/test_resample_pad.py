@@ -236,3 +236,37 @@ def test_nearest_exact_in_1d_and_3d_gives_cpus_values_and_gradients(mode, shape,
     assert torch.equal(res["tpu"][0], res["cpu"][0])
     assert torch.equal(res["tpu"][1], res["cpu"][1])
     assert deferfuse_torch.fallback_counts() == {}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64])
+def test_linspace_and_logspace_give_cpus_bits(mode, dtype):
+    # CPU counts each vector of lanes up from its first lane, the first half from start and
+    # the second from end: computed in float64 and rounded once, most float32 linspaces
+    # differed from CPU's in an ulp somewhere.
+    for a, b in ((-1.0, 1.0), (0.0, 1.0), (0.0, 6.283185307179586), (-3.0, 17.0)):
+        for n in (0, 1, 2, 7, 24, 33, 100, 199):
+            assert torch.equal(torch.linspace(a, b, n, dtype=dtype, device="tpu").cpu(),
+                               torch.linspace(a, b, n, dtype=dtype)), (a, b, n)
+    if dtype.is_floating_point:
+        assert torch.equal(torch.logspace(-2, 2, 37, dtype=dtype, device="tpu").cpu(),
+                           torch.logspace(-2, 2, 37, dtype=dtype))
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_a_spatial_transformers_identity_grid_and_its_gradient_are_cpus(mode, align_corners):
+    # Its identity grid lands on pixel centres, where grid_sample's gradient picks neighbours
+    # by the grid's last bit: a grid an ulp off changed the sign of theta's gradient.
+    torch.manual_seed(0)
+    img = torch.randn(2, 3, 24, 24)
+    theta = torch.tensor([[1.0, 0, 0], [0, 1.0, 0]]).repeat(2, 1, 1)
+
+    def grad_of(d):
+        th = theta.to(d).detach().clone().requires_grad_()
+        grid = F.affine_grid(th, (2, 3, 24, 24), align_corners=align_corners)
+        out = F.grid_sample(img.to(d), grid, align_corners=align_corners)
+        (out * out.detach().flip(-1)).sum().backward()
+        return grid.detach().cpu(), th.grad.cpu()
+
+    (grid_cpu, g_cpu), (grid_tpu, g_tpu) = grad_of("cpu"), grad_of("tpu")
+    assert torch.equal(grid_tpu, grid_cpu)
+    torch.testing.assert_close(g_tpu, g_cpu, atol=1e-3, rtol=1e-5)
