@@ -185,3 +185,22 @@ def test_lgamma_is_accurate_near_its_zeros(mode, dtype):
     # float32: relative (its rounding); float64: ~1e-14 absolute where the terms cancel.
     rel, floor = (1e-6, 1e-30) if dtype == torch.float32 else (1e-13, 1e-14)
     assert ((got.double() - truth).abs() <= rel * truth.abs() + floor).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name,f", [
+    ("cdist", lambda x: torch.cdist(x[0, 0], x[0, 1])),
+    ("pdist", lambda x: F.pdist(x[0, 0])),
+    ("multi_margin_loss", lambda x: F.multi_margin_loss(
+        x[0, 0], torch.tensor([0, 1, 2], device=x.device))),
+    ("local_response_norm", lambda x: F.local_response_norm(x, 3)),
+])
+def test_half_precision_distances_margin_loss_and_lrn_compute_where_cpu_raises(mode, dtype, name,
+                                                                               f):
+    # A difference the README states: CPU has no half kernel for these.
+    x = torch.randn(2, 4, 3, 3)
+    with pytest.raises(NotImplementedError):
+        f(x.to(dtype))
+    got = f(x.to(dtype).to("tpu")).cpu()
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), f(x.to(dtype).float()), atol=2e-2, rtol=2e-2)
