@@ -2,10 +2,11 @@
 // repeat_interleave's indices. searchsorted
 // counts, for each value, the boundaries before it (a broadcast comparison and a sum, the same
 // answer as CPU's binary search, NaN included); histc and bincount scatter-add ones (or
-// weights) into their bins. Two read values back, as sync points counted as
+// weights) into their bins. Three read values back, as sync points counted as
 // data_dependent_size (as nonzero does): bincount its input's min and max (its output size is
-// the largest value) and histc without a range its data's (CPU's error for a NaN or infinite
-// one). The others never leave the device.
+// the largest value), histc without a range its data's (CPU's error for a NaN or infinite one)
+// and repeat_interleave without output_size its repeats' sum. The others never leave the
+// device.
 #include "common.h"
 
 #include <torch/library.h>
@@ -59,12 +60,11 @@ at::Tensor tpu_searchsorted(const at::Tensor& sorted, const at::Tensor& self, bo
   return insertion_index(seq, self, r, out_int32);
 }
 
-// A scalar value is a 0-d tensor of its own type, as on CPU, cast to the type it promotes to
-// with the boundaries: 0.5 among int64 boundaries compares as float64 and falls between 0 and
-// 1 (cast to int64 first, it was truncated to 0), while among float32 boundaries it is float32.
+// A scalar value compares in the dtype it promotes to with the boundaries as a Python number
+// (a wrapped scalar), as on CPU: 0.5 among int64 boundaries is a float32 between 0 and 1 (cast
+// to int64 first, it was truncated to 0), and 1.00000001 is float32's 1.
 at::Tensor scalar_values(const at::Scalar& value, const at::Tensor& boundaries) {
-  auto v = at::scalar_tensor(value, boundaries.options().dtype(value.type()));
-  return v.to(at::result_type(boundaries, v));
+  return at::scalar_tensor(value, boundaries.options().dtype(at::result_type(boundaries, value)));
 }
 
 at::Tensor searchsorted_scalar(const at::Tensor& sorted, const at::Scalar& self, bool out_int32,

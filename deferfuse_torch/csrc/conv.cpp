@@ -393,9 +393,9 @@ at::Tensor conv_input_grad(const at::Tensor& grad, const at::Tensor& go, const a
                            const Geometry& g) {
   if (input_grad_as_conv(g, grad)) return input_grad_by_conv(grad, w, g);
   // float16/bfloat16 windows that overlap are summed in float32 and rounded once, as CPU's
-  // kernels do: the product rounded to bfloat16 and then added window by window in bfloat16
-  // erred by up to 0.17 of the result (a transposed convolution over 64 channels), against
-  // CPU's 0.004.
+  // kernels do (a transposed convolution's bias is added after, in the half type): the
+  // product rounded to bfloat16 and then added window by window in bfloat16 erred by up to
+  // 0.17 of the result (a transposed convolution over 64 channels), against CPU's 0.004.
   const auto dtype = grad.scalar_type();
   if ((dtype == at::kHalf || dtype == at::kBFloat16) && !whole_window(g)) {
     auto wide = conv_input_grad(grad.to(at::kFloat), go.defined() ? go.to(at::kFloat) : go,

@@ -270,7 +270,6 @@ at::Tensor norm_all(const at::Tensor& x, const at::Scalar& p) {
 // fallback.
 at::Tensor tpu_renorm(const at::Tensor& self, const at::Scalar& p, int64_t dim,
                       const at::Scalar& maxnorm) {
-  TORCH_CHECK(!self.is_complex(), "renorm: input needs to be real");
   TORCH_CHECK(p.toDouble() > 0, "renorm: non-positive-norm not supported");
   TORCH_CHECK(maxnorm.toDouble() >= 0, "renorm: expected maxnorm to be >= 0 but got ",
               maxnorm.toDouble());
@@ -281,9 +280,12 @@ at::Tensor tpu_renorm(const at::Tensor& self, const at::Scalar& p, int64_t dim,
   for (int64_t d = 0; d < self.dim(); ++d) {
     if (d != dim) others.push_back(d);
   }
-  const auto dtype = self.scalar_type();
+  // A complex slice's norm is its magnitudes' (the runtime's norms take real tensors); the
+  // factor is real and scales both parts.
+  const auto dtype = self.is_complex() ? c10::toRealValueType(self.scalar_type())
+                                       : self.scalar_type();
   const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
-  auto norm = vector_norm(self, p, others, /*keepdim=*/true,
+  auto norm = vector_norm(self.is_complex() ? self.abs() : self, p, others, /*keepdim=*/true,
                           half ? std::optional<at::ScalarType>(at::kFloat) : std::nullopt);
   const double m = maxnorm.toDouble();
   auto factor = at::where(norm.gt(m), m / (norm + 1e-7), at::ones_like(norm));
@@ -292,6 +294,8 @@ at::Tensor tpu_renorm(const at::Tensor& self, const at::Scalar& p, int64_t dim,
 
 at::Tensor& renorm_out(const at::Tensor& self, const at::Scalar& p, int64_t dim,
                        const at::Scalar& maxnorm, at::Tensor& out) {
+  TORCH_CHECK(out.scalar_type() == self.scalar_type(), "Expected out tensor to have dtype ",
+              self.dtype(), ", but got ", out.dtype(), " instead");
   auto r = tpu_renorm(self, p, dim, maxnorm);
   at::native::resize_output(out, r.sizes());
   return out.copy_(r);

@@ -166,48 +166,66 @@ at::Tensor tpu_nanmedian(const at::Tensor& self) {
   return std::get<0>(nan_median(self.reshape({-1}), 0, false));
 }
 
-at::ScalarType scan_dtype(const at::Tensor& x, std::optional<at::ScalarType> dtype) {
-  return dtype.value_or(at::isIntegralType(x.scalar_type(), true) ? at::kLong : x.scalar_type());
+// CPU's scan kernels have no bool: a scan in bool (asked for, or into a bool tensor) raises
+// there, so it does here.
+at::ScalarType refuse_bool_scan(const char* op, at::ScalarType dt) {
+  TORCH_CHECK_NOT_IMPLEMENTED(dt != at::kBool, "\"", op, "_out_cpu\" not implemented for 'Bool'");
+  return dt;
+}
+
+at::ScalarType scan_dtype(const char* op, const at::Tensor& x,
+                          std::optional<at::ScalarType> dtype) {
+  return refuse_bool_scan(
+      op, dtype.value_or(at::isIntegralType(x.scalar_type(), true) ? at::kLong : x.scalar_type()));
 }
 
 at::Tensor tpu_cumsum(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
   auto x = self.dim() == 0 ? self.reshape({1}) : self;
-  auto r = scan_op(x, at::maybe_wrap_dim(dim, x.dim()), false, scan_dtype(self, dtype));
+  auto dt = scan_dtype("cumsum", self, dtype);
+  auto r = scan_op(x, at::maybe_wrap_dim(dim, x.dim()), false, dt);
   return self.dim() == 0 ? r.reshape({}) : r;
 }
 
 at::Tensor tpu_cumprod(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
   auto x = self.dim() == 0 ? self.reshape({1}) : self;
-  auto r = scan_op(x, at::maybe_wrap_dim(dim, x.dim()), true, scan_dtype(self, dtype));
+  auto dt = scan_dtype("cumprod", self, dtype);
+  auto r = scan_op(x, at::maybe_wrap_dim(dim, x.dim()), true, dt);
   return self.dim() == 0 ? r.reshape({}) : r;
 }
 
-// The dtype an in-place or out= scan runs in: its own, else the tensor written's. CPU's scan
-// kernels have no bool: a scan into a bool tensor raises there, so it does here.
+// The dtype an in-place or out= scan runs in: the tensor written's, which an asked-for dtype
+// must equal (CPU's errors).
 at::ScalarType scan_into(const char* op, std::optional<at::ScalarType> dtype,
-                         const at::Tensor& written) {
-  auto dt = dtype.value_or(written.scalar_type());
-  TORCH_CHECK_NOT_IMPLEMENTED(dt != at::kBool, "\"", op, "_out_cpu\" not implemented for 'Bool'");
-  return dt;
+                         const at::Tensor& written, bool in_place) {
+  auto dt = written.scalar_type();
+  if (dtype && *dtype != dt) {
+    // TypeMeta prints CPU's names ("float", "double").
+    auto name = [](at::ScalarType t) { return c10::scalarTypeToTypeMeta(t); };
+    TORCH_CHECK(!in_place, "Bad in-place call: input tensor dtype ", name(dt),
+                " and output tensor dtype ", name(*dtype), " should match");
+    TORCH_CHECK(false, "Expected out tensor to have dtype ", name(*dtype), ", but got ", name(dt),
+                " instead");
+  }
+  return refuse_bool_scan(op, dt);
 }
 
 at::Tensor& cumsum_(at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
-  return assign(self, tpu_cumsum(self, dim, scan_into("cumsum", dtype, self)));
+  return assign(self, tpu_cumsum(self, dim, scan_into("cumsum", dtype, self, true)));
 }
 
 at::Tensor& cumprod_(at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
-  return assign(self, tpu_cumprod(self, dim, scan_into("cumprod", dtype, self)));
+  return assign(self, tpu_cumprod(self, dim, scan_into("cumprod", dtype, self, true)));
 }
 
 at::Tensor& cumsum_out(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype,
                        at::Tensor& out) {
-  assign_out(out, tpu_cumsum(self, dim, scan_into("cumsum", dtype, out)));
+  assign_out(out, tpu_cumsum(self, dim, scan_into("cumsum", dtype, out, false)));
   return out;
 }
 
 at::Tensor& cumprod_out(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype,
                         at::Tensor& out) {
-  assign_out(out, tpu_cumprod(self, dim, scan_into("cumprod", dtype, out)));
+  assign_out(out, tpu_cumprod(self, dim, scan_into("cumprod", dtype, out, false)));
   return out;
 }
 
@@ -348,18 +366,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_consecutive(
 // affine_grid's identity grid, built from linspace, moved off the pixel centres that
 // grid_sample's gradient picks its neighbours by (a spatial transformer's first gradient
 // changed sign). The upload is one host-to-device copy, as `torch.linspace(...).to("tpu")`.
+// An out of the right number of elements keeps its shape, as CPU's linspace_out leaves it.
+at::Tensor& upload_into(at::Tensor& out, const at::Tensor& host) {
+  if (out.numel() != host.numel()) out.resize_({host.numel()});
+  return out.copy_(host.view(out.sizes()));
+}
+
 at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps,
                          at::Tensor& out) {
-  auto host = at::linspace(start, end, steps, out.options().device(at::kCPU));
-  out.resize_({host.numel()});
-  return out.copy_(host);
+  return upload_into(out, at::linspace(start, end, steps, out.options().device(at::kCPU)));
 }
 
 at::Tensor& logspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps,
                          double base, at::Tensor& out) {
-  auto host = at::logspace(start, end, steps, base, out.options().device(at::kCPU));
-  out.resize_({host.numel()});
-  return out.copy_(host);
+  return upload_into(out, at::logspace(start, end, steps, base, out.options().device(at::kCPU)));
 }
 
 at::Tensor& eye_m_out(c10::SymInt n_, c10::SymInt m_, at::Tensor& out) {

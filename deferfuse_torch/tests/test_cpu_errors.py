@@ -36,6 +36,13 @@ CASES = {
     "cumsum of a bool tensor in place": lambda d: torch.tensor([True, False], device=d).cumsum_(0),
     "cumprod into a bool out": lambda d: torch.cumprod(
         torch.tensor([1, 2], device=d), 0, out=torch.empty(2, dtype=torch.bool, device=d)),
+    "cumsum in bool": lambda d: torch.cumsum(torch.ones(3, device=d), 0, dtype=torch.bool),
+    "cumsum_ in another dtype": lambda d: torch.ones(3, device=d).cumsum_(0, dtype=torch.float64),
+    "cumsum into an out of another dtype than asked": lambda d: torch.cumsum(
+        torch.ones(3, device=d), 0, dtype=torch.float64, out=torch.empty(3, device=d)),
+    "renorm into an out of another dtype": lambda d: torch.renorm(
+        torch.ones(3, 2, device=d), 2, 0, 1.0,
+        out=torch.empty(3, 2, dtype=torch.float64, device=d)),
     "mean of integers": lambda d: torch.tensor([1, 2], device=d).mean(),
     "std of integers": lambda d: torch.tensor([1, 2], device=d).std(),
     "int32 clamp min past its range":

@@ -340,8 +340,8 @@ def test_histc_with_an_infinite_bound_raises_as_on_cpu(mode):
 
 @pytest.mark.parametrize("boundaries", [[-1, 0, 0, 1, 2], [-1.0, 0.0, 0.0, 1.0, 2.0]])
 @pytest.mark.parametrize("right", [False, True])
-@pytest.mark.parametrize("value", [0.5, -0.5, 1.5, 0, 2])
-def test_a_python_scalar_is_placed_in_its_own_type_by_searchsorted_and_bucketize(
+@pytest.mark.parametrize("value", [0.5, -0.5, 1.5, 0, 2, 1.00000001, 0.99999999])
+def test_a_python_scalar_is_placed_as_a_python_number_by_searchsorted_and_bucketize(
         mode, boundaries, right, value):
     b = torch.tensor(boundaries)
     got = torch.searchsorted(tpu(b), value, right=right).cpu()

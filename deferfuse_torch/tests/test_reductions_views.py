@@ -444,3 +444,8 @@ def test_renorm_refuses_what_cpu_refuses(mode, call, message):
         call(torch.ones(3, 2))
     with pytest.raises(RuntimeError, match=message):
         call(torch.ones(3, 2, device="tpu"))
+
+
+def test_renorm_of_a_complex_tensor_scales_by_its_magnitudes_norms(mode):
+    x = torch.randn(3, 2, dtype=torch.complex64)
+    check(torch.renorm(x.to("tpu"), 2, 0, 1.0), torch.renorm(x, 2, 0, 1.0), atol=1e-6, rtol=1e-6)

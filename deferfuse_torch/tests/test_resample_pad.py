@@ -270,3 +270,9 @@ def test_a_spatial_transformers_identity_grid_and_its_gradient_are_cpus(mode, al
     (grid_cpu, g_cpu), (grid_tpu, g_tpu) = grad_of("cpu"), grad_of("tpu")
     assert torch.equal(grid_tpu, grid_cpu)
     torch.testing.assert_close(g_tpu, g_cpu, atol=1e-3, rtol=1e-5)
+
+
+def test_linspace_into_an_out_of_the_right_size_keeps_its_shape(mode):
+    out = torch.empty(5, 5, device="tpu")
+    torch.linspace(0, 1, 25, out=out)
+    check(out, torch.linspace(0, 1, 25).view(5, 5))
