@@ -101,6 +101,54 @@ fn a_matmul_after_pipeline_ops_ops_runs_them_without_a_sync_point() {
     );
 }
 
+/// Whether each pipelined flush `f` makes runs on the host's thread when the worker is idle
+/// (its timeline span's `here_if_idle`), rather than being handed to the worker.
+fn pipelined_here(rt: &Runtime, f: impl FnOnce()) -> Vec<bool> {
+    let path = std::env::temp_dir().join(format!(
+        "dfuse-pipelining-{}-{:?}.json",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    rt.trace_start(&path, 0).unwrap();
+    f();
+    rt.trace_stop().unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["cat"] == "flush" && e["args"]["reason"] == "pipelined")
+        .map(|e| e["args"]["here_if_idle"].as_bool().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_pipelined_flush_too_small_to_hand_over_runs_on_the_recording_thread() {
+    // 8 ops on [4, 25]: less work than waking the worker costs.
+    let rt = defer_runtime(8);
+    let (x, w) = (input(&rt), weight(&rt));
+    let here = pipelined_here(&rt, || {
+        matmul(&rt, *chain(&rt, x, 8).last().unwrap(), w);
+    });
+    assert_eq!(here, [true]);
+}
+
+#[test]
+fn a_pipelined_flush_that_computes_enough_goes_to_the_worker() {
+    // 8 ops on [4096, 64]: 4 M elements.
+    let rt = defer_runtime(8);
+    let vals: Vec<f64> = (0..4096 * 64).map(|i| (i % 7) as f64 / 7.0).collect();
+    let x = tensor(&rt, DType::F32, &[4096, 64], &vals);
+    let wv: Vec<f64> = (0..64 * 64).map(|i| (i % 5) as f64 / 50.0).collect();
+    let w = tensor(&rt, DType::F32, &[64, 64], &wv);
+    let here = pipelined_here(&rt, || {
+        matmul(&rt, *chain(&rt, x, 8).last().unwrap(), w);
+    });
+    assert_eq!(here, [false]);
+}
+
 #[test]
 fn a_matmul_before_pipeline_ops_ops_cuts_nothing() {
     let rt = defer_runtime(8);

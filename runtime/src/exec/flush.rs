@@ -3,6 +3,17 @@
 
 use super::ahead::split_ahead;
 use super::{fail_outputs, inline_cost, outputs_of, Executor, Launch, STRICT_INLINE_MAX_ELEMS};
+
+/// A pipelined flush whose steps cost at most this many elements in all (`inline_cost`) runs
+/// on the recording thread when the stream's worker is idle, not handed to it: waking the
+/// worker cost the recording thread ~15 us on this 2-core VM (the futex wake's share of its
+/// `perf` samples), more than such a trace takes to run. A 2-layer GPT-2 (hidden 64) cuts each
+/// token's 146 ops twice; its `generate` ran 719-744 -> 672-688 us a token (pipelining off:
+/// 647-668, CPU eager 453-471). The cuts stay where the op counts put them, so a program's
+/// plans and programs are the same step after step (not cutting small traces at all was
+/// faster still, but moved the cuts of a trace spanning steps from one step to the next: a
+/// MAML loop compiled new programs long after its warm-up).
+const PIPELINED_INLINE_MAX_ELEMS: usize = 1 << 18;
 use crate::buffer::Spares;
 use crate::error::Result;
 use crate::stats::SyncReason;
@@ -179,8 +190,13 @@ impl Executor {
             Flush::OpGroup => steps
                 .iter()
                 .all(|s| inline_cost(s) <= STRICT_INLINE_MAX_ELEMS),
-            // The point is to run while the host goes on.
-            Flush::Pipelined => false,
+            // The point is to run while the host goes on, unless the trace computes less than
+            // handing it over costs: then it runs here if the worker is idle (see
+            // PIPELINED_INLINE_MAX_ELEMS).
+            Flush::Pipelined => {
+                steps.iter().map(inline_cost).fold(0, usize::saturating_add)
+                    <= PIPELINED_INLINE_MAX_ELEMS
+            }
         };
         let (first, rest, launch) = match ahead {
             Some(ahead) => (ahead, steps, Launch::Ahead),
@@ -229,6 +245,9 @@ impl Executor {
                 ),
                 // Run at once, ahead of the stream's queued work.
                 ("ahead", Arg::B(launch == Launch::Ahead)),
+                // Run on the host's thread if the stream was idle, not handed to the worker (a
+                // sync point, a small op group, a pipelined flush that computes little).
+                ("here_if_idle", Arg::B(launch == Launch::RunIfIdle)),
                 ("last_op", Arg::S(nodes[nodes.len() - 1].to_string())),
             ];
             let name = format!("flush ({})", cause.name());
