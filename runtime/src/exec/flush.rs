@@ -3,6 +3,13 @@
 
 use super::ahead::split_ahead;
 use super::{fail_outputs, inline_cost, outputs_of, Executor, Launch, STRICT_INLINE_MAX_ELEMS};
+use crate::buffer::Spares;
+use crate::error::Result;
+use crate::stats::SyncReason;
+use crate::stream::Stream;
+use crate::timeline::{Arg, Track};
+use deferfuse_fusion::{BufferId, Step};
+use std::sync::atomic::Ordering;
 
 /// A pipelined flush whose steps cost at most this many elements in all (`inline_cost`) runs
 /// on the recording thread when the stream's worker is idle, not handed to it: waking the
@@ -14,13 +21,6 @@ use super::{fail_outputs, inline_cost, outputs_of, Executor, Launch, STRICT_INLI
 /// faster still, but moved the cuts of a trace spanning steps from one step to the next: a
 /// MAML loop compiled new programs long after its warm-up).
 const PIPELINED_INLINE_MAX_ELEMS: usize = 1 << 18;
-use crate::buffer::Spares;
-use crate::error::Result;
-use crate::stats::SyncReason;
-use crate::stream::Stream;
-use crate::timeline::{Arg, Track};
-use deferfuse_fusion::{BufferId, Step};
-use std::sync::atomic::Ordering;
 
 /// Why a stream's pending trace runs now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -281,7 +281,7 @@ impl crate::backend::SideBySide for Pool {
 
     /// As for one loop (`SERIAL_BELOW`): a policy loop's sampling step ran its 2 small
     /// programs side by side at each read, and the pool thread it woke then spun on the other
-    /// core (75 -> 100 us a step, with 2 threads against 1).
+    /// core beside the Python thread (98-100 us a step at 2 threads, 75 at 1; 75-77 now).
     fn worth_sharing(&self, elems: usize) -> bool {
         elems >= SERIAL_BELOW
     }
