@@ -310,6 +310,7 @@ fn independent_updates_run_side_by_side_and_equal_one_thread() {
 #[test]
 fn independent_updates_too_small_to_share_run_one_by_one_on_the_stream_thread() {
     // 10 x 3 x 64 elements: less work than waking a pool thread costs.
+    same_on_any_thread_count(|rt| updates(rt, |_| 64));
     let rt = runtime(Mode::Defer, 2);
     let params = updates(&rt, |_| 64);
     rt.synchronize_all().unwrap();
