@@ -393,9 +393,10 @@ at::Tensor conv_input_grad(const at::Tensor& grad, const at::Tensor& go, const a
                            const Geometry& g) {
   if (input_grad_as_conv(g, grad)) return input_grad_by_conv(grad, w, g);
   // float16/bfloat16 windows that overlap are summed in float32 and rounded once, as CPU's
-  // kernels do (a transposed convolution's bias is added after, in the half type): the
-  // product rounded to bfloat16 and then added window by window in bfloat16 erred by up to
-  // 0.17 of the result (a transposed convolution over 64 channels), against CPU's 0.004.
+  // kernels do (a transposed convolution with a bias takes this path in float32 itself, see
+  // `convolution`): the product rounded to bfloat16 and then added window by window in
+  // bfloat16 erred by up to 0.17 of the result (a transposed convolution over 64 channels),
+  // against CPU's 0.004.
   const auto dtype = grad.scalar_type();
   if ((dtype == at::kHalf || dtype == at::kBFloat16) && !whole_window(g)) {
     auto wide = conv_input_grad(grad.to(at::kFloat), go.defined() ? go.to(at::kFloat) : go,
@@ -510,6 +511,15 @@ at::Tensor convolution(const at::Tensor& x, const at::Tensor& w,
     auto g = transposed_geometry(x, w, stride, padding, dilation, output_padding, groups);
     bool folded = !per_sample(g) && !input_grad_as_conv(g, x);
     auto go = folded ? positions_major(x, g) : at::Tensor();
+    const auto dtype = x.scalar_type();
+    if ((dtype == at::kHalf || dtype == at::kBFloat16) && bias && bias->defined() &&
+        !whole_window(g)) {
+      // The bias joins the float32 sums before the one rounding, as on CPU (added after it,
+      // the result erred ~2x CPU's).
+      auto wide = conv_input_grad(x.to(at::kFloat), go.defined() ? go.to(at::kFloat) : go,
+                                  w.to(at::kFloat), g);
+      return add_bias(wide, bias->to(at::kFloat)).to(dtype);
+    }
     return add_bias(conv_input_grad(x, go, w, g), bias);
   }
   auto g = geometry(x.sizes(), w, stride, padding, dilation, groups);
