@@ -4,9 +4,9 @@
 //! compute its value (on PJRT one program), and the rest of the flush runs after it while the
 //! host goes on.
 
+use crate::harness::flush_spans::flush_args;
 use crate::harness::*;
 use deferfuse::{BinaryOp, DType, Error, Handle, Mode, Op, ReduceOp, Runtime, UnaryOp};
-use serde_json::Value;
 
 /// x (8x8, values k/64), its sum of squares `loss`, then `tail = exp(x @ x)`: a matmul and a
 /// loop after the loss, as a training step's backward follows its loss.
@@ -43,27 +43,6 @@ fn a_read_gets_its_value_and_a_later_read_the_work_recorded_after_it() {
     for (g, w) in got.iter().zip(tail_ref(&xs)) {
         assert!((g - w).abs() <= 1e-5 * w, "{g} vs {w}");
     }
-}
-
-/// Runs `f` with the timeline on and returns its flush spans' arguments.
-fn flush_args(rt: &Runtime, f: impl FnOnce()) -> Vec<Value> {
-    let path = std::env::temp_dir().join(format!(
-        "dfuse-host-reads-{}-{:?}.json",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    rt.trace_start(&path, 0).unwrap();
-    f();
-    rt.trace_stop().unwrap();
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&path);
-    v["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["cat"] == "flush" && e["ph"] == "X")
-        .map(|e| e["args"].clone())
-        .collect()
 }
 
 /// The steps each flush `f` makes ran after the value the host read.

@@ -4,6 +4,7 @@
 //! sync point, cuts the trace at the same ops every time, changes no bits, and is skipped
 //! while a graph is captured and in strict mode.
 
+use crate::harness::flush_spans::flush_args;
 use crate::harness::*;
 use deferfuse::{
     BackendKind, BinaryOp, BufferState, Config, DType, Handle, Mode, Op, ReduceOp, Runtime, UnaryOp,
@@ -104,23 +105,10 @@ fn a_matmul_after_pipeline_ops_ops_runs_them_without_a_sync_point() {
 /// Whether each pipelined flush `f` makes runs on the host's thread when the worker is idle
 /// (its timeline span's `here_if_idle`), rather than being handed to the worker.
 fn pipelined_here(rt: &Runtime, f: impl FnOnce()) -> Vec<bool> {
-    let path = std::env::temp_dir().join(format!(
-        "dfuse-pipelining-{}-{:?}.json",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    rt.trace_start(&path, 0).unwrap();
-    f();
-    rt.trace_stop().unwrap();
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&path);
-    v["traceEvents"]
-        .as_array()
-        .unwrap()
+    flush_args(rt, f)
         .iter()
-        .filter(|e| e["cat"] == "flush" && e["args"]["reason"] == "pipelined")
-        .map(|e| e["args"]["here_if_idle"].as_bool().unwrap())
+        .filter(|a| a["reason"] == "pipelined")
+        .map(|a| a["here_if_idle"].as_bool().unwrap())
         .collect()
 }
 

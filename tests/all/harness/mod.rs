@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod depthwise;
+pub mod flush_spans;
 
 use crate::reference::views::RefLayout;
 use crate::reference::{apply, check, indices, Arg, RefTensor};
