@@ -390,18 +390,30 @@ at::Tensor columns_to_input(const at::Tensor& contrib, const Geometry& g) {
 // positions_major(grad), which the folded GEMM takes (undefined when per_sample(g) or
 // input_grad_as_conv(g, grad)).
 at::Tensor conv_input_grad(const at::Tensor& grad, const at::Tensor& go, const at::Tensor& w,
+                           const Geometry& g);
+
+// float16/bfloat16 windows that overlap are summed in float32 and rounded once, as CPU's
+// kernels do: the product rounded to bfloat16 and then added window by window in bfloat16 erred
+// by up to 0.17 of the result (a transposed convolution over 64 channels), against CPU's
+// 0.004. True when grad's windows need it.
+bool sums_windows_wide(const at::Tensor& grad, const Geometry& g) {
+  const auto dtype = grad.scalar_type();
+  return (dtype == at::kHalf || dtype == at::kBFloat16) && !whole_window(g);
+}
+
+// conv_input_grad of the operands widened to float32, left unrounded: the caller rounds once,
+// after adding anything else (a transposed convolution's bias).
+at::Tensor conv_input_grad_wide(const at::Tensor& grad, const at::Tensor& go, const at::Tensor& w,
+                                const Geometry& g) {
+  return conv_input_grad(grad.to(at::kFloat), go.defined() ? go.to(at::kFloat) : go,
+                         w.to(at::kFloat), g);
+}
+
+at::Tensor conv_input_grad(const at::Tensor& grad, const at::Tensor& go, const at::Tensor& w,
                            const Geometry& g) {
   if (input_grad_as_conv(g, grad)) return input_grad_by_conv(grad, w, g);
-  // float16/bfloat16 windows that overlap are summed in float32 and rounded once, as CPU's
-  // kernels do (a transposed convolution with a bias takes this path in float32 itself, see
-  // `convolution`): the product rounded to bfloat16 and then added window by window in
-  // bfloat16 erred by up to 0.17 of the result (a transposed convolution over 64 channels),
-  // against CPU's 0.004.
-  const auto dtype = grad.scalar_type();
-  if ((dtype == at::kHalf || dtype == at::kBFloat16) && !whole_window(g)) {
-    auto wide = conv_input_grad(grad.to(at::kFloat), go.defined() ? go.to(at::kFloat) : go,
-                                w.to(at::kFloat), g);
-    return wide.to(dtype);
+  if (sums_windows_wide(grad, g)) {
+    return conv_input_grad_wide(grad, go, w, g).to(grad.scalar_type());
   }
   auto wt = w.reshape({g.G, g.OCg, g.Cg * g.K}).transpose(1, 2);
   std::vector<int64_t> window{g.N, g.C};
@@ -511,14 +523,11 @@ at::Tensor convolution(const at::Tensor& x, const at::Tensor& w,
     auto g = transposed_geometry(x, w, stride, padding, dilation, output_padding, groups);
     bool folded = !per_sample(g) && !input_grad_as_conv(g, x);
     auto go = folded ? positions_major(x, g) : at::Tensor();
-    const auto dtype = x.scalar_type();
-    if ((dtype == at::kHalf || dtype == at::kBFloat16) && bias && bias->defined() &&
-        !whole_window(g)) {
+    if (sums_windows_wide(x, g) && bias && bias->defined()) {
       // The bias joins the float32 sums before the one rounding, as on CPU (added after it,
       // the result erred ~2x CPU's).
-      auto wide = conv_input_grad(x.to(at::kFloat), go.defined() ? go.to(at::kFloat) : go,
-                                  w.to(at::kFloat), g);
-      return add_bias(wide, bias->to(at::kFloat)).to(dtype);
+      auto wide = conv_input_grad_wide(x, go, w, g);
+      return add_bias(wide, bias->to(at::kFloat)).to(x.scalar_type());
     }
     return add_bias(conv_input_grad(x, go, w, g), bias);
   }
