@@ -214,6 +214,42 @@ def test_weight_gradient_matches_cpu_after_forwards_whose_backward_never_ran(mod
     assert_same(lambda x, w: F.conv2d(x, w, padding=1), x, w, atol=2e-5)
 
 
+def test_weight_gradients_match_cpu_when_one_input_feeds_two_weights_of_one_geometry(mode):
+    # One set of columns serves both forwards; each backward must still find them.
+    torch.manual_seed(0)
+    x, w1, w2 = torch.randn(2, 3, 4, 4), torch.randn(4, 3, 3, 3), torch.randn(5, 3, 3, 3)
+
+    def two(x, w1, w2):
+        a, b = F.conv2d(x, w1, padding=1), F.conv2d(x, w2, padding=1)
+        return torch.cat([a.flatten(), b.flatten()])
+    assert_same(two, x, w1, w2, atol=2e-5)
+
+
+def test_weight_gradient_matches_cpu_for_the_second_of_two_forwards_of_one_input(mode):
+    torch.manual_seed(0)
+    x, w, grad = torch.randn(2, 3, 4, 4), torch.randn(4, 3, 3, 3), torch.randn(2, 4, 4, 4)
+    dx, dw = x.to("tpu"), w.to("tpu").requires_grad_()
+    F.conv2d(dx, dw, padding=1)  # its backward never runs
+    F.conv2d(dx, dw, padding=1).backward(grad.to("tpu"))
+    cw = w.clone().requires_grad_()
+    F.conv2d(x, cw, padding=1).backward(grad)
+    check(dw.grad, cw.grad, atol=2e-5)
+
+
+def test_repeated_forwards_of_one_input_keep_one_set_of_columns(mode):
+    # Each forward keeps x's columns for its backward; forwards of the same x share them, so
+    # forwards whose backward never runs (an evaluation under grad mode) do not pile up copies.
+    x = torch.randn(8, 16, 4, 4, device="tpu")
+    w = torch.randn(16, 16, 3, 3, device="tpu", requires_grad=True)
+    F.conv2d(x, w, padding=1)
+    torch.tpu.synchronize()
+    after_one = torch.tpu.memory_allocated()
+    for _ in range(5):
+        F.conv2d(x, w, padding=1)
+    torch.tpu.synchronize()
+    assert torch.tpu.memory_allocated() == after_one
+
+
 def test_weight_gradient_matches_cpu_when_the_input_changed_in_place_since_an_earlier_forward(
         mode):
     torch.manual_seed(0)
