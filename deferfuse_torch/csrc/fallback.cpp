@@ -125,6 +125,41 @@ void check_out_devices(const c10::OperatorHandle& op, const torch::jit::Stack& s
   }
 }
 
+// The native convolution kernels PyTorch picks by the input's device (its slow, depthwise and
+// oneDNN ones). Only an input left on the CPU with a tpu weight or bias reaches them here (tpu
+// inputs take the device's own convolution): on CUDA their kernels refuse the mix, and the
+// fallback would quietly compute on the CPU, the result left there and its backward failing.
+const char* const kDeviceConvolutions[] = {
+    "aten::_slow_conv2d_forward", "aten::_slow_conv2d_backward", "aten::thnn_conv2d",
+    "aten::slow_conv3d_forward",  "aten::slow_conv3d",           "aten::slow_conv_dilated2d",
+    "aten::slow_conv_dilated3d",  "aten::slow_conv_transpose2d", "aten::slow_conv_transpose3d",
+    "aten::_conv_depthwise2d",    "aten::conv_depthwise3d",      "aten::mkldnn_convolution",
+    "aten::_nnpack_spatial_convolution",
+};
+
+// Raises PyTorch's convolution type check (check_input_same_type_as_parameters) when a
+// native convolution kernel got an input on another device than its tpu weight or bias.
+void check_convolution_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto& s = op.schema();
+  bool conv = false;
+  for (const char* name : kDeviceConvolutions) conv = conv || s.name() == name;
+  if (!conv) return;
+  size_t begin = stack.size() - s.arguments().size();
+  auto arg = [&](const char* name) {
+    int i = arg_index(s, name);
+    const c10::IValue* v = i < 0 ? nullptr : &stack[begin + i];
+    return v != nullptr && v->isTensor() && v->toTensor().defined() ? v->toTensor()
+                                                                     : at::Tensor();
+  };
+  at::Tensor input = arg("self").defined() ? arg("self") : arg("input");
+  if (!input.defined() || input.device().type() == c10::DeviceType::PrivateUse1) return;
+  for (const char* name : {"weight", "bias"}) {
+    at::Tensor p = arg(name);
+    TORCH_CHECK(!p.defined() || p.device() == input.device(), "Input type (", input.toString(),
+                ") and ", name, " type (", p.toString(), ") should be the same");
+  }
+}
+
 // Counts the op (every overload by its full name) and notes it for explain() and the logs;
 // returns the name.
 std::string note_and_count(const c10::FunctionSchema& schema) {
@@ -137,6 +172,7 @@ std::string note_and_count(const c10::FunctionSchema& schema) {
 
 void counting_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   check_out_devices(op, *stack);
+  check_convolution_devices(op, *stack);
   if (run_through_functional(op, stack)) return;
   const auto& schema = op.schema();
   note_and_count(schema);

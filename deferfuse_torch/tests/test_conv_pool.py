@@ -553,3 +553,31 @@ def test_a_half_precision_convolutions_input_gradient_sums_its_windows_in_float3
     got = input_grad(x.to("tpu"), w.to("tpu"), go.to("tpu")).cpu()
     err = ((got.double() - exact).abs() / scale).max()
     assert err <= 2 * max(cpu_err.item(), torch.finfo(dtype).eps), (err, cpu_err)
+
+
+# An input left on the CPU with a tpu weight (a forgotten .to("tpu")) takes PyTorch's native
+# CPU kernels, which the dispatcher sends to tpu for the weight: they must refuse the mix as
+# CUDA does, not compute on the CPU and fail only in backward.
+MIXED_DEVICE_CONVOLUTIONS = {
+    "conv1d": (lambda x, w, b: F.conv1d(x, w, b), (1, 3, 8), (4, 3, 3)),
+    "conv2d": (lambda x, w, b: F.conv2d(x, w, b), (1, 3, 5, 5), (4, 3, 3, 3)),
+    "conv2d_strided": (lambda x, w, b: F.conv2d(x, w, b, stride=2), (1, 3, 5, 5), (4, 3, 3, 3)),
+    "conv3d": (lambda x, w, b: F.conv3d(x, w, b), (1, 3, 4, 4, 4), (4, 3, 3, 3, 3)),
+    "conv_transpose3d": (lambda x, w, b: F.conv_transpose3d(x, w, b), (1, 3, 4, 4, 4),
+                         (3, 4, 2, 2, 2)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MIXED_DEVICE_CONVOLUTIONS))
+@pytest.mark.parametrize("on_tpu", ["weight", "bias"])
+def test_a_convolution_of_a_cpu_input_with_a_tpu_parameter_raises_as_on_cuda(mode, case, on_tpu):
+    f, xs, ws = MIXED_DEVICE_CONVOLUTIONS[case]
+    x, w = torch.randn(xs), torch.randn(ws)
+    b = torch.randn(ws[1] if case.startswith("conv_transpose") else ws[0])
+    if on_tpu == "weight":
+        w = w.to("tpu")
+    else:
+        b = b.to("tpu")
+    with pytest.raises(RuntimeError, match=rf"Input type \(torch.FloatTensor\) and {on_tpu} type "
+                                           r"\(tpuFloatType\) should be the same"):
+        f(x, w, b)
