@@ -160,6 +160,14 @@ fn vectors_for(w: usize, nv: usize) -> usize {
 }
 
 #[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// The packed B panel, kept between calls (`pack_panel` writes all of the part in use,
+    /// padding too): a fresh zeroed one per call was a 64 KiB calloc and memset, a tenth of
+    /// what a generated token of a small GPT-2 costs on top of CPU eager's instructions.
+    static PANEL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn small_sgemm(
@@ -174,7 +182,14 @@ unsafe fn small_sgemm(
     // panel (or a narrow B) takes fewer vectors.
     let (rows, nv_max) = tile_for(m);
     let step = nv_max * LANES;
-    let mut panel = vec![0f32; KC.min(k) * vectors_for(n, nv_max) * LANES];
+    // Taken out and put back rather than borrowed in `with`: a closure would not inherit this
+    // function's target features.
+    let mut buf = PANEL.take();
+    let len = KC.min(k) * vectors_for(n, nv_max) * LANES;
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    let panel = &mut buf[..len];
     for j0 in (0..n).step_by(step) {
         let nv = vectors_for(n - j0, nv_max);
         let pw = nv * LANES;
@@ -196,7 +211,7 @@ unsafe fn small_sgemm(
             } else if one_tile && csb == 1 {
                 (b0, rsb)
             } else {
-                pack_panel(&mut panel, b0, rsb, csb, kc, w, pw);
+                pack_panel(panel, b0, rsb, csb, kc, w, pw);
                 (panel.as_ptr(), pw as isize)
             };
             let fin = Finish {
@@ -226,6 +241,7 @@ unsafe fn small_sgemm(
             }
         }
     }
+    PANEL.set(buf);
 }
 
 /// Runs the `r` by `nv` vectors tile on `blk`: [`tile_transposed`] when B is read in place by
