@@ -282,6 +282,28 @@ c10::DataPtr data_ptr_for(uint64_t handle, uint32_t dtype, std::vector<int64_t> 
                        DimVec(strides.begin(), strides.end()));
 }
 
+namespace {
+
+// Wraps handle h (taking over its one reference) as a tpu tensor of dtype `dt` and `sizes`
+// (dense), as the runtime described it.
+at::Tensor wrap_described(uint64_t h, uint32_t dt, DimVec sizes) {
+  at::ScalarType st = from_dtype(dt);
+  auto strides = dense_strides(sizes);
+  size_t nbytes = static_cast<size_t>(c10::multiply_integers(sizes)) * c10::elementSize(st);
+  c10::DataPtr dp = make_data_ptr(h, dt, std::move(sizes), std::move(strides));
+  // The context now owns the dims; the tensor's sizes are read from there.
+  at::IntArrayRef shape = static_cast<const StorageCtx*>(dp.get_context())->sizes;
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(dp), tpu_allocator(),
+                       true);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      caffe2::TypeMeta::fromScalarType(st));
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  return t;
+}
+
+}  // namespace
+
 at::Tensor wrap(uint64_t h) {
   // Take ownership first so an error below still releases the handle.
   uint32_t dt = 0;
@@ -303,19 +325,7 @@ at::Tensor wrap(uint64_t h) {
     fail(dfuse_tensor_shape(r, h, sizes.data(), nd), "result shape");
   }
   sizes.resize(nd);
-  at::ScalarType st = from_dtype(dt);
-  auto strides = dense_strides(sizes);
-  size_t nbytes = static_cast<size_t>(c10::multiply_integers(sizes)) * c10::elementSize(st);
-  c10::DataPtr dp = make_data_ptr(h, dt, std::move(sizes), std::move(strides));
-  // The context now owns the dims; the tensor's sizes are read from there.
-  at::IntArrayRef shape = static_cast<const StorageCtx*>(dp.get_context())->sizes;
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(dp), tpu_allocator(),
-                       true);
-  auto t = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-      caffe2::TypeMeta::fromScalarType(st));
-  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
-  return t;
+  return wrap_described(h, dt, std::move(sizes));
 }
 
 Operands& Operands::t(const at::Tensor& x) {
@@ -379,9 +389,18 @@ DfuseAttrs attrs_sub(uint32_t sub_op) {
 
 at::Tensor run(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const char* name) {
   uint64_t h = 0;
+  uint32_t dt = 0;
+  size_t nd = 0;
+  DimVec sizes(kInlineDims);
   note_op();
-  check(dfuse_op(rt(), current_stream(), kind, attrs, in.data(), in.size(), 0, &h), name);
-  return wrap(h);
+  // The result described in the same call (dfuse_tensor_meta was a second runtime and handle
+  // lookup per op); a rank past kInlineDims is wrapped the long way.
+  check(dfuse_op_meta(rt(), current_stream(), kind, attrs, in.data(), in.size(), 0, &h, &dt,
+                      sizes.data(), sizes.size(), &nd),
+        name);
+  if (nd > sizes.size()) return wrap(h);
+  sizes.resize(nd);
+  return wrap_described(h, dt, std::move(sizes));
 }
 
 namespace {

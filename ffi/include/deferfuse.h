@@ -1652,6 +1652,31 @@ DfuseStatus dfuse_op(const struct DfuseRuntime *rt,
                      uint64_t *result);
 
 /**
+ * `dfuse_op`, and then what `dfuse_tensor_meta` would say of `*result`: its dtype (a
+ * `DfuseDtype`) in `*dtype`, its number of dims in `*ndim` and, when `capacity` (the length of
+ * `sizes`) is at least that number, its sizes in `sizes[0..ndim]` (a smaller `capacity`
+ * leaves `sizes` untouched and is not an error). One call where a front end that wraps each
+ * result made two, each with its own runtime and handle lookup. Every pointer is checked
+ * before the op is recorded, so a failure leaves `*result` 0 as `dfuse_op`'s does.
+ *
+ * # Safety
+ * As `dfuse_op`; `dtype` and `ndim` must be NULL or writable, `sizes` NULL or writable for
+ * `capacity` values.
+ */
+DfuseStatus dfuse_op_meta(const struct DfuseRuntime *rt,
+                          uint64_t stream,
+                          uint32_t kind,
+                          const struct DfuseAttrs *attrs,
+                          const struct DfuseOperand *inputs,
+                          size_t n_inputs,
+                          uint64_t out,
+                          uint64_t *result,
+                          uint32_t *dtype,
+                          int64_t *sizes,
+                          size_t capacity,
+                          size_t *ndim);
+
+/**
  * Opens an op group on the calling thread: until the matching `dfuse_op_group_end`, the ops
  * this thread records in strict mode are deferred, then run together as one op's program(s)
  * (fused as defer mode would fuse them; intermediates nothing holds are never written). Use it

@@ -30,6 +30,7 @@ mod graph;
 mod kernel_op;
 mod memory;
 mod op;
+mod op_call;
 mod op_group;
 mod pending;
 mod runtime_registry;
@@ -53,7 +54,8 @@ pub use kernel_op::{
 pub use memory::{
     dfuse_memory_info, dfuse_memory_limit_set, dfuse_memory_peak_reset, DfuseMemoryInfo,
 };
-pub use op::{dfuse_op, DfuseAttrs, DfuseBinaryOp, DfuseOpKind, DfuseReduceOp, DfuseUnaryOp};
+pub use op::{DfuseAttrs, DfuseBinaryOp, DfuseOpKind, DfuseReduceOp, DfuseUnaryOp};
+pub use op_call::{dfuse_op, dfuse_op_meta};
 pub use op_group::{dfuse_op_group_begin, dfuse_op_group_end};
 pub use pending::dfuse_pending_dump;
 pub use runtime_registry::{
@@ -69,9 +71,9 @@ pub use stream::{
 };
 pub use tensor::{
     dfuse_tensor_dtype, dfuse_tensor_empty, dfuse_tensor_from_host, dfuse_tensor_full,
-    dfuse_tensor_item, dfuse_tensor_ndim, dfuse_tensor_release, dfuse_tensor_retain,
-    dfuse_tensor_shape, dfuse_tensor_state, dfuse_tensor_strides, dfuse_tensor_to_host,
-    dfuse_tensor_to_host_for_size,
+    dfuse_tensor_item, dfuse_tensor_meta, dfuse_tensor_ndim, dfuse_tensor_release,
+    dfuse_tensor_retain, dfuse_tensor_shape, dfuse_tensor_state, dfuse_tensor_strides,
+    dfuse_tensor_to_host, dfuse_tensor_to_host_for_size,
 };
 pub use trace::{
     dfuse_log_cuts, dfuse_profiler_capture, dfuse_profiler_enable, dfuse_profiler_point,

@@ -3,12 +3,11 @@
 //! negative dims, and leaves every shape and dtype check to the runtime (which reports them as
 //! `DFUSE_STATUS_BAD_OP` at the call).
 
-use crate::error::{guard, invalid, read_in, slice_in, write_out, DfuseStatus, Result};
+use crate::error::{invalid, Result};
 use crate::kernel_op::{
     build_conv, build_ctc, build_depthwise, build_grouped_mm, build_kernel_op, build_recurrence,
 };
-use crate::runtime_registry::{runtime, DfuseRuntime};
-use crate::types::{dtype_from, operand_from, DfuseOperand, DFUSE_MAX_REDUCE_DIMS};
+use crate::types::{dtype_from, DFUSE_MAX_REDUCE_DIMS};
 use deferfuse_fusion::ir::layout::wrap_dim;
 use deferfuse_fusion::ir::{BinaryOp, Dims, Op, ReduceOp, UnaryOp};
 use deferfuse_runtime::{Error, Input};
@@ -307,7 +306,7 @@ pub struct DfuseAttrs {
 }
 
 /// The op kind number's name, for messages.
-fn kind_name(kind: u32) -> &'static str {
+pub(crate) fn kind_name(kind: u32) -> &'static str {
     #[rustfmt::skip]
     const NAMES: [&str; 21] = [
         "UNARY", "BINARY", "WHERE", "CLAMP", "CAST", "COPY", "REDUCE", "CAT", "ARANGE", "MATMUL",
@@ -426,7 +425,7 @@ pub(crate) fn wrap_dims(op: &str, dims: &[i64], rank: Option<usize>) -> Result<D
 }
 
 /// The rank of the first tensor input (`None` without one).
-fn first_rank(
+pub(crate) fn first_rank(
     rt: &deferfuse_runtime::Runtime,
     inputs: &[Input],
     op: &str,
@@ -442,60 +441,6 @@ fn first_rank(
         Err(Error::InvalidHandle(m)) => Err(Error::InvalidHandle(format!("{op}: input {i}: {m}"))),
         Err(e) => Err(e),
     }
-}
-
-/// Records an op on `stream` (0 = default stream) according to the calling thread's mode.
-///
-/// `kind` is a `DfuseOpKind`; `attrs` holds its attributes (NULL for kinds without any);
-/// `inputs[0..n_inputs]` are its operands. With `out` = 0 the result is a new tensor whose
-/// handle is written to `*result` (the caller must release it). With `out` != 0 the result is
-/// written into that tensor in place (its shape must match and the result dtype must cast to
-/// its dtype), and `*result` is `out` itself, with no new reference.
-///
-/// An op that is invalid for its inputs fails here with `DFUSE_STATUS_BAD_OP`, in every mode.
-/// An unknown `kind`, `sub_op`, dtype or operand kind, NULL `attrs` for a kind that reads them,
-/// or `n_dims` > `DFUSE_MAX_REDUCE_DIMS` is `DFUSE_STATUS_INVALID_ARGUMENT`; a stale or foreign
-/// input, `out` or `stream` handle is `DFUSE_STATUS_INVALID_HANDLE`; memory that cannot be
-/// allocated is `DFUSE_STATUS_OUT_OF_MEMORY` (in defer mode, from the sync point that runs it).
-///
-/// # Safety
-/// `attrs` must be NULL or point to a `DfuseAttrs`; `inputs` must be NULL or readable for
-/// `n_inputs` operands (NULL only when `n_inputs` is 0); `result` must be NULL or point to a
-/// writable `uint64_t`.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn dfuse_op(
-    rt: *const DfuseRuntime,
-    stream: u64,
-    kind: u32,
-    attrs: *const DfuseAttrs,
-    inputs: *const DfuseOperand,
-    n_inputs: usize,
-    out: u64,
-    result: *mut u64,
-) -> DfuseStatus {
-    guard("dfuse_op", || {
-        // SAFETY: the caller's contract, for each pointer.
-        let (attrs, operands) = unsafe {
-            write_out(result, "result", 0)?;
-            let a = if attrs.is_null() {
-                None
-            } else {
-                Some(read_in(attrs, "attrs")?)
-            };
-            (a, slice_in(inputs, n_inputs, "inputs")?)
-        };
-        let rt = runtime(rt)?;
-        // A plain loop: collecting through `Result` cost ~250 instructions per op here.
-        let mut inputs = smallvec::SmallVec::<[Input; 4]>::with_capacity(operands.len());
-        for (i, o) in operands.iter().enumerate() {
-            inputs.push(operand_from(o, i)?);
-        }
-        let op = build_op(kind, attrs, || first_rank(&rt, &inputs, kind_name(kind)))?;
-        let h = rt.op(stream, op, &inputs, (out != 0).then_some(out))?;
-        // SAFETY: the caller's contract.
-        unsafe { write_out(result, "result", h) }
-    })
 }
 
 #[cfg(test)]

@@ -246,7 +246,7 @@ pub unsafe extern "C" fn dfuse_tensor_ndim(
 ///
 /// # Safety
 /// `dst` must be NULL or writable for `capacity` values.
-unsafe fn write_dims(
+pub(crate) unsafe fn write_dims(
     dst: *mut i64,
     capacity: usize,
     name: &str,

@@ -1,7 +1,8 @@
 //! What the crate's unit tests share: recording an op through the C ABI as a C caller would.
 
 use crate::error::DfuseStatus;
-use crate::op::{dfuse_op, DfuseAttrs, DfuseOpKind, DfuseUnaryOp};
+use crate::op::{DfuseAttrs, DfuseOpKind, DfuseUnaryOp};
+use crate::op_call::dfuse_op;
 use crate::runtime_registry::DfuseRuntime;
 use crate::types::{DfuseOperand, DfuseOperandKind};
 

@@ -60,6 +60,19 @@ impl Runtime {
         inputs: &[Input],
         out: Option<Handle>,
     ) -> Result<Handle> {
+        self.op_described(stream, op, inputs, out).map(|(h, ..)| h)
+    }
+
+    /// [`Runtime::op`], also returning the result's dtype and sizes: a front end that wraps
+    /// every result in a tensor of its own needs them, and asking for them in a second call
+    /// cost a runtime and a handle lookup per op.
+    pub fn op_described(
+        &self,
+        stream: Handle,
+        op: Op,
+        inputs: &[Input],
+        out: Option<Handle>,
+    ) -> Result<(Handle, DType, Dims)> {
         let mut other = None;
         let s = self.stream_ref(stream, &mut other)?;
         let mut buffers = Buffers::default();
@@ -101,6 +114,7 @@ impl Runtime {
         // copied out (~140 bytes per op).
         let output;
         let result;
+        let result_dtype;
         match out {
             Some(h) => {
                 let t = self.operand_tensor(h, op, OperandName::Out)?;
@@ -108,6 +122,7 @@ impl Runtime {
                 buffers.insert(t.buffer.clone());
                 output = tref(&t);
                 result = h;
+                result_dtype = t.dtype;
             }
             None => {
                 let buffer = self.new_buffer(inf.dtype, &inf.sizes, || op.name())?;
@@ -119,6 +134,7 @@ impl Runtime {
                     dtype: inf.dtype,
                 };
                 result = 0;
+                result_dtype = inf.dtype;
                 buffers.insert_new(buffer);
             }
         }
@@ -176,15 +192,16 @@ impl Runtime {
             }
         }
         if result != 0 {
-            return Ok(result);
+            return Ok((result, result_dtype, inf.sizes));
         }
         // Without `out` the result is the new dense tensor made above: making its layout again
         // costs less than cloning the node's (~45 instructions per op).
-        self.tensors.insert(Tensor {
+        let h = self.tensors.insert(Tensor {
             buffer: out_buffer,
             layout: Layout::contiguous(&inf.sizes),
             dtype: inf.dtype,
-        })
+        })?;
+        Ok((h, result_dtype, inf.sizes))
     }
 
     /// The tensor behind an op's operand; a bad handle's message names the op and operand.

@@ -123,6 +123,8 @@ static void every_call_rejects_runtime(DfuseRuntime *rt, DfuseStatus want, uint6
     const int64_t st[2] = {3, 1};
     MISUSE(want, dfuse_op(rt, s, DFUSE_OP_KIND_BINARY, &add, in, 2, 0, &h));
     CHECK(h == 0);
+    MISUSE(want, dfuse_op_meta(rt, s, DFUSE_OP_KIND_BINARY, &add, in, 2, 0, &h, &u, dims, 4, &n));
+    CHECK(h == 0);
     MISUSE(want, dfuse_runtime_destroy(rt));
     MISUSE(want, dfuse_mode_get(rt, &u));
     MISUSE(want, dfuse_mode_set(rt, DFUSE_MODE_STRICT));
@@ -220,6 +222,22 @@ static void null_and_misaligned_pointers(DfuseRuntime *rt) {
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, DFUSE_OP_KIND_BINARY, &add, in, 2, 0, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_op(rt, 0, DFUSE_OP_KIND_BINARY, &add, NULL, 2, 0, &h));
     CHECK(h == 0);
+    {
+        uint32_t od = 0;
+        size_t on = 0;
+        int64_t osizes[4];
+        MISUSE(INVALID_ARGUMENT,
+               dfuse_op_meta(rt, 0, DFUSE_OP_KIND_BINARY, &add, in, 2, 0, NULL, &od, osizes, 4, &on));
+        MISUSE(INVALID_ARGUMENT,
+               dfuse_op_meta(rt, 0, DFUSE_OP_KIND_BINARY, &add, in, 2, 0, &h, NULL, osizes, 4, &on));
+        CHECK(h == 0);
+        MISUSE(INVALID_ARGUMENT,
+               dfuse_op_meta(rt, 0, DFUSE_OP_KIND_BINARY, &add, in, 2, 0, &h, &od, osizes, 4, NULL));
+        CHECK(h == 0);
+        MISUSE(INVALID_ARGUMENT,
+               dfuse_op_meta(rt, 0, DFUSE_OP_KIND_BINARY, &add, in, 2, 0, &h, &od, NULL, 2, &on));
+        CHECK(h == 0);
+    }
     MISUSE(INVALID_ARGUMENT, dfuse_mode_get(rt, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_pipeline_ops_set(rt, 8, NULL));
     MISUSE(INVALID_ARGUMENT, dfuse_release_cached_memory(rt, NULL));
