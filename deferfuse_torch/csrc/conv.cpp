@@ -180,10 +180,14 @@ class ColumnsCache {
   // (a repeated [8, 128, 8, 8] forward ran 1.4 ms where 0.6 ms is its work).
   void put(const at::Tensor& x, const Geometry& g, const at::Tensor& cols) {
     std::lock_guard<std::mutex> lock(mu_);
+    // An entry no backward can take any more goes: its input was freed, or written since
+    // (versions only grow; a buffer refilled in place before each forward, as an evaluation
+    // loop's, kept one entry per forward until the bound).
     std::erase_if(entries_, [&](const Entry& e) {
-      bool dead = e.input.expired();
-      if (dead) bytes_ -= e.bytes;
-      return dead;
+      auto alive = e.input.lock();
+      bool stale = !alive || alive->version_counter().current_version() != e.version;
+      if (stale) bytes_ -= e.bytes;
+      return stale;
     });
     auto k = key(x, g);
     auto same = find_entry(x, k);

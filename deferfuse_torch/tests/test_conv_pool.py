@@ -250,6 +250,21 @@ def test_repeated_forwards_of_one_input_keep_one_set_of_columns(mode):
     assert torch.tpu.memory_allocated() == after_one
 
 
+def test_forwards_of_an_input_refilled_in_place_keep_only_its_current_columns(mode):
+    # A buffer refilled before each forward (a static-input evaluation loop under grad mode):
+    # columns of its older versions can never be taken and are dropped.
+    x = torch.randn(8, 16, 4, 4, device="tpu")
+    w = torch.randn(16, 16, 3, 3, device="tpu", requires_grad=True)
+    F.conv2d(x, w, padding=1)
+    torch.tpu.synchronize()
+    after_one = torch.tpu.memory_allocated()
+    for _ in range(5):
+        x.copy_(torch.randn(8, 16, 4, 4))
+        F.conv2d(x, w, padding=1)
+    torch.tpu.synchronize()
+    assert torch.tpu.memory_allocated() == after_one
+
+
 def test_weight_gradient_matches_cpu_when_the_input_changed_in_place_since_an_earlier_forward(
         mode):
     torch.manual_seed(0)
