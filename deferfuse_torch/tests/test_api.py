@@ -66,7 +66,7 @@ def test_runtime_error_is_a_python_exception_with_its_message(mode):
     with deferfuse_torch.mode(mode):
         a = torch.randn(3, 4).to("tpu")
         b = torch.randn(5, 6).to("tpu")
-        with pytest.raises(RuntimeError, match=r"deferfuse \(matmul\): dfuse_op: matmul: input 1: expected 4 rows"):
+        with pytest.raises(RuntimeError, match=r"deferfuse \(matmul\): dfuse_op_meta: matmul: input 1: expected 4 rows"):
             torch.mm(a, b)
         with pytest.raises(RuntimeError, match="deferfuse"):
             torch.add(a, b)
