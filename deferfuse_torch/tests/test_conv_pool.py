@@ -195,12 +195,20 @@ def test_convolution_of_a_non_contiguous_input_matches_cpu(mode):
 # The weight gradient reuses the columns the forward built from the same input (same tensor,
 # version and geometry); these cases would read another forward's columns if that match were
 # looser.
-def test_weight_gradients_match_cpu_when_one_input_feeds_two_convolution_geometries(mode):
+# The second convolution of one input: another geometry (its own columns), or the same one
+# (one set of columns serves both forwards, and each backward must still find them).
+SECOND_CONVOLUTION = {"other_geometry": ((5, 3, 1, 1), dict(stride=2)),
+                      "same_geometry": ((5, 3, 3, 3), dict(padding=1))}
+
+
+@pytest.mark.parametrize("second", sorted(SECOND_CONVOLUTION))
+def test_weight_gradients_match_cpu_when_one_input_feeds_two_convolutions(mode, second):
     torch.manual_seed(0)
-    x, w1, w2 = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(5, 3, 1, 1)
+    ws, kw = SECOND_CONVOLUTION[second]
+    x, w1, w2 = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(ws)
 
     def two(x, w1, w2):
-        a, b = F.conv2d(x, w1, padding=1), F.conv2d(x, w2, stride=2)
+        a, b = F.conv2d(x, w1, padding=1), F.conv2d(x, w2, **kw)
         return torch.cat([a.flatten(), b.flatten()])
     assert_same(two, x, w1, w2, atol=2e-5)
 
@@ -214,17 +222,6 @@ def test_weight_gradient_matches_cpu_after_forwards_whose_backward_never_ran(mod
     assert_same(lambda x, w: F.conv2d(x, w, padding=1), x, w, atol=2e-5)
 
 
-def test_weight_gradients_match_cpu_when_one_input_feeds_two_weights_of_one_geometry(mode):
-    # One set of columns serves both forwards; each backward must still find them.
-    torch.manual_seed(0)
-    x, w1, w2 = torch.randn(2, 3, 4, 4), torch.randn(4, 3, 3, 3), torch.randn(5, 3, 3, 3)
-
-    def two(x, w1, w2):
-        a, b = F.conv2d(x, w1, padding=1), F.conv2d(x, w2, padding=1)
-        return torch.cat([a.flatten(), b.flatten()])
-    assert_same(two, x, w1, w2, atol=2e-5)
-
-
 def test_weight_gradient_matches_cpu_for_the_second_of_two_forwards_of_one_input(mode):
     torch.manual_seed(0)
     x, w, grad = torch.randn(2, 3, 4, 4), torch.randn(4, 3, 3, 3), torch.randn(2, 4, 4, 4)
@@ -236,30 +233,19 @@ def test_weight_gradient_matches_cpu_for_the_second_of_two_forwards_of_one_input
     check(dw.grad, cw.grad, atol=2e-5)
 
 
-def test_repeated_forwards_of_one_input_keep_one_set_of_columns(mode):
-    # Each forward keeps x's columns for its backward; forwards of the same x share them, so
-    # forwards whose backward never runs (an evaluation under grad mode) do not pile up copies.
+@pytest.mark.parametrize("refilled", [False, True], ids=["same_values", "refilled_in_place"])
+def test_repeated_forwards_of_one_input_keep_only_its_current_columns(mode, refilled):
+    # Each forward keeps x's columns for its backward; forwards of the same x share them, and
+    # those of a version written since are dropped, so forwards whose backward never runs (an
+    # evaluation under grad mode, a buffer refilled before each forward) do not pile up copies.
     x = torch.randn(8, 16, 4, 4, device="tpu")
     w = torch.randn(16, 16, 3, 3, device="tpu", requires_grad=True)
     F.conv2d(x, w, padding=1)
     torch.tpu.synchronize()
     after_one = torch.tpu.memory_allocated()
     for _ in range(5):
-        F.conv2d(x, w, padding=1)
-    torch.tpu.synchronize()
-    assert torch.tpu.memory_allocated() == after_one
-
-
-def test_forwards_of_an_input_refilled_in_place_keep_only_its_current_columns(mode):
-    # A buffer refilled before each forward (a static-input evaluation loop under grad mode):
-    # columns of its older versions can never be taken and are dropped.
-    x = torch.randn(8, 16, 4, 4, device="tpu")
-    w = torch.randn(16, 16, 3, 3, device="tpu", requires_grad=True)
-    F.conv2d(x, w, padding=1)
-    torch.tpu.synchronize()
-    after_one = torch.tpu.memory_allocated()
-    for _ in range(5):
-        x.copy_(torch.randn(8, 16, 4, 4))
+        if refilled:
+            x.copy_(torch.randn(8, 16, 4, 4))
         F.conv2d(x, w, padding=1)
     torch.tpu.synchronize()
     assert torch.tpu.memory_allocated() == after_one

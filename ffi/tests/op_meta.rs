@@ -58,18 +58,8 @@ impl Rt {
         out: u64,
         capacity: usize,
     ) -> (DfuseStatus, u64, u32, usize, [i64; 8]) {
-        let attrs = DfuseAttrs {
-            sub_op: sub_op as u32,
-            // SAFETY: plain C data; zero is every other field's "unset".
-            ..unsafe { std::mem::zeroed() }
-        };
-        let t = |h| DfuseOperand {
-            kind: DfuseOperandKind::Tensor as u32,
-            tensor: h,
-            f: 0.0,
-            i: 0,
-        };
-        let inputs = [t(a), t(b)];
+        let attrs = binary(sub_op);
+        let inputs = [tensor(a), tensor(b)];
         let (mut r, mut d, mut n, mut s) = (7, 99, 99, [-1i64; 8]);
         // SAFETY: every pointer is valid for the call; `s` holds 8 >= capacity values.
         let st = unsafe {
@@ -165,17 +155,8 @@ fn op_meta_with_a_null_ndim_pointer_records_nothing() {
     let rt = Rt::new();
     let a = rt.zeros(DfuseDtype::F32, &[2]);
     let before = stats(&rt).ops_recorded;
-    let attrs = DfuseAttrs {
-        sub_op: DfuseBinaryOp::Add as u32,
-        // SAFETY: plain C data.
-        ..unsafe { std::mem::zeroed() }
-    };
-    let x = DfuseOperand {
-        kind: DfuseOperandKind::Tensor as u32,
-        tensor: a,
-        f: 0.0,
-        i: 0,
-    };
+    let attrs = binary(DfuseBinaryOp::Add);
+    let x = tensor(a);
     let (mut r, mut d) = (7, 0);
     // SAFETY: valid pointers but for the NULL ndim, which is reported.
     let st = unsafe {
@@ -197,6 +178,23 @@ fn op_meta_with_a_null_ndim_pointer_records_nothing() {
     assert_eq!(st, DfuseStatus::InvalidArgument);
     assert!(last_error().contains("ndim is NULL"), "{}", last_error());
     assert_eq!(stats(&rt).ops_recorded, before);
+}
+
+fn binary(sub_op: DfuseBinaryOp) -> DfuseAttrs {
+    DfuseAttrs {
+        sub_op: sub_op as u32,
+        // SAFETY: plain C data; zero is every other field's "unset".
+        ..unsafe { std::mem::zeroed() }
+    }
+}
+
+fn tensor(h: u64) -> DfuseOperand {
+    DfuseOperand {
+        kind: DfuseOperandKind::Tensor as u32,
+        tensor: h,
+        f: 0.0,
+        i: 0,
+    }
 }
 
 fn stats(rt: &Rt) -> DfuseStats {
