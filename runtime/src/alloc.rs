@@ -7,14 +7,18 @@
 //! earlier model, an evaluation batch) and then pass every block of the sizes now in use back
 //! to the system, so each step page-faulted its memory afresh (an audio model's defer step ran
 //! 154 ms after other models had filled the cache, 127 ms with it to itself).
+//!
+//! Sizes that change from step to step reuse each other's blocks: a request takes the smallest
+//! cached block that holds it (within 2x), large sizes are rounded to eighths of a power of
+//! two, the cache holds no more than was ever in use at once, and large blocks are mapped and
+//! unmapped directly so that what the cache lets go of leaves the process.
 
 use crate::error::{Error, Result};
 use std::alloc::{alloc, alloc_zeroed, dealloc, Layout};
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-
-use std::collections::BTreeMap;
 
 /// Alignment of every host block: a cache line, and enough for any vector load.
 pub const ALIGN: usize = 64;
