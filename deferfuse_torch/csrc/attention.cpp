@@ -152,6 +152,16 @@ bool covered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                 std::optional<double> scale, bool enable_gqa) {
+  // While torch.compile traces (fake or functional tensors) the composite takes the call: it
+  // reads sizes symbolically, where this kernel's checks read them as numbers, so every new
+  // sequence length or batch size was a guard and a recompile (a Llama on padded batches
+  // built a graph per length, ~1.3 s each). The traced graph is then fused like any other.
+  bool traced = !recordable(q) || !recordable(k) || !recordable(v) ||
+                (mask && mask->defined() && !recordable(*mask));
+  if (traced) {
+    return at::native::scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale,
+                                                     enable_gqa);
+  }
   // Grouped query attention: each key/value head serves a group of query heads. Repeating
   // them, as PyTorch's math path does, lets autograd sum their gradients over each group.
   int64_t heads = q.dim() >= 3 ? q.size(-3) : 0, kv_heads = k.dim() >= 3 ? k.size(-3) : 0;

@@ -206,6 +206,24 @@ def test_a_changing_batch_size_recompiles_once_and_compiles_no_new_programs():
     assert compile_backend.counts["captures"] == captures + 2 * 4
 
 
+@pytest.mark.parametrize("vary", ["sequence", "batch"])
+def test_compiled_attention_over_changing_sizes_recompiles_once_as_on_cpu(vary):
+    # The device's attention kernel reads sizes as numbers: while Dynamo traces, the
+    # composite (symbolic sizes) takes the call, or every new length was a new graph.
+    counter = torch._dynamo.testing.CompileCounterWithBackend("tpu")
+
+    def attention(q, mask):
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=mask).sum()
+    compiled = torch.compile(attention, backend=counter)
+    for n in (5, 7, 9, 11):
+        batch, length = (2, n) if vary == "sequence" else (n, 6)
+        q = torch.randn(batch, 2, length, 8)
+        mask = torch.ones(batch, 1, length, length, dtype=torch.bool).tril()
+        got = compiled(q.to("tpu"), mask.to("tpu"))
+        torch.testing.assert_close(got.cpu(), attention(q, mask), rtol=1e-5, atol=1e-4)
+    assert counter.frame_count == 2
+
+
 def test_a_graph_break_runs_both_pieces_through_the_backend():
     counter = torch._dynamo.testing.CompileCounterWithBackend("tpu")
 
