@@ -40,8 +40,22 @@ int64_t positions(int64_t size, int64_t pad, int64_t dil, int64_t k, int64_t s) 
   return (size + 2 * pad - (dil * (k - 1) + 1)) / s + 1;
 }
 
-// Flat positions in the padded [hp, wp] plane, ordered (i, j, oh, ow): [kh * kw * oh * ow].
-at::Tensor window_table(const Window& w, int64_t wp, int64_t oh, int64_t ow) {
+// Flat positions in the padded [hp, wp] plane, ordered (i, j, oh, ow): [kh * kw * oh * ow],
+// on `like`'s device. While torch.compile traces (`like` fake or functional) the table is
+// computed by tensor ops: an uploaded one is written from host memory, which a fake tensor
+// does not have (F.unfold, and so HF ConvBERT, failed to compile). Eager calls upload it once.
+at::Tensor window_table(const Window& w, int64_t wp, int64_t oh, int64_t ow,
+                        const at::Tensor& like) {
+  if (!recordable(like)) {
+    auto range = [&](int64_t n, int64_t d) {
+      std::vector<int64_t> shape(4, 1);
+      shape[d] = n;
+      return at::arange(n, like.options().dtype(at::kLong)).view(shape);
+    };
+    auto rows = range(oh, 2) * w.sh + range(w.kh, 0) * w.dh;
+    auto cols = range(ow, 3) * w.sw + range(w.kw, 1) * w.dw;
+    return (rows * wp + cols).reshape({-1});
+  }
   std::vector<double> t;
   t.reserve(w.kh * w.kw * oh * ow);
   for (int64_t i = 0; i < w.kh; ++i)
@@ -63,7 +77,7 @@ at::Tensor im2col(const at::Tensor& input, at::IntArrayRef kernel, at::IntArrayR
   int64_t oh = positions(h, w.ph, w.dh, w.kh, w.sh), ow = positions(wd, w.pw, w.dw, w.kw, w.sw);
   int64_t hp = h + 2 * w.ph, wp = wd + 2 * w.pw;
   auto padded = (w.ph || w.pw) ? at::constant_pad_nd(x, {w.pw, w.pw, w.ph, w.ph}, 0) : x;
-  auto table = window_table(w, wp, oh, ow);
+  auto table = window_table(w, wp, oh, ow, x);
   auto cols = padded.reshape({n, c, hp * wp}).index_select(2, table)
                   .view({n, c * w.kh * w.kw, oh * ow});
   return batched ? cols : cols.squeeze(0);
@@ -82,7 +96,7 @@ at::Tensor col2im(const at::Tensor& input, at::IntArrayRef output_size, at::IntA
   int64_t n = cols.size(0), c = cols.size(1) / (w.kh * w.kw);
   int64_t oh = positions(h, w.ph, w.dh, w.kh, w.sh), ow = positions(wd, w.pw, w.dw, w.kw, w.sw);
   int64_t hp = h + 2 * w.ph, wp = wd + 2 * w.pw;
-  auto table = window_table(w, wp, oh, ow);
+  auto table = window_table(w, wp, oh, ow, cols);
   auto plane = at::zeros({n, c, hp * wp}, cols.options())
                    .index_add(2, table, cols.reshape({n, c, w.kh * w.kw * oh * ow}));
   auto out = plane.view({n, c, hp, wp}).slice(2, w.ph, w.ph + h).slice(3, w.pw, w.pw + wd)

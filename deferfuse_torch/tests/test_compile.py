@@ -224,6 +224,17 @@ def test_compiled_attention_over_changing_sizes_recompiles_once_as_on_cpu(vary):
     assert counter.frame_count == 2
 
 
+def test_compiled_unfold_and_fold_match_cpu():
+    # Their window table is uploaded in eager calls; while Dynamo traces it is computed from
+    # tensor ops (a fake tensor has no memory to upload into).
+    def patches(x):
+        cols = F.unfold(x, 2, padding=1, stride=(1, 2))
+        return F.fold(cols * 2, (4, 6), 2, padding=1, stride=(1, 2))
+    x = torch.arange(48.).reshape(1, 2, 4, 6)
+    got = torch.compile(patches, backend="tpu")(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), patches(x))
+
+
 def test_a_graph_break_runs_both_pieces_through_the_backend():
     counter = torch._dynamo.testing.CompileCounterWithBackend("tpu")
 
