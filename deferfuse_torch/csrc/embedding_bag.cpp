@@ -43,11 +43,13 @@ Bags embedding_bag(const at::Tensor& weight, const at::Tensor& indices, const at
               mode == kMean ? "mean" : "max", "'). Please open a feature request on GitHub.");
   TORCH_CHECK(!(scale_grad_by_freq && mode == kMax),
               "max mode does not support scaling the gradient by the frequency");
-  TORCH_CHECK(!include_last_offset || offsets.numel() >= 1,
-              "include_last_offset: number of offset should be at least 1");
-  const int64_t n = indices.numel();
-  const int64_t bags = include_last_offset ? offsets.numel() - 1 : offsets.numel();
-  if (get_mode() == DFUSE_MODE_DEBUG && offsets.numel() > 0) {
+  TORCH_SYM_CHECK(offsets.sym_numel().sym_ge(include_last_offset ? 1 : 0),
+                  "include_last_offset: number of offset should be at least 1");
+  // Sizes are symbolic while torch.compile traces with dynamic shapes: as numbers they made
+  // the trace fail (or guard on every batch's size).
+  const c10::SymInt n = indices.sym_numel();
+  const c10::SymInt bags = include_last_offset ? offsets.sym_numel() - 1 : offsets.sym_numel();
+  if (get_mode() == DFUSE_MODE_DEBUG && recordable(offsets) && offsets.numel() > 0) {
     // Debug mode checks the offsets as CPU's kernel does (a host read the other modes skip).
     auto o = offsets.to(at::kLong).cpu();
     const int64_t* v = o.const_data_ptr<int64_t>();
@@ -57,18 +59,18 @@ Bags embedding_bag(const at::Tensor& weight, const at::Tensor& indices, const at
       TORCH_CHECK(v[i] >= v[i - 1], "embedding_bag: offsets must be non-decreasing, got offsets[",
                   i, "] = ", v[i], " after ", v[i - 1]);
     }
-    TORCH_CHECK(v[o.numel() - 1] <= n, "offsets[-1] can not be greater than input's length ", n,
+    TORCH_CHECK(v[o.numel() - 1] <= n.expect_int(), "offsets[-1] can not be greater than input's length ", n,
                 ", but got offsets[-1] of ", v[o.numel() - 1]);
   }
-  const int64_t dim = weight.size(1);
+  const c10::SymInt dim = weight.sym_size(1);
   auto idx_opts = indices.options();
 
   // offset2bag[i]: the bag of position i. A 1 where each bag starts (a bag starting at n, an
   // empty trailing one, lands in the extra slot), summed along: empty bags are skipped.
-  auto starts = offsets.slice(0, 0, bags).to(at::kLong);
-  auto marks = at::zeros({n + 1}, idx_opts.dtype(at::kLong))
-                   .index_add(0, starts, at::ones({bags}, idx_opts.dtype(at::kLong)));
-  auto offset2bag = marks.slice(0, 0, n).cumsum(0) - 1;
+  auto starts = offsets.slice_symint(0, 0, bags).to(at::kLong);
+  auto marks = at::zeros_symint({n + 1}, idx_opts.dtype(at::kLong))
+                   .index_add(0, starts, at::ones_symint({bags}, idx_opts.dtype(at::kLong)));
+  auto offset2bag = marks.slice_symint(0, 0, n).cumsum(0) - 1;
 
   // Padding positions take no part: zero rows, not counted in a bag's size.
   auto rows = at::embedding(weight, indices, padding_idx, scale_grad_by_freq, false);
@@ -77,33 +79,39 @@ Bags embedding_bag(const at::Tensor& weight, const at::Tensor& indices, const at
     keep = indices.ne(padding_idx);
     rows = rows * keep.unsqueeze(1).to(rows.scalar_type());
   }
-  auto counts = keep.defined() ? keep.to(at::kLong) : at::ones({n}, idx_opts.dtype(at::kLong));
-  auto bag_size = at::zeros({bags}, idx_opts.dtype(at::kLong)).index_add(0, offset2bag, counts);
+  auto counts =
+      keep.defined() ? keep.to(at::kLong) : at::ones_symint({n}, idx_opts.dtype(at::kLong));
+  auto bag_size =
+      at::zeros_symint({bags}, idx_opts.dtype(at::kLong)).index_add(0, offset2bag, counts);
 
   at::Tensor out, max_indices;
   if (mode == kMax) {
     // The first position with each bag's maximum (CPU keeps the first of equal values), and
     // its row gathered: an empty bag (or one of padding only) gives zeros and index -1.
-    auto where_rows = offset2bag.unsqueeze(1).expand({n, dim});
+    auto where_rows = offset2bag.unsqueeze(1).expand_symint({n, dim});
     auto candidates = keep.defined()
         ? at::where(keep.unsqueeze(1), rows, -std::numeric_limits<double>::infinity())
         : rows;
-    auto best = at::full({bags, dim}, -std::numeric_limits<double>::infinity(), rows.options())
+    auto best = at::full_symint({bags, dim}, -std::numeric_limits<double>::infinity(),
+                                rows.options())
                     .scatter_reduce(0, where_rows, candidates.detach(), "amax", true);
-    auto positions = at::arange(n, idx_opts.dtype(at::kLong)).unsqueeze(1).expand({n, dim});
+    auto positions =
+        at::arange(c10::Scalar(n), idx_opts.dtype(at::kLong)).unsqueeze(1).expand_symint({n, dim});
     auto is_best = candidates.detach().eq(best.index_select(0, offset2bag));
     if (keep.defined()) is_best = is_best.logical_and(keep.unsqueeze(1));
-    auto first = at::full({bags, dim}, n, idx_opts.dtype(at::kLong))
-                     .scatter_reduce(0, where_rows, at::where(is_best, positions, n), "amin", true);
-    auto empty = first.eq(n);
+    const c10::Scalar none(n);  // past every position: a bag with no maximum
+    auto first = at::full_symint({bags, dim}, none, idx_opts.dtype(at::kLong))
+                     .scatter_reduce(0, where_rows, at::where(is_best, positions, none), "amin",
+                                     true);
+    auto empty = first.eq(none);
     auto safe = at::where(empty, 0, first);
     out = at::where(empty.logical_not(), rows.gather(0, safe), 0);
     max_indices = at::where(empty, -1, indices.to(at::kLong).index_select(0, safe.view(-1))
-                                           .view({bags, dim}))
+                                           .view_symint({bags, dim}))
                       .to(indices.scalar_type());
   } else {
     if (weighted) rows = rows * per_sample_weights->unsqueeze(1).to(rows.scalar_type());
-    out = at::zeros({bags, dim}, rows.options()).index_add(0, offset2bag, rows);
+    out = at::zeros_symint({bags, dim}, rows.options()).index_add(0, offset2bag, rows);
     if (mode == kMean) {
       out = out / bag_size.clamp_min(1).unsqueeze(1).to(out.scalar_type());
     }

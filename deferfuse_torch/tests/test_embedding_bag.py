@@ -99,3 +99,20 @@ def test_bad_offsets_raise_in_debug_mode(offsets, match):
     w = torch.arange(8.0, device="tpu").view(4, 2)
     with deferfuse_torch.mode("debug"), pytest.raises(RuntimeError, match=match):
         F.embedding_bag(ids, w, torch.tensor(offsets, device="tpu"))
+
+
+@pytest.mark.parametrize("bag_mode", ["mean", "max"])
+def test_compiled_bags_of_changing_sizes_match_cpu(bag_mode):
+    # torch.compile with dynamic shapes traces the kernel with symbolic sizes (a size read as a
+    # number failed the trace at the second batch).
+    torch.manual_seed(0)
+    weight = torch.randn(30, 4)
+    compiled = torch.compile(lambda w, i, o: F.embedding_bag(i, w, o, mode=bag_mode),
+                             backend="tpu", dynamic=True)
+    for n, bags in ((7, 3), (11, 4), (16, 6)):
+        indices = torch.randint(0, 30, (n,))
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long),
+                             torch.randint(0, n, (bags - 1,)).sort().values])
+        want = F.embedding_bag(indices, weight, offsets, mode=bag_mode)
+        got = compiled(weight.to("tpu"), indices.to("tpu"), offsets.to("tpu"))
+        check(got, want)
