@@ -152,13 +152,18 @@ bool covered(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                 std::optional<double> scale, bool enable_gqa) {
-  // While torch.compile traces (fake or functional tensors) the composite takes the call: it
-  // reads sizes symbolically, where this kernel's checks read them as numbers, so every new
-  // sequence length or batch size was a guard and a recompile (a Llama on padded batches
-  // built a graph per length, ~1.3 s each). The traced graph is then fused like any other.
-  bool traced = !recordable(q) || !recordable(k) || !recordable(v) ||
-                (mask && mask->defined() && !recordable(*mask));
-  if (traced) {
+  // When torch.compile traces with dynamic shapes the composite takes the call: it reads sizes
+  // symbolically, where this kernel's checks read them as numbers, so every new sequence
+  // length or batch size was a guard and a recompile (a Llama on padded batches built a graph
+  // per length, ~1.3 s each). Its math path rounds differently from this kernel (README);
+  // a trace with static shapes still runs this kernel, with eager's bits.
+  auto symbolic = [](const at::Tensor& t) {
+    for (const auto& d : t.sym_sizes()) {
+      if (!d.maybe_as_int()) return true;
+    }
+    return false;
+  };
+  if (symbolic(q) || symbolic(k) || symbolic(v) || (mask && mask->defined() && symbolic(*mask))) {
     return at::native::scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale,
                                                      enable_gqa);
   }
