@@ -8,6 +8,8 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/unfold_native.h>
@@ -228,6 +230,20 @@ void check_device(std::optional<at::Device> device, std::optional<at::Layout> la
   TORCH_CHECK(!layout || *layout == at::kStrided, "tpu: only strided tensors are supported");
 }
 
+// Under torch.use_deterministic_algorithms(True) (transformers' enable_full_determinism()) with
+// torch.utils.deterministic.fill_uninitialized_memory (its default), a new tensor is filled
+// with NaN (floats) or its dtype's largest value (integers), as CPU's and CUDA's empty do, so
+// a read of memory nothing wrote shows (ours read as zeros).
+bool fills_uninitialized_memory() {
+  return C10_UNLIKELY(at::globalContext().deterministicAlgorithms() &&
+                      at::globalContext().deterministicFillUninitializedMemory());
+}
+
+at::Tensor filled_if_deterministic(at::Tensor t) {
+  if (fills_uninitialized_memory()) at::native::fill_empty_deterministic_(t);
+  return t;
+}
+
 at::Tensor empty_memory_format(at::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                std::optional<at::Layout> layout, std::optional<at::Device> device,
                                std::optional<bool>, std::optional<at::MemoryFormat> mf) {
@@ -246,7 +262,7 @@ at::Tensor empty_memory_format(at::IntArrayRef size, std::optional<at::ScalarTyp
                                                          : c10::get_channels_last_strides_3d(size);
     auto t = make_tensor(make_storage(st, size, strides, nbytes), st);
     t.unsafeGetTensorImpl()->set_sizes_and_strides(size, strides);
-    return t;
+    return filled_if_deterministic(t);
   }
   TORCH_CHECK(fmt == at::MemoryFormat::Contiguous || fmt == at::MemoryFormat::Preserve,
               "tpu: memory format ", fmt, " is not supported (contiguous, channels_last and ",
@@ -254,7 +270,7 @@ at::Tensor empty_memory_format(at::IntArrayRef size, std::optional<at::ScalarTyp
   auto strides = c10::contiguous_strides(size);
   auto t = make_tensor(make_storage(st, size, strides, nbytes), st);
   t.unsafeGetTensorImpl()->set_sizes_contiguous(size);
-  return t;
+  return filled_if_deterministic(t);
 }
 
 // Autograd's zero gradients (sign's, sgn's): CPU makes a storage-less "ZeroTensor"; here a
@@ -276,7 +292,7 @@ at::Tensor empty_strided(at::IntArrayRef size, at::IntArrayRef stride,
   size_t nbytes = at::detail::computeStorageNbytes(size, stride, c10::elementSize(st));
   auto t = make_tensor(make_storage(st, size, stride, nbytes), st);
   t.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride);
-  return t;
+  return filled_if_deterministic(t);
 }
 
 // Grows the storage by swapping in a bigger buffer holding the old bytes (copied on the
@@ -293,6 +309,7 @@ const at::Tensor& resize_(const at::Tensor& self, at::IntArrayRef size,
   size_t item = self.element_size();
   size_t need = (self.storage_offset() + c10::multiply_integers(size)) * item;
   auto storage = self.storage();
+  const int64_t old_nbytes = static_cast<int64_t>(storage.nbytes());
   if (need > storage.nbytes()) {
     const StorageCtx& old = storage_ctx(self);
     // A complex64 storage holds float32 pairs (complex.cpp).
@@ -318,6 +335,8 @@ const at::Tensor& resize_(const at::Tensor& self, at::IntArrayRef size,
     storage.set_nbytes(need);
   }
   self.unsafeGetTensorImpl()->set_sizes_contiguous(size);
+  // The grown part only, as CPU's resize_ fills it.
+  if (fills_uninitialized_memory()) at::native::fill_resize_deterministic_(self, old_nbytes);
   return self;
 }
 

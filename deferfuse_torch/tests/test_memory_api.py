@@ -1,6 +1,7 @@
 """torch.tpu's memory queries behave like torch.cuda's: allocated bytes follow the tensors
 alive, peaks and their reset, reserved = allocated + the runtime's cached blocks, empty_cache
-releases that cache, and the device describes itself (name, total memory)."""
+releases that cache, and the device describes itself (name, total memory). Under
+torch.use_deterministic_algorithms, new memory is filled as CPU fills it."""
 import gc
 
 import pytest
@@ -158,3 +159,36 @@ def test_the_runtime_allocators_counters_are_in_memory_stats(mode):
     assert s["device_bytes.all.peak"] >= s["device_bytes.all.current"]
     assert s["device_bytes.limit"] == limit
     del x
+
+
+@pytest.fixture
+def deterministic():
+    """torch.use_deterministic_algorithms(True) for one test (what transformers'
+    enable_full_determinism() sets), restored after it."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+CREATIONS = {
+    "empty_float32": lambda dev: torch.empty(3, device=dev),
+    "empty_int64": lambda dev: torch.empty(3, dtype=torch.long, device=dev),
+    "empty_bfloat16": lambda dev: torch.empty(3, dtype=torch.bfloat16, device=dev),
+    "empty_like": lambda dev: torch.empty_like(torch.ones(3, device=dev)),
+    "new_empty": lambda dev: torch.ones(1, device=dev).new_empty(3),
+    "empty_strided": lambda dev: torch.empty_strided((3,), (1,), device=dev),
+    "channels_last": lambda dev: torch.empty(1, 2, 1, 2, device=dev,
+                                             memory_format=torch.channels_last),
+    "resize_grown": lambda dev: torch.ones(2, device=dev).resize_(4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CREATIONS))
+def test_deterministic_mode_fills_uninitialized_memory_as_cpu_does(mode, deterministic, name):
+    # NaN for floats, the dtype's largest value for integers, the grown part of a resize_ only:
+    # a read of memory nothing wrote shows, as on CPU (tpu's read as zeros).
+    got, want = CREATIONS[name]("tpu").cpu(), CREATIONS[name]("cpu")
+    torch.testing.assert_close(got, want, equal_nan=True)
