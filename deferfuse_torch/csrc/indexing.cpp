@@ -454,6 +454,10 @@ Linearized linearize(const at::Tensor& self, const c10::List<std::optional<at::T
     // uploaded.
     const bool on_host = t->device().is_cpu();
     if (t->scalar_type() == at::kBool || t->scalar_type() == at::kByte) {
+      if (t->scalar_type() == at::kByte) {
+        TORCH_WARN("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+                   "torch.bool instead.");
+      }
       // CPU's IndexError, checked before the mask is read.
       for (int64_t k = 0; k < t->dim(); ++k) {
         TORCH_CHECK_INDEX(d + k < self.dim(), "too many indices for tensor of dimension ",

@@ -151,7 +151,7 @@ at::Tensor triu_indices(int64_t row, int64_t col, int64_t offset,
 // self, with CPU's message.
 void check_mask(const at::Tensor& self, const at::Tensor& mask, bool in_place) {
   TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_fill_ only supports boolean masks, but got "
-              "mask with dtype ", mask.scalar_type());
+              "mask with dtype ", mask.dtype());
   if (in_place) {
     auto shape = at::infer_size(self.sizes(), mask.sizes());
     TORCH_CHECK(shape == self.sizes(), "output with shape ", self.sizes(),

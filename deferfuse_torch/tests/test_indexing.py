@@ -542,3 +542,18 @@ def test_combinations_run_on_the_device(mode, r, with_replacement):
     check(torch.combinations(tpu(a), r, with_replacement),
           torch.combinations(a, r, with_replacement))
     assert deferfuse_torch.fallback_counts() == {}
+
+
+def test_a_uint8_mask_indexes_as_a_bool_one_with_cpus_deprecation_warning(mode):
+    x = torch.arange(6.).reshape(2, 3)
+    mask = torch.tensor([[1, 0, 1], [0, 0, 1]], dtype=torch.uint8)
+    with pytest.warns(UserWarning, match="indexing with dtype torch.uint8 is now deprecated"):
+        got = x.to("tpu")[mask.to("tpu")]
+    torch.testing.assert_close(got.cpu(), x[mask.bool()])
+
+
+def test_masked_fill_with_a_uint8_mask_raises_cpus_message(mode):
+    mask = torch.tensor([1, 0], dtype=torch.uint8, device="tpu")
+    with pytest.raises(RuntimeError, match="only supports boolean masks, but got mask with "
+                                           "dtype unsigned char"):
+        torch.zeros(2, device="tpu").masked_fill(mask, 1.0)
