@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/stack.h>
+#include <ATen/native/Resize.h>
 #include <c10/core/Allocator.h>
 #include <c10/util/SmallVector.h>
 #include <cstdint>

@@ -137,7 +137,7 @@ at::Tensor complex_of(const at::Tensor& real, const at::Tensor& imag) {
 }
 
 at::Tensor& resized_copy(const at::Tensor& r, at::Tensor& out) {
-  if (!out.sizes().equals(r.sizes())) out.resize_(r.sizes());
+  at::native::resize_output(out, r.sizes());
   out.copy_(r);
   return out;
 }

@@ -459,7 +459,7 @@ at::Tensor& addcdiv_(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t
 template <uint32_t OP>
 at::Tensor& logical_out(const at::Tensor& x, const at::Tensor& y, at::Tensor& out) {
   auto r = ew::b<OP>(x, y);
-  if (!out.sizes().equals(r.sizes())) out.resize_(r.sizes());
+  at::native::resize_output(out, r.sizes());
   out.copy_(r);
   return out;
 }

@@ -20,7 +20,7 @@ namespace {
 using namespace ew;
 
 at::Tensor& resized(const at::Tensor& like, at::Tensor& out) {
-  if (!out.sizes().equals(like.sizes())) out.resize_(like.sizes());
+  at::native::resize_output(out, like.sizes());
   return out;
 }
 

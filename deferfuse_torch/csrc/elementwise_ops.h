@@ -107,7 +107,7 @@ at::Tensor& u_(at::Tensor& x) {
 template <uint32_t OP>
 at::Tensor& u_out(const at::Tensor& x, at::Tensor& out) {
   refuse_as_cpu<OP>(x);
-  if (!out.sizes().equals(x.sizes())) out.resize_(x.sizes());
+  at::native::resize_output(out, x.sizes());
   auto a = attrs_sub(OP);
   run_into(DFUSE_OP_KIND_UNARY, &a, Operands().t(x), out, "unary op (out=)");
   return out;
@@ -167,7 +167,7 @@ inline void prepare_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& ou
   if (out.sizes().equals(shape)) return;
   TORCH_CHECK(!out.is_same(a) && !out.is_same(b), "output with shape ", out.sizes(),
               " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
-  out.resize_(shape);
+  at::native::resize_output(out, shape);
 }
 
 template <uint32_t OP>

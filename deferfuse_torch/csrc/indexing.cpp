@@ -53,7 +53,7 @@ at::Tensor tpu_index_select(const at::Tensor& self, int64_t dim, const at::Tenso
 at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                              at::Tensor& out) {
   auto r = tpu_index_select(self, dim, index);
-  out.resize_(r.sizes());
+  at::native::resize_output(out, r.sizes());
   return assign(out, r);
 }
 
@@ -71,7 +71,7 @@ at::Tensor tpu_gather(const at::Tensor& self, int64_t dim, const at::Tensor& ind
 at::Tensor& gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bool sg,
                        at::Tensor& out) {
   auto r = tpu_gather(self, dim, index, sg);
-  out.resize_(r.sizes());
+  at::native::resize_output(out, r.sizes());
   return assign(out, r);
 }
 
@@ -224,7 +224,7 @@ at::Tensor& index_add_(at::Tensor& self, int64_t dim, const at::Tensor& index,
 at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                           const at::Tensor& source, const at::Scalar& alpha, at::Tensor& out) {
   auto r = tpu_index_add(self, dim, index, source, alpha);
-  out.resize_(r.sizes());
+  at::native::resize_output(out, r.sizes());
   return assign(out, r);
 }
 
@@ -273,7 +273,7 @@ at::Tensor& index_copy_(at::Tensor& self, int64_t dim, const at::Tensor& index,
 at::Tensor& index_copy_out(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                            const at::Tensor& source, at::Tensor& out) {
   auto r = tpu_index_copy(self, dim, index, source);
-  out.resize_(r.sizes());
+  at::native::resize_output(out, r.sizes());
   return assign(out, r);
 }
 
@@ -338,7 +338,7 @@ at::Tensor nonzero_static(const at::Tensor& self, int64_t size, int64_t fill_val
 
 at::Tensor& nonzero_out(const at::Tensor& self, at::Tensor& out) {
   auto r = tpu_nonzero(self);
-  out.resize_(r.sizes());
+  at::native::resize_output(out, r.sizes());
   return assign(out, r);
 }
 

@@ -13,7 +13,7 @@ namespace dft {
 namespace {
 
 at::Tensor& assign_out(at::Tensor& out, const at::Tensor& r) {
-  if (!out.sizes().equals(r.sizes())) out.resize_(r.sizes());
+  at::native::resize_output(out, r.sizes());
   return out.copy_(r);
 }
 
@@ -70,7 +70,7 @@ at::Tensor& isposinf_out(const at::Tensor& x, at::Tensor& out) {
 at::Tensor& where_out(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
                       at::Tensor& out) {
   auto shape = at::infer_size(at::infer_size(c.sizes(), a.sizes()), b.sizes());
-  if (!out.sizes().equals(shape)) out.resize_(shape);
+  at::native::resize_output(out, shape);
   run_into(DFUSE_OP_KIND_WHERE, nullptr, Operands().t(ew::where_condition(c)).t(a).t(b), out,
            "where (out=)");
   return out;

@@ -42,7 +42,7 @@ at::Tensor nansum(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim
 at::Tensor& sum_out(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
                     std::optional<at::ScalarType> dtype, at::Tensor& out) {
   auto r = dft::sum(x, dim, keepdim, dtype.value_or(out.scalar_type()));
-  if (!out.sizes().equals(r.sizes())) out.resize_(r.sizes());
+  at::native::resize_output(out, r.sizes());
   run_into(DFUSE_OP_KIND_COPY, nullptr, Operands().t(r), out, "sum (out=)");
   return out;
 }

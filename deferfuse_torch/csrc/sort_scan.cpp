@@ -19,7 +19,7 @@ at::Tensor& assign(at::Tensor& self, const at::Tensor& value) {
 }
 
 void assign_out(at::Tensor& out, const at::Tensor& value) {
-  out.resize_(value.sizes());
+  at::native::resize_output(out, value.sizes());
   assign(out, value);
 }
 

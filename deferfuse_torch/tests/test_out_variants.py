@@ -98,15 +98,35 @@ def test_a_comparison_in_place_on_an_int_tensor_keeps_its_dtype(no_fallback):
     check(d, x.clone().gt_(4))
 
 
-def test_a_non_empty_out_of_another_shape_is_resized_with_cpus_warning(no_fallback):
+# Ops whose out= has a tpu kernel of its own, each resizing a wrong-shaped out.
+RESIZED_OUTS = {
+    "mm": lambda x, out: torch.mm(x, x.t(), out=out),
+    "add": lambda x, out: torch.add(x, 1, out=out),
+    "mul": lambda x, out: torch.mul(x, x, out=out),
+    "exp": lambda x, out: torch.exp(x, out=out),
+    "sum_dim": lambda x, out: torch.sum(x, 0, out=out),
+    "cumsum": lambda x, out: torch.cumsum(x, 1, out=out),
+    "index_select": lambda x, out: torch.index_select(x, 0, torch.tensor([1, 0], device=x.device),
+                                                      out=out),
+    "gather": lambda x, out: torch.gather(x, 1, torch.tensor([[1, 0], [2, 2]], device=x.device),
+                                          out=out),
+    "logical_and": lambda x, out: torch.logical_and(x, x, out=out),
+    "where": lambda x, out: torch.where(x > 1, x, x + 1, out=out),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RESIZED_OUTS))
+def test_a_non_empty_out_of_another_shape_is_resized_with_cpus_warning(no_fallback, name):
+    results = []
     for device in ("cpu", "tpu"):
-        out = torch.zeros(2, 2, device=device)
+        x = torch.arange(6.).reshape(2, 3).to(device)
+        out = torch.zeros(5, device=device, dtype=torch.bool if name == "logical_and" else None)
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            torch.mm(A.to(device), B.to(device), out=out)
+            RESIZED_OUTS[name](x, out)
         assert any("resized" in str(w.message) for w in seen), device
-        assert out.shape == (6, 5)
-    check(out, A @ B)
+        results.append(out)
+    check(results[1], results[0])
 
 
 def test_an_empty_out_takes_the_results_shape_silently(no_fallback):
