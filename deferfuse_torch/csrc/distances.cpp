@@ -31,8 +31,11 @@ at::Tensor cdist_forward(const at::Tensor& x1, const at::Tensor& x2, double p,
                          std::optional<int64_t> compute_mode) {
   TORCH_CHECK(x1.dim() >= 2, "cdist only supports at least 2D tensors, X1 got: ", x1.dim(), "D");
   TORCH_CHECK(x2.dim() >= 2, "cdist only supports at least 2D tensors, X2 got: ", x2.dim(), "D");
-  TORCH_CHECK(x1.size(-1) == x2.size(-1), "X1 and X2 must have the same number of columns. X1: ",
-              x1.size(-1), " X2: ", x2.size(-1));
+  // Sizes compared as SymInts: while torch.compile traces with dynamic shapes, a size read as a
+  // number is a guard on its value (a graph per size).
+  TORCH_SYM_CHECK(x1.sym_size(-1).sym_eq(x2.sym_size(-1)),
+                  "X1 and X2 must have the same number of columns. X1: ", x1.sym_size(-1),
+                  " X2: ", x2.sym_size(-1));
   TORCH_CHECK(at::isFloatingType(x1.scalar_type()),
               "cdist only supports floating-point dtypes, X1 got: ", x1.scalar_type());
   TORCH_CHECK(at::isFloatingType(x2.scalar_type()),
@@ -40,7 +43,7 @@ at::Tensor cdist_forward(const at::Tensor& x1, const at::Tensor& x2, double p,
   TORCH_CHECK(p >= 0, "cdist only supports non-negative p values");
   int64_t mode = compute_mode.value_or(0);
   TORCH_CHECK(mode >= 0 && mode <= 2, "possible modes: 0, 1, 2, but was: ", mode);
-  if (p == 2 && (mode == 1 || (mode == 0 && (x1.size(-2) > 25 || x2.size(-2) > 25)))) {
+  if (p == 2 && (mode == 1 || (mode == 0 && (x1.sym_size(-2) > 25 || x2.sym_size(-2) > 25)))) {
     return at::_euclidean_dist(x1, x2);
   }
   return row_norms(x1.unsqueeze(-2) - x2.unsqueeze(-3), p);

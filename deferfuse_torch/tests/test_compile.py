@@ -224,6 +224,16 @@ def test_compiled_attention_over_changing_sizes_recompiles_once_as_on_cpu(vary):
     assert counter.frame_count == 2
 
 
+def test_compiled_cdist_over_changing_row_counts_recompiles_once_as_on_cpu():
+    counter = torch._dynamo.testing.CompileCounterWithBackend("tpu")
+    compiled = torch.compile(lambda a, b: torch.cdist(a, b).sum(), backend=counter)
+    for n in (5, 7, 9, 11):
+        a, b = torch.randn(n, 3), torch.randn(n + 1, 3)
+        got = compiled(a.to("tpu"), b.to("tpu"))
+        torch.testing.assert_close(got.cpu(), torch.cdist(a, b).sum(), rtol=1e-5, atol=1e-4)
+    assert counter.frame_count == 2
+
+
 def test_compiled_unfold_and_fold_match_cpu():
     # Their window table is uploaded in eager calls; while Dynamo traces it is computed from
     # tensor ops (a fake tensor has no memory to upload into).
