@@ -92,6 +92,48 @@ at::Tensor window_table(const Pool3d& g, int64_t outside) {
   return upload_table(t, {int64_t(t.size())}, at::kLong);
 }
 
+// While torch.compile traces (a fake or functional input), tables are computed by tensor ops
+// on the input's device with the same entries: an upload writes host memory into a tensor, and
+// a fake one has none (avg_pool3d and the adaptive pools, so torchvision's video models,
+// failed to trace).
+
+// arange(n) as int64 on `like`'s device, along `axis` of a rank-`rank` shape of ones.
+at::Tensor ramp(const at::Tensor& like, int64_t n, int64_t axis, int64_t rank) {
+  std::vector<int64_t> shape(rank, 1);
+  shape[axis] = n;
+  return at::arange(n, like.options().dtype(at::kLong)).view(shape);
+}
+
+// window_table's entries from each dim's window starts `start[i]` ([out_i] along axis i of 6)
+// and positions `at[i]` (start plus kernel offsets, [out_i, k_i] along axes i and 3 + i),
+// `inside[i]` where a position reads the input: `outside`, or with outside < 0 the window's
+// first in-range element (`first[i]`, along axis i).
+at::Tensor traced_table(const Pool3d& g, const std::array<at::Tensor, 3>& at_,
+                        const std::array<at::Tensor, 3>& inside,
+                        const std::array<at::Tensor, 3>& first, int64_t outside,
+                        const at::Tensor& like) {
+  auto flat = at_[0], in = inside[0], first_flat = first[0];
+  for (int i = 1; i < 3; ++i) {
+    flat = flat * g.in[i] + at_[i];
+    in = in.logical_and(inside[i]);
+    first_flat = first_flat * g.in[i] + first[i];
+  }
+  auto other = outside >= 0 ? at::full({}, outside, like.options().dtype(at::kLong)) : first_flat;
+  return at::where(in, flat, other).reshape({-1});
+}
+
+at::Tensor window_table_traced(const Pool3d& g, int64_t outside, const at::Tensor& like) {
+  std::array<at::Tensor, 3> at_, inside, first;
+  for (int i = 0; i < 3; ++i) {
+    auto start = ramp(like, g.out[i], i, 6) * g.s[i] - g.p[i];
+    at_[i] = start + ramp(like, g.k[i], 3 + i, 6) * g.d[i];
+    inside[i] = at_[i].ge(0).logical_and(at_[i].lt(g.in[i]));
+    first[i] = at::where(start.ge(0), start,
+                         start + at::div(-start + (g.d[i] - 1), g.d[i], "floor") * g.d[i]);
+  }
+  return traced_table(g, at_, inside, first, outside, like);
+}
+
 // The windows of x as [N, C, O, K], x padded with one zero after its volume when the table
 // reads it.
 at::Tensor windows(const at::Tensor& x5, const Pool3d& g, const at::Tensor& table, bool zero_slot) {
@@ -157,16 +199,23 @@ at::Tensor max_pool3d_with_indices_backward(const at::Tensor& grad, const at::Te
   return max_pool_backward(grad, x, indices, as_pool(g));
 }
 
-at::Tensor avg_pool3d(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
-                      at::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
-                      std::optional<int64_t> divisor_override) {
-  TORCH_CHECK(!divisor_override || *divisor_override != 0, "divisor must be not zero");
-  auto g = geometry(x, kernel, stride, padding, {}, ceil_mode, true, "avg_pool3d", "avg_pool3d()");
-  auto x5 = x.dim() == 4 ? x.unsqueeze(0) : x;
-  auto table = window_table(g, volume(g.in));
-  auto sums = windows(x5, g, table, true).sum(-1);
-  // Each window's divisor, as CPU's kernel counts it: the window cut at the padded end (with
-  // count_include_pad) or at the input (without), or the override.
+// Each window's divisor, as CPU's kernel counts it: the window cut at the padded end (with
+// count_include_pad) or at the input (without), or the override; `sums`' dtype and device.
+at::Tensor avg_divisors(const Pool3d& g, bool count_include_pad,
+                        std::optional<int64_t> divisor_override, const at::Tensor& sums,
+                        bool traced) {
+  if (traced) {
+    if (divisor_override) return at::full({volume(g.out)}, *divisor_override, sums.options());
+    at::Tensor div;
+    for (int i = 0; i < 3; ++i) {
+      auto start = ramp(sums, g.out[i], i, 3) * g.s[i] - g.p[i];
+      auto end = at::clamp_max(start + g.k[i], g.in[i] + g.p[i]);
+      auto n = count_include_pad ? end - start
+                                 : at::clamp_max(end, g.in[i]) - at::clamp_min(start, 0);
+      div = i == 0 ? n : div * n;
+    }
+    return div.reshape({-1}).to(sums.scalar_type());
+  }
   std::vector<double> div;
   std::array<int64_t, 3> o{};
   for (o[0] = 0; o[0] < g.out[0]; ++o[0])
@@ -183,7 +232,19 @@ at::Tensor avg_pool3d(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayR
                              : count_include_pad ? padded
                                                  : real));
       }
-  auto out = window_mean(sums, upload_table(div, {volume(g.out)}, sums.scalar_type()));
+  return upload_table(div, {volume(g.out)}, sums.scalar_type());
+}
+
+at::Tensor avg_pool3d(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride,
+                      at::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
+                      std::optional<int64_t> divisor_override) {
+  TORCH_CHECK(!divisor_override || *divisor_override != 0, "divisor must be not zero");
+  auto g = geometry(x, kernel, stride, padding, {}, ceil_mode, true, "avg_pool3d", "avg_pool3d()");
+  auto x5 = x.dim() == 4 ? x.unsqueeze(0) : x;
+  bool traced = !recordable(x);
+  auto table = traced ? window_table_traced(g, volume(g.in), x) : window_table(g, volume(g.in));
+  auto sums = windows(x5, g, table, true).sum(-1);
+  auto out = window_mean(sums, avg_divisors(g, count_include_pad, divisor_override, sums, traced));
   return shaped(out, x, g);
 }
 
@@ -191,9 +252,9 @@ at::Tensor avg_pool3d(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayR
 // Adaptive pooling's windows: output position o along a dim covers input
 // [floor(o * in / out), ceil((o + 1) * in / out)), as CPU's kernels do. The table's windows are
 // the longest one's size; a shorter window's extra entries read `outside` (the zero slot), or
-// with outside < 0 its first element. `sizes` receives each window's element count.
+// with outside < 0 its first element. `sizes` receives each window's element count (x's dtype).
 at::Tensor adaptive_table(Pool3d& g, const at::Tensor& x, at::IntArrayRef output_size,
-                          int64_t outside, std::vector<double>* sizes, const char* op) {
+                          int64_t outside, at::Tensor* sizes, const char* op) {
   TORCH_CHECK(output_size.size() == 3, op, ": output_size must be 3");
   TORCH_CHECK(x.dim() == 4 || x.dim() == 5, op, "(): Expected 4D or 5D tensor, but got ",
               x.sizes());
@@ -213,16 +274,29 @@ at::Tensor adaptive_table(Pool3d& g, const at::Tensor& x, at::IntArrayRef output
       g.k[i] = std::max(g.k[i], ends[i].back() - starts[i].back());
     }
   }
-  std::vector<double> t;
+  if (!recordable(x)) {
+    std::array<at::Tensor, 3> at_, inside, first;
+    at::Tensor count;
+    for (int i = 0; i < 3; ++i) {
+      auto o = ramp(x, g.out[i], i, 6);
+      auto start = at::div(o * g.in[i], g.out[i], "floor");
+      auto end = at::div((o + 1) * g.in[i] + (g.out[i] - 1), g.out[i], "floor");
+      at_[i] = start + ramp(x, g.k[i], 3 + i, 6);
+      inside[i] = at_[i].lt(end);
+      first[i] = start;
+      count = i == 0 ? end - start : count * (end - start);
+    }
+    if (sizes) *sizes = count.reshape({-1}).to(x.scalar_type());
+    return traced_table(g, at_, inside, first, outside, x);
+  }
+  std::vector<double> t, counts;
   auto flat = [&](int64_t d, int64_t h, int64_t w) { return (d * g.in[1] + h) * g.in[2] + w; };
   for (int64_t a = 0; a < g.out[0]; ++a)
     for (int64_t b = 0; b < g.out[1]; ++b)
       for (int64_t c = 0; c < g.out[2]; ++c) {
         std::array<int64_t, 3> s0{starts[0][a], starts[1][b], starts[2][c]};
         std::array<int64_t, 3> e0{ends[0][a], ends[1][b], ends[2][c]};
-        if (sizes) {
-          sizes->push_back(double((e0[0] - s0[0]) * (e0[1] - s0[1]) * (e0[2] - s0[2])));
-        }
+        counts.push_back(double((e0[0] - s0[0]) * (e0[1] - s0[1]) * (e0[2] - s0[2])));
         for (int64_t i = 0; i < g.k[0]; ++i)
           for (int64_t j = 0; j < g.k[1]; ++j)
             for (int64_t l = 0; l < g.k[2]; ++l) {
@@ -232,18 +306,18 @@ at::Tensor adaptive_table(Pool3d& g, const at::Tensor& x, at::IntArrayRef output
                                                 : flat(s0[0], s0[1], s0[2])));
             }
       }
+  if (sizes) *sizes = upload_table(counts, {volume(g.out)}, x.scalar_type());
   return upload_table(t, {int64_t(t.size())}, at::kLong);
 }
 
 at::Tensor adaptive_avg_pool3d(const at::Tensor& x, at::IntArrayRef output_size) {
   Pool3d g;
-  std::vector<double> sizes;
+  at::Tensor sizes;
   int64_t zero_slot = x.dim() >= 4 ? x.size(-1) * x.size(-2) * x.size(-3) : 0;
   auto table = adaptive_table(g, x, output_size, zero_slot, &sizes, "adaptive_avg_pool3d");
   auto x5 = x.dim() == 4 ? x.unsqueeze(0) : x;
   auto sums = windows(x5, g, table, true).sum(-1);
-  auto div = upload_table(sizes, {volume(g.out)}, sums.scalar_type());
-  return shaped(sums / div, x, g);
+  return shaped(sums / sizes, x, g);
 }
 
 // Adaptive max pooling: as max_pool3d over the adaptive windows, a shorter window's extra

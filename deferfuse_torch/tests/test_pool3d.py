@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_same, raises_like_cpu
+from conftest import assert_same, check, raises_like_cpu
 
 MAX = {
     "2": dict(kernel_size=2),
@@ -91,3 +91,30 @@ def test_adaptive_max_pool3d_matches_cpu_values_indices_and_gradients(mode, size
 def test_bad_adaptive_pooling_raises_cpus_errors(call):
     x = torch.randn(1, 2, 4, 5, 6)
     raises_like_cpu(call, x)
+
+
+# Their tables are uploaded in eager calls; while torch.compile traces they are computed by
+# tensor ops (a fake tensor has no memory to upload into).
+COMPILED_POOLS = {
+    "avg": lambda t: F.avg_pool3d(t, 3, stride=2, padding=1),
+    "avg_ceil_no_pad_count": lambda t: F.avg_pool3d(t, 2, stride=2, padding=1, ceil_mode=True,
+                                                     count_include_pad=False),
+    "avg_divisor_override": lambda t: F.avg_pool3d(t, (2, 3, 2), divisor_override=5),
+    "adaptive_avg_uneven": lambda t: F.adaptive_avg_pool3d(t, (3, 4, 2)),
+    "adaptive_max_uneven": lambda t: F.adaptive_max_pool3d(t, (3, 4, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPILED_POOLS))
+def test_compiled_3d_pooling_matches_cpu_forward_and_backward(name):
+    f = COMPILED_POOLS[name]
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 7, 6)
+    want = f(x.clone().requires_grad_())
+    dx = x.to("tpu").requires_grad_()
+    got = torch.compile(f, backend="tpu")(dx)
+    check(got, want.detach(), atol=1e-5)
+    cx = x.clone().requires_grad_()
+    f(cx).square().sum().backward()
+    got.square().sum().backward()
+    check(dx.grad, cx.grad, atol=1e-5)
