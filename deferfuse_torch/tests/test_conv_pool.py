@@ -251,6 +251,25 @@ def test_repeated_forwards_of_one_input_keep_only_its_current_columns(mode, refi
     assert torch.tpu.memory_allocated() == after_one
 
 
+def test_a_forward_and_its_gradient_see_data_written_without_a_version_bump(mode):
+    # `x.data.copy_(batch)` (an old-style buffer refill) changes x without bumping its version:
+    # the next forward must read the new values, and the weight gradient the columns of them,
+    # not the columns an earlier forward of x kept.
+    torch.manual_seed(0)
+    first, second, grad = torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4), torch.randn(2, 4, 4, 4)
+    w = torch.randn(4, 3, 3, 3)
+    x, dw = first.to("tpu"), w.to("tpu").requires_grad_()
+    F.conv2d(x, dw, padding=1)  # an evaluation under grad mode: its backward never runs
+    x.data.copy_(second.to("tpu"))
+    out = F.conv2d(x, dw, padding=1)
+    cw = w.clone().requires_grad_()
+    want = F.conv2d(second, cw, padding=1)
+    check(out, want.detach(), atol=2e-5)
+    out.backward(grad.to("tpu"))
+    want.backward(grad)
+    check(dw.grad, cw.grad, atol=2e-5)
+
+
 def test_weight_gradient_matches_cpu_when_the_input_changed_in_place_since_an_earlier_forward(
         mode):
     torch.manual_seed(0)
