@@ -52,6 +52,10 @@ at::Tensor tpu_index_select(const at::Tensor& self, int64_t dim, const at::Tenso
 
 at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                              at::Tensor& out) {
+  // CPU's checks: an out sharing memory with an input is refused, not read while written.
+  at::assert_no_internal_overlap(out);
+  at::assert_no_overlap(out, self);
+  at::assert_no_overlap(out, index);
   auto r = tpu_index_select(self, dim, index);
   at::native::resize_output(out, r.sizes());
   return assign(out, r);

@@ -70,6 +70,10 @@ at::Tensor& isposinf_out(const at::Tensor& x, at::Tensor& out) {
 at::Tensor& where_out(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
                       at::Tensor& out) {
   auto shape = at::infer_size(at::infer_size(c.sizes(), a.sizes()), b.sizes());
+  // An out that is also an input cannot be resized to the broadcast shape, as on CPU.
+  TORCH_CHECK(out.sizes().equals(shape) || !(out.is_same(c) || out.is_same(a) || out.is_same(b)),
+              "output with shape ", out.sizes(), " doesn't match the broadcast shape ",
+              c10::IntArrayRef(shape));
   at::native::resize_output(out, shape);
   run_into(DFUSE_OP_KIND_WHERE, nullptr, Operands().t(ew::where_condition(c)).t(a).t(b), out,
            "where (out=)");

@@ -283,3 +283,25 @@ def test_an_out_variant_with_a_sliced_input_runs_on_the_device(mode, no_fallback
     out = torch.empty(4, 6, device="tpu")
     torch.mm(a.to("tpu")[:, :3], b.to("tpu"), out=out)
     check(out, a[:, :3] @ b)
+
+
+OUT_IS_AN_INPUT = {
+    "index_select": lambda x: torch.index_select(x, 0, torch.tensor([1, 0], device=x.device),
+                                                 out=x),
+    "where_broadcast": lambda x: where_into_its_input(x[:1]),
+}
+
+
+def where_into_its_input(a):
+    c = torch.ones(3, 1, dtype=torch.bool, device=a.device)
+    return torch.where(c, a, torch.ones(3, 3, device=a.device), out=a)
+
+
+@pytest.mark.parametrize("name", sorted(OUT_IS_AN_INPUT))
+def test_an_out_that_is_an_input_it_cannot_be_gets_cpus_error(name):
+    x = torch.arange(9.).reshape(3, 3)
+    with pytest.raises(RuntimeError) as cpu_error:
+        OUT_IS_AN_INPUT[name](x.clone())
+    with pytest.raises(RuntimeError) as tpu_error:
+        OUT_IS_AN_INPUT[name](x.to("tpu"))
+    assert str(tpu_error.value).split("\n")[0] == str(cpu_error.value).split("\n")[0]
