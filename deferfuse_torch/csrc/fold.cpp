@@ -47,13 +47,8 @@ int64_t positions(int64_t size, int64_t pad, int64_t dil, int64_t k, int64_t s) 
 at::Tensor window_table(const Window& w, int64_t wp, int64_t oh, int64_t ow,
                         const at::Tensor& like) {
   if (!recordable(like)) {
-    auto range = [&](int64_t n, int64_t d) {
-      std::vector<int64_t> shape(4, 1);
-      shape[d] = n;
-      return at::arange(n, like.options().dtype(at::kLong)).view(shape);
-    };
-    auto rows = range(oh, 2) * w.sh + range(w.kh, 0) * w.dh;
-    auto cols = range(ow, 3) * w.sw + range(w.kw, 1) * w.dw;
+    auto rows = table_axis(like, oh, 2, 4) * w.sh + table_axis(like, w.kh, 0, 4) * w.dh;
+    auto cols = table_axis(like, ow, 3, 4) * w.sw + table_axis(like, w.kw, 1, 4) * w.dw;
     return (rows * wp + cols).reshape({-1});
   }
   std::vector<double> t;

@@ -97,13 +97,6 @@ at::Tensor window_table(const Pool3d& g, int64_t outside) {
 // a fake one has none (avg_pool3d and the adaptive pools, so torchvision's video models,
 // failed to trace).
 
-// arange(n) as int64 on `like`'s device, along `axis` of a rank-`rank` shape of ones.
-at::Tensor ramp(const at::Tensor& like, int64_t n, int64_t axis, int64_t rank) {
-  std::vector<int64_t> shape(rank, 1);
-  shape[axis] = n;
-  return at::arange(n, like.options().dtype(at::kLong)).view(shape);
-}
-
 // window_table's entries from each dim's window starts `start[i]` ([out_i] along axis i of 6)
 // and positions `at[i]` (start plus kernel offsets, [out_i, k_i] along axes i and 3 + i),
 // `inside[i]` where a position reads the input: `outside`, or with outside < 0 the window's
@@ -125,8 +118,8 @@ at::Tensor traced_table(const Pool3d& g, const std::array<at::Tensor, 3>& at_,
 at::Tensor window_table_traced(const Pool3d& g, int64_t outside, const at::Tensor& like) {
   std::array<at::Tensor, 3> at_, inside, first;
   for (int i = 0; i < 3; ++i) {
-    auto start = ramp(like, g.out[i], i, 6) * g.s[i] - g.p[i];
-    at_[i] = start + ramp(like, g.k[i], 3 + i, 6) * g.d[i];
+    auto start = table_axis(like, g.out[i], i, 6) * g.s[i] - g.p[i];
+    at_[i] = start + table_axis(like, g.k[i], 3 + i, 6) * g.d[i];
     inside[i] = at_[i].ge(0).logical_and(at_[i].lt(g.in[i]));
     first[i] = at::where(start.ge(0), start,
                          start + at::div(-start + (g.d[i] - 1), g.d[i], "floor") * g.d[i]);
@@ -208,7 +201,7 @@ at::Tensor avg_divisors(const Pool3d& g, bool count_include_pad,
     if (divisor_override) return at::full({volume(g.out)}, *divisor_override, sums.options());
     at::Tensor div;
     for (int i = 0; i < 3; ++i) {
-      auto start = ramp(sums, g.out[i], i, 3) * g.s[i] - g.p[i];
+      auto start = table_axis(sums, g.out[i], i, 3) * g.s[i] - g.p[i];
       auto end = at::clamp_max(start + g.k[i], g.in[i] + g.p[i]);
       auto n = count_include_pad ? end - start
                                  : at::clamp_max(end, g.in[i]) - at::clamp_min(start, 0);
@@ -278,10 +271,10 @@ at::Tensor adaptive_table(Pool3d& g, const at::Tensor& x, at::IntArrayRef output
     std::array<at::Tensor, 3> at_, inside, first;
     at::Tensor count;
     for (int i = 0; i < 3; ++i) {
-      auto o = ramp(x, g.out[i], i, 6);
+      auto o = table_axis(x, g.out[i], i, 6);
       auto start = at::div(o * g.in[i], g.out[i], "floor");
       auto end = at::div((o + 1) * g.in[i] + (g.out[i] - 1), g.out[i], "floor");
-      at_[i] = start + ramp(x, g.k[i], 3 + i, 6);
+      at_[i] = start + table_axis(x, g.k[i], 3 + i, 6);
       inside[i] = at_[i].lt(end);
       first[i] = start;
       count = i == 0 ? end - start : count * (end - start);

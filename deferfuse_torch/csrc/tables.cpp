@@ -104,6 +104,12 @@ at::Tensor upload_table(const std::vector<int64_t>& values, at::IntArrayRef size
   return kept_upload(values, sizes, at::kLong, at::kLong, 'i');
 }
 
+at::Tensor table_axis(const at::Tensor& like, int64_t n, int64_t axis, int64_t rank) {
+  std::vector<int64_t> shape(rank, 1);
+  shape[axis] = n;
+  return at::arange(n, like.options().dtype(at::kLong)).view(shape);
+}
+
 void clear_uploaded_tables() { cache().clear(); }
 
 }  // namespace dft

@@ -22,6 +22,12 @@ at::Tensor upload_table(const std::vector<double>& values, at::IntArrayRef sizes
 // The same for an int64 table (indices).
 at::Tensor upload_table(const std::vector<int64_t>& values, at::IntArrayRef sizes);
 
+// A table's coordinate along one axis for the tables computed by tensor ops instead, while
+// torch.compile traces (a fake tensor has no memory to upload into): arange(n) as int64 on
+// `like`'s device, laid along `axis` of a rank-`rank` shape of ones, to broadcast with the
+// other axes' coordinates.
+at::Tensor table_axis(const at::Tensor& like, int64_t n, int64_t axis, int64_t rank);
+
 // Drops the kept tables (torch.tpu.empty_cache(): their memory goes back with the rest).
 void clear_uploaded_tables();
 

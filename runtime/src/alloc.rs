@@ -268,12 +268,7 @@ impl HostAllocator {
             }
             // A larger block than the request's bucket would pass the live limit: back it
             // goes, and the request gets a block of its own size if that fits.
-            self.lock_free()
-                .by_size
-                .entry(cap)
-                .or_default()
-                .blocks
-                .push(Block(p));
+            self.lock_free().touch(cap).blocks.push(Block(p));
         }
         self.reserve(len, want)?;
         self.misses.fetch_add(1, Ordering::Relaxed);
@@ -303,6 +298,8 @@ impl HostAllocator {
         }
     }
 
+    /// The cached blocks, locked (their changes are short and never panic midway, so a
+    /// poisoned lock is still sound).
     fn lock_free(&self) -> std::sync::MutexGuard<'_, FreeBlocks> {
         self.free.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -320,7 +317,7 @@ impl HostAllocator {
         self.live.fetch_sub(cap, Ordering::Relaxed);
         let mut to_system: Vec<(NonNull<u8>, usize)> = Vec::new();
         {
-            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            let mut free = self.lock_free();
             // Updated by adding and subtracting, never stored: `allocate` subtracts a block it
             // took after letting go of the lock. Only this lock's holder adds, so the bound
             // holds; a subtraction racing with this read only makes it evict a little more.
@@ -363,8 +360,7 @@ impl HostAllocator {
 
     /// Deallocates every cached block; the bytes freed.
     fn free_cached(&self) -> usize {
-        let blocks =
-            std::mem::take(&mut self.free.lock().unwrap_or_else(|p| p.into_inner()).by_size);
+        let blocks = std::mem::take(&mut self.lock_free().by_size);
         let mut freed = 0;
         for (cap, bucket) in blocks {
             for Block(p) in bucket.blocks {
