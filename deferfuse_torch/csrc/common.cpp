@@ -193,7 +193,7 @@ uint32_t to_dtype(at::ScalarType t) {
     case at::kBool: return DFUSE_DTYPE_BOOL;
     case at::kComplexFloat:
       TORCH_CHECK(false, "tpu: this op does not take complex64 tensors on tpu (complex64 "
-                  "supports copies, views, add, sub, mul, neg, abs, conj and polar); compute it "
+                  "supports copies, views, add, sub, mul, neg, abs, conj, polar, sum and mean); compute it "
                   "on the CPU");
     default:
       TORCH_CHECK(false, "tpu: dtype ", t, " is not supported by deferfuse (supported: float32, "

@@ -55,7 +55,7 @@ void check_complex64(uint32_t op, at::ScalarType result) {
   TORCH_CHECK(op == DFUSE_BINARY_OP_ADD || op == DFUSE_BINARY_OP_SUB ||
                   op == DFUSE_BINARY_OP_MUL,
               "tpu: ", op_name(op), " does not take complex tensors on tpu (complex64 supports "
-              "copies, views, add, sub, mul, neg, abs, conj and polar); compute it on the CPU");
+              "copies, views, add, sub, mul, neg, abs, conj, polar, sum and mean); compute it on the CPU");
   TORCH_CHECK(result == at::kComplexFloat, "tpu: ", op_name(op), " would give ", result,
               "; complex64 is the only complex dtype tpu holds");
 }
@@ -96,7 +96,7 @@ at::Tensor complex_unary(uint32_t op, const at::Tensor& x) {
   TORCH_CHECK((op == DFUSE_UNARY_OP_NEG || op == DFUSE_UNARY_OP_ABS) &&
                   x.scalar_type() == at::kComplexFloat,
               "tpu: this op does not take ", x.scalar_type(), " tensors on tpu (complex64 "
-              "supports copies, views, add, sub, mul, neg, abs, conj and polar); compute it "
+              "supports copies, views, add, sub, mul, neg, abs, conj, polar, sum and mean); compute it "
               "on the CPU");
   auto p = parts_of(x);
   // abs: sqrt(re * re + im * im), as CPU's vectorized complex abs (its scalar tail's hypot

@@ -148,8 +148,34 @@ at::Tensor read_for_size(const at::Tensor& src) {
 
 namespace {
 
+// A copy with a negative view on either side (`z.conj().imag`, torch._neg_view): PyTorch
+// leaves copy_ and clone to the backend for those (they fall through its Negative dispatch
+// key), and every other op's negation goes through them (its fallback clones its operands and
+// copies an in-place result back), so this is where the bit becomes values, as CPU's copy
+// kernel makes it: a negative source is read negated; a negative destination stores the
+// negation of what it is to read (its values cast first, then negated, in its dtype).
+at::Tensor& copy_negated(at::Tensor& self, const at::Tensor& src) {
+  if (self.is_neg()) {
+    auto stored = at::_neg_view(self);  // the same storage, read as it lies
+    stored.copy_(src);
+    stored.neg_();
+    return self;
+  }
+  return self.copy_(src.resolve_neg());
+}
+
+// A copy into a conjugate view (an in-place op on `z.conj()` writes its result back through
+// here): its storage takes the conjugate of the values.
+at::Tensor& copy_conjugated(at::Tensor& self, const at::Tensor& src) {
+  auto stored = self.conj();  // the same storage, not conjugated
+  stored.copy_(src.conj());
+  return self;
+}
+
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool) {
   TORCH_CHECK(self.defined() && src.defined(), "tpu: copy_ of an undefined tensor");
+  if (self.is_neg() || src.is_neg()) return copy_negated(self, src);
+  if (self.is_conj()) return copy_conjugated(self, src);
   if (is_tpu(self)) {
     copy_to_device(self, src);
   } else {
@@ -250,6 +276,8 @@ at::Tensor& zero_(at::Tensor& self) { return fill_scalar_(self, at::Scalar(0)); 
 // transposed, a channels-last tensor's still channels-last) and otherwise takes the layout
 // the input suggests; an explicit format is obeyed (`x.contiguous(memory_format=...)`).
 at::Tensor clone(const at::Tensor& self, std::optional<at::MemoryFormat> mf) {
+  // A negative view's clone holds its values, negated, with no bit (see copy_negated).
+  if (self.is_neg()) return dft::clone(at::_neg_view(self), mf).neg_();
   auto fmt = mf.value_or(at::MemoryFormat::Preserve);
   if (self.is_complex()) {
     // The pairs' clone in the same layout, seen as complex again.

@@ -2,6 +2,7 @@
 // (and var_mean/std_mean), trace, and linalg_vector_norm (what clip_grad_norm_ and F.normalize
 // call).
 #include "common.h"
+#include "complex.h"
 
 #include <ATen/native/Resize.h>
 #include <torch/library.h>
@@ -19,8 +20,27 @@ at::Tensor bool_fold(const at::Tensor& x, uint32_t op, std::vector<int64_t> dims
   return reduce(cast(cast(x, at::kBool), at::kLong), op, dims, keepdim).ne(0);
 }
 
+// A complex64 sum or mean: of its (real, imaginary) float32 pairs, each part reduced over
+// x's dims as a float32 tensor would be (CPU reduces complex values; the parts' sums are the
+// same sums, within float32 rounding of their order). Fourier layers and spectral losses
+// reduce complex tensors.
+at::Tensor complex_reduce(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
+                          uint32_t op) {
+  if (x.dim() == 0) return x.clone();  // the one value is its own sum and mean
+  std::vector<int64_t> dims;
+  if (dim && !dim->empty()) {
+    for (auto d : *dim) dims.push_back(c10::maybe_wrap_dim(d, x.dim()));
+  } else {
+    for (int64_t d = 0; d < x.dim(); ++d) dims.push_back(d);
+  }
+  return at::view_as_complex(reduce(pairs(x), op, dims, keepdim).contiguous());
+}
+
 at::Tensor sum(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
                std::optional<at::ScalarType> dtype) {
+  if (x.scalar_type() == at::kComplexFloat && dtype.value_or(at::kComplexFloat) == at::kComplexFloat) {
+    return complex_reduce(x, dim, keepdim, DFUSE_REDUCE_OP_SUM);
+  }
   // PyTorch sums integers and bools as int64 unless told otherwise.
   at::ScalarType to = dtype.value_or(
       at::isIntegralType(x.scalar_type(), /*includeBool=*/true) ? at::kLong : x.scalar_type());
@@ -50,7 +70,10 @@ at::Tensor& sum_out(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepd
 at::Tensor mean(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
                 std::optional<at::ScalarType> dtype) {
   at::ScalarType to = dtype.value_or(x.scalar_type());
-  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(to), "mean(): could not infer output dtype. Input dtype must be "
+  if (to == at::kComplexFloat && x.scalar_type() == at::kComplexFloat) {
+    return complex_reduce(x, dim, keepdim, DFUSE_REDUCE_OP_MEAN);
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(to) || at::isComplexType(to), "mean(): could not infer output dtype. Input dtype must be "
               "either a floating point or complex dtype. Got: ", to);
   return reduce(cast(x, to), DFUSE_REDUCE_OP_MEAN, dims_of(dim), keepdim);
 }

@@ -1,6 +1,6 @@
 """complex64 on "tpu" (csrc/complex.cpp): held as float32 pairs, so view_as_real and
-view_as_complex are views of one storage; copies, fill, add, sub, mul, neg, abs, conj and polar
-computed by the device's float ops in CPU's order; every other op refuses complex64 with an
+view_as_complex are views of one storage; copies, fill, add, sub, mul, neg, abs, conj, polar,
+sum and mean computed by the device's float ops in CPU's order; every other op refuses complex64 with an
 error naming what complex64 supports (complex128 is refused everywhere). What a model's
 rotary embeddings written with complex numbers (Meta's LLaMA reference code) need, and its
 training against CPU."""
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import deferfuse_torch
 
-from conftest import check
+from conftest import check, run_both
 
 
 def cx(*shape, seed=0):
@@ -121,7 +121,7 @@ def test_ops_without_a_tpu_kernel_take_complex64_through_the_cpu_fallback(mode):
 
 def test_other_ops_refuse_complex64_naming_what_it_supports():
     t = cx(4).to("tpu")
-    for call in [lambda: torch.exp(t), lambda: t.sum(), lambda: t / t]:
+    for call in [lambda: torch.exp(t), lambda: t.prod(), lambda: t / t]:
         with pytest.raises(RuntimeError, match="complex64 supports copies, views, add"):
             call()
     with pytest.raises(RuntimeError, match="ComplexDouble is not supported"):
@@ -252,3 +252,87 @@ def test_torch_complex_of_float64_parts_is_a_clear_error(mode):
     with pytest.raises(RuntimeError, match="complex takes float32 real and imag parts"):
         torch.complex(torch.ones(2, dtype=torch.float64, device="tpu"),
                       torch.ones(2, dtype=torch.float64, device="tpu"))
+
+
+def test_the_imaginary_part_of_a_conjugate_view_reads_negated_as_on_cpu(mode):
+    # z.conj().imag is a negative view: PyTorch leaves its negation to the device's copy and
+    # clone, which every read of it goes through (to the host, an op's operand, a reduction).
+    c = torch.complex(torch.tensor([1., 2.]), torch.tensor([3., -4.]))
+    t = c.to("tpu")
+    assert t.conj().imag.is_neg()
+    check(t.conj().imag, c.conj().imag)
+    check(t.conj().imag > 0, c.conj().imag > 0)
+    check(t.conj().imag.sum(), c.conj().imag.sum())
+    check(t.conj().imag.resolve_neg(), c.conj().imag.resolve_neg())
+    check(t.conj().imag.clone(), c.conj().imag.clone())
+
+
+def test_a_negative_view_of_a_real_tensor_reads_and_copies_negated(mode):
+    x = torch.tensor([1., -2., 0.])
+    n, want = torch._neg_view(x.to("tpu")), torch._neg_view(x)
+    check(n + 0, want + 0)
+    into = torch.zeros(3, device="tpu")
+    into.copy_(n)
+    check(into, want.resolve_neg())
+    # -0.0 where CPU makes it: the sign of the zero survives the round trip.
+    assert torch.equal(n.cpu().signbit(), want.resolve_neg().signbit())
+
+
+@pytest.mark.parametrize("write", ["add_", "fill_", "mul_", "copy_"])
+def test_an_in_place_write_through_a_negative_view_stores_the_negation(mode, write):
+    calls = {"add_": lambda v: v.add_(1), "fill_": lambda v: v.fill_(7), "mul_": lambda v: v.mul_(2),
+             "copy_": lambda v: v.copy_(torch.tensor([5., 6.], device=v.device))}
+    c = torch.complex(torch.tensor([1., 2.]), torch.tensor([3., -4.]))
+    t = c.to("tpu")
+    calls[write](t.conj().imag)
+    calls[write](c.conj().imag)
+    assert torch.equal(t.cpu(), c)
+    x = torch.tensor([1., -2.])
+    d = x.to("tpu")
+    calls[write](torch._neg_view(d))
+    calls[write](torch._neg_view(x))
+    assert torch.equal(d.cpu(), x)
+
+
+@pytest.mark.parametrize("write", ["mul_", "add_", "zero_", "neg_", "fill_", "copy_", "setitem"])
+def test_an_in_place_write_through_a_conjugate_view_stores_the_conjugate(mode, write):
+    # The conjugate fallback runs the op on a resolved clone and copies the result back into
+    # the view: that copy stores the conjugate (it raised "view_as_real doesn't work on
+    # unresolved conjugated tensors", naming an op the user never called).
+    calls = {"mul_": lambda v: v.mul_(2), "add_": lambda v: v.add_(1), "zero_": lambda v: v.zero_(),
+             "neg_": lambda v: v.neg_(), "fill_": lambda v: v.fill_(2 + 1j),
+             "copy_": lambda v: v.copy_(torch.tensor([5 + 6j, 7 - 8j], device=v.device)),
+             "setitem": lambda v: v.__setitem__(0, 9 + 9j)}
+    c = torch.complex(torch.tensor([1., 2.]), torch.tensor([3., -4.]))
+    t = c.to("tpu")
+    calls[write](t.conj())
+    calls[write](c.conj())
+    assert torch.equal(t.cpu(), c)
+
+
+@pytest.mark.parametrize("dim", [None, 0, 1, (0, 1), -1])
+def test_complex_sums_and_means_reduce_both_parts_as_on_cpu(mode, dim):
+    c = cx(3, 5, seed=4)
+    t = c.to("tpu")
+    kw = {} if dim is None else {"dim": dim}
+    check(t.sum(**kw), c.sum(**kw))
+    check(t.mean(**kw), c.mean(**kw))
+    if dim is not None:
+        check(t.sum(keepdim=True, **kw), c.sum(keepdim=True, **kw))
+    # A conjugate view sums its conjugates.
+    check(t.conj().sum(**kw), c.conj().sum(**kw))
+
+
+def test_the_gradient_of_a_complex_sum_flows_back_as_on_cpu(mode):
+    # |sum(z)|^2 as a spectral loss would take it: sum's backward expands the gradient.
+    re, im = torch.randn(4, 3), torch.randn(4, 3)
+
+    def loss(re, im):
+        s = torch.complex(re, im).sum(0)
+        return (s * s.conj()).real.sum()
+
+    (cpu, cgrads), (dev, dgrads), fallbacks = run_both(loss, re, im)
+    check(dev[0], cpu[0])
+    for got, want in zip(dgrads, cgrads):
+        check(got, want)
+    assert fallbacks == {}
