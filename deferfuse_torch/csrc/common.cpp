@@ -192,9 +192,8 @@ uint32_t to_dtype(at::ScalarType t) {
     case at::kByte: return DFUSE_DTYPE_U8;
     case at::kBool: return DFUSE_DTYPE_BOOL;
     case at::kComplexFloat:
-      TORCH_CHECK(false, "tpu: this op does not take complex64 tensors on tpu (complex64 "
-                  "supports copies, views, add, sub, mul, neg, abs, conj, polar, sum and mean); compute it "
-                  "on the CPU");
+      TORCH_CHECK(false, "tpu: this op does not take complex64 tensors on tpu (",
+                  kComplex64Supports, "); compute it on the CPU");
     default:
       TORCH_CHECK(false, "tpu: dtype ", t, " is not supported by deferfuse (supported: float32, "
                   "float64, float16, bfloat16, int32, int64, uint8, bool, and complex64 for a "
@@ -223,7 +222,11 @@ const StorageCtx& storage_ctx(const at::Tensor& t) {
               "tpu: expected a tensor on device tpu, got one on ", t.device());
   const c10::DataPtr& dp = t.storage().data_ptr();
   TORCH_CHECK(dp.get_deleter() == &delete_ctx && dp.get_context() != nullptr,
-              "tpu: this tensor's storage was not created by the tpu device");
+              "tpu: this tensor's storage was not created by the tpu device. pickle.dumps of a "
+              "tpu tensor and torch.save(..., _use_new_zipfile_serialization=False) make such a "
+              "tensor from a storage's pointer, which tpu cannot read back: pickle t.cpu(), or "
+              "use torch.save's default format (torch.load(..., map_location=\"tpu\") brings "
+              "it back)");
   return *static_cast<const StorageCtx*>(dp.get_context());
 }
 

@@ -8,7 +8,8 @@
 // kernels use: a product is (ac - bd, ad + bc), each product rounded, no fused multiply-add,
 // as CPU's vectorized complex multiply; a real operand takes part as (x, 0), as CPU promotes
 // it. Copies (to and from the host, within the device, clone, casts), fill_ and zero_ move the
-// pairs. Other ops the device implements refuse complex64 operands with an error naming what
+// pairs; sums, means, cat and flip reduce or move the pairs, and matrix products are four real
+// products of the parts (complex_bilinear). Other ops the device implements refuse complex64 operands with an error naming what
 // complex64 supports; ops it has no kernel for (torch.fft) take them through the CPU fallback
 // like any dtype. complex128 is refused everywhere.
 #include "complex.h"
@@ -54,8 +55,8 @@ const char* op_name(uint32_t op) {
 void check_complex64(uint32_t op, at::ScalarType result) {
   TORCH_CHECK(op == DFUSE_BINARY_OP_ADD || op == DFUSE_BINARY_OP_SUB ||
                   op == DFUSE_BINARY_OP_MUL,
-              "tpu: ", op_name(op), " does not take complex tensors on tpu (complex64 supports "
-              "copies, views, add, sub, mul, neg, abs, conj, polar, sum and mean); compute it on the CPU");
+              "tpu: ", op_name(op), " does not take complex tensors on tpu (",
+              kComplex64Supports, "); compute it on the CPU");
   TORCH_CHECK(result == at::kComplexFloat, "tpu: ", op_name(op), " would give ", result,
               "; complex64 is the only complex dtype tpu holds");
 }
@@ -92,12 +93,21 @@ at::Tensor complex_binary(uint32_t op, const at::Tensor& x, const at::Scalar& y)
   return from_parts(r.re, r.im);
 }
 
+at::Tensor complex_bilinear(const at::Tensor& x, const at::Tensor& y,
+                            at::Tensor (*product)(const at::Tensor&, const at::Tensor&)) {
+  TORCH_CHECK(at::result_type(x, y) == at::kComplexFloat, "tpu: a product of ", x.scalar_type(),
+              " and ", y.scalar_type(), " would not be complex64, the only complex dtype tpu "
+              "holds; compute it on the CPU");
+  auto a = parts_of(x), b = parts_of(y);
+  return from_parts(product(a.re, b.re) - product(a.im, b.im),
+                    product(a.re, b.im) + product(a.im, b.re));
+}
+
 at::Tensor complex_unary(uint32_t op, const at::Tensor& x) {
   TORCH_CHECK((op == DFUSE_UNARY_OP_NEG || op == DFUSE_UNARY_OP_ABS) &&
                   x.scalar_type() == at::kComplexFloat,
-              "tpu: this op does not take ", x.scalar_type(), " tensors on tpu (complex64 "
-              "supports copies, views, add, sub, mul, neg, abs, conj, polar, sum and mean); compute it "
-              "on the CPU");
+              "tpu: this op does not take ", x.scalar_type(), " tensors on tpu (",
+              kComplex64Supports, "); compute it on the CPU");
   auto p = parts_of(x);
   // abs: sqrt(re * re + im * im), as CPU's vectorized complex abs (its scalar tail's hypot
   // may differ in the last place).

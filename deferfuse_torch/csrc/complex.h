@@ -21,4 +21,10 @@ at::Tensor complex_binary(uint32_t op, const at::Tensor& x, const at::Scalar& y)
 // refused with an error.
 at::Tensor complex_unary(uint32_t op, const at::Tensor& x);
 
+// product(x, y) of complex64 operands through their parts, for a product that is bilinear
+// (a matrix product): (ar br - ai bi, ar bi + ai br), four real products. A real operand takes
+// part as (x, 0), as CPU promotes it.
+at::Tensor complex_bilinear(const at::Tensor& x, const at::Tensor& y,
+                            at::Tensor (*product)(const at::Tensor&, const at::Tensor&));
+
 }  // namespace dft

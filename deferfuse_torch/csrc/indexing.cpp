@@ -5,6 +5,7 @@
 // for example, is viewed with stride 0 along every other dim, so no expanded copy is made.
 // Ops whose output size depends on the data (nonzero, boolean masks) read the mask on the host:
 // a sync point, as on CUDA, counted as sync_points["data_dependent_size"].
+#include "complex.h"
 #include "kernel_ops.h"
 
 #include <ATen/ExpandUtils.h>
@@ -378,6 +379,14 @@ at::Tensor& masked_scatter_(at::Tensor& self, const at::Tensor& mask, const at::
 // backward flip the gradient).
 at::Tensor tpu_flip(const at::Tensor& self, at::IntArrayRef dims) {
   auto flipped = at::dim_list_to_bitset(dims, self.dim());  // raises on repeated dims
+  if (self.is_complex()) {
+    // complex64: its pairs flipped along the same dims (never the pairs' own).
+    std::vector<int64_t> wrapped;
+    for (int64_t d = 0; d < self.dim(); ++d) {
+      if (flipped[d]) wrapped.push_back(d);
+    }
+    return at::view_as_complex(tpu_flip(pairs(self), wrapped).contiguous());
+  }
   at::Tensor r = self;
   for (int64_t d = 0; d < self.dim(); ++d) {
     if (!flipped[d]) continue;

@@ -1,6 +1,7 @@
 // Matrix products (mm, bmm, mv, dot, addmm, baddbmm, addmv, addbmm), cross products, cat and
 // arange.
 #include "common.h"
+#include "complex.h"
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/native/Resize.h>
@@ -10,6 +11,12 @@ namespace dft {
 namespace {
 
 at::Tensor matmul2(const at::Tensor& a, const at::Tensor& b) {
+  // complex64 (a Fourier layer's einsum over modes): four real products of the parts.
+  if (a.is_complex() || b.is_complex()) {
+    TORCH_CHECK(a.scalar_type() == b.scalar_type(), "expected m1 and m2 to have the same dtype, "
+                "but got: ", a.dtype().name(), " != ", b.dtype().name());
+    return complex_bilinear(a, b, matmul2);
+  }
   return run(DFUSE_OP_KIND_MATMUL, nullptr, Operands().t(a).t(b), "matmul");
 }
 
@@ -120,16 +127,34 @@ at::Tensor addbmm(const at::Tensor& self, const at::Tensor& b1, const at::Tensor
   return scaled_sum(self, prod, beta, alpha);
 }
 
+// cat with a complex64 input: the pairs concatenated (a real input promoted, as CPU does), so
+// the result is complex64 as on CPU. `dim` is checked against the inputs already.
+at::Tensor complex_cat(const at::ITensorListRef& tensors, int64_t dim) {
+  std::vector<at::Tensor> parts;
+  int64_t wrapped = 0;
+  bool first = true;
+  auto promoted = at::kBool;
+  for (const at::Tensor& t : tensors) promoted = c10::promoteTypes(promoted, t.scalar_type());
+  TORCH_CHECK(promoted == at::kComplexFloat, "tpu: cat would give ", promoted,
+              "; complex64 is the only complex dtype tpu holds");
+  for (const at::Tensor& t : tensors) {
+    if (t.dim() == 1 && t.numel() == 0) continue;
+    if (first) wrapped = at::maybe_wrap_dim(dim, t.dim());
+    first = false;
+    parts.push_back(pairs(t.is_complex() ? t : t.to(at::kComplexFloat)));
+  }
+  return at::view_as_complex(at::cat(parts, wrapped));
+}
+
 at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
-  Operands o;
-  size_t n = 0;
   const at::Tensor* first = nullptr;
+  size_t n = 0;
+  bool complex = false;
   for (const at::Tensor& t : tensors) {
     if (!first) first = &t;
+    complex = complex || t.is_complex();
     // PyTorch still accepts legacy 1-D empty tensors in cat and skips them.
-    if (t.dim() == 1 && t.numel() == 0) continue;
-    o.t(t);
-    ++n;
+    if (!(t.dim() == 1 && t.numel() == 0)) ++n;
   }
   TORCH_CHECK(first, "torch.cat(): expected a non-empty list of Tensors");
   if (n == 0) return at::empty({0}, first->options());
@@ -145,6 +170,11 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
     if (t.dim() == 1 && t.numel() == 0) continue;
     at::maybe_wrap_dim(dim, t.dim());
     break;
+  }
+  if (complex) return complex_cat(tensors, dim);
+  Operands o;
+  for (const at::Tensor& t : tensors) {
+    if (!(t.dim() == 1 && t.numel() == 0)) o.t(t);
   }
   DfuseAttrs a{};
   a.dim = dim;

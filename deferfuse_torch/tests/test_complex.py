@@ -1,9 +1,10 @@
 """complex64 on "tpu" (csrc/complex.cpp): held as float32 pairs, so view_as_real and
 view_as_complex are views of one storage; copies, fill, add, sub, mul, neg, abs, conj, polar,
-sum and mean computed by the device's float ops in CPU's order; every other op refuses complex64 with an
+sum, mean, cat, flip and matrix products computed by the device's float ops in CPU's order; every other op refuses complex64 with an
 error naming what complex64 supports (complex128 is refused everywhere). What a model's
 rotary embeddings written with complex numbers (Meta's LLaMA reference code) need, and its
 training against CPU."""
+import copy
 import math
 import warnings
 
@@ -336,3 +337,71 @@ def test_the_gradient_of_a_complex_sum_flows_back_as_on_cpu(mode):
     for got, want in zip(dgrads, cgrads):
         check(got, want)
     assert fallbacks == {}
+
+
+@pytest.mark.parametrize("product", ["mm", "bmm", "matmul_broadcast", "mv", "dot", "einsum", "conj_mm"])
+def test_complex_matrix_products_match_cpu(mode, product):
+    a, b, v = cx(3, 4, seed=1), cx(4, 5, seed=2), cx(4, seed=3)
+    ba, bb = cx(2, 3, 4, seed=5), cx(2, 4, 5, seed=6)
+    calls = {"mm": lambda d: a.to(d) @ b.to(d), "bmm": lambda d: torch.bmm(ba.to(d), bb.to(d)),
+             "matmul_broadcast": lambda d: ba.to(d) @ b.to(d), "mv": lambda d: a.to(d) @ v.to(d),
+             "dot": lambda d: torch.dot(v.to(d), v.to(d)),
+             "einsum": lambda d: torch.einsum("bij,bjk->bik", ba.to(d), bb.to(d)),
+             "conj_mm": lambda d: a.to(d).conj() @ b.to(d)}
+    check(calls[product]("tpu"), calls[product]("cpu"))
+
+
+def test_a_complex_product_with_a_real_matrix_raises_cpus_dtype_error(mode):
+    a, r = cx(3, 4), torch.randn(4, 5)
+    with pytest.raises(RuntimeError, match="expected m1 and m2 to have the same dtype"):
+        a.to("tpu") @ r.to("tpu")
+
+
+def test_cat_stack_and_flip_of_complex_tensors_match_cpu(mode):
+    a = cx(3, 4, seed=7)
+    r = torch.randn(3, 2)
+    t = a.to("tpu")
+    check(torch.cat([t, t.conj()], 1), torch.cat([a, a.conj()], 1))
+    check(torch.cat([t, r.to("tpu")], -1), torch.cat([a, r], -1))
+    check(torch.stack([t, t * 2], -1), torch.stack([a, a * 2], -1))
+    check(torch.flip(t, [-1, 0]), torch.flip(a, [-1, 0]))
+
+
+class SpectralConv2d(nn.Module):
+    """The Fourier neural operator's layer (Li et al.): rfft2, a complex einsum over the
+    lowest modes, irfft2."""
+
+    def __init__(self, channels, modes):
+        super().__init__()
+        self.modes = modes
+        g = torch.Generator().manual_seed(0)
+        self.w = nn.Parameter(torch.rand(channels, channels, modes, modes, dtype=torch.cfloat,
+                                         generator=g) / channels ** 2)
+
+    def forward(self, x):
+        xf = torch.fft.rfft2(x)
+        out = torch.zeros(x.size(0), x.size(1), x.size(-2), x.size(-1) // 2 + 1,
+                          dtype=torch.cfloat, device=x.device)
+        m = self.modes
+        out[:, :, :m, :m] = torch.einsum("bixy,ioxy->boxy", xf[:, :, :m, :m], self.w)
+        return torch.fft.irfft2(out, s=x.shape[-2:])
+
+
+def test_a_fourier_layer_trains_like_cpu_with_only_its_ffts_on_the_fallback(mode):
+    torch.manual_seed(0)
+    layer, x, y = SpectralConv2d(8, 4), torch.randn(2, 8, 16, 16), torch.randn(2, 8, 16, 16)
+    losses = {}
+    for dev in ("cpu", "tpu"):
+        model = copy.deepcopy(layer).to(dev)
+        opt = torch.optim.Adam(model.parameters(), 1e-2)
+        deferfuse_torch.reset_fallback_counts()
+        losses[dev] = []
+        for _ in range(3):
+            loss = ((model(x.to(dev)) - y.to(dev)) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses[dev].append(loss.item())
+    assert losses["tpu"] == pytest.approx(losses["cpu"], rel=1e-5)
+    assert set(deferfuse_torch.fallback_counts()) <= {"aten::_fft_r2c", "aten::_fft_c2r",
+                                                      "aten::_fft_c2c"}
