@@ -5,6 +5,7 @@
 #include "streams.h"
 #include "observe.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/_to_copy_native.h>
 #include <torch/library.h>
 
@@ -229,8 +230,27 @@ at::Scalar _local_scalar_dense(const at::Tensor& self) {
   }
 }
 
+// The elements an expanded view (stride 0 along some dims: `x.expand(...)`) stands for, each
+// once: those dims at size 1. Filling it fills every element of the view, as CPU's fill_ does
+// (the runtime refuses to write through repeated elements).
+at::Tensor without_expanded_dims(const at::Tensor& t) {
+  std::vector<int64_t> sizes = t.sizes().vec();
+  bool expanded = false;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.stride(d) == 0 && sizes[d] > 1) {
+      sizes[d] = 1;
+      expanded = true;
+    }
+  }
+  return expanded ? t.as_strided(sizes, t.strides(), t.storage_offset()) : t;
+}
+
 at::Tensor& fill_scalar_(at::Tensor& self, const at::Scalar& value) {
   if (self.numel() == 0) return self;
+  if (auto once = without_expanded_dims(self); !once.is_same(self)) {
+    fill_scalar_(once, value);
+    return self;
+  }
   if (self.is_complex()) {
     auto v = value.toComplexDouble();
     auto p = pairs(self);
@@ -265,6 +285,8 @@ at::Tensor& fill_scalar_(at::Tensor& self, const at::Scalar& value) {
 at::Tensor& fill_tensor_(at::Tensor& self, const at::Tensor& value) {
   TORCH_CHECK(value.dim() == 0, "tpu: fill_ expects a 0-dim value tensor, got shape ",
               value.sizes());
+  // CPU's fill_ by a tensor refuses repeated elements (its fill_ by a number takes them).
+  at::assert_no_internal_overlap(self);
   if (!is_tpu(value)) return fill_scalar_(self, value.item());
   copy_to_device(self, value);
   return self;

@@ -146,6 +146,16 @@ def test_save_and_load_keep_values_and_aliasing():
     torch.testing.assert_close(back["row"].cpu(), t[1].cpu() + 1.0)
 
 
+def test_pickling_a_tpu_tensor_says_to_pickle_its_cpu_copy_or_use_torch_save():
+    # pickle goes through torch.save's legacy format, which wraps a storage's pointer in a new
+    # tensor: tpu cannot read that back. The error says what works instead.
+    import pickle
+    t = torch.ones(2, device="tpu")
+    with pytest.raises(RuntimeError, match=r"pickle t.cpu\(\), or use torch.save's default format"):
+        pickle.dumps(t)
+    assert torch.equal(pickle.loads(pickle.dumps(t.cpu())), torch.ones(2))
+
+
 def test_importing_after_a_cpu_backward_warns_that_tpu_backward_cannot_run():
     # PyTorch's autograd engine fixes its device queues at the process's first backward.
     import subprocess

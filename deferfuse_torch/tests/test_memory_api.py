@@ -192,3 +192,20 @@ def test_deterministic_mode_fills_uninitialized_memory_as_cpu_does(mode, determi
     # a read of memory nothing wrote shows, as on CPU (tpu's read as zeros).
     got, want = CREATIONS[name]("tpu").cpu(), CREATIONS[name]("cpu")
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_fill_and_zero_of_an_expanded_view_write_every_element_it_stands_for(mode):
+    # CPU fills a view with repeated elements (x.expand(...)): each storage element once.
+    for fill in (lambda v: v.fill_(2.5), lambda v: v.zero_()):
+        want = torch.ones(2, 1)
+        got = want.to("tpu")
+        fill(got.expand(2, 3))
+        fill(want.expand(2, 3))
+        assert torch.equal(got.cpu(), want)
+
+
+def test_fill_of_an_expanded_view_by_a_tensor_raises_cpus_overlap_error(mode):
+    # CPU's fill_ by a number takes repeated elements, its fill_ by a tensor refuses them.
+    for value in (torch.tensor(3.0), torch.tensor(4.0, device="tpu")):
+        with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+            torch.ones(2, 1, device="tpu").expand(2, 3).fill_(value)
