@@ -8,10 +8,11 @@
 // kernels use: a product is (ac - bd, ad + bc), each product rounded, no fused multiply-add,
 // as CPU's vectorized complex multiply; a real operand takes part as (x, 0), as CPU promotes
 // it. Copies (to and from the host, within the device, clone, casts), fill_ and zero_ move the
-// pairs; sums, means, cat and flip reduce or move the pairs, and matrix products are four real
-// products of the parts (complex_bilinear). Other ops the device implements refuse complex64 operands with an error naming what
-// complex64 supports; ops it has no kernel for (torch.fft) take them through the CPU fallback
-// like any dtype. complex128 is refused everywhere.
+// pairs; sums, means, cat and flip reduce or move the pairs, matrix products are four real
+// products of the parts (complex_bilinear), and division, exp and sgn follow CPU's vectorized
+// formulas. Other ops the device implements refuse complex64 operands with an error naming
+// what complex64 supports (kComplex64Supports); ops it has no kernel for (torch.fft) take them
+// through the CPU fallback like any dtype. complex128 is refused everywhere.
 #include "complex.h"
 
 #include <ATen/ops/polar_native.h>
@@ -54,7 +55,7 @@ const char* op_name(uint32_t op) {
 
 void check_complex64(uint32_t op, at::ScalarType result) {
   TORCH_CHECK(op == DFUSE_BINARY_OP_ADD || op == DFUSE_BINARY_OP_SUB ||
-                  op == DFUSE_BINARY_OP_MUL,
+                  op == DFUSE_BINARY_OP_MUL || op == DFUSE_BINARY_OP_DIV,
               "tpu: ", op_name(op), " does not take complex tensors on tpu (",
               kComplex64Supports, "); compute it on the CPU");
   TORCH_CHECK(result == at::kComplexFloat, "tpu: ", op_name(op), " would give ", result,
@@ -65,6 +66,19 @@ Parts combine(uint32_t op, const Parts& a, const Parts& b) {
   switch (op) {
     case DFUSE_BINARY_OP_ADD: return {a.re + b.re, a.im + b.im};
     case DFUSE_BINARY_OP_SUB: return {a.re - b.re, a.im - b.im};
+    case DFUSE_BINARY_OP_DIV: {
+      // (a + bi) / (c + di) with both scaled by max(|c|, |d|) first, as CPU's vectorized
+      // division scales them, so that c^2 + d^2 neither overflows nor underflows: ((ac + bd) +
+      // (bc - ad) i) / (c^2 + d^2) of the scaled parts (within float32 rounding of CPU's,
+      // which scales by an approximate reciprocal).
+      // A zero divisor gives CPU's (a / 0, b / 0): infinities, NaN where a part is 0.
+      auto scale = at::maximum(b.re.abs(), b.im.abs());
+      auto ar = a.re / scale, ai = a.im / scale, br = b.re / scale, bi = b.im / scale;
+      auto denom = br * br + bi * bi;
+      auto zero = scale.eq(0);
+      return {at::where(zero, ar, (ar * br + ai * bi) / denom),
+              at::where(zero, ai, (ai * br - ar * bi) / denom)};
+    }
     default: return {a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re};
   }
 }
@@ -104,15 +118,32 @@ at::Tensor complex_bilinear(const at::Tensor& x, const at::Tensor& y,
 }
 
 at::Tensor complex_unary(uint32_t op, const at::Tensor& x) {
-  TORCH_CHECK((op == DFUSE_UNARY_OP_NEG || op == DFUSE_UNARY_OP_ABS) &&
+  TORCH_CHECK(op != DFUSE_UNARY_OP_SIGN, "Unlike NumPy, torch.sign is not intended to support "
+              "complex numbers. Please use torch.sgn instead.");
+  TORCH_CHECK((op == DFUSE_UNARY_OP_NEG || op == DFUSE_UNARY_OP_ABS ||
+               op == DFUSE_UNARY_OP_EXP) &&
                   x.scalar_type() == at::kComplexFloat,
               "tpu: this op does not take ", x.scalar_type(), " tensors on tpu (",
               kComplex64Supports, "); compute it on the CPU");
   auto p = parts_of(x);
-  // abs: sqrt(re * re + im * im), as CPU's vectorized complex abs (its scalar tail's hypot
-  // may differ in the last place).
-  if (op == DFUSE_UNARY_OP_ABS) return (p.re * p.re + p.im * p.im).sqrt();
-  return from_parts(-p.re, -p.im);
+  switch (op) {
+    // abs: sqrt(re * re + im * im), as CPU's vectorized complex abs (its scalar tail's hypot
+    // may differ in the last place).
+    case DFUSE_UNARY_OP_ABS: return (p.re * p.re + p.im * p.im).sqrt();
+    // exp(a + bi) = exp(a) (cos b + i sin b), as CPU's vectorized complex exp.
+    case DFUSE_UNARY_OP_EXP: {
+      auto e = p.re.exp();
+      return from_parts(e * p.im.cos(), e * p.im.sin());
+    }
+    default: return from_parts(-p.re, -p.im);
+  }
+}
+
+at::Tensor complex_sgn(const at::Tensor& x) {
+  auto p = parts_of(x);
+  auto abs = (p.re * p.re + p.im * p.im).sqrt();
+  auto zero = abs.eq(0);
+  return from_parts(at::where(zero, 0.0, p.re / abs), at::where(zero, 0.0, p.im / abs));
 }
 
 namespace {

@@ -26,6 +26,15 @@ uint32_t gelu_op(c10::string_view approximate) {
   return DFUSE_UNARY_OP_GELU_TANH;
 }
 
+// torch.sgn: sign for real tensors, x / |x| for complex64 (torch.sign refuses complex).
+at::Tensor sgn(const at::Tensor& x) {
+  return x.is_complex() ? complex_sgn(x) : u<DFUSE_UNARY_OP_SIGN>(x);
+}
+
+at::Tensor& sgn_(at::Tensor& x) {
+  return x.is_complex() ? x.copy_(complex_sgn(x)) : u_<DFUSE_UNARY_OP_SIGN>(x);
+}
+
 at::Tensor gelu(const at::Tensor& x, c10::string_view approximate) {
   return unary(x, gelu_op(approximate));
 }
@@ -486,8 +495,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   DF_UNARY(relu, RELU) DF_UNARY(silu, SILU) DF_UNARY(erf, ERF) DF_UNARY(floor, FLOOR)
   DF_UNARY(ceil, CEIL) DF_UNARY(round, ROUND) DF_UNARY(sign, SIGN)
   DF_UNARY(reciprocal, RECIPROCAL) DF_UNARY(logical_not, LOGICAL_NOT)
-  // sgn is sign for real tensors (the device has no complex dtype); abs's backward calls it.
-  DF_UNARY(sgn, SIGN)
+  // sgn is sign for real tensors, x / |x| for complex64; abs's backward calls it.
+  m.impl("sgn", TORCH_FN(dft::sgn));
+  m.impl("sgn_", TORCH_FN(dft::sgn_));
   m.impl("isnan", TORCH_FN(dft::ew::u<DFUSE_UNARY_OP_IS_NAN>));
   m.impl("gelu", TORCH_FN(dft::gelu));
   m.impl("gelu_", TORCH_FN(dft::gelu_));

@@ -1,7 +1,7 @@
 """complex64 on "tpu" (csrc/complex.cpp): held as float32 pairs, so view_as_real and
-view_as_complex are views of one storage; copies, fill, add, sub, mul, neg, abs, conj, polar,
-sum, mean, cat, flip and matrix products computed by the device's float ops in CPU's order; every other op refuses complex64 with an
-error naming what complex64 supports (complex128 is refused everywhere). What a model's
+view_as_complex are views of one storage; copies, fill, add, sub, mul, div, neg, abs, sgn,
+exp, conj, polar, sum, mean, cat, flip and matrix products computed by the device's float ops
+in CPU's order; every other op refuses complex64 with an error naming what complex64 supports (complex128 is refused everywhere). What a model's
 rotary embeddings written with complex numbers (Meta's LLaMA reference code) need, and its
 training against CPU."""
 import copy
@@ -122,7 +122,7 @@ def test_ops_without_a_tpu_kernel_take_complex64_through_the_cpu_fallback(mode):
 
 def test_other_ops_refuse_complex64_naming_what_it_supports():
     t = cx(4).to("tpu")
-    for call in [lambda: torch.exp(t), lambda: t.prod(), lambda: t / t]:
+    for call in [lambda: torch.log(t), lambda: t.prod(), lambda: torch.sin(t)]:
         with pytest.raises(RuntimeError, match="complex64 supports copies, views, add"):
             call()
     with pytest.raises(RuntimeError, match="ComplexDouble is not supported"):
@@ -405,3 +405,36 @@ def test_a_fourier_layer_trains_like_cpu_with_only_its_ffts_on_the_fallback(mode
     assert losses["tpu"] == pytest.approx(losses["cpu"], rel=1e-5)
     assert set(deferfuse_torch.fallback_counts()) <= {"aten::_fft_r2c", "aten::_fft_c2r",
                                                       "aten::_fft_c2c"}
+
+
+def test_complex_division_matches_cpu_including_by_zero(mode):
+    a, b, r = cx(64, seed=8), cx(64, seed=9), torch.randn(64)
+    a[5], b[3] = 0, 0  # 0 / x, and x / 0: CPU's infinities (NaN where a part is 0)
+    t = a.to("tpu")
+    for got, want in [(t / b.to("tpu"), a / b), (t / r.to("tpu"), a / r), (r.to("tpu") / t, r / a),
+                      (t / (2 - 1j), a / (2 - 1j))]:
+        check(got, want)
+
+
+def test_complex_exp_and_sgn_match_cpu_and_sign_refuses_complex_as_cpu_does(mode):
+    a = cx(64, seed=10)
+    a[7] = 0  # sgn(0) = 0
+    t = a.to("tpu")
+    check(t.exp(), a.exp())
+    check(t.sgn(), a.sgn())
+    with pytest.raises(RuntimeError, match="torch.sign is not intended to support complex"):
+        t.sign()
+
+
+def test_an_stft_magnitude_loss_trains_like_cpu(mode):
+    # Vocoders' multi-resolution STFT losses: |stft(x)|, whose backward multiplies by sgn.
+    x = torch.randn(2, 1024)
+
+    def loss(x):
+        spec = torch.stft(x, 256, return_complex=True, window=torch.hann_window(256, device=x.device))
+        return spec.abs().mean() + (spec / (spec.abs() + 1)).real.mean()
+
+    (cpu, cgrads), (dev, dgrads), fallbacks = run_both(loss, x)
+    check(dev[0], cpu[0])
+    check(dgrads[0], cgrads[0], atol=1e-6)
+    assert set(fallbacks) <= {"aten::_fft_r2c", "aten::_fft_c2c"}
