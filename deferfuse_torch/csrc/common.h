@@ -88,8 +88,8 @@ class Ref {
 // What complex64 (float32 pairs, complex.cpp) supports on tpu, for the errors of the ops that
 // refuse it: one list, kept with the ops it names.
 inline constexpr char kComplex64Supports[] =
-    "complex64 supports copies, views, add, sub, mul, div, neg, abs, sgn, exp, conj, polar, "
-    "sum, mean, cat, flip and matrix products";
+    "complex64 supports copies, views, add, sub, mul, div, ==, !=, where, neg, abs, sgn, exp, "
+    "conj, polar, sum, mean, cat, flip and matrix products";
 
 uint32_t to_dtype(at::ScalarType t);
 at::ScalarType from_dtype(uint32_t d);

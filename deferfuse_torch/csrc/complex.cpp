@@ -49,13 +49,17 @@ const char* op_name(uint32_t op) {
     case DFUSE_BINARY_OP_SUB: return "sub";
     case DFUSE_BINARY_OP_MUL: return "mul";
     case DFUSE_BINARY_OP_DIV: return "div";
+    case DFUSE_BINARY_OP_EQ: return "eq";
+    case DFUSE_BINARY_OP_NE: return "ne";
     default: return "this binary op";
   }
 }
 
+bool is_comparison(uint32_t op) { return op == DFUSE_BINARY_OP_EQ || op == DFUSE_BINARY_OP_NE; }
+
 void check_complex64(uint32_t op, at::ScalarType result) {
   TORCH_CHECK(op == DFUSE_BINARY_OP_ADD || op == DFUSE_BINARY_OP_SUB ||
-                  op == DFUSE_BINARY_OP_MUL || op == DFUSE_BINARY_OP_DIV,
+                  op == DFUSE_BINARY_OP_MUL || op == DFUSE_BINARY_OP_DIV || is_comparison(op),
               "tpu: ", op_name(op), " does not take complex tensors on tpu (",
               kComplex64Supports, "); compute it on the CPU");
   TORCH_CHECK(result == at::kComplexFloat, "tpu: ", op_name(op), " would give ", result,
@@ -93,8 +97,15 @@ at::Tensor pairs(const at::Tensor& t) {
   return at::stack({stored.select(-1, 0), stored.select(-1, 1).neg()}, -1);
 }
 
+// x == y (or !=) of complex values: both parts equal.
+at::Tensor compare(uint32_t op, const Parts& a, const Parts& b) {
+  auto equal = a.re.eq(b.re).logical_and(a.im.eq(b.im));
+  return op == DFUSE_BINARY_OP_EQ ? equal : equal.logical_not();
+}
+
 at::Tensor complex_binary(uint32_t op, const at::Tensor& x, const at::Tensor& y) {
   check_complex64(op, at::result_type(x, y));
+  if (is_comparison(op)) return compare(op, parts_of(x), parts_of(y));
   auto r = combine(op, parts_of(x), parts_of(y));
   return from_parts(r.re, r.im);
 }
@@ -103,8 +114,16 @@ at::Tensor complex_binary(uint32_t op, const at::Tensor& x, const at::Scalar& y)
   check_complex64(op, at::result_type(x, y));
   auto v = y.toComplexDouble();
   auto part = [&](double p) { return at::scalar_tensor(p, x.options().dtype(at::kFloat)); };
+  if (is_comparison(op)) return compare(op, parts_of(x), {part(v.real()), part(v.imag())});
   auto r = combine(op, parts_of(x), {part(v.real()), part(v.imag())});
   return from_parts(r.re, r.im);
+}
+
+at::Tensor complex_where(const at::Tensor& c, const at::Tensor& x, const at::Tensor& y) {
+  TORCH_CHECK(at::result_type(x, y) == at::kComplexFloat, "tpu: where would give ",
+              at::result_type(x, y), "; complex64 is the only complex dtype tpu holds");
+  auto a = parts_of(x), b = parts_of(y);
+  return from_parts(at::where(c, a.re, b.re), at::where(c, a.im, b.im));
 }
 
 at::Tensor complex_bilinear(const at::Tensor& x, const at::Tensor& y,

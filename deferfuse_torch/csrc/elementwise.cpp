@@ -203,6 +203,7 @@ at::Tensor& pow_tensor_scalar_(at::Tensor& x, const at::Scalar& e) {
 }
 
 at::Tensor where_self(const at::Tensor& c, const at::Tensor& x, const at::Tensor& y) {
+  if (x.is_complex() || y.is_complex()) return complex_where(c, x, y);
   return run(DFUSE_OP_KIND_WHERE, nullptr, Operands().t(where_condition(c)).t(x).t(y), "where");
 }
 

@@ -1,7 +1,8 @@
 """complex64 on "tpu" (csrc/complex.cpp): held as float32 pairs, so view_as_real and
-view_as_complex are views of one storage; copies, fill, add, sub, mul, div, neg, abs, sgn,
-exp, conj, polar, sum, mean, cat, flip and matrix products computed by the device's float ops
-in CPU's order; every other op refuses complex64 with an error naming what complex64 supports (complex128 is refused everywhere). What a model's
+view_as_complex are views of one storage; copies, fill, add, sub, mul, div, ==, !=, where,
+neg, abs, sgn, exp, conj, polar, sum, mean, cat, flip and matrix products computed by the
+device's float ops in CPU's order; every other op refuses complex64 with an error naming what
+complex64 supports (complex128 is refused everywhere). What a model's
 rotary embeddings written with complex numbers (Meta's LLaMA reference code) need, and its
 training against CPU."""
 import copy
@@ -438,3 +439,17 @@ def test_an_stft_magnitude_loss_trains_like_cpu(mode):
     check(dev[0], cpu[0])
     check(dgrads[0], cgrads[0], atol=1e-6)
     assert set(fallbacks) <= {"aten::_fft_r2c", "aten::_fft_c2c"}
+
+
+def test_complex_equality_and_where_match_cpu(mode):
+    a = cx(16, seed=11)
+    b = a.clone()
+    b[3], b[4] = 0, a[4].conj()  # equal real parts, different imaginary ones
+    mask, r = torch.rand(16, generator=torch.Generator().manual_seed(1)) > 0.5, torch.randn(16)
+    t, u = a.to("tpu"), b.to("tpu")
+    check(t == u, a == b)
+    check(t != u, a != b)
+    check(t == (1 + 2j), a == (1 + 2j))
+    check(t == r.to("tpu"), a == r)
+    check(torch.where(mask.to("tpu"), t, u), torch.where(mask, a, b))
+    check(torch.where(mask.to("tpu"), t, r.to("tpu")), torch.where(mask, a, r))
