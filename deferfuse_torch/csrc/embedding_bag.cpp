@@ -64,6 +64,14 @@ Bags embedding_bag(const at::Tensor& weight, const at::Tensor& indices, const at
   }
   const c10::SymInt dim = weight.sym_size(1);
   auto idx_opts = indices.options();
+  if (bags.maybe_as_int() == 0) {
+    // No bags (include_last_offset with one offset): CPU's empty results. Below, every
+    // position would belong to bag -1, which debug mode's bounds check refuses.
+    // The empty result still comes from the weight, so backward gives it a zero gradient.
+    auto none = at::empty({0}, idx_opts);
+    return {weight.slice(0, 0, 0).clone(), at::zeros_symint({n}, idx_opts),
+            none, mode == kMax ? at::empty_symint({0, dim}, idx_opts) : none};
+  }
 
   // offset2bag[i]: the bag of position i. A 1 where each bag starts (a bag starting at n, an
   // empty trailing one, lands in the extra slot), summed along: empty bags are skipped.

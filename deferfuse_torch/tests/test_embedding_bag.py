@@ -116,3 +116,19 @@ def test_compiled_bags_of_changing_sizes_match_cpu(bag_mode):
         want = F.embedding_bag(indices, weight, offsets, mode=bag_mode)
         got = compiled(weight.to("tpu"), indices.to("tpu"), offsets.to("tpu"))
         check(got, want)
+
+
+@pytest.mark.parametrize("bag_mode", ["sum", "mean"])
+def test_include_last_offset_with_one_offset_gives_no_bags_in_every_mode(mode, bag_mode):
+    # One offset and include_last_offset: no bags. CPU returns an empty result (debug mode's
+    # bounds check refused positions that belong to no bag). CPU's weight gradient here reads
+    # uninitialised memory (3.0 or 4e-45 where nothing flowed; its mode="max" crashes the
+    # process, so it is no oracle there); the device's is zero.
+    w = torch.randn(10, 3)
+    idx, off = torch.tensor([1, 2, 3]), torch.tensor([0])
+    want = F.embedding_bag(idx, w, off, include_last_offset=True, mode=bag_mode)
+    wt = w.to("tpu").requires_grad_()
+    got = F.embedding_bag(idx.to("tpu"), wt, off.to("tpu"), include_last_offset=True, mode=bag_mode)
+    check(got, want)
+    got.sum().backward()
+    assert torch.equal(wt.grad.cpu(), torch.zeros(10, 3))
