@@ -8,6 +8,7 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/native/BinaryOps.h>
+#include <ATen/native/TypeProperties.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -414,53 +415,83 @@ at::Tensor addcmul(const at::Tensor& self, const at::Tensor& t1, const at::Tenso
 at::Tensor addcdiv(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
                    const at::Scalar& value);
 
-// A half result computed in float32: the formula on float32 operands, rounded once.
-template <typename F>
-at::Tensor in_float_once(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
-                         F formula) {
-  auto rt = c10::promoteTypes(at::result_type(self, t1), t2.scalar_type());
-  return cast(formula(opmath(self), opmath(t1), opmath(t2)), rt);
+// The dtype addcmul/addcdiv compute in: all three operands promoted together, as CPU's one
+// TensorIterator over them does (a 0-dim operand's dtype counts only within its category:
+// pairwise promotion made `addcmul(f32, f64 0-dim, i32)` float64, and multiplied two uint8s
+// into a wrapped uint8 before adding them to an int64). CPU's refusals come with it: bool
+// products, and integer division.
+at::ScalarType addc_dtype(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
+                          bool division) {
+  at::native::ResultTypeState state;
+  for (const at::Tensor* t : {&self, &t1, &t2}) {
+    state = at::native::update_result_type_state(*t, state);
+  }
+  auto rt = at::native::result_type(state);
+  if (division) {
+    TORCH_CHECK(!(at::isIntegralType(t1.scalar_type(), true) &&
+                  at::isIntegralType(t2.scalar_type(), true)),
+                "Integer division with addcdiv is no longer supported, and in a future release "
+                "addcdiv will perform a true division of tensor1 and tensor2. The historic "
+                "addcdiv behavior can be implemented as (input + value * torch.trunc(tensor1 / "
+                "tensor2)).to(input.dtype) for integer inputs and as (input + value * tensor1 / "
+                "tensor2) for float inputs. The future addcdiv behavior is just the latter "
+                "implementation: (input + value * tensor1 / tensor2), for all dtypes.");
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(rt != at::kBool, "\"", division ? "addcdiv" : "addcmul",
+                              "_cpu_out\" not implemented for 'Bool'");
+  return rt;
+}
+
+// self + value * (t1 OP t2), every operand in the common dtype `rt`; a half dtype computed in
+// float32 and rounded once.
+at::Tensor addc(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
+                const at::Scalar& value, uint32_t op, at::ScalarType rt) {
+  if (is_reduced_float(rt)) {
+    // Each operand in rt first (an integer operand rounds, or overflows, as on CPU).
+    auto in_rt = [&](const at::Tensor& t) { return opmath(cast(t, rt)); };
+    return cast(addc(in_rt(self), in_rt(t1), in_rt(t2), value, op, at::kFloat), rt);
+  }
+  auto x = cast(t1, rt), y = cast(t2, rt);
+  auto combined = op == DFUSE_BINARY_OP_MUL ? b<DFUSE_BINARY_OP_MUL>(x, y) : b<DFUSE_BINARY_OP_DIV>(x, y);
+  return b<DFUSE_BINARY_OP_ADD>(cast(self, rt), binary(combined, value, DFUSE_BINARY_OP_MUL));
 }
 
 at::Tensor addcmul(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
                    const at::Scalar& value) {
-  if (is_half(self) || is_half(t1) || is_half(t2)) {
-    return in_float_once(self, t1, t2, [&](const at::Tensor& a, const at::Tensor& b,
-                                           const at::Tensor& c) {
-      return dft::addcmul(a, b, c, value);  // qualified: at::addcmul is found by ADL too
-    });
-  }
-  auto p = binary(b<DFUSE_BINARY_OP_MUL>(t1, t2), value, DFUSE_BINARY_OP_MUL);
-  return b<DFUSE_BINARY_OP_ADD>(self, p);
+  return addc(self, t1, t2, value, DFUSE_BINARY_OP_MUL, addc_dtype(self, t1, t2, false));
+}
+
+// An in-place addcmul_/addcdiv_ writes the common dtype into self, as CPU casts it.
+at::ScalarType addc_dtype_into(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
+                               bool division) {
+  auto rt = addc_dtype(self, t1, t2, division);
+  TORCH_CHECK(at::canCast(rt, self.scalar_type()), "result type ", rt,
+              " can't be cast to the desired output type ", self.scalar_type());
+  return rt;
 }
 
 at::Tensor& addcmul_(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
                      const at::Scalar& value) {
-  if (is_half(self) || is_half(t1) || is_half(t2)) {
-    return self.copy_(dft::addcmul(opmath(self), opmath(t1), opmath(t2), value));
+  auto rt = addc_dtype_into(self, t1, t2, false);
+  if (is_reduced_float(rt) || rt != self.scalar_type()) {
+    return self.copy_(addc(self, t1, t2, value, DFUSE_BINARY_OP_MUL, rt));
   }
-  auto p = binary(b<DFUSE_BINARY_OP_MUL>(t1, t2), value, DFUSE_BINARY_OP_MUL);
+  auto p = binary(b<DFUSE_BINARY_OP_MUL>(cast(t1, rt), cast(t2, rt)), value, DFUSE_BINARY_OP_MUL);
   return b_<DFUSE_BINARY_OP_ADD>(self, p);
 }
 
 at::Tensor addcdiv(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
                    const at::Scalar& value) {
-  if (is_half(self) || is_half(t1) || is_half(t2)) {
-    return in_float_once(self, t1, t2, [&](const at::Tensor& a, const at::Tensor& b,
-                                           const at::Tensor& c) {
-      return dft::addcdiv(a, b, c, value);
-    });
-  }
-  auto q = binary(b<DFUSE_BINARY_OP_DIV>(t1, t2), value, DFUSE_BINARY_OP_MUL);
-  return b<DFUSE_BINARY_OP_ADD>(self, q);
+  return addc(self, t1, t2, value, DFUSE_BINARY_OP_DIV, addc_dtype(self, t1, t2, true));
 }
 
 at::Tensor& addcdiv_(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
                      const at::Scalar& value) {
-  if (is_half(self) || is_half(t1) || is_half(t2)) {
-    return self.copy_(dft::addcdiv(opmath(self), opmath(t1), opmath(t2), value));
+  auto rt = addc_dtype_into(self, t1, t2, true);
+  if (is_reduced_float(rt) || rt != self.scalar_type()) {
+    return self.copy_(addc(self, t1, t2, value, DFUSE_BINARY_OP_DIV, rt));
   }
-  auto q = binary(b<DFUSE_BINARY_OP_DIV>(t1, t2), value, DFUSE_BINARY_OP_MUL);
+  auto q = binary(b<DFUSE_BINARY_OP_DIV>(cast(t1, rt), cast(t2, rt)), value, DFUSE_BINARY_OP_MUL);
   return b_<DFUSE_BINARY_OP_ADD>(self, q);
 }
 

@@ -1,5 +1,6 @@
-"""Bitwise ops, division rounding modes, fmod, atan2, trunc, log2, log10, nan_to_num and
-logical_xor on tpu against CPU in every eager mode, with no CPU fallback."""
+"""Bitwise ops, division rounding modes, fmod, atan2, trunc, log2, log10, nan_to_num,
+logical_xor and addcmul/addcdiv's type promotion on tpu against CPU in every eager mode, with
+no CPU fallback."""
 
 import pytest
 import torch
@@ -233,3 +234,40 @@ def test_bit_shifts_are_cpus_including_out_of_range_amounts(mode, dtype):
     check(got, want)
     with pytest.raises(NotImplementedError, match="not implemented for 'Float'"):
         tpu(torch.randn(3)) << 1
+
+
+ADDC_CASES = [
+    # (self, tensor1, tensor2): uint8 products into int64 (wrapped in uint8 before), 0-dim
+    # operands that count only within their category, bool and half mixes.
+    (torch.zeros(2, dtype=torch.int64), torch.tensor([100, 200], dtype=torch.uint8),
+     torch.tensor([100, 200], dtype=torch.uint8)),
+    (torch.zeros(2), torch.tensor([70000, 3], dtype=torch.int32),
+     torch.tensor([70000, 3], dtype=torch.int32)),
+    (torch.ones(2), torch.tensor(0.5, dtype=torch.float64), torch.tensor([3, 4], dtype=torch.int32)),
+    (torch.tensor([1, 2], dtype=torch.int32), torch.tensor(3), torch.tensor([True, False])),
+    (torch.tensor([1, 2], dtype=torch.int32), torch.tensor(2.0, dtype=torch.float16),
+     torch.tensor([1.5, 2.5], dtype=torch.bfloat16)),
+    (torch.tensor([70000, 3], dtype=torch.int64), torch.tensor(2.0, dtype=torch.float16),
+     torch.tensor([1, 2], dtype=torch.int32)),  # 70000 overflows float16, as on CPU
+]
+
+
+@pytest.mark.parametrize("case", range(len(ADDC_CASES)))
+@pytest.mark.parametrize("op", ["addcmul", "addcdiv"])
+def test_addcmul_and_addcdiv_promote_all_three_operands_together_as_cpu(mode, op, case):
+    a, b, c = ADDC_CASES[case]
+    if op == "addcdiv":
+        c = c.float() + 3 if not c.is_floating_point() else c + 3
+    want = getattr(torch, op)(a, b, c, value=2)
+    got = getattr(torch, op)(a.to("tpu"), b.to("tpu"), c.to("tpu"), value=2)
+    check(got, want)
+
+
+def test_addcmul_and_addcdiv_refuse_what_cpu_refuses(mode):
+    t = lambda *v, dtype=None: torch.tensor(v, dtype=dtype, device="tpu")
+    with pytest.raises(RuntimeError, match="Integer division with addcdiv is no longer supported"):
+        torch.addcdiv(t(1.0, 2.0), t(1, 2), t(3, 4))
+    with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+        torch.addcmul(t(True), t(True), t(False))
+    with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
+        t(1, 2).addcmul_(t(1.5, 2.5), t(2.0, 3.0))
