@@ -168,15 +168,38 @@ at::Tensor normal_float_tensor(double mean, const at::Tensor& std,
   return std * draw(std.sizes(), std.scalar_type(), Dist::Normal, gen) + mean;
 }
 
-// Integers drawn uniformly from [from, from + range) as floor(u * range) + from, with u in f64
-// (53 random bits): exact for ranges up to 2^53.
+// Integers drawn uniformly from [from, from + range), added to `from` in int64 (in float64 a
+// `from` past 2^53 lost its low bits): up to 2^53 as floor(u * range), u in f64 (53 random
+// bits); past it, as CPU draws them, random bits (two draws of 31 or 32) modulo the range.
 at::Tensor& random_range(at::Tensor& self, int64_t from, uint64_t range,
                          std::optional<at::Generator> gen) {
   TORCH_CHECK(range > 0, "random_ expects 'from' to be less than 'to', but got an empty range");
   if (self.numel() == 0) return self;
-  auto u = draw(self.sizes(), at::kDouble, Dist::Uniform, gen);
-  auto v = at::floor(u * double(range)) + double(from);
-  assign(self, v);
+  constexpr uint64_t kExact = uint64_t(1) << 53;
+  at::Tensor v;
+  if (range <= kExact) {
+    auto u = draw(self.sizes(), at::kDouble, Dist::Uniform, gen);
+    v = at::floor(u * double(range)).to(at::kLong);
+  } else {
+    auto bits = [&](double scale) {
+      return at::floor(draw(self.sizes(), at::kDouble, Dist::Uniform, gen) * scale).to(at::kLong);
+    };
+    constexpr uint64_t kHalf = uint64_t(1) << 63;
+    if (range <= kHalf) {
+      auto r = bits(2147483648.0) * int64_t(4294967296) + bits(4294967296.0);  // [0, 2^63)
+      v = range < kHalf ? r.remainder(int64_t(range)) : r;
+    } else {
+      // 64 bits (the product wraps): from + u wraps too, and a u past the range (the value
+      // then at or past `to`, or wrapped below `from`) is taken modulo it by one subtraction.
+      auto u = bits(4294967296.0) * int64_t(4294967296) + bits(4294967296.0);
+      auto value = u + from;
+      int64_t to = int64_t(uint64_t(from) + range);
+      auto past = value.ge(to).logical_or(value.lt(from));
+      assign(self, at::where(past, value - int64_t(range), value));  // range - 2^64: wraps
+      return self;
+    }
+  }
+  assign(self, from == 0 ? v : v + from);
   return self;
 }
 
@@ -197,7 +220,9 @@ at::Tensor& random_from(at::Tensor& self, int64_t from, std::optional<int64_t> t
   }();
   TORCH_CHECK(from < hi, "random_ expects 'from' to be less than 'to', but got from=", from,
               " >= to=", hi);
-  return random_range(self, from, uint64_t(hi - from), gen);
+  // In unsigned arithmetic: a span of 2^63 or more overflows int64 (undefined, and the
+  // compiler then took it for less than 2^63).
+  return random_range(self, from, uint64_t(hi) - uint64_t(from), gen);
 }
 
 at::Tensor& random_to(at::Tensor& self, int64_t to, std::optional<at::Generator> gen) {

@@ -150,3 +150,21 @@ def test_bfloat16_dropout_keeps_elements_with_probability_one_minus_p(mode):
     kept = (F.dropout(x, 0.1) != 0).float().mean().item()
     assert abs(kept - 0.9) < 0.0012, kept
 
+
+
+@pytest.mark.parametrize("low, high", [(2**62, 2**62 + 5), (2**53, 2**53 + 4), (0, 2**62),
+                                       (-2**62, 2**62), (-2**63, 2**63 - 1), (-2**63 + 5, 2**62)])
+def test_randint_with_bounds_past_2_to_the_53_stays_in_range_and_uses_every_low_bit(mode, low, high):
+    # Drawn through a float64 they lost their low bits (never odd, one value of five) or left
+    # the range; and a span of 2^63 overflowed int64.
+    r = torch.randint(low, high, (4000,), device="tpu").cpu()
+    assert r.dtype == torch.int64
+    assert bool((r >= low).all()) and bool((r < high).all())
+    assert 0 < int((r % 2).sum()) < 4000
+    if high - low <= 8:
+        assert r.unique().numel() == high - low
+
+
+def test_random_of_int64_draws_odd_values_too(mode):
+    r = torch.empty(4000, dtype=torch.int64, device="tpu").random_().cpu()
+    assert bool((r >= 0).all()) and 0 < int((r % 2).sum()) < 4000
