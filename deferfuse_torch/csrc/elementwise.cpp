@@ -191,6 +191,12 @@ void check_integer_power(const at::Tensor& x, const at::Scalar& e) {
 
 at::Tensor pow_tensor_scalar_entry(const at::Tensor& x, const at::Scalar& e) {
   check_integer_power(x, e);
+  // An integer base with a float exponent is promoted to the default dtype (see
+  // ew::promoted_past_default), which the runtime takes for float32.
+  if (!at::isFloatingType(x.scalar_type()) && e.isFloatingPoint() &&
+      at::typeMetaToScalarType(at::get_default_dtype()) != at::kFloat) {
+    return pow_tensor_scalar_entry(ew::to_default_dtype(x), e);
+  }
   bool two_ops = pow_has_cpu_special_cases(x, e) && (e.toDouble() == 3.0 || e.toDouble() == -2.0);
   if (!two_ops) return pow_tensor_scalar(x, e);
   return Grouped<decltype(&pow_tensor_scalar), &pow_tensor_scalar>::call(x, e);

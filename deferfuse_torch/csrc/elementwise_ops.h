@@ -88,11 +88,32 @@ void check_in_place_result(const at::Tensor& x, const Y& y) {
   check_in_place_cast(x, r);
 }
 
+// The runtime computes integers and bools promoted to a float in float32, PyTorch's default
+// dtype; after torch.set_default_dtype(torch.float64) (or a half one) PyTorch promotes them
+// to that instead. True when `r`, computed from the non-floating operands `integral`, took
+// float32 where the default is another dtype: the caller computes it again from operands cast
+// to the default. Only then: the first result is dropped unread (defer never runs it).
+inline bool promoted_past_default(const at::Tensor& r, bool integral) {
+  return integral && r.scalar_type() == at::kFloat &&
+         at::typeMetaToScalarType(at::get_default_dtype()) != at::kFloat;
+}
+
+// A tpu operand in the default dtype; a host scalar (a wrapped number) is left as it is: the
+// runtime takes it as a value and the tpu operand's dtype wins.
+inline at::Tensor to_default_dtype(const at::Tensor& t) {
+  if (t.device().type() != c10::DeviceType::PrivateUse1) return t;
+  return cast(t, at::typeMetaToScalarType(at::get_default_dtype()));
+}
+
 template <uint32_t OP>
 at::Tensor u(const at::Tensor& x) {
   refuse_as_cpu<OP>(x);
   if (x.is_complex()) return complex_unary(OP, x);
-  return unary(x, OP);
+  auto r = unary(x, OP);
+  if (promoted_past_default(r, !at::isFloatingType(x.scalar_type()))) {
+    return unary(to_default_dtype(x), OP);
+  }
+  return r;
 }
 
 template <uint32_t OP>
@@ -118,7 +139,18 @@ at::Tensor b(const at::Tensor& x, const at::Tensor& y) {
   refuse_as_cpu<OP>(x, y);
   if (x.is_complex() || y.is_complex()) return complex_binary(OP, x, y);
   auto a = attrs_sub(OP);
-  return run(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), "binary op");
+  auto r = run(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), "binary op");
+  // A Python number (a wrapped 0-dim tensor) promotes an integer operand to the default
+  // dtype, whatever its own.
+  auto non_floating = [](const at::Tensor& t) {
+    return !at::isFloatingType(t.scalar_type()) || t.unsafeGetTensorImpl()->is_wrapped_number();
+  };
+  bool integral = non_floating(x) && non_floating(y);
+  if (promoted_past_default(r, integral)) {
+    return run(DFUSE_OP_KIND_BINARY, &a, Operands().t(to_default_dtype(x)).t(to_default_dtype(y)),
+               "binary op");
+  }
+  return r;
 }
 
 template <uint32_t OP>
@@ -138,7 +170,12 @@ at::Tensor& b_(at::Tensor& x, const at::Tensor& y) {
 template <uint32_t OP>
 at::Tensor bs(const at::Tensor& x, const at::Scalar& y) {
   if (x.is_complex() || y.isComplex()) return complex_binary(OP, x, y);
-  return binary(x, y, OP);
+  auto r = binary(x, y, OP);
+  // A float scalar promotes an integer tensor to the default dtype.
+  if (promoted_past_default(r, !at::isFloatingType(x.scalar_type()))) {
+    return binary(to_default_dtype(x), y, OP);
+  }
+  return r;
 }
 
 template <uint32_t OP>

@@ -271,3 +271,20 @@ def test_addcmul_and_addcdiv_refuse_what_cpu_refuses(mode):
         torch.addcmul(t(True), t(True), t(False))
     with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
         t(1, 2).addcmul_(t(1.5, 2.5), t(2.0, 3.0))
+
+
+@pytest.mark.parametrize("default", [torch.float64, torch.bfloat16])
+def test_integers_promote_to_the_default_dtype_as_on_cpu(mode, default):
+    # After torch.set_default_dtype, integer and bool operands promoted to a float take that
+    # dtype (PINN and physics code run in float64); the runtime took float32.
+    i, flags = torch.tensor([1, 3]), torch.tensor([True, False])
+    calls = [lambda x, b: x / 2, lambda x, b: x * 1.5, lambda x, b: x.sqrt(), lambda x, b: x.exp(),
+             lambda x, b: x / x, lambda x, b: b + 0.5, lambda x, b: x ** 0.5, lambda x, b: x - 0.5,
+             lambda x, b: x + 1, lambda x, b: x * torch.ones(2, device=x.device)]
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        for call in calls:
+            check(call(i.to("tpu"), flags.to("tpu")), call(i, flags), atol=1e-2, rtol=1e-2)
+    finally:
+        torch.set_default_dtype(before)
