@@ -1,9 +1,11 @@
 // Runtime access, mode propagation, handle <-> tensor conversion and op recording.
 #include "common.h"
+
 #include "indexed_grad.h"
 #include "observe.h"
 #include "streams.h"
 
+#include <ATen/Dispatch.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/FuncTorchTLS.h>
 #include <ATen/MemoryOverlap.h>
@@ -179,6 +181,13 @@ Ref& Ref::operator=(Ref&& o) noexcept {
     o.owned_ = false;
   }
   return *this;
+}
+
+void check_value_fits(const at::Scalar& value, at::ScalarType dtype) {
+  if (at::isComplexType(dtype)) return;
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, dtype, "fill_", [&] {
+    (void)value.to<scalar_t>();
+  });
 }
 
 uint32_t to_dtype(at::ScalarType t) {

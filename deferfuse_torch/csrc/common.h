@@ -91,6 +91,11 @@ inline constexpr char kComplex64Supports[] =
     "complex64 supports copies, views, add, sub, mul, div, ==, !=, where, neg, abs, sgn, exp, "
     "conj, polar, sum, mean, cat, flip and matrix products";
 
+// CPU's check that a fill value fits `dtype` (fill_, masked_fill, index_fill): its own
+// conversion, which raises "value cannot be converted to type ... without overflow" (300 into
+// uint8, inf into int32); the device would wrap or saturate it.
+void check_value_fits(const at::Scalar& value, at::ScalarType dtype);
+
 uint32_t to_dtype(at::ScalarType t);
 at::ScalarType from_dtype(uint32_t d);
 

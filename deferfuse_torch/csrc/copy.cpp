@@ -246,6 +246,7 @@ at::Tensor without_expanded_dims(const at::Tensor& t) {
 }
 
 at::Tensor& fill_scalar_(at::Tensor& self, const at::Scalar& value) {
+  check_value_fits(value, self.scalar_type());
   if (self.numel() == 0) return self;
   if (auto once = without_expanded_dims(self); !once.is_same(self)) {
     fill_scalar_(once, value);

@@ -285,6 +285,7 @@ at::Tensor& index_copy_out(const at::Tensor& self, int64_t dim, const at::Tensor
 at::Tensor& index_fill_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                         const at::Scalar& value) {
   check_index_dtype(index, "index_fill_");
+  check_value_fits(value, self.scalar_type());
   // CPU's index_fill counts a negative index from the end (scatter does not).
   auto from_end = [](const at::Tensor& i, int64_t size) { return at::where(i.lt(0), i + size, i); };
   if (self.dim() == 0) {

@@ -190,11 +190,13 @@ Operands fill_operands(const at::Tensor& self, const at::Tensor& mask, const at:
 }
 
 at::Tensor masked_fill_s(const at::Tensor& self, const at::Tensor& mask, const at::Scalar& v) {
+  check_value_fits(v, self.scalar_type());
   return cast(run(DFUSE_OP_KIND_WHERE, nullptr, fill_operands(self, mask, nullptr, &v, false),
                   "masked_fill"), self.scalar_type());
 }
 
 at::Tensor& masked_fill_s_(at::Tensor& self, const at::Tensor& mask, const at::Scalar& v) {
+  check_value_fits(v, self.scalar_type());
   run_into(DFUSE_OP_KIND_WHERE, nullptr, fill_operands(self, mask, nullptr, &v, true), self,
            "masked_fill_");
   return self;

@@ -209,3 +209,17 @@ def test_fill_of_an_expanded_view_by_a_tensor_raises_cpus_overlap_error(mode):
     for value in (torch.tensor(3.0), torch.tensor(4.0, device="tpu")):
         with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
             torch.ones(2, 1, device="tpu").expand(2, 3).fill_(value)
+
+
+@pytest.mark.parametrize("fill", ["fill_", "full_like", "masked_fill", "index_fill_", "setitem"])
+def test_a_fill_value_that_does_not_fit_the_dtype_raises_cpus_overflow_error(mode, fill):
+    # uint8 300 wrapped to 44 on the device, inf into int32 became -1: CPU raises.
+    calls = {"fill_": lambda t, v: t.fill_(v), "full_like": lambda t, v: torch.full_like(t, v),
+             "masked_fill": lambda t, v: t.masked_fill(torch.ones(2, dtype=torch.bool, device=t.device), v),
+             "index_fill_": lambda t, v: t.index_fill_(0, torch.tensor([0], device=t.device), v),
+             "setitem": lambda t, v: t.__setitem__(0, v)}
+    for dtype, value in [(torch.uint8, 300), (torch.uint8, -2.7), (torch.int32, float("inf")),
+                         (torch.float16, 1e6)]:
+        with pytest.raises(RuntimeError, match="without overflow"):
+            calls[fill](torch.zeros(2, dtype=dtype, device="tpu"), value)
+    calls[fill](torch.zeros(2, dtype=torch.uint8, device="tpu"), 255)  # fits: no error
