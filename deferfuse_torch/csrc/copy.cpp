@@ -219,6 +219,11 @@ at::Tensor _to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
 }
 
 at::Scalar _local_scalar_dense(const at::Tensor& self) {
+  if (self.is_complex()) {
+    // complex64: its pair read as two floats (a conjugate view's pair conjugated).
+    auto p = pairs(self).cpu();
+    return at::Scalar(c10::complex<double>(p[0].item<float>(), p[1].item<float>()));
+  }
   Ref r = ref(self);
   DfuseScalar v{};
   note_sync("item");

@@ -380,12 +380,24 @@ void check_lerp_dtypes(const at::Tensor& self, const at::Tensor& end) {
               " for `end` but got dtype ", end.dtype());
 }
 
+at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar& w);
+
+// CPU takes a 0-dim weight of any dtype (its value, as the scalar form would), and computes a
+// half self in float32, rounded once.
 at::Tensor lerp_tensor(const at::Tensor& self, const at::Tensor& end, const at::Tensor& w) {
   check_lerp_dtypes(self, end);
-  TORCH_CHECK(self.dtype() == w.dtype(), "expected dtype ", self.dtype(),
+  TORCH_CHECK(self.dtype() == w.dtype() || w.dim() == 0, "expected dtype ", self.dtype(),
               " for `weight` but got dtype ", w.dtype());
+  if (w.dim() == 0 && w.device().type() != c10::DeviceType::PrivateUse1) {
+    return dft::lerp(self, end, w.item());
+  }
+  if (is_half(self)) {
+    auto wide = lerp_tensor(opmath(self), opmath(end), cast(w, at::kFloat));
+    return cast(wide, self.scalar_type());
+  }
+  auto weight = w.scalar_type() == self.scalar_type() ? w : cast(w, self.scalar_type());
   auto diff = end - self;
-  return at::where(w.abs().lt(0.5), self + w * diff, end - diff * (1 - w));
+  return at::where(weight.abs().lt(0.5), self + weight * diff, end - diff * (1 - weight));
 }
 
 at::Tensor& lerp_tensor_(at::Tensor& self, const at::Tensor& end, const at::Tensor& w) {

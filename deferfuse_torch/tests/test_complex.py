@@ -453,3 +453,10 @@ def test_complex_equality_and_where_match_cpu(mode):
     check(t == r.to("tpu"), a == r)
     check(torch.where(mask.to("tpu"), t, u), torch.where(mask, a, b))
     check(torch.where(mask.to("tpu"), t, r.to("tpu")), torch.where(mask, a, r))
+
+
+def test_item_of_a_complex_tensor_reads_its_pair(mode):
+    z = torch.tensor([1 + 2j, 3 - 4j])
+    t = z.to("tpu")
+    assert t[0].item() == 1 + 2j
+    assert t[1].conj().item() == 3 + 4j

@@ -351,3 +351,22 @@ def test_a_shift_by_a_python_number_promotes_as_cpu(mode, call):
     want = call("cpu")
     got = call("tpu")
     assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("weight", [torch.tensor(0.3, dtype=torch.float64), torch.tensor(1),
+                                    torch.tensor(0.7, dtype=torch.float16)])
+@pytest.mark.parametrize("on", ["cpu", "tpu"])
+def test_lerp_takes_a_0_dim_weight_of_any_dtype_as_cpu_does(mode, weight, on):
+    x, y = torch.randn(64), torch.randn(64)
+    got = torch.lerp(x.to("tpu"), y.to("tpu"), weight.to(on))
+    check(got, torch.lerp(x, y, weight), atol=1e-6, rtol=1e-6)
+    with pytest.raises(RuntimeError, match="expected dtype float for `weight` but got dtype double"):
+        torch.lerp(x.to("tpu"), y.to("tpu"), torch.rand(64, dtype=torch.float64).to("tpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_lerp_with_a_tensor_weight_is_computed_in_float_and_rounded_once(mode, dtype):
+    g = torch.Generator().manual_seed(3)
+    x, y, w = (torch.randn(1000, generator=g).to(dtype) for _ in range(3))
+    w = w.abs() % 1
+    assert torch.equal(torch.lerp(x.to("tpu"), y.to("tpu"), w.to("tpu")).cpu(), torch.lerp(x, y, w))
