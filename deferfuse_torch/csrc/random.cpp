@@ -242,6 +242,37 @@ at::Tensor& exponential_(at::Tensor& self, double lambd, std::optional<at::Gener
   return self;
 }
 
+// cauchy_, log_normal_ and geometric_: CPU's transformations of one uniform or normal draw,
+// on the device's generator (on the CPU fallback they drew from the CPU's, so a tpu generator
+// raised and tpu seeds and states did not reproduce them).
+at::Tensor& cauchy_(at::Tensor& self, double median, double sigma,
+                    std::optional<at::Generator> gen) {
+  TORCH_CHECK(sigma > 0.0, "cauchy_ expects sigma > 0.0, but found sigma=", sigma);
+  if (self.numel() == 0) return self;
+  auto u = draw(self.sizes(), transform_dtype(self), Dist::Uniform, gen);
+  assign(self, at::tan((u - 0.5) * M_PI) * sigma + median);
+  return self;
+}
+
+at::Tensor& log_normal_(at::Tensor& self, double mean, double std,
+                        std::optional<at::Generator> gen) {
+  TORCH_CHECK(std > 0.0, "log_normal_ expects std > 0.0, but found std=", std);
+  if (self.numel() == 0) return self;
+  auto z = draw(self.sizes(), transform_dtype(self), Dist::Normal, gen);
+  assign(self, at::exp(z * std + mean));
+  return self;
+}
+
+at::Tensor& geometric_(at::Tensor& self, double p, std::optional<at::Generator> gen) {
+  TORCH_CHECK(0 < p && p < 1, "geometric_ expects p to be in (0, 1), but got p=", p);
+  if (self.numel() == 0) return self;
+  auto u = draw(self.sizes(), at::isFloatingType(self.scalar_type()) ? transform_dtype(self)
+                                                                       : at::kDouble,
+                Dist::Uniform, gen);
+  assign(self, at::ceil(at::log(u) / std::log1p(-p)));
+  return self;
+}
+
 at::Tensor& bernoulli_scalar_(at::Tensor& self, double p, std::optional<at::Generator> gen) {
   TORCH_CHECK(p >= 0.0 && p <= 1.0, "bernoulli_ expects p to be in [0, 1], but got p=", p);
   if (self.numel() == 0) return self;
@@ -384,6 +415,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("random_.from", DFT_GROUPED(dft::random_from));
   m.impl("random_.to", TORCH_FN(dft::random_to));
   m.impl("exponential_", TORCH_FN(dft::exponential_));
+  m.impl("cauchy_", TORCH_FN(dft::cauchy_));
+  m.impl("log_normal_", TORCH_FN(dft::log_normal_));
+  m.impl("geometric_", TORCH_FN(dft::geometric_));
   m.impl("bernoulli_.float", DFT_GROUPED(dft::bernoulli_scalar_));
   m.impl("bernoulli_.Tensor", TORCH_FN(dft::bernoulli_tensor_));
   m.impl("bernoulli", DFT_GROUPED(dft::bernoulli));

@@ -168,3 +168,36 @@ def test_randint_with_bounds_past_2_to_the_53_stays_in_range_and_uses_every_low_
 def test_random_of_int64_draws_odd_values_too(mode):
     r = torch.empty(4000, dtype=torch.int64, device="tpu").random_().cpu()
     assert bool((r >= 0).all()) and 0 < int((r % 2).sum()) < 4000
+
+
+@pytest.mark.parametrize("draw", ["cauchy_", "log_normal_", "geometric_"])
+def test_cauchy_log_normal_and_geometric_draw_on_the_device_from_its_generator(mode, draw):
+    # On the CPU fallback they drew from the CPU's generator: a tpu generator raised, and tpu
+    # seeds and states did not reproduce them.
+    calls = {"cauchy_": lambda t, g: t.cauchy_(generator=g),
+             "log_normal_": lambda t, g: t.log_normal_(generator=g),
+             "geometric_": lambda t, g: t.geometric_(0.3, generator=g)}
+    call = calls[draw]
+    deferfuse_torch.reset_fallback_counts()
+    g = torch.Generator(device="tpu")
+    g.manual_seed(5)
+    a = call(torch.empty(20000, device="tpu"), g).cpu()
+    g.manual_seed(5)
+    assert torch.equal(call(torch.empty(20000, device="tpu"), g).cpu(), a)
+    state = torch.tpu.get_rng_state()
+    b = call(torch.empty(8, device="tpu"), None).cpu()
+    torch.tpu.set_rng_state(state)
+    assert torch.equal(call(torch.empty(8, device="tpu"), None).cpu(), b)
+    assert deferfuse_torch.fallback_counts() == {}
+    want = call(torch.empty(20000), None)  # CPU's distribution: the same median, roughly
+    assert abs(a.median().item() - want.median().item()) < 0.1 * max(1.0, abs(want.median().item()))
+
+
+def test_cauchy_log_normal_and_geometric_refuse_cpus_bad_parameters(mode):
+    t = torch.empty(2, device="tpu")
+    with pytest.raises(RuntimeError, match="cauchy_ expects sigma > 0.0, but found sigma=0"):
+        t.cauchy_(sigma=0)
+    with pytest.raises(RuntimeError, match=r"log_normal_ expects std > 0.0, but found std=-1"):
+        t.log_normal_(std=-1)
+    with pytest.raises(RuntimeError, match=r"geometric_ expects p to be in \(0, 1\), but got p=1.5"):
+        t.geometric_(1.5)
