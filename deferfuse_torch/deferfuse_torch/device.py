@@ -50,7 +50,14 @@ class device:
     is one tpu device, so it only checks the index."""
 
     def __init__(self, dev):
-        idx = torch.device(dev).index if isinstance(dev, (str, torch.device)) else dev
+        if isinstance(dev, (str, torch.device)):
+            d = torch.device(dev)
+            # As CUDA's: another device type is an error, not the current device.
+            if d.type not in ("tpu", "privateuseone"):
+                raise ValueError(f"Expected a tpu device, but got: {d}")
+            idx = d.index
+        else:
+            idx = dev
         if idx not in (None, -1, 0):
             raise RuntimeError(f"tpu: device index {idx} does not exist (there is one tpu "
                                "device, index 0)")
@@ -149,16 +156,19 @@ def seed_all() -> None:
 
 
 def initial_seed() -> int:
-    """The seed the tpu generator was last seeded with."""
-    return _ops.initial_seed()
+    """The seed the tpu generator was last seeded with (0 to 2**64 - 1, as torch's)."""
+    seed = _ops.initial_seed()
+    return seed + (1 << 64) if seed < 0 else seed
 
 
 def get_rng_state(device="tpu") -> torch.Tensor:
     """The tpu generator's state (16 bytes: seed, offset) as a CPU uint8 tensor."""
+    _check_device(device)
     return _ops.get_rng_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
+    _check_device(device)
     _ops.set_rng_state(new_state)
 
 
@@ -172,7 +182,10 @@ def set_rng_state_all(new_states) -> None:
 
 
 def synchronize(device=None) -> None:
-    """Runs all pending work and waits for it; raises the first asynchronous error."""
+    """Runs all pending work and waits for it; raises the first error of that work that
+    belongs to the stream (out of memory). An op's error about its own values (an index out
+    of range) stays with the tensor it made, and is raised where that tensor is next used."""
+    _check_device(device)
     _ops.synchronize()
 
 

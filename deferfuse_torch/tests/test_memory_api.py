@@ -223,3 +223,26 @@ def test_a_fill_value_that_does_not_fit_the_dtype_raises_cpus_overflow_error(mod
         with pytest.raises(RuntimeError, match="without overflow"):
             calls[fill](torch.zeros(2, dtype=dtype, device="tpu"), value)
     calls[fill](torch.zeros(2, dtype=torch.uint8, device="tpu"), 255)  # fits: no error
+
+
+def test_device_arguments_of_another_device_type_or_index_raise_as_cuda_does():
+    T = torch.tpu
+    for call in (lambda: T.get_device_name("cpu"), lambda: T.set_device("cuda:0"),
+                 lambda: T.device("cpu")):
+        with pytest.raises(ValueError, match="Expected a tpu device, but got"):
+            call()
+    for call in (lambda: T.synchronize(1), lambda: T.get_rng_state("tpu:1"),
+                 lambda: T.set_rng_state(T.get_rng_state(), "tpu:1")):
+        with pytest.raises(RuntimeError, match="device index 1 does not exist"):
+            call()
+    T.synchronize("tpu:0")
+    assert T.get_device_name(0) == T.get_device_name("tpu")
+
+
+def test_initial_seed_is_unsigned_as_torch_s():
+    before = torch.initial_seed()
+    torch.manual_seed(2**64 - 1)
+    try:
+        assert torch.tpu.initial_seed() == 2**64 - 1 == torch.initial_seed()
+    finally:
+        torch.manual_seed(before)
