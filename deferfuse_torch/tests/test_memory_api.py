@@ -118,6 +118,28 @@ def test_a_memory_fraction_cap_raises_out_of_memory_and_the_device_stays_usable(
     assert (keep * 2).sum().item() == 2048.0
 
 
+def test_a_tensor_whose_update_was_lost_to_out_of_memory_is_usable_after_a_reload(
+        no_memory_cap_after):
+    # Catch the error, shrink the batch, retry: a tensor's lost in-place update is reported
+    # when it is read, and reloading it whole (fill_, copy_, load_state_dict) makes it usable
+    # again; it stayed unusable for good.
+    w = torch.ones(4 << 20, device="tpu")
+    settle()
+    torch.ops.deferfuse.set_memory_limit(torch.tpu.memory_allocated() + (32 << 20))
+    with deferfuse_torch.mode("defer"):
+        with pytest.raises(torch.OutOfMemoryError):
+            w.mul_(2)
+            ys = [w * i for i in range(5)]
+            sum(y.sum() for y in ys).item()
+    torch.ops.deferfuse.set_memory_limit(0)
+    with pytest.raises(torch.OutOfMemoryError, match="never ran"):
+        w[0].item()
+    w.copy_(torch.full((4 << 20,), 3.0))
+    assert w.sum().item() == 3.0 * (4 << 20)
+    w.fill_(1.0)
+    assert w[:2].cpu().tolist() == [1.0, 1.0]
+
+
 def test_a_memory_fraction_outside_zero_to_one_is_refused():
     with pytest.raises(ValueError, match=r"fraction in \[0, 1\]"):
         torch.tpu.set_per_process_memory_fraction(1.5)

@@ -141,6 +141,16 @@ impl Buffer {
         self.failed.store(true, Ordering::Release);
     }
 
+    /// Forgets a recorded failure and the unread checks the value depended on: for a write
+    /// that replaces every byte without reading any (a reload after an out-of-memory error),
+    /// after which the value depends on nothing that was lost.
+    pub fn clear_failure(&self) {
+        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        *f = None;
+        self.failed.store(false, Ordering::Release);
+        self.checks.forget();
+    }
+
     /// The failure recorded by [`Buffer::fail`], if any.
     pub fn failure(&self) -> Result<()> {
         if !self.failed.load(Ordering::Acquire) {

@@ -115,6 +115,14 @@ impl Carried {
         None
     }
 
+    /// Forgets every check without reading it (the value no longer depends on them).
+    pub fn forget(&self) {
+        if self.any() {
+            self.lock().clear();
+            self.any.store(false, Ordering::Release);
+        }
+    }
+
     /// Forgets everything (the buffer starts a new life).
     pub fn clear(&mut self) {
         self.list

@@ -117,7 +117,7 @@ impl Runtime {
         let result_dtype;
         match out {
             Some(h) => {
-                let t = self.operand_tensor(h, op, OperandName::Out)?;
+                let t = self.out_tensor(h, op, &node.inputs)?;
                 check_out(op, &inf.sizes, inf.dtype, &t)?;
                 buffers.insert(t.buffer.clone());
                 output = tref(&t);
@@ -208,7 +208,17 @@ impl Runtime {
     /// Inlined: returned through a call, the ~140-byte tensor was copied once more per operand.
     #[inline(always)]
     fn operand_tensor(&self, h: Handle, op: &Op, operand: OperandName) -> Result<Tensor> {
-        let t = self.tensor(h).map_err(|e| match e {
+        let t = self.handle_tensor(h, op, operand)?;
+        // Its value was lost to a failed flush (or a device check it depends on failed, as a
+        // synchronize found): computing from it would use stale memory.
+        t.buffer.known_failure()?;
+        Ok(t)
+    }
+
+    /// The tensor behind handle `h`, whose message when bad names the op and operand.
+    #[inline(always)]
+    fn handle_tensor(&self, h: Handle, op: &Op, operand: OperandName) -> Result<Tensor> {
+        self.tensor(h).map_err(|e| match e {
             Error::InvalidHandle(m) => {
                 let operand = match operand {
                     OperandName::Input(i) => format!("input {i}"),
@@ -217,10 +227,28 @@ impl Runtime {
                 Error::InvalidHandle(format!("{}: {operand}: {m}", op.name()))
             }
             e => e,
-        })?;
-        // Its value was lost to a failed flush (or a device check it depends on failed, as a
-        // synchronize found): computing from it would use stale memory.
-        t.buffer.known_failure()?;
+        })
+    }
+
+    /// The tensor an in-place op writes. A value lost to a failed flush (an out-of-memory
+    /// error) fails the op, as for an input, unless the op replaces every byte of the buffer
+    /// without reading it (a copy or cast into the whole tensor: `fill_`, `copy_`,
+    /// `load_state_dict`): that write makes a new value, so the lost one is forgotten and the
+    /// tensor is usable again, as a CUDA tensor is after its out-of-memory error.
+    fn out_tensor(&self, h: Handle, op: &Op, inputs: &[Operand]) -> Result<Tensor> {
+        let t = self.handle_tensor(h, op, OperandName::Out)?;
+        if let Err(e) = t.buffer.known_failure() {
+            let reads_out = inputs
+                .iter()
+                .any(|o| o.tensor().is_some_and(|i| i.buffer == t.buffer.id));
+            let whole = t.layout.offset == 0
+                && t.layout.is_contiguous()
+                && t.layout.numel() * t.dtype.size() == t.buffer.len;
+            if !(matches!(op, Op::Copy | Op::Cast(_)) && whole && !reads_out) {
+                return Err(e);
+            }
+            t.buffer.clear_failure();
+        }
         Ok(t)
     }
 

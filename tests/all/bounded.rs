@@ -163,6 +163,63 @@ fn values_recorded_after_a_failed_allocation_never_read_as_zeros() {
     r.release(big).unwrap();
 }
 
+/// A u8 tensor `x` whose in-place write `x += big[0]` is lost to the flush that cannot
+/// allocate `big` (the sync point reported it): the runtime and `x`.
+fn x_lost_to_a_failed_flush() -> (Runtime, Handle) {
+    let r = rt(
+        Mode::Defer,
+        Config {
+            max_pending_bytes: usize::MAX,
+            ..Default::default()
+        },
+    );
+    let x = r.from_host(&[1, 2], DType::U8, &[2]).unwrap();
+    let e = r.empty(DType::U8, &[HUGE]).unwrap();
+    let big = neg(&r, e).unwrap();
+    let first = r.view(0, big, &View::Select { dim: 0, index: 0 }).unwrap();
+    let add = Op::Binary(BinaryOp::Add);
+    r.op(0, add, &[Input::Tensor(x), Input::Tensor(first)], Some(x))
+        .unwrap();
+    assert_oom(r.synchronize(0), "the flush that would write x");
+    (r, x)
+}
+
+fn read_u8(rt: &Runtime, h: Handle) -> Result<Vec<u8>, Error> {
+    let mut b = vec![0u8; 2];
+    rt.to_host(h, &mut b)?;
+    Ok(b)
+}
+
+#[test]
+fn a_tensor_whose_write_was_lost_reports_the_failure_until_it_is_overwritten() {
+    let (r, x) = x_lost_to_a_failed_flush();
+    assert_oom(read_u8(&r, x), "reading x");
+    // An in-place op that reads x cannot make a value from the lost one.
+    let add = Op::Binary(BinaryOp::Add);
+    let one = Input::Scalar(Scalar::Int(1));
+    assert_oom(
+        r.op(0, add, &[Input::Tensor(x), one], Some(x)),
+        "x += 1 on the lost value",
+    );
+    // A copy into the whole tensor makes a new value (a reload after the out-of-memory
+    // error, as `load_state_dict` or `fill_` does): x is usable again.
+    let fresh = r.from_host(&[7, 9], DType::U8, &[2]).unwrap();
+    r.op(0, Op::Copy, &[Input::Tensor(fresh)], Some(x)).unwrap();
+    assert_eq!(read_u8(&r, x).unwrap(), [7, 9]);
+}
+
+#[test]
+fn a_copy_into_part_of_a_lost_tensor_still_reports_the_failure() {
+    // The rest of the tensor is still the lost value.
+    let (r, x) = x_lost_to_a_failed_flush();
+    let half = r.view(0, x, &View::Select { dim: 0, index: 0 }).unwrap();
+    let fresh = r.from_host(&[7], DType::U8, &[]).unwrap();
+    assert_oom(
+        r.op(0, Op::Copy, &[Input::Tensor(fresh)], Some(half)),
+        "a copy into x[0]",
+    );
+}
+
 #[test]
 fn the_program_cache_never_holds_more_than_its_capacity() {
     let r = rt(
