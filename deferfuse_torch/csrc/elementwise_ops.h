@@ -141,12 +141,11 @@ at::Tensor b(const at::Tensor& x, const at::Tensor& y) {
   auto a = attrs_sub(OP);
   auto r = run(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), "binary op");
   // A Python number (a wrapped 0-dim tensor) promotes an integer operand to the default
-  // dtype, whatever its own.
+  // dtype, whatever its own. Asked only of a float32 result.
   auto non_floating = [](const at::Tensor& t) {
     return !at::isFloatingType(t.scalar_type()) || t.unsafeGetTensorImpl()->is_wrapped_number();
   };
-  bool integral = non_floating(x) && non_floating(y);
-  if (promoted_past_default(r, integral)) {
+  if (r.scalar_type() == at::kFloat && promoted_past_default(r, non_floating(x) && non_floating(y))) {
     return run(DFUSE_OP_KIND_BINARY, &a, Operands().t(to_default_dtype(x)).t(to_default_dtype(y)),
                "binary op");
   }
