@@ -437,6 +437,9 @@ bool packs(const std::vector<int64_t>& sizes, int64_t rows) {
 bool covered(const at::Tensor& input, at::TensorList hx, at::TensorList params, Cell cell,
              bool biases, int64_t layers, double dropout, bool train, bool bidirectional,
              bool batch_first, const std::vector<int64_t>& batch_sizes = {}) {
+  // First: a tensor torch.compile traces (fake, sizes possibly symbolic) takes PyTorch's path,
+  // and the checks below read sizes as numbers (numel() raised on the second input shape).
+  if (!recordable(input)) return false;
   auto dt = input.scalar_type();
   auto direct = [&](const at::Tensor& t) { return recordable(t) && t.scalar_type() == dt; };
   int64_t dirs = bidirectional ? 2 : 1;

@@ -358,3 +358,18 @@ def test_an_evicted_capture_releases_its_runtime_graph_and_its_layout_is_capture
     assert first.graph == 0
     with pytest.raises(RuntimeError, match="was not captured by this process or was destroyed"):
         torch.ops.deferfuse.graph_launch(handle, [x5.to("tpu")])
+
+
+def test_a_compiled_gru_with_allow_rnn_takes_a_second_input_shape():
+    # With allow_rnn Dynamo traces the RNN module; the device's check of its operands read
+    # numel() of a symbolic-size input ("Cannot call numel()") on the second shape.
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(4, 5, batch_first=True)
+    dev = torch.nn.GRU(4, 5, batch_first=True).to("tpu")
+    dev.load_state_dict(gru.state_dict())
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(allow_rnn=True):
+        f = torch.compile(lambda x: dev(x)[0], backend="tpu")
+        for steps in (3, 4, 6):
+            x = torch.randn(2, steps, 4)
+            torch.testing.assert_close(f(x.to("tpu")).cpu(), gru(x)[0], atol=1e-5, rtol=1e-5)
