@@ -112,7 +112,11 @@ at::Tensor tpu_logit_backward(const at::Tensor& grad, const at::Tensor& x,
 }
 
 // frac(x) = x - trunc(x): the sign of x, NaN for infinities (CPU's formula).
-at::Tensor tpu_frac(const at::Tensor& x) { return x - at::trunc(x); }
+at::Tensor tpu_frac(const at::Tensor& x) {
+  // CPU has no integer frac ("frac_cpu" not implemented for 'Long'); trunc is the identity there.
+  if (!at::isFloatingType(x.scalar_type())) at::frac(host_empty(x));
+  return x - at::trunc(x);
+}
 at::Tensor& frac_(at::Tensor& x) { return x.copy_(tpu_frac(x)); }
 at::Tensor& frac_out(const at::Tensor& x, at::Tensor& out) {
   return into(tpu_frac(x), out, "frac (out=)");

@@ -45,6 +45,15 @@ void refuse_as_cpu(const at::Tensor& x, const at::Tensor& y) {
       if constexpr (OP == DFUSE_BINARY_OP_BITWISE_OR) at::bitwise_or(a, b);
       if constexpr (OP == DFUSE_BINARY_OP_BITWISE_XOR) at::bitwise_xor(a, b);
     }
+  } else if constexpr (OP == DFUSE_BINARY_OP_REMAINDER || OP == DFUSE_BINARY_OP_POW ||
+                       OP == DFUSE_BINARY_OP_FLOOR_DIVIDE) {
+    // Two bools: CPU has no kernel for them ("remainder_cpu" not implemented for 'Bool').
+    if (x.scalar_type() == at::kBool && y.scalar_type() == at::kBool) {
+      auto a = host_empty(x), b = host_empty(y);
+      if constexpr (OP == DFUSE_BINARY_OP_REMAINDER) at::remainder(a, b);
+      if constexpr (OP == DFUSE_BINARY_OP_POW) at::pow(a, b);
+      if constexpr (OP == DFUSE_BINARY_OP_FLOOR_DIVIDE) at::floor_divide(a, b);
+    }
   }
 }
 

@@ -265,10 +265,15 @@ at::Tensor vector_norm_of(const at::Tensor& x, double p, const std::vector<int64
 
 at::Tensor vector_norm(const at::Tensor& x0, const at::Scalar& ord, at::OptionalIntArrayRef dim,
                        bool keepdim, std::optional<at::ScalarType> dtype) {
-  auto x = dtype ? cast(x0, *dtype) : x0;
-  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(x.scalar_type()),
+  // CPU's checks on the input's own dtype, before any cast to `dtype`: an integer input is
+  // refused even with a float dtype, and `dtype` may not narrow it (float32 to float16).
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(x0.scalar_type()),
               "linalg.vector_norm: Expected a floating point "
-              "or complex tensor as input. Got ", x.scalar_type());
+              "or complex tensor as input. Got ", x0.scalar_type());
+  TORCH_CHECK(!dtype || at::promoteTypes(x0.scalar_type(), *dtype) == *dtype,
+              "linalg.vector_norm: the dtype of the input (", x0.scalar_type(),
+              ") should be convertible without narrowing to the specified dtype (", *dtype, ")");
+  auto x = dtype ? cast(x0, *dtype) : x0;
   auto dims = dims_of(dim);
   double p = ord.toDouble();
   // Half inputs in float32, rounded once, as CPU's norm kernel: |x|^p rounded to bfloat16

@@ -28,6 +28,14 @@ CASES = {
     "integer to a negative power": lambda d: torch.tensor([2, 3], device=d) ** -1,
     "integer to a negative power in place": lambda d: torch.tensor([2, 3], device=d).pow_(-2),
     "bool minus bool": lambda d: torch.tensor([True], device=d) - torch.tensor([True], device=d),
+    "bool remainder bool": lambda d: torch.tensor([True], device=d) % torch.tensor([True], device=d),
+    "bool to a bool power": lambda d: torch.tensor([True], device=d) ** torch.tensor([True], device=d),
+    "bool floor-divided by bool": lambda d: torch.tensor([True], device=d) // torch.tensor([True], device=d),
+    "frac of an integer tensor": lambda d: torch.tensor([1, 2], device=d).frac(),
+    "vector_norm of an integer tensor": lambda d: torch.linalg.vector_norm(
+        torch.tensor([1, 2], device=d), dtype=torch.float32),
+    "vector_norm narrowing to its dtype": lambda d: torch.linalg.vector_norm(
+        torch.ones(2, device=d), dtype=torch.float16),
     "bool minus in place": lambda d: torch.tensor([True], device=d).sub_(torch.tensor([True], device=d)),
     "negated bool": lambda d: -torch.tensor([True], device=d),
     "bitwise and of floats": lambda d: torch.tensor([1.0], device=d) & torch.tensor([1.0], device=d),
