@@ -41,11 +41,13 @@ uint32_t div_op(std::optional<c10::string_view> mode) {
 
 at::Tensor div_mode(const at::Tensor& x, const at::Tensor& y,
                     std::optional<c10::string_view> mode) {
+  if (mode) ew::check_integer_divisor(x, y);
   auto a = attrs_sub(div_op(mode));
   return run(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), "div");
 }
 
 at::Tensor& div_mode_(at::Tensor& x, const at::Tensor& y, std::optional<c10::string_view> mode) {
+  if (mode) ew::check_integer_divisor(x, y);
   auto a = attrs_sub(div_op(mode));
   run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), x, "div_");
   return x;
@@ -53,6 +55,7 @@ at::Tensor& div_mode_(at::Tensor& x, const at::Tensor& y, std::optional<c10::str
 
 at::Tensor& div_mode_out(const at::Tensor& x, const at::Tensor& y,
                          std::optional<c10::string_view> mode, at::Tensor& out) {
+  if (mode) ew::check_integer_divisor(x, y);
   prepare_out(x, y, out);
   auto a = attrs_sub(div_op(mode));
   run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).t(y), out, "div (out=)");
@@ -61,6 +64,7 @@ at::Tensor& div_mode_out(const at::Tensor& x, const at::Tensor& y,
 
 at::Tensor div_scalar_mode(const at::Tensor& x, const at::Scalar& y,
                            std::optional<c10::string_view> mode) {
+  if (mode) ew::check_integer_divisor(x, y);
   return binary(x, y, div_op(mode));
 }
 

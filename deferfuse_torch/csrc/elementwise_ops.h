@@ -30,8 +30,38 @@ void refuse_as_cpu(const at::Tensor& x) {
   }
 }
 
+// True for the ops CPU refuses to take an integer divisor of zero in: integer remainder,
+// fmod and the rounding divisions.
+constexpr bool divides_integers(uint32_t op) {
+  return op == DFUSE_BINARY_OP_REMAINDER || op == DFUSE_BINARY_OP_FMOD ||
+         op == DFUSE_BINARY_OP_FLOOR_DIVIDE || op == DFUSE_BINARY_OP_TRUNC_DIVIDE;
+}
+
+// CPU raises "ZeroDivisionError" for an integer division or remainder by zero. A divisor the
+// host holds (a Python number, a CPU 0-dim tensor) is checked in every mode; a tpu divisor's
+// values only in debug mode, whose ops wait anyway (a host read per op): strict and defer give
+// 0 there, as the README's numerics table says.
+inline void check_integer_divisor(const at::Tensor& x, const at::Scalar& y) {
+  TORCH_CHECK(!(at::isIntegralType(x.scalar_type(), true) && y.isIntegral(true) && y.toLong() == 0),
+              "ZeroDivisionError");
+}
+
+inline void check_integer_divisor(const at::Tensor& x, const at::Tensor& y) {
+  if (!at::isIntegralType(x.scalar_type(), true) || !at::isIntegralType(y.scalar_type(), true)) {
+    return;
+  }
+  if (y.device().type() != c10::DeviceType::PrivateUse1) {
+    if (y.numel() == 1) check_integer_divisor(x, y.item());
+    return;
+  }
+  if (get_mode() == DFUSE_MODE_DEBUG) {
+    TORCH_CHECK(!y.eq(0).any().item<bool>(), "ZeroDivisionError");
+  }
+}
+
 template <uint32_t OP>
 void refuse_as_cpu(const at::Tensor& x, const at::Tensor& y) {
+  if constexpr (divides_integers(OP)) check_integer_divisor(x, y);
   constexpr bool bitwise = OP == DFUSE_BINARY_OP_BITWISE_AND || OP == DFUSE_BINARY_OP_BITWISE_OR ||
                            OP == DFUSE_BINARY_OP_BITWISE_XOR;
   if constexpr (OP == DFUSE_BINARY_OP_SUB) {
@@ -177,6 +207,7 @@ at::Tensor& b_(at::Tensor& x, const at::Tensor& y) {
 
 template <uint32_t OP>
 at::Tensor bs(const at::Tensor& x, const at::Scalar& y) {
+  if constexpr (divides_integers(OP)) check_integer_divisor(x, y);
   if (x.is_complex() || y.isComplex()) return complex_binary(OP, x, y);
   auto r = binary(x, y, OP);
   // A float scalar promotes an integer tensor to the default dtype.
@@ -189,6 +220,7 @@ at::Tensor bs(const at::Tensor& x, const at::Scalar& y) {
 template <uint32_t OP>
 at::Tensor& bs_(at::Tensor& x, const at::Scalar& y) {
   check_in_place_result<OP>(x, y);
+  if constexpr (divides_integers(OP)) check_integer_divisor(x, y);
   if (x.is_complex() || y.isComplex()) return x.copy_(complex_binary(OP, x, y));
   auto a = attrs_sub(OP);
   run_into(DFUSE_OP_KIND_BINARY, &a, Operands().t(x).s(y), x, "in-place binary op");

@@ -93,17 +93,37 @@ def test_full_overlap_and_disjoint_views_of_one_storage_are_allowed(mode):
     assert torch.equal(d.cpu(), a)
 
 
-@pytest.mark.parametrize("op", ["remainder", "fmod", "floor_divide", "div_trunc", "div_floor"])
-def test_integer_division_by_zero_gives_zero_where_cpu_raises(mode, op):
-    # A stated difference (README, "Where tpu differs from PyTorch on CPU"): checking would need
-    # a data-dependent error like the index checks; CPU raises ZeroDivisionError.
-    f = {"remainder": torch.remainder, "fmod": torch.fmod, "floor_divide": torch.floor_divide,
-         "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
-         "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor")}[op]
+INTEGER_DIVISIONS = {
+    "remainder": torch.remainder, "fmod": torch.fmod, "floor_divide": torch.floor_divide,
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor")}
+
+
+@pytest.mark.parametrize("op", list(INTEGER_DIVISIONS))
+def test_integer_division_by_a_zero_in_a_tpu_tensor_gives_zero_in_strict_and_defer(mode, op):
+    # A stated difference (README, "Where tpu differs from PyTorch on CPU"): checking a device
+    # divisor would need a data-dependent error like the index checks; CPU raises
+    # ZeroDivisionError, and so does debug mode, whose ops wait anyway.
+    f = INTEGER_DIVISIONS[op]
     a, b = torch.tensor([7, -7, 5]), torch.tensor([0, 0, 2])
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         f(a, b)
+    if mode == "debug":
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            f(a.to("tpu"), b.to("tpu"))
+        return
     assert f(a.to("tpu"), b.to("tpu")).cpu().tolist() == [0, 0, f(a[2:], b[2:]).item()]
+
+
+@pytest.mark.parametrize("op", list(INTEGER_DIVISIONS))
+def test_integer_division_by_a_zero_the_host_holds_raises_as_cpu_in_every_mode(mode, op):
+    # A Python number or a CPU scalar divisor is known at the call: CPU's error there.
+    f = INTEGER_DIVISIONS[op]
+    a = torch.tensor([7, -7]).to("tpu")
+    for zero in (0, torch.tensor(0)):
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            f(a, zero)
+    assert f(a, 2).cpu().tolist() == f(torch.tensor([7, -7]), 2).tolist()
 
 
 def test_nans_from_infinities_through_matmul_and_row_kernels_sit_where_cpus_do(mode):
