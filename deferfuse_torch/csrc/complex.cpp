@@ -136,6 +136,24 @@ at::Tensor complex_bilinear(const at::Tensor& x, const at::Tensor& y,
                     product(a.re, b.im) + product(a.im, b.re));
 }
 
+namespace {
+
+// |z|: sqrt(re * re + im * im), as CPU's vectorized complex abs (its scalar tail's hypot may
+// differ in the last place); past 2^60 or below 2^-60 the squares overflow or underflow, so
+// there the parts are scaled by the larger first, as hypot does (1e30 + 1e30i gave inf, and
+// 1e-30 gave 0, so sgn and abs's gradient 0).
+at::Tensor magnitude(const Parts& p) {
+  auto naive = (p.re * p.re + p.im * p.im).sqrt();
+  auto s = at::maximum(p.re.abs(), p.im.abs());
+  auto extreme = s.gt(std::ldexp(1.0, 60)).logical_or(s.lt(std::ldexp(1.0, -60)));
+  auto safe = at::where(s.eq(0), 1.0, s);
+  auto a = p.re / safe, b = p.im / safe;
+  auto scaled = at::where(s.isinf(), s, s * (a * a + b * b).sqrt());
+  return at::where(extreme, scaled, naive);
+}
+
+}  // namespace
+
 at::Tensor complex_unary(uint32_t op, const at::Tensor& x) {
   TORCH_CHECK(op != DFUSE_UNARY_OP_SIGN, "Unlike NumPy, torch.sign is not intended to support "
               "complex numbers. Please use torch.sgn instead.");
@@ -146,13 +164,12 @@ at::Tensor complex_unary(uint32_t op, const at::Tensor& x) {
               kComplex64Supports, "); compute it on the CPU");
   auto p = parts_of(x);
   switch (op) {
-    // abs: sqrt(re * re + im * im), as CPU's vectorized complex abs (its scalar tail's hypot
-    // may differ in the last place).
-    case DFUSE_UNARY_OP_ABS: return (p.re * p.re + p.im * p.im).sqrt();
-    // exp(a + bi) = exp(a) (cos b + i sin b), as CPU's vectorized complex exp.
+    case DFUSE_UNARY_OP_ABS: return magnitude(p);
+    // exp(a + bi) = exp(a) (cos b + i sin b), as CPU's vectorized complex exp; a zero b keeps
+    // its zero imaginary part (exp(inf + 0i) is inf + 0i, not inf * 0).
     case DFUSE_UNARY_OP_EXP: {
       auto e = p.re.exp();
-      return from_parts(e * p.im.cos(), e * p.im.sin());
+      return from_parts(e * p.im.cos(), at::where(p.im.eq(0), p.im, e * p.im.sin()));
     }
     default: return from_parts(-p.re, -p.im);
   }
@@ -160,7 +177,7 @@ at::Tensor complex_unary(uint32_t op, const at::Tensor& x) {
 
 at::Tensor complex_sgn(const at::Tensor& x) {
   auto p = parts_of(x);
-  auto abs = (p.re * p.re + p.im * p.im).sqrt();
+  auto abs = magnitude(p);
   auto zero = abs.eq(0);
   return from_parts(at::where(zero, 0.0, p.re / abs), at::where(zero, 0.0, p.im / abs));
 }

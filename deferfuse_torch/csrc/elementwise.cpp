@@ -388,11 +388,12 @@ at::Tensor lerp_tensor(const at::Tensor& self, const at::Tensor& end, const at::
   check_lerp_dtypes(self, end);
   TORCH_CHECK(self.dtype() == w.dtype() || w.dim() == 0, "expected dtype ", self.dtype(),
               " for `weight` but got dtype ", w.dtype());
+  // A 0-dim weight of another dtype is first rounded to self's, as CPU's common dtype has it.
   if (w.dim() == 0 && w.device().type() != c10::DeviceType::PrivateUse1) {
-    return dft::lerp(self, end, w.item());
+    return dft::lerp(self, end, w.to(self.scalar_type()).item());
   }
   if (is_half(self)) {
-    auto wide = lerp_tensor(opmath(self), opmath(end), cast(w, at::kFloat));
+    auto wide = lerp_tensor(opmath(self), opmath(end), cast(cast(w, self.scalar_type()), at::kFloat));
     return cast(wide, self.scalar_type());
   }
   auto weight = w.scalar_type() == self.scalar_type() ? w : cast(w, self.scalar_type());
@@ -462,8 +463,15 @@ at::ScalarType addc_dtype(const at::Tensor& self, const at::Tensor& t1, const at
 
 // self + value * (t1 OP t2), every operand in the common dtype `rt`; a half dtype computed in
 // float32 and rounded once.
+// `value` as CPU converts it to the common dtype: 2.5 is 2 for integer operands.
+at::Scalar addc_value(const at::Scalar& value, at::ScalarType rt) {
+  return at::isIntegralType(rt, false) && value.isFloatingPoint() ? at::Scalar(value.toLong())
+                                                                   : value;
+}
+
 at::Tensor addc(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
-                const at::Scalar& value, uint32_t op, at::ScalarType rt) {
+                const at::Scalar& given, uint32_t op, at::ScalarType rt) {
+  const at::Scalar value = addc_value(given, rt);
   if (is_reduced_float(rt)) {
     // Each operand in rt first (an integer operand rounds, or overflows, as on CPU).
     auto in_rt = [&](const at::Tensor& t) { return opmath(cast(t, rt)); };
@@ -494,7 +502,8 @@ at::Tensor& addcmul_(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t
   if (is_reduced_float(rt) || rt != self.scalar_type()) {
     return self.copy_(addc(self, t1, t2, value, DFUSE_BINARY_OP_MUL, rt));
   }
-  auto p = binary(b<DFUSE_BINARY_OP_MUL>(cast(t1, rt), cast(t2, rt)), value, DFUSE_BINARY_OP_MUL);
+  const at::Scalar v = addc_value(value, rt);
+  auto p = binary(b<DFUSE_BINARY_OP_MUL>(cast(t1, rt), cast(t2, rt)), v, DFUSE_BINARY_OP_MUL);
   return b_<DFUSE_BINARY_OP_ADD>(self, p);
 }
 
@@ -509,7 +518,8 @@ at::Tensor& addcdiv_(at::Tensor& self, const at::Tensor& t1, const at::Tensor& t
   if (is_reduced_float(rt) || rt != self.scalar_type()) {
     return self.copy_(addc(self, t1, t2, value, DFUSE_BINARY_OP_DIV, rt));
   }
-  auto q = binary(b<DFUSE_BINARY_OP_DIV>(cast(t1, rt), cast(t2, rt)), value, DFUSE_BINARY_OP_MUL);
+  const at::Scalar v = addc_value(value, rt);
+  auto q = binary(b<DFUSE_BINARY_OP_DIV>(cast(t1, rt), cast(t2, rt)), v, DFUSE_BINARY_OP_MUL);
   return b_<DFUSE_BINARY_OP_ADD>(self, q);
 }
 

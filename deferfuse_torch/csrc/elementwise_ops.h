@@ -42,12 +42,15 @@ constexpr bool divides_integers(uint32_t op) {
 // values only in debug mode, whose ops wait anyway (a host read per op): strict and defer give
 // 0 there, as the README's numerics table says.
 inline void check_integer_divisor(const at::Tensor& x, const at::Scalar& y) {
-  TORCH_CHECK(!(at::isIntegralType(x.scalar_type(), true) && y.isIntegral(true) && y.toLong() == 0),
+  // An empty dividend divides nothing: CPU gives the empty result.
+  TORCH_CHECK(!(at::isIntegralType(x.scalar_type(), true) && y.isIntegral(true) &&
+                y.toLong() == 0 && x.numel() > 0),
               "ZeroDivisionError");
 }
 
 inline void check_integer_divisor(const at::Tensor& x, const at::Tensor& y) {
-  if (!at::isIntegralType(x.scalar_type(), true) || !at::isIntegralType(y.scalar_type(), true)) {
+  if (!at::isIntegralType(x.scalar_type(), true) || !at::isIntegralType(y.scalar_type(), true) ||
+      x.numel() == 0 || y.numel() == 0) {
     return;
   }
   if (y.device().type() != c10::DeviceType::PrivateUse1) {
@@ -231,6 +234,9 @@ at::Tensor& bs_(at::Tensor& x, const at::Scalar& y) {
 // wrapped number is. Complex goes through the tensor form, which raises as CPU does.
 template <uint32_t OP>
 at::Tensor sb(const at::Scalar& x, const at::Tensor& y) {
+  if constexpr (divides_integers(OP)) {
+    if (x.isIntegral(true)) check_integer_divisor(at::scalar_to_tensor(x), y);
+  }
   if (x.isComplex() || y.is_complex()) return b<OP>(at::scalar_to_tensor(x, y.device()), y);
   return binary(x, y, OP);
 }

@@ -5,6 +5,7 @@
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/TypeProperties.h>
 #include <torch/library.h>
 
 namespace dft {
@@ -39,10 +40,17 @@ at::Tensor mv(const at::Tensor& a, const at::Tensor& v) {
   return matmul2(a, v);
 }
 
+// vdot conjugates its first operand (the same as dot for real tensors).
+at::Tensor vdot(const at::Tensor& a, const at::Tensor& b);
+
 at::Tensor dot(const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.dim() == 1 && b.dim() == 1, "dot: expected 1-D tensors, got shapes ", a.sizes(),
               " and ", b.sizes());
   return matmul2(a, b);
+}
+
+at::Tensor vdot(const at::Tensor& a, const at::Tensor& b) {
+  return dft::dot(a.is_complex() ? a.conj() : a, b);
 }
 
 at::Tensor addmm(const at::Tensor& self, const at::Tensor& m1, const at::Tensor& m2,
@@ -157,7 +165,10 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
     if (!(t.dim() == 1 && t.numel() == 0)) ++n;
   }
   TORCH_CHECK(first, "torch.cat(): expected a non-empty list of Tensors");
-  if (n == 0) return at::empty({0}, first->options());
+  // CPU promotes over every input, the skipped legacy empties too (the runtime sees only the
+  // others): a float64 empty with float32 tensors gives float64.
+  auto dtype = at::native::result_type(tensors);
+  if (n == 0) return at::empty({0}, first->options().dtype(dtype));
   // CPU's errors: a 0-dim tensor cannot be concatenated; a dim out of range (IndexError),
   // against the first tensor cat does not skip.
   int64_t position = 0;
@@ -178,7 +189,8 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
   }
   DfuseAttrs a{};
   a.dim = dim;
-  return run(DFUSE_OP_KIND_CAT, &a, o, "cat");
+  auto r = run(DFUSE_OP_KIND_CAT, &a, o, "cat");
+  return r.scalar_type() == dtype ? r : cast(r, dtype);
 }
 
 at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step,
@@ -226,7 +238,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("dot", TORCH_FN(dft::dot));
   // vdot conjugates its first argument: for the real dtypes the device has, it is dot
   // (spectral_norm's power iteration calls it).
-  m.impl("vdot", TORCH_FN(dft::dot));
+  m.impl("vdot", TORCH_FN(dft::vdot));
   m.impl("addmm", TORCH_FN(dft::addmm));
   m.impl("addmm_", TORCH_FN(dft::addmm_));
   m.impl("baddbmm", DFT_GROUPED(dft::baddbmm));

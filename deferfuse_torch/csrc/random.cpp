@@ -9,6 +9,7 @@
 #include <ATen/core/DistributionsHelper.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/irange.h>
+#include <ATen/native/DistributionTemplates.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -220,6 +221,8 @@ at::Tensor& random_from(at::Tensor& self, int64_t from, std::optional<int64_t> t
   }();
   TORCH_CHECK(from < hi, "random_ expects 'from' to be less than 'to', but got from=", from,
               " >= to=", hi);
+  // CPU's check that both ends fit the dtype (int32 random_(0, 2**40) wrapped to negatives).
+  if (to) at::native::templates::check_from_to_in_range(from, hi - 1, self.dtype());
   // In unsigned arithmetic: a span of 2^63 or more overflows int64 (undefined, and the
   // compiler then took it for less than 2^63).
   return random_range(self, from, uint64_t(hi) - uint64_t(from), gen);
@@ -233,7 +236,20 @@ at::Tensor& random_(at::Tensor& self, std::optional<at::Generator> gen) {
   return random_from(self, 0, std::nullopt, gen);
 }
 
+// CPU's refusal of `self`'s dtype for a sampler, where it has one: the same call on a
+// one-element host tensor of that dtype raises CPU's own error (an empty one would not: CPU
+// checks the dtype only when there is something to fill).
+template <typename F>
+void refuse_dtype_as_cpu(const at::Tensor& self, bool refused, F sample) {
+  if (refused) {
+    auto host = at::empty({1}, self.options().device(at::kCPU));
+    sample(host);
+  }
+}
+
 at::Tensor& exponential_(at::Tensor& self, double lambd, std::optional<at::Generator> gen) {
+  refuse_dtype_as_cpu(self, !at::isFloatingType(self.scalar_type()),
+                      [&](at::Tensor& h) { h.exponential_(lambd); });
   TORCH_CHECK(lambd > 0.0, "exponential_ expects lambda > 0.0, but found lambda=", lambd);
   if (self.numel() == 0) return self;
   auto u = draw(self.sizes(), transform_dtype(self), Dist::Uniform, gen);
@@ -247,6 +263,8 @@ at::Tensor& exponential_(at::Tensor& self, double lambd, std::optional<at::Gener
 // raised and tpu seeds and states did not reproduce them).
 at::Tensor& cauchy_(at::Tensor& self, double median, double sigma,
                     std::optional<at::Generator> gen) {
+  refuse_dtype_as_cpu(self, !at::isFloatingType(self.scalar_type()),
+                      [&](at::Tensor& h) { h.cauchy_(median, sigma); });
   TORCH_CHECK(sigma > 0.0, "cauchy_ expects sigma > 0.0, but found sigma=", sigma);
   if (self.numel() == 0) return self;
   auto u = draw(self.sizes(), transform_dtype(self), Dist::Uniform, gen);
@@ -256,6 +274,8 @@ at::Tensor& cauchy_(at::Tensor& self, double median, double sigma,
 
 at::Tensor& log_normal_(at::Tensor& self, double mean, double std,
                         std::optional<at::Generator> gen) {
+  refuse_dtype_as_cpu(self, !at::isFloatingType(self.scalar_type()),
+                      [&](at::Tensor& h) { h.log_normal_(mean, std); });
   TORCH_CHECK(std > 0.0, "log_normal_ expects std > 0.0, but found std=", std);
   if (self.numel() == 0) return self;
   auto z = draw(self.sizes(), transform_dtype(self), Dist::Normal, gen);
@@ -264,6 +284,7 @@ at::Tensor& log_normal_(at::Tensor& self, double mean, double std,
 }
 
 at::Tensor& geometric_(at::Tensor& self, double p, std::optional<at::Generator> gen) {
+  refuse_dtype_as_cpu(self, self.scalar_type() == at::kBool, [&](at::Tensor& h) { h.geometric_(p); });
   TORCH_CHECK(0 < p && p < 1, "geometric_ expects p to be in (0, 1), but got p=", p);
   if (self.numel() == 0) return self;
   auto u = draw(self.sizes(), at::isFloatingType(self.scalar_type()) ? transform_dtype(self)

@@ -26,7 +26,12 @@ at::Tensor bool_fold(const at::Tensor& x, uint32_t op, std::vector<int64_t> dims
 // reduce complex tensors.
 at::Tensor complex_reduce(const at::Tensor& x, at::OptionalIntArrayRef dim, bool keepdim,
                           uint32_t op) {
-  if (x.dim() == 0) return x.clone();  // the one value is its own sum and mean
+  if (x.dim() == 0) {
+    if (dim) {
+      for (auto d : *dim) c10::maybe_wrap_dim(d, 0);  // CPU's IndexError for a dim past it
+    }
+    return x.clone();  // the one value is its own sum and mean
+  }
   std::vector<int64_t> dims;
   if (dim && !dim->empty()) {
     for (auto d : *dim) dims.push_back(c10::maybe_wrap_dim(d, x.dim()));

@@ -460,3 +460,27 @@ def test_item_of_a_complex_tensor_reads_its_pair(mode):
     t = z.to("tpu")
     assert t[0].item() == 1 + 2j
     assert t[1].conj().item() == 3 + 4j
+
+
+def test_vdot_conjugates_its_first_operand(mode):
+    a, b = torch.tensor([1 + 2j, 3 - 1j]), torch.tensor([2 - 1j, 1 + 1j])
+    check(torch.vdot(a.to("tpu"), b.to("tpu")), torch.vdot(a, b))
+    check(torch.vdot(torch.ones(3).to("tpu"), torch.arange(3.).to("tpu")),
+          torch.vdot(torch.ones(3), torch.arange(3.)))
+
+
+def test_complex_abs_sgn_and_exp_at_extreme_values_match_cpu(mode):
+    # Squares of 1e30 overflowed (abs inf) and of 1e-30 underflowed (abs 0, so sgn and abs's
+    # gradient 0); exp(inf + 0i) made inf * sin(0) = NaN.
+    z = torch.tensor([1e-30 + 0j, 1e30 + 1e30j, 3e19 + 0j, 3 + 4j, 0j])
+    check(z.to("tpu").abs(), z.abs())
+    check(z.to("tpu").sgn(), z.sgn())
+    e = torch.tensor([complex(float("inf"), 0), 800 + 0j, 1 + 2j])
+    check(e.to("tpu").exp(), e.exp())
+
+
+def test_a_complex_sum_of_a_0_dim_tensor_checks_its_dim(mode):
+    t = torch.tensor(1 + 1j)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        t.to("tpu").sum(1)
+    check(t.to("tpu").sum(0), t.sum(0))

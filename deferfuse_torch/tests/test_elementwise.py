@@ -370,3 +370,11 @@ def test_half_lerp_with_a_tensor_weight_is_computed_in_float_and_rounded_once(mo
     x, y, w = (torch.randn(1000, generator=g).to(dtype) for _ in range(3))
     w = w.abs() % 1
     assert torch.equal(torch.lerp(x.to("tpu"), y.to("tpu"), w.to("tpu")).cpu(), torch.lerp(x, y, w))
+
+
+def test_lerp_rounds_a_0_dim_weight_of_another_dtype_to_selfs_first(mode):
+    s = torch.tensor([1., 2., 3.], dtype=torch.bfloat16)
+    e = torch.tensor([4., -5., 6.1], dtype=torch.bfloat16)
+    want = torch.lerp(s, e, torch.tensor(0.3))
+    for w in (torch.tensor(0.3), torch.tensor(0.3, device="tpu")):
+        assert torch.equal(torch.lerp(s.to("tpu"), e.to("tpu"), w).cpu(), want)

@@ -288,3 +288,19 @@ def test_integers_promote_to_the_default_dtype_as_on_cpu(mode, default):
             check(call(i.to("tpu"), flags.to("tpu")), call(i, flags), atol=1e-2, rtol=1e-2)
     finally:
         torch.set_default_dtype(before)
+
+
+def test_addcmul_converts_a_float_value_to_integer_operands_dtype_as_cpu(mode):
+    i = torch.ones(2, dtype=torch.int32)
+    check(torch.addcmul(i.to("tpu"), i.to("tpu"), i.to("tpu"), value=2.5), torch.addcmul(i, i, i, value=2.5))
+    three = torch.full((2,), 3, dtype=torch.int32)
+    want = i.clone().addcmul_(three, i, value=2.5)
+    got = i.to("tpu").addcmul_(three.to("tpu"), i.to("tpu"), value=2.5)
+    check(got, want)
+
+
+def test_integer_division_of_an_empty_tensor_by_zero_is_empty_and_a_scalar_dividend_is_checked():
+    assert (torch.zeros(0, dtype=torch.int64, device="tpu") % 0).numel() == 0
+    with deferfuse_torch.mode("debug"):
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            torch.remainder(5, torch.tensor([0, 2], device="tpu"))

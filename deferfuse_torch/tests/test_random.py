@@ -201,3 +201,21 @@ def test_cauchy_log_normal_and_geometric_refuse_cpus_bad_parameters(mode):
         t.log_normal_(std=-1)
     with pytest.raises(RuntimeError, match=r"geometric_ expects p to be in \(0, 1\), but got p=1.5"):
         t.geometric_(1.5)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.empty(8, dtype=torch.int32, device=d).random_(0, 2**40),
+    lambda d: torch.empty(8, dtype=torch.uint8, device=d).random_(-1, 5),
+    lambda d: torch.empty(8, dtype=torch.bool, device=d).random_(3),
+    lambda d: torch.empty(3, dtype=torch.int32, device=d).cauchy_(),
+    lambda d: torch.empty(3, dtype=torch.int64, device=d).log_normal_(),
+    lambda d: torch.empty(3, dtype=torch.bool, device=d).geometric_(0.5),
+    lambda d: torch.empty(3, dtype=torch.int32, device=d).exponential_(),
+])
+def test_random_fills_refuse_bounds_and_dtypes_as_cpu(mode, call):
+    # random_ past the dtype's range wrapped (int32 random_(0, 2**40) gave negatives); the
+    # continuous samplers filled integer tensors.
+    with pytest.raises((RuntimeError, NotImplementedError)) as want:
+        call("cpu")
+    with pytest.raises(type(want.value), match=str(want.value)[:30].replace("(", r"\(")):
+        call("tpu")

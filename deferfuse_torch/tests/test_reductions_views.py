@@ -449,3 +449,13 @@ def test_renorm_refuses_what_cpu_refuses(mode, call, message):
 def test_renorm_of_a_complex_tensor_scales_by_its_magnitudes_norms(mode):
     x = torch.randn(3, 2, dtype=torch.complex64)
     check(torch.renorm(x.to("tpu"), 2, 0, 1.0), torch.renorm(x, 2, 0, 1.0), atol=1e-6, rtol=1e-6)
+
+
+def test_cat_promotes_over_skipped_legacy_empty_tensors_as_cpu(mode):
+    cases = [[torch.empty(0, dtype=torch.float64), torch.ones(2)],
+             [torch.empty(0, dtype=torch.int64), torch.empty(0)],
+             [torch.empty(0), torch.empty(0, dtype=torch.complex64)]]
+    for tensors in cases:
+        got = torch.cat([t.to("tpu") for t in tensors])
+        want = torch.cat(tensors)
+        assert got.dtype == want.dtype and got.shape == want.shape
