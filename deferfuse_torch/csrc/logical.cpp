@@ -180,7 +180,9 @@ Operands fill_operands(const at::Tensor& self, const at::Tensor& mask, const at:
     TORCH_CHECK(value->dim() == 0, "masked_fill_ only supports a 0-dimensional value tensor, but "
                 "got tensor with ", value->dim(), " dimension(s).");
     if (value->device().is_cpu()) {
-      o.s(value_as(self, value->item()));
+      auto v = value->item();
+      check_value_fits(v, self.scalar_type());  // CPU raises for 70000 into uint8
+      o.s(value_as(self, v));
     } else {
       o.t(cast(*value, self.scalar_type()));
     }

@@ -247,6 +247,12 @@ def test_a_fill_value_that_does_not_fit_the_dtype_raises_cpus_overflow_error(mod
     calls[fill](torch.zeros(2, dtype=torch.uint8, device="tpu"), 255)  # fits: no error
 
 
+def test_masked_fill_by_a_host_0_dim_value_that_does_not_fit_raises_cpus_overflow_error(mode):
+    mask = torch.ones(2, dtype=torch.bool, device="tpu")
+    with pytest.raises(RuntimeError, match="without overflow"):
+        torch.zeros(2, dtype=torch.uint8, device="tpu").masked_fill(mask, torch.tensor(70000.))
+
+
 def test_device_arguments_of_another_device_type_or_index_raise_as_cuda_does():
     T = torch.tpu
     for call in (lambda: T.get_device_name("cpu"), lambda: T.set_device("cuda:0"),
