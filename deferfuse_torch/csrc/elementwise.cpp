@@ -152,7 +152,12 @@ at::Tensor rsub(const at::Tensor& self, const at::Tensor& other, const at::Scala
 }
 
 at::Tensor pow_scalar_base(const at::Scalar& base, const at::Tensor& exp) {
-  return binary(base, exp, DFUSE_BINARY_OP_POW);
+  auto r = binary(base, exp, DFUSE_BINARY_OP_POW);
+  // A float base promotes an integer exponent to the default dtype (ew::promoted_past_default).
+  if (ew::promoted_past_default(r, !at::isFloatingType(exp.scalar_type()))) {
+    return binary(base, ew::to_default_dtype(exp), DFUSE_BINARY_OP_POW);
+  }
+  return r;
 }
 
 // pow(x, exponent) with a Python-scalar exponent, computed as PyTorch's CPU kernel computes it
@@ -269,7 +274,12 @@ at::Tensor clamp_s(const at::Tensor& x, const std::optional<at::Scalar>& lo,
   if (x.scalar_type() == at::kBool && (lo || hi)) {
     return clamp_s(x.to(bool_clamp_dtype(x, lo, hi)), lo, hi);
   }
-  return run(DFUSE_OP_KIND_CLAMP, nullptr, clamp_operands(x, lo, hi), "clamp");
+  auto r = run(DFUSE_OP_KIND_CLAMP, nullptr, clamp_operands(x, lo, hi), "clamp");
+  // A float bound promotes an integer tensor to the default dtype (ew::promoted_past_default).
+  if (ew::promoted_past_default(r, !at::isFloatingType(x.scalar_type()))) {
+    return clamp_s(ew::to_default_dtype(x), lo, hi);
+  }
+  return r;
 }
 
 at::Tensor& clamp_s_(at::Tensor& x, const std::optional<at::Scalar>& lo,

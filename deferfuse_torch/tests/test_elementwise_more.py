@@ -280,7 +280,8 @@ def test_integers_promote_to_the_default_dtype_as_on_cpu(mode, default):
     i, flags = torch.tensor([1, 3]), torch.tensor([True, False])
     calls = [lambda x, b: x / 2, lambda x, b: x * 1.5, lambda x, b: x.sqrt(), lambda x, b: x.exp(),
              lambda x, b: x / x, lambda x, b: b + 0.5, lambda x, b: x ** 0.5, lambda x, b: x - 0.5,
-             lambda x, b: x + 1, lambda x, b: x * torch.ones(2, device=x.device)]
+             lambda x, b: x + 1, lambda x, b: x * torch.ones(2, device=x.device),
+             lambda x, b: 2.5 ** x, lambda x, b: x.clamp(min=1.5)]
     before = torch.get_default_dtype()
     torch.set_default_dtype(default)
     try:
