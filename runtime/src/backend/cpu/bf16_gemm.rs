@@ -324,6 +324,25 @@ unsafe fn tile_kernel(
         }
         return;
     }
+    if cols == NR && c.cs == 1 {
+        // `alpha * sum + beta * c` 16 lanes at a time, as the element loop below computes it:
+        // a Linear's bias arrives as `c` with beta 1, and element by element that finish took
+        // twice as long as the product itself.
+        for (i, v) in acc.iter().enumerate().take(rows) {
+            let out = c.ptr.offset((i0 + i) as isize * c.rs + j0 as isize);
+            for (h, &s) in v.iter().enumerate() {
+                let at = out.add(16 * h) as *mut __m256i;
+                let t = _mm512_mul_ps(_mm512_set1_ps(alpha), s);
+                let v = if beta == 0.0 {
+                    t
+                } else {
+                    _mm512_fmadd_ps(widen(_mm256_loadu_si256(at)), _mm512_set1_ps(beta), t)
+                };
+                _mm256_storeu_si256(at, narrow(v));
+            }
+        }
+        return;
+    }
     let mut sums = [[0f32; NR]; MR];
     for (row, v) in sums.iter_mut().zip(&acc) {
         _mm512_storeu_ps(row.as_mut_ptr(), v[0]);
@@ -343,6 +362,35 @@ unsafe fn tile_kernel(
             *out = f32_to_bf16(v);
         }
     }
+}
+
+/// [`bf16_to_f32`] of 16 values.
+#[inline(always)]
+unsafe fn widen(h: __m256i) -> __m512 {
+    let x = _mm512_cvtepu16_epi32(h);
+    let nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(x, _mm512_set1_epi32(0x7fff)),
+        _mm512_set1_epi32(0x7f80),
+    );
+    let quiet = _mm512_mask_or_epi32(x, nan, x, _mm512_set1_epi32(0x40));
+    _mm512_castsi512_ps(_mm512_slli_epi32(quiet, 16))
+}
+
+/// [`f32_to_bf16`] of 16 values (subnormal results kept, not flushed as `vcvtne2ps2bf16`
+/// would: `alpha` and `beta` can make one).
+#[inline(always)]
+unsafe fn narrow(v: __m512) -> __m256i {
+    let b = _mm512_castps_si512(v);
+    let high = _mm512_srli_epi32(b, 16);
+    let round_up = _mm512_test_epi32_mask(b, _mm512_set1_epi32(0x8000))
+        & _mm512_test_epi32_mask(b, _mm512_set1_epi32(0x1_7fff));
+    let rounded = _mm512_mask_add_epi32(high, round_up, high, _mm512_set1_epi32(1));
+    let nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(b, _mm512_set1_epi32(0x7fff_ffff)),
+        _mm512_set1_epi32(0x7f80_0000),
+    );
+    let out = _mm512_mask_or_epi32(rounded, nan, high, _mm512_set1_epi32(0x40));
+    _mm512_cvtepi32_epi16(out)
 }
 
 #[cfg(test)]
@@ -372,6 +420,43 @@ mod tests {
             }
         }
         s
+    }
+
+    #[test]
+    fn sixteen_lane_conversions_give_the_element_conversions_bits() {
+        if !available() {
+            return;
+        }
+        // Every bf16, and f32 patterns around each rounding case: ties, subnormals, NaNs,
+        // infinities, values that round up into the next binade or to infinity.
+        let halves: Vec<u16> = (0..=u16::MAX).collect();
+        let mut floats: Vec<u32> = Vec::new();
+        for hi in (0..=u16::MAX as u32).step_by(7).chain([0x7f7f, 0x7f80, 0x7fc0, 0x8000, 0xff80]) {
+            for lo in [0, 1, 0x7fff, 0x8000, 0x8001, 0xffff, 0x4000, 0xc000] {
+                floats.push(hi << 16 | lo);
+            }
+        }
+        floats.resize(floats.len().next_multiple_of(16), 0);
+        for chunk in halves.chunks(16) {
+            let mut got = [0f32; 16];
+            unsafe {
+                let v = widen(_mm256_loadu_si256(chunk.as_ptr() as *const __m256i));
+                _mm512_storeu_ps(got.as_mut_ptr(), v);
+            }
+            for (&h, g) in chunk.iter().zip(got) {
+                assert_eq!(g.to_bits(), bf16_to_f32(h).to_bits(), "widen {h:#06x}");
+            }
+        }
+        for chunk in floats.chunks(16) {
+            let mut got = [0u16; 16];
+            unsafe {
+                let v = _mm512_loadu_ps(chunk.as_ptr() as *const f32);
+                _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, narrow(v));
+            }
+            for (&b, g) in chunk.iter().zip(got) {
+                assert_eq!(g, f32_to_bf16(f32::from_bits(b)), "narrow {b:#010x}");
+            }
+        }
     }
 
     #[test]
