@@ -140,7 +140,11 @@ unsafe fn pack_a(a: &HalfMat, pairs: usize, out: &mut [u32]) {
                 let k1 = k0.offset(a.cs);
                 for panel in g0..(g0 + 8).min(whole) {
                     let at = panel * pairs * MR + p * MR;
-                    interleave8(k0.add(panel * MR), k1.add(panel * MR), out[at..].as_mut_ptr());
+                    interleave8(
+                        k0.add(panel * MR),
+                        k1.add(panel * MR),
+                        out[at..].as_mut_ptr(),
+                    );
                 }
             }
         }
@@ -431,7 +435,10 @@ mod tests {
         // infinities, values that round up into the next binade or to infinity.
         let halves: Vec<u16> = (0..=u16::MAX).collect();
         let mut floats: Vec<u32> = Vec::new();
-        for hi in (0..=u16::MAX as u32).step_by(7).chain([0x7f7f, 0x7f80, 0x7fc0, 0x8000, 0xff80]) {
+        for hi in (0..=u16::MAX as u32)
+            .step_by(7)
+            .chain([0x7f7f, 0x7f80, 0x7fc0, 0x8000, 0xff80])
+        {
             for lo in [0, 1, 0x7fff, 0x8000, 0x8001, 0xffff, 0x4000, 0xc000] {
                 floats.push(hi << 16 | lo);
             }
