@@ -13,9 +13,11 @@
 //! split over threads; `alpha * sum + beta * c` is then rounded once to bf16, as the widening
 //! path does. CPU eager's oneDNN runs the same instruction, in its own k order.
 //!
-//! Layout: A is packed into panels of [`MR`] rows, one u32 per row per pair of k (the pair's
-//! two bf16 values); B into panels of [`NR`] columns, [`NR`] u32 per pair of k. A pair past k's
-//! end holds zero in both operands, so it adds `0 * 0` and never `inf * 0`. The kernel keeps an
+//! Layout: A's rows are read in place when they are contiguous and k is even (each pair of k
+//! is then already one u32); otherwise A is packed into panels of [`MR`] rows, one u32 per row
+//! per pair of k (the pair's two bf16 values). B is packed into panels of [`NR`] columns,
+//! [`NR`] u32 per pair of k. A pair past k's end holds zero in both packed operands, so it adds
+//! `0 * 0` and never `inf * 0`. The kernel keeps an
 //! `MR x NR` tile of sums in 16 registers over the whole of k (no k blocking: a panel of B for
 //! k = 4608 is 288 KiB, L2-resident), then rounds it out.
 
