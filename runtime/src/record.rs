@@ -11,7 +11,7 @@ use crate::stream::{OpBuffers, Stream};
 use deferfuse_fusion::ir::infer::can_cast;
 use deferfuse_fusion::ir::layout::fmt_dims;
 use deferfuse_fusion::ir::{
-    infer_memo_operands, BinaryOp, DType, Dims, Layout, Op, OpError, ReduceOp, Scalar,
+    infer_memo_operands, BinaryOp, DType, Dims, KernelOp, Layout, Op, OpError, ReduceOp, Scalar,
 };
 use deferfuse_fusion::reduce_geometry::{
     reduce_needs_copy, reduced_dims, short_reduced_dim, trailing_then_leading,
@@ -604,6 +604,25 @@ fn is_short_sum(input: &Operand, out: &TensorRef, compute: DType, dims: &[usize]
 
 /// An in-place op's result must have the out tensor's shape and be castable to its dtype, and
 /// the out tensor must not be an expanded view (two indices, one element).
+/// Whether `op` writes an `out` of another dtype than its result's, converting each element:
+/// elementwise loops and reductions convert at their store, and these kernels write through the
+/// output's dtype. Products, `arange` and the other kernels write their result's dtype into
+/// whatever `out` holds (a bf16 product into a float32 `out` read as float32 was garbage), so
+/// they refuse one, as PyTorch's `mm`/`addmm`/`bmm` do.
+fn converts_into_out(op: &Op) -> bool {
+    match op {
+        Op::Matmul | Op::Addmm | Op::Arange { .. } => false,
+        Op::Kernel(k) => matches!(
+            k,
+            KernelOp::Gather { .. }
+                | KernelOp::Scatter { .. }
+                | KernelOp::Scan { .. }
+                | KernelOp::Sort { .. }
+        ),
+        _ => true,
+    }
+}
+
 fn check_out(
     op: &Op,
     sizes: &[usize],
@@ -618,6 +637,22 @@ fn check_out(
             fmt_dims(&out.layout.sizes),
         )
         .hint("in-place ops cannot change the shape of their output")
+        .into());
+    }
+    if out.dtype != dtype && !converts_into_out(op) {
+        return Err(OpError::new(
+            op.name(),
+            "out",
+            format!(
+                "dtype {dtype} (the result's: {} writes no other)",
+                op.name()
+            ),
+            out.dtype.to_string(),
+        )
+        .hint(format!(
+            "expected out tensor to have dtype {dtype}; pass one of that dtype, or cast the \
+             result afterwards"
+        ))
         .into());
     }
     if !can_cast(dtype, out.dtype) {

@@ -138,6 +138,57 @@ fn matmul_inner_size_mismatch_is_rejected() {
 }
 
 #[test]
+fn products_and_arange_refuse_an_out_of_another_dtype() {
+    // They write the result's dtype into `out` as it is: a bf16 product into a float32 `out`
+    // read back as float32 was garbage. PyTorch's mm/addmm/bmm refuse it too.
+    fn bf16(rt: &Runtime, sizes: &[usize]) -> Handle {
+        let n = sizes.iter().product();
+        tensor(rt, DType::BF16, sizes, &vec![1.0; n])
+    }
+    let e = fails_in_every_mode(
+        |rt| vec![bf16(rt, &[5, 6]), bf16(rt, &[6, 7]), f32s(rt, &[5, 7])],
+        |rt, h| rt.op(0, Op::Matmul, &[tt(h[0]), tt(h[1])], Some(h[2])),
+    );
+    assert_op_error(&e, "matmul", "out", &["bfloat16", "float32"]);
+    let e = fails_in_every_mode(
+        |rt| {
+            vec![
+                bf16(rt, &[7]),
+                bf16(rt, &[5, 6]),
+                bf16(rt, &[6, 7]),
+                f32s(rt, &[5, 7]),
+            ]
+        },
+        |rt, h| {
+            let ins = [tt(h[0]), tt(h[1]), tt(h[2]), fs(1.0), fs(1.0)];
+            rt.op(0, Op::Addmm, &ins, Some(h[3]))
+        },
+    );
+    assert_op_error(&e, "addmm", "out", &["bfloat16", "float32"]);
+    let e = fails_in_every_mode(
+        |rt| vec![tensor(rt, DType::F64, &[5], &[0.0; 5])],
+        |rt, h| {
+            let ins = [is(0), is(5), is(1)];
+            rt.op(0, Op::Arange { dtype: DType::I32 }, &ins, Some(h[0]))
+        },
+    );
+    assert_op_error(&e, "arange", "out", &["int32", "float64"]);
+}
+
+#[test]
+fn a_gather_into_a_wider_out_converts_each_element() {
+    for mode in MODES {
+        let rt = runtime(mode);
+        let src = tensor(&rt, DType::F32, &[4], &[1.5, 2.5, 3.5, 4.5]);
+        let idx = tensor(&rt, DType::I64, &[3], &[3.0, 0.0, 1.0]);
+        let out = tensor(&rt, DType::F64, &[3], &[0.0; 3]);
+        let gather = Op::Kernel(deferfuse::fusion::ir::KernelOp::Gather { dim: 0 });
+        rt.op(0, gather, &[tt(src), tt(idx)], Some(out)).unwrap();
+        assert_eq!(download(&rt, out).data, [4.5, 1.5, 2.5], "{mode:?}");
+    }
+}
+
+#[test]
 fn in_place_float_result_into_int_out_is_rejected() {
     let e = fails_in_every_mode(
         |rt| vec![f32s(rt, &[3]), tensor(rt, DType::I32, &[3], &[0.0; 3])],
