@@ -277,11 +277,13 @@ at::Tensor positions_major(const at::Tensor& t, const Geometry& g) {
 
 // A 1x1 kernel at stride 1 without padding (MobileNet's and EfficientNet's pointwise
 // convolutions): each position's window is the position itself, so W^T @ grad is the input
-// gradient as it stands, with nothing to scatter or gather.
+// gradient as it stands, with nothing to scatter or gather. Not so when the input is longer
+// than the output: a transposed convolution's output_padding (below its dilation) adds
+// positions no window holds, and taking its 4 windows as a 5-long input raised.
 bool whole_window(const Geometry& g) {
   if (g.K != 1) return false;
   for (size_t i = 0; i < g.kernel.size(); ++i) {
-    if (g.stride[i] != 1 || g.padding[i] != 0) return false;
+    if (g.stride[i] != 1 || g.padding[i] != 0 || g.in[i] != g.out[i]) return false;
   }
   return true;
 }
@@ -403,7 +405,15 @@ at::Tensor weight_grad_by_conv(const at::Tensor& grad, const at::Tensor& x, cons
 // few-element rows were 1.4 ns an element: a VAE's 4x4 stride-2 transposed convolution
 // [64, 64, 7, 7] -> [64, 32, 14, 14] spent 2.4 ms in them.
 bool columns_to_input_fits(const Geometry& g, at::ScalarType dtype) {
-  return dtype == at::kFloat && all_windows(g);
+  if (dtype != at::kFloat || !all_windows(g)) return false;
+  // The op also needs the windows to reach past both paddings (the runtime's
+  // infer_columns_to_input): one window of 2 over a 1-long input padded by 1 covers 2 * padding
+  // positions, and the op refused it in backward.
+  for (size_t i = 0; i < g.kernel.size(); ++i) {
+    int64_t covered = (g.out[i] - 1) * g.stride[i] + g.dilation[i] * (g.kernel[i] - 1) + 1;
+    if (covered <= 2 * g.padding[i]) return false;
+  }
+  return true;
 }
 
 // contrib [N, C, k..., out...] (any strides) added back into the input positions each tap

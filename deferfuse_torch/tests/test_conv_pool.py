@@ -35,6 +35,11 @@ CONVS = {
     # 272 output positions a sample: a GEMM per sample (the cases above fold the batch).
     "conv2d_gemm_per_sample": ((2, 3, 17, 16), (4, 3, 3, 3), dict(padding=1)),
     "conv2d_uncovered_tail": ((1, 2, 8, 8), (2, 2, 3, 3), dict(stride=3)),
+    # One window that reaches no further than twice the padding (here over the left padding and
+    # the one input position): the runtime's col2im refuses it, add_windows sums it.
+    "conv1d_one_window_within_twice_the_padding": ((1, 2, 1), (3, 2, 2), dict(stride=2, padding=1)),
+    "conv2d_one_window_within_twice_the_padding": ((1, 2, 1, 1), (3, 2, 2, 2),
+                                                   dict(stride=3, padding=1)),
     "conv1d": ((2, 3, 10), (5, 3, 3), dict(padding=2, stride=3)),
     "conv3d": ((1, 2, 5, 5, 4), (3, 2, 2, 2, 2), dict(padding=1)),
     # Stride 1, one group, 256+ positions a sample: the input gradient is the runtime's
@@ -309,6 +314,12 @@ TRANSPOSED = {
         dict(stride=(3, 2), padding=(1, 2), output_padding=(2, 3), groups=2, dilation=(4, 4))),
     "conv_transpose1d_output_padding_past_stride": ((2, 2, 5), (2, 3, 3),
                                                     dict(output_padding=1, dilation=2)),
+    # A 1-tap kernel whose output_padding adds a position no window holds: not the pointwise
+    # case (whose input gradient is the product as it stands).
+    "conv_transpose1d_1x1_output_padding": ((1, 2, 4), (2, 3, 1),
+                                            dict(output_padding=1, dilation=2)),
+    "conv_transpose2d_1x1_output_padding": ((1, 2, 4, 3), (2, 3, 1, 1),
+                                            dict(output_padding=(1, 0), dilation=2)),
 }
 
 
