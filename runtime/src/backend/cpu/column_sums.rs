@@ -119,6 +119,7 @@ fn avx512() -> bool {
 /// An element type the sums read and write: float32 as it is, bfloat16 widened exactly as the
 /// row kernel loads it (its bits shifted into a float32's high half) and rounded once at the
 /// store as the row kernel stores it (to nearest, ties to even).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 trait Elem {
     /// Bytes per element.
     const SIZE: usize;
@@ -147,6 +148,7 @@ impl Elem for f32 {
 }
 
 /// bfloat16, as its bits.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct Bf16;
 
 impl Elem for Bf16 {
