@@ -341,11 +341,26 @@ at::Tensor wrap(uint64_t h) {
 }
 
 Operands& Operands::t(const at::Tensor& x) {
-  TORCH_CHECK(x.defined(), "tpu: an operand is an undefined tensor");
+  return add(c10::MaybeOwned<at::Tensor>::borrowed(x));
+}
+
+Operands& Operands::t(at::Tensor&& x) {
+  return add(c10::MaybeOwned<at::Tensor>::owned(std::move(x)));
+}
+
+Operands& Operands::add(c10::MaybeOwned<at::Tensor> kept) {
+  {
+    const at::Tensor& x = *kept;
+    TORCH_CHECK(x.defined(), "tpu: an operand is an undefined tensor");
+    if (x.device().is_cpu()) {
+      TORCH_CHECK(x.dim() == 0, "tpu: expected all tensors on device tpu, got a CPU tensor of "
+                  "shape ", x.sizes(), " (only 0-dim CPU tensors may mix with tpu tensors)");
+      if (x.unsafeGetTensorImpl()->is_wrapped_number()) return s(wrapped_value(x));
+    }
+  }
+  tensors_.emplace_back(ops_.size(), std::move(kept));
+  const at::Tensor& x = *tensors_.back().second;
   if (x.device().is_cpu()) {
-    TORCH_CHECK(x.dim() == 0, "tpu: expected all tensors on device tpu, got a CPU tensor of shape ",
-                x.sizes(), " (only 0-dim CPU tensors may mix with tpu tensors)");
-    if (x.unsafeGetTensorImpl()->is_wrapped_number()) return s(wrapped_value(x));
     auto c = x.contiguous();
     uint64_t h = 0;
     check(dfuse_tensor_from_host(rt(), c.data_ptr(), c.nbytes(), to_dtype(c.scalar_type()),
@@ -386,6 +401,86 @@ Operands& Operands::s(const at::Scalar& v) {
 
 Operands& Operands::f(double v) { return s(at::Scalar(v)); }
 
+DimVec Operands::result_shape() const {
+  DimVec shape;
+  for (const auto& [i, x] : tensors_) {
+    if (x->dim() > 0) shape = DimVec(at::infer_size(shape, x->sizes()));
+  }
+  return shape;
+}
+
+DimVec Operands::result_order() const {
+  bool all_contiguous = true;
+  for (const auto& [i, x] : tensors_) all_contiguous = all_contiguous && x->is_contiguous();
+  if (all_contiguous) return {};
+  const DimVec shape = result_shape();
+  const int64_t nd = int64_t(shape.size());
+  if (nd < 2) return {};
+  // Each operand's strides over the result's dims: 0 where it is broadcast (TensorIterator's
+  // compute_strides).
+  c10::SmallVector<DimVec, kInline> strides;
+  for (const auto& [i, xp] : tensors_) {
+    const at::Tensor& x = *xp;
+    if (x.dim() == 0) continue;
+    DimVec st(nd, 0);
+    const int64_t off = nd - x.dim();
+    for (int64_t d = 0; d < x.dim(); ++d) {
+      st[off + d] = (x.size(d) == 1 && shape[off + d] != 1) ? 0 : x.stride(d);
+    }
+    strides.push_back(std::move(st));
+  }
+  // TensorIterator's reorder_dimensions: perm[0] the fastest dim, an insertion sort where the
+  // first operand that orders two dims (neither broadcast, strides unequal, or equal strides
+  // with the first dim larger) decides.
+  auto should_swap = [&](int64_t d0, int64_t d1) {
+    for (const auto& st : strides) {
+      int64_t s0 = st[d0], s1 = st[d1];
+      if (s0 == 0 || s1 == 0) continue;
+      if (s0 < s1) return -1;
+      if (s0 > s1) return 1;
+      if (shape[d0] > shape[d1]) return 1;
+    }
+    return 0;
+  };
+  DimVec perm(nd);
+  for (int64_t d = 0; d < nd; ++d) perm[d] = nd - 1 - d;
+  for (int64_t i = 1; i < nd; ++i) {
+    int64_t d1 = i;
+    for (int64_t d0 = i - 1; d0 >= 0; --d0) {
+      int c = should_swap(perm[d0], perm[d1]);
+      if (c > 0) {
+        std::swap(perm[d0], perm[d1]);
+        d1 = d0;
+      } else if (c < 0) {
+        break;
+      }
+    }
+  }
+  DimVec order(perm.rbegin(), perm.rend());
+  for (int64_t d = 0; d < nd; ++d) {
+    if (order[d] != d) return order;
+  }
+  return {};
+}
+
+Operands Operands::permuted(at::IntArrayRef order, at::IntArrayRef shape) const {
+  Operands p;
+  size_t next = 0;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (next < tensors_.size() && tensors_[next].first == i) {
+      const at::Tensor& x = *tensors_[next++].second;
+      if (x.dim() == 0) {
+        p.t(x);
+      } else {
+        p.t((x.sizes().equals(shape) ? x : x.expand(shape)).permute(order));
+      }
+    } else {
+      p.ops_.push_back(ops_[i]);
+    }
+  }
+  return p;
+}
+
 Operands& Operands::absent() {
   DfuseOperand o{};
   o.kind = DFUSE_OPERAND_KIND_ABSENT;
@@ -399,7 +494,10 @@ DfuseAttrs attrs_sub(uint32_t sub_op) {
   return a;
 }
 
-at::Tensor run(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const char* name) {
+namespace {
+
+at::Tensor run_as_given(uint32_t kind, const DfuseAttrs* attrs, const Operands& in,
+                        const char* name) {
   uint64_t h = 0;
   uint32_t dt = 0;
   size_t nd = 0;
@@ -413,6 +511,32 @@ at::Tensor run(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const
   if (nd > sizes.size()) return wrap(h);
   sizes.resize(nd);
   return wrap_described(h, dt, std::move(sizes));
+}
+
+// Whether an op kind's result takes its operands' layout, as a TensorIterator op's does.
+bool keeps_operand_layout(uint32_t kind) {
+  return kind == DFUSE_OP_KIND_UNARY || kind == DFUSE_OP_KIND_BINARY ||
+         kind == DFUSE_OP_KIND_WHERE || kind == DFUSE_OP_KIND_CLAMP || kind == DFUSE_OP_KIND_CAST;
+}
+
+}  // namespace
+
+// An elementwise result on permuted operands (`x.t() * 2`, `x.t().to(torch.bfloat16)`, a
+// channels-last activation) has CPU's strides: the op runs on the operands permuted into the
+// result's memory order (a dense result in that order), and the result is permuted back. A
+// dense result instead made `.view()` raise where CPU's works, and broke torch.compile graphs
+// whose traced strides are CPU's (a TransformerEncoderLayer under autocast).
+at::Tensor run(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const char* name) {
+  if (keeps_operand_layout(kind)) {
+    auto order = in.result_order();
+    if (!order.empty()) {
+      auto r = run_as_given(kind, attrs, in.permuted(order, in.result_shape()), name);
+      DimVec inverse(order.size());
+      for (size_t d = 0; d < order.size(); ++d) inverse[order[d]] = int64_t(d);
+      return r.permute(inverse);
+    }
+  }
+  return run_as_given(kind, attrs, in, name);
 }
 
 namespace {

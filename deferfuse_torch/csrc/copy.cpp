@@ -212,7 +212,11 @@ at::Tensor _to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
   // To or from complex64 (float32 pairs): empty + copy_, which writes the pairs.
   bool complex = self.is_complex() || (dtype && at::isComplexType(*dtype));
   if (is_tpu(self) && same_device && plain && dtype && *dtype != self.scalar_type() && !complex) {
-    return cast(self, *dtype);
+    // The cast keeps a permuted input's layout (preserve_format, CPU's default);
+    // memory_format=contiguous_format asks for a dense row-major result.
+    auto r = cast(self, *dtype);
+    if (memory_format == at::MemoryFormat::Contiguous) return r.contiguous();
+    return r;
   }
   return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking,
                               memory_format);

@@ -1,4 +1,5 @@
 """Reductions, views (aliasing), copies, cat and matrix products on tpu against CPU."""
+import copy
 import warnings
 
 import pytest
@@ -323,15 +324,73 @@ def test_clone_and_memory_formats_give_cpus_strides(mode, name, f):
     check(got, want)
 
 
-def test_op_results_on_channels_last_inputs_are_contiguous_where_cpu_keeps_channels_last(mode):
+def test_a_convolution_of_channels_last_inputs_is_contiguous_where_cpu_keeps_channels_last(mode):
     # Stated difference (README): the values are CPU's, the layout is not propagated.
     x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
     w = torch.randn(4, 3, 3, 3).to(memory_format=torch.channels_last)
-    for f in (lambda t, k: t * 2 + 1, torch.conv2d):
-        want, got = f(x, w), f(x.to("tpu"), w.to("tpu"))
-        assert want.is_contiguous(memory_format=torch.channels_last)
-        assert got.is_contiguous()
-        check(got, want, atol=1e-5, rtol=1e-5)
+    want, got = torch.conv2d(x, w), torch.conv2d(x.to("tpu"), w.to("tpu"))
+    assert want.is_contiguous(memory_format=torch.channels_last)
+    assert got.is_contiguous()
+    check(got, want, atol=1e-5, rtol=1e-5)
+
+
+PERMUTED_ELEMENTWISE = {
+    "mul_add": lambda t, u: t * 2 + 1,
+    "binary": lambda t, u: t + u,
+    "exp": lambda t, u: torch.exp(t),
+    "where": lambda t, u: torch.where(t > 0, t, u),
+    "clamp": lambda t, u: t.clamp(-0.5, 0.5),
+    "to_bfloat16": lambda t, u: t.to(torch.bfloat16),
+    "double": lambda t, u: t.double(),
+}
+
+LAYOUTS = {
+    "transposed": lambda t: t.t(),
+    "channels_last": lambda t: t.view(2, 3, 4, 5).to(memory_format=torch.channels_last),
+    "permuted": lambda t: t.view(2, 3, 4, 5).permute(0, 2, 1, 3),
+    # A contiguous second operand: TensorIterator's first operand decides.
+    "one_of_two_transposed": lambda t: t.t(),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("op", sorted(PERMUTED_ELEMENTWISE))
+def test_elementwise_results_of_permuted_operands_have_cpus_strides(mode, op, layout):
+    # A dense result made `.view()` raise where CPU's works, and broke compiled graphs traced
+    # with CPU's strides.
+    torch.manual_seed(0)
+    x = LAYOUTS[layout](torch.randn(12, 10))
+    y = (torch.randn(x.shape) if layout == "one_of_two_transposed"
+         else LAYOUTS[layout](torch.randn(12, 10)))
+    f = PERMUTED_ELEMENTWISE[op]
+    want, got = f(x, y), f(x.to("tpu"), y.to("tpu"))
+    assert got.stride() == want.stride(), (got.stride(), want.stride())
+    check(got, want)
+    if want.dim() == 2:
+        check(got.t().reshape(-1), want.t().reshape(-1))
+        assert got.t().is_contiguous() == want.t().is_contiguous()
+
+
+def test_a_cast_to_contiguous_format_is_contiguous(mode):
+    x = torch.randn(4, 6).t()
+    got = x.to("tpu").to(torch.bfloat16, memory_format=torch.contiguous_format)
+    assert got.is_contiguous()
+    check(got, x.to(torch.bfloat16, memory_format=torch.contiguous_format))
+
+
+def test_a_compiled_transformer_layer_under_autocast_runs(mode):
+    # aot_eager traces with CPU's strides: a cast of a transposed tensor that came back dense
+    # made a `view` of the backward graph raise.
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    x = torch.randn(4, 6, 16)
+    outs = []
+    for dev, m in (("cpu", layer), ("tpu", copy.deepcopy(layer).to("tpu"))):
+        with torch.autocast(dev, dtype=torch.bfloat16):
+            out = torch.compile(m, backend="aot_eager")(x.to(dev))
+        out.float().sum().backward()
+        outs.append(out)
+    check(outs[1].float(), outs[0].float(), atol=5e-2, rtol=5e-2)
 
 
 @pytest.mark.parametrize("f", [lambda t: t.prod(dtype=torch.bool),
