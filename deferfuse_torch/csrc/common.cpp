@@ -463,7 +463,8 @@ DimVec Operands::result_order() const {
   return {};
 }
 
-Operands Operands::permuted(at::IntArrayRef order, at::IntArrayRef shape) const {
+Operands Operands::permuted(at::IntArrayRef order) const {
+  const DimVec shape = result_shape();
   Operands p;
   size_t next = 0;
   for (size_t i = 0; i < ops_.size(); ++i) {
@@ -530,7 +531,7 @@ at::Tensor run(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const
   if (keeps_operand_layout(kind)) {
     auto order = in.result_order();
     if (!order.empty()) {
-      auto r = run_as_given(kind, attrs, in.permuted(order, in.result_shape()), name);
+      auto r = run_as_given(kind, attrs, in.permuted(order), name);
       DimVec inverse(order.size());
       for (size_t d = 0; d < order.size(); ++d) inverse[order[d]] = int64_t(d);
       return r.permute(inverse);

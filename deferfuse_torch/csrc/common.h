@@ -156,10 +156,9 @@ class Operands {
   // TensorIterator rule (reorder_dimensions) over these operands' strides; empty when that is
   // the contiguous order (always so when every tensor operand is contiguous).
   DimVec result_order() const;
-  // The tensor operands' broadcast shape.
-  DimVec result_shape() const;
-  // These operands with every tensor of rank > 0 broadcast to `shape` and permuted by `order`.
-  Operands permuted(at::IntArrayRef order, at::IntArrayRef shape) const;
+  // These operands with every tensor of rank > 0 broadcast to the result's shape and permuted
+  // by `order`.
+  Operands permuted(at::IntArrayRef order) const;
 
  private:
   // Inline for the common arities (unary to where/clamp/addmm); cat's longer lists spill to
@@ -169,6 +168,8 @@ class Operands {
   c10::SmallVector<Ref, kInline> keep_;
   c10::SmallVector<Footprint, kInline> tpu_;
   Operands& add(c10::MaybeOwned<at::Tensor> kept);
+  // The tensor operands' broadcast shape.
+  DimVec result_shape() const;
   // Every tensor operand as given (index into ops_), for result_order and permuted.
   c10::SmallVector<std::pair<size_t, c10::MaybeOwned<at::Tensor>>, kInline> tensors_;
 };

@@ -165,12 +165,14 @@ unsafe fn pack_a(a: &HalfMat, pairs: usize, out: &mut [u32]) {
                 }
             }
         } else if transposed {
-            // Whole panels are packed above.
-            for p in (0..full).filter(|_| rows < MR) {
-                let k0 = a.ptr.offset(2 * p as isize * a.cs + i0 as isize);
-                let k1 = k0.offset(a.cs);
-                for r in 0..rows {
-                    dst[p * MR + r] = pair(*k0.add(r), *k1.add(r));
+            // Whole panels are packed above; a short last one here.
+            if rows < MR {
+                for p in 0..full {
+                    let k0 = a.ptr.offset(2 * p as isize * a.cs + i0 as isize);
+                    let k1 = k0.offset(a.cs);
+                    for r in 0..rows {
+                        dst[p * MR + r] = pair(*k0.add(r), *k1.add(r));
+                    }
                 }
             }
         } else {
