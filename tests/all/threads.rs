@@ -388,9 +388,11 @@ fn a_dense_convolution_split_by_samples_equals_one_thread() {
 fn a_dense_convolution_weight_gradient_split_by_input_channels_equals_one_thread() {
     use deferfuse::fusion::ir::{Conv, ConvPart, KernelOp};
     // 13 input channels: ranges of 3 and 4 channels. With a 1x1 kernel a range is 3 or 4 rows
-    // of dW^T, few enough that its own row count would pick another summation order.
-    let (n, c, oc) = (2, 13, 32);
-    for (k, pad, h) in [(3, 1, 40), (1, 0, 80)] {
+    // of dW^T, few enough that its own row count would pick another summation order. At 24x24
+    // with 8 samples the whole sums 4 samples at a time in its dot products and a range's
+    // smaller grids would fit 5: it must keep the whole's batches.
+    let (c, oc) = (13, 32);
+    for (n, k, pad, h) in [(2, 3, 1, 40), (2, 1, 0, 80), (8, 3, 1, 24)] {
         let weight_grad = Op::Kernel(KernelOp::Conv(Box::new(Conv {
             part: ConvPart::WeightGrad,
             padding: [pad, pad][..].into(),

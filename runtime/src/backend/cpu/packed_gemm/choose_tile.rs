@@ -11,8 +11,9 @@
 //!
 //! Three shapes do not follow the calibration:
 //! - B with at most 16 columns runs the 8-lane tile: the 16-lane tile's 32-wide panel would be
-//!   half zeros (`[144, 448] @ [448, 16]` 39 -> 19 us; a convolution's weight gradient with 16
-//!   output channels is one);
+//!   half zeros (`[144, 448] @ [448, 16]` 39 -> 19 us on Zen 4, where a convolution's weight
+//!   gradient with 16 output channels made it; that one now runs as dot products,
+//!   `host_kernels::conv::weight_dots`);
 //! - a plain B read in place (few rows: `pack_b::reads_in_place`) runs the 16-lane tile: its
 //!   12-row tiles read each panel fewer times, and the 8-lane tile was slower there (`[16, 144]
 //!   @ [144, 448]` 22.1 vs 20.3 us, `[32, 288] @ [288, 1024]` 256 vs 188: rows 4 KiB apart);

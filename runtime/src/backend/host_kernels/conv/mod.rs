@@ -9,16 +9,18 @@
 //! first spatial dim at its output size, the others at their padded size) reads grid element
 //! `j + offset(c, tap)`. The product of the weight viewed as `[OC, C * K]` with those columns
 //! reads each row `(c, tap)` where it lies in the grid, through a table of offsets (the GEMM's
-//! `sgemm_b_rows`); where the GEMM has no such kernel, and for the weight gradient, a block of
-//! wide columns is copied row by row (one contiguous run per `(c, tap)`) into a buffer that
-//! stays in L2 and multiplied from there. The wide result is cropped into the output (the
+//! `sgemm_b_rows`); where the GEMM has no such kernel, a block of wide columns is copied row by
+//! row (one contiguous run per `(c, tap)`) into a buffer that stays in L2 and multiplied from
+//! there. The wide result is cropped into the output (the
 //! positions past each row's output size are computed and dropped: `(P - out) / out` more
 //! columns, 3% for a 64-wide map with a 3x3 kernel). Each output element is the product's sum
 //! over `(c, tap)` in that order, as the GEMM kernels sum it whatever the blocking, so results
 //! do not depend on the blocks, the threads or whether the columns were copied. The weight
-//! gradient reads the same blocks, multiplied by the gradient laid out over the wide positions
-//! (`weight_grad`); its threads take ranges of input channels, each summing its rows of the
-//! gradient over every sample in order, so its bits do not depend on the thread count either.
+//! gradient reads the same runs of the grid against the gradient laid out over the wide
+//! positions ([`weight_grad`]: dot products along the positions, [`weight_dots`], on a core with
+//! AVX-512F); its threads take ranges of input channels, each summing its rows of the gradient
+//! over every sample in an order fixed by the whole geometry, so its bits do not depend on the
+//! thread count either.
 //!
 //! A strided dim is split by phase in the grid: padded element `p` of a dim of stride `s` lies
 //! in phase `p % s` at position `p / s`, each combination of phases a grid of its own. Tap `t`
@@ -26,6 +28,10 @@
 //! position, and consecutive output positions are consecutive grid elements again, so the
 //! columns are still fixed offsets into the grid and everything above holds as at stride 1
 //! (where there is one phase and the grid is the padded input).
+
+#[cfg(target_arch = "x86_64")]
+mod weight_dots;
+mod weight_grad;
 
 use super::{jobs, View};
 use crate::backend::cpu::matmul::{matmul, sgemm_b_rows, Mat};
@@ -281,7 +287,7 @@ pub(super) unsafe fn run(
     }
     if k.part == ConvPart::WeightGrad {
         // x and w are the gradient and the input here.
-        return weight_grad_by_channels(k, x, w, out, threads);
+        return weight_grad::by_channels(k, x, w, out, threads);
     }
     let g = Geometry::new(k, x, &w.sizes[2..], &out.sizes[2..], out.sizes[1]);
     let n = x.sizes[0];
@@ -301,45 +307,6 @@ pub(super) unsafe fn run(
         n,
         &sample,
     )
-}
-
-/// The weight gradient of `k` for output gradient `grad` and input `x` into `out`, its input
-/// channels split in ranges over `threads` when there is work enough: a range's rows of `dW`
-/// are summed over every sample and block in the same order whatever the split (the blocks of
-/// columns and the product's summation order follow the whole gradient's `C * K` rows, not the
-/// range's), so the bits do not depend on the thread count. Each range fills its own channels
-/// of the grid and its own copy of the wide gradient (`OC` rows: the small operand).
-///
-/// # Safety
-/// As [`run`].
-unsafe fn weight_grad_by_channels(
-    k: &Conv,
-    grad: &View,
-    x: &View,
-    out: &View,
-    threads: Option<&dyn SideBySide>,
-) -> Result<()> {
-    let c = x.sizes[1];
-    let whole = Geometry::new(k, x, &k.sizes, &grad.sizes[2..], grad.sizes[1]);
-    let order = (whole.rows(), whole.block_cols());
-    let macs = out.numel() * grad.numel() / grad.sizes[1].max(1);
-    // One range per thread: each range packs the whole wide gradient for its products, so more
-    // ranges than threads only repeat that work (4 ranges on 2 threads: [4, 32, 32, 32] ->
-    // 64 channels 2.8 -> 3.8 ms, against 2.0 with 2).
-    let ranges = match threads {
-        Some(t) if c > 1 && macs >= SERIAL_BELOW_MACS => t.threads().min(c),
-        _ => 1,
-    };
-    let range = |r: usize| {
-        let (c0, c1) = (c * r / ranges, c * (r + 1) / ranges);
-        let (x, out) = (x.narrowed(1, c0..c1), out.narrowed(1, c0..c1));
-        let g = Geometry::new(k, &x, &k.sizes, &grad.sizes[2..], grad.sizes[1]);
-        SCRATCH.with(|cell| {
-            // SAFETY: the caller's contract; each range writes only its own channels of dW.
-            unsafe { weight_grad(&g, grad, &x, &out, order, &mut cell.borrow_mut()) }
-        })
-    };
-    jobs(threads.filter(|_| ranges > 1), ranges, &range)
 }
 
 /// Sample `s` of `x` into `grid` (`g.c * g.channel` floats): zeros, then each input row at its
@@ -425,74 +392,6 @@ fn layout2(sizes: [usize; 2], strides: [isize; 2], offset: usize) -> Layout {
         strides: smallvec![strides[0], strides[1]],
         offset,
     }
-}
-
-/// The weight gradient `[OC, C, k...]` of the convolution whose input is `x` and output
-/// gradient `grad`: per sample, the gradient laid out over the wide positions (zeros at the
-/// positions past each row's output size), then per block of columns `dW^T += block @
-/// grad_block^T` (`[C * K, OC]`, the contraction over the block's positions, accumulated into
-/// zeros). Samples and blocks are summed in order, on one thread. `(whole_rows, cols)`: the
-/// whole gradient's row count and columns per block (`g.rows()` and `g.block_cols()` when `x`
-/// has every channel), which fix every element's summation order (see `matmul`).
-unsafe fn weight_grad(
-    g: &Geometry,
-    grad: &View,
-    x: &View,
-    out: &View,
-    (whole_rows, cols): (usize, usize),
-    buf: &mut Vec<f32>,
-) -> Result<()> {
-    let rows = g.rows();
-    debug_assert!(
-        cols <= g.block_cols(),
-        "a range has fewer rows, so room for more columns"
-    );
-    let (grid, block, wide) = g.scratch(buf);
-    // dW^T [C * K, OC]: the product's rows are the block's, so it reads the block in place.
-    let mut acc = vec![0f32; rows * g.oc];
-    let (run, stride) = (g.out[g.out.len() - 1], grad.strides[grad.strides.len() - 1]);
-    for s in 0..grad.sizes[0] {
-        fill_grid(g, x, s, grid);
-        wide.fill(0.0);
-        g.for_each_output_row(grad, s, |to, from| {
-            let row = &mut wide[to..to + run];
-            read_run(row, (grad.base as *const f32).offset(from), stride);
-        });
-        let mut j0 = 0;
-        while j0 < g.wide {
-            let nb = cols.min(g.wide - j0);
-            fill_block(g, grid, j0, &mut block[..rows * nb]);
-            let (la, lb, lc) = (
-                layout2([rows, nb], [nb as isize, 1], 0),
-                layout2([nb, g.oc], [1, g.wide as isize], j0),
-                layout2([rows, g.oc], [g.oc as isize, 1], 0),
-            );
-            product(
-                (block.as_ptr(), &la),
-                (wide.as_ptr(), &lb),
-                (acc.as_mut_ptr(), &lc),
-                1.0,
-                whole_rows,
-            );
-            j0 += nb;
-        }
-    }
-    // dW [OC, C, k...] from dW^T, row (c, tap) by row.
-    let taps = g.taps.len();
-    let ws = &out.strides[2..];
-    let kernel: Idx = out.sizes[2..].iter().copied().collect();
-    let mut tap_offsets = Vec::with_capacity(taps);
-    for_each_index(&kernel, |t| tap_offsets.push(spatial_offset(t, ws)));
-    for c in 0..g.c {
-        for (t, &to) in tap_offsets.iter().enumerate() {
-            for oc in 0..g.oc {
-                let at =
-                    out.offset + oc as isize * out.strides[0] + c as isize * out.strides[1] + to;
-                *(out.base as *mut f32).offset(at) = acc[(c * taps + t) * g.oc + oc];
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The weight as the dense `[OC, C * K]` matrix the product reads, each row's taps in the
