@@ -334,6 +334,22 @@ bool on_conv_op(const Geometry& g, at::ScalarType dtype) {
   return strides == 1 || double(g.K) / strides >= kMinStridedColumnsPerInput;
 }
 
+// Whether a float16/bfloat16 convolution's forward and weight gradient run on the float32 conv
+// op (on_conv_op of its float32 twin): its operands widened (exactly), its result summed in
+// float32 and rounded once, as CPU's kernels and the half-precision GEMM also sum. Only with
+// few output channels, the half-precision products' rows: at 16 the bf16 GEMM packs B for two
+// row tiles and ran at ~110 GFLOP/s. One thread, bf16 GEMM -> widened op (ms): [4, 16, 64,
+// 64] -> 16 forward 0.60 -> 0.51, weight gradient 0.66 -> 0.46; [4, 32, 64, 64] -> 16 1.21 ->
+// 0.93 and 1.51 -> 0.84; at 32 output channels even, at 64 the bf16 GEMM was faster (0.33 ->
+// 0.46). The U-Net's autocast defer step 23.4-23.8 -> 20.1-20.9 ms (up to 32 channels: no
+// further).
+constexpr int64_t kWidenedMaxOutputChannels = 16;
+
+bool widened_on_conv_op(const Geometry& g, at::ScalarType dtype) {
+  return (dtype == at::kHalf || dtype == at::kBFloat16) && g.OC <= kWidenedMaxOutputChannels &&
+         on_conv_op(g, at::kFloat);
+}
+
 // conv(x, w): [N, OC, out...]. `keep`: a plain convolution's forward, whose columns its
 // weight gradient can reuse; `given`: x's columns where the caller has them already.
 at::Tensor conv_forward(const at::Tensor& x, const at::Tensor& w, const Geometry& g,
@@ -341,6 +357,9 @@ at::Tensor conv_forward(const at::Tensor& x, const at::Tensor& w, const Geometry
   if (on_conv_op(g, x.scalar_type())) {
     auto attrs = conv_op_attrs(g, DFUSE_CONV_PART_FORWARD, g.padding);
     return run(DFUSE_OP_KIND_CONV, &attrs, Operands().t(x).t(w), "convolution");
+  }
+  if (!given.defined() && widened_on_conv_op(g, x.scalar_type())) {
+    return conv_forward(x.to(at::kFloat), w.to(at::kFloat), g).to(x.scalar_type());
   }
   auto cols = given.defined() ? given : columns(x, g);
   if (keep && at::GradMode::is_enabled() && w.requires_grad()) columns_cache().put(x, g, cols);
@@ -571,6 +590,11 @@ at::Tensor convolution(const at::Tensor& x, const at::Tensor& w,
   }
   auto g = geometry(x.sizes(), w, stride, padding, dilation, groups);
   if (is_depthwise(g, x)) return add_bias(depthwise(g, DFUSE_DEPTHWISE_PART_FORWARD, x, w), bias);
+  if (widened_on_conv_op(g, x.scalar_type()) && bias && bias->defined()) {
+    // The bias joins the float32 sums before the one rounding, as on CPU.
+    auto wide = conv_forward(x.to(at::kFloat), w.to(at::kFloat), g);
+    return add_bias(wide, bias->to(at::kFloat)).to(x.scalar_type());
+  }
   return add_bias(conv_forward(x, w, g, true), bias);
 }
 
@@ -596,10 +620,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     } else {
       at::Tensor go;
       bool op = on_conv_op(g, x.scalar_type());
+      bool widened = widened_on_conv_op(g, x.scalar_type());
       bool folded_input_grad = mask[0] && !per_sample(g) && !input_grad_as_conv(g, grad);
-      if ((mask[1] && !op) || folded_input_grad) go = positions_major(grad, g);
+      if ((mask[1] && !op && !widened) || folded_input_grad) go = positions_major(grad, g);
       if (mask[0]) gx = conv_input_grad(grad, go, w, g);
-      if (mask[1]) gw = op ? weight_grad_by_conv(grad, x, g) : conv_weight_grad(go, x, w, g);
+      if (mask[1] && widened) {
+        gw = weight_grad_by_conv(grad.to(at::kFloat), x.to(at::kFloat), g).to(w.scalar_type());
+      } else if (mask[1]) {
+        gw = op ? weight_grad_by_conv(grad, x, g) : conv_weight_grad(go, x, w, g);
+      }
     }
   }
   if (mask[2]) gb = channel_sums(grad);

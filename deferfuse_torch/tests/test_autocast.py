@@ -235,6 +235,36 @@ def test_a_convolution_under_autocast_matches_cpu_autocast(mode, dtype, counts):
 
 
 @pytest.mark.parametrize("dtype", LOW)
+def test_a_convolution_with_few_output_channels_sums_in_float32_and_rounds_once(mode, dtype,
+                                                                                counts):
+    # 16 output channels: the forward and weight gradient run on the float32 conv op, the
+    # operands widened exactly, the bias added before the one rounding (csrc/conv.cpp,
+    # widened_on_conv_op). So each result is the float32 convolution of the half-precision
+    # values rounded once, to within one unit in the last place (float32 sums in another order
+    # may round the other way at a tie's edge).
+    torch.manual_seed(0)
+    x, w, b = (torch.randn(4, 8, 12, 12).to(dtype), (torch.randn(16, 8, 3, 3) * 0.3).to(dtype),
+               torch.randn(16).to(dtype))
+    g = torch.randn(4, 16, 12, 12).to(dtype)
+    want = F.conv2d(x.float(), w.float(), b.float(), padding=1)
+    want_gw = torch.ops.aten.convolution_backward(g.float(), x.float(), w.float(), None, [1, 1],
+                                                  [1, 1], [1, 1], False, [0, 0], 1,
+                                                  [False, True, False])[1]
+    dx, dw, db, dg = (t.to("tpu") for t in (x, w, b, g))
+    report = deferfuse_torch.explain(lambda: F.conv2d(dx, dw, db, padding=1).cpu())
+    got = report.result
+    got_gw = torch.ops.aten.convolution_backward(dg, dx, dw, None, [1, 1], [1, 1], [1, 1], False,
+                                                 [0, 0], 1, [False, True, False])[1].cpu()
+    assert got.dtype == dtype and got_gw.dtype == dtype
+    ulp = torch.finfo(dtype).eps
+    torch.testing.assert_close(got.float(), want, rtol=ulp, atol=1e-6)
+    torch.testing.assert_close(got_gw.float(), want_gw, rtol=ulp, atol=1e-6)
+    labels = [r["label"] for r in report.regions]
+    assert "conv" in labels and not any(lab.startswith("matmul") for lab in labels), labels
+    assert counts() == {}
+
+
+@pytest.mark.parametrize("dtype", LOW)
 def test_low_precision_products_are_the_same_bits_in_strict_and_defer(dtype):
     torch.manual_seed(0)
     x, w = torch.randn(64, 256).to(dtype), torch.randn(96, 256).to(dtype)
