@@ -345,9 +345,12 @@ bool on_conv_op(const Geometry& g, at::ScalarType dtype) {
 // further).
 constexpr int64_t kWidenedMaxOutputChannels = 16;
 
-bool widened_on_conv_op(const Geometry& g, at::ScalarType dtype) {
-  return (dtype == at::kHalf || dtype == at::kBFloat16) && g.OC <= kWidenedMaxOutputChannels &&
-         on_conv_op(g, at::kFloat);
+// A weight of another dtype is not widened with x: it takes the products' path, which refuses
+// it as CPU does.
+bool widened_on_conv_op(const Geometry& g, const at::Tensor& x, const at::Tensor& w) {
+  const auto dtype = x.scalar_type();
+  return (dtype == at::kHalf || dtype == at::kBFloat16) && w.scalar_type() == dtype &&
+         g.OC <= kWidenedMaxOutputChannels && on_conv_op(g, at::kFloat);
 }
 
 // conv(x, w): [N, OC, out...]. `keep`: a plain convolution's forward, whose columns its
@@ -358,7 +361,7 @@ at::Tensor conv_forward(const at::Tensor& x, const at::Tensor& w, const Geometry
     auto attrs = conv_op_attrs(g, DFUSE_CONV_PART_FORWARD, g.padding);
     return run(DFUSE_OP_KIND_CONV, &attrs, Operands().t(x).t(w), "convolution");
   }
-  if (!given.defined() && widened_on_conv_op(g, x.scalar_type())) {
+  if (!given.defined() && widened_on_conv_op(g, x, w)) {
     return conv_forward(x.to(at::kFloat), w.to(at::kFloat), g).to(x.scalar_type());
   }
   auto cols = given.defined() ? given : columns(x, g);
@@ -590,7 +593,7 @@ at::Tensor convolution(const at::Tensor& x, const at::Tensor& w,
   }
   auto g = geometry(x.sizes(), w, stride, padding, dilation, groups);
   if (is_depthwise(g, x)) return add_bias(depthwise(g, DFUSE_DEPTHWISE_PART_FORWARD, x, w), bias);
-  if (widened_on_conv_op(g, x.scalar_type()) && bias && bias->defined()) {
+  if (widened_on_conv_op(g, x, w) && bias && bias->defined()) {
     // The bias joins the float32 sums before the one rounding, as on CPU.
     auto wide = conv_forward(x.to(at::kFloat), w.to(at::kFloat), g);
     return add_bias(wide, bias->to(at::kFloat)).to(x.scalar_type());
@@ -620,7 +623,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     } else {
       at::Tensor go;
       bool op = on_conv_op(g, x.scalar_type());
-      bool widened = widened_on_conv_op(g, x.scalar_type());
+      bool widened = widened_on_conv_op(g, x, w);
       bool folded_input_grad = mask[0] && !per_sample(g) && !input_grad_as_conv(g, grad);
       if ((mask[1] && !op && !widened) || folded_input_grad) go = positions_major(grad, g);
       if (mask[0]) gx = conv_input_grad(grad, go, w, g);

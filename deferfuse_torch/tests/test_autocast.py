@@ -264,6 +264,20 @@ def test_a_convolution_with_few_output_channels_sums_in_float32_and_rounds_once(
     assert counts() == {}
 
 
+@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.bfloat16, torch.float32),
+                                             (torch.bfloat16, torch.float16),
+                                             (torch.float16, torch.bfloat16)])
+def test_a_few_channel_half_convolution_with_a_weight_of_another_dtype_raises_as_on_cpu(
+        mode, x_dtype, w_dtype):
+    # 16 output channels on a 20x20 map: the geometry that widens to float32 (a cast of both
+    # operands there would have hidden the mismatch).
+    x, w = torch.randn(1, 2, 20, 20).to(x_dtype), torch.randn(16, 2, 3, 3).to(w_dtype)
+    with pytest.raises(RuntimeError):
+        F.conv2d(x, w, padding=1)
+    with pytest.raises(RuntimeError):
+        F.conv2d(x.to("tpu"), w.to("tpu"), padding=1).cpu()
+
+
 @pytest.mark.parametrize("dtype", LOW)
 def test_low_precision_products_are_the_same_bits_in_strict_and_defer(dtype):
     torch.manual_seed(0)
