@@ -143,6 +143,24 @@ def test_a_small_map_runs_on_the_conv_op_when_its_weight_is_small(channels, on_c
     assert not fallbacks
 
 
+@pytest.mark.parametrize("bad", [math.inf, math.nan])
+def test_a_non_finite_input_value_reaches_only_the_weight_gradient_taps_that_read_it(mode, bad):
+    # A valid 3-tap conv1d over 40 positions (run as a 2-D conv of one row, on the conv op):
+    # the last input value is read by the last tap only, so the other taps' gradients stay
+    # finite, as on CPU. The op's wide positions past the row's output read it too, with a zero
+    # gradient, and 0 * inf is NaN: they are skipped.
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 3, 40), torch.randn(4, 3, 3)
+    x[:, :, 39] = bad
+    grads = []
+    for dev in ("cpu", "tpu"):
+        wd = w.clone().to(dev).requires_grad_()
+        F.conv1d(x.to(dev), wd).sum().backward()
+        grads.append(wd.grad.cpu())
+    assert torch.isfinite(grads[1][:, :, :2]).all()
+    torch.testing.assert_close(grads[1], grads[0], equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype, col2im", [(torch.float32, 1), (torch.float64, 0)])
 def test_a_strided_transposed_convolution_adds_its_columns_back_by_col2im_in_float32(
         dtype, col2im):

@@ -11,8 +11,9 @@
 //!
 //! The order, the same for every element whatever tile it falls in (so whatever the output
 //! channels, the rows, or the threads' split of the rows): lane `l` of a 16-lane sum takes the
-//! positions `j = 16i + l` of each sample in order, samples in order, `acc = fma(g, x, acc)`
-//! from +0 (each sample's last partial group as if padded with zeros); the lanes are then added
+//! output positions `j = 16i + l` of each sample in order (the wide positions past a row's
+//! output size, whose gradient is zero, are skipped: a zero times an input infinity there
+//! would be NaN), samples in order, `acc = fma(g, x, acc)` from +0; the lanes are then added
 //! pairwise, halves first (`l + (l + 8)`, then `+ 4`, `+ 2`, `+ 1`), and the sum added to the
 //! element's running total. The caller hands over the samples in batches whose size depends on
 //! the convolution's shape only (each batch's sum is one such total), so the bits do not
@@ -55,6 +56,23 @@ pub(super) struct Batch<'a> {
     pub grid_len: usize,
     /// Where each row `(c, tap)` of the columns starts in a sample's grid.
     pub offsets: &'a [isize],
+    /// Which of the wide positions `16 g..16 g + 16` are output positions, one mask per group
+    /// `g` of `len.div_ceil(16)` (see [`positions`]): the others (past a row's output size, or
+    /// past `len`) are neither loaded nor summed, so an infinity or NaN of the input that only
+    /// they would read stays out of every tap's sum, as on CPU.
+    pub positions: &'a [__mmask16],
+}
+
+/// [`Batch::positions`] for `len` wide positions of which `is_output(j)` says which are output
+/// positions.
+pub(super) fn positions(len: usize, is_output: impl Fn(usize) -> bool) -> Vec<__mmask16> {
+    (0..len.div_ceil(16))
+        .map(|g| {
+            (0..16)
+                .filter(|&l| 16 * g + l < len && is_output(16 * g + l))
+                .fold(0, |m, l| m | 1 << l)
+        })
+        .collect()
 }
 
 /// `acc[r * oc + o] += sum_s sum_j grad_s[o, j] * grid_s[offsets[r] + j]` over the batch's
@@ -113,17 +131,11 @@ unsafe fn tile(
             }
         }
     };
-    let full = len / 16 * 16;
     for s in 0..batch.samples {
         let gs = batch.grad.as_ptr().add(s * batch.oc * len);
         let xs = batch.grid.as_ptr().add(s * batch.grid_len);
-        let mut j = 0;
-        while j < full {
-            step(&mut acc, gs, xs, j, 0xffff);
-            j += 16;
-        }
-        if j < len {
-            step(&mut acc, gs, xs, j, (1u16 << (len - j)) - 1);
+        for (group, &mask) in batch.positions.iter().enumerate() {
+            step(&mut acc, gs, xs, 16 * group, mask);
         }
     }
     // The tile's sums sixteen at a time, the last group filled up with zeros.
@@ -230,6 +242,7 @@ mod tests {
             grid: &grid,
             grid_len,
             offsets: &offsets,
+            positions: &positions(len, |_| true),
         };
         let mut acc = vec![0.5f32; rows * oc];
         unsafe { accumulate(&batch, &mut acc) };
@@ -281,6 +294,40 @@ mod tests {
     }
 
     #[test]
+    fn a_position_that_is_not_an_output_position_adds_nothing_even_times_infinity() {
+        if !available() {
+            return;
+        }
+        // Positions 10 and 11 of 20 are slack (a row's padding): the gradient is zero there and
+        // the input infinite; skipped, the sum is the other positions', not NaN.
+        let len = 20;
+        let grad: Vec<f32> = (0..len)
+            .map(|j| if j == 10 || j == 11 { 0.0 } else { 1.0 })
+            .collect();
+        let mut grid = values(len, 5);
+        grid[10] = f32::INFINITY;
+        grid[11] = f32::NAN;
+        let batch = Batch {
+            samples: 1,
+            len,
+            grad: &grad,
+            oc: 1,
+            grid: &grid,
+            grid_len: len,
+            offsets: &[0],
+            positions: &positions(len, |j| j != 10 && j != 11),
+        };
+        let mut acc = [0f32];
+        unsafe { accumulate(&batch, &mut acc) };
+        let (mut g, mut x) = (grad.clone(), grid.clone());
+        for v in [&mut g, &mut x] {
+            v[10] = 0.0;
+            v[11] = 0.0;
+        }
+        assert_eq!(acc[0].to_bits(), dot_model(&[(&g, &x)]).to_bits());
+    }
+
+    #[test]
     fn nothing_past_a_run_s_end_is_read_into_a_sum() {
         if !available() {
             return;
@@ -299,6 +346,7 @@ mod tests {
             grid: &grid,
             grid_len: len,
             offsets: &[0],
+            positions: &positions(len, |_| true),
         };
         let mut acc = [0f32];
         unsafe { accumulate(&batch, &mut acc) };

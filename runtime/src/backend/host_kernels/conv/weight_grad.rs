@@ -101,6 +101,14 @@ unsafe fn by_dots(
     let skip = buf.as_ptr().align_offset(64).min(15);
     let (wides, grids) = buf[skip..skip + need - 16].split_at_mut(batch * wide_len);
     let offsets = g.row_offsets();
+    // A wide position is an output position where its index along each dim below the first
+    // is inside the output (the first dim's always is).
+    let positions = weight_dots::positions(g.wide, |j| {
+        (1..g.out.len()).all(|k| {
+            let per = g.grid_strides[k - 1] / g.grid_strides[k];
+            (j / g.grid_strides[k]) % per < g.out[k]
+        })
+    });
     let mut acc = vec![0f32; g.rows() * g.oc];
     let n = grad.sizes[0];
     let mut s0 = 0;
@@ -123,6 +131,7 @@ unsafe fn by_dots(
             grid: grids,
             grid_len,
             offsets: &offsets,
+            positions: &positions,
         };
         // SAFETY: each grid holds every run's `g.wide` floats (its phases' slack), `wides`
         // `samples` gradients of `g.oc` rows of `g.wide`, and acc is `[C * K, OC]`.
