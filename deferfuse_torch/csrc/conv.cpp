@@ -486,9 +486,11 @@ at::Tensor conv_input_grad(const at::Tensor& grad, const at::Tensor& go, const a
     contrib = batched_matmul(wt, go).view(columns_sizes(g)).permute(columns_to_window(g));
   }
   auto in = with_spatial(g.N, g.C, g.in);
-  // The product's own result (a copy only when the batch was folded into its columns), not a
-  // zero buffer plus one window added into it.
-  if (whole_window(g)) return contrib.reshape(in);
+  // The product's own result, not a zero buffer plus one window added into it; where the batch
+  // was folded into the product's columns, copied out of their [C, N, L] order into CPU's
+  // contiguous one (a permuted view made `.view()` of the gradient raise where CPU's works), as
+  // the folded forward copies its output.
+  if (whole_window(g)) return contrib.reshape(in).contiguous();
   if (columns_to_input_fits(g, contrib.scalar_type())) return columns_to_input(contrib, g);
   auto buf = add_windows(contrib, padded_sizes(g), g.kernel, g.stride, g.dilation);
   return buf.sizes().equals(in) ? buf : unpad_spatial(buf, g.padding, g.in).contiguous();

@@ -143,6 +143,23 @@ def test_a_small_map_runs_on_the_conv_op_when_its_weight_is_small(channels, on_c
     assert not fallbacks
 
 
+@pytest.mark.parametrize("shape, weight", [((2, 15, 166), (32, 15, 1)),
+                                           ((3, 8, 10, 10), (4, 8, 1, 1))])
+def test_a_pointwise_convolution_s_input_gradient_is_contiguous_as_on_cpu(mode, shape, weight):
+    # Folded into one product, the gradient comes out [C, N, L]; CPU's is contiguous, and
+    # `.view()` of a permuted one raises.
+    grads = []
+    for dev in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        x = torch.randn(shape).to(dev).requires_grad_()
+        w = torch.randn(weight).to(dev)
+        y = F.conv1d(x, w) if len(shape) == 3 else F.conv2d(x, w)
+        gx, = torch.autograd.grad(y, x, torch.ones_like(y))
+        grads.append(gx)
+    assert grads[1].stride() == grads[0].stride()
+    check(grads[1].view(-1), grads[0].view(-1))
+
+
 @pytest.mark.parametrize("bad", [math.inf, math.nan])
 def test_a_non_finite_input_value_reaches_only_the_weight_gradient_taps_that_read_it(mode, bad):
     # A valid 3-tap conv1d over 40 positions (run as a 2-D conv of one row, on the conv op):
