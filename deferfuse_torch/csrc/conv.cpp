@@ -151,18 +151,24 @@ bool all_windows(const Geometry& g) {
   return true;
 }
 
-// im2col: x's windows copied once into columns [G, Cg*K, N, L].
-at::Tensor columns(const at::Tensor& x, const Geometry& g) {
-  if (x.scalar_type() == at::kFloat && g.K >= kMinTapsForColumnsRoutine && all_windows(g)) {
+// im2col: x's windows copied once into columns [G, Cg*K, N, L]. `ones_row`: one more row of
+// ones after each group's columns, [G, Cg*K + 1, N, L] (see conv_forward's bias), the window
+// copy's own columns unchanged.
+at::Tensor columns(const at::Tensor& x, const Geometry& g, bool ones_row = false) {
+  if (!ones_row && x.scalar_type() == at::kFloat && g.K >= kMinTapsForColumnsRoutine &&
+      all_windows(g)) {
     auto attrs = conv_op_attrs(g, DFUSE_CONV_PART_INPUT_TO_COLUMNS, g.padding);
     auto cols = run(DFUSE_OP_KIND_CONV, &attrs, Operands().t(x), "convolution");
     return cols.view({g.G, g.Cg * g.K, g.N, g.L});
   }
+  const int64_t rows = g.Cg * g.K;
+  auto all = at::empty({g.G, rows + (ones_row ? 1 : 0), g.N, g.L}, x.options());
+  if (ones_row) all.narrow(1, rows, 1).fill_(1);
   auto xp = pad_spatial(x, g.padding, g.padding, 0);
-  auto cols = at::empty(columns_sizes(g), x.options());
+  auto cols = all.narrow(1, 0, rows).view(columns_sizes(g));
   copy_windows(cols.permute(columns_to_window(g)),
                window_view(xp, g.kernel, g.stride, g.dilation, g.out), g.kernel.size());
-  return cols.view({g.G, g.Cg * g.K, g.N, g.L});
+  return all;
 }
 
 // The forward's columns, kept for the weight gradient: recomputing them is a second im2col
@@ -353,28 +359,55 @@ bool widened_on_conv_op(const Geometry& g, const at::Tensor& x, const at::Tensor
          g.OC <= kWidenedMaxOutputChannels && on_conv_op(g, at::kFloat);
 }
 
-// conv(x, w): [N, OC, out...]. `keep`: a plain convolution's forward, whose columns its
-// weight gradient can reuse; `given`: x's columns where the caller has them already.
+at::Tensor add_bias(const at::Tensor& out, const std::optional<at::Tensor>& bias) {
+  if (!bias || !bias->defined()) return out;
+  std::vector<int64_t> shape(out.dim(), 1);
+  shape[1] = out.size(1);
+  return out + bias->view(shape);
+}
+
+// conv(x, w) + bias: [N, OC, out...]. `keep`: a plain convolution's forward, whose columns
+// its weight gradient can reuse; `given`: x's columns where the caller has them already.
+//
+// A float16/bfloat16 bias joins the float32 sums before their one rounding, as on CPU: on the
+// widened conv op it is added to the float32 result; in the products it is one more term of
+// every sum (a column of the weight against a row of ones in the columns). Added after the
+// rounding, a result that nearly cancels the bias was off by up to 256 units in its last place
+// (CPU: 0.5).
 at::Tensor conv_forward(const at::Tensor& x, const at::Tensor& w, const Geometry& g,
-                        bool keep = false, const at::Tensor& given = at::Tensor()) {
+                        bool keep = false, const at::Tensor& given = at::Tensor(),
+                        const std::optional<at::Tensor>& bias = std::nullopt) {
   if (on_conv_op(g, x.scalar_type())) {
     auto attrs = conv_op_attrs(g, DFUSE_CONV_PART_FORWARD, g.padding);
-    return run(DFUSE_OP_KIND_CONV, &attrs, Operands().t(x).t(w), "convolution");
+    return add_bias(run(DFUSE_OP_KIND_CONV, &attrs, Operands().t(x).t(w), "convolution"), bias);
   }
+  const auto dtype = x.scalar_type();
+  const bool has_bias = bias && bias->defined();
   if (!given.defined() && widened_on_conv_op(g, x, w)) {
-    return conv_forward(x.to(at::kFloat), w.to(at::kFloat), g).to(x.scalar_type());
+    auto wide = conv_forward(x.to(at::kFloat), w.to(at::kFloat), g);
+    return add_bias(wide, has_bias ? std::optional<at::Tensor>(bias->to(at::kFloat)) : bias)
+        .to(dtype);
   }
-  auto cols = given.defined() ? given : columns(x, g);
-  if (keep && at::GradMode::is_enabled() && w.requires_grad()) columns_cache().put(x, g, cols);
+  const bool bias_term = has_bias && !given.defined() && w.scalar_type() == dtype &&
+                         bias->scalar_type() == dtype &&
+                         (dtype == at::kHalf || dtype == at::kBFloat16);
+  const int64_t rows = g.Cg * g.K + (bias_term ? 1 : 0);
+  auto all = given.defined() ? given : columns(x, g, bias_term);
+  if (keep && at::GradMode::is_enabled() && w.requires_grad()) {
+    columns_cache().put(x, g, all.narrow(1, 0, g.Cg * g.K));
+  }
   auto wm = w.reshape({g.G, g.OCg, g.Cg * g.K});
+  if (bias_term) wm = at::cat({wm, bias->reshape({g.G, g.OCg, 1})}, 2);
   auto shape = with_spatial(g.N, g.OC, g.out);
+  at::Tensor out;
   if (per_sample(g)) {
-    return batched_matmul(wm, cols.permute({2, 0, 1, 3})).view(shape);  // [N, G, OCg, L]
+    out = batched_matmul(wm, all.permute({2, 0, 1, 3})).view(shape);  // [N, G, OCg, L]
+  } else {
+    auto folded = batched_matmul(wm, all.view({g.G, rows, g.N * g.L}));  // [G, OCg, N*L]
+    out = at::empty(shape, x.options());
+    out.view({g.N, g.OC, g.L}).copy_(folded.view({g.OC, g.N, g.L}).transpose(0, 1));
   }
-  auto folded = batched_matmul(wm, cols.view({g.G, g.Cg * g.K, g.N * g.L}));  // [G, OCg, N*L]
-  auto out = at::empty(shape, x.options());
-  out.view({g.N, g.OC, g.L}).copy_(folded.view({g.OC, g.N, g.L}).transpose(0, 1));
-  return out;
+  return bias_term ? out : add_bias(out, bias);
 }
 
 // Per spatial dim, the padding of the gradient whose convolution by the flipped weight is the
@@ -570,12 +603,6 @@ Geometry transposed_geometry(const at::Tensor& x, const at::Tensor& w, at::IntAr
   return g;
 }
 
-at::Tensor add_bias(const at::Tensor& out, const std::optional<at::Tensor>& bias) {
-  if (!bias || !bias->defined()) return out;
-  std::vector<int64_t> shape(out.dim(), 1);
-  shape[1] = out.size(1);
-  return out + bias->view(shape);
-}
 
 at::Tensor convolution(const at::Tensor& x, const at::Tensor& w,
                        const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
@@ -595,12 +622,7 @@ at::Tensor convolution(const at::Tensor& x, const at::Tensor& w,
   }
   auto g = geometry(x.sizes(), w, stride, padding, dilation, groups);
   if (is_depthwise(g, x)) return add_bias(depthwise(g, DFUSE_DEPTHWISE_PART_FORWARD, x, w), bias);
-  if (widened_on_conv_op(g, x, w) && bias && bias->defined()) {
-    // The bias joins the float32 sums before the one rounding, as on CPU.
-    auto wide = conv_forward(x.to(at::kFloat), w.to(at::kFloat), g);
-    return add_bias(wide, bias->to(at::kFloat)).to(x.scalar_type());
-  }
-  return add_bias(conv_forward(x, w, g, true), bias);
+  return conv_forward(x, w, g, true, at::Tensor(), bias);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(

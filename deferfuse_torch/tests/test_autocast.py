@@ -264,6 +264,24 @@ def test_a_convolution_with_few_output_channels_sums_in_float32_and_rounds_once(
     assert counts() == {}
 
 
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("oc, size, stride", [(16, 20, 1), (32, 20, 1), (32, 6, 1), (32, 33, 2)])
+def test_a_half_convolution_adds_its_bias_before_the_one_rounding(mode, dtype, oc, size,
+                                                                  stride):
+    # A bias of -3 that the sums nearly cancel: rounded before the bias was added, the result
+    # was off by up to 256 units in its last place. Every path adds it inside the float32 sum:
+    # the widened conv op (16 output channels), the products per sample (a 20x20 map), folded
+    # over the batch (6x6) and strided.
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 8, size, size).to(dtype), torch.randn(oc, 8, 3, 3).to(dtype)
+    b = torch.full((oc,), -3.0).to(dtype)
+    exact = F.conv2d(x.double(), w.double(), b.double(), stride=stride)
+    got = F.conv2d(x.to("tpu"), w.to("tpu"), b.to("tpu"), stride=stride).cpu()
+    assert got.dtype == dtype
+    ulp = (exact.abs() * torch.finfo(dtype).eps).clamp_min(torch.finfo(dtype).tiny)
+    assert ((got.double() - exact).abs() / ulp).max() <= 1.0
+
+
 @pytest.mark.parametrize("x_dtype,w_dtype", [(torch.bfloat16, torch.float32),
                                              (torch.bfloat16, torch.float16),
                                              (torch.float16, torch.bfloat16)])
