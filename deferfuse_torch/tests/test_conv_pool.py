@@ -178,6 +178,28 @@ def test_a_non_finite_input_value_reaches_only_the_weight_gradient_taps_that_rea
     torch.testing.assert_close(grads[1], grads[0], equal_nan=True)
 
 
+@pytest.mark.parametrize("conv, x_shape, w_shape, kw", [
+    (F.conv1d, (1, 1, 40), (2, 1, 2), {}),
+    (F.conv2d, (2, 3, 12, 12), (4, 3, 3, 3), dict(padding=1)),
+])
+def test_an_infinite_weight_multiplies_no_padding_in_the_forward_or_input_gradient(
+        mode, conv, x_shape, w_shape, kw):
+    # On the conv op the products read a zero-padded grid: zero times an infinite tap is NaN
+    # where CPU, which never reads padding, gives a number at the border.
+    torch.manual_seed(0)
+    x, w = torch.randn(x_shape), torch.randn(w_shape)
+    w.view(-1)[0] = math.inf
+    outs = []
+    for dev in ("cpu", "tpu"):
+        xd = x.clone().to(dev).requires_grad_()
+        y = conv(xd, w.to(dev), **kw)
+        gx, = torch.autograd.grad(y, xd, torch.ones_like(y))
+        outs.append((y.detach().cpu(), gx.cpu()))
+    for got, want in zip(outs[1], outs[0]):
+        assert torch.isfinite(want).any()
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype, col2im", [(torch.float32, 1), (torch.float64, 0)])
 def test_a_strided_transposed_convolution_adds_its_columns_back_by_col2im_in_float32(
         dtype, col2im):

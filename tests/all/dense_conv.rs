@@ -241,6 +241,42 @@ fn a_mirrored_convolution_is_the_input_gradient_of_the_plain_one() {
 }
 
 #[test]
+fn an_infinite_weight_multiplies_no_padding_in_the_forward_or_the_mirrored_convolution() {
+    // x [1, 2, 3, 4], w [inf, 10, 100], padding 1: out[0] = 10 x[0] + 100 x[1] reads no x[-1],
+    // so it is finite (as the reference's term-by-term sum, and CPU's kernels, which never read
+    // padding), where the products' padded grid gave inf * 0 = NaN. Mirrored (the input
+    // gradient's form), the taps reversed: out[3] = 10 x[3] + inf * x[4]... reads no x[4].
+    let g = &GEOS[0];
+    let x = RefTensor::new(DType::F32, &[1, 1, 4], vec![1.0, 2.0, 3.0, 4.0]);
+    let w = RefTensor::new(DType::F32, &[1, 1, 3], vec![f64::INFINITY, 10.0, 100.0]);
+    let outs = run_in_every_mode(|rt| {
+        [false, true]
+            .into_iter()
+            .map(|mirrored| {
+                let ins = [tt(upload(rt, &x)), tt(upload(rt, &w))];
+                (
+                    format!("mirrored {mirrored}"),
+                    run(rt, g.op(mirrored), &ins),
+                )
+            })
+            .collect()
+    });
+    assert_eq!(
+        outs[0].1.data,
+        [210.0, f64::INFINITY, f64::INFINITY, f64::INFINITY]
+    );
+    assert_eq!(
+        outs[1].1.data,
+        [f64::INFINITY, f64::INFINITY, f64::INFINITY, 340.0]
+    );
+    assert_eq!(
+        refk::conv(&g.conv(false), &x, &w).data,
+        outs[0].1.data,
+        "the reference"
+    );
+}
+
+#[test]
 fn a_small_1d_convolution_has_the_hand_computed_values() {
     // x [1, 2, 3, 4], w [1, 10, 100], padding 1: out[o] = x[o-1] + 10 x[o] + 100 x[o+1].
     let g = &GEOS[0];

@@ -29,6 +29,7 @@
 //! columns are still fixed offsets into the grid and everything above holds as at stride 1
 //! (where there is one phase and the grid is the padded input).
 
+mod exact;
 #[cfg(target_arch = "x86_64")]
 mod weight_dots;
 mod weight_grad;
@@ -292,6 +293,10 @@ pub(super) unsafe fn run(
     let g = Geometry::new(k, x, &w.sizes[2..], &out.sizes[2..], out.sizes[1]);
     let n = x.sizes[0];
     let weight = dense_weight(k.part == ConvPart::InputGrad, w, &g);
+    if !weight.iter().all(|v| v.is_finite()) {
+        exact::run(k, x, &weight, &w.sizes[2..], out);
+        return Ok(());
+    }
     let offsets = g.row_offsets();
     let macs = out.numel() * g.rows();
     let sample = |s: usize| {
