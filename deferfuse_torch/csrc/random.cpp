@@ -342,6 +342,21 @@ at::Tensor native_dropout_backward(const at::Tensor& grad, const at::Tensor& mas
 // A random permutation: the indices that sort n uniform numbers.
 at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> gen, at::Tensor& out) {
   TORCH_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
+  // CPU's precision checks (check_supported_max_int_with_precision): past these a float type
+  // cannot hold every index, and the result would repeat values.
+  switch (out.scalar_type()) {
+    case at::kHalf:
+      TORCH_CHECK(n <= (int64_t(1) << 11) + 1, "n cannot be greater than 2049 for Half type.");
+      break;
+    case at::kFloat:
+      TORCH_CHECK(n <= (int64_t(1) << 24) + 1, "n cannot be greater than 2^24+1 for Float type.");
+      break;
+    case at::kDouble:
+      TORCH_CHECK(n <= (int64_t(1) << 53) + 1, "n cannot be greater than 2^53+1 for Double type.");
+      break;
+    default:
+      break;
+  }
   out.resize_({n});
   if (n == 0) return out;
   auto u = draw({n}, at::kDouble, Dist::Uniform, gen);

@@ -378,3 +378,15 @@ def test_lerp_rounds_a_0_dim_weight_of_another_dtype_to_selfs_first(mode):
     want = torch.lerp(s, e, torch.tensor(0.3))
     for w in (torch.tensor(0.3), torch.tensor(0.3, device="tpu")):
         assert torch.equal(torch.lerp(s.to("tpu"), e.to("tpu"), w).cpu(), want)
+
+
+@pytest.mark.parametrize("dtype, start", [(torch.bfloat16, 1 + 2**-8 + 2**-30),
+                                          (torch.float16, 1 + 2**-11 + 2**-30),
+                                          (torch.bfloat16, -3.0)])
+def test_a_half_arange_computes_in_float32_as_on_cpu(mode, dtype, start):
+    # CPU computes start + step * i in float32 (the half types' accumulation type), then rounds:
+    # a start that float32 rounds to a half-precision tie gives CPU's value, not the double's
+    # own correct rounding.
+    want = torch.arange(start, start + 3, 1.0, dtype=dtype)
+    got = torch.arange(start, start + 3, 1.0, dtype=dtype, device="tpu").cpu()
+    assert torch.equal(got, want), (got, want)

@@ -68,6 +68,16 @@ def test_randint_randperm_and_bernoulli(mode):
     assert abs(b.mean() - 0.25) < 0.02
 
 
+@pytest.mark.parametrize("dtype, n", [(torch.float16, 2050), (torch.float32, 2**24 + 2)])
+def test_randperm_past_what_its_float_dtype_holds_raises_as_on_cpu(dtype, n):
+    # CPU refuses n whose indices the dtype cannot all hold (the result would repeat values).
+    with pytest.raises(RuntimeError, match="n cannot be greater than"):
+        torch.randperm(n, dtype=dtype)
+    with pytest.raises(RuntimeError, match="n cannot be greater than"):
+        torch.randperm(n, dtype=dtype, device="tpu")
+    assert torch.randperm(n - 1, dtype=dtype, device="tpu").shape == (n - 1,)
+
+
 def test_a_tpu_generator_is_independent_of_the_default_one(mode):
     g = torch.Generator(device="tpu")
     g.manual_seed(11)

@@ -175,6 +175,20 @@ fn arange_and_full_match_reference() {
         (U8, i(250), i(256), i(1)),
         (F16, f(0.0), f(10.0), f(0.5)),
         (BF16, f(-3.0), f(3.0), f(0.7)),
+        // A start that f32 rounds to a bf16 tie (1 + 2^-8): CPU's 1.0, not the f64 value's
+        // correct rounding 1.0078125.
+        (
+            BF16,
+            f(1.0 + 2f64.powi(-8) + 2f64.powi(-30)),
+            f(4.0),
+            f(1.0),
+        ),
+        (
+            F16,
+            f(1.0 + 2f64.powi(-11) + 2f64.powi(-30)),
+            f(4.0),
+            f(1.0),
+        ),
         (F32, i(0), i(1003), i(1)),
     ];
     let mut cases = Vec::new();

@@ -184,8 +184,15 @@ pub fn cat(ts: &[&RefTensor], dim: usize) -> RefTensor {
 pub fn arange(start: Scalar, end: Scalar, step: Scalar, dtype: DType) -> RefTensor {
     let (s, e, st) = (start.as_f64(), end.as_f64(), step.as_f64());
     let n = ((e - s) / st).ceil().max(0.0) as usize;
+    // PyTorch computes half types' values in f32 (their accumulation type), the rest in f64.
     let data = (0..n)
-        .map(|i| cast_value(s + i as f64 * st, DType::F64, dtype))
+        .map(|i| match dtype {
+            DType::F16 | DType::BF16 => {
+                let v = s as f32 + st as f32 * i as f32;
+                cast_value(v as f64, DType::F32, dtype)
+            }
+            _ => cast_value(s + i as f64 * st, DType::F64, dtype),
+        })
         .collect();
     RefTensor {
         dtype,

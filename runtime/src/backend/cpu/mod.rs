@@ -460,6 +460,21 @@ impl HostProgram for ArangeProgram {
             DType::F64 => fill(p, first, st, n, value),
             DType::I64 => fill(p, first, st, n, |i| value(i) as i64),
             DType::I32 => fill(p, first, st, n, |i| value(i) as i32),
+            // As CPU's kernel for half types: start, step and the index in f32 (its `acc_type`),
+            // `start + step * i` there, then rounded to the half type (rounded once from f64,
+            // `arange(1 + 2**-8 + 2**-30, ...)` gave bf16 1.0078125 where CPU gives 1.0).
+            DType::BF16 => {
+                let (start, step) = (start as f32, step as f32);
+                fill(p, first, st, n, |i| {
+                    half::bf16::from_f32(start + step * i as f32).to_bits()
+                })
+            }
+            DType::F16 => {
+                let (start, step) = (start as f32, step as f32);
+                fill(p, first, st, n, |i| {
+                    half::f16::from_f32(start + step * i as f32).to_bits()
+                })
+            }
             other => {
                 (0..n).for_each(|i| write_f64(other, p, first + i as isize * st, value(i as f64)))
             }

@@ -130,13 +130,23 @@ fn body(region: &Region, sig: &Signature) -> (Func, Vec<Val>) {
             let ty = Ty::new(Elem::F64, &[]);
             let start = f.arg(ty.clone());
             let step = f.arg(ty);
+            // Half types compute in f32 as CPU's kernel does (its `acc_type`; the CPU
+            // backend's `ArangeProgram` too), the rest in f64.
+            let (elem, compute) = match dtype {
+                DType::F16 | DType::BF16 => (Elem::F32, DType::F32),
+                _ => (Elem::F64, DType::F64),
+            };
+            let (start, step) = match compute {
+                DType::F32 => (f.convert(&start, elem), f.convert(&step, elem)),
+                _ => (start, step),
+            };
             let i = f.iota(0, Ty::new(Elem::I64, &[n]));
-            let i = f.convert(&i, Elem::F64);
+            let i = f.convert(&i, elem);
             let start = f.broadcast(&start, &[n], &[]);
             let step = f.broadcast(&step, &[n], &[]);
             let m = f.ew("multiply", &[&i, &step]);
             let v = f.ew("add", &[&start, &m]);
-            let v = cast(&mut f, &v, DType::F64, *dtype);
+            let v = cast(&mut f, &v, compute, *dtype);
             vec![operand_result(&mut f, sig, 0, &v)]
         }
     };
