@@ -428,8 +428,10 @@ std::vector<int64_t> input_grad_padding(const Geometry& g) {
 // stride 1, a padding of at most span - 1 (the gradient's own padding is then not negative)
 // and an input of exactly the size that stride-1 convolution gives (a transposed
 // convolution's output_padding can make it longer).
-bool input_grad_as_conv(const Geometry& g, const at::Tensor& grad) {
-  if (!on_conv_op(g, grad.scalar_type()) || !unit_stride(g)) return false;
+// `dtype`: the dtype the gradient will have there (grad's own unless widened first).
+bool input_grad_as_conv(const Geometry& g, const at::Tensor& grad,
+                        std::optional<at::ScalarType> dtype = std::nullopt) {
+  if (!on_conv_op(g, dtype.value_or(grad.scalar_type())) || !unit_stride(g)) return false;
   auto q = input_grad_padding(g);
   for (size_t i = 0; i < q.size(); ++i) {
     int64_t span = g.dilation[i] * (g.kernel[i] - 1) + 1;
@@ -494,12 +496,54 @@ bool sums_windows_wide(const at::Tensor& grad, const Geometry& g) {
   return (dtype == at::kHalf || dtype == at::kBFloat16) && !whole_window(g);
 }
 
-// conv_input_grad of the operands widened to float32, left unrounded: the caller rounds once,
-// after adding anything else (a transposed convolution's bias).
+// The input gradient [N, C, in...] from each window's contributions [N, C, k..., out...]: the
+// product's own result where a window is the whole input (not a zero buffer plus one window
+// added into it), else the windows added back where they overlap (col2im, or strided adds).
+at::Tensor input_from_contributions(const at::Tensor& contrib, const Geometry& g) {
+  auto in = with_spatial(g.N, g.C, g.in);
+  // Where the batch was folded into the product's columns, copied out of their [C, N, L]
+  // order into CPU's contiguous one (a permuted view made `.view()` of the gradient raise where
+  // CPU's works), as the folded forward copies its output.
+  if (whole_window(g)) return contrib.reshape(in).contiguous();
+  if (columns_to_input_fits(g, contrib.scalar_type())) return columns_to_input(contrib, g);
+  auto buf = add_windows(contrib, padded_sizes(g), g.kernel, g.stride, g.dilation);
+  return buf.sizes().equals(in) ? buf : unpad_spatial(buf, g.padding, g.in).contiguous();
+}
+
+// Each window's contribution W^T @ grad, [N, C, k..., out...], by `product` (a matmul):
+// per sample, or over the batch folded into the columns of `go` (positions_major(grad)).
+template <typename Product>
+at::Tensor contributions(const at::Tensor& grad, const at::Tensor& go, const at::Tensor& w,
+                         const Geometry& g, Product product) {
+  auto wt = w.reshape({g.G, g.OCg, g.Cg * g.K}).transpose(1, 2);
+  std::vector<int64_t> window{g.N, g.C};
+  window.insert(window.end(), g.kernel.begin(), g.kernel.end());
+  window.insert(window.end(), g.out.begin(), g.out.end());
+  if (per_sample(g)) return product(wt, grad.reshape({g.N, g.G, g.OCg, g.L})).view(window);
+  return product(wt, go).view(columns_sizes(g)).permute(columns_to_window(g));
+}
+
+// a @ b of float16/bfloat16 tensors, summed and returned in float32 (DFUSE_OP_KIND_WIDE_MATMUL:
+// on AVX512-BF16 cores at the bf16 kernel's rate, twice float32's).
+at::Tensor wide_matmul(const at::Tensor& a, const at::Tensor& b) {
+  return run(DFUSE_OP_KIND_WIDE_MATMUL, nullptr, Operands().t(a).t(b), "convolution");
+}
+
+// conv_input_grad summed in float32, left unrounded: the caller rounds once, after adding
+// anything else (a transposed convolution's bias). On the conv op the operands are widened to
+// float32; elsewhere the contributions come from the half-precision product with float32 sums
+// (wide_matmul: before, both operands were widened and multiplied at the float32 rate) and
+// their windows are added in float32.
 at::Tensor conv_input_grad_wide(const at::Tensor& grad, const at::Tensor& go, const at::Tensor& w,
                                 const Geometry& g) {
-  return conv_input_grad(grad.to(at::kFloat), go.defined() ? go.to(at::kFloat) : go,
-                         w.to(at::kFloat), g);
+  if (input_grad_as_conv(g, grad, at::kFloat)) {
+    return input_grad_by_conv(grad.to(at::kFloat), w.to(at::kFloat), g);
+  }
+  if (w.scalar_type() != grad.scalar_type()) {
+    return conv_input_grad(grad.to(at::kFloat), go.defined() ? go.to(at::kFloat) : go,
+                           w.to(at::kFloat), g);
+  }
+  return input_from_contributions(contributions(grad, go, w, g, wide_matmul), g);
 }
 
 at::Tensor conv_input_grad(const at::Tensor& grad, const at::Tensor& go, const at::Tensor& w,
@@ -508,25 +552,7 @@ at::Tensor conv_input_grad(const at::Tensor& grad, const at::Tensor& go, const a
   if (sums_windows_wide(grad, g)) {
     return conv_input_grad_wide(grad, go, w, g).to(grad.scalar_type());
   }
-  auto wt = w.reshape({g.G, g.OCg, g.Cg * g.K}).transpose(1, 2);
-  std::vector<int64_t> window{g.N, g.C};
-  window.insert(window.end(), g.kernel.begin(), g.kernel.end());
-  window.insert(window.end(), g.out.begin(), g.out.end());
-  at::Tensor contrib;  // [N, C, k..., out...]
-  if (per_sample(g)) {
-    contrib = batched_matmul(wt, grad.reshape({g.N, g.G, g.OCg, g.L})).view(window);
-  } else {
-    contrib = batched_matmul(wt, go).view(columns_sizes(g)).permute(columns_to_window(g));
-  }
-  auto in = with_spatial(g.N, g.C, g.in);
-  // The product's own result, not a zero buffer plus one window added into it; where the batch
-  // was folded into the product's columns, copied out of their [C, N, L] order into CPU's
-  // contiguous one (a permuted view made `.view()` of the gradient raise where CPU's works), as
-  // the folded forward copies its output.
-  if (whole_window(g)) return contrib.reshape(in).contiguous();
-  if (columns_to_input_fits(g, contrib.scalar_type())) return columns_to_input(contrib, g);
-  auto buf = add_windows(contrib, padded_sizes(g), g.kernel, g.stride, g.dilation);
-  return buf.sizes().equals(in) ? buf : unpad_spatial(buf, g.padding, g.in).contiguous();
+  return input_from_contributions(contributions(grad, go, w, g, batched_matmul), g);
 }
 
 // d conv(x, w) / dw applied to go = positions_major(grad): w's shape. One GEMM over all

@@ -544,6 +544,13 @@ enum DfuseOpKind
    * backward's first states' gradients are then its last B rows.
    */
   DFUSE_OP_KIND_RECURRENCE = 20,
+  /**
+   * `a @ b` of two float16 or bfloat16 tensors (one dtype, at least 2-D, batch dims
+   * broadcast as `torch.matmul`'s), summed in float32 and returned in float32, not rounded
+   * to the operands' dtype: a half-precision convolution's input gradient adds overlapping
+   * windows in float32 from it. No attrs.
+   */
+  DFUSE_OP_KIND_WIDE_MATMUL = 21,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

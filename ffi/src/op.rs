@@ -9,7 +9,7 @@ use crate::kernel_op::{
 };
 use crate::types::{dtype_from, DFUSE_MAX_REDUCE_DIMS};
 use deferfuse_fusion::ir::layout::wrap_dim;
-use deferfuse_fusion::ir::{BinaryOp, Dims, Op, ReduceOp, UnaryOp};
+use deferfuse_fusion::ir::{BinaryOp, Dims, KernelOp, Op, ReduceOp, UnaryOp};
 use deferfuse_runtime::{Error, Input};
 
 /// `dfuse_op`'s `kind`: which op to record, which `DfuseAttrs` fields it reads, and its inputs.
@@ -110,6 +110,11 @@ pub enum DfuseOpKind {
     /// batch_sizes[t] samples, step after step) and an int64 batch_sizes `[T]` comes last; a
     /// backward's first states' gradients are then its last B rows.
     Recurrence = 20,
+    /// `a @ b` of two float16 or bfloat16 tensors (one dtype, at least 2-D, batch dims
+    /// broadcast as `torch.matmul`'s), summed in float32 and returned in float32, not rounded
+    /// to the operands' dtype: a half-precision convolution's input gradient adds overlapping
+    /// windows in float32 from it. No attrs.
+    WideMatmul = 21,
 }
 
 /// `attrs->sub_op` for `DFUSE_OP_KIND_UNARY`; the numbers are the runtime's.
@@ -308,10 +313,10 @@ pub struct DfuseAttrs {
 /// The op kind number's name, for messages.
 pub(crate) fn kind_name(kind: u32) -> &'static str {
     #[rustfmt::skip]
-    const NAMES: [&str; 21] = [
+    const NAMES: [&str; 22] = [
         "UNARY", "BINARY", "WHERE", "CLAMP", "CAST", "COPY", "REDUCE", "CAT", "ARANGE", "MATMUL",
         "ADDMM", "GATHER", "SCATTER", "SCAN", "SORT", "RANDOM", "DEPTHWISE_CONV", "GROUPED_MM",
-        "CTC_LOSS", "CONV", "RECURRENCE",
+        "CTC_LOSS", "CONV", "RECURRENCE", "WIDE_MATMUL",
     ];
     NAMES.get(kind as usize).copied().unwrap_or("?")
 }
@@ -402,11 +407,12 @@ pub(crate) fn build_op(
         20 => Op::Kernel(build_recurrence(need(
             "attrs->sub_op (a DfuseRecurrencePart) and attrs->descending (the direction)",
         )?)?),
+        21 => Op::Kernel(KernelOp::WideMatmul),
         k => {
             return Err(invalid(format!(
-                "kind = {k} is not a DfuseOpKind; expected 0..=20 (UNARY, BINARY, WHERE, CLAMP, \
+                "kind = {k} is not a DfuseOpKind; expected 0..=21 (UNARY, BINARY, WHERE, CLAMP, \
                  CAST, COPY, REDUCE, CAT, ARANGE, MATMUL, ADDMM, GATHER, SCATTER, SCAN, SORT, \
-                 RANDOM, DEPTHWISE_CONV, GROUPED_MM, CTC_LOSS, CONV, RECURRENCE)"
+                 RANDOM, DEPTHWISE_CONV, GROUPED_MM, CTC_LOSS, CONV, RECURRENCE, WIDE_MATMUL)"
             )))
         }
     })

@@ -45,3 +45,4 @@ mod smoke;
 mod strict_plans;
 mod threads;
 mod timeline;
+mod wide_matmul;

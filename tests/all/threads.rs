@@ -409,6 +409,21 @@ fn a_dense_convolution_weight_gradient_split_by_input_channels_equals_one_thread
 }
 
 #[test]
+fn a_widening_product_split_by_rows_equals_one_thread() {
+    use deferfuse::fusion::ir::KernelOp;
+    // 8.4M multiply-adds: past the split's threshold; 250 rows cut into blocks of any size
+    // keep the whole product's kernel.
+    let (m, k, n) = (250, 128, 264);
+    for dtype in [DType::BF16, DType::F16] {
+        same_on_any_thread_count(|rt| {
+            let a = tensor(rt, dtype, &[m, k], &values(m * k, 3));
+            let b = tensor(rt, dtype, &[k, n], &values(k * n, 4));
+            vec![run(rt, Op::Kernel(KernelOp::WideMatmul), &[tt(a), tt(b)])]
+        });
+    }
+}
+
+#[test]
 fn a_grouped_product_split_by_row_windows_equals_one_thread() {
     use deferfuse::fusion::ir::{GroupedMatmul, KernelOp};
     // 4 experts over 700 tokens (uneven groups, one empty, rows past the last offset), then its

@@ -17,6 +17,7 @@ use super::layout::{fmt_dims, wrap_dim, Dims};
 use super::op::{Op, Scalar};
 use super::recurrence::{infer_recurrence, Recurrence};
 use super::shapes::check_numel;
+use super::wide_matmul::infer_wide_matmul;
 
 /// How `scatter` combines a scattered value with what is already there (torch's `reduce=`).
 #[repr(u32)]
@@ -159,6 +160,10 @@ pub enum KernelOp {
     Conv(Box<Conv>),
     /// The steps of one LSTM or GRU layer's direction, forward or backward (`recurrence.rs`).
     Recurrence(Recurrence),
+    /// `a @ b` of float16/bfloat16 operands summed and returned in float32 (`wide_matmul.rs`):
+    /// a half-precision convolution's input gradient, whose overlapping windows are added in
+    /// float32. Append-only position: the C ABI numbers kernel ops by kind, not by index.
+    WideMatmul,
 }
 
 impl KernelOp {
@@ -193,6 +198,7 @@ impl KernelOp {
             KernelOp::Conv(c) if c.part == super::conv::ConvPart::InputToColumns => "im2col",
             KernelOp::Conv(_) => "conv",
             KernelOp::Recurrence(r) => r.part.name(),
+            KernelOp::WideMatmul => "wide_matmul",
         }
     }
 
@@ -222,7 +228,7 @@ impl KernelOp {
             KernelOp::Depthwise(_) | KernelOp::GroupedMatmul(_) | KernelOp::Conv(_) => first,
             // Grad's first operand is the gradient, of log_probs' dtype too.
             KernelOp::Ctc(_) => first,
-            KernelOp::Recurrence(_) => DType::F32,
+            KernelOp::Recurrence(_) | KernelOp::WideMatmul => DType::F32,
         }
     }
 }
@@ -443,6 +449,7 @@ pub(super) fn infer_kernel(op: &Op, k: &KernelOp, args: &[ArgMeta]) -> OpResult<
         KernelOp::Ctc(c) => infer_ctc(c, args),
         KernelOp::Conv(c) => infer_conv(c, args),
         KernelOp::Recurrence(r) => infer_recurrence(r, args),
+        KernelOp::WideMatmul => infer_wide_matmul(args),
     }
 }
 
@@ -484,6 +491,7 @@ impl std::fmt::Display for KernelOp {
             KernelOp::Ctc(c) => write!(f, "{c}"),
             KernelOp::Conv(c) => write!(f, "{c}"),
             KernelOp::Recurrence(r) => write!(f, "{r}"),
+            KernelOp::WideMatmul => Ok(()),
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod layout;
 pub mod op;
 mod recurrence;
 mod shapes;
+mod wide_matmul;
 
 pub use conv::{Conv, ConvPart};
 pub use ctc::{Ctc, CtcPart};

@@ -63,6 +63,28 @@ thread_local! {
 /// [`available`]; the pointers are valid for every element their strides address; `c`
 /// overlaps neither operand.
 pub(super) unsafe fn matmul(alpha: f32, a: HalfMat, b: HalfMat, beta: f32, c: HalfMat) {
+    run(alpha, a, b, beta, Out::Bf16(&c))
+}
+
+/// `c = a @ b` for bf16 `a` `[m, k]` and `b` `[k, n]` into an f32 `c` (first element, row and
+/// column strides): each element the same f32 sum as [`matmul`]'s, not rounded to bf16 (the
+/// widening product, `KernelOp::WideMatmul`).
+///
+/// # Safety
+/// As [`matmul`]; `c` is valid for `a.rows` x `b.cols` f32 elements at its strides.
+pub(super) unsafe fn matmul_f32(a: HalfMat, b: HalfMat, c: (*mut f32, isize, isize)) {
+    run(1.0, a, b, 0.0, Out::F32(c))
+}
+
+/// Where a product's tile sums go: a bf16 matrix (`alpha * sum + beta * c`, rounded once) or
+/// an f32 one (the sums themselves).
+#[derive(Clone, Copy)]
+enum Out<'a> {
+    Bf16(&'a HalfMat),
+    F32((*mut f32, isize, isize)),
+}
+
+unsafe fn run(alpha: f32, a: HalfMat, b: HalfMat, beta: f32, c: Out) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     let pairs = k.div_ceil(2);
     let (a_panels, b_panels) = (m.div_ceil(MR), n.div_ceil(NR));
@@ -96,7 +118,7 @@ pub(super) unsafe fn matmul(alpha: f32, a: HalfMat, b: HalfMat, beta: f32, c: Ha
                     } else {
                         APanel::Packed(pa.as_ptr().add(ip * pairs * MR))
                     };
-                    tile_kernel(pairs, rows, bp, alpha, beta, &c, (i0, j0), tile);
+                    tile_kernel(pairs, rows, bp, alpha, beta, c, (i0, j0), tile);
                 }
             }
         }
@@ -310,7 +332,7 @@ unsafe fn tile_kernel(
     b: *const u32,
     alpha: f32,
     beta: f32,
-    c: &HalfMat,
+    c: Out,
     (i0, j0): (usize, usize),
     (rows, cols): (usize, usize),
 ) {
@@ -318,6 +340,26 @@ unsafe fn tile_kernel(
     let acc = match a {
         APanel::Packed(ap) => sums(pairs, |p, r| *ap.add(p * MR + r), b),
         APanel::Rows(rows) => sums(pairs, |p, r| rows[r].add(p).read_unaligned(), b),
+    };
+    let c = match c {
+        Out::Bf16(c) => c,
+        Out::F32((p, rs, cs)) => {
+            for (i, v) in acc.iter().enumerate().take(rows) {
+                let row = p.offset((i0 + i) as isize * rs + j0 as isize * cs);
+                if cols == NR && cs == 1 {
+                    _mm512_storeu_ps(row, v[0]);
+                    _mm512_storeu_ps(row.add(16), v[1]);
+                } else {
+                    let mut sums = [0f32; NR];
+                    _mm512_storeu_ps(sums.as_mut_ptr(), v[0]);
+                    _mm512_storeu_ps(sums.as_mut_ptr().add(16), v[1]);
+                    for (j, &s) in sums.iter().enumerate().take(cols) {
+                        *row.offset(j as isize * cs) = s;
+                    }
+                }
+            }
+            return;
+        }
     };
     if alpha == 1.0 && beta == 0.0 && cols == NR && c.cs == 1 {
         // The sums are never subnormal (FTZ), so `vcvtne2ps2bf16`'s rounding (nearest even,

@@ -20,7 +20,7 @@ use half::{f16, slice::HalfFloatSliceExt};
 /// A strided matrix of 16-bit floats: first element, rows, columns, row and column strides in
 /// elements.
 #[derive(Clone, Copy)]
-pub(super) struct HalfMat {
+pub(crate) struct HalfMat {
     pub ptr: *mut u16,
     pub rows: usize,
     pub cols: usize,
@@ -71,6 +71,41 @@ pub(super) unsafe fn matmul(
         return super::bf16_gemm::matmul(alpha, a, b, beta, c);
     }
     widened_matmul(dtype, alpha, a, b, beta, c)
+}
+
+/// `c = a @ b` for f16 or bf16 (`dtype`) matrices `a` `[m, k]` and `b` `[k, n]` into an f32
+/// `c` (first element, row and column strides), the sums not rounded to the half type (the
+/// widening product, `KernelOp::WideMatmul`): bf16 of five or more rows (`whole_rows`, the
+/// whole product's, so a block of rows takes the whole's path) through `bf16_gemm`'s pair dot
+/// products, the rest with both operands widened and the f32 product.
+///
+/// # Safety
+/// The pointers are valid for every element their strides address; `c` overlaps neither
+/// operand.
+pub(crate) unsafe fn matmul_f32_out(
+    dtype: DType,
+    whole_rows: usize,
+    a: HalfMat,
+    b: HalfMat,
+    c: (*mut f32, isize, isize),
+) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if m == 0 || n == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if dtype == DType::BF16 && super::bf16_gemm::takes(whole_rows, k) {
+        return super::bf16_gemm::matmul_f32(a, b, c);
+    }
+    let (wa, wb) = (widen(dtype, a), widen(dtype, b));
+    small_gemm::sgemm(
+        (m, k, n),
+        1.0,
+        (wa.data.as_ptr(), wa.rs, wa.cs),
+        (wb.data.as_ptr(), wb.rs, wb.cs),
+        0.0,
+        c,
+    );
 }
 
 /// [`matmul`] through f32: the operands widened, the f32 product, the result rounded.

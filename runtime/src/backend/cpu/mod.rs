@@ -17,7 +17,7 @@ mod gemv_avx512;
 #[cfg(target_arch = "x86_64")]
 mod gemv_dot;
 mod gemv_rows_avx2;
-mod half_gemm;
+pub(crate) mod half_gemm;
 mod jit_calls;
 mod lanes;
 pub(crate) mod matmul;

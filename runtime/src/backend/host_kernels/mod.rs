@@ -1,6 +1,6 @@
 //! Host implementations of the kernel ops (gather, scatter, scans, sort, random numbers,
-//! depthwise and dense convolutions, im2col and col2im, grouped matrix products, the CTC loss,
-//! the LSTM and GRU recurrences): loops over host memory, generic over dtype, reading every
+//! depthwise and dense convolutions, im2col and col2im, grouped matrix products, the widening
+//! half-precision product, the CTC loss, the LSTM and GRU recurrences): loops over host memory, generic over dtype, reading every
 //! operand through its layout (strides, offset; an expanded index has stride 0). Both backends run
 //! them: the CPU backend directly, the PJRT backend on host bytes (`HostProgram` writes device
 //! values back first), so results are the same bits on either and in every mode.
@@ -17,6 +17,7 @@ mod recurrence;
 mod scan;
 mod scatter;
 mod sort;
+mod wide_matmul;
 
 pub use random::philox4x32_10;
 
@@ -115,6 +116,9 @@ impl HostProgram for KernelProgram {
                 conv::run(k, &inputs[0], &inputs[1], &dst.view, self.1.as_deref())?
             }
             KernelOp::Recurrence(k) => recurrence::run(k, &inputs, &dst.view, self.1.as_deref())?,
+            KernelOp::WideMatmul => {
+                wide_matmul::run(&inputs[0], &inputs[1], &dst.view, self.1.as_deref())?
+            }
         }
         dst.finish();
         Ok(())
