@@ -625,11 +625,16 @@ mod tests {
         assert!(e
             .to_string()
             .contains("sub_op = 23 is not a DfuseBinaryOp; expected 0..=22"));
-        let e = build_op(21, None, || Ok(None)).unwrap_err();
+        let e = build_op(22, None, || Ok(None)).unwrap_err();
         assert!(
-            e.to_string().contains("kind = 21 is not a DfuseOpKind"),
+            e.to_string().contains("kind = 22 is not a DfuseOpKind"),
             "{e}"
         );
+        // WIDE_MATMUL takes no attrs: none is no error.
+        assert!(matches!(
+            build_op(21, None, || Ok(None)),
+            Ok(Op::Kernel(KernelOp::WideMatmul))
+        ));
         let e = build_op(20, Some(&attrs(8, &[], false)), || Ok(None)).unwrap_err();
         assert!(
             e.to_string()
