@@ -86,7 +86,7 @@ at::Tensor like_input(const at::Tensor& r, const at::Tensor& x, int64_t d = 2) {
 // that read them load whole vectors: laid out [out..., K], each plane was strided by K and its
 // loads went element by element (resnet18's and SqueezeNet's 3x3 max pools, forward and
 // backward, ran 1.5x longer).
-at::Tensor flat_index_table(const Pool& p) {
+at::Tensor flat_index_table(const Pool& p, at::ScalarType dtype = at::kLong) {
   int64_t d = int64_t(p.kernel.size()), K = 1, O = 1;
   for (int64_t i = 0; i < d; ++i) {
     K *= p.kernel[i];
@@ -126,7 +126,7 @@ at::Tensor flat_index_table(const Pool& p) {
   }
   std::vector<int64_t> shape{K};
   shape.insert(shape.end(), p.out.begin(), p.out.end());
-  return upload_table(t, shape, at::kLong);
+  return upload_table(t, shape, dtype);
 }
 
 // What max pooling pads with, so a padding position never wins: -inf for floats, the dtype's
@@ -166,7 +166,13 @@ std::tuple<at::Tensor, at::Tensor> max_pool_forward(const at::Tensor& x0, const 
   for (auto k : p.kernel) K *= k;
   auto xp = pad_spatial(x, p.padding, p.after, lowest_value(x.scalar_type()));
   auto win = window_view(xp, p.kernel, p.stride, p.dilation, p.out);
-  auto table = flat_index_table(p);  // [K, OH, OW]
+  // The running index in int32 where the plane's positions fit (one 4-lane register a step in
+  // the fused loop, not two of int64), widened once at the end: [8, 64, 32, 32] 3x3 stride 2,
+  // 1.39 -> 1.07 ms float32, 2.45 -> 1.83 bfloat16 (CPU eager 2.8-3.1).
+  int64_t plane = 1;
+  for (auto n : p.in) plane *= n;
+  bool narrow = plane < (int64_t(1) << 31);
+  auto table = flat_index_table(p, narrow ? at::kInt : at::kLong);  // [K, OH, OW]
   // PyTorch's CPU kernel, one window position at a time for every output at once: a value
   // replaces the running maximum when it is greater or NaN, so the first maximum (or the last
   // NaN) wins, and a padding position (-inf) never does. Elementwise ops over strided views,
@@ -186,6 +192,7 @@ std::tuple<at::Tensor, at::Tensor> max_pool_forward(const at::Tensor& x0, const 
     values = values.clone(at::MemoryFormat::Contiguous);
     indices = indices.clone(at::MemoryFormat::Contiguous);
   }
+  if (narrow) indices = indices.to(at::kLong);
   return {like_input(values.contiguous(), x0, d), like_input(indices.contiguous(), x0, d)};
 }
 

@@ -669,3 +669,15 @@ def test_a_convolution_of_a_cpu_input_with_a_tpu_parameter_raises_as_on_cuda(mod
     with pytest.raises(RuntimeError, match=rf"Input type \(torch.FloatTensor\) and {on_tpu} type "
                                            r"\(tpuFloatType\) should be the same"):
         f(x, w, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_max_pool_indices_with_ties_are_cpus_int64_ones(mode, dtype):
+    # The running index is int32 inside the loop where the plane fits and widened at the end:
+    # the first maximum of each window wins, as on CPU, and the result is int64.
+    torch.manual_seed(0)
+    x = torch.randint(-3, 4, (2, 5, 17, 15)).to(dtype)
+    want = F.max_pool2d(x, 3, 2, 1, return_indices=True)
+    got = F.max_pool2d(x.to("tpu"), 3, 2, 1, return_indices=True)
+    assert got[1].dtype == torch.int64
+    assert torch.equal(got[1].cpu(), want[1]) and torch.equal(got[0].cpu(), want[0])
