@@ -539,10 +539,6 @@ at::Tensor conv_input_grad_wide(const at::Tensor& grad, const at::Tensor& go, co
   if (input_grad_as_conv(g, grad, at::kFloat)) {
     return input_grad_by_conv(grad.to(at::kFloat), w.to(at::kFloat), g);
   }
-  if (w.scalar_type() != grad.scalar_type()) {
-    return conv_input_grad(grad.to(at::kFloat), go.defined() ? go.to(at::kFloat) : go,
-                           w.to(at::kFloat), g);
-  }
   return input_from_contributions(contributions(grad, go, w, g, wide_matmul), g);
 }
 
