@@ -31,7 +31,8 @@ pub(super) const KC: usize = 256;
 /// and when it is not: above them `matrixmultiply`'s packed 8x8 kernel is as fast (its packing
 /// of B is spread over many rows; a transposed B is slower for it to pack). Measured on
 /// `[m, 128] @ [128, 384]` and `[m, 1024] @ [1024, 1024]`: 1.4-2.5x faster at 16 rows with a
-/// transposed B, 1.1-1.3x at 8 rows and even at 16 with a plain one.
+/// transposed B, 1.1-1.3x at 8 rows and even at 16 with a plain one. On AVX-512 cores a
+/// transposed B of [`WIDE_TILE_MIN_TRANSPOSED_COLS`] or more columns leaves at 5 rows instead.
 const MAX_ROWS_TRANSPOSED_B: usize = 32;
 const MAX_ROWS: usize = 8;
 
@@ -47,6 +48,17 @@ const MAX_ROWS: usize = 8;
 /// mode, `[7, 512] @ [512, 128]` 19 -> 26 us; measured again by themselves, every width tried
 /// is faster there.)
 const WIDE_TILE_MAX_SMALL_ROWS: usize = 4;
+
+/// On AVX-512 cores, products of more than [`WIDE_TILE_MAX_SMALL_ROWS`] rows by a transposed B
+/// of at least this many columns take `packed_gemm`'s 16-lane tile too (it packs the
+/// transposed B once per call) instead of this path's transposing passes. Measured on Zen 4
+/// (one thread, hot operands; this path -> the tile): `[16, 128] @ [128, 512]^T` 21.8 ->
+/// 14.8 us (an LSTM layer's hidden product every forward step, batch 16), `[32, 128] @ [128,
+/// 512]^T` 38.9 -> 24.3, `[16, 1024] @ [1024, 1024]^T` 380 -> 260, `[12, 128] @ [128, 512]^T`
+/// 16.6 -> 12.0, `[6, 128] @ [128, 128]^T` 3.1 -> 2.4, `[24, 64] @ [64, 256]^T` 8.7 -> 5.7;
+/// narrower B stays here, where the tile's lanes would be mostly empty (`[8, 32] @ [32, 32]^T`
+/// 0.30 against 0.42, `[16, 100] @ [100, 40]^T` 1.66 against 1.79).
+const WIDE_TILE_MIN_TRANSPOSED_COLS: usize = 64;
 
 /// An f32 GEMM kernel with [`sgemm`]'s arguments: shape `(m, k, n)`, alpha, then each operand
 /// as a pointer and its (row, column) strides, beta between B and C. The kernels that give
@@ -105,6 +117,9 @@ pub fn takes_small_path((m, k, n): (usize, usize, usize), rsb: isize, alpha: f32
     let max_rows = match (alpha == 1.0, rsb == 1) {
         // Below 8 rows every `matrixmultiply` tile is partial, as every one here is.
         (false, _) => 7,
+        (true, true) if wide_tile_available() && n >= WIDE_TILE_MIN_TRANSPOSED_COLS => {
+            WIDE_TILE_MAX_SMALL_ROWS
+        }
         (true, true) => MAX_ROWS_TRANSPOSED_B,
         (true, false) if wide_tile_available() => WIDE_TILE_MAX_SMALL_ROWS,
         (true, false) => MAX_ROWS,

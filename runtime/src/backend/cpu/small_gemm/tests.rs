@@ -170,8 +170,9 @@ fn narrow_outputs_and_last_panels_match_matrixmultiply_bit_for_bit() {
 #[test]
 fn a_row_block_here_matches_the_same_rows_of_the_whole_product() {
     // The runtime computes rows 40..45 of a 45-row GEMM on their own (a last block); the
-    // whole GEMM's rows 40..45 sit in matrixmultiply's full and partial tiles.
-    let (m, k, n) = (45, 600, 70);
+    // whole GEMM's rows 40..45 sit in matrixmultiply's full and partial tiles. (A transposed B
+    // of fewer than 64 columns: on AVX-512 cores a wider one leaves this module above 4 rows.)
+    let (m, k, n) = (45, 600, 60);
     let a = matrix(m, k, "rows", 5);
     let b = matrix(k, n, "cols", 6);
     let mut whole = vec![0f32; m * n];
@@ -238,7 +239,7 @@ fn scaled_products_of_eight_or_more_rows_stay_with_matrixmultiply() {
 fn five_to_eight_rows_by_a_plain_b_take_the_wide_tile_with_the_same_bits() {
     // On AVX-512 cores these leave this module's 4-row passes for `packed_gemm`'s 16-lane
     // tile, which reads the plain B in place, whatever B's width; the bits stay
-    // matrixmultiply's (scaled products of fewer than 8 rows stay here, as do transposed Bs).
+    // matrixmultiply's (scaled products of fewer than 8 rows stay here).
     let wide = super::wide_tile_available() && has_fma_avx2();
     for m in 5..=8 {
         for n in [16, 128, 511, 512] {
@@ -247,7 +248,6 @@ fn five_to_eight_rows_by_a_plain_b_take_the_wide_tile_with_the_same_bits() {
                 !wide && has_fma_avx2()
             );
         }
-        assert_eq!(takes_small_path((m, 64, 128), 1, 1.0), has_fma_avx2());
         assert_eq!(takes_small_path((4, 64, 128), 128, 1.0), has_fma_avx2());
         for k in [9, 257] {
             for n in [20, 128, 512, 530] {
@@ -259,4 +259,29 @@ fn five_to_eight_rows_by_a_plain_b_take_the_wide_tile_with_the_same_bits() {
             }
         }
     }
+}
+
+#[test]
+fn five_to_thirty_two_rows_by_a_wide_transposed_b_take_the_wide_tile_with_the_same_bits() {
+    // On AVX-512 cores a transposed B of 64+ columns leaves this module's transposing passes
+    // above 4 rows (an LSTM's hidden product, `h @ W_hh.t()` at batch 16); a narrower one
+    // stays up to 32 rows. Either way the bits are matrixmultiply's.
+    let wide = super::wide_tile_available() && has_fma_avx2();
+    for m in [5, 16, 32] {
+        assert_eq!(
+            takes_small_path((m, 64, 64), 1, 1.0),
+            !wide && has_fma_avx2()
+        );
+        assert_eq!(takes_small_path((m, 64, 63), 1, 1.0), has_fma_avx2());
+        for k in [9, 128, 257] {
+            for n in [63, 64, 200, 512] {
+                for (alpha, beta) in [(1.0, 0.0), (1.0, 1.0), (0.5, 2.0)] {
+                    let (ours, theirs) = both((m, k, n), ("rows", "cols"), (alpha, beta), 1);
+                    let what = format!("{m}x{k}x{n} alpha {alpha} beta {beta}");
+                    assert_same_bits(&ours, &theirs, &what);
+                }
+            }
+        }
+    }
+    assert!(!takes_small_path((33, 64, 63), 1, 1.0));
 }
