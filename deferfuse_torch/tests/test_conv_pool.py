@@ -643,6 +643,59 @@ def test_a_half_precision_convolutions_input_gradient_sums_its_windows_in_float3
     assert err <= 2 * max(cpu_err.item(), torch.finfo(dtype).eps), (err, cpu_err)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("geometry", [
+    dict(stride=2), dict(stride=2, bias=True), dict(padding=1, bias=True),
+    dict(stride=2, groups=2, bias=True),
+], ids=["stride2", "stride2_bias", "stride1_bias", "grouped_strided_bias"])
+def test_a_half_precision_conv1d_copies_its_columns_in_the_routine_with_cpus_values(
+        mode, dtype, geometry):
+    # A 1-D convolution's columns (an audio encoder's, under autocast) come from the runtime's
+    # im2col routine, which copies the half type's bit patterns; with a bias the routine writes
+    # the rows above the ones row in place (with groups, the forward keeps the window copy, a
+    # copy per group: viewed as one copy, a grouped half-precision convolution with a bias
+    # raised). The output and both gradients stay as close to float64 as CPU's.
+    g = torch.Generator().manual_seed(2)
+    geometry = dict(geometry)
+    groups = geometry.get("groups", 1)
+    x = torch.randn(2, 16, 300, generator=g).to(dtype)
+    w = (torch.randn(24, 16 // groups, 3, generator=g) / 4).to(dtype)
+    b = torch.randn(24, generator=g).to(dtype) if geometry.pop("bias", 0) else None
+    out = (300 + 2 * geometry.get("padding", 0) - 3) // geometry.get("stride", 1) + 1
+    go = torch.randn(2, 24, out, generator=g).to(dtype)
+
+    def step(x, w, b):
+        x, w = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        y = F.conv1d(x, w, b, **geometry)
+        y.backward(go.to(y.device))
+        return y, x.grad, w.grad
+
+    exact = step(x.double(), w.double(), None if b is None else b.double())
+    cpu = step(x, w, b)
+    got = step(x.to("tpu"), w.to("tpu"), None if b is None else b.to("tpu"))
+    for name, e, c, t in zip(["output", "input grad", "weight grad"], exact, cpu, got):
+        assert t.dtype == dtype, name
+        scale = e.abs().clamp_min(1.0)
+        cpu_err = ((c.double() - e).abs() / scale).max().item()
+        err = ((t.cpu().double() - e).abs() / scale).max().item()
+        assert err <= 2 * max(cpu_err, torch.finfo(dtype).eps), (name, err, cpu_err)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_strided_conv1d_copies_its_columns_in_the_im2col_routine(dtype):
+    # No JIT window copy: the forward's columns (with a bias, under the ones row) and the
+    # weight gradient's come from the routine.
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 400, device="tpu", dtype=dtype, requires_grad=True)
+    w = torch.randn(20, 8, 3, device="tpu", dtype=dtype, requires_grad=True)
+    b = torch.randn(20, device="tpu", dtype=dtype)
+    g = torch.randn(2, 20, 199, device="tpu", dtype=dtype)
+    runs, fallbacks = _programs_of_a_conv_step(
+        lambda x, w: F.conv1d(x, w, b, stride=2), x, w, g)
+    assert runs.count("im2col") == 2, runs
+    assert not fallbacks
+
+
 # An input left on the CPU with a tpu weight (a forgotten .to("tpu")) takes PyTorch's native
 # CPU kernels, which the dispatcher sends to tpu for the weight: they must refuse the mix as
 # CUDA does, not compute on the CPU and fail only in backward.

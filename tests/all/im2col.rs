@@ -1,7 +1,7 @@
 //! im2col and col2im (`ConvPart::InputToColumns`, `ConvPart::ColumnsToInput`) against the
-//! reference in `reference/kernels.rs`, bit for bit (im2col copies; col2im sums each element's
-//! taps in the order of the strided adds it replaces), in every mode, over 1-D, 2-D and 3-D
-//! geometries and operand layouts.
+//! reference in `reference/kernels.rs`, bit for bit (im2col copies, float32 and the half types;
+//! col2im sums each element's taps in the order of the strided adds it replaces), in every mode,
+//! over 1-D, 2-D and 3-D geometries and operand layouts.
 
 use crate::harness;
 use crate::reference;
@@ -39,6 +39,9 @@ const CASES: &[Case] = &[
     Case { name: "2-D 2x2 s3 (gaps no window reads)", n: 2, c: 2, kernel: &[2, 2], out: &[3, 3], input: &[8, 8], padding: &[0, 0], dilation: &[1, 1], stride: &[3, 3] },
     Case { name: "2-D 3x5 s(2,3) p(1,2) d(1,2)", n: 2, c: 3, kernel: &[3, 5], out: &[5, 4], input: &[9, 14], padding: &[1, 2], dilation: &[1, 2], stride: &[2, 3] },
     Case { name: "1-D k3 s2", n: 2, c: 3, kernel: &[3], out: &[8], input: &[17], padding: &[0], dilation: &[1], stride: &[2] },
+    // An audio encoder's stride-2 layer, rows long enough for the routines' vector groups and
+    // their tails.
+    Case { name: "1-D k3 s2 p1, 80 -> 40", n: 2, c: 3, kernel: &[3], out: &[40], input: &[80], padding: &[1], dilation: &[1], stride: &[2] },
     Case { name: "1-D k5 d2 p3", n: 1, c: 2, kernel: &[5], out: &[10], input: &[12], padding: &[3], dilation: &[2], stride: &[1] },
     Case { name: "3-D 3x3x3 s(1,2,2) p1", n: 1, c: 2, kernel: &[3, 3, 3], out: &[4, 4, 3], input: &[4, 7, 6], padding: &[1, 1, 1], dilation: &[1, 1, 1], stride: &[1, 2, 2] },
     // A stem's 7x7 stride-2 with padding 3: border taps read padding only.
@@ -99,7 +102,7 @@ type Part = (fn(&Case) -> Vec<usize>, fn(&Case) -> Conv);
 /// col2im sums in the reference's order.
 fn check_exact(
     what: &str,
-    seed: u64,
+    (seed, dtype): (u64, DType),
     (shape, op): Part,
     place: &dyn Fn(&Runtime, &RefTensor) -> deferfuse::Handle,
     want: fn(&Conv, &RefTensor) -> RefTensor,
@@ -107,7 +110,7 @@ fn check_exact(
     let mut rng = Rng::new(seed);
     let inputs: Vec<RefTensor> = CASES
         .iter()
-        .map(|c| rng.tensor(DType::F32, &shape(c), 2.0, 0, false))
+        .map(|c| rng.tensor(dtype, &shape(c), 2.0, 0, false))
         .collect();
     let outs = run_in_every_mode(|rt| {
         CASES
@@ -145,7 +148,7 @@ fn check(layout: &str, seed: u64) {
         _ => upload(rt, t),
     };
     let parts: Part = (Case::cols, Case::conv);
-    check_exact(layout, seed, parts, &place, refk::conv_columns_to_input);
+    check_exact(layout, (seed, DType::F32), parts, &place, refk::conv_columns_to_input);
 }
 
 #[test]
@@ -224,23 +227,50 @@ impl Case {
     }
 }
 
-/// im2col of every case on inputs placed as `layout` says.
-fn check_im2col(layout: Place, seed: u64) {
+/// im2col of every case on `dtype` inputs placed as `layout` says.
+fn check_im2col(layout: Place, seed: u64, dtype: DType) {
     let place = |rt: &Runtime, t: &RefTensor| place(rt, t, layout);
     let parts: Part = (Case::x, Case::im2col);
-    let what = format!("im2col {layout:?}");
-    check_exact(&what, seed, parts, &place, refk::conv_input_to_columns);
+    let what = format!("im2col {dtype} {layout:?}");
+    check_exact(&what, (seed, dtype), parts, &place, refk::conv_input_to_columns);
 }
 
 #[test]
 fn im2col_of_contiguous_inputs_copies_every_window_in_every_mode() {
-    check_im2col(Place::Contig, 4);
+    check_im2col(Place::Contig, 4, DType::F32);
 }
 
 #[test]
 fn im2col_of_strided_and_transposed_inputs_copies_every_window_in_every_mode() {
-    check_im2col(Place::Strided, 5);
-    check_im2col(Place::Transposed, 6);
+    check_im2col(Place::Strided, 5, DType::F32);
+    check_im2col(Place::Transposed, 6, DType::F32);
+}
+
+#[test]
+fn im2col_of_bfloat16_and_float16_inputs_copies_every_window_bit_for_bit() {
+    // The autocast convolutions' columns: the routine copies 16-bit patterns.
+    for (dtype, seed) in [(DType::BF16, 7), (DType::F16, 8)] {
+        check_im2col(Place::Contig, seed, dtype);
+        check_im2col(Place::Strided, seed + 10, dtype);
+    }
+}
+
+#[test]
+fn im2col_columns_have_the_input_dtype() {
+    let rt = Runtime::new(Default::default()).unwrap();
+    let case = &CASES[0];
+    let n: usize = case.x().iter().product();
+    let x = tensor(&rt, DType::BF16, &case.x(), &vec![1.5; n]);
+    let op = Op::Kernel(KernelOp::Conv(Box::new(case.im2col())));
+    let cols = run(&rt, op.clone(), &[tt(x)]);
+    assert_eq!(rt.dtype(cols).unwrap(), DType::BF16);
+    let x = tensor(&rt, DType::F64, &case.x(), &vec![1.5; n]);
+    match rt.op(0, op, &[tt(x)], None) {
+        Err(e @ Error::Op(_)) => {
+            assert!(e.to_string().contains("float32, bfloat16 or float16"), "{e}")
+        }
+        other => panic!("expected a record-time op error, got {other:?}"),
+    }
 }
 
 #[test]

@@ -376,10 +376,27 @@ fn infer_columns_to_input(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     })
 }
 
-/// `ConvPart::InputToColumns`'s result: `[C, k..., N, out...]` from x `[N, C, in...]`.
+/// `ConvPart::InputToColumns`'s result: `[C, k..., N, out...]` from x `[N, C, in...]`, of x's
+/// dtype (a copy: float32, bfloat16 or float16).
 fn infer_input_to_columns(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     let d = k.padding.len();
-    let a = one_float32_operand(args, ("x", "x"), "window copy")?;
+    if args.len() != 1 {
+        return Err(OpError::new(
+            NAME,
+            "inputs",
+            "1 operand (x)",
+            format!("{}", args.len()),
+        ));
+    }
+    let (dtype, a) = tensor(NAME, args, 0, "x")?;
+    if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+        return Err(OpError::new(
+            NAME,
+            "input 0 (x)",
+            "dtype float32, bfloat16 or float16 (other dtypes take the window copy)",
+            format!("dtype {dtype}"),
+        ));
+    }
     if a.len() != d + 2 {
         return Err(OpError::new(
             NAME,
@@ -396,9 +413,9 @@ fn infer_input_to_columns(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     sizes.push(a[0]);
     sizes.extend_from_slice(&out);
     Ok(Inferred {
-        dtype: DType::F32,
+        dtype,
         sizes,
-        compute: DType::F32,
+        compute: dtype,
     })
 }
 
