@@ -569,7 +569,7 @@ void run_into(uint32_t kind, const DfuseAttrs* attrs, const Operands& in, const 
 
 void run_into_from_old_values(uint32_t kind, const DfuseAttrs* attrs, const Operands& in,
                               const at::Tensor& out, const char* name) {
-  drop_indexed_grad(out);
+  note_storage_write(out);
   Ref o = ref(out);
   uint64_t h = 0;
   note_op();

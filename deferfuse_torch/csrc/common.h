@@ -65,6 +65,10 @@ struct StorageCtx {
   // Set on the result of select_backward / slice_backward only: which view of these zeros
   // holds the gradient, so that adding it touches that view alone (indexed_grad.h).
   std::shared_ptr<const IndexedGrad> indexed_grad;
+  // Writes into the storage so far (note_storage_write), including those no version counter
+  // sees (`x.data.copy_(...)`): kept convolution columns of x are x's only while it is
+  // unchanged.
+  uint64_t writes = 0;
 };
 
 // A handle for one kernel operand: borrowed (the storage's own) or owned (a view made for this

@@ -25,6 +25,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <sstream>
 #include <deque>
 #include <mutex>
 
@@ -37,6 +38,27 @@ struct Geometry {
 };
 
 // The plain convolution of an input of shape x [N, C, spatial...] by w [OC, C / groups, k...].
+// CPU's check, which PyTorch's shared convolution checks leave to the backend (they refuse
+// only negative dilations): a dilation of 0 computed windows of one tap.
+void check_dilation(const std::vector<int64_t>& dilation) {
+  TORCH_CHECK(std::all_of(dilation.begin(), dilation.end(), [](int64_t v) { return v > 0; }),
+              "dilation should be greater than zero, but got ", at::IntArrayRef(dilation));
+}
+
+// CPU's dtype checks, which PyTorch leaves to the backend: an input, weight and bias of one
+// dtype (autocast casts them to one first). Mixed, some geometries computed in the input's
+// dtype and others failed with an internal message.
+void check_same_dtypes(const at::Tensor& x, const at::Tensor& w,
+                       const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "Input type (", x.toString(),
+              ") and weight type (", w.toString(),
+              ") should be the same or input should be a MKLDNN tensor and weight is a dense "
+              "tensor");
+  TORCH_CHECK(!bias || !bias->defined() || bias->scalar_type() == x.scalar_type(),
+              "Input type (", x.dtype(), ") and bias type (", bias->dtype(),
+              ") should be the same");
+}
+
 Geometry geometry(at::IntArrayRef x, const at::Tensor& w, at::IntArrayRef stride,
                   at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
   int64_t d = static_cast<int64_t>(x.size()) - 2;
@@ -59,6 +81,7 @@ Geometry geometry(at::IntArrayRef x, const at::Tensor& w, at::IntArrayRef stride
   g.stride = expand_param(stride, d, "convolution", "stride");
   g.padding = expand_param(padding, d, "convolution", "padding");
   g.dilation = expand_param(dilation, d, "convolution", "dilation");
+  check_dilation(g.dilation);
   g.K = 1;
   g.L = 1;
   for (int64_t i = 0; i < d; ++i) {
@@ -288,9 +311,15 @@ class ColumnsCache {
     return entries_.end();
   }
 
-  // What, besides the input's identity and version, decides the columns.
+  // What, besides the input's identity and version, decides the columns: the geometry, and
+  // the storage's values as its handle (a `.data.copy_` from the host may adopt a new one) and
+  // its write count (writes through `.data` bump no version: the backward took columns of
+  // the values before them, where CPU's reads the new ones).
   static std::vector<int64_t> key(const at::Tensor& x, const Geometry& g) {
     std::vector<int64_t> k(x.sizes().begin(), x.sizes().end());
+    const StorageCtx* c = find_storage_ctx(x);
+    k.push_back(c != nullptr ? static_cast<int64_t>(c->handle) : 0);
+    k.push_back(c != nullptr ? static_cast<int64_t>(c->writes) : -1);
     k.insert(k.end(), x.strides().begin(), x.strides().end());
     k.push_back(x.storage_offset());
     k.push_back(g.G);
@@ -641,12 +670,25 @@ Geometry transposed_geometry(const at::Tensor& x, const at::Tensor& w, at::IntAr
   auto p = expand_param(padding, d, "conv_transpose", "padding");
   auto dil = expand_param(dilation, d, "conv_transpose", "dilation");
   auto op = expand_param(output_padding, d, "conv_transpose", "output_padding");
+  check_dilation(dil);
   std::vector<int64_t> sizes{x.size(0), w.size(1) * groups};
   for (int64_t i = 0; i < d; ++i) {
     TORCH_CHECK(op[i] < s[i] || op[i] < dil[i], "tpu: conv_transpose output_padding ", op[i],
                 " must be smaller than either stride ", s[i], " or dilation ", dil[i]);
     sizes.push_back((x.size(2 + i) - 1) * s[i] - 2 * p[i] + dil[i] * (w.size(2 + i) - 1) + op[i] +
                     1);
+  }
+  // CPU's error for an output with no positions (an empty result here before, or an
+  // internal narrow() error when negative).
+  if (std::any_of(sizes.begin() + 2, sizes.end(), [](int64_t v) { return v < 1; })) {
+    std::ostringstream in, out;
+    for (int64_t i = 0; i < d; ++i) {
+      in << (i ? " x " : "") << x.size(2 + i);
+      out << (i ? " x " : "") << sizes[2 + i];
+    }
+    TORCH_CHECK(false, "Given input size per channel: (", in.str(),
+                "). Calculated output size per channel: (", out.str(),
+                "). Output size is too small");
   }
   auto g = geometry(sizes, w, s, p, dil, groups);
   // An output_padding of at least the stride (allowed while below the dilation) leaves room
@@ -661,24 +703,53 @@ Geometry transposed_geometry(const at::Tensor& x, const at::Tensor& w, at::IntAr
 }
 
 
+// `t` [N, C, spatial...] cut to x's spatial sizes. A transposed convolution's output_padding
+// of at least its stride (allowed below the dilation) leaves its output room for more windows
+// than x has positions: the conv op's forward of the gradient computes those too (its size
+// follows from the gradient's), and x's gradient is the first x.size(d) of them (autograd
+// raised on the longer one).
+at::Tensor crop_to(const at::Tensor& t, const at::Tensor& x) {
+  bool cut = false;
+  auto r = t;
+  for (int64_t d = 2; d < t.dim(); ++d) {
+    if (r.size(d) != x.size(d)) {
+      r = r.narrow(d, 0, x.size(d));
+      cut = true;
+    }
+  }
+  return cut ? r.contiguous() : r;
+}
+
 at::Tensor convolution(const at::Tensor& x, const at::Tensor& w,
                        const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
                        at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
                        at::IntArrayRef output_padding, int64_t groups) {
+  check_same_dtypes(x, w, bias);
+  const bool half_bias = bias && bias->defined() &&
+                         (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
   if (transposed) {
     auto g = transposed_geometry(x, w, stride, padding, dilation, output_padding, groups);
     bool folded = !per_sample(g) && !input_grad_as_conv(g, x);
     auto go = folded ? positions_major(x, g) : at::Tensor();
-    if (sums_windows_wide(x, g) && bias && bias->defined()) {
+    if (half_bias) {
       // The bias joins the float32 sums before the one rounding, as on CPU (added after it,
-      // the result erred ~2x CPU's).
+      // the result erred ~2x CPU's; a 1x1 kernel's result that nearly cancels the bias, by a
+      // whole unit of its magnitude).
       auto wide = conv_input_grad_wide(x, go, w, g);
       return add_bias(wide, bias->to(at::kFloat)).to(x.scalar_type());
     }
     return add_bias(conv_input_grad(x, go, w, g), bias);
   }
   auto g = geometry(x.sizes(), w, stride, padding, dilation, groups);
-  if (is_depthwise(g, x)) return add_bias(depthwise(g, DFUSE_DEPTHWISE_PART_FORWARD, x, w), bias);
+  if (is_depthwise(g, x)) {
+    if (half_bias) {
+      // As above: summed and biased in float32, rounded once (a depthwise result that nearly
+      // cancels its bias came out 2.0 for CPU's 1.5 in bf16).
+      auto wide = depthwise(g, DFUSE_DEPTHWISE_PART_FORWARD, x.to(at::kFloat), w.to(at::kFloat));
+      return add_bias(wide, bias->to(at::kFloat)).to(x.scalar_type());
+    }
+    return add_bias(depthwise(g, DFUSE_DEPTHWISE_PART_FORWARD, x, w), bias);
+  }
   return conv_forward(x, w, g, true, at::Tensor(), bias);
 }
 
@@ -694,7 +765,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     auto g = transposed_geometry(x, w, stride, padding, dilation, output_padding, groups);
     at::Tensor cols;
     if (mask[0] && mask[1] && !on_conv_op(g, grad.scalar_type())) cols = columns(grad, g);
-    if (mask[0]) gx = conv_forward(grad, w, g, false, cols);
+    if (mask[0]) gx = crop_to(conv_forward(grad, w, g, false, cols), x);
     if (mask[1]) gw = conv_weight_grad(positions_major(x, g), grad, w, g, cols);
   } else {
     auto g = geometry(x.sizes(), w, stride, padding, dilation, groups);

@@ -89,7 +89,7 @@ void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
           "copy_ of storage bytes from host");
     Ref up(h, true);
     note_op();
-    drop_indexed_grad(dst);
+    note_storage_write(dst);
     copy_handle(h, d.get(), "copy_");
     return;
   }
@@ -110,7 +110,7 @@ void copy_to_device(const at::Tensor& dst, const at::Tensor& src) {
     Ref up(h, true);
     Ref d = ref(dst);
     note_op();
-    drop_indexed_grad(dst);
+    note_storage_write(dst);
     copy_handle(h, d.get(), "copy_");
     return;
   }
@@ -287,7 +287,7 @@ at::Tensor& fill_scalar_(at::Tensor& self, const at::Scalar& value) {
   Ref full(h, true);
   Ref d = ref(self);
   note_op();
-  drop_indexed_grad(self);
+  note_storage_write(self);
   copy_handle(h, d.get(), "fill_");
   return self;
 }

@@ -126,7 +126,7 @@ std::vector<at::Tensor> launch(int64_t g, at::TensorList inputs) {
   for (const auto& t : inputs) {
     in_refs.push_back(ref(t));
     in.push_back(in_refs.back().get());
-    drop_indexed_grad(t);  // the graph may write its inputs in place
+    note_storage_write(t);  // the graph may write its inputs in place
   }
   std::vector<uint64_t> outs(spec->n_bases);
   DfuseStatus s = dfuse_graph_launch(rt(), current_stream(), uint64_t(g), in.data(), in.size(),

@@ -15,7 +15,7 @@
 // unchanged (every in-place write through the dispatcher bumps the counter all its views
 // share), no kernel may have written its storage since (a write
 // through `.data` or `set_` bumps no counter of the tensor's: every device write path drops
-// the note, drop_indexed_grad), and the operand must be the whole tensor, in the layout it was
+// the note, note_storage_write), and the operand must be the whole tensor, in the layout it was
 // made with. In place, x must not overlap itself (an expanded x raises as on CPU), and alpha
 // must be finite (inf * 0 is NaN outside the view). The result
 // differs from a dense add only in the sign of zeros outside the view: `-0.0 + 0.0` is +0.0
@@ -131,9 +131,10 @@ bool add_indexed_grad_(const at::Tensor& x, const at::Tensor& y, const at::Scala
   return true;
 }
 
-void drop_indexed_grad(const at::Tensor& written) {
-  if (StorageCtx* c = find_storage_ctx(written); c != nullptr && c->indexed_grad) {
+void note_storage_write(const at::Tensor& written) {
+  if (StorageCtx* c = find_storage_ctx(written); c != nullptr) {
     c->indexed_grad.reset();
+    ++c->writes;
   }
 }
 

@@ -17,10 +17,12 @@ std::optional<at::Tensor> add_indexed_grad(const at::Tensor& x, const at::Tensor
 // x += alpha * y the same way, into x's view alone; false where that does not apply.
 bool add_indexed_grad_(const at::Tensor& x, const at::Tensor& y, const at::Scalar& alpha);
 
-// Forgets what `written`'s storage held: every kernel path that writes into an existing tpu
-// storage calls it (run_into_from_old_values, the host uploads, fill_, storage byte copies,
-// graph launches), so a write through an alias that shares no version counter with the
-// indexed gradient (`.data`, `set_`) cannot leave a stale note. A new write path must call it.
-void drop_indexed_grad(const at::Tensor& written);
+// Notes a write into `written`'s storage: forgets its indexed-gradient note and counts the
+// write (StorageCtx::writes). Every kernel path that writes into an existing tpu storage calls
+// it (run_into_from_old_values, the host uploads, fill_, storage byte copies, graph launches),
+// so a write through an alias that shares no version counter with the tensor (`.data`,
+// `set_`) cannot leave a stale note or stale kept convolution columns. A new write path must
+// call it.
+void note_storage_write(const at::Tensor& written);
 
 }  // namespace dft

@@ -70,7 +70,7 @@ bool copy_storage_bytes(const at::Tensor& dst, const at::Tensor& src) {
               dst_elem, " storage would reinterpret them, which tpu does not support; copy "
               "the tensors (dst.copy_(src)) instead of their storages");
   note_op();
-  drop_indexed_grad(dst);
+  note_storage_write(dst);
   copy_handle(s.get(), d.get(), "copy_ of storage bytes");
   return true;
 }

@@ -734,3 +734,96 @@ def test_max_pool_indices_with_ties_are_cpus_int64_ones(mode, dtype):
     got = F.max_pool2d(x.to("tpu"), 3, 2, 1, return_indices=True)
     assert got[1].dtype == torch.int64
     assert torch.equal(got[1].cpu(), want[1]) and torch.equal(got[0].cpu(), want[0])
+
+
+# A probe of half-precision convolutions against CPU (session 55) found the cases below.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_depthwise_convolution_adds_its_bias_before_rounding(mode, dtype):
+    # The sum 301.5 and the bias -301 cancel: rounded first, the sum was 302 and the result 1
+    # unit of bf16 off (2.0 where CPU gives the exact 1.5).
+    x = torch.tensor([[[100.0, 100.5, 101.0]]], dtype=dtype).repeat(1, 2, 1)
+    w, b = torch.ones(2, 1, 3, dtype=dtype), torch.full((2,), -301.0, dtype=dtype)
+    want = F.conv1d(x, w, b, groups=2)
+    got = F.conv1d(x.to("tpu"), w.to("tpu"), b.to("tpu"), groups=2)
+    assert torch.equal(got.cpu(), want), (got, want)
+
+
+def test_a_bfloat16_1x1_transposed_convolution_adds_its_bias_before_rounding(mode):
+    x = torch.tensor([[[[100.5]], [[200.5]]]], dtype=torch.bfloat16)
+    w, b = torch.ones(2, 2, 1, 1, dtype=torch.bfloat16), torch.full((2,), -301.0, dtype=torch.bfloat16)
+    want = F.conv_transpose2d(x, w, b)
+    got = F.conv_transpose2d(x.to("tpu"), w.to("tpu"), b.to("tpu"))
+    assert torch.equal(got.cpu(), want), (got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", [
+    ((2, 4, 40), (4, 4, 2), dict(dilation=2, output_padding=1)),
+    ((1, 4, 10, 10), (4, 4, 5, 5), dict(stride=2, dilation=3, output_padding=2)),
+], ids=["1d", "2d_strided"])
+def test_a_transposed_convolutions_input_gradient_with_output_padding_past_its_stride(
+        mode, dtype, case):
+    # An output_padding of at least the stride (allowed below the dilation) leaves room for
+    # more windows than x has positions; the conv op's forward of the gradient computed them
+    # too, and autograd raised on the longer input gradient.
+    xs, ws, kw = case
+    f = {3: F.conv_transpose1d, 4: F.conv_transpose2d}[len(xs)]
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(xs, generator=g).to(dtype), torch.randn(ws, generator=g).to(dtype)
+
+    def grads(x, w):
+        x, w = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        y = f(x, w, **kw)
+        y.backward(torch.ones_like(y))
+        return x.grad, w.grad
+
+    want = grads(x, w)
+    got = grads(x.to("tpu"), w.to("tpu"))
+    tol = 1e-4 if dtype == torch.float32 else 0.05
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a.cpu().float(), b.float(), rtol=tol, atol=tol * 10)
+
+
+@pytest.mark.parametrize("padding", [2, 3])
+def test_a_transposed_convolution_with_no_output_positions_raises_cpus_error(mode, padding):
+    x, w = torch.randn(1, 2, 4, device="tpu"), torch.randn(2, 2, 1, device="tpu")
+    with pytest.raises(RuntimeError, match="Output size is too small"):
+        F.conv_transpose1d(x, w, padding=padding)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_convolution_of_mixed_dtypes_raises_as_on_cpu(mode, transposed):
+    f = F.conv_transpose2d if transposed else F.conv2d
+    x = torch.randn(2, 8, 6, 6, device="tpu", dtype=torch.bfloat16)
+    w = torch.randn(8, 8, 3, 3, device="tpu")
+    with pytest.raises(RuntimeError, match=r"Input type .* and weight type .* should be the same"):
+        f(x, w, padding=1)
+    with pytest.raises(RuntimeError, match=r"Input type .* and bias type .* should be the same"):
+        f(x, w.bfloat16(), torch.randn(8, device="tpu"), padding=1)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_zero_dilation_raises_as_on_cpu(mode, transposed):
+    f = F.conv_transpose2d if transposed else F.conv2d
+    x, w = torch.randn(1, 4, 6, 6, device="tpu"), torch.randn(4, 4, 3, 3, device="tpu")
+    with pytest.raises(RuntimeError, match="dilation should be greater than zero"):
+        f(x, w, dilation=(1, 0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_write_through_data_before_backward_reaches_the_weight_gradient(mode, dtype):
+    # `.data` writes bump no version counter: the forward's kept columns were taken for the
+    # weight gradient, which CPU computes from x's new values.
+    g = torch.Generator().manual_seed(4)
+    x0, w0, x1 = (torch.randn(s, generator=g).to(dtype) for s in [(2, 8, 12, 12), (8, 4, 3, 3),
+                                                                     (2, 8, 12, 12)])
+
+    def weight_grad(dev):
+        x, w = x0.to(dev), w0.to(dev).requires_grad_()
+        y = F.conv2d(x, w, padding=1, groups=2)
+        x.data.copy_(x1)
+        y.sum().backward()
+        return w.grad.cpu().float()
+
+    torch.testing.assert_close(weight_grad("tpu"), weight_grad("cpu"), rtol=1e-3, atol=1e-3)
