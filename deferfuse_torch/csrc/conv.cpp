@@ -25,9 +25,9 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <sstream>
 #include <deque>
 #include <mutex>
+#include <sstream>
 
 namespace dft {
 namespace {
@@ -37,7 +37,6 @@ struct Geometry {
   std::vector<int64_t> in, kernel, stride, padding, dilation, out;
 };
 
-// The plain convolution of an input of shape x [N, C, spatial...] by w [OC, C / groups, k...].
 // CPU's check, which PyTorch's shared convolution checks leave to the backend (they refuse
 // only negative dilations): a dilation of 0 computed windows of one tap.
 void check_dilation(const std::vector<int64_t>& dilation) {
@@ -59,6 +58,7 @@ void check_same_dtypes(const at::Tensor& x, const at::Tensor& w,
               ") should be the same");
 }
 
+// The plain convolution of an input of shape x [N, C, spatial...] by w [OC, C / groups, k...].
 Geometry geometry(at::IntArrayRef x, const at::Tensor& w, at::IntArrayRef stride,
                   at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
   int64_t d = static_cast<int64_t>(x.size()) - 2;

@@ -148,7 +148,13 @@ fn check(layout: &str, seed: u64) {
         _ => upload(rt, t),
     };
     let parts: Part = (Case::cols, Case::conv);
-    check_exact(layout, (seed, DType::F32), parts, &place, refk::conv_columns_to_input);
+    check_exact(
+        layout,
+        (seed, DType::F32),
+        parts,
+        &place,
+        refk::conv_columns_to_input,
+    );
 }
 
 #[test]
@@ -232,7 +238,13 @@ fn check_im2col(layout: Place, seed: u64, dtype: DType) {
     let place = |rt: &Runtime, t: &RefTensor| place(rt, t, layout);
     let parts: Part = (Case::x, Case::im2col);
     let what = format!("im2col {dtype} {layout:?}");
-    check_exact(&what, (seed, dtype), parts, &place, refk::conv_input_to_columns);
+    check_exact(
+        &what,
+        (seed, dtype),
+        parts,
+        &place,
+        refk::conv_input_to_columns,
+    );
 }
 
 #[test]
@@ -267,7 +279,10 @@ fn im2col_columns_have_the_input_dtype() {
     let x = tensor(&rt, DType::F64, &case.x(), &vec![1.5; n]);
     match rt.op(0, op, &[tt(x)], None) {
         Err(e @ Error::Op(_)) => {
-            assert!(e.to_string().contains("float32, bfloat16 or float16"), "{e}")
+            assert!(
+                e.to_string().contains("float32, bfloat16 or float16"),
+                "{e}"
+            )
         }
         other => panic!("expected a record-time op error, got {other:?}"),
     }

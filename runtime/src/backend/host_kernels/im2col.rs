@@ -154,7 +154,7 @@ impl Geometry {
                                     d[1] += *y;
                                 }
                                 t2 += 1;
-                            } else if s2 == 2 && cs2 == 1 {
+                            } else if s2 == 2 && cs2 == 1 && n2 > 0 {
                                 for (d, v) in run(2 * n2 - 1).iter_mut().step_by(2).zip(taps(a)) {
                                     *d += *v;
                                 }
@@ -241,7 +241,7 @@ impl Geometry {
                                 for o2 in 0..n2 {
                                     *dst.add(o2) = *src.add(o2);
                                 }
-                            } else if s2 == 2 && cs2 == 1 {
+                            } else if s2 == 2 && cs2 == 1 && n2 > 0 {
                                 // Every other element, at a stride the compiler knows: it
                                 // gathers them with vector shuffles (an audio encoder's
                                 // stride-2 columns).
