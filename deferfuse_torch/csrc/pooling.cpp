@@ -328,8 +328,31 @@ std::optional<std::vector<int64_t>> even_windows(const at::Tensor& x, at::IntArr
   return std::vector<int64_t>{H / out[0], W / out[1]};
 }
 
-// Uneven windows: out = A_h @ x @ A_w^T, each averaging matrix applied along its dim. The
-// matrices' zeros multiply every element, so an inf in the input makes NaNs in other windows.
+at::Tensor uneven_window_table(int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t* K,
+                               std::optional<int64_t> pad);
+
+// Uneven windows: each window's elements gathered into a last dim (the rest of it an appended
+// zero), summed in PyTorch's row-major order and divided by the window's size. (As averaging
+// matrices applied along each dim, A_h @ x @ A_w^T, their zeros multiplied every element: an
+// inf in the input made NaNs in windows that do not hold it.)
+at::Tensor adaptive_avg_uneven(const at::Tensor& x0, at::IntArrayRef out) {
+  auto x = batched(x0);
+  int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), K = 0;
+  auto table = uneven_window_table(H, W, out[0], out[1], &K, H * W);
+  auto flat = at::cat({x.reshape({N, C, H * W}), at::zeros({N, C, 1}, x.options())}, 2);
+  auto win = at::index_select(flat, 2, table.reshape({-1})).view({N, C, out[0], out[1], K});
+  std::vector<double> sizes;
+  for (int64_t oh = 0; oh < out[0]; ++oh) {
+    for (int64_t ow = 0; ow < out[1]; ++ow) {
+      int64_t h = ((oh + 1) * H + out[0] - 1) / out[0] - (oh * H) / out[0];
+      int64_t w = ((ow + 1) * W + out[1] - 1) / out[1] - (ow * W) / out[1];
+      sizes.push_back(double(h * w));
+    }
+  }
+  auto divisors = upload_table(sizes, {out[0], out[1]}, x.scalar_type());
+  return like_input(win.sum(-1) / divisors, x0);
+}
+
 at::Tensor adaptive_avg_pool2d(const at::Tensor& x0, at::IntArrayRef out) {
   check_adaptive(x0, out, "adaptive_avg_pool2d");
   return rounded_once(x0, [&](const at::Tensor& x) {
@@ -337,9 +360,7 @@ at::Tensor adaptive_avg_pool2d(const at::Tensor& x0, at::IntArrayRef out) {
     if (auto k = even_windows(x, out)) {
       return dft::avg_pool2d(x, *k, *k, zero, false, true, std::nullopt);
     }
-    auto rows = adaptive_matrix(x.size(-2), out[0], x.scalar_type());
-    auto cols = adaptive_matrix(x.size(-1), out[1], x.scalar_type());
-    return batched_matmul(rows, batched_matmul(x, cols.t()));
+    return adaptive_avg_uneven(x, out);
   });
 }
 
@@ -356,10 +377,11 @@ at::Tensor adaptive_avg_pool2d_backward(const at::Tensor& grad0, const at::Tenso
 }
 
 // [OH, OW, KH * KW]: the flat input index (h * W + w) of every element of each uneven adaptive
-// window, row-major within the window as PyTorch scans it; a window smaller than KH x KW
-// repeats its first element, which changes neither the max nor which element is first to hold
-// it.
-at::Tensor uneven_window_table(int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t* K) {
+// window, row-major within the window as PyTorch scans it. A window smaller than KH x KW fills
+// the rest with `pad` where given (the average's index of an appended zero), else repeats its
+// first element, which changes neither the max nor which element is first to hold it.
+at::Tensor uneven_window_table(int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t* K,
+                               std::optional<int64_t> pad = std::nullopt) {
   auto start = [](int64_t o, int64_t in, int64_t out) { return (o * in) / out; };
   auto end = [](int64_t o, int64_t in, int64_t out) { return ((o + 1) * in + out - 1) / out; };
   int64_t KH = 0, KW = 0;
@@ -374,7 +396,7 @@ at::Tensor uneven_window_table(int64_t H, int64_t W, int64_t OH, int64_t OW, int
       for (int64_t kh = 0; kh < KH; ++kh)
         for (int64_t kw = 0; kw < KW; ++kw) {
           bool inside = hs + kh < he && ws + kw < we;
-          t.push_back(double(inside ? (hs + kh) * W + ws + kw : hs * W + ws));
+          t.push_back(double(inside ? (hs + kh) * W + ws + kw : pad.value_or(hs * W + ws)));
         }
     }
   return upload_table(t, {OH, OW, *K}, at::kLong);
@@ -390,6 +412,15 @@ std::tuple<at::Tensor, at::Tensor> adaptive_max_uneven(const at::Tensor& x0, at:
                  .view({N, C, out[0], out[1], K});
   auto values = reduce(win, DFUSE_REDUCE_OP_AMAX, {-1}, false);
   auto pos = reduce(win, DFUSE_REDUCE_OP_ARGMAX, {-1}, false).unsqueeze(-1);
+  // A window holding NaN: CPU's scan takes every NaN it meets (`val > max || isnan(val)`), so
+  // its index is the window's last NaN, where the argmax gives the first. The fill past a
+  // small window repeats its first element, so only positions inside the window count.
+  int64_t K_ = 0;
+  auto inside = uneven_window_table(H, W, out[0], out[1], &K_, -1).ge(0);
+  auto nans = at::isnan(win).logical_and(inside).to(at::kFloat);
+  auto last_nan = (K - 1) - reduce(nans.flip({-1}), DFUSE_REDUCE_OP_ARGMAX, {-1}, false);
+  auto has_nan = reduce(nans, DFUSE_REDUCE_OP_AMAX, {-1}, false).gt(0);
+  pos = at::where(has_nan, last_nan, pos.squeeze(-1)).unsqueeze(-1);
   auto indices = at::gather(table.expand({N, C, out[0], out[1], K}), -1, pos).squeeze(-1);
   return {like_input(values, x0), like_input(indices, x0)};
 }
@@ -408,8 +439,10 @@ at::Tensor adaptive_max_pool2d_backward(const at::Tensor& grad, const at::Tensor
                                         const at::Tensor& indices) {
   auto g = batched(grad), i = batched(indices), xb = batched(x);
   int64_t N = xb.size(0), C = xb.size(1), H = xb.size(2), W = xb.size(3);
+  // Sizes spelled out: with an empty batch, -1 has no size to stand for (reshape raised).
+  const int64_t outs = i.size(-2) * i.size(-1);
   auto flat = at::zeros({N, C, H * W}, grad.options())
-                  .scatter_add(2, i.reshape({N, C, -1}), g.reshape({N, C, -1}));
+                  .scatter_add(2, i.reshape({N, C, outs}), g.reshape({N, C, outs}));
   return like_input(flat.view({N, C, H, W}), x);
 }
 

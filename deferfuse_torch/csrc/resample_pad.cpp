@@ -427,6 +427,10 @@ at::Tensor grid_pad(at::Tensor x, int64_t size, int64_t padding, bool align_corn
     auto extra = a - at::trunc(a / (2 * span)) * (2 * span);
     x = at::minimum(extra, 2 * span - extra) + low;
   }
+  // A NaN coordinate (or an infinite one reflected, which the arithmetic above makes NaN)
+  // clamps to 0, as CPU's clip does: a NaN read as outside gave NaN or 0 where CPU samples the
+  // first pixel.
+  x = at::where(at::isnan(x), at::zeros({}, x.options()), x);
   return at::clamp(x, 0.0, double(size - 1));
 }
 
@@ -448,7 +452,9 @@ GridTap grid_gather(const at::Tensor& input, const at::Tensor& xs, const at::Ten
   // Outside (NaN included) reads element 0 and is then zeroed: no index out of range is formed.
   auto zero = at::zeros({}, xs.options());
   auto flat = at::where(inside, ys * W + xs, zero).to(at::kLong);
-  auto idx = flat.reshape({N, 1, -1}).expand({N, C, flat.numel() / std::max<int64_t>(N, 1)});
+  // Sizes spelled out: with an empty batch, -1 has no size to stand for (reshape raised).
+  const int64_t taps = xs.size(1) * xs.size(2);
+  auto idx = flat.reshape({N, 1, taps}).expand({N, C, taps});
   auto v = at::gather(input.reshape({N, C, H * W}), 2, idx).view({N, C, xs.size(1), xs.size(2)});
   return {inside, v};
 }

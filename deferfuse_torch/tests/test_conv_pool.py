@@ -827,3 +827,46 @@ def test_a_write_through_data_before_backward_reaches_the_weight_gradient(mode, 
         return w.grad.cpu().float()
 
     torch.testing.assert_close(weight_grad("tpu"), weight_grad("cpu"), rtol=1e-3, atol=1e-3)
+
+
+# A probe of pooling, normalization and resampling against CPU (session 55) found these.
+@pytest.mark.parametrize("dims", [1, 2])
+def test_an_uneven_adaptive_average_keeps_an_inf_in_its_own_windows(mode, dims):
+    # As averaging matrices applied along each dim, the zeros multiplied every element:
+    # inf * 0 made NaN in windows that do not hold the inf.
+    x = torch.tensor([[[1.0, float("inf"), 2.0, 3.0, 4.0], [1.0, 2.0, -float("inf"), 5.0, 6.0],
+                       [0.5, 1.5, 2.5, float("nan"), 4.5], [7.0, 8.0, 9.0, 10.0, 11.0]]])
+    if dims == 1:
+        f = lambda t: F.adaptive_avg_pool1d(t, 3)
+    else:
+        f = lambda t: F.adaptive_avg_pool2d(t.unsqueeze(0), (3, 3))
+    torch.testing.assert_close(f(x.to("tpu")).cpu(), f(x), equal_nan=True)
+
+
+def test_an_uneven_adaptive_max_points_at_its_windows_last_nan_as_cpu(mode):
+    x = torch.tensor([[[[1.0, float("nan"), float("nan"), 3.0, 4.0],
+                        [float("nan"), 2.0, 5.0, float("nan"), 0.0]]]])
+    want = F.adaptive_max_pool2d(x, (1, 2), return_indices=True)
+    got = F.adaptive_max_pool2d(x.to("tpu"), (1, 2), return_indices=True)
+    assert torch.equal(got[1].cpu(), want[1]), (got[1], want[1])
+    torch.testing.assert_close(got[0].cpu(), want[0], equal_nan=True)
+
+
+@pytest.mark.parametrize("padding_mode", ["border", "reflection"])
+@pytest.mark.parametrize("interp", ["bilinear", "nearest"])
+def test_grid_sample_clamps_a_nan_or_infinite_coordinate_as_cpu(mode, padding_mode, interp):
+    x = torch.arange(12.0).reshape(1, 1, 3, 4)
+    g = torch.tensor([[[[float("nan"), 0.0], [float("inf"), 0.0], [-float("inf"), 0.0],
+                        [0.3, 0.2]]]])
+    f = lambda x, g: F.grid_sample(x, g, mode=interp, padding_mode=padding_mode,
+                                   align_corners=False)
+    torch.testing.assert_close(f(x.to("tpu"), g.to("tpu")).cpu(), f(x, g), equal_nan=True)
+
+
+def test_an_empty_batch_samples_and_pools_as_on_cpu(mode):
+    x = torch.randn(0, 3, 4, 4, device="tpu")
+    assert F.grid_sample(x, torch.zeros(0, 2, 2, 2, device="tpu"),
+                         align_corners=False).shape == (0, 3, 2, 2)
+    x = torch.randn(0, 3, 8, 8, device="tpu", requires_grad=True)
+    F.adaptive_max_pool2d(x, 3).sum().backward()
+    assert x.grad.shape == (0, 3, 8, 8)
