@@ -870,3 +870,24 @@ def test_an_empty_batch_samples_and_pools_as_on_cpu(mode):
     x = torch.randn(0, 3, 8, 8, device="tpu", requires_grad=True)
     F.adaptive_max_pool2d(x, 3).sum().backward()
     assert x.grad.shape == (0, 3, 8, 8)
+
+
+def test_known_pooling_differences_from_cpu_are_pinned(mode):
+    # README, *Where "tpu" differs from PyTorch on CPU*: each line below is a known difference.
+    x = torch.tensor([1.0, float("nan"), float("nan"), 3.0, 4.0]).reshape(1, 1, 1, 1, 5)
+    assert F.adaptive_max_pool3d(x, (1, 1, 2), return_indices=True)[1].flatten().tolist() == [2, 2]
+    got = F.adaptive_max_pool3d(x.to("tpu"), (1, 1, 2), return_indices=True)[1]
+    assert got.cpu().flatten().tolist() == [1, 2]
+    h = torch.randn(1, 1, 4, 4, 4, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="not implemented for 'BFloat16'"):
+        F.avg_pool3d(h, 2)
+    torch.testing.assert_close(F.avg_pool3d(h.to("tpu"), 2).cpu(),
+                               F.avg_pool3d(h.float(), 2).bfloat16())
+    assert F.max_pool2d(torch.randn(2, 0, 8, 8, device="tpu"), 2).shape == (2, 0, 4, 4)
+    stats = (torch.zeros(3, device="tpu"), torch.ones(3, device="tpu"))
+    half = torch.randn(2, 3, 4, device="tpu", dtype=torch.bfloat16)
+    out = F.batch_norm(half, *stats, torch.ones(3, device="tpu", dtype=torch.bfloat16),
+                       torch.zeros(3, device="tpu", dtype=torch.bfloat16), training=True)
+    assert out.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="must be positive"):
+        F.max_pool2d(torch.randn(1, 1, 4, 4, device="tpu"), 2, stride=0)
