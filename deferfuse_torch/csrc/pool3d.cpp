@@ -143,12 +143,20 @@ at::Tensor shaped(const at::Tensor& r, const at::Tensor& x, const Pool3d& g) {
 }
 
 // Each window's maximum (the first, in window order) and its flat input index, gathered from
-// the windows `table` reads.
+// the windows `table` reads. With `inside` ([windows, K], which table entries lie in their
+// window), a window holding NaN takes its last NaN inside it, as CPU's adaptive max does (its
+// scan takes every NaN it meets).
 std::tuple<at::Tensor, at::Tensor> max_over(const at::Tensor& x, const Pool3d& g,
-                                            const at::Tensor& table) {
+                                            const at::Tensor& table,
+                                            const at::Tensor& inside = at::Tensor()) {
   auto x5 = x.dim() == 4 ? x.unsqueeze(0) : x;
   auto win = windows(x5, g, table, false);
   auto pos = win.argmax(-1, /*keepdim=*/true);
+  if (inside.defined()) {
+    auto nans = at::isnan(win).logical_and(inside).to(at::kFloat);
+    auto last_nan = (volume(g.k) - 1) - nans.flip({-1}).argmax(-1, /*keepdim=*/true);
+    pos = at::where(nans.amax(-1, /*keepdim=*/true).gt(0), last_nan, pos);
+  }
   auto values = win.gather(-1, pos).squeeze(-1);
   auto indices = table.view({volume(g.out), volume(g.k)})
                      .unsqueeze(0).unsqueeze(0)
@@ -314,12 +322,16 @@ at::Tensor adaptive_avg_pool3d(const at::Tensor& x, at::IntArrayRef output_size)
 }
 
 // Adaptive max pooling: as max_pool3d over the adaptive windows, a shorter window's extra
-// entries repeating its first element (CPU's starting index).
+// entries repeating its first element (CPU's starting index); a window's last NaN wins, as
+// on CPU (the first did).
 std::tuple<at::Tensor, at::Tensor> adaptive_max_pool3d(const at::Tensor& x,
                                                        at::IntArrayRef output_size) {
   Pool3d g;
   auto table = adaptive_table(g, x, output_size, -1, nullptr, "adaptive_max_pool3d");
-  return max_over(x, g, table);
+  // The same windows with the entries past a shorter window pointing one past the input.
+  const int64_t past = volume(g.in);
+  auto marked = adaptive_table(g, x, output_size, past, nullptr, "adaptive_max_pool3d");
+  return max_over(x, g, table, marked.lt(past).view({volume(g.out), volume(g.k)}));
 }
 
 }  // namespace

@@ -843,11 +843,16 @@ def test_an_uneven_adaptive_average_keeps_an_inf_in_its_own_windows(mode, dims):
     torch.testing.assert_close(f(x.to("tpu")).cpu(), f(x), equal_nan=True)
 
 
-def test_an_uneven_adaptive_max_points_at_its_windows_last_nan_as_cpu(mode):
+@pytest.mark.parametrize("dims", [2, 3])
+def test_an_uneven_adaptive_max_points_at_its_windows_last_nan_as_cpu(mode, dims):
     x = torch.tensor([[[[1.0, float("nan"), float("nan"), 3.0, 4.0],
                         [float("nan"), 2.0, 5.0, float("nan"), 0.0]]]])
-    want = F.adaptive_max_pool2d(x, (1, 2), return_indices=True)
-    got = F.adaptive_max_pool2d(x.to("tpu"), (1, 2), return_indices=True)
+    if dims == 2:
+        f = lambda t: F.adaptive_max_pool2d(t, (1, 2), return_indices=True)
+    else:
+        x = torch.stack([x, x.flip(-1)], 2)
+        f = lambda t: F.adaptive_max_pool3d(t, (1, 1, 2), return_indices=True)
+    want, got = f(x), f(x.to("tpu"))
     assert torch.equal(got[1].cpu(), want[1]), (got[1], want[1])
     torch.testing.assert_close(got[0].cpu(), want[0], equal_nan=True)
 
@@ -874,10 +879,6 @@ def test_an_empty_batch_samples_and_pools_as_on_cpu(mode):
 
 def test_known_pooling_differences_from_cpu_are_pinned(mode):
     # README, *Where "tpu" differs from PyTorch on CPU*: each line below is a known difference.
-    x = torch.tensor([1.0, float("nan"), float("nan"), 3.0, 4.0]).reshape(1, 1, 1, 1, 5)
-    assert F.adaptive_max_pool3d(x, (1, 1, 2), return_indices=True)[1].flatten().tolist() == [2, 2]
-    got = F.adaptive_max_pool3d(x.to("tpu"), (1, 1, 2), return_indices=True)[1]
-    assert got.cpu().flatten().tolist() == [1, 2]
     h = torch.randn(1, 1, 4, 4, 4, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="not implemented for 'BFloat16'"):
         F.avg_pool3d(h, 2)
