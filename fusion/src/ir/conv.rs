@@ -299,13 +299,15 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     })
 }
 
-/// The shape of im2col's or col2im's one float32 operand (`what`: its description and its
-/// short name in errors), or why not; `otherwise` names the path other dtypes take.
-fn one_float32_operand<'a>(
+/// The dtype and shape of im2col's or col2im's one operand (`what`: its description and its
+/// short name in errors), which must have one of `dtypes` (`allowed` says them in words), or
+/// why not; `otherwise` names the path other dtypes take.
+fn one_operand<'a>(
     args: &'a [ArgMeta],
     what: (&str, &str),
+    (dtypes, allowed): (&[DType], &str),
     otherwise: &str,
-) -> OpResult<&'a [usize]> {
+) -> OpResult<(DType, &'a [usize])> {
     if args.len() != 1 {
         return Err(OpError::new(
             NAME,
@@ -315,21 +317,27 @@ fn one_float32_operand<'a>(
         ));
     }
     let (dt, a) = tensor(NAME, args, 0, what.1)?;
-    if dt != DType::F32 {
+    if !dtypes.contains(&dt) {
         return Err(OpError::new(
             NAME,
             format!("input 0 ({})", what.1),
-            format!("dtype float32 (other dtypes take the {otherwise})"),
+            format!("dtype {allowed} (other dtypes take the {otherwise})"),
             format!("dtype {dt}"),
         ));
     }
-    Ok(a)
+    Ok((dt, a))
 }
 
 /// `ConvPart::ColumnsToInput`'s result: `[N, C, in...]` from columns `[N, C, k..., out...]`.
 fn infer_columns_to_input(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     let d = k.padding.len();
-    let a = one_float32_operand(args, ("the columns' gradient", "columns"), "strided adds")?;
+    let float32 = (&[DType::F32][..], "float32");
+    let (_, a) = one_operand(
+        args,
+        ("the columns' gradient", "columns"),
+        float32,
+        "strided adds",
+    )?;
     if a.len() != 2 * d + 2 || a[2..2 + d].contains(&0) {
         return Err(OpError::new(
             NAME,
@@ -380,23 +388,11 @@ fn infer_columns_to_input(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
 /// dtype (a copy: float32, bfloat16 or float16).
 fn infer_input_to_columns(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     let d = k.padding.len();
-    if args.len() != 1 {
-        return Err(OpError::new(
-            NAME,
-            "inputs",
-            "1 operand (x)",
-            format!("{}", args.len()),
-        ));
-    }
-    let (dtype, a) = tensor(NAME, args, 0, "x")?;
-    if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
-        return Err(OpError::new(
-            NAME,
-            "input 0 (x)",
-            "dtype float32, bfloat16 or float16 (other dtypes take the window copy)",
-            format!("dtype {dtype}"),
-        ));
-    }
+    let floats = (
+        &[DType::F32, DType::BF16, DType::F16][..],
+        "float32, bfloat16 or float16",
+    );
+    let (dtype, a) = one_operand(args, ("x", "x"), floats, "window copy")?;
     if a.len() != d + 2 {
         return Err(OpError::new(
             NAME,
