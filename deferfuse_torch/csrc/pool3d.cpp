@@ -311,6 +311,8 @@ at::Tensor adaptive_table(Pool3d& g, const at::Tensor& x, at::IntArrayRef output
   return upload_table(t, {int64_t(t.size())}, at::kLong);
 }
 
+}  // namespace
+
 at::Tensor adaptive_avg_pool3d(const at::Tensor& x, at::IntArrayRef output_size) {
   Pool3d g;
   at::Tensor sizes;
@@ -334,7 +336,6 @@ std::tuple<at::Tensor, at::Tensor> adaptive_max_pool3d(const at::Tensor& x,
   return max_over(x, g, table, marked.lt(past).view({volume(g.out), volume(g.k)}));
 }
 
-}  // namespace
 }  // namespace dft
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {

@@ -328,29 +328,14 @@ std::optional<std::vector<int64_t>> even_windows(const at::Tensor& x, at::IntArr
   return std::vector<int64_t>{H / out[0], W / out[1]};
 }
 
-at::Tensor uneven_window_table(int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t* K,
-                               std::optional<int64_t> pad);
-
-// Uneven windows: each window's elements gathered into a last dim (the rest of it an appended
-// zero), summed in PyTorch's row-major order and divided by the window's size. (As averaging
-// matrices applied along each dim, A_h @ x @ A_w^T, their zeros multiplied every element: an
-// inf in the input made NaNs in windows that do not hold it.)
-at::Tensor adaptive_avg_uneven(const at::Tensor& x0, at::IntArrayRef out) {
-  auto x = batched(x0);
-  int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), K = 0;
-  auto table = uneven_window_table(H, W, out[0], out[1], &K, H * W);
-  auto flat = at::cat({x.reshape({N, C, H * W}), at::zeros({N, C, 1}, x.options())}, 2);
-  auto win = at::index_select(flat, 2, table.reshape({-1})).view({N, C, out[0], out[1], K});
-  std::vector<double> sizes;
-  for (int64_t oh = 0; oh < out[0]; ++oh) {
-    for (int64_t ow = 0; ow < out[1]; ++ow) {
-      int64_t h = ((oh + 1) * H + out[0] - 1) / out[0] - (oh * H) / out[0];
-      int64_t w = ((ow + 1) * W + out[1] - 1) / out[1] - (ow * W) / out[1];
-      sizes.push_back(double(h * w));
-    }
-  }
-  auto divisors = upload_table(sizes, {out[0], out[1]}, x.scalar_type());
-  return like_input(win.sum(-1) / divisors, x0);
+// Uneven windows: the 3-D adaptive average over a depth of 1 (pool3d.cpp), which gathers
+// each window's elements (the rest of the window an appended zero), sums them in PyTorch's
+// row-major order and divides by the window's size. (As averaging matrices applied along each
+// dim, A_h @ x @ A_w^T, their zeros multiplied every element: an inf in the input made NaNs in
+// windows that do not hold it.)
+at::Tensor adaptive_avg_uneven(const at::Tensor& x, at::IntArrayRef out) {
+  return dft::adaptive_avg_pool3d(x.unsqueeze(-3), std::vector<int64_t>{1, out[0], out[1]})
+      .squeeze(-3);
 }
 
 at::Tensor adaptive_avg_pool2d(const at::Tensor& x0, at::IntArrayRef out) {
@@ -376,53 +361,13 @@ at::Tensor adaptive_avg_pool2d_backward(const at::Tensor& grad0, const at::Tenso
   });
 }
 
-// [OH, OW, KH * KW]: the flat input index (h * W + w) of every element of each uneven adaptive
-// window, row-major within the window as PyTorch scans it. A window smaller than KH x KW fills
-// the rest with `pad` where given (the average's index of an appended zero), else repeats its
-// first element, which changes neither the max nor which element is first to hold it.
-at::Tensor uneven_window_table(int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t* K,
-                               std::optional<int64_t> pad = std::nullopt) {
-  auto start = [](int64_t o, int64_t in, int64_t out) { return (o * in) / out; };
-  auto end = [](int64_t o, int64_t in, int64_t out) { return ((o + 1) * in + out - 1) / out; };
-  int64_t KH = 0, KW = 0;
-  for (int64_t o = 0; o < OH; ++o) KH = std::max(KH, end(o, H, OH) - start(o, H, OH));
-  for (int64_t o = 0; o < OW; ++o) KW = std::max(KW, end(o, W, OW) - start(o, W, OW));
-  *K = KH * KW;
-  std::vector<double> t;
-  for (int64_t oh = 0; oh < OH; ++oh)
-    for (int64_t ow = 0; ow < OW; ++ow) {
-      int64_t hs = start(oh, H, OH), he = end(oh, H, OH);
-      int64_t ws = start(ow, W, OW), we = end(ow, W, OW);
-      for (int64_t kh = 0; kh < KH; ++kh)
-        for (int64_t kw = 0; kw < KW; ++kw) {
-          bool inside = hs + kh < he && ws + kw < we;
-          t.push_back(double(inside ? (hs + kh) * W + ws + kw : pad.value_or(hs * W + ws)));
-        }
-    }
-  return upload_table(t, {OH, OW, *K}, at::kLong);
-}
-
-// Uneven windows: every window's elements gathered into a last dim of KH * KW, then its max
-// and the table's index at the first maximum.
-std::tuple<at::Tensor, at::Tensor> adaptive_max_uneven(const at::Tensor& x0, at::IntArrayRef out) {
-  auto x = batched(x0);
-  int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), K = 0;
-  auto table = uneven_window_table(H, W, out[0], out[1], &K);
-  auto win = at::index_select(x.reshape({N, C, H * W}), 2, table.reshape({-1}))
-                 .view({N, C, out[0], out[1], K});
-  auto values = reduce(win, DFUSE_REDUCE_OP_AMAX, {-1}, false);
-  auto pos = reduce(win, DFUSE_REDUCE_OP_ARGMAX, {-1}, false).unsqueeze(-1);
-  // A window holding NaN: CPU's scan takes every NaN it meets (`val > max || isnan(val)`), so
-  // its index is the window's last NaN, where the argmax gives the first. The fill past a
-  // small window repeats its first element, so only positions inside the window count.
-  int64_t K_ = 0;
-  auto inside = uneven_window_table(H, W, out[0], out[1], &K_, -1).ge(0);
-  auto nans = at::isnan(win).logical_and(inside).to(at::kFloat);
-  auto last_nan = (K - 1) - reduce(nans.flip({-1}), DFUSE_REDUCE_OP_ARGMAX, {-1}, false);
-  auto has_nan = reduce(nans, DFUSE_REDUCE_OP_AMAX, {-1}, false).gt(0);
-  pos = at::where(has_nan, last_nan, pos.squeeze(-1)).unsqueeze(-1);
-  auto indices = at::gather(table.expand({N, C, out[0], out[1], K}), -1, pos).squeeze(-1);
-  return {like_input(values, x0), like_input(indices, x0)};
+// Uneven windows: the 3-D adaptive max over a depth of 1 (pool3d.cpp): each window gathered,
+// its first maximum or its last NaN, as PyTorch's CPU kernel picks them; the flat indices are
+// h * W + w.
+std::tuple<at::Tensor, at::Tensor> adaptive_max_uneven(const at::Tensor& x, at::IntArrayRef out) {
+  auto [values, indices] =
+      dft::adaptive_max_pool3d(x.unsqueeze(-3), std::vector<int64_t>{1, out[0], out[1]});
+  return {values.squeeze(-3), indices.squeeze(-3)};
 }
 
 std::tuple<at::Tensor, at::Tensor> adaptive_max_pool2d(const at::Tensor& x, at::IntArrayRef out) {

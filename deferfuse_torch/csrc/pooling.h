@@ -32,4 +32,11 @@ std::tuple<at::Tensor, at::Tensor> max_pool_forward(const at::Tensor& x, const P
 at::Tensor max_pool_backward(const at::Tensor& grad, const at::Tensor& x,
                              const at::Tensor& indices, const Pool& p);
 
+// Adaptive average and max pooling over x's last three dims ([C, D, H, W] or [N, C, D, H, W];
+// pool3d.cpp): every window gathered through a table of its elements in PyTorch's order. The
+// 2-D ones run their uneven windows through these at a depth of 1.
+at::Tensor adaptive_avg_pool3d(const at::Tensor& x, at::IntArrayRef output_size);
+std::tuple<at::Tensor, at::Tensor> adaptive_max_pool3d(const at::Tensor& x,
+                                                       at::IntArrayRef output_size);
+
 }  // namespace dft
