@@ -423,6 +423,14 @@ bool widened_on_conv_op(const Geometry& g, const at::Tensor& x, const at::Tensor
          g.OC <= kWidenedMaxOutputChannels && on_conv_op(g, at::kFloat);
 }
 
+// The operands a half-precision convolution hands the float32 conv op: bfloat16 ones as they
+// are (the op sums their exact products in float32 on AVX512-BF16's dot-product instruction,
+// twice the float32 rate, and returns float32), others widened to float32 first.
+std::pair<at::Tensor, at::Tensor> conv_op_operands(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16) return {a, b};
+  return {a.to(at::kFloat), b.to(at::kFloat)};
+}
+
 at::Tensor add_bias(const at::Tensor& out, const std::optional<at::Tensor>& bias) {
   if (!bias || !bias->defined()) return out;
   std::vector<int64_t> shape(out.dim(), 1);
@@ -448,7 +456,9 @@ at::Tensor conv_forward(const at::Tensor& x, const at::Tensor& w, const Geometry
   const auto dtype = x.scalar_type();
   const bool has_bias = bias && bias->defined();
   if (!given.defined() && widened_on_conv_op(g, x, w)) {
-    auto wide = conv_forward(x.to(at::kFloat), w.to(at::kFloat), g);
+    auto [a, b] = conv_op_operands(x, w);
+    auto attrs = conv_op_attrs(g, DFUSE_CONV_PART_FORWARD, g.padding);
+    auto wide = run(DFUSE_OP_KIND_CONV, &attrs, Operands().t(a).t(b), "convolution");
     return add_bias(wide, has_bias ? std::optional<at::Tensor>(bias->to(at::kFloat)) : bias)
         .to(dtype);
   }
@@ -594,14 +604,15 @@ at::Tensor wide_matmul(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // conv_input_grad summed in float32, left unrounded: the caller rounds once, after adding
-// anything else (a transposed convolution's bias). On the conv op the operands are widened to
-// float32; elsewhere the contributions come from the half-precision product with float32 sums
+// anything else (a transposed convolution's bias). On the conv op bfloat16 operands are summed
+// in float32 by the op itself, float16 ones widened first (conv_op_operands); elsewhere the contributions come from the half-precision product with float32 sums
 // (wide_matmul: before, both operands were widened and multiplied at the float32 rate) and
 // their windows are added in float32.
 at::Tensor conv_input_grad_wide(const at::Tensor& grad, const at::Tensor& go, const at::Tensor& w,
                                 const Geometry& g) {
   if (input_grad_as_conv(g, grad, at::kFloat)) {
-    return input_grad_by_conv(grad.to(at::kFloat), w.to(at::kFloat), g);
+    auto [a, b] = conv_op_operands(grad, w);
+    return input_grad_by_conv(a, b, g);
   }
   return input_from_contributions(contributions(grad, go, w, g, wide_matmul), g);
 }

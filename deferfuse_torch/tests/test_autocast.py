@@ -237,11 +237,12 @@ def test_a_convolution_under_autocast_matches_cpu_autocast(mode, dtype, counts):
 @pytest.mark.parametrize("dtype", LOW)
 def test_a_convolution_with_few_output_channels_sums_in_float32_and_rounds_once(mode, dtype,
                                                                                 counts):
-    # 16 output channels: the forward and weight gradient run on the float32 conv op, the
-    # operands widened exactly, the bias added before the one rounding (csrc/conv.cpp,
-    # widened_on_conv_op). So each result is the float32 convolution of the half-precision
-    # values rounded once, to within one unit in the last place (float32 sums in another order
-    # may round the other way at a tie's edge).
+    # 16 output channels: the forward and weight gradient run on the float32 conv op (bfloat16
+    # operands summed by the op in float32, float16 ones and the weight gradient's widened
+    # exactly), the bias added before the one rounding (csrc/conv.cpp, widened_on_conv_op). So
+    # each result is the float32 convolution of the half-precision values rounded once, to
+    # within one unit in the last place (float32 sums in another order may round the other way
+    # at a tie's edge).
     torch.manual_seed(0)
     x, w, b = (torch.randn(4, 8, 12, 12).to(dtype), (torch.randn(16, 8, 3, 3) * 0.3).to(dtype),
                torch.randn(16).to(dtype))
@@ -261,6 +262,33 @@ def test_a_convolution_with_few_output_channels_sums_in_float32_and_rounds_once(
     torch.testing.assert_close(got_gw.float(), want_gw, rtol=ulp, atol=1e-6)
     labels = [r["label"] for r in report.regions]
     assert "conv" in labels and not any(lab.startswith("matmul") for lab in labels), labels
+    assert counts() == {}
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_a_half_convolutions_input_gradient_on_the_conv_op_sums_in_float32_and_rounds_once(
+        mode, dtype, counts):
+    # Stride 1 over a 12x12 map: the input gradient is the conv op's mirrored convolution, its
+    # bfloat16 operands summed by the op in float32 on the bf16 dot-product instruction (no
+    # widening casts), float16 ones widened first; rounded once either way.
+    torch.manual_seed(1)
+    x, w = torch.randn(2, 32, 12, 12).to(dtype), (torch.randn(24, 32, 3, 3) * 0.3).to(dtype)
+    g = torch.randn(2, 24, 12, 12).to(dtype)
+
+    def input_grad(g, x, w):
+        return torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [1, 1], [1, 1], False,
+                                                   [0, 0], 1, [True, False, False])[0]
+
+    want = input_grad(g.float(), x.float(), w.float())
+    report = deferfuse_torch.explain(
+        lambda: input_grad(*(t.to("tpu") for t in (g, x, w))).cpu())
+    got = report.result
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want, rtol=torch.finfo(dtype).eps, atol=1e-6)
+    convs = [e["args"]["shapes"] for e in report.timeline["traceEvents"]
+             if e.get("ph") == "X" and e.get("name") == "conv"]
+    operands = "bfloat16[2, 24, 12, 12]" if dtype == torch.bfloat16 else "float32[2, 24, 12, 12]"
+    assert len(convs) == 1 and convs[0].startswith(operands), convs
     assert counts() == {}
 
 

@@ -516,7 +516,7 @@ enum DfuseOpKind
    */
   DFUSE_OP_KIND_CTC_LOSS = 18,
   /**
-   * A dense convolution of one group, float32, over `attrs->n_dims` (1 to 3) spatial dims
+   * A dense convolution of one group over `attrs->n_dims` (1 to 3) spatial dims
    * with `attrs->padding[0..n]` zeros on both sides, `attrs->dilation[0..n]` between taps
    * and `attrs->stride[0..n]` between output positions (0 reads as 1), computed without
    * writing its columns; `attrs->sub_op` (a `DfuseConvPart`) picks the product. FORWARD: x
@@ -527,7 +527,9 @@ enum DfuseOpKind
    * `[N, OC, out...]` and x, `attrs->dims[0..n]` the kernel -> `[OC, C, k...]`;
    * COLUMNS_TO_INPUT (col2im): one input, the columns' gradient `[N, C, k..., out...]`,
    * `attrs->dims[0..n]` the input sizes -> `[N, C, in...]`; INPUT_TO_COLUMNS (im2col): x
-   * `[N, C, in...]`, `attrs->dims[0..n]` the kernel -> `[C, k..., N, out...]`.
+   * `[N, C, in...]`, `attrs->dims[0..n]` the kernel -> `[C, k..., N, out...]`. Dtypes:
+   * float32 throughout; FORWARD and INPUT_GRAD also take two bfloat16 operands (autocast's),
+   * summed in float32 into a float32 result; INPUT_TO_COLUMNS copies bfloat16 and float16 too.
    */
   DFUSE_OP_KIND_CONV = 19,
   /**

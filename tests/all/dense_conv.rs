@@ -108,11 +108,11 @@ impl Geo {
         [&[a, b][..], self.kernel].concat()
     }
 
-    /// Random operands (values in [-2, 2], some zeros).
-    fn operands(&self, mirrored: bool, rng: &mut Rng) -> (RefTensor, RefTensor) {
+    /// Random operands of `dtype` (values in [-2, 2], some zeros).
+    fn operands(&self, dtype: DType, mirrored: bool, rng: &mut Rng) -> (RefTensor, RefTensor) {
         (
-            rng.tensor(DType::F32, &self.x(), 2.0, 0, false),
-            rng.tensor(DType::F32, &self.w(mirrored), 2.0, 0, false),
+            rng.tensor(dtype, &self.x(), 2.0, 0, false),
+            rng.tensor(dtype, &self.w(mirrored), 2.0, 0, false),
         )
     }
 
@@ -164,14 +164,20 @@ fn against_reference(
     compare(ctx, got, &want, tol, Some(&scale))
 }
 
-/// Runs every geometry (mirrored: every stride-1 one) on operands placed as `places` say, in
-/// every mode (bit for bit alike), and checks each result against the reference.
+/// Runs every geometry (mirrored: every stride-1 one) on float32 operands placed as `places`
+/// say, in every mode (bit for bit alike), and checks each result against the reference.
 fn check(mirrored: bool, places: (Place, Place), seed: u64) {
+    check_dtype(DType::F32, mirrored, places, seed)
+}
+
+/// [`check`] on operands of `dtype` (float32, or bfloat16 summed into a float32 result: each
+/// product of two bfloat16 values is exact in float32, so the same bound holds).
+fn check_dtype(dtype: DType, mirrored: bool, places: (Place, Place), seed: u64) {
     let mut rng = Rng::new(seed);
     let geos: Vec<&Geo> = GEOS.iter().filter(|g| !mirrored || g.mirrors()).collect();
     let operands: Vec<_> = geos
         .iter()
-        .map(|g| g.operands(mirrored, &mut rng))
+        .map(|g| g.operands(dtype, mirrored, &mut rng))
         .collect();
     let outs = run_in_every_mode(|rt| {
         geos.iter()
@@ -187,7 +193,8 @@ fn check(mirrored: bool, places: (Place, Place), seed: u64) {
         .zip(&operands)
         .zip(&outs)
         .filter_map(|((g, xw), (name, got))| {
-            let ctx = format!("mirrored {mirrored}, {places:?} {name}");
+            assert_eq!(got.dtype, DType::F32, "{name}: the result is float32");
+            let ctx = format!("{dtype} mirrored {mirrored}, {places:?} {name}");
             against_reference(&ctx, g, mirrored, xw, got).err()
         })
         .collect();
@@ -209,6 +216,30 @@ fn strided_and_transposed_operand_views_match_the_reference_in_every_mode() {
 fn a_mirrored_weight_is_read_transposed_with_its_taps_reversed() {
     check(true, (Place::Contig, Place::Contig), 4);
     check(true, (Place::Strided, Place::Transposed), 5);
+}
+
+#[test]
+fn bfloat16_operands_are_summed_into_a_float32_result_in_every_mode() {
+    check_dtype(DType::BF16, false, (Place::Contig, Place::Contig), 11);
+    check_dtype(DType::BF16, false, (Place::Strided, Place::Transposed), 12);
+    check_dtype(DType::BF16, true, (Place::Transposed, Place::Contig), 13);
+}
+
+#[test]
+fn a_bfloat16_infinite_weight_multiplies_no_padding_either() {
+    // As the float32 case below: on a core with AVX512-BF16 the bfloat16 path's grid holds
+    // padding, so a non-finite weight takes the float32 path on widened operands.
+    let g = &GEOS[0];
+    let x = RefTensor::new(DType::BF16, &[1, 1, 4], vec![1.0, 2.0, 3.0, 4.0]);
+    let w = RefTensor::new(DType::BF16, &[1, 1, 3], vec![f64::INFINITY, 10.0, 100.0]);
+    let outs = run_in_every_mode(|rt| {
+        let ins = [tt(upload(rt, &x)), tt(upload(rt, &w))];
+        vec![("out".into(), run(rt, g.op(false), &ins))]
+    });
+    assert_eq!(
+        outs[0].1.data,
+        [210.0, f64::INFINITY, f64::INFINITY, f64::INFINITY]
+    );
 }
 
 #[test]
@@ -368,6 +399,19 @@ fn a_weight_of_another_channel_count_fails_at_record_naming_the_weight() {
         (DType::F32, &[4, 8, 3, 3]),
     );
     assert!(e.contains("conv") && e.contains("weight"), "{e}");
+}
+
+#[test]
+fn a_bfloat16_weight_gradient_fails_at_record_naming_the_dtype() {
+    let g = &GEOS[2];
+    let rt = Runtime::new(Default::default()).unwrap();
+    let grad = tensor(&rt, DType::BF16, &[1, 16, 16, 16], &vec![0.0; 16 * 256]);
+    let x = tensor(&rt, DType::BF16, &[1, 16, 16, 16], &vec![0.0; 16 * 256]);
+    let op = Op::Kernel(KernelOp::Conv(Box::new(g.weight_grad())));
+    match rt.op(0, op, &[tt(grad), tt(x)], None) {
+        Err(e @ Error::Op(_)) => assert!(e.to_string().contains("float32"), "{e}"),
+        other => panic!("expected a record-time op error, got {other:?}"),
+    }
 }
 
 #[test]

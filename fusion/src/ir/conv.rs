@@ -219,12 +219,28 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     };
     let (d0, a) = tensor(NAME, args, 0, first)?;
     let (d1, b) = tensor(NAME, args, 1, second)?;
+    // bfloat16 operands (autocast's) are summed in float32 and give a float32 result, which
+    // the caller rounds once after adding a bias; the weight gradient is float32 only.
+    let bf16 = k.part != ConvPart::WeightGrad && d0 == DType::BF16;
+    let (want, allowed) = if bf16 {
+        (DType::BF16, "dtype bfloat16, as input 0's")
+    } else if k.part == ConvPart::WeightGrad {
+        (
+            DType::F32,
+            "dtype float32 (other dtypes take the im2col path)",
+        )
+    } else {
+        (
+            DType::F32,
+            "dtype float32 or bfloat16 (other dtypes take the im2col path)",
+        )
+    };
     for (i, what, dt) in [(0, first, d0), (1, second, d1)] {
-        if dt != DType::F32 {
+        if dt != want {
             return Err(OpError::new(
                 NAME,
                 format!("input {i} ({what})"),
-                "dtype float32 (other dtypes take the im2col path)",
+                allowed,
                 format!("dtype {dt}"),
             ));
         }
@@ -592,6 +608,22 @@ mod tests {
         let h = ArgMeta::tensor(DType::F16, &[1, 2, 4, 4]);
         let e = infer(&conv(1, 1), &[h, t(&[2, 2, 3, 3])]).unwrap_err();
         assert_eq!(e.operand, "input 0 (x)");
+    }
+
+    #[test]
+    fn bfloat16_operands_give_a_float32_result() {
+        let b = |s: &[usize]| ArgMeta::tensor(DType::BF16, s);
+        let r = infer(&conv(1, 1), &[b(&[2, 3, 8, 8]), b(&[4, 3, 3, 3])]).unwrap();
+        assert_eq!((r.dtype, r.compute), (DType::F32, DType::F32));
+        assert_eq!(r.sizes.as_slice(), &[2, 4, 8, 8]);
+    }
+
+    #[test]
+    fn a_bfloat16_input_with_a_float32_weight_is_refused_naming_the_weight() {
+        let x = ArgMeta::tensor(DType::BF16, &[2, 3, 8, 8]);
+        let e = infer(&conv(1, 1), &[x, t(&[4, 3, 3, 3])]).unwrap_err();
+        assert_eq!(e.operand, "input 1 (weight)");
+        assert!(e.expected.contains("bfloat16"), "{e}");
     }
 
     #[test]

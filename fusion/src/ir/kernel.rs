@@ -225,7 +225,10 @@ impl KernelOp {
             KernelOp::Scan { .. } if first.is_float() => first,
             KernelOp::Scan { .. } | KernelOp::Sort { .. } => DType::I64,
             KernelOp::Random { dtype, .. } => *dtype,
-            KernelOp::Depthwise(_) | KernelOp::GroupedMatmul(_) | KernelOp::Conv(_) => first,
+            KernelOp::Depthwise(_) | KernelOp::GroupedMatmul(_) => first,
+            // im2col copies its operand; the products sum bfloat16 operands into float32.
+            KernelOp::Conv(c) if c.part == super::conv::ConvPart::InputToColumns => first,
+            KernelOp::Conv(_) => DType::F32,
             // Grad's first operand is the gradient, of log_probs' dtype too.
             KernelOp::Ctc(_) => first,
             KernelOp::Recurrence(_) | KernelOp::WideMatmul => DType::F32,

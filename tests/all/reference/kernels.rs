@@ -296,7 +296,8 @@ pub fn conv(k: &Conv, x: &RefTensor, w: &RefTensor) -> RefTensor {
     conv_terms(k, (&sizes, x.sizes[1], input, kernel), |o, xi, wi| {
         data[position(&sizes, o)] += x.at(xi) * w.at(wi);
     });
-    RefTensor::new(x.dtype, &sizes, data)
+    // float32 whatever the operands' dtype: bfloat16 ones are summed into a float32 result.
+    RefTensor::new(DType::F32, &sizes, data)
 }
 
 /// The input gradient `[N, C, input...]` of the dense convolution `k` by w `[OC, C,

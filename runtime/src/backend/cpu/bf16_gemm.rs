@@ -39,7 +39,10 @@ const KEEP_BYTES: usize = 16 << 20;
 pub(super) fn available() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *HAS.get_or_init(|| {
-        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+        // Every core with AVX512-BF16 has AVX512BW too ([`pack_rows_panel`]'s permutes).
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512bf16")
     })
 }
 
@@ -108,27 +111,134 @@ unsafe fn run(alpha: f32, a: HalfMat, b: HalfMat, beta: f32, c: Out) {
                 for ip in ib..(ib + block).min(a_panels) {
                     let (i0, j0) = (ip * MR, jp * NR);
                     let tile = (MR.min(m - i0), NR.min(n - j0));
-                    let rows = if direct {
-                        // A short last panel repeats its first row: those sums are not stored.
-                        let row = |r: usize| {
-                            let i = i0 + if r < tile.0 { r } else { 0 };
-                            a.ptr.offset(i as isize * a.rs) as *const u32
-                        };
-                        APanel::Rows(std::array::from_fn(row))
-                    } else {
-                        APanel::Packed(pa.as_ptr().add(ip * pairs * MR))
-                    };
+                    let rows = a_panel(&a, direct, pa, ip, pairs);
                     tile_kernel(pairs, rows, bp, alpha, beta, c, (i0, j0), tile);
                 }
             }
         }
-        if pa.capacity() * 4 > KEEP_BYTES {
-            *pa = Vec::new();
-        }
-        if pb.capacity() * 4 > KEEP_BYTES {
-            *pb = Vec::new();
-        }
+        trim(pa, pb);
     });
+}
+
+/// Where the kernel reads A's panel `ip`: its rows in place (`direct`, see [`run`]) or the
+/// panel [`pack_a`] wrote into `packed`. A short last panel read in place repeats its first
+/// row: those sums are not stored.
+unsafe fn a_panel(a: &HalfMat, direct: bool, packed: &[u32], ip: usize, pairs: usize) -> APanel {
+    let i0 = ip * MR;
+    if !direct {
+        return APanel::Packed(packed.as_ptr().add(ip * pairs * MR));
+    }
+    let rows = MR.min(a.rows - i0);
+    let row = |r: usize| {
+        let i = i0 + if r < rows { r } else { 0 };
+        a.ptr.offset(i as isize * a.rs) as *const u32
+    };
+    APanel::Rows(std::array::from_fn(row))
+}
+
+/// Frees packing buffers past [`KEEP_BYTES`].
+fn trim(pa: &mut Vec<u32>, pb: &mut Vec<u32>) {
+    if pa.capacity() * 4 > KEEP_BYTES {
+        *pa = Vec::new();
+    }
+    if pb.capacity() * 4 > KEEP_BYTES {
+        *pb = Vec::new();
+    }
+}
+
+/// `c = a @ B` for a bf16 `a` `[m, k]` into an f32 `c` (first element, row and column
+/// strides), B's row `q` (`n` contiguous bf16 values) at `b.offset(b_rows[q])`: the dense
+/// convolution's columns, read where they lie in its padded grid. B is never packed whole:
+/// each panel of [`NR`] columns is packed from the rows just before the kernel reads it, and
+/// stays in L1 while every panel of A passes over it. Each element is the same f32 sum as
+/// [`matmul_f32`]'s over those rows gathered into a matrix.
+///
+/// # Safety
+/// [`available`]; `a` and `c` as in [`matmul_f32`]; every `b.offset(b_rows[q])` is valid for
+/// `n` values; `b_rows.len() == a.cols`.
+pub(super) unsafe fn matmul_f32_b_rows(
+    a: HalfMat,
+    (b, b_rows): (*const u16, &[isize]),
+    n: usize,
+    c: (*mut f32, isize, isize),
+) {
+    let (m, k) = (a.rows, a.cols);
+    assert_eq!(b_rows.len(), k, "one offset per row of B");
+    if m == 0 || n == 0 {
+        return;
+    }
+    let pairs = k.div_ceil(2);
+    let direct = a.cs == 1 && k % 2 == 0;
+    PACKED.with(|bufs| {
+        let mut bufs = bufs.borrow_mut();
+        let (pa, pb) = &mut *bufs;
+        if !direct {
+            pa.resize(m.div_ceil(MR) * pairs * MR, 0);
+            pack_a(&a, pairs, pa);
+        }
+        pb.resize(pairs * NR, 0);
+        for j0 in (0..n).step_by(NR) {
+            let cols = NR.min(n - j0);
+            pack_rows_panel((b, b_rows), j0, cols, pb);
+            for ip in 0..m.div_ceil(MR) {
+                let i0 = ip * MR;
+                let tile = (MR.min(m - i0), cols);
+                let rows = a_panel(&a, direct, pa, ip, pairs);
+                tile_kernel(
+                    pairs,
+                    rows,
+                    pb.as_ptr(),
+                    1.0,
+                    0.0,
+                    Out::F32(c),
+                    (i0, j0),
+                    tile,
+                );
+            }
+        }
+        trim(pa, pb);
+    });
+}
+
+/// Columns `j0..j0 + cols` (at most [`NR`]) of the B whose row `q` is at `b.offset(rows[q])`,
+/// packed as [`pack_b`] packs one panel (zero past the columns and past k's end).
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn pack_rows_panel(
+    (b, rows): (*const u16, &[isize]),
+    j0: usize,
+    cols: usize,
+    out: &mut [u32],
+) {
+    let k = rows.len();
+    // Result element 2i takes the first row's element i, 2i + 1 the second row's (index 32 +
+    // i): the pairs of the panel's first 16 columns, then of its last 16.
+    let lo = _mm512_set_epi16(
+        47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5, 36, 4,
+        35, 3, 34, 2, 33, 1, 32, 0,
+    );
+    let hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for p in 0..k.div_ceil(2) {
+        let k0 = b.offset(rows[2 * p]).add(j0);
+        let k1 = (2 * p + 1 < k).then(|| b.offset(rows[2 * p + 1]).add(j0));
+        let dst = out.as_mut_ptr().add(p * NR);
+        if let (NR, Some(k1)) = (cols, k1) {
+            let (x0, x1) = (
+                _mm512_loadu_si512(k0 as *const _),
+                _mm512_loadu_si512(k1 as *const _),
+            );
+            _mm512_storeu_si512(dst as *mut _, _mm512_permutex2var_epi16(x0, lo, x1));
+            _mm512_storeu_si512(dst.add(16) as *mut _, _mm512_permutex2var_epi16(x0, hi, x1));
+            continue;
+        }
+        for j in 0..NR {
+            let second = k1.map_or(0, |k1| if j < cols { *k1.add(j) } else { 0 });
+            *dst.add(j) = if j < cols {
+                pair(*k0.add(j), second)
+            } else {
+                0
+            };
+        }
+    }
 }
 
 /// Where the kernel reads one panel of A's pairs.
@@ -569,6 +679,57 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_b_read_through_row_offsets_gives_the_gathered_matrixs_bits() {
+        if !available() {
+            eprintln!("no AVX512-BF16 on this core: bf16_gemm is not used here");
+            return;
+        }
+        // Odd and even k (a last pair with a zero), whole and short panels of columns, a short
+        // last panel of A's rows, and A read in place or packed (odd k).
+        for (m, k, n) in [
+            (5, 2, 16),
+            (16, 144, 70),
+            (9, 33, 32),
+            (32, 7, 100),
+            (3, 1, 5),
+        ] {
+            // B's rows lie anywhere in one pool, out of order and overlapping, as a conv's
+            // taps do in its grid; a NaN and an infinity among them.
+            let pool_len = 3 * k + n + 8;
+            let special = |i: usize| match i {
+                4 => Some(f32::NAN),
+                9 => Some(f32::INFINITY),
+                _ => None,
+            };
+            let pool = values(DType::BF16, pool_len, 5, special);
+            let offsets: Vec<isize> = (0..k)
+                .map(|q| ((q * 7 + 3) % (3 * k + 8)) as isize)
+                .collect();
+            let mut gathered: Vec<u16> = offsets
+                .iter()
+                .flat_map(|&o| pool[o as usize..o as usize + n].to_vec())
+                .collect();
+            let mut a = values(DType::BF16, m * k, 6, |_| None);
+            let va = view(&mut a, m, k, 0);
+            let vb = view(&mut gathered, k, n, 0);
+            let (mut want, mut got) = (vec![0f32; m * n], vec![1f32; m * n]);
+            unsafe {
+                matmul_f32(va, vb, (want.as_mut_ptr(), n as isize, 1));
+                matmul_f32_b_rows(
+                    va,
+                    (pool.as_ptr(), &offsets),
+                    n,
+                    (got.as_mut_ptr(), n as isize, 1),
+                );
+            }
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let same = g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
+                assert!(same, "{m}x{k}x{n} element {i}: {g} want {w}");
             }
         }
     }

@@ -108,6 +108,38 @@ pub(crate) unsafe fn matmul_f32_out(
     );
 }
 
+/// Whether this core runs bf16 products on `vdpbf16ps` (AVX512-BF16): where not,
+/// [`bf16_matmul_f32_b_rows`] does nothing.
+pub(crate) fn bf16_products_run() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::bf16_gemm::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// `c = a @ B` for a bf16 `a` into an f32 `c`, B's row `q` (`n` contiguous bf16 values) at
+/// `b.offset(b_rows[q])`, on a core with AVX512-BF16 (`bf16_gemm::matmul_f32_b_rows`: the
+/// dense convolution's columns read in its padded grid); `false`, having done nothing,
+/// elsewhere (the caller widens its operands and takes the f32 path).
+///
+/// # Safety
+/// `a` and `c` as in [`matmul_f32_out`]; every `b.offset(b_rows[q])` is valid for `n` values;
+/// `b_rows.len() == a.cols`.
+pub(crate) unsafe fn bf16_matmul_f32_b_rows(
+    a: HalfMat,
+    b: (*const u16, &[isize]),
+    n: usize,
+    c: (*mut f32, isize, isize),
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if bf16_products_run() {
+        super::bf16_gemm::matmul_f32_b_rows(a, b, n, c);
+        return true;
+    }
+    let _ = (a, b, n, c);
+    false
+}
+
 /// [`matmul`] through f32: the operands widened, the f32 product, the result rounded.
 ///
 /// # Safety

@@ -35,6 +35,7 @@ mod weight_dots;
 mod weight_grad;
 
 use super::{jobs, View};
+use crate::backend::cpu::half_gemm::{bf16_matmul_f32_b_rows, bf16_products_run, HalfMat};
 use crate::backend::cpu::matmul::{matmul, sgemm_b_rows, Mat};
 use crate::backend::SideBySide;
 use crate::error::{Error, Result};
@@ -53,6 +54,8 @@ thread_local! {
     /// The padded input, the block of columns and the wide result, kept between calls: fresh
     /// buffers of this size are fresh pages (faults and zeroing) every call.
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// A bfloat16 convolution's padded input (its wide result is in [`SCRATCH`]).
+    static GRID16: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
 }
 
 type Idx = SmallVec<[usize; 3]>;
@@ -87,7 +90,7 @@ fn for_each_index(dims: &[usize], mut f: impl FnMut(&[usize])) {
 ///
 /// # Safety
 /// `from` is valid for `row.len()` elements `stride` apart.
-unsafe fn read_run(row: &mut [f32], from: *const f32, stride: isize) {
+unsafe fn read_run<T: Copy>(row: &mut [T], from: *const T, stride: isize) {
     if stride == 1 {
         row.copy_from_slice(std::slice::from_raw_parts(from, row.len()));
     } else {
@@ -266,7 +269,8 @@ fn spatial_offset(idx: &[usize], strides: &[isize]) -> isize {
 /// enough.
 ///
 /// # Safety
-/// Every view lies inside its buffer and is float32; `out` does not overlap `x` or `w`.
+/// Every view lies inside its buffer; `x` and `w` are both float32, or (forward and input
+/// gradient) both bfloat16, and `out` is float32; `out` does not overlap `x` or `w`.
 pub(super) unsafe fn run(
     k: &Conv,
     x: &View,
@@ -274,12 +278,11 @@ pub(super) unsafe fn run(
     out: &View,
     threads: Option<&dyn SideBySide>,
 ) -> Result<()> {
-    if [x.dtype, w.dtype, out.dtype]
-        .iter()
-        .any(|&d| d != DType::F32)
-    {
+    let bf16 = [x.dtype, w.dtype] == [DType::BF16; 2] && k.part != ConvPart::WeightGrad;
+    if !(bf16 || [x.dtype, w.dtype] == [DType::F32; 2]) || out.dtype != DType::F32 {
         return Err(Error::Internal(format!(
-            "conv: float32 operands expected, got {} x {} -> {}",
+            "conv: float32 operands (or bfloat16 ones, but for the weight gradient) and a \
+             float32 result expected, got {} x {} -> {}",
             x.dtype, w.dtype, out.dtype
         )));
     }
@@ -291,34 +294,111 @@ pub(super) unsafe fn run(
         return weight_grad::by_channels(k, x, w, out, threads);
     }
     let g = Geometry::new(k, x, &w.sizes[2..], &out.sizes[2..], out.sizes[1]);
-    let n = x.sizes[0];
-    let weight = dense_weight(k.part == ConvPart::InputGrad, w, &g);
+    if bf16 {
+        return run_bf16(k, (x, w, out), &g, threads);
+    }
+    let weight = dense_weight::<f32>(k.part == ConvPart::InputGrad, w, &g);
     if !weight.iter().all(|v| v.is_finite()) {
         exact::run(k, x, &weight, &w.sizes[2..], out);
         return Ok(());
     }
     let offsets = g.row_offsets();
-    let macs = out.numel() * g.rows();
-    let sample = |s: usize| {
+    by_samples(&g, x, out, threads, &|s| {
         SCRATCH.with(|cell| {
             let mut buf = cell.borrow_mut();
             // SAFETY: the caller's contract; each sample writes only its own output slice.
             unsafe { run_sample(&g, x, (&weight, &offsets), out, s, &mut buf) };
-            Ok(())
         })
-    };
+    })
+}
+
+/// Runs `sample(s)` for every sample of `x`, split over `threads` when there is work enough.
+fn by_samples(
+    g: &Geometry,
+    x: &View,
+    out: &View,
+    threads: Option<&dyn SideBySide>,
+    sample: &dyn Fn(usize),
+) -> Result<()> {
+    let n = x.sizes[0];
+    let macs = out.numel() * g.rows();
     jobs(
         threads.filter(|_| n > 1 && macs >= SERIAL_BELOW_MACS),
         n,
-        &sample,
+        &|s| {
+            sample(s);
+            Ok(())
+        },
     )
+}
+
+/// A bfloat16 convolution into a float32 `out` (autocast's, whose caller rounds once after
+/// adding a bias): each element the f32 sum of the exact products, as [`run`]'s float32 path on
+/// the widened operands, summed in `vdpbf16ps`'s pair order on a core with AVX512-BF16 (the
+/// grid and the columns' panels in bf16, twice the f32 path's multiply-adds per
+/// instruction). Elsewhere, and with a non-finite weight (whose padded taps must stay out of
+/// the sums: [`exact`]), it is that float32 path on widened copies.
+unsafe fn run_bf16(
+    k: &Conv,
+    (x, w, out): (&View, &View, &View),
+    g: &Geometry,
+    threads: Option<&dyn SideBySide>,
+) -> Result<()> {
+    let weight = dense_weight::<u16>(k.part == ConvPart::InputGrad, w, g);
+    let finite = weight.iter().all(|&b| b & 0x7f80 != 0x7f80);
+    let offsets = g.row_offsets();
+    let a = HalfMat {
+        ptr: weight.as_ptr() as *mut u16,
+        rows: g.oc,
+        cols: g.rows(),
+        rs: g.rows() as isize,
+        cs: 1,
+    };
+    if !finite || !bf16_products_run() {
+        let (xw, ww) = (widened(x), widened(w));
+        return run(k, &xw.1, &ww.1, out, threads);
+    }
+    by_samples(g, x, out, threads, &|s| {
+        GRID16.with(|grid| {
+            SCRATCH.with(|wide| {
+                let (mut grid, mut wide) = (grid.borrow_mut(), wide.borrow_mut());
+                let (grid_len, wide_len) = (g.c * g.channel, g.oc * g.wide);
+                if grid.len() < grid_len {
+                    grid.resize(grid_len, 0);
+                }
+                if wide.len() < wide_len {
+                    wide.resize(wide_len, 0.0);
+                }
+                let (grid, wide) = (&mut grid[..grid_len], &mut wide[..wide_len]);
+                // SAFETY: the caller's contract; each sample writes only its own output slice.
+                unsafe {
+                    fill_grid(g, x, s, grid);
+                    let c = (wide.as_mut_ptr(), g.wide as isize, 1);
+                    bf16_matmul_f32_b_rows(a, (grid.as_ptr(), &offsets), g.wide, c);
+                    write_output(g, out, s, wide);
+                }
+            })
+        })
+    })
+}
+
+/// A float32 copy of a bfloat16 view (dense), and the view of it.
+unsafe fn widened(v: &View) -> (Vec<f32>, View) {
+    let mut data = Vec::with_capacity(v.numel());
+    let from = v.base as *const u16;
+    for_each_index(&v.sizes, |i| {
+        let at = v.offset + spatial_offset(i, &v.strides);
+        data.push(f32::from_bits((*from.offset(at) as u32) << 16));
+    });
+    let view = View::dense(data.as_mut_ptr() as *mut u8, DType::F32, &v.sizes);
+    (data, view)
 }
 
 /// Sample `s` of `x` into `grid` (`g.c * g.channel` floats): zeros, then each input row at its
 /// place in the padded grid, one run per phase of the last dim (every `stride`-th element to
 /// consecutive places; at stride 1 the whole row as one run).
-unsafe fn fill_grid(g: &Geometry, x: &View, s: usize, grid: &mut [f32]) {
-    grid.fill(0.0);
+unsafe fn fill_grid<T: Copy + Default>(g: &Geometry, x: &View, s: usize, grid: &mut [T]) {
+    grid.fill(T::default());
     let d = g.input.len();
     let last = d - 1;
     let xs = &x.strides[2..];
@@ -331,7 +411,7 @@ unsafe fn fill_grid(g: &Geometry, x: &View, s: usize, grid: &mut [f32]) {
                 padded[a] = i[a] + g.padding[a];
             }
             let from = x0 + c as isize * x.strides[1] + spatial_offset(i, xs);
-            let from = (x.base as *const f32).offset(from);
+            let from = (x.base as *const T).offset(from);
             // Phase by phase, not element by element: a division per element made this copy
             // as slow as the product.
             for r in 0..step {
@@ -402,7 +482,7 @@ fn layout2(sizes: [usize; 2], strides: [isize; 2], offset: usize) -> Layout {
 /// The weight as the dense `[OC, C * K]` matrix the product reads, each row's taps in the
 /// kernel's row-major order: `w` itself, or (`mirrored`) `w`'s `[C, OC, k...]` read transposed
 /// with every tap reversed.
-unsafe fn dense_weight(mirrored: bool, w: &View, g: &Geometry) -> Vec<f32> {
+unsafe fn dense_weight<T: Copy>(mirrored: bool, w: &View, g: &Geometry) -> Vec<T> {
     let kernel = &w.sizes[2..];
     let mut taps = Vec::with_capacity(g.taps.len());
     for_each_index(kernel, |t| {
@@ -417,7 +497,7 @@ unsafe fn dense_weight(mirrored: bool, w: &View, g: &Geometry) -> Vec<f32> {
         false => (w.strides[0], w.strides[1]),
         true => (w.strides[1], w.strides[0]),
     };
-    let p = w.base as *const f32;
+    let p = w.base as *const T;
     let mut v = Vec::with_capacity(g.oc * g.rows());
     for o in 0..g.oc {
         for c in 0..g.c {
@@ -468,7 +548,14 @@ unsafe fn run_sample(
         );
         j0 += nb;
     }
-    // The output positions of the wide result, row by row of the last dim.
+    write_output(g, out, s, wide);
+}
+
+/// Sample `s`'s output positions of the wide result, row by row of the last dim.
+///
+/// # Safety
+/// `out` is a float32 view inside its buffer, shaped as the convolution's output.
+unsafe fn write_output(g: &Geometry, out: &View, s: usize, wide: &[f32]) {
     let (run, stride) = (g.out[g.out.len() - 1], out.strides[out.strides.len() - 1]);
     g.for_each_output_row(out, s, |from, to| {
         let row = &wide[from..from + run];
