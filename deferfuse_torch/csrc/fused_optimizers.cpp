@@ -4,12 +4,19 @@
 // tensor copied to the host and back.
 //
 // Each parameter's update is written from device ops in the order PyTorch's CPU fused kernel
-// computes it (FusedAdamKernel.cpp, FusedSGDKernel.cpp, FusedAdagradKernel.cpp), so the values
-// agree with CPU's fused step within float32 rounding (the bias corrections and Adagrad's
-// decayed rate are float32 device values here, double there); in defer mode each parameter's
-// update is one fused loop. The step counts, the gradient scale and AMP's found_inf flag stay
-// on the device: a step with found_inf set changes nothing, decided by a select instead of a
-// host read.
+// computes it (FusedAdamKernel.cpp, FusedSGDKernel.cpp, FusedAdagradKernel.cpp), in its
+// arithmetic type (at::opmath_type): a float16/bfloat16 parameter, its gradient and its state
+// are read into float32, updated there and rounded once when stored, as CPU's kernel does
+// (updated op by op in the half type, eps = 1e-8 rounded to 0 in float16 and an element with
+// a zero gradient became 0/0); float32 and float64 compute in their own type. The step's
+// scalars (the bias corrections, Adam's step size, Adagrad's decayed rate) are computed in
+// float64 from the step count, as CPU's kernel computes them on the host, then taken to the
+// arithmetic type (computed in float32 they drifted ~7e-6 relative a step with Adam's default
+// betas, and float64 parameters lost precision). So values agree with CPU's fused step
+// within rounding (CPU's vector loops fuse some multiply-adds). In defer mode each
+// parameter's update is one fused loop. The step counts, the gradient scale and AMP's
+// found_inf flag stay on the device: a step with found_inf set changes nothing, decided by a
+// select instead of a host read.
 #include "common.h"
 
 #include <torch/library.h>
@@ -17,17 +24,32 @@
 namespace dft {
 namespace {
 
-// lr as a Python float or as a device tensor (the ".tensor_lr" overloads).
+// The type CPU's fused kernels compute in (at::opmath_type): float32 for the half types.
+at::ScalarType opmath_of(const at::Tensor& p) {
+  auto t = p.scalar_type();
+  return t == at::kHalf || t == at::kBFloat16 ? at::kFloat : t;
+}
+
+// `t` read as `dtype` (itself when it has it).
+at::Tensor as(const at::Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype ? t : t.to(dtype);
+}
+
+// lr as a Python float or as a device tensor (the ".tensor_lr" overloads), which CPU's kernel
+// reads as a double.
 struct LR {
   double value = 0.0;
-  at::Tensor tensor;  // defined for a tensor lr on the device
+  at::Tensor tensor;  // defined for a tensor lr on the device: float64
 
-  at::Tensor times(const at::Tensor& t) const { return tensor.defined() ? t * tensor : t * value; }
-  // 1 - lr * wd, as a float or a device scalar.
-  at::Tensor decay(const at::Tensor& p, double wd) const {
-    return tensor.defined() ? p * (1.0 - tensor * wd) : p * (1.0 - value * wd);
+  at::Tensor times(const at::Tensor& t) const {
+    return tensor.defined() ? t * as(tensor, t.scalar_type()) : t * value;
   }
-  at::Tensor over(const at::Tensor& t) const {  // lr / t
+  // p * (1 - lr * wd), the factor computed in float64 and taken to p's dtype.
+  at::Tensor decay(const at::Tensor& p, double wd) const {
+    return tensor.defined() ? p * as(1.0 - tensor * wd, p.scalar_type()) : p * (1.0 - value * wd);
+  }
+  // lr / t for a float64 device scalar t, in float64.
+  at::Tensor over(const at::Tensor& t) const {
     return tensor.defined() ? tensor / t : at::reciprocal(t) * value;
   }
 };
@@ -36,8 +58,11 @@ LR lr_of(double lr) { return LR{lr, at::Tensor()}; }
 
 LR lr_of(const at::Tensor& lr) {
   if (lr.device().type() != c10::DeviceType::PrivateUse1) return LR{lr.item<double>(), {}};
-  return LR{0.0, lr};
+  return LR{0.0, as(lr, at::kDouble)};
 }
+
+// The step count as CPU's kernel reads it (the float32 count as a double), on the device.
+at::Tensor step_count(const at::Tensor& step) { return as(step, at::kDouble); }
 
 // Where a step is skipped (found_inf set), the old value; else the new one.
 at::Tensor unless_inf(const std::optional<at::Tensor>& found_inf, const at::Tensor& old,
@@ -45,13 +70,14 @@ at::Tensor unless_inf(const std::optional<at::Tensor>& found_inf, const at::Tens
   return found_inf ? at::where(found_inf->ne(0), old, updated) : updated;
 }
 
-// The gradient the update reads: unscaled (and written back unscaled, as CPU's kernel does),
-// negated under maximize.
+// The gradient the update reads, in the arithmetic type `opmath`: unscaled (and written back
+// unscaled, rounded to the gradient's dtype, as CPU's kernel does), negated under maximize.
 at::Tensor step_grad(const at::Tensor& grad, const std::optional<at::Tensor>& grad_scale,
-                     const std::optional<at::Tensor>& found_inf, bool maximize) {
-  at::Tensor g = grad;
+                     const std::optional<at::Tensor>& found_inf, bool maximize,
+                     at::ScalarType opmath) {
+  at::Tensor g = as(grad, opmath);
   if (grad_scale) {
-    g = grad / *grad_scale;
+    g = g / *grad_scale;
     grad.copy_(unless_inf(found_inf, grad, g));
   }
   return maximize ? -g : g;
@@ -79,27 +105,28 @@ void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_
   LR lr = lr_of(lr_arg);
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor &p = params[i], &m = exp_avgs[i], &v = exp_avg_sqs[i];
-    at::Tensor g = step_grad(grads[i], grad_scale, found_inf, maximize);
-    at::Tensor param = p;
+    const auto op = opmath_of(p);
+    at::Tensor g = step_grad(grads[i], grad_scale, found_inf, maximize, op);
+    at::Tensor param = as(p, op);
     if (weight_decay != 0) {
       if (kAdamW) {
-        param = lr.decay(p, weight_decay);
+        param = lr.decay(param, weight_decay);
       } else {
-        g = g + p * weight_decay;
+        g = g + param * weight_decay;
       }
     }
-    auto m_new = at::lerp(m, g, 1.0 - beta1);
-    auto v_new = v * beta2 + g * (1.0 - beta2) * g;
+    auto m_new = at::lerp(as(m, op), g, 1.0 - beta1);
+    auto v_new = as(v, op) * beta2 + g * (1.0 - beta2) * g;
     at::Tensor second = v_new;
     if (amsgrad) {
-      second = at::maximum(max_exp_avg_sqs[i], v_new);
+      second = at::maximum(as(max_exp_avg_sqs[i], op), v_new);
       max_exp_avg_sqs[i].copy_(unless_inf(found_inf, max_exp_avg_sqs[i], second));
     }
-    const at::Tensor& step = state_steps[i];
-    auto correction1 = 1.0 - at::pow(beta1, step);
-    auto correction2_sqrt = at::sqrt(1.0 - at::pow(beta2, step));
+    auto step = step_count(state_steps[i]);
+    auto step_size = as(lr.over(1.0 - at::pow(beta1, step)), op);
+    auto correction2_sqrt = as(at::sqrt(1.0 - at::pow(beta2, step)), op);
     auto denom = at::sqrt(second) / correction2_sqrt + eps;
-    auto p_new = param - lr.over(correction1) * m_new / denom;
+    auto p_new = param - step_size * m_new / denom;
     p.copy_(unless_inf(found_inf, p, p_new));
     m.copy_(unless_inf(found_inf, m, m_new));
     v.copy_(unless_inf(found_inf, v, v_new));
@@ -117,15 +144,17 @@ void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorList momen
   LR lr = lr_of(lr_arg);
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
-    at::Tensor g = step_grad(grads[i], grad_scale, found_inf, maximize);
-    if (weight_decay != 0) g = g + p * weight_decay;
+    const auto op = opmath_of(p);
+    at::Tensor param = as(p, op);
+    at::Tensor g = step_grad(grads[i], grad_scale, found_inf, maximize, op);
+    if (weight_decay != 0) g = g + param * weight_decay;
     if (momentum != 0) {
       const at::Tensor& buf = momentum_buffers[i];
-      auto buf_new = is_first_step ? g : buf * momentum + g * (1.0 - dampening);
+      auto buf_new = is_first_step ? g : as(buf, op) * momentum + g * (1.0 - dampening);
       buf.copy_(unless_inf(found_inf, buf, buf_new));
       g = nesterov ? g + buf_new * momentum : buf_new;
     }
-    p.copy_(unless_inf(found_inf, p, p - lr.times(g)));
+    p.copy_(unless_inf(found_inf, p, param - lr.times(g)));
   }
 }
 
@@ -138,13 +167,16 @@ void fused_adagrad(at::TensorList params, at::TensorList grads, at::TensorList s
   LR lr = lr_of(lr_arg);
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor &p = params[i], &sum = state_sums[i];
-    at::Tensor g = step_grad(grads[i], grad_scale, found_inf, maximize);
-    if (weight_decay != 0) g = g + p * weight_decay;
-    auto sum_new = sum + g * g;
+    const auto op = opmath_of(p);
+    at::Tensor param = as(p, op);
+    at::Tensor g = step_grad(grads[i], grad_scale, found_inf, maximize, op);
+    if (weight_decay != 0) g = g + param * weight_decay;
+    auto sum_new = as(sum, op) + g * g;
     auto std = at::sqrt(sum_new) + eps;
-    auto clr = lr.over(1.0 + (state_steps[i] - 1.0) * lr_decay);  // lr / (1 + (step-1) * decay)
+    // lr / (1 + (step - 1) * decay), in float64.
+    auto clr = as(lr.over(1.0 + (step_count(state_steps[i]) - 1.0) * lr_decay), op);
     sum.copy_(unless_inf(found_inf, sum, sum_new));
-    p.copy_(unless_inf(found_inf, p, p - clr * g / std));
+    p.copy_(unless_inf(found_inf, p, param - clr * g / std));
   }
 }
 

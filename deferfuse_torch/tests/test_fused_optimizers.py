@@ -105,3 +105,48 @@ def test_a_found_inf_step_changes_no_parameter_or_state(mode):
     for i, s in enumerate(state):
         assert torch.equal(s["exp_avg"].cpu(), before[1][i]["exp_avg"].cpu())
         assert torch.equal(s["exp_avg_sq"].cpu(), before[1][i]["exp_avg_sq"].cpu())
+
+
+def one_step(config, dev, dtype, param, grad, steps=1):
+    """`steps` steps of CONFIGS[config] on one parameter of `dtype` with gradient `grad`."""
+    p = param.to(dtype).to(dev).clone().requires_grad_()
+    opt = CONFIGS[config]([p])
+    for _ in range(steps):
+        p.grad = grad.to(dtype).to(dev)
+        opt.step()
+    return p.detach().cpu(), {k: v.cpu() for k, v in opt.state[p].items()}
+
+
+@pytest.mark.parametrize("config", ["adam", "adamw", "sgd_momentum", "adagrad"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_step_computes_in_float32_and_rounds_once_as_cpus(mode, config, dtype):
+    # CPU's fused kernels read a half-precision parameter, gradient and state into float32 and
+    # round each stored value once; op by op in the half type the values drifted by an ulp,
+    # and in float16 Adam's eps (1e-8) rounded to 0, so a zero gradient gave 0/0 = NaN.
+    torch.manual_seed(0)
+    param, grad = torch.randn(64), torch.randn(64) * 0.5
+    grad[::7] = 0.0
+    want_p, want_state = one_step(config, "cpu", dtype, param, grad, steps=3)
+    got_p, got_state = one_step(config, "tpu", dtype, param, grad, steps=3)
+    # The same bits, but where CPU's vector loop fuses a multiply-add (SGD's momentum, whose
+    # float32 value then rounds to the neighbouring half value at a tie's edge): one unit.
+    ulps = 1 if config == "sgd_momentum" else 0
+    for k, v in [("param", want_p), *want_state.items()]:
+        got = got_p if k == "param" else got_state[k]
+        torch.testing.assert_close(got, v, rtol=ulps * torch.finfo(dtype).eps, atol=0, msg=k)
+
+
+@pytest.mark.parametrize("config", ["adam", "adamw_amsgrad", "adagrad"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_steps_scalars_are_computed_in_float64_as_cpus(mode, config, dtype):
+    # The bias corrections, Adam's step size and Adagrad's decayed rate come from the step
+    # count in float64 (CPU computes them on the host): in float32 Adam drifted ~7e-6
+    # relative a step at the default betas, and float64 parameters kept float32's precision.
+    torch.manual_seed(1)
+    param, grad = torch.randn(32), torch.randn(32)
+    want, _ = one_step(config, "cpu", dtype, param, grad, steps=5)
+    got, _ = one_step(config, "tpu", dtype, param, grad, steps=5)
+    # Within a few roundings of the parameters' scale (an element near zero after the update
+    # keeps the absolute error of the values it came from).
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(got, want, rtol=4 * eps, atol=8 * eps * want.abs().max().item())
