@@ -63,7 +63,9 @@ at::Tensor scaled(const at::Tensor& x, const at::Tensor& other, const at::Scalar
   if (alpha.equal(1)) return other;
   if (is_wrapped(other)) {
     at::Scalar v = other.item();
-    at::Scalar prod = v.isBoolean() && alpha.isBoolean()
+    at::Scalar prod = v.isComplex() || alpha.isComplex()
+                          ? at::Scalar(v.toComplexDouble() * alpha.toComplexDouble())
+                      : v.isBoolean() && alpha.isBoolean()
                           ? at::Scalar(v.toBool() && alpha.toBool())
                       : v.isIntegral(true) && alpha.isIntegral(true)
                           ? at::Scalar(v.toLong() * alpha.toLong())
@@ -74,6 +76,12 @@ at::Tensor scaled(const at::Tensor& x, const at::Tensor& other, const at::Scalar
   }
   // A bool result: alpha is a bool too (alpha_check), and `other` counts when it is true.
   if (common == at::kBool) return alpha.toBool() ? other : at::zeros_like(other);
+  // Complex: alpha times `other` as CPU's complex multiply, a real `other` taking part as
+  // (x, 0) (SGD's `p.add_(grad, alpha=-lr)` on complex parameters raised).
+  if (at::isComplexType(common)) {
+    return complex_binary(DFUSE_BINARY_OP_MUL, other.is_complex() ? other : other.to(common),
+                          alpha);
+  }
   bool widen = other.scalar_type() != common && !at::isComplexType(common);
   return binary(widen ? cast(other, common) : other, alpha, DFUSE_BINARY_OP_MUL);
 }

@@ -74,6 +74,29 @@ def test_arithmetic_with_complex_real_and_scalar_operands_matches_cpu(mode, op):
         assert torch.equal(f(dx, dy).cpu(), f(x, y)), (op, x, y)
 
 
+@pytest.mark.parametrize("op", ["add", "sub"])
+@pytest.mark.parametrize("alpha", [2, -0.1, 1 - 2j])
+def test_add_and_sub_with_alpha_scale_the_other_operand_as_cpu(mode, op, alpha):
+    # alpha * other is CPU's complex product, a real operand or alpha taking part as (x, 0)
+    # (SGD's `p.add_(grad, alpha=-lr)` on complex parameters raised).
+    a, b, r = cx(8, 8), cx(8, 8, seed=1), torch.randn(8, 8)
+    f = getattr(torch, op)
+    for x, y in [(a, b), (a, r), (a, 1 + 1j)]:
+        dy = y.to("tpu") if isinstance(y, torch.Tensor) else y
+        assert torch.equal(f(x.to("tpu"), dy, alpha=alpha).cpu(), f(x, y, alpha=alpha)), (x, y)
+
+
+def test_sgd_with_momentum_trains_complex_parameters_as_on_cpu(mode):
+    p0, g = cx(16), cx(16, seed=2)
+    want, got = p0.clone().requires_grad_(), p0.to("tpu").requires_grad_()
+    for p in (want, got):
+        opt = torch.optim.SGD([p], lr=0.1, momentum=0.9, weight_decay=0.01)
+        for _ in range(3):
+            p.grad = g.to(p.device)
+            opt.step()
+    assert torch.equal(got.detach().cpu(), want.detach())
+
+
 def test_in_place_arithmetic_writes_the_complex_tensor(mode):
     a, b = cx(64), cx(64, seed=1)
     t = a.to("tpu")
