@@ -83,6 +83,11 @@ at::Tensor step_grad(const at::Tensor& grad, const std::optional<at::Tensor>& gr
   return maximize ? -g : g;
 }
 
+// The steps write parameters and state below autograd's in-place tracking, as CPU's fused
+// kernels write their memory: no version counter moves, so a graph that saved a parameter
+// before step() still runs its backward afterwards, as on CPU (each copy_ here bumped it).
+using BelowInplaceTracking = at::AutoDispatchBelowADInplaceOrView;
+
 void check_lists(const char* op, at::TensorList params,
                  std::initializer_list<at::TensorList> others) {
   for (const auto& l : others) {
@@ -98,6 +103,7 @@ void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_
                 double weight_decay, double eps, bool amsgrad, bool maximize,
                 const std::optional<at::Tensor>& grad_scale,
                 const std::optional<at::Tensor>& found_inf) {
+  BelowInplaceTracking below;
   const char* op = kAdamW ? "_fused_adamw_" : "_fused_adam_";
   check_lists(op, params, {grads, exp_avgs, exp_avg_sqs, state_steps});
   TORCH_CHECK(!amsgrad || max_exp_avg_sqs.size() == params.size(), "tpu: ", op,
@@ -138,6 +144,7 @@ void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorList momen
                double weight_decay, double momentum, Lr lr_arg, double dampening, bool nesterov,
                bool maximize, bool is_first_step, const std::optional<at::Tensor>& grad_scale,
                const std::optional<at::Tensor>& found_inf) {
+  BelowInplaceTracking below;
   check_lists("_fused_sgd_", params, {grads, momentum_buffers});
   TORCH_CHECK(momentum == 0 || momentum_buffers.size() == params.size(),
               "tpu: _fused_sgd_: momentum needs one momentum buffer per parameter");
@@ -163,6 +170,7 @@ void fused_adagrad(at::TensorList params, at::TensorList grads, at::TensorList s
                    at::TensorList state_steps, Lr lr_arg, double lr_decay, double weight_decay,
                    double eps, bool maximize, const std::optional<at::Tensor>& grad_scale,
                    const std::optional<at::Tensor>& found_inf) {
+  BelowInplaceTracking below;
   check_lists("_fused_adagrad_", params, {grads, state_sums, state_steps});
   LR lr = lr_of(lr_arg);
   for (size_t i = 0; i < params.size(); ++i) {
