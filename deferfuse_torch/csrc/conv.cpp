@@ -791,7 +791,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
       if ((mask[1] && !op && !widened) || folded_input_grad) go = positions_major(grad, g);
       if (mask[0]) gx = conv_input_grad(grad, go, w, g);
       if (mask[1] && widened) {
-        gw = weight_grad_by_conv(grad.to(at::kFloat), x.to(at::kFloat), g).to(w.scalar_type());
+        auto [a, b] = conv_op_operands(grad, x);
+        gw = weight_grad_by_conv(a, b, g).to(w.scalar_type());
       } else if (mask[1]) {
         gw = op ? weight_grad_by_conv(grad, x, g) : conv_weight_grad(go, x, w, g);
       }

@@ -528,8 +528,9 @@ enum DfuseOpKind
    * COLUMNS_TO_INPUT (col2im): one input, the columns' gradient `[N, C, k..., out...]`,
    * `attrs->dims[0..n]` the input sizes -> `[N, C, in...]`; INPUT_TO_COLUMNS (im2col): x
    * `[N, C, in...]`, `attrs->dims[0..n]` the kernel -> `[C, k..., N, out...]`. Dtypes:
-   * float32 throughout; FORWARD and INPUT_GRAD also take two bfloat16 operands (autocast's),
-   * summed in float32 into a float32 result; INPUT_TO_COLUMNS copies bfloat16 and float16 too.
+   * float32 throughout; FORWARD, INPUT_GRAD and WEIGHT_GRAD also take two bfloat16 operands
+   * (autocast's), summed in float32 into a float32 result; INPUT_TO_COLUMNS copies bfloat16
+   * and float16 too.
    */
   DFUSE_OP_KIND_CONV = 19,
   /**

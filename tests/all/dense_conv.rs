@@ -328,6 +328,17 @@ fn a_small_1d_convolution_has_the_hand_computed_values() {
 
 #[test]
 fn the_weight_gradient_matches_the_reference_in_every_mode() {
+    check_weight_grad(DType::F32);
+}
+
+#[test]
+fn a_bfloat16_weight_gradient_is_summed_into_a_float32_result_in_every_mode() {
+    check_weight_grad(DType::BF16);
+}
+
+/// The weight gradient of every geometry on operands of `dtype` (float32, or bfloat16 summed
+/// into a float32 result), contiguous and strided, against the reference.
+fn check_weight_grad(dtype: DType) {
     for (places, seed) in [
         ((Place::Contig, Place::Contig), 7),
         ((Place::Strided, Place::Transposed), 8),
@@ -337,8 +348,8 @@ fn the_weight_gradient_matches_the_reference_in_every_mode() {
             .iter()
             .map(|g| {
                 (
-                    rng.tensor(DType::F32, &g.out(), 2.0, 0, false),
-                    rng.tensor(DType::F32, &g.x(), 2.0, 0, false),
+                    rng.tensor(dtype, &g.out(), 2.0, 0, false),
+                    rng.tensor(dtype, &g.x(), 2.0, 0, false),
                 )
             })
             .collect();
@@ -366,8 +377,9 @@ fn the_weight_gradient_matches_the_reference_in_every_mode() {
                     abs: 0.0,
                     scaled: 1.02 * terms as f64 * (2f64.powi(-24) + 2f64.powi(-53)),
                 };
+                assert_eq!(got.dtype, DType::F32, "{name}: the result is float32");
                 compare(
-                    &format!("weight gradient {places:?} {name}"),
+                    &format!("{dtype} weight gradient {places:?} {name}"),
                     got,
                     &want,
                     tol,
@@ -402,14 +414,17 @@ fn a_weight_of_another_channel_count_fails_at_record_naming_the_weight() {
 }
 
 #[test]
-fn a_bfloat16_weight_gradient_fails_at_record_naming_the_dtype() {
+fn a_bfloat16_gradient_with_a_float32_input_fails_at_record_naming_the_input() {
     let g = &GEOS[2];
     let rt = Runtime::new(Default::default()).unwrap();
     let grad = tensor(&rt, DType::BF16, &[1, 16, 16, 16], &vec![0.0; 16 * 256]);
-    let x = tensor(&rt, DType::BF16, &[1, 16, 16, 16], &vec![0.0; 16 * 256]);
+    let x = tensor(&rt, DType::F32, &[1, 16, 16, 16], &vec![0.0; 16 * 256]);
     let op = Op::Kernel(KernelOp::Conv(Box::new(g.weight_grad())));
     match rt.op(0, op, &[tt(grad), tt(x)], None) {
-        Err(e @ Error::Op(_)) => assert!(e.to_string().contains("float32"), "{e}"),
+        Err(e @ Error::Op(_)) => {
+            let e = e.to_string();
+            assert!(e.contains("input 1 (x)") && e.contains("bfloat16"), "{e}")
+        }
         other => panic!("expected a record-time op error, got {other:?}"),
     }
 }

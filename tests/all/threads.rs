@@ -381,6 +381,12 @@ fn a_dense_convolution_split_by_samples_equals_one_thread() {
             let gw = run(rt, conv(ConvPart::WeightGrad, stride), &[tt(y), tt(x)]);
             vec![y, gw]
         });
+        // bfloat16 operands (their float32 result) split the same way.
+        same_on_any_thread_count(|rt| {
+            let x = tensor(rt, DType::BF16, &[n, c, h, h], &values(n * c * h * h, 7));
+            let w = tensor(rt, DType::BF16, &[oc, c, 3, 3], &values(oc * c * 9, 8));
+            vec![run(rt, conv(ConvPart::Forward, stride), &[tt(x), tt(w)])]
+        });
     }
 }
 
@@ -400,11 +406,15 @@ fn a_dense_convolution_weight_gradient_split_by_input_channels_equals_one_thread
             stride: [1, 1][..].into(),
             sizes: [k, k][..].into(),
         })));
-        same_on_any_thread_count(|rt| {
-            let x = tensor(rt, DType::F32, &[n, c, h, h], &values(n * c * h * h, 9));
-            let grad = tensor(rt, DType::F32, &[n, oc, h, h], &values(n * oc * h * h, 10));
-            vec![run(rt, weight_grad.clone(), &[tt(grad), tt(x)])]
-        });
+        // bfloat16 operands take their own dot products (pairs of positions), in the same
+        // batches.
+        for dtype in [DType::F32, DType::BF16] {
+            same_on_any_thread_count(|rt| {
+                let x = tensor(rt, dtype, &[n, c, h, h], &values(n * c * h * h, 9));
+                let grad = tensor(rt, dtype, &[n, oc, h, h], &values(n * oc * h * h, 10));
+                vec![run(rt, weight_grad.clone(), &[tt(grad), tt(x)])]
+            });
+        }
     }
 }
 

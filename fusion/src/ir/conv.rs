@@ -220,15 +220,9 @@ pub(super) fn infer_conv(k: &Conv, args: &[ArgMeta]) -> OpResult<Inferred> {
     let (d0, a) = tensor(NAME, args, 0, first)?;
     let (d1, b) = tensor(NAME, args, 1, second)?;
     // bfloat16 operands (autocast's) are summed in float32 and give a float32 result, which
-    // the caller rounds once after adding a bias; the weight gradient is float32 only.
-    let bf16 = k.part != ConvPart::WeightGrad && d0 == DType::BF16;
-    let (want, allowed) = if bf16 {
+    // the caller rounds once after adding a bias.
+    let (want, allowed) = if d0 == DType::BF16 {
         (DType::BF16, "dtype bfloat16, as input 0's")
-    } else if k.part == ConvPart::WeightGrad {
-        (
-            DType::F32,
-            "dtype float32 (other dtypes take the im2col path)",
-        )
     } else {
         (
             DType::F32,

@@ -323,7 +323,8 @@ pub fn conv_weight_grad(k: &Conv, grad: &RefTensor, x: &RefTensor) -> RefTensor 
     conv_terms(k, spec, |o, xi, wi| {
         data[position(&sizes, wi)] += grad.at(o) * x.at(xi);
     });
-    RefTensor::new(x.dtype, &sizes, data)
+    // float32 whatever the operands' dtype, as `conv`.
+    RefTensor::new(DType::F32, &sizes, data)
 }
 
 /// col2im (`ConvPart::ColumnsToInput`): columns `[N, C, k..., out...]` added back into `[N, C,

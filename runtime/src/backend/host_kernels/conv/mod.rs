@@ -269,8 +269,8 @@ fn spatial_offset(idx: &[usize], strides: &[isize]) -> isize {
 /// enough.
 ///
 /// # Safety
-/// Every view lies inside its buffer; `x` and `w` are both float32, or (forward and input
-/// gradient) both bfloat16, and `out` is float32; `out` does not overlap `x` or `w`.
+/// Every view lies inside its buffer; `x` and `w` are both float32 or both bfloat16, and `out`
+/// is float32; `out` does not overlap `x` or `w`.
 pub(super) unsafe fn run(
     k: &Conv,
     x: &View,
@@ -278,11 +278,11 @@ pub(super) unsafe fn run(
     out: &View,
     threads: Option<&dyn SideBySide>,
 ) -> Result<()> {
-    let bf16 = [x.dtype, w.dtype] == [DType::BF16; 2] && k.part != ConvPart::WeightGrad;
+    let bf16 = [x.dtype, w.dtype] == [DType::BF16; 2];
     if !(bf16 || [x.dtype, w.dtype] == [DType::F32; 2]) || out.dtype != DType::F32 {
         return Err(Error::Internal(format!(
-            "conv: float32 operands (or bfloat16 ones, but for the weight gradient) and a \
-             float32 result expected, got {} x {} -> {}",
+            "conv: two float32 or two bfloat16 operands and a float32 result expected, got {} \
+             x {} -> {}",
             x.dtype, w.dtype, out.dtype
         )));
     }

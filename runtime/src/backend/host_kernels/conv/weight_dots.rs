@@ -39,19 +39,20 @@ pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx512f")
 }
 
-/// One batch of samples, laid out as [`accumulate`] reads them.
-pub(super) struct Batch<'a> {
+/// One batch of samples, laid out as [`accumulate`] reads them: float32 values and masks of
+/// 16 positions, or ([`accumulate_bf16`]) bfloat16 values (as bits) and masks of 32.
+pub(super) struct Batch<'a, T = f32, M = __mmask16> {
     /// How many samples.
     pub samples: usize,
     /// Wide positions per sample: each dot product's length per sample.
     pub len: usize,
     /// The gradients over the wide positions: sample `s`'s row `o` at `grad[s * oc * len + o *
     /// len..]`.
-    pub grad: &'a [f32],
+    pub grad: &'a [T],
     /// Output channels.
     pub oc: usize,
     /// The padded grids: sample `s`'s row `r` at `grid[s * grid_len + offsets[r]..]`.
-    pub grid: &'a [f32],
+    pub grid: &'a [T],
     /// Floats of one sample's grid.
     pub grid_len: usize,
     /// Where each row `(c, tap)` of the columns starts in a sample's grid.
@@ -60,7 +61,7 @@ pub(super) struct Batch<'a> {
     /// `g` of `len.div_ceil(16)` (see [`positions`]): the others (past a row's output size, or
     /// past `len`) are neither loaded nor summed, so an infinity or NaN of the input that only
     /// they would read stays out of every tap's sum, as on CPU.
-    pub positions: &'a [__mmask16],
+    pub positions: &'a [M],
 }
 
 /// [`Batch::positions`] for `len` wide positions of which `is_output(j)` says which are output
@@ -75,6 +76,22 @@ pub(super) fn positions(len: usize, is_output: impl Fn(usize) -> bool) -> Vec<__
         .collect()
 }
 
+/// [`positions`] for [`accumulate_bf16`]'s groups of 32 positions.
+pub(super) fn positions32(len: usize, is_output: impl Fn(usize) -> bool) -> Vec<__mmask32> {
+    (0..len.div_ceil(32))
+        .map(|g| {
+            (0..32)
+                .filter(|&l| 32 * g + l < len && is_output(32 * g + l))
+                .fold(0, |m, l| m | 1 << l)
+        })
+        .collect()
+}
+
+/// Whether this core runs [`accumulate_bf16`] (AVX512-BF16's pair dot products).
+pub(super) fn bf16_available() -> bool {
+    crate::backend::cpu::half_gemm::bf16_products_run()
+}
+
 /// `acc[r * oc + o] += sum_s sum_j grad_s[o, j] * grid_s[offsets[r] + j]` over the batch's
 /// samples `s` and positions `j < len`, every `o < oc` and row `r`, in the module's order.
 ///
@@ -83,9 +100,40 @@ pub(super) fn positions(len: usize, is_output: impl Fn(usize) -> bool) -> Vec<__
 /// holds `samples * oc * len` floats; `acc` has `offsets.len() * oc` elements.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn accumulate(batch: &Batch, acc: &mut [f32]) {
-    let (oc, rows, len) = (batch.oc, batch.offsets.len(), batch.len);
+    debug_assert!(batch.grad.len() >= batch.samples * batch.oc * batch.len);
+    by_tiles((batch.oc, batch.len), batch.offsets, acc, |g, x| {
+        tile(batch, g, x)
+    });
+}
+
+/// [`accumulate`] for bfloat16 values, summed in float32 by `vdpbf16ps`: lane `l` of a
+/// 16-lane sum takes the pair of positions `32i + 2l`, `32i + 2l + 1` of each sample in order
+/// (the instruction adds the pair's two exact products into it, the odd position's first),
+/// the lanes then added as [`accumulate`] adds them. Twice the float32 dot products'
+/// multiply-adds per instruction; a masked-off position reads as zero on both sides.
+///
+/// # Safety
+/// [`bf16_available`] holds; otherwise as [`accumulate`].
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(super) unsafe fn accumulate_bf16(batch: &Batch<u16, __mmask32>, acc: &mut [f32]) {
+    debug_assert!(batch.grad.len() >= batch.samples * batch.oc * batch.len);
+    by_tiles((batch.oc, batch.len), batch.offsets, acc, |g, x| {
+        tile_bf16(batch, g, x)
+    });
+}
+
+/// `acc[r * oc + o] += ` tile sums over every output channel `o < oc` and row `r` (its grid
+/// offset in `offsets`), [`TILE_OC`] by [`TILE_ROWS`] at a time: `tile(g, x)` gives the sums of
+/// the gradient rows starting at `g` (rows `len` apart) against the runs at `x`.
+#[inline(always)]
+fn by_tiles(
+    (oc, len): (usize, usize),
+    offsets: &[isize],
+    acc: &mut [f32],
+    tile: impl Fn([usize; TILE_OC], [isize; TILE_ROWS]) -> [[f32; TILE_ROWS]; TILE_OC],
+) {
+    let rows = offsets.len();
     debug_assert_eq!(acc.len(), rows * oc);
-    debug_assert!(batch.grad.len() >= batch.samples * oc * len);
     let mut o0 = 0;
     while o0 < oc {
         // A short last tile repeats a row it has: each sum depends on its own two runs only,
@@ -93,9 +141,8 @@ pub(super) unsafe fn accumulate(batch: &Batch, acc: &mut [f32]) {
         let g: [usize; TILE_OC] = std::array::from_fn(|i| (o0 + i).min(oc - 1) * len);
         let mut r0 = 0;
         while r0 < rows {
-            let x: [isize; TILE_ROWS] =
-                std::array::from_fn(|t| batch.offsets[(r0 + t).min(rows - 1)]);
-            let sums = tile(batch, g, x);
+            let x: [isize; TILE_ROWS] = std::array::from_fn(|t| offsets[(r0 + t).min(rows - 1)]);
+            let sums = tile(g, x);
             for i in 0..TILE_OC.min(oc - o0) {
                 for t in 0..TILE_ROWS.min(rows - r0) {
                     acc[(r0 + t) * oc + o0 + i] += sums[i][t];
@@ -138,6 +185,41 @@ unsafe fn tile(
             step(&mut acc, gs, xs, 16 * group, mask);
         }
     }
+    tile_sums(&acc)
+}
+
+/// [`tile`] for bfloat16 runs: 32 positions a step, each pair into one lane.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn tile_bf16(
+    batch: &Batch<u16, __mmask32>,
+    g: [usize; TILE_OC],
+    x: [isize; TILE_ROWS],
+) -> [[f32; TILE_ROWS]; TILE_OC] {
+    let len = batch.len;
+    let mut acc = [[_mm512_setzero_ps(); TILE_ROWS]; TILE_OC];
+    let load = |at: *const u16, mask: __mmask32| -> __m512bh {
+        std::mem::transmute(_mm512_maskz_loadu_epi16(mask, at as *const i16))
+    };
+    for s in 0..batch.samples {
+        let gs = batch.grad.as_ptr().add(s * batch.oc * len);
+        let xs = batch.grid.as_ptr().add(s * batch.grid_len);
+        for (group, &mask) in batch.positions.iter().enumerate() {
+            let j = 32 * group;
+            let gv: [__m512bh; TILE_OC] = std::array::from_fn(|i| load(gs.add(g[i] + j), mask));
+            for t in 0..TILE_ROWS {
+                let xv = load(xs.offset(x[t] + j as isize), mask);
+                for i in 0..TILE_OC {
+                    acc[i][t] = _mm512_dpbf16_ps(acc[i][t], gv[i], xv);
+                }
+            }
+        }
+    }
+    tile_sums(&acc)
+}
+
+/// A tile's running sums added lane by lane ([`lane_sums`]), sixteen vectors at a time.
+#[target_feature(enable = "avx512f")]
+fn tile_sums(acc: &[[__m512; TILE_ROWS]; TILE_OC]) -> [[f32; TILE_ROWS]; TILE_OC] {
     // The tile's sums sixteen at a time, the last group filled up with zeros.
     let mut sums = [0f32; TILE_SUMS.next_multiple_of(16)];
     for (k0, out) in (0..TILE_SUMS).step_by(16).zip(sums.chunks_mut(16)) {
@@ -280,6 +362,95 @@ mod tests {
             (16, 18, 16),
         ] {
             check(1, oc, rows, len);
+        }
+    }
+
+    /// [`dot_model`] for bfloat16 runs: lane `l` takes each pair `32i + 2l`, `32i + 2l + 1`,
+    /// the odd position's exact product added first, each addition rounded to f32.
+    fn dot_model_bf16(runs: &[(&[u16], &[u16])]) -> f32 {
+        let f = |h: u16| f32::from_bits((h as u32) << 16);
+        let mut lanes = [0f32; 16];
+        for (g, x) in runs {
+            for j in (0..g.len()).step_by(2) {
+                let l = (j % 32) / 2;
+                if j + 1 < g.len() {
+                    lanes[l] += f(g[j + 1]) * f(x[j + 1]);
+                }
+                lanes[l] += f(g[j]) * f(x[j]);
+            }
+        }
+        let mut w = 16;
+        while w > 1 {
+            w /= 2;
+            for l in 0..w {
+                lanes[l] += lanes[l + w];
+            }
+        }
+        lanes[0]
+    }
+
+    #[test]
+    fn a_bfloat16_element_is_its_pairs_dot_product_in_the_module_order() {
+        if !bf16_available() {
+            return;
+        }
+        // Magnitudes spread over 2^-12..2^12, so that an addition in another order rounds
+        // differently (bf16 products of like magnitudes sum exactly in f32 in any order).
+        let bf16 = |v: Vec<f32>| -> Vec<u16> {
+            v.iter()
+                .enumerate()
+                .map(|(i, x)| {
+                    let scaled = x * 2f32.powi((i * 7 % 25) as i32 - 12);
+                    (scaled.to_bits() >> 16) as u16
+                })
+                .collect()
+        };
+        // Short tiles, odd lengths (a last pair of one position), a partial last group, two
+        // samples, and a slack position holding an infinity in the grid.
+        for (samples, oc, rows, len) in [(1, 5, 7, 37), (2, 4, 4, 64), (1, 1, 1, 5), (2, 9, 6, 71)]
+        {
+            let grid_len = len + 3 * rows;
+            let grad = bf16(values(samples * oc * len, 1));
+            let mut grid = bf16(values(samples * grid_len, 2));
+            grid[len / 2] = 0x7f80;
+            let slack = |j: usize| j == len / 2;
+            let offsets: Vec<isize> = (0..rows).map(|r| (3 * r) as isize).collect();
+            let batch = Batch {
+                samples,
+                len,
+                grad: &grad,
+                oc,
+                grid: &grid,
+                grid_len,
+                offsets: &offsets,
+                positions: &positions32(len, |j| !slack(j)),
+            };
+            let mut acc = vec![0.5f32; rows * oc];
+            unsafe { accumulate_bf16(&batch, &mut acc) };
+            for r in 0..rows {
+                for o in 0..oc {
+                    let runs: Vec<(Vec<u16>, Vec<u16>)> = (0..samples)
+                        .map(|s| {
+                            let (g, x) = (s * oc * len + o * len, s * grid_len + 3 * r);
+                            let keep = |v: &[u16]| -> Vec<u16> {
+                                v.iter()
+                                    .enumerate()
+                                    .map(|(j, &b)| if slack(j) { 0 } else { b })
+                                    .collect()
+                            };
+                            (keep(&grad[g..g + len]), keep(&grid[x..x + len]))
+                        })
+                        .collect();
+                    let runs: Vec<(&[u16], &[u16])> =
+                        runs.iter().map(|(g, x)| (&g[..], &x[..])).collect();
+                    let want = 0.5 + dot_model_bf16(&runs);
+                    assert_eq!(
+                        acc[r * oc + o].to_bits(),
+                        want.to_bits(),
+                        "samples {samples} oc {oc} rows {rows} len {len}: element ({r}, {o})"
+                    );
+                }
+            }
         }
     }
 

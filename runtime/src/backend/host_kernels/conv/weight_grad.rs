@@ -6,13 +6,15 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::weight_dots;
+#[cfg(target_arch = "x86_64")]
+use super::GRID16;
 use super::{
     fill_block, fill_grid, for_each_index, jobs, layout2, product, read_run, spatial_offset,
-    Geometry, Idx, View, SCRATCH, SERIAL_BELOW_MACS,
+    widened, Geometry, Idx, View, SCRATCH, SERIAL_BELOW_MACS,
 };
 use crate::backend::SideBySide;
 use crate::error::Result;
-use deferfuse_fusion::ir::Conv;
+use deferfuse_fusion::ir::{Conv, DType};
 
 /// Bytes of the samples the weight gradient's dot products sum at once (grids and wide
 /// gradients): half of this machine's L2, as `BLOCK_BYTES`.
@@ -26,6 +28,10 @@ const SAMPLES_BYTES: usize = 512 << 10;
 /// range's), so the bits do not depend on the thread count. Each range fills its own channels
 /// of the grid and its own copy of the wide gradient (`OC` rows: the small operand).
 ///
+/// bfloat16 `grad` and `x` are summed into the float32 `out` by `vdpbf16ps` dot products
+/// (`weight_dots::accumulate_bf16`) on a core with AVX512-BF16, elsewhere by the float32 path
+/// on widened copies.
+///
 /// # Safety
 /// As [`super::run`].
 pub(super) unsafe fn by_channels(
@@ -35,6 +41,15 @@ pub(super) unsafe fn by_channels(
     out: &View,
     threads: Option<&dyn SideBySide>,
 ) -> Result<()> {
+    let bf16 = grad.dtype == DType::BF16;
+    #[cfg(target_arch = "x86_64")]
+    let widen = bf16 && !weight_dots::bf16_available();
+    #[cfg(not(target_arch = "x86_64"))]
+    let widen = bf16;
+    if widen {
+        let (g, x) = (widened(grad), widened(x));
+        return by_channels(k, &g.1, &x.1, out, threads);
+    }
     let c = x.sizes[1];
     let whole = Geometry::new(k, x, &k.sizes, &grad.sizes[2..], grad.sizes[1]);
     let order = (whole.rows(), whole.block_cols());
@@ -54,6 +69,11 @@ pub(super) unsafe fn by_channels(
             let buf = &mut cell.borrow_mut();
             // SAFETY (both): the caller's contract; each range writes only its own channels of
             // dW.
+            #[cfg(target_arch = "x86_64")]
+            if bf16 {
+                let batch = samples_per_batch(&whole, grad.sizes[0]);
+                return unsafe { by_dots_bf16(&g, grad, &x, &out, batch) };
+            }
             #[cfg(target_arch = "x86_64")]
             if weight_dots::available() {
                 let batch = samples_per_batch(&whole, grad.sizes[0]);
@@ -101,14 +121,7 @@ unsafe fn by_dots(
     let skip = buf.as_ptr().align_offset(64).min(15);
     let (wides, grids) = buf[skip..skip + need - 16].split_at_mut(batch * wide_len);
     let offsets = g.row_offsets();
-    // A wide position is an output position where its index along each dim below the first
-    // is inside the output (the first dim's always is).
-    let positions = weight_dots::positions(g.wide, |j| {
-        (1..g.out.len()).all(|k| {
-            let per = g.grid_strides[k - 1] / g.grid_strides[k];
-            (j / g.grid_strides[k]) % per < g.out[k]
-        })
-    });
+    let positions = weight_dots::positions(g.wide, |j| is_output_position(g, j));
     let mut acc = vec![0f32; g.rows() * g.oc];
     let n = grad.sizes[0];
     let mut s0 = 0;
@@ -138,6 +151,68 @@ unsafe fn by_dots(
         unsafe { weight_dots::accumulate(&batch, &mut acc) };
         s0 += samples;
     }
+    write_weight_grad(g, &acc, out);
+    Ok(())
+}
+
+/// Whether wide position `j` is an output position: its index along each dim below the first
+/// is inside the output (the first dim's always is).
+fn is_output_position(g: &Geometry, j: usize) -> bool {
+    (1..g.out.len()).all(|k| {
+        let per = g.grid_strides[k - 1] / g.grid_strides[k];
+        (j / g.grid_strides[k]) % per < g.out[k]
+    })
+}
+
+/// [`by_dots`] for bfloat16 `grad` and `x`, summed in float32 by
+/// `weight_dots::accumulate_bf16`; the grids and wide gradients in this thread's bfloat16
+/// scratch.
+///
+/// # Safety
+/// As [`super::run`]; `weight_dots::bf16_available()`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn by_dots_bf16(
+    g: &Geometry,
+    grad: &View,
+    x: &View,
+    out: &View,
+    batch: usize,
+) -> Result<()> {
+    let (grid_len, wide_len) = (g.c * g.channel, g.oc * g.wide);
+    let offsets = g.row_offsets();
+    let positions = weight_dots::positions32(g.wide, |j| is_output_position(g, j));
+    let mut acc = vec![0f32; g.rows() * g.oc];
+    GRID16.with(|cell| {
+        let buf = &mut cell.borrow_mut();
+        let need = batch * (grid_len + wide_len);
+        if buf.len() < need {
+            buf.resize(need, 0);
+        }
+        let (wides, grids) = buf[..need].split_at_mut(batch * wide_len);
+        let n = grad.sizes[0];
+        let mut s0 = 0;
+        while s0 < n {
+            let samples = batch.min(n - s0);
+            for i in 0..samples {
+                fill_grid(g, x, s0 + i, &mut grids[i * grid_len..(i + 1) * grid_len]);
+                let wide = &mut wides[i * wide_len..(i + 1) * wide_len];
+                fill_wide_grad(g, grad, s0 + i, wide);
+            }
+            let batch = weight_dots::Batch {
+                samples,
+                len: g.wide,
+                grad: wides,
+                oc: g.oc,
+                grid: grids,
+                grid_len,
+                offsets: &offsets,
+                positions: &positions,
+            };
+            // SAFETY: as in `by_dots`, for bfloat16 values.
+            unsafe { weight_dots::accumulate_bf16(&batch, &mut acc) };
+            s0 += samples;
+        }
+    });
     write_weight_grad(g, &acc, out);
     Ok(())
 }
@@ -193,12 +268,12 @@ unsafe fn in_blocks(
 
 /// Sample `s` of `grad` (output-shaped) laid out over the wide positions of `wide` (`g.oc *
 /// g.wide` floats), zero at the positions past each row's output size.
-unsafe fn fill_wide_grad(g: &Geometry, grad: &View, s: usize, wide: &mut [f32]) {
+unsafe fn fill_wide_grad<T: Copy + Default>(g: &Geometry, grad: &View, s: usize, wide: &mut [T]) {
     let (run, stride) = (g.out[g.out.len() - 1], grad.strides[grad.strides.len() - 1]);
-    wide.fill(0.0);
+    wide.fill(T::default());
     g.for_each_output_row(grad, s, |to, from| {
         let row = &mut wide[to..to + run];
-        read_run(row, (grad.base as *const f32).offset(from), stride);
+        read_run(row, (grad.base as *const T).offset(from), stride);
     });
 }
 
