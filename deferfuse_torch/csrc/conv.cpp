@@ -404,23 +404,26 @@ bool on_conv_op(const Geometry& g, at::ScalarType dtype) {
   return strides == 1 || double(g.K) / strides >= kMinStridedColumnsPerInput;
 }
 
-// Whether a float16/bfloat16 convolution's forward and weight gradient run on the float32 conv
-// op (on_conv_op of its float32 twin): its operands widened (exactly), its result summed in
-// float32 and rounded once, as CPU's kernels and the half-precision GEMM also sum. Only with
-// few output channels, the half-precision products' rows: at 16 the bf16 GEMM packs B for two
-// row tiles and ran at ~110 GFLOP/s. One thread, bf16 GEMM -> widened op (ms): [4, 16, 64,
-// 64] -> 16 forward 0.60 -> 0.51, weight gradient 0.66 -> 0.46; [4, 32, 64, 64] -> 16 1.21 ->
-// 0.93 and 1.51 -> 0.84; at 32 output channels even, at 64 the bf16 GEMM was faster (0.33 ->
-// 0.46). The U-Net's autocast defer step 23.4-23.8 -> 20.1-20.9 ms (up to 32 channels: no
-// further).
+// Whether a float16/bfloat16 convolution's forward and weight gradient run on the conv op
+// (on_conv_op of its float32 twin): bfloat16 operands summed by the op in float32 on
+// AVX512-BF16's pair dot products, float16 ones widened to float32 first (exactly); the result
+// rounded once, as CPU's kernels and the half-precision GEMM also sum. float16 only with few
+// output channels, the half-precision products' rows: at 16 the bf16 GEMM packs B for two row
+// tiles and ran at ~110 GFLOP/s, while the widened op runs at the float32 rate (one thread,
+// bf16 GEMM -> widened op, ms: [4, 16, 64, 64] -> 16 forward 0.60 -> 0.51, weight gradient
+// 0.66 -> 0.46; at 64 output channels the GEMM was faster, 0.33 -> 0.46). bfloat16 at any
+// channel count: the op's bf16 products need no im2col copy and pack each panel of columns
+// from the grid in L1 (U-Net autocast, 32 and 64 channels too: defer step 21.3-22.6 ->
+// 15.5-15.8 ms; resnet18's 64-channel 16x16 layers: forward 0.96 -> 0.53 ms with the copy, its
+// weight gradient 0.46 -> 0.57, the step 49.6-51.8 -> 47.4-48.4).
 constexpr int64_t kWidenedMaxOutputChannels = 16;
 
 // A weight of another dtype is not widened with x: it takes the products' path, which refuses
 // it as CPU does.
 bool widened_on_conv_op(const Geometry& g, const at::Tensor& x, const at::Tensor& w) {
   const auto dtype = x.scalar_type();
-  return (dtype == at::kHalf || dtype == at::kBFloat16) && w.scalar_type() == dtype &&
-         g.OC <= kWidenedMaxOutputChannels && on_conv_op(g, at::kFloat);
+  return (dtype == at::kBFloat16 || (dtype == at::kHalf && g.OC <= kWidenedMaxOutputChannels)) &&
+         w.scalar_type() == dtype && on_conv_op(g, at::kFloat);
 }
 
 // The operands a half-precision convolution hands the float32 conv op: bfloat16 ones as they

@@ -265,6 +265,35 @@ def test_a_convolution_with_few_output_channels_sums_in_float32_and_rounds_once(
     assert counts() == {}
 
 
+def test_a_bfloat16_convolution_of_many_channels_runs_on_the_conv_op_and_rounds_once(
+        mode, counts):
+    # 64 output channels: bfloat16 takes the conv op at any channel count (float16 only up to
+    # 16, where widening its operands still beats the half-precision GEMM), forward and weight
+    # gradient each the float32 sums of the bf16 values rounded once, with no im2col copy or
+    # GEMM.
+    torch.manual_seed(2)
+    x, w = torch.randn(2, 32, 12, 12).bfloat16(), (torch.randn(64, 32, 3, 3) * 0.2).bfloat16()
+    g = torch.randn(2, 64, 12, 12).bfloat16()
+
+    def weight_grad(g, x, w):
+        return torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [1, 1], [1, 1], False,
+                                                   [0, 0], 1, [False, True, False])[1]
+
+    want = F.conv2d(x.float(), w.float(), padding=1)
+    want_gw = weight_grad(g.float(), x.float(), w.float())
+    dx, dw, dg = (t.to("tpu") for t in (x, w, g))
+    report = deferfuse_torch.explain(
+        lambda: (F.conv2d(dx, dw, padding=1).cpu(), weight_grad(dg, dx, dw).cpu()))
+    got, got_gw = report.result
+    assert got.dtype == torch.bfloat16 and got_gw.dtype == torch.bfloat16
+    ulp = torch.finfo(torch.bfloat16).eps
+    torch.testing.assert_close(got.float(), want, rtol=ulp, atol=1e-6)
+    torch.testing.assert_close(got_gw.float(), want_gw, rtol=ulp, atol=1e-5)
+    labels = [r["label"] for r in report.regions]
+    assert "conv" in labels and not any(lab.startswith("matmul") for lab in labels), labels
+    assert counts() == {}
+
+
 @pytest.mark.parametrize("dtype", LOW)
 def test_a_half_convolutions_input_gradient_on_the_conv_op_sums_in_float32_and_rounds_once(
         mode, dtype, counts):
