@@ -23,10 +23,12 @@
 // bounded it. The op computes each step as the step-by-step ops below do (the same order, the
 // same activation routines); float64 records step by step.
 //
-// Under autocast a covered (float32) call runs in float32, its products too: autocast is
-// off inside it, forward and backward, since the recurrence op is float32 only (CUDA's cuDNN
-// RNN and CPU's oneDNN one run in the autocast dtype and return it; the README's "Where tpu
-// differs" row). Calls this does not cover keep PyTorch's composite path (and its errors):
+// Under a bfloat16 autocast region a covered LSTM (padded) or plain RNN call does as CPU's:
+// its operands rounded to bfloat16, outputs and states returned in bfloat16, computed in
+// float32 on those values (the recurrence op is float32; the products outside it run on bf16
+// copies, exact products summed in float32: run_layers_bf16); a GRU or packed call stays
+// float32, as on CPU. Autocast is off inside the layer, forward and backward. Calls this does
+// not cover keep PyTorch's composite path (and its errors):
 // other dtypes (a model cast to half types), projections (proj_size), inputs that are not 3-D or empty,
 // parameters not on "tpu", and tensors the dispatcher must see whole (torch.compile's fake and
 // functional tensors). A double backward (create_graph=True) runs the forward again with
@@ -42,6 +44,7 @@
 
 #include <algorithm>
 
+#include <ATen/autocast_mode.h>
 #include <ATen/ops/gru_native.h>
 #include <ATen/ops/lstm_native.h>
 #include <ATen/ops/rnn_relu_native.h>
@@ -123,7 +126,11 @@ Direction run_direction(const Config& cfg, const at::Tensor& x, at::TensorList p
     return run_direction_kernel(cfg, product(x, w_ih, b_ih), w_hh, b_hh, d, h, c, save);
   }
   int64_t T = x.size(0), B = x.size(1);
-  auto xg_all = product(x.reshape({T * B, x.size(2)}), w_ih, b_ih).view({T, B, -1});
+  auto rows = x.reshape({T * B, x.size(2)});
+  auto xg_all = cfg.bf16_products
+                    ? (b_ih.defined() ? bf16_product(rows, w_ih.t()) + b_ih
+                                      : bf16_product(rows, w_ih.t())).view({T, B, -1})
+                    : product(rows, w_ih, b_ih).view({T, B, -1});
   if (cfg.kernel) return run_direction_kernel(cfg, xg_all, w_hh, b_hh, d, h, c, save);
   return run_direction_steps(cfg, xg_all, w_hh, b_hh, d, h, c, save);
 }
@@ -215,8 +222,8 @@ DirectionGrads backward_direction_kernel(const Config& cfg, const at::Tensor& x,
              : d == 0 ? at::cat({first, hs.narrow(0, 0, T - 1)})
                       : at::cat({hs.narrow(0, 1, T - 1), first});
   }
-  grads[params_at + k] = at::mm(dgi.t(), x.reshape({rows, x.size(-1)}));
-  grads[params_at + k + 1] = at::mm(dgh.t(), h_prev.reshape({rows, H}));
+  grads[params_at + k] = layer_mm(cfg, dgi.t(), x.reshape({rows, x.size(-1)}));
+  grads[params_at + k + 1] = layer_mm(cfg, dgh.t(), h_prev.reshape({rows, H}));
   if (cfg.biases) {
     // Two sums even where dgh is dgi: each parameter's .grad must be its own tensor.
     grads[params_at + k + 2] = dgi.sum(0);
@@ -225,7 +232,9 @@ DirectionGrads backward_direction_kernel(const Config& cfg, const at::Tensor& x,
   // The first states' gradients: row T, or packed the last B rows.
   auto last = packing.packed() ? r.narrow(0, rows, B) : r.select(0, T);
   at::Tensor dx;
-  if (want_dx) dx = packing.packed() ? at::mm(dgi, w_ih) : at::mm(dgi, w_ih).view({T, B, -1});
+  if (want_dx) {
+    dx = packing.packed() ? layer_mm(cfg, dgi, w_ih) : layer_mm(cfg, dgi, w_ih).view({T, B, -1});
+  }
   return {dx, last.narrow(1, 0, H), cfg.lstm() ? last.narrow(1, H, H) : at::Tensor()};
 }
 
@@ -291,6 +300,9 @@ tensor_list double_backward(const Config& cfg, const std::vector<at::Tensor>& in
   // Step by step, so autograd records (and a second backward reaches) every op.
   Config differentiable = cfg;
   differentiable.kernel = false;
+  // The bf16 products are ops autograd cannot differentiate; on operands that hold bfloat16
+  // values the float32 products are the same sums.
+  differentiable.bf16_products = false;
   auto [out, hy, cy] =
       cfg.packing.packed()
           ? run_forward_packed_recorded(cfg, inputs[0], hx, params, masks)
@@ -328,11 +340,12 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
   static tensor_list forward(AutogradContext* ctx, const at::Tensor& input, at::TensorList hx,
                              at::TensorList params, int64_t cell, bool biases, int64_t layers,
                              double dropout, bool train, bool bidirectional, bool batch_first,
-                             std::vector<int64_t> batch_sizes) {
+                             std::vector<int64_t> batch_sizes, bool bf16_products) {
     at::AutoDispatchBelowADInplaceOrView guard;
     Config cfg{Cell(cell), biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first,
                runs_as_kernel(input)};
     if (!batch_sizes.empty()) cfg.packing = Packing(batch_sizes);
+    cfg.bf16_products = bf16_products;
     Saved saved;
     auto [out, hy, cy] = run_forward(cfg, input, hx, params, &saved);
     // Everything through save_for_backward (released after the backward, version-checked):
@@ -350,7 +363,7 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
         double(cell),      double(biases),        double(layers),
         double(cfg.dirs),  cfg.dropout,           double(batch_first),
         double(hx.size()), double(params.size()), double(saved.masks.size()),
-        double(input.size(batch_first ? 1 : 0)), double(cfg.kernel)};
+        double(input.size(batch_first ? 1 : 0)), double(cfg.kernel), double(bf16_products)};
     ctx->saved_data["batch_sizes"] = batch_sizes;
     return cfg.lstm() ? tensor_list{out, hy, cy} : tensor_list{out, hy};
   }
@@ -361,6 +374,7 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
     auto c = ctx->saved_data["config"].toDoubleVector();
     Config cfg{Cell(int64_t(c[0])), c[1] != 0, int64_t(c[2]), int64_t(c[3]), c[4], c[5] != 0,
                c[10] != 0};
+    cfg.bf16_products = c[11] != 0;
     auto batch_sizes = ctx->saved_data["batch_sizes"].toIntVector();
     if (!batch_sizes.empty()) cfg.packing = Packing(batch_sizes);
     int64_t n_hx = int64_t(c[6]), n_params = int64_t(c[7]), n_masks = int64_t(c[8]);
@@ -379,8 +393,8 @@ class RnnLayers : public torch::autograd::Function<RnnLayers> {
     layer_inputs.insert(layer_inputs.begin(),
                         cfg.batch_first ? inputs[0].transpose(0, 1) : inputs[0]);
     auto masks = take(n_masks);
-    // Gradients for every forward argument: input, hx..., params..., eight non-tensors.
-    tensor_list grads(inputs.size() + 8);
+    // Gradients for every forward argument: input, hx..., params..., nine non-tensors.
+    tensor_list grads(inputs.size() + 9);
     if (at::GradMode::is_enabled()) {
       return double_backward(cfg, inputs, hx, params, masks, grad_outputs, grads);
     }
@@ -491,18 +505,57 @@ bool records(const at::Tensor& input, at::TensorList hx, at::TensorList params) 
 tensor_list run_layers(Cell cell, const at::Tensor& input, at::TensorList hx,
                        at::TensorList params, bool biases, int64_t layers, double dropout,
                        bool train, bool bidirectional, bool batch_first,
-                       const std::vector<int64_t>& batch_sizes = {}) {
+                       const std::vector<int64_t>& batch_sizes = {}, bool bf16_products = false) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   if (records(input, hx, params)) {
     return RnnLayers::apply(input, hx, params, int64_t(cell), biases, layers, dropout, train,
-                            bidirectional, batch_first, batch_sizes);
+                            bidirectional, batch_first, batch_sizes, bf16_products);
   }
   at::AutoDispatchBelowADInplaceOrView guard;
   Config cfg{cell, biases, layers, bidirectional ? 2 : 1, train ? dropout : 0.0, batch_first,
              runs_as_kernel(input)};
   if (!batch_sizes.empty()) cfg.packing = Packing(batch_sizes);
+  cfg.bf16_products = bf16_products;
   auto [out, hy, cy] = run_forward(cfg, input, hx, params, nullptr);
   return {out, hy, cy};
+}
+
+// Whether a covered float32 call is in a bfloat16 autocast region on tpu, where CPU's LSTM
+// (oneDNN's, on a padded input without projections) and plain RNN (its products autocast)
+// compute on bfloat16 operands and return bfloat16 outputs and states. (CPU's GRU and packed
+// LSTM stay float32, and so do these.)
+bool under_bf16_autocast(const at::Tensor& input) {
+  return input.scalar_type() == at::kFloat &&
+         at::autocast::is_autocast_enabled(c10::DeviceType::PrivateUse1) &&
+         at::autocast::get_autocast_dtype(c10::DeviceType::PrivateUse1) == at::kBFloat16;
+}
+
+// `t` rounded to bfloat16 values, kept float32 (autograd sees both casts: a gradient reaching
+// it is rounded to bfloat16 on its way back, as through CPU's autocast casts).
+at::Tensor bf16_values(const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat); }
+
+std::vector<at::Tensor> bf16_values(at::TensorList ts) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : ts) out.push_back(bf16_values(t));
+  return out;
+}
+
+// A covered call under bfloat16 autocast, as CPU's: its operands rounded to bfloat16, the
+// layers computed on them in float32 (the products outside the recurrence on bf16 copies:
+// Config::bf16_products), every result rounded to bfloat16. Within CPU's own rounding of its
+// bf16 arithmetic (CPU rounds h to bfloat16 each step as well; its outputs and these agree to
+// a unit in the last place of bfloat16 over a sequence).
+tensor_list run_layers_bf16(Cell cell, const at::Tensor& input, at::TensorList hx,
+                            at::TensorList params, bool biases, int64_t layers, double dropout,
+                            bool train, bool bidirectional, bool batch_first) {
+  auto h = bf16_values(hx);
+  auto p = bf16_values(params);
+  auto r = run_layers(cell, bf16_values(input), h, p, biases, layers, dropout, train,
+                      bidirectional, batch_first, {}, true);
+  for (auto& t : r) {
+    if (t.defined()) t = t.to(at::kBFloat16);
+  }
+  return r;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at::TensorList hx,
@@ -514,8 +567,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at:
     return at::native::lstm(input, hx, params, biases, layers, dropout, train, bidirectional,
                             batch_first);
   }
-  auto r = run_layers(kLstm, input, hx, params, biases, layers, dropout, train, bidirectional,
-                      batch_first);
+  auto r = under_bf16_autocast(input)
+               ? run_layers_bf16(kLstm, input, hx, params, biases, layers, dropout, train,
+                                 bidirectional, batch_first)
+               : run_layers(kLstm, input, hx, params, biases, layers, dropout, train,
+                            bidirectional, batch_first);
   return {r[0], r[1], r[2]};
 }
 
@@ -535,8 +591,12 @@ std::tuple<at::Tensor, at::Tensor> one_state(const at::Tensor& input, const at::
                                     : Native(&at::native::rnn_relu);
     return native(input, hx, params, biases, layers, dropout, train, bidirectional, batch_first);
   }
-  auto r = run_layers(C, input, at::TensorList(hx), params, biases, layers, dropout, train,
-                      bidirectional, batch_first);
+  // CPU's GRU stays float32 under autocast; its plain RNNs run their products in bfloat16.
+  auto r = C != kGru && under_bf16_autocast(input)
+               ? run_layers_bf16(C, input, at::TensorList(hx), params, biases, layers, dropout,
+                                 train, bidirectional, batch_first)
+               : run_layers(C, input, at::TensorList(hx), params, biases, layers, dropout, train,
+                            bidirectional, batch_first);
   return {r[0], r[1]};
 }
 

@@ -26,6 +26,11 @@ struct Config {
   bool kernel = false;
   // Packed steps (a PackedSequence's batch sizes); none for a padded input.
   Packing packing;
+  // The operands hold bfloat16 values (a call under bfloat16 autocast, rounded as CPU's
+  // oneDNN LSTM reads them): the products outside the recurrence run on bfloat16 copies at the
+  // bf16 kernel's rate (exact products, float32 sums, as the float32 product of those values),
+  // and the backward's products on its gradients rounded to bfloat16, as CPU's bf16 backward.
+  bool bf16_products = false;
 
   bool lstm() const { return cell == kLstm; }
   bool gru() const { return cell == kGru; }
@@ -65,6 +70,19 @@ struct Config {
 // x @ w^T (+ b): a layer's input products, every step at once.
 inline at::Tensor product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
+}
+
+// a @ b of float32 tensors as a bfloat16 product summed in float32 (DFUSE_OP_KIND_WIDE_MATMUL
+// on bf16 copies): exact for operands holding bfloat16 values, else each rounded to bfloat16
+// first.
+inline at::Tensor bf16_product(const at::Tensor& a, const at::Tensor& b) {
+  return run(DFUSE_OP_KIND_WIDE_MATMUL, nullptr,
+             Operands().t(a.to(at::kBFloat16)).t(b.to(at::kBFloat16)), "rnn");
+}
+
+// A layer's products outside its recurrence: float32, or (Config::bf16_products) bf16 ones.
+inline at::Tensor layer_mm(const Config& cfg, const at::Tensor& a, const at::Tensor& b) {
+  return cfg.bf16_products ? bf16_product(a, b) : at::mm(a, b);
 }
 
 // a + b where either may be undefined (no gradient reached that way).
