@@ -222,8 +222,15 @@ DirectionGrads backward_direction_kernel(const Config& cfg, const at::Tensor& x,
              : d == 0 ? at::cat({first, hs.narrow(0, 0, T - 1)})
                       : at::cat({hs.narrow(0, 1, T - 1), first});
   }
-  grads[params_at + k] = layer_mm(cfg, dgi.t(), x.reshape({rows, x.size(-1)}));
-  grads[params_at + k + 1] = layer_mm(cfg, dgh.t(), h_prev.reshape({rows, H}));
+  // With bf16 products each operand is rounded once for all of them (the gate gradients feed
+  // three products; each rounding of a transposed view was a copy of its own).
+  auto operand = [&](const at::Tensor& t) {
+    return cfg.bf16_products ? t.to(at::kBFloat16) : t;
+  };
+  auto dgi_p = operand(dgi);
+  auto dgh_p = cfg.gru() ? operand(dgh) : dgi_p;
+  grads[params_at + k] = layer_mm(cfg, dgi_p.t(), operand(x.reshape({rows, x.size(-1)})));
+  grads[params_at + k + 1] = layer_mm(cfg, dgh_p.t(), operand(h_prev.reshape({rows, H})));
   if (cfg.biases) {
     // Two sums even where dgh is dgi: each parameter's .grad must be its own tensor.
     grads[params_at + k + 2] = dgi.sum(0);
@@ -233,7 +240,8 @@ DirectionGrads backward_direction_kernel(const Config& cfg, const at::Tensor& x,
   auto last = packing.packed() ? r.narrow(0, rows, B) : r.select(0, T);
   at::Tensor dx;
   if (want_dx) {
-    dx = packing.packed() ? layer_mm(cfg, dgi, w_ih) : layer_mm(cfg, dgi, w_ih).view({T, B, -1});
+    auto w = operand(w_ih);
+    dx = packing.packed() ? layer_mm(cfg, dgi_p, w) : layer_mm(cfg, dgi_p, w).view({T, B, -1});
   }
   return {dx, last.narrow(1, 0, H), cfg.lstm() ? last.narrow(1, H, H) : at::Tensor()};
 }

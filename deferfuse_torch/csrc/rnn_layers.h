@@ -72,12 +72,13 @@ inline at::Tensor product(const at::Tensor& x, const at::Tensor& w, const at::Te
   return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
 }
 
-// a @ b of float32 tensors as a bfloat16 product summed in float32 (DFUSE_OP_KIND_WIDE_MATMUL
-// on bf16 copies): exact for operands holding bfloat16 values, else each rounded to bfloat16
-// first.
+// a @ b as a bfloat16 product summed in float32 (DFUSE_OP_KIND_WIDE_MATMUL on bf16 copies of
+// float32 operands): exact for operands holding bfloat16 values, else each rounded first.
 inline at::Tensor bf16_product(const at::Tensor& a, const at::Tensor& b) {
-  return run(DFUSE_OP_KIND_WIDE_MATMUL, nullptr,
-             Operands().t(a.to(at::kBFloat16)).t(b.to(at::kBFloat16)), "rnn");
+  auto bf16 = [](const at::Tensor& t) {
+    return t.scalar_type() == at::kBFloat16 ? t : t.to(at::kBFloat16);
+  };
+  return run(DFUSE_OP_KIND_WIDE_MATMUL, nullptr, Operands().t(bf16(a)).t(bf16(b)), "rnn");
 }
 
 // A layer's products outside its recurrence: float32, or (Config::bf16_products) bf16 ones.
