@@ -112,6 +112,61 @@ const at::Tensor& scatter_index(const at::Tensor& index, const char* op, const a
   return scatter_index(index, op);
 }
 
+// CPU's scatter_add, scatter_reduce (sum, mean, prod), scatter's reduce="add"/"multiply" and
+// index_add into a tensor of two or more dims accumulate float16/bfloat16 values in float32
+// and round each result once (2000 additions of 0.1 into one element give 200, where rounding
+// every step stalls at 32 in bfloat16; gather's and index_select's backward are such
+// scatters). index_add into a 1-D tensor, index_put_'s accumulate and embedding's backward
+// round every step on CPU, as the runtime's scatter does in the half types.
+bool sums_wide(const at::Tensor& self, ScatterReduce r) {
+  return is_reduced_float(self.scalar_type()) &&
+         (r == ScatterReduce::Sum || r == ScatterReduce::Mean || r == ScatterReduce::Prod);
+}
+
+// `wide` (self's scatter computed in float32) rounded into self's dtype: a new tensor, or
+// written into self.
+at::Tensor round_back(const at::Tensor& self, const at::Tensor& wide, ScatterInto into) {
+  if (into == ScatterInto::Self) {
+    self.copy_(wide);
+    return self;
+  }
+  return wide.to(self.scalar_type());
+}
+
+// scatter_op, summing half types in float32 where CPU does (sums_wide).
+at::Tensor scatter_sums(const at::Tensor& self, int64_t dim, const at::Tensor& idx,
+                        const at::Tensor& src, ScatterReduce r, bool include_self = true,
+                        ScatterInto into = ScatterInto::Copy) {
+  if (!sums_wide(self, r)) return scatter_op(self, dim, idx, src, r, include_self, into);
+  auto wide_src = src.to(self.scalar_type()).to(at::kFloat);
+  if (r != ScatterReduce::Mean) {
+    return round_back(self, scatter_op(self.to(at::kFloat), dim, idx, wide_src, r, include_self),
+                      into);
+  }
+  // A mean as CPU's: the float32 sum rounded to the half type, divided by the count rounded to
+  // the half type too (2127 is 2128 in float16), the quotient rounded; an element no index
+  // reaches keeps its value.
+  auto sum = scatter_op(self.to(at::kFloat), dim, idx, wide_src, ScatterReduce::Sum, include_self)
+                 .to(self.scalar_type());
+  auto count = scatter_op(at::full(self.sizes(), include_self ? 1.0 : 0.0,
+                                   self.options().dtype(at::kFloat)),
+                          dim, idx, at::ones_like(wide_src), ScatterReduce::Sum);
+  auto rounded = count.to(self.scalar_type()).to(at::kFloat);
+  auto mean = at::where(count.gt(0), sum.to(at::kFloat) / rounded, self.to(at::kFloat));
+  return round_back(self, mean, into);
+}
+
+// scatter_value_op, summing half types in float32 where CPU does; the value is rounded to
+// self's dtype first, as CPU's kernel reads it.
+at::Tensor scatter_value_sums(const at::Tensor& self, int64_t dim, const at::Tensor& idx,
+                              const at::Scalar& value, ScatterReduce r,
+                              ScatterInto into = ScatterInto::Copy) {
+  if (!sums_wide(self, r)) return scatter_value_op(self, dim, idx, value, r, into);
+  auto v = at::scalar_tensor(value, at::TensorOptions().dtype(self.scalar_type())).item<double>();
+  auto wide = scatter_value_op(self.to(at::kFloat), dim, idx, v, r);
+  return round_back(self, wide, into);
+}
+
 at::Tensor scatter_src(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                        const at::Tensor& src) {
   auto idx = scatter_index(index, "scatter", self, src);
@@ -127,26 +182,26 @@ at::Tensor scatter_value(const at::Tensor& self, int64_t dim, const at::Tensor& 
 at::Tensor scatter_reduce_src(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                               const at::Tensor& src, c10::string_view reduce) {
   auto idx = scatter_index(index, "scatter", self, src);
-  return scatter_op(self, wrap(self, dim), idx, src, parse_reduce(reduce, false));
+  return scatter_sums(self, wrap(self, dim), idx, src, parse_reduce(reduce, false));
 }
 
 at::Tensor scatter_reduce_value(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                                 const at::Scalar& value, c10::string_view reduce) {
   auto idx = scatter_index(index, "scatter");
-  return scatter_value_op(self, wrap(self, dim), idx, value, parse_reduce(reduce, false));
+  return scatter_value_sums(self, wrap(self, dim), idx, value, parse_reduce(reduce, false));
 }
 
 at::Tensor tpu_scatter_add(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                        const at::Tensor& src) {
   auto idx = scatter_index(index, "scatter_add", self, src);
-  return scatter_op(self, wrap(self, dim), idx, src, ScatterReduce::Sum);
+  return scatter_sums(self, wrap(self, dim), idx, src, ScatterReduce::Sum);
 }
 
 at::Tensor scatter_reduce_two(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                               const at::Tensor& src, c10::string_view reduce,
                               bool include_self) {
   auto idx = scatter_index(index, "scatter_reduce", self, src);
-  return scatter_op(self, wrap(self, dim), idx, src, parse_reduce(reduce, true), include_self);
+  return scatter_sums(self, wrap(self, dim), idx, src, parse_reduce(reduce, true), include_self);
 }
 
 // The in-place scatters write into self itself (ScatterInto::Self): only the indexed elements.
@@ -167,22 +222,23 @@ at::Tensor& scatter_value_(at::Tensor& self, int64_t dim, const at::Tensor& inde
 at::Tensor& scatter_reduce_src_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                                 const at::Tensor& src, c10::string_view reduce) {
   auto idx = scatter_index(index, "scatter", self, src);
-  scatter_op(self, wrap(self, dim), idx, src, parse_reduce(reduce, false), true, ScatterInto::Self);
+  scatter_sums(self, wrap(self, dim), idx, src, parse_reduce(reduce, false), true,
+               ScatterInto::Self);
   return self;
 }
 
 at::Tensor& scatter_reduce_value_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                                   const at::Scalar& value, c10::string_view reduce) {
   auto idx = scatter_index(index, "scatter");
-  scatter_value_op(self, wrap(self, dim), idx, value, parse_reduce(reduce, false),
-                   ScatterInto::Self);
+  scatter_value_sums(self, wrap(self, dim), idx, value, parse_reduce(reduce, false),
+                     ScatterInto::Self);
   return self;
 }
 
 at::Tensor& scatter_add_(at::Tensor& self, int64_t dim, const at::Tensor& index,
                          const at::Tensor& src) {
   auto idx = scatter_index(index, "scatter_add", self, src);
-  scatter_op(self, wrap(self, dim), idx, src, ScatterReduce::Sum, true, ScatterInto::Self);
+  scatter_sums(self, wrap(self, dim), idx, src, ScatterReduce::Sum, true, ScatterInto::Self);
   return self;
 }
 
@@ -190,8 +246,8 @@ at::Tensor& scatter_reduce_two_(at::Tensor& self, int64_t dim, const at::Tensor&
                                 const at::Tensor& src, c10::string_view reduce,
                                 bool include_self) {
   auto idx = scatter_index(index, "scatter_reduce", self, src);
-  scatter_op(self, wrap(self, dim), idx, src, parse_reduce(reduce, true), include_self,
-             ScatterInto::Self);
+  scatter_sums(self, wrap(self, dim), idx, src, parse_reduce(reduce, true), include_self,
+               ScatterInto::Self);
   return self;
 }
 
@@ -211,8 +267,10 @@ at::Tensor index_add_to(const at::Tensor& self, int64_t dim, const at::Tensor& i
   dim = at::maybe_wrap_dim(dim, self.dim());
   auto src = source.dim() == 0 ? source.reshape({1}) : source;
   if (!alpha.equal(1)) src = src * alpha;
-  return scatter_op(self, dim, expand_index(index, src.sizes(), dim), src, ScatterReduce::Sum,
-                    true, into);
+  // Into a 1-D self CPU rounds every step; into more dims it sums in float32 (sums_wide).
+  auto idx = expand_index(index, src.sizes(), dim);
+  if (self.dim() == 1) return scatter_op(self, dim, idx, src, ScatterReduce::Sum, true, into);
+  return scatter_sums(self, dim, idx, src, ScatterReduce::Sum, true, into);
 }
 
 at::Tensor tpu_index_add(const at::Tensor& self, int64_t dim, const at::Tensor& index,

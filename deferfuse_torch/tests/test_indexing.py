@@ -557,3 +557,51 @@ def test_masked_fill_with_a_uint8_mask_raises_cpus_message(mode):
     with pytest.raises(RuntimeError, match="only supports boolean masks, but got mask with "
                                            "dtype unsigned char"):
         torch.zeros(2, device="tpu").masked_fill(mask, 1.0)
+
+
+HALF = [torch.bfloat16, torch.float16]
+
+# One op on (self dtype, many duplicate indices): how CPU accumulates half-precision values.
+SUM_OPS = {
+    "scatter_add": lambda z, i, v: z.scatter_add(0, i, v),
+    "scatter_add_": lambda z, i, v: z.clone().scatter_add_(0, i, v),
+    "scatter_reduce_sum": lambda z, i, v: z.scatter_reduce(0, i, v, "sum"),
+    "scatter_reduce_mean": lambda z, i, v: z.scatter_reduce(0, i, v, "mean", include_self=False),
+    "scatter_reduce_prod": lambda z, i, v: (z + 1).scatter_reduce(0, i, v / 10 + 1, "prod"),
+    "scatter_value_add": lambda z, i, v: z.scatter(0, i, 0.1, reduce="add"),
+    "index_add_2d": lambda z, i, v: z.unsqueeze(1).expand(-1, 3).contiguous().index_add(
+        0, i, v.unsqueeze(1).expand(-1, 3).contiguous()),
+    # These round every step on CPU, as the runtime's scatter does.
+    "index_add_1d": lambda z, i, v: z.index_add(0, i, v),
+    "index_put_accumulate": lambda z, i, v: z.index_put((i,), v, accumulate=True),
+}
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("op", list(SUM_OPS))
+def test_half_precision_sums_accumulate_as_cpus(mode, op, dtype):
+    # CPU's scatter_add, scatter_reduce (sum, mean, prod), scatter's reduce and a many-dim
+    # index_add sum half values in float32 and round once: 2000 x 0.1 into one element is 200,
+    # where rounding every step stalls at 32 in bfloat16 (tpu's did); a 1-D index_add and
+    # index_put_'s accumulate round every step on CPU too.
+    g = torch.Generator().manual_seed(0)
+    i = torch.cat([torch.zeros(2000, dtype=torch.long), torch.randint(0, 4, (500,), generator=g)])
+    v = torch.cat([torch.full((2000,), 0.1), torch.rand(500, generator=g)]).to(dtype)
+    z = torch.zeros(4, dtype=dtype)
+    want = SUM_OPS[op](z, i, v)
+    got = SUM_OPS[op](z.to("tpu"), i.to("tpu"), v.to("tpu")).cpu()
+    assert got.dtype == want.dtype
+    assert torch.equal(got, want), (got, want)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_gather_and_index_select_backward_sum_half_gradients_as_cpu(mode, dtype):
+    i = torch.zeros(2000, dtype=torch.long)
+    grads = {}
+    for dev in ("cpu", "tpu"):
+        w = torch.full((3, 4), 0.1, dtype=dtype, device=dev, requires_grad=True)
+        g = torch.full((3,), 0.1, dtype=dtype, device=dev, requires_grad=True)
+        (torch.index_select(w, 0, i.to(dev)).sum() + torch.gather(g, 0, i.to(dev)).sum()).backward()
+        grads[dev] = (w.grad.cpu(), g.grad.cpu())
+    for got, want in zip(grads["tpu"], grads["cpu"]):
+        assert torch.equal(got, want), (got, want)

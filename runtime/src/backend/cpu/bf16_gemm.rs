@@ -85,6 +85,8 @@ pub(super) unsafe fn matmul_f32(a: HalfMat, b: HalfMat, c: (*mut f32, isize, isi
 enum Out<'a> {
     Bf16(&'a HalfMat),
     F32((*mut f32, isize, isize)),
+    /// `c += sums` in f32 (one rounding per element).
+    F32Add((*mut f32, isize, isize)),
 }
 
 unsafe fn run(alpha: f32, a: HalfMat, b: HalfMat, beta: f32, c: Out) {
@@ -239,6 +241,77 @@ unsafe fn pack_rows_panel(
             };
         }
     }
+}
+
+/// A bf16 B packed once into the kernel's panels, for products that reuse it (a recurrent
+/// layer's weight, multiplied by every step's few rows): [`matmul_f32_packed`] reads it as
+/// [`matmul_f32`] reads the B it packs per call.
+pub(crate) struct PackedB {
+    panels: Vec<u32>,
+    k: usize,
+    n: usize,
+}
+
+impl PackedB {
+    /// `b` packed.
+    ///
+    /// # Safety
+    /// `b` is valid for every element its strides address.
+    pub(super) unsafe fn new(b: HalfMat) -> PackedB {
+        let pairs = b.rows.div_ceil(2);
+        let mut panels = vec![0; b.cols.div_ceil(NR) * pairs * NR];
+        pack_b(&b, pairs, &mut panels);
+        PackedB {
+            panels,
+            k: b.rows,
+            n: b.cols,
+        }
+    }
+}
+
+/// `c = a @ b` (`accumulate`: `c += a @ b`) for a bf16 `a` `[m, k]` and a packed `b` `[k, n]`
+/// into an f32 `c` (first element, row and column strides): each element the same f32 sum as
+/// [`matmul_f32`]'s, added to `c` with one rounding when accumulating.
+///
+/// # Safety
+/// [`available`]; `a` and `c` as in [`matmul_f32`]; `a.cols == b.k`.
+pub(super) unsafe fn matmul_f32_packed(
+    a: HalfMat,
+    b: &PackedB,
+    c: (*mut f32, isize, isize),
+    accumulate: bool,
+) {
+    let (m, k, n) = (a.rows, a.cols, b.n);
+    assert_eq!(k, b.k, "A's columns are B's rows");
+    if m == 0 || n == 0 {
+        return;
+    }
+    let pairs = k.div_ceil(2);
+    let direct = a.cs == 1 && k % 2 == 0;
+    let out = if accumulate {
+        Out::F32Add(c)
+    } else {
+        Out::F32(c)
+    };
+    PACKED.with(|bufs| {
+        let mut bufs = bufs.borrow_mut();
+        let (pa, pb) = &mut *bufs;
+        if !direct {
+            pa.resize(m.div_ceil(MR) * pairs * MR, 0);
+            pack_a(&a, pairs, pa);
+        }
+        for jp in 0..n.div_ceil(NR) {
+            let j0 = jp * NR;
+            let bp = b.panels.as_ptr().add(jp * pairs * NR);
+            for ip in 0..m.div_ceil(MR) {
+                let i0 = ip * MR;
+                let tile = (MR.min(m - i0), NR.min(n - j0));
+                let rows = a_panel(&a, direct, pa, ip, pairs);
+                tile_kernel(pairs, rows, bp, 1.0, 0.0, out, (i0, j0), tile);
+            }
+        }
+        trim(pa, pb);
+    });
 }
 
 /// Where the kernel reads one panel of A's pairs.
@@ -453,18 +526,25 @@ unsafe fn tile_kernel(
     };
     let c = match c {
         Out::Bf16(c) => c,
-        Out::F32((p, rs, cs)) => {
+        Out::F32((p, rs, cs)) | Out::F32Add((p, rs, cs)) => {
+            let add = matches!(c, Out::F32Add(_));
             for (i, v) in acc.iter().enumerate().take(rows) {
                 let row = p.offset((i0 + i) as isize * rs + j0 as isize * cs);
                 if cols == NR && cs == 1 {
-                    _mm512_storeu_ps(row, v[0]);
-                    _mm512_storeu_ps(row.add(16), v[1]);
+                    let (mut v0, mut v1) = (v[0], v[1]);
+                    if add {
+                        v0 = _mm512_add_ps(v0, _mm512_loadu_ps(row));
+                        v1 = _mm512_add_ps(v1, _mm512_loadu_ps(row.add(16)));
+                    }
+                    _mm512_storeu_ps(row, v0);
+                    _mm512_storeu_ps(row.add(16), v1);
                 } else {
                     let mut sums = [0f32; NR];
                     _mm512_storeu_ps(sums.as_mut_ptr(), v[0]);
                     _mm512_storeu_ps(sums.as_mut_ptr().add(16), v[1]);
                     for (j, &s) in sums.iter().enumerate().take(cols) {
-                        *row.offset(j as isize * cs) = s;
+                        let at = row.offset(j as isize * cs);
+                        *at = if add { s + *at } else { s };
                     }
                 }
             }
@@ -730,6 +810,40 @@ mod tests {
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 let same = g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
                 assert!(same, "{m}x{k}x{n} element {i}: {g} want {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_b_packed_once_gives_matmul_f32s_bits_and_accumulates_with_one_rounding() {
+        if !available() {
+            return;
+        }
+        for (m, k, n) in [(16, 128, 512), (5, 7, 33), (4, 64, 40), (9, 2, 16)] {
+            let mut a = values(DType::BF16, m * k, 7, |_| None);
+            let mut b = values(DType::BF16, k * n, 8, |_| None);
+            let (va, vb) = (view(&mut a, m, k, 0), view(&mut b, k, n, 0));
+            let packed = unsafe { PackedB::new(vb) };
+            let (mut want, mut got) = (vec![0f32; m * n], vec![1f32; m * n]);
+            unsafe {
+                matmul_f32(va, vb, (want.as_mut_ptr(), n as isize, 1));
+                matmul_f32_packed(va, &packed, (got.as_mut_ptr(), n as isize, 1), false);
+            }
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits()),
+                "{m}x{k}x{n}"
+            );
+            let base: Vec<f32> = (0..m * n).map(|i| i as f32 / 7.0 - 3.0).collect();
+            let mut acc = base.clone();
+            unsafe { matmul_f32_packed(va, &packed, (acc.as_mut_ptr(), n as isize, 1), true) };
+            for i in 0..m * n {
+                assert_eq!(
+                    acc[i].to_bits(),
+                    (want[i] + base[i]).to_bits(),
+                    "{m}x{k}x{n} [{i}]"
+                );
             }
         }
     }

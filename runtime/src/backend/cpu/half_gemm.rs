@@ -108,6 +108,49 @@ pub(crate) unsafe fn matmul_f32_out(
     );
 }
 
+/// A bf16 matrix packed once for [`bf16_matmul_f32_packed`] (a recurrent layer's weight,
+/// multiplied by every step's few rows). Only [`bf16_packed`] makes one, on a core with
+/// AVX512-BF16.
+pub(crate) struct PackedBf16 {
+    #[cfg(target_arch = "x86_64")]
+    inner: super::bf16_gemm::PackedB,
+}
+
+/// `b` packed for [`bf16_matmul_f32_packed`]; `None` on a core without AVX512-BF16.
+///
+/// # Safety
+/// `b` is valid for every element its strides address.
+pub(crate) unsafe fn bf16_packed(b: HalfMat) -> Option<PackedBf16> {
+    #[cfg(target_arch = "x86_64")]
+    if bf16_products_run() {
+        let inner = super::bf16_gemm::PackedB::new(b);
+        return Some(PackedBf16 { inner });
+    }
+    let _ = b;
+    None
+}
+
+/// `c = a @ b`, or (`accumulate`) `c += a @ b`, for a bf16 `a` and a packed bf16 `b` into an
+/// f32 `c`: exact products summed in f32, each element as `bf16_gemm::matmul_f32` sums it.
+///
+/// # Safety
+/// `a` and `c` are valid for every element their strides address (`c` for `a.rows` rows of
+/// `b`'s columns) and do not overlap; `a.cols` is `b`'s row count.
+pub(crate) unsafe fn bf16_matmul_f32_packed(
+    a: HalfMat,
+    b: &PackedBf16,
+    c: (*mut f32, isize, isize),
+    accumulate: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    super::bf16_gemm::matmul_f32_packed(a, &b.inner, c, accumulate);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (a, b, c, accumulate);
+        unreachable!("no PackedBf16 is made off x86-64");
+    }
+}
+
 /// Whether this core runs bf16 products on `vdpbf16ps` (AVX512-BF16): where not,
 /// [`bf16_matmul_f32_b_rows`] does nothing.
 pub(crate) fn bf16_products_run() -> bool {
