@@ -255,7 +255,11 @@ at::Tensor without_expanded_dims(const at::Tensor& t) {
 }
 
 at::Tensor& fill_scalar_(at::Tensor& self, const at::Scalar& value) {
-  check_value_fits(value, self.scalar_type());
+  // CPU fills a one-element float16/bfloat16 tensor unchecked (1e5 becomes inf in float16:
+  // torch.where(c, half, 1e5) fills such a 0-dim tensor); any other tensor must hold the value.
+  if (!(is_reduced_float(self.scalar_type()) && self.numel() == 1)) {
+    check_value_fits(value, self.scalar_type());
+  }
   if (self.numel() == 0) return self;
   if (auto once = without_expanded_dims(self); !once.is_same(self)) {
     fill_scalar_(once, value);

@@ -93,24 +93,41 @@ Bags embedding_bag(const at::Tensor& weight, const at::Tensor& indices, const at
       at::zeros_symint({bags}, idx_opts.dtype(at::kLong)).index_add(0, offset2bag, counts);
 
   at::Tensor out, max_indices;
-  if (mode == kMax) {
-    // The first position with each bag's maximum (CPU keeps the first of equal values), and
-    // its row gathered: an empty bag (or one of padding only) gives zeros and index -1.
+  if (mode == kMax && n.maybe_as_int() == 0) {
+    // No positions at all: every bag is empty, zeros and index -1 (gathering a row of the
+    // empty lookup raised at the result's read).
+    out = at::zeros_symint({bags, dim}, rows.options()) + rows.sum();
+    max_indices = at::full_symint({bags, dim}, -1, idx_opts);
+  } else if (mode == kMax) {
+    // As CPU's loop: each bag starts from its first (non-padding) position's row and takes a
+    // later one only where it is greater, so the first of equal values stays, a NaN later in
+    // the bag is passed over, and a NaN first stays (no value is greater). That is the largest
+    // non-NaN value at its first position, or NaN at the first position where that one is
+    // NaN; an empty bag (or one of padding only) gives zeros and index -1.
     auto where_rows = offset2bag.unsqueeze(1).expand_symint({n, dim});
-    auto candidates = keep.defined()
-        ? at::where(keep.unsqueeze(1), rows, -std::numeric_limits<double>::infinity())
-        : rows;
-    auto best = at::full_symint({bags, dim}, -std::numeric_limits<double>::infinity(),
-                                rows.options())
-                    .scatter_reduce(0, where_rows, candidates.detach(), "amax", true);
+    const double lowest = -std::numeric_limits<double>::infinity();
+    auto values = rows.detach();
+    auto candidates = keep.defined() ? at::where(keep.unsqueeze(1), values, lowest) : values;
     auto positions =
         at::arange(c10::Scalar(n), idx_opts.dtype(at::kLong)).unsqueeze(1).expand_symint({n, dim});
-    auto is_best = candidates.detach().eq(best.index_select(0, offset2bag));
-    if (keep.defined()) is_best = is_best.logical_and(keep.unsqueeze(1));
     const c10::Scalar none(n);  // past every position: a bag with no maximum
-    auto first = at::full_symint({bags, dim}, none, idx_opts.dtype(at::kLong))
-                     .scatter_reduce(0, where_rows, at::where(is_best, positions, none), "amin",
-                                     true);
+    auto first_of = [&](const at::Tensor& chosen) {
+      return at::full_symint({bags, dim}, none, idx_opts.dtype(at::kLong))
+          .scatter_reduce(0, where_rows, at::where(chosen, positions, none), "amin", true);
+    };
+    auto nan = values.isnan();
+    auto best = at::full_symint({bags, dim}, lowest, rows.options())
+                    .scatter_reduce(0, where_rows, at::where(nan, lowest, candidates), "amax",
+                                    true);
+    auto is_best = candidates.eq(best.index_select(0, offset2bag));
+    at::Tensor start = keep.defined() ? keep.unsqueeze(1).expand_symint({n, dim})
+                                      : at::ones_like(nan);
+    if (keep.defined()) is_best = is_best.logical_and(start);
+    auto first_kept = first_of(start);
+    auto has = first_kept.ne(none);
+    auto nan_first = has.logical_and(
+        nan.gather(0, at::where(has, first_kept, 0)));
+    auto first = at::where(nan_first, first_kept, first_of(is_best));
     auto empty = first.eq(none);
     auto safe = at::where(empty, 0, first);
     out = at::where(empty.logical_not(), rows.gather(0, safe), 0);

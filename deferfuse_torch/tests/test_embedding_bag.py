@@ -132,3 +132,24 @@ def test_include_last_offset_with_one_offset_gives_no_bags_in_every_mode(mode, b
     check(got, want)
     got.sum().backward()
     assert torch.equal(wt.grad.cpu(), torch.zeros(10, 3))
+
+
+def test_max_mode_takes_nan_only_where_a_bag_starts_with_it_as_cpus_loop(mode):
+    # CPU's loop starts each bag from its first row and takes a later value only where it is
+    # greater: a NaN first stays, a NaN later is passed over. tpu gave zeros for both columns.
+    w = torch.tensor([[float("nan"), 1.0], [2.0, float("nan")], [0.0, 0.0]])
+    i, o = torch.tensor([0, 1, 2, 1, 2]), torch.tensor([0, 3])
+    want = F.embedding_bag(i, w, o, mode="max")
+    got = F.embedding_bag(i.to("tpu"), w.to("tpu"), o.to("tpu"), mode="max").cpu()
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_max_mode_of_an_empty_input_gives_cpus_zero_bags(mode):
+    w = torch.randn(5, 2, requires_grad=True)
+    i, o = torch.tensor([], dtype=torch.long), torch.tensor([0, 0])
+    want = F.embedding_bag(i, w, o, mode="max")
+    dw = w.detach().to("tpu").requires_grad_()
+    got = F.embedding_bag(i.to("tpu"), dw, o.to("tpu"), mode="max")
+    assert torch.equal(got.cpu(), want)
+    got.sum().backward()
+    assert torch.equal(dw.grad.cpu(), torch.zeros(5, 2))

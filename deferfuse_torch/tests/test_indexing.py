@@ -605,3 +605,18 @@ def test_gather_and_index_select_backward_sum_half_gradients_as_cpu(mode, dtype)
         grads[dev] = (w.grad.cpu(), g.grad.cpu())
     for got, want in zip(grads["tpu"], grads["cpu"]):
         assert torch.equal(got, want), (got, want)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_where_and_fill_with_a_value_past_the_half_range_give_cpus_inf(mode, dtype):
+    # CPU fills a one-element float16/bfloat16 tensor unchecked (torch.where(c, x, 1e40) fills
+    # a 0-dim one so) and checks larger ones; tpu raised "value cannot be converted ... without
+    # overflow" for both.
+    c, x = torch.tensor([True, False]), torch.tensor([1.0, 2.0], dtype=dtype)
+    assert torch.equal(torch.where(c.to("tpu"), x.to("tpu"), 1e40).cpu(), torch.where(c, x, 1e40))
+    assert torch.equal(torch.zeros((), dtype=dtype, device="tpu").fill_(1e40).cpu(),
+                       torch.zeros((), dtype=dtype).fill_(1e40))
+    with pytest.raises(RuntimeError, match="without overflow"):
+        torch.zeros(2, dtype=dtype).fill_(1e40)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        torch.zeros(2, dtype=dtype, device="tpu").fill_(1e40)
