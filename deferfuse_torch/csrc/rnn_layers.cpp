@@ -24,10 +24,9 @@
 // same activation routines); float64 records step by step.
 //
 // Under a bfloat16 autocast region a covered LSTM (padded) or plain RNN call does as CPU's:
-// its operands rounded to bfloat16, outputs and states returned in bfloat16, computed in
-// float32 on those values (the recurrence op is float32; the products outside it run on bf16
-// copies, exact products summed in float32: run_layers_bf16); a GRU or packed call stays
-// float32, as on CPU. Autocast is off inside the layer, forward and backward. Calls this does
+// its operands rounded to bfloat16, outputs and states returned in bfloat16, its products in
+// bf16 and the rest in float32 (run_layers_bf16); a GRU or packed call stays float32, as on
+// CPU. Autocast is off inside the layer, forward and backward. Calls this does
 // not cover keep PyTorch's composite path (and its errors):
 // other dtypes (a model cast to half types), projections (proj_size), inputs that are not 3-D or empty,
 // parameters not on "tpu", and tensors the dispatcher must see whole (torch.compile's fake and
@@ -84,9 +83,12 @@ Direction run_direction_kernel(const Config& cfg, const at::Tensor& xg, const at
                                const at::Tensor& c0, std::vector<at::Tensor>* save) {
   int64_t H = h0.size(-1);
   const auto& packing = cfg.packing;
-  // W_hh^T laid out once: the steps' products read a plain B in place.
+  // W_hh^T laid out once: the steps' products read a plain B in place. Under bfloat16
+  // autocast (Config::bf16_products) it goes as bfloat16 (exact: it holds bfloat16 values), and
+  // the op runs each step's hidden product in bf16 on h rounded to bfloat16, as CPU's layer.
   Operands ops;
-  ops.t(xg).t(w_hh.t().contiguous()).t(h0);
+  auto w_t = w_hh.t().contiguous();
+  ops.t(xg).t(cfg.bf16_products ? w_t.to(at::kBFloat16) : w_t).t(h0);
   if (cfg.lstm()) ops.t(c0);
   if (b_hh.defined()) ops.t(b_hh);
   at::Tensor sizes;
@@ -198,7 +200,11 @@ DirectionGrads backward_direction_kernel(const Config& cfg, const at::Tensor& x,
   // The first state the walk reads: the LSTM's c0, the GRU's h0 (the plain RNN's none).
   ops.t(y);
   if (!cfg.plain()) ops.t(cfg.lstm() ? saved[2] : h0);
-  ops.t(w_hh).t(dy.defined() ? dy : zeros(per_row(H))).t(dh.defined() ? dh : zeros({B, H}));
+  // As the forward's: a bfloat16 weight makes the walk's products bf16 ones (the gate
+  // gradients rounded to bfloat16, as CPU's bf16 backward keeps them).
+  ops.t(cfg.bf16_products ? w_hh.to(at::kBFloat16) : w_hh)
+      .t(dy.defined() ? dy : zeros(per_row(H)))
+      .t(dh.defined() ? dh : zeros({B, H}));
   if (cfg.lstm()) ops.t(dc.defined() ? dc : zeros({B, H}));
   at::Tensor sizes;
   if (packing.packed()) {
@@ -549,10 +555,9 @@ std::vector<at::Tensor> bf16_values(at::TensorList ts) {
 }
 
 // A covered call under bfloat16 autocast, as CPU's: its operands rounded to bfloat16, the
-// layers computed on them in float32 (the products outside the recurrence on bf16 copies:
-// Config::bf16_products), every result rounded to bfloat16. Within CPU's own rounding of its
-// bf16 arithmetic (CPU rounds h to bfloat16 each step as well; its outputs and these agree to
-// a unit in the last place of bfloat16 over a sequence).
+// layers computed on them in float32 with every product in bf16 (Config::bf16_products: h
+// and the gate gradients rounded to bfloat16 where a product reads them, as CPU's layer keeps
+// them), every result rounded to bfloat16. Within CPU's own rounding of its bf16 arithmetic.
 tensor_list run_layers_bf16(Cell cell, const at::Tensor& input, at::TensorList hx,
                             at::TensorList params, bool biases, int64_t layers, double dropout,
                             bool train, bool bidirectional, bool batch_first) {

@@ -27,9 +27,10 @@ struct Config {
   // Packed steps (a PackedSequence's batch sizes); none for a padded input.
   Packing packing;
   // The operands hold bfloat16 values (a call under bfloat16 autocast, rounded as CPU's
-  // oneDNN LSTM reads them): the products outside the recurrence run on bfloat16 copies at the
-  // bf16 kernel's rate (exact products, float32 sums, as the float32 product of those values),
-  // and the backward's products on its gradients rounded to bfloat16, as CPU's bf16 backward.
+  // oneDNN LSTM reads them): every product runs in bf16 at the bf16 kernel's rate (exact
+  // products, float32 sums): those outside the recurrence on bfloat16 copies, each step's
+  // hidden product on h rounded to bfloat16 (the recurrence op, given W_hh in bfloat16), and
+  // the backward's on its gradients rounded to bfloat16, as CPU's bf16 layer keeps them.
   bool bf16_products = false;
 
   bool lstm() const { return cell == kLstm; }

@@ -30,6 +30,16 @@ struct Case {
     c0: Vec<f64>,
     bias: Option<Vec<f64>>,
     reverse: bool,
+    /// `W_hh` holds bfloat16 values and goes to the op as bfloat16: the steps' hidden products
+    /// then read h rounded to bfloat16 (see `Case::bf16`).
+    bf16: bool,
+}
+
+/// `x` rounded to bfloat16 (through f32, to nearest even).
+fn round_bf16(x: f64) -> f64 {
+    let b = (x as f32).to_bits();
+    let r = (b.wrapping_add(0x7fff + ((b >> 16) & 1))) & 0xffff_0000;
+    f32::from_bits(r) as f64
 }
 
 fn f32s(rng: &mut Rng, n: usize, r: f64) -> Vec<f64> {
@@ -58,7 +68,17 @@ impl Case {
             },
             bias: bias.then(|| f32s(&mut rng, g, 0.5)),
             reverse,
+            bf16: false,
         }
+    }
+
+    /// The case with its weight rounded to bfloat16 and given to the op as bfloat16 (a layer
+    /// under bfloat16 autocast): the reference rounds each step's h to bfloat16 before the
+    /// hidden product, as the op does.
+    fn bf16(mut self) -> Case {
+        self.w = self.w.iter().map(|&w| round_bf16(w)).collect();
+        self.bf16 = true;
+        self
     }
 
     fn gates_of(cell: Cell) -> usize {
@@ -117,7 +137,15 @@ impl Case {
             for b in 0..bn {
                 let hidden: Vec<f64> = (0..g_len)
                     .map(|r| {
-                        let dot: f64 = (0..h).map(|k| hs[b * h + k] * self.w[r * h + k]).sum();
+                        let h_of = |k: usize| {
+                            let v = hs[b * h + k];
+                            if self.bf16 {
+                                round_bf16(v)
+                            } else {
+                                v
+                            }
+                        };
+                        let dot: f64 = (0..h).map(|k| h_of(k) * self.w[r * h + k]).sum();
                         dot + v.bias.as_ref().map_or(0.0, |bv| bv[r])
                     })
                     .collect();
@@ -216,7 +244,8 @@ fn recurrence(part: RecurrencePart, reverse: bool) -> Op {
 
 /// `W_hh [G, H]` uploaded, and as the forward takes it: transposed, a strided view.
 fn weights(rt: &Runtime, c: &Case) -> (Handle, Handle) {
-    let w = tensor(rt, DType::F32, &[c.gates(), c.d.h], &c.w);
+    let dtype = if c.bf16 { DType::BF16 } else { DType::F32 };
+    let w = tensor(rt, dtype, &[c.gates(), c.d.h], &c.w);
     (w, view(rt, w, View::Transpose(0, 1)))
 }
 
@@ -303,6 +332,11 @@ fn rows_longer_than_a_vector_take_the_vector_routines_whole() {
 /// activations), the first states, and (summed over steps and samples: the hidden product's
 /// gate gradients) the hidden bias.
 fn check_backward(c: &Case, seed: u64) {
+    check_backward_within(c, seed, 2e-5)
+}
+
+/// [`check_backward`] within `tol` (relative, plus as much absolute).
+fn check_backward_within(c: &Case, seed: u64, tol: f64) {
     let Dims { t: tn, b: bn, h } = c.d;
     let g_len = c.gates();
     let mut rng = Rng::new(seed);
@@ -340,17 +374,30 @@ fn check_backward(c: &Case, seed: u64) {
     };
     assert_eq!(got.len(), (tn + 1) * bn * out_row);
     let eps = 1e-6;
+    // Differences of the cell without the bf16 rounding of h, a step function that has no
+    // useful derivative (the op's backward passes gradients straight through it).
+    let smooth = Case {
+        cell: c.cell,
+        d: c.d,
+        xg: c.xg.clone(),
+        w: c.w.clone(),
+        h0: c.h0.clone(),
+        c0: c.c0.clone(),
+        bias: c.bias.clone(),
+        reverse: c.reverse,
+        bf16: false,
+    };
     let numeric = |at: &dyn Fn(&mut Vars) -> &mut f64| {
-        let mut v = c.vars();
+        let mut v = smooth.vars();
         *at(&mut v) += eps;
-        let up = c.loss(&v, &grads);
+        let up = smooth.loss(&v, &grads);
         *at(&mut v) -= 2.0 * eps;
-        let down = c.loss(&v, &grads);
+        let down = smooth.loss(&v, &grads);
         (up - down) / (2.0 * eps)
     };
     let close = |g: f64, w: f64, what: String| {
         assert!(
-            (g - w).abs() <= 2e-5 * (1.0 + w.abs()),
+            (g - w).abs() <= tol * (1.0 + w.abs()),
             "{what} = {g}, want {w}"
         );
     };
@@ -426,6 +473,25 @@ fn the_backward_of_a_reverse_direction_walks_from_its_first_step() {
     let d = Dims { t: 5, b: 3, h: 2 };
     check_backward(&lstm(d, 7, false, true), 8);
     check_backward(&gru(d, 17, true, true), 18);
+}
+
+#[test]
+fn a_bfloat16_weight_makes_the_forwards_hidden_products_read_h_rounded_to_bfloat16() {
+    // 40 hidden units and 5 samples: the bf16 kernel's whole and short tiles.
+    let d = Dims { t: 4, b: 5, h: 40 };
+    check_forward(&lstm(d, 31, true, false).bf16(), 2e-5);
+    check_forward(&gru(d, 32, true, true).bf16(), 2e-5);
+    check_forward(&rnn(false, d, 33, true, false).bf16(), 2e-5);
+}
+
+#[test]
+fn a_bfloat16_weights_backward_matches_central_differences_within_the_rounding() {
+    // The walk's dh products read the gate gradients rounded to bfloat16 (~2^-9 of each), which
+    // the float64 reference does not: within 1% of its gradients.
+    let d = Dims { t: 4, b: 2, h: 3 };
+    check_backward_within(&lstm(d, 35, true, false).bf16(), 36, 1e-2);
+    check_backward_within(&gru(d, 37, true, true).bf16(), 38, 1e-2);
+    check_backward_within(&rnn(true, d, 39, true, false).bf16(), 40, 1e-2);
 }
 
 #[test]

@@ -181,8 +181,8 @@ impl std::fmt::Display for Recurrence {
     }
 }
 
-/// Output dtype and shape of part `k` over `args`, or why they do not fit. Float32 only: the
-/// caller keeps other dtypes on the step-by-step path. A first operand of rank 2 makes the
+/// Output dtype and shape of part `k` over `args`, or why they do not fit. Float32 (the
+/// hidden weight also bfloat16); the caller keeps other dtypes on the step-by-step path. A first operand of rank 2 makes the
 /// steps packed (see [`RecurrencePart`]), with `batch_sizes` the last operand.
 pub(super) fn infer_recurrence(k: &Recurrence, args: &[ArgMeta]) -> OpResult<Inferred> {
     let part = k.part;
@@ -257,11 +257,20 @@ pub(super) fn infer_recurrence(k: &Recurrence, args: &[ArgMeta]) -> OpResult<Inf
     };
     for (i, (&what, &(dtype, sizes))) in names.iter().zip(&ops).enumerate().skip(1) {
         let want = shape(what);
-        if dtype != DType::F32 || sizes.as_slice() != want.as_slice() {
+        // The hidden weight may be bfloat16 (a layer under bfloat16 autocast): the steps'
+        // hidden products then run in bf16 on h (or the gate gradients) rounded to bfloat16.
+        let weight = what.starts_with("w_hh");
+        let dtype_ok = dtype == DType::F32 || (weight && dtype == DType::BF16);
+        if !dtype_ok || sizes.as_slice() != want.as_slice() {
+            let dtypes = if weight {
+                "float32 or bfloat16"
+            } else {
+                "float32"
+            };
             return Err(OpError::new(
                 name,
                 format!("input {i} ({what})"),
-                format!("float32 of shape {}", fmt_dims(&want)),
+                format!("{dtypes} of shape {}", fmt_dims(&want)),
                 format!("dtype {dtype}, shape {}", fmt_dims(sizes)),
             ));
         }
@@ -327,6 +336,18 @@ mod tests {
         let args = [t(&[5, 2, 12]), t(&[3, 12]), t(&[2, 3]), t(&[2, 3])];
         let r = infer_recurrence(&op(RecurrencePart::LstmForward), &args);
         assert_eq!(r.unwrap().sizes.as_slice(), &[5, 2, 18]);
+    }
+
+    #[test]
+    fn the_hidden_weight_may_be_bfloat16_and_nothing_else() {
+        let w = ArgMeta::tensor(DType::BF16, &[3, 12]);
+        let args = [t(&[5, 2, 12]), w, t(&[2, 3]), t(&[2, 3])];
+        let r = infer_recurrence(&op(RecurrencePart::LstmForward), &args).unwrap();
+        assert_eq!(r.dtype, DType::F32);
+        let h0 = ArgMeta::tensor(DType::BF16, &[2, 3]);
+        let args = [t(&[5, 2, 12]), t(&[3, 12]), h0, t(&[2, 3])];
+        let e = infer_recurrence(&op(RecurrencePart::LstmForward), &args).unwrap_err();
+        assert_eq!(e.operand, "input 2 (h0)");
     }
 
     #[test]

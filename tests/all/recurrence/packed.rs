@@ -40,6 +40,7 @@ impl Packed {
                 },
                 bias: all.bias.clone(),
                 reverse,
+                bf16: false,
             })
             .collect();
         Packed {
@@ -142,6 +143,7 @@ impl Packed {
             c0: if c.lstm() { self.states(true) } else { vec![] },
             bias: c.bias.clone(),
             reverse: c.reverse,
+            bf16: c.bf16,
         };
         (dense, shift)
     }

@@ -23,12 +23,12 @@
 //! written in place when it is dense, else through a dense copy.
 
 mod gru;
+mod hidden;
 mod lstm;
 mod rnn;
 
 use super::{for_each_row, jobs, View};
 use crate::backend::cpu::block_math;
-use crate::backend::cpu::matmul::sgemm_strided;
 use crate::backend::SideBySide;
 use crate::error::{Error, Result};
 use deferfuse_fusion::ir::{Cell, Recurrence, RecurrencePart};
@@ -199,8 +199,8 @@ struct Operands<'a> {
     /// The operands but the weight and `batch_sizes`, dense, in their order
     /// (`RecurrencePart`'s doc): `h0` is second in every forward.
     dense: Vec<Cow<'a, [f32]>>,
-    /// `W_hh^T` (forward) or `W_hh` (backward): first element, row and column strides.
-    w: (*const f32, isize, isize),
+    /// `W_hh^T` (forward) or `W_hh` (backward), as the steps' hidden products read it.
+    w: hidden::HiddenWeight,
 }
 
 // SAFETY: the ranges only read the operands.
@@ -246,11 +246,7 @@ impl<'a> Operands<'a> {
                 .filter(|&i| i != weight)
                 .map(|i| dense(&inputs[i]))
                 .collect(),
-            w: (
-                (v.base as *const f32).offset(v.offset),
-                v.strides[0],
-                v.strides[1],
-            ),
+            w: hidden::HiddenWeight::new(v),
         })
     }
 }
@@ -404,7 +400,8 @@ unsafe fn hidden_product(
     };
     let c = (y.add(at + rows.start * row), row as isize, 1);
     let beta = if bias.is_some() { 1.0 } else { 0.0 };
-    sgemm_strided(ops.dims.1, (rows.len(), h, g_len), a, ops.w, beta, c);
+    ops.w
+        .product(ops.dims.1, (rows.len(), h, g_len), a, beta, c);
 }
 
 /// Lanes the backward walks' per-unit arithmetic takes at once.

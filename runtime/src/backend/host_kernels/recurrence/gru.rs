@@ -7,7 +7,6 @@ use super::{
     hidden_products, in_lanes, part, sigmoid, sigmoid_backward, tanh, tanh_backward, Operands,
     Walk, V,
 };
-use crate::backend::cpu::matmul::sgemm_strided;
 use std::ops::Range;
 
 /// The forward walk for the samples `rows`: `y [T, B, 5H]` (packed: `[N, 5H]`) gets each
@@ -103,7 +102,7 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
         );
         let here = (held.start - rows.start) * h..(held.end - rows.start) * h;
         let dh_out = (dh[here.clone()].as_mut_ptr(), h as isize, 1);
-        sgemm_strided(b_len, (held.len(), g_len, h), a, ops.w, 0.0, dh_out);
+        ops.w.product(b_len, (held.len(), g_len, h), a, 0.0, dh_out);
         dh[here.clone()]
             .iter_mut()
             .zip(&through_z[here])

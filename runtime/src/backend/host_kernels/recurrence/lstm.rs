@@ -4,7 +4,6 @@ use super::{
     hidden_products, in_lanes, part, sigmoid, sigmoid_backward, tanh, tanh_backward, Operands,
     Walk, V,
 };
-use crate::backend::cpu::matmul::sgemm_strided;
 use std::ops::Range;
 
 /// The forward walk for the samples `rows`: `y [T, B, 6H]` (packed: `[N, 6H]`) gets each
@@ -106,7 +105,7 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
             h as isize,
             1,
         );
-        sgemm_strided(b_len, (held.len(), g_len, h), a, ops.w, 0.0, dh_out);
+        ops.w.product(b_len, (held.len(), g_len, h), a, 0.0, dh_out);
     }
     for (k, b) in rows.enumerate() {
         let out = part(r, (steps.rows + b) * g_len, g_len);

@@ -3,7 +3,6 @@
 //! and `xg` the step's input product; relu keeps NaN and zeroes what is below 0.
 
 use super::{hidden_products, part, tanh, tanh_backward, Operands, Walk};
-use crate::backend::cpu::matmul::sgemm_strided;
 use std::ops::Range;
 
 /// `x` through relu as `torch.relu` gives it: NaN stays NaN.
@@ -77,14 +76,8 @@ pub(super) unsafe fn backward(walk: Walk, ops: &Operands, r: *mut f32, rows: Ran
             };
         }
         let dh_out = (dh.as_mut_ptr(), h as isize, 1);
-        sgemm_strided(
-            b_len,
-            (held.len(), h, h),
-            (out.as_ptr(), h as isize, 1),
-            ops.w,
-            0.0,
-            dh_out,
-        );
+        let a = (out.as_ptr(), h as isize, 1);
+        ops.w.product(b_len, (held.len(), h, h), a, 0.0, dh_out);
     }
     part(r, (steps.rows + rows.start) * h, rows.len() * h).copy_from_slice(&dh);
 }
