@@ -536,7 +536,9 @@ enum DfuseOpKind
   /**
    * Every step of one direction of one LSTM, GRU or plain RNN layer, forward or backward
    * (`attrs->sub_op`, a `DfuseRecurrencePart`, which gives each part's operands and
-   * result), float32; `attrs->descending` non-zero walks the steps from the last to the
+   * result), float32 (W_hh may be bfloat16: each step's hidden product is then a bf16 one on
+   * h or the gate gradients rounded to bfloat16); `attrs->descending` non-zero walks the
+   * steps from the last to the
    * first (a bidirectional layer's second direction). A forward takes each step's input
    * product with b_ih `[T, B, G]` (G = 4H, 3H or H), W_hh transposed, the first states and
    * optionally b_hh, and keeps per step what its backward reads; a backward takes that,
