@@ -113,11 +113,13 @@ const at::Tensor& scatter_index(const at::Tensor& index, const char* op, const a
 }
 
 // CPU's scatter_add, scatter_reduce (sum, mean, prod), scatter's reduce="add"/"multiply" and
-// index_add into a tensor of two or more dims accumulate float16/bfloat16 values in float32
-// and round each result once (2000 additions of 0.1 into one element give 200, where rounding
-// every step stalls at 32 in bfloat16; gather's and index_select's backward are such
-// scatters). index_add into a 1-D tensor, index_put_'s accumulate and embedding's backward
-// round every step on CPU, as the runtime's scatter does in the half types.
+// some index_adds (index_add_to) accumulate float16/bfloat16 values in float32 and round each
+// result once (2000 additions of 0.1 into one element give 200, where rounding every step
+// stalls at 32 in bfloat16; gather's and index_select's backward are such scatters). Other
+// index_adds, index_put_'s accumulate and embedding's backward round every step on CPU, as the
+// runtime's scatter does in the half types. In place, the whole of self makes the float32 round
+// trip: a cost proportional to self, not to the index (the runtime's scatter has no float32
+// accumulator yet).
 bool sums_wide(const at::Tensor& self, ScatterReduce r) {
   return is_reduced_float(self.scalar_type()) &&
          (r == ScatterReduce::Sum || r == ScatterReduce::Mean || r == ScatterReduce::Prod);
@@ -162,6 +164,7 @@ at::Tensor scatter_value_sums(const at::Tensor& self, int64_t dim, const at::Ten
                               const at::Scalar& value, ScatterReduce r,
                               ScatterInto into = ScatterInto::Copy) {
   if (!sums_wide(self, r)) return scatter_value_op(self, dim, idx, value, r, into);
+  check_value_fits(value, self.scalar_type());  // CPU's overflow error (1e5 into float16)
   auto v = at::scalar_tensor(value, at::TensorOptions().dtype(self.scalar_type())).item<double>();
   auto wide = scatter_value_op(self.to(at::kFloat), dim, idx, v, r);
   return round_back(self, wide, into);
@@ -267,9 +270,11 @@ at::Tensor index_add_to(const at::Tensor& self, int64_t dim, const at::Tensor& i
   dim = at::maybe_wrap_dim(dim, self.dim());
   auto src = source.dim() == 0 ? source.reshape({1}) : source;
   if (!alpha.equal(1)) src = src * alpha;
-  // Into a 1-D self CPU rounds every step; into more dims it sums in float32 (sums_wide).
+  // CPU sums half types in float32 (sums_wide) only into a self of two or more dims, along its
+  // first or last dim, with alpha 1 (its scatter_add path); otherwise it rounds every step.
   auto idx = expand_index(index, src.sizes(), dim);
-  if (self.dim() == 1) return scatter_op(self, dim, idx, src, ScatterReduce::Sum, true, into);
+  bool scatter_add_path = self.dim() > 1 && (dim == 0 || dim == self.dim() - 1) && alpha.equal(1);
+  if (!scatter_add_path) return scatter_op(self, dim, idx, src, ScatterReduce::Sum, true, into);
   return scatter_sums(self, dim, idx, src, ScatterReduce::Sum, true, into);
 }
 

@@ -25,8 +25,8 @@
 //
 // Under a bfloat16 autocast region a covered LSTM (padded) or plain RNN call does as CPU's:
 // its operands rounded to bfloat16, outputs and states returned in bfloat16, its products in
-// bf16 and the rest in float32 (run_layers_bf16); a GRU or packed call stays float32, as on
-// CPU. Autocast is off inside the layer, forward and backward. Calls this does
+// bf16 and the rest in float32 (run_layers_bf16); a GRU or packed LSTM call stays float32, as
+// on CPU. Autocast is off inside the layer, forward and backward. Calls this does
 // not cover keep PyTorch's composite path (and its errors):
 // other dtypes (a model cast to half types), projections (proj_size), inputs that are not 3-D or empty,
 // parameters not on "tpu", and tensors the dispatcher must see whole (torch.compile's fake and
@@ -314,8 +314,9 @@ tensor_list double_backward(const Config& cfg, const std::vector<at::Tensor>& in
   // Step by step, so autograd records (and a second backward reaches) every op.
   Config differentiable = cfg;
   differentiable.kernel = false;
-  // The bf16 products are ops autograd cannot differentiate; on operands that hold bfloat16
-  // values the float32 products are the same sums.
+  // The bf16 products are ops autograd cannot differentiate: the recorded forward runs float32
+  // products on the same bfloat16 operands, without rounding h or the gate gradients to
+  // bfloat16 (its gradients differ from the first backward's by that rounding, ~0.5%).
   differentiable.bf16_products = false;
   auto [out, hy, cy] =
       cfg.packing.packed()
@@ -537,7 +538,7 @@ tensor_list run_layers(Cell cell, const at::Tensor& input, at::TensorList hx,
 // Whether a covered float32 call is in a bfloat16 autocast region on tpu, where CPU's LSTM
 // (oneDNN's, on a padded input without projections) and plain RNN (its products autocast)
 // compute on bfloat16 operands and return bfloat16 outputs and states. (CPU's GRU and packed
-// LSTM stay float32, and so do these.)
+// LSTM stay float32, and so do these; its packed plain RNN is bfloat16, as here.)
 bool under_bf16_autocast(const at::Tensor& input) {
   return input.scalar_type() == at::kFloat &&
          at::autocast::is_autocast_enabled(c10::DeviceType::PrivateUse1) &&
@@ -560,21 +561,36 @@ std::vector<at::Tensor> bf16_values(at::TensorList ts) {
 // them), every result rounded to bfloat16. Within CPU's own rounding of its bf16 arithmetic.
 tensor_list run_layers_bf16(Cell cell, const at::Tensor& input, at::TensorList hx,
                             at::TensorList params, bool biases, int64_t layers, double dropout,
-                            bool train, bool bidirectional, bool batch_first) {
+                            bool train, bool bidirectional, bool batch_first,
+                            const std::vector<int64_t>& batch_sizes = {}) {
   auto h = bf16_values(hx);
   auto p = bf16_values(params);
   auto r = run_layers(cell, bf16_values(input), h, p, biases, layers, dropout, train,
-                      bidirectional, batch_first, {}, true);
+                      bidirectional, batch_first, batch_sizes, true);
   for (auto& t : r) {
     if (t.defined()) t = t.to(at::kBFloat16);
   }
   return r;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at::TensorList hx,
+// The states a call under bfloat16 autocast reads: bfloat16 ones (the states a previous call
+// returned, fed back as truncated BPTT does) as float32, exact, so the call stays covered (it
+// rounds them to bfloat16 again); any others as given.
+std::vector<at::Tensor> autocast_states(const at::Tensor& input, at::TensorList hx) {
+  std::vector<at::Tensor> out(hx.begin(), hx.end());
+  if (!under_bf16_autocast(input)) return out;
+  for (auto& h : out) {
+    if (h.defined() && h.scalar_type() == at::kBFloat16) h = h.to(at::kFloat);
+  }
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at::TensorList hx_in,
                                                     at::TensorList params, bool biases,
                                                     int64_t layers, double dropout, bool train,
                                                     bool bidirectional, bool batch_first) {
+  auto states = autocast_states(input, hx_in);
+  at::TensorList hx(states);
   if (!covered(input, hx, params, kLstm, biases, layers, dropout, train, bidirectional,
                batch_first)) {
     return at::native::lstm(input, hx, params, biases, layers, dropout, train, bidirectional,
@@ -590,10 +606,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at:
 
 // The GRU and the plain RNNs: one state, (output, hy).
 template <Cell C>
-std::tuple<at::Tensor, at::Tensor> one_state(const at::Tensor& input, const at::Tensor& hx,
+std::tuple<at::Tensor, at::Tensor> one_state(const at::Tensor& input, const at::Tensor& hx_in,
                                              at::TensorList params, bool biases, int64_t layers,
                                              double dropout, bool train, bool bidirectional,
                                              bool batch_first) {
+  // A plain RNN's bfloat16 state fed back under autocast (the GRU's stays float32 there).
+  const at::Tensor hx =
+      C != kGru ? autocast_states(input, at::TensorList(hx_in))[0] : hx_in;
   if (!covered(input, hx, params, C, biases, layers, dropout, train, bidirectional,
                batch_first)) {
     using Native = std::tuple<at::Tensor, at::Tensor> (*)(
@@ -658,8 +677,13 @@ std::tuple<at::Tensor, at::Tensor> one_state_packed(const at::Tensor& data,
                                     : Native(&at::native::rnn_relu);
     return native(data, batch_sizes, hx, params, biases, layers, dropout, train, bidirectional);
   }
-  auto r = run_layers(C, data, at::TensorList(hx), params, biases, layers, dropout, train,
-                      bidirectional, false, sizes);
+  // CPU's plain RNN is composite: autocast casts its products on packed steps too (its packed
+  // LSTM and GRU stay float32).
+  auto r = C != kGru && under_bf16_autocast(data)
+               ? run_layers_bf16(C, data, at::TensorList(hx), params, biases, layers, dropout,
+                                 train, bidirectional, false, sizes)
+               : run_layers(C, data, at::TensorList(hx), params, biases, layers, dropout, train,
+                            bidirectional, false, sizes);
   return {r[0], r[1]};
 }
 

@@ -571,8 +571,14 @@ SUM_OPS = {
     "scatter_value_add": lambda z, i, v: z.scatter(0, i, 0.1, reduce="add"),
     "index_add_2d": lambda z, i, v: z.unsqueeze(1).expand(-1, 3).contiguous().index_add(
         0, i, v.unsqueeze(1).expand(-1, 3).contiguous()),
-    # These round every step on CPU, as the runtime's scatter does.
+    # These round every step on CPU, as the runtime's scatter does: a 1-D index_add, one with
+    # an alpha or along a middle dim (CPU's float32 path is its scatter_add's, first or last
+    # dim with alpha 1 only), index_put_'s accumulate.
     "index_add_1d": lambda z, i, v: z.index_add(0, i, v),
+    "index_add_2d_alpha": lambda z, i, v: z.unsqueeze(1).expand(-1, 3).contiguous().index_add(
+        0, i, v.unsqueeze(1).expand(-1, 3).contiguous(), alpha=2),
+    "index_add_middle_dim": lambda z, i, v: z.view(1, 4, 1).expand(2, 4, 2).contiguous()
+        .index_add(1, i, v.view(1, -1, 1).expand(2, -1, 2).contiguous()),
     "index_put_accumulate": lambda z, i, v: z.index_put((i,), v, accumulate=True),
 }
 
@@ -620,3 +626,12 @@ def test_where_and_fill_with_a_value_past_the_half_range_give_cpus_inf(mode, dty
         torch.zeros(2, dtype=dtype).fill_(1e40)
     with pytest.raises(RuntimeError, match="without overflow"):
         torch.zeros(2, dtype=dtype, device="tpu").fill_(1e40)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_a_half_scatter_of_a_value_past_its_range_raises_cpus_overflow_error(mode, dtype):
+    i = torch.zeros(3, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        torch.zeros(2, dtype=dtype).scatter(0, i, 1e40, reduce="add")
+    with pytest.raises(RuntimeError, match="without overflow"):
+        torch.zeros(2, dtype=dtype, device="tpu").scatter(0, i.to("tpu"), 1e40, reduce="add")

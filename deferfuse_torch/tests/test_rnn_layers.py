@@ -334,3 +334,39 @@ def test_under_bf16_autocast_an_lstm_or_rnn_returns_bfloat16_as_on_cpu(mode, kin
         assert g.dtype == w.dtype == torch.float32
         scale = w.abs().max().item()
         assert (g.cpu() - w).abs().max().item() <= 0.03 * scale, (g, w)
+
+
+def test_under_bf16_autocast_a_packed_rnn_returns_bfloat16_as_on_cpu(mode):
+    # CPU's plain RNN is composite: autocast casts its products on packed steps too (its packed
+    # LSTM and GRU stay float32, as tpu's do).
+    cpu, dev = pair(lambda: layer("RNN", 4, 6))
+    x = torch.randn(5, 3, 4)
+    outs = {}
+    for m, d in ((cpu, "cpu"), (dev, "tpu")):
+        packed = nn.utils.rnn.pack_padded_sequence(x.to(d), [5, 4, 2])
+        with torch.autocast(d, dtype=torch.bfloat16):
+            out, h = m(packed)
+        outs[d] = (out.data, h)
+    for g, w in zip(outs["tpu"], outs["cpu"]):
+        assert g.dtype == w.dtype == torch.bfloat16
+        check(g.detach().float(), w.detach().float(), atol=2e-2, rtol=2e-2)
+
+
+def test_under_bf16_autocast_an_lstm_takes_its_own_bfloat16_states_back(mode):
+    # Truncated BPTT feeds the returned (bfloat16) states to the next call: as on CPU it runs
+    # (CPU casts them with the rest), and here it stays one recurrence op per direction, not
+    # PyTorch's composite step by step (3x slower).
+    cpu, dev = pair(lambda: layer("LSTM", 4, 6))
+    x = torch.randn(5, 2, 4)
+    results = {}
+    for m, d in ((cpu, "cpu"), (dev, "tpu")):
+        with torch.autocast(d, dtype=torch.bfloat16):
+            _, state = m(x.to(d))
+            report = deferfuse_torch.explain(lambda: m(x.to(d), state)) if d == "tpu" else None
+            out, _ = m(x.to(d), state)
+        results[d] = (out, report)
+    out, report = results["tpu"]
+    assert out.dtype == torch.bfloat16
+    check(out.detach().float(), results["cpu"][0].detach().float(), atol=2e-2, rtol=2e-2)
+    labels = [r["label"] for r in report.regions]
+    assert "lstm_recurrence" in labels, labels
