@@ -608,8 +608,9 @@ at::Tensor wide_matmul(const at::Tensor& a, const at::Tensor& b) {
 
 // conv_input_grad summed in float32, left unrounded: the caller rounds once, after adding
 // anything else (a transposed convolution's bias). On the conv op bfloat16 operands are summed
-// in float32 by the op itself, float16 ones widened first (conv_op_operands); elsewhere the contributions come from the half-precision product with float32 sums
-// (wide_matmul: before, both operands were widened and multiplied at the float32 rate) and
+// in float32 by the op itself, float16 ones widened first (conv_op_operands); elsewhere the
+// contributions come from the half-precision product with float32 sums (wide_matmul: before,
+// both operands were widened and multiplied at the float32 rate) and
 // their windows are added in float32.
 at::Tensor conv_input_grad_wide(const at::Tensor& grad, const at::Tensor& go, const at::Tensor& w,
                                 const Geometry& g) {

@@ -26,11 +26,10 @@
 // Under a bfloat16 autocast region a covered LSTM (padded) or plain RNN call does as CPU's:
 // its operands rounded to bfloat16, outputs and states returned in bfloat16, its products in
 // bf16 and the rest in float32 (run_layers_bf16); a GRU or packed LSTM call stays float32, as
-// on CPU. Autocast is off inside the layer, forward and backward. Calls this does
-// not cover keep PyTorch's composite path (and its errors):
-// other dtypes (a model cast to half types), projections (proj_size), inputs that are not 3-D or empty,
-// parameters not on "tpu", and tensors the dispatcher must see whole (torch.compile's fake and
-// functional tensors). A double backward (create_graph=True) runs the forward again with
+// on CPU. Autocast is off inside the layer, forward and backward. Calls this does not cover
+// keep PyTorch's composite path (and its errors): other dtypes (a model cast to half types),
+// projections (proj_size), inputs that are not 3-D or empty, parameters not on "tpu", and
+// tensors the dispatcher must see whole (torch.compile's fake and functional tensors). A double backward (create_graph=True) runs the forward again with
 // autograd on (the same dropout masks) and differentiates that, so it sees every dependency.
 //
 // Packed sequences (pack_padded_sequence, the .data overloads) in float32 take the same node:

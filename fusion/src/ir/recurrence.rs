@@ -182,8 +182,9 @@ impl std::fmt::Display for Recurrence {
 }
 
 /// Output dtype and shape of part `k` over `args`, or why they do not fit. Float32 (the
-/// hidden weight also bfloat16); the caller keeps other dtypes on the step-by-step path. A first operand of rank 2 makes the
-/// steps packed (see [`RecurrencePart`]), with `batch_sizes` the last operand.
+/// hidden weight also bfloat16); the caller keeps other dtypes on the step-by-step path. A
+/// first operand of rank 2 makes the steps packed (see [`RecurrencePart`]), with
+/// `batch_sizes` the last operand.
 pub(super) fn infer_recurrence(k: &Recurrence, args: &[ArgMeta]) -> OpResult<Inferred> {
     let part = k.part;
     let name = part.name();

@@ -208,8 +208,8 @@ unsafe impl Sync for Operands<'_> {}
 
 impl<'a> Operands<'a> {
     /// # Safety
-    /// The views are operands of `part` inside their buffers (f32, and packed steps' int64
-    /// `batch_sizes` last).
+    /// The views are operands of `part` inside their buffers (f32, the hidden weight f32 or
+    /// bf16, and packed steps' int64 `batch_sizes` last).
     unsafe fn new(part: RecurrencePart, inputs: &'a [View]) -> Result<Operands<'a>> {
         let first = &inputs[0];
         let names = part.operands();

@@ -16,8 +16,9 @@ use deferfuse_fusion::ir::DType;
 use std::cell::RefCell;
 
 thread_local! {
-    /// A step's rows rounded to bfloat16 (as bits, or as f32 values without the bf16 kernel).
-    static ROUNDED: RefCell<(Vec<u16>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// A step's rows rounded to bfloat16: as bits, and as f32 values for the widened weight.
+    static ROUNDED: RefCell<(Vec<u16>, Vec<f32>)> =
+        const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// The hidden weight as the steps' products read it.
@@ -83,20 +84,7 @@ impl HiddenWeight {
             HiddenWeight::F32(w) => sgemm_strided(whole_rows, (m, k, n), a, *w, beta, c),
             HiddenWeight::Packed(w) => ROUNDED.with(|cell| {
                 let mut scratch = cell.borrow_mut();
-                let bits = bits_at(&mut scratch.0, m * k);
-                for r in 0..m {
-                    let row = a.0.offset(r as isize * a.1);
-                    let to = &mut bits[r * k..(r + 1) * k];
-                    if a.2 == 1 {
-                        // Vector code: element by element this rounding cost as much as the
-                        // product (a backward step's 16 x 512 gate gradients).
-                        narrow_run(DType::BF16, std::slice::from_raw_parts(row, k), to);
-                    } else {
-                        for (j, t) in to.iter_mut().enumerate() {
-                            *t = half::bf16::from_f32(*row.offset(j as isize * a.2)).to_bits();
-                        }
-                    }
-                }
+                let bits = rounded_rows(a, (m, k), &mut scratch.0);
                 let rows = HalfMat {
                     ptr: bits.as_mut_ptr(),
                     rows: m,
@@ -107,38 +95,44 @@ impl HiddenWeight {
                 bf16_matmul_f32_packed(rows, w, c, beta != 0.0);
             }),
             HiddenWeight::Widened(w, cols) => ROUNDED.with(|cell| {
-                let values = &mut cell.borrow_mut().1;
-                round_rows(a, (m, k), |i, v| {
-                    values_at(values, m * k)[i] = half::bf16::from_f32(v).to_f32()
-                });
-                let rows = (values.as_ptr(), k as isize, 1);
-                sgemm_strided(
-                    whole_rows,
-                    (m, k, n),
-                    rows,
+                let (bits, values) = &mut *cell.borrow_mut();
+                let bits = rounded_rows(a, (m, k), bits);
+                values.clear();
+                values.extend(bits.iter().map(|&b| half::bf16::from_bits(b).to_f32()));
+                let (rows, w) = (
+                    (values.as_ptr(), k as isize, 1),
                     (w.as_ptr(), *cols as isize, 1),
-                    beta,
-                    c,
                 );
+                sgemm_strided(whole_rows, (m, k, n), rows, w, beta, c);
             }),
         }
     }
 }
 
-/// Calls `put(i, v)` for each element `v` of the `m x k` rows `a`, `i` its row-major index.
+/// The `m x k` rows `a` rounded to bfloat16 bits (nearest even) in `buf`, row-major.
 ///
 /// # Safety
 /// `a` is valid for every element its strides address.
-unsafe fn round_rows(
+unsafe fn rounded_rows<'b>(
     a: (*const f32, isize, isize),
     (m, k): (usize, usize),
-    mut put: impl FnMut(usize, f32),
-) {
+    buf: &'b mut Vec<u16>,
+) -> &'b mut [u16] {
+    let bits = bits_at(buf, m * k);
     for r in 0..m {
-        for j in 0..k {
-            put(r * k + j, *a.0.offset(r as isize * a.1 + j as isize * a.2));
+        let row = a.0.offset(r as isize * a.1);
+        let to = &mut bits[r * k..(r + 1) * k];
+        if a.2 == 1 {
+            // Vector code: element by element this rounding cost as much as the product (a
+            // backward step's 16 x 512 gate gradients).
+            narrow_run(DType::BF16, std::slice::from_raw_parts(row, k), to);
+        } else {
+            for (j, t) in to.iter_mut().enumerate() {
+                *t = half::bf16::from_f32(*row.offset(j as isize * a.2)).to_bits();
+            }
         }
     }
+    bits
 }
 
 /// `buf` grown to at least `len` elements, its first `len`.
@@ -149,10 +143,60 @@ fn bits_at(buf: &mut Vec<u16>, len: usize) -> &mut [u16] {
     &mut buf[..len]
 }
 
-/// `buf` grown to at least `len` elements.
-fn values_at(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    if buf.len() < len {
-        buf.resize(len, 0.0);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `c = a @ W` through `w`, for `m` rows of `a` (row stride `k + 3`: a strided block).
+    fn product_of(w: &HiddenWeight, a: &[f32], (m, k, n): (usize, usize, usize)) -> Vec<f32> {
+        let mut c = vec![0f32; m * n];
+        let a = (a.as_ptr(), (k + 3) as isize, 1);
+        unsafe { w.product(m, (m, k, n), a, 0.0, (c.as_mut_ptr(), n as isize, 1)) };
+        c
     }
-    buf
+
+    #[test]
+    fn the_widened_fallback_and_the_bf16_kernel_both_give_the_products_of_rows_rounded_to_bf16() {
+        let (m, k, n) = (5, 24, 40);
+        let w_bits: Vec<u16> = (0..k * n)
+            .map(|i| half::bf16::from_f32(((i * 37 % 101) as f32 - 50.0) / 64.0).to_bits())
+            .collect();
+        let a: Vec<f32> = (0..m * (k + 3))
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 37.0)
+            .collect();
+        let bf = |b: u16| half::bf16::from_bits(b).to_f32() as f64;
+        let want: Vec<f64> = (0..m * n)
+            .map(|e| {
+                let (r, j) = (e / n, e % n);
+                (0..k)
+                    .map(|q| {
+                        let x = half::bf16::from_f32(a[r * (k + 3) + q]).to_bits();
+                        bf(x) * bf(w_bits[q * n + j])
+                    })
+                    .sum()
+            })
+            .collect();
+        let widened = HiddenWeight::Widened(w_bits.iter().map(|&b| bf(b) as f32).collect(), n);
+        let mut weights = vec![widened];
+        let mut bits = w_bits.clone();
+        let mat = HalfMat {
+            ptr: bits.as_mut_ptr(),
+            rows: k,
+            cols: n,
+            rs: n as isize,
+            cs: 1,
+        };
+        if let Some(p) = unsafe { bf16_packed(mat) } {
+            weights.push(HiddenWeight::Packed(p));
+        }
+        for w in &weights {
+            let got = product_of(w, &a, (m, k, n));
+            for (e, (&g, &x)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g as f64 - x).abs() <= 1e-5 * (1.0 + x.abs()),
+                    "[{e}] {g} vs {x}"
+                );
+            }
+        }
+    }
 }
