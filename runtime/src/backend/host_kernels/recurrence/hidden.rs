@@ -113,11 +113,11 @@ impl HiddenWeight {
 ///
 /// # Safety
 /// `a` is valid for every element its strides address.
-unsafe fn rounded_rows<'b>(
+unsafe fn rounded_rows(
     a: (*const f32, isize, isize),
     (m, k): (usize, usize),
-    buf: &'b mut Vec<u16>,
-) -> &'b mut [u16] {
+    buf: &mut Vec<u16>,
+) -> &mut [u16] {
     let bits = bits_at(buf, m * k);
     for r in 0..m {
         let row = a.0.offset(r as isize * a.1);
