@@ -40,6 +40,7 @@ at::Tensor& assign(at::Tensor& self, const at::Tensor& value) {
 at::Tensor tpu_index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
   check_index_dtype(index, "index_select");
   TORCH_CHECK_INDEX(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
+  at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));  // CPU's IndexError for a bad dim
   if (self.dim() == 0) {
     // A 0-dim source has one element and takes one index (which must be 0); the result is
     // 0-dim like the source, as on CPU.
@@ -69,6 +70,10 @@ at::Tensor tpu_gather(const at::Tensor& self, int64_t dim, const at::Tensor& ind
   // A 0-dim input takes an index of one element of rank 0 or 1 (CPU's result: its shape).
   if (self.dim() == 0 && index.dim() == 1) {
     return gather_op(self.reshape({1}), 0, index).reshape(index.sizes());
+  }
+  // A 1-D input takes a 0-dim index as one of one element (a 0-dim result), as on CPU.
+  if (self.dim() == 1 && index.dim() == 0) {
+    return gather_op(self, at::maybe_wrap_dim(dim, 1), index.reshape({1})).reshape({});
   }
   return gather_op(self, at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1)), index);
 }
@@ -351,6 +356,7 @@ at::Tensor& index_fill_(at::Tensor& self, int64_t dim, const at::Tensor& index,
   check_value_fits(value, self.scalar_type());
   // CPU's index_fill counts a negative index from the end (scatter does not).
   auto from_end = [](const at::Tensor& i, int64_t size) { return at::where(i.lt(0), i + size, i); };
+  at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));  // CPU's IndexError for a bad dim
   if (self.dim() == 0) {
     scatter_value_op(self.reshape({1}), 0, from_end(index.reshape({-1}), 1), value,
                      ScatterReduce::Assign, ScatterInto::Self);

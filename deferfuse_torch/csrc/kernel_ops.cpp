@@ -56,6 +56,11 @@ at::Tensor scatter_op(const at::Tensor& self, int64_t dim, const at::Tensor& ind
     return scatter_op(self.reshape({1}), 0, index, src.reshape({-1}), reduce, include_self, into)
         .reshape({});
   }
+  // A 1-D self takes a 0-dim index (and source) as one of one element, as on CPU.
+  if (self.dim() == 1 && index.dim() == 0) {
+    return scatter_op(self, dim, index.reshape({1}), src.dim() == 0 ? src.reshape({1}) : src,
+                      reduce, include_self, into);
+  }
   auto a = scatter_attrs(dim, reduce, include_self);
   return scatter_run(self, a, Operands().t(self).t(index).t(cast(src, self.scalar_type())), into);
 }
@@ -65,6 +70,9 @@ at::Tensor scatter_value_op(const at::Tensor& self, int64_t dim, const at::Tenso
   if (index.numel() == 0) return into == ScatterInto::Self ? self : self.clone();
   if (self.dim() == 0 && index.dim() == 1) {
     return scatter_value_op(self.reshape({1}), 0, index, value, reduce, into).reshape({});
+  }
+  if (self.dim() == 1 && index.dim() == 0) {
+    return scatter_value_op(self, dim, index.reshape({1}), value, reduce, into);
   }
   auto a = scatter_attrs(dim, reduce, true);
   return scatter_run(self, a, Operands().t(self).t(index).s(value), into);

@@ -25,8 +25,9 @@ void assign_out(at::Tensor& out, const at::Tensor& value) {
 
 std::tuple<at::Tensor, at::Tensor> sort_stable(const at::Tensor& self, std::optional<bool>,
                                                int64_t dim, bool descending) {
+  // A 0-dim input takes dim 0 or -1, as on CPU (IndexError otherwise).
+  dim = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
   if (self.dim() == 0) return {self.clone(), at::zeros({}, self.options().dtype(at::kLong))};
-  dim = at::maybe_wrap_dim(dim, self.dim());
   auto idx = argsort_op(self, dim, descending);
   return {gather_op(self, dim, idx), idx};
 }
@@ -44,6 +45,7 @@ std::tuple<at::Tensor&, at::Tensor&> sort_values_stable(const at::Tensor& self,
 std::tuple<at::Tensor, at::Tensor> tpu_topk(const at::Tensor& self, c10::SymInt k_, int64_t dim,
                                         bool largest, bool) {
   int64_t k = k_.expect_int();
+  at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));  // CPU's IndexError for a bad dim
   if (self.dim() == 0) {
     TORCH_CHECK(k <= 1, "selected index k out of range");
     return {self.clone(), at::zeros({}, self.options().dtype(at::kLong))};
@@ -284,9 +286,10 @@ at::Tensor log_add_exp(const at::Tensor& a, const at::Tensor& b) {
 at::Tensor tpu_logcumsumexp(const at::Tensor& self, int64_t dim) {
   TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(self.scalar_type()),
                               "\"logcumsumexp\" not implemented for '", self.scalar_type(), "'");
-  // A scan with no step would hand back `self` itself: the result must be a new tensor.
-  if (self.dim() == 0 || self.size(at::maybe_wrap_dim(dim, self.dim())) <= 1) return self.clone();
-  dim = at::maybe_wrap_dim(dim, self.dim());
+  // A 0-dim input takes dim 0 or -1, as on CPU (IndexError otherwise). A scan with no step
+  // would hand back `self` itself: the result must be a new tensor.
+  dim = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  if (self.dim() == 0 || self.size(dim) <= 1) return self.clone();
   return doubling_scan({self}, dim, [](const ScanState& a, const ScanState& b) {
     return ScanState{log_add_exp(a[0], b[0])};
   })[0];

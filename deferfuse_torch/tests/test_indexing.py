@@ -635,3 +635,36 @@ def test_a_half_scatter_of_a_value_past_its_range_raises_cpus_overflow_error(mod
         torch.zeros(2, dtype=dtype).scatter(0, i, 1e40, reduce="add")
     with pytest.raises(RuntimeError, match="without overflow"):
         torch.zeros(2, dtype=dtype, device="tpu").scatter(0, i.to("tpu"), 1e40, reduce="add")
+
+
+DIM_OPS = {
+    "sort": lambda t, d: torch.sort(t, dim=d),
+    "topk": lambda t, d: torch.topk(t, 1, dim=d),
+    "logcumsumexp": lambda t, d: torch.logcumsumexp(t, d),
+    "index_select": lambda t, d: torch.index_select(t, d, torch.tensor([0], device=t.device)),
+    "index_fill": lambda t, d: t.index_fill(d, torch.tensor([0], device=t.device), 1.0),
+}
+
+
+@pytest.mark.parametrize("op", list(DIM_OPS))
+def test_a_0_dim_input_takes_dim_0_or_minus_1_only_as_on_cpu(mode, op):
+    for d in (0, -1):
+        want = DIM_OPS[op](torch.tensor(3.0), d)
+        got = DIM_OPS[op](torch.tensor(3.0, device="tpu"), d)
+        for g, w in zip(got if isinstance(got, tuple) else (got,),
+                        want if isinstance(want, tuple) else (want,)):
+            assert torch.equal(g.cpu(), w)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        DIM_OPS[op](torch.tensor(3.0), 1)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        DIM_OPS[op](torch.tensor(3.0, device="tpu"), 1)
+
+
+def test_gather_and_scatter_on_a_1_d_input_take_a_0_dim_index_as_cpu(mode):
+    x, i = torch.tensor([3.0, 4.0]), torch.tensor(1)
+    got = torch.gather(x.to("tpu"), 0, i.to("tpu"))
+    assert got.shape == () and torch.equal(got.cpu(), torch.gather(x, 0, i))
+    src = torch.tensor(5.0)
+    assert torch.equal(x.to("tpu").scatter(0, i.to("tpu"), src.to("tpu")).cpu(),
+                       x.scatter(0, i, src))
+    assert torch.equal(x.to("tpu").scatter(0, i.to("tpu"), 7.0).cpu(), x.scatter(0, i, 7.0))
