@@ -120,23 +120,43 @@ unsafe fn by_dots(
     }
     let skip = buf.as_ptr().align_offset(64).min(15);
     let (wides, grids) = buf[skip..skip + need - 16].split_at_mut(batch * wide_len);
-    let offsets = g.row_offsets();
     let positions = weight_dots::positions(g.wide, |j| is_output_position(g, j));
     let mut acc = vec![0f32; g.rows() * g.oc];
+    in_batches(g, (grad, x), batch, (wides, grids), &positions, |b| {
+        // SAFETY: each grid holds every run's `g.wide` floats (its phases' slack), `wides`
+        // `samples` gradients of `g.oc` rows of `g.wide`, and acc is `[C * K, OC]`.
+        unsafe { weight_dots::accumulate(b, &mut acc) }
+    });
+    write_weight_grad(g, &acc, out);
+    Ok(())
+}
+
+/// Walks the samples `batch` at a time: fills each sample's grid and wide gradient into
+/// `grids` and `wides` (room for `batch` of each), then hands the batch to `accumulate`.
+///
+/// # Safety
+/// As [`super::run`]; `T` is the views' element type.
+#[cfg(target_arch = "x86_64")]
+unsafe fn in_batches<T: Copy + Default, M>(
+    g: &Geometry,
+    (grad, x): (&View, &View),
+    batch: usize,
+    (wides, grids): (&mut [T], &mut [T]),
+    positions: &[M],
+    mut accumulate: impl FnMut(&weight_dots::Batch<T, M>),
+) {
+    let (grid_len, wide_len) = (g.c * g.channel, g.oc * g.wide);
+    let offsets = g.row_offsets();
     let n = grad.sizes[0];
     let mut s0 = 0;
     while s0 < n {
         let samples = batch.min(n - s0);
         for i in 0..samples {
             fill_grid(g, x, s0 + i, &mut grids[i * grid_len..(i + 1) * grid_len]);
-            fill_wide_grad(
-                g,
-                grad,
-                s0 + i,
-                &mut wides[i * wide_len..(i + 1) * wide_len],
-            );
+            let wide = &mut wides[i * wide_len..(i + 1) * wide_len];
+            fill_wide_grad(g, grad, s0 + i, wide);
         }
-        let batch = weight_dots::Batch {
+        accumulate(&weight_dots::Batch {
             samples,
             len: g.wide,
             grad: wides,
@@ -144,15 +164,10 @@ unsafe fn by_dots(
             grid: grids,
             grid_len,
             offsets: &offsets,
-            positions: &positions,
-        };
-        // SAFETY: each grid holds every run's `g.wide` floats (its phases' slack), `wides`
-        // `samples` gradients of `g.oc` rows of `g.wide`, and acc is `[C * K, OC]`.
-        unsafe { weight_dots::accumulate(&batch, &mut acc) };
+            positions,
+        });
         s0 += samples;
     }
-    write_weight_grad(g, &acc, out);
-    Ok(())
 }
 
 /// Whether wide position `j` is an output position: its index along each dim below the first
@@ -179,7 +194,6 @@ unsafe fn by_dots_bf16(
     batch: usize,
 ) -> Result<()> {
     let (grid_len, wide_len) = (g.c * g.channel, g.oc * g.wide);
-    let offsets = g.row_offsets();
     let positions = weight_dots::positions32(g.wide, |j| is_output_position(g, j));
     let mut acc = vec![0f32; g.rows() * g.oc];
     GRID16.with(|cell| {
@@ -188,30 +202,11 @@ unsafe fn by_dots_bf16(
         if buf.len() < need {
             buf.resize(need, 0);
         }
-        let (wides, grids) = buf[..need].split_at_mut(batch * wide_len);
-        let n = grad.sizes[0];
-        let mut s0 = 0;
-        while s0 < n {
-            let samples = batch.min(n - s0);
-            for i in 0..samples {
-                fill_grid(g, x, s0 + i, &mut grids[i * grid_len..(i + 1) * grid_len]);
-                let wide = &mut wides[i * wide_len..(i + 1) * wide_len];
-                fill_wide_grad(g, grad, s0 + i, wide);
-            }
-            let batch = weight_dots::Batch {
-                samples,
-                len: g.wide,
-                grad: wides,
-                oc: g.oc,
-                grid: grids,
-                grid_len,
-                offsets: &offsets,
-                positions: &positions,
-            };
+        let scratch = buf[..need].split_at_mut(batch * wide_len);
+        in_batches(g, (grad, x), batch, scratch, &positions, |b| {
             // SAFETY: as in `by_dots`, for bfloat16 values.
-            unsafe { weight_dots::accumulate_bf16(&batch, &mut acc) };
-            s0 += samples;
-        }
+            unsafe { weight_dots::accumulate_bf16(b, &mut acc) }
+        });
     });
     write_weight_grad(g, &acc, out);
     Ok(())
