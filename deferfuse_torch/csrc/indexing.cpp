@@ -120,59 +120,29 @@ const at::Tensor& scatter_index(const at::Tensor& index, const char* op, const a
 // CPU's scatter_add, scatter_reduce (sum, mean, prod), scatter's reduce="add"/"multiply" and
 // some index_adds (index_add_to) accumulate float16/bfloat16 values in float32 and round each
 // result once (2000 additions of 0.1 into one element give 200, where rounding every step
-// stalls at 32 in bfloat16; gather's and index_select's backward are such scatters). Other
-// index_adds, index_put_'s accumulate and embedding's backward round every step on CPU, as the
-// runtime's scatter does in the half types. In place, the whole of self makes the float32 round
-// trip: a cost proportional to self, not to the index (the runtime's scatter has no float32
-// accumulator yet).
+// stalls at 32 in bfloat16; gather's and index_select's backward are such scatters): the
+// runtime's scatter does so when asked (`wide`), with float32 running values for the elements
+// the index reaches only. Other index_adds, index_put_'s accumulate and embedding's backward
+// round every step on CPU, as the runtime's scatter does otherwise.
 bool sums_wide(const at::Tensor& self, ScatterReduce r) {
   return is_reduced_float(self.scalar_type()) &&
          (r == ScatterReduce::Sum || r == ScatterReduce::Mean || r == ScatterReduce::Prod);
 }
 
-// `wide` (self's scatter computed in float32) rounded into self's dtype: a new tensor, or
-// written into self.
-at::Tensor round_back(const at::Tensor& self, const at::Tensor& wide, ScatterInto into) {
-  if (into == ScatterInto::Self) {
-    self.copy_(wide);
-    return self;
-  }
-  return wide.to(self.scalar_type());
-}
-
-// scatter_op, summing half types in float32 where CPU does (sums_wide).
+// scatter_op, summing half types in float32 where CPU does (sums_wide; a mean as CPU's: the
+// rounded sum over the count rounded to the dtype).
 at::Tensor scatter_sums(const at::Tensor& self, int64_t dim, const at::Tensor& idx,
                         const at::Tensor& src, ScatterReduce r, bool include_self = true,
                         ScatterInto into = ScatterInto::Copy) {
-  if (!sums_wide(self, r)) return scatter_op(self, dim, idx, src, r, include_self, into);
-  auto wide_src = src.to(self.scalar_type()).to(at::kFloat);
-  if (r != ScatterReduce::Mean) {
-    return round_back(self, scatter_op(self.to(at::kFloat), dim, idx, wide_src, r, include_self),
-                      into);
-  }
-  // A mean as CPU's: the float32 sum rounded to the half type, divided by the count rounded to
-  // the half type too (2127 is 2128 in float16), the quotient rounded; an element no index
-  // reaches keeps its value.
-  auto sum = scatter_op(self.to(at::kFloat), dim, idx, wide_src, ScatterReduce::Sum, include_self)
-                 .to(self.scalar_type());
-  auto count = scatter_op(at::full(self.sizes(), include_self ? 1.0 : 0.0,
-                                   self.options().dtype(at::kFloat)),
-                          dim, idx, at::ones_like(wide_src), ScatterReduce::Sum);
-  auto rounded = count.to(self.scalar_type()).to(at::kFloat);
-  auto mean = at::where(count.gt(0), sum.to(at::kFloat) / rounded, self.to(at::kFloat));
-  return round_back(self, mean, into);
+  return scatter_op(self, dim, idx, src, r, include_self, into, sums_wide(self, r));
 }
 
-// scatter_value_op, summing half types in float32 where CPU does; the value is rounded to
-// self's dtype first, as CPU's kernel reads it.
+// scatter_value_op, summing half types in float32 where CPU does.
 at::Tensor scatter_value_sums(const at::Tensor& self, int64_t dim, const at::Tensor& idx,
                               const at::Scalar& value, ScatterReduce r,
                               ScatterInto into = ScatterInto::Copy) {
-  if (!sums_wide(self, r)) return scatter_value_op(self, dim, idx, value, r, into);
-  check_value_fits(value, self.scalar_type());  // CPU's overflow error (1e5 into float16)
-  auto v = at::scalar_tensor(value, at::TensorOptions().dtype(self.scalar_type())).item<double>();
-  auto wide = scatter_value_op(self.to(at::kFloat), dim, idx, v, r);
-  return round_back(self, wide, into);
+  if (sums_wide(self, r)) check_value_fits(value, self.scalar_type());  // CPU's overflow error
+  return scatter_value_op(self, dim, idx, value, r, into, sums_wide(self, r));
 }
 
 at::Tensor scatter_src(const at::Tensor& self, int64_t dim, const at::Tensor& index,

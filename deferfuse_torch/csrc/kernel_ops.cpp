@@ -17,11 +17,15 @@ uint32_t reduce_code(ScatterReduce r) {
   TORCH_CHECK(false, "tpu: unknown scatter reduction");
 }
 
-DfuseAttrs scatter_attrs(int64_t dim, ScatterReduce reduce, bool include_self) {
+DfuseAttrs scatter_attrs(int64_t dim, ScatterReduce reduce, bool include_self, bool wide) {
   DfuseAttrs a{};
   a.sub_op = reduce_code(reduce);
   a.dim = dim;
   a.include_self = include_self;
+  if (wide) {  // the accumulation dtype of half-precision sums
+    a.has_dtype = 1;
+    a.dtype = DFUSE_DTYPE_F32;
+  }
   return a;
 }
 
@@ -48,33 +52,35 @@ at::Tensor scatter_run(const at::Tensor& self, const DfuseAttrs& a, const Operan
 
 at::Tensor scatter_op(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                       const at::Tensor& src, ScatterReduce reduce, bool include_self,
-                      ScatterInto into) {
+                      ScatterInto into, bool wide) {
   // Nothing to write (an empty index of any shape, as gather's backward makes): self's values.
   if (index.numel() == 0) return into == ScatterInto::Self ? self : self.clone();
   // A 0-dim self takes a one-element 1-D index (gather's backward of a 0-dim input), as on CPU.
   if (self.dim() == 0 && index.dim() == 1) {
-    return scatter_op(self.reshape({1}), 0, index, src.reshape({-1}), reduce, include_self, into)
+    return scatter_op(self.reshape({1}), 0, index, src.reshape({-1}), reduce, include_self, into,
+                      wide)
         .reshape({});
   }
   // A 1-D self takes a 0-dim index (and source) as one of one element, as on CPU.
   if (self.dim() == 1 && index.dim() == 0) {
     return scatter_op(self, dim, index.reshape({1}), src.dim() == 0 ? src.reshape({1}) : src,
-                      reduce, include_self, into);
+                      reduce, include_self, into, wide);
   }
-  auto a = scatter_attrs(dim, reduce, include_self);
+  auto a = scatter_attrs(dim, reduce, include_self, wide);
   return scatter_run(self, a, Operands().t(self).t(index).t(cast(src, self.scalar_type())), into);
 }
 
 at::Tensor scatter_value_op(const at::Tensor& self, int64_t dim, const at::Tensor& index,
-                            const at::Scalar& value, ScatterReduce reduce, ScatterInto into) {
+                            const at::Scalar& value, ScatterReduce reduce, ScatterInto into,
+                            bool wide) {
   if (index.numel() == 0) return into == ScatterInto::Self ? self : self.clone();
   if (self.dim() == 0 && index.dim() == 1) {
-    return scatter_value_op(self.reshape({1}), 0, index, value, reduce, into).reshape({});
+    return scatter_value_op(self.reshape({1}), 0, index, value, reduce, into, wide).reshape({});
   }
   if (self.dim() == 1 && index.dim() == 0) {
-    return scatter_value_op(self, dim, index.reshape({1}), value, reduce, into);
+    return scatter_value_op(self, dim, index.reshape({1}), value, reduce, into, wide);
   }
-  auto a = scatter_attrs(dim, reduce, true);
+  auto a = scatter_attrs(dim, reduce, true, wide);
   return scatter_run(self, a, Operands().t(self).t(index).s(value), into);
 }
 

@@ -22,14 +22,16 @@ at::Tensor gather_op(const at::Tensor& src, int64_t dim, const at::Tensor& index
 enum class ScatterInto { Copy, Self };
 
 // `self` with `src` (a tensor of index's shape or more) scattered along `dim`: a copy, or
-// self itself (returned).
+// self itself (returned). `wide`: float16/bfloat16 sums, means and products accumulate in
+// float32, each element rounded once (CPU's scatter_add and scatter_reduce); else every step
+// rounds to the dtype.
 at::Tensor scatter_op(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                       const at::Tensor& src, ScatterReduce reduce, bool include_self = true,
-                      ScatterInto into = ScatterInto::Copy);
+                      ScatterInto into = ScatterInto::Copy, bool wide = false);
 // The same with one value for every index.
 at::Tensor scatter_value_op(const at::Tensor& self, int64_t dim, const at::Tensor& index,
                             const at::Scalar& value, ScatterReduce reduce,
-                            ScatterInto into = ScatterInto::Copy);
+                            ScatterInto into = ScatterInto::Copy, bool wide = false);
 
 // Inclusive cumulative sum (prod = false) or product along `dim`, in `dtype`.
 at::Tensor scan_op(const at::Tensor& x, int64_t dim, bool prod, at::ScalarType dtype);

@@ -466,6 +466,9 @@ enum DfuseOpKind
    * with `attrs->sub_op` (a `DfuseScatterReduce`) and `attrs->include_self`; inputs self,
    * index (as for GATHER), then src (a tensor of self's dtype and rank) or a scalar value.
    * The result is a new tensor of self's shape and dtype (pass `out` = self for `scatter_`).
+   * `attrs->has_dtype` with `attrs->dtype` F32: float16/bfloat16 sums, means and products
+   * accumulate in float32, each element rounded once (CPU's scatter_add and scatter_reduce);
+   * without it every step rounds to the dtype.
    */
   DFUSE_OP_KIND_SCATTER = 12,
   /**
@@ -1257,7 +1260,8 @@ typedef struct DfuseAttrs {
    */
   uint32_t sub_op;
   /**
-   * A `DfuseDtype`: the target of CAST, the dtype of ARANGE.
+   * A `DfuseDtype`: the target of CAST, the dtype of ARANGE, SCAN's `dtype=` and SCATTER's
+   * accumulation dtype (see `has_dtype`).
    */
   uint32_t dtype;
   /**
@@ -1289,7 +1293,8 @@ typedef struct DfuseAttrs {
    */
   uint8_t descending;
   /**
-   * SCAN: non-zero when `dtype` holds torch's `dtype=` argument.
+   * SCAN: non-zero when `dtype` holds torch's `dtype=` argument. SCATTER: non-zero when
+   * `dtype` holds the accumulation dtype of half-precision sums (F32 only).
    */
   uint8_t has_dtype;
   /**

@@ -6,7 +6,7 @@ use crate::error::{invalid, Result};
 use crate::op::{wrap_dims, DfuseAttrs};
 use crate::types::{dtype_from, sizes_from, DFUSE_MAX_REDUCE_DIMS};
 use deferfuse_fusion::ir::{
-    Conv, ConvPart, Ctc, CtcPart, Depthwise, DepthwisePart, Dims, GroupedMatmul, KernelOp,
+    Conv, ConvPart, Ctc, CtcPart, DType, Depthwise, DepthwisePart, Dims, GroupedMatmul, KernelOp,
     RandomDist, Recurrence, RecurrencePart, ScanOp, ScatterReduce,
 };
 
@@ -298,6 +298,18 @@ pub(crate) fn build_kernel_op(
             reduce: ScatterReduce::from_u32(a.sub_op)
                 .ok_or_else(|| bad_sub("DfuseScatterReduce", ScatterReduce::ALL.len() - 1))?,
             include_self: a.include_self != 0,
+            // attrs->dtype: the accumulation dtype for float16/bfloat16 sums, float32 only.
+            wide: match a.has_dtype {
+                0 => false,
+                _ if dtype_from(a.dtype, "attrs->dtype")? == DType::F32 => true,
+                _ => {
+                    return Err(invalid(format!(
+                        "scatter: attrs->dtype = {}; the accumulation dtype must be F32 (or \
+                         set attrs->has_dtype = 0)",
+                        a.dtype
+                    )))
+                }
+            },
         },
         13 => KernelOp::Scan {
             op: ScanOp::from_u32(a.sub_op)
@@ -538,6 +550,24 @@ mod tests {
         assert_eq!(op, KernelOp::Gather { dim: 2 });
         let e = build_kernel_op(14, &attrs(0, 3), || Ok(Some(3))).unwrap_err();
         assert!(e.to_string().contains("argsort: dim"), "{e}");
+    }
+
+    #[test]
+    fn scatter_accumulates_wide_only_when_told_float32() {
+        let mut a = attrs(1, 0);
+        let wide = |a: &DfuseAttrs| match build_kernel_op(12, a, || Ok(Some(1))).unwrap() {
+            KernelOp::Scatter { wide, .. } => wide,
+            _ => panic!("not a scatter"),
+        };
+        assert!(!wide(&a));
+        a.has_dtype = 1;
+        assert!(wide(&a), "dtype 0 is F32");
+        a.dtype = 3;
+        let e = build_kernel_op(12, &a, || Ok(Some(1))).unwrap_err();
+        assert!(
+            e.to_string().contains("accumulation dtype must be F32"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -49,6 +49,9 @@ pub enum DfuseOpKind {
     /// with `attrs->sub_op` (a `DfuseScatterReduce`) and `attrs->include_self`; inputs self,
     /// index (as for GATHER), then src (a tensor of self's dtype and rank) or a scalar value.
     /// The result is a new tensor of self's shape and dtype (pass `out` = self for `scatter_`).
+    /// `attrs->has_dtype` with `attrs->dtype` F32: float16/bfloat16 sums, means and products
+    /// accumulate in float32, each element rounded once (CPU's scatter_add and scatter_reduce);
+    /// without it every step rounds to the dtype.
     Scatter = 12,
     /// `cumsum` / `cumprod` (`attrs->sub_op`, a `DfuseScanOp`) along `attrs->dim`; with
     /// `attrs->has_dtype` non-zero, `attrs->dtype` is torch's `dtype=`. One tensor input; the
@@ -284,7 +287,8 @@ pub enum DfuseReduceOp {
 pub struct DfuseAttrs {
     /// A `DfuseUnaryOp`, `DfuseBinaryOp` or `DfuseReduceOp` (UNARY, BINARY, REDUCE).
     pub sub_op: u32,
-    /// A `DfuseDtype`: the target of CAST, the dtype of ARANGE.
+    /// A `DfuseDtype`: the target of CAST, the dtype of ARANGE, SCAN's `dtype=` and SCATTER's
+    /// accumulation dtype (see `has_dtype`).
     pub dtype: u32,
     /// REDUCE: the dims to reduce; negative dims count from the end.
     pub dims: [i64; DFUSE_MAX_REDUCE_DIMS],
@@ -302,7 +306,8 @@ pub struct DfuseAttrs {
     pub include_self: u8,
     /// SORT: non-zero for a descending sort. RECURRENCE: non-zero to walk the steps from the last.
     pub descending: u8,
-    /// SCAN: non-zero when `dtype` holds torch's `dtype=` argument.
+    /// SCAN: non-zero when `dtype` holds torch's `dtype=` argument. SCATTER: non-zero when
+    /// `dtype` holds the accumulation dtype of half-precision sums (F32 only).
     pub has_dtype: u8,
     /// DEPTHWISE_CONV, CONV: the stride of each spatial dim (`n_dims` of them).
     pub stride: [i64; 3],

@@ -464,6 +464,7 @@ mod tests {
             dim,
             reduce,
             include_self,
+            wide: false,
         };
         let random = |dist, sizes: &[usize], dtype| K::Random {
             dist,
@@ -477,6 +478,12 @@ mod tests {
             scatter(1, ScatterReduce::Sum, true),
             scatter(0, ScatterReduce::Mean, true),
             scatter(0, ScatterReduce::Sum, false),
+            K::Scatter {
+                dim: 0,
+                reduce: ScatterReduce::Sum,
+                include_self: true,
+                wide: true,
+            },
             K::Scan {
                 op: ScanOp::Sum,
                 dim: 0,

@@ -130,6 +130,7 @@ mod tests {
             dim: 0,
             reduce: ScatterReduce::Sum,
             include_self: true,
+            wide: false,
         };
         let random = KernelOp::Random {
             dist: RandomDist::Uniform,

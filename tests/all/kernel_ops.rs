@@ -186,6 +186,87 @@ fn scatter_add_with_an_expanded_index_is_index_add() {
     assert_eq!(out[0].1.data, want);
 }
 
+/// A wide scatter (`KernelOp::Scatter::wide`) of `src` into `this` along dim 0 of a 1-D
+/// tensor, in every mode.
+fn wide_scatter(
+    this: &RefTensor,
+    ids: &RefTensor,
+    src: &RefTensor,
+    r: ScatterReduce,
+    with_self: bool,
+) -> RefTensor {
+    let out = run_in_every_mode(|rt| {
+        let (t, s, i) = (upload(rt, this), upload(rt, src), upload(rt, ids));
+        let op = Op::Kernel(KernelOp::Scatter {
+            dim: 0,
+            reduce: r,
+            include_self: with_self,
+            wide: true,
+        });
+        vec![("wide".into(), run(rt, op, &[tt(t), tt(i), tt(s)]))]
+    });
+    out[0].1.clone()
+}
+
+#[test]
+fn a_wide_half_scatter_sums_in_float32_and_rounds_each_element_once() {
+    // 2000 x 0.1 into element 0: rounding every step stalls at 32 in bfloat16 (256 steps of
+    // 0.125); summed in float32 and rounded once it is 200. Element 1 takes nothing and keeps
+    // its value; a product and a mean as well.
+    let n = 2000;
+    let ids = RefTensor::new(DType::I64, &[n], vec![0.0; n]);
+    for dtype in [DType::BF16, DType::F16] {
+        let this = RefTensor::new(dtype, &[2], vec![0.0, 7.0]);
+        let tenth = RefTensor::new(dtype, &[n], vec![0.1; n]);
+        let sum = wide_scatter(&this, &ids, &tenth, ScatterReduce::Sum, true);
+        assert_eq!(sum.data, vec![200.0, 7.0], "{dtype} sum");
+        let stepped = run_in_every_mode(|rt| {
+            let (t, s, i) = (upload(rt, &this), upload(rt, &tenth), upload(rt, &ids));
+            let op = scatter(0, ScatterReduce::Sum, true);
+            vec![("narrow".into(), run(rt, op, &[tt(t), tt(i), tt(s)]))]
+        });
+        // Rounding every step: 32 in bfloat16, 230.125 in float16.
+        assert_ne!(
+            stepped[0].1.data[0], 200.0,
+            "{dtype}: the narrow sum rounds each step"
+        );
+        let round = |v: f64| match dtype {
+            DType::BF16 => half::bf16::from_f64(v).to_f64(),
+            _ => half::f16::from_f64(v).to_f64(),
+        };
+        // The mean divides the rounded sum by the count rounded to the dtype (2000 is exact).
+        let mean = wide_scatter(&this, &ids, &tenth, ScatterReduce::Mean, false);
+        assert_eq!(mean.data, vec![round(0.1f32 as f64), 7.0], "{dtype} mean");
+        // 1.01^50 in float32, rounded once.
+        let ids50 = RefTensor::new(DType::I64, &[50], vec![0.0; 50]);
+        let grow = RefTensor::new(dtype, &[50], vec![1.01; 50]);
+        let one = RefTensor::new(dtype, &[2], vec![1.0, 1.0]);
+        let prod = wide_scatter(&one, &ids50, &grow, ScatterReduce::Prod, true);
+        let g = grow.data[0] as f32;
+        let want = (0..50).fold(1f32, |a, _| a * g) as f64;
+        assert_eq!(prod.data, vec![round(want), 1.0], "{dtype} prod");
+    }
+}
+
+#[test]
+fn a_wide_scatter_leaves_float32_alone() {
+    // Only the half types widen: float32 sums as the narrow scatter does, bit for bit.
+    let mut rng = Rng::new(41);
+    let this = rng.tensor(DType::F32, &[6], 2.0, 0, false);
+    let src = rng.tensor(DType::F32, &[40], 2.0, 0, false);
+    let ids = index(&mut rng, &[40], 6, DType::I64);
+    let wide = wide_scatter(&this, &ids, &src, ScatterReduce::Sum, true);
+    let want = refk::scatter(
+        &this,
+        0,
+        &ids,
+        ScatterSrc::Tensor(&src),
+        ScatterReduce::Sum,
+        true,
+    );
+    assert_equal("f32", &wide, &want);
+}
+
 /// The reductions (and `include_self`) the scatter's row paths take, each checked against the
 /// element walk's reference.
 const ROW_REDUCTIONS: [(ScatterReduce, bool); 6] = [

@@ -115,6 +115,11 @@ pub enum KernelOp {
         reduce: ScatterReduce,
         /// Whether the original element of self takes part in the reduction.
         include_self: bool,
+        /// float16/bfloat16 sums, means and products accumulate in float32, each element
+        /// rounded once (CPU's `scatter_add` and `scatter_reduce`; a mean divides the rounded
+        /// sum by the count rounded to the dtype, as there); else every step is rounded to the
+        /// dtype (CPU's `index_put_` accumulate, 1-D `index_add`). Other dtypes ignore it.
+        wide: bool,
     },
     /// `cumsum` / `cumprod` along `dim`; `dtype` is torch's `dtype=` argument (the input is
     /// cast to it first). Without it integer and bool inputs give int64.
@@ -465,7 +470,14 @@ impl std::fmt::Display for KernelOp {
                 dim,
                 reduce,
                 include_self,
-            } => write!(f, ".{reduce:?}.dim{dim}.include_self={include_self}"),
+                wide,
+            } => {
+                write!(f, ".{reduce:?}.dim{dim}.include_self={include_self}")?;
+                if *wide {
+                    f.write_str(".wide")?;
+                }
+                Ok(())
+            }
             KernelOp::Scan { dim, dtype, .. } => {
                 write!(f, ".dim{dim}")?;
                 match dtype {
@@ -554,6 +566,7 @@ mod tests {
             dim: 0,
             reduce: ScatterReduce::Sum,
             include_self: true,
+            wide: false,
         });
         let e = infer(
             &op,

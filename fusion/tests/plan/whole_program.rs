@@ -293,6 +293,7 @@ fn layer_with_gather_and_scatter(reduce: ScatterReduce) -> Vec<Node> {
         dim: 1,
         reduce,
         include_self: true,
+        wide: false,
     });
     nodes.push(node(
         scatter,

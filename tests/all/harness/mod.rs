@@ -42,6 +42,7 @@ pub fn scatter(dim: usize, reduce: deferfuse::fusion::ir::ScatterReduce, include
         dim,
         reduce,
         include_self,
+        wide: false,
     })
 }
 

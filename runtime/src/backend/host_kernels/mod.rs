@@ -75,6 +75,7 @@ impl HostProgram for KernelProgram {
                 dim,
                 reduce,
                 include_self,
+                wide,
             } => {
                 let src = match inputs.get(2) {
                     Some(v) => scatter::Src::Tensor(v),
@@ -84,6 +85,7 @@ impl HostProgram for KernelProgram {
                     dim: *dim,
                     reduce: *reduce,
                     include_self: *include_self,
+                    wide: *wide,
                 };
                 op.run(&inputs[0], &inputs[1], src, &dst.view)?
             }

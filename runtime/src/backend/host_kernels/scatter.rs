@@ -24,6 +24,8 @@ pub(super) struct Scatter {
     pub dim: usize,
     pub reduce: ScatterReduce,
     pub include_self: bool,
+    /// float16/bfloat16 sums, means and products accumulate in float32 (`KernelOp::Scatter`).
+    pub wide: bool,
 }
 
 /// The arithmetic of one element type family: floats as f64, integers and bool as i64.
@@ -41,6 +43,10 @@ trait Num: Copy {
     fn identity(dt: DType, r: ScatterReduce) -> Self;
     /// `mean`'s division by how many values met at an element.
     fn div_count(dt: DType, v: Self, n: i64) -> Self;
+    /// The value as an f64 (floats) and back: a wide accumulator holds them (integers never
+    /// accumulate wide).
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
 }
 
 impl Num for f64 {
@@ -73,7 +79,15 @@ impl Num for f64 {
         }
     }
     fn div_count(dt: DType, v: f64, n: i64) -> f64 {
-        float_step(dt, v, n as f64, |x, y| x / y)
+        // The count rounded to the dtype first, as CPU divides a half sum by a half count
+        // (2127 is 2128 in float16).
+        float_step(dt, v, round_to(dt, n as f64), |x, y| x / y)
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> f64 {
+        v
     }
 }
 
@@ -116,6 +130,40 @@ impl Num for i64 {
     fn div_count(dt: DType, v: i64, n: i64) -> i64 {
         wrap_to(dt, v.div_euclid(n))
     }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> i64 {
+        v as i64
+    }
+}
+
+/// A wide scatter's float32 running values, by the element's dense index.
+struct Wide {
+    acc: Vec<f64>,
+    seen: Vec<bool>,
+    /// Each element reached: its dense index and its offset in the output.
+    touched: Vec<(usize, isize)>,
+}
+
+impl Wide {
+    fn new(n: usize) -> Wide {
+        Wide {
+            acc: vec![0.0; n],
+            seen: vec![false; n],
+            touched: Vec::new(),
+        }
+    }
+
+    /// Element `k`'s running value, `first()` (its value in the output) the first time.
+    fn start(&mut self, k: usize, target: isize, first: impl FnOnce() -> f64) -> f64 {
+        if !self.seen[k] {
+            self.seen[k] = true;
+            self.acc[k] = first();
+            self.touched.push((k, target));
+        }
+        self.acc[k]
+    }
 }
 
 impl Scatter {
@@ -147,6 +195,15 @@ impl Scatter {
     fn apply<T: Num>(&self, index: &View, src: Src, out: &View) {
         let (dim, dt, r) = (self.dim, out.dtype, self.reduce);
         let fresh = !self.include_self && r != ScatterReduce::Assign;
+        let sums = matches!(
+            r,
+            ScatterReduce::Sum | ScatterReduce::Mean | ScatterReduce::Prod
+        );
+        // float32 running values of the elements the index reaches, each rounded into the
+        // output once at the end; zeroed lazily (calloc), so their cost follows the index, not
+        // the output's size.
+        let mut wide = (self.wide && sums && matches!(dt, DType::F16 | DType::BF16))
+            .then(|| Wide::new(out.numel()));
         let mut counts =
             (r == ScatterReduce::Mean).then(|| vec![self.include_self as i64; out.numel()]);
         // The counts as a dense view of the output's shape: the same offsets math finds them.
@@ -179,9 +236,19 @@ impl Scatter {
                                 Some(s) => s,
                                 None => unsafe { T::read(dt, src_view.base, at(src_view, 2)) },
                             };
-                            unsafe {
-                                let old = T::read(dt, out.base, target);
-                                T::combine(dt, r, old, new).write(dt, out.base, target);
+                            if let Some(w) = wide.as_mut() {
+                                let k = count_at as usize;
+                                // SAFETY: as above.
+                                let old = w.start(k, target, || unsafe {
+                                    T::read(dt, out.base, target).to_f64()
+                                });
+                                let sum = T::combine(DType::F32, r, T::from_f64(old), new);
+                                w.acc[k] = sum.to_f64();
+                            } else {
+                                unsafe {
+                                    let old = T::read(dt, out.base, target);
+                                    T::combine(dt, r, old, new).write(dt, out.base, target);
+                                }
                             }
                             if let Some(c) = counts.as_mut() {
                                 c[count_at as usize] += 1;
@@ -195,6 +262,12 @@ impl Scatter {
             visit(Pass::Reset);
         }
         visit(Pass::Combine);
+        if let Some(w) = wide {
+            for &(k, target) in &w.touched {
+                // SAFETY: the output view lies inside its buffer.
+                unsafe { T::from_f64(w.acc[k]).write(dt, out.base, target) };
+            }
+        }
         if let Some(c) = counts {
             let last_out = out.sizes.len() - 1;
             let views = [out, &count_view];

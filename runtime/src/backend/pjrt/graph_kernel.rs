@@ -271,6 +271,7 @@ pub fn lower(
             dim,
             reduce,
             include_self,
+            ..
         } => {
             let this = at_least_1d(f, &inputs[0]);
             let idx = at_least_1d(f, &inputs[1]);
