@@ -29,6 +29,28 @@ pub(in crate::backend::cpu) unsafe fn matmul_f32_b_rows(
     if m == 0 || n == 0 {
         return;
     }
+    by_panels(a, n, Out::F32(c), |j0, cols, pb| {
+        pb.resize(k.div_ceil(2) * NR, 0);
+        pack_rows_panel((b, b_rows), j0, cols, pb);
+        pb.as_ptr()
+    });
+}
+
+/// The tiles of `a @ B` into `out` (`n` columns), column panel by column panel: `panel(j0,
+/// cols, scratch)` gives the panel of B's columns from `j0` packed as [`super::pack_b`] packs
+/// one (in `scratch`, this thread's B buffer, or anywhere it lives); A's panels are read in
+/// place or packed once, as in [`super::matmul`].
+///
+/// # Safety
+/// [`super::available`]; `a` and `out` as in [`super::matmul_f32`]; each panel `panel` gives
+/// stays valid until the next call.
+unsafe fn by_panels(
+    a: HalfMat,
+    n: usize,
+    out: Out,
+    mut panel: impl FnMut(usize, usize, &mut Vec<u32>) -> *const u32,
+) {
+    let (m, k) = (a.rows, a.cols);
     let pairs = k.div_ceil(2);
     let direct = a.cs == 1 && k % 2 == 0;
     PACKED.with(|bufs| {
@@ -38,24 +60,14 @@ pub(in crate::backend::cpu) unsafe fn matmul_f32_b_rows(
             pa.resize(m.div_ceil(MR) * pairs * MR, 0);
             pack_a(&a, pairs, pa);
         }
-        pb.resize(pairs * NR, 0);
         for j0 in (0..n).step_by(NR) {
             let cols = NR.min(n - j0);
-            pack_rows_panel((b, b_rows), j0, cols, pb);
+            let bp = panel(j0, cols, pb);
             for ip in 0..m.div_ceil(MR) {
                 let i0 = ip * MR;
                 let tile = (MR.min(m - i0), cols);
                 let rows = a_panel(&a, direct, pa, ip, pairs);
-                tile_kernel(
-                    pairs,
-                    rows,
-                    pb.as_ptr(),
-                    1.0,
-                    0.0,
-                    Out::F32(c),
-                    (i0, j0),
-                    tile,
-                );
+                tile_kernel(pairs, rows, bp, 1.0, 0.0, out, (i0, j0), tile);
             }
         }
         trim(pa, pb);
@@ -146,31 +158,14 @@ pub(in crate::backend::cpu) unsafe fn matmul_f32_packed(
     if m == 0 || n == 0 {
         return;
     }
-    let pairs = k.div_ceil(2);
-    let direct = a.cs == 1 && k % 2 == 0;
     let out = if accumulate {
         Out::F32Add(c)
     } else {
         Out::F32(c)
     };
-    PACKED.with(|bufs| {
-        let mut bufs = bufs.borrow_mut();
-        let (pa, pb) = &mut *bufs;
-        if !direct {
-            pa.resize(m.div_ceil(MR) * pairs * MR, 0);
-            pack_a(&a, pairs, pa);
-        }
-        for jp in 0..n.div_ceil(NR) {
-            let j0 = jp * NR;
-            let bp = b.panels.as_ptr().add(jp * pairs * NR);
-            for ip in 0..m.div_ceil(MR) {
-                let i0 = ip * MR;
-                let tile = (MR.min(m - i0), NR.min(n - j0));
-                let rows = a_panel(&a, direct, pa, ip, pairs);
-                tile_kernel(pairs, rows, bp, 1.0, 0.0, out, (i0, j0), tile);
-            }
-        }
-        trim(pa, pb);
+    let pairs = k.div_ceil(2);
+    by_panels(a, n, out, |j0, _, _| {
+        b.panels.as_ptr().add(j0 / NR * pairs * NR)
     });
 }
 
