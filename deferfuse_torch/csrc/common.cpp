@@ -644,6 +644,10 @@ at::Tensor cast(const at::Tensor& x, at::ScalarType to) {
   return run(DFUSE_OP_KIND_CAST, &a, Operands().t(x), "cast");
 }
 
+at::Tensor wide_matmul(const at::Tensor& a, const at::Tensor& b) {
+  return run(DFUSE_OP_KIND_WIDE_MATMUL, nullptr, Operands().t(a).t(b), "wide_matmul");
+}
+
 bool is_reduced_float(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
 at::ScalarType float_dtype(const at::Tensor& x) {

@@ -225,6 +225,10 @@ at::Tensor operator/(double s, const at::Tensor& t);
 // channel-major copy of t (`trailing_then_leading` in fusion/src/reduce_geometry.rs).
 at::Tensor reduce_but_channels(const at::Tensor& t, uint32_t op);
 at::Tensor cast(const at::Tensor& x, at::ScalarType to);
+// a @ b of float16/bfloat16 tensors (2-D, or batched), summed and returned in float32
+// (DFUSE_OP_KIND_WIDE_MATMUL: on AVX512-BF16 cores at the bf16 kernel's rate, twice float32's):
+// a convolution's contributions whose windows are summed in float32, an autocast RNN's products.
+at::Tensor wide_matmul(const at::Tensor& a, const at::Tensor& b);
 
 // float16 and bfloat16, which PyTorch's CPU kernels compute in float32 (their "opmath" type)
 // and round once; composed kernels that round each op in the half type drift from CPU's bits.

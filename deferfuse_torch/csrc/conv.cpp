@@ -600,12 +600,6 @@ at::Tensor contributions(const at::Tensor& grad, const at::Tensor& go, const at:
   return product(wt, go).view(columns_sizes(g)).permute(columns_to_window(g));
 }
 
-// a @ b of float16/bfloat16 tensors, summed and returned in float32 (DFUSE_OP_KIND_WIDE_MATMUL:
-// on AVX512-BF16 cores at the bf16 kernel's rate, twice float32's).
-at::Tensor wide_matmul(const at::Tensor& a, const at::Tensor& b) {
-  return run(DFUSE_OP_KIND_WIDE_MATMUL, nullptr, Operands().t(a).t(b), "convolution");
-}
-
 // conv_input_grad summed in float32, left unrounded: the caller rounds once, after adding
 // anything else (a transposed convolution's bias). On the conv op bfloat16 operands are summed
 // in float32 by the op itself, float16 ones widened first (conv_op_operands); elsewhere the

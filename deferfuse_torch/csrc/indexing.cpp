@@ -37,10 +37,15 @@ at::Tensor& assign(at::Tensor& self, const at::Tensor& value) {
   return self;
 }
 
+// `dim` wrapped as CPU wraps it: a 0-dim tensor takes 0 or -1 (IndexError otherwise).
+int64_t wrap(const at::Tensor& self, int64_t dim) {
+  return at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+}
+
 at::Tensor tpu_index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
   check_index_dtype(index, "index_select");
   TORCH_CHECK_INDEX(index.dim() <= 1, "index_select(): Index is supposed to be a vector");
-  at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));  // CPU's IndexError for a bad dim
+  wrap(self, dim);  // CPU's IndexError for a bad dim
   if (self.dim() == 0) {
     // A 0-dim source has one element and takes one index (which must be 0); the result is
     // 0-dim like the source, as on CPU.
@@ -73,9 +78,9 @@ at::Tensor tpu_gather(const at::Tensor& self, int64_t dim, const at::Tensor& ind
   }
   // A 1-D input takes a 0-dim index as one of one element (a 0-dim result), as on CPU.
   if (self.dim() == 1 && index.dim() == 0) {
-    return gather_op(self, at::maybe_wrap_dim(dim, 1), index.reshape({1})).reshape({});
+    return gather_op(self, wrap(self, dim), index.reshape({1})).reshape({});
   }
-  return gather_op(self, at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1)), index);
+  return gather_op(self, wrap(self, dim), index);
 }
 
 at::Tensor& gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bool sg,
@@ -95,10 +100,6 @@ ScatterReduce parse_reduce(c10::string_view reduce, bool two) {
   TORCH_CHECK(false, "reduce argument must be ",
               two ? "one of sum, prod, mean, amax, amin" : "either add or multiply", ", got ",
               reduce);
-}
-
-int64_t wrap(const at::Tensor& self, int64_t dim) {
-  return at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
 }
 
 // The scatter family's index: CPU checks its dtype only when it has elements (gather's
@@ -326,7 +327,7 @@ at::Tensor& index_fill_(at::Tensor& self, int64_t dim, const at::Tensor& index,
   check_value_fits(value, self.scalar_type());
   // CPU's index_fill counts a negative index from the end (scatter does not).
   auto from_end = [](const at::Tensor& i, int64_t size) { return at::where(i.lt(0), i + size, i); };
-  at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));  // CPU's IndexError for a bad dim
+  wrap(self, dim);  // CPU's IndexError for a bad dim
   if (self.dim() == 0) {
     scatter_value_op(self.reshape({1}), 0, from_end(index.reshape({-1}), 1), value,
                      ScatterReduce::Assign, ScatterInto::Self);

@@ -29,8 +29,9 @@
 // on CPU. Autocast is off inside the layer, forward and backward. Calls this does not cover
 // keep PyTorch's composite path (and its errors): other dtypes (a model cast to half types),
 // projections (proj_size), inputs that are not 3-D or empty, parameters not on "tpu", and
-// tensors the dispatcher must see whole (torch.compile's fake and functional tensors). A double backward (create_graph=True) runs the forward again with
-// autograd on (the same dropout masks) and differentiates that, so it sees every dependency.
+// tensors the dispatcher must see whole (torch.compile's fake and functional tensors). A double
+// backward (create_graph=True) runs the forward again with autograd on (the same dropout
+// masks) and differentiates that, so it sees every dependency.
 //
 // Packed sequences (pack_padded_sequence, the .data overloads) in float32 take the same node:
 // the packed data's rows are the steps' samples, step after step, and each direction runs as

@@ -79,7 +79,7 @@ inline at::Tensor bf16_product(const at::Tensor& a, const at::Tensor& b) {
   auto bf16 = [](const at::Tensor& t) {
     return t.scalar_type() == at::kBFloat16 ? t : t.to(at::kBFloat16);
   };
-  return run(DFUSE_OP_KIND_WIDE_MATMUL, nullptr, Operands().t(bf16(a)).t(bf16(b)), "rnn");
+  return wide_matmul(bf16(a), bf16(b));
 }
 
 // A layer's products outside its recurrence: float32, or (Config::bf16_products) bf16 ones.

@@ -40,10 +40,10 @@ impl HalfMat {
 }
 
 /// An operand widened to f32, with the strides its elements now have.
-struct Widened {
-    data: Vec<f32>,
-    rs: isize,
-    cs: isize,
+pub(crate) struct Widened {
+    pub data: Vec<f32>,
+    pub rs: isize,
+    pub cs: isize,
 }
 
 /// `c = alpha * a @ b + beta * c` for f16 or bf16 (`dtype`) matrices `a` `[m, k]`, `b` `[k, n]`,
@@ -214,7 +214,7 @@ unsafe fn widened_matmul(dtype: DType, alpha: f32, a: HalfMat, b: HalfMat, beta:
 
 /// `v` widened to f32: row by row where its rows are contiguous, else column by column where
 /// its columns are, else element by element.
-unsafe fn widen(dtype: DType, v: HalfMat) -> Widened {
+pub(crate) unsafe fn widen(dtype: DType, v: HalfMat) -> Widened {
     let mut data = vec![0.0f32; v.rows * v.cols];
     let run = |p: *const u16, len: usize, out: &mut [f32]| {
         widen_run(dtype, std::slice::from_raw_parts(p, len), out)

@@ -65,24 +65,16 @@ pub(super) struct Batch<'a, T = f32, M = __mmask16> {
 }
 
 /// [`Batch::positions`] for `len` wide positions of which `is_output(j)` says which are output
-/// positions.
-pub(super) fn positions(len: usize, is_output: impl Fn(usize) -> bool) -> Vec<__mmask16> {
-    (0..len.div_ceil(16))
+/// positions: one mask of `M`'s bits per group of as many positions ([`accumulate`]'s groups of
+/// 16 with `__mmask16`, [`accumulate_bf16`]'s of 32 with `__mmask32`).
+pub(super) fn positions<M: TryFrom<u64>>(len: usize, is_output: impl Fn(usize) -> bool) -> Vec<M> {
+    let lanes = 8 * std::mem::size_of::<M>();
+    (0..len.div_ceil(lanes))
         .map(|g| {
-            (0..16)
-                .filter(|&l| 16 * g + l < len && is_output(16 * g + l))
-                .fold(0, |m, l| m | 1 << l)
-        })
-        .collect()
-}
-
-/// [`positions`] for [`accumulate_bf16`]'s groups of 32 positions.
-pub(super) fn positions32(len: usize, is_output: impl Fn(usize) -> bool) -> Vec<__mmask32> {
-    (0..len.div_ceil(32))
-        .map(|g| {
-            (0..32)
-                .filter(|&l| 32 * g + l < len && is_output(32 * g + l))
-                .fold(0, |m, l| m | 1 << l)
+            let bits = (0..lanes)
+                .filter(|&l| lanes * g + l < len && is_output(lanes * g + l))
+                .fold(0u64, |m, l| m | 1 << l);
+            M::try_from(bits).ok().expect("a group's bits fit its mask")
         })
         .collect()
 }
@@ -423,7 +415,7 @@ mod tests {
                 grid: &grid,
                 grid_len,
                 offsets: &offsets,
-                positions: &positions32(len, |j| !slack(j)),
+                positions: &positions::<__mmask32>(len, |j| !slack(j)),
             };
             let mut acc = vec![0.5f32; rows * oc];
             unsafe { accumulate_bf16(&batch, &mut acc) };

@@ -15,6 +15,8 @@ use super::{
 use crate::backend::SideBySide;
 use crate::error::Result;
 use deferfuse_fusion::ir::{Conv, DType};
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::{__mmask16, __mmask32};
 
 /// Bytes of the samples the weight gradient's dot products sum at once (grids and wide
 /// gradients): half of this machine's L2, as `BLOCK_BYTES`.
@@ -120,7 +122,7 @@ unsafe fn by_dots(
     }
     let skip = buf.as_ptr().align_offset(64).min(15);
     let (wides, grids) = buf[skip..skip + need - 16].split_at_mut(batch * wide_len);
-    let positions = weight_dots::positions(g.wide, |j| is_output_position(g, j));
+    let positions = weight_dots::positions::<__mmask16>(g.wide, |j| is_output_position(g, j));
     let mut acc = vec![0f32; g.rows() * g.oc];
     in_batches(g, (grad, x), batch, (wides, grids), &positions, |b| {
         // SAFETY: each grid holds every run's `g.wide` floats (its phases' slack), `wides`
@@ -194,7 +196,7 @@ unsafe fn by_dots_bf16(
     batch: usize,
 ) -> Result<()> {
     let (grid_len, wide_len) = (g.c * g.channel, g.oc * g.wide);
-    let positions = weight_dots::positions32(g.wide, |j| is_output_position(g, j));
+    let positions = weight_dots::positions::<__mmask32>(g.wide, |j| is_output_position(g, j));
     let mut acc = vec![0f32; g.rows() * g.oc];
     GRID16.with(|cell| {
         let buf = &mut cell.borrow_mut();

@@ -9,7 +9,7 @@
 
 use super::View;
 use crate::backend::cpu::half_gemm::{
-    bf16_matmul_f32_packed, bf16_packed, narrow_run, HalfMat, PackedBf16,
+    bf16_matmul_f32_packed, bf16_packed, narrow_run, widen, HalfMat, PackedBf16, Widened,
 };
 use crate::backend::cpu::matmul::sgemm_strided;
 use deferfuse_fusion::ir::DType;
@@ -27,9 +27,8 @@ pub(super) enum HiddenWeight {
     F32((*const f32, isize, isize)),
     /// bf16, packed for the bf16 kernel.
     Packed(PackedBf16),
-    /// bf16 widened to a dense f32 `[K, N]` (`N` the second field), on a core without the bf16
-    /// kernel.
-    Widened(Vec<f32>, usize),
+    /// bf16 widened to f32 once, on a core without the bf16 kernel.
+    Widened(Widened),
 }
 
 impl HiddenWeight {
@@ -55,14 +54,7 @@ impl HiddenWeight {
         if let Some(packed) = bf16_packed(mat) {
             return HiddenWeight::Packed(packed);
         }
-        let mut dense = Vec::with_capacity(k * n);
-        for i in 0..k {
-            for j in 0..n {
-                let at = mat.ptr.offset(i as isize * mat.rs + j as isize * mat.cs);
-                dense.push(half::bf16::from_bits(*at).to_f32());
-            }
-        }
-        HiddenWeight::Widened(dense, n)
+        HiddenWeight::Widened(widen(DType::BF16, mat))
     }
 
     /// `c = a @ W + beta * c` (`beta` 0 or 1) for `m` rows of `a` (`k` floats each), as a block
@@ -94,14 +86,14 @@ impl HiddenWeight {
                 };
                 bf16_matmul_f32_packed(rows, w, c, beta != 0.0);
             }),
-            HiddenWeight::Widened(w, cols) => ROUNDED.with(|cell| {
+            HiddenWeight::Widened(w) => ROUNDED.with(|cell| {
                 let (bits, values) = &mut *cell.borrow_mut();
                 let bits = rounded_rows(a, (m, k), bits);
                 values.clear();
                 values.extend(bits.iter().map(|&b| half::bf16::from_bits(b).to_f32()));
                 let (rows, w) = (
                     (values.as_ptr(), k as isize, 1),
-                    (w.as_ptr(), *cols as isize, 1),
+                    (w.data.as_ptr(), w.rs, w.cs),
                 );
                 sgemm_strided(whole_rows, (m, k, n), rows, w, beta, c);
             }),
@@ -176,8 +168,6 @@ mod tests {
                     .sum()
             })
             .collect();
-        let widened = HiddenWeight::Widened(w_bits.iter().map(|&b| bf(b) as f32).collect(), n);
-        let mut weights = vec![widened];
         let mut bits = w_bits.clone();
         let mat = HalfMat {
             ptr: bits.as_mut_ptr(),
@@ -186,6 +176,7 @@ mod tests {
             rs: n as isize,
             cs: 1,
         };
+        let mut weights = vec![HiddenWeight::Widened(unsafe { widen(DType::BF16, mat) })];
         if let Some(p) = unsafe { bf16_packed(mat) } {
             weights.push(HiddenWeight::Packed(p));
         }
