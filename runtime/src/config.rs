@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::mode::{mode_from_env, Mode};
+use crate::stream::Pacing;
 use std::path::PathBuf;
 
 /// Which backend compiles and runs programs.
@@ -120,6 +121,19 @@ pub fn resolve_threads(config: &Config) -> Result<usize> {
         Err(_) => Ok(cores()),
         Ok(v) => Ok(parse_threads(&v)?.unwrap_or_else(cores)),
     }
+}
+
+/// How each stream's host and worker share the CPUs (see `stream::Pacing`): kept apart when
+/// the CPU backend's `threads` leave the host a CPU of its own. A PJRT plugin runs its own
+/// threads, which may take every CPU, so its streams share them.
+pub fn resolve_pacing(config: &Config, threads: usize) -> Result<Pacing> {
+    Ok(match resolve_backend(config)? {
+        BackendKind::Cpu => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            Pacing::for_threads(threads, cores)
+        }
+        BackendKind::Pjrt => Pacing::SHARED,
+    })
 }
 
 /// Parses a `DEFERFUSE_NUM_THREADS` value: a non-negative integer, where 0 means every core

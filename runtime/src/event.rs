@@ -94,10 +94,11 @@ impl EventState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stream::Pacing;
 
     #[test]
     fn elapsed_time_between_two_timing_events_covers_the_work_between_them() {
-        let s = Stream::new(1).unwrap();
+        let s = Stream::new(1, Pacing::SHARED).unwrap();
         let (mut a, mut b) = (EventState::new(true), EventState::new(true));
         a.record(&s);
         s.launch(Box::new(|| {
@@ -112,7 +113,7 @@ mod tests {
 
     #[test]
     fn elapsed_time_needs_timing_and_recorded_events() {
-        let s = Stream::new(1).unwrap();
+        let s = Stream::new(1, Pacing::SHARED).unwrap();
         let (mut plain, mut timed) = (EventState::new(false), EventState::new(true));
         let unrecorded = EventState::new(true);
         plain.record(&s);
@@ -129,7 +130,7 @@ mod tests {
 
     #[test]
     fn an_event_without_timing_queues_no_work() {
-        let s = Stream::new(1).unwrap();
+        let s = Stream::new(1, Pacing::SHARED).unwrap();
         let mut e = EventState::new(false);
         e.record(&s);
         assert_eq!(s.last_seq(), 0);

@@ -4,8 +4,8 @@
 use crate::alloc::HostAllocator;
 use crate::buffer::{Buffer, BufferState, Spares};
 use crate::config::{
-    resolve_dump_dir, resolve_memory_limit, resolve_mode, resolve_pipeline_ops, resolve_threads,
-    resolve_trace, resolve_trace_events, Config,
+    resolve_dump_dir, resolve_memory_limit, resolve_mode, resolve_pacing, resolve_pipeline_ops,
+    resolve_threads, resolve_trace, resolve_trace_events, Config,
 };
 use crate::error::{Error, Result};
 use crate::event::EventState;
@@ -13,7 +13,7 @@ use crate::exec::{Executor, ExecutorParts};
 use crate::handle::{Handle, HandleTable};
 use crate::mode::{self, Mode};
 use crate::stats::{Counters, Stats, SyncReason};
-use crate::stream::Stream;
+use crate::stream::{Pacing, Stream};
 use crate::timeline::{Arg, Timeline, Track};
 use deferfuse_fusion::ir::layout::checked_numel;
 use deferfuse_fusion::ir::{DType, Dims, Layout};
@@ -65,6 +65,8 @@ pub struct Runtime {
     /// stream is 0.
     next_stream: AtomicU64,
     threads: usize,
+    /// How each stream's host and worker share the CPUs.
+    pacing: Pacing,
     /// The opt-in timeline (`DEFERFUSE_TRACE`, [`Runtime::trace_start`]); shared with the
     /// programs a flush launches, which record their own runs.
     pub(crate) timeline: Arc<Timeline>,
@@ -92,10 +94,11 @@ impl Runtime {
         let pipeline_ops = resolve_pipeline_ops(&config)?;
         let tag = HandleTable::<()>::new_tag();
         let streams = HandleTable::new("stream", tag);
-        let default_stream_ref = Arc::new(Stream::new(0)?);
-        let default_stream = streams.insert(default_stream_ref.clone())?;
         let dump_dir = resolve_dump_dir(&config);
         let threads = resolve_threads(&config)?;
+        let pacing = resolve_pacing(&config, threads)?;
+        let default_stream_ref = Arc::new(Stream::new(0, pacing)?);
+        let default_stream = streams.insert(default_stream_ref.clone())?;
         let host = HostAllocator::new(config.host_cache_bytes);
         host.set_live_limit(resolve_memory_limit(&config)?);
         let trace_events = resolve_trace_events(&config)?;
@@ -137,6 +140,7 @@ impl Runtime {
             next_buffer: AtomicU64::new(1),
             next_stream: AtomicU64::new(1),
             threads,
+            pacing,
             timeline,
             trace_events,
             pipeline_ops: AtomicUsize::new(pipeline_ops),

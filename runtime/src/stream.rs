@@ -15,7 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+mod placement;
 mod progress;
+use placement::{current_cpu, Placement};
+pub use placement::{Pacing, LONG_WAIT_POLL};
 pub use progress::Progress;
 use progress::SPIN;
 
@@ -23,7 +26,8 @@ use progress::SPIN;
 pub type Work = Box<dyn FnOnce() -> Result<()> + Send>;
 
 enum Job {
-    Run(Work),
+    /// Work, and the CPU of the thread that submitted it (see [`placement`]).
+    Run(Work, i32),
     /// Block until `stream` has completed `seq` jobs (a cross-stream event wait).
     Wait(Arc<Progress>, u64),
     Stop,
@@ -286,18 +290,24 @@ pub struct Stream {
     queued_buffers_below: AtomicU64,
     /// The sequence number of the last wait for another stream queued here (0 before any).
     last_wait: AtomicU64,
+    /// Where the worker runs relative to its host (see [`placement`]).
+    placement: Arc<Placement>,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Stream {
-    /// Starts a stream with internal id `id` and spawns its worker thread.
-    pub fn new(id: u64) -> Result<Stream> {
+    /// Starts a stream with internal id `id` and spawns its worker thread; `pacing` says how
+    /// the two share the CPUs.
+    pub fn new(id: u64, pacing: Pacing) -> Result<Stream> {
         let (sender, receiver) = unbounded();
-        let progress = Arc::new(Progress::default());
+        let progress = Arc::new(Progress::new(pacing.wait_poll));
         let p = progress.clone();
+        // Made here: the worker starts with this thread's CPUs.
+        let placement = Arc::new(Placement::for_worker_of_this_thread(pacing.keep_apart));
+        let place = placement.clone();
         let worker = std::thread::Builder::new()
             .name(format!("deferfuse-stream-{id}"))
-            .spawn(move || worker_loop(receiver, p))
+            .spawn(move || worker_loop(receiver, p, &place))
             .map_err(|e| Error::Internal(format!("spawning stream worker: {e}")))?;
         Ok(Stream {
             id,
@@ -308,6 +318,7 @@ impl Stream {
             progress,
             queued_buffers_below: AtomicU64::new(0),
             last_wait: AtomicU64::new(0),
+            placement,
             worker: Mutex::new(Some(worker)),
         })
     }
@@ -340,7 +351,7 @@ impl Stream {
     /// Queues `work`; returns its sequence number. Waits first while more than
     /// [`MAX_QUEUED`] jobs are ahead of it.
     pub fn launch(&self, work: Work) -> u64 {
-        let seq = self.submit(Job::Run(work));
+        let seq = self.submit(Job::Run(work, current_cpu()));
         self.throttle(seq);
         seq
     }
@@ -369,7 +380,7 @@ impl Stream {
         let mut n = self.submitted.lock().unwrap_or_else(|p| p.into_inner());
         if self.progress.done.load(Ordering::Acquire) < *n {
             *n += 1;
-            let _ = self.sender.send(Job::Run(work));
+            let _ = self.sender.send(Job::Run(work, current_cpu()));
             let seq = *n;
             drop(n);
             self.throttle(seq);
@@ -389,6 +400,11 @@ impl Stream {
     /// Whether a wait for another stream is queued here and not over yet.
     pub(crate) fn waits_for_other_streams(&self) -> bool {
         self.progress.done.load(Ordering::Acquire) < self.last_wait.load(Ordering::Acquire)
+    }
+
+    /// How many times the worker moved off the CPU of the thread that submitted its job.
+    pub fn worker_moves(&self) -> u64 {
+        self.placement.moves()
     }
 
     /// Sequence number of the last submitted job.
@@ -443,10 +459,13 @@ pub(crate) fn run_caught(work: Work) -> Result<()> {
     }
 }
 
-fn worker_loop(rx: Receiver<Job>, progress: Arc<Progress>) {
+fn worker_loop(rx: Receiver<Job>, progress: Arc<Progress>, placement: &Placement) {
     while let Some(job) = next_job(&rx) {
         match job {
-            Job::Run(work) => progress.complete(run_work(work)),
+            Job::Run(work, from) => {
+                placement.leave_cpu_of(from);
+                progress.complete(run_work(work))
+            }
             Job::Wait(other, seq) => {
                 other.wait(seq);
                 progress.complete(None);
@@ -579,7 +598,7 @@ mod tests {
 
     #[test]
     fn launch_or_run_runs_on_the_caller_when_the_stream_is_idle() {
-        let s = Stream::new(1).unwrap();
+        let s = Stream::new(1, Pacing::SHARED).unwrap();
         let (tx, rx) = mpsc::channel();
         let seq = s.launch_or_run(note_thread(tx));
         assert_eq!(rx.recv().unwrap(), std::thread::current().id());
@@ -588,7 +607,7 @@ mod tests {
 
     #[test]
     fn launch_or_run_queues_behind_unfinished_work_in_order() {
-        let s = Stream::new(1).unwrap();
+        let s = Stream::new(1, Pacing::SHARED).unwrap();
         let (gate_tx, gate_rx) = mpsc::channel::<()>();
         let (tx, rx) = mpsc::channel();
         let first = tx.clone();
@@ -607,7 +626,7 @@ mod tests {
 
     #[test]
     fn an_error_of_work_run_on_the_caller_surfaces_at_synchronize() {
-        let s = Stream::new(1).unwrap();
+        let s = Stream::new(1, Pacing::SHARED).unwrap();
         s.launch_or_run(Box::new(|| Err(Error::Backend("boom".into()))));
         assert!(matches!(s.synchronize(), Err(Error::Backend(m)) if m == "boom"));
         assert!(s.synchronize().is_ok(), "an error is reported once");
@@ -615,7 +634,7 @@ mod tests {
 
     #[test]
     fn a_wait_for_a_job_reports_only_the_failures_up_to_it() {
-        let s = Stream::new(1).unwrap();
+        let s = Stream::new(1, Pacing::SHARED).unwrap();
         let ok = s.launch_or_run(Box::new(|| Ok(())));
         let failed = s.launch_or_run(Box::new(|| Err(Error::Backend("later".into()))));
         s.progress.wait(failed);

@@ -46,7 +46,7 @@ impl Runtime {
     /// A new stream with its own trace, queue and worker thread.
     pub fn create_stream(&self) -> Result<Handle> {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
-        self.streams.insert(Arc::new(Stream::new(id)?))
+        self.streams.insert(Arc::new(Stream::new(id, self.pacing)?))
     }
 
     /// Flushes and waits for the stream's work, then forgets it.

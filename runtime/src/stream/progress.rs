@@ -8,12 +8,20 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// How far a stream's worker has come, and its first asynchronous error.
-#[derive(Default)]
 pub struct Progress {
     state: Mutex<ProgressState>,
     cv: Condvar,
     /// Mirror of `state.completed` for lock-free polling while spinning.
     pub(super) done: AtomicU64,
+    /// How long [`Progress::wait`] polls before it sleeps (at least [`SPIN`]; see `Pacing`).
+    wait_poll: Duration,
+}
+
+impl Default for Progress {
+    /// Waits that poll for [`SPIN`].
+    fn default() -> Self {
+        Progress::new(SPIN)
+    }
 }
 
 /// How long a waiter (or an idle worker) spins before it sleeps: waking a sleeping thread costs
@@ -51,6 +59,16 @@ impl Default for ProgressState {
 }
 
 impl Progress {
+    /// No job done yet; waits poll for `wait_poll` (or [`SPIN`], if longer) before they sleep.
+    pub(super) fn new(wait_poll: Duration) -> Progress {
+        Progress {
+            state: Mutex::default(),
+            cv: Condvar::new(),
+            done: AtomicU64::new(0),
+            wait_poll: wait_poll.max(SPIN),
+        }
+    }
+
     /// Counts one more job done (the worker calls it once per job, in order), keeps the first
     /// error, and wakes the sleepers whose job this was.
     pub(super) fn complete(&self, err: Option<Error>) {
@@ -72,10 +90,10 @@ impl Progress {
         }
     }
 
-    /// Waits until `seq` jobs have completed (spinning briefly first).
+    /// Waits until `seq` jobs have completed (polling for a while first: see `Pacing`).
     pub fn wait(&self, seq: u64) {
         let start = Instant::now();
-        while self.done.load(Ordering::Acquire) < seq && start.elapsed() < SPIN {
+        while self.done.load(Ordering::Acquire) < seq && start.elapsed() < self.wait_poll {
             std::hint::spin_loop();
         }
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -175,5 +193,24 @@ mod tests {
             p.complete(None);
         }
         second.join().unwrap();
+    }
+
+    #[test]
+    fn a_waiter_polls_for_its_wait_poll_before_it_sleeps() {
+        let p = Arc::new(Progress::new(Duration::from_secs(30)));
+        let waiter = {
+            let p = p.clone();
+            std::thread::spawn(move || p.wait(1))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(p.sleepers(), 0, "still polling 50 ms in");
+        p.complete(None);
+        waiter.join().unwrap();
+        assert_eq!(p.wakes(), 0, "it never slept, so nothing woke it");
+    }
+
+    #[test]
+    fn a_wait_poll_shorter_than_the_spin_still_spins() {
+        assert_eq!(Progress::new(Duration::ZERO).wait_poll, SPIN);
     }
 }
