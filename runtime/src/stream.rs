@@ -467,7 +467,7 @@ fn worker_loop(rx: Receiver<Job>, progress: Arc<Progress>, placement: &Placement
                 progress.complete(run_work(work))
             }
             Job::Wait(other, seq) => {
-                other.wait(seq);
+                other.wait_polling(seq, SPIN);
                 progress.complete(None);
             }
             Job::Stop => return,
@@ -646,5 +646,31 @@ mod tests {
             matches!(s.progress.take_error_through(failed), Some(Error::Backend(m)) if m == "later")
         );
         assert!(s.synchronize().is_ok(), "taken once");
+    }
+
+    #[test]
+    fn a_worker_waiting_for_another_stream_sleeps_after_a_short_spin() {
+        let long = Pacing {
+            wait_poll: std::time::Duration::from_secs(30),
+            keep_apart: false,
+        };
+        let other = Stream::new(2, long).unwrap();
+        let (gate_tx, gate_rx) = mpsc::channel::<()>();
+        let seq = other.launch(Box::new(move || {
+            gate_rx.recv().unwrap();
+            Ok(())
+        }));
+        let s = Stream::new(1, long).unwrap();
+        s.wait_for(&other.progress, seq);
+        let start = Instant::now();
+        while other.progress.sleepers() == 0 {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "the waiting worker still polls the other stream after 10 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        gate_tx.send(()).unwrap();
+        s.synchronize().unwrap();
     }
 }

@@ -92,8 +92,16 @@ impl Progress {
 
     /// Waits until `seq` jobs have completed (polling for a while first: see `Pacing`).
     pub fn wait(&self, seq: u64) {
+        self.wait_polling(seq, self.wait_poll);
+    }
+
+    /// [`Progress::wait`], polling for `poll` (at least [`SPIN`]) before it sleeps: a stream's
+    /// worker that waits for another stream polls only briefly, since the other stream's
+    /// worker and the host may need every CPU meanwhile.
+    pub(super) fn wait_polling(&self, seq: u64, poll: Duration) {
+        let poll = poll.max(SPIN);
         let start = Instant::now();
-        while self.done.load(Ordering::Acquire) < seq && start.elapsed() < self.wait_poll {
+        while self.done.load(Ordering::Acquire) < seq && start.elapsed() < poll {
             std::hint::spin_loop();
         }
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -124,7 +132,7 @@ impl Progress {
     }
 
     #[cfg(test)]
-    fn sleepers(&self) -> u32 {
+    pub(super) fn sleepers(&self) -> u32 {
         self.state.lock().unwrap().sleepers
     }
 
