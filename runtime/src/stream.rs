@@ -655,12 +655,15 @@ mod tests {
             keep_apart: false,
         };
         let other = Stream::new(2, long).unwrap();
+        let s = Stream::new(1, long).unwrap();
+        // Made after the streams, so dropped first if an assertion fails: the blocked job then
+        // ends and both workers can stop.
         let (gate_tx, gate_rx) = mpsc::channel::<()>();
         let seq = other.launch(Box::new(move || {
-            gate_rx.recv().unwrap();
-            Ok(())
+            gate_rx
+                .recv()
+                .map_err(|_| Error::Internal("gate dropped".into()))
         }));
-        let s = Stream::new(1, long).unwrap();
         s.wait_for(&other.progress, seq);
         let start = Instant::now();
         while other.progress.sleepers() == 0 {
