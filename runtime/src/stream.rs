@@ -18,7 +18,7 @@ use std::time::Instant;
 mod placement;
 mod progress;
 use placement::{current_cpu, Placement};
-pub use placement::{Pacing, LONG_WAIT_POLL};
+pub use placement::{Pacing, LONG_WAIT_POLL, MOVE_LASTS_IDLE};
 pub use progress::Progress;
 use progress::SPIN;
 
@@ -302,8 +302,7 @@ impl Stream {
         let (sender, receiver) = unbounded();
         let progress = Arc::new(Progress::new(pacing.wait_poll));
         let p = progress.clone();
-        // Made here: the worker starts with this thread's CPUs.
-        let placement = Arc::new(Placement::for_worker_of_this_thread(pacing.keep_apart));
+        let placement = Arc::new(Placement::new(pacing.keep_apart));
         let place = placement.clone();
         let worker = std::thread::Builder::new()
             .name(format!("deferfuse-stream-{id}"))
@@ -460,11 +459,12 @@ pub(crate) fn run_caught(work: Work) -> Result<()> {
 }
 
 fn worker_loop(rx: Receiver<Job>, progress: Arc<Progress>, placement: &Placement) {
+    let mut last_job_end = Instant::now();
     while let Some(job) = next_job(&rx) {
         match job {
             Job::Run(work, from) => {
-                placement.leave_cpu_of(from);
-                progress.complete(run_work(work))
+                placement.take_job_from(from, last_job_end.elapsed());
+                progress.complete(run_work(work));
             }
             Job::Wait(other, seq) => {
                 other.wait_polling(seq, SPIN);
@@ -472,6 +472,7 @@ fn worker_loop(rx: Receiver<Job>, progress: Arc<Progress>, placement: &Placement
             }
             Job::Stop => return,
         }
+        last_job_end = Instant::now();
     }
 }
 

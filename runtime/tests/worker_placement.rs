@@ -4,16 +4,23 @@
 //! machine that lets this process use fewer than two CPUs they have nothing to show and say so.
 #![cfg(target_os = "linux")]
 
-use deferfuse_runtime::stream::{Pacing, Stream};
+use deferfuse_runtime::stream::{Pacing, Stream, MOVE_LASTS_IDLE};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
+use std::sync::Arc;
 
 /// The CPUs this thread may use.
 fn allowed() -> Vec<usize> {
+    allowed_of(0)
+}
+
+/// The CPUs thread `tid` may use (0: this one).
+fn allowed_of(tid: libc::pid_t) -> Vec<usize> {
     // SAFETY: an all-zero cpu_set_t is a valid empty set, filled by sched_getaffinity.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     let size = std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: `set` is writable and `size` bytes long; 0 is the calling thread.
-    assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut set) }, 0);
+    // SAFETY: `set` is writable and `size` bytes long.
+    assert_eq!(unsafe { libc::sched_getaffinity(tid, size, &mut set) }, 0);
     // SAFETY: CPU_ISSET reads the set within its size.
     (0..8 * size)
         .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
@@ -52,15 +59,6 @@ const APART: Pacing = Pacing {
     keep_apart: true,
 };
 
-/// Runs a job on the worker that confines it to `cpus`, and waits for it.
-fn pin_worker(s: &Stream, cpus: Vec<usize>) {
-    s.launch(Box::new(move || {
-        pin(&cpus);
-        Ok(())
-    }));
-    s.synchronize().unwrap();
-}
-
 /// The CPU the worker runs the next job on, launched from the calling thread.
 fn worker_cpu(s: &Stream) -> usize {
     let (tx, rx) = mpsc::channel();
@@ -72,45 +70,89 @@ fn worker_cpu(s: &Stream) -> usize {
     rx.recv().unwrap()
 }
 
-#[test]
-fn a_worker_on_the_submitting_threads_cpu_moves_off_it() {
-    let Some((a, _)) = two_cpus() else { return };
-    let everything = allowed();
-    let s = Stream::new(1, APART).unwrap();
-    pin(&[a]);
-    pin_worker(&s, vec![a]);
-    let moves_before = s.worker_moves();
-    let ran_on = worker_cpu(&s);
-    pin(&everything);
-    assert_ne!(ran_on, a, "the job ran on its submitter's CPU");
-    assert_eq!(s.worker_moves(), moves_before + 1);
+/// Queues, from this thread (pinned to `a`), a job that keeps the worker on `a` until the next
+/// job is queued and then lets it use `a` and `b`; returns the CPU that next job runs on. The
+/// worker takes the next job at once, still on `a`: no balancer has had time to move it.
+fn next_job_cpu_after_holding_on(s: &Stream, a: usize, b: usize) -> usize {
+    let queued = Arc::new(AtomicBool::new(false));
+    let q = queued.clone();
+    s.launch(Box::new(move || {
+        pin(&[a]);
+        while !q.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        pin(&[a, b]);
+        Ok(())
+    }));
+    let (tx, rx) = mpsc::channel();
+    s.launch(Box::new(move || {
+        tx.send(cpu()).unwrap();
+        Ok(())
+    }));
+    queued.store(true, Ordering::Release);
+    s.synchronize().unwrap();
+    rx.recv().unwrap()
 }
 
 #[test]
-fn a_worker_on_another_cpu_stays_where_it_is() {
+fn a_worker_on_the_submitting_threads_cpu_moves_off_it() {
     let Some((a, b)) = two_cpus() else { return };
     let everything = allowed();
     let s = Stream::new(1, APART).unwrap();
     pin(&[a]);
-    pin_worker(&s, vec![b]);
-    let moves_before = s.worker_moves();
-    let ran_on = worker_cpu(&s);
+    let ran_on = next_job_cpu_after_holding_on(&s, a, b);
+    let moves = s.worker_moves();
+    drop(s);
     pin(&everything);
-    assert_eq!(ran_on, b);
-    assert_eq!(s.worker_moves(), moves_before);
+    assert_eq!(ran_on, b, "the job ran on its submitter's CPU");
+    assert!(moves >= 1);
 }
 
 #[test]
-fn a_worker_of_shared_pacing_never_moves() {
-    let Some((a, _)) = two_cpus() else { return };
+fn a_worker_of_shared_pacing_stays_on_the_submitting_threads_cpu() {
+    let Some((a, b)) = two_cpus() else { return };
     let everything = allowed();
     let s = Stream::new(1, Pacing::SHARED).unwrap();
     pin(&[a]);
-    pin_worker(&s, vec![a]);
-    let ran_on = worker_cpu(&s);
+    let ran_on = next_job_cpu_after_holding_on(&s, a, b);
+    let moves = s.worker_moves();
+    drop(s);
     pin(&everything);
     assert_eq!(ran_on, a);
-    assert_eq!(s.worker_moves(), 0);
+    assert_eq!(moves, 0);
+}
+
+#[test]
+fn a_moved_worker_takes_its_cpu_back_at_its_first_job_after_an_idle_spell() {
+    let Some((a, b)) = two_cpus() else { return };
+    let everything = allowed();
+    let s = Stream::new(1, APART).unwrap();
+    let (tx, rx) = mpsc::channel();
+    s.launch(Box::new(move || {
+        // SAFETY: no arguments.
+        tx.send(unsafe { libc::gettid() }).unwrap();
+        Ok(())
+    }));
+    let worker = rx.recv().unwrap();
+    pin(&[a]);
+    let ran_on = next_job_cpu_after_holding_on(&s, a, b);
+    let while_busy = allowed_of(worker);
+    std::thread::sleep(MOVE_LASTS_IDLE + MOVE_LASTS_IDLE / 5);
+    // From `a`, where the worker (kept on `b`) does not run: this job makes no new move.
+    s.launch(Box::new(|| Ok(())));
+    s.synchronize().unwrap();
+    let after_idle = allowed_of(worker);
+    drop(s);
+    pin(&everything);
+    assert_eq!(ran_on, b, "the worker moved off {a}");
+    assert!(
+        !while_busy.contains(&a),
+        "kept off {a} while busy: {while_busy:?}"
+    );
+    assert!(
+        after_idle.contains(&a) && after_idle.contains(&b),
+        "after idle: {after_idle:?}"
+    );
 }
 
 #[test]

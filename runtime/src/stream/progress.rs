@@ -206,10 +206,17 @@ mod tests {
     #[test]
     fn a_waiter_polls_for_its_wait_poll_before_it_sleeps() {
         let p = Arc::new(Progress::new(Duration::from_secs(30)));
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let waiter = {
-            let p = p.clone();
-            std::thread::spawn(move || p.wait(1))
+            let (p, started) = (p.clone(), started.clone());
+            std::thread::spawn(move || {
+                started.store(true, Ordering::Release);
+                p.wait(1)
+            })
         };
+        while !started.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(p.sleepers(), 0, "still polling 50 ms in");
         p.complete(None);
