@@ -198,7 +198,16 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
   DfuseAttrs a{};
   a.dtype = to_dtype(out.scalar_type());
   auto r = run(DFUSE_OP_KIND_ARANGE, &a, Operands().s(start).s(end).s(step), "arange");
-  if (!out.sizes().equals(r.sizes())) out.resize_(r.sizes());
+  if (!out.sizes().equals(r.sizes())) {
+    // CPU's warning, for an `out` that held elements.
+    if (out.numel() > 0 && out.numel() != r.numel()) {
+      TORCH_WARN("The number of elements in the out tensor of shape ", out.sizes(), " is ",
+                 out.numel(), " which does not match the computed number of elements ",
+                 r.numel(), ". Note that this may occur as a result of rounding error. ",
+                 "The out tensor will be resized to a tensor of shape (", r.numel(), ",).");
+    }
+    out.resize_(r.sizes());
+  }
   return out.copy_(r);
 }
 

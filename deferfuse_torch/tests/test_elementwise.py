@@ -380,6 +380,45 @@ def test_lerp_rounds_a_0_dim_weight_of_another_dtype_to_selfs_first(mode):
         assert torch.equal(torch.lerp(s.to("tpu"), e.to("tpu"), w).cpu(), want)
 
 
+@pytest.mark.parametrize("args, dtype", [
+    ((1_700_000_000_000_000_000, 1_700_000_000_000_000_005), None),  # ns timestamps
+    ((2**53, 2**53 + 4), None),
+    ((-(2**53) - 3, -(2**53) + 3), None),
+    ((10**18, 10**18 + 10, 3), None),
+    ((10**18, 10**18 + 10.0, 3), None),  # a float bound: the length in doubles, as on CPU
+    ((2**62, 2**62 + 2**61, 2**59), None),
+])
+def test_an_int64_arange_past_2_pow_53_counts_in_integers(mode, args, dtype):
+    # Computed in doubles, the first had no elements and the second repeated values.
+    want = torch.arange(*args)
+    got = torch.arange(*args, device="tpu").cpu()
+    assert got.shape == want.shape and torch.equal(got, want), (got, want)
+
+
+@pytest.mark.parametrize("args, dtype", [
+    ((2**31 - 2, 2**31 + 2), torch.int32),  # wraps past INT_MAX
+    ((2**40, 2**40 + 3), torch.int32),
+    ((250, 260), torch.uint8),
+    ((-3, 3), torch.uint8),
+    ((1, 2.5, 0.5), torch.int64),  # the step truncated to 0: every value is the start
+    ((0, 10, 0.3), torch.int32),
+    ((1.5, 4.7, 1.1), torch.int64),
+])
+def test_an_integer_arange_wraps_and_truncates_as_on_cpu(mode, args, dtype):
+    # CPU truncates start and step to int64, computes each value there and wraps it to the
+    # dtype; in doubles an int32 saturated and a fractional step counted by its fraction.
+    want = torch.arange(*args, dtype=dtype)
+    got = torch.arange(*args, dtype=dtype, device="tpu").cpu()
+    assert got.shape == want.shape and torch.equal(got, want), (got, want)
+
+
+def test_arange_into_an_out_of_another_length_warns_as_on_cpu():
+    out = torch.empty(3, dtype=torch.long, device="tpu")
+    with pytest.warns(UserWarning, match="does not match the computed number of elements 5"):
+        torch.arange(0, 5, out=out)
+    assert out.cpu().tolist() == [0, 1, 2, 3, 4]
+
+
 @pytest.mark.parametrize("dtype, start", [(torch.bfloat16, 1 + 2**-8 + 2**-30),
                                           (torch.float16, 1 + 2**-11 + 2**-30),
                                           (torch.bfloat16, -3.0)])

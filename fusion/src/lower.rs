@@ -396,16 +396,20 @@ pub fn lower_node_rebindable(node: &Node, index: usize) -> Lowered {
         }
         Op::Matmul | Op::Addmm => lower_matmul(node, index),
         Op::Arange { dtype } => {
-            let slots = vec![
-                ScalarSlot::F64 {
-                    input: 0,
-                    absent: 0.0,
-                },
-                ScalarSlot::F64 {
-                    input: 2,
-                    absent: 0.0,
-                },
-            ];
+            let slots = if Region::arange_in_integers(*dtype) {
+                vec![ScalarSlot::I64 { input: 0 }, ScalarSlot::I64 { input: 2 }]
+            } else {
+                vec![
+                    ScalarSlot::F64 {
+                        input: 0,
+                        absent: 0.0,
+                    },
+                    ScalarSlot::F64 {
+                        input: 2,
+                        absent: 0.0,
+                    },
+                ]
+            };
             let step = Step {
                 region: Arc::new(Region::Arange { dtype: *dtype }),
                 binding: Binding {

@@ -96,7 +96,10 @@ pub enum Region {
         /// A loop run on each block of output rows after the GEMM.
         epilogue: Option<Box<LoopRegion>>,
     },
-    /// `out[i] = start + i * step`; scalars start, step (f64 bits).
+    /// `out[i] = start + i * step`; scalars start, step: f64 bits for a float dtype; for an
+    /// integer dtype each truncated to an i64, the value computed in i64 (wrapping) and then
+    /// wrapped to the dtype, as CPU's kernel computes in its `acc_type` (int64) and casts
+    /// (see [`Region::arange_in_integers`]).
     Arange {
         /// Dtype of the output.
         dtype: DType,
@@ -222,6 +225,13 @@ impl fmt::Display for LoopRegion {
             writeln!(f, "  store out{i}:{}:{:?} <- v{v}", o.dtype, o.inner)?;
         }
         f.write_str("}")
+    }
+}
+
+impl Region {
+    /// Whether an arange of `dtype` computes in integers (i64 start and step) rather than f64.
+    pub fn arange_in_integers(dtype: DType) -> bool {
+        dtype.category() == crate::ir::Category::Integer
     }
 }
 

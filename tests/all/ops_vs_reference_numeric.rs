@@ -190,6 +190,13 @@ fn arange_and_full_match_reference() {
             f(1.0),
         ),
         (F32, i(0), i(1003), i(1)),
+        // Integer dtypes: start and step truncated to int64, values wrapped into the dtype.
+        (I32, i(2147483646), i(2147483650), i(1)),
+        (U8, i(-3), i(3), i(1)),
+        (I64, f(1.0), f(2.5), f(0.5)),
+        (I32, f(1.5), f(4.7), f(1.1)),
+        (I64, i(-7), i(8), i(3)),
+        (I64, i(5), i(-5), i(-3)),
     ];
     let mut cases = Vec::new();
     for (d, a, b, s) in ranges {

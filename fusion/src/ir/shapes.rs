@@ -5,7 +5,7 @@ use super::dtype::DType;
 use super::error::{OpError, OpResult};
 use super::infer::{expect_tensor, result_type, ArgMeta, Inferred};
 use super::layout::{broadcast_shapes, checked_numel, fmt_dims, wrap_dim, Dims};
-use super::op::{Op, ReduceOp};
+use super::op::{Op, ReduceOp, Scalar};
 use smallvec::{smallvec, SmallVec};
 
 pub(super) fn check_numel(op: &str, sizes: &[usize]) -> OpResult<usize> {
@@ -228,6 +228,43 @@ pub(crate) fn arange_len(start: f64, end: f64, step: f64) -> OpResult<usize> {
     Ok(n as usize)
 }
 
+/// Start, end and step when all three are integers.
+fn integral_bounds(args: &[ArgMeta]) -> Option<(i64, i64, i64)> {
+    let int = |a: &ArgMeta| match a {
+        ArgMeta::Scalar(Scalar::Int(v)) => Some(*v),
+        _ => None,
+    };
+    Some((int(args.first()?)?, int(args.get(1)?)?, int(args.get(2)?)?))
+}
+
+/// An int64 arange's length from integer bounds, counted in integers as CPU's kernel does: in
+/// f64, `arange(10**18, 10**18 + 5)` has a length of 0 (the two bounds round to one double).
+pub(crate) fn arange_len_i64(start: i64, end: i64, step: i64) -> OpResult<usize> {
+    let (start, end, step) = (start as i128, end as i128, step as i128);
+    if step == 0 {
+        return Err(OpError::new("arange", "step", "a non-zero step", "0"));
+    }
+    if (end - start) * step.signum() < 0 {
+        return Err(OpError::new(
+            "arange",
+            "end",
+            "a bound consistent with the step's sign",
+            format!("start={start}, end={end}, step={step}"),
+        ));
+    }
+    // ceil((end - start) / step), exact: the difference and step have the same sign.
+    let n = (end - start + step - step.signum()) / step;
+    if n > 1 << 40 {
+        return Err(OpError::new(
+            "arange",
+            "end",
+            "fewer than 2^40 elements",
+            format!("{n}"),
+        ));
+    }
+    Ok(n as usize)
+}
+
 pub(super) fn infer_arange(args: &[ArgMeta], dtype: DType) -> OpResult<Inferred> {
     let v: SmallVec<[f64; 3]> = args
         .iter()
@@ -252,7 +289,10 @@ pub(super) fn infer_arange(args: &[ArgMeta], dtype: DType) -> OpResult<Inferred>
     if dtype == DType::Bool {
         return Err(OpError::new("arange", "dtype", "a numeric dtype", "bool"));
     }
-    let n = arange_len(v[0], v[1], v[2])?;
+    let n = match integral_bounds(args) {
+        Some((start, end, step)) if dtype == DType::I64 => arange_len_i64(start, end, step)?,
+        _ => arange_len(v[0], v[1], v[2])?,
+    };
     Ok(Inferred {
         dtype,
         sizes: smallvec![n],

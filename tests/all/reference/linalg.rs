@@ -183,13 +183,30 @@ pub fn cat(ts: &[&RefTensor], dim: usize) -> RefTensor {
 /// `arange(start, end, step)`: `ceil((end - start) / step)` values `start + i * step`.
 pub fn arange(start: Scalar, end: Scalar, step: Scalar, dtype: DType) -> RefTensor {
     let (s, e, st) = (start.as_f64(), end.as_f64(), step.as_f64());
-    let n = ((e - s) / st).ceil().max(0.0) as usize;
-    // PyTorch computes half types' values in f32 (their accumulation type), the rest in f64.
+    let n = match (start, end, step) {
+        // An int64 range of integers is counted in integers (ceil of the exact quotient).
+        (Scalar::Int(a), Scalar::Int(b), Scalar::Int(c)) if dtype == DType::I64 => {
+            let (a, b, c) = (a as i128, b as i128, c as i128);
+            let q = (b - a) / c;
+            (q + ((q * c != b - a) as i128)).max(0) as usize
+        }
+        _ => ((e - s) / st).ceil().max(0.0) as usize,
+    };
+    // PyTorch computes half types' values in f32 (their accumulation type), integer types' in
+    // int64 from the truncated start and step (wrapping into the dtype), the rest in f64.
     let data = (0..n)
         .map(|i| match dtype {
             DType::F16 | DType::BF16 => {
                 let v = s as f32 + st as f32 * i as f32;
                 cast_value(v as f64, DType::F32, dtype)
+            }
+            DType::I64 | DType::I32 | DType::U8 => {
+                let v = (s as i64).wrapping_add((st as i64).wrapping_mul(i as i64));
+                match dtype {
+                    DType::I32 => v as i32 as f64,
+                    DType::U8 => v as u8 as f64,
+                    _ => v as f64,
+                }
             }
             _ => cast_value(s + i as f64 * st, DType::F64, dtype),
         })

@@ -127,15 +127,16 @@ fn body(region: &Region, sig: &Signature) -> (Func, Vec<Val>) {
         Region::Graph(_) => unreachable!("a graph lowers part by part (see `graph`)"),
         Region::Arange { dtype } => {
             let n = sig.space[0];
-            let ty = Ty::new(Elem::F64, &[]);
+            // Integer dtypes compute in i64 from i64 start and step, half types in f32 (CPU's
+            // `acc_type`s; the CPU backend's `ArangeProgram` too), the rest in f64.
+            let (arg, elem, compute) = match dtype {
+                d if Region::arange_in_integers(*d) => (Elem::I64, Elem::I64, DType::I64),
+                DType::F16 | DType::BF16 => (Elem::F64, Elem::F32, DType::F32),
+                _ => (Elem::F64, Elem::F64, DType::F64),
+            };
+            let ty = Ty::new(arg, &[]);
             let start = f.arg(ty.clone());
             let step = f.arg(ty);
-            // Half types compute in f32 as CPU's kernel does (its `acc_type`; the CPU
-            // backend's `ArangeProgram` too), the rest in f64.
-            let (elem, compute) = match dtype {
-                DType::F16 | DType::BF16 => (Elem::F32, DType::F32),
-                _ => (Elem::F64, DType::F64),
-            };
             let (start, step) = match compute {
                 DType::F32 => (f.convert(&start, elem), f.convert(&step, elem)),
                 _ => (start, step),

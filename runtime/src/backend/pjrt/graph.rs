@@ -178,7 +178,14 @@ fn scalar_srcs(region: &Region, pb: &Binding, part: usize) -> Vec<ScalarSrc> {
                 src(1, ScalarKind::Gemm(*dtype)),
             ]
         }
-        Region::Arange { .. } => vec![src(0, ScalarKind::F64), src(1, ScalarKind::F64)],
+        Region::Arange { dtype } => {
+            let kind = if Region::arange_in_integers(*dtype) {
+                ScalarKind::Param(DType::I64)
+            } else {
+                ScalarKind::F64
+            };
+            vec![src(0, kind), src(1, kind)]
+        }
         Region::Kernel(_) => pb
             .scalars
             .iter()

@@ -383,9 +383,14 @@ impl PjrtProgram {
                 unreachable!("kernel regions run as host programs (see PjrtBackend::compile)")
             }
             Region::Graph(_) => unreachable!("graphs run as a GraphProgram"),
-            Region::Arange { .. } => {
+            Region::Arange { dtype } => {
+                let elem = if Region::arange_in_integers(*dtype) {
+                    hlo::Elem::I64
+                } else {
+                    hlo::Elem::F64
+                };
                 for s in &binding.scalars[..2] {
-                    args.push(scalar(s.to_ne_bytes().to_vec(), hlo::Elem::F64)?);
+                    args.push(scalar(s.to_ne_bytes().to_vec(), elem)?);
                 }
             }
         }
