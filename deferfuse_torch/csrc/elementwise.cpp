@@ -392,10 +392,14 @@ at::Tensor lerp_value(const at::Tensor& self, const at::Tensor& end, const at::S
 }
 
 // The same per element for a tensor weight: the formula is chosen by each weight.
-// CPU's dtype check: lerp never promotes (a float64 `end` of a float32 self raises).
-void check_lerp_dtypes(const at::Tensor& self, const at::Tensor& end) {
+// CPU's dtype checks: lerp never promotes (a float64 `end` of a float32 self raises), and its
+// kernels (`kernel` names the one) take floating and complex dtypes only.
+void check_lerp_dtypes(const at::Tensor& self, const at::Tensor& end, const char* kernel) {
   TORCH_CHECK(self.dtype() == end.dtype(), "expected dtype ", self.dtype(),
               " for `end` but got dtype ", end.dtype());
+  auto t = self.scalar_type();
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(t) || at::isComplexType(t), "\"", kernel,
+                              "\" not implemented for '", c10::toString(t), "'");
 }
 
 at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar& w);
@@ -403,7 +407,7 @@ at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar&
 // CPU takes a 0-dim weight of any dtype (its value, as the scalar form would), and computes a
 // half self in float32, rounded once.
 at::Tensor lerp_tensor(const at::Tensor& self, const at::Tensor& end, const at::Tensor& w) {
-  check_lerp_dtypes(self, end);
+  check_lerp_dtypes(self, end, "lerp_kernel_tensor");
   TORCH_CHECK(self.dtype() == w.dtype() || w.dim() == 0, "expected dtype ", self.dtype(),
               " for `weight` but got dtype ", w.dtype());
   // A 0-dim weight of another dtype is first rounded to self's, as CPU's common dtype has it.
@@ -424,7 +428,7 @@ at::Tensor& lerp_tensor_(at::Tensor& self, const at::Tensor& end, const at::Tens
 }
 
 at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar& w) {
-  check_lerp_dtypes(self, end);
+  check_lerp_dtypes(self, end, "lerp_kernel_scalar");
   if (is_half(self)) return cast(lerp_value(opmath(self), opmath(end), w), self.scalar_type());
   return lerp_value(self, end, w);
 }
@@ -432,7 +436,7 @@ at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar&
 // The formula's last op writes straight into self: copying a new result into self was one
 // more recorded op per parameter in every Adam/AdamW step (its exp_avg update).
 at::Tensor& lerp_(at::Tensor& self, const at::Tensor& end, const at::Scalar& w) {
-  check_lerp_dtypes(self, end);
+  check_lerp_dtypes(self, end, "lerp_kernel_scalar");
   if (is_half(self)) return self.copy_(lerp_value(opmath(self), opmath(end), w));
   auto diff = b<DFUSE_BINARY_OP_SUB>(end, self);
   double wd = w.toDouble();

@@ -25,6 +25,8 @@ template <uint32_t OP>
 void refuse_as_cpu(const at::Tensor& x) {
   if constexpr (OP == DFUSE_UNARY_OP_NEG) {
     if (x.scalar_type() == at::kBool) at::neg(host_empty(x));
+  } else if constexpr (OP == DFUSE_UNARY_OP_ABS) {
+    if (x.scalar_type() == at::kBool) at::abs(host_empty(x));
   } else if constexpr (OP == DFUSE_UNARY_OP_BITWISE_NOT) {
     if (at::isFloatingType(x.scalar_type())) at::bitwise_not(host_empty(x));
   }

@@ -372,6 +372,26 @@ def test_half_lerp_with_a_tensor_weight_is_computed_in_float_and_rounded_once(mo
     assert torch.equal(torch.lerp(x.to("tpu"), y.to("tpu"), w.to("tpu")).cpu(), torch.lerp(x, y, w))
 
 
+@pytest.mark.parametrize("call", [
+    lambda s, e: torch.lerp(s, e, 0.5),
+    lambda s, e: torch.lerp(s, e, torch.ones_like(s)),
+    lambda s, e: s.clone().lerp_(e, 0.5),
+])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_lerp_of_a_non_float_dtype_raises_as_on_cpu(mode, call, dtype):
+    s, e = torch.tensor([1, 2]).to(dtype), torch.tensor([3, 6]).to(dtype)
+    with pytest.raises(NotImplementedError) as want:
+        call(s, e)
+    with pytest.raises(NotImplementedError) as got:
+        call(s.to("tpu"), e.to("tpu"))
+    assert str(got.value).splitlines()[0] == str(want.value).splitlines()[0]
+
+
+def test_abs_of_bool_raises_as_on_cpu(mode):
+    with pytest.raises(NotImplementedError, match="abs_cpu.*Bool"):
+        torch.tensor([True, False], device="tpu").abs()
+
+
 def test_lerp_rounds_a_0_dim_weight_of_another_dtype_to_selfs_first(mode):
     s = torch.tensor([1., 2., 3.], dtype=torch.bfloat16)
     e = torch.tensor([4., -5., 6.1], dtype=torch.bfloat16)
