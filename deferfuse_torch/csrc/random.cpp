@@ -127,15 +127,27 @@ at::Tensor& uniform_(at::Tensor& self, double from, double to,
                      std::optional<at::Generator> gen) {
   TORCH_CHECK(from <= to, "uniform_ expects to return a [from, to) range, but found from=", from,
               " > to=", to);
+  // CPU's checks of the dtype and bounds (an integer or bool tensor, a bound past the dtype's
+  // range, a range wider than it holds), made on an empty CPU tensor: they come before its
+  // kernel, so no number is drawn from CPU's generator. Unchecked, `uniform_(0, inf)` filled
+  // infinities and `torch.rand(n, dtype=torch.long)` zeros.
+  at::empty({0}, self.options().device(at::kCPU)).uniform_(from, to);
   if (self.numel() == 0) return self;
   auto u = draw(self.sizes(), draw_dtype(self), Dist::Uniform, gen);
   assign(self, from == 0.0 && to == 1.0 ? u : u * (to - from) + from);
   return self;
 }
 
+// CPU's kernels draw floating dtypes only (`torch.randn(n, dtype=torch.long)` raises there).
+void check_floating_draw(const at::Tensor& t, const char* kernel) {
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(t.scalar_type()), "\"", kernel,
+                              "\" not implemented for '", c10::toString(t.scalar_type()), "'");
+}
+
 at::Tensor& normal_(at::Tensor& self, double mean, double std,
                     std::optional<at::Generator> gen) {
   TORCH_CHECK(std >= 0.0, "normal expects std >= 0.0, but found std ", std);
+  if (self.numel() > 0) check_floating_draw(self, "normal_kernel_cpu");
   if (self.numel() == 0) return self;
   auto z = draw(self.sizes(), transform_dtype(self), Dist::Normal, gen);
   assign(self, mean == 0.0 && std == 1.0 ? z : z * std + mean);
@@ -302,9 +314,11 @@ at::Tensor& bernoulli_scalar_(at::Tensor& self, double p, std::optional<at::Gene
   return self;
 }
 
-at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p,
+// A CPU probability tensor is moved to the device first, as CUDA's kernel does.
+at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p_in,
                               std::optional<at::Generator> gen) {
   if (self.numel() == 0) return self;
+  auto p = p_in.device().is_cpu() ? p_in.to(self.device()) : p_in;
   auto u = draw(self.sizes(), at::kDouble, Dist::Uniform, gen);
   assign(self, u.lt(p));
   return self;
@@ -313,6 +327,7 @@ at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p,
 at::Tensor bernoulli(const at::Tensor& p, std::optional<at::Generator> gen) {
   auto out = at::empty_like(p);
   if (p.numel() == 0) return out;
+  check_floating_draw(p, "bernoulli_tensor_cpu_p_");
   auto u = draw(p.sizes(), at::kDouble, Dist::Uniform, gen);
   assign(out, u.lt(p));
   return out;
@@ -323,6 +338,10 @@ at::Tensor bernoulli(const at::Tensor& p, std::optional<at::Generator> gen) {
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
                                                   std::optional<bool> train) {
   TORCH_CHECK(p >= 0.0 && p <= 1.0, "dropout probability has to be between 0 and 1, but got ", p);
+  // CPU scales in float and casts into the input's dtype, which an integer input refuses.
+  TORCH_CHECK(at::isFloatingType(input.scalar_type()) || input.numel() == 0,
+              "result type Float can't be cast to the desired output type ",
+              c10::toString(input.scalar_type()));
   if (train.has_value() && !*train) {
     return {input.clone(), at::ones_like(input, input.options().dtype(at::kBool))};
   }
@@ -354,6 +373,14 @@ at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> gen, at::Tensor
     case at::kDouble:
       TORCH_CHECK(n <= (int64_t(1) << 53) + 1, "n cannot be greater than 2^53+1 for Double type.");
       break;
+    case at::kByte:
+      // An index past 255 would wrap: CPU refuses the conversion.
+      TORCH_CHECK(n <= 256, "value cannot be converted to type uint8_t without overflow");
+      break;
+    case at::kInt:
+      TORCH_CHECK(n <= (int64_t(1) << 31), "value cannot be converted to type int32_t without "
+                  "overflow");
+      break;
     default:
       break;
   }
@@ -378,6 +405,7 @@ at::Tensor multinomial(const at::Tensor& self, c10::SymInt num_samples, bool rep
               "dtypes for input, got: ", self.scalar_type());
   TORCH_CHECK(k > 0, "cannot sample n_sample <= 0 samples");
   int64_t n = self.size(-1);
+  TORCH_CHECK(n <= (int64_t(1) << 24), "number of categories cannot exceed 2^24");
   TORCH_CHECK(replacement || k <= n, "cannot sample n_sample > prob_dist.size(-1) samples "
               "without replacement");
   auto p = self.dim() == 1 ? self.unsqueeze(0) : self;

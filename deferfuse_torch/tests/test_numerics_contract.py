@@ -151,6 +151,15 @@ def test_multinomial_draws_without_checking_the_probabilities_where_cpu_raises(m
     assert got.dtype == torch.int64 and ((got >= 0) & (got < 3)).all()
 
 
+def test_bernoulli_with_a_tensor_probability_out_of_range_draws_where_cpu_raises(mode):
+    """CPU raises on a probability outside [0, 1] or NaN; checking would read p back every
+    call, so the device draws: 1 where p >= 1, 0 where p <= 0 or NaN."""
+    p = torch.tensor([2.0, -1.0, float("nan")])
+    with pytest.raises(RuntimeError, match="p_in >= 0"):
+        torch.bernoulli(p)
+    assert torch.bernoulli(p.to("tpu")).cpu().tolist() == [1.0, 0.0, 0.0]
+
+
 def test_normal_with_a_tensor_std_draws_without_checking_its_sign_where_cpu_raises(mode):
     """CPU raises on a negative element of a tensor std; checking would read std back every
     call, so the device draws mean + std * z instead. A float std is checked as on CPU."""

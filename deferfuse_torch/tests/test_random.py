@@ -229,3 +229,60 @@ def test_random_fills_refuse_bounds_and_dtypes_as_cpu(mode, call):
         call("cpu")
     with pytest.raises(type(want.value), match=str(want.value)[:30].replace("(", r"\(")):
         call("tpu")
+
+
+def _same_error(call):
+    """`call(device)` raises on CPU and on tpu with the same exception type and first line."""
+    with pytest.raises(Exception) as want:
+        call("cpu")
+    with pytest.raises(Exception) as got:
+        call("tpu")
+    assert type(got.value) is type(want.value), (got.value, want.value)
+    assert str(got.value).splitlines()[0] == str(want.value).splitlines()[0]
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.rand(4, device=d, dtype=torch.int64),
+    lambda d: torch.rand(4, device=d, dtype=torch.bool),
+    lambda d: torch.randn(4, device=d, dtype=torch.int64),
+    lambda d: torch.zeros(4, dtype=torch.int64, device=d).uniform_(0, 10),
+    lambda d: torch.zeros(4, dtype=torch.int32, device=d).normal_(),
+    lambda d: torch.bernoulli(torch.ones(3, dtype=torch.int64, device=d)),
+], ids=["rand-int64", "rand-bool", "randn-int64", "uniform_-int64", "normal_-int32",
+        "bernoulli-int64"])
+def test_a_random_fill_of_a_non_float_dtype_raises_as_on_cpu(mode, call):
+    # Unchecked, torch.rand(n, dtype=torch.long) gave zeros and randn truncated normals.
+    _same_error(call)
+
+
+@pytest.mark.parametrize("bounds, dtype", [
+    ((0, float("inf")), torch.float32),
+    ((float("-inf"), 0), torch.float32),
+    ((-3e38, 3e38), torch.float32),
+    ((-1e5, 1e5), torch.float16),
+])
+def test_uniform_checks_its_bounds_as_on_cpu(mode, bounds, dtype):
+    # Unchecked, these filled infinities and NaN.
+    _same_error(lambda d: torch.empty(3, device=d, dtype=dtype).uniform_(*bounds))
+
+
+def test_dropout_of_an_integer_tensor_raises_as_on_cpu(mode):
+    _same_error(lambda d: torch.nn.functional.dropout(torch.ones(3, dtype=torch.int64, device=d),
+                                                      0.5))
+
+
+def test_randperm_into_a_dtype_too_narrow_for_its_indices_raises_as_on_cpu(mode):
+    _same_error(lambda d: torch.randperm(300, device=d, dtype=torch.uint8))
+    got = torch.randperm(256, device="tpu", dtype=torch.uint8).sort().values.cpu()
+    assert torch.equal(got, torch.arange(256, dtype=torch.uint8))
+
+
+def test_multinomial_over_more_than_2_pow_24_categories_raises_as_on_cpu(mode):
+    _same_error(lambda d: torch.multinomial(torch.ones(2**24 + 1, device=d), 1))
+
+
+def test_bernoulli_in_place_takes_a_cpu_probability_tensor_as_cuda_does(mode):
+    torch.manual_seed(0)
+    got = torch.zeros(3, device="tpu").bernoulli_(torch.tensor([0.0, 1.0, 0.0])).cpu()
+    assert got.tolist() == [0.0, 1.0, 0.0]
+
