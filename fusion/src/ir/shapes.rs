@@ -7,6 +7,7 @@ use super::infer::{expect_tensor, result_type, ArgMeta, Inferred};
 use super::layout::{broadcast_shapes, checked_numel, fmt_dims, wrap_dim, Dims};
 use super::op::{Op, ReduceOp, Scalar};
 use smallvec::{smallvec, SmallVec};
+use std::fmt::Display;
 
 pub(super) fn check_numel(op: &str, sizes: &[usize]) -> OpResult<usize> {
     checked_numel(sizes)
@@ -209,23 +210,28 @@ pub(crate) fn arange_len(start: f64, end: f64, step: f64) -> OpResult<usize> {
         ));
     }
     if (end - start) * step < 0.0 {
-        return Err(OpError::new(
-            "arange",
-            "end",
-            "a bound consistent with the step's sign",
-            format!("start={start}, end={end}, step={step}"),
-        ));
+        return Err(bound_against_step(start, end, step));
     }
     let n = ((end - start) / step).ceil();
     if n > (1u64 << 40) as f64 {
-        return Err(OpError::new(
-            "arange",
-            "end",
-            "fewer than 2^40 elements",
-            format!("{n}"),
-        ));
+        return Err(too_long(n));
     }
     Ok(n as usize)
+}
+
+/// An arange whose end lies behind its start for its step's sign.
+fn bound_against_step(start: impl Display, end: impl Display, step: impl Display) -> OpError {
+    OpError::new(
+        "arange",
+        "end",
+        "a bound consistent with the step's sign",
+        format!("start={start}, end={end}, step={step}"),
+    )
+}
+
+/// An arange of `n` elements, past what one may hold.
+fn too_long(n: impl Display) -> OpError {
+    OpError::new("arange", "end", "fewer than 2^40 elements", format!("{n}"))
 }
 
 /// Start, end and step when all three are integers.
@@ -245,22 +251,12 @@ pub(crate) fn arange_len_i64(start: i64, end: i64, step: i64) -> OpResult<usize>
         return Err(OpError::new("arange", "step", "a non-zero step", "0"));
     }
     if (end - start) * step.signum() < 0 {
-        return Err(OpError::new(
-            "arange",
-            "end",
-            "a bound consistent with the step's sign",
-            format!("start={start}, end={end}, step={step}"),
-        ));
+        return Err(bound_against_step(start, end, step));
     }
     // ceil((end - start) / step), exact: the difference and step have the same sign.
     let n = (end - start + step - step.signum()) / step;
     if n > 1 << 40 {
-        return Err(OpError::new(
-            "arange",
-            "end",
-            "fewer than 2^40 elements",
-            format!("{n}"),
-        ));
+        return Err(too_long(n));
     }
     Ok(n as usize)
 }
