@@ -407,9 +407,16 @@ at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar&
 // CPU takes a 0-dim weight of any dtype (its value, as the scalar form would), and computes a
 // half self in float32, rounded once.
 at::Tensor lerp_tensor(const at::Tensor& self, const at::Tensor& end, const at::Tensor& w) {
-  check_lerp_dtypes(self, end, "lerp_kernel_tensor");
+  TORCH_CHECK(self.dtype() == end.dtype(), "expected dtype ", self.dtype(),
+              " for `end` but got dtype ", end.dtype());
   TORCH_CHECK(self.dtype() == w.dtype() || w.dim() == 0, "expected dtype ", self.dtype(),
               " for `weight` but got dtype ", w.dtype());
+  // CPU's kernel runs in the common dtype: a 0-dim float weight promotes an integer self.
+  auto common = at::result_type(self, w);
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(common) || at::isComplexType(common),
+                              "\"lerp_kernel_tensor\" not implemented for '",
+                              c10::toString(common), "'");
+  if (common != self.scalar_type()) return lerp_tensor(cast(self, common), cast(end, common), w);
   // A 0-dim weight of another dtype is first rounded to self's, as CPU's common dtype has it.
   if (w.dim() == 0 && w.device().type() != c10::DeviceType::PrivateUse1) {
     return dft::lerp(self, end, w.to(self.scalar_type()).item());
@@ -424,6 +431,12 @@ at::Tensor lerp_tensor(const at::Tensor& self, const at::Tensor& end, const at::
 }
 
 at::Tensor& lerp_tensor_(at::Tensor& self, const at::Tensor& end, const at::Tensor& w) {
+  // A result self cannot hold (an integer self, a 0-dim float weight) raises as on CPU; a
+  // mismatched `end` or `weight` dtype is left to lerp_tensor's own message.
+  auto common = at::result_type(self, w);
+  bool dtypes_ok = self.dtype() == end.dtype() && (self.dtype() == w.dtype() || w.dim() == 0);
+  TORCH_CHECK(!dtypes_ok || at::canCast(common, self.scalar_type()), "result type ", common,
+              " can't be cast to the desired output type ", self.scalar_type());
   return self.copy_(lerp_tensor(self, end, w));
 }
 

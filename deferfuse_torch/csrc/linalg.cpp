@@ -195,12 +195,17 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
 
 at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step,
                        at::Tensor& out) {
+  // An integer dtype takes its bounds as int64 (truncated), and CPU refuses one past that
+  // range rather than wrap it: Scalar::to<int64_t> raises CPU's message.
+  if (at::isIntegralType(out.scalar_type(), /*includeBool=*/false)) {
+    (void)start.to<int64_t>(), (void)end.to<int64_t>(), (void)step.to<int64_t>();
+  }
   DfuseAttrs a{};
   a.dtype = to_dtype(out.scalar_type());
   auto r = run(DFUSE_OP_KIND_ARANGE, &a, Operands().s(start).s(end).s(step), "arange");
-  if (!out.sizes().equals(r.sizes())) {
+  if (out.numel() != r.numel()) {
     // CPU's warning, for an `out` that held elements.
-    if (out.numel() > 0 && out.numel() != r.numel()) {
+    if (out.numel() > 0) {
       TORCH_WARN("The number of elements in the out tensor of shape ", out.sizes(), " is ",
                  out.numel(), " which does not match the computed number of elements ",
                  r.numel(), ". Note that this may occur as a result of rounding error. ",
@@ -208,7 +213,8 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
     }
     out.resize_(r.sizes());
   }
-  return out.copy_(r);
+  // An out of the right numel keeps its shape, as on CPU (filled in its logical order).
+  return out.copy_(r.view(out.sizes()));
 }
 
 // linalg.cross (torch.cross): the cross product of 3-vectors along `dim`, broadcast, with CPU's

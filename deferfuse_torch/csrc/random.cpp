@@ -125,13 +125,14 @@ void assign(at::Tensor& self, const at::Tensor& value) {
 
 at::Tensor& uniform_(at::Tensor& self, double from, double to,
                      std::optional<at::Generator> gen) {
-  TORCH_CHECK(from <= to, "uniform_ expects to return a [from, to) range, but found from=", from,
-              " > to=", to);
   // CPU's checks of the dtype and bounds (an integer or bool tensor, a bound past the dtype's
   // range, a range wider than it holds), made on an empty CPU tensor: they come before its
   // kernel, so no number is drawn from CPU's generator. Unchecked, `uniform_(0, inf)` filled
   // infinities and `torch.rand(n, dtype=torch.long)` zeros.
   at::empty({0}, self.options().device(at::kCPU)).uniform_(from, to);
+  // (CPU's complex uniform_ skips its checks on an empty tensor: the range is checked here too.)
+  TORCH_CHECK(from <= to, "uniform_ expects to return a [from, to) range, but found from=", from,
+              " > to=", to);
   if (self.numel() == 0) return self;
   auto u = draw(self.sizes(), draw_dtype(self), Dist::Uniform, gen);
   assign(self, from == 0.0 && to == 1.0 ? u : u * (to - from) + from);
@@ -140,7 +141,8 @@ at::Tensor& uniform_(at::Tensor& self, double from, double to,
 
 // CPU's kernels draw floating dtypes only (`torch.randn(n, dtype=torch.long)` raises there).
 void check_floating_draw(const at::Tensor& t, const char* kernel) {
-  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(t.scalar_type()), "\"", kernel,
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(t.scalar_type()) ||
+                              at::isComplexType(t.scalar_type()), "\"", kernel,
                               "\" not implemented for '", c10::toString(t.scalar_type()), "'");
 }
 
@@ -319,6 +321,7 @@ at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p_in,
                               std::optional<at::Generator> gen) {
   if (self.numel() == 0) return self;
   auto p = p_in.device().is_cpu() ? p_in.to(self.device()) : p_in;
+  check_floating_draw(p, "bernoulli_tensor_cpu_p_");
   auto u = draw(self.sizes(), at::kDouble, Dist::Uniform, gen);
   assign(self, u.lt(p));
   return self;
@@ -339,12 +342,12 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
                                                   std::optional<bool> train) {
   TORCH_CHECK(p >= 0.0 && p <= 1.0, "dropout probability has to be between 0 and 1, but got ", p);
   // CPU scales in float and casts into the input's dtype, which an integer input refuses.
-  TORCH_CHECK(at::isFloatingType(input.scalar_type()) || input.numel() == 0,
-              "result type Float can't be cast to the desired output type ",
-              c10::toString(input.scalar_type()));
   if (train.has_value() && !*train) {
     return {input.clone(), at::ones_like(input, input.options().dtype(at::kBool))};
   }
+  TORCH_CHECK(at::isFloatingType(input.scalar_type()) || at::isComplexType(input.scalar_type()) ||
+              input.numel() == 0, "result type Float can't be cast to the desired output type ",
+              c10::toString(input.scalar_type()));
   if (p == 1.0 || input.numel() == 0) {
     return {at::zeros_like(input), at::zeros_like(input, input.options().dtype(at::kBool))};
   }
@@ -361,6 +364,10 @@ at::Tensor native_dropout_backward(const at::Tensor& grad, const at::Tensor& mas
 // A random permutation: the indices that sort n uniform numbers.
 at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> gen, at::Tensor& out) {
   TORCH_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
+  // CPU's own check that the largest index fits the dtype (its message per dtype).
+  at::scalar_tensor(n > 0 ? n - 1 : n, out.options().device(at::kCPU));
+  TORCH_CHECK_NOT_IMPLEMENTED(out.scalar_type() != at::kBool,
+                              "\"randperm\" not implemented for 'Bool'");
   // CPU's precision checks (check_supported_max_int_with_precision): past these a float type
   // cannot hold every index, and the result would repeat values.
   switch (out.scalar_type()) {
@@ -372,14 +379,6 @@ at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> gen, at::Tensor
       break;
     case at::kDouble:
       TORCH_CHECK(n <= (int64_t(1) << 53) + 1, "n cannot be greater than 2^53+1 for Double type.");
-      break;
-    case at::kByte:
-      // An index past 255 would wrap: CPU refuses the conversion.
-      TORCH_CHECK(n <= 256, "value cannot be converted to type uint8_t without overflow");
-      break;
-    case at::kInt:
-      TORCH_CHECK(n <= (int64_t(1) << 31), "value cannot be converted to type int32_t without "
-                  "overflow");
       break;
     default:
       break;
@@ -405,9 +404,9 @@ at::Tensor multinomial(const at::Tensor& self, c10::SymInt num_samples, bool rep
               "dtypes for input, got: ", self.scalar_type());
   TORCH_CHECK(k > 0, "cannot sample n_sample <= 0 samples");
   int64_t n = self.size(-1);
-  TORCH_CHECK(n <= (int64_t(1) << 24), "number of categories cannot exceed 2^24");
   TORCH_CHECK(replacement || k <= n, "cannot sample n_sample > prob_dist.size(-1) samples "
               "without replacement");
+  TORCH_CHECK(n <= (int64_t(1) << 24), "number of categories cannot exceed 2^24");
   auto p = self.dim() == 1 ? self.unsqueeze(0) : self;
   at::Tensor idx;
   if (replacement) {

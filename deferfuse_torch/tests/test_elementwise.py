@@ -400,15 +400,15 @@ def test_lerp_rounds_a_0_dim_weight_of_another_dtype_to_selfs_first(mode):
         assert torch.equal(torch.lerp(s.to("tpu"), e.to("tpu"), w).cpu(), want)
 
 
-@pytest.mark.parametrize("args, dtype", [
-    ((1_700_000_000_000_000_000, 1_700_000_000_000_000_005), None),  # ns timestamps
-    ((2**53, 2**53 + 4), None),
-    ((-(2**53) - 3, -(2**53) + 3), None),
-    ((10**18, 10**18 + 10, 3), None),
-    ((10**18, 10**18 + 10.0, 3), None),  # a float bound: the length in doubles, as on CPU
-    ((2**62, 2**62 + 2**61, 2**59), None),
+@pytest.mark.parametrize("args", [
+    (1_700_000_000_000_000_000, 1_700_000_000_000_000_005),  # ns timestamps
+    (2**53, 2**53 + 4),
+    (-(2**53) - 3, -(2**53) + 3),
+    (10**18, 10**18 + 10, 3),
+    (10**18, 10**18 + 10.0, 3),  # a float bound: the length in doubles, as on CPU
+    (2**62, 2**62 + 2**61, 2**59),
 ])
-def test_an_int64_arange_past_2_pow_53_counts_in_integers(mode, args, dtype):
+def test_an_int64_arange_past_2_pow_53_counts_in_integers(mode, args):
     # Computed in doubles, the first had no elements and the second repeated values.
     want = torch.arange(*args)
     got = torch.arange(*args, device="tpu").cpu()
@@ -432,11 +432,42 @@ def test_an_integer_arange_wraps_and_truncates_as_on_cpu(mode, args, dtype):
     assert got.shape == want.shape and torch.equal(got, want), (got, want)
 
 
-def test_arange_into_an_out_of_another_length_warns_as_on_cpu():
+def test_arange_into_an_out_of_another_length_warns_as_on_cpu(mode):
     out = torch.empty(3, dtype=torch.long, device="tpu")
     with pytest.warns(UserWarning, match="does not match the computed number of elements 5"):
         torch.arange(0, 5, out=out)
     assert out.cpu().tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("make", [lambda d: torch.empty(5, 1, dtype=torch.long, device=d),
+                                  lambda d: torch.empty(2, 3, dtype=torch.long, device=d).t()])
+def test_arange_into_an_out_of_the_right_length_keeps_its_shape_as_on_cpu(mode, make):
+    n = make("cpu").numel()
+    want = torch.arange(n, out=make("cpu"))
+    got = torch.arange(n, out=make("tpu"))
+    assert got.shape == want.shape and got.stride() == want.stride()
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("args, dtype", [((1e19, 1e19 + 1e4, 1e3), torch.int64),
+                                         ((0, 10, 1e19), torch.int32)])
+def test_an_integer_arange_refuses_a_bound_past_int64_as_on_cpu(mode, args, dtype):
+    with pytest.raises(RuntimeError, match="without overflow"):
+        torch.arange(*args, dtype=dtype)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        torch.arange(*args, dtype=dtype, device="tpu")
+
+
+@pytest.mark.parametrize("w", [torch.tensor(1.0), torch.tensor(0.25)])
+def test_lerp_of_integers_with_a_0_dim_float_weight_promotes_as_on_cpu(mode, w):
+    s, e = torch.tensor([1, 2, 0]), torch.tensor([3, 6, 1])
+    want = torch.lerp(s, e, w)
+    got = torch.lerp(s.to("tpu"), e.to("tpu"), w).cpu()
+    assert got.dtype == want.dtype and torch.allclose(got, want)
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+        s.clone().lerp_(e, w)
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+        s.to("tpu").lerp_(e.to("tpu"), w)
 
 
 @pytest.mark.parametrize("dtype, start", [(torch.bfloat16, 1 + 2**-8 + 2**-30),

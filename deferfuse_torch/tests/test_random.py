@@ -282,7 +282,32 @@ def test_multinomial_over_more_than_2_pow_24_categories_raises_as_on_cpu(mode):
 
 
 def test_bernoulli_in_place_takes_a_cpu_probability_tensor_as_cuda_does(mode):
-    torch.manual_seed(0)
     got = torch.zeros(3, device="tpu").bernoulli_(torch.tensor([0.0, 1.0, 0.0])).cpu()
     assert got.tolist() == [0.0, 1.0, 0.0]
+
+
+def test_dropout_outside_training_passes_an_integer_tensor_through_as_on_cpu(mode):
+    x = torch.arange(4)
+    got, mask = torch.native_dropout(x.to("tpu"), 0.5, False)
+    assert got.dtype == torch.int64 and got.cpu().tolist() == x.tolist()
+    assert mask.cpu().all()
+
+
+def test_randperm_refuses_what_cpu_refuses_with_its_message(mode):
+    _same_error(lambda d: torch.randperm(2**31 + 2, device=d, dtype=torch.int32))
+    _same_error(lambda d: torch.randperm(3, device=d, dtype=torch.bool))
+
+
+def test_multinomial_checks_the_sample_count_before_the_categories_as_cpu(mode):
+    _same_error(lambda d: torch.multinomial(torch.ones(2**24 + 1, device=d), 2**24 + 2))
+
+
+@pytest.mark.parametrize("bounds, dtype", [((float("nan"), 1), torch.float32),
+                                           ((2, 1), torch.int64)])
+def test_uniform_runs_cpus_checks_first(mode, bounds, dtype):
+    _same_error(lambda d: torch.zeros(3, device=d, dtype=dtype).uniform_(*bounds))
+
+
+def test_bernoulli_in_place_refuses_an_integer_probability_as_cpu(mode):
+    _same_error(lambda d: torch.zeros(3, device=d).bernoulli_(torch.tensor([0, 1, 1])))
 

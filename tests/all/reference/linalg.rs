@@ -201,7 +201,9 @@ pub fn arange(start: Scalar, end: Scalar, step: Scalar, dtype: DType) -> RefTens
                 cast_value(v as f64, DType::F32, dtype)
             }
             DType::I64 | DType::I32 | DType::U8 => {
-                let v = (s as i64).wrapping_add((st as i64).wrapping_mul(i as i64));
+                let v = start
+                    .as_i64()
+                    .wrapping_add(step.as_i64().wrapping_mul(i as i64));
                 match dtype {
                     DType::I32 => v as i32 as f64,
                     DType::U8 => v as u8 as f64,
