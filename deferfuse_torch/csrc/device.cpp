@@ -244,10 +244,18 @@ at::Tensor filled_if_deterministic(at::Tensor t) {
   return t;
 }
 
+// Pinning is for host memory: a device factory asked to pin raises, as CUDA's does (silently
+// ignored, `torch.empty(n, device="tpu", pin_memory=True)` looked like it had worked).
+void check_not_pinned(std::optional<bool> pin_memory) {
+  TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
+}
+
 at::Tensor empty_memory_format(at::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                std::optional<at::Layout> layout, std::optional<at::Device> device,
-                               std::optional<bool>, std::optional<at::MemoryFormat> mf) {
+                               std::optional<bool> pin_memory,
+                               std::optional<at::MemoryFormat> mf) {
   check_device(device, layout);
+  check_not_pinned(pin_memory);
   auto st = dtype.value_or(at::get_default_dtype_as_scalartype());
   auto fmt = mf.value_or(at::MemoryFormat::Contiguous);
   for (auto s : size) TORCH_CHECK(s >= 0, "tpu: negative dimension ", s, " in size ", size);
@@ -285,8 +293,9 @@ at::Tensor efficient_zero_tensor(at::IntArrayRef size, std::optional<at::ScalarT
 
 at::Tensor empty_strided(at::IntArrayRef size, at::IntArrayRef stride,
                          std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
-                         std::optional<at::Device> device, std::optional<bool>) {
+                         std::optional<at::Device> device, std::optional<bool> pin_memory) {
   check_device(device, layout);
+  check_not_pinned(pin_memory);
   auto st = dtype.value_or(at::get_default_dtype_as_scalartype());
   for (auto s : size) TORCH_CHECK(s >= 0, "tpu: negative dimension ", s, " in size ", size);
   size_t nbytes = at::detail::computeStorageNbytes(size, stride, c10::elementSize(st));

@@ -2,6 +2,7 @@
 DataLoader(pin_memory=True), and .to(..., non_blocking=True) both ways. A non-blocking copy
 is carried out as a blocking one (it completes in stream order), so using its result at once
 is always safe."""
+import pytest
 import torch
 
 import deferfuse_torch  # noqa: F401
@@ -53,3 +54,15 @@ def test_dataloader_pins_batches_for_the_tpu(mode):
         check(yd, yb)
         seen += len(xb)
     assert seen == 10
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.empty(3, device="tpu", pin_memory=True),
+    lambda: torch.zeros(3, device="tpu", pin_memory=True),
+    lambda: torch.randn(3, device="tpu", pin_memory=True),
+    lambda: torch.empty_strided((2, 2), (2, 1), device="tpu", pin_memory=True),
+], ids=["empty", "zeros", "randn", "empty_strided"])
+def test_a_device_factory_asked_to_pin_raises_as_cudas_does(make):
+    # Ignored, the call looked as if it had pinned something.
+    with pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
+        make()
