@@ -40,6 +40,16 @@ use std::time::Duration;
 /// limit while a process has fewer contexts than CPUs.
 pub const LONG_WAIT_POLL: Duration = Duration::from_millis(1);
 
+/// How long a worker that moved off its host's CPU may go without a job and still keep away
+/// from it: the move lasts a busy stretch (a training loop's steps with their pauses), not the
+/// process. On two CPUs a moved worker is confined to one, and kept so it could not use the
+/// other while its own was busy (another stream's worker, another process). It takes the CPU
+/// back as it takes its first job after such a gap. Not shorter: a worker that came back after
+/// each 20 ms pause met the host again and again, and the small MLP's steps after a pause took
+/// 2.3 ms in some runs (0.6-0.8 without coming back); waiting for a job with a timeout, to come
+/// back while idle, made each wake slow (2.3-2.8 ms).
+pub const MOVE_LASTS_IDLE: Duration = Duration::from_secs(1);
+
 /// How a stream's host and worker share the CPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pacing {
@@ -85,18 +95,8 @@ pub(crate) fn current_cpu() -> i32 {
     }
 }
 
-/// How long a worker that moved off its host's CPU may go without a job and still keep away
-/// from it: the move lasts a busy stretch (a training loop's steps with their pauses), not the
-/// process. On two CPUs a moved worker is confined to one, and kept so it could not use the
-/// other while its own was busy (another stream's worker, another process). It takes the CPU
-/// back as it takes its first job after such a gap. Not shorter: a worker that came back after
-/// each 20 ms pause met the host again and again, and the small MLP's steps after a pause took
-/// 2.3 ms in some runs (0.6-0.8 without coming back); waiting for a job with a timeout, to come
-/// back while idle, made each wake slow (2.3-2.8 ms).
-pub const MOVE_LASTS_IDLE: Duration = Duration::from_secs(1);
-
 /// A worker's side of the rule above: whether it may move, the CPU it left and how often it
-/// moved. Only the worker calls [`Placement::leave_cpu_of`] and [`Placement::come_back`].
+/// moved. Only the worker calls [`Placement::take_job_from`].
 pub(crate) struct Placement {
     keep_apart: bool,
     /// The CPU the worker took out of its affinity, or -1.
