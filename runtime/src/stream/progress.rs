@@ -18,7 +18,7 @@ pub struct Progress {
 }
 
 impl Default for Progress {
-    /// Waits that poll for [`SPIN`].
+    /// Waits that poll for `SPIN` (50 us) before they sleep.
     fn default() -> Self {
         Progress::new(SPIN)
     }
