@@ -350,7 +350,7 @@ impl Stream {
     /// Queues `work`; returns its sequence number. Waits first while more than
     /// [`MAX_QUEUED`] jobs are ahead of it.
     pub fn launch(&self, work: Work) -> u64 {
-        let seq = self.submit(Job::Run(work, current_cpu()));
+        let seq = self.submit(Job::Run(work, self.submitter_cpu()));
         self.throttle(seq);
         seq
     }
@@ -379,7 +379,7 @@ impl Stream {
         let mut n = self.submitted.lock().unwrap_or_else(|p| p.into_inner());
         if self.progress.done.load(Ordering::Acquire) < *n {
             *n += 1;
-            let _ = self.sender.send(Job::Run(work, current_cpu()));
+            let _ = self.sender.send(Job::Run(work, self.submitter_cpu()));
             let seq = *n;
             drop(n);
             self.throttle(seq);
@@ -399,6 +399,16 @@ impl Stream {
     /// Whether a wait for another stream is queued here and not over yet.
     pub(crate) fn waits_for_other_streams(&self) -> bool {
         self.progress.done.load(Ordering::Acquire) < self.last_wait.load(Ordering::Acquire)
+    }
+
+    /// The CPU a job submitted now comes from, for a worker that keeps apart from its host;
+    /// else -1, and no CPU is read (a strict op launches a job per op).
+    fn submitter_cpu(&self) -> i32 {
+        if self.placement.keeps_apart() {
+            current_cpu()
+        } else {
+            -1
+        }
     }
 
     /// How many times the worker moved off the CPU of the thread that submitted its job.
@@ -459,11 +469,15 @@ pub(crate) fn run_caught(work: Work) -> Result<()> {
 }
 
 fn worker_loop(rx: Receiver<Job>, progress: Arc<Progress>, placement: &Placement) {
+    // Read only by a worker that keeps apart from its host: two clock reads a job otherwise.
+    let apart = placement.keeps_apart();
     let mut last_job_end = Instant::now();
     while let Some(job) = next_job(&rx) {
         match job {
             Job::Run(work, from) => {
-                placement.take_job_from(from, last_job_end.elapsed());
+                if apart {
+                    placement.take_job_from(from, last_job_end.elapsed());
+                }
                 progress.complete(run_work(work));
             }
             Job::Wait(other, seq) => {
@@ -472,7 +486,9 @@ fn worker_loop(rx: Receiver<Job>, progress: Arc<Progress>, placement: &Placement
             }
             Job::Stop => return,
         }
-        last_job_end = Instant::now();
+        if apart {
+            last_job_end = Instant::now();
+        }
     }
 }
 

@@ -114,6 +114,11 @@ impl Placement {
         }
     }
 
+    /// Whether the worker moves at all (see [`Pacing::keep_apart`]).
+    pub(crate) fn keeps_apart(&self) -> bool {
+        self.keep_apart
+    }
+
     /// Called by the worker as it takes a job submitted from CPU `from`, `idle` after its last
     /// one: takes back the CPU it left when it was idle [`MOVE_LASTS_IDLE`] or more, then
     /// leaves `from` if it runs there.

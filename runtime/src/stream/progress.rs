@@ -95,11 +95,10 @@ impl Progress {
         self.wait_polling(seq, self.wait_poll);
     }
 
-    /// [`Progress::wait`], polling for `poll` (at least [`SPIN`]) before it sleeps: a stream's
-    /// worker that waits for another stream polls only briefly, since the other stream's
-    /// worker and the host may need every CPU meanwhile.
+    /// [`Progress::wait`], polling for `poll` before it sleeps: a stream's worker that waits
+    /// for another stream polls only [`SPIN`], since the other stream's worker and the host may
+    /// need every CPU meanwhile.
     pub(super) fn wait_polling(&self, seq: u64, poll: Duration) {
-        let poll = poll.max(SPIN);
         let start = Instant::now();
         while self.done.load(Ordering::Acquire) < seq && start.elapsed() < poll {
             std::hint::spin_loop();
