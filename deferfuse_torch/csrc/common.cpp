@@ -650,6 +650,11 @@ at::Tensor wide_matmul(const at::Tensor& a, const at::Tensor& b) {
 
 bool is_reduced_float(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
+void check_float_kernel(at::ScalarType t, const char* kernel) {
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(t) || at::isComplexType(t), "\"", kernel,
+                              "\" not implemented for '", c10::toString(t), "'");
+}
+
 at::ScalarType float_dtype(const at::Tensor& x) {
   return x.is_floating_point() ? x.scalar_type() : at::get_default_dtype_as_scalartype();
 }

@@ -234,6 +234,10 @@ at::Tensor wide_matmul(const at::Tensor& a, const at::Tensor& b);
 // and round once; composed kernels that round each op in the half type drift from CPU's bits.
 bool is_reduced_float(at::ScalarType t);
 
+// CPU's refusal of a kernel that takes floating and complex dtypes only: NotImplementedError
+// `"kernel" not implemented for 'Long'` for any other dtype `t`.
+void check_float_kernel(at::ScalarType t, const char* kernel);
+
 // The dtype an op with a floating result gives for x: x's own when floating, else the default
 // float dtype (integers and bools promote, as TensorIterator's float ops do on CPU).
 at::ScalarType float_dtype(const at::Tensor& x);

@@ -392,14 +392,16 @@ at::Tensor lerp_value(const at::Tensor& self, const at::Tensor& end, const at::S
 }
 
 // The same per element for a tensor weight: the formula is chosen by each weight.
-// CPU's dtype checks: lerp never promotes (a float64 `end` of a float32 self raises), and its
-// kernels (`kernel` names the one) take floating and complex dtypes only.
-void check_lerp_dtypes(const at::Tensor& self, const at::Tensor& end, const char* kernel) {
+// CPU's check that lerp never promotes `end` (a float64 `end` of a float32 self raises).
+void check_lerp_end(const at::Tensor& self, const at::Tensor& end) {
   TORCH_CHECK(self.dtype() == end.dtype(), "expected dtype ", self.dtype(),
               " for `end` but got dtype ", end.dtype());
-  auto t = self.scalar_type();
-  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(t) || at::isComplexType(t), "\"", kernel,
-                              "\" not implemented for '", c10::toString(t), "'");
+}
+
+// That, and CPU's scalar-weight kernel takes floating and complex dtypes only.
+void check_lerp_dtypes(const at::Tensor& self, const at::Tensor& end) {
+  check_lerp_end(self, end);
+  check_float_kernel(self.scalar_type(), "lerp_kernel_scalar");
 }
 
 at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar& w);
@@ -407,15 +409,12 @@ at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar&
 // CPU takes a 0-dim weight of any dtype (its value, as the scalar form would), and computes a
 // half self in float32, rounded once.
 at::Tensor lerp_tensor(const at::Tensor& self, const at::Tensor& end, const at::Tensor& w) {
-  TORCH_CHECK(self.dtype() == end.dtype(), "expected dtype ", self.dtype(),
-              " for `end` but got dtype ", end.dtype());
+  check_lerp_end(self, end);
   TORCH_CHECK(self.dtype() == w.dtype() || w.dim() == 0, "expected dtype ", self.dtype(),
               " for `weight` but got dtype ", w.dtype());
   // CPU's kernel runs in the common dtype: a 0-dim float weight promotes an integer self.
   auto common = at::result_type(self, w);
-  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(common) || at::isComplexType(common),
-                              "\"lerp_kernel_tensor\" not implemented for '",
-                              c10::toString(common), "'");
+  check_float_kernel(common, "lerp_kernel_tensor");
   if (common != self.scalar_type()) return lerp_tensor(cast(self, common), cast(end, common), w);
   // A 0-dim weight of another dtype is first rounded to self's, as CPU's common dtype has it.
   if (w.dim() == 0 && w.device().type() != c10::DeviceType::PrivateUse1) {
@@ -441,7 +440,7 @@ at::Tensor& lerp_tensor_(at::Tensor& self, const at::Tensor& end, const at::Tens
 }
 
 at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar& w) {
-  check_lerp_dtypes(self, end, "lerp_kernel_scalar");
+  check_lerp_dtypes(self, end);
   if (is_half(self)) return cast(lerp_value(opmath(self), opmath(end), w), self.scalar_type());
   return lerp_value(self, end, w);
 }
@@ -449,7 +448,7 @@ at::Tensor lerp(const at::Tensor& self, const at::Tensor& end, const at::Scalar&
 // The formula's last op writes straight into self: copying a new result into self was one
 // more recorded op per parameter in every Adam/AdamW step (its exp_avg update).
 at::Tensor& lerp_(at::Tensor& self, const at::Tensor& end, const at::Scalar& w) {
-  check_lerp_dtypes(self, end, "lerp_kernel_scalar");
+  check_lerp_dtypes(self, end);
   if (is_half(self)) return self.copy_(lerp_value(opmath(self), opmath(end), w));
   auto diff = b<DFUSE_BINARY_OP_SUB>(end, self);
   double wd = w.toDouble();

@@ -139,17 +139,11 @@ at::Tensor& uniform_(at::Tensor& self, double from, double to,
   return self;
 }
 
-// CPU's kernels draw floating dtypes only (`torch.randn(n, dtype=torch.long)` raises there).
-void check_floating_draw(const at::Tensor& t, const char* kernel) {
-  TORCH_CHECK_NOT_IMPLEMENTED(at::isFloatingType(t.scalar_type()) ||
-                              at::isComplexType(t.scalar_type()), "\"", kernel,
-                              "\" not implemented for '", c10::toString(t.scalar_type()), "'");
-}
-
 at::Tensor& normal_(at::Tensor& self, double mean, double std,
                     std::optional<at::Generator> gen) {
   TORCH_CHECK(std >= 0.0, "normal expects std >= 0.0, but found std ", std);
-  if (self.numel() > 0) check_floating_draw(self, "normal_kernel_cpu");
+  // CPU's kernels draw floating dtypes only (`torch.randn(n, dtype=torch.long)` raises there).
+  if (self.numel() > 0) check_float_kernel(self.scalar_type(), "normal_kernel_cpu");
   if (self.numel() == 0) return self;
   auto z = draw(self.sizes(), transform_dtype(self), Dist::Normal, gen);
   assign(self, mean == 0.0 && std == 1.0 ? z : z * std + mean);
@@ -321,7 +315,7 @@ at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p_in,
                               std::optional<at::Generator> gen) {
   if (self.numel() == 0) return self;
   auto p = p_in.device().is_cpu() ? p_in.to(self.device()) : p_in;
-  check_floating_draw(p, "bernoulli_tensor_cpu_p_");
+  check_float_kernel(p.scalar_type(), "bernoulli_tensor_cpu_p_");
   auto u = draw(self.sizes(), at::kDouble, Dist::Uniform, gen);
   assign(self, u.lt(p));
   return self;
@@ -330,7 +324,7 @@ at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p_in,
 at::Tensor bernoulli(const at::Tensor& p, std::optional<at::Generator> gen) {
   auto out = at::empty_like(p);
   if (p.numel() == 0) return out;
-  check_floating_draw(p, "bernoulli_tensor_cpu_p_");
+  check_float_kernel(p.scalar_type(), "bernoulli_tensor_cpu_p_");
   auto u = draw(p.sizes(), at::kDouble, Dist::Uniform, gen);
   assign(out, u.lt(p));
   return out;
