@@ -245,7 +245,7 @@ fn integral_bounds(args: &[ArgMeta]) -> Option<(i64, i64, i64)> {
 
 /// An int64 arange's length from integer bounds, counted in integers as CPU's kernel does: in
 /// f64, `arange(10**18, 10**18 + 5)` has a length of 0 (the two bounds round to one double).
-pub(crate) fn arange_len_i64(start: i64, end: i64, step: i64) -> OpResult<usize> {
+fn arange_len_i64(start: i64, end: i64, step: i64) -> OpResult<usize> {
     let (start, end, step) = (start as i128, end as i128, step as i128);
     if step == 0 {
         return Err(OpError::new("arange", "step", "a non-zero step", "0"));
